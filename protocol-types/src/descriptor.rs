@@ -1,0 +1,244 @@
+//! The Connection Descriptor (`xagent.connection/v2`): the runtime state of one channel.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{
+    ConnectionStatus, ConnectorCardId, ConnectorChannelId, ConnectorId, Extra, PermissionState,
+    ProfileId, TargetType, ToolId, ToolStatus,
+};
+
+const_str!(
+    /// The `schema` discriminator of a current Descriptor: always `xagent.connection/v2`.
+    DescriptorSchema = "xagent.connection/v2"
+);
+
+/// A Connection Descriptor. Unknown fields are kept in `extra` and written back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+#[schemars(title = "xAgent Connection Descriptor v2")]
+pub struct ConnectionDescriptor {
+    /// Always `xagent.connection/v2`.
+    pub schema: DescriptorSchema,
+    /// Identity and state of the channel.
+    pub connection: Connection,
+    /// Display-level facts about the bound target account (redacted hints only).
+    pub target: DescriptorTarget,
+    /// Tool availability for this channel.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<DescriptorTool>,
+    /// Unknown fields.
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl ConnectionDescriptor {
+    /// A Descriptor without Tools.
+    pub fn new(connection: Connection, target: DescriptorTarget) -> Self {
+        Self {
+            schema: DescriptorSchema,
+            connection,
+            target,
+            tools: Vec::new(),
+            extra: Extra::new(),
+        }
+    }
+
+    /// Adds a Tool availability entry.
+    #[must_use]
+    pub fn with_tool(mut self, tool: DescriptorTool) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Replaces the Tool list.
+    #[must_use]
+    pub fn with_tools(mut self, tools: Vec<DescriptorTool>) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// The entry for a Tool, if listed.
+    pub fn tool(&self, tool_id: &str) -> Option<&DescriptorTool> {
+        self.tools.iter().find(|tool| tool.tool_id.as_str() == tool_id)
+    }
+
+    /// True when the Tool is listed with status `available`.
+    pub fn is_tool_available(&self, tool_id: &str) -> bool {
+        self.tool(tool_id).is_some_and(|tool| tool.status == ToolStatus::Available)
+    }
+
+    /// Reads a Descriptor of either wire version. A `xagent.connection/v1` document has a
+    /// singular `connection.profile`, which becomes `connection.profiles`; the result is always
+    /// the current model (we never emit v1).
+    pub fn from_wire(mut value: Value) -> Result<Self, serde_json::Error> {
+        let is_v1 =
+            value.get("schema").and_then(Value::as_str) == Some(crate::DESCRIPTOR_SCHEMA_V1);
+        if is_v1 {
+            if let Some(object) = value.as_object_mut() {
+                object.insert("schema".into(), Value::String(crate::DESCRIPTOR_SCHEMA.into()));
+                if let Some(connection) =
+                    object.get_mut("connection").and_then(Value::as_object_mut)
+                {
+                    if let Some(profile) = connection.remove("profile") {
+                        if !connection.contains_key("profiles") {
+                            let profiles = match profile {
+                                Value::Null => Vec::new(),
+                                other => vec![other],
+                            };
+                            connection.insert("profiles".into(), Value::Array(profiles));
+                        }
+                    }
+                }
+            }
+        }
+        serde_json::from_value(value)
+    }
+}
+
+/// `connection`: who owns the channel and what it can do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct Connection {
+    /// Must equal the Card's id.
+    #[schemars(length(min = 1))]
+    pub connector_card_id: ConnectorCardId,
+    /// The runtime instance.
+    #[schemars(length(min = 1))]
+    pub connector_id: ConnectorId,
+    /// Must equal the channel the Descriptor describes.
+    #[schemars(length(min = 1))]
+    pub connector_channel_id: ConnectorChannelId,
+    /// Target type of the bound account.
+    pub target_type: TargetType,
+    /// Profiles enabled on this channel; non-empty, unique, all declared by the Card.
+    #[schemars(length(min = 1), extend("uniqueItems" = true), inner(length(min = 1)))]
+    pub profiles: Vec<ProfileId>,
+    /// Channel state.
+    pub status: ConnectionStatus,
+    /// Unknown fields.
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl Connection {
+    /// All required fields.
+    pub fn new(
+        connector_card_id: impl Into<ConnectorCardId>,
+        connector_id: impl Into<ConnectorId>,
+        connector_channel_id: impl Into<ConnectorChannelId>,
+        target_type: TargetType,
+        profiles: Vec<ProfileId>,
+        status: ConnectionStatus,
+    ) -> Self {
+        Self {
+            connector_card_id: connector_card_id.into(),
+            connector_id: connector_id.into(),
+            connector_channel_id: connector_channel_id.into(),
+            target_type,
+            profiles,
+            status,
+            extra: Extra::new(),
+        }
+    }
+}
+
+/// `target`: display-level account information only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct DescriptorTarget {
+    /// Provider, e.g. `wechat`.
+    #[schemars(length(min = 1))]
+    pub provider: String,
+    /// Label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Display name (we always emit it).
+    pub display_name: String,
+    /// Redacted account hint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_hint: Option<String>,
+    /// Unknown fields.
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl DescriptorTarget {
+    /// Provider and display name.
+    pub fn new(provider: impl Into<String>, display_name: impl Into<String>) -> Self {
+        Self {
+            provider: provider.into(),
+            label: None,
+            display_name: display_name.into(),
+            account_hint: None,
+            extra: Extra::new(),
+        }
+    }
+
+    /// Sets the label.
+    #[must_use]
+    pub fn with_label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Sets the redacted account hint.
+    #[must_use]
+    pub fn with_account_hint(mut self, hint: impl Into<String>) -> Self {
+        self.account_hint = Some(hint.into());
+        self
+    }
+}
+
+/// `tools[]`: availability of one Card Tool on this channel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct DescriptorTool {
+    /// A Tool declared in the Card.
+    #[schemars(length(min = 1))]
+    pub tool_id: ToolId,
+    /// Availability (we always emit it).
+    pub status: ToolStatus,
+    /// What the target system says about permission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_permission_state: Option<PermissionState>,
+    /// Why a Tool is not available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Unknown fields.
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl DescriptorTool {
+    /// A Tool with a status.
+    pub fn new(tool_id: impl Into<ToolId>, status: ToolStatus) -> Self {
+        Self {
+            tool_id: tool_id.into(),
+            status,
+            target_permission_state: None,
+            reason: None,
+            extra: Extra::new(),
+        }
+    }
+
+    /// An available Tool with granted permission.
+    pub fn available(tool_id: impl Into<ToolId>) -> Self {
+        Self::new(tool_id, ToolStatus::Available).with_permission(PermissionState::Granted)
+    }
+
+    /// Sets the permission state.
+    #[must_use]
+    pub fn with_permission(mut self, state: PermissionState) -> Self {
+        self.target_permission_state = Some(state);
+        self
+    }
+
+    /// Sets the reason.
+    #[must_use]
+    pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
+        self.reason = Some(reason.into());
+        self
+    }
+}

@@ -1,0 +1,509 @@
+//! The packet envelope and two-step decoding: first the envelope with the payload left raw,
+//! then the payload by `type`.
+
+use serde::de::DeserializeOwned;
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::{
+    ConnectorChannelId, ErrorCode, PacketBody, PacketId, PacketType, Payload, RequestId, WireError,
+};
+
+/// One data-plane packet: the envelope fields and a typed body.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Packet {
+    /// Unique id of this transmission.
+    pub packet_id: PacketId,
+    /// Correlates a request and its ack.
+    pub request_id: Option<RequestId>,
+    /// The `packet_id` this packet answers.
+    pub reply_to: Option<PacketId>,
+    /// The user channel (user-level packets).
+    pub connector_channel_id: Option<ConnectorChannelId>,
+    /// Send time, Unix milliseconds.
+    pub time: Option<u64>,
+    /// Protocol error (`error` packets) or business failure (acks).
+    pub error: Option<WireError>,
+    /// The typed payload, chosen by `type`.
+    pub body: PacketBody,
+}
+
+impl Packet {
+    /// A packet with a fresh id and the given body; other envelope fields are empty.
+    pub fn new(packet_id: impl Into<PacketId>, body: PacketBody) -> Self {
+        Self {
+            packet_id: packet_id.into(),
+            request_id: None,
+            reply_to: None,
+            connector_channel_id: None,
+            time: None,
+            error: None,
+            body,
+        }
+    }
+
+    /// A packet carrying a typed payload.
+    pub fn with_payload<P: Payload>(packet_id: impl Into<PacketId>, payload: P) -> Self {
+        Self::new(packet_id, payload.into_body())
+    }
+
+    /// An `error` packet.
+    pub fn error(packet_id: impl Into<PacketId>, error: WireError) -> Self {
+        Self { error: Some(error), ..Self::new(packet_id, PacketBody::Error(None)) }
+    }
+
+    /// Sets `request_id`.
+    #[must_use]
+    pub fn request_id(mut self, request_id: impl Into<RequestId>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+
+    /// Sets `reply_to`.
+    #[must_use]
+    pub fn reply_to(mut self, packet_id: impl Into<PacketId>) -> Self {
+        self.reply_to = Some(packet_id.into());
+        self
+    }
+
+    /// Sets `connector_channel_id`.
+    #[must_use]
+    pub fn channel(mut self, channel: impl Into<ConnectorChannelId>) -> Self {
+        self.connector_channel_id = Some(channel.into());
+        self
+    }
+
+    /// Sets `connector_channel_id` when one is given.
+    #[must_use]
+    pub fn maybe_channel(mut self, channel: Option<ConnectorChannelId>) -> Self {
+        self.connector_channel_id = channel;
+        self
+    }
+
+    /// Sets `time`.
+    #[must_use]
+    pub fn time(mut self, millis: u64) -> Self {
+        self.time = Some(millis);
+        self
+    }
+
+    /// Sets `error`.
+    #[must_use]
+    pub fn with_error(mut self, error: WireError) -> Self {
+        self.error = Some(error);
+        self
+    }
+
+    /// Makes this packet answer `request`: same `request_id`, `reply_to` = its `packet_id`, and
+    /// the same channel unless one is already set.
+    #[must_use]
+    pub fn answering(mut self, request: &Packet) -> Self {
+        self.request_id = request.request_id.clone();
+        self.reply_to = Some(request.packet_id.clone());
+        if self.connector_channel_id.is_none() {
+            self.connector_channel_id = request.connector_channel_id.clone();
+        }
+        self
+    }
+
+    /// The packet type.
+    pub fn packet_type(&self) -> PacketType {
+        self.body.packet_type()
+    }
+
+    /// The wire type string.
+    pub fn type_str(&self) -> &str {
+        self.body.type_str()
+    }
+
+    /// The typed payload, if this packet is of type `P` and carries one.
+    pub fn payload<P: Payload>(&self) -> Option<&P> {
+        P::from_body(&self.body)
+    }
+
+    /// Decodes a packet from JSON bytes (the fast path: the payload is parsed once, straight
+    /// into its type).
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        match serde_json::from_slice::<RawEnvelope<'_>>(bytes) {
+            Ok(raw) => raw.into_packet(),
+            Err(source) => Err(DecodeError::envelope(source, EnvelopeIds::salvage(bytes))),
+        }
+    }
+
+    /// Decodes a packet from a JSON string.
+    pub fn decode_str(text: &str) -> Result<Self, DecodeError> {
+        Self::decode(text.as_bytes())
+    }
+
+    /// Decodes a packet from an already parsed JSON value.
+    pub fn from_value(value: Value) -> Result<Self, DecodeError> {
+        let ids = EnvelopeIds::from_value(&value);
+        let raw: ValueEnvelope =
+            serde_json::from_value(value).map_err(|source| DecodeError::envelope(source, ids))?;
+        raw.into_packet()
+    }
+
+    /// The packet as a JSON value.
+    pub fn to_value(&self) -> Result<Value, serde_json::Error> {
+        serde_json::to_value(self)
+    }
+
+    /// The packet as compact JSON text, ready for a WebSocket text frame.
+    pub fn to_json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string(self)
+    }
+
+    /// The ids a reply to this packet needs.
+    pub fn ids(&self) -> EnvelopeIds {
+        EnvelopeIds {
+            packet_id: Some(self.packet_id.clone()),
+            request_id: self.request_id.clone(),
+            connector_channel_id: self.connector_channel_id.clone(),
+            packet_type: Some(self.type_str().to_owned()),
+        }
+    }
+}
+
+impl Serialize for Packet {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("schema", crate::PACKET_SCHEMA)?;
+        map.serialize_entry("packet_id", &self.packet_id)?;
+        if let Some(request_id) = &self.request_id {
+            map.serialize_entry("request_id", request_id)?;
+        }
+        if let Some(reply_to) = &self.reply_to {
+            map.serialize_entry("reply_to", reply_to)?;
+        }
+        if let Some(channel) = &self.connector_channel_id {
+            map.serialize_entry("connector_channel_id", channel)?;
+        }
+        map.serialize_entry("type", self.body.type_str())?;
+        if let Some(time) = self.time {
+            map.serialize_entry("time", &time)?;
+        }
+        self.body.serialize_payload(&mut map)?;
+        if let Some(error) = &self.error {
+            map.serialize_entry("error", error)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Packet {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = ValueEnvelope::deserialize(deserializer)?;
+        raw.into_packet().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Where a payload is read from: a raw slice of the original text, or a parsed value.
+pub(crate) trait PayloadSource {
+    fn parse<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error>;
+    fn to_value(&self) -> Result<Value, serde_json::Error>;
+    fn is_object(&self) -> bool;
+}
+
+impl PayloadSource for &RawValue {
+    fn parse<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.get())
+    }
+    fn to_value(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_str(self.get())
+    }
+    fn is_object(&self) -> bool {
+        self.get().trim_start().starts_with('{')
+    }
+}
+
+impl PayloadSource for Value {
+    fn parse<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        T::deserialize(self)
+    }
+    fn to_value(&self) -> Result<Value, serde_json::Error> {
+        Ok(self.clone())
+    }
+    fn is_object(&self) -> bool {
+        self.is_object()
+    }
+}
+
+/// Why a payload could not be read.
+#[derive(Debug)]
+pub(crate) enum PayloadError {
+    Missing,
+    Invalid(serde_json::Error),
+}
+
+impl From<serde_json::Error> for PayloadError {
+    fn from(source: serde_json::Error) -> Self {
+        Self::Invalid(source)
+    }
+}
+
+#[derive(Deserialize)]
+struct RawEnvelope<'a> {
+    schema: std::borrow::Cow<'a, str>,
+    packet_id: PacketId,
+    #[serde(default)]
+    request_id: Option<RequestId>,
+    #[serde(default)]
+    reply_to: Option<PacketId>,
+    #[serde(default)]
+    connector_channel_id: Option<ConnectorChannelId>,
+    #[serde(rename = "type")]
+    packet_type: std::borrow::Cow<'a, str>,
+    #[serde(default)]
+    time: Option<u64>,
+    #[serde(default, borrow)]
+    payload: Option<&'a RawValue>,
+    #[serde(default)]
+    error: Option<WireError>,
+}
+
+#[derive(Deserialize)]
+struct ValueEnvelope {
+    schema: String,
+    packet_id: PacketId,
+    #[serde(default)]
+    request_id: Option<RequestId>,
+    #[serde(default)]
+    reply_to: Option<PacketId>,
+    #[serde(default)]
+    connector_channel_id: Option<ConnectorChannelId>,
+    #[serde(rename = "type")]
+    packet_type: String,
+    #[serde(default)]
+    time: Option<u64>,
+    #[serde(default)]
+    payload: Option<Value>,
+    #[serde(default)]
+    error: Option<WireError>,
+}
+
+struct EnvelopeParts<S> {
+    schema_ok: bool,
+    schema: String,
+    packet: Packet,
+    packet_type: String,
+    payload: Option<S>,
+}
+
+fn finish<S: PayloadSource>(parts: EnvelopeParts<S>) -> Result<Packet, DecodeError> {
+    let EnvelopeParts { schema_ok, schema, mut packet, packet_type, payload } = parts;
+    let ids = EnvelopeIds {
+        packet_id: Some(packet.packet_id.clone()),
+        request_id: packet.request_id.clone(),
+        connector_channel_id: packet.connector_channel_id.clone(),
+        packet_type: Some(packet_type.clone()),
+    };
+    if !schema_ok {
+        return Err(DecodeError { kind: DecodeErrorKind::WrongSchema(schema), ids });
+    }
+    if packet.packet_id.is_empty() {
+        return Err(DecodeError { kind: DecodeErrorKind::EmptyField("packet_id"), ids });
+    }
+    if packet_type.is_empty() {
+        return Err(DecodeError { kind: DecodeErrorKind::EmptyField("type"), ids });
+    }
+    // `payload: null` is treated as absent.
+    if let Some(source) = &payload {
+        if !source.is_object() {
+            return Err(DecodeError { kind: DecodeErrorKind::PayloadNotObject, ids });
+        }
+    }
+    let has_error = packet.error.is_some();
+    match PacketBody::decode(&packet_type, payload, has_error) {
+        Ok(body) => {
+            packet.body = body;
+            Ok(packet)
+        }
+        Err(PayloadError::Missing) => {
+            Err(DecodeError { kind: DecodeErrorKind::MissingPayload(packet_type), ids })
+        }
+        Err(PayloadError::Invalid(source)) => {
+            Err(DecodeError { kind: DecodeErrorKind::InvalidPayload { packet_type, source }, ids })
+        }
+    }
+}
+
+impl<'a> RawEnvelope<'a> {
+    fn into_packet(self) -> Result<Packet, DecodeError> {
+        let payload = self.payload.filter(|raw| raw.get().trim() != "null");
+        finish(EnvelopeParts {
+            schema_ok: self.schema == crate::PACKET_SCHEMA,
+            schema: self.schema.into_owned(),
+            packet: Packet {
+                packet_id: self.packet_id,
+                request_id: self.request_id,
+                reply_to: self.reply_to,
+                connector_channel_id: self.connector_channel_id,
+                time: self.time,
+                error: self.error,
+                body: PacketBody::Error(None),
+            },
+            packet_type: self.packet_type.into_owned(),
+            payload,
+        })
+    }
+}
+
+impl ValueEnvelope {
+    fn into_packet(self) -> Result<Packet, DecodeError> {
+        let payload = self.payload.filter(|value| !value.is_null());
+        finish(EnvelopeParts {
+            schema_ok: self.schema == crate::PACKET_SCHEMA,
+            schema: self.schema,
+            packet: Packet {
+                packet_id: self.packet_id,
+                request_id: self.request_id,
+                reply_to: self.reply_to,
+                connector_channel_id: self.connector_channel_id,
+                time: self.time,
+                error: self.error,
+                body: PacketBody::Error(None),
+            },
+            packet_type: self.packet_type,
+            payload,
+        })
+    }
+}
+
+/// The envelope ids that could be read from a packet, even a broken one, so that an error
+/// reply can still echo `request_id` and the channel.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EnvelopeIds {
+    /// `packet_id`, if it was a string.
+    pub packet_id: Option<PacketId>,
+    /// `request_id`, if it was a string.
+    pub request_id: Option<RequestId>,
+    /// `connector_channel_id`, if it was a string.
+    pub connector_channel_id: Option<ConnectorChannelId>,
+    /// `type`, if it was a string.
+    pub packet_type: Option<String>,
+}
+
+impl EnvelopeIds {
+    fn salvage(bytes: &[u8]) -> Self {
+        serde_json::from_slice::<Value>(bytes)
+            .map(|value| Self::from_value(&value))
+            .unwrap_or_default()
+    }
+
+    fn from_value(value: &Value) -> Self {
+        let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+        Self {
+            packet_id: text("packet_id").map(PacketId::from),
+            request_id: text("request_id").map(RequestId::from),
+            connector_channel_id: text("connector_channel_id").map(ConnectorChannelId::from),
+            packet_type: text("type"),
+        }
+    }
+}
+
+/// Why a packet could not be decoded. Every case maps to `invalid_packet`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct DecodeError {
+    /// What went wrong.
+    pub kind: DecodeErrorKind,
+    /// The envelope ids that could be salvaged.
+    pub ids: EnvelopeIds,
+}
+
+/// The cases of [`DecodeError`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DecodeErrorKind {
+    /// Not JSON, not an object, or an envelope field of the wrong type or missing.
+    Envelope(serde_json::Error),
+    /// `schema` is not `xagent.connector.packet/v1`.
+    WrongSchema(String),
+    /// A required envelope string is empty.
+    EmptyField(&'static str),
+    /// `payload` is present but not an object.
+    PayloadNotObject,
+    /// The type needs a payload and there is none.
+    MissingPayload(String),
+    /// The payload does not match its type.
+    InvalidPayload {
+        /// The packet type.
+        packet_type: String,
+        /// The parse error.
+        source: serde_json::Error,
+    },
+}
+
+impl DecodeError {
+    fn envelope(source: serde_json::Error, ids: EnvelopeIds) -> Self {
+        Self { kind: DecodeErrorKind::Envelope(source), ids }
+    }
+
+    /// The wire code to answer with: always `invalid_packet`.
+    pub fn code(&self) -> ErrorCode {
+        ErrorCode::InvalidPacket
+    }
+
+    /// The wire error to answer with.
+    pub fn to_wire(&self) -> WireError {
+        WireError::new(self.code(), self.to_string())
+    }
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            DecodeErrorKind::Envelope(source) => write!(
+                f,
+                "the packet is not a valid envelope ({}); send one JSON object with schema, packet_id and type",
+                redact_quoted(&source.to_string())
+            ),
+            DecodeErrorKind::WrongSchema(schema) => {
+                write!(f, "envelope schema is {schema:?}; it must be \"{}\"", crate::PACKET_SCHEMA)
+            }
+            DecodeErrorKind::EmptyField(field) => {
+                write!(f, "envelope field {field} must not be empty")
+            }
+            DecodeErrorKind::PayloadNotObject => f.write_str("payload must be a JSON object"),
+            DecodeErrorKind::MissingPayload(packet_type) => {
+                write!(f, "a {packet_type} packet needs a payload object")
+            }
+            DecodeErrorKind::InvalidPayload { packet_type, source } => {
+                write!(f, "invalid {packet_type} payload: {}", redact_quoted(&source.to_string()))
+            }
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            DecodeErrorKind::Envelope(source) => Some(source),
+            DecodeErrorKind::InvalidPayload { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Parser messages quote offending values, which could be secrets; keep the shape, drop the text.
+fn redact_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut inside = false;
+    for c in message.chars() {
+        if c == '"' {
+            if inside {
+                out.push_str("…\"");
+            } else {
+                out.push('"');
+            }
+            inside = !inside;
+        } else if !inside {
+            out.push(c);
+        }
+    }
+    out
+}

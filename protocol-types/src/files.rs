@@ -1,0 +1,138 @@
+//! File items carried by IM messages. Only metadata and references: bytes travel through the
+//! Transfer Plane, never through a packet.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{Extra, FileRef, FileType};
+
+/// `chat.message.files[]` (IM v2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct ChatFile {
+    /// `image`, `video`, `audio` or `file`.
+    #[serde(rename = "type")]
+    pub file_type: FileType,
+    /// Reference unique within the message.
+    #[schemars(length(min = 1))]
+    pub file_ref: FileRef,
+    /// File name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+    /// MIME type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    /// Size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub byte_size: Option<u64>,
+    /// Expiry of the reference (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+    /// Where xAgent downloads it (required Connector -> xAgent; absolute or relative).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download_url: Option<String>,
+    /// Unknown fields.
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl ChatFile {
+    /// A file item with its type and reference.
+    pub fn new(file_type: FileType, file_ref: impl Into<FileRef>) -> Self {
+        Self {
+            file_type,
+            file_ref: file_ref.into(),
+            filename: None,
+            mime_type: None,
+            byte_size: None,
+            expires_at: None,
+            download_url: None,
+            extra: Extra::new(),
+        }
+    }
+
+    /// Sets the file name.
+    #[must_use]
+    pub fn with_filename(mut self, name: impl Into<String>) -> Self {
+        self.filename = Some(name.into());
+        self
+    }
+
+    /// Sets the MIME type.
+    #[must_use]
+    pub fn with_mime_type(mut self, mime: impl Into<String>) -> Self {
+        self.mime_type = Some(mime.into());
+        self
+    }
+
+    /// Sets the size.
+    #[must_use]
+    pub fn with_byte_size(mut self, size: u64) -> Self {
+        self.byte_size = Some(size);
+        self
+    }
+
+    /// Sets the expiry.
+    #[must_use]
+    pub fn with_expires_at(mut self, at: u64) -> Self {
+        self.expires_at = Some(at);
+        self
+    }
+
+    /// Sets the download URL.
+    #[must_use]
+    pub fn with_download_url(mut self, url: impl Into<String>) -> Self {
+        self.download_url = Some(url.into());
+        self
+    }
+}
+
+/// `message.push.files[]` (IM v1): like [`ChatFile`], with `type` optional and `url` accepted as
+/// an alternative to `download_url`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct PushFile {
+    /// Kind of file.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub file_type: Option<FileType>,
+    /// Reference.
+    #[schemars(length(min = 1))]
+    pub file_ref: FileRef,
+    /// File name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+    /// MIME type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    /// Size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub byte_size: Option<u64>,
+    /// Expiry (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+    /// Download URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download_url: Option<String>,
+    /// Alternative download URL field of older Connectors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Unknown fields.
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+impl From<ChatFile> for PushFile {
+    fn from(file: ChatFile) -> Self {
+        Self {
+            file_type: Some(file.file_type),
+            file_ref: file.file_ref,
+            filename: file.filename,
+            mime_type: file.mime_type,
+            byte_size: file.byte_size,
+            expires_at: file.expires_at,
+            download_url: file.download_url,
+            url: None,
+            extra: file.extra,
+        }
+    }
+}

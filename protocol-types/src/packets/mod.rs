@@ -1,0 +1,427 @@
+//! Every packet type: its payload, its direction, its routing level, and how requests bind to
+//! their acks.
+
+mod auth;
+mod channel;
+mod connection;
+mod im;
+mod tool;
+
+pub use auth::*;
+pub use channel::*;
+pub use connection::*;
+pub use im::*;
+pub use tool::*;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// Which side sends a packet type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Sent by xAgent, received by the Connector.
+    XagentToConnector,
+    /// Sent by the Connector, received by xAgent.
+    ConnectorToXagent,
+    /// Either side may send it.
+    Both,
+}
+
+impl Direction {
+    /// True when a packet of this direction may be sent by `sender`.
+    pub fn allows(self, sender: Side) -> bool {
+        match (self, sender) {
+            (Self::Both, _) => true,
+            (Self::XagentToConnector, Side::Xagent) => true,
+            (Self::ConnectorToXagent, Side::Connector) => true,
+            _ => false,
+        }
+    }
+}
+
+/// One end of the data plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// The xAgent backend.
+    Xagent,
+    /// The Connector Server.
+    Connector,
+}
+
+impl Side {
+    /// The other end.
+    pub fn peer(self) -> Self {
+        match self {
+            Self::Xagent => Self::Connector,
+            Self::Connector => Self::Xagent,
+        }
+    }
+}
+
+/// Whether a packet travels on a user channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Routing {
+    /// System level; no channel.
+    System,
+    /// User level; the envelope must carry `connector_channel_id`.
+    Channel,
+    /// `channel.open`: the envelope carries the persisted channel id, or none on a first open.
+    ChannelOpen,
+    /// May carry a channel or not (`ping`, `pong`, `error`).
+    Either,
+}
+
+/// How a packet type takes part in request/response pairing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// A request answered by the named ack, correlated by `request_id`.
+    Request {
+        /// The ack type.
+        ack: &'static str,
+    },
+    /// The ack of the named request: echoes `request_id`, `reply_to` = request `packet_id`.
+    Ack {
+        /// The request type.
+        request: &'static str,
+    },
+    /// An IM v2 `chat.message`, acknowledged by `chat.message.ack` through `reply_to`.
+    Message,
+    /// An IM v2 `chat.message.ack`; `reply_to` is required.
+    MessageAck,
+    /// A one-way push.
+    Push,
+    /// The `error` packet.
+    Error,
+}
+
+/// Static facts about one packet type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PacketSpec {
+    /// Wire `type`.
+    pub packet_type: &'static str,
+    /// Who sends it.
+    pub direction: Direction,
+    /// Routing level.
+    pub routing: Routing,
+    /// Pairing role.
+    pub role: Role,
+    /// Whether a payload must be present.
+    pub payload_required: bool,
+}
+
+/// A typed packet payload bound to its wire `type`.
+pub trait Payload: Serialize + DeserializeOwned + Sized {
+    /// The wire `type`.
+    const TYPE: &'static str;
+    /// Wraps the payload into the packet body enum.
+    fn into_body(self) -> PacketBody;
+    /// Borrows the payload out of a body of the right variant.
+    fn from_body(body: &PacketBody) -> Option<&Self>;
+    /// Static facts about this packet type.
+    fn spec() -> &'static PacketSpec {
+        match PacketType::spec_of(Self::TYPE) {
+            Some(spec) => spec,
+            None => unreachable!("every payload type is in the packet table"),
+        }
+    }
+}
+
+/// A request payload and the ack payload that answers it, so a caller cannot await the wrong
+/// reply.
+pub trait Request: Payload {
+    /// The ack payload.
+    type Ack: Payload;
+}
+
+macro_rules! packet_table {
+    (
+        $(
+            $(#[$doc:meta])*
+            $variant:ident = $wire:literal, $payload:ty, $dir:ident, $routing:ident, $role:expr, $presence:ident;
+        )+
+    ) => {
+        /// The type of a packet: every known type, or an unknown one kept verbatim.
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum PacketType {
+            $( $(#[$doc])* $variant, )+
+            /// The `error` packet.
+            Error,
+            /// A type this version does not know.
+            Unknown(String),
+        }
+
+        impl PacketType {
+            /// Static facts about every known type, in protocol order.
+            pub const TABLE: &'static [PacketSpec] = &[
+                $( PacketSpec {
+                    packet_type: $wire,
+                    direction: Direction::$dir,
+                    routing: Routing::$routing,
+                    role: $role,
+                    payload_required: packet_table!(@required $presence),
+                }, )+
+                PacketSpec {
+                    packet_type: "error",
+                    direction: Direction::Both,
+                    routing: Routing::Either,
+                    role: Role::Error,
+                    payload_required: false,
+                },
+            ];
+
+            /// Reads a wire type.
+            pub fn parse(value: &str) -> Self {
+                match value {
+                    $( $wire => Self::$variant, )+
+                    "error" => Self::Error,
+                    other => Self::Unknown(other.to_owned()),
+                }
+            }
+
+            /// The wire string.
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $( Self::$variant => $wire, )+
+                    Self::Error => "error",
+                    Self::Unknown(other) => other,
+                }
+            }
+
+            /// Static facts, or `None` for an unknown type.
+            pub fn spec(&self) -> Option<&'static PacketSpec> {
+                Self::spec_of(self.as_str())
+            }
+
+            /// Static facts of a wire type string.
+            pub fn spec_of(wire: &str) -> Option<&'static PacketSpec> {
+                Self::TABLE.iter().find(|spec| spec.packet_type == wire)
+            }
+        }
+
+        /// The payload of a packet, chosen by its `type`. Optional payloads (empty requests and
+        /// acks that may carry an `error` instead) are `Option`s.
+        #[derive(Clone, Debug, PartialEq)]
+        #[non_exhaustive]
+        pub enum PacketBody {
+            $( $(#[$doc])* $variant(packet_table!(@slot $presence $payload)), )+
+            /// The `error` packet; the error is in the envelope. Any payload is kept.
+            Error(Option<Value>),
+            /// A type this version does not know, with its raw payload, so it can be answered
+            /// with `unsupported_packet` or relayed.
+            Unknown {
+                /// The wire type.
+                packet_type: String,
+                /// The raw payload.
+                payload: Option<Value>,
+            },
+        }
+
+        impl PacketBody {
+            /// The packet type of this body.
+            pub fn packet_type(&self) -> PacketType {
+                match self {
+                    $( Self::$variant(_) => PacketType::$variant, )+
+                    Self::Error(_) => PacketType::Error,
+                    Self::Unknown { packet_type, .. } => PacketType::Unknown(packet_type.clone()),
+                }
+            }
+
+            /// The wire type string.
+            pub fn type_str(&self) -> &str {
+                match self {
+                    $( Self::$variant(_) => $wire, )+
+                    Self::Error(_) => "error",
+                    Self::Unknown { packet_type, .. } => packet_type,
+                }
+            }
+
+            /// The payload as JSON, or `None` when absent.
+            pub fn payload_value(&self) -> Result<Option<Value>, serde_json::Error> {
+                match self {
+                    $( Self::$variant(payload) => packet_table!(@to_value $presence payload), )+
+                    Self::Error(payload) => Ok(payload.clone()),
+                    Self::Unknown { payload, .. } => Ok(payload.clone()),
+                }
+            }
+
+            pub(crate) fn serialize_payload<M: serde::ser::SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
+                match self {
+                    $( Self::$variant(payload) => packet_table!(@serialize $presence map payload), )+
+                    Self::Error(Some(payload)) => map.serialize_entry("payload", payload),
+                    Self::Unknown { payload: Some(payload), .. } => map.serialize_entry("payload", payload),
+                    Self::Error(None) | Self::Unknown { payload: None, .. } => Ok(()),
+                }
+            }
+
+            pub(crate) fn decode<S: crate::envelope::PayloadSource>(
+                packet_type: &str,
+                payload: Option<S>,
+                has_error: bool,
+            ) -> Result<Self, crate::envelope::PayloadError> {
+                match packet_type {
+                    $( $wire => Ok(Self::$variant(packet_table!(@decode $presence $payload, payload, has_error, $wire))), )+
+                    "error" => Ok(Self::Error(match payload {
+                        Some(source) => Some(source.to_value()?),
+                        None => None,
+                    })),
+                    other => Ok(Self::Unknown {
+                        packet_type: other.to_owned(),
+                        payload: match payload {
+                            Some(source) => Some(source.to_value()?),
+                            None => None,
+                        },
+                    }),
+                }
+            }
+
+            /// JSON Schema of every known payload, by wire type.
+            pub fn payload_schemas(generator: &mut schemars::SchemaGenerator) -> Vec<(&'static str, schemars::Schema)> {
+                vec![ $( ($wire, generator.subschema_for::<$payload>()), )+ ]
+            }
+        }
+
+        $(
+            impl Payload for $payload {
+                const TYPE: &'static str = $wire;
+                fn into_body(self) -> PacketBody {
+                    PacketBody::$variant(packet_table!(@wrap $presence self))
+                }
+                fn from_body(body: &PacketBody) -> Option<&Self> {
+                    match body {
+                        PacketBody::$variant(payload) => packet_table!(@borrow $presence payload),
+                        _ => None,
+                    }
+                }
+            }
+        )+
+    };
+
+    (@required required) => { true };
+    (@required optional) => { false };
+    (@slot required $payload:ty) => { $payload };
+    (@slot optional $payload:ty) => { Option<$payload> };
+    (@wrap required $value:ident) => { $value };
+    (@wrap optional $value:ident) => { Some($value) };
+    (@borrow required $value:ident) => { Some($value) };
+    (@borrow optional $value:ident) => { $value.as_ref() };
+    (@to_value required $value:ident) => { serde_json::to_value($value).map(Some) };
+    (@to_value optional $value:ident) => {
+        match $value {
+            Some(value) => serde_json::to_value(value).map(Some),
+            None => Ok(None),
+        }
+    };
+    (@serialize required $map:ident $value:ident) => { $map.serialize_entry("payload", $value) };
+    (@serialize optional $map:ident $value:ident) => {
+        match $value {
+            Some(value) => $map.serialize_entry("payload", value),
+            None => Ok(()),
+        }
+    };
+    (@decode required $payload:ty, $source:ident, $has_error:ident, $wire:literal) => {
+        match $source {
+            Some(source) => source.parse::<$payload>()?,
+            None => return Err(crate::envelope::PayloadError::Missing),
+        }
+    };
+    (@decode optional $payload:ty, $source:ident, $has_error:ident, $wire:literal) => {{
+        let _ = $has_error;
+        match $source {
+            Some(source) => Some(source.parse::<$payload>()?),
+            None => None,
+        }
+    }};
+}
+
+packet_table! {
+    /// `connector.hello`.
+    ConnectorHello = "connector.hello", ConnectorHello, XagentToConnector, System, Role::Request { ack: "connector.hello.ack" }, required;
+    /// `connector.hello.ack`.
+    ConnectorHelloAck = "connector.hello.ack", ConnectorHelloAck, ConnectorToXagent, System, Role::Ack { request: "connector.hello" }, optional;
+    /// `channel.open`.
+    ChannelOpen = "channel.open", ChannelOpen, XagentToConnector, ChannelOpen, Role::Request { ack: "channel.open.ack" }, optional;
+    /// `channel.open.ack`.
+    ChannelOpenAck = "channel.open.ack", ChannelOpenAck, ConnectorToXagent, Channel, Role::Ack { request: "channel.open" }, optional;
+    /// `channel.close`.
+    ChannelClose = "channel.close", ChannelClose, XagentToConnector, Channel, Role::Request { ack: "channel.close.ack" }, optional;
+    /// `channel.close.ack`.
+    ChannelCloseAck = "channel.close.ack", ChannelCloseAck, ConnectorToXagent, Channel, Role::Ack { request: "channel.close" }, optional;
+    /// `auth.start`.
+    AuthStart = "auth.start", AuthStart, XagentToConnector, Channel, Role::Request { ack: "auth.start.ack" }, required;
+    /// `auth.start.ack`.
+    AuthStartAck = "auth.start.ack", AuthStartAck, ConnectorToXagent, Channel, Role::Ack { request: "auth.start" }, optional;
+    /// `auth.status`.
+    AuthStatus = "auth.status", AuthStatusRequest, XagentToConnector, Channel, Role::Request { ack: "auth.status.ack" }, required;
+    /// `auth.status.ack`.
+    AuthStatusAck = "auth.status.ack", AuthStatusAck, ConnectorToXagent, Channel, Role::Ack { request: "auth.status" }, optional;
+    /// `auth.cancel`.
+    AuthCancel = "auth.cancel", AuthCancel, XagentToConnector, Channel, Role::Request { ack: "auth.cancel.ack" }, required;
+    /// `auth.cancel.ack`.
+    AuthCancelAck = "auth.cancel.ack", AuthCancelAck, ConnectorToXagent, Channel, Role::Ack { request: "auth.cancel" }, optional;
+    /// `auth.logout`.
+    AuthLogout = "auth.logout", AuthLogout, XagentToConnector, Channel, Role::Request { ack: "auth.logout.ack" }, optional;
+    /// `auth.logout.ack`.
+    AuthLogoutAck = "auth.logout.ack", AuthLogoutAck, ConnectorToXagent, Channel, Role::Ack { request: "auth.logout" }, optional;
+    /// `connection.descriptor.get`.
+    DescriptorGet = "connection.descriptor.get", DescriptorGet, XagentToConnector, Channel, Role::Request { ack: "connection.descriptor.get.ack" }, optional;
+    /// `connection.descriptor.get.ack`.
+    DescriptorGetAck = "connection.descriptor.get.ack", DescriptorGetAck, ConnectorToXagent, Channel, Role::Ack { request: "connection.descriptor.get" }, optional;
+    /// `connection.descriptor.push`.
+    DescriptorPush = "connection.descriptor.push", DescriptorPush, ConnectorToXagent, Channel, Role::Push, required;
+    /// `tool.invoke`.
+    ToolInvoke = "tool.invoke", ToolInvoke, XagentToConnector, Channel, Role::Request { ack: "tool.invoke.ack" }, required;
+    /// `tool.invoke.ack`.
+    ToolInvokeAck = "tool.invoke.ack", ToolInvokeAck, ConnectorToXagent, Channel, Role::Ack { request: "tool.invoke" }, optional;
+    /// `tool.progress.push`.
+    ToolProgressPush = "tool.progress.push", ToolProgressPush, ConnectorToXagent, Channel, Role::Push, required;
+    /// `message.push` (IM v1).
+    MessagePush = "message.push", MessagePush, ConnectorToXagent, Channel, Role::Push, required;
+    /// `chat.message` (IM v2).
+    ChatMessage = "chat.message", ChatMessage, Both, Channel, Role::Message, required;
+    /// `chat.message.delta` (IM v2).
+    ChatMessageDelta = "chat.message.delta", ChatMessageDelta, XagentToConnector, Channel, Role::Push, required;
+    /// `chat.message.ack` (IM v2).
+    ChatMessageAck = "chat.message.ack", ChatMessageAck, Both, Channel, Role::MessageAck, required;
+    /// `chat.activity` (IM v2).
+    ChatActivity = "chat.activity", ChatActivity, XagentToConnector, Channel, Role::Push, required;
+    /// `ping`.
+    Ping = "ping", Ping, Both, Either, Role::Request { ack: "pong" }, optional;
+    /// `pong`.
+    Pong = "pong", Pong, Both, Either, Role::Ack { request: "ping" }, optional;
+}
+
+macro_rules! bind_requests {
+    ($($request:ty => $ack:ty),+ $(,)?) => {
+        $( impl Request for $request { type Ack = $ack; } )+
+    };
+}
+
+bind_requests! {
+    ConnectorHello => ConnectorHelloAck,
+    ChannelOpen => ChannelOpenAck,
+    ChannelClose => ChannelCloseAck,
+    AuthStart => AuthStartAck,
+    AuthStatusRequest => AuthStatusAck,
+    AuthCancel => AuthCancelAck,
+    AuthLogout => AuthLogoutAck,
+    DescriptorGet => DescriptorGetAck,
+    ToolInvoke => ToolInvokeAck,
+    ChatMessage => ChatMessageAck,
+    Ping => Pong,
+}
+
+impl std::fmt::Display for PacketType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PacketType {
+    /// True for types this version knows.
+    pub fn is_known(&self) -> bool {
+        !matches!(self, Self::Unknown(_))
+    }
+}
