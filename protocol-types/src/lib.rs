@@ -36,6 +36,7 @@
 mod macros;
 
 mod card;
+mod clock;
 mod constants;
 mod descriptor;
 mod enums;
@@ -46,8 +47,10 @@ mod http;
 mod ids;
 mod packets;
 pub mod schema;
+mod secret;
 
 pub use card::*;
+pub use clock::*;
 pub use constants::*;
 pub use descriptor::*;
 pub use enums::*;
@@ -57,3 +60,4 @@ pub use files::*;
 pub use http::*;
 pub use ids::*;
 pub use packets::*;
+pub use secret::*;
