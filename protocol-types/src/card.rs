@@ -440,7 +440,13 @@ pub struct AuthFlow {
     /// Form fields (required for `form`, at least one).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<AuthField>,
-    /// Unknown fields (e.g. `config_schema`, `ui_schema`).
+    /// A JSON Schema describing the flow's configuration, for richer front ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_schema: Option<Map<String, Value>>,
+    /// Rendering hints for `config_schema`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ui_schema: Option<Map<String, Value>>,
+    /// Unknown fields.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -459,6 +465,8 @@ impl AuthFlow {
             title: title.into(),
             description: None,
             fields: Vec::new(),
+            config_schema: None,
+            ui_schema: None,
             extra: Extra::new(),
         }
     }
@@ -477,6 +485,8 @@ impl AuthFlow {
             title: title.into(),
             description: None,
             fields,
+            config_schema: None,
+            ui_schema: None,
             extra: Extra::new(),
         }
     }

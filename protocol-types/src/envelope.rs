@@ -141,7 +141,7 @@ impl Packet {
     /// Decodes a packet from an already parsed JSON value.
     pub fn from_value(value: Value) -> Result<Self, DecodeError> {
         let ids = EnvelopeIds::from_value(&value);
-        let raw: ValueEnvelope =
+        let raw: Envelope =
             serde_json::from_value(value).map_err(|source| DecodeError::envelope(source, ids))?;
         raw.into_packet()
     }
@@ -195,7 +195,7 @@ impl Serialize for Packet {
 
 impl<'de> Deserialize<'de> for Packet {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let raw = ValueEnvelope::deserialize(deserializer)?;
+        let raw = Envelope::deserialize(deserializer)?;
         raw.into_packet().map_err(serde::de::Error::custom)
     }
 }
@@ -264,24 +264,45 @@ struct RawEnvelope<'a> {
     error: Option<WireError>,
 }
 
-#[derive(Deserialize)]
-struct ValueEnvelope {
-    schema: String,
-    packet_id: PacketId,
-    #[serde(default)]
-    request_id: Option<RequestId>,
-    #[serde(default)]
-    reply_to: Option<PacketId>,
-    #[serde(default)]
-    connector_channel_id: Option<ConnectorChannelId>,
+const_str!(
+    /// The `schema` discriminator of a packet: always `xagent.connector.packet/v1`.
+    PacketSchema = "xagent.connector.packet/v1"
+);
+
+/// The envelope alone, with the payload kept as JSON: the first step of decoding, and what a
+/// relay forwards unchanged. [`Envelope::into_packet`] is the second step. Unknown envelope
+/// fields are kept in `extra`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Envelope {
+    /// The `schema` string as received (checked by `into_packet`).
+    pub schema: String,
+    /// `packet_id`.
+    pub packet_id: PacketId,
+    /// `request_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<RequestId>,
+    /// `reply_to`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<PacketId>,
+    /// `connector_channel_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connector_channel_id: Option<ConnectorChannelId>,
+    /// `type`.
     #[serde(rename = "type")]
-    packet_type: String,
-    #[serde(default)]
-    time: Option<u64>,
-    #[serde(default)]
-    payload: Option<Value>,
-    #[serde(default)]
-    error: Option<WireError>,
+    pub packet_type: String,
+    /// `time`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<u64>,
+    /// The raw payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+    /// `error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<WireError>,
+    /// Unknown envelope fields.
+    #[serde(flatten)]
+    pub extra: crate::Extra,
 }
 
 struct EnvelopeParts<S> {
@@ -351,8 +372,10 @@ impl<'a> RawEnvelope<'a> {
     }
 }
 
-impl ValueEnvelope {
-    fn into_packet(self) -> Result<Packet, DecodeError> {
+impl Envelope {
+    /// Parses the payload by `type` into a typed [`Packet`] (unknown envelope fields are not
+    /// carried over).
+    pub fn into_packet(self) -> Result<Packet, DecodeError> {
         let payload = self.payload.filter(|value| !value.is_null());
         finish(EnvelopeParts {
             schema_ok: self.schema == crate::PACKET_SCHEMA,

@@ -54,7 +54,7 @@ pub use clock::*;
 pub use constants::*;
 pub use descriptor::*;
 pub use enums::*;
-pub use envelope::{DecodeError, DecodeErrorKind, EnvelopeIds, Packet};
+pub use envelope::{DecodeError, DecodeErrorKind, Envelope, EnvelopeIds, Packet, PacketSchema};
 pub use error::*;
 pub use files::*;
 pub use http::*;

@@ -17,8 +17,46 @@ fn finish(mut schema: Schema, id: &str, title: &str) -> Value {
     schema.insert("$id".into(), Value::String(id.into()));
     schema.insert("title".into(), Value::String(title.into()));
     let mut value = schema.to_value();
+    strip_null(&mut value);
     order_root(&mut value);
     value
+}
+
+/// Optional fields are omitted, never `null`, on the wire we write; the published schemas reject
+/// `null` there, so ours must too. Removes the `null` alternative schemars adds for `Option`.
+fn strip_null(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::Array(types)) = map.get_mut("type") {
+                types.retain(|t| t != "null");
+                if types.len() == 1 {
+                    let only = types.remove(0);
+                    map.insert("type".into(), only);
+                }
+            }
+            let mut merge = None;
+            if let Some(Value::Array(branches)) = map.get_mut("anyOf") {
+                branches.retain(|b| b != &serde_json::json!({ "type": "null" }));
+                if branches.len() == 1 {
+                    merge = Some(branches.remove(0));
+                }
+            }
+            if let Some(Value::Object(only)) = merge {
+                map.remove("anyOf");
+                for (key, v) in only {
+                    map.entry(key).or_insert(v);
+                }
+            }
+            for (key, child) in map.iter_mut() {
+                // Literal values are data, not schemas.
+                if key != "const" && key != "enum" && key != "examples" && key != "default" {
+                    strip_null(child);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_null),
+        _ => {}
+    }
 }
 
 /// Puts `$schema`, `$id`, `title` first so the committed files read well.
