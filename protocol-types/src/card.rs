@@ -704,3 +704,72 @@ impl Security {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn primary_skill_name_normalises_dots_and_underscores() {
+        assert_eq!(primary_skill_name("im.wechat"), "connector-im-wechat");
+        assert_eq!(primary_skill_name("device.adb_Pro"), "connector-device-adb-pro");
+    }
+
+    #[test]
+    fn unknown_fields_survive_a_round_trip() {
+        let wire = json!({
+            "schema": "xagent.connector/v1",
+            "protocol_version": "3.0",
+            "build": { "build_time": "2607241200", "builder": "ci" },
+            "connector_card_id": "im.x",
+            "connector": { "name": "X", "version": "1", "homepage": "https://x.invalid" },
+            "supports": { "target_types": ["im", "fax"], "profiles": ["xagent.im.v2"], "beta": 1 },
+            "marketplace": { "listed": true }
+        });
+        let card: ConnectorCard = serde_json::from_value(wire.clone()).expect("reads");
+        assert_eq!(card.supports.target_types[1], TargetType::Other("fax".into()));
+        assert_eq!(card.extra["marketplace"], json!({ "listed": true }));
+        assert_eq!(serde_json::to_value(&card).expect("writes"), wire);
+    }
+
+    #[test]
+    fn wrong_card_schema_is_rejected() {
+        let wire = json!({
+            "schema": "xagent.connector/v2", "protocol_version": "3.0", "build": { "build_time": "1" },
+            "connector_card_id": "im.x", "connector": { "name": "X", "version": "1" },
+            "supports": { "target_types": ["im"], "profiles": ["xagent.im.v2"] }
+        });
+        assert!(serde_json::from_value::<ConnectorCard>(wire).is_err());
+    }
+
+    #[test]
+    fn builders_produce_a_complete_card() {
+        let card = ConnectorCard::new(
+            "im.x",
+            BuildInfo::new("2611291200").with_version("1.0.0"),
+            ConnectorInfo::new("X", "1.0.0"),
+            Supports::new(vec![TargetType::Im], vec![crate::PROFILE_IM_V2.into()]),
+        )
+        .with_auth_flow(AuthFlow::form(
+            "x_form",
+            TargetType::Im,
+            "Sign in",
+            vec![AuthField::text("user", "User").required(), AuthField::password("pw", "Password")],
+        ));
+        let value = serde_json::to_value(&card).expect("writes");
+        assert_eq!(value["schema"], "xagent.connector/v1");
+        assert_eq!(value["protocol_version"], "3.0");
+        assert_eq!(value["auth_flows"][0]["fields"][1]["secret"], true);
+        let secrets: Vec<&str> = card.auth_flows[0].secret_field_names().collect();
+        assert_eq!(secrets, vec!["pw"]);
+    }
+
+    #[test]
+    fn auth_input_debug_hides_values() {
+        let input = crate::AuthInput::default().with("bot_token", "123:SECRET");
+        let shown = format!("{input:?}");
+        assert!(shown.contains("bot_token"));
+        assert!(!shown.contains("SECRET"));
+    }
+}

@@ -75,22 +75,17 @@ impl ConnectionDescriptor {
     pub fn from_wire(mut value: Value) -> Result<Self, serde_json::Error> {
         let is_v1 =
             value.get("schema").and_then(Value::as_str) == Some(crate::DESCRIPTOR_SCHEMA_V1);
-        if is_v1 {
-            if let Some(object) = value.as_object_mut() {
-                object.insert("schema".into(), Value::String(crate::DESCRIPTOR_SCHEMA.into()));
-                if let Some(connection) =
-                    object.get_mut("connection").and_then(Value::as_object_mut)
-                {
-                    if let Some(profile) = connection.remove("profile") {
-                        if !connection.contains_key("profiles") {
-                            let profiles = match profile {
-                                Value::Null => Vec::new(),
-                                other => vec![other],
-                            };
-                            connection.insert("profiles".into(), Value::Array(profiles));
-                        }
-                    }
-                }
+        if is_v1 && let Some(object) = value.as_object_mut() {
+            object.insert("schema".into(), Value::String(crate::DESCRIPTOR_SCHEMA.into()));
+            if let Some(connection) = object.get_mut("connection").and_then(Value::as_object_mut)
+                && !connection.contains_key("profiles")
+                && let Some(profile) = connection.remove("profile")
+            {
+                let profiles = match profile {
+                    Value::Null => Vec::new(),
+                    other => vec![other],
+                };
+                connection.insert("profiles".into(), Value::Array(profiles));
             }
         }
         serde_json::from_value(value)
@@ -240,5 +235,61 @@ impl DescriptorTool {
     pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
         self.reason = Some(reason.into());
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn v1() -> Value {
+        json!({
+            "schema": "xagent.connection/v1",
+            "connection": {
+                "connector_card_id": "im.x", "connector_id": "conn_1", "connector_channel_id": "cch_1",
+                "target_type": "im", "profile": "xagent.im.v1", "status": "connected"
+            },
+            "target": { "provider": "x", "display_name": "X" }
+        })
+    }
+
+    #[test]
+    fn v1_descriptor_is_normalised_to_profiles() {
+        let descriptor = ConnectionDescriptor::from_wire(v1()).expect("v1 reads");
+        assert_eq!(descriptor.connection.profiles, vec![ProfileId::from("xagent.im.v1")]);
+        let written = serde_json::to_value(&descriptor).expect("encodes");
+        assert_eq!(written["schema"], "xagent.connection/v2");
+        assert!(written["connection"].get("profile").is_none());
+    }
+
+    #[test]
+    fn v2_descriptor_is_read_unchanged_and_unknown_fields_survive() {
+        let mut v2 = v1();
+        v2["schema"] = json!("xagent.connection/v2");
+        let connection = v2["connection"].as_object_mut().expect("object");
+        connection.remove("profile");
+        connection.insert("profiles".into(), json!(["xagent.im.v2"]));
+        connection.insert("region".into(), json!("eu"));
+        let descriptor = ConnectionDescriptor::from_wire(v2.clone()).expect("v2 reads");
+        assert_eq!(serde_json::to_value(&descriptor).expect("encodes"), v2);
+    }
+
+    #[test]
+    fn other_schema_is_rejected() {
+        let mut doc = v1();
+        doc["schema"] = json!("xagent.connection/v9");
+        assert!(ConnectionDescriptor::from_wire(doc).is_err());
+    }
+
+    #[test]
+    fn tool_availability() {
+        let descriptor = ConnectionDescriptor::from_wire(v1())
+            .expect("reads")
+            .with_tool(DescriptorTool::available("send"))
+            .with_tool(DescriptorTool::new("file", ToolStatus::RequiresReauth));
+        assert!(descriptor.is_tool_available("send"));
+        assert!(!descriptor.is_tool_available("file"));
+        assert!(!descriptor.is_tool_available("absent"));
     }
 }

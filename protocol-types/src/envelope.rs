@@ -322,19 +322,25 @@ fn finish<S: PayloadSource>(parts: EnvelopeParts<S>) -> Result<Packet, DecodeErr
         packet_type: Some(packet_type.clone()),
     };
     if !schema_ok {
-        return Err(DecodeError { kind: DecodeErrorKind::WrongSchema(schema), ids });
+        return Err(DecodeError { kind: DecodeErrorKind::WrongSchema(schema), ids: Box::new(ids) });
     }
     if packet.packet_id.is_empty() {
-        return Err(DecodeError { kind: DecodeErrorKind::EmptyField("packet_id"), ids });
+        return Err(DecodeError {
+            kind: DecodeErrorKind::EmptyField("packet_id"),
+            ids: ids.clone().into(),
+        });
     }
     if packet_type.is_empty() {
-        return Err(DecodeError { kind: DecodeErrorKind::EmptyField("type"), ids });
+        return Err(DecodeError {
+            kind: DecodeErrorKind::EmptyField("type"),
+            ids: ids.clone().into(),
+        });
     }
     // `payload: null` is treated as absent.
-    if let Some(source) = &payload {
-        if !source.is_object() {
-            return Err(DecodeError { kind: DecodeErrorKind::PayloadNotObject, ids });
-        }
+    if let Some(source) = &payload
+        && !source.is_object()
+    {
+        return Err(DecodeError { kind: DecodeErrorKind::PayloadNotObject, ids: ids.into() });
     }
     let has_error = packet.error.is_some();
     match PacketBody::decode(&packet_type, payload, has_error) {
@@ -342,12 +348,14 @@ fn finish<S: PayloadSource>(parts: EnvelopeParts<S>) -> Result<Packet, DecodeErr
             packet.body = body;
             Ok(packet)
         }
-        Err(PayloadError::Missing) => {
-            Err(DecodeError { kind: DecodeErrorKind::MissingPayload(packet_type), ids })
-        }
-        Err(PayloadError::Invalid(source)) => {
-            Err(DecodeError { kind: DecodeErrorKind::InvalidPayload { packet_type, source }, ids })
-        }
+        Err(PayloadError::Missing) => Err(DecodeError {
+            kind: DecodeErrorKind::MissingPayload(packet_type),
+            ids: ids.clone().into(),
+        }),
+        Err(PayloadError::Invalid(source)) => Err(DecodeError {
+            kind: DecodeErrorKind::InvalidPayload { packet_type, source },
+            ids: ids.into(),
+        }),
     }
 }
 
@@ -435,7 +443,7 @@ pub struct DecodeError {
     /// What went wrong.
     pub kind: DecodeErrorKind,
     /// The envelope ids that could be salvaged.
-    pub ids: EnvelopeIds,
+    pub ids: Box<EnvelopeIds>,
 }
 
 /// The cases of [`DecodeError`].
@@ -463,7 +471,7 @@ pub enum DecodeErrorKind {
 
 impl DecodeError {
     fn envelope(source: serde_json::Error, ids: EnvelopeIds) -> Self {
-        Self { kind: DecodeErrorKind::Envelope(source), ids }
+        Self { kind: DecodeErrorKind::Envelope(source), ids: Box::new(ids) }
     }
 
     /// The wire code to answer with: always `invalid_packet`.
@@ -529,4 +537,91 @@ fn redact_quoted(message: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ChatMessage, ChatMessageAck, ToolInvoke, ToolInvokeAck};
+    use serde_json::json;
+
+    #[test]
+    fn exact_round_trip_of_a_request() {
+        let wire = json!({
+            "schema": "xagent.connector.packet/v1",
+            "packet_id": "pkt_1",
+            "request_id": "req_1",
+            "connector_channel_id": "cch_1",
+            "type": "tool.invoke",
+            "time": 1_790_000_000_000u64,
+            "payload": { "tool_id": "t", "arguments": { "x": 1 }, "future": true }
+        });
+        let packet = Packet::from_value(wire.clone()).expect("decodes");
+        let invoke: &ToolInvoke = packet.payload().expect("tool.invoke");
+        assert_eq!(invoke.tool_id, "t");
+        assert_eq!(invoke.extra["future"], json!(true), "unknown payload fields are kept");
+        assert_eq!(packet.to_value().expect("encodes"), wire);
+    }
+
+    #[test]
+    fn answering_copies_request_id_reply_to_and_channel() {
+        let request = Packet::with_payload("pkt_req", ToolInvoke::new("t", Default::default()))
+            .request_id("req_7")
+            .channel("cch_7");
+        let ack = Packet::with_payload("pkt_ack", ToolInvokeAck::new("t", json!({"ok": true})))
+            .answering(&request);
+        assert_eq!(ack.request_id.as_ref().map(RequestId::as_str), Some("req_7"));
+        assert_eq!(ack.reply_to.as_ref().map(PacketId::as_str), Some("pkt_req"));
+        assert_eq!(ack.connector_channel_id.as_ref().map(|c| c.as_str()), Some("cch_7"));
+    }
+
+    #[test]
+    fn ack_with_error_and_no_payload_decodes() {
+        let packet = Packet::decode_str(
+            r#"{"schema":"xagent.connector.packet/v1","packet_id":"p","request_id":"r","type":"channel.open.ack","error":{"code":"connection_not_found"}}"#,
+        )
+        .expect("an ack may carry only an error");
+        assert!(matches!(packet.body, PacketBody::ChannelOpenAck(None)));
+        assert_eq!(packet.error.map(|e| e.code), Some(ErrorCode::ConnectionNotFound));
+    }
+
+    #[test]
+    fn null_payload_counts_as_absent() {
+        let packet = Packet::decode_str(
+            r#"{"schema":"xagent.connector.packet/v1","packet_id":"p","type":"ping","payload":null}"#,
+        )
+        .expect("decodes");
+        assert!(matches!(packet.body, PacketBody::Ping(None)));
+    }
+
+    #[test]
+    fn request_and_ack_types_are_bound() {
+        fn ack_type<R: crate::Request>() -> &'static str {
+            <R::Ack as Payload>::TYPE
+        }
+        assert_eq!(ack_type::<ToolInvoke>(), "tool.invoke.ack");
+        assert_eq!(ack_type::<ChatMessage>(), ChatMessageAck::TYPE);
+        assert_eq!(ack_type::<crate::ConnectorHello>(), "connector.hello.ack");
+    }
+
+    #[test]
+    fn every_table_entry_round_trips_its_type_string() {
+        for spec in PacketType::TABLE {
+            let parsed = PacketType::parse(spec.packet_type);
+            assert!(parsed.is_known());
+            assert_eq!(parsed.as_str(), spec.packet_type);
+            assert_eq!(parsed.spec(), Some(spec));
+        }
+    }
+
+    #[test]
+    fn error_packet_encodes_code_and_message() {
+        let packet =
+            Packet::error("pkt_e", WireError::hello_required("send connector.hello first"))
+                .request_id("req_1");
+        let value = packet.to_value().expect("encodes");
+        assert_eq!(value["type"], "error");
+        assert_eq!(value["error"]["code"], "hello_required");
+        assert!(value.get("payload").is_none());
+    }
 }

@@ -31,12 +31,12 @@ pub enum Direction {
 impl Direction {
     /// True when a packet of this direction may be sent by `sender`.
     pub fn allows(self, sender: Side) -> bool {
-        match (self, sender) {
-            (Self::Both, _) => true,
-            (Self::XagentToConnector, Side::Xagent) => true,
-            (Self::ConnectorToXagent, Side::Connector) => true,
-            _ => false,
-        }
+        matches!(
+            (self, sender),
+            (Self::Both, _)
+                | (Self::XagentToConnector, Side::Xagent)
+                | (Self::ConnectorToXagent, Side::Connector)
+        )
     }
 }
 

@@ -9,9 +9,9 @@ use xagent_protocol_types::schema;
 
 pub fn published(name: &str) -> Value {
     let text = match name {
-        "card" => include_str!("fixtures/published/xagent.connector.v1.schema.json"),
-        "descriptor" => include_str!("fixtures/published/xagent.connection.v2.schema.json"),
-        "packet" => include_str!("fixtures/published/xagent.connector.packet.v1.schema.json"),
+        "card" => include_str!("../fixtures/published/xagent.connector.v1.schema.json"),
+        "descriptor" => include_str!("../fixtures/published/xagent.connection.v2.schema.json"),
+        "packet" => include_str!("../fixtures/published/xagent.connector.packet.v1.schema.json"),
         other => panic!("no published schema {other}"),
     };
     serde_json::from_str(text).expect("published schema is JSON")
