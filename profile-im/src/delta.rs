@@ -1,0 +1,379 @@
+//! Assembly of `chat.message.delta` fragments on the Connector.
+//!
+//! Sequences start at 1 and rise by one per `message_id`. An identical retransmission of a
+//! sequence already seen is a no-op; a gap (or 0) or a retransmission with different text is
+//! refused with `sequence_conflict` and changes nothing. The final `chat.message` carries the
+//! complete content: [`DeltaAssembler::on_final`] clears the state and says whether to edit
+//! the target message created while streaming or to send a new one. A final without any delta
+//! works the same way.
+//!
+//! Order of calls for a final on the Connector: first [`crate::ReceiverIdempotency::begin`]
+//! (a repeated final is a `duplicate` and must not reach the target again), then `on_final`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use xagent_protocol_types::{ChatMessageDelta, ConnectorChannelId, MessageId};
+
+use crate::DeltaError;
+
+/// Default lifetime of an unfinished message's delta state, from its last delta.
+pub const DEFAULT_DELTA_TTL_MS: u64 = 10 * 60 * 1000;
+/// Default number of unfinished messages tracked per channel.
+pub const DEFAULT_DELTA_MESSAGES_PER_CHANNEL: usize = 32;
+/// Default size limit of one message's assembled text.
+pub const DEFAULT_DELTA_MAX_TEXT_BYTES: usize = 1024 * 1024;
+/// Default number of finished or expired message ids remembered per channel to ignore late
+/// deltas and to find an expired stream's target message.
+pub const DEFAULT_DELTA_TOMBSTONES: usize = 256;
+
+/// How the Connector shows deltas, chosen per target capability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeltaStrategy {
+    /// The target can edit a sent message: create it on the first delta, update it with the
+    /// full text so far on each later one, and replace it with the final content.
+    StreamEdit,
+    /// The target cannot edit: keep deltas locally (nothing user-visible) and send once when
+    /// the final arrives. The default, because it works everywhere.
+    #[default]
+    BufferUntilFinal,
+}
+
+/// Bounds and strategy of the assembler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaConfig {
+    /// Display strategy.
+    pub strategy: DeltaStrategy,
+    /// Lifetime of an unfinished message's state after its last delta.
+    pub ttl_ms: u64,
+    /// Unfinished messages per channel; a new message beyond it is refused with
+    /// `capacity_exceeded` (its final still works).
+    pub max_messages_per_channel: usize,
+    /// Maximum assembled text per message.
+    pub max_text_bytes: usize,
+    /// Finished/expired ids remembered per channel.
+    pub tombstones_per_channel: usize,
+}
+
+impl Default for DeltaConfig {
+    /// Buffer strategy, TTL 10 min, 32 messages per channel, 1 MiB per message, 256 tombstones.
+    fn default() -> Self {
+        Self {
+            strategy: DeltaStrategy::default(),
+            ttl_ms: DEFAULT_DELTA_TTL_MS,
+            max_messages_per_channel: DEFAULT_DELTA_MESSAGES_PER_CHANNEL,
+            max_text_bytes: DEFAULT_DELTA_MAX_TEXT_BYTES,
+            tombstones_per_channel: DEFAULT_DELTA_TOMBSTONES,
+        }
+    }
+}
+
+impl DeltaConfig {
+    /// The defaults with another strategy.
+    pub fn with_strategy(strategy: DeltaStrategy) -> Self {
+        Self { strategy, ..Self::default() }
+    }
+}
+
+/// What the Connector should do after a delta.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeltaAction {
+    /// Stream strategy, first delta: create the target message with this text, then report its
+    /// handle with [`DeltaAssembler::set_target_handle`].
+    CreateTarget {
+        /// Text so far.
+        text: String,
+    },
+    /// Stream strategy, later delta: update the target message to this full text.
+    UpdateTarget {
+        /// Text so far.
+        text: String,
+        /// The handle reported for the message, if any yet.
+        handle: Option<String>,
+    },
+    /// Buffer strategy: kept, nothing to show.
+    Buffered,
+    /// An identical retransmission: nothing to do.
+    Replay,
+    /// A delta for a message already finalised or expired: nothing to do.
+    Late,
+}
+
+/// What the Connector should do with a final `chat.message`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinalAction {
+    /// Send the final content as a new target message (no streamed message exists).
+    SendNew,
+    /// Replace the streamed target message's content with the final content; never send the
+    /// assembled text and the final as two messages.
+    EditTarget {
+        /// The handle reported with [`DeltaAssembler::set_target_handle`] (None if the
+        /// Connector never reported one; it must then find the message itself).
+        handle: Option<String>,
+    },
+}
+
+#[derive(Debug)]
+struct Assembly {
+    fragments: Vec<String>,
+    bytes: usize,
+    touched_at: u64,
+    streamed: bool,
+    handle: Option<String>,
+}
+
+impl Assembly {
+    fn text(&self) -> String {
+        self.fragments.concat()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Tombstone {
+    Finalized,
+    Expired { streamed: bool, handle: Option<String> },
+}
+
+#[derive(Debug, Default)]
+struct ChannelDeltas {
+    open: HashMap<MessageId, Assembly>,
+    tombstones: VecDeque<(MessageId, Tombstone)>,
+}
+
+impl ChannelDeltas {
+    fn tombstone(&self, id: &MessageId) -> Option<&Tombstone> {
+        self.tombstones.iter().rev().find(|(m, _)| m == id).map(|(_, t)| t)
+    }
+
+    fn bury(&mut self, id: MessageId, t: Tombstone, cap: usize) {
+        self.tombstones.retain(|(m, _)| *m != id);
+        while self.tombstones.len() >= cap.max(1) {
+            self.tombstones.pop_front();
+        }
+        self.tombstones.push_back((id, t));
+    }
+}
+
+/// Counters of the assembler.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeltaStats {
+    /// Unfinished messages tracked.
+    pub open: usize,
+    /// Deltas appended.
+    pub appended: u64,
+    /// Identical retransmissions ignored.
+    pub replays: u64,
+    /// Gaps and conflicting retransmissions refused.
+    pub conflicts: u64,
+    /// Unfinished messages dropped by TTL.
+    pub expired: u64,
+    /// New messages refused for capacity or size.
+    pub refused: u64,
+}
+
+/// The delta assembler of one Connector (all channels).
+#[derive(Debug)]
+pub struct DeltaAssembler {
+    config: DeltaConfig,
+    channels: BTreeMap<ConnectorChannelId, ChannelDeltas>,
+    stats: DeltaStats,
+}
+
+impl DeltaAssembler {
+    /// An empty assembler.
+    pub fn new(config: DeltaConfig) -> Self {
+        Self { config, channels: BTreeMap::new(), stats: DeltaStats::default() }
+    }
+
+    /// The policy in force.
+    pub fn config(&self) -> &DeltaConfig {
+        &self.config
+    }
+
+    /// Applies one delta. Errors change nothing; the caller answers them with an `error`
+    /// packet carrying [`DeltaError::code`].
+    pub fn on_delta(
+        &mut self,
+        channel: &ConnectorChannelId,
+        delta: &ChatMessageDelta,
+        now: u64,
+    ) -> Result<DeltaAction, DeltaError> {
+        self.expire_channel(channel, now);
+        let config = self.config;
+        let ch = self.channels.entry(channel.clone()).or_default();
+        let id = &delta.message_id;
+        let Some(assembly) = ch.open.get_mut(id) else {
+            if ch.tombstone(id).is_some() {
+                return Ok(DeltaAction::Late);
+            }
+            if delta.sequence != 1 {
+                self.stats.conflicts += 1;
+                return Err(DeltaError::SequenceGap {
+                    message_id: id.clone(),
+                    expected: 1,
+                    got: delta.sequence,
+                });
+            }
+            if ch.open.len() >= config.max_messages_per_channel {
+                self.stats.refused += 1;
+                return Err(DeltaError::CapacityExceeded(channel.clone()));
+            }
+            if delta.text.len() > config.max_text_bytes {
+                self.stats.refused += 1;
+                return Err(DeltaError::TooLarge {
+                    message_id: id.clone(),
+                    limit: config.max_text_bytes,
+                });
+            }
+            let streamed = config.strategy == DeltaStrategy::StreamEdit;
+            ch.open.insert(
+                id.clone(),
+                Assembly {
+                    fragments: vec![delta.text.clone()],
+                    bytes: delta.text.len(),
+                    touched_at: now,
+                    streamed,
+                    handle: None,
+                },
+            );
+            self.stats.appended += 1;
+            return Ok(if streamed {
+                DeltaAction::CreateTarget { text: delta.text.clone() }
+            } else {
+                DeltaAction::Buffered
+            });
+        };
+        let seen = assembly.fragments.len() as u64;
+        if delta.sequence >= 1 && delta.sequence <= seen {
+            let index = usize::try_from(delta.sequence - 1).unwrap_or(usize::MAX);
+            return if assembly.fragments.get(index) == Some(&delta.text) {
+                self.stats.replays += 1;
+                Ok(DeltaAction::Replay)
+            } else {
+                self.stats.conflicts += 1;
+                Err(DeltaError::ConflictingRetransmission {
+                    message_id: id.clone(),
+                    sequence: delta.sequence,
+                })
+            };
+        }
+        if delta.sequence != seen + 1 {
+            self.stats.conflicts += 1;
+            return Err(DeltaError::SequenceGap {
+                message_id: id.clone(),
+                expected: seen + 1,
+                got: delta.sequence,
+            });
+        }
+        if assembly.bytes.saturating_add(delta.text.len()) > config.max_text_bytes {
+            self.stats.refused += 1;
+            return Err(DeltaError::TooLarge {
+                message_id: id.clone(),
+                limit: config.max_text_bytes,
+            });
+        }
+        assembly.fragments.push(delta.text.clone());
+        assembly.bytes += delta.text.len();
+        assembly.touched_at = now;
+        self.stats.appended += 1;
+        Ok(if assembly.streamed {
+            DeltaAction::UpdateTarget { text: assembly.text(), handle: assembly.handle.clone() }
+        } else {
+            DeltaAction::Buffered
+        })
+    }
+
+    /// Records the target-system handle of the message created for a streamed delta, so the
+    /// final (or a later update) can edit it.
+    pub fn set_target_handle(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+        handle: impl Into<String>,
+    ) {
+        if let Some(a) = self.channels.get_mut(channel).and_then(|ch| ch.open.get_mut(message_id)) {
+            a.handle = Some(handle.into());
+        }
+    }
+
+    /// The text assembled so far for an unfinished message.
+    pub fn assembled_text(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Option<String> {
+        self.channels.get(channel)?.open.get(message_id).map(Assembly::text)
+    }
+
+    /// The final `chat.message` for `message_id` arrived: clears its delta state and says how
+    /// to show the final content (always the final's own text and files, never the buffer).
+    pub fn on_final(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> FinalAction {
+        let cap = self.config.tombstones_per_channel;
+        let ch = self.channels.entry(channel.clone()).or_default();
+        let action = match ch.open.remove(message_id) {
+            Some(a) if a.streamed => FinalAction::EditTarget { handle: a.handle },
+            Some(_) => FinalAction::SendNew,
+            None => match ch.tombstone(message_id) {
+                Some(Tombstone::Expired { streamed: true, handle }) => {
+                    FinalAction::EditTarget { handle: handle.clone() }
+                }
+                _ => FinalAction::SendNew,
+            },
+        };
+        ch.bury(message_id.clone(), Tombstone::Finalized, cap);
+        action
+    }
+
+    /// Drops unfinished messages whose last delta is older than the TTL; returns them. A
+    /// streamed one keeps its handle in a tombstone so a late final still edits it.
+    pub fn expire(&mut self, now: u64) -> Vec<(ConnectorChannelId, MessageId)> {
+        let ids: Vec<ConnectorChannelId> = self.channels.keys().cloned().collect();
+        let mut out = Vec::new();
+        for id in ids {
+            for m in self.expire_channel(&id, now) {
+                out.push((id.clone(), m));
+            }
+        }
+        self.channels.retain(|_, ch| !ch.open.is_empty() || !ch.tombstones.is_empty());
+        out
+    }
+
+    /// The channel was deleted: forget its state.
+    pub fn remove_channel(&mut self, channel: &ConnectorChannelId) {
+        self.channels.remove(channel);
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DeltaStats {
+        DeltaStats {
+            open: self.channels.values().map(|c| c.open.len()).sum(),
+            ..self.stats.clone()
+        }
+    }
+
+    fn expire_channel(&mut self, channel: &ConnectorChannelId, now: u64) -> Vec<MessageId> {
+        let ttl = self.config.ttl_ms;
+        let cap = self.config.tombstones_per_channel;
+        let Some(ch) = self.channels.get_mut(channel) else { return Vec::new() };
+        let stale: Vec<MessageId> = ch
+            .open
+            .iter()
+            .filter(|(_, a)| now.saturating_sub(a.touched_at) >= ttl)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &stale {
+            if let Some(a) = ch.open.remove(id) {
+                ch.bury(
+                    id.clone(),
+                    Tombstone::Expired { streamed: a.streamed, handle: a.handle },
+                    cap,
+                );
+                self.stats.expired += 1;
+            }
+        }
+        stale
+    }
+}

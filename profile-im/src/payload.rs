@@ -1,0 +1,420 @@
+//! IM payload rules checked before a payload is queued or sent, and the content fingerprint the
+//! receiver uses to tell a duplicate from a conflict.
+
+use std::collections::HashSet;
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use xagent_protocol_types::{
+    ActivityStatus, ChatActivity, ChatFile, ChatMessage, Extra, MessageId, Side,
+};
+
+use crate::PayloadError;
+
+/// xAgent-internal identities that no IM payload may carry.
+pub const FORBIDDEN_IDENTITY_FIELDS: &[&str] =
+    &["session_id", "user_id", "user_connector_id", "connector_id", "role"];
+
+/// Field names that would carry file bytes or local paths (checked in unknown fields of messages
+/// and file items). Files travel only as `file_ref` through the Transfer Plane.
+pub const FORBIDDEN_BYTE_FIELDS: &[&str] =
+    &["bytes", "data", "base64", "content_base64", "file_bytes", "file_data", "local_path", "path"];
+
+/// Maximum size of `chat.activity.tool_name` in bytes.
+pub const TOOL_NAME_MAX_BYTES: usize = 256;
+
+/// Checks unknown fields for internal identities and byte-carrying names.
+pub(crate) fn check_extra(extra: &Extra) -> Result<(), PayloadError> {
+    for key in extra.keys() {
+        if FORBIDDEN_IDENTITY_FIELDS.contains(&key.as_str()) {
+            return Err(PayloadError::InternalIdentityForbidden(key.clone()));
+        }
+        if FORBIDDEN_BYTE_FIELDS.contains(&key.as_str()) {
+            return Err(PayloadError::FileBytesForbidden(key.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// A download URL must be HTTP(S) or a relative Connector URI: never `data:`, `file:` or a
+/// Windows/UNC path that would leak a local file.
+pub(crate) fn check_download_url(file_ref: &str, url: &str) -> Result<(), PayloadError> {
+    let lower = url.trim().to_ascii_lowercase();
+    let bad = lower.is_empty()
+        || lower.starts_with("data:")
+        || lower.starts_with("file:")
+        || lower.starts_with("\\\\")
+        || lower.as_bytes().get(1) == Some(&b':')
+        || (lower.contains("://")
+            && !lower.starts_with("http://")
+            && !lower.starts_with("https://"));
+    if bad { Err(PayloadError::BadDownloadUrl(file_ref.to_owned())) } else { Ok(()) }
+}
+
+fn check_file(file: &ChatFile, sender: Side) -> Result<(), PayloadError> {
+    if file.file_ref.is_empty() {
+        return Err(PayloadError::EmptyFileRef);
+    }
+    if !file.file_type.is_known() {
+        return Err(PayloadError::UnknownFileType {
+            file_ref: file.file_ref.to_string(),
+            file_type: file.file_type.to_string(),
+        });
+    }
+    check_extra(&file.extra)?;
+    match (&file.download_url, sender) {
+        (Some(url), _) => check_download_url(file.file_ref.as_str(), url)?,
+        (None, Side::Connector) => {
+            return Err(PayloadError::MissingDownloadUrl(file.file_ref.to_string()));
+        }
+        (None, Side::Xagent) => {}
+    }
+    Ok(())
+}
+
+/// Checks a `chat.message` against the IM v2 payload rules for the given sender: a non-empty
+/// `message_id`; text or files; known file types; a unique, non-empty `file_ref` per file;
+/// `download_url` on every Connector -> xAgent file; no bytes, local paths or internal
+/// identities.
+pub fn validate_chat_message(message: &ChatMessage, sender: Side) -> Result<(), PayloadError> {
+    if message.message_id.is_empty() {
+        return Err(PayloadError::MissingMessageId);
+    }
+    let has_text = message.text.as_deref().is_some_and(|t| !t.is_empty());
+    if !has_text && message.files.is_empty() {
+        return Err(PayloadError::EmptyMessage(message.message_id.clone()));
+    }
+    check_extra(&message.extra)?;
+    let mut seen = HashSet::new();
+    for file in &message.files {
+        check_file(file, sender)?;
+        if !seen.insert(file.file_ref.as_str()) {
+            return Err(PayloadError::DuplicateFileRef(file.file_ref.to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a `chat.activity`: a known status; `tool_name` (1..=256 bytes) exactly when the status
+/// is `tool`; no internal identities or other detail fields.
+pub fn validate_activity(activity: &ChatActivity) -> Result<(), PayloadError> {
+    if !activity.status.is_known() {
+        return Err(PayloadError::UnknownActivityStatus(activity.status.to_string()));
+    }
+    check_extra(&activity.extra)?;
+    match (&activity.status, &activity.tool_name) {
+        (ActivityStatus::Tool, None) => Err(PayloadError::ToolNameRequired),
+        (ActivityStatus::Tool, Some(name)) => {
+            if name.is_empty() || name.len() > TOOL_NAME_MAX_BYTES {
+                Err(PayloadError::ToolNameLength(name.len()))
+            } else {
+                Ok(())
+            }
+        }
+        (_, Some(_)) => Err(PayloadError::ToolNameForbidden),
+        (_, None) => Ok(()),
+    }
+}
+
+/// Builds a `chat.message` that passes [`validate_chat_message`] for its sender, so an invalid
+/// message cannot be constructed by this path.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct ChatMessageBuilder {
+    message_id: MessageId,
+    text: Option<String>,
+    files: Vec<ChatFile>,
+    created_at: Option<u64>,
+}
+
+impl ChatMessageBuilder {
+    /// Starts a message with its sender-chosen id.
+    pub fn new(message_id: impl Into<MessageId>) -> Self {
+        Self { message_id: message_id.into(), text: None, files: Vec::new(), created_at: None }
+    }
+
+    /// Sets the complete text.
+    pub fn text(mut self, text: impl Into<String>) -> Self {
+        self.text = Some(text.into());
+        self
+    }
+
+    /// Adds a file item.
+    pub fn file(mut self, file: ChatFile) -> Self {
+        self.files.push(file);
+        self
+    }
+
+    /// Sets the creation time (Unix ms).
+    pub fn created_at(mut self, at: u64) -> Self {
+        self.created_at = Some(at);
+        self
+    }
+
+    /// Builds and checks the message for the given sender.
+    pub fn build(self, sender: Side) -> Result<ChatMessage, PayloadError> {
+        let text = self.text.filter(|t| !t.is_empty());
+        let mut message = ChatMessage::with_files(self.message_id, text, self.files);
+        message.created_at = self.created_at;
+        validate_chat_message(&message, sender)?;
+        Ok(message)
+    }
+}
+
+/// A content fingerprint: hex SHA-256 over a canonical form of a message's business content.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(String);
+
+impl Fingerprint {
+    /// Wraps a stored fingerprint (e.g. read back from SQLite).
+    pub fn from_hex(hex: impl Into<String>) -> Self {
+        Self(hex.into())
+    }
+
+    /// The hex form, for storage.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Fingerprints a JSON value in canonical form (object keys sorted at every level).
+    pub fn of_value(value: &Value) -> Self {
+        let mut text = String::new();
+        write_canonical(value, &mut text);
+        Self(hex::encode(Sha256::digest(text.as_bytes())))
+    }
+
+    /// The fingerprint of a `chat.message`: its complete text (absent = empty) and its ordered
+    /// file list by `type`, `file_ref`, `filename`, `mime_type` and `byte_size`.
+    /// `download_url` and `expires_at` are left out on purpose: a sender may re-sign a URL when
+    /// it redelivers, which is the same message.
+    pub fn of_chat_message(message: &ChatMessage) -> Self {
+        let files: Vec<Value> = message
+            .files
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "type": f.file_type.as_str(),
+                    "file_ref": f.file_ref.as_str(),
+                    "filename": f.filename,
+                    "mime_type": f.mime_type,
+                    "byte_size": f.byte_size,
+                })
+            })
+            .collect();
+        Self::of_value(&serde_json::json!({
+            "text": message.text.as_deref().unwrap_or_default(),
+            "files": files,
+        }))
+    }
+}
+
+impl std::fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Writes `value` as JSON with object keys sorted, so equal values give equal text whatever the
+/// insertion order of their maps.
+pub(crate) fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => write_object(map, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn write_object(map: &Map<String, Value>, out: &mut String) {
+    let mut keys: Vec<&String> = map.keys().collect();
+    keys.sort();
+    out.push('{');
+    for (i, key) in keys.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&Value::String((*key).clone()).to_string());
+        out.push(':');
+        if let Some(v) = map.get(*key) {
+            write_canonical(v, out);
+        }
+    }
+    out.push('}');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use xagent_protocol_types::FileType;
+
+    fn inbound_file(r: &str) -> ChatFile {
+        ChatFile::new(FileType::Image, r).with_download_url(format!("/files/refs/{r}"))
+    }
+
+    #[test]
+    fn valid_text_and_file_messages_pass() {
+        let m = ChatMessage::text("m1", "hi");
+        validate_chat_message(&m, Side::Connector).unwrap();
+        let m = ChatMessage::with_files("m2", None, vec![inbound_file("f1")]);
+        validate_chat_message(&m, Side::Connector).unwrap();
+        let m = ChatMessage::with_files("m3", None, vec![ChatFile::new(FileType::File, "f1")]);
+        validate_chat_message(&m, Side::Xagent).unwrap();
+    }
+
+    #[test]
+    fn rule_message_needs_text_or_files() {
+        let m = ChatMessage::with_files("m1", Some(String::new()), vec![]);
+        assert_eq!(
+            validate_chat_message(&m, Side::Xagent),
+            Err(PayloadError::EmptyMessage("m1".into()))
+        );
+        let m = ChatMessage::with_files("m1", None, vec![]);
+        assert!(validate_chat_message(&m, Side::Xagent).is_err());
+    }
+
+    #[test]
+    fn rule_message_id_required() {
+        let m = ChatMessage::text("", "x");
+        assert_eq!(validate_chat_message(&m, Side::Xagent), Err(PayloadError::MissingMessageId));
+    }
+
+    #[test]
+    fn rule_file_type_enum() {
+        let f = ChatFile::new(FileType::parse("document"), "f1").with_download_url("/f");
+        let m = ChatMessage::with_files("m", None, vec![f]);
+        assert!(matches!(
+            validate_chat_message(&m, Side::Connector),
+            Err(PayloadError::UnknownFileType { .. })
+        ));
+    }
+
+    #[test]
+    fn rule_file_ref_unique_per_message() {
+        let m = ChatMessage::with_files("m", None, vec![inbound_file("f1"), inbound_file("f1")]);
+        assert_eq!(
+            validate_chat_message(&m, Side::Connector),
+            Err(PayloadError::DuplicateFileRef("f1".into()))
+        );
+        let m = ChatMessage::with_files("m", None, vec![ChatFile::new(FileType::File, "")]);
+        assert_eq!(validate_chat_message(&m, Side::Xagent), Err(PayloadError::EmptyFileRef));
+    }
+
+    #[test]
+    fn rule_inbound_files_need_download_url() {
+        let m = ChatMessage::with_files("m", None, vec![ChatFile::new(FileType::Image, "f1")]);
+        assert_eq!(
+            validate_chat_message(&m, Side::Connector),
+            Err(PayloadError::MissingDownloadUrl("f1".into()))
+        );
+    }
+
+    #[test]
+    fn rule_no_bytes_or_local_paths_in_files() {
+        for url in ["data:image/png;base64,AAAA", "file:///etc/passwd", "C:\\x.png", "ftp://h/x"] {
+            let f = ChatFile::new(FileType::Image, "f1").with_download_url(url);
+            let m = ChatMessage::with_files("m", None, vec![f]);
+            assert_eq!(
+                validate_chat_message(&m, Side::Connector),
+                Err(PayloadError::BadDownloadUrl("f1".into())),
+                "{url}"
+            );
+        }
+        for url in ["https://h/x", "http://h/x", "/files/refs/f1?exp=1&sig=ab"] {
+            let f = ChatFile::new(FileType::Image, "f1").with_download_url(url);
+            let m = ChatMessage::with_files("m", None, vec![f]);
+            validate_chat_message(&m, Side::Connector).unwrap();
+        }
+        let mut f = inbound_file("f1");
+        f.extra.insert("base64".into(), json!("AAAA"));
+        let m = ChatMessage::with_files("m", None, vec![f]);
+        assert_eq!(
+            validate_chat_message(&m, Side::Connector),
+            Err(PayloadError::FileBytesForbidden("base64".into()))
+        );
+    }
+
+    #[test]
+    fn rule_no_internal_identities_in_payload() {
+        for field in FORBIDDEN_IDENTITY_FIELDS {
+            let mut m = ChatMessage::text("m", "x");
+            m.extra.insert((*field).into(), json!("v"));
+            assert_eq!(
+                validate_chat_message(&m, Side::Xagent),
+                Err(PayloadError::InternalIdentityForbidden((*field).into()))
+            );
+            let mut a = ChatActivity::thinking();
+            a.extra.insert((*field).into(), json!("v"));
+            assert!(validate_activity(&a).is_err());
+        }
+    }
+
+    #[test]
+    fn rule_activity_tool_name() {
+        validate_activity(&ChatActivity::tool("web_search")).unwrap();
+        validate_activity(&ChatActivity::thinking()).unwrap();
+        validate_activity(&ChatActivity::idle()).unwrap();
+        let mut a = ChatActivity::tool("x");
+        a.tool_name = None;
+        assert_eq!(validate_activity(&a), Err(PayloadError::ToolNameRequired));
+        let mut a = ChatActivity::thinking();
+        a.tool_name = Some("x".into());
+        assert_eq!(validate_activity(&a), Err(PayloadError::ToolNameForbidden));
+        assert_eq!(
+            validate_activity(&ChatActivity::tool("a".repeat(257))),
+            Err(PayloadError::ToolNameLength(257))
+        );
+        validate_activity(&ChatActivity::tool("a".repeat(256))).unwrap();
+        assert_eq!(
+            validate_activity(&ChatActivity::tool("")),
+            Err(PayloadError::ToolNameLength(0))
+        );
+        let mut a = ChatActivity::idle();
+        a.status = ActivityStatus::parse("sleeping");
+        assert!(matches!(validate_activity(&a), Err(PayloadError::UnknownActivityStatus(_))));
+    }
+
+    #[test]
+    fn builder_refuses_invalid_messages() {
+        assert!(ChatMessageBuilder::new("m").build(Side::Xagent).is_err());
+        let m = ChatMessageBuilder::new("m").text("hi").created_at(5).build(Side::Xagent).unwrap();
+        assert_eq!(m.created_at, Some(5));
+        assert!(
+            ChatMessageBuilder::new("m")
+                .file(ChatFile::new(FileType::Image, "f"))
+                .build(Side::Connector)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn fingerprint_ignores_map_order_and_url_resigning() {
+        let a = Fingerprint::of_value(&json!({"a": 1, "b": [1, {"x": 1, "y": 2}]}));
+        let mut m = Map::new();
+        m.insert("b".into(), json!([1, {"y": 2, "x": 1}]));
+        m.insert("a".into(), json!(1));
+        assert_eq!(a, Fingerprint::of_value(&Value::Object(m)));
+
+        let m1 = ChatMessage::with_files(
+            "m",
+            Some("t".into()),
+            vec![inbound_file("f").with_expires_at(1)],
+        );
+        let mut m2 = m1.clone();
+        m2.files[0].download_url = Some("/files/refs/f?exp=2".into());
+        m2.files[0].expires_at = Some(2);
+        assert_eq!(Fingerprint::of_chat_message(&m1), Fingerprint::of_chat_message(&m2));
+        let m3 = ChatMessage::with_files("m", Some("t2".into()), m1.files.clone());
+        assert_ne!(Fingerprint::of_chat_message(&m1), Fingerprint::of_chat_message(&m3));
+        let m4 = ChatMessage::with_files("m", Some("t".into()), vec![]);
+        assert_ne!(Fingerprint::of_chat_message(&m1), Fingerprint::of_chat_message(&m4));
+    }
+}

@@ -1,0 +1,229 @@
+//! Persistence seam. The state machines write through these traits before they change their
+//! in-memory state, so a crash never loses a message the sender took responsibility for and
+//! never forgets a message the receiver already accepted.
+//!
+//! The records are flat rows keyed by `(channel, message_id)` with plain integer and text
+//! columns, so an SQLite backend is one table per trait:
+//!
+//! ```text
+//! CREATE TABLE im_pending (channel TEXT, message_id TEXT, seq INTEGER, payload TEXT,
+//!   attempts INTEGER, first_responsibility_at INTEGER, expires_at INTEGER,
+//!   next_attempt_at INTEGER, last_error TEXT, PRIMARY KEY (channel, message_id));
+//! CREATE TABLE im_completed (channel TEXT, message_id TEXT, fingerprint TEXT,
+//!   completed_at INTEGER, PRIMARY KEY (channel, message_id));
+//! ```
+//!
+//! `save_*` is an upsert (`INSERT ... ON CONFLICT DO UPDATE`). Methods are synchronous because
+//! the machines are sans-I/O and an embedded database call is short; a runtime that wants to
+//! batch writes can implement the trait over a write-behind buffer, at the cost of the crash
+//! guarantee.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use xagent_protocol_types::{ConnectorChannelId, MessageId};
+
+use crate::{Fingerprint, StoreError};
+
+/// One message the sender is responsible for, as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingRecord {
+    /// The channel.
+    pub channel: ConnectorChannelId,
+    /// The business id.
+    pub message_id: MessageId,
+    /// Enqueue order (global, increasing); restores the per-channel FIFO after a restart.
+    pub seq: u64,
+    /// The payload as JSON text: `{"type":"chat.message"|"message.push","payload":{...}}`.
+    pub payload: String,
+    /// Transmissions handed out so far.
+    pub attempts: u32,
+    /// When the sender first took responsibility (Unix ms). Never changes.
+    pub first_responsibility_at: u64,
+    /// `first_responsibility_at + TTL` (Unix ms). Never extended.
+    pub expires_at: u64,
+    /// Earliest time of the next transmission (Unix ms).
+    pub next_attempt_at: u64,
+    /// The most recent failure, for operators.
+    pub last_error: Option<String>,
+}
+
+/// One message the receiver has completed, as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompletedRecord {
+    /// The channel.
+    pub channel: ConnectorChannelId,
+    /// The business id.
+    pub message_id: MessageId,
+    /// Content fingerprint, to tell a duplicate from a conflict.
+    pub fingerprint: Fingerprint,
+    /// When the side effect completed (Unix ms); drives age-based eviction.
+    pub completed_at: u64,
+}
+
+/// Storage of the sender's pending messages.
+pub trait OutboxStore {
+    /// Inserts or replaces the record with the same `(channel, message_id)`.
+    fn save_pending(&mut self, record: &PendingRecord) -> Result<(), StoreError>;
+    /// Deletes one record; deleting a missing record is not an error.
+    fn delete_pending(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError>;
+    /// Every stored record, in any order (the outbox sorts by `seq`).
+    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError>;
+}
+
+/// Storage of the receiver's completed-message idempotency set.
+pub trait IdempotencyStore {
+    /// Inserts or replaces the record with the same `(channel, message_id)`.
+    fn save_completed(&mut self, record: &CompletedRecord) -> Result<(), StoreError>;
+    /// Deletes one record; deleting a missing record is not an error.
+    fn delete_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError>;
+    /// Every stored record, in any order.
+    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError>;
+}
+
+type Key = (ConnectorChannelId, MessageId);
+
+#[derive(Debug, Default)]
+struct Tables {
+    pending: BTreeMap<Key, PendingRecord>,
+    completed: BTreeMap<Key, CompletedRecord>,
+    failing: bool,
+}
+
+/// An in-memory store for tests and single-process use. Clones share the same tables, so a
+/// test can drop a machine and restore a new one from a clone to simulate a restart.
+/// [`MemoryStore::set_failing`] makes every call fail, to test storage errors.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore(Arc<Mutex<Tables>>);
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn tables(&self) -> MutexGuard<'_, Tables> {
+        // A poisoned lock only means another thread panicked mid-call; the maps are still
+        // consistent because every operation is a single insert/remove.
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Makes every following call fail (true) or succeed again (false).
+    pub fn set_failing(&self, failing: bool) {
+        self.tables().failing = failing;
+    }
+
+    /// Number of stored pending records.
+    pub fn pending_len(&self) -> usize {
+        self.tables().pending.len()
+    }
+
+    /// Number of stored completed records.
+    pub fn completed_len(&self) -> usize {
+        self.tables().completed.len()
+    }
+
+    /// A copy of one pending record.
+    pub fn pending(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Option<PendingRecord> {
+        self.tables().pending.get(&(channel.clone(), message_id.clone())).cloned()
+    }
+
+    fn check(&self, operation: &'static str) -> Result<MutexGuard<'_, Tables>, StoreError> {
+        let tables = self.tables();
+        if tables.failing {
+            return Err(StoreError::new(operation, "the memory store is set to fail"));
+        }
+        Ok(tables)
+    }
+}
+
+impl OutboxStore for MemoryStore {
+    fn save_pending(&mut self, record: &PendingRecord) -> Result<(), StoreError> {
+        let mut t = self.check("save_pending")?;
+        t.pending.insert((record.channel.clone(), record.message_id.clone()), record.clone());
+        Ok(())
+    }
+
+    fn delete_pending(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        let mut t = self.check("delete_pending")?;
+        t.pending.remove(&(channel.clone(), message_id.clone()));
+        Ok(())
+    }
+
+    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
+        let t = self.check("load_pending")?;
+        Ok(t.pending.values().cloned().collect())
+    }
+}
+
+impl IdempotencyStore for MemoryStore {
+    fn save_completed(&mut self, record: &CompletedRecord) -> Result<(), StoreError> {
+        let mut t = self.check("save_completed")?;
+        t.completed.insert((record.channel.clone(), record.message_id.clone()), record.clone());
+        Ok(())
+    }
+
+    fn delete_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        let mut t = self.check("delete_completed")?;
+        t.completed.remove(&(channel.clone(), message_id.clone()));
+        Ok(())
+    }
+
+    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
+        let t = self.check("load_completed")?;
+        Ok(t.completed.values().cloned().collect())
+    }
+}
+
+/// A store that keeps nothing: for a process that accepts losing state on restart. Loading
+/// returns nothing and every write succeeds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoStore;
+
+impl OutboxStore for NoStore {
+    fn save_pending(&mut self, _: &PendingRecord) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn delete_pending(&mut self, _: &ConnectorChannelId, _: &MessageId) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+impl IdempotencyStore for NoStore {
+    fn save_completed(&mut self, _: &CompletedRecord) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn delete_completed(
+        &mut self,
+        _: &ConnectorChannelId,
+        _: &MessageId,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+}

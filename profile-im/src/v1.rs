@@ -1,0 +1,347 @@
+//! IM Profile v1: the `message.push` builder and its payload rules.
+//!
+//! v1 has no business acknowledgement: once `message.push` has been written to the socket the
+//! sender has no further signal. The [`crate::Outbox`] therefore treats a successful write
+//! ([`crate::Outbox::on_sent`]) as the delivery boundary for a push. Before the write the
+//! same retention rules as v2 hold (TTL from first responsibility, never extended, expiry
+//! never delivered, bounded capacity); after it the message is gone from the outbox. A crash
+//! between the write and the store update can replay the push once after restart, with the same
+//! `message_id`, so a v1 receiver should deduplicate by `message_id` (e.g. with
+//! [`crate::ReceiverIdempotency`] and [`Fingerprint::of_message_push`]).
+
+use std::collections::HashSet;
+
+use xagent_protocol_types::{MessageId, MessagePush, PushFile, ReplyHint, SkillHint};
+
+use crate::payload::{check_download_url, check_extra};
+use crate::{Fingerprint, PayloadError};
+
+/// The fixed `profile` value of a v1 push.
+pub const IM_V1_PROFILE: &str = "xagent.im.v1";
+/// The `event_kind` of a regular inbound message.
+pub const EVENT_MESSAGE_RECEIVED: &str = "im.message.received";
+
+/// Checks a `message.push` against the IM v1 rules: the Must fields are present, `profile` is
+/// `xagent.im.v1`, every file has a non-empty unique `file_ref` and a download URL, at most one
+/// target-Session reference is set, and no internal identity or byte field is present.
+pub fn validate_message_push(push: &MessagePush) -> Result<(), PayloadError> {
+    fn present(v: &Option<String>, name: &'static str) -> Result<(), PayloadError> {
+        match v {
+            Some(s) if !s.is_empty() => Ok(()),
+            _ => Err(PayloadError::MissingPushField(name)),
+        }
+    }
+    present(&push.provider, "provider")?;
+    if push.profile.as_deref() != Some(IM_V1_PROFILE) {
+        return Err(PayloadError::MissingPushField("profile"));
+    }
+    present(&push.event_kind, "event_kind")?;
+    match &push.message_id {
+        Some(id) if !id.is_empty() => {}
+        _ => return Err(PayloadError::MissingMessageId),
+    }
+    present(&push.sender_id, "sender_id")?;
+    present(&push.message_type, "message_type")?;
+    if push.raw_text.is_none() {
+        return Err(PayloadError::MissingPushField("raw_text"));
+    }
+    let visible = [&push.text, &push.content, &push.message];
+    if !visible.iter().any(|v| v.as_deref().is_some_and(|t| !t.is_empty())) {
+        return Err(PayloadError::MissingPushField("text"));
+    }
+    let session_refs = [&push.target_session_ref, &push.session_ref, &push.target_session_id];
+    if session_refs.iter().filter(|r| r.is_some()).count() > 1 {
+        return Err(PayloadError::MissingPushField("at most one target session reference"));
+    }
+    check_extra(&push.extra)?;
+    let mut seen = HashSet::new();
+    for file in &push.files {
+        check_push_file(file)?;
+        if !seen.insert(file.file_ref.as_str()) {
+            return Err(PayloadError::DuplicateFileRef(file.file_ref.to_string()));
+        }
+    }
+    Ok(())
+}
+
+fn check_push_file(file: &PushFile) -> Result<(), PayloadError> {
+    if file.file_ref.is_empty() {
+        return Err(PayloadError::EmptyFileRef);
+    }
+    if let Some(t) = &file.file_type
+        && !t.is_known()
+    {
+        return Err(PayloadError::UnknownFileType {
+            file_ref: file.file_ref.to_string(),
+            file_type: t.to_string(),
+        });
+    }
+    check_extra(&file.extra)?;
+    match file.download_url.as_ref().or(file.url.as_ref()) {
+        Some(url) => check_download_url(file.file_ref.as_str(), url),
+        None => Err(PayloadError::MissingDownloadUrl(file.file_ref.to_string())),
+    }
+}
+
+impl Fingerprint {
+    /// The fingerprint of a `message.push`: its raw and visible text and its ordered files by
+    /// `type`, `file_ref`, `filename`, `mime_type`, `byte_size` (URLs and expiry left out, as
+    /// for v2).
+    pub fn of_message_push(push: &MessagePush) -> Self {
+        let files: Vec<serde_json::Value> = push
+            .files
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "type": f.file_type.as_ref().map(|t| t.as_str()),
+                    "file_ref": f.file_ref.as_str(),
+                    "filename": f.filename,
+                    "mime_type": f.mime_type,
+                    "byte_size": f.byte_size,
+                })
+            })
+            .collect();
+        Self::of_value(&serde_json::json!({
+            "raw_text": push.raw_text,
+            "text": push.text.as_ref().or(push.content.as_ref()).or(push.message.as_ref()),
+            "files": files,
+        }))
+    }
+}
+
+/// Hides most of a target-system id for display: keeps two characters at each end.
+pub fn redact_id(id: &str) -> String {
+    let chars: Vec<char> = id.chars().collect();
+    if chars.len() <= 4 {
+        return "***".to_owned();
+    }
+    let head: String = chars.iter().take(2).collect();
+    let tail: String = chars.iter().skip(chars.len() - 2).collect();
+    format!("{head}***{tail}")
+}
+
+/// Builds a v1 `message.push` with the standard fields filled in (`profile`, `event_kind`,
+/// `raw_text`) and a user-visible `text` in the recommended layout (see
+/// [`MessagePushBuilder::visible_text`]).
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct MessagePushBuilder {
+    push: MessagePush,
+    source_name: Option<String>,
+}
+
+impl MessagePushBuilder {
+    /// Starts a push with the Must fields: provider (e.g. `telegram`), the stable message id,
+    /// the sender's target-system id and the message type (`text`, `image`, `file`, ...).
+    pub fn new(
+        provider: impl Into<String>,
+        message_id: impl Into<MessageId>,
+        sender_id: impl Into<String>,
+        message_type: impl Into<String>,
+    ) -> Self {
+        let mut push = MessagePush::default();
+        push.provider = Some(provider.into());
+        push.profile = Some(IM_V1_PROFILE.to_owned());
+        push.event_kind = Some(EVENT_MESSAGE_RECEIVED.to_owned());
+        push.message_id = Some(message_id.into());
+        push.sender_id = Some(sender_id.into());
+        push.message_type = Some(message_type.into());
+        Self { push, source_name: None }
+    }
+
+    /// The original user text (left as `""` when never set).
+    pub fn raw_text(mut self, text: impl Into<String>) -> Self {
+        self.push.raw_text = Some(text.into());
+        self
+    }
+
+    /// The sender's display name.
+    pub fn sender_name(mut self, name: impl Into<String>) -> Self {
+        self.push.sender_name = Some(name.into());
+        self
+    }
+
+    /// The conversation type (`p2p`, `group`, ...).
+    pub fn chat_type(mut self, chat_type: impl Into<String>) -> Self {
+        self.push.chat_type = Some(chat_type.into());
+        self
+    }
+
+    /// The descriptive conversation id (never a routing argument).
+    pub fn chat_id(mut self, chat_id: impl Into<String>) -> Self {
+        self.push.chat_id = Some(chat_id.into());
+        self
+    }
+
+    /// The human name of the source shown in the visible text (defaults to the provider).
+    pub fn source_name(mut self, name: impl Into<String>) -> Self {
+        self.source_name = Some(name.into());
+        self
+    }
+
+    /// Execution guidance for the agent (not user-visible).
+    pub fn activation_message(mut self, text: impl Into<String>) -> Self {
+        self.push.activation_message = Some(text.into());
+        self
+    }
+
+    /// The reply hint (reply Tool and opaque reply reference).
+    pub fn reply(mut self, reply: ReplyHint) -> Self {
+        self.push.reply = Some(reply);
+        self
+    }
+
+    /// The Skill hint.
+    pub fn skill(mut self, skill: SkillHint) -> Self {
+        self.push.skill = Some(skill);
+        self
+    }
+
+    /// Adds a file reference.
+    pub fn file(mut self, file: PushFile) -> Self {
+        self.push.files.push(file);
+        self
+    }
+
+    /// The recommended user-visible layout: source, sender (name or redacted id),
+    /// conversation type, message type, user text (`none` when empty), then file names.
+    pub fn visible_text(&self) -> String {
+        let p = &self.push;
+        let source = self.source_name.as_deref().or(p.provider.as_deref()).unwrap_or("IM");
+        let sender = p
+            .sender_name
+            .clone()
+            .or_else(|| p.display_name.clone())
+            .unwrap_or_else(|| redact_id(p.sender_id.as_deref().unwrap_or_default()));
+        let raw = p.raw_text.as_deref().filter(|t| !t.is_empty()).unwrap_or("none");
+        let mut text = format!(
+            "User message from {source}:\nSender: {sender}\nConversation type: {}\nMessage type: {}\nUser text: {raw}",
+            p.chat_type.as_deref().unwrap_or("unknown"),
+            p.message_type.as_deref().unwrap_or("unknown"),
+        );
+        if !p.files.is_empty() {
+            let names: Vec<&str> = p
+                .files
+                .iter()
+                .map(|f| f.filename.as_deref().unwrap_or(f.file_ref.as_str()))
+                .collect();
+            text.push_str("\nFiles: ");
+            text.push_str(&names.join(", "));
+        }
+        text
+    }
+
+    /// Fills `raw_text` (empty when unset) and `text`, then checks the v1 rules.
+    pub fn build(mut self) -> Result<MessagePush, PayloadError> {
+        if self.push.raw_text.is_none() {
+            self.push.raw_text = Some(String::new());
+        }
+        let text = self.visible_text();
+        self.push.text = Some(text);
+        validate_message_push(&self.push)?;
+        Ok(self.push)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xagent_protocol_types::{ChatFile, FileType};
+
+    fn file(r: &str) -> PushFile {
+        PushFile::from(
+            ChatFile::new(FileType::Image, r)
+                .with_filename("a.png")
+                .with_download_url(format!("/files/refs/{r}")),
+        )
+    }
+
+    #[test]
+    fn builder_fills_standard_fields_and_layout() {
+        let push = MessagePushBuilder::new("telegram", "m1", "user_12345", "text")
+            .raw_text("hello")
+            .chat_type("p2p")
+            .source_name("Telegram")
+            .file(file("f1"))
+            .build()
+            .unwrap();
+        assert_eq!(push.profile.as_deref(), Some("xagent.im.v1"));
+        assert_eq!(push.event_kind.as_deref(), Some("im.message.received"));
+        assert_eq!(
+            push.text.as_deref(),
+            Some(
+                "User message from Telegram:\nSender: us***45\nConversation type: p2p\nMessage type: text\nUser text: hello\nFiles: a.png"
+            )
+        );
+        let json = serde_json::to_value(&push).unwrap();
+        assert_eq!(json["raw_text"], "hello");
+    }
+
+    #[test]
+    fn raw_text_defaults_to_empty_and_text_says_none() {
+        let push = MessagePushBuilder::new("wechat", "m1", "u", "image")
+            .sender_name("Ann")
+            .file(file("f1"))
+            .build()
+            .unwrap();
+        assert_eq!(push.raw_text.as_deref(), Some(""));
+        assert!(push.text.unwrap().contains("Sender: Ann\n"));
+    }
+
+    #[test]
+    fn rule_push_files_need_download_url() {
+        let mut f = file("f1");
+        f.download_url = None;
+        let err = MessagePushBuilder::new("x", "m", "u", "file").file(f.clone()).build();
+        assert_eq!(err, Err(PayloadError::MissingDownloadUrl("f1".into())));
+        f.url = Some("https://cdn/x".into());
+        MessagePushBuilder::new("x", "m", "u", "file").file(f).build().unwrap();
+    }
+
+    #[test]
+    fn rule_push_file_ref_unique() {
+        let err = MessagePushBuilder::new("x", "m", "u", "file").file(file("f")).file(file("f"));
+        assert_eq!(err.build(), Err(PayloadError::DuplicateFileRef("f".into())));
+    }
+
+    #[test]
+    fn rule_push_must_fields() {
+        let ok = MessagePushBuilder::new("x", "m", "u", "text").build().unwrap();
+        let mut p = ok.clone();
+        p.provider = None;
+        assert_eq!(validate_message_push(&p), Err(PayloadError::MissingPushField("provider")));
+        let mut p = ok.clone();
+        p.profile = Some("xagent.im.v2".into());
+        assert_eq!(validate_message_push(&p), Err(PayloadError::MissingPushField("profile")));
+        let mut p = ok.clone();
+        p.message_id = None;
+        assert_eq!(validate_message_push(&p), Err(PayloadError::MissingMessageId));
+        let mut p = ok.clone();
+        p.raw_text = None;
+        assert_eq!(validate_message_push(&p), Err(PayloadError::MissingPushField("raw_text")));
+        let mut p = ok.clone();
+        p.session_ref = Some("a".into());
+        p.target_session_id = Some("b".into());
+        assert!(validate_message_push(&p).is_err());
+        let mut p = ok;
+        p.extra.insert("user_id".into(), serde_json::json!("u"));
+        assert_eq!(
+            validate_message_push(&p),
+            Err(PayloadError::InternalIdentityForbidden("user_id".into()))
+        );
+    }
+
+    #[test]
+    fn redaction_keeps_only_ends() {
+        assert_eq!(redact_id("abcdefgh"), "ab***gh");
+        assert_eq!(redact_id("abc"), "***");
+    }
+
+    #[test]
+    fn push_fingerprint_tracks_content() {
+        let a = MessagePushBuilder::new("x", "m", "u", "text").raw_text("a").build().unwrap();
+        let b = MessagePushBuilder::new("x", "m", "u", "text").raw_text("b").build().unwrap();
+        assert_ne!(Fingerprint::of_message_push(&a), Fingerprint::of_message_push(&b));
+        assert_eq!(Fingerprint::of_message_push(&a), Fingerprint::of_message_push(&a.clone()));
+    }
+}

@@ -1,0 +1,503 @@
+//! Deterministic outbox scenarios with a simulated clock: one test per delivery promise.
+
+use xagent_profile_im::{
+    AckOutcome, Backoff, DeliveredBy, EnqueueOutcome, IgnoredAck, MemoryStore, MessagePushBuilder,
+    Outbox, OutboxConfig, OutboxError, OutboxEvent, OverflowPolicy, RetryOutcome, SentOutcome,
+};
+use xagent_protocol_types::{
+    AckStatus, ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, ManualClock,
+    MessageId, PacketId, Side,
+};
+
+const T0: u64 = 1_790_000_000_000;
+const HOUR: u64 = 3_600_000;
+
+fn ch(name: &str) -> ConnectorChannelId {
+    ConnectorChannelId::new(name)
+}
+
+fn mid(name: &str) -> MessageId {
+    MessageId::new(name)
+}
+
+fn msg(id: &str) -> ChatMessage {
+    ChatMessage::text(id, format!("text of {id}"))
+}
+
+fn outbox(clock: &ManualClock) -> Outbox {
+    Outbox::in_memory(OutboxConfig::new(Side::Connector), clock.now_millis())
+}
+
+/// Hands out the ready deliveries and marks each as written with packet `p-<id>-<attempt>`.
+fn send_all(o: &mut Outbox, now: u64) -> Vec<(ConnectorChannelId, MessageId, PacketId)> {
+    let mut out = Vec::new();
+    for d in o.next_ready(now).unwrap() {
+        let packet = PacketId::new(format!("p-{}-{}", d.message_id, d.attempt));
+        o.on_sent(&d.channel, &d.message_id, packet.clone(), now).unwrap();
+        out.push((d.channel, d.message_id, packet));
+    }
+    out
+}
+
+#[test]
+fn accepted_ack_delivers_and_removes() {
+    let clock = ManualClock::new(T0);
+    let mut o = outbox(&clock);
+    o.enqueue(&ch("a"), msg("m1"), clock.now_millis()).unwrap();
+    let sent = send_all(&mut o, clock.now_millis());
+    assert_eq!(sent.len(), 1);
+    let out = o.on_ack(&ch("a"), &ChatMessageAck::accepted("m1"), &sent[0].2, T0).unwrap();
+    assert_eq!(out, AckOutcome::Delivered { status: AckStatus::Accepted });
+    assert!(!o.is_pending(&ch("a"), &mid("m1")));
+    assert_eq!(o.store().pending_len(), 0);
+    assert_eq!(o.stats().totals.delivered, 1);
+    // A second ack for the same message changes nothing: never accepted twice.
+    let again = o.on_ack(&ch("a"), &ChatMessageAck::accepted("m1"), &sent[0].2, T0).unwrap();
+    assert_eq!(again, AckOutcome::Ignored(IgnoredAck::UnknownMessage));
+    assert_eq!(o.stats().totals.delivered, 1);
+}
+
+#[test]
+fn duplicate_ack_is_terminal_delivery() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let sent = send_all(&mut o, T0);
+    let out = o.on_ack(&ch("a"), &ChatMessageAck::duplicate("m1"), &sent[0].2, T0).unwrap();
+    assert_eq!(out, AckOutcome::Delivered { status: AckStatus::Duplicate });
+    assert_eq!(o.stats().totals.duplicates, 1);
+    assert!(
+        o.drain_events()
+            .iter()
+            .any(|e| matches!(e, OutboxEvent::Delivered { by: DeliveredBy::Duplicate, .. }))
+    );
+}
+
+#[test]
+fn timeout_is_not_delivery_and_redelivers_same_message_id() {
+    let clock = ManualClock::new(T0);
+    let mut o = outbox(&clock);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let first = send_all(&mut o, T0);
+    clock.advance(30_000);
+    let timed_out = o.poll_timeouts(clock.now_millis()).unwrap();
+    assert_eq!(timed_out.len(), 1);
+    assert!(o.is_pending(&ch("a"), &mid("m1")));
+    assert_eq!(o.stats().totals.delivered, 0);
+    clock.advance(1_000);
+    let again = o.next_ready(clock.now_millis()).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].message_id, first[0].1);
+    assert_eq!(again[0].attempt, 2);
+    assert_eq!(o.record(&ch("a"), &mid("m1")).unwrap().last_error.as_deref(), Some("ack timeout"));
+}
+
+#[test]
+fn backoff_schedule_is_1_2_4_8_16_32_then_60_seconds() {
+    let b = Backoff::default();
+    let delays: Vec<u64> = (1..=9).map(|n| b.delay_ms(n)).collect();
+    assert_eq!(delays, vec![1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000, 60_000]);
+    assert_eq!(b.delay_ms(0), 0);
+    assert_eq!(b.delay_ms(u32::MAX), 60_000);
+
+    // And the outbox follows it: each failed attempt n waits delay(n) before attempt n+1.
+    let clock = ManualClock::new(T0);
+    let mut o = outbox(&clock);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    for attempt in 1..=8u32 {
+        let now = clock.now_millis();
+        let d = o.next_ready(now).unwrap();
+        assert_eq!(d.len(), 1, "attempt {attempt} due");
+        assert_eq!(d[0].attempt, attempt);
+        o.on_sent(&ch("a"), &mid("m1"), PacketId::new(format!("p{attempt}")), now).unwrap();
+        let out = o.on_timeout(&ch("a"), &mid("m1"), now).unwrap();
+        let wait = b.delay_ms(attempt);
+        assert_eq!(out, Some(RetryOutcome::Scheduled { next_attempt_at: now + wait }));
+        clock.advance(wait - 1);
+        assert!(o.next_ready(clock.now_millis()).unwrap().is_empty(), "not before backoff");
+        clock.advance(1);
+    }
+}
+
+#[test]
+fn retryable_rejection_keeps_pending_and_backs_off() {
+    let clock = ManualClock::new(T0);
+    let mut o = outbox(&clock);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let sent = send_all(&mut o, T0);
+    let ack = ChatMessageAck::rejected("m1", ErrorCode::ChannelBusy, "busy", true);
+    let out = o.on_ack(&ch("a"), &ack, &sent[0].2, T0).unwrap();
+    assert_eq!(out, AckOutcome::Retry(RetryOutcome::Scheduled { next_attempt_at: T0 + 1_000 }));
+    assert!(o.is_pending(&ch("a"), &mid("m1")));
+    assert!(o.next_ready(T0 + 999).unwrap().is_empty());
+    let d = o.next_ready(T0 + 1_000).unwrap();
+    assert_eq!(d[0].message_id, mid("m1"));
+}
+
+#[test]
+fn non_retryable_rejection_is_failed_terminal_with_reason_kept() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let sent = send_all(&mut o, T0);
+    let ack =
+        ChatMessageAck::rejected("m1", ErrorCode::TargetDeliveryFailed, "platform refused", false);
+    let out = o.on_ack(&ch("a"), &ack, &sent[0].2, T0).unwrap();
+    let AckOutcome::Failed { code, reason } = out else { panic!("expected failure: {out:?}") };
+    assert_eq!(code, ErrorCode::TargetDeliveryFailed);
+    assert!(reason.contains("platform refused"));
+    assert!(!o.is_pending(&ch("a"), &mid("m1")));
+    let stats = o.stats();
+    assert_eq!(stats.totals.failed, 1);
+    assert_eq!(stats.totals.delivered, 0);
+    assert!(stats.totals.last_error.unwrap().contains("target_delivery_failed"));
+    // Never sent again.
+    assert!(o.next_ready(T0 + HOUR).unwrap().is_empty());
+}
+
+#[test]
+fn rejection_without_retryable_flag_is_not_retried() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let sent = send_all(&mut o, T0);
+    let mut ack = ChatMessageAck::rejected("m1", ErrorCode::PermissionDenied, "no", false);
+    ack.retryable = None;
+    assert!(matches!(o.on_ack(&ch("a"), &ack, &sent[0].2, T0).unwrap(), AckOutcome::Failed { .. }));
+}
+
+#[test]
+fn ack_must_match_reply_to() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    send_all(&mut o, T0);
+    let out =
+        o.on_ack(&ch("a"), &ChatMessageAck::accepted("m1"), &PacketId::new("other"), T0).unwrap();
+    assert_eq!(out, AckOutcome::Ignored(IgnoredAck::ReplyToMismatch));
+    assert!(o.is_pending(&ch("a"), &mid("m1")));
+    // Wrong channel: unknown.
+    let out = o.on_ack(&ch("b"), &ChatMessageAck::accepted("m1"), &PacketId::new("p-m1-1"), T0);
+    assert_eq!(out.unwrap(), AckOutcome::Ignored(IgnoredAck::UnknownMessage));
+}
+
+#[test]
+fn late_accept_of_an_earlier_transmission_counts_but_stale_retryable_does_not() {
+    let clock = ManualClock::new(T0);
+    let mut o = outbox(&clock);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let first = send_all(&mut o, T0);
+    o.on_timeout(&ch("a"), &mid("m1"), T0 + 30_000).unwrap();
+    let second = send_all(&mut o, T0 + 31_000);
+    assert_eq!(second.len(), 1);
+    let stale = ChatMessageAck::rejected("m1", ErrorCode::ChannelBusy, "busy", true);
+    assert_eq!(
+        o.on_ack(&ch("a"), &stale, &first[0].2, T0 + 31_500).unwrap(),
+        AckOutcome::Ignored(IgnoredAck::StaleRetryable)
+    );
+    let out = o.on_ack(&ch("a"), &ChatMessageAck::accepted("m1"), &first[0].2, T0 + 32_000);
+    assert_eq!(out.unwrap(), AckOutcome::Delivered { status: AckStatus::Accepted });
+}
+
+#[test]
+fn unknown_ack_status_keeps_message_pending() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let sent = send_all(&mut o, T0);
+    let mut ack = ChatMessageAck::accepted("m1");
+    ack.status = AckStatus::parse("maybe");
+    assert_eq!(
+        o.on_ack(&ch("a"), &ack, &sent[0].2, T0).unwrap(),
+        AckOutcome::Ignored(IgnoredAck::UnknownStatus)
+    );
+    assert!(o.is_pending(&ch("a"), &mid("m1")));
+}
+
+#[test]
+fn ttl_is_not_extended_by_retries() {
+    let clock = ManualClock::new(T0);
+    let mut o = outbox(&clock);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let mut attempts = 0;
+    while clock.now_millis() < T0 + 2 * HOUR {
+        let now = clock.now_millis();
+        for d in o.next_ready(now).unwrap() {
+            assert!(now < d.expires_at, "handed out at or after expiry");
+            assert_eq!(d.expires_at, T0 + HOUR);
+            attempts += 1;
+            o.on_sent(&d.channel, &d.message_id, PacketId::new(format!("p{attempts}")), now)
+                .unwrap();
+        }
+        o.maintain(now).unwrap();
+        if let Some(r) = o.record(&ch("a"), &mid("m1")) {
+            assert_eq!(r.expires_at, T0 + HOUR);
+            assert_eq!(r.first_responsibility_at, T0);
+        }
+        clock.advance(10_000);
+    }
+    assert!(attempts > 30, "retried many times: {attempts}");
+    assert!(!o.is_pending(&ch("a"), &mid("m1")));
+    let stats = o.stats();
+    assert_eq!(stats.totals.expired, 1);
+    assert_eq!(stats.totals.delivered, 0);
+    assert!(
+        o.drain_events().iter().any(
+            |e| matches!(e, OutboxEvent::Expired { message_id, .. } if *message_id == mid("m1"))
+        )
+    );
+}
+
+#[test]
+fn ttl_is_not_extended_by_restart() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::new();
+    let config = OutboxConfig::new(Side::Connector);
+    let mut o = Outbox::open(config, store.clone(), T0).unwrap();
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    o.enqueue(&ch("a"), msg("m2"), T0 + HOUR / 2).unwrap();
+    send_all(&mut o, T0);
+    drop(o); // crash while m1 is in flight
+
+    clock.set(T0 + 40 * 60_000);
+    let mut o = Outbox::open(config, store.clone(), clock.now_millis()).unwrap();
+    assert_eq!(o.pending_ids(&ch("a")), vec![mid("m1"), mid("m2")], "FIFO order restored");
+    let r = o.record(&ch("a"), &mid("m1")).unwrap();
+    assert_eq!((r.first_responsibility_at, r.expires_at, r.attempts), (T0, T0 + HOUR, 1));
+    // Redelivered with the same id after the restart.
+    let d = o.next_ready(clock.now_millis()).unwrap();
+    assert_eq!((d[0].message_id.clone(), d[0].attempt), (mid("m1"), 2));
+    drop(o);
+
+    // Restart again after m1's expiry: it expires at startup, m2 survives.
+    let mut o = Outbox::open(config, store.clone(), T0 + HOUR).unwrap();
+    assert_eq!(o.pending_ids(&ch("a")), vec![mid("m2")]);
+    assert_eq!(o.stats().totals.expired, 1);
+    assert!(o.drain_events().iter().any(|e| matches!(e, OutboxEvent::Expired { .. })));
+    assert_eq!(store.pending_len(), 1);
+}
+
+#[test]
+fn ttl_is_not_extended_by_channel_reopen() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    send_all(&mut o, T0);
+    o.on_channel_closed(&ch("a"), T0 + 1).unwrap();
+    assert!(o.next_ready(T0 + 10_000).unwrap().is_empty(), "closed channel is paused");
+    o.on_channel_reopened(&ch("a"), T0 + HOUR - 5).unwrap();
+    let d = o.next_ready(T0 + HOUR - 5).unwrap();
+    assert_eq!(d[0].expires_at, T0 + HOUR);
+    o.on_channel_closed(&ch("a"), T0 + HOUR - 4).unwrap();
+    o.on_channel_reopened(&ch("a"), T0 + HOUR).unwrap();
+    assert!(o.next_ready(T0 + HOUR).unwrap().is_empty());
+    assert!(!o.is_pending(&ch("a"), &mid("m1")));
+    assert_eq!(o.stats().totals.expired, 1);
+}
+
+#[test]
+fn expired_message_is_never_delivered_even_when_due() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    // First chance to send is exactly at expiry.
+    assert!(o.next_ready(T0 + HOUR).unwrap().is_empty());
+    assert_eq!(o.stats().totals.expired, 1);
+    assert_eq!(o.stats().totals.attempts, 0);
+}
+
+#[test]
+fn in_flight_message_past_ttl_expires_on_timeout_not_redelivered() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let now = T0 + HOUR - 1;
+    o.next_ready(T0).unwrap();
+    o.on_send_failed(&ch("a"), &mid("m1"), "io", T0).unwrap();
+    let d = o.next_ready(now).unwrap();
+    o.on_sent(&d[0].channel, &d[0].message_id, PacketId::new("late"), now).unwrap();
+    let out = o.on_timeout(&ch("a"), &mid("m1"), now + 30_000).unwrap();
+    assert_eq!(out, Some(RetryOutcome::Expired));
+    assert!(o.next_ready(now + 60_000).unwrap().is_empty());
+    assert_eq!(o.stats().totals.expired, 1);
+}
+
+#[test]
+fn head_of_line_pause_per_channel_while_other_channels_flow() {
+    let clock = ManualClock::new(T0);
+    let mut o = outbox(&clock);
+    o.enqueue(&ch("a"), msg("a1"), T0).unwrap();
+    o.enqueue(&ch("a"), msg("a2"), T0).unwrap();
+    o.enqueue(&ch("b"), msg("b1"), T0).unwrap();
+    o.enqueue(&ch("b"), msg("b2"), T0).unwrap();
+    let sent = send_all(&mut o, T0);
+    let ids: Vec<_> = sent.iter().map(|s| s.1.clone()).collect();
+    assert_eq!(ids, vec![mid("a1"), mid("b1")], "one in flight per channel");
+    // a1 fails temporarily: channel a pauses (a2 must not overtake), b continues.
+    let ack = ChatMessageAck::rejected("a1", ErrorCode::ChannelBusy, "busy", true);
+    o.on_ack(&ch("a"), &ack, &sent[0].2, T0).unwrap();
+    o.on_ack(&ch("b"), &ChatMessageAck::accepted("b1"), &sent[1].2, T0).unwrap();
+    let next = send_all(&mut o, T0 + 10);
+    assert_eq!(next.iter().map(|s| s.1.clone()).collect::<Vec<_>>(), vec![mid("b2")]);
+    let next = send_all(&mut o, T0 + 1_000);
+    assert_eq!(next.iter().map(|s| s.1.clone()).collect::<Vec<_>>(), vec![mid("a1")]);
+    o.on_ack(&ch("a"), &ChatMessageAck::accepted("a1"), &next[0].2, T0 + 1_000).unwrap();
+    let next = send_all(&mut o, T0 + 1_001);
+    assert_eq!(next.iter().map(|s| s.1.clone()).collect::<Vec<_>>(), vec![mid("a2")]);
+}
+
+#[test]
+fn disconnect_keeps_messages_pending() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    o.enqueue(&ch("b"), msg("m2"), T0).unwrap();
+    send_all(&mut o, T0);
+    o.on_disconnect(T0 + 5).unwrap();
+    let stats = o.stats();
+    assert_eq!((stats.pending, stats.in_flight, stats.totals.delivered), (2, 0, 0));
+    assert_eq!(stats.totals.last_error.as_deref(), Some("disconnected"));
+    assert_eq!(o.next_ready(T0 + 1_005).unwrap().len(), 2);
+}
+
+#[test]
+fn capacity_reject_new_is_recorded_and_not_delivery() {
+    let mut config = OutboxConfig::new(Side::Connector);
+    config.capacity_per_channel = 2;
+    let mut o = Outbox::in_memory(config, T0);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    o.enqueue(&ch("a"), msg("m2"), T0).unwrap();
+    let err = o.enqueue(&ch("a"), msg("m3"), T0).unwrap_err();
+    assert!(matches!(err, OutboxError::CapacityExceeded { capacity: 2, .. }));
+    assert_eq!(err.code(), ErrorCode::CapacityExceeded);
+    let stats = o.stats();
+    assert_eq!((stats.totals.capacity_rejected, stats.totals.delivered), (1, 0));
+    assert!(stats.totals.last_error.unwrap().starts_with("capacity_exceeded"));
+    // Other channels are not affected.
+    o.enqueue(&ch("b"), msg("m3"), T0).unwrap();
+    // Expired messages are removed before capacity is judged.
+    o.enqueue(&ch("a"), msg("m4"), T0 + HOUR).unwrap();
+    assert_eq!(o.pending_ids(&ch("a")), vec![mid("m4")]);
+}
+
+#[test]
+fn capacity_evict_oldest_is_recorded_and_not_delivery() {
+    let mut config = OutboxConfig::new(Side::Connector);
+    config.capacity_per_channel = 2;
+    config.overflow = OverflowPolicy::EvictOldest;
+    let mut o = Outbox::in_memory(config, T0);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    o.enqueue(&ch("a"), msg("m2"), T0).unwrap();
+    send_all(&mut o, T0); // m1 in flight: never evicted while in flight
+    let out = o.enqueue(&ch("a"), msg("m3"), T0).unwrap();
+    assert_eq!(out, EnqueueOutcome::Queued { expires_at: T0 + HOUR, evicted: Some(mid("m2")) });
+    assert_eq!(o.pending_ids(&ch("a")), vec![mid("m1"), mid("m3")]);
+    let stats = o.stats();
+    assert_eq!((stats.totals.evicted, stats.totals.delivered), (1, 0));
+    let events = o.drain_events();
+    assert!(
+        events.iter().any(
+            |e| matches!(e, OutboxEvent::Evicted { message_id, .. } if *message_id == mid("m2"))
+        )
+    );
+    assert!(!events.iter().any(|e| matches!(e, OutboxEvent::Delivered { .. })));
+    assert!(o.store().pending(&ch("a"), &mid("m2")).is_none());
+}
+
+#[test]
+fn same_message_id_with_other_content_is_a_conflict_on_enqueue() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    assert_eq!(o.enqueue(&ch("a"), msg("m1"), T0).unwrap(), EnqueueOutcome::AlreadyPending);
+    let err = o.enqueue(&ch("a"), ChatMessage::text("m1", "other"), T0).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::MessageConflict);
+    // The same id on another channel is another message.
+    o.enqueue(&ch("b"), ChatMessage::text("m1", "other"), T0).unwrap();
+}
+
+#[test]
+fn invalid_payload_is_refused_on_enqueue() {
+    let mut o = outbox(&ManualClock::new(T0));
+    let err = o.enqueue(&ch("a"), ChatMessage::with_files("m1", None, vec![]), T0).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidPacket);
+    assert_eq!(o.stats().pending, 0);
+}
+
+#[test]
+fn storage_failure_leaves_no_half_state() {
+    let store = MemoryStore::new();
+    let mut o = Outbox::open(OutboxConfig::default(), store.clone(), T0).unwrap();
+    store.set_failing(true);
+    assert!(matches!(o.enqueue(&ch("a"), msg("m1"), T0), Err(OutboxError::Store(_))));
+    assert!(!o.is_pending(&ch("a"), &mid("m1")));
+    store.set_failing(false);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    store.set_failing(true);
+    assert!(o.next_ready(T0).is_err());
+    store.set_failing(false);
+    assert_eq!(o.next_ready(T0).unwrap()[0].attempt, 1, "the failed hand-out did not count");
+}
+
+#[test]
+fn v1_push_is_delivered_by_the_write() {
+    let mut o = outbox(&ManualClock::new(T0));
+    let push =
+        MessagePushBuilder::new("telegram", "m1", "u1", "text").raw_text("hi").build().unwrap();
+    o.enqueue(&ch("a"), push, T0).unwrap();
+    let d = o.next_ready(T0).unwrap();
+    assert_eq!(d[0].payload.packet_type(), "message.push");
+    // A write failure keeps it pending with the same retention rules.
+    o.on_send_failed(&ch("a"), &mid("m1"), "broken pipe", T0).unwrap();
+    assert!(o.is_pending(&ch("a"), &mid("m1")));
+    let d = o.next_ready(T0 + 1_000).unwrap();
+    let out = o.on_sent(&d[0].channel, &d[0].message_id, PacketId::new("p"), T0 + 1_000).unwrap();
+    assert_eq!(out, SentOutcome::DeliveredByWrite);
+    assert!(!o.is_pending(&ch("a"), &mid("m1")));
+    assert_eq!(o.stats().totals.delivered, 1);
+}
+
+#[test]
+fn cleanup_interval_is_at_most_half_the_ttl() {
+    let mut config = OutboxConfig::default();
+    assert_eq!(config.effective_cleanup_interval_ms(), 60_000);
+    config.ttl_ms = 60_000;
+    assert_eq!(config.effective_cleanup_interval_ms(), 30_000);
+    let o = Outbox::in_memory(config, T0);
+    assert_eq!(o.stats().cleanup_interval_ms, 30_000);
+    assert_eq!(o.next_wakeup(), T0 + 30_000);
+}
+
+#[test]
+fn next_wakeup_tracks_retries_deadlines_and_expiry() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    assert_eq!(o.next_wakeup(), T0);
+    send_all(&mut o, T0);
+    assert_eq!(o.next_wakeup(), T0 + 30_000, "ack deadline");
+    o.on_timeout(&ch("a"), &mid("m1"), T0 + 30_000).unwrap();
+    assert_eq!(o.next_wakeup(), T0 + 31_000, "backoff");
+}
+
+#[test]
+fn removed_channel_discards_without_claiming_delivery() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    o.remove_channel(&ch("a")).unwrap();
+    let stats = o.stats();
+    assert_eq!((stats.pending, stats.totals.discarded, stats.totals.delivered), (0, 1, 0));
+    assert_eq!(o.store().pending_len(), 0);
+}
+
+#[test]
+fn corrupt_stored_record_is_discarded_and_reported() {
+    use xagent_profile_im::{OutboxStore, PendingRecord};
+    let mut store = MemoryStore::new();
+    store
+        .save_pending(&PendingRecord {
+            channel: ch("a"),
+            message_id: mid("m1"),
+            seq: 1,
+            payload: "{not json".into(),
+            attempts: 0,
+            first_responsibility_at: T0,
+            expires_at: T0 + HOUR,
+            next_attempt_at: T0,
+            last_error: None,
+        })
+        .unwrap();
+    let mut o = Outbox::open(OutboxConfig::default(), store.clone(), T0).unwrap();
+    assert_eq!(o.stats().totals.discarded, 1);
+    assert!(matches!(o.drain_events()[0], OutboxEvent::Discarded { .. }));
+    assert_eq!(store.pending_len(), 0);
+}
