@@ -5,6 +5,7 @@
 //! [`xagent_protocol_types::Clock`]) and returns what the caller must do. Both ends use it:
 //! a Connector runtime for inbound target messages, the xAgent side for assistant messages.
 
+mod activity;
 mod delta;
 mod error;
 mod idempotency;
@@ -13,6 +14,7 @@ mod payload;
 pub mod store;
 mod v1;
 
+pub use activity::*;
 pub use delta::*;
 pub use error::*;
 pub use idempotency::*;

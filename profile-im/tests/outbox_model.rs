@@ -1,0 +1,408 @@
+//! Model-based property test of the outbox: random interleavings of enqueues, sends, acks of
+//! every status, write failures, timeouts, disconnects, channel close/reopen, restarts and
+//! clock jumps (forwards and backwards), checked against a small reference model:
+//!
+//! - no message is lost before its expiry (it stays pending until a terminal ack);
+//! - none is handed out at or after its expiry;
+//! - none is delivered twice, and none is handed out after it ended;
+//! - at most one message per channel is in flight, and a channel's messages go out in order.
+
+use proptest::prelude::*;
+use xagent_profile_im::{AckOutcome, MemoryStore, Outbox, OutboxConfig, OutboxError, RetryOutcome};
+use xagent_protocol_types::{
+    ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, MessageId, PacketId, Side,
+};
+
+const T0: u64 = 1_790_000_000_000;
+const TTL: u64 = 10 * 60_000;
+const CAPACITY: usize = 4;
+const CHANNELS: usize = 3;
+
+#[derive(Clone, Debug)]
+enum AckKind {
+    Accepted,
+    Duplicate,
+    RetryableReject,
+    FinalReject,
+}
+
+#[derive(Clone, Debug)]
+enum Which {
+    Latest,
+    Oldest,
+    Bogus,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Enqueue(usize),
+    Send,
+    SendFail,
+    Ack(usize, AckKind, Which),
+    PollTimeouts,
+    Disconnect,
+    Close(usize),
+    Reopen(usize),
+    Restart,
+    Maintain,
+    Advance(u64),
+    Jump(u64),
+    Back(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let kind = prop_oneof![
+        Just(AckKind::Accepted),
+        Just(AckKind::Duplicate),
+        Just(AckKind::RetryableReject),
+        Just(AckKind::FinalReject),
+    ];
+    let which =
+        prop_oneof![4 => Just(Which::Latest), 1 => Just(Which::Oldest), 1 => Just(Which::Bogus)];
+    prop_oneof![
+        4 => (0..CHANNELS).prop_map(Op::Enqueue),
+        5 => Just(Op::Send),
+        1 => Just(Op::SendFail),
+        5 => (0..64usize, kind, which).prop_map(|(i, k, w)| Op::Ack(i, k, w)),
+        2 => Just(Op::PollTimeouts),
+        1 => Just(Op::Disconnect),
+        1 => (0..CHANNELS).prop_map(Op::Close),
+        2 => (0..CHANNELS).prop_map(Op::Reopen),
+        1 => Just(Op::Restart),
+        1 => Just(Op::Maintain),
+        4 => (0..40_000u64).prop_map(Op::Advance),
+        1 => (0..TTL).prop_map(Op::Jump),
+        1 => (0..60_000u64).prop_map(Op::Back),
+    ]
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    Pending,
+    Delivered,
+    Failed,
+    Expired,
+}
+
+#[derive(Debug)]
+struct ModelMsg {
+    channel: ConnectorChannelId,
+    id: MessageId,
+    seq: usize,
+    expires_at: u64,
+    fate: Fate,
+    /// Packets sent since the last restart (acks for them are recognised).
+    packets: Vec<PacketId>,
+    /// The packet in flight, if any.
+    current: Option<PacketId>,
+}
+
+struct Harness {
+    store: MemoryStore,
+    outbox: Outbox,
+    config: OutboxConfig,
+    now: u64,
+    msgs: Vec<ModelMsg>,
+    /// Handed out by next_ready but not yet written.
+    unsent: Vec<usize>,
+    next_packet: u64,
+    /// Deliveries counted by outboxes dropped at a restart (counters live in memory).
+    delivered_before_restarts: u64,
+}
+
+fn channel(i: usize) -> ConnectorChannelId {
+    ConnectorChannelId::new(format!("c{i}"))
+}
+
+impl Harness {
+    fn new() -> Self {
+        let mut config = OutboxConfig::new(Side::Xagent);
+        config.ttl_ms = TTL;
+        config.capacity_per_channel = CAPACITY;
+        let store = MemoryStore::new();
+        let outbox = Outbox::open(config, store.clone(), T0).unwrap();
+        Self {
+            store,
+            outbox,
+            config,
+            now: T0,
+            msgs: Vec::new(),
+            unsent: Vec::new(),
+            next_packet: 0,
+            delivered_before_restarts: 0,
+        }
+    }
+
+    fn index(&self, channel: &ConnectorChannelId, id: &MessageId) -> usize {
+        self.msgs.iter().position(|m| &m.channel == channel && &m.id == id).unwrap()
+    }
+
+    fn clear_in_flight(&mut self) {
+        for m in &mut self.msgs {
+            m.current = None;
+        }
+        self.unsent.clear();
+    }
+
+    fn apply(&mut self, op: Op) -> Result<(), TestCaseError> {
+        match op {
+            Op::Enqueue(c) => {
+                let seq = self.msgs.len();
+                let id = MessageId::new(format!("m{seq}"));
+                let ch = channel(c);
+                let live = self
+                    .msgs
+                    .iter()
+                    .filter(|m| m.channel == ch && m.fate == Fate::Pending)
+                    .collect::<Vec<_>>();
+                match self.outbox.enqueue(&ch, ChatMessage::text(id.clone(), "x"), self.now) {
+                    Ok(_) => self.msgs.push(ModelMsg {
+                        channel: ch,
+                        id,
+                        seq,
+                        expires_at: self.now + TTL,
+                        fate: Fate::Pending,
+                        packets: Vec::new(),
+                        current: None,
+                    }),
+                    Err(OutboxError::CapacityExceeded { .. }) => {
+                        // Only when the channel really holds CAPACITY unfinished messages.
+                        prop_assert!(live.len() >= CAPACITY, "refused below capacity");
+                    }
+                    Err(e) => prop_assert!(false, "enqueue failed: {e}"),
+                }
+            }
+            Op::Send | Op::SendFail => {
+                let deliveries = self.outbox.next_ready(self.now).unwrap();
+                let mut seen_channels = Vec::new();
+                for d in deliveries {
+                    let i = self.index(&d.channel, &d.message_id);
+                    let m = &self.msgs[i];
+                    prop_assert!(self.now < m.expires_at, "handed out at/after expiry");
+                    prop_assert_eq!(d.expires_at, m.expires_at, "TTL changed");
+                    prop_assert_eq!(m.fate, Fate::Pending, "handed out after it ended");
+                    prop_assert!(!seen_channels.contains(&d.channel), "two at once on a channel");
+                    seen_channels.push(d.channel.clone());
+                    let busy = self.msgs.iter().any(|o| {
+                        o.channel == d.channel && o.current.is_some() && o.fate == Fate::Pending
+                    }) || self.unsent.iter().any(|u| self.msgs[*u].channel == d.channel);
+                    prop_assert!(!busy, "head-of-line violated");
+                    let older_live = self.msgs.iter().any(|o| {
+                        o.channel == d.channel
+                            && o.seq < m.seq
+                            && o.fate == Fate::Pending
+                            && o.expires_at > self.now
+                    });
+                    prop_assert!(!older_live, "FIFO order violated");
+                    if matches!(op, Op::SendFail) {
+                        self.outbox
+                            .on_send_failed(&d.channel, &d.message_id, "io", self.now)
+                            .unwrap();
+                    } else {
+                        self.next_packet += 1;
+                        let p = PacketId::new(format!("p{}", self.next_packet));
+                        self.outbox
+                            .on_sent(&d.channel, &d.message_id, p.clone(), self.now)
+                            .unwrap();
+                        let m = &mut self.msgs[i];
+                        m.packets.push(p.clone());
+                        m.current = Some(p);
+                    }
+                }
+            }
+            Op::Ack(i, kind, which) => {
+                if self.msgs.is_empty() {
+                    return Ok(());
+                }
+                let i = i % self.msgs.len();
+                let m = &self.msgs[i];
+                let packet = match which {
+                    Which::Latest => m.packets.last().cloned(),
+                    Which::Oldest => m.packets.first().cloned(),
+                    Which::Bogus => Some(PacketId::new("bogus")),
+                };
+                let Some(packet) = packet else { return Ok(()) };
+                let ack = match kind {
+                    AckKind::Accepted => ChatMessageAck::accepted(m.id.clone()),
+                    AckKind::Duplicate => ChatMessageAck::duplicate(m.id.clone()),
+                    AckKind::RetryableReject => {
+                        ChatMessageAck::rejected(m.id.clone(), ErrorCode::ChannelBusy, "busy", true)
+                    }
+                    AckKind::FinalReject => ChatMessageAck::rejected(
+                        m.id.clone(),
+                        ErrorCode::TargetDeliveryFailed,
+                        "no",
+                        false,
+                    ),
+                };
+                let known = m.packets.contains(&packet);
+                let is_current = m.current.as_ref() == Some(&packet);
+                let channel = m.channel.clone();
+                let out = self.outbox.on_ack(&channel, &ack, &packet, self.now).unwrap();
+                let m = &mut self.msgs[i];
+                if m.fate != Fate::Pending {
+                    prop_assert!(
+                        matches!(out, AckOutcome::Ignored(_)),
+                        "ended message changed: {out:?}"
+                    );
+                    return Ok(());
+                }
+                if !known {
+                    prop_assert!(matches!(out, AckOutcome::Ignored(_)), "unknown packet acted on");
+                    return Ok(());
+                }
+                if let AckOutcome::Ignored(_) = out
+                    && !self.outbox.is_pending(&channel, &m.id)
+                {
+                    // Only a message past its expiry may have vanished.
+                    prop_assert!(m.expires_at <= self.now, "message lost before expiry");
+                    m.fate = Fate::Expired;
+                    return Ok(());
+                }
+                match kind {
+                    AckKind::Accepted | AckKind::Duplicate => {
+                        prop_assert!(matches!(out, AckOutcome::Delivered { .. }), "{out:?}");
+                        m.fate = Fate::Delivered;
+                        m.current = None;
+                    }
+                    AckKind::FinalReject => {
+                        prop_assert!(matches!(out, AckOutcome::Failed { .. }), "{out:?}");
+                        m.fate = Fate::Failed;
+                        m.current = None;
+                    }
+                    AckKind::RetryableReject if is_current => {
+                        prop_assert!(matches!(out, AckOutcome::Retry(_)), "{out:?}");
+                        if out == AckOutcome::Retry(RetryOutcome::Expired) {
+                            m.fate = Fate::Expired;
+                        }
+                        m.current = None;
+                    }
+                    AckKind::RetryableReject => {
+                        prop_assert!(matches!(out, AckOutcome::Ignored(_)), "{out:?}");
+                    }
+                }
+            }
+            Op::PollTimeouts => {
+                for (c, id, outcome) in self.outbox.poll_timeouts(self.now).unwrap() {
+                    let i = self.index(&c, &id);
+                    self.msgs[i].current = None;
+                    self.unsent.retain(|u| *u != i);
+                    if outcome == RetryOutcome::Expired {
+                        self.msgs[i].fate = Fate::Expired;
+                    }
+                }
+            }
+            Op::Disconnect => {
+                self.outbox.on_disconnect(self.now).unwrap();
+                self.clear_in_flight();
+            }
+            Op::Close(c) => {
+                self.outbox.on_channel_closed(&channel(c), self.now).unwrap();
+                for m in self.msgs.iter_mut().filter(|m| m.channel == channel(c)) {
+                    m.current = None;
+                }
+            }
+            Op::Reopen(c) => self.outbox.on_channel_reopened(&channel(c), self.now).unwrap(),
+            Op::Restart => {
+                let totals = self.outbox.stats().totals;
+                self.delivered_before_restarts += totals.delivered + totals.duplicates;
+                self.outbox = Outbox::open(self.config, self.store.clone(), self.now).unwrap();
+                self.clear_in_flight();
+                for m in &mut self.msgs {
+                    m.packets.clear();
+                }
+            }
+            Op::Maintain => {
+                self.outbox.maintain(self.now).unwrap();
+                self.sync_in_flight_after_timeouts();
+            }
+            Op::Advance(ms) | Op::Jump(ms) => self.now += ms,
+            Op::Back(ms) => self.now = self.now.saturating_sub(ms).max(T0),
+        }
+        self.check()
+    }
+
+    /// `maintain` may time out transmissions; the model learns it from the store record.
+    fn sync_in_flight_after_timeouts(&mut self) {
+        for m in &mut self.msgs {
+            if m.current.is_some()
+                && self.outbox.stats().channels.get(&m.channel).is_some_and(|c| !c.in_flight)
+            {
+                m.current = None;
+            }
+        }
+    }
+
+    fn check(&mut self) -> Result<(), TestCaseError> {
+        for m in &mut self.msgs {
+            let pending = self.outbox.is_pending(&m.channel, &m.id);
+            match m.fate {
+                Fate::Pending if !pending => {
+                    prop_assert!(m.expires_at <= self.now, "{} lost before expiry", m.id);
+                    m.fate = Fate::Expired;
+                    m.current = None;
+                }
+                Fate::Delivered | Fate::Failed | Fate::Expired => {
+                    prop_assert!(!pending, "{} pending again after it ended", m.id);
+                }
+                Fate::Pending => {
+                    let r = self.outbox.record(&m.channel, &m.id).unwrap();
+                    prop_assert_eq!(r.expires_at, m.expires_at, "TTL extended");
+                    let stored = self.store.pending(&m.channel, &m.id);
+                    prop_assert!(stored.is_some(), "pending message missing from the store");
+                }
+            }
+        }
+        let stats = self.outbox.stats();
+        let delivered = self.msgs.iter().filter(|m| m.fate == Fate::Delivered).count() as u64;
+        prop_assert_eq!(
+            self.delivered_before_restarts + stats.totals.delivered + stats.totals.duplicates,
+            delivered,
+            "delivery counted without a terminal ack"
+        );
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn outbox_matches_reference_model(ops in proptest::collection::vec(op(), 1..80)) {
+        let mut h = Harness::new();
+        for op in ops {
+            h.apply(op)?;
+        }
+        // Drain: keep the transport healthy and accept everything; every message ends as
+        // delivered or (only past its TTL) expired, never lost.
+        for c in 0..CHANNELS {
+            h.apply(Op::Reopen(c))?;
+        }
+        for _ in 0..200 {
+            h.apply(Op::Send)?;
+            let latest: Vec<usize> = h
+                .msgs
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.fate == Fate::Pending && m.current.is_some())
+                .map(|(i, _)| i)
+                .collect();
+            for i in latest {
+                h.apply(Op::Ack(i, AckKind::Accepted, Which::Latest))?;
+            }
+            h.apply(Op::Advance(30_000))?;
+            h.apply(Op::PollTimeouts)?;
+        }
+        for m in &h.msgs {
+            prop_assert!(m.fate != Fate::Pending, "{} never finished", m.id);
+        }
+        let stats = h.outbox.stats();
+        prop_assert_eq!(stats.pending, 0);
+        prop_assert_eq!(h.store.pending_len(), 0);
+        let delivered = h.msgs.iter().filter(|m| m.fate == Fate::Delivered).count() as u64;
+        prop_assert_eq!(
+            h.delivered_before_restarts + stats.totals.delivered + stats.totals.duplicates,
+            delivered
+        );
+    }
+}
