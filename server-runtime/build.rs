@@ -1,0 +1,52 @@
+//! Stamps the build time (YYMMDDHHMM, UTC) and, when available, the git revision and tag into
+//! the crate, so `BuildStamp::runtime()` and the `/health` default need no runtime lookup.
+
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=XAGENT_BUILD_TIME");
+    println!("cargo:rerun-if-env-changed=XAGENT_GIT_REV");
+    println!("cargo:rerun-if-env-changed=XAGENT_GIT_TAG");
+    let build_time = std::env::var("XAGENT_BUILD_TIME").unwrap_or_else(|_| now_stamp());
+    println!("cargo:rustc-env=XAGENT_RUNTIME_BUILD_TIME={build_time}");
+    let rev = std::env::var("XAGENT_GIT_REV")
+        .ok()
+        .or_else(|| git(&["rev-parse", "--short=7", "HEAD"]))
+        .unwrap_or_default();
+    println!("cargo:rustc-env=XAGENT_RUNTIME_GIT_REV={rev}");
+    let tag = std::env::var("XAGENT_GIT_TAG")
+        .ok()
+        .or_else(|| git(&["describe", "--tags", "--exact-match"]))
+        .unwrap_or_default();
+    println!("cargo:rustc-env=XAGENT_RUNTIME_GIT_TAG={tag}");
+}
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+    (!text.is_empty()).then_some(text)
+}
+
+/// Now as YYMMDDHHMM in UTC, computed from the Unix time (no date crate needed).
+fn now_stamp() -> String {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (hour, minute) = (rem / 3600, (rem % 3600) / 60);
+    // Civil-from-days (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{:02}{:02}{:02}{:02}{:02}", year % 100, month, day, hour, minute)
+}

@@ -1,0 +1,173 @@
+//! The HTTP side: control plane (`/connector-card.json`, `/skill.md`, `/health`), the `/ws`
+//! upgrade, the system API key as a tower layer, all under an optional Base URL path prefix.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures_util::{SinkExt, StreamExt, future};
+use xagent_protocol_types::{
+    ErrorCode, HealthResponse, HttpErrorBody, SUBPROTOCOL, WireError, paths,
+};
+
+use crate::runtime::{ConnectorServer, Shared};
+use crate::session::{Frame, FrameError};
+
+/// A JSON error response `{"error":{"code","message"}}`.
+pub fn error_response(status: StatusCode, code: ErrorCode, message: &str) -> Response {
+    let body = HttpErrorBody { error: WireError::new(code, message) };
+    (status, axum::Json(body)).into_response()
+}
+
+impl ConnectorServer {
+    /// The axum router with every endpoint, under the configured Base URL path prefix.
+    pub fn router(&self) -> Router {
+        let shared = Arc::clone(&self.shared);
+        let public =
+            Router::new().route(paths::CONNECTOR_CARD, get(card)).route(paths::SKILL, get(skill));
+        let protected = Router::new()
+            .route(paths::HEALTH, get(health))
+            .route(paths::WS, get(ws))
+            .route_layer(middleware::from_fn_with_state(Arc::clone(&shared), require_api_key));
+        let app = public.merge(protected).with_state(Arc::clone(&shared));
+        let app = app.layer(tower_http::trace::TraceLayer::new_for_http());
+        let base = shared.config.base_path.trim_end_matches('/');
+        if base.is_empty() { app } else { Router::new().nest(base, app) }
+    }
+}
+
+/// True when `headers` carry `Authorization: Bearer <key>` for the configured key (compared in
+/// constant time), or when no key is configured.
+pub(crate) fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
+    let Some(key) = &shared.api_key else { return true };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    presented.is_some_and(|token| key.matches(token))
+}
+
+/// The 401 answer: `WWW-Authenticate: Bearer` and a JSON error body.
+pub(crate) fn unauthorized() -> Response {
+    let mut response = error_response(
+        StatusCode::UNAUTHORIZED,
+        ErrorCode::Unauthorized,
+        "missing or wrong system API key; send Authorization: Bearer <api key>",
+    );
+    response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+async fn require_api_key(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if authorized(&shared, request.headers()) {
+        next.run(request).await
+    } else {
+        tracing::info!(
+            path = request.uri().path(),
+            "refused a request without a valid system API key"
+        );
+        unauthorized()
+    }
+}
+
+async fn card(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(&shared.def.card).into_response()
+}
+
+async fn skill(State(shared): State<Arc<Shared>>) -> Response {
+    match &shared.def.skill {
+        Some(markdown) => {
+            ([(header::CONTENT_TYPE, "text/markdown; charset=utf-8")], Body::from(markdown.clone()))
+                .into_response()
+        }
+        None => StatusCode::NO_CONTENT.into_response(),
+    }
+}
+
+async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(HealthResponse::for_card(&shared.def.card)).into_response()
+}
+
+fn offers_subprotocol(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim() == SUBPROTOCOL)
+}
+
+async fn ws(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    upgrade: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    if !offers_subprotocol(&headers) {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidPacket,
+            "offer the WebSocket subprotocol xagent.connector.packet.v1 (Sec-WebSocket-Protocol)",
+        );
+    }
+    let upgrade = match upgrade {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let limit = shared.config.max_packet_bytes;
+    upgrade
+        .protocols([SUBPROTOCOL])
+        .max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |socket| serve_socket(shared, socket))
+}
+
+async fn serve_socket(shared: Arc<Shared>, socket: WebSocket) {
+    let (sink, stream) = socket.split();
+    let stream = stream.map(from_message);
+    let sink = sink.with(|frame: Frame| future::ready(Ok::<_, axum::Error>(to_message(frame))));
+    let task = shared.tasks.spawn(crate::session::run(Arc::clone(&shared), stream, Box::pin(sink)));
+    let _ = task.await;
+}
+
+fn from_message(message: Result<Message, axum::Error>) -> Result<Frame, FrameError> {
+    match message {
+        Ok(Message::Text(text)) => Ok(Frame::Text(text.as_str().to_owned())),
+        Ok(Message::Binary(bytes)) => Ok(Frame::Binary(bytes.to_vec())),
+        Ok(Message::Ping(bytes)) => Ok(Frame::Ping(bytes.to_vec())),
+        Ok(Message::Pong(bytes)) => Ok(Frame::Pong(bytes.to_vec())),
+        Ok(Message::Close(frame)) => {
+            Ok(Frame::Close(frame.map(|f| (f.code, f.reason.as_str().to_owned()))))
+        }
+        Err(error) => {
+            let message = error.to_string();
+            let lower = message.to_ascii_lowercase();
+            let too_large = lower.contains("too long")
+                || lower.contains("too big")
+                || lower.contains("space limit");
+            Err(FrameError { too_large, message })
+        }
+    }
+}
+
+fn to_message(frame: Frame) -> Message {
+    match frame {
+        Frame::Text(text) => Message::Text(text.into()),
+        Frame::Binary(bytes) => Message::Binary(bytes.into()),
+        Frame::Ping(bytes) => Message::Ping(bytes.into()),
+        Frame::Pong(bytes) => Message::Pong(bytes.into()),
+        Frame::Close(frame) => {
+            Message::Close(frame.map(|(code, reason)| CloseFrame { code, reason: reason.into() }))
+        }
+    }
+}

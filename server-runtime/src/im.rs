@@ -1,0 +1,413 @@
+//! IM Profile wiring (`profile-im`): the outbox for messages from the target system to xAgent
+//! (IM v2 `chat.message`, IM v1 `message.push`), redelivered when a channel reopens; receiver
+//! idempotency for `chat.message` from xAgent; the delta assembler; activity validation.
+//!
+//! Decisions: `chat.message`s from xAgent are delivered one at a time per connection, in
+//! arrival order (the reader waits for the target). Redelivery happens when a channel is
+//! reopened and on maintenance ticks (backoff, ack timeouts); completed history is never
+//! resent (the outbox only holds unfinished messages).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use xagent_profile_im::{
+    AckOutcome, Admission, CompletedRecord, DeltaAction, DeltaAssembler, DeltaConfig,
+    DeltaStrategy, FinalAction, IdempotencyConfig, IdempotencyStore, OutboundPayload, Outbox,
+    OutboxConfig, OutboxEvent, OutboxStore, PendingRecord, ReceiverIdempotency, StoreError,
+    validate_activity, validate_chat_message,
+};
+use xagent_protocol_types::{
+    ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, MessageId, MessagePush,
+    PROFILE_IM_V1, PROFILE_IM_V2, Packet, PacketBody, Side, WireError,
+};
+
+use crate::author::{ChannelContext, DeltaUpdate, FinalDelivery};
+use crate::connector::Connector;
+use crate::ids;
+use crate::runtime::{HandleError, Shared};
+use crate::session::Conn;
+use crate::storage::{Storage, StorageError};
+
+/// `profile-im`'s stores behind the runtime's storage trait object.
+pub(crate) struct DynOutboxStore(Box<dyn OutboxStore + Send>);
+
+impl OutboxStore for DynOutboxStore {
+    fn save_pending(&mut self, record: &PendingRecord) -> Result<(), StoreError> {
+        self.0.save_pending(record)
+    }
+    fn delete_pending(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        self.0.delete_pending(channel, message_id)
+    }
+    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
+        self.0.load_pending()
+    }
+}
+
+pub(crate) struct DynIdempotencyStore(Box<dyn IdempotencyStore + Send>);
+
+impl IdempotencyStore for DynIdempotencyStore {
+    fn save_completed(&mut self, record: &CompletedRecord) -> Result<(), StoreError> {
+        self.0.save_completed(record)
+    }
+    fn delete_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        self.0.delete_completed(channel, message_id)
+    }
+    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
+        self.0.load_completed()
+    }
+}
+
+struct Inner {
+    outbox: Outbox<DynOutboxStore>,
+    receiver: ReceiverIdempotency<DynIdempotencyStore>,
+    deltas: DeltaAssembler,
+}
+
+/// The IM state of the runtime (present when the Card declares an IM Profile).
+pub(crate) struct ImState {
+    inner: Mutex<Inner>,
+    pump: tokio::sync::Mutex<()>,
+}
+
+fn storage_error(error: impl std::fmt::Display) -> StorageError {
+    StorageError { operation: "open IM state", reason: error.to_string() }
+}
+
+impl ImState {
+    pub(crate) fn new(
+        connector: &Connector,
+        storage: &dyn Storage,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<Option<Self>, StorageError> {
+        let profiles = &connector.card.supports.profiles;
+        if !profiles.iter().any(|p| p.as_str() == PROFILE_IM_V2 || p.as_str() == PROFILE_IM_V1) {
+            return Ok(None);
+        }
+        let now = clock.now_millis();
+        let mut outbox = Outbox::open(
+            OutboxConfig::new(Side::Connector),
+            DynOutboxStore(storage.outbox_store()),
+            now,
+        )
+        .map_err(storage_error)?;
+        // Nothing is routed at startup: every channel waits for its channel.open.
+        let channels: Vec<ConnectorChannelId> = outbox.stats().channels.keys().cloned().collect();
+        for channel in channels {
+            outbox.on_channel_closed(&channel, now).map_err(storage_error)?;
+        }
+        let receiver = ReceiverIdempotency::open(
+            IdempotencyConfig::default(),
+            DynIdempotencyStore(storage.idempotency_store()),
+            now,
+        )
+        .map_err(storage_error)?;
+        let streams = connector.im.as_ref().is_some_and(|im| im.streams_deltas());
+        let strategy =
+            if streams { DeltaStrategy::StreamEdit } else { DeltaStrategy::BufferUntilFinal };
+        let deltas = DeltaAssembler::new(DeltaConfig::with_strategy(strategy));
+        Ok(Some(Self {
+            inner: Mutex::new(Inner { outbox, receiver, deltas }),
+            pump: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes responsibility for a message to xAgent and sends it when the channel is routed.
+    pub(crate) async fn enqueue(
+        &self,
+        shared: &Arc<Shared>,
+        channel: &ConnectorChannelId,
+        payload: OutboundPayload,
+    ) -> Result<(), HandleError> {
+        {
+            let state = shared.state();
+            let record = state
+                .channels
+                .get(channel)
+                .ok_or_else(|| HandleError::UnknownChannel(channel.clone()))?;
+            if record.binding.is_none() {
+                return Err(HandleError::NotAuthenticated(channel.clone()));
+            }
+        }
+        let routed = shared.state().routes.contains_key(channel);
+        {
+            let mut inner = self.inner();
+            inner
+                .outbox
+                .enqueue(channel, payload, shared.now())
+                .map_err(|e| HandleError::Outbox(e.to_string()))?;
+            if !routed {
+                inner
+                    .outbox
+                    .on_channel_closed(channel, shared.now())
+                    .map_err(|e| HandleError::Outbox(e.to_string()))?;
+            }
+        }
+        self.log_events();
+        self.pump(shared).await;
+        Ok(())
+    }
+
+    /// Sends every due message on its route; unrouted channels are paused until they reopen.
+    pub(crate) async fn pump(&self, shared: &Arc<Shared>) {
+        let _guard = self.pump.lock().await;
+        loop {
+            let ready = match self.inner().outbox.next_ready(shared.now()) {
+                Ok(ready) => ready,
+                Err(error) => {
+                    tracing::error!(%error, "outbox failed");
+                    return;
+                }
+            };
+            if ready.is_empty() {
+                break;
+            }
+            for delivery in ready {
+                let packet_id = ids::packet_id();
+                let packet = shared
+                    .packet(Packet::new(packet_id.clone(), delivery.payload.to_body()))
+                    .channel(delivery.channel.clone());
+                let written = shared.send_tracked(&delivery.channel, packet).await;
+                let now = shared.now();
+                let mut inner = self.inner();
+                let result = if written {
+                    inner
+                        .outbox
+                        .on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
+                        .map(|_| ())
+                } else {
+                    // Not routed (or the route closed meanwhile): pause until channel.open.
+                    inner.outbox.on_channel_closed(&delivery.channel, now)
+                };
+                if let Err(error) = result {
+                    tracing::warn!(%error, "outbox bookkeeping failed");
+                }
+            }
+        }
+        self.log_events();
+    }
+
+    fn log_events(&self) {
+        let events = self.inner().outbox.drain_events();
+        for event in events {
+            match event {
+                OutboxEvent::Delivered { channel, message_id, .. } => {
+                    tracing::debug!(%channel, %message_id, "message delivered to xAgent");
+                }
+                other => tracing::info!(event = ?other, "outbox event"),
+            }
+        }
+    }
+
+    pub(crate) async fn on_channel_open(&self, shared: &Arc<Shared>, channel: &ConnectorChannelId) {
+        if let Err(error) = self.inner().outbox.on_channel_reopened(channel, shared.now()) {
+            tracing::warn!(%error, "outbox reopen failed");
+        }
+        self.pump(shared).await;
+    }
+
+    /// The channels lost their route (socket closed, channel.close).
+    pub(crate) fn on_routes_lost(&self, channels: &[ConnectorChannelId], now: u64) {
+        let mut inner = self.inner();
+        for channel in channels {
+            if let Err(error) = inner.outbox.on_channel_closed(channel, now) {
+                tracing::warn!(%error, "outbox close failed");
+            }
+        }
+    }
+
+    pub(crate) fn forget_channel(&self, channel: &ConnectorChannelId) {
+        let mut inner = self.inner();
+        if let Err(error) = inner.outbox.remove_channel(channel) {
+            tracing::warn!(%error, "outbox cleanup failed");
+        }
+        if let Err(error) = inner.receiver.remove_channel(channel) {
+            tracing::warn!(%error, "idempotency cleanup failed");
+        }
+        inner.deltas.remove_channel(channel);
+    }
+
+    pub(crate) async fn maintain(&self, shared: &Arc<Shared>) {
+        let now = shared.now();
+        {
+            let mut inner = self.inner();
+            if let Err(error) = inner.outbox.maintain(now) {
+                tracing::warn!(%error, "outbox maintenance failed");
+            }
+            if let Err(error) = inner.receiver.prune(now) {
+                tracing::warn!(%error, "idempotency pruning failed");
+            }
+            inner.deltas.expire(now);
+        }
+        self.log_events();
+        self.pump(shared).await;
+    }
+
+    /// Pending message ids of a channel (for tests and operators).
+    pub(crate) fn pending(&self, channel: &ConnectorChannelId) -> Vec<MessageId> {
+        self.inner().outbox.pending_ids(channel)
+    }
+
+    /// An IM packet from xAgent.
+    pub(crate) async fn on_packet(&self, conn: &Conn, packet: &Packet) {
+        let Some(channel) = packet.connector_channel_id.clone() else { return };
+        let shared = &conn.shared;
+        match &packet.body {
+            PacketBody::ChatMessage(message) => {
+                let ack = self.on_chat_message(shared, &channel, message).await;
+                let reply = Packet::with_payload(ids::packet_id(), ack)
+                    .channel(channel)
+                    .reply_to(packet.packet_id.clone());
+                conn.send(reply).await;
+            }
+            PacketBody::ChatMessageAck(ack) => {
+                let Some(reply_to) = &packet.reply_to else { return };
+                let outcome = self.inner().outbox.on_ack(&channel, ack, reply_to, shared.now());
+                match outcome {
+                    Ok(AckOutcome::Failed { code, reason }) => {
+                        tracing::warn!(%channel, message_id = %ack.message_id, %code, reason, "xAgent rejected a message for good");
+                    }
+                    Ok(outcome) => tracing::debug!(%channel, ?outcome, "message ack"),
+                    Err(error) => tracing::warn!(%error, "outbox ack failed"),
+                }
+                self.log_events();
+                self.pump(shared).await;
+            }
+            PacketBody::ChatMessageDelta(delta) => {
+                let action = self.inner().deltas.on_delta(&channel, delta, shared.now());
+                let (first, text, handle) = match action {
+                    Err(error) => {
+                        let wire = WireError::new(error.code(), error.to_string());
+                        conn.send(Packet::error(ids::packet_id(), wire).answering(packet)).await;
+                        return;
+                    }
+                    Ok(DeltaAction::CreateTarget { text }) => (true, text, None),
+                    Ok(DeltaAction::UpdateTarget { text, handle }) => (false, text, handle),
+                    Ok(_) => return,
+                };
+                let Some(ctx) = channel_context(shared, &channel) else { return };
+                let Some(im) = &shared.def.im else { return };
+                let update = DeltaUpdate {
+                    message_id: delta.message_id.clone(),
+                    first,
+                    text_so_far: text,
+                    handle,
+                };
+                if let Some(handle) = im.delta(ctx, update).await {
+                    self.inner().deltas.set_target_handle(&channel, &delta.message_id, handle);
+                }
+            }
+            PacketBody::ChatActivity(activity) => {
+                if let Err(error) = validate_activity(activity) {
+                    let wire = WireError::new(error.code(), error.to_string());
+                    conn.send(Packet::error(ids::packet_id(), wire).answering(packet)).await;
+                    return;
+                }
+                let (Some(ctx), Some(im)) = (channel_context(shared, &channel), &shared.def.im)
+                else {
+                    return;
+                };
+                im.activity(ctx, activity.clone()).await;
+            }
+            _ => {}
+        }
+    }
+
+    async fn on_chat_message(
+        &self,
+        shared: &Arc<Shared>,
+        channel: &ConnectorChannelId,
+        message: &ChatMessage,
+    ) -> ChatMessageAck {
+        let id = message.message_id.clone();
+        if let Err(error) = validate_chat_message(message, Side::Xagent) {
+            return ChatMessageAck::rejected(id, error.code(), error.to_string(), false);
+        }
+        let (Some(ctx), Some(im)) = (channel_context(shared, channel), &shared.def.im) else {
+            return ChatMessageAck::rejected(
+                id,
+                ErrorCode::ConnectionNotAuthenticated,
+                "the channel is not signed in to the target system",
+                false,
+            );
+        };
+        let admission = self.inner().receiver.begin_chat(channel, message, shared.now());
+        let ticket = match admission {
+            Ok(Admission::Process(ticket)) => ticket,
+            Ok(
+                Admission::Duplicate(ack) | Admission::Conflict(ack) | Admission::InProgress(ack),
+            ) => return ack,
+            Err(error) => {
+                tracing::error!(%error, "idempotency check failed");
+                return ChatMessageAck::rejected(
+                    id,
+                    ErrorCode::InternalError,
+                    "try again later",
+                    true,
+                );
+            }
+        };
+        let how = match self.inner().deltas.on_final(channel, &id) {
+            FinalAction::SendNew => FinalDelivery::New,
+            FinalAction::EditTarget { handle } => FinalDelivery::Edit { handle },
+        };
+        match im.deliver(ctx, message.clone(), how).await {
+            Ok(()) => match self.inner().receiver.complete(ticket, shared.now()) {
+                Ok(ack) => ack,
+                Err(error) => {
+                    tracing::error!(%error, "could not persist a completed message id");
+                    ChatMessageAck::accepted(id)
+                }
+            },
+            Err(error) => {
+                tracing::info!(%channel, code = %error.code, retryable = error.retryable, "target refused a message");
+                self.inner().receiver.abandon(ticket, error.code, error.message, error.retryable)
+            }
+        }
+    }
+}
+
+fn channel_context(shared: &Arc<Shared>, channel: &ConnectorChannelId) -> Option<ChannelContext> {
+    let binding = shared.state().channels.get(channel)?.binding.clone()?;
+    Some(ChannelContext { channel: channel.clone(), binding, handle: shared.handle() })
+}
+
+impl crate::ConnectorHandle {
+    /// Hands an inbound target message to xAgent as an IM v2 `chat.message`: the outbox takes
+    /// responsibility (persisted, TTL from now), sends it when the channel is routed and
+    /// redelivers it until xAgent acknowledges it.
+    pub async fn send_message(
+        &self,
+        channel: &ConnectorChannelId,
+        message: ChatMessage,
+    ) -> Result<(), HandleError> {
+        let im = self.0.im.as_ref().ok_or(HandleError::ProfileNotDeclared(PROFILE_IM_V2))?;
+        im.enqueue(&self.0, channel, OutboundPayload::ChatMessage(message)).await
+    }
+
+    /// Hands an inbound target message to xAgent as an IM v1 `message.push` (build it with
+    /// `profile-im`'s v1 builder). The successful socket write is its delivery boundary.
+    pub async fn push_message(
+        &self,
+        channel: &ConnectorChannelId,
+        push: MessagePush,
+    ) -> Result<(), HandleError> {
+        let im = self.0.im.as_ref().ok_or(HandleError::ProfileNotDeclared(PROFILE_IM_V1))?;
+        im.enqueue(&self.0, channel, OutboundPayload::from(push)).await
+    }
+
+    /// Message ids still pending towards xAgent on a channel.
+    pub fn pending_messages(&self, channel: &ConnectorChannelId) -> Vec<MessageId> {
+        self.0.im.as_ref().map(|im| im.pending(channel)).unwrap_or_default()
+    }
+}

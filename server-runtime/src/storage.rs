@@ -1,0 +1,616 @@
+//! Persistence behind one trait, with an embedded SQLite implementation (WAL, one file under a
+//! state directory) as the default.
+//!
+//! What is stored: the registered `connector_id`; every channel with its owner, status,
+//! binding (Descriptor target + private material) and Tool overrides; the IM outbox and the
+//! receiver idempotency set (through `profile-im`'s store traits); tool-call idempotency.
+//! File references are persisted by `file-transfer` itself. Open auth sessions are kept in
+//! memory only: an interrupted sign-in is restarted by the user.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+use xagent_profile_im::{
+    CompletedRecord, Fingerprint, IdempotencyStore, OutboxStore, PendingRecord, StoreError,
+};
+use xagent_protocol_types::{
+    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, MessageId,
+    Secret, ToolId,
+};
+
+use crate::author::Binding;
+
+/// A storage failure. The message names the operation, never a stored value.
+#[derive(Debug, thiserror::Error)]
+#[error("storage failed during {operation}: {reason}")]
+pub struct StorageError {
+    /// What was being done.
+    pub operation: &'static str,
+    /// The backend's explanation.
+    pub reason: String,
+}
+
+impl StorageError {
+    fn new(operation: &'static str, reason: impl std::fmt::Display) -> Self {
+        Self { operation, reason: reason.to_string() }
+    }
+}
+
+/// One channel as persisted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChannelRecord {
+    /// The channel id.
+    pub id: ConnectorChannelId,
+    /// The runtime instance that owns it.
+    pub connector_id: ConnectorId,
+    /// Its status.
+    pub status: ConnectionStatus,
+    /// The binding, once signed in.
+    pub binding: Option<Binding>,
+    /// Author-reported Tool availability overriding the default (available when signed in).
+    pub tool_overrides: BTreeMap<ToolId, DescriptorTool>,
+    /// Creation time (Unix ms).
+    pub created_at: u64,
+}
+
+/// The stored outcome of a `tool.invoke`, for repeated calls with the same key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCallRecord {
+    /// Fingerprint of `tool_id` + arguments, to tell a repeat from a conflict.
+    pub fingerprint: String,
+    /// The result on success.
+    pub result: Option<Value>,
+    /// `(code, message)` on failure.
+    pub error: Option<(String, String)>,
+    /// When it completed (Unix ms).
+    pub completed_at: u64,
+}
+
+/// Everything the runtime persists. Implementations must be cheap to call from async code
+/// (short, local operations); the SQLite one is.
+pub trait Storage: Send + Sync + 'static {
+    /// The registered `connector_id`, if any.
+    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError>;
+    /// Records (or clears, with `None`) the registered `connector_id`.
+    fn save_connector_id(&self, id: Option<&ConnectorId>) -> Result<(), StorageError>;
+    /// Every stored channel.
+    fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError>;
+    /// Inserts or replaces a channel.
+    fn save_channel(&self, record: &ChannelRecord) -> Result<(), StorageError>;
+    /// Deletes a channel and everything kept for it (outbox, idempotency, tool calls).
+    fn delete_channel(&self, id: &ConnectorChannelId) -> Result<(), StorageError>;
+    /// A stored tool call by `(channel, key)`.
+    fn load_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+    ) -> Result<Option<ToolCallRecord>, StorageError>;
+    /// Stores a completed tool call.
+    fn save_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+        record: &ToolCallRecord,
+    ) -> Result<(), StorageError>;
+    /// Deletes tool calls completed before `before` (Unix ms); returns how many.
+    fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError>;
+    /// The IM outbox store (`profile-im`).
+    fn outbox_store(&self) -> Box<dyn OutboxStore + Send>;
+    /// The IM receiver idempotency store (`profile-im`).
+    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send>;
+}
+
+/// The default storage: one SQLite file in WAL mode. Clones share the connection.
+#[derive(Clone)]
+pub struct SqliteStorage {
+    conn: Arc<Mutex<Connection>>,
+    path: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SqliteStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStorage").field("path", &self.path).finish()
+    }
+}
+
+/// File name of the database inside the state directory.
+pub const DATABASE_FILE: &str = "connector.sqlite3";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS channels (
+  id TEXT PRIMARY KEY, connector_id TEXT NOT NULL, status TEXT NOT NULL,
+  binding TEXT, tool_overrides TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tool_calls (
+  channel TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL, result TEXT,
+  error_code TEXT, error_message TEXT, completed_at INTEGER NOT NULL,
+  PRIMARY KEY (channel, key));
+CREATE TABLE IF NOT EXISTS im_pending (
+  channel TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
+  attempts INTEGER NOT NULL, first_responsibility_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL, next_attempt_at INTEGER NOT NULL, last_error TEXT,
+  PRIMARY KEY (channel, message_id));
+CREATE TABLE IF NOT EXISTS im_completed (
+  channel TEXT NOT NULL, message_id TEXT NOT NULL, fingerprint TEXT NOT NULL,
+  completed_at INTEGER NOT NULL, PRIMARY KEY (channel, message_id));
+";
+
+impl SqliteStorage {
+    /// Opens (creating if needed) `<state_dir>/connector.sqlite3` in WAL mode.
+    pub fn open(state_dir: impl AsRef<Path>) -> Result<Self, StorageError> {
+        let dir = state_dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| StorageError::new("create state dir", e))?;
+        let path = dir.join(DATABASE_FILE);
+        let conn = Connection::open(&path).map_err(|e| StorageError::new("open", e))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| StorageError::new("enable WAL", e))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(|e| StorageError::new("set synchronous", e))?;
+        Self::init(conn, Some(path))
+    }
+
+    /// An in-memory database (tests, ephemeral connectors).
+    pub fn in_memory() -> Result<Self, StorageError> {
+        let conn = Connection::open_in_memory().map_err(|e| StorageError::new("open", e))?;
+        Self::init(conn, None)
+    }
+
+    fn init(conn: Connection, path: Option<PathBuf>) -> Result<Self, StorageError> {
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(|e| StorageError::new("set busy timeout", e))?;
+        conn.execute_batch(SCHEMA).map_err(|e| StorageError::new("create schema", e))?;
+        Ok(Self { conn: Arc::new(Mutex::new(conn)), path })
+    }
+
+    /// The database file, if not in memory.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The SQLite journal mode in force (`wal` for a file database).
+    pub fn journal_mode(&self) -> Result<String, StorageError> {
+        self.lock()
+            .query_row("PRAGMA journal_mode", [], |row| row.get::<_, String>(0))
+            .map_err(|e| StorageError::new("read journal mode", e))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn binding_to_json(binding: &Binding) -> Result<String, StorageError> {
+    let secrets: BTreeMap<&str, &str> =
+        binding.secrets().iter().map(|(k, v)| (k.as_str(), v.expose())).collect();
+    serde_json::to_string(&serde_json::json!({ "target": binding.target, "secrets": secrets }))
+        .map_err(|e| StorageError::new("encode binding", e))
+}
+
+fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        target: DescriptorTarget,
+        #[serde(default)]
+        secrets: BTreeMap<String, String>,
+    }
+    let stored: Stored =
+        serde_json::from_str(text).map_err(|e| StorageError::new("decode binding", e))?;
+    let mut binding = Binding::new(stored.target);
+    for (name, value) in stored.secrets {
+        binding = binding.with_secret(name, Secret::new(value));
+    }
+    Ok(binding)
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+impl Storage for SqliteStorage {
+    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
+        self.lock()
+            .query_row("SELECT value FROM meta WHERE key = 'connector_id'", [], |row| {
+                row.get::<_, String>(0)
+            })
+            .optional()
+            .map(|value| value.map(ConnectorId::new))
+            .map_err(|e| StorageError::new("load connector_id", e))
+    }
+
+    fn save_connector_id(&self, id: Option<&ConnectorId>) -> Result<(), StorageError> {
+        let conn = self.lock();
+        let result = match id {
+            Some(id) => conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('connector_id', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![id.as_str()],
+            ),
+            None => conn.execute("DELETE FROM meta WHERE key = 'connector_id'", []),
+        };
+        result.map(|_| ()).map_err(|e| StorageError::new("save connector_id", e))
+    }
+
+    fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT id, connector_id, status, binding, tool_overrides, created_at
+                 FROM channels ORDER BY created_at, id",
+            )
+            .map_err(|e| StorageError::new("load channels", e))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, Option<String>>(3)?,
+                    row.get::<_, String>(4)?,
+                    row.get::<_, i64>(5)?,
+                ))
+            })
+            .map_err(|e| StorageError::new("load channels", e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, connector_id, status, binding, overrides, created_at) =
+                row.map_err(|e| StorageError::new("load channels", e))?;
+            let binding = binding.as_deref().map(binding_from_json).transpose()?;
+            let tools: Vec<DescriptorTool> = serde_json::from_str(&overrides)
+                .map_err(|e| StorageError::new("decode tool overrides", e))?;
+            out.push(ChannelRecord {
+                id: ConnectorChannelId::new(id),
+                connector_id: ConnectorId::new(connector_id),
+                status: ConnectionStatus::parse(&status),
+                binding,
+                tool_overrides: tools.into_iter().map(|t| (t.tool_id.clone(), t)).collect(),
+                created_at: to_u64(created_at),
+            });
+        }
+        Ok(out)
+    }
+
+    fn save_channel(&self, record: &ChannelRecord) -> Result<(), StorageError> {
+        let binding = record.binding.as_ref().map(binding_to_json).transpose()?;
+        let overrides: Vec<&DescriptorTool> = record.tool_overrides.values().collect();
+        let overrides = serde_json::to_string(&overrides)
+            .map_err(|e| StorageError::new("encode tool overrides", e))?;
+        self.lock()
+            .execute(
+                "INSERT INTO channels (id, connector_id, status, binding, tool_overrides, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT(id) DO UPDATE SET connector_id = excluded.connector_id,
+                   status = excluded.status, binding = excluded.binding,
+                   tool_overrides = excluded.tool_overrides",
+                params![
+                    record.id.as_str(),
+                    record.connector_id.as_str(),
+                    record.status.as_str(),
+                    binding,
+                    overrides,
+                    to_i64(record.created_at)
+                ],
+            )
+            .map(|_| ())
+            .map_err(|e| StorageError::new("save channel", e))
+    }
+
+    fn delete_channel(&self, id: &ConnectorChannelId) -> Result<(), StorageError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction().map_err(|e| StorageError::new("delete channel", e))?;
+        for table in [
+            "channels WHERE id",
+            "tool_calls WHERE channel",
+            "im_pending WHERE channel",
+            "im_completed WHERE channel",
+        ] {
+            tx.execute(&format!("DELETE FROM {table} = ?1"), params![id.as_str()])
+                .map_err(|e| StorageError::new("delete channel", e))?;
+        }
+        tx.commit().map_err(|e| StorageError::new("delete channel", e))
+    }
+
+    fn load_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+    ) -> Result<Option<ToolCallRecord>, StorageError> {
+        let row = self
+            .lock()
+            .query_row(
+                "SELECT fingerprint, result, error_code, error_message, completed_at
+                 FROM tool_calls WHERE channel = ?1 AND key = ?2",
+                params![channel.as_str(), key],
+                |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, Option<String>>(1)?,
+                        row.get::<_, Option<String>>(2)?,
+                        row.get::<_, Option<String>>(3)?,
+                        row.get::<_, i64>(4)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(|e| StorageError::new("load tool call", e))?;
+        let Some((fingerprint, result, code, message, completed_at)) = row else {
+            return Ok(None);
+        };
+        let result = result
+            .map(|text| serde_json::from_str(&text))
+            .transpose()
+            .map_err(|e| StorageError::new("decode tool result", e))?;
+        Ok(Some(ToolCallRecord {
+            fingerprint,
+            result,
+            error: code.map(|code| (code, message.unwrap_or_default())),
+            completed_at: to_u64(completed_at),
+        }))
+    }
+
+    fn save_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+        record: &ToolCallRecord,
+    ) -> Result<(), StorageError> {
+        let result = record
+            .result
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StorageError::new("encode tool result", e))?;
+        let (code, message) = match &record.error {
+            Some((code, message)) => (Some(code.as_str()), Some(message.as_str())),
+            None => (None, None),
+        };
+        self.lock()
+            .execute(
+                "INSERT OR REPLACE INTO tool_calls
+                 (channel, key, fingerprint, result, error_code, error_message, completed_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    channel.as_str(),
+                    key,
+                    record.fingerprint,
+                    result,
+                    code,
+                    message,
+                    to_i64(record.completed_at)
+                ],
+            )
+            .map(|_| ())
+            .map_err(|e| StorageError::new("save tool call", e))
+    }
+
+    fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
+        self.lock()
+            .execute("DELETE FROM tool_calls WHERE completed_at < ?1", params![to_i64(before)])
+            .map_err(|e| StorageError::new("prune tool calls", e))
+    }
+
+    fn outbox_store(&self) -> Box<dyn OutboxStore + Send> {
+        Box::new(self.clone())
+    }
+
+    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send> {
+        Box::new(self.clone())
+    }
+}
+
+fn store_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| StoreError::new(operation, e.to_string())
+}
+
+impl OutboxStore for SqliteStorage {
+    fn save_pending(&mut self, r: &PendingRecord) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "INSERT OR REPLACE INTO im_pending (channel, message_id, seq, payload, attempts,
+                   first_responsibility_at, expires_at, next_attempt_at, last_error)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    r.channel.as_str(),
+                    r.message_id.as_str(),
+                    to_i64(r.seq),
+                    r.payload,
+                    r.attempts,
+                    to_i64(r.first_responsibility_at),
+                    to_i64(r.expires_at),
+                    to_i64(r.next_attempt_at),
+                    r.last_error
+                ],
+            )
+            .map(|_| ())
+            .map_err(store_err("save_pending"))
+    }
+
+    fn delete_pending(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
+                params![channel.as_str(), message_id.as_str()],
+            )
+            .map(|_| ())
+            .map_err(store_err("delete_pending"))
+    }
+
+    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
+                   expires_at, next_attempt_at, last_error FROM im_pending",
+            )
+            .map_err(store_err("load_pending"))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok(PendingRecord {
+                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
+                    message_id: MessageId::new(row.get::<_, String>(1)?),
+                    seq: to_u64(row.get(2)?),
+                    payload: row.get(3)?,
+                    attempts: row.get(4)?,
+                    first_responsibility_at: to_u64(row.get(5)?),
+                    expires_at: to_u64(row.get(6)?),
+                    next_attempt_at: to_u64(row.get(7)?),
+                    last_error: row.get(8)?,
+                })
+            })
+            .map_err(store_err("load_pending"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(store_err("load_pending"))
+    }
+}
+
+impl IdempotencyStore for SqliteStorage {
+    fn save_completed(&mut self, r: &CompletedRecord) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "INSERT OR REPLACE INTO im_completed (channel, message_id, fingerprint, completed_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![
+                    r.channel.as_str(),
+                    r.message_id.as_str(),
+                    r.fingerprint.as_str(),
+                    to_i64(r.completed_at)
+                ],
+            )
+            .map(|_| ())
+            .map_err(store_err("save_completed"))
+    }
+
+    fn delete_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
+                params![channel.as_str(), message_id.as_str()],
+            )
+            .map(|_| ())
+            .map_err(store_err("delete_completed"))
+    }
+
+    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare("SELECT channel, message_id, fingerprint, completed_at FROM im_completed")
+            .map_err(store_err("load_completed"))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok(CompletedRecord {
+                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
+                    message_id: MessageId::new(row.get::<_, String>(1)?),
+                    fingerprint: Fingerprint::from_hex(row.get::<_, String>(2)?),
+                    completed_at: to_u64(row.get(3)?),
+                })
+            })
+            .map_err(store_err("load_completed"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(store_err("load_completed"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xagent_protocol_types::ToolStatus;
+
+    fn channel(id: &str) -> ChannelRecord {
+        ChannelRecord {
+            id: ConnectorChannelId::new(id),
+            connector_id: ConnectorId::new("conn_x"),
+            status: ConnectionStatus::Connected,
+            binding: Some(
+                Binding::new(DescriptorTarget::new("echo", "Echo ab***"))
+                    .with_secret("token", Secret::new("t0k")),
+            ),
+            tool_overrides: [(
+                ToolId::new("echo_send"),
+                DescriptorTool::new("echo_send", ToolStatus::Unavailable),
+            )]
+            .into_iter()
+            .collect(),
+            created_at: 5,
+        }
+    }
+
+    #[test]
+    fn file_database_uses_wal_and_survives_reopen() {
+        let dir = std::env::temp_dir().join(format!("xsr-store-{}", crate::ids::packet_id()));
+        {
+            let store = SqliteStorage::open(&dir).unwrap();
+            assert_eq!(store.journal_mode().unwrap(), "wal");
+            store.save_connector_id(Some(&ConnectorId::new("conn_a"))).unwrap();
+            store.save_channel(&channel("cch_1")).unwrap();
+        }
+        let store = SqliteStorage::open(&dir).unwrap();
+        assert_eq!(store.load_connector_id().unwrap(), Some(ConnectorId::new("conn_a")));
+        let channels = store.load_channels().unwrap();
+        assert_eq!(channels, vec![channel("cch_1")]);
+        assert_eq!(channels[0].binding.as_ref().unwrap().secret("token").unwrap().expose(), "t0k");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn delete_channel_cascades() {
+        let mut store = SqliteStorage::in_memory().unwrap();
+        let id = ConnectorChannelId::new("cch_1");
+        store.save_channel(&channel("cch_1")).unwrap();
+        let call = ToolCallRecord {
+            fingerprint: "f".into(),
+            result: Some(serde_json::json!({"ok": true})),
+            error: None,
+            completed_at: 10,
+        };
+        store.save_tool_call(&id, "call_1", &call).unwrap();
+        assert_eq!(store.load_tool_call(&id, "call_1").unwrap(), Some(call));
+        store
+            .save_pending(&PendingRecord {
+                channel: id.clone(),
+                message_id: MessageId::new("m1"),
+                seq: 1,
+                payload: "{}".into(),
+                attempts: 0,
+                first_responsibility_at: 1,
+                expires_at: 2,
+                next_attempt_at: 1,
+                last_error: None,
+            })
+            .unwrap();
+        assert_eq!(store.load_pending().unwrap().len(), 1);
+        store.delete_channel(&id).unwrap();
+        assert!(store.load_channels().unwrap().is_empty());
+        assert!(store.load_tool_call(&id, "call_1").unwrap().is_none());
+        assert!(store.load_pending().unwrap().is_empty());
+    }
+
+    #[test]
+    fn prune_tool_calls_by_age() {
+        let store = SqliteStorage::in_memory().unwrap();
+        let id = ConnectorChannelId::new("cch_1");
+        for (key, at) in [("a", 10), ("b", 20)] {
+            let record = ToolCallRecord {
+                fingerprint: "f".into(),
+                result: None,
+                error: None,
+                completed_at: at,
+            };
+            store.save_tool_call(&id, key, &record).unwrap();
+        }
+        assert_eq!(store.prune_tool_calls(15).unwrap(), 1);
+        assert!(store.load_tool_call(&id, "a").unwrap().is_none());
+        assert!(store.load_tool_call(&id, "b").unwrap().is_some());
+    }
+}

@@ -1,0 +1,403 @@
+//! A reusable test connector and client (feature `testing`): an "echo" IM v2 Connector with a
+//! form auth flow (a secret `token` field), two Tools (`echo_send`, and `echo_noop` for
+//! benchmarks), inbound-message injection, and a small WebSocket client speaking the packet
+//! envelope. Used by this crate's integration tests and by later crates (an xAgent-side
+//! client, the conformance suite).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use xagent_protocol_types::{
+    AuthField, AuthFlow, ChatActivity, ChatMessage, ConnectorChannelId, DescriptorTarget,
+    ErrorCode, MessageId, PROFILE_IM_V2, Packet, PacketBody, Payload, Secret, Security,
+    TargetDeclaration, TargetType, TrustLevel,
+};
+
+use crate::{
+    AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, Binding, ChannelContext, Connector,
+    ConnectorHandle, DeliveryError, FinalDelivery, ImTarget, ToolContext, ToolError,
+};
+
+/// Card id of the echo connector.
+pub const ECHO_CARD_ID: &str = "im.echo";
+/// Its form flow.
+pub const ECHO_FLOW: &str = "echo_token";
+/// The token the echo auth flow refuses (to test failures).
+pub const ECHO_BAD_TOKEN: &str = "bad-token";
+/// Message text the echo target refuses temporarily (`channel_busy`, retryable).
+pub const ECHO_FAIL_TEMPORARY: &str = "fail-temporary";
+/// Message text the echo target refuses for good (`target_delivery_failed`).
+pub const ECHO_FAIL_PERMANENT: &str = "fail-permanent";
+
+/// What happened inside the echo target system, for assertions.
+#[derive(Clone, Debug, Default)]
+pub struct EchoLog {
+    /// Final messages delivered to the target, per channel.
+    pub delivered: Vec<(ConnectorChannelId, ChatMessage, FinalDelivery)>,
+    /// Texts sent by the `echo_send` tool.
+    pub sent: Vec<(ConnectorChannelId, String)>,
+    /// Activity snapshots received.
+    pub activities: Vec<(ConnectorChannelId, ChatActivity)>,
+    /// Signed-out channels (logout or unregister).
+    pub signed_out: Vec<ConnectorChannelId>,
+    /// Restored channels at startup.
+    pub restored: Vec<ConnectorChannelId>,
+    /// Tokens seen by the target system, to prove they reach the author only as secrets.
+    pub tokens_used: usize,
+    /// Shared poller starts and stops.
+    pub poller_starts: usize,
+    /// Shared poller stops.
+    pub poller_stops: usize,
+}
+
+/// Shared view of the echo target's log.
+#[derive(Clone, Debug, Default)]
+pub struct EchoState(Arc<Mutex<EchoLog>>);
+
+impl EchoState {
+    /// The log.
+    pub fn log(&self) -> MutexGuard<'_, EchoLog> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+struct EchoAuth(EchoState);
+
+impl AuthProvider for EchoAuth {
+    async fn start(&self, ctx: AuthContext, input: AuthValues) -> Result<AuthStep, AuthError> {
+        let Some(token) = input.get("token") else {
+            return Err(AuthError::new(ErrorCode::InvalidArguments, "the token field is required"));
+        };
+        if token.matches(ECHO_BAD_TOKEN) {
+            return Ok(AuthStep::Failed("the echo service refused the token".into()));
+        }
+        self.0.log().tokens_used += 1;
+        let hint =
+            format!("echo {}***", ctx.channel.as_str().chars().skip(4).take(4).collect::<String>());
+        let binding = Binding::new(
+            DescriptorTarget::new("echo", format!("Echo {hint}"))
+                .with_label("Echo")
+                .with_account_hint(hint),
+        )
+        .with_secret("token", Secret::new(token.expose()));
+        // One shared poller for every signed-in channel.
+        let state = self.0.clone();
+        ctx.handle.attach_consumer("echo-poller", &ctx.channel, move || {
+            state.log().poller_starts += 1;
+            Box::new(move || state.log().poller_stops += 1)
+        });
+        Ok(AuthStep::Authenticated(binding))
+    }
+
+    async fn logout(&self, ctx: ChannelContext) -> Result<(), AuthError> {
+        self.0.log().signed_out.push(ctx.channel);
+        Ok(())
+    }
+
+    async fn restore(&self, ctx: ChannelContext) {
+        let state = self.0.clone();
+        ctx.handle.attach_consumer("echo-poller", &ctx.channel, move || {
+            state.log().poller_starts += 1;
+            Box::new(move || state.log().poller_stops += 1)
+        });
+        self.0.log().restored.push(ctx.channel);
+    }
+}
+
+struct EchoTarget(EchoState);
+
+impl ImTarget for EchoTarget {
+    async fn deliver(
+        &self,
+        ctx: ChannelContext,
+        message: ChatMessage,
+        how: FinalDelivery,
+    ) -> Result<(), DeliveryError> {
+        match message.text.as_deref() {
+            Some(ECHO_FAIL_TEMPORARY) => {
+                return Err(DeliveryError::temporary(
+                    ErrorCode::ChannelBusy,
+                    "the echo service is busy",
+                ));
+            }
+            Some(ECHO_FAIL_PERMANENT) => {
+                return Err(DeliveryError::permanent(
+                    ErrorCode::TargetDeliveryFailed,
+                    "the echo service refused the message",
+                ));
+            }
+            _ => {}
+        }
+        self.0.log().delivered.push((ctx.channel, message, how));
+        Ok(())
+    }
+
+    async fn activity(&self, ctx: ChannelContext, activity: ChatActivity) {
+        self.0.log().activities.push((ctx.channel, activity));
+    }
+}
+
+/// Arguments of `echo_send`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct EchoSendArgs {
+    /// Text to send to the echo contact.
+    pub text: String,
+}
+
+/// Arguments of `echo_noop` (none).
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct NoArgs {}
+
+/// The primary Skill of the echo connector.
+pub const ECHO_SKILL: &str = "---\nname: connector-im-echo\ndescription: Reply to Echo messages.\n---\n\nUse `echo_send` to reply on the current channel.\n";
+
+/// Builds the echo connector and the shared view of its target.
+pub fn echo_connector() -> (Connector, EchoState) {
+    let state = EchoState::default();
+    let tool_state = state.clone();
+    let connector = Connector::builder(ECHO_CARD_ID, "Echo Connector", "0.1.0")
+        .description("Echoes IM messages; the test connector of xagent-server-runtime.")
+        .vendor("xagent-connector-rs")
+        .target(TargetDeclaration::new(TargetType::Im, "echo", "Echo"))
+        .profile(PROFILE_IM_V2)
+        .security(Security::new(TrustLevel::Local, true).with_data_class("message"))
+        .auth_flow(AuthFlow::form(
+            ECHO_FLOW,
+            TargetType::Im,
+            "Bind an Echo account",
+            vec![AuthField::password("token", "Echo token").required()],
+        ))
+        .auth(EchoAuth(state.clone()))
+        .im_target(EchoTarget(state.clone()))
+        .skill(ECHO_SKILL)
+        .tool::<EchoSendArgs, _, _>(
+            "echo_send",
+            "Send an Echo message",
+            "Send text to the Echo contact bound to the current channel.",
+            move |ctx: ToolContext, args: EchoSendArgs| {
+                let state = tool_state.clone();
+                async move {
+                    if args.text.is_empty() {
+                        return Err(ToolError::failed("text must not be empty"));
+                    }
+                    if ctx.binding.secret("token").is_none() {
+                        return Err(ToolError::permission_denied("the channel has no token"));
+                    }
+                    ctx.progress("sending", Some(0.5)).await;
+                    let n = {
+                        let mut log = state.log();
+                        log.sent.push((ctx.channel.clone(), args.text.clone()));
+                        log.sent.len()
+                    };
+                    Ok(json!({ "status": "sent", "message_id": format!("echo_{n}") }))
+                }
+            },
+        )
+        .tool::<NoArgs, _, _>(
+            "echo_noop",
+            "Do nothing",
+            "Returns an empty object; for benchmarks.",
+            |_ctx: ToolContext, _args: NoArgs| async { Ok(json!({})) },
+        )
+        .build();
+    match connector {
+        Ok(connector) => (connector, state),
+        Err(error) => panic!("the echo connector definition is valid: {error}"),
+    }
+}
+
+/// Hands an inbound echo message to xAgent (the "target system received a message" event).
+pub async fn inject_message(
+    handle: &ConnectorHandle,
+    channel: &ConnectorChannelId,
+    message_id: &str,
+    text: &str,
+) -> Result<(), crate::HandleError> {
+    let message =
+        ChatMessage::text(MessageId::new(message_id), text).created_at(handle.now_millis());
+    handle.send_message(channel, message).await
+}
+
+/// A WebSocket client speaking packets, for tests.
+pub struct WsClient {
+    socket: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next: u64,
+    timeout: Duration,
+}
+
+/// What a client read.
+#[derive(Debug)]
+pub enum Received {
+    /// A decoded packet.
+    Packet(Box<Packet>),
+    /// The socket closed with this code.
+    Closed(Option<u16>),
+}
+
+impl WsClient {
+    /// Connects to `ws_url` offering the protocol subprotocol and, if given, the API key.
+    pub async fn connect(ws_url: &str, api_key: Option<&str>) -> Result<Self, String> {
+        let mut request = ws_url.into_client_request().map_err(|e| e.to_string())?;
+        request.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            HeaderValue::from_static(xagent_protocol_types::SUBPROTOCOL),
+        );
+        if let Some(key) = api_key {
+            let value =
+                HeaderValue::from_str(&format!("Bearer {key}")).map_err(|e| e.to_string())?;
+            request.headers_mut().insert("Authorization", value);
+        }
+        let (socket, _) =
+            tokio_tungstenite::connect_async(request).await.map_err(|e| e.to_string())?;
+        Ok(Self { socket, next: 0, timeout: Duration::from_secs(10) })
+    }
+
+    /// A fresh id with a prefix.
+    pub fn id(&mut self, prefix: &str) -> String {
+        self.next += 1;
+        format!("{prefix}_{}", self.next)
+    }
+
+    /// Sends raw text.
+    pub async fn send_text(&mut self, text: impl Into<String>) {
+        let _ = self.socket.send(Message::Text(text.into().into())).await;
+    }
+
+    /// Sends a raw frame.
+    pub async fn send_message(&mut self, message: Message) {
+        let _ = self.socket.send(message).await;
+    }
+
+    /// Sends a packet.
+    pub async fn send(&mut self, packet: &Packet) {
+        let text = packet.to_json().unwrap_or_default();
+        self.send_text(text).await;
+    }
+
+    /// A request packet with fresh packet and request ids.
+    pub fn request<P: Payload>(
+        &mut self,
+        payload: P,
+        channel: Option<&ConnectorChannelId>,
+    ) -> Packet {
+        let packet_id = self.id("pkt");
+        let request_id = self.id("req");
+        Packet::with_payload(packet_id, payload)
+            .request_id(request_id)
+            .maybe_channel(channel.cloned())
+    }
+
+    /// Reads the next packet or close (panics on a timeout: tests only).
+    pub async fn recv(&mut self) -> Received {
+        loop {
+            let next = tokio::time::timeout(self.timeout, self.socket.next()).await;
+            match next {
+                Err(_) => panic!("no packet within {:?}", self.timeout),
+                Ok(None) => return Received::Closed(None),
+                Ok(Some(Err(_))) => return Received::Closed(None),
+                Ok(Some(Ok(Message::Text(text)))) => match Packet::decode_str(text.as_str()) {
+                    Ok(packet) => return Received::Packet(Box::new(packet)),
+                    Err(error) => panic!("the server sent an invalid packet: {error}: {text}"),
+                },
+                Ok(Some(Ok(Message::Close(frame)))) => {
+                    return Received::Closed(frame.map(|f| u16::from(f.code)));
+                }
+                Ok(Some(Ok(_))) => continue,
+            }
+        }
+    }
+
+    /// Reads the next packet (panics on close).
+    pub async fn next_packet(&mut self) -> Packet {
+        match self.recv().await {
+            Received::Packet(packet) => *packet,
+            Received::Closed(code) => {
+                panic!("socket closed ({code:?}) while a packet was expected")
+            }
+        }
+    }
+
+    /// Reads packets until one of type `packet_type` arrives; the skipped ones are returned too.
+    pub async fn wait_for(&mut self, packet_type: &str) -> (Packet, Vec<Packet>) {
+        let mut skipped = Vec::new();
+        loop {
+            let packet = self.next_packet().await;
+            if packet.type_str() == packet_type {
+                return (packet, skipped);
+            }
+            skipped.push(packet);
+        }
+    }
+
+    /// Sends a request and waits for the packet answering it (by `request_id`).
+    pub async fn call(&mut self, packet: Packet) -> Packet {
+        let request_id = packet.request_id.clone();
+        self.send(&packet).await;
+        loop {
+            let reply = self.next_packet().await;
+            if reply.request_id == request_id && reply.reply_to.as_ref() == Some(&packet.packet_id)
+            {
+                return reply;
+            }
+        }
+    }
+
+    /// Sends `connector.hello` for the echo card and returns the ack.
+    pub async fn hello(&mut self, connector_id: Option<&str>) -> Packet {
+        let mut hello =
+            xagent_protocol_types::ConnectorHello::new(ECHO_CARD_ID, vec![PROFILE_IM_V2.into()]);
+        if let Some(id) = connector_id {
+            hello = hello.with_connector_id(id);
+        }
+        let packet = self.request(hello, None);
+        self.call(packet).await
+    }
+
+    /// Opens a channel (new, or restoring `channel`) and returns its id and the ack.
+    pub async fn open_channel(
+        &mut self,
+        channel: Option<&ConnectorChannelId>,
+    ) -> (ConnectorChannelId, Packet) {
+        let packet = self.request(xagent_protocol_types::ChannelOpen::default(), channel);
+        let ack = self.call(packet).await;
+        let id = ack.connector_channel_id.clone().unwrap_or_else(|| ConnectorChannelId::new(""));
+        (id, ack)
+    }
+
+    /// Signs the channel in with the echo form flow.
+    pub async fn sign_in(&mut self, channel: &ConnectorChannelId, token: &str) -> Packet {
+        let start = xagent_protocol_types::AuthStart::new(ECHO_FLOW)
+            .with_input(xagent_protocol_types::AuthInput::default().with("token", token));
+        let packet = self.request(start, Some(channel));
+        self.call(packet).await
+    }
+
+    /// Closes the socket.
+    pub async fn close(mut self) {
+        let _ = self.socket.close(None).await;
+    }
+}
+
+/// The payload of a packet as JSON (for assertions on acks).
+pub fn payload_json(packet: &Packet) -> Value {
+    packet.body.payload_value().ok().flatten().unwrap_or(Value::Null)
+}
+
+/// True when the body is an `error` packet or carries an envelope error with this code.
+pub fn has_error(packet: &Packet, code: &ErrorCode) -> bool {
+    packet.error.as_ref().is_some_and(|e| &e.code == code)
+}
+
+/// True when the packet is a `type = "error"` packet.
+pub fn is_error_packet(packet: &Packet) -> bool {
+    matches!(packet.body, PacketBody::Error(_))
+}
