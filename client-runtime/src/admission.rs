@@ -1,0 +1,123 @@
+//! Admission: decide whether a Connector may be integrated. Fetch and check the Card, fetch the
+//! Skill and check its name, probe `/health` against the Card, and admit only within the
+//! configured protocol version window.
+
+use serde_json::Value;
+use xagent_protocol_types::{ConnectorCard, HealthResponse, SkillId};
+use xagent_protocol_validate::AdmissionWindow;
+
+use crate::{ClientError, ControlPlane, SkillDocument};
+
+/// An admitted Connector: its Card, its primary Skill (if any) and the health it reported.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    /// The validated Card.
+    pub card: ConnectorCard,
+    /// The primary Skill's Markdown.
+    pub skill: Option<String>,
+    /// The first health document.
+    pub health: HealthResponse,
+}
+
+/// Reads the `name:` of a `SKILL.md` front matter block (between `---` lines).
+pub fn skill_name(markdown: &str) -> Option<SkillId> {
+    let mut lines = markdown.lines().map(str::trim_end);
+    if lines.next()?.trim() != "---" {
+        return None;
+    }
+    for line in lines {
+        if line.trim() == "---" {
+            return None;
+        }
+        if let Some(rest) = line.strip_prefix("name:") {
+            let name = rest.trim().trim_matches(|c| c == '"' || c == '\'');
+            return (!name.is_empty()).then(|| SkillId::new(name));
+        }
+    }
+    None
+}
+
+/// Checks a fetched Card document and Skill and returns the typed Card. Used at admission and
+/// again whenever health says the Card changed.
+pub fn check_card(
+    card_json: &Value,
+    skill: &SkillDocument,
+    window: &AdmissionWindow,
+    expected_card_id: Option<&str>,
+) -> Result<ConnectorCard, String> {
+    let report = xagent_protocol_validate::validate_card(card_json);
+    let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
+    if !errors.is_empty() {
+        return Err(format!("the Card breaks the protocol: {}", errors.join("; ")));
+    }
+    let card: ConnectorCard = serde_json::from_value(card_json.clone())
+        .map_err(|e| format!("the Card does not parse: {e}"))?;
+    window.admit(Some(&card.protocol_version)).map_err(|e| e.to_string())?;
+    if let Some(expected) = expected_card_id
+        && card.connector_card_id.as_str() != expected
+    {
+        return Err(format!(
+            "the Card is {}, but this Base URL is configured for {expected}",
+            card.connector_card_id
+        ));
+    }
+    if let SkillDocument::Present(markdown) = skill {
+        let expected = card.primary_skill_name();
+        match skill_name(markdown) {
+            Some(name) if name == expected => {}
+            Some(name) => {
+                return Err(format!("the Skill is named {name}, expected {expected}"));
+            }
+            None => return Err("the Skill has no front matter name".into()),
+        }
+    }
+    Ok(card)
+}
+
+/// Runs admission against a Connector.
+pub async fn admit(
+    control: &ControlPlane,
+    window: &AdmissionWindow,
+    expected_card_id: Option<&str>,
+) -> Result<Admitted, ClientError> {
+    let card_json = control.card_json().await?;
+    let skill = control.skill().await?;
+    let card = check_card(&card_json, &skill, window, expected_card_id)
+        .map_err(ClientError::NotAdmissible)?;
+    let health = control.health().await?;
+    if let Some(id) = &health.connector_card_id
+        && id != &card.connector_card_id
+    {
+        return Err(ClientError::NotAdmissible(format!(
+            "/health reports card {id}, the Card says {}",
+            card.connector_card_id
+        )));
+    }
+    if health.protocol_version != card.protocol_version || health.build != card.build {
+        return Err(ClientError::NotAdmissible(
+            "/health does not match the Card (protocol_version or build differ)".into(),
+        ));
+    }
+    let skill = match skill {
+        SkillDocument::Present(text) => Some(text),
+        SkillDocument::Absent => None,
+    };
+    Ok(Admitted { card, skill, health })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skill_name_is_read_from_front_matter() {
+        let md = "---\nname: connector-im-x\ndescription: d\n---\n# Body";
+        assert_eq!(skill_name(md), Some(SkillId::new("connector-im-x")));
+        assert_eq!(skill_name("# no front matter"), None);
+        assert_eq!(skill_name("---\ndescription: d\n---\n"), None);
+        assert_eq!(
+            skill_name("---\nname: \"quoted-name\"\n---"),
+            Some(SkillId::new("quoted-name"))
+        );
+    }
+}

@@ -1,0 +1,1349 @@
+//! A black-box conformance suite for any Connector Server: the control plane, the data plane,
+//! and (given an authentication flow and its inputs) authentication, Descriptors, Tools, IM v2
+//! message exchange and the Transfer Plane. Each check names the rule it checks and, on
+//! failure, shows what was sent and what came back.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use xagent_protocol_types::{
+    AckStatus, AuthInput, AuthProgress, AuthStart, AuthStatus, AuthStatusRequest, ChannelClose,
+    ChannelOpen, ChannelOpenAck, ChatMessage, ChatMessageAck, ConnectionDescriptor, ConnectorCard,
+    ConnectorChannelId, ConnectorHello, ErrorCode, FlowId, Packet, PacketBody, Payload, Ping,
+    ProfileId, Secret, ToolInvoke, ToolStatus,
+};
+use xagent_protocol_validate::AdmissionWindow;
+
+use crate::probe::{Probe, ProbeOptions, Received, Upgrade};
+use crate::{BaseUrl, ControlPlane, SkillDocument, ids};
+
+/// What to run the suite against.
+#[derive(Debug, Clone)]
+pub struct ConformanceOptions {
+    /// The Connector's Base URL.
+    pub base_url: BaseUrl,
+    /// The system API key, when the Connector requires one.
+    pub api_key: Option<Secret>,
+    /// An authentication flow to run (enables the authenticated checks).
+    pub flow: Option<FlowId>,
+    /// The flow's form inputs.
+    pub inputs: AuthInput,
+    /// How long to wait for each answer.
+    pub timeout: Duration,
+}
+
+impl ConformanceOptions {
+    /// Options with defaults (5 s per answer, no flow).
+    pub fn new(base_url: BaseUrl) -> Self {
+        Self {
+            base_url,
+            api_key: None,
+            flow: None,
+            inputs: AuthInput::default(),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// The Connector behaves as the protocol says.
+    Pass,
+    /// It does not.
+    Fail,
+    /// Not applicable or not reachable with the given options.
+    Skipped,
+}
+
+/// One check's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// Stable check id (e.g. `ws.subprotocol_required`).
+    pub id: &'static str,
+    /// Where the rule comes from.
+    pub rule: &'static str,
+    /// Pass, fail or skipped.
+    pub status: Status,
+    /// What was observed.
+    pub detail: String,
+    /// What was sent, on failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent: Option<String>,
+    /// What came back, on failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub received: Option<String>,
+}
+
+/// All results.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ConformanceReport {
+    /// Checks in the order they ran.
+    pub checks: Vec<Check>,
+}
+
+impl ConformanceReport {
+    /// Number of checks with a status.
+    pub fn count(&self, status: Status) -> usize {
+        self.checks.iter().filter(|c| c.status == status).count()
+    }
+
+    /// True when nothing failed.
+    pub fn passed(&self) -> bool {
+        self.count(Status::Fail) == 0
+    }
+
+    /// The result of a check by id.
+    pub fn check(&self, id: &str) -> Option<&Check> {
+        self.checks.iter().find(|c| c.id == id)
+    }
+
+    /// One line per check, with what was sent and received under failures.
+    pub fn to_text(&self, color: bool) -> String {
+        let paint = |code: &str, text: &str| {
+            if color { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
+        };
+        let mut out = String::new();
+        for check in &self.checks {
+            let label = match check.status {
+                Status::Pass => paint("32", "pass"),
+                Status::Fail => paint("31", "FAIL"),
+                Status::Skipped => paint("33", "skip"),
+            };
+            out.push_str(&format!("{label} {:<40} {} — {}\n", check.id, check.rule, check.detail));
+            if check.status == Status::Fail {
+                if let Some(sent) = &check.sent {
+                    out.push_str(&format!("       sent:     {sent}\n"));
+                }
+                if let Some(received) = &check.received {
+                    out.push_str(&format!("       received: {received}\n"));
+                }
+            }
+        }
+        out.push_str(&format!(
+            "{} passed, {} failed, {} skipped\n",
+            self.count(Status::Pass),
+            self.count(Status::Fail),
+            self.count(Status::Skipped)
+        ));
+        out
+    }
+
+    /// The report as JSON: `{"passed", "summary", "checks": [...]}`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "passed": self.passed(),
+            "summary": {
+                "pass": self.count(Status::Pass),
+                "fail": self.count(Status::Fail),
+                "skipped": self.count(Status::Skipped),
+            },
+            "checks": self.checks,
+        })
+    }
+
+    fn record(&mut self, id: &'static str, rule: &'static str, outcome: Outcome) {
+        let (status, detail, sent, received) = match outcome {
+            Outcome::Pass(detail) => (Status::Pass, detail, None, None),
+            Outcome::Skip(detail) => (Status::Skipped, detail, None, None),
+            Outcome::Fail { detail, sent, received } => (Status::Fail, detail, sent, received),
+        };
+        self.checks.push(Check { id, rule, status, detail, sent, received });
+    }
+}
+
+enum Outcome {
+    Pass(String),
+    Skip(String),
+    Fail { detail: String, sent: Option<String>, received: Option<String> },
+}
+
+fn pass(detail: impl Into<String>) -> Outcome {
+    Outcome::Pass(detail.into())
+}
+
+fn skip(detail: impl Into<String>) -> Outcome {
+    Outcome::Skip(detail.into())
+}
+
+fn fail(detail: impl Into<String>) -> Outcome {
+    Outcome::Fail { detail: detail.into(), sent: None, received: None }
+}
+
+fn fail_with(detail: impl Into<String>, sent: Option<&str>, received: &Received) -> Outcome {
+    Outcome::Fail {
+        detail: detail.into(),
+        sent: sent.map(str::to_owned),
+        received: Some(describe(received)),
+    }
+}
+
+fn describe(received: &Received) -> String {
+    match received {
+        Received::Packet(_, text) => text.clone(),
+        Received::Invalid(text) => format!("(not a packet) {text}"),
+        Received::Closed(Some(code)) => format!("(socket closed with code {code})"),
+        Received::Closed(None) => "(socket closed)".into(),
+        Received::Silent => "(nothing)".into(),
+    }
+}
+
+fn pkt() -> String {
+    ids::mint("pkt_")
+}
+
+fn req() -> String {
+    ids::mint("req_")
+}
+
+/// The error code a packet answers with: an `error` packet's, or an ack's `error`.
+fn error_code(received: &Received) -> Option<ErrorCode> {
+    match received {
+        Received::Packet(packet, _) => packet.error.as_ref().map(|e| e.code.clone()),
+        _ => None,
+    }
+}
+
+/// State carried between checks.
+struct Run {
+    options: ConformanceOptions,
+    control: ControlPlane,
+    card: Option<ConnectorCard>,
+    card_json: Option<Value>,
+    report: ConformanceReport,
+}
+
+/// Runs the whole suite.
+pub async fn run(options: ConformanceOptions) -> ConformanceReport {
+    let control = ControlPlane::new(options.base_url.clone(), options.api_key.clone());
+    let mut run =
+        Run { options, control, card: None, card_json: None, report: ConformanceReport::default() };
+    run.control_plane().await;
+    run.data_plane().await;
+    run.report
+}
+
+impl Run {
+    fn wait(&self) -> Duration {
+        self.options.timeout
+    }
+
+    fn facts(&self) -> xagent_protocol_validate::CardFacts {
+        match &self.card_json {
+            Some(card) => xagent_protocol_validate::CardFacts::from_value(card),
+            None => xagent_protocol_validate::CardFacts::default(),
+        }
+    }
+
+    fn card_id(&self) -> String {
+        self.card.as_ref().map(|c| c.connector_card_id.to_string()).unwrap_or_default()
+    }
+
+    fn supported_profiles(&self) -> Vec<ProfileId> {
+        self.card.as_ref().map(|c| c.supports.profiles.clone()).unwrap_or_default()
+    }
+
+    async fn control_plane(&mut self) {
+        // Card.
+        match self.control.card_json().await {
+            Ok(value) if value.is_object() => {
+                self.report.record(
+                    "control.card.public",
+                    "§4.1 GET /connector-card.json is public and a JSON object",
+                    pass("200 with a JSON object, no API key sent"),
+                );
+                let report = xagent_protocol_validate::validate_card(&value);
+                let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
+                if errors.is_empty() {
+                    self.report.record(
+                        "control.card.valid",
+                        "§4.1 Card schema and hard validation",
+                        pass(format!("{} warning(s)", report.warnings().count())),
+                    );
+                } else {
+                    self.report.record(
+                        "control.card.valid",
+                        "§4.1 Card schema and hard validation",
+                        fail(errors.join("; ")),
+                    );
+                }
+                match serde_json::from_value::<ConnectorCard>(value.clone()) {
+                    Ok(card) => {
+                        match AdmissionWindow::default().admit(Some(&card.protocol_version)) {
+                            Ok(_) => self.report.record(
+                                "control.card.protocol_version",
+                                "§12 admission window [3.0, 3.0]",
+                                pass(format!("protocol_version {}", card.protocol_version)),
+                            ),
+                            Err(e) => self.report.record(
+                                "control.card.protocol_version",
+                                "§12 admission window [3.0, 3.0]",
+                                fail(e.to_string()),
+                            ),
+                        }
+                        self.card = Some(card);
+                    }
+                    Err(e) => self.report.record(
+                        "control.card.protocol_version",
+                        "§12 admission window [3.0, 3.0]",
+                        fail(format!("the Card does not parse: {e}")),
+                    ),
+                }
+                self.card_json = Some(value);
+            }
+            Ok(other) => self.report.record(
+                "control.card.public",
+                "§4.1 GET /connector-card.json is public and a JSON object",
+                fail(format!("not a JSON object: {other}")),
+            ),
+            Err(e) => self.report.record(
+                "control.card.public",
+                "§4.1 GET /connector-card.json is public and a JSON object",
+                fail(e.to_string()),
+            ),
+        }
+
+        // Skill.
+        match (self.control.skill().await, &self.card) {
+            (Ok(SkillDocument::Absent), _) => self.report.record(
+                "control.skill.name",
+                "§4.2 Skill name is connector-<card id>",
+                skip("no primary Skill (204/404)"),
+            ),
+            (Ok(SkillDocument::Present(markdown)), Some(card)) => {
+                let expected = card.primary_skill_name();
+                match crate::skill_name(&markdown) {
+                    Some(name) if name == expected => self.report.record(
+                        "control.skill.name",
+                        "§4.2 Skill name is connector-<card id>",
+                        pass(format!("name {name}")),
+                    ),
+                    Some(name) => self.report.record(
+                        "control.skill.name",
+                        "§4.2 Skill name is connector-<card id>",
+                        fail(format!("name {name}, expected {expected}")),
+                    ),
+                    None => self.report.record(
+                        "control.skill.name",
+                        "§4.2 Skill name is connector-<card id>",
+                        fail("no `name:` in the front matter"),
+                    ),
+                }
+            }
+            (Ok(SkillDocument::Present(_)), None) => self.report.record(
+                "control.skill.name",
+                "§4.2 Skill name is connector-<card id>",
+                skip("no valid Card to compare with"),
+            ),
+            (Err(e), _) => self.report.record(
+                "control.skill.name",
+                "§4.2 Skill name is connector-<card id>",
+                fail(e.to_string()),
+            ),
+        }
+
+        // API key on /health.
+        if self.options.api_key.is_some() {
+            let anonymous = ControlPlane::new(self.options.base_url.clone(), None);
+            let wrong = ControlPlane::new(
+                self.options.base_url.clone(),
+                Some(Secret::new("xagent-conformance-wrong-key")),
+            );
+            let none = anonymous.health().await;
+            let bad = wrong.health().await;
+            let refused = |r: &Result<_, crate::ClientError>| {
+                matches!(r, Err(crate::ClientError::Unauthorized { .. }))
+            };
+            if refused(&none) && refused(&bad) {
+                self.report.record(
+                    "control.health.api_key_enforced",
+                    "§3 /health requires the system API key when configured",
+                    pass("401/403 without a key and with a wrong key"),
+                );
+            } else {
+                self.report.record(
+                    "control.health.api_key_enforced",
+                    "§3 /health requires the system API key when configured",
+                    fail(format!(
+                        "without key: {}, wrong key: {}",
+                        none.as_ref().map(|_| "2xx".to_owned()).unwrap_or_else(|e| e.to_string()),
+                        bad.as_ref().map(|_| "2xx".to_owned()).unwrap_or_else(|e| e.to_string())
+                    )),
+                );
+            }
+        } else {
+            self.report.record(
+                "control.health.api_key_enforced",
+                "§3 /health requires the system API key when configured",
+                skip("no --api-key given"),
+            );
+        }
+
+        // Health matches the Card.
+        match (self.control.health().await, &self.card) {
+            (Ok(health), Some(card)) => {
+                let mut problems = Vec::new();
+                if let Some(id) = &health.connector_card_id
+                    && id != &card.connector_card_id
+                {
+                    problems
+                        .push(format!("connector_card_id {id} != Card {}", card.connector_card_id));
+                }
+                if health.protocol_version != card.protocol_version {
+                    problems.push(format!(
+                        "protocol_version {} != Card {}",
+                        health.protocol_version, card.protocol_version
+                    ));
+                }
+                if health.build != card.build {
+                    problems.push("build differs from the Card's".into());
+                }
+                if let Some(version) = &health.connector_card_version
+                    && version != &card.connector.version
+                {
+                    problems.push(format!(
+                        "connector_card_version {version} != Card {}",
+                        card.connector.version
+                    ));
+                }
+                if problems.is_empty() {
+                    self.report.record(
+                        "control.health.matches_card",
+                        "§4.3 /health matches the Card",
+                        pass("card id, versions and build match"),
+                    );
+                } else {
+                    self.report.record(
+                        "control.health.matches_card",
+                        "§4.3 /health matches the Card",
+                        fail(problems.join("; ")),
+                    );
+                }
+            }
+            (Ok(_), None) => self.report.record(
+                "control.health.matches_card",
+                "§4.3 /health matches the Card",
+                skip("no valid Card"),
+            ),
+            (Err(e), _) => self.report.record(
+                "control.health.matches_card",
+                "§4.3 /health matches the Card",
+                fail(e.to_string()),
+            ),
+        }
+    }
+
+    fn options(&self, subprotocol: bool, key: bool) -> ProbeOptions {
+        ProbeOptions { subprotocol, api_key: if key { self.options.api_key.clone() } else { None } }
+    }
+
+    async fn open_probe(&self) -> Option<Probe> {
+        match Probe::connect(&self.options.base_url, &self.options(true, true)).await {
+            Upgrade::Open(probe, _) => Some(*probe),
+            _ => None,
+        }
+    }
+
+    fn hello_text(&self, mutate: impl FnOnce(&mut Value)) -> String {
+        let hello = ConnectorHello::new(self.card_id(), self.supported_profiles());
+        let mut packet =
+            Packet::with_payload(pkt(), hello).request_id(req()).to_value().unwrap_or_default();
+        mutate(&mut packet);
+        packet.to_string()
+    }
+
+    async fn data_plane(&mut self) {
+        const WS_KEY: &str = "§3/§6 /ws requires the system API key when configured";
+        const SUBPROTOCOL_RULE: &str = "§6 the upgrade must offer xagent.connector.packet.v1";
+        // API key on /ws.
+        if self.options.api_key.is_some() {
+            match Probe::connect(&self.options.base_url, &self.options(true, false)).await {
+                Upgrade::Refused(status) if status == 401 || status == 403 => self.report.record(
+                    "ws.api_key_enforced",
+                    WS_KEY,
+                    pass(format!("upgrade refused with {status}")),
+                ),
+                Upgrade::Refused(status) => self.report.record(
+                    "ws.api_key_enforced",
+                    WS_KEY,
+                    fail(format!("upgrade refused with {status}, expected 401")),
+                ),
+                Upgrade::Open(probe, _) => {
+                    probe.close().await;
+                    self.report.record(
+                        "ws.api_key_enforced",
+                        WS_KEY,
+                        fail("the upgrade succeeded without the API key"),
+                    );
+                }
+                Upgrade::Failed(e) => self.report.record("ws.api_key_enforced", WS_KEY, fail(e)),
+            }
+        } else {
+            self.report.record("ws.api_key_enforced", WS_KEY, skip("no --api-key given"));
+        }
+        // Subprotocol.
+        match Probe::connect(&self.options.base_url, &self.options(false, true)).await {
+            Upgrade::Refused(status) => self.report.record(
+                "ws.subprotocol_required",
+                SUBPROTOCOL_RULE,
+                pass(format!("upgrade without the subprotocol refused with {status}")),
+            ),
+            Upgrade::Open(probe, _) => {
+                probe.close().await;
+                self.report.record(
+                    "ws.subprotocol_required",
+                    SUBPROTOCOL_RULE,
+                    fail("the upgrade succeeded without offering the subprotocol"),
+                );
+            }
+            Upgrade::Failed(e) => {
+                self.report.record("ws.subprotocol_required", SUBPROTOCOL_RULE, fail(e))
+            }
+        }
+        let Some(mut probe) =
+            (match Probe::connect(&self.options.base_url, &self.options(true, true)).await {
+                Upgrade::Open(probe, Some(echoed))
+                    if echoed == xagent_protocol_types::SUBPROTOCOL =>
+                {
+                    self.report.record(
+                        "ws.subprotocol_echoed",
+                        "§6 the server selects the subprotocol",
+                        pass("subprotocol echoed"),
+                    );
+                    Some(probe)
+                }
+                Upgrade::Open(probe, echoed) => {
+                    self.report.record(
+                        "ws.subprotocol_echoed",
+                        "§6 the server selects the subprotocol",
+                        fail(format!("echoed {echoed:?}")),
+                    );
+                    Some(probe)
+                }
+                Upgrade::Refused(status) => {
+                    self.report.record(
+                        "ws.subprotocol_echoed",
+                        "§6 the server selects the subprotocol",
+                        fail(format!("upgrade refused with {status}")),
+                    );
+                    None
+                }
+                Upgrade::Failed(e) => {
+                    self.report.record(
+                        "ws.subprotocol_echoed",
+                        "§6 the server selects the subprotocol",
+                        fail(e),
+                    );
+                    None
+                }
+            })
+        else {
+            return;
+        };
+
+        // Before hello.
+        let early = Packet::with_payload(pkt(), Ping::default())
+            .request_id(req())
+            .to_json()
+            .unwrap_or_default();
+        let early_channel = Packet::with_payload(pkt(), ChannelOpen::default())
+            .request_id(req())
+            .to_json()
+            .unwrap_or_default();
+        let _ = probe.send_text(early_channel.clone()).await;
+        let answer = probe.next(self.wait()).await;
+        if error_code(&answer) == Some(ErrorCode::HelloRequired) {
+            self.report.record(
+                "ws.hello_required_first",
+                "§6 the first packet must be connector.hello",
+                pass("channel.open before hello got hello_required"),
+            );
+        } else {
+            self.report.record(
+                "ws.hello_required_first",
+                "§6 the first packet must be connector.hello",
+                fail_with(
+                    "expected an error packet with hello_required",
+                    Some(&early_channel),
+                    &answer,
+                ),
+            );
+        }
+        let _ = early;
+
+        // Invalid JSON keeps the connection.
+        let _ = probe.send_text("{not json").await;
+        let answer = probe.next(self.wait()).await;
+        if error_code(&answer) == Some(ErrorCode::InvalidPacket) {
+            self.report.record(
+                "ws.invalid_json",
+                "§7/§8.23 invalid JSON gets invalid_packet",
+                pass("invalid_packet, socket kept open"),
+            );
+        } else {
+            self.report.record(
+                "ws.invalid_json",
+                "§7/§8.23 invalid JSON gets invalid_packet",
+                fail_with(
+                    "expected an error packet with invalid_packet",
+                    Some("{not json"),
+                    &answer,
+                ),
+            );
+        }
+        let _ = probe.send_binary(vec![1, 2, 3]).await;
+        let answer = probe.next(self.wait()).await;
+        if error_code(&answer) == Some(ErrorCode::InvalidPacket) {
+            self.report.record(
+                "ws.binary_frame",
+                "§6 text frames only",
+                pass("binary frame got invalid_packet"),
+            );
+        } else {
+            self.report.record(
+                "ws.binary_frame",
+                "§6 text frames only",
+                fail_with(
+                    "expected invalid_packet for a binary frame",
+                    Some("(binary frame)"),
+                    &answer,
+                ),
+            );
+        }
+
+        // Hello validation.
+        let wrong_card = self
+            .hello_text(|p| p["payload"]["connector_card_id"] = json!("conformance.not-this-card"));
+        let _ = probe.send_text(wrong_card.clone()).await;
+        let answer = probe.next(self.wait()).await;
+        if error_code(&answer) == Some(ErrorCode::ConnectorCardIdMismatch) {
+            self.report.record(
+                "ws.hello.card_id_mismatch",
+                "§8.1 connector_card_id must match the Card",
+                pass("connector_card_id_mismatch"),
+            );
+        } else {
+            self.report.record(
+                "ws.hello.card_id_mismatch",
+                "§8.1 connector_card_id must match the Card",
+                fail_with("expected connector_card_id_mismatch", Some(&wrong_card), &answer),
+            );
+        }
+        // The server may close after a bad hello; use fresh sockets from here.
+        probe.close().await;
+
+        if let Some(mut probe) = self.open_probe().await {
+            let text = self.hello_text(|p| {
+                if let Some(payload) = p["payload"].as_object_mut() {
+                    payload.remove("supported_profiles");
+                }
+            });
+            let _ = probe.send_text(text.clone()).await;
+            let answer = probe.next(self.wait()).await;
+            if error_code(&answer) == Some(ErrorCode::InvalidPacket) {
+                self.report.record(
+                    "ws.hello.supported_profiles_required",
+                    "§8.1 a current Connector requires supported_profiles",
+                    pass("invalid_packet"),
+                );
+            } else {
+                self.report.record(
+                    "ws.hello.supported_profiles_required",
+                    "§8.1 a current Connector requires supported_profiles",
+                    fail_with("expected invalid_packet", Some(&text), &answer),
+                );
+            }
+            probe.close().await;
+        }
+
+        for (id, version) in
+            [("ws.hello.version_missing", None), ("ws.hello.version_too_low", Some("2.0"))]
+        {
+            let Some(mut probe) = self.open_probe().await else { continue };
+            let text = self.hello_text(|p| match version {
+                Some(v) => p["payload"]["protocol_version"] = json!(v),
+                None => {
+                    if let Some(payload) = p["payload"].as_object_mut() {
+                        payload.remove("protocol_version");
+                    }
+                }
+            });
+            let _ = probe.send_text(text.clone()).await;
+            let answer = probe.next(self.wait()).await;
+            let code = error_code(&answer);
+            let closed = matches!(probe.next(self.wait()).await, Received::Closed(_));
+            if matches!(code, Some(ErrorCode::ProtocolVersionUnsupported)) && closed {
+                self.report.record(
+                    id,
+                    "§8.1/§12 reject a hello without a version or below 3.0",
+                    pass("protocol_version_unsupported, then the socket closed"),
+                );
+            } else if code.is_some() && closed {
+                self.report.record(
+                    id,
+                    "§8.1/§12 reject a hello without a version or below 3.0",
+                    pass(format!(
+                        "rejected with {} and closed",
+                        code.map(|c| c.to_string()).unwrap_or_default()
+                    )),
+                );
+            } else {
+                self.report.record(
+                    id,
+                    "§8.1/§12 reject a hello without a version or below 3.0",
+                    fail_with(
+                        "expected an error (protocol_version_unsupported) and a close",
+                        Some(&text),
+                        &answer,
+                    ),
+                );
+            }
+        }
+
+        // A good hello.
+        let Some(mut probe) = self.open_probe().await else { return };
+        let hello = self.hello_text(|_| {});
+        let _ = probe.send_text(hello.clone()).await;
+        let answer = probe.next(self.wait()).await;
+        match &answer {
+            Received::Packet(packet, _) if packet.error.is_none() => {
+                let facts = self.facts();
+                let mut context = xagent_protocol_validate::PacketContext::with_card(&facts);
+                context.sender = Some(xagent_protocol_types::Side::Connector);
+                let report = xagent_protocol_validate::validate_packet(
+                    &packet.to_value().unwrap_or_default(),
+                    context,
+                );
+                let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
+                let ack = packet.payload::<xagent_protocol_types::ConnectorHelloAck>();
+                match ack {
+                    Some(ack)
+                        if errors.is_empty()
+                            && ack.connector_card_id.as_str() == self.card_id()
+                            && ack.protocol_version.as_deref() == Some("3.0") =>
+                    {
+                        self.report.record(
+                            "ws.hello.ack_valid",
+                            "§8.2 hello.ack: card id, connector_id, protocol 3.0",
+                            pass(format!("connector_id {}", ack.connector_id)),
+                        );
+                    }
+                    _ => self.report.record(
+                        "ws.hello.ack_valid",
+                        "§8.2 hello.ack: card id, connector_id, protocol 3.0",
+                        fail_with(
+                            format!("invalid hello.ack {}", errors.join("; ")),
+                            Some(&hello),
+                            &answer,
+                        ),
+                    ),
+                }
+            }
+            _ => {
+                self.report.record(
+                    "ws.hello.ack_valid",
+                    "§8.2 hello.ack: card id, connector_id, protocol 3.0",
+                    fail_with("no hello.ack", Some(&hello), &answer),
+                );
+                return;
+            }
+        }
+
+        // After hello: invalid JSON, unknown types, ping.
+        let _ = probe.send_text("[1,2").await;
+        let answer = probe.next(self.wait()).await;
+        if error_code(&answer) == Some(ErrorCode::InvalidPacket) {
+            self.report.record(
+                "ws.invalid_packet_after_hello",
+                "§7 invalid JSON gets invalid_packet; the connection stays",
+                pass("invalid_packet"),
+            );
+        } else {
+            self.report.record(
+                "ws.invalid_packet_after_hello",
+                "§7 invalid JSON gets invalid_packet; the connection stays",
+                fail_with("expected invalid_packet", Some("[1,2"), &answer),
+            );
+        }
+        let unknown = json!({"schema": "xagent.connector.packet/v1", "packet_id": pkt(), "request_id": req(), "type": "conformance.unknown"}).to_string();
+        let _ = probe.send_text(unknown.clone()).await;
+        let answer = probe.next(self.wait()).await;
+        if error_code(&answer) == Some(ErrorCode::UnsupportedPacket) {
+            self.report.record(
+                "ws.unknown_packet_type",
+                "§8.23 unknown packet types get unsupported_packet",
+                pass("unsupported_packet"),
+            );
+        } else {
+            self.report.record(
+                "ws.unknown_packet_type",
+                "§8.23 unknown packet types get unsupported_packet",
+                fail_with("expected unsupported_packet", Some(&unknown), &answer),
+            );
+        }
+        let ping_request = req();
+        let ping = Packet::with_payload(pkt(), Ping::default())
+            .request_id(ping_request.clone())
+            .to_json()
+            .unwrap_or_default();
+        let _ = probe.send_text(ping.clone()).await;
+        let answer = probe.next(self.wait()).await;
+        match &answer {
+            Received::Packet(packet, _)
+                if packet.type_str() == "pong"
+                    && packet.request_id.as_ref().map(|r| r.as_str())
+                        == Some(ping_request.as_str()) =>
+            {
+                self.report.record(
+                    "ws.ping_pong",
+                    "§8.22 ping gets pong with the same request_id",
+                    pass("pong"),
+                );
+            }
+            _ => self.report.record(
+                "ws.ping_pong",
+                "§8.22 ping gets pong with the same request_id",
+                fail_with("expected pong with the same request_id", Some(&ping), &answer),
+            ),
+        }
+
+        // Channel-scoped packets without a channel or on an unopened channel.
+        let no_channel =
+            Packet::with_payload(pkt(), xagent_protocol_types::DescriptorGet::default())
+                .request_id(req())
+                .to_json()
+                .unwrap_or_default();
+        let _ = probe.send_text(no_channel.clone()).await;
+        let answer = probe.next(self.wait()).await;
+        if error_code(&answer) == Some(ErrorCode::ConnectorChannelIdRequired) {
+            self.report.record(
+                "ws.channel_id_required",
+                "§8.23 user-level packets need connector_channel_id",
+                pass("connector_channel_id_required"),
+            );
+        } else {
+            self.report.record(
+                "ws.channel_id_required",
+                "§8.23 user-level packets need connector_channel_id",
+                fail_with("expected connector_channel_id_required", Some(&no_channel), &answer),
+            );
+        }
+        let unopened = Packet::with_payload(pkt(), AuthStart::new("any"))
+            .request_id(req())
+            .channel("cch_conformance_never_opened")
+            .to_json()
+            .unwrap_or_default();
+        let _ = probe.send_text(unopened.clone()).await;
+        let answer = probe.next(self.wait()).await;
+        if error_code(&answer) == Some(ErrorCode::ChannelNotOpen) {
+            self.report.record(
+                "ws.channel_not_open",
+                "§8.7/§8.23 channel-scoped packets need an open channel",
+                pass("channel_not_open"),
+            );
+        } else {
+            self.report.record(
+                "ws.channel_not_open",
+                "§8.7/§8.23 channel-scoped packets need an open channel",
+                fail_with("expected channel_not_open", Some(&unopened), &answer),
+            );
+        }
+
+        // channel.open.
+        let open_request = req();
+        let open = Packet::with_payload(pkt(), ChannelOpen::default())
+            .request_id(open_request.clone())
+            .to_json()
+            .unwrap_or_default();
+        let _ = probe.send_text(open.clone()).await;
+        let answer = probe
+            .next_matching(self.wait(), |p| {
+                p.request_id.as_ref().map(|r| r.as_str()) == Some(open_request.as_str())
+            })
+            .await;
+        let channel = match &answer {
+            Received::Packet(packet, _) => {
+                match (packet.payload::<ChannelOpenAck>(), &packet.connector_channel_id) {
+                    (Some(ack), Some(envelope_channel))
+                        if &ack.connector_channel_id == envelope_channel =>
+                    {
+                        let problems =
+                            self.descriptor_problems(&ack.connection_descriptor, envelope_channel);
+                        if problems.is_empty() {
+                            self.report.record("ws.channel_open", "§8.4 channel.open.ack: channel id in envelope and payload, valid Descriptor", pass(format!("channel {envelope_channel}, status {}", ack.connection_descriptor.connection.status)));
+                        } else {
+                            self.report.record("ws.channel_open", "§8.4 channel.open.ack: channel id in envelope and payload, valid Descriptor", fail_with(problems.join("; "), Some(&open), &answer));
+                        }
+                        Some(envelope_channel.clone())
+                    }
+                    _ => {
+                        self.report.record("ws.channel_open", "§8.4 channel.open.ack: channel id in envelope and payload, valid Descriptor", fail_with("expected channel.open.ack with the channel in envelope and payload", Some(&open), &answer));
+                        None
+                    }
+                }
+            }
+            _ => {
+                self.report.record(
+                    "ws.channel_open",
+                    "§8.4 channel.open.ack: channel id in envelope and payload, valid Descriptor",
+                    fail_with("no channel.open.ack", Some(&open), &answer),
+                );
+                None
+            }
+        };
+        let Some(channel) = channel else { return };
+
+        // tool.invoke before authentication.
+        match self.card.as_ref().and_then(|c| c.tools.first()).map(|t| t.tool_id.clone()) {
+            Some(tool_id) => {
+                let invoke_request = req();
+                let mut arguments = serde_json::Map::new();
+                arguments.insert("connector_channel_id".into(), json!(channel.as_str()));
+                let invoke = Packet::with_payload(pkt(), ToolInvoke::new(tool_id, arguments))
+                    .request_id(invoke_request.clone())
+                    .channel(channel.clone())
+                    .to_json()
+                    .unwrap_or_default();
+                let _ = probe.send_text(invoke.clone()).await;
+                let answer = probe
+                    .next_matching(self.wait(), |p| {
+                        p.request_id.as_ref().map(|r| r.as_str()) == Some(invoke_request.as_str())
+                    })
+                    .await;
+                match error_code(&answer) {
+                    Some(code) => self.report.record(
+                        "ws.tool_invoke_unauthenticated",
+                        "§3/§8.18 a Tool on an unauthenticated channel is refused",
+                        pass(format!("refused with {code}")),
+                    ),
+                    None => self.report.record(
+                        "ws.tool_invoke_unauthenticated",
+                        "§3/§8.18 a Tool on an unauthenticated channel is refused",
+                        fail_with(
+                            "the Tool ran on a channel that never authenticated",
+                            Some(&invoke),
+                            &answer,
+                        ),
+                    ),
+                }
+            }
+            None => self.report.record(
+                "ws.tool_invoke_unauthenticated",
+                "§3/§8.18 a Tool on an unauthenticated channel is refused",
+                skip("the Card declares no Tools"),
+            ),
+        }
+
+        if self.options.flow.is_some() {
+            self.authenticated(&mut probe, &channel).await;
+        } else {
+            for id in [
+                "auth.flow",
+                "descriptor.tools_in_card",
+                "descriptor.tools_declared",
+                "im.message_accepted",
+                "im.duplicate",
+                "im.conflict",
+                "transfer.upload",
+                "transfer.download",
+                "auth.logout",
+            ] {
+                self.report.record(
+                    id,
+                    "needs --flow",
+                    skip("give --flow and --input to run the authenticated checks"),
+                );
+            }
+        }
+
+        let close_request = req();
+        let close = Packet::with_payload(pkt(), ChannelClose::default())
+            .request_id(close_request.clone())
+            .channel(channel.clone())
+            .to_json()
+            .unwrap_or_default();
+        let _ = probe.send_text(close.clone()).await;
+        let answer = probe
+            .next_matching(self.wait(), |p| {
+                p.request_id.as_ref().map(|r| r.as_str()) == Some(close_request.as_str())
+            })
+            .await;
+        match &answer {
+            Received::Packet(packet, _)
+                if packet.type_str() == "channel.close.ack" && packet.error.is_none() =>
+            {
+                self.report.record(
+                    "ws.channel_close",
+                    "§8.5 channel.close gets channel.close.ack",
+                    pass("ok"),
+                )
+            }
+            _ => self.report.record(
+                "ws.channel_close",
+                "§8.5 channel.close gets channel.close.ack",
+                fail_with("expected channel.close.ack", Some(&close), &answer),
+            ),
+        }
+        probe.close().await;
+    }
+
+    fn descriptor_problems(
+        &self,
+        descriptor: &ConnectionDescriptor,
+        channel: &ConnectorChannelId,
+    ) -> Vec<String> {
+        let mut problems = Vec::new();
+        let value = serde_json::to_value(descriptor).unwrap_or_default();
+        let facts = self.facts();
+        let mut context = xagent_protocol_validate::DescriptorContext::with_card(&facts);
+        context.channel = Some(channel.as_str());
+        let report = xagent_protocol_validate::validate_descriptor(&value, context);
+        problems.extend(report.errors().map(ToString::to_string));
+        if &descriptor.connection.connector_channel_id != channel {
+            problems.push(format!(
+                "the Descriptor names channel {}, not {channel}",
+                descriptor.connection.connector_channel_id
+            ));
+        }
+        problems
+    }
+
+    async fn request(&self, probe: &mut Probe, packet: Packet) -> (String, Received) {
+        let request_id = packet.request_id.clone();
+        let text = packet.to_json().unwrap_or_default();
+        let _ = probe.send_text(text.clone()).await;
+        let answer = probe
+            .next_matching(self.wait(), |p| p.request_id.is_some() && p.request_id == request_id)
+            .await;
+        (text, answer)
+    }
+
+    async fn authenticated(&mut self, probe: &mut Probe, channel: &ConnectorChannelId) {
+        let Some(flow) = self.options.flow.clone() else { return };
+        const AUTH: &str =
+            "§8.7-§8.10 auth.start/auth.status reach authenticated with a Descriptor";
+        let mut start = AuthStart::new(flow.clone());
+        if !self.options.inputs.0.is_empty() {
+            start = start.with_input(self.options.inputs.clone());
+        }
+        let (sent, mut answer) = self
+            .request(
+                probe,
+                Packet::with_payload(pkt(), start).request_id(req()).channel(channel.clone()),
+            )
+            .await;
+        // Poll while pending.
+        let deadline = tokio::time::Instant::now() + self.wait() * 4;
+        let progress = loop {
+            let progress = match &answer {
+                Received::Packet(packet, _) if packet.error.is_none() => match &packet.body {
+                    PacketBody::AuthStartAck(Some(ack)) => Some(ack.0.clone()),
+                    PacketBody::AuthStatusAck(Some(ack)) => Some(ack.0.clone()),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let Some(progress) = progress else { break None };
+            if progress.status != AuthStatus::Pending && progress.status != AuthStatus::Scanned {
+                break Some(progress);
+            }
+            if tokio::time::Instant::now() > deadline {
+                break Some(progress);
+            }
+            let Some(session) = progress.auth_session_id.clone() else { break Some(progress) };
+            tokio::time::sleep(Duration::from_millis(
+                progress.poll_interval_millis.unwrap_or(500).min(2_000),
+            ))
+            .await;
+            let poll = AuthStatusRequest::new(session).with_flow_id(flow.clone());
+            answer = self
+                .request(
+                    probe,
+                    Packet::with_payload(pkt(), poll).request_id(req()).channel(channel.clone()),
+                )
+                .await
+                .1;
+        };
+        let descriptor = match progress {
+            Some(AuthProgress {
+                status: AuthStatus::Authenticated,
+                connection_descriptor: Some(descriptor),
+                ..
+            }) => {
+                let problems = self.descriptor_problems(&descriptor, channel);
+                if problems.is_empty() {
+                    self.report.record(
+                        "auth.flow",
+                        AUTH,
+                        pass(format!("authenticated, status {}", descriptor.connection.status)),
+                    );
+                } else {
+                    self.report.record(
+                        "auth.flow",
+                        AUTH,
+                        fail_with(problems.join("; "), Some(&sent), &answer),
+                    );
+                }
+                Some(descriptor)
+            }
+            _ => {
+                self.report.record(
+                    "auth.flow",
+                    AUTH,
+                    fail_with(
+                        "authentication did not complete with a Descriptor",
+                        Some(&sent),
+                        &answer,
+                    ),
+                );
+                None
+            }
+        };
+        let Some(descriptor) = descriptor else { return };
+        let descriptor = match self
+            .request(
+                probe,
+                Packet::with_payload(pkt(), xagent_protocol_types::DescriptorGet::default())
+                    .request_id(req())
+                    .channel(channel.clone()),
+            )
+            .await
+        {
+            (_, Received::Packet(packet, _)) => packet
+                .payload::<xagent_protocol_types::DescriptorGetAck>()
+                .map(|a| a.connection_descriptor.clone())
+                .unwrap_or(descriptor),
+            _ => descriptor,
+        };
+
+        // Tools: Descriptor ⊆ Card, and every Card Tool accounted for.
+        let card_tools: Vec<String> = self
+            .card
+            .as_ref()
+            .map(|c| c.tools.iter().map(|t| t.tool_id.to_string()).collect())
+            .unwrap_or_default();
+        let extra: Vec<String> = descriptor
+            .tools
+            .iter()
+            .map(|t| t.tool_id.to_string())
+            .filter(|t| !card_tools.contains(t))
+            .collect();
+        if extra.is_empty() {
+            self.report.record(
+                "descriptor.tools_in_card",
+                "§9 a Tool absent from the Card cannot appear in the Descriptor",
+                pass(format!("{} Tool(s), all in the Card", descriptor.tools.len())),
+            );
+        } else {
+            self.report.record(
+                "descriptor.tools_in_card",
+                "§9 a Tool absent from the Card cannot appear in the Descriptor",
+                fail(format!("not in the Card: {}", extra.join(", "))),
+            );
+        }
+        let missing: Vec<&String> =
+            card_tools.iter().filter(|t| descriptor.tool(t).is_none()).collect();
+        let available: Vec<&String> = card_tools
+            .iter()
+            .filter(|t| descriptor.tool(t).is_some_and(|d| d.status == ToolStatus::Available))
+            .collect();
+        if missing.is_empty() {
+            self.report.record(
+                "descriptor.tools_declared",
+                "§14.8 every Card Tool is declared in the Descriptor",
+                pass(format!("{} of {} available", available.len(), card_tools.len())),
+            );
+        } else {
+            self.report.record(
+                "descriptor.tools_declared",
+                "§14.8 every Card Tool is declared in the Descriptor",
+                fail(format!(
+                    "missing from the Descriptor: {}",
+                    missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                )),
+            );
+        }
+
+        // IM v2 exchange.
+        if descriptor
+            .connection
+            .profiles
+            .iter()
+            .any(|p| p.as_str() == xagent_protocol_types::PROFILE_IM_V2)
+        {
+            self.im_exchange(probe, channel).await;
+        } else {
+            for id in ["im.message_accepted", "im.duplicate", "im.conflict"] {
+                self.report.record(
+                    id,
+                    "IM v2 §5/§7",
+                    skip("the channel does not enable xagent.im.v2"),
+                );
+            }
+        }
+
+        self.transfer(channel).await;
+
+        let (sent, answer) = self
+            .request(
+                probe,
+                Packet::with_payload(pkt(), xagent_protocol_types::AuthLogout::default())
+                    .request_id(req())
+                    .channel(channel.clone()),
+            )
+            .await;
+        match &answer {
+            Received::Packet(packet, _)
+                if packet.type_str() == "auth.logout.ack" && packet.error.is_none() =>
+            {
+                self.report.record(
+                    "auth.logout",
+                    "§8.13 auth.logout gets auth.logout.ack",
+                    pass("ok"),
+                )
+            }
+            _ => self.report.record(
+                "auth.logout",
+                "§8.13 auth.logout gets auth.logout.ack",
+                fail_with("expected auth.logout.ack", Some(&sent), &answer),
+            ),
+        }
+    }
+
+    async fn im_exchange(&mut self, probe: &mut Probe, channel: &ConnectorChannelId) {
+        let message_id = ids::mint("msg_conformance_");
+        let status_of = |answer: &Received| match answer {
+            Received::Packet(packet, _) => packet.payload::<ChatMessageAck>().cloned(),
+            _ => None,
+        };
+        let (wire, answer) =
+            send_chat(probe, channel, &message_id, "conformance check: hello").await;
+        match status_of(&answer) {
+            Some(ack)
+                if ack.status == AckStatus::Accepted && ack.message_id.as_str() == message_id =>
+            {
+                self.report.record(
+                    "im.message_accepted",
+                    "IM v2 §5/§7 chat.message gets chat.message.ack accepted with reply_to",
+                    pass("accepted"),
+                )
+            }
+            _ => self.report.record(
+                "im.message_accepted",
+                "IM v2 §5/§7 chat.message gets chat.message.ack accepted with reply_to",
+                fail_with("expected accepted", Some(&wire), &answer),
+            ),
+        }
+        let (wire, answer) =
+            send_chat(probe, channel, &message_id, "conformance check: hello").await;
+        match status_of(&answer) {
+            Some(ack) if ack.status == AckStatus::Duplicate => self.report.record(
+                "im.duplicate",
+                "IM v2 §7 a repeat of an accepted message gets duplicate",
+                pass("duplicate"),
+            ),
+            _ => self.report.record(
+                "im.duplicate",
+                "IM v2 §7 a repeat of an accepted message gets duplicate",
+                fail_with("expected duplicate", Some(&wire), &answer),
+            ),
+        }
+        let (wire, answer) =
+            send_chat(probe, channel, &message_id, "conformance check: different text, same id")
+                .await;
+        match status_of(&answer) {
+            Some(ack) if ack.status == AckStatus::Rejected && ack.retryable == Some(false) => {
+                self.report.record(
+                    "im.conflict",
+                    "IM v2 §9 same message_id with different content is rejected, not retryable",
+                    pass(format!(
+                        "rejected with {}",
+                        ack.code.map(|c| c.to_string()).unwrap_or_default()
+                    )),
+                )
+            }
+            _ => self.report.record(
+                "im.conflict",
+                "IM v2 §9 same message_id with different content is rejected, not retryable",
+                fail_with("expected rejected with retryable false", Some(&wire), &answer),
+            ),
+        }
+    }
+
+    async fn transfer(&mut self, channel: &ConnectorChannelId) {
+        const UPLOAD: &str = "§5.1 POST /files/uploads returns a file_ref bound to the channel";
+        let bytes = b"xagent conformance upload\n".to_vec();
+        match self.control.upload(channel, "conformance.txt", "text/plain", bytes.clone()).await {
+            Ok(upload) => {
+                self.report.record(
+                    "transfer.upload",
+                    UPLOAD,
+                    pass(format!("{} ({} bytes)", upload.file_ref, upload.byte_size)),
+                );
+                let url = format!("/files/refs/{}", upload.file_ref);
+                let download = self
+                    .control
+                    .http()
+                    .get(self.options.base_url.resolve(&url).unwrap_or_default())
+                    .bearer_auth(
+                        self.options.api_key.as_ref().map(|k| k.expose()).unwrap_or_default(),
+                    )
+                    .send()
+                    .await;
+                match download {
+                    Ok(response) if response.status().is_success() => {
+                        let body = response.bytes().await.map(|b| b.to_vec()).unwrap_or_default();
+                        if body == bytes {
+                            self.report.record("transfer.download", "§5.2 GET /files/refs/{file_ref} returns the raw bytes", pass("bytes match"));
+                        } else {
+                            self.report.record("transfer.download", "§5.2 GET /files/refs/{file_ref} returns the raw bytes", fail("the bytes differ from the upload"));
+                        }
+                    }
+                    Ok(response) => self.report.record("transfer.download", "§5.2 GET /files/refs/{file_ref} returns the raw bytes", skip(format!("download with the API key answered {} (the Connector may serve only signed URLs)", response.status()))),
+                    Err(e) => self.report.record("transfer.download", "§5.2 GET /files/refs/{file_ref} returns the raw bytes", fail(e.to_string())),
+                }
+            }
+            Err(crate::ClientError::Http { status: 404, .. }) => {
+                self.report.record(
+                    "transfer.upload",
+                    UPLOAD,
+                    skip("no upload endpoint (the Connector may not take files from xAgent)"),
+                );
+                self.report.record(
+                    "transfer.download",
+                    "§5.2 GET /files/refs/{file_ref} returns the raw bytes",
+                    skip("nothing uploaded"),
+                );
+            }
+            Err(e) => {
+                self.report.record("transfer.upload", UPLOAD, fail(e.to_string()));
+                self.report.record(
+                    "transfer.download",
+                    "§5.2 GET /files/refs/{file_ref} returns the raw bytes",
+                    skip("nothing uploaded"),
+                );
+            }
+        }
+    }
+}
+
+async fn send_chat(
+    probe: &mut Probe,
+    channel: &ConnectorChannelId,
+    message_id: &str,
+    text: &str,
+) -> (String, Received) {
+    let packet =
+        Packet::with_payload(pkt(), ChatMessage::text(message_id, text)).channel(channel.clone());
+    let packet_id = packet.packet_id.clone();
+    let wire = packet.to_json().unwrap_or_default();
+    let _ = probe.send_text(wire.clone()).await;
+    let answer = probe
+        .next_matching(Duration::from_secs(10), |p| {
+            p.type_str() == ChatMessageAck::TYPE && p.reply_to.as_ref() == Some(&packet_id)
+        })
+        .await;
+    (wire, answer)
+}

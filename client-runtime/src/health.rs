@@ -1,0 +1,312 @@
+//! Health monitoring: `/health` only, periodically. 401/403 is an authentication failure; other
+//! failures count, one or two in a row give `degraded`, three or more `offline`; a success
+//! resets. A change of connector version, protocol version or build asks for a Card and Skill
+//! refetch.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{RwLock, watch};
+use xagent_protocol_types::{ConnectorCard, HealthResponse};
+
+use crate::{ClientError, ControlPlane};
+
+/// Consecutive failures from which the Connector is `offline`.
+pub const OFFLINE_AFTER_FAILURES: u32 = 3;
+
+/// What xAgent believes about a Connector's availability.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HealthStatus {
+    /// Not probed yet.
+    Unknown,
+    /// The last probe succeeded and matched the Card.
+    Online,
+    /// One or two consecutive failures.
+    Degraded {
+        /// Failures in a row.
+        failures: u32,
+        /// The last failure.
+        reason: String,
+    },
+    /// Three or more consecutive failures, or an incompatible Connector.
+    Offline {
+        /// Failures in a row.
+        failures: u32,
+        /// The last failure.
+        reason: String,
+    },
+    /// The system API key was refused.
+    AuthenticationFailed,
+}
+
+/// The result of one probe, as the tracker sees it.
+#[derive(Debug, Clone)]
+pub enum ProbeOutcome {
+    /// 2xx with a health document.
+    Healthy(Box<HealthResponse>),
+    /// 401 or 403.
+    Unauthorized,
+    /// Anything else: a non-2xx answer or no answer.
+    Failed(String),
+}
+
+impl From<Result<HealthResponse, ClientError>> for ProbeOutcome {
+    fn from(result: Result<HealthResponse, ClientError>) -> Self {
+        match result {
+            Ok(health) => Self::Healthy(Box::new(health)),
+            Err(ClientError::Unauthorized { .. }) => Self::Unauthorized,
+            Err(other) => Self::Failed(other.to_string()),
+        }
+    }
+}
+
+/// What a probe changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthUpdate {
+    /// The status after the probe.
+    pub status: HealthStatus,
+    /// True when the status differs from before.
+    pub changed: bool,
+    /// True when the Card and Skill must be fetched again.
+    pub refetch_card: bool,
+}
+
+/// The health rules as a plain state machine.
+#[derive(Debug, Clone)]
+pub struct HealthTracker {
+    status: HealthStatus,
+    failures: u32,
+}
+
+impl Default for HealthTracker {
+    fn default() -> Self {
+        Self { status: HealthStatus::Unknown, failures: 0 }
+    }
+}
+
+impl HealthTracker {
+    /// A tracker that has probed nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The current status.
+    pub fn status(&self) -> &HealthStatus {
+        &self.status
+    }
+
+    /// Applies one probe's outcome, judged against the cached Card.
+    pub fn record(&mut self, outcome: ProbeOutcome, card: &ConnectorCard) -> HealthUpdate {
+        let before = self.status.clone();
+        let mut refetch_card = false;
+        match outcome {
+            ProbeOutcome::Unauthorized => {
+                self.failures = 0;
+                self.status = HealthStatus::AuthenticationFailed;
+            }
+            ProbeOutcome::Failed(reason) => self.fail(reason),
+            ProbeOutcome::Healthy(health) => {
+                if let Some(id) = &health.connector_card_id
+                    && id != &card.connector_card_id
+                {
+                    // Another Connector answers at this URL: it cannot stay online.
+                    self.failures = self.failures.max(OFFLINE_AFTER_FAILURES);
+                    self.status = HealthStatus::Offline {
+                        failures: self.failures,
+                        reason: format!(
+                            "/health reports card {id}, expected {}",
+                            card.connector_card_id
+                        ),
+                    };
+                } else {
+                    refetch_card = health.protocol_version != card.protocol_version
+                        || health.build != card.build
+                        || health
+                            .connector_card_version
+                            .as_ref()
+                            .is_some_and(|v| v != &card.connector.version);
+                    self.failures = 0;
+                    self.status = HealthStatus::Online;
+                }
+            }
+        }
+        HealthUpdate { changed: self.status != before, status: self.status.clone(), refetch_card }
+    }
+
+    /// Marks the Connector offline after a refetched Card turned out incompatible.
+    pub fn incompatible(&mut self, reason: String) -> HealthUpdate {
+        let before = self.status.clone();
+        self.failures = self.failures.max(OFFLINE_AFTER_FAILURES);
+        self.status = HealthStatus::Offline { failures: self.failures, reason };
+        HealthUpdate {
+            changed: self.status != before,
+            status: self.status.clone(),
+            refetch_card: false,
+        }
+    }
+
+    fn fail(&mut self, reason: String) {
+        self.failures = self.failures.saturating_add(1);
+        self.status = if self.failures >= OFFLINE_AFTER_FAILURES {
+            HealthStatus::Offline { failures: self.failures, reason }
+        } else {
+            HealthStatus::Degraded { failures: self.failures, reason }
+        };
+    }
+}
+
+/// A running health monitor: probes `/health` every `interval`, refetches and re-admits the
+/// Card when the health document says it changed, and publishes the status.
+#[derive(Debug)]
+pub struct HealthMonitor {
+    status: watch::Receiver<HealthStatus>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HealthMonitor {
+    /// Starts probing. `card` is the admitted Card; it is replaced when a refetch admits a new
+    /// one. `readmit` decides whether a refetched Card is still admissible.
+    pub fn spawn<F>(
+        control: ControlPlane,
+        card: Arc<RwLock<ConnectorCard>>,
+        interval: Duration,
+        readmit: F,
+    ) -> Self
+    where
+        F: Fn(&serde_json::Value, &crate::SkillDocument) -> Result<ConnectorCard, String>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let (sender, status) = watch::channel(HealthStatus::Unknown);
+        let task = tokio::spawn(async move {
+            let mut tracker = HealthTracker::new();
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let outcome = ProbeOutcome::from(control.health().await);
+                let current = card.read().await.clone();
+                let mut update = tracker.record(outcome, &current);
+                if update.refetch_card {
+                    let refetched = async {
+                        let json = control.card_json().await.map_err(|e| e.to_string())?;
+                        let skill = control.skill().await.map_err(|e| e.to_string())?;
+                        readmit(&json, &skill)
+                    }
+                    .await;
+                    match refetched {
+                        Ok(new_card) => {
+                            tracing::info!(card = %new_card.connector_card_id, version = %new_card.connector.version, "Card refetched after a health change");
+                            *card.write().await = new_card;
+                        }
+                        Err(reason) => update = tracker.incompatible(reason),
+                    }
+                }
+                if update.changed {
+                    tracing::info!(status = ?update.status, "Connector health changed");
+                }
+                if sender.send(update.status).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { status, task }
+    }
+
+    /// The latest status.
+    pub fn status(&self) -> HealthStatus {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver that sees every status change.
+    pub fn subscribe(&self) -> watch::Receiver<HealthStatus> {
+        self.status.clone()
+    }
+
+    /// Stops probing.
+    pub fn stop(self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xagent_protocol_types::{BuildInfo, ConnectorInfo, Supports, TargetType};
+
+    fn card() -> ConnectorCard {
+        ConnectorCard::new(
+            "im.x",
+            BuildInfo::new("2611291200"),
+            ConnectorInfo::new("X", "1.0.0"),
+            Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]),
+        )
+    }
+
+    fn healthy() -> ProbeOutcome {
+        ProbeOutcome::Healthy(Box::new(HealthResponse::for_card(&card())))
+    }
+
+    #[test]
+    fn health_rule_one_or_two_failures_degrade_three_go_offline() {
+        let card = card();
+        let mut tracker = HealthTracker::new();
+        assert_eq!(tracker.record(healthy(), &card).status, HealthStatus::Online);
+        let first = tracker.record(ProbeOutcome::Failed("503".into()), &card);
+        assert!(matches!(first.status, HealthStatus::Degraded { failures: 1, .. }));
+        let second = tracker.record(ProbeOutcome::Failed("timeout".into()), &card);
+        assert!(matches!(second.status, HealthStatus::Degraded { failures: 2, .. }));
+        let third = tracker.record(ProbeOutcome::Failed("refused".into()), &card);
+        assert!(matches!(third.status, HealthStatus::Offline { failures: 3, .. }));
+        let fourth = tracker.record(ProbeOutcome::Failed("refused".into()), &card);
+        assert!(matches!(fourth.status, HealthStatus::Offline { failures: 4, .. }));
+        assert!(!fourth.changed || matches!(fourth.status, HealthStatus::Offline { .. }));
+    }
+
+    #[test]
+    fn health_rule_success_resets_failures() {
+        let card = card();
+        let mut tracker = HealthTracker::new();
+        tracker.record(ProbeOutcome::Failed("x".into()), &card);
+        tracker.record(ProbeOutcome::Failed("x".into()), &card);
+        assert_eq!(tracker.record(healthy(), &card).status, HealthStatus::Online);
+        let after = tracker.record(ProbeOutcome::Failed("x".into()), &card);
+        assert!(matches!(after.status, HealthStatus::Degraded { failures: 1, .. }));
+    }
+
+    #[test]
+    fn health_rule_401_403_is_authentication_failure_not_a_counted_failure() {
+        let card = card();
+        let mut tracker = HealthTracker::new();
+        let update = tracker.record(ProbeOutcome::Unauthorized, &card);
+        assert_eq!(update.status, HealthStatus::AuthenticationFailed);
+    }
+
+    #[test]
+    fn health_rule_changed_version_or_build_triggers_refetch() {
+        let card = card();
+        let mut tracker = HealthTracker::new();
+        assert!(!tracker.record(healthy(), &card).refetch_card);
+        let mut newer = HealthResponse::for_card(&card);
+        newer.connector_card_version = Some("1.1.0".into());
+        assert!(tracker.record(ProbeOutcome::Healthy(Box::new(newer)), &card).refetch_card);
+        let mut rebuilt = HealthResponse::for_card(&card);
+        rebuilt.build = BuildInfo::new("2612010000");
+        assert!(tracker.record(ProbeOutcome::Healthy(Box::new(rebuilt)), &card).refetch_card);
+        let mut protocol = HealthResponse::for_card(&card);
+        protocol.protocol_version = "3.1".into();
+        assert!(tracker.record(ProbeOutcome::Healthy(Box::new(protocol)), &card).refetch_card);
+    }
+
+    #[test]
+    fn health_rule_card_id_mismatch_cannot_stay_online() {
+        let card = card();
+        let mut tracker = HealthTracker::new();
+        let mut other = HealthResponse::for_card(&card);
+        other.connector_card_id = Some("im.other".into());
+        let update = tracker.record(ProbeOutcome::Healthy(Box::new(other)), &card);
+        assert!(matches!(update.status, HealthStatus::Offline { .. }));
+    }
+}

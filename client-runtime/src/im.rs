@@ -1,0 +1,267 @@
+//! IM Profile v2 from the xAgent side: inbound user messages through receiver idempotency with
+//! acks after the application's verdict; assistant messages through the outbox (pending until
+//! `accepted` or `duplicate`, redelivered with the same `message_id`); deltas and activity sent
+//! as they come.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use xagent_profile_im::{
+    Admission, EnqueueOutcome, IdempotencyConfig, Outbox, OutboxConfig, OutboxStats,
+    ReceiverIdempotency,
+};
+use xagent_protocol_types::{
+    ChatActivity, ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId, ErrorCode,
+    MessageId, Packet, PacketBody, PacketId, Payload, Side,
+};
+
+use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, now_millis, send_on};
+use crate::{ClientError, DataPlane, ids};
+
+/// IM state of one client. Outbox entries are keyed by the channel id xAgent persisted, so a
+/// channel that comes back under a new id keeps its pending messages.
+pub(crate) struct ImState {
+    outbox: Outbox,
+    receiver: ReceiverIdempotency,
+    /// current channel id -> persisted channel id
+    aliases: HashMap<ConnectorChannelId, ConnectorChannelId>,
+}
+
+impl ImState {
+    pub(crate) fn new() -> Self {
+        Self {
+            outbox: Outbox::in_memory(OutboxConfig::new(Side::Xagent), now_millis()),
+            receiver: ReceiverIdempotency::in_memory(IdempotencyConfig::default()),
+            aliases: HashMap::new(),
+        }
+    }
+
+    fn persisted(&self, current: &ConnectorChannelId) -> ConnectorChannelId {
+        self.aliases.get(current).cloned().unwrap_or_else(|| current.clone())
+    }
+
+    fn current(&self, persisted: &ConnectorChannelId) -> ConnectorChannelId {
+        self.aliases
+            .iter()
+            .find(|(_, p)| *p == persisted)
+            .map(|(current, _)| current.clone())
+            .unwrap_or_else(|| persisted.clone())
+    }
+
+    pub(crate) fn on_disconnect(&mut self, now: u64) {
+        if let Err(error) = self.outbox.on_disconnect(now) {
+            tracing::warn!(error = %error, "outbox could not record the disconnect");
+        }
+    }
+
+    pub(crate) fn on_channel_reopened(
+        &mut self,
+        previous: &ConnectorChannelId,
+        current: &ConnectorChannelId,
+        now: u64,
+    ) {
+        let persisted = self.aliases.remove(previous).unwrap_or_else(|| previous.clone());
+        if current != &persisted {
+            self.aliases.insert(current.clone(), persisted.clone());
+        }
+        if let Err(error) = self.outbox.on_channel_reopened(&persisted, now) {
+            tracing::warn!(error = %error, "outbox could not reopen a channel");
+        }
+    }
+}
+
+/// Sends every outbox delivery that is due. Safe to call at any time.
+pub(crate) async fn pump(shared: &Arc<Shared>) {
+    let now = now_millis();
+    let mut im = shared.im.lock().await;
+    if let Err(error) = im.outbox.poll_timeouts(now) {
+        tracing::warn!(error = %error, "outbox timeout check failed");
+    }
+    let deliveries = match im.outbox.next_ready(now) {
+        Ok(deliveries) => deliveries,
+        Err(error) => {
+            tracing::warn!(error = %error, "outbox could not produce deliveries");
+            return;
+        }
+    };
+    for delivery in deliveries {
+        let channel = im.current(&delivery.channel);
+        let packet_id = PacketId::new(ids::mint("pkt_"));
+        let packet =
+            Packet::new(packet_id.clone(), delivery.payload.to_body()).channel(channel).time(now);
+        let result = match send_on(shared, &packet).await {
+            Ok(()) => im
+                .outbox
+                .on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
+                .map(|_| ()),
+            Err(error) => im
+                .outbox
+                .on_send_failed(&delivery.channel, &delivery.message_id, &error.to_string(), now)
+                .map(|_| ()),
+        };
+        if let Err(error) = result {
+            tracing::warn!(error = %error, "outbox bookkeeping failed");
+        }
+    }
+}
+
+/// Keeps the outbox moving: redeliveries after backoff, ack timeouts, expiry.
+pub(crate) async fn run_pump(shared: Arc<Shared>) {
+    let mut ticker = tokio::time::interval(std::time::Duration::from_millis(100));
+    loop {
+        ticker.tick().await;
+        pump(&shared).await;
+        let now = now_millis();
+        let mut im = shared.im.lock().await;
+        if let Err(error) = im.outbox.maintain(now) {
+            tracing::warn!(error = %error, "outbox maintenance failed");
+        }
+        if let Err(error) = im.receiver.prune(now) {
+            tracing::warn!(error = %error, "idempotency pruning failed");
+        }
+    }
+}
+
+pub(crate) async fn on_chat_message(shared: &Arc<Shared>, packet: Packet) {
+    let Some(channel) = packet.connector_channel_id.clone() else { return };
+    let PacketBody::ChatMessage(message) = &packet.body else { return };
+    let message = message.clone();
+    let now = now_millis();
+    let admission = {
+        let mut im = shared.im.lock().await;
+        let persisted = im.persisted(&channel);
+        im.receiver.begin_chat(&persisted, &message, now)
+    };
+    let ack = match admission {
+        Ok(Admission::Process(ticket)) => {
+            let (responder, verdict) = oneshot::channel();
+            let inbound = InboundMessage::with_responder(channel.clone(), message, responder);
+            let _ = shared.events.send(ClientEvent::ChatMessage(inbound));
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let verdict = verdict.await.unwrap_or(Verdict::Reject {
+                    code: ErrorCode::ChannelBusy,
+                    message: "the message was not handled".into(),
+                    retryable: true,
+                });
+                let ack = {
+                    let mut im = shared.im.lock().await;
+                    match verdict {
+                        Verdict::Accept => match im.receiver.complete(ticket, now_millis()) {
+                            Ok(ack) => ack,
+                            Err(error) => {
+                                tracing::warn!(error = %error, "could not record a completed message");
+                                return;
+                            }
+                        },
+                        Verdict::Reject { code, message, retryable } => {
+                            im.receiver.abandon(ticket, code, message, retryable)
+                        }
+                    }
+                };
+                send_ack(&shared, &packet, ack).await;
+            });
+            return;
+        }
+        Ok(Admission::Duplicate(ack) | Admission::Conflict(ack) | Admission::InProgress(ack)) => {
+            ack
+        }
+        Err(error) => ChatMessageAck::rejected(
+            message.message_id.clone(),
+            ErrorCode::ChannelBusy,
+            format!("could not check the message: {error}"),
+            true,
+        ),
+    };
+    send_ack(shared, &packet, ack).await;
+}
+
+async fn send_ack(shared: &Shared, message: &Packet, ack: ChatMessageAck) {
+    let packet = Packet::with_payload(ids::mint("pkt_"), ack).answering(message).time(now_millis());
+    if let Err(error) = send_on(shared, &packet).await {
+        tracing::warn!(error = %error, "could not send chat.message.ack; the Connector will redeliver");
+    }
+}
+
+pub(crate) async fn on_chat_message_ack(shared: &Arc<Shared>, packet: Packet) {
+    let (Some(channel), Some(reply_to)) =
+        (packet.connector_channel_id.clone(), packet.reply_to.clone())
+    else {
+        tracing::warn!("chat.message.ack without channel or reply_to ignored");
+        return;
+    };
+    let Some(ack) = packet.payload::<ChatMessageAck>().cloned() else { return };
+    {
+        let mut im = shared.im.lock().await;
+        let persisted = im.persisted(&channel);
+        match im.outbox.on_ack(&persisted, &ack, &reply_to, now_millis()) {
+            Ok(outcome) => tracing::debug!(?outcome, "chat.message.ack applied"),
+            Err(error) => tracing::warn!(error = %error, "chat.message.ack not applied"),
+        }
+    }
+    let _ = shared.events.send(ClientEvent::ChatMessageAcked { channel, ack });
+    pump(shared).await;
+}
+
+impl DataPlane {
+    /// Queues a complete assistant message for a channel. It stays pending until the Connector
+    /// acks `accepted` or `duplicate`, and is redelivered with the same `message_id` after
+    /// timeouts, disconnects and retryable rejections, until it expires.
+    pub async fn send_chat_message(
+        &self,
+        channel: &ConnectorChannelId,
+        message: ChatMessage,
+    ) -> Result<EnqueueOutcome, ClientError> {
+        let outcome = {
+            let mut im = self.shared().im.lock().await;
+            let persisted = im.persisted(channel);
+            im.outbox
+                .enqueue(&persisted, message, now_millis())
+                .map_err(|e| ClientError::Protocol(e.to_string()))?
+        };
+        pump(self.shared()).await;
+        Ok(outcome)
+    }
+
+    /// Sends a text delta of an assistant message (no ack; the final message completes it).
+    pub async fn send_delta(
+        &self,
+        channel: &ConnectorChannelId,
+        delta: ChatMessageDelta,
+    ) -> Result<(), ClientError> {
+        self.send_push(channel, delta).await
+    }
+
+    /// Sends an activity snapshot (no ack, not persisted).
+    pub async fn send_activity(
+        &self,
+        channel: &ConnectorChannelId,
+        activity: ChatActivity,
+    ) -> Result<(), ClientError> {
+        self.send_push(channel, activity).await
+    }
+
+    async fn send_push<P: Payload>(
+        &self,
+        channel: &ConnectorChannelId,
+        payload: P,
+    ) -> Result<(), ClientError> {
+        let packet = Packet::with_payload(ids::mint("pkt_"), payload)
+            .channel(channel.clone())
+            .time(now_millis());
+        self.send(&packet).await
+    }
+
+    /// Whether an assistant message is still pending.
+    pub async fn is_pending(&self, channel: &ConnectorChannelId, message_id: &MessageId) -> bool {
+        let im = self.shared().im.lock().await;
+        let persisted = im.persisted(channel);
+        im.outbox.is_pending(&persisted, message_id)
+    }
+
+    /// Outbox counters (attempts, expirations, evictions, last error).
+    pub async fn outbox_stats(&self) -> OutboxStats {
+        self.shared().im.lock().await.outbox.stats()
+    }
+}

@@ -1,0 +1,42 @@
+//! # xagent-client-runtime
+//!
+//! The xAgent side of the **xAgent Connector Protocol 3.0**, the counterpart of
+//! `xagent-server-runtime`: Base URL rules, admission (Card, Skill, health, version window),
+//! the health monitor, a data-plane client with request/ack correlation, reconnect with
+//! jittered backoff and channel reopening, Tool projection, and IM v2 delivery in both
+//! directions through `xagent-profile-im`.
+//!
+//! ```
+//! use xagent_client_runtime::{BaseUrl, ClientConfig};
+//!
+//! let base = BaseUrl::parse("https://connector.example/im")?;
+//! assert_eq!(base.ws_url(), "wss://connector.example/im/ws");
+//! assert_eq!(base.resolve("/files/refs/file_1")?, "https://connector.example/im/files/refs/file_1");
+//! let config = ClientConfig::new(base, "im.example", vec!["xagent.im.v2".into()]);
+//! assert_eq!(config.request_timeout.as_secs(), 10);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod admission;
+mod backoff;
+mod base_url;
+pub mod conformance;
+mod connection;
+mod error;
+mod health;
+mod http;
+mod ids;
+mod im;
+pub mod probe;
+mod tools;
+
+pub use admission::*;
+pub use backoff::Backoff;
+pub use base_url::{BaseUrl, BaseUrlError};
+pub use connection::{
+    ClientConfig, ClientEvent, ConnectionState, DataPlane, InboundMessage, Verdict,
+};
+pub use error::ClientError;
+pub use health::*;
+pub use http::{ControlPlane, Downloaded, SkillDocument};
+pub use tools::{FunctionDeclaration, project_tools};
