@@ -1,14 +1,24 @@
 //! # xagent-protocol-validate
 //!
-//! Every hard rule of the xAgent Connector Protocol 3.0 that a JSON Schema cannot say, in one
-//! place, so a Connector can check itself before it ships and the xAgent backend can embed the
-//! same checks: version admission ([`version`]), the Profile catalog and negotiation
-//! ([`catalog`]), data-plane sequencing as a sans-I/O state machine ([`session`]) and the Tool
-//! input schema helper ([`with_connector_channel_id`]).
+//! Every hard rule of the xAgent Connector Protocol 3.0, in one place, so a Connector can check
+//! itself before it ships and the xAgent backend can embed the same checks. It sits on
+//! `xagent-protocol-types` and does no I/O.
+//!
+//! - Validators for the Card, the Descriptor (alone or against a Card), `SKILL.md`, `/health`,
+//!   the Base URL, hello / hello.ack and single packets. They work on `serde_json::Value`, so
+//!   one bad field never hides another, and return a [`Report`] with **every** [`Violation`]:
+//!   a stable rule id, a [`Severity`], a JSON pointer and a message. [`Report`] serialises to
+//!   the `{"valid", "violations"}` shape of `xagent-connector check --format json`, and
+//!   [`check_text`] is the library form of that command.
+//! - Version admission ([`version`]), the Profile catalog and negotiation ([`catalog`]: the
+//!   only allowlist in the project), the sans-I/O data-plane sequencing machine ([`session`]),
+//!   the Tool input schema helper ([`with_connector_channel_id`]) and the secret-leak scanner
+//!   ([`secrets`]).
 //!
 //! ```
-//! use xagent_protocol_validate::{AdmissionWindow, Negotiated, ProtocolVersion};
+//! use serde_json::json;
 //! use xagent_protocol_types::{ProfileId, Side};
+//! use xagent_protocol_validate::{AdmissionWindow, Negotiated, ProtocolVersion, validate_card};
 //!
 //! assert!(AdmissionWindow::default().admit(Some("3.0")).is_ok());
 //! assert!(AdmissionWindow::default().admit(None).is_err()); // omitted = 1.0
@@ -20,13 +30,56 @@
 //! assert!(negotiated.allows("chat.message.delta", Side::Xagent, None));
 //! assert!(!negotiated.allows("chat.message.delta", Side::Connector, None));
 //! assert!(!negotiated.allows("message.push", Side::Connector, None));
+//!
+//! let report = validate_card(&json!({"schema": "xagent.connector/v1", "protocol_version": "2.0"}));
+//! assert!(!report.valid);
+//! assert!(report.has("card.protocol_version") && report.has("card.connector_card_id"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! ## Decisions where the texts are silent
+//!
+//! - The Connector side admits a hello whose version is at least the window minimum and has
+//!   the window's major ([`AdmissionWindow::admit_hello`]); the xAgent side admits a hello.ack in
+//!   the closed window ([`AdmissionWindow::admit`]). Omitted versions read as 1.0.
+//! - A version refusal is answered with `protocol_version_unsupported` and a close
+//!   ([`RejectAction::ReplyAndClose`]); other hello failures are answered and the connection
+//!   waits for a correct hello.
+//! - An ack whose `request_id` (or a `chat.message.ack` whose `reply_to`) matches nothing
+//!   pending is dropped without an answer ([`RejectAction::Ignore`]); so is a pushed Descriptor
+//!   whose identity does not match (the protocol says xAgent ignores it).
+//! - A Descriptor naming another Card is `connector_channel_connector_mismatch`; another
+//!   runtime id is `connector_id_mismatch`; another channel is `invalid_packet`.
+//! - A channel closes when `channel.close` is seen; its ack (and any ack of a request made
+//!   while it was open) still pairs.
+//! - Packets of a Profile that was not negotiated, or in the wrong direction, are
+//!   `unsupported_packet`. Received packets go through the [`Session`]; signals xAgent wants to
+//!   send are filtered with [`ChannelProfiles::outbound_packet`] and dropped silently.
+//! - The catalog's outbound payload kinds for IM v2 are named in [`catalog::outbound`].
+//! - The secret scanner ignores known secrets shorter than 6 characters and leaves out
+//!   `auth.start` form input, which carries the user's secrets by design.
+//! - `SKILL.md` paths are `/front_matter/name` and `/line/<n>`.
+//! - `message.push`: `text`, `content` or `message` satisfies the content requirement.
+//!
+#![doc = include_str!("../RULES.md")]
 
 pub mod catalog;
+mod report;
+pub mod rules;
+pub mod secrets;
 pub mod session;
 mod tool_schema;
+mod validate;
 pub mod version;
+
+pub use report::{Report, Rule, Severity, Violation};
+pub use secrets::{Leak, LeakKind, SecretScanner};
+pub use validate::{
+    CardFacts, DescriptorContext, DocumentKind, PacketContext, Validator, check_text,
+    is_valid_tool_id, parse_document, skill_front_matter_name, skill_name_matches_card,
+    validate_base_url, validate_card, validate_descriptor, validate_health, validate_packet,
+    validate_skill,
+};
 
 pub use catalog::{ChannelProfiles, Negotiated, Permission, ProfileSpec};
 pub use session::{
