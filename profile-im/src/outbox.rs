@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use xagent_protocol_types::{
     AckStatus, ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, MessageId, MessagePush,
-    PacketBody, PacketId, Payload, Side,
+    Packet, PacketBody, PacketId, Payload, Side,
 };
 
 use crate::store::{MemoryStore, OutboxStore, PendingRecord};
@@ -230,6 +230,14 @@ pub struct Delivery {
     pub attempt: u32,
     /// When the message expires (Unix ms).
     pub expires_at: u64,
+}
+
+impl Delivery {
+    /// The packet to write: this delivery's payload on its channel under a fresh `packet_id`
+    /// (one per transmission; the `message_id` inside stays the same).
+    pub fn to_packet(&self, packet_id: impl Into<PacketId>) -> Packet {
+        Packet::new(packet_id, self.payload.to_body()).channel(self.channel.clone())
+    }
 }
 
 /// Result of [`Outbox::enqueue`].

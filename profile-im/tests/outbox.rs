@@ -501,3 +501,16 @@ fn corrupt_stored_record_is_discarded_and_reported() {
     assert!(matches!(o.drain_events()[0], OutboxEvent::Discarded { .. }));
     assert_eq!(store.pending_len(), 0);
 }
+
+#[test]
+fn delivery_builds_its_packet_with_a_fresh_packet_id() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let d = o.next_ready(T0).unwrap().remove(0);
+    let packet = d.to_packet("pkt_9");
+    let json = packet.to_value().unwrap();
+    assert_eq!(json["type"], "chat.message");
+    assert_eq!(json["packet_id"], "pkt_9");
+    assert_eq!(json["connector_channel_id"], "a");
+    assert_eq!(json["payload"]["message_id"], "m1");
+}
