@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use serde_json::Value;
+use xagent_profile_im::{ActivityAction, ActivityCapability};
 use xagent_protocol_types::{
-    AuthInput, AuthSessionId, ChatActivity, ChatMessage, ConnectorChannelId, DescriptorTarget,
-    ErrorCode, FlowId, MessageId, RequestId, Secret, ToolCallId, ToolId, ToolProgressPush,
+    AuthInput, AuthSessionId, ChatMessage, ConnectorChannelId, DescriptorTarget, ErrorCode, FlowId,
+    MessageId, RequestId, Secret, ToolCallId, ToolId, ToolProgressPush,
 };
 
 use crate::runtime::ConnectorHandle;
@@ -319,13 +320,18 @@ pub trait ImTarget: Send + Sync + 'static {
         async { None }
     }
 
-    /// The activity snapshot changed (typing indicator); default: nothing.
+    /// What the target can show of `chat.activity` (default: a typing indicator only).
+    const ACTIVITY: ActivityCapability = ActivityCapability::TypingOnly;
+
+    /// Show, refresh or clear the activity indicator, as decided by the runtime's activity
+    /// tracker from `chat.activity` snapshots, deltas, final messages and the local timeout.
+    /// Failures must be swallowed: activity never affects message delivery. Default: nothing.
     fn activity(
         &self,
         ctx: ChannelContext,
-        activity: ChatActivity,
+        action: ActivityAction,
     ) -> impl Future<Output = ()> + Send {
-        let _ = (ctx, activity);
+        let _ = (ctx, action);
         async {}
     }
 }

@@ -11,9 +11,8 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use xagent_protocol_types::{
-    AuthFlow, BuildInfo, CardTool, ChatActivity, ChatMessage, ConnectorCard, ConnectorInfo,
-    DescriptorTarget, ProfileId, Security, Supports, TargetDeclaration, TargetType, ToolId,
-    UiHints, UserChannelMode,
+    AuthFlow, BuildInfo, CardTool, ChatMessage, ConnectorCard, ConnectorInfo, DescriptorTarget,
+    ProfileId, Security, Supports, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
 };
 
 use crate::author::{
@@ -69,7 +68,12 @@ pub(crate) trait DynIm: Send + Sync {
         how: FinalDelivery,
     ) -> BoxFut<'_, Result<(), DeliveryError>>;
     fn delta(&self, ctx: ChannelContext, update: DeltaUpdate) -> BoxFut<'_, Option<String>>;
-    fn activity(&self, ctx: ChannelContext, activity: ChatActivity) -> BoxFut<'_, ()>;
+    fn activity_capability(&self) -> xagent_profile_im::ActivityCapability;
+    fn activity(
+        &self,
+        ctx: ChannelContext,
+        action: xagent_profile_im::ActivityAction,
+    ) -> BoxFut<'_, ()>;
 }
 
 impl<T: ImTarget> DynIm for T {
@@ -87,8 +91,15 @@ impl<T: ImTarget> DynIm for T {
     fn delta(&self, ctx: ChannelContext, update: DeltaUpdate) -> BoxFut<'_, Option<String>> {
         Box::pin(ImTarget::delta(self, ctx, update))
     }
-    fn activity(&self, ctx: ChannelContext, activity: ChatActivity) -> BoxFut<'_, ()> {
-        Box::pin(ImTarget::activity(self, ctx, activity))
+    fn activity_capability(&self) -> xagent_profile_im::ActivityCapability {
+        T::ACTIVITY
+    }
+    fn activity(
+        &self,
+        ctx: ChannelContext,
+        action: xagent_profile_im::ActivityAction,
+    ) -> BoxFut<'_, ()> {
+        Box::pin(ImTarget::activity(self, ctx, action))
     }
 }
 

@@ -35,7 +35,12 @@ impl ConnectorServer {
             .route(paths::HEALTH, get(health))
             .route(paths::WS, get(ws))
             .route_layer(middleware::from_fn_with_state(Arc::clone(&shared), require_api_key));
-        let app = public.merge(protected).with_state(Arc::clone(&shared));
+        let mut app = public.merge(protected).with_state(Arc::clone(&shared));
+        if let Some(files) = crate::files::router(&shared) {
+            // The Transfer Plane checks the system API key itself (downloads also accept a
+            // signature instead).
+            app = app.merge(files);
+        }
         let app = app.layer(tower_http::trace::TraceLayer::new_for_http());
         let base = shared.config.base_path.trim_end_matches('/');
         if base.is_empty() { app } else { Router::new().nest(base, app) }

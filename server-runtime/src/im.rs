@@ -10,10 +10,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xagent_profile_im::{
-    AckOutcome, Admission, CompletedRecord, DeltaAction, DeltaAssembler, DeltaConfig,
-    DeltaStrategy, FinalAction, IdempotencyConfig, IdempotencyStore, OutboundPayload, Outbox,
-    OutboxConfig, OutboxEvent, OutboxStore, PendingRecord, ReceiverIdempotency, StoreError,
-    validate_activity, validate_chat_message,
+    AckOutcome, ActivityAction, ActivityConfig, ActivityTracker, Admission, CompletedRecord,
+    DeltaAction, DeltaAssembler, DeltaConfig, DeltaStrategy, FinalAction, IdempotencyConfig,
+    IdempotencyStore, OutboundPayload, Outbox, OutboxConfig, OutboxEvent, OutboxStore,
+    PendingRecord, ReceiverIdempotency, StoreError, validate_chat_message,
 };
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, MessageId, MessagePush,
@@ -68,6 +68,7 @@ struct Inner {
     outbox: Outbox<DynOutboxStore>,
     receiver: ReceiverIdempotency<DynIdempotencyStore>,
     deltas: DeltaAssembler,
+    activity: ActivityTracker,
 }
 
 /// The IM state of the runtime (present when the Card declares an IM Profile).
@@ -112,10 +113,12 @@ impl ImState {
         let strategy =
             if streams { DeltaStrategy::StreamEdit } else { DeltaStrategy::BufferUntilFinal };
         let deltas = DeltaAssembler::new(DeltaConfig::with_strategy(strategy));
-        Ok(Some(Self {
-            inner: Mutex::new(Inner { outbox, receiver, deltas }),
-            pump: tokio::sync::Mutex::new(()),
-        }))
+        let capability =
+            connector.im.as_ref().map(|im| im.activity_capability()).unwrap_or_default();
+        let activity =
+            ActivityTracker::new(ActivityConfig { capability, ..ActivityConfig::default() });
+        let inner = Inner { outbox, receiver, deltas, activity };
+        Ok(Some(Self { inner: Mutex::new(inner), pump: tokio::sync::Mutex::new(()) }))
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -174,8 +177,13 @@ impl ImState {
             }
             for delivery in ready {
                 let packet_id = ids::packet_id();
+                let mut body = delivery.payload.to_body();
+                if let (PacketBody::ChatMessage(message), Some(files)) = (&mut body, &shared.files)
+                {
+                    crate::files::refresh_urls(files, message);
+                }
                 let packet = shared
-                    .packet(Packet::new(packet_id.clone(), delivery.payload.to_body()))
+                    .packet(Packet::new(packet_id.clone(), body))
                     .channel(delivery.channel.clone());
                 let written = shared.send_tracked(&delivery.channel, packet).await;
                 let now = shared.now();
@@ -235,6 +243,22 @@ impl ImState {
             tracing::warn!(%error, "idempotency cleanup failed");
         }
         inner.deltas.remove_channel(channel);
+        inner.activity.remove_channel(channel);
+    }
+
+    async fn show(
+        &self,
+        shared: &Arc<Shared>,
+        channel: &ConnectorChannelId,
+        action: ActivityAction,
+    ) {
+        if action == ActivityAction::Noop {
+            return;
+        }
+        let (Some(ctx), Some(im)) = (channel_context(shared, channel), &shared.def.im) else {
+            return;
+        };
+        im.activity(ctx, action).await;
     }
 
     pub(crate) async fn maintain(&self, shared: &Arc<Shared>) {
@@ -248,6 +272,10 @@ impl ImState {
                 tracing::warn!(%error, "idempotency pruning failed");
             }
             inner.deltas.expire(now);
+        }
+        let cleared = self.inner().activity.expire(now);
+        for (channel, action) in cleared {
+            self.show(shared, &channel, action).await;
         }
         self.log_events();
         self.pump(shared).await;
@@ -285,6 +313,10 @@ impl ImState {
             }
             PacketBody::ChatMessageDelta(delta) => {
                 let action = self.inner().deltas.on_delta(&channel, delta, shared.now());
+                if action.is_ok() {
+                    let shown = self.inner().activity.on_delta(&channel, delta);
+                    self.show(shared, &channel, shown).await;
+                }
                 let (first, text, handle) = match action {
                     Err(error) => {
                         let wire = WireError::new(error.code(), error.to_string());
@@ -308,16 +340,14 @@ impl ImState {
                 }
             }
             PacketBody::ChatActivity(activity) => {
-                if let Err(error) = validate_activity(activity) {
-                    let wire = WireError::new(error.code(), error.to_string());
-                    conn.send(Packet::error(ids::packet_id(), wire).answering(packet)).await;
-                    return;
+                let action = self.inner().activity.on_activity(&channel, activity, shared.now());
+                match action {
+                    Ok(action) => self.show(shared, &channel, action).await,
+                    Err(error) => {
+                        let wire = WireError::new(error.code(), error.to_string());
+                        conn.send(Packet::error(ids::packet_id(), wire).answering(packet)).await;
+                    }
                 }
-                let (Some(ctx), Some(im)) = (channel_context(shared, &channel), &shared.def.im)
-                else {
-                    return;
-                };
-                im.activity(ctx, activity.clone()).await;
             }
             _ => {}
         }
@@ -361,6 +391,8 @@ impl ImState {
             FinalAction::SendNew => FinalDelivery::New,
             FinalAction::EditTarget { handle } => FinalDelivery::Edit { handle },
         };
+        let cleared = self.inner().activity.on_final_message(channel);
+        self.show(shared, channel, cleared).await;
         match im.deliver(ctx, message.clone(), how).await {
             Ok(()) => match self.inner().receiver.complete(ticket, shared.now()) {
                 Ok(ack) => ack,

@@ -52,6 +52,7 @@ mod author;
 mod build_info;
 mod connector;
 mod consumers;
+mod files;
 mod http;
 mod ids;
 mod im;
@@ -67,6 +68,7 @@ pub use author::{
 pub use build_info::runtime_build_info;
 pub use connector::{Connector, ConnectorBuilder, DefinitionError};
 pub use consumers::StopFn;
+pub use files::FilesConfig;
 pub use http::error_response;
 pub use runtime::{
     ConnectorHandle, ConnectorServer, HandleError, RuntimeConfig, ServerBuilder, ServerError,
@@ -75,6 +77,7 @@ pub use session::{CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameErr
 pub use storage::{
     ChannelRecord, DATABASE_FILE, SqliteStorage, Storage, StorageError, ToolCallRecord,
 };
+pub use xagent_profile_im::{ActivityAction, ActivityCapability};
 pub use xagent_protocol_types::BuildInfo;
 
 #[cfg(feature = "testing")]

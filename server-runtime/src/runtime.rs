@@ -167,6 +167,8 @@ pub(crate) struct Shared {
     pub(crate) tasks: TaskTracker,
     pub(crate) im: Option<crate::im::ImState>,
     pub(crate) inflight_tools: crate::session::InflightTools,
+    pub(crate) files: Option<xagent_file_transfer::FileStore>,
+    pub(crate) files_upload_limit: u64,
 }
 
 impl Shared {
@@ -330,6 +332,9 @@ impl Shared {
         }
         if let Some(im) = &self.im {
             im.forget_channel(&channel);
+        }
+        if let Some(files) = &self.files {
+            files.remove_channel(&channel).await;
         }
         if let Err(error) = self.storage.delete_channel(&channel) {
             tracing::error!(%error, %channel, "could not delete an unregistered channel");
@@ -566,9 +571,19 @@ pub struct ServerBuilder {
     storage: Option<Arc<dyn Storage>>,
     clock: Arc<dyn Clock>,
     api_key: Option<Secret>,
+    files: Option<crate::files::FilesConfig>,
+    state_dir: Option<std::path::PathBuf>,
 }
 
 impl ServerBuilder {
+    /// Enables the Transfer Plane with this configuration (a state directory enables it by
+    /// default under `<state dir>/files`).
+    #[must_use]
+    pub fn files(mut self, files: crate::files::FilesConfig) -> Self {
+        self.files = Some(files);
+        self
+    }
+
     /// Sets the configuration.
     #[must_use]
     pub fn config(mut self, config: RuntimeConfig) -> Self {
@@ -586,7 +601,8 @@ impl ServerBuilder {
 
     /// Uses `<dir>/connector.sqlite3` (WAL) as storage.
     pub fn state_dir(mut self, dir: impl AsRef<std::path::Path>) -> Result<Self, ServerError> {
-        self.storage = Some(Arc::new(SqliteStorage::open(dir)?));
+        self.storage = Some(Arc::new(SqliteStorage::open(&dir)?));
+        self.state_dir = Some(dir.as_ref().to_path_buf());
         Ok(self)
     }
 
@@ -623,6 +639,22 @@ impl ServerBuilder {
             state.channels.insert(record.id.clone(), record);
         }
         let im = crate::im::ImState::new(&self.connector, storage.as_ref(), &self.clock)?;
+        let files_config = self
+            .files
+            .or_else(|| self.state_dir.map(|d| crate::files::FilesConfig::new(d.join("files"))));
+        let files_upload_limit = files_config.as_ref().map_or(0, |f| f.max_upload_bytes);
+        let files = match &files_config {
+            Some(config) => Some(
+                crate::files::open_store(
+                    config,
+                    &self.config.base_path,
+                    storage.as_ref(),
+                    Arc::clone(&self.clock),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             def: self.connector,
             config: self.config,
@@ -634,6 +666,8 @@ impl ServerBuilder {
             tasks: TaskTracker::new(),
             im,
             inflight_tools: Default::default(),
+            files,
+            files_upload_limit,
         });
         let restored: Vec<ChannelContext> = shared
             .state()
@@ -678,6 +712,8 @@ impl ConnectorServer {
             storage: None,
             clock: Arc::new(SystemClock),
             api_key: None,
+            files: None,
+            state_dir: None,
         }
     }
 
@@ -732,6 +768,7 @@ impl ConnectorServer {
                 }
             })
         };
+        let cleanup = self.shared.files.as_ref().map(|files| files.spawn_cleanup());
         let server_token = token.clone();
         tokio::spawn(async move {
             shutdown.await;
@@ -742,6 +779,9 @@ impl ConnectorServer {
             .with_graceful_shutdown(async move { graceful.cancelled().await })
             .await?;
         maintenance.abort();
+        if let Some(cleanup) = cleanup {
+            cleanup.abort();
+        }
         self.wait_finished().await;
         Ok(())
     }

@@ -97,6 +97,10 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<(), StorageError>;
     /// Deletes tool calls completed before `before` (Unix ms); returns how many.
     fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError>;
+    /// A small runtime value by key (e.g. the URL signing secret).
+    fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError>;
+    /// Stores a small runtime value.
+    fn save_meta(&self, key: &str, value: &str) -> Result<(), StorageError>;
     /// The IM outbox store (`profile-im`).
     fn outbox_store(&self) -> Box<dyn OutboxStore + Send>;
     /// The IM receiver idempotency store (`profile-im`).
@@ -393,6 +397,26 @@ impl Storage for SqliteStorage {
         self.lock()
             .execute("DELETE FROM tool_calls WHERE completed_at < ?1", params![to_i64(before)])
             .map_err(|e| StorageError::new("prune tool calls", e))
+    }
+
+    fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
+        self.lock()
+            .query_row("SELECT value FROM meta WHERE key = ?1", params![key], |row| {
+                row.get::<_, String>(0)
+            })
+            .optional()
+            .map_err(|e| StorageError::new("load meta", e))
+    }
+
+    fn save_meta(&self, key: &str, value: &str) -> Result<(), StorageError> {
+        self.lock()
+            .execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map(|_| ())
+            .map_err(|e| StorageError::new("save meta", e))
     }
 
     fn outbox_store(&self) -> Box<dyn OutboxStore + Send> {

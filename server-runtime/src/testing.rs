@@ -14,10 +14,11 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
+use xagent_profile_im::{ActivityAction, ActivityCapability};
 use xagent_protocol_types::{
-    AuthField, AuthFlow, ChatActivity, ChatMessage, ConnectorChannelId, DescriptorTarget,
-    ErrorCode, MessageId, PROFILE_IM_V2, Packet, PacketBody, Payload, Secret, Security,
-    TargetDeclaration, TargetType, TrustLevel,
+    AuthField, AuthFlow, ChatMessage, ConnectorChannelId, DescriptorTarget, ErrorCode, MessageId,
+    PROFILE_IM_V2, Packet, PacketBody, Payload, Secret, Security, TargetDeclaration, TargetType,
+    TrustLevel,
 };
 
 use crate::{
@@ -43,8 +44,8 @@ pub struct EchoLog {
     pub delivered: Vec<(ConnectorChannelId, ChatMessage, FinalDelivery)>,
     /// Texts sent by the `echo_send` tool.
     pub sent: Vec<(ConnectorChannelId, String)>,
-    /// Activity snapshots received.
-    pub activities: Vec<(ConnectorChannelId, ChatActivity)>,
+    /// Activity indicator actions received.
+    pub activities: Vec<(ConnectorChannelId, ActivityAction)>,
     /// Signed-out channels (logout or unregister).
     pub signed_out: Vec<ConnectorChannelId>,
     /// Restored channels at startup.
@@ -139,8 +140,10 @@ impl ImTarget for EchoTarget {
         Ok(())
     }
 
-    async fn activity(&self, ctx: ChannelContext, activity: ChatActivity) {
-        self.0.log().activities.push((ctx.channel, activity));
+    const ACTIVITY: ActivityCapability = ActivityCapability::CustomStatus;
+
+    async fn activity(&self, ctx: ChannelContext, action: ActivityAction) {
+        self.0.log().activities.push((ctx.channel, action));
     }
 }
 

@@ -1,0 +1,258 @@
+//! IM v2 over a real socket: chat.message both ways with acks, idempotency, deltas, activity,
+//! files up and down.
+
+mod support;
+
+use xagent_protocol_types::{
+    AckStatus, ChatActivity, ChatFile, ChatMessage, ChatMessageAck, ChatMessageDelta, ErrorCode,
+    FileType, Packet,
+};
+use xagent_server_runtime::testing::{
+    ECHO_FAIL_PERMANENT, ECHO_FAIL_TEMPORARY, WsClient, has_error, inject_message, payload_json,
+};
+use xagent_server_runtime::{ActivityAction, FinalDelivery};
+
+async fn signed_in(h: &support::Harness) -> (WsClient, xagent_protocol_types::ConnectorChannelId) {
+    let mut c = h.client().await;
+    c.hello(None).await;
+    let (channel, _) = c.open_channel(None).await;
+    c.sign_in(&channel, "tok-im").await;
+    (c, channel)
+}
+
+fn message_packet(
+    c: &mut WsClient,
+    channel: &xagent_protocol_types::ConnectorChannelId,
+    message: ChatMessage,
+) -> Packet {
+    let id = c.id("pkt");
+    Packet::with_payload(id, message).channel(channel.clone())
+}
+
+#[tokio::test]
+async fn chat_message_from_xagent_is_delivered_once_with_acks() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+
+    let msg = message_packet(&mut c, &channel, ChatMessage::text("a1", "hello target"));
+    c.send(&msg).await;
+    let (ack, _) = c.wait_for("chat.message.ack").await;
+    assert_eq!(ack.reply_to.as_ref(), Some(&msg.packet_id));
+    assert_eq!(ack.connector_channel_id.as_ref(), Some(&channel));
+    let body: &ChatMessageAck = ack.payload().unwrap();
+    assert_eq!(body.status, AckStatus::Accepted);
+    assert_eq!(body.message_id.as_str(), "a1");
+
+    // Retransmission with a new packet_id: duplicate, not delivered twice.
+    let again = message_packet(&mut c, &channel, ChatMessage::text("a1", "hello target"));
+    c.send(&again).await;
+    let (dup, _) = c.wait_for("chat.message.ack").await;
+    assert_eq!(dup.payload::<ChatMessageAck>().unwrap().status, AckStatus::Duplicate);
+    assert_eq!(h.echo.log().delivered.len(), 1);
+
+    // Same id, other content: message_conflict, not retryable.
+    let conflict = message_packet(&mut c, &channel, ChatMessage::text("a1", "changed"));
+    c.send(&conflict).await;
+    let (rej, _) = c.wait_for("chat.message.ack").await;
+    let rej: &ChatMessageAck = rej.payload().unwrap();
+    assert_eq!(rej.status, AckStatus::Rejected);
+    assert_eq!(rej.code, Some(ErrorCode::MessageConflict));
+    assert_eq!(rej.retryable, Some(false));
+
+    // Target failures map to rejected with retryable true/false.
+    let busy = message_packet(&mut c, &channel, ChatMessage::text("a2", ECHO_FAIL_TEMPORARY));
+    c.send(&busy).await;
+    let (busy, _) = c.wait_for("chat.message.ack").await;
+    let busy: &ChatMessageAck = busy.payload().unwrap();
+    assert_eq!((busy.status.clone(), busy.retryable), (AckStatus::Rejected, Some(true)));
+    let bad = message_packet(&mut c, &channel, ChatMessage::text("a3", ECHO_FAIL_PERMANENT));
+    c.send(&bad).await;
+    let (bad, _) = c.wait_for("chat.message.ack").await;
+    let bad: &ChatMessageAck = bad.payload().unwrap();
+    assert_eq!(bad.code, Some(ErrorCode::TargetDeliveryFailed));
+    assert_eq!(bad.retryable, Some(false));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn deltas_are_assembled_and_the_final_is_delivered_once() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    for (seq, text) in [(1, "Hel"), (2, "lo")] {
+        let id = c.id("pkt");
+        c.send(
+            &Packet::with_payload(id, ChatMessageDelta::new("as1", seq, text))
+                .channel(channel.clone()),
+        )
+        .await;
+    }
+    // A byte-identical retransmission is a no-op; a gap is sequence_conflict.
+    let id = c.id("pkt");
+    c.send(
+        &Packet::with_payload(id, ChatMessageDelta::new("as1", 2, "lo")).channel(channel.clone()),
+    )
+    .await;
+    let id = c.id("pkt");
+    c.send(
+        &Packet::with_payload(id, ChatMessageDelta::new("as1", 5, "x")).channel(channel.clone()),
+    )
+    .await;
+    let err = c.next_packet().await;
+    assert!(has_error(&err, &ErrorCode::SequenceConflict), "{err:?}");
+
+    let fin = message_packet(&mut c, &channel, ChatMessage::text("as1", "Hello"));
+    c.send(&fin).await;
+    let (ack, _) = c.wait_for("chat.message.ack").await;
+    assert_eq!(ack.payload::<ChatMessageAck>().unwrap().status, AckStatus::Accepted);
+    let log = h.echo.log();
+    assert_eq!(log.delivered.len(), 1);
+    assert_eq!(log.delivered[0].1.text.as_deref(), Some("Hello"));
+    assert_eq!(
+        log.delivered[0].2,
+        FinalDelivery::New,
+        "a buffering target sends the final as a new message"
+    );
+    drop(log);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn activity_is_tracked_and_cleared_by_the_final_message() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    let id = c.id("pkt");
+    c.send(&Packet::with_payload(id, ChatActivity::tool("web_search")).channel(channel.clone()))
+        .await;
+    // Invalid activity (tool_name with thinking) is refused.
+    let mut bad = ChatActivity::thinking();
+    bad.tool_name = Some("x".into());
+    let id = c.id("pkt");
+    c.send(&Packet::with_payload(id, bad).channel(channel.clone())).await;
+    let err = c.next_packet().await;
+    assert!(has_error(&err, &ErrorCode::InvalidPacket), "{err:?}");
+    let fin = message_packet(&mut c, &channel, ChatMessage::text("m9", "done"));
+    c.send(&fin).await;
+    c.wait_for("chat.message.ack").await;
+    let log = h.echo.log();
+    let actions: Vec<&ActivityAction> = log.activities.iter().map(|(_, a)| a).collect();
+    assert!(
+        matches!(actions[0], ActivityAction::Show { tool_name: Some(name), .. } if name == "web_search")
+    );
+    assert_eq!(actions.last(), Some(&&ActivityAction::Clear));
+    drop(log);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn inbound_messages_reach_xagent_and_leave_the_outbox_on_accept() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    let handle = h.server.handle();
+    inject_message(&handle, &channel, "in_1", "from the target").await.unwrap();
+    let (msg, _) = c.wait_for("chat.message").await;
+    let body: &ChatMessage = msg.payload().unwrap();
+    assert_eq!(body.text.as_deref(), Some("from the target"));
+    assert_eq!(handle.pending_messages(&channel).len(), 1, "pending until acked");
+
+    let ack = Packet::with_payload(c.id("pkt"), ChatMessageAck::accepted("in_1"))
+        .channel(channel.clone())
+        .reply_to(msg.packet_id.clone());
+    c.send(&ack).await;
+    // A ping round trip orders the ack before the check.
+    let ping = c.request(xagent_protocol_types::Ping::default(), None);
+    c.call(ping).await;
+    assert!(handle.pending_messages(&channel).is_empty());
+
+    // A retryable rejection keeps it pending with the same message_id.
+    inject_message(&handle, &channel, "in_2", "second").await.unwrap();
+    let (msg, _) = c.wait_for("chat.message").await;
+    let reject = Packet::with_payload(
+        c.id("pkt"),
+        ChatMessageAck::rejected("in_2", ErrorCode::ChannelBusy, "busy", true),
+    )
+    .channel(channel.clone())
+    .reply_to(msg.packet_id.clone());
+    c.send(&reject).await;
+    let ping = c.request(xagent_protocol_types::Ping::default(), None);
+    c.call(ping).await;
+    assert_eq!(
+        handle.pending_messages(&channel),
+        vec![xagent_protocol_types::MessageId::new("in_2")]
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn files_up_and_down_through_the_transfer_plane() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    let handle = h.server.handle();
+    let http = reqwest::Client::new();
+
+    // Connector -> xAgent: an inbound file with a signed download URL.
+    let file: ChatFile =
+        handle.register_file(&channel, "cat.png", Some("image/png"), b"\x89PNGdata").await.unwrap();
+    assert_eq!(file.file_type, FileType::Image);
+    let url = file.download_url.clone().unwrap();
+    let message = ChatMessage::with_files("in_f", Some("a picture".into()), vec![file]);
+    handle.send_message(&channel, message).await.unwrap();
+    let (msg, _) = c.wait_for("chat.message").await;
+    let sent: &ChatMessage = msg.payload().unwrap();
+    let sent_url = sent.files[0].download_url.clone().unwrap();
+    assert!(sent_url.starts_with("/files/refs/file_"));
+    let got = http.get(h.http(&sent_url)).send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.bytes().await.unwrap().as_ref(), b"\x89PNGdata");
+    let tampered = url.replace("sig=", "sig=00");
+    assert_eq!(http.get(h.http(&tampered)).send().await.unwrap().status(), 403);
+
+    // xAgent -> Connector: upload, then the author opens it by file_ref.
+    let form = reqwest::multipart::Form::new()
+        .part("file", reqwest::multipart::Part::bytes(b"report body".to_vec()).file_name("r.txt"));
+    let up = http
+        .post(h.http("/files/uploads"))
+        .bearer_auth(support::API_KEY)
+        .header("X-XAgent-Connector-Channel-ID", channel.as_str())
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(up.status(), 200);
+    let body: serde_json::Value = up.json().await.unwrap();
+    let file_ref = xagent_protocol_types::FileRef::new(body["file_ref"].as_str().unwrap());
+    let (record, _) = handle.open_file(&channel, &file_ref).await.unwrap();
+    assert_eq!(record.byte_size, 11);
+
+    // Upload errors: no key 401, unknown channel 404, missing header 400.
+    let form = || {
+        reqwest::multipart::Form::new()
+            .part("file", reqwest::multipart::Part::bytes(vec![1]).file_name("a"))
+    };
+    let no_key = http
+        .post(h.http("/files/uploads"))
+        .header("X-XAgent-Connector-Channel-ID", channel.as_str())
+        .multipart(form())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_key.status(), 401);
+    let unknown = http
+        .post(h.http("/files/uploads"))
+        .bearer_auth(support::API_KEY)
+        .header("X-XAgent-Connector-Channel-ID", "cch_nope")
+        .multipart(form())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    let no_header = http
+        .post(h.http("/files/uploads"))
+        .bearer_auth(support::API_KEY)
+        .multipart(form())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_header.status(), 400);
+    let _ = payload_json(&msg);
+    h.stop().await;
+}
