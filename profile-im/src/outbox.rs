@@ -617,6 +617,7 @@ impl<S: OutboxStore> Outbox<S> {
             Some(id) if !id.is_empty() => id.clone(),
             _ => return Err(PayloadError::MissingMessageId.into()),
         };
+        self.expire_channel(channel, now)?;
         if let Some(existing) = self
             .channels
             .get(channel)
@@ -628,7 +629,6 @@ impl<S: OutboxStore> Outbox<S> {
                 Err(OutboxError::MessageConflict { channel: channel.clone(), message_id })
             };
         }
-        self.expire_channel(channel, now)?;
         let capacity = self.config.capacity_per_channel;
         let ch = self.channels.entry(channel.clone()).or_default();
         let mut evicted = None;

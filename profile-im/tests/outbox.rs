@@ -514,3 +514,12 @@ fn delivery_builds_its_packet_with_a_fresh_packet_id() {
     assert_eq!(json["connector_channel_id"], "a");
     assert_eq!(json["payload"]["message_id"], "m1");
 }
+
+#[test]
+fn re_enqueue_after_unswept_expiry_is_a_new_message_not_already_pending() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let out = o.enqueue(&ch("a"), msg("m1"), T0 + HOUR).unwrap();
+    assert_eq!(out, EnqueueOutcome::Queued { expires_at: T0 + 2 * HOUR, evicted: None });
+    assert_eq!(o.stats().totals.expired, 1);
+}

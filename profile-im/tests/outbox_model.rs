@@ -1,14 +1,19 @@
 //! Model-based property test of the outbox: random interleavings of enqueues, sends, acks of
 //! every status, write failures, timeouts, disconnects, channel close/reopen, restarts and
-//! clock jumps (forwards and backwards), checked against a small reference model:
+//! clock jumps (forwards and backwards), under both overflow policies, checked against a small
+//! reference model:
 //!
-//! - no message is lost before its expiry (it stays pending until a terminal ack);
+//! - no message is lost before its expiry (it stays pending until a terminal ack or a recorded
+//!   capacity eviction, and is never evicted while in flight);
 //! - none is handed out at or after its expiry;
 //! - none is delivered twice, and none is handed out after it ended;
 //! - at most one message per channel is in flight, and a channel's messages go out in order.
 
 use proptest::prelude::*;
-use xagent_profile_im::{AckOutcome, MemoryStore, Outbox, OutboxConfig, OutboxError, RetryOutcome};
+use xagent_profile_im::{
+    AckOutcome, EnqueueOutcome, MemoryStore, Outbox, OutboxConfig, OutboxError, OverflowPolicy,
+    RetryOutcome,
+};
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, MessageId, PacketId, Side,
 };
@@ -82,6 +87,7 @@ enum Fate {
     Delivered,
     Failed,
     Expired,
+    Evicted,
 }
 
 #[derive(Debug)]
@@ -115,8 +121,9 @@ fn channel(i: usize) -> ConnectorChannelId {
 }
 
 impl Harness {
-    fn new() -> Self {
+    fn new(overflow: OverflowPolicy) -> Self {
         let mut config = OutboxConfig::new(Side::Xagent);
+        config.overflow = overflow;
         config.ttl_ms = TTL;
         config.capacity_per_channel = CAPACITY;
         let store = MemoryStore::new();
@@ -150,24 +157,30 @@ impl Harness {
                 let seq = self.msgs.len();
                 let id = MessageId::new(format!("m{seq}"));
                 let ch = channel(c);
-                let live = self
-                    .msgs
-                    .iter()
-                    .filter(|m| m.channel == ch && m.fate == Fate::Pending)
-                    .collect::<Vec<_>>();
+                let live =
+                    self.msgs.iter().filter(|m| m.channel == ch && m.fate == Fate::Pending).count();
                 match self.outbox.enqueue(&ch, ChatMessage::text(id.clone(), "x"), self.now) {
-                    Ok(_) => self.msgs.push(ModelMsg {
-                        channel: ch,
-                        id,
-                        seq,
-                        expires_at: self.now + TTL,
-                        fate: Fate::Pending,
-                        packets: Vec::new(),
-                        current: None,
-                    }),
+                    Ok(outcome) => {
+                        if let EnqueueOutcome::Queued { evicted: Some(victim), .. } = outcome {
+                            prop_assert!(live >= CAPACITY, "evicted below capacity");
+                            let v = self.index(&ch, &victim);
+                            prop_assert!(self.msgs[v].current.is_none(), "evicted in flight");
+                            prop_assert!(self.msgs[v].fate == Fate::Pending, "evicted twice");
+                            self.msgs[v].fate = Fate::Evicted;
+                        }
+                        self.msgs.push(ModelMsg {
+                            channel: ch,
+                            id,
+                            seq,
+                            expires_at: self.now + TTL,
+                            fate: Fate::Pending,
+                            packets: Vec::new(),
+                            current: None,
+                        });
+                    }
                     Err(OutboxError::CapacityExceeded { .. }) => {
                         // Only when the channel really holds CAPACITY unfinished messages.
-                        prop_assert!(live.len() >= CAPACITY, "refused below capacity");
+                        prop_assert!(live >= CAPACITY, "refused below capacity");
                     }
                     Err(e) => prop_assert!(false, "enqueue failed: {e}"),
                 }
@@ -342,7 +355,7 @@ impl Harness {
                     m.fate = Fate::Expired;
                     m.current = None;
                 }
-                Fate::Delivered | Fate::Failed | Fate::Expired => {
+                Fate::Delivered | Fate::Failed | Fate::Expired | Fate::Evicted => {
                     prop_assert!(!pending, "{} pending again after it ended", m.id);
                 }
                 Fate::Pending => {
@@ -369,40 +382,50 @@ proptest! {
 
     #[test]
     fn outbox_matches_reference_model(ops in proptest::collection::vec(op(), 1..80)) {
-        let mut h = Harness::new();
-        for op in ops {
-            h.apply(op)?;
-        }
-        // Drain: keep the transport healthy and accept everything; every message ends as
-        // delivered or (only past its TTL) expired, never lost.
-        for c in 0..CHANNELS {
-            h.apply(Op::Reopen(c))?;
-        }
-        for _ in 0..200 {
-            h.apply(Op::Send)?;
-            let latest: Vec<usize> = h
-                .msgs
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| m.fate == Fate::Pending && m.current.is_some())
-                .map(|(i, _)| i)
-                .collect();
-            for i in latest {
-                h.apply(Op::Ack(i, AckKind::Accepted, Which::Latest))?;
-            }
-            h.apply(Op::Advance(30_000))?;
-            h.apply(Op::PollTimeouts)?;
-        }
-        for m in &h.msgs {
-            prop_assert!(m.fate != Fate::Pending, "{} never finished", m.id);
-        }
-        let stats = h.outbox.stats();
-        prop_assert_eq!(stats.pending, 0);
-        prop_assert_eq!(h.store.pending_len(), 0);
-        let delivered = h.msgs.iter().filter(|m| m.fate == Fate::Delivered).count() as u64;
-        prop_assert_eq!(
-            h.delivered_before_restarts + stats.totals.delivered + stats.totals.duplicates,
-            delivered
-        );
+        run(ops, OverflowPolicy::RejectNew)?;
     }
+
+    #[test]
+    fn outbox_with_eviction_matches_reference_model(ops in proptest::collection::vec(op(), 1..80)) {
+        run(ops, OverflowPolicy::EvictOldest)?;
+    }
+}
+
+fn run(ops: Vec<Op>, overflow: OverflowPolicy) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(overflow);
+    for op in ops {
+        h.apply(op)?;
+    }
+    // Drain: keep the transport healthy and accept everything; every message ends as
+    // delivered or (only past its TTL) expired, never lost.
+    for c in 0..CHANNELS {
+        h.apply(Op::Reopen(c))?;
+    }
+    for _ in 0..200 {
+        h.apply(Op::Send)?;
+        let latest: Vec<usize> = h
+            .msgs
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.fate == Fate::Pending && m.current.is_some())
+            .map(|(i, _)| i)
+            .collect();
+        for i in latest {
+            h.apply(Op::Ack(i, AckKind::Accepted, Which::Latest))?;
+        }
+        h.apply(Op::Advance(30_000))?;
+        h.apply(Op::PollTimeouts)?;
+    }
+    for m in &h.msgs {
+        prop_assert!(m.fate != Fate::Pending, "{} never finished", m.id);
+    }
+    let stats = h.outbox.stats();
+    prop_assert_eq!(stats.pending, 0);
+    prop_assert_eq!(h.store.pending_len(), 0);
+    let delivered = h.msgs.iter().filter(|m| m.fate == Fate::Delivered).count() as u64;
+    prop_assert_eq!(
+        h.delivered_before_restarts + stats.totals.delivered + stats.totals.duplicates,
+        delivered
+    );
+    Ok(())
 }
