@@ -1,0 +1,289 @@
+//! The xAgent-side runtime against the server-runtime echo connector, over real sockets on
+//! 127.0.0.1: admission, reconnect after a restart, channel reopen with a new id, tool
+//! projection following Descriptor pushes, IM v2 both ways.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use xagent_client_runtime::{
+    Backoff, BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, admit, project_tools,
+};
+use xagent_protocol_types::{
+    AckStatus, AuthInput, AuthStart, AuthStartAck, AuthStatus, ChatActivity, ChatMessage,
+    ChatMessageDelta, ConnectorChannelId, DescriptorTool, PROFILE_IM_V2, Secret, SystemClock,
+    ToolStatus,
+};
+use xagent_protocol_validate::AdmissionWindow;
+use xagent_server_runtime::testing::{
+    ECHO_CARD_ID, ECHO_FLOW, EchoState, echo_connector, inject_message,
+};
+use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
+
+const API_KEY: &str = "sk-client-test-8a1d4f";
+
+struct Server {
+    server: ConnectorServer,
+    echo: EchoState,
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("xcr-{name}-{}-{:x}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+async fn start(dir: &PathBuf, addr: Option<SocketAddr>) -> Server {
+    let (connector, echo) = echo_connector();
+    let server = ConnectorServer::builder(connector)
+        .config(RuntimeConfig::default())
+        .state_dir(dir)
+        .expect("state dir")
+        .clock(SystemClock)
+        .api_key(Secret::new(API_KEY))
+        .build()
+        .await
+        .expect("server builds");
+    let listener = match addr {
+        Some(addr) => {
+            // The previous server may still be releasing the port.
+            let mut attempt = 0;
+            loop {
+                match tokio::net::TcpListener::bind(addr).await {
+                    Ok(listener) => break listener,
+                    Err(error) if attempt < 50 => {
+                        attempt += 1;
+                        let _ = error;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(error) => panic!("rebinding {addr}: {error}"),
+                }
+            }
+        }
+        None => tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
+    };
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = server.clone();
+    let join = tokio::spawn(async move {
+        let _ = running
+            .serve(listener, async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Server { server, echo, addr, stop: Some(stop), join }
+}
+
+impl Server {
+    fn base(&self) -> BaseUrl {
+        BaseUrl::parse(&format!("http://{}", self.addr)).expect("base url")
+    }
+
+    async fn stop(mut self) {
+        self.server.shutdown();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.join).await;
+    }
+}
+
+fn config(base: BaseUrl) -> ClientConfig {
+    let mut config = ClientConfig::new(base, ECHO_CARD_ID, vec![PROFILE_IM_V2.into()])
+        .with_api_key(Secret::new(API_KEY));
+    config.backoff = Backoff {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(400),
+        factor: 2.0,
+        max_failures: Some(100),
+    };
+    config.request_timeout = Duration::from_secs(5);
+    config
+}
+
+async fn next_event(
+    events: &mut UnboundedReceiver<ClientEvent>,
+    mut want: impl FnMut(&ClientEvent) -> bool,
+) -> ClientEvent {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, events.recv()).await {
+            Ok(Some(event)) if want(&event) => return event,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("event stream ended"),
+            Err(_) => panic!("timed out waiting for an event"),
+        }
+    }
+}
+
+async fn signed_in_channel(plane: &DataPlane) -> ConnectorChannelId {
+    let opened = plane.open_channel(None).await.expect("channel.open");
+    let channel = opened.connector_channel_id.clone();
+    let ack: AuthStartAck = plane
+        .request(
+            Some(&channel),
+            AuthStart::new(ECHO_FLOW).with_input(AuthInput::default().with("token", "tok-123")),
+        )
+        .await
+        .expect("auth.start");
+    assert_eq!(ack.0.status, AuthStatus::Authenticated);
+    plane.remember_channel(channel.clone()).await;
+    channel
+}
+
+#[tokio::test]
+async fn admission_accepts_the_echo_connector_and_checks_its_key() {
+    let server = start(&temp_dir("admit"), None).await;
+    let control = ControlPlane::new(server.base(), Some(Secret::new(API_KEY)));
+    let admitted =
+        admit(&control, &AdmissionWindow::default(), Some(ECHO_CARD_ID)).await.expect("admitted");
+    assert_eq!(admitted.card.connector_card_id, ECHO_CARD_ID);
+    assert!(admitted.skill.as_deref().is_some_and(|s| s.contains("connector-im-echo")));
+    let wrong_id = admit(&control, &AdmissionWindow::default(), Some("im.other")).await;
+    assert!(wrong_id.is_err(), "a Card other than the configured one is refused");
+    let no_key = ControlPlane::new(server.base(), None);
+    let refused = admit(&no_key, &AdmissionWindow::default(), None).await;
+    assert!(matches!(refused, Err(xagent_client_runtime::ClientError::Unauthorized { .. })));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reconnects_after_restart_and_reopens_the_same_channel() {
+    let dir = temp_dir("restart");
+    let server = start(&dir, None).await;
+    let addr = server.addr;
+    let (plane, mut events) = DataPlane::start(config(server.base()));
+    let first_id = plane.connected().await.expect("connected");
+    let channel = signed_in_channel(&plane).await;
+    server.stop().await;
+    next_event(&mut events, |e| matches!(e, ClientEvent::Disconnected { .. })).await;
+
+    let server = start(&dir, Some(addr)).await;
+    let reopened =
+        next_event(&mut events, |e| matches!(e, ClientEvent::ChannelReopened { .. })).await;
+    let ClientEvent::ChannelReopened { previous, current, descriptor } = reopened else {
+        unreachable!()
+    };
+    assert_eq!(previous, channel);
+    assert_eq!(current, channel, "a restarted Connector recognises its persisted channel");
+    assert_eq!(descriptor.connection.connector_channel_id, channel);
+    assert_eq!(
+        plane.connected().await.expect("reconnected"),
+        first_id,
+        "same connector_id after restart"
+    );
+    plane.ping().await.expect("ping after reconnect");
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_rebuilt_connector_gets_a_new_id_and_channels_reopen_under_new_ids() {
+    let server = start(&temp_dir("rebuilt-a"), None).await;
+    let addr = server.addr;
+    let (plane, mut events) = DataPlane::start(config(server.base()));
+    let first_id = plane.connected().await.expect("connected");
+    let channel = signed_in_channel(&plane).await;
+    server.stop().await;
+
+    // Same address, empty state: the Connector does not know the old ids.
+    let server = start(&temp_dir("rebuilt-b"), Some(addr)).await;
+    let replaced =
+        next_event(&mut events, |e| matches!(e, ClientEvent::ConnectorReplaced { .. })).await;
+    let ClientEvent::ConnectorReplaced { previous, current } = replaced else { unreachable!() };
+    assert_eq!(previous, first_id);
+    assert_ne!(current, first_id);
+    let reopened =
+        next_event(&mut events, |e| matches!(e, ClientEvent::ChannelReopened { .. })).await;
+    let ClientEvent::ChannelReopened { previous, current, .. } = reopened else { unreachable!() };
+    assert_eq!(previous, channel);
+    assert_ne!(current, channel, "an unknown channel comes back under a new id");
+    assert_eq!(plane.current_channel(&channel).await, Some(current));
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn tool_projection_follows_descriptor_pushes() {
+    let server = start(&temp_dir("tools"), None).await;
+    let control = ControlPlane::new(server.base(), Some(Secret::new(API_KEY)));
+    let card = control.card().await.expect("card");
+    let (plane, mut events) = DataPlane::start(config(server.base()));
+    plane.connected().await.expect("connected");
+    let channel = signed_in_channel(&plane).await;
+    let descriptor = server.server.handle().descriptor(&channel).expect("descriptor");
+    let names: Vec<String> =
+        project_tools(&card, &descriptor).iter().map(|f| f.name.to_string()).collect();
+    assert_eq!(names, vec!["echo_send", "echo_noop"]);
+
+    server
+        .server
+        .handle()
+        .set_tool_status(&channel, DescriptorTool::new("echo_send", ToolStatus::DeniedByTarget))
+        .await
+        .expect("tool status");
+    let pushed =
+        next_event(&mut events, |e| matches!(e, ClientEvent::DescriptorPushed { .. })).await;
+    let ClientEvent::DescriptorPushed { channel: pushed_channel, descriptor } = pushed else {
+        unreachable!()
+    };
+    assert_eq!(pushed_channel, channel);
+    let names: Vec<String> =
+        project_tools(&card, &descriptor).iter().map(|f| f.name.to_string()).collect();
+    assert_eq!(names, vec!["echo_noop"]);
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn im_v2_both_ways() {
+    let server = start(&temp_dir("im"), None).await;
+    let (plane, mut events) = DataPlane::start(config(server.base()));
+    plane.connected().await.expect("connected");
+    let channel = signed_in_channel(&plane).await;
+    let handle = server.server.handle();
+
+    // Connector -> xAgent: a user message, accepted once.
+    inject_message(&handle, &channel, "in_1", "hello agent").await.expect("inject");
+    let event = next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessage(_))).await;
+    let ClientEvent::ChatMessage(inbound) = event else { unreachable!() };
+    assert_eq!(inbound.message.text.as_deref(), Some("hello agent"));
+    assert_eq!(inbound.channel, channel);
+    inbound.accept();
+
+    // xAgent -> Connector: deltas, activity, and a final message with an ack.
+    plane.send_activity(&channel, ChatActivity::thinking()).await.expect("activity");
+    plane.send_delta(&channel, ChatMessageDelta::new("out_1", 1, "Hel")).await.expect("delta");
+    plane.send_delta(&channel, ChatMessageDelta::new("out_1", 2, "lo")).await.expect("delta");
+    plane.send_chat_message(&channel, ChatMessage::text("out_1", "Hello")).await.expect("queued");
+    let acked =
+        next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessageAcked { .. })).await;
+    let ClientEvent::ChatMessageAcked { ack, .. } = acked else { unreachable!() };
+    assert_eq!(ack.status, AckStatus::Accepted);
+    assert_eq!(ack.message_id, "out_1");
+    assert!(!plane.is_pending(&channel, &"out_1".into()).await);
+    {
+        let log = server.echo.log();
+        assert_eq!(log.delivered.len(), 1, "the final message reached the target once");
+        assert_eq!(log.delivered[0].1.text.as_deref(), Some("Hello"));
+        assert!(!log.activities.is_empty());
+    }
+    let stats = plane.outbox_stats().await;
+    assert_eq!(stats.totals.delivered, 1);
+    plane.close().await;
+    server.stop().await;
+}
