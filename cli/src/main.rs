@@ -1,1 +1,38 @@
-fn main() {}
+//! `xagent-connector`: the command-line tool of the xAgent Connector toolkit.
+//!
+//! One subcommand per module; `check` validates Cards, Descriptors, packets and Skills with
+//! the rules of `xagent-protocol-validate`. Exit status: 0 when no `error` violation was found,
+//! 1 when one was (including input that is not JSON or not a JSON object), 2 for usage and I/O
+//! errors.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod check;
+
+/// Command-line tool of the xAgent Connector Protocol 3.0 toolkit.
+#[derive(Debug, Parser)]
+#[command(name = "xagent-connector", version, about, propagate_version = true)]
+struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Validate a Card, Descriptor, packet or Skill against every protocol rule.
+    Check(check::CheckArgs),
+}
+
+/// Exit status for usage and I/O errors.
+pub(crate) const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check(args) => check::run(args),
+    }
+}
