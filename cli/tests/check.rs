@@ -1,7 +1,7 @@
 //! `xagent-connector check`, run as a process on valid and invalid files.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::{Value, json};
@@ -49,7 +49,7 @@ fn json_report(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
-fn path(p: &PathBuf) -> &str {
+fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
