@@ -6,7 +6,8 @@ use schemars::{Schema, SchemaGenerator, json_schema};
 use serde_json::{Value, json};
 
 use crate::{
-    ConnectionDescriptor, ConnectorCard, PacketBody, PacketType, Role, Routing, WireError,
+    ConnectionDescriptor, ConnectorCard, HealthResponse, PacketBody, PacketType, Role, Routing,
+    UploadResponse, WireError,
 };
 
 fn generator() -> SchemaGenerator {
@@ -94,6 +95,7 @@ pub fn packet_schema() -> Value {
     let error = generator.subschema_for::<WireError>();
     let payloads = PacketBody::payload_schemas(&mut generator);
     let mut rules = Vec::new();
+    let mut variants = Vec::new();
     for (packet_type, payload) in payloads {
         let Some(spec) = PacketType::spec_of(packet_type) else { continue };
         let mut required = Vec::new();
@@ -119,14 +121,17 @@ pub fn packet_schema() -> Value {
         if !required.is_empty() {
             then["required"] = json!(required);
         }
+        variants.push(packet_variant(packet_type, &then, &error));
         rules.push(json!({
             "if": { "required": ["type"], "properties": { "type": { "const": packet_type } } },
             "then": then
         }));
     }
+    let error_then = json!({ "required": ["error"] });
+    variants.push(packet_variant("error", &error_then, &error));
     rules.push(json!({
         "if": { "required": ["type"], "properties": { "type": { "const": "error" } } },
-        "then": { "required": ["error"] }
+        "then": error_then
     }));
     let mut schema = json_schema!({
         "type": "object",
@@ -145,14 +150,96 @@ pub fn packet_schema() -> Value {
         "allOf": rules
     });
     schema.insert("$schema".into(), json!("https://json-schema.org/draft/2020-12/schema"));
-    let defs = generator.take_definitions(true);
-    if !defs.is_empty() {
-        schema.insert("$defs".into(), Value::Object(defs));
+    let mut defs = generator.take_definitions(true);
+    let mut known = Vec::new();
+    for (name, variant) in variants {
+        known.push(json!({ "$ref": format!("#/$defs/{name}") }));
+        defs.insert(name, variant);
     }
+    defs.insert(
+        "KnownPacket".into(),
+        json!({
+            "description": KNOWN_PACKET_DOC,
+            "oneOf": known
+        }),
+    );
+    schema.insert("$defs".into(), Value::Object(defs));
     finish(
         schema,
         "urn:xagent:schema:xagent.connector.packet:v1",
         "xAgent Connector Packet Envelope v1",
+    )
+}
+
+const KNOWN_PACKET_DOC: &str = "A packet of a type this version knows, as a union discriminated by `type`: \
+the shape code generators turn into one typed variant per packet type. Not referenced by the root, \
+which also admits unknown types; a document matching a variant satisfies the root's rules for that \
+type, and vice versa.";
+
+/// The `$defs` name of the packet variant of a wire type: `chat.message.ack` ->
+/// `ChatMessageAckPacket`.
+fn variant_name(packet_type: &str) -> String {
+    let mut name = String::new();
+    for part in packet_type.split(['.', '_']) {
+        let mut chars = part.chars();
+        if let Some(first) = chars.next() {
+            name.extend(first.to_uppercase());
+            name.push_str(chars.as_str());
+        }
+    }
+    name.push_str("Packet");
+    name
+}
+
+/// One closed variant of [`packet_schema`]'s `KnownPacket` union: the envelope with `type` fixed
+/// and the per-type rules (`then`) folded in, as one object schema, so generators that do not
+/// understand `if`/`then` still produce a precise type.
+fn packet_variant(packet_type: &str, then: &Value, error: &Schema) -> (String, Value) {
+    let mut properties = json!({
+        "schema": { "const": crate::PACKET_SCHEMA },
+        "packet_id": { "type": "string", "minLength": 1 },
+        "request_id": { "type": "string" },
+        "reply_to": { "type": "string" },
+        "connector_channel_id": { "type": "string" },
+        "type": { "const": packet_type },
+        "time": { "type": "integer", "minimum": 0 },
+        "payload": { "type": "object" },
+        "error": error.clone().to_value()
+    });
+    if let (Some(target), Some(Value::Object(extra))) =
+        (properties.as_object_mut(), then.get("properties"))
+    {
+        for (key, value) in extra {
+            target.insert(key.clone(), value.clone());
+        }
+    }
+    let mut required = vec![json!("schema"), json!("packet_id"), json!("type")];
+    if let Some(Value::Array(extra)) = then.get("required") {
+        required.extend(extra.iter().cloned());
+    }
+    let variant = json!({
+        "type": "object",
+        "description": format!("A `{packet_type}` packet."),
+        "properties": properties,
+        "required": required,
+        "additionalProperties": true
+    });
+    (variant_name(packet_type), variant)
+}
+
+/// Schema of the `GET /health` success body (`schemas/http/health.schema.json`).
+pub fn health_schema() -> Value {
+    let schema = generator().into_root_schema_for::<HealthResponse>();
+    finish(schema, "urn:xagent:schema:xagent.connector.health:v1", "xAgent Connector Health")
+}
+
+/// Schema of the `POST /files/uploads` success body (`schemas/http/upload.schema.json`).
+pub fn upload_schema() -> Value {
+    let schema = generator().into_root_schema_for::<UploadResponse>();
+    finish(
+        schema,
+        "urn:xagent:schema:xagent.connector.upload:v1",
+        "xAgent Connector Upload Response",
     )
 }
 
@@ -189,4 +276,76 @@ pub fn payload_schemas() -> Vec<(&'static str, Value)> {
         out.push((packet_type, finish(schema, &id, &title)));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet_fixtures() -> Vec<Value> {
+        let base = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+        let mut out = Vec::new();
+        for dir in ["examples", "documents"] {
+            let entries = std::fs::read_dir(format!("{base}/{dir}")).expect("fixture dir");
+            for entry in entries {
+                let path = entry.expect("entry").path();
+                let name = path.file_name().expect("name").to_string_lossy().into_owned();
+                if name.starts_with("packet--") {
+                    let text = std::fs::read_to_string(&path).expect("fixture");
+                    out.push(serde_json::from_str(&text).expect("JSON"));
+                }
+            }
+        }
+        out
+    }
+
+    /// The `KnownPacket` union accepts exactly the packets of known types the root accepts, so
+    /// types generated from it are neither looser nor stricter than the schema.
+    #[test]
+    fn known_packet_union_agrees_with_the_root_rules() {
+        let root = packet_schema();
+        let union = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$defs": root["$defs"].clone(),
+            "$ref": "#/$defs/KnownPacket"
+        });
+        let root_validator = jsonschema::validator_for(&root).expect("root compiles");
+        let union_validator = jsonschema::validator_for(&union).expect("union compiles");
+        let known: Vec<&str> = PacketType::TABLE.iter().map(|spec| spec.packet_type).collect();
+        let mut checked = 0;
+        let mut accepted = 0;
+        for fixture in packet_fixtures() {
+            let mut documents = vec![fixture.clone()];
+            for field in ["request_id", "reply_to", "connector_channel_id", "payload", "error"] {
+                let mut without = fixture.clone();
+                if without.as_object_mut().and_then(|map| map.remove(field)).is_some() {
+                    documents.push(without);
+                }
+            }
+            for document in documents.clone() {
+                for packet_type in &known {
+                    let mut retyped = document.clone();
+                    retyped["type"] = json!(packet_type);
+                    documents.push(retyped);
+                }
+            }
+            for document in documents {
+                let by_root = root_validator.is_valid(&document);
+                assert_eq!(
+                    by_root,
+                    union_validator.is_valid(&document),
+                    "root and KnownPacket disagree on {document}"
+                );
+                checked += 1;
+                accepted += usize::from(by_root);
+            }
+        }
+        assert!(checked > 500 && accepted > 20, "checked {checked}, accepted {accepted}");
+    }
+
+    #[test]
+    fn variant_names_are_pascal_case() {
+        assert_eq!(variant_name("chat.message.ack"), "ChatMessageAckPacket");
+        assert_eq!(variant_name("error"), "ErrorPacket");
+    }
 }

@@ -4,12 +4,19 @@
 //!   `schemas/`.
 //! - `gen-schemas --check`: exit non-zero when the committed schemas differ from what the types
 //!   generate (the drift check CI runs).
+//! - `codegen-check [--only ts|py]`: generate TypeScript and Python types from `schemas/` and
+//!   round-trip every wire fixture through them (see [`codegen`]; needs `npm ci --prefix codegen`
+//!   and `pip install -r codegen/requirements.txt`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
+
+mod codegen;
+
+const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py]";
 
 fn main() -> ExitCode {
     match run() {
@@ -34,8 +41,9 @@ fn run() -> Result<ExitCode> {
             };
             gen_schemas(&workspace_root(), check)
         }
+        Some("codegen-check") => codegen::run(&workspace_root(), &args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask gen-schemas [--check]");
+            eprintln!("{USAGE}");
             Ok(ExitCode::from(2))
         }
     }
@@ -54,6 +62,8 @@ fn generated() -> Result<Vec<(PathBuf, String)>> {
         (PathBuf::from("xagent.connection.v2.schema.json"), schema::descriptor_schema()),
         (PathBuf::from("xagent.connector.packet.v1.schema.json"), schema::packet_schema()),
     ];
+    files.push((PathBuf::from("http").join("health.schema.json"), schema::health_schema()));
+    files.push((PathBuf::from("http").join("upload.schema.json"), schema::upload_schema()));
     for (packet_type, payload) in schema::payload_schemas() {
         files.push((PathBuf::from("packets").join(format!("{packet_type}.schema.json")), payload));
     }

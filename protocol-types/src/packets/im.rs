@@ -140,8 +140,8 @@ fn chat_message_needs_content(schema: &mut schemars::Schema) {
     schema.insert(
         "anyOf".into(),
         serde_json::json!([
-            { "required": ["text"], "properties": { "text": { "minLength": 1 } } },
-            { "required": ["files"], "properties": { "files": { "minItems": 1 } } }
+            { "required": ["text"], "properties": { "text": { "type": "string", "minLength": 1 } } },
+            { "required": ["files"], "properties": { "files": { "type": "array", "minItems": 1 } } }
         ]),
     );
     let forbidden = ["session_id", "user_connector_id", "user_id", "connector_id", "role"];
