@@ -305,9 +305,24 @@ struct State {
     stored_bytes: u64,
     pending_files: usize,
     pending_bytes: u64,
+    /// Bumped by every [`FileStore::remove_channel`].
+    removal_generation: u64,
+    /// Channels removed while uploads were in progress, with the generation of the removal,
+    /// so an upload that began before the removal is refused when it finishes. Cleared
+    /// whenever no upload is in progress.
+    removed_channels: HashMap<ConnectorChannelId, u64>,
 }
 
 impl State {
+    /// Forgets an upload that ended (finished or dropped).
+    fn end_pending(&mut self, written: u64) {
+        self.pending_files = self.pending_files.saturating_sub(1);
+        self.pending_bytes = self.pending_bytes.saturating_sub(written);
+        if self.pending_files == 0 {
+            self.removed_channels.clear();
+        }
+    }
+
     /// Removes every expired record from the index and returns them (files still on disk).
     fn take_expired(&mut self, now: u64) -> Vec<FileRecord> {
         let expired: Vec<FileRef> = self
@@ -365,7 +380,7 @@ impl FileStore {
         clock: impl Clock,
     ) -> Result<Self, TransferError> {
         let dir = dir.into();
-        tokio::fs::create_dir_all(&dir).await?;
+        create_private_dir(&dir).await?;
         let clock: Arc<dyn Clock> = Arc::new(clock);
         let state = load_dir(&dir, clock.now_millis()).await?;
         tracing::debug!(files = state.files.len(), bytes = state.stored_bytes, "file store opened");
@@ -404,7 +419,7 @@ impl FileStore {
     /// [`PendingFile::finish`]. Dropping the pending file discards it.
     pub async fn begin(&self, new_file: NewFile) -> Result<PendingFile, TransferError> {
         let now = self.now();
-        let (expired, admitted) = {
+        let (expired, admitted, generation) = {
             let mut state = self.lock();
             let max = self.shared.config.max_files;
             let mut expired = Vec::new();
@@ -415,7 +430,7 @@ impl FileStore {
             if admitted {
                 state.pending_files += 1;
             }
-            (expired, admitted)
+            (expired, admitted, state.removal_generation)
         };
         self.delete_data(&expired).await;
         if !admitted {
@@ -430,6 +445,7 @@ impl FileStore {
             new_file,
             file: None,
             written: 0,
+            generation,
             done: false,
         };
         let file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&part).await?;
@@ -540,10 +556,16 @@ impl FileStore {
     }
 
     /// Deletes every file of a channel (call it when the channel is unregistered); returns how
-    /// many were deleted.
+    /// many were deleted. Uploads to that channel still in progress are refused when they
+    /// finish, with [`TransferError::UnknownChannel`].
     pub async fn remove_channel(&self, channel: &ConnectorChannelId) -> usize {
         let removed: Vec<FileRecord> = {
             let mut state = self.lock();
+            state.removal_generation += 1;
+            if state.pending_files > 0 {
+                let generation = state.removal_generation;
+                state.removed_channels.insert(channel.clone(), generation);
+            }
             let refs: Vec<FileRef> = state
                 .files
                 .values()
@@ -647,6 +669,8 @@ pub struct PendingFile {
     file: Option<tokio::fs::File>,
     limit: u64,
     written: u64,
+    /// `State::removal_generation` when the upload began.
+    generation: u64,
     done: bool,
 }
 
@@ -736,14 +760,24 @@ impl PendingFile {
             remove_quietly(&bin).await;
             return Err(error);
         }
-        {
+        let accepted = {
             let mut state = store.lock();
-            state.pending_files = state.pending_files.saturating_sub(1);
-            state.pending_bytes = state.pending_bytes.saturating_sub(self.written);
-            state.stored_bytes += record.byte_size;
-            state.files.insert(record.file_ref.clone(), record.clone());
-        }
+            state.end_pending(self.written);
+            let channel_removed = state
+                .removed_channels
+                .get(&record.connector_channel_id)
+                .is_some_and(|removed_at| *removed_at > self.generation);
+            if !channel_removed {
+                state.stored_bytes += record.byte_size;
+                state.files.insert(record.file_ref.clone(), record.clone());
+            }
+            !channel_removed
+        };
         self.done = true;
+        if !accepted {
+            store.delete_data(std::slice::from_ref(&record)).await;
+            return Err(TransferError::UnknownChannel);
+        }
         let download = store.download_url(&record);
         Ok(RegisteredFile { record, download })
     }
@@ -754,11 +788,7 @@ impl Drop for PendingFile {
         if self.done {
             return;
         }
-        {
-            let mut state = self.store.lock();
-            state.pending_files = state.pending_files.saturating_sub(1);
-            state.pending_bytes = state.pending_bytes.saturating_sub(self.written);
-        }
+        self.store.lock().end_pending(self.written);
         self.file = None;
         // Drop cannot await; deleting one directory entry is quick.
         let _ = std::fs::remove_file(self.store.path(&self.file_ref, "part"));
@@ -783,6 +813,16 @@ async fn write_sidecar(store: &FileStore, record: &FileRecord) -> Result<(), Tra
     drop(file);
     tokio::fs::rename(&tmp, store.path(&record.file_ref, "json")).await?;
     Ok(())
+}
+
+/// Creates the storage directory readable by this user only (it holds target-system
+/// references in the sidecars); an existing directory is left as it is.
+async fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = tokio::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    builder.mode(0o700);
+    builder.create(dir).await
 }
 
 async fn remove_quietly(path: &Path) {
@@ -1100,6 +1140,54 @@ mod tests {
         );
         store.register_bytes(NewFile::new(channel("c"), "c"), [0u8; 4]).await.unwrap();
         assert_eq!(dir_names(&dir).len(), 4);
+    }
+
+    #[tokio::test]
+    async fn concurrent_uploads_share_the_byte_capacity() {
+        let dir = TempDir::new();
+        let clock = ManualClock::new(START);
+        let config = StoreConfig::default().with_max_total_bytes(10);
+        let store = store_with(&dir, &clock, config).await;
+        let mut first = store.begin(NewFile::new(channel("c"), "1")).await.unwrap();
+        let mut second = store.begin(NewFile::new(channel("c"), "2")).await.unwrap();
+        first.write(&[0; 6]).await.unwrap();
+        assert!(matches!(second.write(&[0; 5]).await, Err(TransferError::CapacityExceeded)));
+        second.write(&[0; 4]).await.unwrap();
+        assert_eq!(store.usage().pending_bytes, 10);
+        first.finish().await.unwrap();
+        second.finish().await.unwrap();
+        assert_eq!((store.usage().bytes, store.usage().pending_bytes), (10, 0));
+    }
+
+    #[tokio::test]
+    async fn upload_in_progress_when_its_channel_is_removed_is_refused() {
+        let dir = TempDir::new();
+        let clock = ManualClock::new(START);
+        let store = store_with(&dir, &clock, StoreConfig::default()).await;
+        let mut doomed = store.begin(NewFile::new(channel("a"), "1")).await.unwrap();
+        let mut other = store.begin(NewFile::new(channel("b"), "2")).await.unwrap();
+        doomed.write(b"x").await.unwrap();
+        other.write(b"y").await.unwrap();
+        assert_eq!(store.remove_channel(&channel("a")).await, 0);
+        // An upload that begins after the removal is a new registration and is accepted.
+        let later = store.register_bytes(NewFile::new(channel("a"), "3"), b"z").await.unwrap();
+        assert!(matches!(doomed.finish().await, Err(TransferError::UnknownChannel)));
+        other.finish().await.unwrap();
+        assert!(store.get(&later.record.file_ref).is_some());
+        let usage = store.usage();
+        assert_eq!((usage.files, usage.bytes, usage.pending_files), (2, 2, 0));
+        assert_eq!(dir_names(&dir).len(), 4);
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_new_storage_directory_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = TempDir::new();
+        let clock = ManualClock::new(START);
+        store_with(&dir, &clock, StoreConfig::default()).await;
+        let mode = std::fs::metadata(&dir.0).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
     }
 
     #[tokio::test]

@@ -183,11 +183,11 @@ async fn upload_far_over_the_limit_is_413_while_streaming() {
         .multipart(form)
         .send()
         .await;
-    // The server may answer before reading the whole body; either we see the 413 or the
-    // connection is cut after it.
-    if let Ok(response) = response {
-        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    }
+    // The server answers as soon as the limit is crossed, before the body ends.
+    let response = response.expect("the 413 arrives before the connection closes");
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(error_code(response).await, "payload_too_large");
+    assert_eq!(server.store.usage().pending_files, 0);
     assert_eq!(server.store.usage().files, 0);
 }
 
@@ -421,4 +421,107 @@ async fn head_request_gives_headers_without_body() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["content-length"], "10");
     assert!(response.bytes().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn without_a_configured_key_uploads_are_open_and_downloads_need_a_signature() {
+    let server = common::start_full(MIB, StoreConfig::default(), None).await;
+    let response = upload(&server)
+        .header(CHANNEL_HEADER, CHANNEL_A)
+        .multipart(image_form(b"x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: UploadResponse = response.json().await.unwrap();
+    let plain = server.url(&format!("/prefix/files/refs/{}", body.file_ref));
+    // Any bearer token is meaningless without a configured key: a signature is still needed.
+    let response = server.client.get(&plain).bearer_auth("anything").send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let record = server.store.get(&body.file_ref).unwrap();
+    let signed = server.store.download_url(&record).url;
+    let response = server.client.get(server.url(&signed)).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn upload_with_two_file_fields_is_400() {
+    let server = start(MIB).await;
+    let form = Form::new()
+        .part("file", Part::bytes(b"1".to_vec()).file_name("a.txt"))
+        .part("file", Part::bytes(b"2".to_vec()).file_name("b.txt"));
+    let response = upload(&server)
+        .bearer_auth(API_KEY)
+        .header(CHANNEL_HEADER, CHANNEL_A)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(error_code(response).await, "invalid_arguments");
+    assert_eq!(server.store.usage().files, 0);
+    assert_eq!(server.store.usage().pending_files, 0);
+}
+
+#[tokio::test]
+async fn upload_with_an_oversized_reference_field_is_413() {
+    let server = start(MIB).await;
+    let form = image_form(b"x").text("recipient_ref", "r".repeat(9 * 1024));
+    let response = upload(&server)
+        .bearer_auth(API_KEY)
+        .header(CHANNEL_HEADER, CHANNEL_A)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(server.store.usage().files, 0);
+}
+
+#[tokio::test]
+async fn upload_fields_may_come_in_any_order_and_unknown_ones_are_skipped() {
+    let server = start(MIB).await;
+    let form = Form::new()
+        .text("reply_token", "tok")
+        .text("something_new", "ignored")
+        .part("file", Part::bytes(b"abc".to_vec()).file_name("../../x.txt"));
+    let response = upload(&server)
+        .bearer_auth(API_KEY)
+        .header(CHANNEL_HEADER, CHANNEL_B)
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: UploadResponse = response.json().await.unwrap();
+    assert_eq!(body.filename, "x.txt");
+    let record = server.store.get(&body.file_ref).unwrap();
+    assert_eq!(record.reply_token.as_deref(), Some("tok"));
+    assert_eq!(record.recipient_ref, None);
+    assert_eq!(record.connector_channel_id, ConnectorChannelId::new(CHANNEL_B));
+}
+
+#[tokio::test]
+async fn signed_download_with_its_own_channel_in_the_header_is_allowed() {
+    let server = start(MIB).await;
+    let (_, url) = stored(&server, CHANNEL_A).await;
+    let response =
+        server.client.get(server.url(&url)).header(CHANNEL_HEADER, CHANNEL_A).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn upload_declaring_a_length_far_over_the_limit_is_413_before_reading() {
+    let server = start(64 * 1024).await;
+    let response = upload(&server)
+        .bearer_auth(API_KEY)
+        .header(CHANNEL_HEADER, CHANNEL_A)
+        .multipart(image_form(&vec![0u8; 2 * MIB as usize]))
+        .send()
+        .await;
+    let response = response.expect("the 413 arrives before the connection closes");
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(error_code(response).await, "payload_too_large");
+    assert_eq!(server.store.usage().files, 0);
+    assert_eq!(server.store.usage().pending_files, 0);
 }

@@ -74,6 +74,15 @@ pub async fn start(max_upload_bytes: u64) -> Server {
 
 /// Like [`start`] with a store configuration.
 pub async fn start_with(max_upload_bytes: u64, config: StoreConfig) -> Server {
+    start_full(max_upload_bytes, config, Some(API_KEY)).await
+}
+
+/// A server with the given store configuration and system API key (`None`: no key configured).
+pub async fn start_full(
+    max_upload_bytes: u64,
+    config: StoreConfig,
+    api_key: Option<&str>,
+) -> Server {
     let dir = TempDir::new("http");
     let clock = ManualClock::new(START);
     let signer =
@@ -82,7 +91,7 @@ pub async fn start_with(max_upload_bytes: u64, config: StoreConfig) -> Server {
     let channels =
         Channels([CHANNEL_A, CHANNEL_B].into_iter().map(ConnectorChannelId::new).collect());
     let router = TransferState::new(store.clone(), channels)
-        .with_api_key(Some(Secret::new(API_KEY)))
+        .with_api_key(api_key.map(Secret::new))
         .with_max_upload_bytes(max_upload_bytes)
         .into_router();
     let app = axum::Router::new().nest("/prefix", router);
