@@ -8,7 +8,8 @@
 //! 2. [`Outbox::next_ready`] whenever it can send (at most one message per channel is in flight:
 //!    a channel whose head waits for an ack or a backoff is paused, other channels flow);
 //! 3. [`Outbox::on_sent`] after writing the packet (with the fresh `packet_id`), or
-//!    [`Outbox::on_send_failed`] when the write failed;
+//!    [`Outbox::on_send_failed`] when the write failed (an ack that overtakes `on_sent` is
+//!    kept as [`AckOutcome::Deferred`] and applied by `on_sent`);
 //! 4. [`Outbox::on_ack`] for each `chat.message.ack`;
 //! 5. [`Outbox::on_disconnect`], [`Outbox::on_channel_closed`],
 //!    [`Outbox::on_channel_reopened`] on transport and channel events;
@@ -40,6 +41,8 @@ pub const DEFAULT_ACK_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_CLEANUP_INTERVAL_MS: u64 = 60_000;
 /// How many past `packet_id`s of one message are remembered to match late acks.
 const REMEMBERED_PACKETS: usize = 16;
+/// How many acks that overtake `on_sent` are kept per message.
+const MAX_EARLY_ACKS: usize = 4;
 
 /// Exponential backoff between transmissions of one message. The n-th failed attempt waits
 /// `min(initial_ms * multiplier^(n-1), max_ms)`; there is no jitter, so schedules are
@@ -264,6 +267,9 @@ pub enum SentOutcome {
     },
     /// An IM v1 push: the write was the delivery boundary; the message left the outbox.
     DeliveredByWrite,
+    /// The ack for this packet had already arrived (it overtook `on_sent`) and has now been
+    /// applied, with this outcome.
+    Acked(AckOutcome),
 }
 
 /// What the outbox did with a redelivery decision.
@@ -310,6 +316,9 @@ pub enum AckOutcome {
     },
     /// `rejected` with `retryable: true`: pending again.
     Retry(RetryOutcome),
+    /// The ack arrived between [`Outbox::next_ready`] and [`Outbox::on_sent`], before the
+    /// packet id was known; it is kept and applied by `on_sent` if it names that packet.
+    Deferred,
     /// Nothing changed.
     Ignored(IgnoredAck),
 }
@@ -475,6 +484,8 @@ struct Entry {
     payload: OutboundPayload,
     state: State,
     packets: VecDeque<PacketId>,
+    /// Acks that arrived before `on_sent` named the packet (the write raced the reply).
+    early: Vec<(ChatMessageAck, PacketId)>,
 }
 
 #[derive(Debug, Default)]
@@ -568,6 +579,7 @@ impl<S: OutboxStore> Outbox<S> {
                         payload,
                         state: State::Waiting,
                         packets: VecDeque::new(),
+                        early: Vec::new(),
                     });
                 }
                 other => {
@@ -677,7 +689,13 @@ impl<S: OutboxStore> Outbox<S> {
         };
         self.store.save_pending(&rec)?;
         self.next_seq += 1;
-        ch.queue.push_back(Entry { rec, payload, state: State::Waiting, packets: VecDeque::new() });
+        ch.queue.push_back(Entry {
+            rec,
+            payload,
+            state: State::Waiting,
+            packets: VecDeque::new(),
+            early: Vec::new(),
+        });
         Ok(EnqueueOutcome::Queued { expires_at, evicted })
     }
 
@@ -759,7 +777,13 @@ impl<S: OutboxStore> Outbox<S> {
             entry.packets.pop_front();
         }
         entry.packets.push_back(packet_id.clone());
-        entry.state = State::InFlight { packet_id: Some(packet_id), deadline: ack_deadline };
+        entry.state =
+            State::InFlight { packet_id: Some(packet_id.clone()), deadline: ack_deadline };
+        let early = std::mem::take(&mut entry.early);
+        if let Some((ack, _)) = early.into_iter().find(|(_, reply_to)| *reply_to == packet_id) {
+            let outcome = self.on_ack(channel, &ack, &packet_id, now)?;
+            return Ok(SentOutcome::Acked(outcome));
+        }
         Ok(SentOutcome::AwaitingAck { ack_deadline })
     }
 
@@ -799,7 +823,15 @@ impl<S: OutboxStore> Outbox<S> {
             }
             return Ok(AckOutcome::Ignored(IgnoredAck::UnknownMessage));
         };
-        let entry = &ch.queue[index];
+        let entry = &mut ch.queue[index];
+        if entry.payload.expects_ack()
+            && !entry.packets.contains(reply_to)
+            && matches!(entry.state, State::InFlight { packet_id: None, .. })
+            && entry.early.len() < MAX_EARLY_ACKS
+        {
+            entry.early.push((ack.clone(), reply_to.clone()));
+            return Ok(AckOutcome::Deferred);
+        }
         let ignored = if !entry.payload.expects_ack() {
             Some(IgnoredAck::NoAckExpected)
         } else if !entry.packets.contains(reply_to) {
@@ -1143,6 +1175,7 @@ impl<S: OutboxStore> Outbox<S> {
         let next_attempt_at = rec.next_attempt_at;
         entry.rec = rec;
         entry.state = State::Waiting;
+        entry.early.clear();
         count(&mut ch.counters, &mut self.totals, |c| {
             c.retries += 1;
             c.last_error = Some(reason.clone());

@@ -523,3 +523,34 @@ fn re_enqueue_after_unswept_expiry_is_a_new_message_not_already_pending() {
     assert_eq!(out, EnqueueOutcome::Queued { expires_at: T0 + 2 * HOUR, evicted: None });
     assert_eq!(o.stats().totals.expired, 1);
 }
+
+#[test]
+fn ack_overtaking_on_sent_is_deferred_then_applied() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let d = o.next_ready(T0).unwrap().remove(0);
+    let packet = PacketId::new("pkt_fast");
+    // The receiver answered before the runtime recorded the write.
+    let early = o.on_ack(&ch("a"), &ChatMessageAck::accepted("m1"), &packet, T0).unwrap();
+    assert_eq!(early, AckOutcome::Deferred);
+    assert!(o.is_pending(&ch("a"), &mid("m1")));
+    let sent = o.on_sent(&d.channel, &d.message_id, packet, T0).unwrap();
+    assert_eq!(sent, SentOutcome::Acked(AckOutcome::Delivered { status: AckStatus::Accepted }));
+    assert!(!o.is_pending(&ch("a"), &mid("m1")));
+    assert_eq!(o.stats().totals.delivered, 1);
+}
+
+#[test]
+fn deferred_ack_for_another_packet_is_dropped() {
+    let mut o = outbox(&ManualClock::new(T0));
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let d = o.next_ready(T0).unwrap().remove(0);
+    let other = PacketId::new("someone_else");
+    assert_eq!(
+        o.on_ack(&ch("a"), &ChatMessageAck::accepted("m1"), &other, T0).unwrap(),
+        AckOutcome::Deferred
+    );
+    let sent = o.on_sent(&d.channel, &d.message_id, PacketId::new("mine"), T0).unwrap();
+    assert_eq!(sent, SentOutcome::AwaitingAck { ack_deadline: T0 + 30_000 });
+    assert!(o.is_pending(&ch("a"), &mid("m1")));
+}

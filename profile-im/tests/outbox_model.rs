@@ -12,7 +12,7 @@
 use proptest::prelude::*;
 use xagent_profile_im::{
     AckOutcome, EnqueueOutcome, MemoryStore, Outbox, OutboxConfig, OutboxError, OverflowPolicy,
-    RetryOutcome,
+    RetryOutcome, SentOutcome,
 };
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, MessageId, PacketId, Side,
@@ -43,6 +43,8 @@ enum Op {
     Enqueue(usize),
     Send,
     SendFail,
+    /// The ack overtakes `on_sent`.
+    SendAckedEarly,
     Ack(usize, AckKind, Which),
     PollTimeouts,
     Disconnect,
@@ -68,6 +70,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..CHANNELS).prop_map(Op::Enqueue),
         5 => Just(Op::Send),
         1 => Just(Op::SendFail),
+        1 => Just(Op::SendAckedEarly),
         5 => (0..64usize, kind, which).prop_map(|(i, k, w)| Op::Ack(i, k, w)),
         2 => Just(Op::PollTimeouts),
         1 => Just(Op::Disconnect),
@@ -185,7 +188,7 @@ impl Harness {
                     Err(e) => prop_assert!(false, "enqueue failed: {e}"),
                 }
             }
-            Op::Send | Op::SendFail => {
+            Op::Send | Op::SendFail | Op::SendAckedEarly => {
                 let deliveries = self.outbox.next_ready(self.now).unwrap();
                 let mut seen_channels = Vec::new();
                 for d in deliveries {
@@ -207,7 +210,20 @@ impl Harness {
                             && o.expires_at > self.now
                     });
                     prop_assert!(!older_live, "FIFO order violated");
-                    if matches!(op, Op::SendFail) {
+                    if matches!(op, Op::SendAckedEarly) {
+                        self.next_packet += 1;
+                        let p = PacketId::new(format!("p{}", self.next_packet));
+                        let ack = ChatMessageAck::accepted(d.message_id.clone());
+                        let early = self.outbox.on_ack(&d.channel, &ack, &p, self.now).unwrap();
+                        prop_assert_eq!(early, AckOutcome::Deferred);
+                        let sent = self.outbox.on_sent(&d.channel, &d.message_id, p, self.now);
+                        prop_assert!(
+                            matches!(sent, Ok(SentOutcome::Acked(AckOutcome::Delivered { .. }))),
+                            "{:?}",
+                            sent
+                        );
+                        self.msgs[i].fate = Fate::Delivered;
+                    } else if matches!(op, Op::SendFail) {
                         self.outbox
                             .on_send_failed(&d.channel, &d.message_id, "io", self.now)
                             .unwrap();
