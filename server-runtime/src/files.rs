@@ -105,6 +105,15 @@ pub(crate) fn refresh_urls(store: &FileStore, message: &mut ChatMessage) {
     }
 }
 
+impl crate::ConnectorServer {
+    /// Starts the Transfer Plane's periodic cleanup (expired files), for authors who serve
+    /// [`crate::ConnectorServer::router`] with routes of their own instead of calling
+    /// [`crate::ConnectorServer::serve`] (which starts it itself). `None` without a file store.
+    pub fn spawn_file_cleanup(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.shared.files.as_ref().map(|files| files.spawn_cleanup())
+    }
+}
+
 impl ConnectorHandle {
     fn store(&self) -> Result<&FileStore, HandleError> {
         self.0

@@ -75,6 +75,8 @@ struct Inner {
 pub(crate) struct ImState {
     inner: Mutex<Inner>,
     pump: tokio::sync::Mutex<()>,
+    /// Outbox facts for the author (see [`crate::ConnectorHandle::outbox_events`]).
+    events: tokio::sync::broadcast::Sender<OutboxEvent>,
 }
 
 fn storage_error(error: impl std::fmt::Display) -> StorageError {
@@ -118,7 +120,8 @@ impl ImState {
         let activity =
             ActivityTracker::new(ActivityConfig { capability, ..ActivityConfig::default() });
         let inner = Inner { outbox, receiver, deltas, activity };
-        Ok(Some(Self { inner: Mutex::new(inner), pump: tokio::sync::Mutex::new(()) }))
+        let (events, _) = tokio::sync::broadcast::channel(1024);
+        Ok(Some(Self { inner: Mutex::new(inner), pump: tokio::sync::Mutex::new(()), events }))
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -208,6 +211,8 @@ impl ImState {
     fn log_events(&self) {
         let events = self.inner().outbox.drain_events();
         for event in events {
+            // Nobody listening is fine: the events are facts, not commands.
+            let _ = self.events.send(event.clone());
             match event {
                 OutboxEvent::Delivered { channel, message_id, .. } => {
                     tracing::debug!(%channel, %message_id, "message delivered to xAgent");
@@ -436,6 +441,15 @@ impl crate::ConnectorHandle {
     ) -> Result<(), HandleError> {
         let im = self.0.im.as_ref().ok_or(HandleError::ProfileNotDeclared(PROFILE_IM_V1))?;
         im.enqueue(&self.0, channel, OutboundPayload::from(push)).await
+    }
+
+    /// Subscribes to the IM outbox's facts (delivered, failed for good, expired, ...), so an
+    /// author can show the fate of an inbound message in the target system. `None` when the
+    /// Card declares no IM Profile. A slow subscriber loses the oldest events (`Lagged`).
+    pub fn outbox_events(
+        &self,
+    ) -> Option<tokio::sync::broadcast::Receiver<xagent_profile_im::OutboxEvent>> {
+        self.0.im.as_ref().map(|im| im.events.subscribe())
     }
 
     /// Message ids still pending towards xAgent on a channel.

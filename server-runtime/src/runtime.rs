@@ -64,6 +64,29 @@ impl Default for RuntimeConfig {
     }
 }
 
+impl RuntimeConfig {
+    /// Sets the Base URL path prefix (e.g. `/connectors/echo`).
+    #[must_use]
+    pub fn with_base_path(mut self, base_path: impl Into<String>) -> Self {
+        self.base_path = base_path.into();
+        self
+    }
+
+    /// Sets the offline lease.
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the data-plane packet size limit.
+    #[must_use]
+    pub fn with_max_packet_bytes(mut self, limit: usize) -> Self {
+        self.max_packet_bytes = limit;
+        self
+    }
+}
+
 /// Why the runtime could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -425,6 +448,11 @@ impl ConnectorHandle {
     /// The registered `connector_id`, if a hello registered one and its lease has not expired.
     pub fn connector_id(&self) -> Option<ConnectorId> {
         self.0.state().connector_id.clone()
+    }
+
+    /// True while at least one socket that completed hello is connected.
+    pub fn is_online(&self) -> bool {
+        !self.0.state().live_sockets.is_empty()
     }
 
     /// Every known channel.
