@@ -10,6 +10,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod check;
+mod conformance;
+mod mock_xagent;
 
 /// Command-line tool of the xAgent Connector Protocol 3.0 toolkit.
 #[derive(Debug, Parser)]
@@ -25,6 +27,10 @@ struct Cli {
 enum Command {
     /// Validate a Card, Descriptor, packet or Skill against every protocol rule.
     Check(check::CheckArgs),
+    /// Run the protocol 3.0 conformance suite against a running Connector Server.
+    Conformance(conformance::ConformanceArgs),
+    /// Connect to a Connector as xAgent would and print every packet.
+    MockXagent(mock_xagent::MockXagentArgs),
 }
 
 /// Exit status for usage and I/O errors.
@@ -34,5 +40,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check(args) => check::run(args),
+        Command::Conformance(args) => conformance::run_command(args),
+        Command::MockXagent(args) => mock_xagent::run_command(args),
     }
 }

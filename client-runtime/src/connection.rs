@@ -41,6 +41,38 @@ pub struct ClientConfig {
     pub backoff: Backoff,
     /// Largest text frame accepted from the Connector.
     pub max_frame_bytes: usize,
+    /// Sees every text frame in both directions (for tools that print the traffic).
+    pub tap: Option<PacketTap>,
+}
+
+/// Which way a tapped frame went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TapDirection {
+    /// xAgent -> Connector.
+    Sent,
+    /// Connector -> xAgent.
+    Received,
+}
+
+/// A callback that sees every text frame; cheap to clone.
+#[derive(Clone)]
+pub struct PacketTap(std::sync::Arc<dyn Fn(TapDirection, &str) + Send + Sync>);
+
+impl PacketTap {
+    /// Wraps a callback.
+    pub fn new(tap: impl Fn(TapDirection, &str) + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(tap))
+    }
+
+    fn see(&self, direction: TapDirection, text: &str) {
+        (self.0)(direction, text);
+    }
+}
+
+impl std::fmt::Debug for PacketTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PacketTap")
+    }
 }
 
 impl ClientConfig {
@@ -59,6 +91,7 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(10),
             backoff: Backoff::default(),
             max_frame_bytes: 1 << 20,
+            tap: None,
         }
     }
 
@@ -372,6 +405,9 @@ impl DataPlane {
 
     /// Sends raw text (for conformance probes that need malformed input).
     pub async fn send_raw(&self, text: String) -> Result<(), ClientError> {
+        if let Some(tap) = &self.shared.config.tap {
+            tap.see(TapDirection::Sent, &text);
+        }
         let writer = self.shared.writer.lock().await.clone().ok_or(ClientError::NotConnected)?;
         writer.send(Message::Text(text.into())).await.map_err(|_| ClientError::NotConnected)
     }
@@ -431,6 +467,9 @@ impl DataPlane {
 
 pub(crate) async fn send_on(shared: &Shared, packet: &Packet) -> Result<(), ClientError> {
     let text = packet.to_json().map_err(|e| ClientError::Protocol(e.to_string()))?;
+    if let Some(tap) = &shared.config.tap {
+        tap.see(TapDirection::Sent, &text);
+    }
     let writer = shared.writer.lock().await.clone().ok_or(ClientError::NotConnected)?;
     writer.send(Message::Text(text.into())).await.map_err(|_| ClientError::NotConnected)
 }
@@ -553,6 +592,9 @@ async fn run_connection(
                 reason: e.to_string(),
             })?;
             let Message::Text(text) = frame else { continue };
+            if let Some(tap) = &config.tap {
+                tap.see(TapDirection::Received, text.as_str());
+            }
             let packet = Packet::decode_str(text.as_str())
                 .map_err(|e| ClientError::Protocol(e.to_string()))?;
             if packet.request_id.as_ref() == Some(&hello_request) || packet.type_str() == "error" {
@@ -693,6 +735,9 @@ impl RequestOnly {
 }
 
 async fn handle_text(shared: &Arc<Shared>, text: &str) {
+    if let Some(tap) = &shared.config.tap {
+        tap.see(TapDirection::Received, text);
+    }
     let packet = match Packet::decode_str(text) {
         Ok(packet) => packet,
         Err(error) => {

@@ -34,7 +34,8 @@ pub use admission::*;
 pub use backoff::Backoff;
 pub use base_url::{BaseUrl, BaseUrlError};
 pub use connection::{
-    ClientConfig, ClientEvent, ConnectionState, DataPlane, InboundMessage, Verdict,
+    ClientConfig, ClientEvent, ConnectionState, DataPlane, InboundMessage, PacketTap, TapDirection,
+    Verdict,
 };
 pub use error::ClientError;
 pub use health::*;

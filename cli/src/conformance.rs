@@ -1,0 +1,84 @@
+//! `xagent-connector conformance`: the black-box protocol 3.0 suite against any Connector
+//! Server. Exit status 0 only when no check failed; 2 for usage errors.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use xagent_client_runtime::BaseUrl;
+use xagent_client_runtime::conformance::{ConformanceOptions, run};
+use xagent_protocol_types::{AuthInput, Secret};
+
+use crate::EXIT_USAGE;
+
+/// Options of `conformance`.
+#[derive(Debug, Args)]
+pub struct ConformanceArgs {
+    /// The Connector's Base URL (http or https, optional path prefix).
+    #[arg(long)]
+    base_url: String,
+    /// The system API key (also read from XAGENT_CONNECTOR_API_KEY).
+    #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// An authentication flow id from the Card, to run the authenticated checks.
+    #[arg(long)]
+    flow: Option<String>,
+    /// A form input of the flow, as name=value (repeatable).
+    #[arg(long = "input", value_name = "NAME=VALUE", requires = "flow")]
+    inputs: Vec<String>,
+    /// Seconds to wait for each answer.
+    #[arg(long, default_value_t = 5)]
+    timeout: u64,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+/// Report format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    /// One line per check.
+    Text,
+    /// One JSON object.
+    Json,
+}
+
+/// Runs the suite.
+pub fn run_command(args: ConformanceArgs) -> ExitCode {
+    let base = match BaseUrl::parse(&args.base_url) {
+        Ok(base) => base,
+        Err(error) => {
+            eprintln!("xagent-connector conformance: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let mut inputs = AuthInput::default();
+    for pair in &args.inputs {
+        match pair.split_once('=') {
+            Some((name, value)) if !name.is_empty() => inputs = inputs.with(name, value),
+            _ => {
+                eprintln!("xagent-connector conformance: --input wants NAME=VALUE, got {pair:?}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
+    }
+    let mut options = ConformanceOptions::new(base);
+    options.api_key = args.api_key.filter(|k| !k.is_empty()).map(Secret::new);
+    options.flow = args.flow.map(Into::into);
+    options.inputs = inputs;
+    options.timeout = Duration::from_secs(args.timeout.max(1));
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("xagent-connector conformance: cannot start the async runtime: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let report = runtime.block_on(run(options));
+    match args.format {
+        Format::Json => println!("{}", report.to_json()),
+        Format::Text => print!("{}", report.to_text(std::io::stdout().is_terminal())),
+    }
+    if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}

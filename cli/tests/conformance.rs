@@ -1,0 +1,136 @@
+//! `xagent-connector conformance` and `mock-xagent`, run as processes against the echo
+//! connector served on 127.0.0.1.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use xagent_protocol_types::{Secret, SystemClock};
+use xagent_server_runtime::testing::{ECHO_FLOW, echo_connector};
+use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
+
+const API_KEY: &str = "sk-cli-conformance-2b7e";
+
+async fn echo() -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "xagent-cli-conf-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    let (connector, _echo) = echo_connector();
+    let server = ConnectorServer::builder(connector)
+        .config(RuntimeConfig::default())
+        .state_dir(&dir)
+        .expect("state dir")
+        .clock(SystemClock)
+        .api_key(Secret::new(API_KEY))
+        .build()
+        .await
+        .expect("server");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = server.serve(listener, std::future::pending::<()>()).await;
+    });
+    format!("http://{addr}")
+}
+
+fn bin() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"));
+    command.env("NO_COLOR", "1").env_remove("XAGENT_CONNECTOR_API_KEY");
+    command
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conformance_passes_against_the_echo_connector_and_prints_json() {
+    let base = echo().await;
+    let output = bin()
+        .args(["conformance", "--base-url", &base, "--api-key", API_KEY, "--flow", ECHO_FLOW])
+        .args(["--input", "token=tok-cli", "--format", "json"])
+        .output()
+        .await
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    assert_eq!(report["passed"], true);
+    assert_eq!(report["summary"]["fail"], 0);
+    assert!(report["checks"].as_array().is_some_and(|c| c.len() >= 30));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conformance_fails_with_exit_1_when_the_key_is_wrong() {
+    let base = echo().await;
+    let output = bin()
+        .args(["conformance", "--base-url", &base, "--api-key", "not-the-key"])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("FAIL"), "{stdout}");
+    assert!(!stdout.contains("not-the-key"), "the key must not be printed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conformance_usage_errors_exit_2() {
+    let output = bin().args(["conformance", "--base-url", "ftp://x"]).output().await.expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    let output = bin()
+        .args([
+            "conformance",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--flow",
+            "f",
+            "--input",
+            "novalue",
+        ])
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mock_xagent_prints_the_packets_it_exchanges() {
+    let base = echo().await;
+    let mut child = bin()
+        .args(["mock-xagent", "--base-url", &base, "--api-key", API_KEY, "--flow", ECHO_FLOW])
+        .args(["--input", "token=tok-mock"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawns");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut seen = Vec::new();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push(line.clone());
+            if line.contains("auth.start.ack") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let _ = child.kill().await;
+    assert_eq!(outcome, Ok(true), "output so far: {seen:#?}");
+    let text = seen.join("\n");
+    assert!(text.contains("admitted im.echo"));
+    assert!(text.contains("xagent -> connector") && text.contains("\"type\":\"connector.hello\""));
+    assert!(text.contains("connector -> xagent") && text.contains("connector.hello.ack"));
+    assert!(text.contains("channel.open.ack"));
+    assert!(!text.contains("tok-mock"), "form secrets are not printed back by the Connector");
+}
