@@ -54,9 +54,11 @@ pub enum TapDirection {
     Received,
 }
 
+type TapFn = dyn Fn(TapDirection, &str) + Send + Sync;
+
 /// A callback that sees every text frame; cheap to clone.
 #[derive(Clone)]
-pub struct PacketTap(std::sync::Arc<dyn Fn(TapDirection, &str) + Send + Sync>);
+pub struct PacketTap(std::sync::Arc<TapFn>);
 
 impl PacketTap {
     /// Wraps a callback.
