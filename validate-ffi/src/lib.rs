@@ -1,0 +1,404 @@
+//! # xagent-validate-ffi
+//!
+//! The validators of `xagent-protocol-validate` behind a small, stable C ABI, so a backend or a
+//! Connector written in C, Python (`ctypes`), Go (cgo), Node (N-API/ffi) or anything else that
+//! can call C can embed exactly the checks `xagent-connector check` runs. Built as a `cdylib`
+//! (`libxagent_validate_ffi.so` / `.dylib` / `xagent_validate_ffi.dll`) and a `staticlib`; the C
+//! header is `include/xagent_validate.h` (generated with cbindgen, committed, and checked for
+//! drift by `tests/header.rs`).
+//!
+//! Every validating function takes UTF-8 bytes as a pointer and a length and returns a newly
+//! allocated, NUL-terminated UTF-8 string holding the JSON report of
+//! `xagent-connector check --format json`:
+//!
+//! ```json
+//! {"valid": false, "violations": [{"rule": "card.protocol_version", "severity": "error",
+//!   "path": "/protocol_version", "message": "..."}]}
+//! ```
+//!
+//! The caller releases it with [`xagent_validate_free`]. The functions never return NULL and
+//! never unwind into the caller: bad input, including bytes that are not UTF-8 and NULL
+//! pointers, yields a report with a violation, and an internal panic is caught and reported.
+//!
+//! ```
+//! use std::ffi::CStr;
+//! use xagent_validate_ffi::{xagent_validate_card, xagent_validate_free};
+//!
+//! let card = br#"{"schema": "xagent.connector/v1", "protocol_version": "2.0"}"#;
+//! // SAFETY: the pointer and length describe `card`, which outlives the call.
+//! let report = unsafe { xagent_validate_card(card.as_ptr(), card.len()) };
+//! // SAFETY: `report` is a NUL-terminated string returned by the library.
+//! let text = unsafe { CStr::from_ptr(report) }.to_str()?.to_owned();
+//! // SAFETY: `report` came from the library and is freed exactly once.
+//! unsafe { xagent_validate_free(report) };
+//! let json: serde_json::Value = serde_json::from_str(&text)?;
+//! assert_eq!(json["valid"], false);
+//! assert!(json["violations"].as_array().map_or(0, Vec::len) > 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Decisions where the issue is silent
+//!
+//! - Input that is not UTF-8 is reported as `document.not_json` (JSON text is UTF-8), with the
+//!   byte offset of the first bad sequence; a NULL document pointer with a non-zero length is
+//!   reported the same way. A NULL pointer with length 0 is the empty document.
+//! - A reference Card (for a Descriptor, a packet or a Skill) that is not UTF-8, not JSON or not
+//!   an object is not silently ignored: the report carries one `document.not_json` /
+//!   `document.not_object` violation at the path `/card` (the CLI exits with a usage error
+//!   instead; a library has no usage errors). For Descriptors and packets a NULL Card pointer
+//!   means "no Card"; a Skill always needs its Card.
+//! - A caught panic is reported as the rule `ffi.internal_error` (severity `error`).
+//! - Reports are NUL-terminated strings (the JSON never contains a NUL byte) rather than
+//!   pointer + length pairs, so C and `ctypes` can read them without a struct.
+//! - [`xagent_validate_version`] returns a static string; it must not be freed.
+
+// The crate exists to be called through a C ABI: raw pointers cross the boundary, so
+// `unsafe` is unavoidable here (and only here). Each unsafe block is a single pointer
+// operation with a SAFETY comment.
+#![allow(unsafe_code)]
+
+use std::ffi::{CString, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+use xagent_protocol_validate::rules::{DOCUMENT_NOT_JSON, DOCUMENT_NOT_OBJECT};
+use xagent_protocol_validate::{CardFacts, DocumentKind, Report, Severity, Violation, check_text};
+
+/// Version of this C ABI. It changes only when a function's signature or meaning changes.
+pub const XAGENT_VALIDATE_ABI_VERSION: u32 = 1;
+
+/// Rule id of the violation reported when the library itself failed (a caught panic).
+pub const FFI_INTERNAL_ERROR: &str = "ffi.internal_error";
+
+/// Where the document comes from, for messages.
+#[derive(Clone, Copy)]
+enum Input {
+    Document,
+    Card,
+}
+
+impl Input {
+    fn path(self) -> &'static str {
+        match self {
+            Self::Document => "",
+            Self::Card => "/card",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Self::Document => "the document",
+            Self::Card => "the reference Card",
+        }
+    }
+}
+
+/// Reads `len` bytes at `ptr` as UTF-8 text, or returns the report that says why it cannot.
+///
+/// # Safety
+/// `ptr` must be NULL or point to `len` readable bytes that stay valid for the call.
+unsafe fn text_from<'a>(ptr: *const u8, len: usize, input: Input) -> Result<&'a str, Report> {
+    let bytes: &[u8] = if ptr.is_null() {
+        if len != 0 {
+            return Err(not_json(
+                input,
+                format!("{} is a NULL pointer with length {len}", input.what()),
+            ));
+        }
+        &[]
+    } else {
+        if len > isize::MAX as usize {
+            return Err(not_json(
+                input,
+                format!("{} has an impossible length {len}", input.what()),
+            ));
+        }
+        // SAFETY: the caller guarantees `ptr` points to `len` readable bytes valid for the call;
+        // it is non-NULL, `u8` has no alignment requirement, and `len` fits in `isize`.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
+    };
+    std::str::from_utf8(bytes).map_err(|error| {
+        not_json(
+            input,
+            format!(
+                "{} is not UTF-8 (invalid bytes at offset {}); JSON text must be UTF-8",
+                input.what(),
+                error.valid_up_to()
+            ),
+        )
+    })
+}
+
+fn not_json(input: Input, message: String) -> Report {
+    Report::new(vec![DOCUMENT_NOT_JSON.at(input.path(), message)])
+}
+
+/// The facts of a reference Card, or the report that says why it cannot be used.
+fn card_facts(text: &str) -> Result<CardFacts, Report> {
+    let value: Value = serde_json::from_str(text).map_err(|error| {
+        not_json(
+            Input::Card,
+            format!(
+                "the reference Card is not JSON (line {}, column {}); validate it with \
+                 xagent_validate_card first",
+                error.line(),
+                error.column()
+            ),
+        )
+    })?;
+    if !value.is_object() {
+        return Err(Report::new(vec![DOCUMENT_NOT_OBJECT.at(
+            Input::Card.path(),
+            "the reference Card is not a JSON object; validate it with xagent_validate_card first",
+        )]));
+    }
+    Ok(CardFacts::from_value(&value))
+}
+
+/// Validates one document of `kind`, with an optional reference Card, never panicking.
+///
+/// # Safety
+/// Each pointer must be NULL or point to its length in readable bytes valid for the call.
+unsafe fn validate(
+    kind: DocumentKind,
+    document: (*const u8, usize),
+    card: Option<(*const u8, usize)>,
+) -> Report {
+    // SAFETY: forwarded from the caller's contract on `document`.
+    let text = match unsafe { text_from(document.0, document.1, Input::Document) } {
+        Ok(text) => text,
+        Err(report) => return report,
+    };
+    let facts = match card {
+        None => None,
+        Some((ptr, len)) => {
+            // SAFETY: forwarded from the caller's contract on `card`.
+            let card_text = match unsafe { text_from(ptr, len, Input::Card) } {
+                Ok(text) => text,
+                Err(report) => return report,
+            };
+            match card_facts(card_text) {
+                Ok(facts) => Some(facts),
+                Err(report) => return report,
+            }
+        }
+    };
+    check_text(kind, text, facts.as_ref())
+}
+
+fn internal_error() -> Report {
+    Report::new(vec![Violation {
+        rule: FFI_INTERNAL_ERROR.to_owned(),
+        severity: Severity::Error,
+        path: String::new(),
+        message: "the validator failed internally; please report this input to the toolkit's \
+                  maintainers"
+            .to_owned(),
+    }])
+}
+
+/// Runs `work` with panics caught and turns its report into an owned C string.
+fn guarded(work: impl FnOnce() -> Report) -> *mut c_char {
+    let report = catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|_| internal_error());
+    into_c_string(&report.to_json())
+}
+
+fn into_c_string(json: &str) -> *mut c_char {
+    // serde_json escapes U+0000, so a report never holds a NUL byte; the fallback is for safety.
+    let text = CString::new(json).unwrap_or_else(|_| {
+        CString::from(c"{\"valid\":false,\"violations\":[{\"rule\":\"ffi.internal_error\",\"severity\":\"error\",\"path\":\"\",\"message\":\"the report could not be encoded\"}]}")
+    });
+    text.into_raw()
+}
+
+/// Treats a NULL Card pointer as "no Card".
+fn optional_card(ptr: *const u8, len: usize) -> Option<(*const u8, usize)> {
+    if ptr.is_null() { None } else { Some((ptr, len)) }
+}
+
+/// Validates a Connector Card (`connector-card.json`).
+///
+/// `json` points to `json_len` bytes of UTF-8 JSON. Returns the JSON report as a NUL-terminated
+/// string that the caller must release with `xagent_validate_free`. Never returns NULL.
+///
+/// # Safety
+/// `json` must be NULL or point to `json_len` readable bytes that stay valid for the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xagent_validate_card(json: *const u8, json_len: usize) -> *mut c_char {
+    // SAFETY: the caller's contract on `json` is this function's contract.
+    guarded(|| unsafe { validate(DocumentKind::Card, (json, json_len), None) })
+}
+
+/// Validates a Connection Descriptor, against a Card when `card` is not NULL.
+///
+/// Both documents are UTF-8 JSON given as pointer and length. Returns the JSON report (release
+/// it with `xagent_validate_free`). Never returns NULL.
+///
+/// # Safety
+/// `json` and `card` must each be NULL or point to their length in readable bytes that stay
+/// valid for the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xagent_validate_descriptor(
+    json: *const u8,
+    json_len: usize,
+    card: *const u8,
+    card_len: usize,
+) -> *mut c_char {
+    let card = optional_card(card, card_len);
+    // SAFETY: the caller's contract on both pointers is this function's contract.
+    guarded(|| unsafe { validate(DocumentKind::Descriptor, (json, json_len), card) })
+}
+
+/// Validates one data-plane packet, against a Card when `card` is not NULL.
+///
+/// Both documents are UTF-8 JSON given as pointer and length. Returns the JSON report (release
+/// it with `xagent_validate_free`). Never returns NULL.
+///
+/// # Safety
+/// `json` and `card` must each be NULL or point to their length in readable bytes that stay
+/// valid for the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xagent_validate_packet(
+    json: *const u8,
+    json_len: usize,
+    card: *const u8,
+    card_len: usize,
+) -> *mut c_char {
+    let card = optional_card(card, card_len);
+    // SAFETY: the caller's contract on both pointers is this function's contract.
+    guarded(|| unsafe { validate(DocumentKind::Packet, (json, json_len), card) })
+}
+
+/// Validates a `SKILL.md` (UTF-8 Markdown) against the Card (UTF-8 JSON) whose Skill it is.
+///
+/// The Card is required: a NULL `card` is treated as an empty document and reported. Returns
+/// the JSON report (release it with `xagent_validate_free`). Never returns NULL.
+///
+/// # Safety
+/// `skill` and `card` must each be NULL or point to their length in readable bytes that stay
+/// valid for the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xagent_validate_skill(
+    skill: *const u8,
+    skill_len: usize,
+    card: *const u8,
+    card_len: usize,
+) -> *mut c_char {
+    // SAFETY: the caller's contract on both pointers is this function's contract.
+    guarded(|| unsafe { validate(DocumentKind::Skill, (skill, skill_len), Some((card, card_len))) })
+}
+
+/// Releases a report returned by one of the `xagent_validate_*` functions. NULL is ignored.
+///
+/// # Safety
+/// `report` must be NULL or a pointer returned by this library that has not been freed yet.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xagent_validate_free(report: *mut c_char) {
+    if report.is_null() {
+        return;
+    }
+    // SAFETY: the caller guarantees `report` came from `CString::into_raw` in this library
+    // and is released once; dropping the rebuilt CString frees it with the same allocator.
+    let owned = unsafe { CString::from_raw(report) };
+    drop(owned);
+}
+
+/// The library, protocol and ABI versions as a static JSON string, e.g.
+/// `{"library":"0.1.0","protocol":"3.0","abi":1}`. Do not free it.
+#[unsafe(no_mangle)]
+pub extern "C" fn xagent_validate_version() -> *const c_char {
+    static VERSION: OnceLock<CString> = OnceLock::new();
+    VERSION.get_or_init(|| CString::new(version_json()).unwrap_or_default()).as_ptr()
+}
+
+fn version_json() -> String {
+    serde_json::json!({
+        "library": env!("CARGO_PKG_VERSION"),
+        "protocol": xagent_protocol_types::PROTOCOL_VERSION,
+        "abi": XAGENT_VALIDATE_ABI_VERSION,
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn call(f: impl FnOnce() -> *mut c_char) -> Value {
+        let report = f();
+        assert!(!report.is_null());
+        // SAFETY: `report` is a NUL-terminated string from the library.
+        let text = unsafe { CStr::from_ptr(report) }.to_str().expect("UTF-8").to_owned();
+        // SAFETY: freed once.
+        unsafe { xagent_validate_free(report) };
+        serde_json::from_str(&text).expect("the report is JSON")
+    }
+
+    fn rules(report: &Value) -> Vec<String> {
+        report["violations"]
+            .as_array()
+            .expect("violations")
+            .iter()
+            .map(|v| v["rule"].as_str().expect("rule").to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn non_utf8_document_is_a_not_json_report() {
+        let bytes = [b'{', 0xff, 0xfe, b'}'];
+        // SAFETY: pointer and length describe `bytes`.
+        let report = call(|| unsafe { xagent_validate_card(bytes.as_ptr(), bytes.len()) });
+        assert_eq!(report["valid"], false);
+        assert_eq!(rules(&report), vec!["document.not_json"]);
+        assert!(report["violations"][0]["message"].as_str().expect("message").contains("offset 1"));
+    }
+
+    #[test]
+    fn null_pointer_with_length_is_reported_not_dereferenced() {
+        // SAFETY: a NULL pointer is part of the contract.
+        let report = call(|| unsafe { xagent_validate_card(std::ptr::null(), 10) });
+        assert_eq!(rules(&report), vec!["document.not_json"]);
+    }
+
+    #[test]
+    fn bad_reference_card_is_reported_at_card_path() {
+        let doc = br#"{"schema":"xagent.connection/v2"}"#;
+        let card = b"[1, 2]";
+        // SAFETY: pointers and lengths describe the arrays.
+        let report = call(|| unsafe {
+            xagent_validate_descriptor(doc.as_ptr(), doc.len(), card.as_ptr(), card.len())
+        });
+        assert_eq!(rules(&report), vec!["document.not_object"]);
+        assert_eq!(report["violations"][0]["path"], "/card");
+    }
+
+    #[test]
+    fn panics_become_internal_error_reports() {
+        let report = guarded(|| panic!("boom"));
+        // SAFETY: `report` is a NUL-terminated string from `guarded`.
+        let text = unsafe { CStr::from_ptr(report) }.to_str().expect("UTF-8").to_owned();
+        // SAFETY: freed once.
+        unsafe { xagent_validate_free(report) };
+        let value: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(rules(&value), vec![FFI_INTERNAL_ERROR]);
+        assert_eq!(value["valid"], false);
+    }
+
+    #[test]
+    fn version_names_library_protocol_and_abi() {
+        // SAFETY: a static NUL-terminated string.
+        let text = unsafe { CStr::from_ptr(xagent_validate_version()) }.to_str().expect("UTF-8");
+        let value: Value = serde_json::from_str(text).expect("JSON");
+        assert_eq!(value["protocol"], xagent_protocol_types::PROTOCOL_VERSION);
+        assert_eq!(value["library"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(value["abi"], XAGENT_VALIDATE_ABI_VERSION);
+    }
+
+    #[test]
+    fn free_ignores_null() {
+        // SAFETY: NULL is allowed.
+        unsafe { xagent_validate_free(std::ptr::null_mut()) };
+    }
+}
