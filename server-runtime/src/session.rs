@@ -414,10 +414,8 @@ impl Conn {
             (id, minted)
         };
         let (connector_id, minted) = result;
-        if minted {
-            if let Err(error) = self.shared.storage.save_connector_id(Some(&connector_id)) {
-                tracing::error!(%error, "could not persist the connector_id");
-            }
+        if minted && let Err(error) = self.shared.storage.save_connector_id(Some(&connector_id)) {
+            tracing::error!(%error, "could not persist the connector_id");
         }
         if requested.as_ref().is_some_and(|r| r != &connector_id) {
             tracing::info!(%connector_id, "hello asked for an unknown or expired connector_id; issued the current one");
@@ -466,10 +464,8 @@ impl Conn {
             );
             return self.reply_error(packet, error).await;
         };
-        if created {
-            if let Err(error) = self.shared.save_channel(&record) {
-                tracing::error!(%error, "could not persist a new channel");
-            }
+        if created && let Err(error) = self.shared.save_channel(&record) {
+            tracing::error!(%error, "could not persist a new channel");
         }
         let channel = record.id.clone();
         tracing::info!(%channel, created, "channel opened");
@@ -587,10 +583,10 @@ impl Conn {
                     created_at: self.shared.now(),
                 },
             );
-            if let Some(r) = state.channels.get_mut(&record.id) {
-                if r.binding.is_none() {
-                    r.status = ConnectionStatus::Authenticating;
-                }
+            if let Some(r) = state.channels.get_mut(&record.id)
+                && r.binding.is_none()
+            {
+                r.status = ConnectionStatus::Authenticating;
             }
         }
         tracing::info!(channel = %record.id, flow_id = %flow.id, "auth started");
@@ -967,9 +963,10 @@ impl Conn {
 fn revert_authenticating(state: &mut crate::runtime::State, channel: &ConnectorChannelId) {
     let pending_left =
         state.auth_sessions.values().any(|s| &s.channel == channel && !s.status.is_final());
-    if let Some(record) = state.channels.get_mut(channel) {
-        if record.binding.is_none() && !pending_left {
-            record.status = ConnectionStatus::Created;
-        }
+    if let Some(record) = state.channels.get_mut(channel)
+        && record.binding.is_none()
+        && !pending_left
+    {
+        record.status = ConnectionStatus::Created;
     }
 }

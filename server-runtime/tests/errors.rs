@@ -89,7 +89,8 @@ async fn rule_user_level_packets_need_an_open_channel() {
     let invoke = c.request(ToolInvoke::new("echo_noop", args.clone()), None);
     c.send(&invoke).await;
     expect_error(&mut c, ErrorCode::ConnectorChannelIdRequired).await;
-    let invoke = c.request(ToolInvoke::new("echo_noop", args), Some(&ConnectorChannelId::new("cch_x")));
+    let invoke =
+        c.request(ToolInvoke::new("echo_noop", args), Some(&ConnectorChannelId::new("cch_x")));
     c.send(&invoke).await;
     expect_error(&mut c, ErrorCode::ChannelNotOpen).await;
     h.stop().await;
@@ -144,14 +145,15 @@ async fn rule_profile_packets_outside_the_negotiation_are_dropped_silently() {
     assert_eq!(c.call(hello).await.type_str(), "connector.hello.ack");
     let (channel, open) = c.open_channel(None).await;
     assert_eq!(
-        xagent_server_runtime::testing::payload_json(&open)["connection_descriptor"]["connection"]["profiles"],
+        xagent_server_runtime::testing::payload_json(&open)["connection_descriptor"]["connection"]
+            ["profiles"],
         json!(["xagent.device.v1"])
     );
     let activity = Packet::with_payload("pa", xagent_protocol_types::ChatActivity::thinking())
         .channel(channel.clone());
     c.send(&activity).await;
-    let message =
-        Packet::with_payload("pm", xagent_protocol_types::ChatMessage::text("m1", "hi")).channel(channel);
+    let message = Packet::with_payload("pm", xagent_protocol_types::ChatMessage::text("m1", "hi"))
+        .channel(channel);
     c.send(&message).await;
     // Nothing answers the dropped packets: the next packet is the pong.
     let ping = c.request(xagent_protocol_types::Ping::default(), None);
@@ -188,18 +190,31 @@ async fn rule_ws_needs_the_subprotocol_and_the_api_key() {
             .header("Sec-WebSocket-Version", "13")
             .header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
     };
-    let no_proto = upgrade(http.get(h.http("/ws")).bearer_auth(support::API_KEY)).send().await.unwrap();
+    let no_proto =
+        upgrade(http.get(h.http("/ws")).bearer_auth(support::API_KEY)).send().await.unwrap();
     assert_eq!(no_proto.status(), 400);
     let body: serde_json::Value = no_proto.json().await.unwrap();
     assert_eq!(body["error"]["code"], "invalid_packet");
 
-    let no_key = upgrade(http.get(h.http("/ws")).header("Sec-WebSocket-Protocol", "xagent.connector.packet.v1")).send().await.unwrap();
+    let no_key = upgrade(
+        http.get(h.http("/ws")).header("Sec-WebSocket-Protocol", "xagent.connector.packet.v1"),
+    )
+    .send()
+    .await
+    .unwrap();
     assert_eq!(no_key.status(), 401);
     assert_eq!(no_key.headers()["www-authenticate"], "Bearer");
     let body: serde_json::Value = no_key.json().await.unwrap();
     assert_eq!(body["error"]["code"], "unauthorized");
 
-    let wrong = upgrade(http.get(h.http("/ws")).bearer_auth("sk-wrong").header("Sec-WebSocket-Protocol", "xagent.connector.packet.v1")).send().await.unwrap();
+    let wrong = upgrade(
+        http.get(h.http("/ws"))
+            .bearer_auth("sk-wrong")
+            .header("Sec-WebSocket-Protocol", "xagent.connector.packet.v1"),
+    )
+    .send()
+    .await
+    .unwrap();
     assert_eq!(wrong.status(), 401);
 
     assert!(WsClient::connect(&h.ws_url(), None).await.is_err());
@@ -214,7 +229,8 @@ async fn rule_auth_errors() {
     let mut c = h.client().await;
     c.hello(None).await;
     let (channel, _) = c.open_channel(None).await;
-    let status = c.request(xagent_protocol_types::AuthStatusRequest::new("auth_nope"), Some(&channel));
+    let status =
+        c.request(xagent_protocol_types::AuthStatusRequest::new("auth_nope"), Some(&channel));
     let status = c.call(status).await;
     assert!(has_error(&status, &ErrorCode::AuthSessionNotFound));
     let cancel = c.request(xagent_protocol_types::AuthCancel::new("auth_nope"), Some(&channel));

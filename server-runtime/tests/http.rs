@@ -9,7 +9,8 @@ use xagent_server_runtime::RuntimeConfig;
 async fn card_skill_and_health_are_served_and_health_matches_the_card() {
     let h = support::start_default().await;
     let http = reqwest::Client::new();
-    let card: serde_json::Value = http.get(h.http("/connector-card.json")).send().await.unwrap().json().await.unwrap();
+    let card: serde_json::Value =
+        http.get(h.http("/connector-card.json")).send().await.unwrap().json().await.unwrap();
     assert_eq!(card["schema"], "xagent.connector/v1");
     assert_eq!(card["protocol_version"], "3.0");
     let schema = &card["tools"][0]["input_schema"];
@@ -24,8 +25,15 @@ async fn card_skill_and_health_are_served_and_health_matches_the_card() {
     let no_key = http.get(h.http("/health")).send().await.unwrap();
     assert_eq!(no_key.status(), 401);
     assert_eq!(no_key.headers()["www-authenticate"], "Bearer");
-    let health: serde_json::Value =
-        http.get(h.http("/health")).bearer_auth(support::API_KEY).send().await.unwrap().json().await.unwrap();
+    let health: serde_json::Value = http
+        .get(h.http("/health"))
+        .bearer_auth(support::API_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(health["status"], "ok");
     assert_eq!(health["protocol_version"], card["protocol_version"]);
     assert_eq!(health["build"], card["build"]);
@@ -36,14 +44,18 @@ async fn card_skill_and_health_are_served_and_health_matches_the_card() {
 #[tokio::test]
 async fn base_url_path_prefix_works_for_every_endpoint() {
     let config = RuntimeConfig::default().with_base_path("/connectors/echo");
-    let h = support::start(support::temp_dir("prefix"), ManualClock::new(support::START), config).await;
+    let h =
+        support::start(support::temp_dir("prefix"), ManualClock::new(support::START), config).await;
     let http = reqwest::Client::new();
     assert_eq!(http.get(h.http("/connector-card.json")).send().await.unwrap().status(), 200);
     assert_eq!(
         http.get(format!("http://{}/connector-card.json", h.addr)).send().await.unwrap().status(),
         404
     );
-    assert_eq!(http.get(h.http("/health")).bearer_auth(support::API_KEY).send().await.unwrap().status(), 200);
+    assert_eq!(
+        http.get(h.http("/health")).bearer_auth(support::API_KEY).send().await.unwrap().status(),
+        200
+    );
     let mut c = h.client().await;
     c.hello(None).await;
     let (channel, _) = c.open_channel(None).await;

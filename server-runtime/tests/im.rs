@@ -104,7 +104,7 @@ async fn deltas_are_assembled_and_the_final_is_delivered_once() {
     c.send(&fin).await;
     let (ack, _) = c.wait_for("chat.message.ack").await;
     assert_eq!(ack.payload::<ChatMessageAck>().unwrap().status, AckStatus::Accepted);
-    let log = h.echo.log();
+    let log = h.echo.log().clone();
     assert_eq!(log.delivered.len(), 1);
     assert_eq!(log.delivered[0].1.text.as_deref(), Some("Hello"));
     assert_eq!(
@@ -133,7 +133,7 @@ async fn activity_is_tracked_and_cleared_by_the_final_message() {
     let fin = message_packet(&mut c, &channel, ChatMessage::text("m9", "done"));
     c.send(&fin).await;
     c.wait_for("chat.message.ack").await;
-    let log = h.echo.log();
+    let log = h.echo.log().clone();
     let actions: Vec<&ActivityAction> = log.activities.iter().map(|(_, a)| a).collect();
     assert!(
         matches!(actions[0], ActivityAction::Show { tool_name: Some(name), .. } if name == "web_search")

@@ -36,7 +36,8 @@ async fn rule_lease_expires_after_an_offline_hour_and_cascades() {
     h.server.tick().await;
     assert_eq!(handle.connector_id().map(String::from), Some(first.clone()));
     let mut c = h.client().await;
-    let again = payload_json(&c.hello(Some(&first)).await)["connector_id"].as_str().unwrap().to_owned();
+    let again =
+        payload_json(&c.hello(Some(&first)).await)["connector_id"].as_str().unwrap().to_owned();
     assert_eq!(again, first);
     h.clock.advance(2 * HOUR);
     h.server.tick().await;
@@ -52,12 +53,17 @@ async fn rule_lease_expires_after_an_offline_hour_and_cascades() {
     h.server.tick().await;
     assert!(handle.connector_id().is_none());
     assert!(handle.channels().is_empty());
-    assert_eq!(h.echo.log().signed_out, vec![channel.clone()], "each channel runs its sign-out cleanup");
+    assert_eq!(
+        h.echo.log().signed_out,
+        vec![channel.clone()],
+        "each channel runs its sign-out cleanup"
+    );
     assert_eq!(h.echo.log().poller_stops, 1, "the shared consumer stops with its last channel");
 
     // A later hello creates a new runtime instance; the old channel is unknown.
     let mut c = h.client().await;
-    let fresh = payload_json(&c.hello(Some(&first)).await)["connector_id"].as_str().unwrap().to_owned();
+    let fresh =
+        payload_json(&c.hello(Some(&first)).await)["connector_id"].as_str().unwrap().to_owned();
     assert_ne!(fresh, first);
     let (reopened, ack) = c.open_channel(Some(&channel)).await;
     assert_ne!(reopened, channel);
@@ -71,11 +77,15 @@ async fn restart_restores_channels_redelivers_pending_and_accepts_nothing_twice(
     let clock = ManualClock::new(support::START);
     let h = support::start(dir.clone(), clock.clone(), RuntimeConfig::default()).await;
     let mut c = h.client().await;
-    let connector_id = payload_json(&c.hello(None).await)["connector_id"].as_str().unwrap().to_owned();
+    let connector_id =
+        payload_json(&c.hello(None).await)["connector_id"].as_str().unwrap().to_owned();
     let (channel, _) = c.open_channel(None).await;
     c.sign_in(&channel, "tok-restart").await;
     // xAgent -> Connector message accepted before the restart.
-    c.send(&Packet::with_payload("px1", ChatMessage::text("x1", "before")).channel(channel.clone())).await;
+    c.send(
+        &Packet::with_payload("px1", ChatMessage::text("x1", "before")).channel(channel.clone()),
+    )
+    .await;
     let (ack, _) = c.wait_for("chat.message.ack").await;
     assert_eq!(ack.payload::<ChatMessageAck>().unwrap().status, AckStatus::Accepted);
     // Connector -> xAgent message sent but never acknowledged.
@@ -90,7 +100,10 @@ async fn restart_restores_channels_redelivers_pending_and_accepts_nothing_twice(
     let handle = h.server.handle();
     assert_eq!(handle.pending_messages(&channel).len(), 1);
     let mut c = h.client().await;
-    let again = payload_json(&c.hello(Some(&connector_id)).await)["connector_id"].as_str().unwrap().to_owned();
+    let again = payload_json(&c.hello(Some(&connector_id)).await)["connector_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert_eq!(again, connector_id);
     let (reopened, ack) = c.open_channel(Some(&channel)).await;
     assert_eq!(reopened, channel);
@@ -108,7 +121,10 @@ async fn restart_restores_channels_redelivers_pending_and_accepts_nothing_twice(
     assert!(handle.pending_messages(&channel).is_empty());
 
     // The message accepted before the restart is a duplicate now.
-    c.send(&Packet::with_payload("px2", ChatMessage::text("x1", "before")).channel(channel.clone())).await;
+    c.send(
+        &Packet::with_payload("px2", ChatMessage::text("x1", "before")).channel(channel.clone()),
+    )
+    .await;
     let (dup, _) = c.wait_for("chat.message.ack").await;
     assert_eq!(dup.payload::<ChatMessageAck>().unwrap().status, AckStatus::Duplicate);
     assert_eq!(h.echo.log().delivered.len(), 0, "nothing delivered twice");

@@ -45,9 +45,25 @@ async fn rule_no_secret_in_logs_card_skill_descriptors_acks_or_payloads() {
         produced.push(http.get(h.http(path)).send().await.unwrap().text().await.unwrap());
     }
     produced.push(
-        http.get(h.http("/health")).bearer_auth(support::API_KEY).send().await.unwrap().text().await.unwrap(),
+        http.get(h.http("/health"))
+            .bearer_auth(support::API_KEY)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
     );
-    produced.push(http.get(h.http("/health")).bearer_auth("wrong").send().await.unwrap().text().await.unwrap());
+    produced.push(
+        http.get(h.http("/health"))
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
 
     let mut c = h.client().await;
     let mut packets: Vec<Packet> = Vec::new();
@@ -62,13 +78,17 @@ async fn rule_no_secret_in_logs_card_skill_descriptors_acks_or_payloads() {
     let get = c.request(DescriptorGet::default(), Some(&channel));
     let got = c.call(get).await;
     record(&got);
-    let args = json!({"connector_channel_id": channel, "text": "hello"}).as_object().cloned().unwrap();
+    let args =
+        json!({"connector_channel_id": channel, "text": "hello"}).as_object().cloned().unwrap();
     let invoke = c.request(ToolInvoke::new("echo_send", args), Some(&channel));
     c.send(&invoke).await;
     let (tool_ack, skipped) = c.wait_for("tool.invoke.ack").await;
     record(&tool_ack);
     skipped.iter().for_each(&mut record);
-    c.send(&Packet::with_payload("pm1", ChatMessage::text("m1", "to target")).channel(channel.clone())).await;
+    c.send(
+        &Packet::with_payload("pm1", ChatMessage::text("m1", "to target")).channel(channel.clone()),
+    )
+    .await;
     let (msg_ack, skipped) = c.wait_for("chat.message.ack").await;
     record(&msg_ack);
     skipped.iter().for_each(&mut record);
