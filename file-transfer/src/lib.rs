@@ -80,6 +80,13 @@
 //! - **Ranges**: one `bytes=` range is honoured (206 + `Content-Range`); a range past the
 //!   end is 416 with `Content-Range: bytes */size`; several ranges, malformed values, or an
 //!   `If-Range` header get the whole file (200).
+//! - **Channel removal**: [`FileStore::remove_channel`] deletes the channel's files; an upload
+//!   to that channel still in progress is refused when it finishes (404
+//!   `connection_not_found`), so no file outlives its channel's removal.
+//! - **Limits**: [`TransferState::with_max_upload_bytes`] bounds HTTP uploads and overrides
+//!   [`StoreConfig::max_file_bytes`], which bounds files a Connector registers itself.
+//! - **Storage directory**: created with mode 0700 (sidecars hold target-system references);
+//!   nothing but the store may write in it. Files not named like store files are left alone.
 //! - Downloads carry `Content-Disposition: attachment` with an ASCII fallback name and the
 //!   exact UTF-8 name in `filename*`, `Cache-Control: private, no-store` and
 //!   `X-Content-Type-Options: nosniff`.

@@ -51,4 +51,12 @@ mod tests {
         assert!(!value.contains('\r') && !value.contains('\n'));
         assert!(axum::http::HeaderValue::from_str(&value).is_ok());
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_file_name_gives_a_valid_header_value(name in "\\PC{0,80}|[\\x00-\\x7f]{0,40}") {
+            let value = attachment(&name);
+            proptest::prop_assert!(axum::http::HeaderValue::from_str(&value).is_ok(), "{}", value);
+        }
+    }
 }

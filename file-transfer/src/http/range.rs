@@ -101,4 +101,24 @@ mod tests {
         }
         assert_eq!(parse(None, 10), Full);
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_header_gives_a_range_inside_the_file(value in "\\PC{0,40}", size in 0u64..1_000) {
+            if let Partial { start, end } = parse(Some(&value), size) {
+                proptest::prop_assert!(start <= end && end < size);
+            }
+        }
+
+        #[test]
+        fn well_formed_ranges_are_honoured(start in 0u64..2_000, len in 0u64..2_000, size in 1u64..1_000) {
+            let header = format!("bytes={start}-{}", start + len);
+            let answer = parse(Some(&header), size);
+            if start >= size {
+                proptest::prop_assert_eq!(answer, Unsatisfiable);
+            } else {
+                proptest::prop_assert_eq!(answer, Partial { start, end: (start + len).min(size - 1) });
+            }
+        }
+    }
 }
