@@ -287,3 +287,55 @@ async fn im_v2_both_ways() {
     plane.close().await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn files_both_ways_through_the_transfer_plane() {
+    let server = start(&temp_dir("files"), None).await;
+    let control = ControlPlane::new(server.base(), Some(Secret::new(API_KEY)));
+    let (plane, mut events) = DataPlane::start(config(server.base()));
+    plane.connected().await.expect("connected");
+    let channel = signed_in_channel(&plane).await;
+    let handle = server.server.handle();
+
+    // Connector -> xAgent: an inbound image, downloaded through its relative download_url
+    // without any key, as the xAgent download chain does.
+    let png = b"\x89PNG\r\n\x1a\nnot-really-an-image".to_vec();
+    let file = handle
+        .register_file(&channel, "photo.png", Some("image/png"), &png)
+        .await
+        .expect("registered");
+    let url = file.download_url.clone().expect("download_url");
+    assert!(url.starts_with("/files/refs/"), "{url}");
+    handle
+        .send_message(&channel, ChatMessage::with_files("in_file", None, vec![file]))
+        .await
+        .expect("queued");
+    let event = next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessage(_))).await;
+    let ClientEvent::ChatMessage(inbound) = event else { unreachable!() };
+    let received = inbound.message.files[0].download_url.clone().expect("url");
+    let downloaded = control.download(&received).await.expect("download");
+    assert_eq!(downloaded.bytes, png);
+    assert_eq!(downloaded.content_type.as_deref(), Some("image/png"));
+    inbound.accept();
+
+    // xAgent -> Connector: upload first, then reference the file_ref in the final message.
+    let upload =
+        control.upload(&channel, "answer.txt", "text/plain", b"42".to_vec()).await.expect("upload");
+    let reply = ChatMessage::with_files(
+        "out_file",
+        Some("here is the file".into()),
+        vec![xagent_protocol_types::ChatFile::new(
+            upload.file_type.clone(),
+            upload.file_ref.clone(),
+        )],
+    );
+    plane.send_chat_message(&channel, reply).await.expect("queued");
+    let acked =
+        next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessageAcked { .. })).await;
+    let ClientEvent::ChatMessageAcked { ack, .. } = acked else { unreachable!() };
+    assert_eq!(ack.status, AckStatus::Accepted);
+    let log = server.echo.log();
+    let delivered =
+        log.delivered.iter().find(|(_, m, _)| m.message_id == "out_file").expect("delivered");
+    assert_eq!(delivered.1.files[0].file_ref, upload.file_ref);
+}
