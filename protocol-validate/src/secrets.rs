@@ -46,6 +46,26 @@ pub struct Leak {
     pub kind: LeakKind,
 }
 
+/// One step of a JSON pointer, kept unformatted until a finding needs it.
+enum Segment<'v> {
+    Key(&'v str),
+    Index(usize),
+}
+
+fn pointer(path: &[Segment<'_>]) -> String {
+    let mut out = String::new();
+    for segment in path {
+        match segment {
+            Segment::Key(key) => out = child(&out, key),
+            Segment::Index(i) => out = index(&out, *i),
+        }
+    }
+    out
+}
+
+/// Shortest token any shape below can match (an AWS key id has 20 characters).
+const MIN_SHAPE_LEN: usize = 20;
+
 /// Keys whose string values are always credentials.
 const SENSITIVE_KEYS: &[&str] = &[
     "api_key",
@@ -109,7 +129,7 @@ impl SecretScanner {
     /// Scans every string (and object key) in a JSON value.
     pub fn scan_value(&self, value: &Value) -> Vec<Leak> {
         let mut out = Vec::new();
-        self.walk(value, "", None, &mut out);
+        self.walk(value, &mut Vec::new(), None, &mut out);
         out
     }
 
@@ -137,34 +157,43 @@ impl SecretScanner {
         self.scan_text(text).is_empty()
     }
 
-    fn walk(&self, value: &Value, path: &str, key: Option<&str>, out: &mut Vec<Leak>) {
+    fn walk<'v>(
+        &self,
+        value: &'v Value,
+        path: &mut Vec<Segment<'v>>,
+        key: Option<&str>,
+        out: &mut Vec<Leak>,
+    ) {
         match value {
             Value::String(text) => {
                 for (_, kind) in self.scan_str(text) {
-                    out.push(Leak { location: path.to_owned(), kind });
+                    out.push(Leak { location: pointer(path), kind });
                 }
                 if self.sensitive_keys
                     && !text.is_empty()
                     && let Some(key) = key.filter(|k| is_sensitive_key(k))
                 {
                     out.push(Leak {
-                        location: path.to_owned(),
+                        location: pointer(path),
                         kind: LeakKind::SensitiveField(key.to_owned()),
                     });
                 }
             }
             Value::Array(items) => {
                 for (i, item) in items.iter().enumerate() {
-                    self.walk(item, &index(path, i), None, out);
+                    path.push(Segment::Index(i));
+                    self.walk(item, path, None, out);
+                    path.pop();
                 }
             }
             Value::Object(map) => {
                 for (k, v) in map {
-                    let child_path = child(path, k);
+                    path.push(Segment::Key(k));
                     for (_, kind) in self.scan_str(k) {
-                        out.push(Leak { location: child_path.clone(), kind });
+                        out.push(Leak { location: pointer(path), kind });
                     }
-                    self.walk(v, &child_path, Some(k), out);
+                    self.walk(v, path, Some(k), out);
+                    path.pop();
                 }
             }
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
@@ -238,17 +267,17 @@ fn scan_shapes(text: &str, out: &mut Vec<(usize, LeakKind)>) {
     {
         out.push((at, LeakKind::Shape("private key")));
     }
-    let lower = text.to_ascii_lowercase();
     let bytes = text.as_bytes();
     // `Bearer <token>` in a header or a log line.
-    let mut from = 0;
-    while let Some(found) = lower[from..].find("bearer ") {
-        let at = from + found;
-        from = at + 7;
-        let token: String =
-            text[from..].bytes().take_while(|b| is_token_char(*b)).map(char::from).collect();
-        if token.len() >= 8 && !token.starts_with('<') {
-            out.push((at, LeakKind::Shape("bearer token")));
+    for at in 0..bytes.len().saturating_sub(6) {
+        if matches!(bytes[at], b'b' | b'B')
+            && bytes[at..at + 7].eq_ignore_ascii_case(b"bearer ")
+            && (at == 0 || !is_word(bytes[at - 1]))
+        {
+            let token = bytes[at + 7..].iter().take_while(|b| is_token_char(**b)).count();
+            if token >= 8 && bytes.get(at + 7) != Some(&b'<') {
+                out.push((at, LeakKind::Shape("bearer token")));
+            }
         }
     }
     let mut i = 0;
@@ -262,6 +291,9 @@ fn scan_shapes(text: &str, out: &mut Vec<(usize, LeakKind)>) {
             i += 1;
         }
         let token = &text[start..i];
+        if token.len() < MIN_SHAPE_LEN {
+            continue;
+        }
         if let Some(shape) = token_shape(token) {
             out.push((start, LeakKind::Shape(shape)));
         }
@@ -280,12 +312,12 @@ fn b64url(b: u8) -> bool {
 fn token_shape(token: &str) -> Option<&'static str> {
     let token = token.trim_matches(|c: char| matches!(c, '.' | ':' | '/' | '='));
     // JSON Web Token: three base64url parts, the first two starting with `eyJ` (`{"`).
-    let parts: Vec<&str> = token.split('.').collect();
-    if parts.len() == 3
-        && parts[0].starts_with("eyJ")
-        && parts[1].starts_with("eyJ")
-        && parts.iter().all(|p| all_in(p, b64url))
-        && token.len() >= 30
+    let mut parts = token.split('.');
+    if token.len() >= 30
+        && token.starts_with("eyJ")
+        && token.split('.').count() == 3
+        && parts.nth(1).is_some_and(|p| p.starts_with("eyJ"))
+        && token.split('.').all(|p| all_in(p, b64url))
     {
         return Some("JSON Web Token");
     }

@@ -10,7 +10,7 @@ use xagent_protocol_types::{
 };
 
 use crate::catalog;
-use crate::report::{Report, Rule, Sink, child, index};
+use crate::report::{Report, Rule, Severity, Sink, child, index};
 use crate::rules::*;
 use crate::secrets::SecretScanner;
 use crate::version::{AdmissionWindow, ProtocolVersion};
@@ -236,6 +236,14 @@ pub fn is_valid_tool_id(tool_id: &str) -> bool {
         && tool_id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
+fn has_key(value: &Value, key: &str) -> bool {
+    match value {
+        Value::Object(map) => map.iter().any(|(k, v)| k == key || has_key(v, key)),
+        Value::Array(items) => items.iter().any(|item| has_key(item, key)),
+        _ => false,
+    }
+}
+
 fn find_key(value: &Value, key: &str, path: &str, out: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
@@ -379,7 +387,9 @@ impl Validator {
             );
         }
         let mut found = Vec::new();
-        find_key(card, "server_base_url", "", &mut found);
+        if has_key(card, "server_base_url") {
+            find_key(card, "server_base_url", "", &mut found);
+        }
         for path in found {
             sink.push(
                 &CARD_SERVER_BASE_URL,
@@ -1236,12 +1246,12 @@ impl Validator {
             );
         }
         let after = sink.violations.iter().filter(|v| v.path.starts_with("/payload")).count();
-        if after == before
-            && payload.is_none_or(Value::is_object)
-            && let Err(e) = Packet::from_value(packet.clone())
-            && matches!(e.kind, xagent_protocol_types::DecodeErrorKind::InvalidPayload { .. })
-        {
-            sink.push(&PACKET_PAYLOAD_INVALID, "/payload", e.to_string());
+        let no_error_yet = !sink.violations.iter().any(|v| v.severity == Severity::Error);
+        if after == before && no_error_yet {
+            // Everything specific passed: let the typed model find what the rules do not name.
+            if let Err(e) = <Packet as serde::Deserialize>::deserialize(packet) {
+                sink.push(&PACKET_PAYLOAD_INVALID, "/payload", redact_quotes(&e.to_string()));
+            }
         }
         // auth.start legitimately carries the user's form input: leave it out of the scan.
         if packet_type == "auth.start" {
@@ -1788,6 +1798,23 @@ mod tests {
         assert!(!is_build_time("2613241200"));
         assert!(!is_build_time("260724120"));
     }
+}
+
+/// Drops quoted text from a parser message, which could quote a secret.
+fn redact_quotes(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut inside = false;
+    for c in message.chars() {
+        if c == '"' || c == '`' {
+            if !inside {
+                out.push_str("\"…\"");
+            }
+            inside = !inside;
+        } else if !inside {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The kinds of document `xagent-connector check` validates.
