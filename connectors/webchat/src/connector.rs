@@ -1,0 +1,463 @@
+//! The Connector definition: Card, auth flows, the IM target (the room's page), the Tools and
+//! the Skill — all on the public API of `xagent-server-runtime`.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use xagent_profile_im::{ActivityAction, ActivityCapability};
+use xagent_protocol_types::{
+    ActivityStatus, AuthField, AuthFlow, ChatMessage, ConnectionStatus, ConnectorChannelId,
+    DescriptorTarget, ErrorCode, FileRef, PROFILE_IM_V2, Secret, Security, TargetDeclaration,
+    TargetType, TrustLevel,
+};
+use xagent_server_runtime::{
+    AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding,
+    ChannelContext, Connector, ConnectorHandle, DeliveryError, DeltaUpdate, FinalDelivery,
+    ImTarget, ToolContext, ToolError,
+};
+
+use crate::error::WebchatError;
+use crate::hub::{Activity, Draft, Hub};
+use crate::pairing::{PairingPrompt, PairingStatus, Pairings};
+use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Inserted, Room, RoomClaim, Store};
+
+/// Card id.
+pub const CARD_ID: &str = "im.webchat";
+/// Target provider.
+pub const PROVIDER: &str = "webchat";
+/// The QR pairing flow.
+pub const QR_FLOW: &str = "webchat_qr_login";
+/// The room form flow.
+pub const ROOM_FLOW: &str = "webchat_room";
+/// Tool: send text to the room.
+pub const TOOL_MESSAGE_SEND: &str = "webchat_message_send";
+/// Tool: send a file to the room.
+pub const TOOL_FILE_SEND: &str = "webchat_file_send";
+/// Binding secret holding the room id.
+const ROOM_SECRET: &str = "room_id";
+
+/// The primary Skill, served at `/skill.md`.
+pub const SKILL: &str = include_str!("../assets/skill.md");
+
+/// State shared by the Connector code and the chat page's HTTP API.
+pub(crate) struct App {
+    pub(crate) store: Store,
+    pub(crate) hub: Hub,
+    pub(crate) pairings: Mutex<Pairings>,
+    /// Absolute URL the pairing links and page links start with (no trailing slash).
+    pub(crate) public_url: String,
+    pub(crate) handle: OnceLock<ConnectorHandle>,
+}
+
+impl App {
+    pub(crate) fn pairings(&self) -> MutexGuard<'_, Pairings> {
+        self.pairings.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn pairing_link(&self, token: &str) -> String {
+        format!("{}/chat/pair/{token}", self.public_url)
+    }
+
+    fn prompt(&self, prompt: &PairingPrompt, message: &str) -> Result<AuthPrompt, AuthError> {
+        let link = self.pairing_link(&prompt.token);
+        let image = crate::qr::qr_data_url(&link)
+            .map_err(|e| AuthError::new(ErrorCode::InternalError, e.to_string()))?;
+        Ok(AuthPrompt {
+            qr_code_text: Some(link),
+            qr_code_image: Some(image),
+            expires_at: Some(prompt.expires_at),
+            poll_interval_millis: Some(1_000),
+            message: Some(message.to_owned()),
+        })
+    }
+
+    /// Binds `room` to `channel`: the room's earlier channel (if another one) is marked
+    /// `revoked`, since a room is served by one channel at a time.
+    async fn bind(
+        &self,
+        handle: &ConnectorHandle,
+        room: &Room,
+        channel: &ConnectorChannelId,
+    ) -> Result<Binding, AuthError> {
+        let previous = self
+            .store
+            .set_room_channel(&room.room_id, Some(channel))
+            .map_err(|e| AuthError::new(ErrorCode::InternalError, e.to_string()))?;
+        if let Some(previous) = previous.filter(|p| p != channel) {
+            tracing::info!(room = %room.room_id, %previous, "room moved to another channel");
+            let _ = handle.set_status(&previous, ConnectionStatus::Revoked).await;
+        }
+        self.hub.set_online(&room.room_id, handle.is_routed(channel));
+        Ok(binding_for(room))
+    }
+
+    fn room_of(&self, channel: &ConnectorChannelId) -> Option<Room> {
+        match self.store.room_by_channel(channel) {
+            Ok(room) => room,
+            Err(error) => {
+                tracing::error!(%error, "room lookup failed");
+                None
+            }
+        }
+    }
+
+    /// Adds an agent message to a room (idempotent by `message_id`) and shows it.
+    pub(crate) fn show_agent_message(
+        &self,
+        room_id: &str,
+        entry: ChatEntry,
+    ) -> Result<ChatEntry, WebchatError> {
+        match self.store.insert_entry(room_id, &entry)? {
+            Inserted::New(entry) => {
+                self.hub.message(room_id, entry.clone());
+                Ok(entry)
+            }
+            Inserted::Existing(entry) => Ok(entry),
+        }
+    }
+}
+
+fn binding_for(room: &Room) -> Binding {
+    let target = DescriptorTarget::new(PROVIDER, format!("Web chat room {}", room.name))
+        .with_label("Web chat")
+        .with_account_hint(room.room_id.clone());
+    Binding::new(target).with_secret(ROOM_SECRET, Secret::new(room.room_id.clone()))
+}
+
+fn entry_files(message: &ChatMessage) -> Vec<EntryFile> {
+    message
+        .files
+        .iter()
+        .map(|f| EntryFile {
+            file_ref: f.file_ref.to_string(),
+            filename: f.filename.clone().unwrap_or_else(|| f.file_ref.to_string()),
+            mime_type: f.mime_type.clone(),
+            byte_size: f.byte_size,
+        })
+        .collect()
+}
+
+struct WebchatAuth(Arc<App>);
+
+impl AuthProvider for WebchatAuth {
+    async fn start(&self, ctx: AuthContext, input: AuthValues) -> Result<AuthStep, AuthError> {
+        let app = &self.0;
+        match ctx.flow_id.as_str() {
+            ROOM_FLOW => {
+                let (Some(name), Some(code)) = (input.get("room_name"), input.get("access_code"))
+                else {
+                    return Err(AuthError::new(
+                        ErrorCode::InvalidArguments,
+                        "room_name and access_code are required",
+                    ));
+                };
+                if code.expose().chars().count() < 4 {
+                    return Ok(AuthStep::Failed(
+                        "the access code needs at least 4 characters".into(),
+                    ));
+                }
+                let claim =
+                    app.store.claim_room(name.expose(), code.expose(), ctx.handle.now_millis());
+                let room = match claim {
+                    Ok(RoomClaim::Created(room) | RoomClaim::Matched(room)) => room,
+                    Ok(RoomClaim::WrongCode) => {
+                        return Ok(AuthStep::Failed(
+                            "this room exists with another access code".into(),
+                        ));
+                    }
+                    Err(WebchatError::InvalidInput(reason)) => return Ok(AuthStep::Failed(reason)),
+                    Err(error) => {
+                        return Err(AuthError::new(ErrorCode::InternalError, error.to_string()));
+                    }
+                };
+                Ok(AuthStep::Authenticated(app.bind(&ctx.handle, &room, &ctx.channel).await?))
+            }
+            QR_FLOW => {
+                let prompt = app.pairings().start(
+                    ctx.auth_session_id.clone(),
+                    ctx.channel.clone(),
+                    ctx.handle.now_millis(),
+                );
+                Ok(AuthStep::Pending(
+                    app.prompt(&prompt, "open the link (or scan the code) and confirm")?,
+                ))
+            }
+            other => Err(AuthError::new(
+                ErrorCode::InvalidArguments,
+                format!("unknown auth flow {other:?}"),
+            )),
+        }
+    }
+
+    async fn status(&self, ctx: AuthContext, refresh: bool) -> Result<AuthStep, AuthError> {
+        let app = &self.0;
+        if ctx.flow_id.as_str() != QR_FLOW {
+            return Err(AuthError::unsupported("auth.status"));
+        }
+        let now = ctx.handle.now_millis();
+        let status = {
+            let mut pairings = app.pairings();
+            pairings.prune(now);
+            pairings.status(&ctx.auth_session_id, refresh, now)
+        };
+        match status {
+            PairingStatus::Pending(prompt) => {
+                Ok(AuthStep::Pending(app.prompt(&prompt, "waiting for the link to be opened")?))
+            }
+            PairingStatus::Scanned(prompt) => {
+                Ok(AuthStep::Scanned(app.prompt(&prompt, "opened; waiting for confirmation")?))
+            }
+            PairingStatus::RefreshRequired => Ok(AuthStep::QrRefreshRequired(AuthPrompt {
+                message: Some("the pairing link expired; ask for a new one".into()),
+                ..AuthPrompt::default()
+            })),
+            PairingStatus::Unknown => Ok(AuthStep::Expired),
+            PairingStatus::Confirmed(room_id) => {
+                let room = app
+                    .store
+                    .room(&room_id)
+                    .map_err(|e| AuthError::new(ErrorCode::InternalError, e.to_string()))?
+                    .ok_or_else(|| {
+                        AuthError::new(ErrorCode::InternalError, "the paired room disappeared")
+                    })?;
+                Ok(AuthStep::Authenticated(binding_for(&room)))
+            }
+        }
+    }
+
+    async fn cancel(&self, ctx: AuthContext) {
+        self.0.pairings().cancel(&ctx.auth_session_id);
+    }
+
+    async fn logout(&self, ctx: ChannelContext) -> Result<(), AuthError> {
+        if let Some(room) = self.0.room_of(&ctx.channel) {
+            self.0.hub.set_online(&room.room_id, false);
+        }
+        self.0
+            .store
+            .release_channel(&ctx.channel)
+            .map_err(|e| AuthError::new(ErrorCode::InternalError, e.to_string()))
+    }
+
+    async fn restore(&self, ctx: ChannelContext) {
+        // The room row still names the channel; nothing to re-attach, the page reconnects
+        // on its own. Re-bind when the row was lost (e.g. an older database).
+        let Some(room_id) = ctx.binding.secret(ROOM_SECRET).map(|s| s.expose().to_owned()) else {
+            return;
+        };
+        if self.0.room_of(&ctx.channel).is_none() {
+            let _ = self.0.store.set_room_channel(&room_id, Some(&ctx.channel));
+        }
+    }
+}
+
+struct WebchatTarget(Arc<App>);
+
+impl ImTarget for WebchatTarget {
+    const STREAMS_DELTAS: bool = true;
+    const ACTIVITY: ActivityCapability = ActivityCapability::CustomStatus;
+
+    async fn deliver(
+        &self,
+        ctx: ChannelContext,
+        message: ChatMessage,
+        _how: FinalDelivery,
+    ) -> Result<(), DeliveryError> {
+        let Some(room) = self.0.room_of(&ctx.channel) else {
+            return Err(DeliveryError::permanent(
+                ErrorCode::ConnectionNotAuthenticated,
+                "the channel serves no chat room",
+            ));
+        };
+        let entry = ChatEntry {
+            message_id: message.message_id.to_string(),
+            author: Author::Assistant,
+            text: message.text.clone(),
+            files: entry_files(&message),
+            status: EntryStatus::Shown,
+            error: None,
+            client_id: None,
+            created_at: message.created_at.unwrap_or_else(|| ctx.handle.now_millis()),
+        };
+        // Showing the final replaces the streamed draft with the same id on the page.
+        self.0.show_agent_message(&room.room_id, entry).map_err(|e| {
+            DeliveryError::temporary(ErrorCode::TargetDeliveryFailed, e.to_string())
+        })?;
+        Ok(())
+    }
+
+    async fn delta(&self, ctx: ChannelContext, update: DeltaUpdate) -> Option<String> {
+        let room = self.0.room_of(&ctx.channel)?;
+        let message_id = update.message_id.to_string();
+        self.0.hub.draft(
+            &room.room_id,
+            Draft { message_id: message_id.clone(), text: update.text_so_far },
+        );
+        Some(message_id)
+    }
+
+    async fn activity(&self, ctx: ChannelContext, action: ActivityAction) {
+        let Some(room) = self.0.room_of(&ctx.channel) else { return };
+        let activity = match action {
+            ActivityAction::Show { status, tool_name } => Some(Activity {
+                status: if status == ActivityStatus::Tool { "tool" } else { "thinking" }.into(),
+                tool_name,
+            }),
+            ActivityAction::Typing => Some(Activity { status: "thinking".into(), tool_name: None }),
+            ActivityAction::Clear => None,
+            _ => return,
+        };
+        self.0.hub.activity(&room.room_id, activity);
+    }
+}
+
+/// Arguments of `webchat_message_send`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct MessageSendArgs {
+    /// The text to show in the chat room, as the agent.
+    pub text: String,
+}
+
+/// Arguments of `webchat_file_send`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct FileSendArgs {
+    /// A `file_ref` returned by `POST /files/uploads` for this channel.
+    pub file_ref: String,
+    /// Optional text shown with the file.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// The message id of a Tool send: derived from the call, so a repeat of the same call (even
+/// after the runtime's idempotency window) shows one message.
+fn tool_message_id(ctx: &ToolContext) -> String {
+    use sha2::{Digest, Sha256};
+    let key = ctx
+        .tool_call_id
+        .as_ref()
+        .map(|id| id.to_string())
+        .or_else(|| ctx.request_id.as_ref().map(|id| id.to_string()));
+    match key {
+        Some(key) => {
+            let digest = Sha256::digest(format!("{}\n{}\n{key}", ctx.channel, ctx.tool_id));
+            format!("msg_tool_{}", hex::encode(&digest[..12]))
+        }
+        None => format!("msg_tool_{}", crate::store::random_hex(12)),
+    }
+}
+
+fn tool_room(app: &App, ctx: &ToolContext) -> Result<Room, ToolError> {
+    app.room_of(&ctx.channel).ok_or_else(|| {
+        ToolError::permission_denied("this channel serves no chat room; sign in again")
+    })
+}
+
+async fn message_send(
+    app: Arc<App>,
+    ctx: ToolContext,
+    args: MessageSendArgs,
+) -> Result<Value, ToolError> {
+    if args.text.trim().is_empty() {
+        return Err(ToolError::new(ErrorCode::InvalidArguments, "text must not be empty"));
+    }
+    let room = tool_room(&app, &ctx)?;
+    let entry = ChatEntry {
+        message_id: tool_message_id(&ctx),
+        author: Author::Assistant,
+        text: Some(args.text),
+        files: vec![],
+        status: EntryStatus::Shown,
+        error: None,
+        client_id: None,
+        created_at: ctx.handle.now_millis(),
+    };
+    let shown = app
+        .show_agent_message(&room.room_id, entry)
+        .map_err(|e| ToolError::failed(e.to_string()))?;
+    Ok(json!({ "status": "sent", "message_id": shown.message_id, "room_id": room.room_id }))
+}
+
+async fn file_send(
+    app: Arc<App>,
+    ctx: ToolContext,
+    args: FileSendArgs,
+) -> Result<Value, ToolError> {
+    let room = tool_room(&app, &ctx)?;
+    let file_ref = FileRef::new(args.file_ref.as_str());
+    let (record, _file) = ctx.handle.open_file(&ctx.channel, &file_ref).await.map_err(|_| {
+        ToolError::new(
+            ErrorCode::FileNotFound,
+            "no such file_ref on this channel; upload the file with POST /files/uploads first",
+        )
+    })?;
+    let entry = ChatEntry {
+        message_id: tool_message_id(&ctx),
+        author: Author::Assistant,
+        text: args.text.filter(|t| !t.trim().is_empty()),
+        files: vec![EntryFile {
+            file_ref: record.file_ref.to_string(),
+            filename: record.filename.clone(),
+            mime_type: Some(record.mime_type.clone()),
+            byte_size: Some(record.byte_size),
+        }],
+        status: EntryStatus::Shown,
+        error: None,
+        client_id: None,
+        created_at: ctx.handle.now_millis(),
+    };
+    let shown = app
+        .show_agent_message(&room.room_id, entry)
+        .map_err(|e| ToolError::failed(e.to_string()))?;
+    Ok(json!({ "status": "sent", "message_id": shown.message_id, "file_ref": record.file_ref }))
+}
+
+/// Builds the Connector definition around the shared state.
+pub(crate) fn build(app: Arc<App>) -> Result<Connector, WebchatError> {
+    let send_app = Arc::clone(&app);
+    let file_app = Arc::clone(&app);
+    Connector::builder(CARD_ID, "Web Chat", env!("CARGO_PKG_VERSION"))
+        .description(
+            "Puts an xAgent agent on a web page: visitors chat in the browser, replies stream back live.",
+        )
+        .vendor("xagent-connector-rs")
+        .target(TargetDeclaration::new(TargetType::Im, PROVIDER, "Web chat"))
+        .profile(PROFILE_IM_V2)
+        .security(Security::new(TrustLevel::Local, true).with_data_class("message").with_data_class("file"))
+        .auth_flow(
+            AuthFlow::qr_login(QR_FLOW, TargetType::Im, "Pair with a web chat room")
+                .with_description("Open the link or scan the code in a browser and confirm: a new room is created for this channel."),
+        )
+        .auth_flow(
+            AuthFlow::form(
+                ROOM_FLOW,
+                TargetType::Im,
+                "Open a named web chat room",
+                vec![
+                    AuthField::text("room_name", "Room name").required().with_placeholder("support"),
+                    AuthField::password("access_code", "Access code")
+                        .required()
+                        .with_help_text("Visitors enter this code to join the room (at least 4 characters)."),
+                ],
+            )
+            .with_description("Creates the room, or joins it when the access code matches."),
+        )
+        .auth(WebchatAuth(Arc::clone(&app)))
+        .im_target(WebchatTarget(Arc::clone(&app)))
+        .skill(SKILL)
+        .tool::<MessageSendArgs, _, _>(
+            TOOL_MESSAGE_SEND,
+            "Send a web chat message",
+            "Show an extra text message in the chat room bound to the current channel. Your normal reply is delivered without this tool.",
+            move |ctx, args| message_send(Arc::clone(&send_app), ctx, args),
+        )
+        .tool::<FileSendArgs, _, _>(
+            TOOL_FILE_SEND,
+            "Send a file to the web chat",
+            "Show a file in the chat room bound to the current channel; file_ref comes from POST /files/uploads on this channel.",
+            move |ctx, args| file_send(Arc::clone(&file_app), ctx, args),
+        )
+        .build()
+        .map_err(|e| WebchatError::Server(e.to_string()))
+}

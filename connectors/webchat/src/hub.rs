@@ -1,0 +1,240 @@
+//! Live state of every room for the pages watching it: one broadcast per room carrying
+//! [`RoomEvent`]s, the assistant message that is streaming right now, the activity line, and
+//! whether the agent's channel is routed. Nothing here is persisted: a page that reconnects
+//! gets a fresh snapshot.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::store::ChatEntry;
+
+/// The assistant message streaming into a room (assembled deltas).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Draft {
+    /// Its `message_id` (the final message replaces the draft with the same id).
+    pub message_id: String,
+    /// All text so far.
+    pub text: String,
+}
+
+/// The activity line of a room.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Activity {
+    /// `thinking` or `tool`.
+    pub status: String,
+    /// The Tool's name with `tool`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_name: Option<String>,
+}
+
+/// What a page receives over Server-Sent Events (`data:` is this JSON, tagged by `kind`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RoomEvent {
+    /// Everything the page needs after (re)connecting.
+    Snapshot {
+        /// Room id.
+        room_id: String,
+        /// Room name.
+        room_name: String,
+        /// Whether an agent channel is connected.
+        agent_online: bool,
+        /// Recent messages, oldest first.
+        messages: Vec<ChatEntry>,
+        /// Assistant messages streaming right now, oldest first.
+        drafts: Vec<Draft>,
+        /// The activity line, if shown.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        activity: Option<Activity>,
+    },
+    /// A new or updated message (upsert by `message_id`).
+    Message {
+        /// The message.
+        message: ChatEntry,
+    },
+    /// A streaming assistant message grew.
+    Draft {
+        /// The draft.
+        draft: Draft,
+    },
+    /// The activity line changed (`None` clears it).
+    Activity {
+        /// The activity.
+        activity: Option<Activity>,
+    },
+    /// The agent came online or went offline.
+    Agent {
+        /// Online.
+        online: bool,
+    },
+}
+
+#[derive(Debug)]
+struct RoomLive {
+    tx: broadcast::Sender<RoomEvent>,
+    drafts: Vec<Draft>,
+    activity: Option<Activity>,
+    online: bool,
+}
+
+impl RoomLive {
+    fn new() -> Self {
+        Self { tx: broadcast::channel(256).0, drafts: Vec::new(), activity: None, online: false }
+    }
+}
+
+/// Live state of all rooms.
+#[derive(Debug, Default)]
+pub struct Hub {
+    rooms: Mutex<HashMap<String, RoomLive>>,
+}
+
+impl Hub {
+    fn rooms(&self) -> MutexGuard<'_, HashMap<String, RoomLive>> {
+        self.rooms.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Subscribes to a room and returns the live parts of its snapshot.
+    pub fn subscribe(
+        &self,
+        room_id: &str,
+    ) -> (broadcast::Receiver<RoomEvent>, Vec<Draft>, Option<Activity>) {
+        let mut rooms = self.rooms();
+        let room = rooms.entry(room_id.to_owned()).or_insert_with(RoomLive::new);
+        (room.tx.subscribe(), room.drafts.clone(), room.activity.clone())
+    }
+
+    fn send(&self, room_id: &str, change: impl FnOnce(&mut RoomLive) -> Option<RoomEvent>) {
+        let mut rooms = self.rooms();
+        let room = rooms.entry(room_id.to_owned()).or_insert_with(RoomLive::new);
+        if let Some(event) = change(room) {
+            // No page watching is fine.
+            let _ = room.tx.send(event);
+        }
+    }
+
+    /// A message was added or changed. A final assistant message ends the draft it replaces.
+    pub fn message(&self, room_id: &str, message: ChatEntry) {
+        self.send(room_id, |room| {
+            room.drafts.retain(|d| d.message_id != message.message_id);
+            Some(RoomEvent::Message { message })
+        });
+    }
+
+    /// A streaming assistant message grew (at most 16 drafts are kept per room; the oldest
+    /// goes first, its final message still replaces it on the page).
+    pub fn draft(&self, room_id: &str, draft: Draft) {
+        self.send(room_id, |room| {
+            match room.drafts.iter_mut().find(|d| d.message_id == draft.message_id) {
+                Some(existing) => existing.text.clone_from(&draft.text),
+                None => {
+                    if room.drafts.len() >= 16 {
+                        room.drafts.remove(0);
+                    }
+                    room.drafts.push(draft.clone());
+                }
+            }
+            Some(RoomEvent::Draft { draft })
+        });
+    }
+
+    /// The activity line changed.
+    pub fn activity(&self, room_id: &str, activity: Option<Activity>) {
+        self.send(room_id, |room| {
+            if room.activity == activity {
+                return None;
+            }
+            room.activity = activity.clone();
+            Some(RoomEvent::Activity { activity })
+        });
+    }
+
+    /// Records whether the agent is online; sends an event only on a change.
+    pub fn set_online(&self, room_id: &str, online: bool) {
+        self.send(room_id, |room| {
+            if room.online == online {
+                return None;
+            }
+            room.online = online;
+            if !online {
+                room.activity = None;
+            }
+            Some(RoomEvent::Agent { online })
+        });
+    }
+
+    /// Rooms some page has subscribed to.
+    pub fn watched_rooms(&self) -> Vec<String> {
+        self.rooms().keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Author, EntryStatus};
+
+    fn final_entry(id: &str) -> ChatEntry {
+        ChatEntry {
+            message_id: id.into(),
+            author: Author::Assistant,
+            text: Some("done".into()),
+            files: vec![],
+            status: EntryStatus::Shown,
+            error: None,
+            client_id: None,
+            created_at: 1,
+        }
+    }
+
+    #[test]
+    fn the_final_message_replaces_its_draft() {
+        let hub = Hub::default();
+        let (mut rx, _, _) = hub.subscribe("r");
+        hub.draft("r", Draft { message_id: "m1".into(), text: "do".into() });
+        hub.message("r", final_entry("m1"));
+        assert!(matches!(rx.try_recv().unwrap(), RoomEvent::Draft { .. }));
+        assert!(matches!(rx.try_recv().unwrap(), RoomEvent::Message { .. }));
+        let (_, drafts, _) = hub.subscribe("r");
+        assert!(drafts.is_empty());
+    }
+
+    #[test]
+    fn a_final_message_of_another_id_keeps_the_draft() {
+        let hub = Hub::default();
+        hub.draft("r", Draft { message_id: "m1".into(), text: "do".into() });
+        hub.message("r", final_entry("m2"));
+        hub.draft("r", Draft { message_id: "m3".into(), text: "x".into() });
+        hub.draft("r", Draft { message_id: "m1".into(), text: "done so far".into() });
+        let drafts = hub.subscribe("r").1;
+        assert_eq!(drafts.len(), 2);
+        assert_eq!(drafts[0].text, "done so far");
+    }
+
+    #[test]
+    fn unchanged_activity_and_presence_send_nothing() {
+        let hub = Hub::default();
+        let (mut rx, _, _) = hub.subscribe("r");
+        let thinking = Activity { status: "thinking".into(), tool_name: None };
+        hub.activity("r", Some(thinking.clone()));
+        hub.activity("r", Some(thinking));
+        hub.set_online("r", false);
+        hub.set_online("r", true);
+        hub.set_online("r", true);
+        assert!(matches!(rx.try_recv().unwrap(), RoomEvent::Activity { .. }));
+        assert!(matches!(rx.try_recv().unwrap(), RoomEvent::Agent { online: true }));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn snapshot_events_serialise_with_a_kind_tag() {
+        let event = RoomEvent::Agent { online: true };
+        assert_eq!(
+            serde_json::to_value(event).unwrap(),
+            serde_json::json!({"kind": "agent", "online": true})
+        );
+    }
+}

@@ -1,0 +1,298 @@
+//! # xagent-connector-webchat
+//!
+//! `im.webchat`, the reference IM Connector of the toolkit: it puts an xAgent agent on a web
+//! page. A visitor chats in the browser; the Connector relays each message to xAgent over the
+//! Connector Protocol 3.0 with IM Profile v2 (`xagent.im.v2`), and the agent's reply streams
+//! back live into the page. It needs no outside service and is built only on the public API
+//! of `xagent-server-runtime`, `xagent-file-transfer` and `xagent-profile-im`.
+//!
+//! - Card `im.webchat`, target type `im`, provider `webchat`, Profile `xagent.im.v2`, primary
+//!   Skill `connector-im-webchat` at `/skill.md`.
+//! - Auth flows binding a channel to a chat room: `webchat_qr_login` (`qr_login`, a one-time
+//!   pairing link as a QR code) and `webchat_room` (`form`: `room_name`, `access_code`).
+//! - The chat page at `/chat/` (see the `web` module docs for its JSON + SSE API), Tools
+//!   `webchat_message_send` and `webchat_file_send`.
+//! - State: the runtime's `connector.sqlite3` and this crate's `webchat.sqlite3` under the
+//!   state directory, files under `<state dir>/files`.
+//!
+//! ```no_run
+//! use xagent_connector_webchat::{Webchat, WebchatOptions};
+//! use xagent_protocol_types::Secret;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let options = WebchatOptions::new("./state", "http://127.0.0.1:8080")
+//!     .with_api_key(Secret::new("a long random system key"));
+//! let webchat = Webchat::open(options).await?;
+//! assert_eq!(webchat.card().connector_card_id.as_str(), "im.webchat");
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! webchat.serve(listener, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Decisions where the protocol texts are silent
+//!
+//! - **One channel per room.** A room is served by one channel at a time; signing another
+//!   channel in to the same room (right access code) moves the room and marks the earlier
+//!   channel `revoked`. Logout or unregistration leaves the room and its history in place,
+//!   without an agent, until a channel binds it again.
+//! - **Room ids** are the room name lower-cased with every run of other characters turned
+//!   into `-` (`Support Desk` -> `support-desk`); names have 1-64 characters. Access codes
+//!   have at least 4 characters and are stored as salted SHA-256 only, compared in constant
+//!   time.
+//! - **Pairing** (`webchat_qr_login`): the link `{public url}/chat/pair/{token}` (128 random
+//!   bits) lives 5 minutes. Opening it makes the session `scanned`; confirming on the page
+//!   creates a new room with a random access code (shown once on the page) and binds it; the
+//!   next `auth.status` reports `authenticated`. After expiry `auth.status` reports
+//!   `qr_refresh_required`, and `refresh: true` issues a new link and retires the old one.
+//!   Pairings live in memory, like the runtime's auth sessions.
+//! - **Visitor sessions**: joining with the access code (or confirming a pairing) gives a
+//!   bearer token kept hashed in the database; it opens that room only.
+//! - **Delivery state on the page**: a visitor message is `sending` until the runtime's outbox
+//!   reports it delivered (`accepted`/`duplicate`), `rejected` (with the receiver's reason)
+//!   or `expired`. The page repeats a failed send with the same `client_id`, which the
+//!   Connector answers with the stored message instead of sending twice.
+//! - **Streaming**: deltas grow one draft per room; the final `chat.message` replaces it. Agent
+//!   files are served to the page under the room (`/chat/api/rooms/{room}/files/{file_ref}`),
+//!   inline for raster images, as downloads otherwise.
+//! - **Tools** derive the shown message id from the channel, Tool and `tool_call_id` (or
+//!   `request_id`), so a repeated call shows one message even after the runtime's repeat
+//!   window.
+//! - The Connector is served at the root of its origin (no Base URL path prefix).
+
+mod connector;
+mod error;
+mod hub;
+mod pairing;
+mod qr;
+mod store;
+mod web;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use xagent_profile_im::OutboxEvent;
+use xagent_protocol_types::{Clock, ConnectorCard, Secret, SystemClock};
+use xagent_server_runtime::{ConnectorHandle, ConnectorServer};
+
+pub use connector::{
+    CARD_ID, FileSendArgs, MessageSendArgs, PROVIDER, QR_FLOW, ROOM_FLOW, SKILL, TOOL_FILE_SEND,
+    TOOL_MESSAGE_SEND,
+};
+pub use error::WebchatError;
+pub use hub::{Activity, Draft, RoomEvent};
+pub use pairing::{PAIRING_LINK_TTL_MILLIS, PairingError};
+pub use qr::{qr_data_url, qr_png};
+pub use store::{
+    Author, ChatEntry, EntryFile, EntryStatus, HISTORY_LIMIT, WEBCHAT_DATABASE_FILE,
+    room_id_from_name,
+};
+pub use web::{MAX_PAGE_UPLOAD_BYTES, MAX_TEXT_CHARS};
+
+use connector::App;
+use store::Store;
+
+/// How to run the Connector.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct WebchatOptions {
+    /// Where both databases and the file store live.
+    pub state_dir: PathBuf,
+    /// The system API key xAgent must present (`/health`, `/ws`, `/files/uploads`).
+    pub api_key: Option<Secret>,
+    /// The absolute URL visitors reach the Connector at (pairing links start with it).
+    pub public_url: String,
+    /// The clock (tests inject a `ManualClock`).
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for WebchatOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebchatOptions")
+            .field("state_dir", &self.state_dir)
+            .field("api_key", &self.api_key)
+            .field("public_url", &self.public_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebchatOptions {
+    /// Options with a state directory and the public URL; no API key, the system clock.
+    pub fn new(state_dir: impl Into<PathBuf>, public_url: impl Into<String>) -> Self {
+        Self {
+            state_dir: state_dir.into(),
+            api_key: None,
+            public_url: public_url.into().trim_end_matches('/').to_owned(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Requires this system API key.
+    #[must_use]
+    pub fn with_api_key(mut self, key: Secret) -> Self {
+        self.api_key = Some(key);
+        self
+    }
+
+    /// Injects the clock.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+}
+
+/// A running `im.webchat` Connector: the protocol runtime plus the chat page.
+#[derive(Clone)]
+pub struct Webchat {
+    server: ConnectorServer,
+    app: Arc<App>,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Webchat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webchat").field("public_url", &self.app.public_url).finish_non_exhaustive()
+    }
+}
+
+impl Webchat {
+    /// Opens the state directory and starts the runtime (restored channels keep their rooms).
+    pub async fn open(options: WebchatOptions) -> Result<Self, WebchatError> {
+        let store = Store::open(&options.state_dir)?;
+        let app = Arc::new(App {
+            store,
+            hub: hub::Hub::default(),
+            pairings: Mutex::new(pairing::Pairings::default()),
+            public_url: options.public_url.clone(),
+            handle: OnceLock::new(),
+        });
+        let connector = connector::build(Arc::clone(&app))?;
+        let mut builder = ConnectorServer::builder(connector)
+            .state_dir(&options.state_dir)
+            .map_err(|e| WebchatError::Server(e.to_string()))?
+            .clock(Arc::clone(&options.clock));
+        if let Some(key) = options.api_key.clone() {
+            builder = builder.api_key(key);
+        }
+        let server = builder.build().await.map_err(|e| WebchatError::Server(e.to_string()))?;
+        let _ = app.handle.set(server.handle());
+        Ok(Self { server, app, shutdown: CancellationToken::new() })
+    }
+
+    /// The Connector Card.
+    pub fn card(&self) -> &ConnectorCard {
+        self.server.card()
+    }
+
+    /// The runtime.
+    pub fn server(&self) -> &ConnectorServer {
+        &self.server
+    }
+
+    /// The runtime's author handle.
+    pub fn handle(&self) -> ConnectorHandle {
+        self.server.handle()
+    }
+
+    /// The page URL of a room; with an access code, the page joins by itself (the code rides
+    /// in the URL fragment, which browsers never send to a server).
+    pub fn room_url(&self, room_id: &str, access_code: Option<&str>) -> String {
+        match access_code {
+            Some(code) => format!("{}/chat/r/{room_id}#code={code}", self.app.public_url),
+            None => format!("{}/chat/r/{room_id}", self.app.public_url),
+        }
+    }
+
+    /// Every route: the runtime's control, data and transfer planes plus the chat page.
+    pub fn router(&self) -> axum::Router {
+        self.server.router().merge(web::router(Arc::clone(&self.app), self.shutdown.clone()))
+    }
+
+    /// Serves until `shutdown` completes, then closes pages and xAgent sockets and waits for
+    /// in-flight work. Runs the runtime's maintenance, file cleanup, the delivery-state relay
+    /// and the agent presence watcher meanwhile.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), WebchatError> {
+        let mut tasks = vec![
+            tokio::spawn(relay_outbox_events(Arc::clone(&self.app), self.handle())),
+            tokio::spawn(watch_presence(Arc::clone(&self.app), self.handle())),
+            tokio::spawn(maintain(self.server.clone())),
+        ];
+        tasks.extend(self.server.spawn_file_cleanup());
+        let (server, token) = (self.server.clone(), self.shutdown.clone());
+        let stop = async move {
+            shutdown.await;
+            token.cancel();
+            server.shutdown();
+        };
+        let result = axum::serve(listener, self.router()).with_graceful_shutdown(stop).await;
+        for task in tasks {
+            task.abort();
+        }
+        self.server.wait_finished().await;
+        result.map_err(|e| WebchatError::Server(e.to_string()))
+    }
+}
+
+/// Turns the outbox's facts into the delivery state the page shows.
+async fn relay_outbox_events(app: Arc<App>, handle: ConnectorHandle) {
+    let Some(mut events) = handle.outbox_events() else { return };
+    loop {
+        let event = match events.recv().await {
+            Ok(event) => event,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "delivery states were missed; the page shows them later");
+                continue;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        let (message_id, status, reason) = match event {
+            OutboxEvent::Delivered { message_id, .. } => (message_id, EntryStatus::Delivered, None),
+            OutboxEvent::Failed { message_id, code, reason, .. } => {
+                (message_id, EntryStatus::Rejected, Some(format!("{reason} ({code})")))
+            }
+            OutboxEvent::Expired { message_id, .. } => (
+                message_id,
+                EntryStatus::Expired,
+                Some("the agent did not take the message in time".to_owned()),
+            ),
+            _ => continue,
+        };
+        match app.store.set_status(message_id.as_str(), status, reason.as_deref()) {
+            Ok(Some((room_id, entry))) => app.hub.message(&room_id, entry),
+            Ok(None) => {}
+            Err(error) => tracing::error!(%error, "could not record a delivery state"),
+        }
+    }
+}
+
+/// Tells watching pages when the agent's channel comes online or goes offline.
+async fn watch_presence(app: Arc<App>, handle: ConnectorHandle) {
+    let mut interval = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        interval.tick().await;
+        for room_id in app.hub.watched_rooms() {
+            let online = match app.store.room(&room_id) {
+                Ok(Some(room)) => room.channel.is_some_and(|c| handle.is_routed(&c)),
+                _ => false,
+            };
+            app.hub.set_online(&room_id, online);
+        }
+    }
+}
+
+/// Lease expiry and the runtime's maintenance, as `ConnectorServer::serve` would run them.
+async fn maintain(server: ConnectorServer) {
+    let mut interval = tokio::time::interval(Duration::from_secs(30));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        server.tick().await;
+    }
+}

@@ -1,0 +1,606 @@
+//! The Connector's own state in embedded SQLite (`<state dir>/webchat.sqlite3`, WAL): rooms
+//! with their hashed access code and bound channel, visitor sessions (hashed tokens), and the
+//! conversation of every room as the page shows it. The protocol runtime keeps its own
+//! database beside it (`connector.sqlite3`).
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use xagent_protocol_types::ConnectorChannelId;
+
+use crate::error::WebchatError;
+
+/// File name of the Connector's database inside the state directory.
+pub const WEBCHAT_DATABASE_FILE: &str = "webchat.sqlite3";
+
+/// How many messages a page gets when it (re)connects.
+pub const HISTORY_LIMIT: usize = 200;
+
+/// Who wrote a message in a room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Author {
+    /// The person on the page.
+    Visitor,
+    /// The xAgent agent.
+    Assistant,
+}
+
+/// Where a message stands, as the page shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryStatus {
+    /// A visitor message the Connector holds until xAgent acknowledges it.
+    Sending,
+    /// xAgent acknowledged the visitor message (`accepted` or `duplicate`).
+    Delivered,
+    /// xAgent rejected it for good; `error` says why.
+    Rejected,
+    /// Its pending time ran out before xAgent took it.
+    Expired,
+    /// An agent message shown in the room.
+    Shown,
+}
+
+impl EntryStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Sending => "sending",
+            Self::Delivered => "delivered",
+            Self::Rejected => "rejected",
+            Self::Expired => "expired",
+            Self::Shown => "shown",
+        }
+    }
+
+    fn parse(text: &str) -> Self {
+        match text {
+            "delivered" => Self::Delivered,
+            "rejected" => Self::Rejected,
+            "expired" => Self::Expired,
+            "shown" => Self::Shown,
+            _ => Self::Sending,
+        }
+    }
+}
+
+/// A file attached to a message, as the page links it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryFile {
+    /// The Transfer Plane reference (served to the page under the room).
+    pub file_ref: String,
+    /// Display name.
+    pub filename: String,
+    /// MIME type, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    /// Size in bytes, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub byte_size: Option<u64>,
+}
+
+/// One message of a room's conversation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatEntry {
+    /// The IM v2 `message_id`.
+    pub message_id: String,
+    /// Who wrote it.
+    pub author: Author,
+    /// Its text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Its files.
+    pub files: Vec<EntryFile>,
+    /// Delivery state.
+    pub status: EntryStatus,
+    /// Why xAgent rejected it (visitor messages).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The page's own id for the send (repeats of a send return the same message).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    /// Unix ms.
+    pub created_at: u64,
+}
+
+/// A chat room.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Room {
+    /// URL-safe id (derived from the name).
+    pub room_id: String,
+    /// The name as typed.
+    pub name: String,
+    /// The channel serving the room, while one is signed in.
+    pub channel: Option<ConnectorChannelId>,
+}
+
+/// Result of binding a room name with an access code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoomClaim {
+    /// A new room was created with this code.
+    Created(Room),
+    /// The room exists and the code is right.
+    Matched(Room),
+    /// The room exists with another code.
+    WrongCode,
+}
+
+/// Whether an insert created a message or found the earlier one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inserted {
+    /// New.
+    New(ChatEntry),
+    /// A repeat (same `client_id` or `message_id`): the stored message.
+    Existing(ChatEntry),
+}
+
+/// The SQLite store.
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").finish_non_exhaustive()
+    }
+}
+
+fn db(error: rusqlite::Error) -> WebchatError {
+    WebchatError::Storage(error.to_string())
+}
+
+/// Turns a room name into its id: lower-case ASCII letters and digits, other runs become `-`.
+/// `None` when nothing usable is left or the name is longer than 64 characters.
+pub fn room_id_from_name(name: &str) -> Option<String> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 64 {
+        return None;
+    }
+    let mut id = String::new();
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() {
+            id.push(c.to_ascii_lowercase());
+        } else if !id.ends_with('-') && !id.is_empty() {
+            id.push('-');
+        }
+    }
+    let id = id.trim_end_matches('-').to_owned();
+    if id.is_empty() { None } else { Some(id) }
+}
+
+fn hash_code(salt: &str, code: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(salt.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(code.as_bytes());
+    hex::encode(hasher.finalize())
+}
+
+fn hash_token(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A fresh random hex string of `bytes` random bytes.
+pub(crate) fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    for b in &mut buf {
+        *b = rand::random();
+    }
+    hex::encode(buf)
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS rooms (
+  room_id TEXT PRIMARY KEY, name TEXT NOT NULL, code_salt TEXT NOT NULL,
+  code_hash TEXT NOT NULL, channel TEXT, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS visitors (
+  token_hash TEXT PRIMARY KEY, room_id TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS messages (
+  room_id TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL UNIQUE,
+  author TEXT NOT NULL, text TEXT, files TEXT NOT NULL, status TEXT NOT NULL, error TEXT,
+  client_id TEXT, created_at INTEGER NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS messages_client ON messages(room_id, client_id)
+  WHERE client_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS messages_room ON messages(room_id, seq);
+";
+
+impl Store {
+    /// Opens (or creates) `<dir>/webchat.sqlite3`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, WebchatError> {
+        std::fs::create_dir_all(dir.as_ref()).map_err(|e| {
+            WebchatError::Storage(format!("cannot create the state directory: {e}"))
+        })?;
+        let conn = Connection::open(dir.as_ref().join(WEBCHAT_DATABASE_FILE)).map_err(db)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(db)?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(db)?;
+        Self::init(conn)
+    }
+
+    /// A store in memory (tests).
+    #[cfg(test)]
+    pub fn in_memory() -> Result<Self, WebchatError> {
+        Self::init(Connection::open_in_memory().map_err(db)?)
+    }
+
+    fn init(conn: Connection) -> Result<Self, WebchatError> {
+        conn.execute_batch(SCHEMA).map_err(db)?;
+        Ok(Self { conn: Mutex::new(conn) })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Creates the room `name` with `code`, or checks `code` against the existing room.
+    pub fn claim_room(&self, name: &str, code: &str, now: u64) -> Result<RoomClaim, WebchatError> {
+        let room_id = room_id_from_name(name).ok_or_else(|| {
+            WebchatError::InvalidInput(
+                "the room name needs 1-64 characters with at least one letter or digit".into(),
+            )
+        })?;
+        let conn = self.conn();
+        let existing: Option<(String, String, String, Option<String>)> = conn
+            .query_row(
+                "SELECT name, code_salt, code_hash, channel FROM rooms WHERE room_id = ?1",
+                params![room_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()
+            .map_err(db)?;
+        match existing {
+            Some((stored_name, salt, hash, channel)) => {
+                let presented = hash_code(&salt, code);
+                if bool::from(presented.as_bytes().ct_eq(hash.as_bytes())) {
+                    Ok(RoomClaim::Matched(Room {
+                        room_id,
+                        name: stored_name,
+                        channel: channel.map(ConnectorChannelId::new),
+                    }))
+                } else {
+                    Ok(RoomClaim::WrongCode)
+                }
+            }
+            None => {
+                let salt = random_hex(16);
+                conn.execute(
+                    "INSERT INTO rooms (room_id, name, code_salt, code_hash, channel, created_at)
+                     VALUES (?1, ?2, ?3, ?4, NULL, ?5)",
+                    params![room_id, name.trim(), salt, hash_code(&salt, code), now as i64],
+                )
+                .map_err(db)?;
+                Ok(RoomClaim::Created(Room {
+                    room_id,
+                    name: name.trim().to_owned(),
+                    channel: None,
+                }))
+            }
+        }
+    }
+
+    /// Checks a visitor's access code for a room (constant-time comparison of the hashes).
+    pub fn check_code(&self, room_id: &str, code: &str) -> Result<bool, WebchatError> {
+        let row: Option<(String, String)> = self
+            .conn()
+            .query_row(
+                "SELECT code_salt, code_hash FROM rooms WHERE room_id = ?1",
+                params![room_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(db)?;
+        Ok(row.is_some_and(|(salt, hash)| {
+            bool::from(hash_code(&salt, code).as_bytes().ct_eq(hash.as_bytes()))
+        }))
+    }
+
+    /// Binds the room to a channel (or unbinds it) and returns the channel it had before.
+    pub fn set_room_channel(
+        &self,
+        room_id: &str,
+        channel: Option<&ConnectorChannelId>,
+    ) -> Result<Option<ConnectorChannelId>, WebchatError> {
+        let conn = self.conn();
+        let previous: Option<Option<String>> = conn
+            .query_row("SELECT channel FROM rooms WHERE room_id = ?1", params![room_id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(db)?;
+        conn.execute(
+            "UPDATE rooms SET channel = ?2 WHERE room_id = ?1",
+            params![room_id, channel.map(|c| c.as_str().to_owned())],
+        )
+        .map_err(db)?;
+        Ok(previous.flatten().map(ConnectorChannelId::new))
+    }
+
+    /// Unbinds every room served by `channel`.
+    pub fn release_channel(&self, channel: &ConnectorChannelId) -> Result<(), WebchatError> {
+        self.conn()
+            .execute(
+                "UPDATE rooms SET channel = NULL WHERE channel = ?1",
+                params![channel.as_str()],
+            )
+            .map_err(db)?;
+        Ok(())
+    }
+
+    fn room_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Room> {
+        Ok(Room {
+            room_id: r.get(0)?,
+            name: r.get(1)?,
+            channel: r.get::<_, Option<String>>(2)?.map(ConnectorChannelId::new),
+        })
+    }
+
+    /// A room by id.
+    pub fn room(&self, room_id: &str) -> Result<Option<Room>, WebchatError> {
+        self.conn()
+            .query_row(
+                "SELECT room_id, name, channel FROM rooms WHERE room_id = ?1",
+                params![room_id],
+                Self::room_row,
+            )
+            .optional()
+            .map_err(db)
+    }
+
+    /// The room a channel serves.
+    pub fn room_by_channel(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> Result<Option<Room>, WebchatError> {
+        self.conn()
+            .query_row(
+                "SELECT room_id, name, channel FROM rooms WHERE channel = ?1",
+                params![channel.as_str()],
+                Self::room_row,
+            )
+            .optional()
+            .map_err(db)
+    }
+
+    /// Starts a visitor session in a room and returns its bearer token (stored hashed).
+    pub fn add_visitor(&self, room_id: &str, now: u64) -> Result<String, WebchatError> {
+        let token = format!("wcv_{}", random_hex(24));
+        self.conn()
+            .execute(
+                "INSERT INTO visitors (token_hash, room_id, created_at) VALUES (?1, ?2, ?3)",
+                params![hash_token(&token), room_id, now as i64],
+            )
+            .map_err(db)?;
+        Ok(token)
+    }
+
+    /// The room a visitor token belongs to.
+    pub fn visitor_room(&self, token: &str) -> Result<Option<String>, WebchatError> {
+        self.conn()
+            .query_row(
+                "SELECT room_id FROM visitors WHERE token_hash = ?1",
+                params![hash_token(token)],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(db)
+    }
+
+    fn entry_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChatEntry> {
+        let author: String = r.get(1)?;
+        let files: String = r.get(3)?;
+        let status: String = r.get(4)?;
+        let created_at: i64 = r.get(7)?;
+        Ok(ChatEntry {
+            message_id: r.get(0)?,
+            author: if author == "assistant" { Author::Assistant } else { Author::Visitor },
+            text: r.get(2)?,
+            files: serde_json::from_str(&files).unwrap_or_default(),
+            status: EntryStatus::parse(&status),
+            error: r.get(5)?,
+            client_id: r.get(6)?,
+            created_at: u64::try_from(created_at).unwrap_or(0),
+        })
+    }
+
+    const ENTRY_COLUMNS: &'static str =
+        "message_id, author, text, files, status, error, client_id, created_at";
+
+    fn find_entry(
+        conn: &Connection,
+        room_id: &str,
+        message_id: &str,
+        client_id: Option<&str>,
+    ) -> Result<Option<ChatEntry>, WebchatError> {
+        let sql = format!(
+            "SELECT {} FROM messages WHERE room_id = ?1 AND (message_id = ?2 OR (?3 IS NOT NULL AND client_id = ?3))",
+            Self::ENTRY_COLUMNS
+        );
+        conn.query_row(&sql, params![room_id, message_id, client_id], Self::entry_row)
+            .optional()
+            .map_err(db)
+    }
+
+    /// The message a page sent with `client_id` in a room, if any.
+    pub fn entry_by_client(
+        &self,
+        room_id: &str,
+        client_id: &str,
+    ) -> Result<Option<ChatEntry>, WebchatError> {
+        Self::find_entry(&self.conn(), room_id, "", Some(client_id))
+    }
+
+    /// Adds a message to a room; a repeat (same `message_id`, or same `client_id` in the
+    /// room) returns the stored one unchanged.
+    pub fn insert_entry(&self, room_id: &str, entry: &ChatEntry) -> Result<Inserted, WebchatError> {
+        let conn = self.conn();
+        if let Some(existing) =
+            Self::find_entry(&conn, room_id, &entry.message_id, entry.client_id.as_deref())?
+        {
+            return Ok(Inserted::Existing(existing));
+        }
+        let author = match entry.author {
+            Author::Visitor => "visitor",
+            Author::Assistant => "assistant",
+        };
+        let files = serde_json::to_string(&entry.files)
+            .map_err(|e| WebchatError::Storage(e.to_string()))?;
+        conn.execute(
+            "INSERT INTO messages (room_id, message_id, author, text, files, status, error, client_id, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![
+                room_id,
+                entry.message_id,
+                author,
+                entry.text,
+                files,
+                entry.status.as_str(),
+                entry.error,
+                entry.client_id,
+                entry.created_at as i64
+            ],
+        )
+        .map_err(db)?;
+        Ok(Inserted::New(entry.clone()))
+    }
+
+    /// Sets a message's delivery state (found by its globally unique `message_id`) and
+    /// returns its room and the updated message.
+    pub fn set_status(
+        &self,
+        message_id: &str,
+        status: EntryStatus,
+        error: Option<&str>,
+    ) -> Result<Option<(String, ChatEntry)>, WebchatError> {
+        let conn = self.conn();
+        let room: Option<String> = conn
+            .query_row(
+                "SELECT room_id FROM messages WHERE message_id = ?1",
+                params![message_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(db)?;
+        let Some(room_id) = room else { return Ok(None) };
+        conn.execute(
+            "UPDATE messages SET status = ?2, error = ?3 WHERE message_id = ?1",
+            params![message_id, status.as_str(), error],
+        )
+        .map_err(db)?;
+        let entry = Self::find_entry(&conn, &room_id, message_id, None)?;
+        Ok(entry.map(|entry| (room_id, entry)))
+    }
+
+    /// The last [`HISTORY_LIMIT`] messages of a room, oldest first.
+    pub fn history(&self, room_id: &str) -> Result<Vec<ChatEntry>, WebchatError> {
+        let conn = self.conn();
+        let sql = format!(
+            "SELECT {} FROM (SELECT * FROM messages WHERE room_id = ?1 ORDER BY seq DESC LIMIT ?2) ORDER BY seq ASC",
+            Self::ENTRY_COLUMNS
+        );
+        let mut stmt = conn.prepare(&sql).map_err(db)?;
+        let rows =
+            stmt.query_map(params![room_id, HISTORY_LIMIT as i64], Self::entry_row).map_err(db)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(db)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn visitor_entry(id: &str, client: Option<&str>) -> ChatEntry {
+        ChatEntry {
+            message_id: id.into(),
+            author: Author::Visitor,
+            text: Some("hi".into()),
+            files: vec![],
+            status: EntryStatus::Sending,
+            error: None,
+            client_id: client.map(str::to_owned),
+            created_at: 1,
+        }
+    }
+
+    #[test]
+    fn room_ids_are_url_safe_slugs() {
+        assert_eq!(room_id_from_name("  Support Desk #1 ").as_deref(), Some("support-desk-1"));
+        assert_eq!(room_id_from_name("déjà vu").as_deref(), Some("d-j-vu"));
+        assert_eq!(room_id_from_name("***"), None);
+        assert_eq!(room_id_from_name(""), None);
+        assert_eq!(room_id_from_name(&"a".repeat(65)), None);
+    }
+
+    #[test]
+    fn claiming_a_room_with_another_code_is_refused() {
+        let store = Store::in_memory().unwrap();
+        assert!(matches!(store.claim_room("Lobby", "s3cret", 1).unwrap(), RoomClaim::Created(_)));
+        assert!(matches!(store.claim_room("lobby", "s3cret", 2).unwrap(), RoomClaim::Matched(_)));
+        assert_eq!(store.claim_room("LOBBY", "guess", 3).unwrap(), RoomClaim::WrongCode);
+        assert!(store.check_code("lobby", "s3cret").unwrap());
+        assert!(!store.check_code("lobby", "s3cre").unwrap());
+        assert!(!store.check_code("nowhere", "s3cret").unwrap());
+    }
+
+    #[test]
+    fn access_codes_are_stored_hashed_never_in_clear() {
+        let store = Store::in_memory().unwrap();
+        store.claim_room("Lobby", "plain-code-123", 1).unwrap();
+        let hash: String =
+            store.conn().query_row("SELECT code_hash FROM rooms", [], |r| r.get(0)).unwrap();
+        assert!(!hash.contains("plain-code-123"));
+        assert_eq!(hash.len(), 64);
+    }
+
+    #[test]
+    fn channel_binding_moves_and_releases() {
+        let store = Store::in_memory().unwrap();
+        store.claim_room("Lobby", "c", 1).unwrap();
+        let a = ConnectorChannelId::new("cch_a");
+        let b = ConnectorChannelId::new("cch_b");
+        assert_eq!(store.set_room_channel("lobby", Some(&a)).unwrap(), None);
+        assert_eq!(store.set_room_channel("lobby", Some(&b)).unwrap(), Some(a.clone()));
+        assert_eq!(store.room_by_channel(&b).unwrap().unwrap().room_id, "lobby");
+        assert!(store.room_by_channel(&a).unwrap().is_none());
+        store.release_channel(&b).unwrap();
+        assert_eq!(store.room("lobby").unwrap().unwrap().channel, None);
+    }
+
+    #[test]
+    fn repeated_send_with_the_same_client_id_is_stored_once() {
+        let store = Store::in_memory().unwrap();
+        store.claim_room("Lobby", "c", 1).unwrap();
+        let first = store.insert_entry("lobby", &visitor_entry("msg_1", Some("c1"))).unwrap();
+        assert!(matches!(first, Inserted::New(_)));
+        let again = store.insert_entry("lobby", &visitor_entry("msg_2", Some("c1"))).unwrap();
+        match again {
+            Inserted::Existing(entry) => assert_eq!(entry.message_id, "msg_1"),
+            other => panic!("expected the stored entry, got {other:?}"),
+        }
+        assert_eq!(store.history("lobby").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn status_updates_find_the_room_by_message_id() {
+        let store = Store::in_memory().unwrap();
+        store.claim_room("Lobby", "c", 1).unwrap();
+        store.insert_entry("lobby", &visitor_entry("msg_1", None)).unwrap();
+        let (room, entry) =
+            store.set_status("msg_1", EntryStatus::Rejected, Some("no")).unwrap().unwrap();
+        assert_eq!(room, "lobby");
+        assert_eq!(entry.status, EntryStatus::Rejected);
+        assert_eq!(entry.error.as_deref(), Some("no"));
+        assert!(store.set_status("msg_unknown", EntryStatus::Delivered, None).unwrap().is_none());
+    }
+
+    #[test]
+    fn visitor_tokens_resolve_to_their_room_only() {
+        let store = Store::in_memory().unwrap();
+        store.claim_room("Lobby", "c", 1).unwrap();
+        let token = store.add_visitor("lobby", 1).unwrap();
+        assert_eq!(store.visitor_room(&token).unwrap().as_deref(), Some("lobby"));
+        assert_eq!(store.visitor_room("wcv_forged").unwrap(), None);
+    }
+}
