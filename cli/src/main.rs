@@ -11,7 +11,9 @@ use clap::{Parser, Subcommand};
 
 mod check;
 mod conformance;
+mod demo;
 mod mock_xagent;
+mod webchat;
 
 /// Command-line tool of the xAgent Connector Protocol 3.0 toolkit.
 #[derive(Debug, Parser)]
@@ -31,6 +33,10 @@ enum Command {
     Conformance(conformance::ConformanceArgs),
     /// Connect to a Connector as xAgent would and print every packet.
     MockXagent(mock_xagent::MockXagentArgs),
+    /// Run the reference IM Connector im.webchat (chat page + protocol 3.0 server).
+    Webchat(webchat::WebchatArgs),
+    /// Run im.webchat with an xAgent stand-in in one process and print the URL to open.
+    Demo(demo::DemoArgs),
 }
 
 /// Exit status for usage and I/O errors.
@@ -42,5 +48,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check::run(args),
         Command::Conformance(args) => conformance::run_command(args),
         Command::MockXagent(args) => mock_xagent::run_command(args),
+        Command::Webchat(args) => webchat::run_command(args),
+        Command::Demo(args) => demo::run_command(args),
     }
 }
