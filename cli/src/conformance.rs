@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use xagent_client_runtime::BaseUrl;
 use xagent_client_runtime::conformance::{ConformanceOptions, run};
-use xagent_protocol_types::{AuthInput, Secret};
+use xagent_protocol_types::Secret;
 
 use crate::EXIT_USAGE;
 
@@ -53,16 +53,13 @@ pub fn run_command(args: ConformanceArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let mut inputs = AuthInput::default();
-    for pair in &args.inputs {
-        match pair.split_once('=') {
-            Some((name, value)) if !name.is_empty() => inputs = inputs.with(name, value),
-            _ => {
-                eprintln!("xagent-connector conformance: --input wants NAME=VALUE, got {pair:?}");
-                return ExitCode::from(EXIT_USAGE);
-            }
+    let inputs = match crate::parse_inputs(&args.inputs) {
+        Ok(inputs) => inputs,
+        Err(message) => {
+            eprintln!("xagent-connector conformance: {message}");
+            return ExitCode::from(EXIT_USAGE);
         }
-    }
+    };
     let mut options = ConformanceOptions::new(base);
     options.api_key = args.api_key.filter(|k| !k.is_empty()).map(Secret::new);
     options.flow = args.flow.map(Into::into);

@@ -42,6 +42,16 @@ enum Command {
 /// Exit status for usage and I/O errors.
 pub(crate) const EXIT_USAGE: u8 = 2;
 
+/// Reads repeated `--input NAME=VALUE` flags into authentication form values.
+pub(crate) fn parse_inputs(pairs: &[String]) -> Result<xagent_protocol_types::AuthInput, String> {
+    pairs.iter().try_fold(xagent_protocol_types::AuthInput::default(), |inputs, pair| {
+        match pair.split_once('=') {
+            Some((name, value)) if !name.is_empty() => Ok(inputs.with(name, value)),
+            _ => Err(format!("--input wants NAME=VALUE, got {pair:?}")),
+        }
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {

@@ -47,16 +47,13 @@ pub fn run_command(args: MockXagentArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let mut inputs = AuthInput::default();
-    for pair in &args.inputs {
-        match pair.split_once('=') {
-            Some((name, value)) if !name.is_empty() => inputs = inputs.with(name, value),
-            _ => {
-                eprintln!("xagent-connector mock-xagent: --input wants NAME=VALUE, got {pair:?}");
-                return ExitCode::from(EXIT_USAGE);
-            }
+    let inputs = match crate::parse_inputs(&args.inputs) {
+        Ok(inputs) => inputs,
+        Err(message) => {
+            eprintln!("xagent-connector mock-xagent: {message}");
+            return ExitCode::from(EXIT_USAGE);
         }
-    }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
