@@ -6,37 +6,18 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use xagent_protocol_types::{Secret, SystemClock};
-use xagent_server_runtime::testing::{ECHO_FLOW, echo_connector};
-use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
+use xagent_server_runtime::testing::{ECHO_FLOW, EchoServer, temp_state_dir};
 
 const API_KEY: &str = "sk-cli-conformance-2b7e";
 
 async fn echo() -> String {
-    let dir = std::env::temp_dir().join(format!(
-        "xagent-cli-conf-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    let (connector, _echo) = echo_connector();
-    let server = ConnectorServer::builder(connector)
-        .config(RuntimeConfig::default())
-        .state_dir(&dir)
-        .expect("state dir")
-        .clock(SystemClock)
-        .api_key(Secret::new(API_KEY))
-        .build()
+    let server = EchoServer::start(&temp_state_dir("cli-conformance"), API_KEY, None)
         .await
-        .expect("server");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = server.serve(listener, std::future::pending::<()>()).await;
-    });
-    format!("http://{addr}")
+        .expect("echo server");
+    let base = server.base_url();
+    // Kept running for the rest of the test process.
+    std::mem::forget(server);
+    base
 }
 
 fn bin() -> tokio::process::Command {

@@ -3,7 +3,7 @@
 //! projection following Descriptor pushes, IM v2 both ways.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -12,93 +12,21 @@ use xagent_client_runtime::{
 };
 use xagent_protocol_types::{
     AckStatus, AuthInput, AuthStart, AuthStartAck, AuthStatus, ChatActivity, ChatMessage,
-    ChatMessageDelta, ConnectorChannelId, DescriptorTool, PROFILE_IM_V2, Secret, SystemClock,
-    ToolStatus,
+    ChatMessageDelta, ConnectorChannelId, DescriptorTool, PROFILE_IM_V2, Secret, ToolStatus,
 };
 use xagent_protocol_validate::AdmissionWindow;
 use xagent_server_runtime::testing::{
-    ECHO_CARD_ID, ECHO_FLOW, EchoState, echo_connector, inject_message,
+    ECHO_CARD_ID, ECHO_FLOW, EchoServer, inject_message, temp_state_dir,
 };
-use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
 
 const API_KEY: &str = "sk-client-test-8a1d4f";
 
-struct Server {
-    server: ConnectorServer,
-    echo: EchoState,
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: tokio::task::JoinHandle<()>,
+async fn start(dir: &Path, addr: Option<SocketAddr>) -> EchoServer {
+    EchoServer::start(dir, API_KEY, addr).await.expect("echo server starts")
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("xcr-{name}-{}-{:x}", std::process::id(), rand_suffix()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
-async fn start(dir: &PathBuf, addr: Option<SocketAddr>) -> Server {
-    let (connector, echo) = echo_connector();
-    let server = ConnectorServer::builder(connector)
-        .config(RuntimeConfig::default())
-        .state_dir(dir)
-        .expect("state dir")
-        .clock(SystemClock)
-        .api_key(Secret::new(API_KEY))
-        .build()
-        .await
-        .expect("server builds");
-    let listener = match addr {
-        Some(addr) => {
-            // The previous server may still be releasing the port.
-            let mut attempt = 0;
-            loop {
-                match tokio::net::TcpListener::bind(addr).await {
-                    Ok(listener) => break listener,
-                    Err(error) if attempt < 50 => {
-                        attempt += 1;
-                        let _ = error;
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(error) => panic!("rebinding {addr}: {error}"),
-                }
-            }
-        }
-        None => tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
-    };
-    let addr = listener.local_addr().expect("addr");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = server.clone();
-    let join = tokio::spawn(async move {
-        let _ = running
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    Server { server, echo, addr, stop: Some(stop), join }
-}
-
-impl Server {
-    fn base(&self) -> BaseUrl {
-        BaseUrl::parse(&format!("http://{}", self.addr)).expect("base url")
-    }
-
-    async fn stop(mut self) {
-        self.server.shutdown();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.join).await;
-    }
+fn base(server: &EchoServer) -> BaseUrl {
+    BaseUrl::parse(&server.base_url()).expect("base url")
 }
 
 fn config(base: BaseUrl) -> ClientConfig {
@@ -147,15 +75,15 @@ async fn signed_in_channel(plane: &DataPlane) -> ConnectorChannelId {
 
 #[tokio::test]
 async fn admission_accepts_the_echo_connector_and_checks_its_key() {
-    let server = start(&temp_dir("admit"), None).await;
-    let control = ControlPlane::new(server.base(), Some(Secret::new(API_KEY)));
+    let server = start(&temp_state_dir("admit"), None).await;
+    let control = ControlPlane::new(base(&server), Some(Secret::new(API_KEY)));
     let admitted =
         admit(&control, &AdmissionWindow::default(), Some(ECHO_CARD_ID)).await.expect("admitted");
     assert_eq!(admitted.card.connector_card_id, ECHO_CARD_ID);
     assert!(admitted.skill.as_deref().is_some_and(|s| s.contains("connector-im-echo")));
     let wrong_id = admit(&control, &AdmissionWindow::default(), Some("im.other")).await;
     assert!(wrong_id.is_err(), "a Card other than the configured one is refused");
-    let no_key = ControlPlane::new(server.base(), None);
+    let no_key = ControlPlane::new(base(&server), None);
     let refused = admit(&no_key, &AdmissionWindow::default(), None).await;
     assert!(matches!(refused, Err(xagent_client_runtime::ClientError::Unauthorized { .. })));
     server.stop().await;
@@ -163,10 +91,10 @@ async fn admission_accepts_the_echo_connector_and_checks_its_key() {
 
 #[tokio::test]
 async fn reconnects_after_restart_and_reopens_the_same_channel() {
-    let dir = temp_dir("restart");
+    let dir = temp_state_dir("restart");
     let server = start(&dir, None).await;
     let addr = server.addr;
-    let (plane, mut events) = DataPlane::start(config(server.base()));
+    let (plane, mut events) = DataPlane::start(config(base(&server)));
     let first_id = plane.connected().await.expect("connected");
     let channel = signed_in_channel(&plane).await;
     server.stop().await;
@@ -193,15 +121,15 @@ async fn reconnects_after_restart_and_reopens_the_same_channel() {
 
 #[tokio::test]
 async fn a_rebuilt_connector_gets_a_new_id_and_channels_reopen_under_new_ids() {
-    let server = start(&temp_dir("rebuilt-a"), None).await;
+    let server = start(&temp_state_dir("rebuilt-a"), None).await;
     let addr = server.addr;
-    let (plane, mut events) = DataPlane::start(config(server.base()));
+    let (plane, mut events) = DataPlane::start(config(base(&server)));
     let first_id = plane.connected().await.expect("connected");
     let channel = signed_in_channel(&plane).await;
     server.stop().await;
 
     // Same address, empty state: the Connector does not know the old ids.
-    let server = start(&temp_dir("rebuilt-b"), Some(addr)).await;
+    let server = start(&temp_state_dir("rebuilt-b"), Some(addr)).await;
     let replaced =
         next_event(&mut events, |e| matches!(e, ClientEvent::ConnectorReplaced { .. })).await;
     let ClientEvent::ConnectorReplaced { previous, current } = replaced else { unreachable!() };
@@ -219,10 +147,10 @@ async fn a_rebuilt_connector_gets_a_new_id_and_channels_reopen_under_new_ids() {
 
 #[tokio::test]
 async fn tool_projection_follows_descriptor_pushes() {
-    let server = start(&temp_dir("tools"), None).await;
-    let control = ControlPlane::new(server.base(), Some(Secret::new(API_KEY)));
+    let server = start(&temp_state_dir("tools"), None).await;
+    let control = ControlPlane::new(base(&server), Some(Secret::new(API_KEY)));
     let card = control.card().await.expect("card");
-    let (plane, mut events) = DataPlane::start(config(server.base()));
+    let (plane, mut events) = DataPlane::start(config(base(&server)));
     plane.connected().await.expect("connected");
     let channel = signed_in_channel(&plane).await;
     let descriptor = server.server.handle().descriptor(&channel).expect("descriptor");
@@ -251,8 +179,8 @@ async fn tool_projection_follows_descriptor_pushes() {
 
 #[tokio::test]
 async fn im_v2_both_ways() {
-    let server = start(&temp_dir("im"), None).await;
-    let (plane, mut events) = DataPlane::start(config(server.base()));
+    let server = start(&temp_state_dir("im"), None).await;
+    let (plane, mut events) = DataPlane::start(config(base(&server)));
     plane.connected().await.expect("connected");
     let channel = signed_in_channel(&plane).await;
     let handle = server.server.handle();
@@ -290,9 +218,9 @@ async fn im_v2_both_ways() {
 
 #[tokio::test]
 async fn files_both_ways_through_the_transfer_plane() {
-    let server = start(&temp_dir("files"), None).await;
-    let control = ControlPlane::new(server.base(), Some(Secret::new(API_KEY)));
-    let (plane, mut events) = DataPlane::start(config(server.base()));
+    let server = start(&temp_state_dir("files"), None).await;
+    let control = ControlPlane::new(base(&server), Some(Secret::new(API_KEY)));
+    let (plane, mut events) = DataPlane::start(config(base(&server)));
     plane.connected().await.expect("connected");
     let channel = signed_in_channel(&plane).await;
     let handle = server.server.handle();

@@ -19,9 +19,8 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use xagent_client_runtime::BaseUrl;
 use xagent_client_runtime::conformance::{ConformanceOptions, ConformanceReport, Status, run};
-use xagent_protocol_types::{AuthInput, SUBPROTOCOL, Secret, SystemClock};
-use xagent_server_runtime::testing::{ECHO_FLOW, echo_connector};
-use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
+use xagent_protocol_types::{AuthInput, SUBPROTOCOL, Secret};
+use xagent_server_runtime::testing::{ECHO_FLOW, EchoServer, temp_state_dir};
 
 const API_KEY: &str = "sk-broken-variants-91c3";
 
@@ -41,29 +40,11 @@ struct Proxy {
 }
 
 async fn echo_upstream() -> SocketAddr {
-    let dir = std::env::temp_dir().join(format!(
-        "xcr-broken-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    let (connector, _echo) = echo_connector();
-    let server = ConnectorServer::builder(connector)
-        .config(RuntimeConfig::default())
-        .state_dir(&dir)
-        .expect("state dir")
-        .clock(SystemClock)
-        .api_key(Secret::new(API_KEY))
-        .build()
-        .await
-        .expect("server");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = server.serve(listener, std::future::pending::<()>()).await;
-    });
+    let server =
+        EchoServer::start(&temp_state_dir("broken"), API_KEY, None).await.expect("echo server");
+    let addr = server.addr;
+    // Kept running for the rest of the test process.
+    std::mem::forget(server);
     addr
 }
 

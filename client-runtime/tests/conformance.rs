@@ -4,38 +4,17 @@ use std::time::Duration;
 
 use xagent_client_runtime::BaseUrl;
 use xagent_client_runtime::conformance::{ConformanceOptions, Status, run};
-use xagent_protocol_types::{AuthInput, Secret, SystemClock};
-use xagent_server_runtime::testing::{ECHO_FLOW, echo_connector};
-use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
+use xagent_protocol_types::{AuthInput, Secret};
+use xagent_server_runtime::testing::{ECHO_FLOW, EchoServer, temp_state_dir};
 
 const API_KEY: &str = "sk-conformance-test-55e1";
 
-async fn echo_server() -> (ConnectorServer, String) {
-    let dir = std::env::temp_dir().join(format!(
-        "xcr-conformance-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    let (connector, _echo) = echo_connector();
-    let server = ConnectorServer::builder(connector)
-        .config(RuntimeConfig::default())
-        .state_dir(&dir)
-        .expect("state dir")
-        .clock(SystemClock)
-        .api_key(Secret::new(API_KEY))
-        .build()
+async fn echo_server() -> (EchoServer, String) {
+    let server = EchoServer::start(&temp_state_dir("conformance"), API_KEY, None)
         .await
-        .expect("server");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let running = server.clone();
-    tokio::spawn(async move {
-        let _ = running.serve(listener, std::future::pending::<()>()).await;
-    });
-    (server, format!("http://{addr}"))
+        .expect("echo server");
+    let base = server.base_url();
+    (server, base)
 }
 
 fn options(base: &str, flow: bool) -> ConformanceOptions {

@@ -216,6 +216,85 @@ pub fn echo_connector() -> (Connector, EchoState) {
     }
 }
 
+/// A running echo connector on 127.0.0.1 with the system clock, for tests in other crates.
+pub struct EchoServer {
+    /// The server.
+    pub server: crate::ConnectorServer,
+    /// The echo target's log.
+    pub echo: EchoState,
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+impl EchoServer {
+    /// Serves the echo connector with state under `dir` and the given system API key, on
+    /// `addr` (waiting up to 2.5 s for the port to be free, after a restart) or on a fresh port.
+    pub async fn start(
+        dir: &std::path::Path,
+        api_key: &str,
+        addr: Option<std::net::SocketAddr>,
+    ) -> Result<Self, String> {
+        let (connector, echo) = echo_connector();
+        let server = crate::ConnectorServer::builder(connector)
+            .state_dir(dir)
+            .map_err(|e| e.to_string())?
+            .api_key(xagent_protocol_types::Secret::new(api_key))
+            .build()
+            .await
+            .map_err(|e| e.to_string())?;
+        let bind = addr.unwrap_or_else(|| std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+        let mut attempts = 0;
+        let listener = loop {
+            match tokio::net::TcpListener::bind(bind).await {
+                Ok(listener) => break listener,
+                Err(_) if attempts < 50 => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => return Err(format!("binding {bind}: {error}")),
+            }
+        };
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = server.clone();
+        let join = tokio::spawn(async move {
+            let _ = running
+                .serve(listener, async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(Self { server, echo, addr, stop: Some(stop), join })
+    }
+
+    /// The Base URL, `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Shuts the server down and waits (up to 10 s) until it has stopped.
+    pub async fn stop(mut self) {
+        self.server.shutdown();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.join).await;
+    }
+}
+
+/// A fresh, unique temporary directory for a test's state.
+pub fn temp_state_dir(name: &str) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("xagent-{name}-{}-{nanos:x}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
 /// Hands an inbound echo message to xAgent (the "target system received a message" event).
 pub async fn inject_message(
     handle: &ConnectorHandle,
