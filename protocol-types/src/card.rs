@@ -513,6 +513,18 @@ fn form_flow_needs_fields(schema: &mut schemars::Schema) {
         "then".into(),
         serde_json::json!({ "required": ["fields"], "properties": { "fields": { "minItems": 1 } } }),
     );
+    let branches = crate::schema::conditional_branches(
+        schema,
+        "type",
+        "form".into(),
+        crate::schema::known_except(AuthFlowType::KNOWN, "form"),
+        serde_json::json!({
+            "required": ["fields"],
+            "properties": { "fields": { "type": "array", "minItems": 1 } }
+        }),
+        serde_json::json!({}),
+    );
+    schema.insert("anyOf".into(), branches);
 }
 
 /// `auth_flows[].fields[]`: one form input.
@@ -607,6 +619,15 @@ fn secret_field_has_no_default(schema: &mut schemars::Schema) {
         serde_json::json!({ "required": ["secret"], "properties": { "secret": { "const": true } } }),
     );
     schema.insert("then".into(), serde_json::json!({ "not": { "required": ["default_value"] } }));
+    let branches = crate::schema::conditional_branches(
+        schema,
+        "secret",
+        true.into(),
+        vec![false.into()],
+        serde_json::json!({ "properties": { "default_value": false } }),
+        serde_json::json!({}),
+    );
+    schema.insert("anyOf".into(), branches);
 }
 
 /// `ui`: front-end hints.

@@ -10,6 +10,71 @@ use crate::{
     UploadResponse, WireError,
 };
 
+/// The known wire values of an enum except one: the `else` side of a conditional written as a
+/// union (see [`conditional_branches`]).
+pub(crate) fn known_except(known: &[&str], except: &str) -> Vec<Value> {
+    known.iter().filter(|v| **v != except).map(|v| json!(v)).collect()
+}
+
+/// An `if`/`then`/`else` on one discriminating member, restated as an `anyOf` with one branch
+/// per value: `discriminant == value` with `then`, and each of `others` with `otherwise`. The
+/// `if`/`then` stays for validators; the union is what code generators understand, so a
+/// conditional requirement is not lost in generated types. Each branch repeats the schema of
+/// the members it names (taken from `schema`'s `properties`), since generators read a branch on
+/// its own. Both forms accept the same documents (a test in this module checks it).
+pub(crate) fn conditional_branches(
+    schema: &Schema,
+    discriminant: &str,
+    value: Value,
+    others: Vec<Value>,
+    then: Value,
+    otherwise: Value,
+) -> Value {
+    let base = schema.get("properties").and_then(Value::as_object);
+    let branch = |test: Value, extra: &Value, require_discriminant: bool| {
+        let mut properties = serde_json::Map::new();
+        properties.insert(discriminant.into(), test);
+        let mut required = Vec::new();
+        if require_discriminant {
+            required.push(json!(discriminant));
+        }
+        if let Some(Value::Array(more)) = extra.get("required") {
+            required.extend(more.iter().cloned());
+        }
+        let mut named: Vec<(String, Value)> = required
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|name| *name != discriminant)
+            .map(|name| (name.to_owned(), json!({})))
+            .collect();
+        if let Some(Value::Object(more)) = extra.get("properties") {
+            named.retain(|(name, _)| !more.contains_key(name));
+            named.extend(more.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        for (name, overlay) in named {
+            let merged = match (overlay, base.and_then(|b| b.get(&name))) {
+                (Value::Object(overlay), Some(Value::Object(base))) => {
+                    let mut merged = base.clone();
+                    merged.extend(overlay);
+                    Value::Object(merged)
+                }
+                (overlay, _) => overlay,
+            };
+            properties.insert(name, merged);
+        }
+        let mut out = json!({ "properties": properties });
+        if !required.is_empty() {
+            out["required"] = Value::Array(required);
+        }
+        out
+    };
+    let mut branches = vec![branch(json!({ "const": value }), &then, true)];
+    for other in others {
+        branches.push(branch(json!({ "const": other }), &otherwise, false));
+    }
+    Value::Array(branches)
+}
+
 fn generator() -> SchemaGenerator {
     SchemaSettings::draft2020_12().into_generator()
 }
@@ -341,6 +406,136 @@ mod tests {
             }
         }
         assert!(checked > 500 && accepted > 20, "checked {checked}, accepted {accepted}");
+    }
+
+    /// Every combination of the given member values (`None` = member absent) on top of `base`.
+    fn combinations(base: Value, members: &[(&str, Vec<Option<Value>>)]) -> Vec<Value> {
+        let mut out = vec![base];
+        for (name, values) in members {
+            let mut next = Vec::new();
+            for document in &out {
+                for value in values {
+                    let mut document = document.clone();
+                    match value {
+                        Some(value) => document[*name] = value.clone(),
+                        None => {
+                            if let Some(map) = document.as_object_mut() {
+                                map.remove(*name);
+                            }
+                        }
+                    }
+                    next.push(document);
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    /// The conditional requirements restated as `anyOf` unions accept exactly what their
+    /// `if`/`then`/`else` accepts, so generated types (which see only the union) are neither
+    /// looser nor stricter than validators (which see both).
+    #[test]
+    fn conditional_unions_agree_with_if_then_else() {
+        let card = card_schema();
+        let packet = packet_schema();
+        let descriptor = crate::ConnectionDescriptor::from_wire(json!({
+            "schema": "xagent.connection/v2",
+            "connection": { "connector_card_id": "c", "connector_id": "i", "connector_channel_id": "h",
+                "target_type": "im", "profiles": ["xagent.im.v2"], "status": "connected" },
+            "target": { "provider": "p", "display_name": "d" }
+        }))
+        .expect("descriptor");
+        let descriptor = serde_json::to_value(descriptor).expect("descriptor JSON");
+        let field = json!({ "name": "n", "label": "l", "input_type": "text" });
+        let known = |values: &[&str]| -> Vec<Option<Value>> {
+            let mut out: Vec<Option<Value>> = values.iter().map(|v| Some(json!(v))).collect();
+            out.push(None);
+            out
+        };
+        let cases: Vec<(&Value, &str, Vec<Value>)> = vec![
+            (
+                &card,
+                "AuthFlow",
+                combinations(
+                    json!({ "id": "f", "target_type": "im", "title": "t" }),
+                    &[
+                        ("type", known(crate::AuthFlowType::KNOWN)),
+                        ("fields", vec![None, Some(json!([])), Some(json!([field]))]),
+                    ],
+                ),
+            ),
+            (
+                &card,
+                "AuthField",
+                combinations(
+                    field.clone(),
+                    &[
+                        ("secret", vec![None, Some(json!(true)), Some(json!(false))]),
+                        ("default_value", vec![None, Some(json!("x"))]),
+                    ],
+                ),
+            ),
+            (
+                &packet,
+                "AuthProgress",
+                combinations(
+                    json!({}),
+                    &[
+                        ("status", known(crate::AuthStatus::KNOWN)),
+                        ("connection_descriptor", vec![None, Some(descriptor)]),
+                    ],
+                ),
+            ),
+            (
+                &packet,
+                "ChatMessageAck",
+                combinations(
+                    json!({ "message_id": "m" }),
+                    &[
+                        ("status", known(crate::AckStatus::KNOWN)),
+                        ("code", vec![None, Some(json!("timeout"))]),
+                        ("retryable", vec![None, Some(json!(true))]),
+                    ],
+                ),
+            ),
+            (
+                &packet,
+                "ChatActivity",
+                combinations(
+                    json!({}),
+                    &[
+                        ("status", known(crate::ActivityStatus::KNOWN)),
+                        ("tool_name", vec![None, Some(json!("web_search"))]),
+                    ],
+                ),
+            ),
+        ];
+        for (root, def, documents) in cases {
+            let only = |drop: &[&str]| {
+                let mut defs = root["$defs"].clone();
+                let body = defs[def].as_object_mut().expect("def is an object");
+                assert!(body.contains_key("anyOf") && body.contains_key("if"), "{def}");
+                for key in drop {
+                    body.remove(*key);
+                }
+                let schema = json!({ "$defs": defs, "$ref": format!("#/$defs/{def}") });
+                jsonschema::validator_for(&schema).expect("compiles")
+            };
+            let conditional = only(&["anyOf"]);
+            let union = only(&["if", "then", "else"]);
+            let mut accepted = 0;
+            for document in &documents {
+                let by_conditional = conditional.is_valid(document);
+                assert_eq!(by_conditional, union.is_valid(document), "{def}: {document}");
+                accepted += usize::from(by_conditional);
+            }
+            assert!(
+                accepted > 0 && accepted < documents.len(),
+                "{def}: {accepted}/{}",
+                documents.len()
+            );
+        }
     }
 
     #[test]

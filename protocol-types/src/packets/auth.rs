@@ -110,6 +110,15 @@ fn authenticated_needs_descriptor(schema: &mut schemars::Schema) {
         serde_json::json!({ "properties": { "status": { "const": "authenticated" } } }),
     );
     schema.insert("then".into(), serde_json::json!({ "required": ["connection_descriptor"] }));
+    let branches = crate::schema::conditional_branches(
+        schema,
+        "status",
+        "authenticated".into(),
+        crate::schema::known_except(AuthStatus::KNOWN, "authenticated"),
+        serde_json::json!({ "required": ["connection_descriptor"] }),
+        serde_json::json!({}),
+    );
+    schema.insert("anyOf".into(), branches);
 }
 
 impl AuthProgress {

@@ -236,6 +236,15 @@ fn rejected_needs_code(schema: &mut schemars::Schema) {
         serde_json::json!({ "properties": { "status": { "const": "rejected" } } }),
     );
     schema.insert("then".into(), serde_json::json!({ "required": ["code", "retryable"] }));
+    let branches = crate::schema::conditional_branches(
+        schema,
+        "status",
+        "rejected".into(),
+        crate::schema::known_except(AckStatus::KNOWN, "rejected"),
+        serde_json::json!({ "required": ["code", "retryable"] }),
+        serde_json::json!({}),
+    );
+    schema.insert("anyOf".into(), branches);
 }
 
 impl ChatMessageAck {
@@ -292,6 +301,15 @@ fn tool_name_only_with_tool(schema: &mut schemars::Schema) {
     );
     schema.insert("then".into(), serde_json::json!({ "required": ["tool_name"] }));
     schema.insert("else".into(), serde_json::json!({ "not": { "required": ["tool_name"] } }));
+    let branches = crate::schema::conditional_branches(
+        schema,
+        "status",
+        "tool".into(),
+        crate::schema::known_except(ActivityStatus::KNOWN, "tool"),
+        serde_json::json!({ "required": ["tool_name"] }),
+        serde_json::json!({ "properties": { "tool_name": false } }),
+    );
+    schema.insert("anyOf".into(), branches);
 }
 
 impl ChatActivity {
