@@ -216,8 +216,7 @@ impl SecretScanner {
 }
 
 fn is_sensitive_key(key: &str) -> bool {
-    let lower = key.to_ascii_lowercase();
-    SENSITIVE_KEYS.contains(&lower.as_str())
+    SENSITIVE_KEYS.iter().any(|k| k.eq_ignore_ascii_case(key))
 }
 
 /// `api_key: value` / `password = value` / `"bot_token": "value"` in a line of text.
