@@ -138,6 +138,11 @@ pub enum DefinitionError {
     /// The Card fails validation.
     #[error("the generated Connector Card is invalid: {0}")]
     InvalidCard(String),
+    /// The generated Card breaks hard rules of the protocol (`error` violations of
+    /// `xagent_protocol_validate::validate_card`): a Connector never serves such a Card.
+    /// Warnings are logged, not refused.
+    #[error("the generated Connector Card breaks {} rule(s): {}", .0.len(), join_violations(.0))]
+    CardViolations(Vec<xagent_protocol_validate::Violation>),
     /// The Card declares an IM Profile but no IM target was given.
     #[error("the Card declares {0} but no ImTarget was registered; call .im_target(...)")]
     MissingImTarget(String),
@@ -382,8 +387,27 @@ impl ConnectorBuilder {
             .with_label(target.label.clone()),
             None => DescriptorTarget::new(card.connector_card_id.to_string(), "not bound"),
         };
+        check_card(&card)?;
         Ok(Connector { card, tools, auth, im: self.im, skill: self.skill, unbound_target })
     }
+}
+
+/// Runs the protocol's Card validator on the serialised Card: every `error` violation refuses
+/// the definition, warnings are logged.
+fn check_card(card: &ConnectorCard) -> Result<(), DefinitionError> {
+    let value = serde_json::to_value(card).map_err(|error| {
+        DefinitionError::InvalidCard(format!("the Card does not serialise: {error}"))
+    })?;
+    let report = xagent_protocol_validate::validate_card(&value);
+    for warning in report.warnings() {
+        tracing::warn!(rule = %warning.rule, path = %warning.path, "Connector Card: {}", warning.message);
+    }
+    let errors: Vec<_> = report.errors().cloned().collect();
+    if errors.is_empty() { Ok(()) } else { Err(DefinitionError::CardViolations(errors)) }
+}
+
+fn join_violations(violations: &[xagent_protocol_validate::Violation]) -> String {
+    violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 fn register_tool<Args, F, Fut>(
