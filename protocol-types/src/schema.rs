@@ -1,5 +1,18 @@
 //! JSON Schemas generated from the types (draft 2020-12). `cargo xtask gen-schemas` writes them
 //! to `schemas/`; they are at least as strict as the published ones.
+//!
+//! They are also written for code generators (`cargo xtask codegen-check` generates TypeScript
+//! and Python from them and checks the result), which ignore `if`/`then`/`else`. So, without
+//! changing what validates:
+//! - the packet schema carries `$defs/KnownPacket`, a union discriminated by `type` with one
+//!   closed variant per known packet type (envelope requirements and payload folded in); the root
+//!   does not reference it, because the root also admits unknown types;
+//! - each conditional requirement is stated a second time as an `anyOf` with one branch per value
+//!   of its discriminating member (`conditional_branches`);
+//! - the `/health` and `/files/uploads` bodies have schemas ([`health_schema`],
+//!   [`upload_schema`]).
+//!
+//! Unit tests check that each restatement accepts exactly what the original accepts.
 
 use schemars::generate::SchemaSettings;
 use schemars::{Schema, SchemaGenerator, json_schema};
