@@ -327,6 +327,7 @@
       for (const file of entry.files) files.appendChild(fileNode(file, opts && opts.localUrl));
       bubble.appendChild(files);
     }
+    if (!entry.text) bubble.classList.add('media');
     li.appendChild(bubble);
     const meta = document.createElement('div');
     meta.className = 'meta';
@@ -365,6 +366,11 @@
   }
 
   function upsert(entry) {
+    const known = chat.entries.get(entry.message_id);
+    if (known && known.status !== 'sending' && entry.status === 'sending') {
+      // A late answer to our own POST must not undo a delivery state the stream already showed.
+      entry = known;
+    }
     const stick = nearBottom();
     chat.entries.set(entry.message_id, entry);
     if (entry.client_id && chat.locals.has(entry.client_id)) {

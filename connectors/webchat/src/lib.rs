@@ -254,9 +254,11 @@ async fn relay_outbox_events(app: Arc<App>, handle: ConnectorHandle) {
         };
         let (message_id, status, reason) = match event {
             OutboxEvent::Delivered { message_id, .. } => (message_id, EntryStatus::Delivered, None),
-            OutboxEvent::Failed { message_id, code, reason, .. } => {
-                (message_id, EntryStatus::Rejected, Some(format!("{reason} ({code})")))
-            }
+            OutboxEvent::Failed { message_id, code, reason, .. } => (
+                message_id,
+                EntryStatus::Rejected,
+                Some(rejection_text(&code.to_string(), &reason)),
+            ),
             OutboxEvent::Expired { message_id, .. } => (
                 message_id,
                 EntryStatus::Expired,
@@ -270,6 +272,14 @@ async fn relay_outbox_events(app: Arc<App>, handle: ConnectorHandle) {
             Err(error) => tracing::error!(%error, "could not record a delivery state"),
         }
     }
+}
+
+/// The reason shown under a rejected message: the receiver's words and its code, without
+/// the outbox's `rejected <code>: ` prefix when it kept one.
+fn rejection_text(code: &str, reason: &str) -> String {
+    let prefix = format!("rejected {code}: ");
+    let reason = reason.strip_prefix(&prefix).unwrap_or(reason).trim();
+    if reason.is_empty() { format!("rejected ({code})") } else { format!("{reason} ({code})") }
 }
 
 /// Tells watching pages when the agent's channel comes online or goes offline.
@@ -294,5 +304,20 @@ async fn maintain(server: ConnectorServer) {
     loop {
         interval.tick().await;
         server.tick().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rejection_text;
+
+    #[test]
+    fn rejection_text_keeps_the_reason_and_the_code_once() {
+        assert_eq!(
+            rejection_text("permission_denied", "rejected permission_denied: no thanks"),
+            "no thanks (permission_denied)"
+        );
+        assert_eq!(rejection_text("channel_busy", "busy"), "busy (channel_busy)");
+        assert_eq!(rejection_text("x", ""), "rejected (x)");
     }
 }

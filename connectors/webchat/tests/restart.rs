@@ -1,0 +1,111 @@
+//! IM v2 delivery across a Connector restart: visitor messages xAgent has not acknowledged
+//! (received but unanswered, or sent while xAgent was away) arrive exactly once after the
+//! restart and reconnect, and acknowledged ones are never sent again.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use xagent_client_runtime::{ClientEvent, DataPlane};
+
+use support::{Server, Visitor, client_config, connect, next_event, open_room, start, temp_dir};
+
+/// Accepts every message arriving within `window` (as xAgent would) and returns their ids.
+async fn accept_for(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<ClientEvent>,
+    window: Duration,
+) -> Vec<String> {
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + window;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return got;
+        }
+        match tokio::time::timeout(left, events.recv()).await {
+            Ok(Some(ClientEvent::ChatMessage(inbound))) => {
+                got.push(inbound.message.message_id.to_string());
+                inbound.accept();
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return got,
+        }
+    }
+}
+
+async fn restart(server: Server, dir: &std::path::Path) -> Server {
+    let addr = server.addr;
+    server.stop().await;
+    start(&dir.to_path_buf(), Some(addr)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacknowledged_visitor_messages_arrive_exactly_once_after_a_restart() {
+    let dir = temp_dir("restart");
+    let server = start(&dir, None).await;
+
+    // xAgent signs a channel in to the room.
+    let (plane, mut events) = connect(&server).await;
+    let channel = open_room(&plane, "Lobby", "code-1234").await;
+    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+
+    // The first message reaches xAgent, which holds it without an answer; the outbox keeps
+    // the second (IM delivery is in order per channel) until the first is acknowledged...
+    let first = visitor.send("first", "c1").await;
+    let second = visitor.send("second", "c2").await;
+    assert_eq!(first["status"], "sending", "{first}");
+    let held = match next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessage(_))).await {
+        ClientEvent::ChatMessage(inbound) => inbound,
+        _ => unreachable!(),
+    };
+    assert_eq!(held.message.message_id.as_str(), first["message_id"].as_str().unwrap_or(""));
+    // ...then xAgent goes away, and a third message is sent while nobody is connected.
+    plane.close().await;
+    drop(held); // never answered: the socket is gone, so no ack or rejection reaches the Connector
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let third = visitor.send("third", "c3").await;
+    assert_eq!(third["status"], "sending");
+
+    // The Connector restarts from the same state directory on the same port.
+    let server = restart(server, &dir).await;
+
+    // xAgent comes back and reopens its channel.
+    let (plane, mut events) = DataPlane::start(client_config(server.base()));
+    plane.connected().await.expect("reconnects");
+    let reopened = plane.open_channel(Some(&channel)).await.expect("reopen");
+    assert_eq!(reopened.connector_channel_id, channel, "the channel survived the restart");
+    plane.remember_channel(channel.clone()).await;
+    let arrived = accept_for(&mut events, Duration::from_secs(3)).await;
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for id in &arrived {
+        *counts.entry(id.clone()).or_default() += 1;
+    }
+    for sent in [&first, &second, &third] {
+        let id = sent["message_id"].as_str().expect("id");
+        assert_eq!(counts.get(id), Some(&1), "{id} arrives exactly once: {counts:?}");
+    }
+    assert_eq!(arrived.len(), 3, "nothing else arrived: {counts:?}");
+
+    // The page shows all three delivered.
+    let visitor = Visitor { base: server.url(""), ..visitor };
+    visitor
+        .eventually(|s| {
+            s["messages"]
+                .as_array()
+                .is_some_and(|m| m.len() == 3 && m.iter().all(|e| e["status"] == "delivered"))
+        })
+        .await;
+    plane.close().await;
+
+    // Another restart: acknowledged messages are never sent again.
+    let server = restart(server, &dir).await;
+    let (plane, mut events) = DataPlane::start(client_config(server.base()));
+    plane.connected().await.expect("reconnects");
+    plane.open_channel(Some(&channel)).await.expect("reopen");
+    let again = accept_for(&mut events, Duration::from_millis(1500)).await;
+    assert!(again.is_empty(), "acknowledged messages came back: {}", again.len());
+    plane.close().await;
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,231 @@
+//! Shared helpers of the integration tests: a Webchat server on 127.0.0.1 with a temporary
+//! state directory, an xAgent data-plane client (`xagent-client-runtime`), and the visitor's
+//! HTTP calls.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::mpsc::UnboundedReceiver;
+use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, ClientEvent, DataPlane};
+use xagent_connector_webchat::{CARD_ID, ROOM_FLOW, Webchat, WebchatOptions};
+use xagent_protocol_types::{
+    AuthInput, AuthStart, AuthStatus, Clock, ConnectorChannelId, PROFILE_IM_V2, Secret, SystemClock,
+};
+
+pub const API_KEY: &str = "sk-webchat-test-3c9e1a";
+
+pub fn temp_dir(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("webchat-{name}-{}-{nanos:x}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+pub struct Server {
+    pub webchat: Webchat,
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+pub async fn start(dir: &PathBuf, addr: Option<SocketAddr>) -> Server {
+    start_with_clock(dir, addr, Arc::new(SystemClock)).await
+}
+
+pub async fn start_with_clock(
+    dir: &PathBuf,
+    addr: Option<SocketAddr>,
+    clock: Arc<dyn Clock>,
+) -> Server {
+    let listener = match addr {
+        Some(addr) => {
+            let mut attempt = 0;
+            loop {
+                match tokio::net::TcpListener::bind(addr).await {
+                    Ok(listener) => break listener,
+                    Err(error) if attempt < 100 => {
+                        attempt += 1;
+                        let _ = error;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(error) => panic!("rebinding {addr}: {error}"),
+                }
+            }
+        }
+        None => tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
+    };
+    let addr = listener.local_addr().expect("addr");
+    let options = WebchatOptions::new(dir, format!("http://{addr}"))
+        .with_api_key(Secret::new(API_KEY))
+        .with_clock(clock);
+    let webchat = Webchat::open(options).await.expect("webchat opens");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = webchat.clone();
+    let join = tokio::spawn(async move {
+        let _ = running
+            .serve(listener, async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Server { webchat, addr, stop: Some(stop), join }
+}
+
+impl Server {
+    pub fn base(&self) -> BaseUrl {
+        BaseUrl::parse(&self.url("")).expect("base url")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(15), self.join).await;
+    }
+}
+
+pub fn client_config(base: BaseUrl) -> ClientConfig {
+    let mut config = ClientConfig::new(base, CARD_ID, vec![PROFILE_IM_V2.into()])
+        .with_api_key(Secret::new(API_KEY));
+    config.backoff = Backoff {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(300),
+        factor: 2.0,
+        max_failures: Some(200),
+    };
+    config.request_timeout = Duration::from_secs(5);
+    config
+}
+
+pub async fn connect(server: &Server) -> (DataPlane, UnboundedReceiver<ClientEvent>) {
+    let (plane, events) = DataPlane::start(client_config(server.base()));
+    tokio::time::timeout(Duration::from_secs(10), plane.connected())
+        .await
+        .expect("connects in time")
+        .expect("connects");
+    (plane, events)
+}
+
+/// Opens a channel and signs it in to `room` with the form flow.
+pub async fn open_room(plane: &DataPlane, room: &str, code: &str) -> ConnectorChannelId {
+    let opened = plane.open_channel(None).await.expect("channel.open");
+    let channel = opened.connector_channel_id.clone();
+    let ack = plane
+        .request(
+            Some(&channel),
+            AuthStart::new(ROOM_FLOW)
+                .with_input(AuthInput::default().with("room_name", room).with("access_code", code)),
+        )
+        .await
+        .expect("auth.start");
+    assert_eq!(ack.0.status, AuthStatus::Authenticated, "{:?}", ack.0.message);
+    plane.remember_channel(channel.clone()).await;
+    channel
+}
+
+pub async fn next_event(
+    events: &mut UnboundedReceiver<ClientEvent>,
+    mut want: impl FnMut(&ClientEvent) -> bool,
+) -> ClientEvent {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, events.recv()).await {
+            Ok(Some(event)) if want(&event) => return event,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("event stream ended"),
+            Err(_) => panic!("timed out waiting for an event"),
+        }
+    }
+}
+
+/// The visitor side over HTTP.
+pub struct Visitor {
+    pub http: reqwest::Client,
+    pub base: String,
+    pub room: String,
+    pub token: String,
+}
+
+impl Visitor {
+    pub async fn join(server: &Server, room: &str, code: &str) -> Visitor {
+        let http = reqwest::Client::new();
+        let response = http
+            .post(server.url(&format!("/chat/api/rooms/{room}/join")))
+            .json(&serde_json::json!({ "access_code": code }))
+            .send()
+            .await
+            .expect("join");
+        assert_eq!(response.status(), 200, "join status");
+        let body: Value = response.json().await.expect("join body");
+        Visitor {
+            http,
+            base: server.url(""),
+            room: room.into(),
+            token: body["token"].as_str().expect("token").into(),
+        }
+    }
+
+    pub async fn send(&self, text: &str, client_id: &str) -> Value {
+        let response = self
+            .http
+            .post(format!("{}/chat/api/rooms/{}/messages", self.base, self.room))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({ "text": text, "client_id": client_id }))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 200, "send status");
+        response.json().await.expect("send body")
+    }
+
+    /// The first SSE event of the room (its snapshot).
+    pub async fn snapshot(&self) -> Value {
+        let mut response = self
+            .http
+            .get(format!("{}/chat/api/rooms/{}/events?token={}", self.base, self.room, self.token))
+            .send()
+            .await
+            .expect("events");
+        assert_eq!(response.status(), 200);
+        let mut text = String::new();
+        while let Some(chunk) = tokio::time::timeout(Duration::from_secs(5), response.chunk())
+            .await
+            .expect("chunk")
+            .expect("chunk read")
+        {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if let Some(line) = text.lines().find(|l| l.starts_with("data: ")) {
+                if text.contains("\n\n") {
+                    return serde_json::from_str(&line["data: ".len()..]).expect("snapshot json");
+                }
+            }
+        }
+        panic!("the event stream ended before a snapshot")
+    }
+
+    /// Waits until the snapshot satisfies `check` (for states that settle asynchronously).
+    pub async fn eventually(&self, mut check: impl FnMut(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let snapshot = self.snapshot().await;
+            if check(&snapshot) {
+                return snapshot;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never reached: {snapshot:#}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -1,0 +1,305 @@
+// Browser test of the im.webchat page, headless system Chromium driven by playwright-core.
+//
+// It starts `xagent-connector demo` (the im.webchat Connector plus the xAgent stand-in, in one
+// process) on a free port with a fresh state directory, then in the browser:
+//   1. opens the room link, sends a message, sees the reply grow (several draft lengths) and
+//      settle into exactly one final message, with the activity line shown meanwhile;
+//   2. uploads an image and sees it arrive back from the agent as a loaded <img>;
+//   3. sends a message the stand-in rejects and sees the rejection under it;
+//   4. restarts the demo process on the same port and state: the page reconnects by itself
+//      and the conversation continues;
+//   5. completes the QR pairing flow from the printed link and chats in the new room;
+//   6. saves screenshots (desktop and phone size) of the finished conversation.
+//
+// Environment: XAGENT_CONNECTOR_BIN (default ../target/debug/xagent-connector), CHROMIUM
+// (default /usr/bin/chromium), WEBCHAT_SCREENSHOT_DIR (default e2e/out).
+
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const root = path.resolve(here, '..');
+const bin = process.env.XAGENT_CONNECTOR_BIN || path.join(root, 'target/debug/xagent-connector');
+const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
+const shots = process.env.WEBCHAT_SCREENSHOT_DIR || path.join(here, 'out');
+const TIMEOUT = 20_000;
+
+function log(line) {
+  process.stdout.write(line + '\n');
+}
+
+async function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.unref();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+/** Starts the demo and resolves once it printed its room link. */
+function startDemo(port, stateDir) {
+  const child = spawn(bin, ['demo', '--listen', `127.0.0.1:${port}`, '--state-dir', stateDir, '--delta-interval', '120'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const demo = { child, roomUrl: null, pairUrls: [], paired: 0, output: '', waiters: [] };
+  const notify = () => {
+    for (const waiter of demo.waiters.splice(0)) waiter();
+  };
+  let buffer = '';
+  child.stdout.on('data', (chunk) => {
+    buffer += chunk.toString();
+    demo.output += chunk.toString();
+    let index;
+    while ((index = buffer.indexOf('\n')) >= 0) {
+      const line = buffer.slice(0, index).trim();
+      buffer = buffer.slice(index + 1);
+      let match;
+      if ((match = line.match(/^Open (http\S+)/))) demo.roomUrl = match[1];
+      if ((match = line.match(/pair a new room with the agent: (http\S+)/))) demo.pairUrls.push(match[1]);
+      if (line.startsWith('Paired:')) demo.paired += 1;
+      notify();
+    }
+  });
+  child.stderr.on('data', (chunk) => {
+    demo.output += chunk.toString();
+  });
+  child.on('exit', notify);
+  demo.until = async (predicate, what) => {
+    const deadline = Date.now() + TIMEOUT;
+    while (!predicate()) {
+      if (child.exitCode !== null) throw new Error(`the demo exited (${child.exitCode}) while waiting for ${what}:\n${demo.output}`);
+      if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}:\n${demo.output}`);
+      await new Promise((resolve) => {
+        demo.waiters.push(resolve);
+        setTimeout(resolve, 200);
+      });
+    }
+  };
+  demo.stop = async () => {
+    if (child.exitCode !== null) return;
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    child.kill('SIGINT');
+    const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
+    await exited;
+    clearTimeout(timer);
+  };
+  return demo;
+}
+
+const steps = [];
+async function step(name, body) {
+  const started = Date.now();
+  await body();
+  steps.push(name);
+  log(`ok   ${name} (${Date.now() - started} ms)`);
+}
+
+async function draftLengthsWhileStreaming(page, needle) {
+  // Samples the streaming draft until the final message with `needle` is shown.
+  const lengths = new Set();
+  const deadline = Date.now() + TIMEOUT;
+  while (Date.now() < deadline) {
+    const state = await page.evaluate((text) => {
+      const drafts = [...document.querySelectorAll('.msg.assistant.draft .text')].map((n) => n.textContent);
+      const finals = [...document.querySelectorAll('.msg.assistant:not(.draft) .text')]
+        .map((n) => n.textContent)
+        .filter((t) => t.includes(text));
+      return { drafts, finals };
+    }, needle);
+    for (const draft of state.drafts) lengths.add(draft.length);
+    if (state.finals.length > 0 && state.drafts.length === 0) return { lengths, finals: state.finals };
+    await page.waitForTimeout(40);
+  }
+  throw new Error('the reply never settled');
+}
+
+async function main() {
+  mkdirSync(shots, { recursive: true });
+  const stateDir = mkdtempSync(path.join(tmpdir(), 'webchat-e2e-state-'));
+  const profileDir = mkdtempSync(path.join(tmpdir(), 'webchat-e2e-chromium-'));
+  const port = await freePort();
+  let demo = startDemo(port, stateDir);
+  let context;
+  try {
+    await demo.until(() => demo.roomUrl && demo.pairUrls.length > 0, 'the demo URLs');
+    log(`demo on port ${port}: ${demo.roomUrl}`);
+    context = await chromium.launchPersistentContext(profileDir, {
+      executablePath: chromiumPath,
+      headless: true,
+      viewport: { width: 960, height: 760 },
+      args: [
+        '--no-sandbox',
+        '--disable-gpu',
+        '--disable-quic',
+        '--no-first-run',
+        '--disable-background-networking',
+        '--disable-component-update',
+        '--disable-sync',
+      ],
+    });
+    context.setDefaultTimeout(TIMEOUT);
+    const page = context.pages()[0] || (await context.newPage());
+    page.on('pageerror', (error) => log(`page error: ${error.message}`));
+
+    await step('open the room link and join with the code from the URL fragment', async () => {
+      await page.goto(demo.roomUrl);
+      await page.waitForSelector('#view-chat:not([hidden])');
+      await page.waitForSelector('#agent-state.online');
+      assert.equal(new URL(page.url()).hash, '', 'the access code is removed from the address bar');
+      assert.equal(await page.textContent('#room-name'), 'demo');
+    });
+
+    await step('send a message, see the reply grow and settle into one message', async () => {
+      await page.fill('#text', 'Hello from the browser test');
+      await page.press('#text', 'Enter');
+      await page.waitForSelector('.msg.visitor .text >> text=Hello from the browser test');
+      await page.waitForSelector('#activity:not([hidden])');
+      const activity = await page.textContent('#activity-text');
+      assert.match(activity, /thinking|using/);
+      const { lengths, finals } = await draftLengthsWhileStreaming(page, 'Hello from the browser test');
+      assert.ok(lengths.size >= 3, `the draft grew through several lengths (saw ${[...lengths].join(', ')})`);
+      assert.equal(finals.length, 1, 'exactly one final assistant message');
+      await page.waitForSelector('.msg.visitor .meta >> text=delivered');
+      await page.waitForSelector('#activity', { state: 'hidden' });
+    });
+
+    await step('upload an image and see it come back from the agent', async () => {
+      // A small picture drawn in the page (a real PNG, so the browser must decode it).
+      const dataUrl = await page.evaluate(() => {
+        const canvas = document.createElement('canvas');
+        canvas.width = 240;
+        canvas.height = 150;
+        const g = canvas.getContext('2d');
+        const sky = g.createLinearGradient(0, 0, 240, 150);
+        sky.addColorStop(0, '#2f5bea');
+        sky.addColorStop(1, '#8e44ad');
+        g.fillStyle = sky;
+        g.fillRect(0, 0, 240, 150);
+        g.fillStyle = '#ffd54f';
+        g.beginPath();
+        g.arc(182, 44, 22, 0, Math.PI * 2);
+        g.fill();
+        g.fillStyle = '#1b5e20';
+        g.beginPath();
+        g.moveTo(0, 150);
+        g.lineTo(70, 70);
+        g.lineTo(130, 150);
+        g.moveTo(80, 150);
+        g.lineTo(160, 86);
+        g.lineTo(240, 150);
+        g.fill();
+        return canvas.toDataURL('image/png');
+      });
+      const picture = Buffer.from(dataUrl.split(',')[1], 'base64');
+      await page.setInputFiles('#file-input', { name: 'picture.png', mimeType: 'image/png', buffer: picture });
+      await page.waitForSelector('.msg.assistant:not(.draft) .text >> text=picture.png');
+      const loaded = await page.waitForFunction(() => {
+        const images = [...document.querySelectorAll('.msg img')];
+        const visitor = images.filter((img) => img.closest('.msg.visitor') && img.src.includes('/files/'));
+        const agent = images.filter((img) => img.closest('.msg.assistant'));
+        const ok = (img) => img.complete && img.naturalWidth === 240;
+        return visitor.some(ok) && agent.some(ok) ? agent.length : false;
+      });
+      assert.ok((await loaded.jsonValue()) >= 1);
+    });
+
+    await step('a message xAgent rejects shows the rejection', async () => {
+      await page.fill('#text', '/reject this one please');
+      await page.press('#text', 'Enter');
+      const meta = await page.waitForSelector('.msg.visitor.rejected .meta');
+      assert.match(await meta.textContent(), /not delivered: .*\/reject/);
+    });
+
+    await step('restart the Connector: the page reconnects by itself', async () => {
+      await demo.stop();
+      await page.waitForSelector('#banner:not([hidden])');
+      demo = startDemo(port, stateDir);
+      await demo.until(() => demo.roomUrl, 'the restarted demo');
+      await page.waitForSelector('#banner', { state: 'hidden' });
+      await page.waitForSelector('#agent-state.online');
+      await page.fill('#text', 'Still there after the restart?');
+      await page.press('#text', 'Enter');
+      const { finals } = await draftLengthsWhileStreaming(page, 'Still there after the restart?');
+      assert.equal(finals.length, 1);
+      const count = await page.locator('.msg.visitor .text >> text=Hello from the browser test').count();
+      assert.equal(count, 1, 'history is shown once after the reconnect');
+    });
+
+    await step('screenshots of the finished conversation (desktop and phone)', async () => {
+      await page.evaluate(() => {
+        const list = document.getElementById('messages');
+        list.scrollTop = list.scrollHeight;
+      });
+      await page.setViewportSize({ width: 960, height: 1180 });
+      await page.waitForTimeout(200);
+      await page.evaluate(() => {
+        const list = document.getElementById('messages');
+        list.scrollTop = list.scrollHeight;
+      });
+      await page.screenshot({ path: path.join(shots, 'webchat.png') });
+      await page.setViewportSize({ width: 390, height: 844 });
+      await page.waitForTimeout(200);
+      await page.evaluate(() => {
+        const list = document.getElementById('messages');
+        list.scrollTop = list.scrollHeight;
+      });
+      await page.screenshot({ path: path.join(shots, 'webchat-phone.png') });
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth > window.innerWidth);
+      assert.equal(overflow, false, 'no horizontal scrolling on a phone');
+    });
+
+    await step('complete the QR pairing flow from the link and chat in the new room', async () => {
+      await demo.until(() => demo.pairUrls.length > 0, 'a pairing link');
+      const link = demo.pairUrls[demo.pairUrls.length - 1];
+      const pair = await context.newPage();
+      await pair.setViewportSize({ width: 390, height: 844 });
+      await pair.goto(link);
+      await pair.waitForSelector('#pair-confirm:not([hidden])');
+      await pair.fill('#pair-room', 'Paired room');
+      await pair.click('#pair-button');
+      await pair.waitForSelector('#view-chat:not([hidden])');
+      await pair.waitForSelector('#invite:not([hidden])');
+      await demo.until(() => demo.paired > 0, 'the stand-in to finish pairing');
+      assert.equal(await pair.textContent('#room-name'), 'Paired room');
+      await pair.fill('#text', 'Hello paired room');
+      await pair.press('#text', 'Enter');
+      const { finals } = await draftLengthsWhileStreaming(pair, 'Hello paired room');
+      assert.equal(finals.length, 1);
+      await pair.waitForSelector('.msg.visitor .meta >> text=delivered');
+      // The link is one-time.
+      const again = await context.newPage();
+      await again.goto(link);
+      await again.waitForSelector('#pair-error:not([hidden])');
+      assert.match(await again.textContent('#pair-error'), /already used|not valid/);
+    });
+
+    log(`\n${steps.length} steps passed; screenshots in ${shots}`);
+  } catch (error) {
+    if (context) {
+      for (const [index, open] of context.pages().entries()) {
+        await open.screenshot({ path: path.join(shots, `failure-${index}.png`) }).catch(() => {});
+      }
+    }
+    throw error;
+  } finally {
+    if (context) await context.close().catch(() => {});
+    await demo.stop();
+    rmSync(stateDir, { recursive: true, force: true });
+    rmSync(profileDir, { recursive: true, force: true });
+  }
+}
+
+main().catch((error) => {
+  process.stderr.write(`FAILED: ${error.stack || error}\n`);
+  process.exit(1);
+});
