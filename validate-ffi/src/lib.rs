@@ -19,6 +19,7 @@
 //! The caller releases it with [`xagent_validate_free`]. The functions never return NULL and
 //! never unwind into the caller: bad input, including bytes that are not UTF-8 and NULL
 //! pointers, yields a report with a violation, and an internal panic is caught and reported.
+//! They keep no state, so any thread may call them at any time.
 //!
 //! ```
 //! use std::ffi::CStr;
