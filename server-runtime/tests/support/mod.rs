@@ -88,3 +88,178 @@ impl Harness {
         (self.dir.clone(), self.clock.clone())
     }
 }
+
+// ---------------------------------------------------------------- custom connectors
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+use xagent_protocol_types::{
+    AuthField, AuthFlow, ChatMessage, DescriptorTarget, PROFILE_IM_V2, TargetDeclaration,
+    TargetType,
+};
+use xagent_server_runtime::testing::{ECHO_CARD_ID, ECHO_FLOW};
+use xagent_server_runtime::{
+    AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, Binding, ChannelContext, Connector,
+    ConnectorBuilder, DeliveryError, FinalDelivery, ImTarget, ToolContext,
+};
+
+/// Signs in at once with the echo form flow's `token` field (so `WsClient::sign_in` works).
+pub struct InstantAuth;
+
+impl AuthProvider for InstantAuth {
+    async fn start(&self, _ctx: AuthContext, input: AuthValues) -> Result<AuthStep, AuthError> {
+        let token = input.get("token").map(|t| t.expose().to_owned()).unwrap_or_default();
+        Ok(AuthStep::Authenticated(
+            Binding::new(DescriptorTarget::new("echo", "Echo account").with_label("Echo"))
+                .with_secret("token", Secret::new(token)),
+        ))
+    }
+}
+
+/// An IM target that takes every message.
+pub struct AcceptAll;
+
+impl ImTarget for AcceptAll {
+    async fn deliver(
+        &self,
+        _ctx: ChannelContext,
+        _message: ChatMessage,
+        _how: FinalDelivery,
+    ) -> Result<(), DeliveryError> {
+        Ok(())
+    }
+}
+
+/// A Tool that blocks until the test releases it, counting its runs.
+#[derive(Clone)]
+pub struct Gate {
+    pub runs: Arc<AtomicUsize>,
+    pub started: Arc<tokio::sync::Notify>,
+    pub release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Gate {
+    pub fn new() -> Self {
+        Self {
+            runs: Arc::new(AtomicUsize::new(0)),
+            started: Arc::new(tokio::sync::Notify::new()),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+
+    pub fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    /// Lets `n` waiting (or future) runs finish.
+    pub fn open(&self, n: usize) {
+        self.release.add_permits(n);
+    }
+}
+
+/// Arguments of the gated Tool.
+#[derive(Deserialize, JsonSchema)]
+pub struct GateArgs {
+    /// Echoed back in the result.
+    pub text: String,
+}
+
+/// The echo Card identity (so `WsClient::hello` and `sign_in` work) with a gated `slow_work`
+/// Tool and an instant form flow.
+pub fn gated_connector(gate: &Gate) -> ConnectorBuilder {
+    let gate = gate.clone();
+    Connector::builder(ECHO_CARD_ID, "Gated", "1.0.0")
+        .target(TargetDeclaration::new(TargetType::Im, "echo", "Echo"))
+        .profile(PROFILE_IM_V2)
+        .im_target(AcceptAll)
+        .auth_flow(AuthFlow::form(
+            ECHO_FLOW,
+            TargetType::Im,
+            "Sign in",
+            vec![AuthField::password("token", "Token").required()],
+        ))
+        .auth(InstantAuth)
+        .tool::<GateArgs, _, _>(
+            "slow_work",
+            "Slow work",
+            "Runs until the test releases it.",
+            move |_ctx: ToolContext, args: GateArgs| {
+                let gate = gate.clone();
+                async move {
+                    let run = gate.runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    gate.started.notify_one();
+                    if let Ok(permit) = gate.release.acquire().await {
+                        permit.forget();
+                    }
+                    Ok(json!({ "text": args.text, "run": run }))
+                }
+            },
+        )
+}
+
+/// A server for any Connector on 127.0.0.1:0 (no API key), with a manual clock.
+pub struct Custom {
+    pub server: ConnectorServer,
+    pub addr: SocketAddr,
+    pub clock: ManualClock,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: Option<tokio::task::JoinHandle<()>>,
+}
+
+pub async fn serve_custom(
+    connector: Connector,
+    config: RuntimeConfig,
+    listener: Option<tokio::net::TcpListener>,
+) -> Custom {
+    let clock = ManualClock::new(START);
+    let server = ConnectorServer::builder(connector)
+        .config(config)
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    let listener = match listener {
+        Some(listener) => listener,
+        None => tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    };
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = server.clone();
+    let join = tokio::spawn(async move {
+        running
+            .serve(listener, async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    Custom { server, addr, clock, stop: Some(stop), join: Some(join) }
+}
+
+impl Custom {
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/ws", self.addr)
+    }
+
+    pub async fn client(&self) -> WsClient {
+        WsClient::connect(&self.ws_url(), None).await.unwrap()
+    }
+
+    /// Asks the server to stop (without waiting).
+    pub fn signal_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    pub async fn stop(mut self) {
+        self.signal_stop();
+        if let Some(join) = self.join.take() {
+            let _ = join.await;
+        }
+    }
+}
