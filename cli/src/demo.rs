@@ -18,10 +18,12 @@ use clap::Args;
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, InboundMessage,
 };
-use xagent_connector_webchat::{CARD_ID, ROOM_FLOW, Webchat, WebchatOptions, room_id_from_name};
+use xagent_connector_webchat::{
+    CARD_ID, QR_FLOW, ROOM_FLOW, Webchat, WebchatOptions, room_id_from_name,
+};
 use xagent_protocol_types::{
-    AuthInput, AuthStart, AuthStatus, ChatActivity, ChatFile, ChatMessage, ChatMessageDelta,
-    ConnectionStatus, ConnectorChannelId, ErrorCode, PROFILE_IM_V2, Secret,
+    AuthInput, AuthStart, AuthStatus, AuthStatusRequest, ChatActivity, ChatFile, ChatMessage,
+    ChatMessageDelta, ConnectionStatus, ConnectorChannelId, ErrorCode, PROFILE_IM_V2, Secret,
 };
 
 use crate::EXIT_USAGE;
@@ -209,6 +211,7 @@ impl StandIn {
         let _ = std::fs::write(self.state_dir.join(CHANNEL_FILE), channel.as_str());
         plane.remember_channel(channel).await;
         ready();
+        tokio::spawn(offer_pairing(plane.clone()));
         let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())));
         while let Some(event) = events.recv().await {
             match event {
@@ -226,6 +229,68 @@ impl StandIn {
             }
         }
         Ok(())
+    }
+}
+
+/// Offers a second room through the QR flow (`webchat_qr_login`): prints the pairing link,
+/// polls `auth.status` (refreshing an expired link), and once a browser confirmed it answers
+/// that room too. Then offers the next one.
+async fn offer_pairing(plane: DataPlane) {
+    loop {
+        match pair_once(&plane).await {
+            Ok(()) => {}
+            Err(error) => {
+                eprintln!("pairing offer failed: {error}");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+}
+
+async fn pair_once(plane: &DataPlane) -> Result<(), String> {
+    let ack = plane.open_channel(None).await.map_err(|e| e.to_string())?;
+    let channel = ack.connector_channel_id;
+    let started =
+        plane.request(Some(&channel), AuthStart::new(QR_FLOW)).await.map_err(|e| e.to_string())?.0;
+    let mut session = started.auth_session_id.ok_or("auth.start.ack without a session")?;
+    let mut link = started.qr_code_text.unwrap_or_default();
+    println!("  Or pair a new room with the agent: {link}");
+    let mut refresh = false;
+    loop {
+        tokio::time::sleep(Duration::from_millis(
+            started.poll_interval_millis.unwrap_or(1_000).clamp(200, 5_000),
+        ))
+        .await;
+        let mut poll = AuthStatusRequest::new(session.clone()).with_flow_id(QR_FLOW);
+        if refresh {
+            poll.refresh = Some(true);
+            refresh = false;
+        }
+        let progress = plane.request(Some(&channel), poll).await.map_err(|e| e.to_string())?.0;
+        if let Some(next) = progress.auth_session_id.clone() {
+            session = next;
+        }
+        match progress.status {
+            AuthStatus::Authenticated => {
+                plane.remember_channel(channel.clone()).await;
+                println!(
+                    "  Paired: the agent now also answers in {}",
+                    progress
+                        .connection_descriptor
+                        .map(|d| d.target.display_name)
+                        .unwrap_or_else(|| "the new room".into())
+                );
+                return Ok(());
+            }
+            AuthStatus::QrRefreshRequired => refresh = true,
+            AuthStatus::Pending | AuthStatus::Scanned => {
+                if let Some(text) = progress.qr_code_text.filter(|t| *t != link) {
+                    link = text;
+                    println!("  Or pair a new room with the agent: {link}");
+                }
+            }
+            other => return Err(format!("the pairing ended with {other}")),
+        }
     }
 }
 

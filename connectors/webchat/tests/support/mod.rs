@@ -207,10 +207,10 @@ impl Visitor {
             .expect("chunk read")
         {
             text.push_str(&String::from_utf8_lossy(&chunk));
-            if let Some(line) = text.lines().find(|l| l.starts_with("data: ")) {
-                if text.contains("\n\n") {
-                    return serde_json::from_str(&line["data: ".len()..]).expect("snapshot json");
-                }
+            if let Some(line) = text.lines().find(|l| l.starts_with("data: "))
+                && text.contains("\n\n")
+            {
+                return serde_json::from_str(&line["data: ".len()..]).expect("snapshot json");
             }
         }
         panic!("the event stream ended before a snapshot")
