@@ -422,25 +422,37 @@ fn channel_context(shared: &Arc<Shared>, channel: &ConnectorChannelId) -> Option
 impl crate::ConnectorHandle {
     /// Hands an inbound target message to xAgent as an IM v2 `chat.message`: the outbox takes
     /// responsibility (persisted, TTL from now), sends it when the channel is routed and
-    /// redelivers it until xAgent acknowledges it.
+    /// redelivers it until xAgent acknowledges it. Refused (`ProfileNotDeclared`) when the Card
+    /// does not declare `xagent.im.v2`.
     pub async fn send_message(
         &self,
         channel: &ConnectorChannelId,
         message: ChatMessage,
     ) -> Result<(), HandleError> {
-        let im = self.0.im.as_ref().ok_or(HandleError::ProfileNotDeclared(PROFILE_IM_V2))?;
+        let im = self.im_state(PROFILE_IM_V2)?;
         im.enqueue(&self.0, channel, OutboundPayload::ChatMessage(message)).await
     }
 
     /// Hands an inbound target message to xAgent as an IM v1 `message.push` (build it with
     /// `profile-im`'s v1 builder). The successful socket write is its delivery boundary.
+    /// Refused (`ProfileNotDeclared`) when the Card does not declare `xagent.im.v1`.
     pub async fn push_message(
         &self,
         channel: &ConnectorChannelId,
         push: MessagePush,
     ) -> Result<(), HandleError> {
-        let im = self.0.im.as_ref().ok_or(HandleError::ProfileNotDeclared(PROFILE_IM_V1))?;
+        let im = self.im_state(PROFILE_IM_V1)?;
         im.enqueue(&self.0, channel, OutboundPayload::from(push)).await
+    }
+
+    /// The IM state, when the Card declares `profile`: a `chat.message` on an IM v1 channel (or
+    /// a `message.push` on an IM v2 one) could never be written and would stay pending.
+    fn im_state(&self, profile: &'static str) -> Result<&ImState, HandleError> {
+        let declared = self.0.def.card.supports.profiles.iter().any(|p| p.as_str() == profile);
+        match &self.0.im {
+            Some(im) if declared => Ok(im),
+            _ => Err(HandleError::ProfileNotDeclared(profile)),
+        }
     }
 
     /// Subscribes to the IM outbox's facts (delivered, failed for good, expired, ...), so an
