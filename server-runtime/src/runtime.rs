@@ -32,7 +32,13 @@ pub struct RuntimeConfig {
     pub lease: Duration,
     /// Largest accepted data-plane text frame (default 1 MiB); larger closes with 1009.
     pub max_packet_bytes: usize,
-    /// Outgoing packets buffered per socket before producers wait (default 256).
+    /// Outgoing packets buffered per socket before producers wait (default 256). When a peer
+    /// stops reading, the socket buffers fill, then this queue; from then on every producer
+    /// waits for space: author calls such as [`ConnectorHandle::push_descriptor`] do not
+    /// return, and the connection's reader stops reading the peer as soon as it needs to
+    /// answer. Nothing is dropped and the socket is not closed; all of it resumes when the peer
+    /// reads again (`tests/backpressure.rs`). The IM outbox sends one message at a time for
+    /// all channels, so a stalled socket also holds back outbox delivery to other sockets.
     pub write_queue: usize,
     /// How long a `tool.invoke` result is kept for repeated calls (default 24 hours).
     pub tool_call_window: Duration,
@@ -76,6 +82,13 @@ impl RuntimeConfig {
     #[must_use]
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// Sets how many outgoing packets a socket buffers before producers wait.
+    #[must_use]
+    pub fn with_write_queue(mut self, packets: usize) -> Self {
+        self.write_queue = packets;
         self
     }
 
