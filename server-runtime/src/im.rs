@@ -148,10 +148,10 @@ impl ImState {
         let routed = shared.state().routes.contains_key(channel);
         {
             let mut inner = self.inner();
-            inner
-                .outbox
-                .enqueue(channel, payload, shared.now())
-                .map_err(|e| HandleError::Outbox(e.to_string()))?;
+            inner.outbox.enqueue(channel, payload, shared.now()).map_err(|e| match e.code() {
+                ErrorCode::CapacityExceeded => HandleError::Outbox(e.to_string()),
+                code => HandleError::Rejected { code, message: e.to_string() },
+            })?;
             if !routed {
                 inner
                     .outbox

@@ -131,9 +131,18 @@ pub enum HandleError {
     /// Storage failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
-    /// The IM outbox refused the message.
+    /// The IM outbox is full for the channel (`capacity_exceeded`): retry later.
     #[error("the outbox refused the message: {0}")]
     Outbox(String),
+    /// The IM outbox refused the message itself: it breaks a Profile rule (`invalid_packet`)
+    /// or reuses a pending `message_id` with other content (`message_conflict`).
+    #[error("the outbox refused the message: {message}")]
+    Rejected {
+        /// The stable code.
+        code: ErrorCode,
+        /// What is wrong (no message content).
+        message: String,
+    },
     /// The Transfer Plane refused the file.
     #[error("the file store refused the file: {0}")]
     File(String),
@@ -148,6 +157,7 @@ impl HandleError {
             Self::ProfileNotDeclared(_) => ErrorCode::UnsupportedPacket,
             Self::Storage(_) | Self::File(_) => ErrorCode::InternalError,
             Self::Outbox(_) => ErrorCode::CapacityExceeded,
+            Self::Rejected { code, .. } => code.clone(),
         }
     }
 }

@@ -256,3 +256,22 @@ async fn files_up_and_down_through_the_transfer_plane() {
     let _ = payload_json(&msg);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn rule_outbox_refuses_a_pending_message_id_reused_with_other_content() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    let handle = h.server.handle();
+    inject_message(&handle, &channel, "in_c", "first text").await.unwrap();
+    c.wait_for("chat.message").await;
+    // The same content again is an idempotent re-enqueue, other content is a conflict.
+    let conflict = inject_message(&handle, &channel, "in_c", "other text").await;
+    match conflict {
+        Err(error @ xagent_server_runtime::HandleError::Rejected { .. }) => {
+            assert_eq!(error.code(), ErrorCode::MessageConflict, "{error}")
+        }
+        other => panic!("expected a message_conflict, got {other:?}"),
+    }
+    assert_eq!(handle.pending_messages(&channel).len(), 1);
+    h.stop().await;
+}

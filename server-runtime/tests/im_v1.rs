@@ -105,7 +105,13 @@ async fn rule_im_v1_message_push_reaches_xagent_valid_and_the_write_is_the_deliv
     let mut broken = push("lm_3", "x");
     broken.profile = Some(PROFILE_IM_V2.into());
     let refused = handle.push_message(&channel, broken).await;
-    assert!(matches!(refused, Err(HandleError::Outbox(_))), "{refused:?}");
+    match refused {
+        Err(error @ HandleError::Rejected { .. }) => {
+            assert_eq!(error.code(), ErrorCode::InvalidPacket, "{error}")
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert!(handle.pending_messages(&channel).is_empty());
     h.stop().await;
 }
 
