@@ -243,7 +243,13 @@ async fn relay(
     let handle = web.handle()?;
     if let Err(error) = handle.send_message(&channel, message).await {
         tracing::info!(%error, room = room_id, "the runtime did not take a visitor message");
-        let reason = format!("not sent: {error}");
+        let reason = match error.code() {
+            xagent_protocol_types::ErrorCode::ConnectionNotAuthenticated
+            | xagent_protocol_types::ErrorCode::ConnectionNotFound => {
+                "the agent is not connected to this room right now; send it again later".to_owned()
+            }
+            _ => format!("not sent: {error}"),
+        };
         if let Some((_, updated)) =
             web.app.store.set_status(&entry.message_id, EntryStatus::Rejected, Some(&reason))?
         {

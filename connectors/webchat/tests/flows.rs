@@ -467,3 +467,33 @@ async fn tools_send_once_per_call_and_refuse_unknown_files() {
     plane.close().await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_logout_the_room_has_no_agent_and_sends_are_refused() {
+    let dir = temp_dir("logout");
+    let server = start(&dir, None).await;
+    let (plane, _events) = connect(&server).await;
+    let channel = open_room(&plane, "Lobby", "code-1234").await;
+    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    plane
+        .request(Some(&channel), xagent_protocol_types::AuthLogout::default())
+        .await
+        .expect("logout");
+    let response = visitor
+        .http
+        .post(server.url("/chat/api/rooms/lobby/messages"))
+        .bearer_auth(&visitor.token)
+        .json(&json!({"text": "anyone?", "client_id": "l1"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 409);
+    let body: Value = response.json().await.expect("body");
+    assert_eq!(body["error"]["code"], "connection_not_authenticated");
+    let snapshot = visitor.snapshot().await;
+    assert_eq!(snapshot["agent_online"], false);
+    // The room and its access code outlive the channel: a new channel can bind it again.
+    open_room(&plane, "Lobby", "code-1234").await;
+    plane.close().await;
+    server.stop().await;
+}
