@@ -114,3 +114,25 @@ async fn rule_lease_expiry_signs_out_every_channel_and_stops_a_shared_consumer_o
     );
     h.stop().await;
 }
+
+#[tokio::test]
+async fn rule_channel_close_only_removes_the_route_and_keeps_the_binding() {
+    let h = support::start_default().await;
+    let handle = h.server.handle();
+    let mut c = h.client().await;
+    c.hello(None).await;
+    let (channel, _) = c.open_channel(None).await;
+    c.sign_in(&channel, "tok").await;
+    assert!(handle.is_routed(&channel));
+    let close = c.request(xagent_protocol_types::ChannelClose::default(), Some(&channel));
+    let closed = c.call(close).await;
+    assert_eq!(payload_json(&closed)["status"], "ok");
+    assert!(!handle.is_routed(&channel));
+    assert!(handle.binding(&channel).is_some(), "channel.close is not a sign-out");
+    assert!(h.echo.log().signed_out.is_empty());
+    assert_eq!(h.echo.log().poller_stops, 0);
+    let (reopened, ack) = c.open_channel(Some(&channel)).await;
+    assert_eq!(reopened, channel);
+    assert_eq!(payload_json(&ack)["connection_descriptor"]["connection"]["status"], "connected");
+    h.stop().await;
+}

@@ -275,3 +275,35 @@ async fn rule_outbox_refuses_a_pending_message_id_reused_with_other_content() {
     assert_eq!(handle.pending_messages(&channel).len(), 1);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn rule_outbox_redelivers_only_unfinished_messages_when_a_channel_reopens() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    let handle = h.server.handle();
+    inject_message(&handle, &channel, "in_done", "acknowledged").await.unwrap();
+    let (done, _) = c.wait_for("chat.message").await;
+    let ack = Packet::with_payload(c.id("pkt"), ChatMessageAck::accepted("in_done"))
+        .channel(channel.clone())
+        .reply_to(done.packet_id.clone());
+    c.send(&ack).await;
+    inject_message(&handle, &channel, "in_open", "never acknowledged").await.unwrap();
+    let (first, _) = c.wait_for("chat.message").await;
+    assert_eq!(first.payload::<ChatMessage>().unwrap().message_id.as_str(), "in_open");
+
+    let close = c.request(xagent_protocol_types::ChannelClose::default(), Some(&channel));
+    c.call(close).await;
+    assert!(!handle.is_routed(&channel));
+    let (reopened, _) = c.open_channel(Some(&channel)).await;
+    assert_eq!(reopened, channel);
+    let (again, _) = c.wait_for("chat.message").await;
+    let body: &ChatMessage = again.payload().unwrap();
+    assert_eq!(body.message_id.as_str(), "in_open", "only the unfinished message comes again");
+    assert_ne!(again.packet_id, first.packet_id);
+    // Nothing else follows: the completed message is history.
+    let ping = c.request(xagent_protocol_types::Ping::default(), None);
+    c.send(&ping).await;
+    let next = c.next_packet().await;
+    assert_eq!(next.type_str(), "pong", "completed history was resent: {next:?}");
+    h.stop().await;
+}
