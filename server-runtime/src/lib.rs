@@ -38,9 +38,15 @@
 //!   `invalid_packet` (the connection stays open for another hello).
 //! - `channel.open` with an unknown channel id (or one owned by an expired instance) gets a new
 //!   channel. `channel.close` only removes the route; bindings stay.
+//! - `Connector::builder(..).build()` runs the protocol's Card validator on the generated
+//!   Card; every `error` violation refuses the definition (`DefinitionError::CardViolations`),
+//!   warnings are logged. A Connector never serves a Card that breaks a hard rule.
 //! - Auth sessions live in memory (an interrupted sign-in is started again); bindings, channel
 //!   status and Tool overrides are persisted. A form flow's required fields are checked before
 //!   the author's code runs (`invalid_arguments`); an unknown `flow_id` is `invalid_packet`.
+//!   Pending sign-in attempts are canceled through the author's `cancel` on `auth.cancel`,
+//!   `auth.logout`, lease expiry and after the session time-to-live (30 min); an unbound
+//!   channel with no attempt left returns to `created`.
 //! - Tools are callable only on a signed-in channel whose status is `connected` or `degraded`
 //!   and whose Descriptor lists the Tool `available`. Tool results are kept 24 hours for
 //!   repeated calls (SPEC-NOTES idempotency); a repeat while the first call runs waits for it.
@@ -48,7 +54,11 @@
 //!   task every 30 s and by tests directly with a `ManualClock`.
 //! - `chat.message`s from xAgent are delivered to the target one at a time per connection.
 //! - IM v1 `message.push` goes through the same outbox; its successful socket write is the
-//!   delivery boundary (v1 has no business ack).
+//!   delivery boundary (v1 has no business ack). The handle refuses a `chat.message` when the
+//!   Card does not declare IM v2, and a `message.push` when it does not declare IM v1.
+//! - Backpressure: each socket has a bounded write queue ([`RuntimeConfig::write_queue`]).
+//!   When the peer stops reading, producers wait (author calls, replies; the reader stops
+//!   reading the peer); nothing is dropped and the socket stays open.
 //! - The Transfer Plane is enabled under `<state dir>/files` when a state directory is used;
 //!   the URL signing secret is generated once and kept in the storage, and redelivered
 //!   messages get freshly signed `download_url`s.

@@ -433,9 +433,15 @@ impl Shared {
                 .filter(|(_, s)| now >= s.created_at.saturating_add(ttl))
                 .map(|(id, _)| id.clone())
                 .collect();
-            ids.into_iter()
+            let stale: Vec<(AuthSessionId, AuthSession)> = ids
+                .into_iter()
                 .filter_map(|id| state.auth_sessions.remove(&id).map(|s| (id, s)))
-                .collect()
+                .collect();
+            // A channel whose only sign-in attempt timed out is no longer authenticating.
+            for (_, session) in &stale {
+                crate::session::revert_authenticating(&mut state, &session.channel);
+            }
+            stale
         };
         for (auth_session_id, session) in stale {
             if !session.status.is_final() {

@@ -778,6 +778,29 @@ impl Conn {
                 return self.reply_error(packet, WireError::new(error.code, error.message)).await;
             }
         }
+        // Sign-in attempts still pending on the channel end with it: the author cancels them.
+        let pending: Vec<(AuthSessionId, AuthSession)> = {
+            let mut state = self.shared.state();
+            let ids: Vec<AuthSessionId> = state
+                .auth_sessions
+                .iter()
+                .filter(|(_, s)| s.channel == record.id)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| state.auth_sessions.remove(&id).map(|s| (id, s)))
+                .filter(|(_, s)| !s.status.is_final())
+                .collect()
+        };
+        for (auth_session_id, session) in pending {
+            let ctx = AuthContext {
+                channel: record.id.clone(),
+                flow_id: session.flow_id,
+                auth_session_id,
+                handle: self.shared.handle(),
+            };
+            self.shared.def.auth.cancel(ctx).await;
+        }
         let updated = {
             let mut state = self.shared.state();
             let stops = state.consumers.release_channel(&record.id);
@@ -960,7 +983,11 @@ impl Conn {
     }
 }
 
-fn revert_authenticating(state: &mut crate::runtime::State, channel: &ConnectorChannelId) {
+/// Puts an unbound channel back to `created` when no sign-in attempt is pending on it any more.
+pub(crate) fn revert_authenticating(
+    state: &mut crate::runtime::State,
+    channel: &ConnectorChannelId,
+) {
     let pending_left =
         state.auth_sessions.values().any(|s| &s.channel == channel && !s.status.is_final());
     if let Some(record) = state.channels.get_mut(channel)

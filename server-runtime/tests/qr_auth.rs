@@ -240,3 +240,47 @@ async fn rule_lease_expiry_cancels_open_auth_sessions() {
     assert_eq!(*phone.canceled.lock().unwrap(), vec![session]);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn rule_auth_logout_cancels_a_pending_sign_in_attempt() {
+    let phone = Phone::default();
+    let h = support::serve_custom(qr_connector(&phone), RuntimeConfig::default(), None).await;
+    let mut c = h.client().await;
+    c.hello(None).await;
+    let (channel, _) = c.open_channel(None).await;
+    let start = c.request(AuthStart::new(QR_FLOW), Some(&channel));
+    let session =
+        payload_json(&c.call(start).await)["auth_session_id"].as_str().unwrap().to_owned();
+    let logout = c.request(xagent_protocol_types::AuthLogout::default(), Some(&channel));
+    let out = payload_json(&c.call(logout).await);
+    assert_eq!(out["status"], "ok");
+    assert_eq!(*phone.canceled.lock().unwrap(), vec![session.clone()], "the provider cancels it");
+    assert_eq!(status_of(&h, &channel), "created");
+    let after = poll_raw(&mut c, &channel, &session).await;
+    assert!(has_error(&after, &ErrorCode::AuthSessionNotFound));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn rule_an_auth_session_past_its_ttl_is_canceled_and_the_channel_is_created_again() {
+    let phone = Phone::default();
+    let h = support::serve_custom(qr_connector(&phone), RuntimeConfig::default(), None).await;
+    let mut c = h.client().await;
+    c.hello(None).await;
+    let (channel, _) = c.open_channel(None).await;
+    let start = c.request(AuthStart::new(QR_FLOW), Some(&channel));
+    let session =
+        payload_json(&c.call(start).await)["auth_session_id"].as_str().unwrap().to_owned();
+    assert_eq!(status_of(&h, &channel), "authenticating");
+    // Default auth session TTL: 30 minutes.
+    h.clock.advance(30 * 60_000 - 1);
+    h.server.tick().await;
+    assert!(phone.canceled.lock().unwrap().is_empty());
+    h.clock.advance(1);
+    h.server.tick().await;
+    assert_eq!(*phone.canceled.lock().unwrap(), vec![session.clone()]);
+    assert_eq!(status_of(&h, &channel), "created", "no sign-in is pending any more");
+    let after = poll_raw(&mut c, &channel, &session).await;
+    assert!(has_error(&after, &ErrorCode::AuthSessionNotFound));
+    h.stop().await;
+}
