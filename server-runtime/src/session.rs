@@ -891,6 +891,10 @@ impl Conn {
             Replay(ToolOutcome),
             Conflict,
         }
+        let window =
+            u64::try_from(self.shared.config.tool_call_window.as_millis()).unwrap_or(u64::MAX);
+        let now = self.shared.now();
+        let within_window = |completed_at: u64| now.saturating_sub(completed_at) <= window;
         let plan = {
             let mut inflight = self
                 .shared
@@ -901,6 +905,12 @@ impl Conn {
                 Some((fp, rx)) if fp == &fingerprint => Plan::Wait(rx.clone()),
                 Some(_) => Plan::Conflict,
                 None => match self.shared.storage.load_tool_call(&channel, &key) {
+                    // Past the window the key is forgotten, even before maintenance prunes it.
+                    Ok(Some(stored)) if !within_window(stored.completed_at) => {
+                        let (tx, rx) = watch::channel(None);
+                        inflight.insert(map_key.clone(), (fingerprint.clone(), rx));
+                        Plan::Run(tx)
+                    }
                     Ok(Some(stored)) if stored.fingerprint == fingerprint => {
                         Plan::Replay(match stored.error {
                             Some((code, message)) => Err((ErrorCode::parse(&code), message)),

@@ -162,3 +162,73 @@ async fn rule_a_panicking_tool_handler_is_an_internal_error_ack_and_the_connecti
     assert_eq!(c.call(ping).await.type_str(), "pong");
     h.stop().await;
 }
+
+#[tokio::test]
+async fn rule_tool_idempotency_without_a_tool_call_id_the_key_is_the_request_id() {
+    let gate = support::Gate::new();
+    gate.open(10);
+    let h = support::serve_custom(
+        support::gated_connector(&gate).build().unwrap(),
+        RuntimeConfig::default(),
+        None,
+    )
+    .await;
+    let mut c = h.client().await;
+    c.hello(None).await;
+    let (channel, _) = c.open_channel(None).await;
+    c.sign_in(&channel, "tok").await;
+    let by_request = |packet_id: &str, text: &str| {
+        Packet::with_payload(packet_id, ToolInvoke::new("slow_work", args(&channel, text)))
+            .request_id("req_fixed")
+            .channel(channel.clone())
+    };
+    let first = c.call(by_request("pkt_a", "hello")).await;
+    assert_eq!(payload_json(&first)["result"]["run"], 1);
+    // A retransmission (new packet id, same request id and arguments) is answered again.
+    let again = c.call(by_request("pkt_b", "hello")).await;
+    assert_eq!(payload_json(&again)["result"], payload_json(&first)["result"]);
+    assert_eq!(gate.runs(), 1);
+    let conflict = c.call(by_request("pkt_c", "different")).await;
+    assert!(has_error(&conflict, &ErrorCode::IdempotencyConflict), "{conflict:?}");
+    // Another request id is another call.
+    let other = c.request(ToolInvoke::new("slow_work", args(&channel, "hello")), Some(&channel));
+    assert_eq!(payload_json(&c.call(other).await)["result"]["run"], 2);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn rule_tool_idempotency_window_is_24_hours_on_the_injected_clock() {
+    const DAY: u64 = 24 * 3_600_000;
+    let gate = support::Gate::new();
+    gate.open(10);
+    let h = support::serve_custom(
+        support::gated_connector(&gate).build().unwrap(),
+        RuntimeConfig::default(),
+        None,
+    )
+    .await;
+    let mut c = h.client().await;
+    c.hello(None).await;
+    let (channel, _) = c.open_channel(None).await;
+    c.sign_in(&channel, "tok").await;
+    let first = invoke(&mut c, &channel, "call_day", "hello");
+    assert_eq!(payload_json(&c.call(first).await)["result"]["run"], 1);
+
+    // Just inside the window: still the stored result.
+    h.clock.advance(DAY - 1);
+    h.server.tick().await;
+    let inside = invoke(&mut c, &channel, "call_day", "hello");
+    assert_eq!(payload_json(&c.call(inside).await)["result"]["run"], 1);
+    assert_eq!(gate.runs(), 1);
+
+    // Past the window the key is forgotten, even before maintenance pruned it: the same key
+    // runs again (and is then stored).
+    h.clock.advance(2);
+    let outside = invoke(&mut c, &channel, "call_day", "other arguments are fine now");
+    assert_eq!(payload_json(&c.call(outside).await)["result"]["run"], 2);
+    assert_eq!(gate.runs(), 2);
+    h.server.tick().await;
+    let repeat = invoke(&mut c, &channel, "call_day", "other arguments are fine now");
+    assert_eq!(payload_json(&c.call(repeat).await)["result"]["run"], 2, "the new result is kept");
+    h.stop().await;
+}
