@@ -7,6 +7,10 @@
 //! - `codegen-check [--only ts|py]`: generate TypeScript and Python types from `schemas/` and
 //!   round-trip every wire fixture through them (see [`codegen`]; needs `npm ci --prefix codegen`
 //!   and `pip install -r codegen/requirements.txt`).
+//! - `bench-ws`, `bench-decode`, `bench-durable`, `bench-scale` `[--quick] [--json]`: whole-system
+//!   benchmarks, each against the machine's own limit in the same run (see `BENCHMARKS.md`).
+//! - `chaos [--quick]`: kill -9 and malformed-input harness on loopback (see `RELIABILITY.md`).
+//! - `fuzz --seconds N [--target T]`: runs every cargo-fuzz target in `fuzz/` for N seconds.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -14,9 +18,16 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+mod bench_decode;
+mod bench_durable;
+mod bench_scale;
+mod bench_support;
+mod bench_ws;
+mod chaos;
 mod codegen;
+mod fuzz;
 
-const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py]";
+const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale [--quick] [--json] | chaos [--quick] | fuzz --seconds N [--target T]";
 
 fn main() -> ExitCode {
     match run() {
@@ -42,6 +53,12 @@ fn run() -> Result<ExitCode> {
             gen_schemas(&workspace_root(), check)
         }
         Some("codegen-check") => codegen::run(&workspace_root(), &args[1..]),
+        Some("bench-ws") => bench_ws::run(&args[1..]),
+        Some("bench-decode") => bench_decode::run(&workspace_root(), &args[1..]),
+        Some("bench-durable") => bench_durable::run(&args[1..]),
+        Some("bench-scale") => bench_scale::run(&workspace_root(), &args[1..]),
+        Some("chaos") => chaos::run(&workspace_root(), &args[1..]),
+        Some("fuzz") => fuzz::run(&workspace_root(), &args[1..]),
         _ => {
             eprintln!("{USAGE}");
             Ok(ExitCode::from(2))

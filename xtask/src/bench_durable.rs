@@ -1,0 +1,251 @@
+//! `cargo xtask bench-durable`: IM v2 delivery Connector -> xAgent through the SQLite-backed
+//! outbox, acked by `client-runtime`, in messages per second, against raw SQLite transactions
+//! with the same durability settings (WAL, `synchronous=NORMAL`, the outbox's row shape) in
+//! the same run.
+//!
+//! - `raw_txn`: per message one INSERT transaction and one DELETE transaction (the minimum a
+//!   durable outbox needs: take responsibility, then forget after the ack);
+//! - `raw_three`: INSERT, UPDATE, DELETE transactions per message: the writes the outbox
+//!   actually makes (take responsibility, count the attempt when sending, forget after the ack);
+//! - `raw_batched`: the same rows, 64 per transaction (what batching would buy);
+//! - `outbox`: the echo Connector's `send_message` for every message, spread over `--channels`
+//!   signed-in channels (the outbox keeps one message in flight per channel to keep order), a
+//!   `client-runtime` data plane accepting each one; timed until every message is acked and
+//!   deleted on the Connector side.
+//!
+//! `--quick` sends 2,000 messages over 16 channels; the full run 10,000 over 64.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use rusqlite::{Connection, params};
+use serde_json::json;
+use xagent_client_runtime::{BaseUrl, ClientConfig, ClientEvent, DataPlane};
+use xagent_protocol_types::{
+    AuthInput, AuthStart, AuthStartAck, ChatMessage, ConnectorChannelId, MessageId, Secret,
+};
+use xagent_server_runtime::testing::ECHO_FLOW;
+
+use crate::bench_support::{
+    API_KEY, EchoConnector, Flags, machine, print_table, temp_dir, warn_if_debug,
+};
+
+/// Runs the benchmark with the given flags.
+pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
+    let flags = Flags::parse(args);
+    flags.only(&["--messages", "--channels"])?;
+    warn_if_debug();
+    let messages: u64 =
+        flags.value("--messages")?.unwrap_or(if flags.quick { 2_000 } else { 10_000 });
+    let channels: usize = flags.value("--channels")?.unwrap_or(if flags.quick { 16 } else { 64 });
+    let dir = temp_dir("bench-durable")?;
+
+    let raw = raw_sqlite(&dir.join("raw.sqlite3"), messages, 1, false)?;
+    let batched = raw_sqlite(&dir.join("batched.sqlite3"), messages, 64, false)?;
+    let three = raw_sqlite(&dir.join("three.sqlite3"), messages, 1, true)?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let outbox = runtime.block_on(outbox_delivery(&dir.join("connector"), messages, channels))?;
+    // Raw again after the system run, so drift on a shared machine shows.
+    let raw_after = raw_sqlite(&dir.join("raw2.sqlite3"), messages, 1, false)?;
+    drop(runtime);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let raw_mean = (raw + raw_after) / 2.0;
+    let ratio = |a: f64, b: f64| if b > 0.0 { (a / b * 1000.0).round() / 1000.0 } else { 0.0 };
+    let result = json!({
+        "bench": "durable",
+        "quick": flags.quick,
+        "messages": messages,
+        "channels": channels,
+        "durability": "WAL, synchronous=NORMAL (survives a killed process; an OS crash may lose the last commits)",
+        "raw_txn_per_s": raw_mean.round(),
+        "raw_txn_before_per_s": raw.round(),
+        "raw_txn_after_per_s": raw_after.round(),
+        "raw_batched_64_per_s": batched.round(),
+        "raw_three_txn_per_s": three.round(),
+        "outbox_per_s": outbox.round(),
+        "ratio_vs_raw": ratio(outbox, raw_mean),
+        "batching_gain": ratio(batched, raw_mean),
+        "target_ratio": 0.5,
+        "machine": machine(),
+    });
+    if flags.json {
+        println!("{result}");
+    } else {
+        print_table(
+            &["path", "messages/s"],
+            &[
+                vec![
+                    "raw SQLite: INSERT txn + DELETE txn per message".into(),
+                    format!("{}", result["raw_txn_per_s"]),
+                ],
+                vec![
+                    "raw SQLite: INSERT + UPDATE + DELETE txns (the outbox's writes)".into(),
+                    format!("{}", result["raw_three_txn_per_s"]),
+                ],
+                vec![
+                    "raw SQLite: 64 rows per txn".into(),
+                    format!("{}", result["raw_batched_64_per_s"]),
+                ],
+                vec![
+                    format!("outbox -> xAgent ack ({channels} channels)"),
+                    format!("{}", result["outbox_per_s"]),
+                ],
+            ],
+        );
+        println!(
+            "\nratio outbox / raw txn: {} (target >= 0.5); batching 64 per txn buys x{}",
+            result["ratio_vs_raw"], result["batching_gain"]
+        );
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Rows like the outbox's `im_pending`, inserted then deleted, `batch` rows per transaction.
+pub fn raw_sqlite(path: &std::path::Path, messages: u64, batch: u64, update: bool) -> Result<f64> {
+    let conn = Connection::open(path).with_context(|| format!("opening {}", path.display()))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.execute_batch(
+        "CREATE TABLE im_pending (
+          channel TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
+          attempts INTEGER NOT NULL, first_responsibility_at INTEGER NOT NULL,
+          expires_at INTEGER NOT NULL, next_attempt_at INTEGER NOT NULL, last_error TEXT,
+          PRIMARY KEY (channel, message_id));",
+    )?;
+    let payload = r#"{"message_id":"msg_000000","text":"hello from the benchmark","created_at":1790000000000}"#;
+    let started = Instant::now();
+    let mut n = 0u64;
+    while n < messages {
+        let end = (n + batch).min(messages);
+        conn.execute_batch("BEGIN")?;
+        for i in n..end {
+            conn.execute(
+                "INSERT INTO im_pending (channel, message_id, seq, payload, attempts,
+                   first_responsibility_at, expires_at, next_attempt_at, last_error)
+                 VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?5, NULL)",
+                params![
+                    "cch_bench",
+                    format!("msg_{i}"),
+                    i as i64,
+                    payload,
+                    1_790_000_000_000i64,
+                    1_790_000_600_000i64
+                ],
+            )?;
+        }
+        conn.execute_batch("COMMIT")?;
+        if update {
+            conn.execute_batch("BEGIN")?;
+            for i in n..end {
+                conn.execute(
+                    "UPDATE im_pending SET attempts = attempts + 1 WHERE channel = ?1 AND message_id = ?2",
+                    params!["cch_bench", format!("msg_{i}")],
+                )?;
+            }
+            conn.execute_batch("COMMIT")?;
+        }
+        conn.execute_batch("BEGIN")?;
+        for i in n..end {
+            conn.execute(
+                "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
+                params!["cch_bench", format!("msg_{i}")],
+            )?;
+        }
+        conn.execute_batch("COMMIT")?;
+        n = end;
+    }
+    Ok(messages as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Opens and signs in `count` channels through a client-runtime data plane.
+pub async fn signed_in_channels(
+    plane: &DataPlane,
+    count: usize,
+) -> Result<Vec<ConnectorChannelId>> {
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let opened = plane.open_channel(None).await.context("channel.open")?;
+        let channel = opened.connector_channel_id.clone();
+        let _: AuthStartAck = plane
+            .request(
+                Some(&channel),
+                AuthStart::new(ECHO_FLOW)
+                    .with_input(AuthInput::default().with("token", "bench-token")),
+            )
+            .await
+            .context("auth.start")?;
+        plane.remember_channel(channel.clone()).await;
+        out.push(channel);
+    }
+    Ok(out)
+}
+
+/// The client configuration for the echo Connector at `addr`.
+pub fn client_config(addr: std::net::SocketAddr) -> Result<ClientConfig> {
+    let base = BaseUrl::parse(&format!("http://{addr}"))?;
+    Ok(ClientConfig::new(base, "im.echo", vec!["xagent.im.v2".into()])
+        .with_api_key(Secret::new(API_KEY)))
+}
+
+async fn outbox_delivery(dir: &std::path::Path, messages: u64, channels: usize) -> Result<f64> {
+    let connector = EchoConnector::start(dir).await?;
+    let (plane, mut events) = DataPlane::start(client_config(connector.addr)?);
+    plane.connected().await?;
+    let ids = signed_in_channels(&plane, channels).await?;
+    let accepted = Arc::new(AtomicU64::new(0));
+    let counter = accepted.clone();
+    let acceptor = tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            if let ClientEvent::ChatMessage(inbound) = event {
+                inbound.accept();
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    let handle = connector.server.handle();
+    let started = Instant::now();
+    let mut senders = Vec::new();
+    for (c, channel) in ids.iter().enumerate() {
+        let handle = handle.clone();
+        let channel = channel.clone();
+        let share = messages / channels as u64 + u64::from((c as u64) < messages % channels as u64);
+        senders.push(tokio::spawn(async move {
+            for i in 0..share {
+                let message = ChatMessage::text(
+                    MessageId::new(format!("msg_{c}_{i}")),
+                    "hello from the benchmark",
+                )
+                .created_at(handle.now_millis());
+                handle.send_message(&channel, message).await?;
+            }
+            Ok::<_, xagent_server_runtime::HandleError>(())
+        }));
+    }
+    for sender in senders {
+        sender.await??;
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let pending: usize = ids.iter().map(|c| handle.pending_messages(c).len()).sum();
+        if pending == 0 && accepted.load(Ordering::Relaxed) >= messages {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{pending} messages still pending after 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let rate = messages as f64 / started.elapsed().as_secs_f64();
+    let got = accepted.load(Ordering::Relaxed);
+    if got != messages {
+        bail!("xAgent accepted {got} messages, expected {messages}");
+    }
+    plane.close().await;
+    acceptor.abort();
+    connector.stop().await;
+    Ok(rate)
+}

@@ -1,0 +1,306 @@
+//! Shared pieces of the whole-system benchmarks and the chaos harness: flags, machine facts,
+//! resident memory, tables, percentiles, the echo Connector on loopback, and a bare packet
+//! client over tokio-tungstenite.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use xagent_protocol_types::{Packet, Secret};
+use xagent_server_runtime::testing::{EchoState, echo_connector};
+use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
+
+/// The system API key every harness Connector runs with (loopback only, never a real secret).
+pub const API_KEY: &str = "sk-bench-loopback-7d2f91c4";
+
+/// Flags common to the `bench-*` tasks.
+#[derive(Clone, Debug, Default)]
+pub struct Flags {
+    /// Short run for CI smoke tests.
+    pub quick: bool,
+    /// Print one JSON object instead of the table.
+    pub json: bool,
+    /// Remaining flags, for the task to read.
+    pub rest: Vec<String>,
+}
+
+impl Flags {
+    /// Splits `--quick` and `--json` from the other flags.
+    pub fn parse(args: &[String]) -> Self {
+        let mut flags = Flags::default();
+        for arg in args {
+            match arg.as_str() {
+                "--quick" => flags.quick = true,
+                "--json" => flags.json = true,
+                _ => flags.rest.push(arg.clone()),
+            }
+        }
+        flags
+    }
+
+    /// The value after `--name`, parsed.
+    pub fn value<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>> {
+        let Some(at) = self.rest.iter().position(|a| a == name) else { return Ok(None) };
+        let Some(text) = self.rest.get(at + 1) else { bail!("{name} needs a value") };
+        text.parse().map(Some).map_err(|_| anyhow!("{name}: cannot read {text:?}"))
+    }
+
+    /// Fails on flags the task does not know.
+    pub fn only(&self, known_valued: &[&str]) -> Result<()> {
+        let mut skip = false;
+        for arg in &self.rest {
+            if skip {
+                skip = false;
+                continue;
+            }
+            if known_valued.contains(&arg.as_str()) {
+                skip = true;
+                continue;
+            }
+            bail!("unknown flag {arg:?}");
+        }
+        Ok(())
+    }
+}
+
+/// What the run was measured on: CPU, cores, memory, load, kernel, build profile.
+pub fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':'])))
+        .unwrap_or("unknown")
+        .to_string();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    json!({
+        "cpu": cpu,
+        "cores": cores,
+        "memory_mib": mem_kib / 1024,
+        "load_average": load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        "kernel": kernel.trim(),
+        "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
+    })
+}
+
+/// Warns on stderr when measured in a debug build.
+pub fn warn_if_debug() {
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "note: debug build; figures are only meaningful with `cargo xtask --release ...`"
+        );
+    }
+}
+
+/// Resident memory of a process by pid (or "self"), in bytes; 0 when unknown.
+pub fn rss_of(pid: &str) -> u64 {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4096
+}
+
+/// Prints rows under headers, columns padded to their widest cell.
+pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.len());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> =
+            cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        println!("| {} |", padded.join(" | "));
+    };
+    line(headers.iter().map(|h| h.to_string()).collect());
+    println!("|{}|", widths.iter().map(|w| "-".repeat(w + 2)).collect::<Vec<_>>().join("|"));
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+/// The `q`-quantile (0..=1) of sorted values.
+pub fn quantile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let at = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[at.min(sorted.len() - 1)]
+}
+
+/// The median of a few measurements.
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// A fresh directory under the system temp dir.
+pub fn temp_dir(name: &str) -> Result<PathBuf> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("xagent-{name}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// The echo Connector (IM v2, `echo_noop` Tool) served on 127.0.0.1 from `dir`.
+pub struct EchoConnector {
+    /// The server (handle, tick, shutdown).
+    pub server: ConnectorServer,
+    /// The echo target's log.
+    pub echo: EchoState,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    join: tokio::task::JoinHandle<()>,
+}
+
+impl EchoConnector {
+    /// Builds and serves the echo Connector with its state in `dir`.
+    pub async fn start(dir: &Path) -> Result<Self> {
+        let (connector, echo) = echo_connector();
+        let server = ConnectorServer::builder(connector)
+            .config(RuntimeConfig::default())
+            .state_dir(dir)
+            .context("state dir")?
+            .api_key(Secret::new(API_KEY))
+            .build()
+            .await
+            .context("building the echo connector")?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let running = server.clone();
+        let join = tokio::spawn(async move {
+            if let Err(error) = running.serve(listener, std::future::pending::<()>()).await {
+                eprintln!("echo connector stopped: {error}");
+            }
+        });
+        Ok(Self { server, echo, addr, join })
+    }
+
+    /// The `/ws` URL.
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/ws", self.addr)
+    }
+
+    /// Stops serving and waits for the server to finish.
+    pub async fn stop(self) {
+        self.server.shutdown();
+        self.join.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.server.wait_finished()).await;
+    }
+}
+
+/// A WebSocket carrying packets, with nothing between the caller and tokio-tungstenite.
+pub struct PacketSocket {
+    /// The socket.
+    pub socket: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    next: u64,
+}
+
+impl PacketSocket {
+    /// Connects offering the protocol subprotocol and, if given, the API key.
+    pub async fn connect(url: &str, api_key: Option<&str>) -> Result<Self> {
+        let mut request = url.into_client_request()?;
+        request.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            HeaderValue::from_static(xagent_protocol_types::SUBPROTOCOL),
+        );
+        if let Some(key) = api_key {
+            request
+                .headers_mut()
+                .insert("Authorization", HeaderValue::from_str(&format!("Bearer {key}"))?);
+        }
+        let (socket, _) = tokio_tungstenite::connect_async(request)
+            .await
+            .with_context(|| format!("connecting to {url}"))?;
+        Ok(Self { socket, next: 0 })
+    }
+
+    /// Sends a text frame.
+    pub async fn send_text(&mut self, text: String) -> Result<()> {
+        self.socket.send(Message::Text(text.into())).await.context("sending a frame")
+    }
+
+    /// The next text frame (pings and pongs skipped); `None` when the socket closed.
+    pub async fn recv_text(&mut self, within: Duration) -> Result<Option<String>> {
+        loop {
+            match tokio::time::timeout(within, self.socket.next()).await {
+                Err(_) => bail!("no frame within {within:?}"),
+                Ok(None) | Ok(Some(Err(_))) | Ok(Some(Ok(Message::Close(_)))) => return Ok(None),
+                Ok(Some(Ok(Message::Text(text)))) => return Ok(Some(text.as_str().to_string())),
+                Ok(Some(Ok(_))) => continue,
+            }
+        }
+    }
+
+    /// Sends a request (fresh packet and request ids) and returns the packet answering it.
+    pub async fn call(&mut self, mut value: Value) -> Result<Packet> {
+        self.next += 1;
+        let request_id = format!("req_setup_{}", self.next);
+        value["schema"] = json!("xagent.connector.packet/v1");
+        value["packet_id"] = json!(format!("pkt_setup_{}", self.next));
+        value["request_id"] = json!(request_id);
+        self.send_text(value.to_string()).await?;
+        loop {
+            let Some(text) = self.recv_text(Duration::from_secs(10)).await? else {
+                bail!("socket closed while waiting for {request_id}");
+            };
+            let packet = Packet::decode_str(&text)?;
+            if packet.request_id.as_ref().map(|r| r.as_str()) == Some(request_id.as_str()) {
+                return Ok(packet);
+            }
+        }
+    }
+
+    /// `connector.hello` for the echo card, then `channel.open` and the echo form sign-in;
+    /// returns the signed-in channel id.
+    pub async fn echo_session(&mut self, hello: bool, channel: Option<&str>) -> Result<String> {
+        if hello {
+            let ack = self
+                .call(json!({"type": "connector.hello", "payload": {
+                    "connector_card_id": "im.echo", "protocol_version": "3.0",
+                    "supported_profiles": ["xagent.im.v2"]}}))
+                .await?;
+            if ack.error.is_some() {
+                bail!("hello refused: {:?}", ack.error);
+            }
+        }
+        let mut open = json!({"type": "channel.open"});
+        if let Some(channel) = channel {
+            open["connector_channel_id"] = json!(channel);
+        }
+        let ack = self.call(open).await?;
+        let channel = ack
+            .connector_channel_id
+            .as_ref()
+            .map(|c| c.as_str().to_string())
+            .ok_or_else(|| anyhow!("channel.open.ack without a channel: {:?}", ack.error))?;
+        let signed = self
+            .call(json!({"type": "auth.start", "connector_channel_id": channel, "payload": {
+                "flow_id": "echo_token", "input": {"token": "bench-token"}}}))
+            .await?;
+        if signed.error.is_some() {
+            bail!("sign-in refused: {:?}", signed.error);
+        }
+        Ok(channel)
+    }
+}
