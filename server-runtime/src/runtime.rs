@@ -50,7 +50,9 @@ pub struct RuntimeConfig {
     pub base_path: String,
     /// Versions admitted in `connector.hello` (default `[3.0, 3.0]`, same-major rule).
     pub admission: AdmissionWindow,
-    /// How long in-flight work may take to finish on shutdown (default 10 s).
+    /// How long in-flight work may take to finish on shutdown (default 10 s). A connection
+    /// whose peer stopped reading cannot write its last acks; [`ConnectorServer::serve`]
+    /// returns after this grace period anyway.
     pub shutdown_grace: Duration,
 }
 
