@@ -188,22 +188,65 @@ impl ImState {
                 let packet = shared
                     .packet(Packet::new(packet_id.clone(), body))
                     .channel(delivery.channel.clone());
-                let written = shared.send_tracked(&delivery.channel, packet).await;
+                // Never wait on a socket here: the pump serves every channel.
                 let now = shared.now();
-                let mut inner = self.inner();
-                let result = if written {
-                    inner
-                        .outbox
-                        .on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
-                        .map(|_| ())
-                } else {
-                    // Not routed (or the route closed meanwhile): pause until channel.open.
-                    inner.outbox.on_channel_closed(&delivery.channel, now)
-                };
-                if let Err(error) = result {
-                    tracing::warn!(%error, "outbox bookkeeping failed");
+                match shared.try_queue_tracked(&delivery.channel, packet) {
+                    crate::runtime::TryQueue::Queued(written) => {
+                        let shared = shared.clone();
+                        tokio::spawn(async move {
+                            let written = written.await.unwrap_or(false);
+                            let Some(im) = shared.im.as_ref() else { return };
+                            im.record_write(&shared, &delivery, packet_id, written);
+                        });
+                    }
+                    crate::runtime::TryQueue::Full => {
+                        let result = self.inner().outbox.on_send_failed(
+                            &delivery.channel,
+                            &delivery.message_id,
+                            "the peer is not reading (write queue full)",
+                            now,
+                        );
+                        if let Err(error) = result {
+                            tracing::warn!(%error, "outbox bookkeeping failed");
+                        }
+                    }
+                    crate::runtime::TryQueue::NotRouted => {
+                        // Not routed (or the route closed meanwhile): pause until channel.open.
+                        if let Err(error) =
+                            self.inner().outbox.on_channel_closed(&delivery.channel, now)
+                        {
+                            tracing::warn!(%error, "outbox bookkeeping failed");
+                        }
+                    }
                 }
             }
+        }
+        self.log_events();
+    }
+
+    /// Records the outcome of a queued write: sent (awaiting the ack, or delivered for IM v1,
+    /// whose write is the delivery boundary) or not written (paused until the channel reopens).
+    fn record_write(
+        &self,
+        shared: &Arc<Shared>,
+        delivery: &xagent_profile_im::Delivery,
+        packet_id: xagent_protocol_types::PacketId,
+        written: bool,
+    ) {
+        let now = shared.now();
+        let result = {
+            let mut inner = self.inner();
+            if written {
+                inner
+                    .outbox
+                    .on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
+                    .map(|_| ())
+            } else {
+                inner.outbox.on_channel_closed(&delivery.channel, now)
+            }
+        };
+        if let Err(error) = result {
+            tracing::warn!(%error, "outbox bookkeeping failed");
         }
         self.log_events();
     }

@@ -37,8 +37,9 @@ pub struct RuntimeConfig {
     /// waits for space: author calls such as [`ConnectorHandle::push_descriptor`] do not
     /// return, and the connection's reader stops reading the peer as soon as it needs to
     /// answer. Nothing is dropped and the socket is not closed; all of it resumes when the peer
-    /// reads again (`tests/backpressure.rs`). The IM outbox sends one message at a time for
-    /// all channels, so a stalled socket also holds back outbox delivery to other sockets.
+    /// reads again (`tests/backpressure.rs`). The IM outbox never waits on a socket: a
+    /// message for a peer whose queue is full stays pending and is retried after backoff, while
+    /// other sockets' channels keep flowing.
     pub write_queue: usize,
     /// How long a `tool.invoke` result is kept for repeated calls (default 24 hours).
     pub tool_call_window: Duration,
@@ -173,6 +174,16 @@ pub(crate) enum Outgoing {
     Tracked(Packet, tokio::sync::oneshot::Sender<bool>),
     /// Close the socket with a code and reason.
     Close(u16, String),
+}
+
+/// The outcome of [`Shared::try_queue_tracked`].
+pub(crate) enum TryQueue {
+    /// Queued; the receiver says whether the write succeeded.
+    Queued(tokio::sync::oneshot::Receiver<bool>),
+    /// The route's write queue is full.
+    Full,
+    /// The channel has no route.
+    NotRouted,
 }
 
 /// Where a channel's packets go right now.
@@ -314,14 +325,22 @@ impl Shared {
     }
 
     /// Sends a packet on the route and waits until it was written (or refused).
-    pub(crate) async fn send_tracked(&self, channel: &ConnectorChannelId, packet: Packet) -> bool {
+    /// Queues a packet on a channel's route without waiting: a full write queue (a peer that
+    /// stopped reading) is reported instead of waited on, so one stalled socket cannot hold up
+    /// delivery to the others. The receiver reports whether the write succeeded.
+    pub(crate) fn try_queue_tracked(
+        &self,
+        channel: &ConnectorChannelId,
+        packet: Packet,
+    ) -> TryQueue {
         let tx = self.state().routes.get(channel).map(|r| r.tx.clone());
-        let Some(tx) = tx else { return false };
+        let Some(tx) = tx else { return TryQueue::NotRouted };
         let (done, written) = tokio::sync::oneshot::channel();
-        if tx.send(Outgoing::Tracked(packet, done)).await.is_err() {
-            return false;
+        match tx.try_send(Outgoing::Tracked(packet, done)) {
+            Ok(()) => TryQueue::Queued(written),
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => TryQueue::Full,
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => TryQueue::NotRouted,
         }
-        written.await.unwrap_or(false)
     }
 
     pub(crate) fn packet(&self, packet: Packet) -> Packet {

@@ -159,3 +159,87 @@ async fn rule_write_queue_backpressure_a_slow_reader_makes_producers_wait_withou
     assert_eq!(call(&mut ws, ping).await.type_str(), "pong");
     h.stop().await;
 }
+
+async fn stalled_peer_setup(
+    h: &support::Custom,
+    small: bool,
+    id: &str,
+) -> (Ws, ConnectorChannelId) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    if small {
+        socket.set_recv_buffer_size(SOCKET_BUFFER).unwrap();
+    }
+    let stream = socket.connect(h.addr).await.unwrap();
+    let mut request = h.ws_url().into_client_request().unwrap();
+    request.headers_mut().insert("Sec-WebSocket-Protocol", HeaderValue::from_static(SUBPROTOCOL));
+    let (mut ws, _) = tokio_tungstenite::client_async(request, stream).await.unwrap();
+    let hello = Packet::with_payload(
+        format!("{id}-p1"),
+        ConnectorHello::new(ECHO_CARD_ID, vec![PROFILE_IM_V2.into()]),
+    )
+    .request_id(format!("{id}-r1"));
+    assert_eq!(call(&mut ws, hello).await.type_str(), "connector.hello.ack");
+    let open = Packet::with_payload(format!("{id}-p2"), ChannelOpen::default())
+        .request_id(format!("{id}-r2"));
+    let channel: ConnectorChannelId = call(&mut ws, open).await.connector_channel_id.unwrap();
+    let start = AuthStart::new(ECHO_FLOW).with_input(AuthInput::default().with("token", "tok"));
+    let start = Packet::with_payload(format!("{id}-p3"), start)
+        .request_id(format!("{id}-r3"))
+        .channel(channel.clone());
+    call(&mut ws, start).await;
+    (ws, channel)
+}
+
+#[tokio::test]
+async fn rule_write_queue_a_stalled_peer_does_not_hold_up_im_delivery_to_others() {
+    let listen = tokio::net::TcpSocket::new_v4().unwrap();
+    listen.set_send_buffer_size(SOCKET_BUFFER).unwrap();
+    listen.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = listen.listen(16).unwrap();
+    let gate = support::Gate::new();
+    let config = RuntimeConfig::default().with_write_queue(QUEUE);
+    let h = support::serve_custom(
+        support::gated_connector(&gate).build().unwrap(),
+        config,
+        Some(listener),
+    )
+    .await;
+    let handle = h.server.handle();
+    let (_stalled, stalled_channel) = stalled_peer_setup(&h, true, "a").await;
+    let (mut healthy, healthy_channel) = stalled_peer_setup(&h, false, "b").await;
+
+    // The first peer stops reading until its queue is full.
+    let mut accepted = 0usize;
+    while tokio::time::timeout(Duration::from_millis(300), handle.push_descriptor(&stalled_channel))
+        .await
+        .is_ok()
+    {
+        accepted += 1;
+        assert!(accepted < 1_000, "the server kept buffering without bound");
+    }
+
+    // A message for the stalled peer must not make the author wait, nor block the other peer.
+    let to_stalled = xagent_protocol_types::ChatMessage::text("m_stalled", "for the stalled peer");
+    tokio::time::timeout(Duration::from_secs(2), handle.send_message(&stalled_channel, to_stalled))
+        .await
+        .expect("handing a message to a stalled channel returns at once")
+        .unwrap();
+    let to_healthy = xagent_protocol_types::ChatMessage::text("m_healthy", "for the healthy peer");
+    tokio::time::timeout(Duration::from_secs(2), handle.send_message(&healthy_channel, to_healthy))
+        .await
+        .expect("the other channel is not held up")
+        .unwrap();
+    loop {
+        let packet = next(&mut healthy).await;
+        if packet.type_str() == "chat.message" {
+            assert_eq!(packet.connector_channel_id.as_ref(), Some(&healthy_channel));
+            break;
+        }
+    }
+    // The stalled peer's message is still pending, not lost.
+    assert!(
+        handle.pending_messages(&stalled_channel).iter().any(|m| m.as_str() == "m_stalled"),
+        "the stalled peer's message stays pending"
+    );
+    h.stop().await;
+}
