@@ -259,27 +259,15 @@ impl Negotiated {
         sender: Side,
         channel: Option<&ChannelProfiles>,
     ) -> Permission {
-        match classify(packet_type) {
-            PacketClass::Unknown => Permission::UnknownType,
-            PacketClass::Common(spec) => {
-                if spec.direction.allows(sender) {
-                    Permission::Allowed
-                } else {
-                    Permission::WrongDirection
-                }
+        judge(packet_type, sender, |profile| {
+            if !self.specs.iter().any(|s| s.id == profile.id) {
+                Permission::ProfileNotNegotiated { profile: profile.id }
+            } else if channel.is_some_and(|c| !c.specs.iter().any(|s| s.id == profile.id)) {
+                Permission::ProfileNotOnChannel { profile: profile.id }
+            } else {
+                Permission::Allowed
             }
-            PacketClass::Profile(profile, packet) => {
-                if !packet.direction.allows(sender) {
-                    Permission::WrongDirection
-                } else if !self.specs.iter().any(|s| s.id == profile.id) {
-                    Permission::ProfileNotNegotiated { profile: profile.id }
-                } else if channel.is_some_and(|c| !c.specs.iter().any(|s| s.id == profile.id)) {
-                    Permission::ProfileNotOnChannel { profile: profile.id }
-                } else {
-                    Permission::Allowed
-                }
-            }
-        }
+        })
     }
 
     /// Shorthand for [`Negotiated::decide`] being [`Permission::Allowed`].
@@ -290,6 +278,21 @@ impl Negotiated {
         channel: Option<&ChannelProfiles>,
     ) -> bool {
         self.decide(packet_type, sender, channel).is_allowed()
+    }
+}
+
+/// The direction rule every packet shares, then `gate` for a Profile packet: whether its
+/// Profile is enabled where the packet would flow.
+fn judge(
+    packet_type: &str,
+    sender: Side,
+    gate: impl FnOnce(&'static ProfileSpec) -> Permission,
+) -> Permission {
+    match classify(packet_type) {
+        PacketClass::Unknown => Permission::UnknownType,
+        PacketClass::Common(spec) if spec.direction.allows(sender) => Permission::Allowed,
+        PacketClass::Profile(profile, packet) if packet.direction.allows(sender) => gate(profile),
+        PacketClass::Common(_) | PacketClass::Profile(..) => Permission::WrongDirection,
     }
 }
 
@@ -314,25 +317,13 @@ impl ChannelProfiles {
 
     /// Whether `packet_type`, sent by `sender`, may flow on this channel.
     pub fn decide(&self, packet_type: &str, sender: Side) -> Permission {
-        match classify(packet_type) {
-            PacketClass::Unknown => Permission::UnknownType,
-            PacketClass::Common(spec) => {
-                if spec.direction.allows(sender) {
-                    Permission::Allowed
-                } else {
-                    Permission::WrongDirection
-                }
+        judge(packet_type, sender, |profile| {
+            if self.specs.iter().any(|s| s.id == profile.id) {
+                Permission::Allowed
+            } else {
+                Permission::ProfileNotOnChannel { profile: profile.id }
             }
-            PacketClass::Profile(profile, packet) => {
-                if !packet.direction.allows(sender) {
-                    Permission::WrongDirection
-                } else if self.specs.iter().any(|s| s.id == profile.id) {
-                    Permission::Allowed
-                } else {
-                    Permission::ProfileNotOnChannel { profile: profile.id }
-                }
-            }
-        }
+        })
     }
 
     /// Shorthand for [`ChannelProfiles::decide`] being [`Permission::Allowed`].
