@@ -304,3 +304,43 @@ impl PacketSocket {
         Ok(channel)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_split_quick_json_and_valued_flags() {
+        let flags = Flags::parse(&args(&["--quick", "--rounds", "2", "--json"]));
+        assert!(flags.quick && flags.json);
+        assert_eq!(flags.value::<usize>("--rounds").unwrap(), Some(2));
+        assert!(flags.only(&["--rounds"]).is_ok());
+    }
+
+    #[test]
+    fn flags_refuse_unknown_and_unreadable_values() {
+        let flags = Flags::parse(&args(&["--rounds", "two", "--bogus"]));
+        assert!(flags.value::<usize>("--rounds").is_err());
+        assert!(flags.only(&["--rounds"]).is_err());
+        assert!(Flags::parse(&args(&["--rounds"])).value::<usize>("--rounds").is_err());
+    }
+
+    #[test]
+    fn quantiles_and_median() {
+        let sorted: Vec<u64> = (1..=100).collect();
+        assert_eq!(quantile(&sorted, 0.5), 51);
+        assert_eq!(quantile(&sorted, 0.99), 99);
+        assert_eq!(quantile(&[], 0.5), 0);
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+    }
+
+    #[test]
+    fn rss_of_self_is_known_and_of_a_missing_process_is_zero() {
+        assert!(rss_of("self") > 0);
+        assert_eq!(rss_of("999999999"), 0);
+    }
+}

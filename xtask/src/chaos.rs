@@ -46,6 +46,9 @@ use crate::bench_support::{
 /// Concurrent traffic tasks of the soak.
 const SOAK_WORKERS: u64 = 16;
 
+/// Uploads per soak at most (the file store keeps 10,000 files for 24 h by default).
+const MAX_SOAK_UPLOADS: u64 = 5_000;
+
 /// Outbox TTL of the echo Connector (profile-im's default), for the expiry check.
 const TTL_MS: u64 = 60 * 60 * 1000;
 
@@ -82,12 +85,16 @@ struct Sizes {
     barrage: usize,
     soak_channels: usize,
     soak_seconds: u64,
+    /// Weights of Tool calls, messages to the Connector and uploads in the soak.
+    mix: [u64; 3],
+    /// Inbound messages per second the Connector feeds during the soak.
+    inbound_rate: f64,
 }
 
 /// Runs the scenarios.
 pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
     let flags = Flags::parse(args);
-    flags.only(&["--only", "--seed"])?;
+    flags.only(&["--only", "--seed", "--mix", "--inbound-rate", "--soak-seconds"])?;
     warn_if_debug();
     let only: Option<String> = flags.value("--only")?;
     let seed: u64 = flags.value("--seed")?.unwrap_or_else(|| {
@@ -105,6 +112,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
             barrage: 2_000,
             soak_channels: 100,
             soak_seconds: 10,
+            mix: [5, 4, 1],
+            inbound_rate: 200.0,
         }
     } else {
         Sizes {
@@ -115,8 +124,22 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
             barrage: 10_000,
             soak_channels: 1_000,
             soak_seconds: 60,
+            mix: [5, 4, 1],
+            inbound_rate: 200.0,
         }
     };
+    let mut sizes = sizes;
+    if let Some(mix) = flags.value::<String>("--mix")? {
+        let parts: Vec<u64> = mix.split(',').filter_map(|p| p.trim().parse().ok()).collect();
+        let [t, m, f] = parts.as_slice() else { bail!("--mix wants three weights, e.g. 5,4,1") };
+        sizes.mix = [*t, *m, *f];
+    }
+    if let Some(rate) = flags.value("--inbound-rate")? {
+        sizes.inbound_rate = rate;
+    }
+    if let Some(seconds) = flags.value("--soak-seconds")? {
+        sizes.soak_seconds = seconds;
+    }
     let wanted = |name: &str| only.as_deref().is_none_or(|o| o == name);
     let mut rng = Rng::new(seed);
     let mut results = serde_json::Map::new();
@@ -380,7 +403,17 @@ fn kill_scenario(bins: &Bins, victim: Victim, sizes: &Sizes, rng: &mut Rng) -> R
     }
     let mut kill_points = Vec::new();
     for _ in 0..sizes.kills {
-        std::thread::sleep(Duration::from_millis(150 + rng.below(700)));
+        // Kill while messages flow: after the sink accepted a random number of new messages
+        // since the last restart, plus a random delay.
+        let before = read_sink_log(&log).0.len();
+        let wanted = before + 20 + rng.below(400) as usize;
+        let progress_by = Instant::now() + Duration::from_secs(30);
+        while read_sink_log(&log).0.len() < wanted.min(expected_total as usize)
+            && Instant::now() < progress_by
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(rng.below(100)));
         let (ids, _, _) = read_sink_log(&log);
         kill_points.push(ids.len());
         match victim {
@@ -733,7 +766,9 @@ async fn barrage(count: usize, rng: &mut Rng) -> Result<Value> {
 async fn soak(bins: &Bins, sizes: &Sizes, rng: &mut Rng) -> Result<Value> {
     let dir = temp_dir("chaos-soak")?;
     let port = free_port()?;
-    let feed = vec!["--loop".to_string(), "--rate".to_string(), "200".to_string()];
+    let feed = vec!["--loop".to_string(), "--rate".to_string(), sizes.inbound_rate.to_string()];
+    let mix = sizes.mix;
+    let uploads_left = Arc::new(AtomicU64::new(MAX_SOAK_UPLOADS));
     let mut child = spawn_connector(&bins.connector, &dir.join("connector"), port, &feed)?;
     let pid = child.id().to_string();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
@@ -774,6 +809,7 @@ async fn soak(bins: &Bins, sizes: &Sizes, rng: &mut Rng) -> Result<Value> {
     for worker in 0..SOAK_WORKERS {
         let (plane, control, channels) = (plane.clone(), control.clone(), channels.clone());
         let (errors, counters) = (errors.clone(), counters.clone());
+        let uploads_left = uploads_left.clone();
         let mut rng = Rng::new(rng.next());
         workers.push(tokio::spawn(async move {
             let mut n = 0u64;
@@ -781,15 +817,29 @@ async fn soak(bins: &Bins, sizes: &Sizes, rng: &mut Rng) -> Result<Value> {
                 n += 1;
                 let tag = format!("{worker}_{n}");
                 let channel = &channels[rng.below(channels.len() as u64) as usize];
-                let kind = match rng.below(10) {
-                    0..=4 => {
+                let mut pick = rng.below(mix.iter().sum::<u64>().max(1));
+                let mut kind = 0;
+                while kind < 2 && pick >= mix[kind] {
+                    pick -= mix[kind];
+                    kind += 1;
+                }
+                // The file store holds at most 10,000 files for 24 h: stay below that.
+                if kind == 2
+                    && uploads_left
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                        .is_err()
+                {
+                    kind = 0;
+                }
+                let kind = match kind {
+                    0 => {
                         let mut arguments = serde_json::Map::new();
                         arguments.insert("connector_channel_id".into(), json!(channel.as_str()));
                         arguments.insert("text".into(), json!(format!("soak {tag}")));
                         let invoke = ToolInvoke::new("echo_send", arguments);
                         (0, plane.request(Some(channel), invoke).await.is_ok())
                     }
-                    5..=8 => {
+                    1 => {
                         let message = ChatMessage::text(
                             MessageId::new(format!("soak_{tag}")),
                             format!("assistant {tag}"),
@@ -858,7 +908,58 @@ async fn soak(bins: &Bins, sizes: &Sizes, rng: &mut Rng) -> Result<Value> {
         "rss_warm_kib": warm / 1024,
         "rss_end_kib": end / 1024,
         "rss_growth_pct": (growth * 10.0).round() / 10.0,
+        "rss_growth_bytes_per_operation": if n > 0 { (end.saturating_sub(warm) as f64 / n as f64).round() } else { 0.0 },
+        "mix_tools_messages_files": mix,
+        "inbound_rate": sizes.inbound_rate,
         "rss_samples_kib": samples.iter().map(|(t, r)| json!([(t * 10.0).round() / 10.0, r / 1024])).collect::<Vec<_>>(),
         "pass": pass,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_replays_the_same_sequence() {
+        let (mut a, mut b) = (Rng::new(42), Rng::new(42));
+        let first: Vec<u64> = (0..5).map(|_| a.below(1000)).collect();
+        let second: Vec<u64> = (0..5).map(|_| b.below(1000)).collect();
+        assert_eq!(first, second);
+        assert!(first.iter().all(|n| *n < 1000));
+        assert_ne!(Rng::new(0).next(), 0);
+    }
+
+    #[test]
+    fn sink_log_counts_duplicates_late_lines_and_ignores_a_torn_tail() {
+        let dir = temp_dir("chaos-test").unwrap();
+        let path = dir.join("accepted.log");
+        let hour = TTL_MS;
+        let text = format!(
+            "m.a.0 1000 2000\nm.a.1 1000 2000\nm.a.0 1000 3000\nm.a.2 1000 {}\nm.a.3 10",
+            1000 + hour + 1
+        );
+        std::fs::write(&path, text).unwrap();
+        let (ids, lines, late) = read_sink_log(&path);
+        assert_eq!(lines, 4);
+        assert_eq!(ids.len(), 3);
+        assert_eq!(ids["m.a.0"], 2);
+        assert_eq!(late, 1);
+        assert!(!ids.contains_key("m.a.3"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn mutations_never_panic_and_mostly_break_the_packet() {
+        let templates = templates("cch_test");
+        let mut rng = Rng::new(7);
+        let mut undecodable = 0;
+        for n in 0..2_000 {
+            let text = mutate(&mut rng, &templates, n);
+            if Packet::decode_str(&text).is_err() {
+                undecodable += 1;
+            }
+        }
+        assert!(undecodable > 500, "only {undecodable} of 2000 mutations were refused");
+    }
 }
