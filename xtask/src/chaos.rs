@@ -4,9 +4,10 @@
 //!    separate process) feeds 10,000 inbound messages across 100 channels to an xAgent sink
 //!    (`client-runtime/examples/xagent_sink.rs`, another process, which fsyncs every accepted
 //!    message id before acking). The Connector is killed with SIGKILL at random moments (5
-//!    times) and restarted on the same state directory and port. The sink's log then must
-//!    hold every message exactly once: zero lost, zero accepted twice, zero received after
-//!    its expiry (outbox TTL, 1 hour).
+//!    times, each after the sink accepted a random 20 to 420 new messages since the last
+//!    restart, plus 0 to 100 ms) and restarted on the same state directory and port. The
+//!    sink's log then must hold every message exactly once: zero lost, zero accepted twice,
+//!    zero received after its expiry (outbox TTL, 1 hour).
 //! 2. **xagent-kill**: the same with the sink killed and restarted instead.
 //! 3. **barrage**: over one live socket to an in-process echo Connector, 10,000 random and
 //!    mutated packets, each followed by a `ping`; every answer must be a well-formed packet,
@@ -19,7 +20,9 @@
 //!    Connector's resident memory at the end within 10 % of its level after warm-up.
 //!
 //! `--quick` shrinks every scenario for CI (1,000 messages over 20 channels and 2 kills,
-//! 2,000 barrage packets, 100 channels for 10 s). `--only NAME` runs one scenario; `--seed N`
+//! 2,000 barrage packets, 100 channels for 10 s; a soak shorter than 60 s reports memory but
+//! does not judge it, since it is mostly warm-up). `--mix T,M,F`, `--inbound-rate R` and
+//! `--soak-seconds S` change the soak's traffic. `--only NAME` runs one scenario; `--seed N`
 //! replays the kill timings and mutations; `--json` prints one JSON object.
 
 use std::collections::{HashMap, HashSet};
@@ -894,7 +897,9 @@ async fn soak(bins: &Bins, sizes: &Sizes, rng: &mut Rng) -> Result<Value> {
     let end = mean(secs * 0.9, secs + 1.0);
     let growth = if warm > 0 { (end as f64 / warm as f64 - 1.0) * 100.0 } else { 0.0 };
     let protocol_errors = errors.load(Ordering::Relaxed);
-    let pass = protocol_errors == 0 && growth <= 10.0 && warm > 0 && still_pending == 0;
+    // A 10-second --quick soak is mostly warm-up: memory is judged only in the full run.
+    let memory_ok = sizes.soak_seconds < 60 || (growth <= 10.0 && warm > 0);
+    let pass = protocol_errors == 0 && still_pending == 0 && memory_ok;
     Ok(json!({
         "channels": channels.len(),
         "seconds": sizes.soak_seconds,
@@ -908,6 +913,7 @@ async fn soak(bins: &Bins, sizes: &Sizes, rng: &mut Rng) -> Result<Value> {
         "rss_warm_kib": warm / 1024,
         "rss_end_kib": end / 1024,
         "rss_growth_pct": (growth * 10.0).round() / 10.0,
+        "memory_judged": sizes.soak_seconds >= 60,
         "rss_growth_bytes_per_operation": if n > 0 { (end.saturating_sub(warm) as f64 / n as f64).round() } else { 0.0 },
         "mix_tools_messages_files": mix,
         "inbound_rate": sizes.inbound_rate,
