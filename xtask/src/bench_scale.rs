@@ -11,6 +11,9 @@
 //! written into its outbox table (the rows its own outbox writes, `OutboundPayload::to_json`),
 //! and the time from spawning the process to its `listening` line (state loaded, every
 //! signed-in channel restored, the outbox reloaded) is measured, three times.
+//!
+//! `--open-only` opens channels without signing them in (no binding, no poller), to split
+//! the per-channel cost; `--steps 10000,50000` sets the channel counts.
 
 use std::time::{Duration, Instant};
 
@@ -27,9 +30,17 @@ use crate::chaos::{build_examples, spawn_connector};
 /// Runs the benchmark.
 pub fn run(root: &std::path::Path, args: &[String]) -> Result<std::process::ExitCode> {
     let flags = Flags::parse(args);
-    flags.only(&[])?;
+    let open_only = flags.rest.iter().any(|a| a == "--open-only");
+    let rest: Vec<String> = flags.rest.iter().filter(|a| *a != "--open-only").cloned().collect();
+    let flags = Flags { rest, ..flags };
+    flags.only(&["--steps"])?;
     warn_if_debug();
-    let steps: Vec<usize> = if flags.quick { vec![1_000, 5_000] } else { vec![10_000, 100_000] };
+    let steps: Vec<usize> = match flags.value::<String>("--steps")? {
+        Some(list) => list.split(',').filter_map(|n| n.trim().parse().ok()).collect(),
+        None if flags.quick => vec![1_000, 5_000],
+        None => vec![10_000, 100_000],
+    };
+    anyhow::ensure!(!steps.is_empty(), "--steps wants channel counts, e.g. 10000,100000");
     let bins = build_examples(root)?;
     let dir = temp_dir("bench-scale")?;
     let state = dir.join("connector");
@@ -53,7 +64,7 @@ pub fn run(root: &std::path::Path, args: &[String]) -> Result<std::process::Exit
     let mut socket = socket;
     for &step in &steps {
         let started = Instant::now();
-        runtime.block_on(open_channels(&mut socket, &mut channels, step))?;
+        runtime.block_on(open_channels(&mut socket, &mut channels, step, !open_only))?;
         let opening = started.elapsed().as_secs_f64();
         std::thread::sleep(Duration::from_secs(1));
         let rss = rss_of(&pid);
@@ -89,6 +100,7 @@ pub fn run(root: &std::path::Path, args: &[String]) -> Result<std::process::Exit
     let result = json!({
         "bench": "scale",
         "quick": flags.quick,
+        "signed_in": !open_only,
         "memory": memory,
         "restore": {
             "channels": count,
@@ -123,11 +135,13 @@ pub fn run(root: &std::path::Path, args: &[String]) -> Result<std::process::Exit
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-/// Opens and signs in channels on one socket until `target` exist, 256 requests in flight.
+/// Opens (and, with `sign_in`, signs in) channels on one socket until `target` exist, 256
+/// requests in flight.
 async fn open_channels(
     socket: &mut PacketSocket,
     channels: &mut Vec<String>,
     target: usize,
+    sign_in: bool,
 ) -> Result<()> {
     let mut n = channels.len();
     while channels.len() < target {
@@ -144,6 +158,11 @@ async fn open_channels(
                 let id = packet.connector_channel_id.as_ref().map(|c| c.as_str().to_string());
                 opened.push(id.context("channel.open.ack without channel")?);
             }
+        }
+        if !sign_in {
+            channels.extend(opened);
+            n += batch;
+            continue;
         }
         for (i, channel) in opened.iter().enumerate() {
             let text = json!({"schema": "xagent.connector.packet/v1", "packet_id": format!("pa_{n}_{i}"),
