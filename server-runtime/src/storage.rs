@@ -176,14 +176,29 @@ impl SqliteStorage {
 
     /// The SQLite journal mode in force (`wal` for a file database).
     pub fn journal_mode(&self) -> Result<String, StorageError> {
-        self.lock()
-            .query_row("PRAGMA journal_mode", [], |row| row.get::<_, String>(0))
+        query_row(&self.lock(), "PRAGMA journal_mode", [], |row| row.get::<_, String>(0))
             .map_err(|e| StorageError::new("read journal mode", e))
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// Runs a statement through SQLite's statement cache: the SQL text is parsed once per
+/// connection, not on every call (the tool-call record is written on every `tool.invoke`).
+fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
+/// `query_row` through the statement cache.
+fn query_row<T, P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+    map: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, map)
 }
 
 fn binding_to_json(binding: &Binding) -> Result<String, StorageError> {
@@ -219,24 +234,24 @@ fn to_u64(value: i64) -> u64 {
 
 impl Storage for SqliteStorage {
     fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
-        self.lock()
-            .query_row("SELECT value FROM meta WHERE key = 'connector_id'", [], |row| {
-                row.get::<_, String>(0)
-            })
-            .optional()
-            .map(|value| value.map(ConnectorId::new))
-            .map_err(|e| StorageError::new("load connector_id", e))
+        query_row(&self.lock(), "SELECT value FROM meta WHERE key = 'connector_id'", [], |row| {
+            row.get::<_, String>(0)
+        })
+        .optional()
+        .map(|value| value.map(ConnectorId::new))
+        .map_err(|e| StorageError::new("load connector_id", e))
     }
 
     fn save_connector_id(&self, id: Option<&ConnectorId>) -> Result<(), StorageError> {
         let conn = self.lock();
         let result = match id {
-            Some(id) => conn.execute(
+            Some(id) => exec(
+                &conn,
                 "INSERT INTO meta (key, value) VALUES ('connector_id', ?1)
                  ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 params![id.as_str()],
             ),
-            None => conn.execute("DELETE FROM meta WHERE key = 'connector_id'", []),
+            None => exec(&conn, "DELETE FROM meta WHERE key = 'connector_id'", []),
         };
         result.map(|_| ()).map_err(|e| StorageError::new("save connector_id", e))
     }
@@ -285,24 +300,24 @@ impl Storage for SqliteStorage {
         let overrides: Vec<&DescriptorTool> = record.tool_overrides.values().collect();
         let overrides = serde_json::to_string(&overrides)
             .map_err(|e| StorageError::new("encode tool overrides", e))?;
-        self.lock()
-            .execute(
-                "INSERT INTO channels (id, connector_id, status, binding, tool_overrides, created_at)
+        exec(
+            &self.lock(),
+            "INSERT INTO channels (id, connector_id, status, binding, tool_overrides, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT(id) DO UPDATE SET connector_id = excluded.connector_id,
                    status = excluded.status, binding = excluded.binding,
                    tool_overrides = excluded.tool_overrides",
-                params![
-                    record.id.as_str(),
-                    record.connector_id.as_str(),
-                    record.status.as_str(),
-                    binding,
-                    overrides,
-                    to_i64(record.created_at)
-                ],
-            )
-            .map(|_| ())
-            .map_err(|e| StorageError::new("save channel", e))
+            params![
+                record.id.as_str(),
+                record.connector_id.as_str(),
+                record.status.as_str(),
+                binding,
+                overrides,
+                to_i64(record.created_at)
+            ],
+        )
+        .map(|_| ())
+        .map_err(|e| StorageError::new("save channel", e))
     }
 
     fn delete_channel(&self, id: &ConnectorChannelId) -> Result<(), StorageError> {
@@ -314,7 +329,7 @@ impl Storage for SqliteStorage {
             "im_pending WHERE channel",
             "im_completed WHERE channel",
         ] {
-            tx.execute(&format!("DELETE FROM {table} = ?1"), params![id.as_str()])
+            exec(&tx, &format!("DELETE FROM {table} = ?1"), params![id.as_str()])
                 .map_err(|e| StorageError::new("delete channel", e))?;
         }
         tx.commit().map_err(|e| StorageError::new("delete channel", e))
@@ -325,24 +340,23 @@ impl Storage for SqliteStorage {
         channel: &ConnectorChannelId,
         key: &str,
     ) -> Result<Option<ToolCallRecord>, StorageError> {
-        let row = self
-            .lock()
-            .query_row(
-                "SELECT fingerprint, result, error_code, error_message, completed_at
+        let row = query_row(
+            &self.lock(),
+            "SELECT fingerprint, result, error_code, error_message, completed_at
                  FROM tool_calls WHERE channel = ?1 AND key = ?2",
-                params![channel.as_str(), key],
-                |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, Option<String>>(1)?,
-                        row.get::<_, Option<String>>(2)?,
-                        row.get::<_, Option<String>>(3)?,
-                        row.get::<_, i64>(4)?,
-                    ))
-                },
-            )
-            .optional()
-            .map_err(|e| StorageError::new("load tool call", e))?;
+            params![channel.as_str(), key],
+            |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, Option<String>>(1)?,
+                    row.get::<_, Option<String>>(2)?,
+                    row.get::<_, Option<String>>(3)?,
+                    row.get::<_, i64>(4)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(|e| StorageError::new("load tool call", e))?;
         let Some((fingerprint, result, code, message, completed_at)) = row else {
             return Ok(None);
         };
@@ -374,49 +388,51 @@ impl Storage for SqliteStorage {
             Some((code, message)) => (Some(code.as_str()), Some(message.as_str())),
             None => (None, None),
         };
-        self.lock()
-            .execute(
-                "INSERT OR REPLACE INTO tool_calls
+        exec(
+            &self.lock(),
+            "INSERT OR REPLACE INTO tool_calls
                  (channel, key, fingerprint, result, error_code, error_message, completed_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    channel.as_str(),
-                    key,
-                    record.fingerprint,
-                    result,
-                    code,
-                    message,
-                    to_i64(record.completed_at)
-                ],
-            )
-            .map(|_| ())
-            .map_err(|e| StorageError::new("save tool call", e))
+            params![
+                channel.as_str(),
+                key,
+                record.fingerprint,
+                result,
+                code,
+                message,
+                to_i64(record.completed_at)
+            ],
+        )
+        .map(|_| ())
+        .map_err(|e| StorageError::new("save tool call", e))
     }
 
     fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
-        self.lock()
-            .execute("DELETE FROM tool_calls WHERE completed_at < ?1", params![to_i64(before)])
-            .map_err(|e| StorageError::new("prune tool calls", e))
+        exec(
+            &self.lock(),
+            "DELETE FROM tool_calls WHERE completed_at < ?1",
+            params![to_i64(before)],
+        )
+        .map_err(|e| StorageError::new("prune tool calls", e))
     }
 
     fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
-        self.lock()
-            .query_row("SELECT value FROM meta WHERE key = ?1", params![key], |row| {
-                row.get::<_, String>(0)
-            })
-            .optional()
-            .map_err(|e| StorageError::new("load meta", e))
+        query_row(&self.lock(), "SELECT value FROM meta WHERE key = ?1", params![key], |row| {
+            row.get::<_, String>(0)
+        })
+        .optional()
+        .map_err(|e| StorageError::new("load meta", e))
     }
 
     fn save_meta(&self, key: &str, value: &str) -> Result<(), StorageError> {
-        self.lock()
-            .execute(
-                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+        exec(
+            &self.lock(),
+            "INSERT INTO meta (key, value) VALUES (?1, ?2)
                  ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                params![key, value],
-            )
-            .map(|_| ())
-            .map_err(|e| StorageError::new("save meta", e))
+            params![key, value],
+        )
+        .map(|_| ())
+        .map_err(|e| StorageError::new("save meta", e))
     }
 
     fn outbox_store(&self) -> Box<dyn OutboxStore + Send> {
@@ -434,25 +450,25 @@ fn store_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError 
 
 impl OutboxStore for SqliteStorage {
     fn save_pending(&mut self, r: &PendingRecord) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
-                "INSERT OR REPLACE INTO im_pending (channel, message_id, seq, payload, attempts,
+        exec(
+            &self.lock(),
+            "INSERT OR REPLACE INTO im_pending (channel, message_id, seq, payload, attempts,
                    first_responsibility_at, expires_at, next_attempt_at, last_error)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![
-                    r.channel.as_str(),
-                    r.message_id.as_str(),
-                    to_i64(r.seq),
-                    r.payload,
-                    r.attempts,
-                    to_i64(r.first_responsibility_at),
-                    to_i64(r.expires_at),
-                    to_i64(r.next_attempt_at),
-                    r.last_error
-                ],
-            )
-            .map(|_| ())
-            .map_err(store_err("save_pending"))
+            params![
+                r.channel.as_str(),
+                r.message_id.as_str(),
+                to_i64(r.seq),
+                r.payload,
+                r.attempts,
+                to_i64(r.first_responsibility_at),
+                to_i64(r.expires_at),
+                to_i64(r.next_attempt_at),
+                r.last_error
+            ],
+        )
+        .map(|_| ())
+        .map_err(store_err("save_pending"))
     }
 
     fn delete_pending(
@@ -460,13 +476,13 @@ impl OutboxStore for SqliteStorage {
         channel: &ConnectorChannelId,
         message_id: &MessageId,
     ) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
-                "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
-                params![channel.as_str(), message_id.as_str()],
-            )
-            .map(|_| ())
-            .map_err(store_err("delete_pending"))
+        exec(
+            &self.lock(),
+            "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
+            params![channel.as_str(), message_id.as_str()],
+        )
+        .map(|_| ())
+        .map_err(store_err("delete_pending"))
     }
 
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
@@ -498,19 +514,19 @@ impl OutboxStore for SqliteStorage {
 
 impl IdempotencyStore for SqliteStorage {
     fn save_completed(&mut self, r: &CompletedRecord) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
-                "INSERT OR REPLACE INTO im_completed (channel, message_id, fingerprint, completed_at)
+        exec(
+            &self.lock(),
+            "INSERT OR REPLACE INTO im_completed (channel, message_id, fingerprint, completed_at)
                  VALUES (?1, ?2, ?3, ?4)",
-                params![
-                    r.channel.as_str(),
-                    r.message_id.as_str(),
-                    r.fingerprint.as_str(),
-                    to_i64(r.completed_at)
-                ],
-            )
-            .map(|_| ())
-            .map_err(store_err("save_completed"))
+            params![
+                r.channel.as_str(),
+                r.message_id.as_str(),
+                r.fingerprint.as_str(),
+                to_i64(r.completed_at)
+            ],
+        )
+        .map(|_| ())
+        .map_err(store_err("save_completed"))
     }
 
     fn delete_completed(
@@ -518,13 +534,13 @@ impl IdempotencyStore for SqliteStorage {
         channel: &ConnectorChannelId,
         message_id: &MessageId,
     ) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
-                "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
-                params![channel.as_str(), message_id.as_str()],
-            )
-            .map(|_| ())
-            .map_err(store_err("delete_completed"))
+        exec(
+            &self.lock(),
+            "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
+            params![channel.as_str(), message_id.as_str()],
+        )
+        .map(|_| ())
+        .map_err(store_err("delete_completed"))
     }
 
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
