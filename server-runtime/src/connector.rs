@@ -112,6 +112,9 @@ pub(crate) struct RegisteredTool {
     pub(crate) card: CardTool,
     pub(crate) validator: jsonschema::Validator,
     pub(crate) call: Arc<ToolCall>,
+    /// False for Tools registered with [`ConnectorBuilder::read_only_tool`]: no durable
+    /// repeated-call record (concurrent repeats still share one run).
+    pub(crate) records_calls: bool,
 }
 
 /// A problem in the Connector definition, found by [`ConnectorBuilder::build`].
@@ -324,7 +327,7 @@ impl ConnectorBuilder {
     /// validated, typed arguments. The Tool belongs to the first declared Profile.
     #[must_use]
     pub fn tool<Args, F, Fut>(
-        mut self,
+        self,
         tool_id: &str,
         title: &str,
         description: &str,
@@ -335,10 +338,38 @@ impl ConnectorBuilder {
         F: Fn(ToolContext, Args) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
     {
-        match register_tool::<Args, F, Fut>(tool_id, title, description, handler) {
+        self.add_tool(register_tool::<Args, F, Fut>(tool_id, title, description, handler))
+    }
+
+    /// Registers a Tool without side effects (an observation: a status, a lookup, a no-op).
+    /// It is declared and called like [`ConnectorBuilder::tool`], but a repeated call after
+    /// the first has finished runs again instead of being answered from a durable record:
+    /// re-running it is harmless, and it spares a storage write on every call. Concurrent
+    /// repeats of one `tool_call_id` still share one run. Never use it for a Tool that changes
+    /// anything in the target system.
+    pub fn read_only_tool<Args, F, Fut>(
+        self,
+        tool_id: &str,
+        title: &str,
+        description: &str,
+        handler: F,
+    ) -> Self
+    where
+        Args: DeserializeOwned + JsonSchema + Send + 'static,
+        F: Fn(ToolContext, Args) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
+    {
+        let registered = register_tool::<Args, F, Fut>(tool_id, title, description, handler)
+            .map(|tool| RegisteredTool { records_calls: false, ..tool });
+        self.add_tool(registered)
+    }
+
+    fn add_tool(mut self, registered: Result<RegisteredTool, DefinitionError>) -> Self {
+        match registered {
             Ok(tool) => {
+                let tool_id = tool.card.tool_id.to_string();
                 if self.tools.iter().any(|t| t.card.tool_id.as_str() == tool_id) {
-                    self.errors.push(DefinitionError::DuplicateTool(tool_id.to_owned()));
+                    self.errors.push(DefinitionError::DuplicateTool(tool_id));
                 } else {
                     self.tools.push(tool);
                 }
@@ -463,5 +494,5 @@ where
             }) as BoxFut<'static, Result<Value, ToolError>>
         });
     let card = CardTool::new(tool_id, schema).with_title(title).with_description(description);
-    Ok(RegisteredTool { card, validator, call })
+    Ok(RegisteredTool { card, validator, call, records_calls: true })
 }

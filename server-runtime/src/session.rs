@@ -904,6 +904,11 @@ impl Conn {
             match inflight.get(&map_key) {
                 Some((fp, rx)) if fp == &fingerprint => Plan::Wait(rx.clone()),
                 Some(_) => Plan::Conflict,
+                None if !tool.records_calls => {
+                    let (tx, rx) = watch::channel(None);
+                    inflight.insert(map_key.clone(), (fingerprint.clone(), rx));
+                    Plan::Run(tx)
+                }
                 None => match self.shared.storage.load_tool_call(&channel, &key) {
                     // Past the window the key is forgotten, even before maintenance prunes it.
                     Ok(Some(stored)) if !within_window(stored.completed_at) => {
@@ -972,7 +977,9 @@ impl Conn {
                     error: outcome.as_ref().err().map(|(c, m)| (c.to_string(), m.clone())),
                     completed_at: self.shared.now(),
                 };
-                if let Err(error) = self.shared.storage.save_tool_call(&channel, &key, &stored) {
+                if tool.records_calls
+                    && let Err(error) = self.shared.storage.save_tool_call(&channel, &key, &stored)
+                {
                     tracing::error!(%error, "could not store a tool result");
                 }
                 let _ = done.send(Some(outcome.clone()));

@@ -203,7 +203,7 @@ pub fn echo_connector() -> (Connector, EchoState) {
                 }
             },
         )
-        .tool::<NoArgs, _, _>(
+        .read_only_tool::<NoArgs, _, _>(
             "echo_noop",
             "Do nothing",
             "Returns an empty object; for benchmarks.",

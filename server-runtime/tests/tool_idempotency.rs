@@ -232,3 +232,45 @@ async fn rule_tool_idempotency_window_is_24_hours_on_the_injected_clock() {
     assert_eq!(payload_json(&c.call(repeat).await)["result"]["run"], 2, "the new result is kept");
     h.stop().await;
 }
+
+#[tokio::test]
+async fn rule_tool_idempotency_a_read_only_tool_shares_concurrent_runs_but_keeps_no_record() {
+    let gate = support::Gate::new();
+    let counter = gate.clone();
+    let connector = support::gated_connector(&gate)
+        .read_only_tool::<support::GateArgs, _, _>(
+            "peek",
+            "Peek",
+            "Counts its runs; changes nothing.",
+            move |_ctx: ToolContext, args: support::GateArgs| {
+                let counter = counter.clone();
+                async move {
+                    let run = counter.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    Ok(json!({ "text": args.text, "run": run }))
+                }
+            },
+        )
+        .build()
+        .unwrap();
+    assert!(connector.card().tool("peek").is_some(), "declared like any Tool");
+    let h = support::serve_custom(connector, RuntimeConfig::default(), None).await;
+    let mut c = h.client().await;
+    c.hello(None).await;
+    let (channel, _) = c.open_channel(None).await;
+    c.sign_in(&channel, "tok").await;
+    let peek = |c: &mut WsClient| {
+        c.request(
+            ToolInvoke::new("peek", args(&channel, "look"))
+                .with_context(ToolInvokeContext::with_call_id("call_peek")),
+            Some(&channel),
+        )
+    };
+    let first = peek(&mut c);
+    let first = c.call(first).await;
+    assert_eq!(payload_json(&first)["result"]["run"], 1);
+    // A later repeat runs again (harmless for a read-only Tool): nothing was stored.
+    let again = peek(&mut c);
+    let again = c.call(again).await;
+    assert_eq!(payload_json(&again)["result"]["run"], 2);
+    assert_eq!(gate.runs(), 2);
+}
