@@ -467,6 +467,25 @@ impl DataPlane {
     }
 }
 
+/// Reads events until one satisfies `want`, skipping the others; `None` when `within` passes
+/// first or the client stopped. For callers that wait for one kind of event (a reconnect, an
+/// ack) on the stream [`DataPlane::start`] returns.
+pub async fn next_event_matching(
+    events: &mut mpsc::UnboundedReceiver<ClientEvent>,
+    within: Duration,
+    mut want: impl FnMut(&ClientEvent) -> bool,
+) -> Option<ClientEvent> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, events.recv()).await {
+            Ok(Some(event)) if want(&event) => return Some(event),
+            Ok(Some(_)) => continue,
+            Ok(None) | Err(_) => return None,
+        }
+    }
+}
+
 pub(crate) async fn send_on(shared: &Shared, packet: &Packet) -> Result<(), ClientError> {
     let text = packet.to_json().map_err(|e| ClientError::Protocol(e.to_string()))?;
     if let Some(tap) = &shared.config.tap {

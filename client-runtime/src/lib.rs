@@ -35,7 +35,7 @@ pub use backoff::Backoff;
 pub use base_url::{BaseUrl, BaseUrlError};
 pub use connection::{
     ClientConfig, ClientEvent, ConnectionState, DataPlane, InboundMessage, PacketTap, TapDirection,
-    Verdict,
+    Verdict, next_event_matching,
 };
 pub use error::ClientError;
 pub use health::*;

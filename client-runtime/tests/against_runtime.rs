@@ -44,18 +44,11 @@ fn config(base: BaseUrl) -> ClientConfig {
 
 async fn next_event(
     events: &mut UnboundedReceiver<ClientEvent>,
-    mut want: impl FnMut(&ClientEvent) -> bool,
+    want: impl FnMut(&ClientEvent) -> bool,
 ) -> ClientEvent {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match tokio::time::timeout(left, events.recv()).await {
-            Ok(Some(event)) if want(&event) => return event,
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("event stream ended"),
-            Err(_) => panic!("timed out waiting for an event"),
-        }
-    }
+    xagent_client_runtime::next_event_matching(events, Duration::from_secs(15), want)
+        .await
+        .expect("the awaited event arrived within 15 s")
 }
 
 async fn signed_in_channel(plane: &DataPlane) -> ConnectorChannelId {
