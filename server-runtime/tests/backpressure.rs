@@ -55,39 +55,26 @@ async fn call(ws: &mut Ws, packet: Packet) -> Packet {
     }
 }
 
-#[tokio::test]
-async fn rule_write_queue_backpressure_a_slow_reader_makes_producers_wait_without_loss() {
-    // Small kernel buffers on both ends, so the bounded write queue is reached quickly.
+/// The gated connector with a write queue of [`QUEUE`] behind a listener with small send
+/// buffers, so a peer that stops reading fills them quickly.
+async fn serve_with_small_buffers(gate: &support::Gate) -> support::Custom {
     let listen = tokio::net::TcpSocket::new_v4().unwrap();
     listen.set_send_buffer_size(SOCKET_BUFFER).unwrap();
     listen.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let listener = listen.listen(16).unwrap();
-    let gate = support::Gate::new();
     let config = RuntimeConfig::default().with_write_queue(QUEUE);
-    let h = support::serve_custom(
-        support::gated_connector(&gate).build().unwrap(),
-        config,
-        Some(listener),
-    )
-    .await;
+    support::serve_custom(support::gated_connector(gate).build().unwrap(), config, Some(listener))
+        .await
+}
+
+#[tokio::test]
+async fn rule_write_queue_backpressure_a_slow_reader_makes_producers_wait_without_loss() {
+    // Small kernel buffers on both ends, so the bounded write queue is reached quickly.
+    let gate = support::Gate::new();
+    let h = serve_with_small_buffers(&gate).await;
     let handle = h.server.handle();
 
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(SOCKET_BUFFER).unwrap();
-    let stream = socket.connect(h.addr).await.unwrap();
-    let mut request = h.ws_url().into_client_request().unwrap();
-    request.headers_mut().insert("Sec-WebSocket-Protocol", HeaderValue::from_static(SUBPROTOCOL));
-    let (mut ws, _) = tokio_tungstenite::client_async(request, stream).await.unwrap();
-
-    let hello =
-        Packet::with_payload("p1", ConnectorHello::new(ECHO_CARD_ID, vec![PROFILE_IM_V2.into()]))
-            .request_id("r1");
-    assert_eq!(call(&mut ws, hello).await.type_str(), "connector.hello.ack");
-    let open = Packet::with_payload("p2", ChannelOpen::default()).request_id("r2");
-    let channel: ConnectorChannelId = call(&mut ws, open).await.connector_channel_id.unwrap();
-    let start = AuthStart::new(ECHO_FLOW).with_input(AuthInput::default().with("token", "tok"));
-    let start = Packet::with_payload("p3", start).request_id("r3").channel(channel.clone());
-    call(&mut ws, start).await;
+    let (mut ws, channel) = signed_in_peer(&h, true, "slow").await;
 
     // xAgent stops reading. The author keeps pushing Descriptors until a push has to wait.
     let mut accepted = 0usize;
@@ -160,11 +147,9 @@ async fn rule_write_queue_backpressure_a_slow_reader_makes_producers_wait_withou
     h.stop().await;
 }
 
-async fn stalled_peer_setup(
-    h: &support::Custom,
-    small: bool,
-    id: &str,
-) -> (Ws, ConnectorChannelId) {
+/// A socket (with a small receive buffer when `small`) that said hello, opened a channel and
+/// signed it in; packet ids start with `id`.
+async fn signed_in_peer(h: &support::Custom, small: bool, id: &str) -> (Ws, ConnectorChannelId) {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     if small {
         socket.set_recv_buffer_size(SOCKET_BUFFER).unwrap();
@@ -192,21 +177,11 @@ async fn stalled_peer_setup(
 
 #[tokio::test]
 async fn rule_write_queue_a_stalled_peer_does_not_hold_up_im_delivery_to_others() {
-    let listen = tokio::net::TcpSocket::new_v4().unwrap();
-    listen.set_send_buffer_size(SOCKET_BUFFER).unwrap();
-    listen.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let listener = listen.listen(16).unwrap();
     let gate = support::Gate::new();
-    let config = RuntimeConfig::default().with_write_queue(QUEUE);
-    let h = support::serve_custom(
-        support::gated_connector(&gate).build().unwrap(),
-        config,
-        Some(listener),
-    )
-    .await;
+    let h = serve_with_small_buffers(&gate).await;
     let handle = h.server.handle();
-    let (_stalled, stalled_channel) = stalled_peer_setup(&h, true, "a").await;
-    let (mut healthy, healthy_channel) = stalled_peer_setup(&h, false, "b").await;
+    let (_stalled, stalled_channel) = signed_in_peer(&h, true, "a").await;
+    let (mut healthy, healthy_channel) = signed_in_peer(&h, false, "b").await;
 
     // The first peer stops reading until its queue is full.
     let mut accepted = 0usize;
