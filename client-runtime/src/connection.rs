@@ -331,6 +331,9 @@ pub struct InboundMessage {
     pub channel: ConnectorChannelId,
     /// The message.
     pub message: ChatMessage,
+    /// The application's references of the message's files, in order, when a
+    /// [`crate::FileSink`] is set (the files were downloaded and saved before this event).
+    pub saved_files: Vec<String>,
     responder: Option<oneshot::Sender<Verdict>>,
 }
 
@@ -355,8 +358,9 @@ impl InboundMessage {
         channel: ConnectorChannelId,
         message: ChatMessage,
         responder: oneshot::Sender<Verdict>,
+        saved_files: Vec<String>,
     ) -> Self {
-        Self { channel, message, responder: Some(responder) }
+        Self { channel, message, saved_files, responder: Some(responder) }
     }
 
     /// Accepts the message (call after its effect is done).
@@ -421,6 +425,7 @@ pub(crate) struct Shared {
     pub(crate) events: mpsc::Sender<ClientEvent>,
     pub(crate) im: Mutex<ImState>,
     pub(crate) files: StdMutex<Option<Arc<dyn crate::FileSource>>>,
+    pub(crate) sink: StdMutex<Option<Arc<dyn crate::FileSink>>>,
     facts: Option<CardFacts>,
 }
 
@@ -521,6 +526,7 @@ impl DataPlane {
             state: state_sender,
             events,
             files: StdMutex::new(None),
+            sink: StdMutex::new(None),
             facts,
         });
         let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
@@ -1181,12 +1187,21 @@ async fn dispatch(shared: &Arc<Shared>, packet: Packet, accepted: Accepted) {
             | Accepted::ChannelOpened { .. }
             | Accepted::Error(Some(_))
     );
-    if let Accepted::ChannelOpened { channel, .. } = &accepted
-        && let Some(ack) = packet.payload::<ChannelOpenAck>()
+    // Every ack that carries a Descriptor updates the directory (after the Descriptor rules).
+    let carried = match &packet.body {
+        PacketBody::ChannelOpenAck(Some(ack)) => Some(&ack.connection_descriptor),
+        PacketBody::AuthStartAck(Some(ack)) => ack.0.connection_descriptor.as_ref(),
+        PacketBody::AuthStatusAck(Some(ack)) => ack.0.connection_descriptor.as_ref(),
+        PacketBody::AuthLogoutAck(Some(ack)) => ack.connection_descriptor.as_ref(),
+        PacketBody::DescriptorGetAck(Some(ack)) => Some(&ack.connection_descriptor),
+        _ => None,
+    };
+    if packet.error.is_none()
+        && let (Some(descriptor), Some(channel)) = (carried, &packet.connector_channel_id)
     {
-        let outcome = lock(&shared.directory).apply_descriptor(channel, &ack.connection_descriptor);
+        let outcome = lock(&shared.directory).apply_descriptor(channel, descriptor);
         if let Err(error) = outcome {
-            tracing::warn!(%channel, %error, "channel.open.ack Descriptor refused");
+            tracing::warn!(%channel, %error, "a Descriptor in an ack was refused");
         }
     }
     if answers {

@@ -168,32 +168,35 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, packet: Packet) {
     };
     let ack = match admission {
         Ok(Admission::Process(ticket)) => {
-            let (responder, verdict) = oneshot::channel();
-            let inbound = InboundMessage::with_responder(channel.clone(), message, responder);
-            crate::connection::emit(shared, ClientEvent::ChatMessage(inbound)).await;
+            let sink =
+                shared.sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            if sink.is_none() || message.files.is_empty() {
+                let (responder, verdict) = oneshot::channel();
+                let inbound =
+                    InboundMessage::with_responder(channel.clone(), message, responder, Vec::new());
+                crate::connection::emit(shared, ClientEvent::ChatMessage(inbound)).await;
+                tokio::spawn(finish(shared.clone(), packet, ticket, verdict));
+                return;
+            }
+            // Files go to the application's sink first, off the reader.
             let shared = shared.clone();
             tokio::spawn(async move {
-                let verdict = verdict.await.unwrap_or(Verdict::Reject {
-                    code: ErrorCode::ChannelBusy,
-                    message: "the message was not handled".into(),
-                    retryable: true,
-                });
-                let ack = {
-                    let mut im = shared.im.lock().await;
-                    match verdict {
-                        Verdict::Accept => match im.receiver.complete(ticket, shared.now()) {
-                            Ok(ack) => ack,
-                            Err(error) => {
-                                tracing::warn!(error = %error, "could not record a completed message");
-                                return;
-                            }
-                        },
-                        Verdict::Reject { code, message, retryable } => {
-                            im.receiver.abandon(ticket, code, message, retryable)
-                        }
+                let saved = match (&sink, save_files(&shared, &channel, &message).await) {
+                    (Some(_), Ok(saved)) => saved,
+                    (_, Err(reason)) => {
+                        let ack = {
+                            let mut im = shared.im.lock().await;
+                            im.receiver.abandon(ticket, ErrorCode::ChannelBusy, reason, true)
+                        };
+                        send_ack(&shared, &packet, ack).await;
+                        return;
                     }
+                    (None, Ok(saved)) => saved,
                 };
-                send_ack(&shared, &packet, ack).await;
+                let (responder, verdict) = oneshot::channel();
+                let inbound = InboundMessage::with_responder(channel, message, responder, saved);
+                crate::connection::emit(&shared, ClientEvent::ChatMessage(inbound)).await;
+                finish(shared, packet, ticket, verdict).await;
             });
             return;
         }
@@ -208,6 +211,60 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, packet: Packet) {
         ),
     };
     send_ack(shared, &packet, ack).await;
+}
+
+/// Downloads every file of an inbound message through its resolved `download_url` into the
+/// application's sink, returning the application's references in order.
+async fn save_files(
+    shared: &Arc<Shared>,
+    channel: &ConnectorChannelId,
+    message: &ChatMessage,
+) -> Result<Vec<String>, String> {
+    let Some(sink) = shared.sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    else {
+        return Ok(Vec::new());
+    };
+    let control =
+        crate::ControlPlane::new(shared.config.base_url.clone(), shared.config.api_key.clone());
+    let mut saved = Vec::with_capacity(message.files.len());
+    for file in &message.files {
+        let Some(url) = &file.download_url else {
+            return Err(format!("file {} has no download_url", file.file_ref));
+        };
+        let downloaded = control.download(url).await.map_err(|e| e.to_string())?;
+        saved.push(sink.save(channel, file, downloaded.bytes).await?);
+    }
+    Ok(saved)
+}
+
+/// Waits for the application's verdict, records it and acks.
+async fn finish(
+    shared: Arc<Shared>,
+    packet: Packet,
+    ticket: xagent_profile_im::Ticket,
+    verdict: oneshot::Receiver<Verdict>,
+) {
+    let verdict = verdict.await.unwrap_or(Verdict::Reject {
+        code: ErrorCode::ChannelBusy,
+        message: "the message was not handled".into(),
+        retryable: true,
+    });
+    let ack = {
+        let mut im = shared.im.lock().await;
+        match verdict {
+            Verdict::Accept => match im.receiver.complete(ticket, shared.now()) {
+                Ok(ack) => ack,
+                Err(error) => {
+                    tracing::warn!(error = %error, "could not record a completed message");
+                    return;
+                }
+            },
+            Verdict::Reject { code, message, retryable } => {
+                im.receiver.abandon(ticket, code, message, retryable)
+            }
+        }
+    };
+    send_ack(&shared, &packet, ack).await;
 }
 
 async fn send_ack(shared: &Shared, message: &Packet, ack: ChatMessageAck) {

@@ -173,6 +173,12 @@ impl DataPlane {
             Some(source);
     }
 
+    /// Sets where inbound files go: each file of an inbound message is downloaded and saved
+    /// before the message reaches the application ([`crate::InboundMessage::saved_files`]).
+    pub fn set_file_sink(&self, sink: Arc<dyn FileSink>) {
+        *self.shared().sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sink);
+    }
+
     /// A snapshot of the channel directory.
     pub fn directory(&self) -> crate::ChannelDirectory {
         self.shared().directory.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
