@@ -49,28 +49,6 @@ pub struct MockXagentArgs {
 /// The xAgent user the mock acts for.
 const MOCK_USER: &str = "mock-user";
 
-/// Pairs each --tool with its --args (missing ones are `{}`), as JSON objects.
-fn tool_calls(
-    tools: &[String],
-    args: &[String],
-) -> Result<Vec<(String, serde_json::Map<String, serde_json::Value>)>, String> {
-    if args.len() > tools.len() {
-        return Err("each --args needs a --tool before it".into());
-    }
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| {
-            let text = args.get(i).map(String::as_str).unwrap_or("{}");
-            match serde_json::from_str::<serde_json::Value>(text) {
-                Ok(serde_json::Value::Object(map)) => Ok((tool.clone(), map)),
-                Ok(_) => Err(format!("--args of {tool} must be a JSON object")),
-                Err(error) => Err(format!("--args of {tool} is not JSON: {error}")),
-            }
-        })
-        .collect()
-}
-
 /// Runs the mock until Ctrl-C.
 pub fn run_command(args: MockXagentArgs) -> ExitCode {
     let base = match BaseUrl::parse(&args.base_url) {
@@ -87,7 +65,7 @@ pub fn run_command(args: MockXagentArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    if let Err(message) = tool_calls(&args.tools, &args.tool_args) {
+    if let Err(message) = crate::tool_calls(&args.tools, &args.tool_args) {
         eprintln!("xagent-connector mock-xagent: {message}");
         return ExitCode::from(EXIT_USAGE);
     }
@@ -177,7 +155,7 @@ async fn session(base: BaseUrl, args: MockXagentArgs, inputs: AuthInput) -> Exit
                     }
                 }
                 plane.remember_channel(channel).await;
-                let calls = tool_calls(&args.tools, &args.tool_args).unwrap_or_default();
+                let calls = crate::tool_calls(&args.tools, &args.tool_args).unwrap_or_default();
                 for (tool, arguments) in calls {
                     match plane.invoke_tool(MOCK_USER, None, &tool, arguments).await {
                         Ok(outcome) => println!(
@@ -228,7 +206,8 @@ fn redact_inputs(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{redact_inputs, tool_calls};
+    use super::redact_inputs;
+    use crate::tool_calls;
 
     #[test]
     fn each_tool_takes_its_own_args_and_bad_json_is_a_usage_error() {

@@ -311,9 +311,6 @@ pub enum ClientEvent {
         /// The payload.
         progress: ToolProgressPush,
     },
-    /// The health monitor or a refetch changed the admitted Card: refresh the model's Tool
-    /// list (the new Skill is in [`crate::Admitted`]).
-    ToolsChanged,
     /// An `error` packet not tied to a pending request.
     Error(WireError),
     /// The client was closed.

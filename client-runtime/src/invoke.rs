@@ -177,6 +177,16 @@ impl DataPlane {
         *self.shared().sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sink);
     }
 
+    /// Replaces the admitted Card after a refetch re-admitted the Connector (Tool resolution
+    /// and projection follow the new Card).
+    pub fn set_card(&self, card: xagent_protocol_types::ConnectorCard) {
+        self.shared()
+            .directory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .set_card(card);
+    }
+
     /// A snapshot of the channel directory.
     pub fn directory(&self) -> crate::ChannelDirectory {
         self.shared().directory.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
