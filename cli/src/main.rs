@@ -52,11 +52,11 @@ pub(crate) fn parse_inputs(pairs: &[String]) -> Result<xagent_protocol_types::Au
     })
 }
 
+/// One `--tool` with its `--args`.
+pub(crate) type ToolCall = (String, serde_json::Map<String, serde_json::Value>);
+
 /// Pairs each --tool with its --args (missing ones are `{}`), as JSON objects.
-pub(crate) fn tool_calls(
-    tools: &[String],
-    args: &[String],
-) -> Result<Vec<(String, serde_json::Map<String, serde_json::Value>)>, String> {
+pub(crate) fn tool_calls(tools: &[String], args: &[String]) -> Result<Vec<ToolCall>, String> {
     if args.len() > tools.len() {
         return Err("each --args needs a --tool before it".into());
     }

@@ -395,7 +395,7 @@ impl Drop for InboundMessage {
 /// What the writer task writes.
 enum Outgoing {
     /// A packet, judged by the session first; `done` learns whether it was written.
-    Packet(Packet, Option<oneshot::Sender<Result<(), ClientError>>>),
+    Packet(Box<Packet>, Option<oneshot::Sender<Result<(), ClientError>>>),
     /// Raw text (conformance probes), written as it is.
     Raw(String),
     /// A close frame; the writer stops after it.
@@ -691,7 +691,8 @@ impl DataPlane {
     /// Stops the client: closes the socket and ends reconnecting.
     pub async fn close(&self) {
         self.task.abort();
-        if let Some(link) = lock(&self.shared.link).take() {
+        let link = lock(&self.shared.link).take();
+        if let Some(link) = link {
             let _ = link.tx.send(Outgoing::Close(1000, "closed".into())).await;
         }
         self.shared.set_state(ConnectionState::Stopped { reason: "closed".into() });
@@ -794,7 +795,7 @@ pub(crate) async fn send_on(shared: &Shared, packet: &Packet) -> Result<(), Clie
     let packet = packet.clone().time(shared.now());
     let (done, written) = oneshot::channel();
     link.tx
-        .send(Outgoing::Packet(packet, Some(done)))
+        .send(Outgoing::Packet(Box::new(packet), Some(done)))
         .await
         .map_err(|_| ClientError::NotConnected)?;
     written.await.unwrap_or(Err(ClientError::NotConnected))
@@ -803,7 +804,7 @@ pub(crate) async fn send_on(shared: &Shared, packet: &Packet) -> Result<(), Clie
 /// Queues a packet without waiting for the write (replies from the reader).
 async fn send_quietly(shared: &Shared, packet: Packet) {
     if let Some(link) = shared.link() {
-        let _ = link.tx.send(Outgoing::Packet(packet.time(shared.now()), None)).await;
+        let _ = link.tx.send(Outgoing::Packet(Box::new(packet.time(shared.now())), None)).await;
     }
 }
 
