@@ -422,3 +422,42 @@ fn rand_suffix() -> u64 {
         .unwrap_or(0)
         ^ u64::from(std::process::id())
 }
+
+#[tokio::test(start_paused = true)]
+async fn inbound_rule_deltas_and_activity_from_the_connector_are_refused_not_delivered() {
+    let clock = ManualClock::new(1_000);
+    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let mut peer = accept_hello(&mut peers).await;
+    plane.connected().await.expect("online");
+    let opening = tokio::spawn({
+        let plane = plane.clone();
+        async move { plane.open_channel_for("alice", None).await }
+    });
+    answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+    opening.await.expect("joins").expect("opened");
+    // IM v2 deltas and activity flow from xAgent to the Connector only.
+    for (id, packet_type, payload) in [
+        (
+            "pkt_d",
+            "chat.message.delta",
+            json!({"message_id": "msg_1", "sequence": 0, "text": "hi"}),
+        ),
+        ("pkt_a", "chat.activity", json!({"status": "thinking"})),
+    ] {
+        let wrong_way = json!({"schema": "xagent.connector.packet/v1", "packet_id": id,
+            "type": packet_type, "connector_channel_id": "cch_1", "payload": payload});
+        assert!(peer.send_json(wrong_way).await);
+        let answer = packet(&peer.next_json().await.expect("an answer"));
+        assert_eq!(answer.type_str(), "error", "{packet_type}");
+        assert_eq!(
+            answer.error.as_ref().map(|e| e.code.to_string()).as_deref(),
+            Some("unsupported_packet"),
+            "{packet_type}"
+        );
+    }
+    let seen = next_event_matching(&mut events, Duration::from_secs(2), |e| {
+        !matches!(e, ClientEvent::State(_) | ClientEvent::Connected { .. })
+    })
+    .await;
+    assert!(seen.is_none(), "the application sees none of them: {seen:?}");
+}
