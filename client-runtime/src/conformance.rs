@@ -1,7 +1,10 @@
 //! A black-box conformance suite for any Connector Server: the control plane, the data plane,
 //! and (given an authentication flow and its inputs) authentication, Descriptors, Tools, IM v2
 //! message exchange and the Transfer Plane. Each check names the rule it checks and, on
-//! failure, shows what was sent and what came back.
+//! failure, shows what was sent and what came back. Where `protocol-validate` has a rule for
+//! what a check observes, the check carries that rule's id (`hello.card_id`,
+//! `packet.type_unknown`, `descriptor.tool_not_in_card`, ...); the others are named by the
+//! plane they probe (`control.*`, `ws.*`, `im.*`, `transfer.*`, `tool.<id>.*`).
 
 use std::time::Duration;
 
@@ -284,12 +287,12 @@ impl Run {
                     Ok(card) => {
                         match AdmissionWindow::default().admit(Some(&card.protocol_version)) {
                             Ok(_) => self.report.record(
-                                "control.card.protocol_version",
+                                "card.protocol_version",
                                 "§12 admission window [3.0, 3.0]",
                                 pass(format!("protocol_version {}", card.protocol_version)),
                             ),
                             Err(e) => self.report.record(
-                                "control.card.protocol_version",
+                                "card.protocol_version",
                                 "§12 admission window [3.0, 3.0]",
                                 fail(e.to_string()),
                             ),
@@ -297,7 +300,7 @@ impl Run {
                         self.card = Some(card);
                     }
                     Err(e) => self.report.record(
-                        "control.card.protocol_version",
+                        "card.protocol_version",
                         "§12 admission window [3.0, 3.0]",
                         fail(format!("the Card does not parse: {e}")),
                     ),
@@ -319,7 +322,7 @@ impl Run {
         // Skill.
         match (self.control.skill().await, &self.card) {
             (Ok(SkillDocument::Absent), _) => self.report.record(
-                "control.skill.name",
+                "skill.name_card",
                 "§4.2 Skill name is connector-<card id>",
                 skip("no primary Skill (204/404)"),
             ),
@@ -327,29 +330,29 @@ impl Run {
                 let expected = card.primary_skill_name();
                 match crate::skill_name(&markdown) {
                     Some(name) if name == expected => self.report.record(
-                        "control.skill.name",
+                        "skill.name_card",
                         "§4.2 Skill name is connector-<card id>",
                         pass(format!("name {name}")),
                     ),
                     Some(name) => self.report.record(
-                        "control.skill.name",
+                        "skill.name_card",
                         "§4.2 Skill name is connector-<card id>",
                         fail(format!("name {name}, expected {expected}")),
                     ),
                     None => self.report.record(
-                        "control.skill.name",
+                        "skill.name_card",
                         "§4.2 Skill name is connector-<card id>",
                         fail("no `name:` in the front matter"),
                     ),
                 }
             }
             (Ok(SkillDocument::Present(_)), None) => self.report.record(
-                "control.skill.name",
+                "skill.name_card",
                 "§4.2 Skill name is connector-<card id>",
                 skip("no valid Card to compare with"),
             ),
             (Err(e), _) => self.report.record(
-                "control.skill.name",
+                "skill.name_card",
                 "§4.2 Skill name is connector-<card id>",
                 fail(e.to_string()),
             ),
@@ -653,13 +656,13 @@ impl Run {
         let answer = probe.next(self.wait()).await;
         if error_code(&answer) == Some(ErrorCode::ConnectorCardIdMismatch) {
             self.report.record(
-                "ws.hello.card_id_mismatch",
+                "hello.card_id",
                 "§8.1 connector_card_id must match the Card",
                 pass("connector_card_id_mismatch"),
             );
         } else {
             self.report.record(
-                "ws.hello.card_id_mismatch",
+                "hello.card_id",
                 "§8.1 connector_card_id must match the Card",
                 fail_with("expected connector_card_id_mismatch", Some(&wrong_card), &answer),
             );
@@ -677,13 +680,13 @@ impl Run {
             let answer = probe.next(self.wait()).await;
             if error_code(&answer) == Some(ErrorCode::InvalidPacket) {
                 self.report.record(
-                    "ws.hello.supported_profiles_required",
+                    "hello.supported_profiles",
                     "§8.1 a current Connector requires supported_profiles",
                     pass("invalid_packet"),
                 );
             } else {
                 self.report.record(
-                    "ws.hello.supported_profiles_required",
+                    "hello.supported_profiles",
                     "§8.1 a current Connector requires supported_profiles",
                     fail_with("expected invalid_packet", Some(&text), &answer),
                 );
@@ -692,7 +695,7 @@ impl Run {
         }
 
         for (id, version) in
-            [("ws.hello.version_missing", None), ("ws.hello.version_too_low", Some("2.0"))]
+            [("ws.hello.version_missing", None), ("hello.protocol_version", Some("2.0"))]
         {
             let Some(mut probe) = self.open_probe().await else { continue };
             let text = self.hello_text(|p| match version {
@@ -805,13 +808,13 @@ impl Run {
         let answer = probe.next(self.wait()).await;
         if error_code(&answer) == Some(ErrorCode::UnsupportedPacket) {
             self.report.record(
-                "ws.unknown_packet_type",
+                "packet.type_unknown",
                 "§8.23 unknown packet types get unsupported_packet",
                 pass("unsupported_packet"),
             );
         } else {
             self.report.record(
-                "ws.unknown_packet_type",
+                "packet.type_unknown",
                 "§8.23 unknown packet types get unsupported_packet",
                 fail_with("expected unsupported_packet", Some(&unknown), &answer),
             );
@@ -852,13 +855,13 @@ impl Run {
         let answer = probe.next(self.wait()).await;
         if error_code(&answer) == Some(ErrorCode::ConnectorChannelIdRequired) {
             self.report.record(
-                "ws.channel_id_required",
+                "packet.channel_required",
                 "§8.23 user-level packets need connector_channel_id",
                 pass("connector_channel_id_required"),
             );
         } else {
             self.report.record(
-                "ws.channel_id_required",
+                "packet.channel_required",
                 "§8.23 user-level packets need connector_channel_id",
                 fail_with("expected connector_channel_id_required", Some(&no_channel), &answer),
             );
@@ -974,7 +977,7 @@ impl Run {
         } else {
             for id in [
                 "auth.flow",
-                "descriptor.tools_in_card",
+                "descriptor.tool_not_in_card",
                 "descriptor.tools_declared",
                 "im.message_accepted",
                 "im.duplicate",
@@ -1194,13 +1197,13 @@ impl Run {
             .collect();
         if extra.is_empty() {
             self.report.record(
-                "descriptor.tools_in_card",
+                "descriptor.tool_not_in_card",
                 "§9 a Tool absent from the Card cannot appear in the Descriptor",
                 pass(format!("{} Tool(s), all in the Card", descriptor.tools.len())),
             );
         } else {
             self.report.record(
-                "descriptor.tools_in_card",
+                "descriptor.tool_not_in_card",
                 "§9 a Tool absent from the Card cannot appear in the Descriptor",
                 fail(format!("not in the Card: {}", extra.join(", "))),
             );
@@ -1278,7 +1281,7 @@ impl Run {
     /// The checks that need a signed-in channel, reported skipped with `reason`.
     fn skip_signed_in(&mut self, reason: &str) {
         for id in [
-            "descriptor.tools_in_card",
+            "descriptor.tool_not_in_card",
             "descriptor.tools_declared",
             "im.message_accepted",
             "im.duplicate",

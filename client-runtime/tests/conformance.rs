@@ -91,7 +91,7 @@ async fn conformance_rule_a_failed_sign_in_reports_the_signed_in_checks_skipped_
     let report = run(options).await;
     assert_eq!(report.check("auth.flow").map(|c| c.status), Some(Status::Fail));
     for id in
-        ["descriptor.tools_in_card", "im.message_accepted", "auth.logout", "tool.echo_send.success"]
+        ["descriptor.tool_not_in_card", "im.message_accepted", "auth.logout", "tool.echo_send.success"]
     {
         let check = report.check(id).expect("reported");
         assert_eq!(check.status, Status::Skipped, "{id}");
