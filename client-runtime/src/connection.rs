@@ -424,6 +424,7 @@ pub(crate) struct Shared {
     pub(crate) files: StdMutex<Option<Arc<dyn crate::FileSource>>>,
     pub(crate) sink: StdMutex<Option<Arc<dyn crate::FileSink>>>,
     facts: Option<CardFacts>,
+    validator: xagent_protocol_validate::Validator,
 }
 
 fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -513,6 +514,7 @@ impl DataPlane {
             }
         }
         let facts = config.card.as_ref().map(CardFacts::from_card);
+        let config_window = config.window;
         let shared = Arc::new(Shared {
             im: Mutex::new(im),
             config,
@@ -524,6 +526,7 @@ impl DataPlane {
             events,
             files: StdMutex::new(None),
             sink: StdMutex::new(None),
+            validator: xagent_protocol_validate::Validator::new().with_window(config_window),
             facts,
         });
         let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
@@ -1120,6 +1123,35 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
             return None;
         }
     };
+    // Nothing the validator rejects is accepted. A `chat.message` is judged by the IM v2
+    // payload rules instead, which answer with a `rejected` ack as the Profile says.
+    if !matches!(packet.body, PacketBody::ChatMessage(_))
+        && let Some(problems) = validation_errors(shared, text)
+    {
+        tracing::warn!(packet_type = packet.type_str(), %problems, "packet breaks the protocol");
+        let error =
+            WireError::invalid_packet(format!("the packet breaks the protocol: {problems}"));
+        let role = packet.packet_type().spec().map(|s| s.role);
+        let answering = matches!(role, Some(Role::Ack { .. }) | Some(Role::Error))
+            || matches!(packet.body, PacketBody::Error(_));
+        if answering {
+            if let Some(request_id) = &packet.request_id
+                && let Some(waiter) = lock(&shared.pending).remove(request_id)
+            {
+                lock(session).forget_request(Side::Xagent, request_id);
+                let _ = waiter.send(Err(ClientError::Refused(error)));
+            }
+            return None;
+        }
+        // A pushed Descriptor that breaks the rules is dropped without an answer (as the
+        // session does for one of another channel); everything else gets `invalid_packet`.
+        if matches!(packet.body, PacketBody::DescriptorPush(_)) {
+            return None;
+        }
+        let reply = Packet::error(ids::mint("pkt_"), error).answering(&packet);
+        send_quietly(shared, reply).await;
+        return None;
+    }
     // Profile packets outside what was negotiated or what the channel enables are dropped
     // without an answer; the catalog decides.
     {
@@ -1175,6 +1207,15 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
     };
     dispatch(shared, packet, accepted).await;
     None
+}
+
+/// The validator's errors for a packet from the Connector, rule ids first, or `None`.
+fn validation_errors(shared: &Shared, text: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(text).ok()?;
+    let context = PacketContext { card: shared.facts.as_ref(), sender: Some(Side::Connector) };
+    let report = shared.validator.packet(&value, context);
+    let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
+    (!errors.is_empty()).then(|| errors.join("; "))
 }
 
 async fn dispatch(shared: &Arc<Shared>, packet: Packet, accepted: Accepted) {

@@ -90,9 +90,12 @@ async fn conformance_rule_a_failed_sign_in_reports_the_signed_in_checks_skipped_
     options.tools = vec![("echo_send".into(), Default::default())];
     let report = run(options).await;
     assert_eq!(report.check("auth.flow").map(|c| c.status), Some(Status::Fail));
-    for id in
-        ["descriptor.tool_not_in_card", "im.message_accepted", "auth.logout", "tool.echo_send.success"]
-    {
+    for id in [
+        "descriptor.tool_not_in_card",
+        "im.message_accepted",
+        "auth.logout",
+        "tool.echo_send.success",
+    ] {
         let check = report.check(id).expect("reported");
         assert_eq!(check.status, Status::Skipped, "{id}");
         assert!(check.detail.contains("refused the token"), "{id}: {}", check.detail);
