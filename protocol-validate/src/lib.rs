@@ -69,6 +69,7 @@
 #![doc = include_str!("../RULES.md")]
 
 pub mod catalog;
+mod fast;
 pub mod im;
 mod report;
 pub mod rules;
@@ -78,6 +79,7 @@ mod tool_schema;
 mod validate;
 pub mod version;
 
+pub use fast::Checked;
 pub use report::{Report, Rule, Severity, Violation};
 pub use secrets::{Leak, LeakKind, SecretScanner};
 pub use validate::{

@@ -127,7 +127,7 @@ impl<'a> PacketContext<'a> {
 /// Validates documents. Holds the secret scanner and the admission window it applies.
 #[derive(Clone, Debug)]
 pub struct Validator {
-    scanner: SecretScanner,
+    pub(crate) scanner: SecretScanner,
     window: AdmissionWindow,
 }
 
