@@ -22,7 +22,8 @@ pub struct RuntimeConfig {
     /// message for a peer whose queue is full stays pending and is retried after backoff, while
     /// other sockets' channels keep flowing.
     pub write_queue: usize,
-    /// How long a `tool.invoke` result is kept for repeated calls (default 24 hours).
+    /// How long a `tool.invoke` result is kept for repeated calls (default: the protocol-wide
+    /// repeated-call window, `REPEATED_CALL_WINDOW_MS`, 24 hours).
     pub tool_call_window: Duration,
     /// How long an auth session is kept (default 30 minutes).
     pub auth_session_ttl: Duration,
@@ -44,7 +45,7 @@ impl Default for RuntimeConfig {
             lease: Duration::from_secs(3600),
             max_packet_bytes: 1024 * 1024,
             write_queue: 256,
-            tool_call_window: Duration::from_secs(24 * 3600),
+            tool_call_window: Duration::from_millis(xagent_protocol_types::REPEATED_CALL_WINDOW_MS),
             auth_session_ttl: Duration::from_secs(30 * 60),
             maintenance_interval: Duration::from_secs(30),
             base_path: String::new(),

@@ -223,22 +223,6 @@ where
     let _ = sink.close().await;
 }
 
-/// The ack type answering a request type, empty (for error acks).
-fn empty_ack(request: &PacketBody) -> PacketBody {
-    match request {
-        PacketBody::ConnectorHello(_) => PacketBody::ConnectorHelloAck(None),
-        PacketBody::ChannelOpen(_) => PacketBody::ChannelOpenAck(None),
-        PacketBody::ChannelClose(_) => PacketBody::ChannelCloseAck(None),
-        PacketBody::AuthStart(_) => PacketBody::AuthStartAck(None),
-        PacketBody::AuthStatus(_) => PacketBody::AuthStatusAck(None),
-        PacketBody::AuthCancel(_) => PacketBody::AuthCancelAck(None),
-        PacketBody::AuthLogout(_) => PacketBody::AuthLogoutAck(None),
-        PacketBody::DescriptorGet(_) => PacketBody::DescriptorGetAck(None),
-        PacketBody::ToolInvoke(_) => PacketBody::ToolInvokeAck(None),
-        _ => PacketBody::Error(None),
-    }
-}
-
 impl Conn {
     pub(crate) async fn send(&self, packet: Packet) {
         let packet = packet.time(self.shared.now());
@@ -251,9 +235,9 @@ impl Conn {
 
     pub(crate) async fn reply_error(&self, request: &Packet, error: WireError) {
         tracing::debug!(packet_type = request.type_str(), code = %error.code, "request failed");
-        let ack = Packet::new(ids::packet_id(), empty_ack(&request.body))
-            .with_error(error)
-            .answering(request);
+        // The ack type comes from the one request-to-ack table (`protocol-types`).
+        let body = PacketBody::empty_ack_for(&request.body).unwrap_or(PacketBody::Error(None));
+        let ack = Packet::new(ids::packet_id(), body).with_error(error).answering(request);
         self.send(ack).await;
     }
 

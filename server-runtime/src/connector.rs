@@ -388,7 +388,10 @@ impl ConnectorBuilder {
             .with_label(target.label.clone()),
             None => DescriptorTarget::new(card.connector_card_id.to_string(), "not bound"),
         };
-        check_card(&card)?;
+        let card_value = check_card(&card)?;
+        if let Some(skill) = &self.skill {
+            check_skill(skill, &card_value)?;
+        }
         Ok(Connector {
             card,
             tools,
@@ -402,12 +405,24 @@ impl ConnectorBuilder {
 
 /// Runs the protocol's Card validator on the serialised Card: every `error` violation refuses
 /// the definition, warnings are logged.
-fn check_card(card: &ConnectorCard) -> Result<(), DefinitionError> {
+fn check_card(card: &ConnectorCard) -> Result<serde_json::Value, DefinitionError> {
     let value = serde_json::to_value(card)?;
     let report = xagent_protocol_validate::validate_card(&value);
     for warning in report.warnings() {
         tracing::warn!(rule = %warning.rule, path = %warning.path, "Connector Card: {}", warning.message);
     }
     let errors: Vec<_> = report.errors().cloned().collect();
-    if errors.is_empty() { Ok(()) } else { Err(DefinitionError::CardViolations(errors)) }
+    if errors.is_empty() { Ok(value) } else { Err(DefinitionError::CardViolations(errors)) }
+}
+
+/// Runs the protocol's Skill validator (the one `xagent-connector check skill` and xAgent's
+/// admission use) on the primary Skill: errors refuse the definition, warnings are logged.
+fn check_skill(skill: &str, card: &serde_json::Value) -> Result<(), DefinitionError> {
+    let facts = xagent_protocol_validate::CardFacts::from_value(card);
+    let report = xagent_protocol_validate::validate_skill(skill, &facts);
+    for warning in report.warnings() {
+        tracing::warn!(rule = %warning.rule, path = %warning.path, "Skill: {}", warning.message);
+    }
+    let errors: Vec<_> = report.errors().cloned().collect();
+    if errors.is_empty() { Ok(()) } else { Err(DefinitionError::SkillViolations(errors)) }
 }

@@ -59,6 +59,11 @@ pub enum DefinitionError {
     /// Warnings are logged, not refused.
     #[error("the generated Connector Card breaks {} rule(s):\n{}", .0.len(), list_violations(.0))]
     CardViolations(Vec<Violation>),
+    /// The primary Skill breaks hard rules (`error` violations of
+    /// `xagent_protocol_validate::validate_skill`, the same check `xagent-connector check` and
+    /// xAgent's admission apply).
+    #[error("the primary Skill breaks {} rule(s):\n{}", .0.len(), list_violations(.0))]
+    SkillViolations(Vec<Violation>),
     /// The Card declares an IM Profile but no IM target was given.
     #[error("the Card declares {0} but no ImTarget was registered; call .im_target(...)")]
     MissingImTarget(String),

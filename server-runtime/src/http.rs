@@ -54,11 +54,11 @@ impl ConnectorServer {
 /// constant time), or when no key is configured.
 pub(crate) fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
     let Some(key) = &shared.api_key else { return true };
+    // The one Bearer parser (scheme case-insensitive), shared with the Transfer Plane.
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim);
+        .and_then(xagent_protocol_types::bearer_token);
     presented.is_some_and(|token| key.matches(token))
 }
 
