@@ -8,9 +8,10 @@
 //! memory only: an interrupted sign-in is restarted by the user.
 
 //!
-//! - `sqlite`: [`SqliteStorage`], the default.
+//! - `sqlite`: [`SqliteStorage`], the default; `sqlite_im`: the IM stores on it.
 
 mod sqlite;
+mod sqlite_im;
 
 pub use sqlite::{DATABASE_FILE, SqliteStorage};
 
