@@ -13,7 +13,7 @@ use xagent_client_runtime::{
 use xagent_connector_webchat::{ROOM_FLOW, TOOL_FILE_SEND, Webchat, WebchatOptions};
 use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, AuthStatus, Secret};
 use xagent_protocol_validate::AdmissionWindow;
-use xagent_server_runtime::testing::temp_state_dir;
+use xagent_testkit::temp_state_dir;
 
 const API_KEY: &str = "sk-file-tool-3f9a0c";
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use xagent_client_runtime::BaseUrl;
 use xagent_client_runtime::conformance::{ConformanceOptions, Status, run};
 use xagent_protocol_types::{AuthInput, Secret};
-use xagent_server_runtime::testing::{ECHO_FLOW, EchoServer, temp_state_dir};
+use xagent_testkit::{ECHO_FLOW, EchoServer, temp_state_dir};
 
 const API_KEY: &str = "sk-conformance-test-55e1";
 
@@ -86,7 +86,7 @@ async fn conformance_rule_a_failed_sign_in_reports_the_signed_in_checks_skipped_
     let (_server, base) = echo_server().await;
     let mut options = options(&base, true);
     options.inputs =
-        AuthInput::default().with("token", xagent_server_runtime::testing::ECHO_BAD_TOKEN);
+        AuthInput::default().with("token", xagent_testkit::ECHO_BAD_TOKEN);
     options.tools = vec![("echo_send".into(), Default::default())];
     let report = run(options).await;
     assert_eq!(report.check("auth.flow").map(|c| c.status), Some(Status::Fail));

@@ -16,7 +16,7 @@ use xagent_protocol_types::{
     FileType, Secret,
 };
 use xagent_protocol_validate::AdmissionWindow;
-use xagent_server_runtime::testing::{ECHO_CARD_ID, ECHO_FLOW, echo_connector, temp_state_dir};
+use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, echo_connector, temp_state_dir};
 use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
 
 const API_KEY: &str = "sk-prefix-test-51c0e2";
