@@ -231,7 +231,8 @@ impl Webchat {
             token.cancel();
             server.shutdown();
         };
-        let result = axum::serve(listener, self.router()).with_graceful_shutdown(stop).await;
+        web::recover_pending(&self.app).await;
+        let result = web::serve(listener, self.router(), web::ServeLimits::default(), stop).await;
         for task in tasks {
             task.abort();
         }

@@ -384,10 +384,8 @@ async fn files_travel_both_ways() {
         .await;
     let served = visitor
         .http
-        .get(server.url(&format!(
-            "/chat/api/rooms/lobby/files/{}?token={}",
-            upload.file_ref, visitor.token
-        )))
+        .get(server.url(&format!("/chat/api/rooms/lobby/files/{}", upload.file_ref)))
+        .bearer_auth(&visitor.token)
         .send()
         .await
         .expect("file");

@@ -188,7 +188,8 @@ impl Visitor {
     pub async fn snapshot(&self) -> Value {
         let mut response = self
             .http
-            .get(format!("{}/chat/api/rooms/{}/events?token={}", self.base, self.room, self.token))
+            .get(format!("{}/chat/api/rooms/{}/events", self.base, self.room))
+            .bearer_auth(&self.token)
             .send()
             .await
             .expect("events");
