@@ -12,8 +12,9 @@
 //      script does not run (issue 14, H1); no visitor token is in localStorage or a URL;
 //   6. reopens the room with its history: the list shows the newest message, on desktop and
 //      phone sizes, also after the images loaded;
-//   7. completes the QR pairing flow from the printed link and chats in the new room;
-//   8. saves screenshots (desktop and phone size) of the finished conversation.
+//   7. saves screenshots (desktop and phone size) of the finished conversation;
+//   8. completes the QR pairing flow from the printed link and chats in the new room;
+//   9. restarts the demo: the paired room still has its agent.
 //
 // Environment: XAGENT_CONNECTOR_BIN (default ../target/debug/xagent-connector), CHROMIUM
 // (default /usr/bin/chromium), WEBCHAT_SCREENSHOT_DIR (default e2e/out).
@@ -134,6 +135,7 @@ async function main() {
   const port = await freePort();
   let demo = startDemo(port, stateDir);
   let context;
+  let pairedPage;
   try {
     await demo.until(() => demo.roomUrl && demo.pairUrls.length > 0, 'the demo URLs');
     log(`demo on port ${port}: ${demo.roomUrl}`);
@@ -344,6 +346,18 @@ async function main() {
       await again.goto(link);
       await again.waitForSelector('#pair-error:not([hidden])');
       assert.match(await again.textContent('#pair-error'), /already used|not valid/);
+      pairedPage = pair;
+    });
+
+    await step('restart the demo: the paired room keeps its agent', async () => {
+      await demo.stop();
+      demo = startDemo(port, stateDir);
+      await demo.until(() => demo.roomUrl, 'the restarted demo');
+      await pairedPage.waitForSelector('#agent-state.online');
+      await pairedPage.fill('#text', 'Paired room after the restart');
+      await pairedPage.press('#text', 'Enter');
+      const { finals } = await draftLengthsWhileStreaming(pairedPage, 'Paired room after the restart');
+      assert.equal(finals.length, 1);
     });
 
     log(`\n${steps.length} steps passed; screenshots in ${shots}`);
