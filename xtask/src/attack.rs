@@ -50,6 +50,7 @@ impl Outcome {
 
 /// Sizes of the floods.
 struct Sizes {
+    drain_messages: usize,
     guess_seconds: f64,
     stream_attempts: usize,
     history_messages: usize,
@@ -67,6 +68,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<ExitCode> {
     let bin = build(root)?;
     let sizes = if quick {
         Sizes {
+            drain_messages: 100,
             guess_seconds: 2.0,
             stream_attempts: 24,
             history_messages: 20,
@@ -75,6 +77,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<ExitCode> {
         }
     } else {
         Sizes {
+            drain_messages: 1_000,
             guess_seconds: 10.0,
             stream_attempts: 200,
             history_messages: 200,
@@ -169,12 +172,21 @@ fn proc_status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn start(bin: &Path) -> Result<Target> {
+fn fresh_dir() -> Result<PathBuf> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let dir = std::env::temp_dir().join(format!("xtask-attack-{}-{nanos:x}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+async fn start(bin: &Path) -> Result<Target> {
+    start_in(bin, fresh_dir()?, "127.0.0.1:0").await
+}
+
+/// Starts `xagent-connector webchat` with its state under `dir`, listening on `listen`.
+async fn start_in(bin: &Path, dir: PathBuf, listen: &str) -> Result<Target> {
     let key_file = dir.join("api-key");
     std::fs::write(&key_file, API_KEY)?;
     #[cfg(unix)]
@@ -190,12 +202,12 @@ async fn start(bin: &Path) -> Result<Target> {
             "RUST_LOG",
             "debug,hyper=info,h2=info,rustls=info,tungstenite=info,tokio_tungstenite=info",
         )
-        .args(["webchat", "--listen", "127.0.0.1:0", "--state-dir"])
+        .args(["webchat", "--listen", listen, "--state-dir"])
         .arg(dir.join("state"))
         .arg("--api-key-file")
         .arg(&key_file)
         .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log)?)
+        .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log)?)
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
@@ -288,13 +300,30 @@ fn form(
     Ok(form)
 }
 
+impl Target {
+    /// SIGTERM, then waits for the process to end (at most 20 s).
+    async fn terminate(&mut self) -> Result<()> {
+        let _ = std::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status();
+        match tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await {
+            Ok(status) => {
+                status?;
+                Ok(())
+            }
+            Err(_) => {
+                let _ = self.child.kill().await;
+                bail!("the Connector did not stop within 20 s of SIGTERM")
+            }
+        }
+    }
+}
+
 async fn attack_all(bin: &Path, sizes: &Sizes) -> Result<Vec<Outcome>> {
+    let mut outcomes = vec![m5(bin, sizes).await?];
     let target = start(bin).await?;
     let plane = xagent(&target).await?;
     let http = reqwest::Client::new();
     sign_in(&plane, None, "attack", "attack-code-1234").await?;
     let token = join(&http, &target, "attack", "attack-code-1234").await?;
-    let mut outcomes = Vec::new();
     outcomes.push(h1(&http, &target, &token).await?);
     outcomes.push(h3(&http, &target, &token).await?);
     outcomes.push(h4(&http, &target, &plane).await?);
@@ -323,6 +352,72 @@ fn order(id: &str) -> usize {
         "L2", "L3", "L4", "L5", "L6", "I1", "I5",
     ];
     IDS.iter().position(|known| *known == id).unwrap_or(IDS.len())
+}
+
+/// M5: pending visitor messages after a restart drain at once, not on the 30 s maintenance tick.
+async fn m5(bin: &Path, sizes: &Sizes) -> Result<Outcome> {
+    let mut target = start(bin).await?;
+    let plane = xagent(&target).await?;
+    let http = reqwest::Client::new();
+    let channel = sign_in(&plane, None, "drain", "drain-code-1234").await?;
+    let token = join(&http, &target, "drain", "drain-code-1234").await?;
+    plane.close().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for n in 0..sizes.drain_messages {
+        let response = http
+            .post(target.url("/chat/api/rooms/drain/messages"))
+            .bearer_auth(&token)
+            .json(&json!({"text": format!("pending {n}"), "client_id": format!("d{n}")}))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("queueing message {n} answered {}", response.status());
+        }
+    }
+    let addr = target.addr.clone();
+    let dir = target.dir.clone();
+    target.terminate().await?;
+    let mut target = start_in(bin, dir, &addr).await?;
+    let base = BaseUrl::parse(&target.url("")).map_err(|e| anyhow!("{e}"))?;
+    let config = ClientConfig::new(base, CARD_ID, vec![PROFILE_IM_V2.into()])
+        .with_api_key(Secret::new(API_KEY));
+    let (plane, mut events) = DataPlane::start(config);
+    tokio::time::timeout(Duration::from_secs(15), plane.connected())
+        .await
+        .context("xAgent could not reconnect")?
+        .map_err(|e| anyhow!("{e}"))?;
+    let started = Instant::now();
+    plane.open_channel(Some(&channel)).await.map_err(|e| anyhow!("{e}"))?;
+    plane.remember_channel(channel.clone()).await;
+    let mut seen = std::collections::HashSet::new();
+    let limit = Duration::from_secs(120);
+    while seen.len() < sizes.drain_messages && started.elapsed() < limit {
+        let left = limit.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, events.recv()).await {
+            Ok(Some(xagent_client_runtime::ClientEvent::ChatMessage(inbound))) => {
+                seen.insert(inbound.message.message_id.to_string());
+                inbound.accept();
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    plane.close().await;
+    let _ = target.terminate().await;
+    let _ = std::fs::remove_dir_all(&target.dir);
+    let all = seen.len() == sizes.drain_messages;
+    Ok(Outcome::new(
+        "M5",
+        "pending messages after a restart wait for the maintenance tick",
+        all && seconds < 25.0,
+        format!(
+            "{} of {} pending messages delivered {seconds:.1} s after xAgent reopened its channel",
+            seen.len(),
+            sizes.drain_messages
+        ),
+    )
+    .with(json!({"messages": sizes.drain_messages, "delivered": seen.len(), "seconds": seconds})))
 }
 
 /// H1: an SVG declared `image/svg+xml;charset=utf-8` must not be served inline.
