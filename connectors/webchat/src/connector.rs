@@ -21,7 +21,7 @@ use xagent_server_runtime::{
 use crate::error::WebchatError;
 use crate::hub::{Activity, Draft, Hub};
 use crate::pairing::{PairingPrompt, PairingStatus, Pairings};
-use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Inserted, Room, RoomClaim, Store};
+use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Inserted, Room, SignIn, Store};
 
 /// Card id.
 pub const CARD_ID: &str = "im.webchat";
@@ -158,13 +158,33 @@ impl AuthProvider for WebchatAuth {
                         "the access code needs at least 4 characters".into(),
                     ));
                 }
-                let claim =
-                    app.store.claim_room(name.expose(), code.expose(), ctx.handle.now_millis());
+                let owner = input.get("owner_code").map(|o| o.expose().to_owned());
+                let claim = app.store.sign_in_room(
+                    name.expose(),
+                    code.expose(),
+                    owner.as_deref().filter(|o| !o.is_empty()),
+                    &ctx.channel,
+                    ctx.handle.now_millis(),
+                );
                 let room = match claim {
-                    Ok(RoomClaim::Created(room) | RoomClaim::Matched(room)) => room,
-                    Ok(RoomClaim::WrongCode) => {
+                    Ok(SignIn::Created(room) | SignIn::Matched(room)) => room,
+                    Ok(SignIn::Rotated { room, revoked }) => {
+                        tracing::info!(room = %room.room_id, revoked, "the room's access code changed; visitor sessions ended");
+                        room
+                    }
+                    Ok(SignIn::WrongCode) => {
                         return Ok(AuthStep::Failed(
                             "this room exists with another access code".into(),
+                        ));
+                    }
+                    Ok(SignIn::WrongOwner) => {
+                        return Ok(AuthStep::Failed(
+                            "the owner code of this room is another one".into(),
+                        ));
+                    }
+                    Ok(SignIn::OwnerRequired) => {
+                        return Ok(AuthStep::Failed(
+                            "another channel serves this room: sign in with the room's owner code to move it here".into(),
                         ));
                     }
                     Err(WebchatError::InvalidInput(reason)) => return Ok(AuthStep::Failed(reason)),
@@ -438,7 +458,9 @@ pub(crate) fn build(app: Arc<App>) -> Result<Connector, WebchatError> {
                     AuthField::text("room_name", "Room name").required().with_placeholder("support"),
                     AuthField::password("access_code", "Access code")
                         .required()
-                        .with_help_text("Visitors enter this code to join the room (at least 4 characters)."),
+                        .with_help_text("Visitors enter this code to join the room (at least 8 characters for a new room)."),
+                    AuthField::password("owner_code", "Owner code")
+                        .with_help_text("Yours, not the visitors': needed to move the room to another channel or to change its access code. Set it when creating the room (at least 8 characters, not the access code)."),
                 ],
             )
             .with_description("Creates the room, or joins it when the access code matches."),

@@ -148,6 +148,30 @@ pub enum RoomClaim {
     WrongCode,
 }
 
+/// Result of an xAgent channel signing in to a room with the form flow (M9: the visitors'
+/// access code alone never moves a room that another channel serves).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SignIn {
+    /// A new room was created (with the owner code, when one was given).
+    Created(Room),
+    /// The channel may serve the room.
+    Matched(Room),
+    /// The owner changed the access code: every visitor session of the room was revoked.
+    Rotated {
+        /// The room.
+        room: Room,
+        /// Visitor sessions ended.
+        revoked: usize,
+    },
+    /// The access code is wrong.
+    WrongCode,
+    /// The owner code is wrong.
+    WrongOwner,
+    /// Another channel serves the room, or the room has an owner code: only the owner code
+    /// moves it.
+    OwnerRequired,
+}
+
 /// Whether an insert created a message or found the earlier one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Inserted {
@@ -257,6 +281,8 @@ impl Store {
         add_column(&conn, "visitors", "expires_at", "INTEGER")?;
         add_column(&conn, "visitors", "revoked", "INTEGER NOT NULL DEFAULT 0")?;
         add_column(&conn, "messages", "outbound", "TEXT")?;
+        add_column(&conn, "rooms", "owner_salt", "TEXT")?;
+        add_column(&conn, "rooms", "owner_hash", "TEXT")?;
         Ok(Self { conn: Mutex::new(conn) })
     }
 
@@ -313,6 +339,137 @@ impl Store {
                 }))
             }
         }
+    }
+
+    /// The form flow's sign-in of `channel` to the room `name` (M9). The access code is the
+    /// visitors' secret; the optional owner code is xAgent's. A new room stores both (hashed).
+    /// An existing room is served by `channel` when: the owner code is right (a different access
+    /// code then replaces the old one and ends every visitor session), or the access code is
+    /// right and the room has no owner code and no other channel serving it, or `channel` already
+    /// serves it. A room without an owner code gets the one presented by a channel allowed to
+    /// serve it.
+    pub fn sign_in_room(
+        &self,
+        name: &str,
+        access_code: &str,
+        owner_code: Option<&str>,
+        channel: &ConnectorChannelId,
+        now: u64,
+    ) -> Result<SignIn, WebchatError> {
+        let room_id = room_id_from_name(name).ok_or_else(|| {
+            WebchatError::InvalidInput(
+                "the room name needs 1-64 characters with at least one letter or digit".into(),
+            )
+        })?;
+        if let Some(owner) = owner_code
+            && (owner.chars().count() < MIN_ACCESS_CODE_CHARS || owner == access_code)
+        {
+            return Err(WebchatError::InvalidInput(format!(
+                "the owner code needs at least {MIN_ACCESS_CODE_CHARS} characters and must differ from the access code"
+            )));
+        }
+        let conn = self.conn();
+        type Row = (String, String, String, Option<String>, Option<String>, Option<String>);
+        let existing: Option<Row> = conn
+            .query_row(
+                "SELECT name, code_salt, code_hash, channel, owner_salt, owner_hash FROM rooms WHERE room_id = ?1",
+                params![room_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+            )
+            .optional()
+            .map_err(db)?;
+        let Some((stored_name, salt, hash, bound, owner_salt, owner_hash)) = existing else {
+            drop(conn);
+            let created = self.claim_room(name, access_code, now)?;
+            if let (RoomClaim::Created(room), Some(owner)) = (&created, owner_code) {
+                self.set_owner(&room.room_id, owner)?;
+            }
+            return Ok(match created {
+                RoomClaim::Created(room) => SignIn::Created(room),
+                RoomClaim::Matched(room) => SignIn::Matched(room),
+                RoomClaim::WrongCode => SignIn::WrongCode,
+            });
+        };
+        let room = Room {
+            room_id: room_id.clone(),
+            name: stored_name,
+            channel: bound.clone().map(ConnectorChannelId::new),
+        };
+        let code_right =
+            bool::from(hash_code(&salt, access_code).as_bytes().ct_eq(hash.as_bytes()));
+        let owner_right = match (owner_code, owner_salt, owner_hash) {
+            (Some(owner), Some(salt), Some(hash)) => {
+                Some(bool::from(hash_code(&salt, owner).as_bytes().ct_eq(hash.as_bytes())))
+            }
+            _ => None,
+        };
+        let serves = bound.as_deref() == Some(channel.as_str());
+        drop(conn);
+        match owner_right {
+            Some(false) => Ok(SignIn::WrongOwner),
+            Some(true) if code_right => Ok(SignIn::Matched(room)),
+            Some(true) => {
+                if access_code.chars().count() < MIN_ACCESS_CODE_CHARS {
+                    return Err(WebchatError::InvalidInput(format!(
+                        "the access code needs at least {MIN_ACCESS_CODE_CHARS} characters"
+                    )));
+                }
+                let salt = random_hex(16);
+                self.conn()
+                    .execute(
+                        "UPDATE rooms SET code_salt = ?2, code_hash = ?3 WHERE room_id = ?1",
+                        params![room_id, salt, hash_code(&salt, access_code)],
+                    )
+                    .map_err(db)?;
+                let revoked = self.revoke_room_visitors(&room_id)?;
+                Ok(SignIn::Rotated { room, revoked })
+            }
+            None if !code_right => Ok(SignIn::WrongCode),
+            None => {
+                let has_owner = self.has_owner(&room_id)?;
+                if serves || (!has_owner && bound.is_none()) {
+                    if let (false, Some(owner)) = (has_owner, owner_code) {
+                        self.set_owner(&room_id, owner)?;
+                    }
+                    Ok(SignIn::Matched(room))
+                } else {
+                    Ok(SignIn::OwnerRequired)
+                }
+            }
+        }
+    }
+
+    fn has_owner(&self, room_id: &str) -> Result<bool, WebchatError> {
+        let owner: Option<Option<String>> = self
+            .conn()
+            .query_row("SELECT owner_hash FROM rooms WHERE room_id = ?1", params![room_id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(db)?;
+        Ok(owner.flatten().is_some())
+    }
+
+    fn set_owner(&self, room_id: &str, owner: &str) -> Result<(), WebchatError> {
+        let salt = random_hex(16);
+        self.conn()
+            .execute(
+                "UPDATE rooms SET owner_salt = ?2, owner_hash = ?3 WHERE room_id = ?1",
+                params![room_id, salt, hash_code(&salt, owner)],
+            )
+            .map_err(db)?;
+        Ok(())
+    }
+
+    /// Ends every visitor session of a room (its owner changed the access code); returns how
+    /// many were open.
+    pub fn revoke_room_visitors(&self, room_id: &str) -> Result<usize, WebchatError> {
+        self.conn()
+            .execute(
+                "UPDATE visitors SET revoked = 1 WHERE room_id = ?1 AND revoked = 0",
+                params![room_id],
+            )
+            .map_err(db)
     }
 
     /// Checks a visitor's access code for a room (constant-time comparison of the hashes).
@@ -779,6 +936,52 @@ mod tests {
         assert!(store.room_by_channel(&a).unwrap().is_none());
         store.release_channel(&b).unwrap();
         assert_eq!(store.room("lobby").unwrap().unwrap().channel, None);
+    }
+
+    #[test]
+    fn m9_the_access_code_alone_never_moves_a_room_the_owner_code_does() {
+        let store = Store::in_memory().unwrap();
+        let (a, b) = (ConnectorChannelId::new("cch_a"), ConnectorChannelId::new("cch_b"));
+        let created = store.sign_in_room("Lobby", "visit-1234", Some("owner-5678"), &a, 1).unwrap();
+        let SignIn::Created(room) = created else { panic!("created: {created:?}") };
+        store.set_room_channel(&room.room_id, Some(&a)).unwrap();
+        let token = store.add_visitor("lobby", 1, 1_000).unwrap();
+        // A channel that knows only the visitors' code cannot take the room over.
+        assert_eq!(
+            store.sign_in_room("Lobby", "visit-1234", None, &b, 2).unwrap(),
+            SignIn::OwnerRequired
+        );
+        assert_eq!(
+            store.sign_in_room("Lobby", "visit-1234", Some("guess-guess"), &b, 2).unwrap(),
+            SignIn::WrongOwner
+        );
+        // The serving channel signs in again with the access code alone.
+        assert!(matches!(
+            store.sign_in_room("Lobby", "visit-1234", None, &a, 2).unwrap(),
+            SignIn::Matched(_)
+        ));
+        // The owner moves it, and may rotate the visitors' code: every session ends.
+        assert!(matches!(
+            store.sign_in_room("Lobby", "visit-1234", Some("owner-5678"), &b, 3).unwrap(),
+            SignIn::Matched(_)
+        ));
+        let rotated = store.sign_in_room("Lobby", "visit-9999", Some("owner-5678"), &b, 4).unwrap();
+        assert!(matches!(rotated, SignIn::Rotated { revoked: 1, .. }), "{rotated:?}");
+        assert_eq!(store.visitor_room(&token, 5, 0).unwrap(), None);
+        assert!(store.check_code("lobby", "visit-9999").unwrap());
+        assert!(!store.check_code("lobby", "visit-1234").unwrap());
+        // A room without an owner code, served by another channel, is not taken either.
+        store.sign_in_room("Desk", "desk-code-1", None, &a, 1).unwrap();
+        store.set_room_channel("desk", Some(&a)).unwrap();
+        assert_eq!(
+            store.sign_in_room("Desk", "desk-code-1", None, &b, 2).unwrap(),
+            SignIn::OwnerRequired
+        );
+        store.release_channel(&a).unwrap();
+        assert!(matches!(
+            store.sign_in_room("Desk", "desk-code-1", None, &b, 3).unwrap(),
+            SignIn::Matched(_)
+        ));
     }
 
     #[test]

@@ -10,7 +10,10 @@ use serde_json::{Value, json};
 use xagent_client_runtime::ClientEvent;
 use xagent_protocol_types::{AuthInput, AuthStart, AuthStatus, Clock, ManualClock};
 
-use support::{Server, Visitor, connect, next_event, open_room, start, start_with_clock, temp_dir};
+use support::{
+    Server, Visitor, connect, next_event, open_room, open_room_as_owner, start, start_with_clock,
+    temp_dir,
+};
 
 async fn post_json(server: &Server, path: &str, body: Value) -> reqwest::Response {
     reqwest::Client::new().post(server.url(path)).json(&body).send().await.expect("request")
@@ -358,6 +361,59 @@ async fn l6_tokens_travel_in_a_cookie_or_header_never_in_the_url() {
         .await
         .expect("send");
     assert_eq!(cross.status(), 403);
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m9_the_visitors_access_code_does_not_let_another_channel_take_the_room() {
+    let dir = temp_dir("m9");
+    let server = start(&dir, None).await;
+    let (plane, _events) = connect(&server).await;
+    let owner = open_room_as_owner(&plane, "Lobby", "code-1234", "owner-5678").await;
+    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    // Another channel knowing only the visitors' code is refused.
+    let intruder = plane.open_channel(None).await.expect("open").connector_channel_id;
+    let ack = plane
+        .request(
+            Some(&intruder),
+            AuthStart::new(xagent_connector_webchat::ROOM_FLOW).with_input(
+                AuthInput::default().with("room_name", "Lobby").with("access_code", "code-1234"),
+            ),
+        )
+        .await
+        .expect("auth.start");
+    assert_eq!(ack.0.status, AuthStatus::Failed);
+    assert!(ack.0.message.unwrap_or_default().contains("owner code"));
+    // The room still answers on the owner's channel.
+    plane
+        .send_chat_message(&owner, xagent_protocol_types::ChatMessage::text("msg_o1", "still mine"))
+        .await
+        .expect("reply");
+    visitor.eventually(|s| s["messages"][0]["message_id"] == "msg_o1").await;
+    // The owner changes the access code: existing visitor sessions end.
+    let rotate = plane.open_channel(None).await.expect("open").connector_channel_id;
+    let ack = plane
+        .request(
+            Some(&rotate),
+            AuthStart::new(xagent_connector_webchat::ROOM_FLOW).with_input(
+                AuthInput::default()
+                    .with("room_name", "Lobby")
+                    .with("access_code", "code-9999")
+                    .with("owner_code", "owner-5678"),
+            ),
+        )
+        .await
+        .expect("auth.start");
+    assert_eq!(ack.0.status, AuthStatus::Authenticated);
+    let session = visitor
+        .http
+        .get(format!("{}/chat/api/rooms/lobby/session", visitor.base))
+        .bearer_auth(&visitor.token)
+        .send()
+        .await
+        .expect("session");
+    assert_eq!(session.status(), 403, "the old session ended with the old code");
     plane.close().await;
     server.stop().await;
 }

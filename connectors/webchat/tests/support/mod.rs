@@ -120,14 +120,29 @@ pub async fn connect(server: &Server) -> (DataPlane, UnboundedReceiver<ClientEve
 
 /// Opens a channel and signs it in to `room` with the form flow.
 pub async fn open_room(plane: &DataPlane, room: &str, code: &str) -> ConnectorChannelId {
+    open_room_with(plane, AuthInput::default().with("room_name", room).with("access_code", code))
+        .await
+}
+
+/// Opens a channel and signs it in to `room` as its owner (M9: the owner code moves a room).
+pub async fn open_room_as_owner(
+    plane: &DataPlane,
+    room: &str,
+    code: &str,
+    owner: &str,
+) -> ConnectorChannelId {
+    let input = AuthInput::default()
+        .with("room_name", room)
+        .with("access_code", code)
+        .with("owner_code", owner);
+    open_room_with(plane, input).await
+}
+
+async fn open_room_with(plane: &DataPlane, input: AuthInput) -> ConnectorChannelId {
     let opened = plane.open_channel(None).await.expect("channel.open");
     let channel = opened.connector_channel_id.clone();
     let ack = plane
-        .request(
-            Some(&channel),
-            AuthStart::new(ROOM_FLOW)
-                .with_input(AuthInput::default().with("room_name", room).with("access_code", code)),
-        )
+        .request(Some(&channel), AuthStart::new(ROOM_FLOW).with_input(input))
         .await
         .expect("auth.start");
     assert_eq!(ack.0.status, AuthStatus::Authenticated, "{:?}", ack.0.message);
