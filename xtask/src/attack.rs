@@ -233,11 +233,21 @@ async fn xagent(target: &Target) -> Result<DataPlane> {
     let config = ClientConfig::new(base, CARD_ID, vec![PROFILE_IM_V2.into()])
         .with_api_key(Secret::new(API_KEY));
     let (plane, mut events) = DataPlane::start(config);
-    // Accept every visitor message (as xAgent would) so outboxes drain.
+    let control = xagent_client_runtime::ControlPlane::new(
+        BaseUrl::parse(&target.url("")).map_err(|e| anyhow!("{e}"))?,
+        Some(Secret::new(API_KEY)),
+    );
+    // Accept every visitor message (as xAgent would) so outboxes drain, and fetch its files
+    // through their signed URLs (the L2 check looks for those in the log).
     tokio::spawn(async move {
         while let Some(event) = events.recv().await {
             if let xagent_client_runtime::ClientEvent::ChatMessage(inbound) = event {
+                let urls: Vec<String> =
+                    inbound.message.files.iter().filter_map(|f| f.download_url.clone()).collect();
                 inbound.accept();
+                for url in urls {
+                    let _ = control.download(&url).await;
+                }
             }
         }
     });
@@ -335,8 +345,11 @@ async fn attack_all(bin: &Path, sizes: &Sizes) -> Result<Vec<Outcome>> {
     outcomes.push(l1(&target));
     outcomes.push(l5(&http, &target, &token).await?);
     outcomes.push(l6(&http, &target).await?);
+    outcomes.push(i1(&target).await?);
     // Last: the guessing locks this address out of every room for a while.
     outcomes.push(h2(&http, &target, &plane, sizes).await?);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    outcomes.push(l2(&target));
     outcomes.sort_by_key(|o| order(o.id));
     plane.close().await;
     let mut target = target;
@@ -825,5 +838,62 @@ async fn l6(http: &reqwest::Client, target: &Target) -> Result<Outcome> {
             "?token= answered {status}; the session cookie is {}",
             if cookie.contains("HttpOnly") { "HttpOnly, SameSite=Strict" } else { "missing" }
         ),
+    ))
+}
+
+/// L2: signed download URLs in the log, at any level (the suite runs the Connector at debug).
+fn l2(target: &Target) -> Outcome {
+    let log = std::fs::read_to_string(&target.log).unwrap_or_default();
+    let leaks = log.lines().filter(|line| line.contains("sig=")).count();
+    let downloads = log.lines().filter(|line| line.contains("/files/refs/")).count();
+    Outcome::new(
+        "L2",
+        "signed download URLs in the log",
+        leaks == 0,
+        format!("{leaks} log lines carry a URL signature ({downloads} lines mention a download)"),
+    )
+}
+
+/// I1: a text frame that is not UTF-8 must close the socket with 1007.
+async fn i1(target: &Target) -> Result<Outcome> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::HeaderValue;
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    let mut request = format!("ws://{}/ws", target.addr).into_client_request()?;
+    request.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static(xagent_protocol_types::SUBPROTOCOL),
+    );
+    request
+        .headers_mut()
+        .insert("Authorization", HeaderValue::from_str(&format!("Bearer {API_KEY}"))?);
+    let (mut socket, _) = tokio_tungstenite::connect_async(request).await?;
+    let frame = Frame::message(vec![0x7b, 0xff, 0xfe, 0x7d], OpCode::Data(Data::Text), true);
+    socket.send(Message::Frame(frame)).await?;
+    let mut code = None;
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(message) = socket.next().await {
+            match message {
+                Ok(Message::Close(frame)) => {
+                    code = frame.map(|f| u16::from(f.code));
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    })
+    .await;
+    Ok(Outcome::new(
+        "I1",
+        "invalid UTF-8 in a text frame",
+        code == Some(1007),
+        match code {
+            Some(code) => format!("closed with {code}"),
+            None => "closed without a close code".to_owned(),
+        },
     ))
 }
