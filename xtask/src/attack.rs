@@ -50,6 +50,7 @@ impl Outcome {
 
 /// Sizes of the floods.
 struct Sizes {
+    full: bool,
     drain_messages: usize,
     guess_seconds: f64,
     stream_attempts: usize,
@@ -68,6 +69,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<ExitCode> {
     let bin = build(root)?;
     let sizes = if quick {
         Sizes {
+            full: false,
             drain_messages: 100,
             guess_seconds: 2.0,
             stream_attempts: 24,
@@ -77,6 +79,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<ExitCode> {
         }
     } else {
         Sizes {
+            full: true,
             drain_messages: 1_000,
             guess_seconds: 10.0,
             stream_attempts: 200,
@@ -346,6 +349,11 @@ async fn attack_all(bin: &Path, sizes: &Sizes) -> Result<Vec<Outcome>> {
     outcomes.push(l5(&http, &target, &token).await?);
     outcomes.push(l6(&http, &target).await?);
     outcomes.push(i1(&target).await?);
+    outcomes.push(m9(&plane).await?);
+    outcomes.push(m7(&target, sizes).await?);
+    if sizes.full {
+        outcomes.push(l3(&target).await?);
+    }
     // Last: the guessing locks this address out of every room for a while.
     outcomes.push(h2(&http, &target, &plane, sizes).await?);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -896,4 +904,150 @@ async fn i1(target: &Target) -> Result<Outcome> {
             None => "closed without a close code".to_owned(),
         },
     ))
+}
+
+/// M9: another channel that knows only the visitors' access code takes the room over.
+async fn m9(plane: &DataPlane) -> Result<Outcome> {
+    let owner = plane.open_channel(None).await.map_err(|e| anyhow!("{e}"))?.connector_channel_id;
+    let ack = plane
+        .request(
+            Some(&owner),
+            AuthStart::new(ROOM_FLOW).with_input(
+                AuthInput::default()
+                    .with("room_name", "attack-m9")
+                    .with("access_code", "m9-visitors-1")
+                    .with("owner_code", "m9-owner-code-2"),
+            ),
+        )
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    if ack.0.status != AuthStatus::Authenticated {
+        bail!("creating the M9 room failed: {:?}", ack.0.message);
+    }
+    let intruder = sign_in(plane, None, "attack-m9", "m9-visitors-1").await;
+    Ok(Outcome::new(
+        "M9",
+        "the visitors' access code takes a room over",
+        intruder.is_err(),
+        match intruder {
+            Ok(_) => "a second channel with the access code alone took the room".to_owned(),
+            Err(_) => "a second channel with the access code alone was refused".to_owned(),
+        },
+    ))
+}
+
+/// A raw data-plane socket (hello done) for floods the client runtime would not send.
+async fn raw_socket(
+    target: &Target,
+) -> Result<tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::HeaderValue;
+    let mut request = format!("ws://{}/ws", target.addr).into_client_request()?;
+    request.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static(xagent_protocol_types::SUBPROTOCOL),
+    );
+    request
+        .headers_mut()
+        .insert("Authorization", HeaderValue::from_str(&format!("Bearer {API_KEY}"))?);
+    let (mut socket, _) = tokio_tungstenite::connect_async(request).await?;
+    let hello = xagent_protocol_types::Packet::with_payload(
+        xagent_protocol_types::PacketId::new("pkt_attack_hello"),
+        xagent_protocol_types::ConnectorHello::new(CARD_ID, vec![PROFILE_IM_V2.into()]),
+    )
+    .request_id(xagent_protocol_types::RequestId::new("req_attack_hello"));
+    socket.send(Message::Text(hello.to_json()?.into())).await?;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), socket.next()).await {
+            Ok(Some(Ok(Message::Text(text)))) if text.contains("connector.hello.ack") => break,
+            Ok(Some(Ok(_))) => {}
+            _ => bail!("no connector.hello.ack"),
+        }
+    }
+    Ok(socket)
+}
+
+/// M7: a peer that floods requests and never reads the answers.
+async fn m7(target: &Target, sizes: &Sizes) -> Result<Outcome> {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let mut socket = raw_socket(target).await?;
+    let before = target.rss_mib();
+    let window = Duration::from_secs_f64(sizes.guess_seconds.max(3.0));
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let padding = "p".repeat(4_000);
+    let flood = async {
+        loop {
+            sent += 1;
+            let mut arguments = serde_json::Map::new();
+            arguments.insert("connector_channel_id".into(), "cch_does_not_exist".into());
+            arguments.insert("text".into(), padding.clone().into());
+            let invoke = xagent_protocol_types::ToolInvoke::new("webchat_message_send", arguments);
+            let packet = xagent_protocol_types::Packet::with_payload(
+                xagent_protocol_types::PacketId::new(format!("pkt_flood_{sent}")),
+                invoke,
+            )
+            .request_id(xagent_protocol_types::RequestId::new(format!("req_flood_{sent}")));
+            if socket
+                .send(Message::Text(packet.to_json().unwrap_or_default().into()))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(window, flood).await;
+    let seconds = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = target.rss_mib();
+    drop(socket);
+    let growth = after - before;
+    Ok(Outcome::new(
+        "M7",
+        "a peer that never reads grows memory through request work",
+        growth < 64.0,
+        format!("{sent} tool.invoke frames written in {seconds:.1} s without reading; RSS {before:.0} -> {after:.0} MiB"),
+    )
+    .with(json!({"frames_written": sent, "rss_before_mib": before, "rss_after_mib": after})))
+}
+
+/// L3: channels opened without limit on one socket (full run only: 4,097 opens).
+async fn l3(target: &Target) -> Result<Outcome> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let mut socket = raw_socket(target).await?;
+    let (mut opened, mut refused) = (0u64, 0u64);
+    for n in 0..4_100u64 {
+        let open = xagent_protocol_types::Packet::with_payload(
+            xagent_protocol_types::PacketId::new(format!("pkt_open_{n}")),
+            xagent_protocol_types::ChannelOpen::default(),
+        )
+        .request_id(xagent_protocol_types::RequestId::new(format!("req_open_{n}")));
+        socket.send(Message::Text(open.to_json()?.into())).await?;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), socket.next()).await {
+                Ok(Some(Ok(Message::Text(text)))) if text.contains("channel.open.ack") => {
+                    if text.contains("capacity_exceeded") {
+                        refused += 1;
+                    } else {
+                        opened += 1;
+                    }
+                    break;
+                }
+                Ok(Some(Ok(_))) => {}
+                _ => bail!("no channel.open.ack"),
+            }
+        }
+    }
+    Ok(Outcome::new(
+        "L3",
+        "channel.open without limit",
+        refused > 0,
+        format!("{opened} channels opened on one socket, {refused} refused (capacity_exceeded)"),
+    )
+    .with(json!({"opened": opened, "refused": refused})))
 }
