@@ -153,7 +153,7 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
                 println!();
                 println!("(room {:?}, access code {access_code}; Connector Base URL {local_url}; Ctrl-C to stop)", args.room);
             }) => result,
-            _ = tokio::signal::ctrl_c() => Ok(()),
+            () = xagent_server_runtime::stop_signal() => Ok(()),
         };
         let _ = stop_tx.send(());
         let _ = server.await;

@@ -85,29 +85,6 @@ fn api_key(args: &WebchatArgs) -> Result<String, String> {
     Ok(key)
 }
 
-/// Completes on Ctrl-C or SIGTERM (what service managers and `docker stop` send).
-pub(crate) async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
 /// Runs the Connector.
 pub fn run_command(args: WebchatArgs) -> ExitCode {
     let api_key = match api_key(&args) {
@@ -144,7 +121,7 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
             }
         };
         println!("im.webchat listening on {local_url} (Base URL for xAgent; chat page at {public_url}/chat/)");
-        let stop = stop_signal();
+        let stop = xagent_server_runtime::stop_signal();
         match webchat.serve(listener, stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

@@ -16,15 +16,16 @@ use xagent_profile_im::{
     PendingRecord, ReceiverIdempotency, StoreError, validate_chat_message,
 };
 use xagent_protocol_types::{
-    ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, MessageId, MessagePush,
-    PROFILE_IM_V1, PROFILE_IM_V2, Packet, PacketBody, Side, WireError,
+    ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, MessageId, PROFILE_IM_V1,
+    PROFILE_IM_V2, Packet, PacketBody, Side, WireError,
 };
 
 use crate::author::{ChannelContext, DeltaUpdate, FinalDelivery};
+use crate::connection::Conn;
 use crate::connector::Connector;
+use crate::error::HandleError;
 use crate::ids;
-use crate::runtime::{HandleError, Shared};
-use crate::session::Conn;
+use crate::state::{Shared, TryQueue};
 use crate::storage::{Storage, StorageError};
 
 /// `profile-im`'s stores behind the runtime's storage trait object.
@@ -76,7 +77,7 @@ pub(crate) struct ImState {
     inner: Mutex<Inner>,
     pump: tokio::sync::Mutex<()>,
     /// Outbox facts for the author (see [`crate::ConnectorHandle::outbox_events`]).
-    events: tokio::sync::broadcast::Sender<OutboxEvent>,
+    pub(crate) events: tokio::sync::broadcast::Sender<OutboxEvent>,
 }
 
 fn storage_error(error: impl std::fmt::Display) -> StorageError {
@@ -145,6 +146,7 @@ impl ImState {
                 return Err(HandleError::NotAuthenticated(channel.clone()));
             }
         }
+        check_packet_size(shared, channel, &payload)?;
         let routed = shared.state().routes.contains_key(channel);
         {
             let mut inner = self.inner();
@@ -191,15 +193,21 @@ impl ImState {
                 // Never wait on a socket here: the pump serves every channel.
                 let now = shared.now();
                 match shared.try_queue_tracked(&delivery.channel, packet) {
-                    crate::runtime::TryQueue::Queued(written) => {
+                    TryQueue::Queued(written) => {
                         let shared = shared.clone();
                         tokio::spawn(async move {
                             let written = written.await.unwrap_or(false);
                             let Some(im) = shared.im.as_ref() else { return };
                             im.record_write(&shared, &delivery, packet_id, written);
+                            // An ack that overtook this bookkeeping was applied just now (the
+                            // outbox keeps early acks): pump again, or the next message would
+                            // wait for the maintenance tick (M5).
+                            if written {
+                                pump_again(shared).await;
+                            }
                         });
                     }
-                    crate::runtime::TryQueue::Full => {
+                    TryQueue::Full => {
                         let result = self.inner().outbox.on_send_failed(
                             &delivery.channel,
                             &delivery.message_id,
@@ -210,7 +218,7 @@ impl ImState {
                             tracing::warn!(%error, "outbox bookkeeping failed");
                         }
                     }
-                    crate::runtime::TryQueue::NotRouted => {
+                    TryQueue::NotRouted => {
                         // Not routed (or the route closed meanwhile): pause until channel.open.
                         if let Err(error) =
                             self.inner().outbox.on_channel_closed(&delivery.channel, now)
@@ -457,58 +465,45 @@ impl ImState {
     }
 }
 
+/// Room left in a packet for the envelope around a payload (ids, type, timestamps, channel):
+/// well above what the runtime's envelopes take.
+const ENVELOPE_ALLOWANCE: usize = 2 * 1024;
+
+/// Refuses at the source a message that could never be sent (H3): a packet over the peer's
+/// size limit would be dropped by xAgent, which then reconnects, over and over. Download URLs
+/// are re-signed on every attempt, so their length counts with a margin too.
+fn check_packet_size(
+    shared: &Arc<Shared>,
+    channel: &ConnectorChannelId,
+    payload: &OutboundPayload,
+) -> Result<(), HandleError> {
+    let packet = Packet::new(ids::packet_id(), payload.to_body()).channel(channel.clone());
+    let size = packet.to_json().map_or(usize::MAX, |json| json.len());
+    let limit = shared.config.max_packet_bytes;
+    if size.saturating_add(ENVELOPE_ALLOWANCE) > limit {
+        return Err(HandleError::Rejected {
+            code: ErrorCode::PayloadTooLarge,
+            message: format!(
+                "the message is {size} bytes as a packet; the data plane takes at most {limit} bytes per packet: shorten the text or send the content as a file"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// [`ImState::pump`] behind a box: the pump's own write tasks call it, and an `async fn` cannot
+/// contain its own future.
+fn pump_again(
+    shared: Arc<Shared>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        if let Some(im) = shared.im.as_ref() {
+            im.pump(&shared).await;
+        }
+    })
+}
+
 fn channel_context(shared: &Arc<Shared>, channel: &ConnectorChannelId) -> Option<ChannelContext> {
     let binding = shared.state().channels.get(channel)?.binding.clone()?;
     Some(ChannelContext { channel: channel.clone(), binding, handle: shared.handle() })
-}
-
-impl crate::ConnectorHandle {
-    /// Hands an inbound target message to xAgent as an IM v2 `chat.message`: the outbox takes
-    /// responsibility (persisted, TTL from now), sends it when the channel is routed and
-    /// redelivers it until xAgent acknowledges it. Refused (`ProfileNotDeclared`) when the Card
-    /// does not declare `xagent.im.v2`.
-    pub async fn send_message(
-        &self,
-        channel: &ConnectorChannelId,
-        message: ChatMessage,
-    ) -> Result<(), HandleError> {
-        let im = self.im_state(PROFILE_IM_V2)?;
-        im.enqueue(&self.0, channel, OutboundPayload::ChatMessage(message)).await
-    }
-
-    /// Hands an inbound target message to xAgent as an IM v1 `message.push` (build it with
-    /// `profile-im`'s v1 builder). The successful socket write is its delivery boundary.
-    /// Refused (`ProfileNotDeclared`) when the Card does not declare `xagent.im.v1`.
-    pub async fn push_message(
-        &self,
-        channel: &ConnectorChannelId,
-        push: MessagePush,
-    ) -> Result<(), HandleError> {
-        let im = self.im_state(PROFILE_IM_V1)?;
-        im.enqueue(&self.0, channel, OutboundPayload::from(push)).await
-    }
-
-    /// The IM state, when the Card declares `profile`: a `chat.message` on an IM v1 channel (or
-    /// a `message.push` on an IM v2 one) could never be written and would stay pending.
-    fn im_state(&self, profile: &'static str) -> Result<&ImState, HandleError> {
-        let declared = self.0.def.card.supports.profiles.iter().any(|p| p.as_str() == profile);
-        match &self.0.im {
-            Some(im) if declared => Ok(im),
-            _ => Err(HandleError::ProfileNotDeclared(profile)),
-        }
-    }
-
-    /// Subscribes to the IM outbox's facts (delivered, failed for good, expired, ...), so an
-    /// author can show the fate of an inbound message in the target system. `None` when the
-    /// Card declares no IM Profile. A slow subscriber loses the oldest events (`Lagged`).
-    pub fn outbox_events(
-        &self,
-    ) -> Option<tokio::sync::broadcast::Receiver<xagent_profile_im::OutboxEvent>> {
-        self.0.im.as_ref().map(|im| im.events.subscribe())
-    }
-
-    /// Message ids still pending towards xAgent on a channel.
-    pub fn pending_messages(&self, channel: &ConnectorChannelId) -> Vec<MessageId> {
-        self.0.im.as_ref().map(|im| im.pending(channel)).unwrap_or_default()
-    }
 }

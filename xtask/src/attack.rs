@@ -1030,7 +1030,9 @@ async fn l3(target: &Target) -> Result<Outcome> {
         socket.send(Message::Text(open.to_json()?.into())).await?;
         loop {
             match tokio::time::timeout(Duration::from_secs(10), socket.next()).await {
-                Ok(Some(Ok(Message::Text(text)))) if text.contains("channel.open.ack") => {
+                Ok(Some(Ok(Message::Text(text))))
+                    if text.contains(&format!("\"req_open_{n}\"")) =>
+                {
                     if text.contains("capacity_exceeded") {
                         refused += 1;
                     } else {

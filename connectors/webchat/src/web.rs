@@ -21,7 +21,6 @@
 //! `<img>`); never in a URL. Every limit is a field of [`VisitorLimits`].
 
 mod guard;
-mod listen;
 
 use std::convert::Infallible;
 use std::net::IpAddr;
@@ -44,6 +43,7 @@ use tokio::sync::Semaphore;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use xagent_protocol_types::{ChatMessage, ConnectorChannelId, FileRef};
+use xagent_server_runtime::ConnectorHandle;
 
 use crate::connector::App;
 use crate::error::WebchatError;
@@ -52,7 +52,6 @@ use crate::store::{
     Author, ChatEntry, EntryFile, EntryStatus, Inserted, RoomClaim, hash_token, random_hex,
 };
 pub use guard::{JoinThrottle, VisitorLimits};
-pub use listen::{ServeLimits, serve};
 
 /// Largest file a visitor can upload from the page (25 MiB, [`VisitorLimits::max_upload_bytes`]).
 pub const MAX_PAGE_UPLOAD_BYTES: usize = 25 * 1024 * 1024;
@@ -76,6 +75,7 @@ const ICON_SVG: &str = include_str!("../assets/icon.svg");
 #[derive(Clone)]
 struct Web {
     app: Arc<App>,
+    handle: ConnectorHandle,
     shutdown: CancellationToken,
     limits: Arc<VisitorLimits>,
     throttle: Arc<Mutex<JoinThrottle>>,
@@ -85,12 +85,12 @@ struct Web {
 }
 
 impl Web {
-    fn handle(&self) -> Result<&xagent_server_runtime::ConnectorHandle, WebchatError> {
-        self.app.handle.get().ok_or_else(|| WebchatError::Server("not started".into()))
+    fn handle(&self) -> Result<&ConnectorHandle, WebchatError> {
+        Ok(&self.handle)
     }
 
     fn now(&self) -> u64 {
-        self.app.handle.get().map_or(0, |h| h.now_millis())
+        self.handle.now_millis()
     }
 
     fn throttle(&self) -> MutexGuard<'_, JoinThrottle> {
@@ -98,14 +98,11 @@ impl Web {
     }
 }
 
-/// The page routes and the visitor API with the default [`VisitorLimits`].
-pub(crate) fn router(app: Arc<App>, shutdown: CancellationToken) -> Router {
-    router_with(app, shutdown, VisitorLimits::default())
-}
-
-/// The page routes and the visitor API with these limits.
-pub(crate) fn router_with(
+/// The page routes and the visitor API with these limits, built with the runtime's handle
+/// (the runtime serves them next to its own routes).
+pub(crate) fn router(
     app: Arc<App>,
+    handle: ConnectorHandle,
     shutdown: CancellationToken,
     limits: VisitorLimits,
 ) -> Router {
@@ -117,6 +114,7 @@ pub(crate) fn router_with(
     let json_body = limits.max_json_bytes;
     let web = Web {
         app,
+        handle,
         shutdown,
         uploads: Arc::new(Semaphore::new(limits.concurrent_uploads.max(1))),
         limits: Arc::new(limits),
@@ -271,7 +269,7 @@ async fn join(
     Json(body): Json<JoinBody>,
 ) -> Result<Response, WebchatError> {
     let now = web.now();
-    let peer: Option<IpAddr> = listen::peer_ip(&extensions);
+    let peer: Option<IpAddr> = xagent_server_runtime::peer_ip(&extensions);
     web.throttle().check(&room_id, peer, now).map_err(throttled)?;
     let right = body.access_code.len() <= MAX_ACCESS_CODE_BYTES
         && web.app.store.check_code(&room_id, &body.access_code)?;
@@ -320,10 +318,7 @@ async fn leave(
 fn snapshot(web: &Web, room_id: &str) -> Result<RoomEvent, WebchatError> {
     let room = web.app.store.room(room_id)?.ok_or(WebchatError::Forbidden)?;
     let (_, drafts, activity) = web.app.hub.subscribe(room_id);
-    let online = match (&room.channel, web.app.handle.get()) {
-        (Some(channel), Some(handle)) => handle.is_routed(channel),
-        _ => false,
-    };
+    let online = room.channel.as_ref().is_some_and(|channel| web.handle.is_routed(channel));
     let mut messages = web.app.store.history(room_id)?;
     let mut budget = web.limits.snapshot_bytes;
     let mut keep = 0;
@@ -455,8 +450,7 @@ async fn resubmit(web: &Web, channel: &ConnectorChannelId, message_id: &str) {
 
 /// Queues every stored visitor message the runtime does not hold (called at start: a
 /// message stored just before a crash is delivered after it).
-pub(crate) async fn recover_pending(app: &Arc<App>) {
-    let Some(handle) = app.handle.get() else { return };
+pub(crate) async fn recover_pending(app: Arc<App>, handle: ConnectorHandle) {
     let Ok(sending) = app.store.sending() else { return };
     for (room_id, message_id, outbound) in sending {
         let Ok(Some(room)) = app.store.room(&room_id) else { continue };
@@ -578,25 +572,43 @@ async fn small_field(
     String::from_utf8(bytes).map_err(|_| WebchatError::InvalidInput("text must be UTF-8".into()))
 }
 
-/// Refuses an upload that would pass the room's or all visitors' daily quota (M3).
-fn check_quota(web: &Web, room_id: &str, bytes: u64, now: u64) -> Result<(), WebchatError> {
+/// How many bytes a visitor may still upload to the room today (M3): the smaller of the
+/// room's and all visitors' remaining daily allowance. 507 when either is used up.
+fn upload_allowance(web: &Web, room_id: &str, now: u64) -> Result<u64, WebchatError> {
     let usage = web.app.store.upload_usage(room_id, now)?;
     let limits = &web.limits;
-    if usage.room_bytes.saturating_add(bytes) > limits.room_upload_bytes_per_day
-        || usage.room_files >= limits.room_upload_files_per_day
-    {
+    let room_left = limits.room_upload_bytes_per_day.saturating_sub(usage.room_bytes);
+    if room_left == 0 || usage.room_files >= limits.room_upload_files_per_day {
         return Err(WebchatError::StoreFull(
             "this room's upload allowance for today is used up; try again tomorrow".into(),
         ));
     }
-    if usage.all_bytes.saturating_add(bytes) > limits.visitor_upload_bytes_per_day
-        || usage.all_files >= limits.visitor_upload_files_per_day
-    {
+    let all_left = limits.visitor_upload_bytes_per_day.saturating_sub(usage.all_bytes);
+    if all_left == 0 || usage.all_files >= limits.visitor_upload_files_per_day {
         return Err(WebchatError::StoreFull(
             "the chat takes no more files today; try again later".into(),
         ));
     }
-    Ok(())
+    Ok(room_left.min(all_left))
+}
+
+/// The stored message of a repeated send (same `client_id`), queued again if it never
+/// reached the runtime.
+async fn repeated(
+    web: &Web,
+    room_id: &str,
+    client_id: Option<&str>,
+) -> Result<Option<ChatEntry>, WebchatError> {
+    let Some(client_id) = client_id else { return Ok(None) };
+    let Some(existing) = web.app.store.entry_by_client(room_id, client_id)? else {
+        return Ok(None);
+    };
+    if existing.status == EntryStatus::Sending
+        && let Some(channel) = web.app.store.room(room_id)?.and_then(|r| r.channel)
+    {
+        resubmit(web, &channel, &existing.message_id).await;
+    }
+    Ok(Some(existing))
 }
 
 async fn send_file(
@@ -606,29 +618,46 @@ async fn send_file(
     mut form: Multipart,
 ) -> Result<Response, WebchatError> {
     visitor_write(&web, &room_id, &headers)?;
-    // Bounds the memory of uploads in flight: at most this many are read at once.
+    // Bounds the uploads written at once.
     let _turn = Arc::clone(&web.uploads)
         .acquire_owned()
         .await
         .map_err(|_| WebchatError::Server("shutting down".into()))?;
     let limits = Arc::clone(&web.limits);
-    let max_upload = usize::try_from(limits.max_upload_bytes).unwrap_or(usize::MAX);
-    let mut file: Option<(String, Option<String>, Vec<u8>)> = None;
+    let mut stored: Option<(xagent_protocol_types::ChatFile, String, u64)> = None;
     let mut text: Option<String> = None;
     let mut client_id: Option<String> = None;
-    while let Some(mut field) = form.next_field().await.map_err(|e| form_error(&e, &limits))? {
+    while let Some(field) = form.next_field().await.map_err(|e| form_error(&e, &limits))? {
         match field.name() {
-            Some("file") if file.is_none() => {
-                let name = field.file_name().unwrap_or("file").chars().take(255).collect();
-                let mime = field.content_type().map(|m| m.chars().take(255).collect());
-                let mut data = Vec::new();
-                while let Some(chunk) = field.chunk().await.map_err(|e| form_error(&e, &limits))? {
-                    if data.len() + chunk.len() > max_upload {
-                        return Err(too_large(&limits));
-                    }
-                    data.extend_from_slice(&chunk);
+            Some("file") if stored.is_none() => {
+                check_client_id(client_id.as_deref())?;
+                if let Some(existing) = repeated(&web, &room_id, client_id.as_deref()).await? {
+                    return Ok(Json(existing).into_response());
                 }
-                file = Some((name, mime, data));
+                let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
+                let channel = room.channel.ok_or(WebchatError::NoAgent)?;
+                let now = web.now();
+                let allowance = upload_allowance(&web, &room_id, now)?;
+                let filename: String =
+                    field.file_name().unwrap_or("file").chars().take(255).collect();
+                let mime = field
+                    .content_type()
+                    .map(|m| m.chars().take(255).collect::<String>())
+                    .filter(|m| m != "application/octet-stream")
+                    .or_else(|| mime_guess::from_path(&filename).first().map(|m| m.to_string()));
+                let limit = allowance.min(limits.max_upload_bytes);
+                // Streamed into the file store as it arrives, never held whole (M2).
+                let chat_file = web
+                    .handle
+                    .register_file_stream(&channel, &filename, mime.as_deref(), limit, field)
+                    .await
+                    .map_err(|e| upload_error(e, limit < limits.max_upload_bytes, &limits))?;
+                let size = chat_file.byte_size.unwrap_or(0);
+                web.app.store.record_upload(&room_id, size, now)?;
+                if size == 0 {
+                    return Err(WebchatError::InvalidInput("the file is empty".into()));
+                }
+                stored = Some((chat_file, filename, now));
             }
             Some("text") => {
                 let value = small_field(field, limits.max_text_chars * 4, &limits).await?;
@@ -641,39 +670,9 @@ async fn send_file(
         }
     }
     check_client_id(client_id.as_deref())?;
-    let Some((filename, mime, data)) = file else {
+    let Some((chat_file, filename, now)) = stored else {
         return Err(WebchatError::InvalidInput("add the file in a form field named file".into()));
     };
-    if data.is_empty() {
-        return Err(WebchatError::InvalidInput("the file is empty".into()));
-    }
-    if let Some(existing) = client_id
-        .as_deref()
-        .map(|c| web.app.store.entry_by_client(&room_id, c))
-        .transpose()?
-        .flatten()
-    {
-        if existing.status == EntryStatus::Sending
-            && let Some(channel) = web.app.store.room(&room_id)?.and_then(|r| r.channel)
-        {
-            resubmit(&web, &channel, &existing.message_id).await;
-        }
-        return Ok(Json(existing).into_response());
-    }
-    let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
-    let channel = room.channel.ok_or(WebchatError::NoAgent)?;
-    let now = web.now();
-    check_quota(&web, &room_id, data.len() as u64, now)?;
-    let mime = mime
-        .filter(|m| m != "application/octet-stream")
-        .or_else(|| mime_guess::from_path(&filename).first().map(|m| m.to_string()));
-    let chat_file = web
-        .handle()?
-        .register_file(&channel, &filename, mime.as_deref(), &data)
-        .await
-        .map_err(|e| file_error(&e.to_string(), &limits))?;
-    web.app.store.record_upload(&room_id, data.len() as u64, now)?;
-    drop(data);
     let message_id = format!("msg_web_{}", random_hex(12));
     let entry = ChatEntry {
         message_id: message_id.clone(),
@@ -694,14 +693,27 @@ async fn send_file(
     Ok(Json(relay(&web, &room_id, entry, message).await?).into_response())
 }
 
-/// The file store's refusal as the page should see it (L5): full is 507, too large 413.
-fn file_error(message: &str, limits: &VisitorLimits) -> WebchatError {
-    if message.contains("store is full") {
-        WebchatError::StoreFull("the chat cannot take files right now; try again later".into())
-    } else if message.contains("exceeds the limit") {
-        too_large(limits)
-    } else {
-        WebchatError::Runtime(message.to_owned())
+/// The file store's refusal as the page should see it (L5): too large is 413 (507 when the
+/// day's allowance, not the file limit, was the bound), a full store 507.
+fn upload_error(
+    error: xagent_server_runtime::HandleError,
+    allowance_bound: bool,
+    limits: &VisitorLimits,
+) -> WebchatError {
+    use xagent_file_transfer::TransferError;
+    use xagent_server_runtime::HandleError;
+    match error {
+        HandleError::File(TransferError::TooLarge { .. }) if allowance_bound => {
+            WebchatError::StoreFull(
+                "the file is larger than what this room may still upload today".into(),
+            )
+        }
+        HandleError::File(TransferError::TooLarge { .. }) => too_large(limits),
+        HandleError::File(TransferError::CapacityExceeded) => {
+            WebchatError::StoreFull("the chat cannot take files right now; try again later".into())
+        }
+        HandleError::UnknownChannel(_) | HandleError::NotAuthenticated(_) => WebchatError::NoAgent,
+        other => WebchatError::Runtime(other.to_string()),
     }
 }
 

@@ -11,8 +11,8 @@ use xagent_client_runtime::ClientEvent;
 use xagent_protocol_types::{AuthInput, AuthStart, AuthStatus, Clock, ManualClock};
 
 use support::{
-    Server, Visitor, connect, next_event, open_room, open_room_as_owner, start, start_with_clock,
-    temp_dir,
+    API_KEY, Server, Visitor, connect, next_event, open_room, open_room_as_owner, start,
+    start_with_clock, start_with_limits, temp_dir,
 };
 
 async fn post_json(server: &Server, path: &str, body: Value) -> reqwest::Response {
@@ -414,6 +414,96 @@ async fn m9_the_visitors_access_code_does_not_let_another_channel_take_the_room(
         .await
         .expect("session");
     assert_eq!(session.status(), 403, "the old session ended with the old code");
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m2_a_page_upload_is_written_to_the_file_store_while_it_arrives() {
+    let dir = temp_dir("m2");
+    let server = start(&dir, None).await;
+    let (plane, _events) = connect(&server).await;
+    open_room(&plane, "Lobby", "code-1234").await;
+    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let boundary = "m2-boundary-7f3a";
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (chunk, rx))
+    });
+    let request = visitor
+        .http
+        .post(format!("{}/chat/api/rooms/lobby/uploads", visitor.base))
+        .bearer_auth(&visitor.token)
+        .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+        .body(reqwest::Body::wrap_stream(body))
+        .send();
+    let response = tokio::spawn(request);
+    let head = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+    );
+    tx.send(Ok(head.into_bytes())).await.expect("head");
+    for _ in 0..4 {
+        tx.send(Ok(vec![7u8; 1024 * 1024])).await.expect("chunk");
+    }
+    // Half the file is sent and the request is still open: its bytes are already on disk.
+    let files = dir.join("files");
+    let mut on_disk = 0;
+    for _ in 0..100 {
+        on_disk = std::fs::read_dir(&files)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".part"))
+                    .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+                    .sum::<u64>()
+            })
+            .unwrap_or(0);
+        if on_disk >= 3 * 1024 * 1024 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(on_disk >= 3 * 1024 * 1024, "only {on_disk} bytes on disk while the upload runs");
+    for _ in 0..4 {
+        tx.send(Ok(vec![7u8; 1024 * 1024])).await.expect("chunk");
+    }
+    tx.send(Ok(format!("\r\n--{boundary}--\r\n").into_bytes())).await.expect("tail");
+    drop(tx);
+    let response = response.await.expect("task").expect("response");
+    assert_eq!(response.status(), 200);
+    let entry: Value = response.json().await.expect("entry");
+    assert_eq!(entry["files"][0]["byte_size"], 8 * 1024 * 1024);
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m3_a_rooms_daily_upload_quota_gives_507_and_leaves_the_store_to_xagent() {
+    let dir = temp_dir("m3");
+    let mut limits = xagent_connector_webchat::VisitorLimits::default();
+    limits.room_upload_bytes_per_day = 1_000;
+    let server = start_with_limits(&dir, limits).await;
+    let (plane, _events) = connect(&server).await;
+    let channel = open_room(&plane, "Lobby", "code-1234").await;
+    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let first =
+        upload(&visitor, upload_form("a.bin", "application/octet-stream", vec![1; 600], None))
+            .await;
+    assert_eq!(first.status(), 200);
+    let second =
+        upload(&visitor, upload_form("b.bin", "application/octet-stream", vec![2; 600], None))
+            .await;
+    assert_eq!(second.status(), 507, "the room's allowance for the day is used up");
+    let body: Value = second.json().await.expect("error body");
+    assert_eq!(body["error"]["code"], "capacity_exceeded");
+    // xAgent's uploads are not affected by the visitors' quota.
+    let control = xagent_client_runtime::ControlPlane::new(
+        server.base(),
+        Some(xagent_protocol_types::Secret::new(API_KEY)),
+    );
+    let uploaded =
+        control.upload(&channel, "agent.bin", "application/octet-stream", vec![3u8; 4_000]).await;
+    assert!(uploaded.is_ok(), "{uploaded:?}");
     plane.close().await;
     server.stop().await;
 }

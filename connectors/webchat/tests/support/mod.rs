@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, ClientEvent, DataPlane};
-use xagent_connector_webchat::{CARD_ID, ROOM_FLOW, Webchat, WebchatOptions};
+use xagent_connector_webchat::{CARD_ID, ROOM_FLOW, VisitorLimits, Webchat, WebchatOptions};
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStatus, Clock, ConnectorChannelId, PROFILE_IM_V2, Secret, SystemClock,
 };
@@ -20,13 +20,7 @@ use xagent_protocol_types::{
 pub const API_KEY: &str = "sk-webchat-test-3c9e1a";
 
 pub fn temp_dir(name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!("webchat-{name}-{}-{nanos:x}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+    xagent_testkit::temp_state_dir(&format!("webchat-{name}"))
 }
 
 pub struct Server {
@@ -44,6 +38,20 @@ pub async fn start_with_clock(
     dir: &PathBuf,
     addr: Option<SocketAddr>,
     clock: Arc<dyn Clock>,
+) -> Server {
+    start_with(dir, addr, clock, VisitorLimits::default()).await
+}
+
+/// A server with these visitor limits (tests of the quotas).
+pub async fn start_with_limits(dir: &PathBuf, limits: VisitorLimits) -> Server {
+    start_with(dir, None, Arc::new(SystemClock), limits).await
+}
+
+async fn start_with(
+    dir: &PathBuf,
+    addr: Option<SocketAddr>,
+    clock: Arc<dyn Clock>,
+    limits: VisitorLimits,
 ) -> Server {
     let listener = match addr {
         Some(addr) => {
@@ -65,7 +73,8 @@ pub async fn start_with_clock(
     let addr = listener.local_addr().expect("addr");
     let options = WebchatOptions::new(dir, format!("http://{addr}"))
         .with_api_key(Secret::new(API_KEY))
-        .with_clock(clock);
+        .with_clock(clock)
+        .with_visitor_limits(limits);
     let webchat = Webchat::open(options).await.expect("webchat opens");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = webchat.clone();

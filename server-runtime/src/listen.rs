@@ -54,7 +54,7 @@ impl Default for ServeLimits {
 /// Serves `router` on `listener` with `limits` until `shutdown` completes, then stops
 /// accepting, asks every connection to finish its request and waits for them (at most
 /// [`ServeLimits::drain_timeout`]). Handlers can read the peer as `ConnectInfo<SocketAddr>`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ServeLimits,
@@ -230,8 +230,33 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
     }
 }
 
-/// The peer address a request came from, when the listener recorded it.
-pub(crate) fn peer_ip(extensions: &axum::http::Extensions) -> Option<std::net::IpAddr> {
+/// Completes on Ctrl-C or SIGTERM (what service managers and `docker stop` send): pass it as
+/// the `shutdown` of [`crate::ConnectorServer::serve`] for a graceful stop on both (L4).
+pub async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The peer address a request came from, when [`crate::ConnectorServer::serve`] accepted it
+/// (author routes use it for per-address limits).
+pub fn peer_ip(extensions: &axum::http::Extensions) -> Option<std::net::IpAddr> {
     extensions.get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(addr)| addr.ip())
 }
 
