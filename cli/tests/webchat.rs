@@ -30,9 +30,9 @@ async fn get(addr: &str, path: &str, key: &str) -> String {
     answer.lines().next().unwrap_or("").to_owned()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn l1_l4_the_api_key_comes_from_a_file_and_sigterm_shuts_down_gracefully() {
-    let dir = temp_dir("l1");
+/// `xagent-connector webchat` started with the key in a 0600 file; returns the process and
+/// its address.
+async fn start(dir: &std::path::Path) -> (tokio::process::Child, String) {
     let key_file = dir.join("api-key");
     std::fs::write(&key_file, format!("{API_KEY}\n")).expect("key file");
     #[cfg(unix)]
@@ -64,6 +64,13 @@ async fn l1_l4_the_api_key_comes_from_a_file_and_sigterm_shuts_down_gracefully()
         .and_then(|rest| rest.split_whitespace().next())
         .expect("the listening line")
         .to_owned();
+    (child, url)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn l1_the_api_key_comes_from_a_file_and_never_appears_in_the_process_list() {
+    let dir = temp_dir("l1");
+    let (child, url) = start(&dir).await;
     assert!(get(&url, "/health", API_KEY).await.contains(" 200"), "the key from the file works");
     assert!(get(&url, "/health", "wrong").await.contains(" 401"));
     #[cfg(target_os = "linux")]
@@ -72,19 +79,26 @@ async fn l1_l4_the_api_key_comes_from_a_file_and_sigterm_shuts_down_gracefully()
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
         assert!(!String::from_utf8_lossy(&cmdline).contains(API_KEY), "the key is not in ps");
     }
-    #[cfg(unix)]
-    {
-        let pid = child.id().expect("pid");
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(sent.success());
-        let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
-            .await
-            .expect("exits after SIGTERM")
-            .expect("status");
-        assert_eq!(status.code(), Some(0), "SIGTERM is a clean shutdown, not a kill: {status:?}");
-    }
+    drop(child);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn l4_sigterm_shuts_the_connector_down_gracefully() {
+    let dir = temp_dir("l4");
+    let (mut child, url) = start(&dir).await;
+    assert!(get(&url, "/health", API_KEY).await.contains(" 200"));
+    let pid = child.id().expect("pid");
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .expect("status");
+    assert_eq!(status.code(), Some(0), "SIGTERM is a clean shutdown, not a kill: {status:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
