@@ -56,6 +56,9 @@ pub struct DemoArgs {
 
 const ACCESS_CODE_FILE: &str = "demo-access-code";
 const CHANNEL_FILE: &str = "demo-channel";
+/// Channels of rooms paired through the QR flow, one per line: reopened at the next start so
+/// paired rooms keep their agent across demo restarts.
+const PAIRED_FILE: &str = "demo-paired-channels";
 
 fn random_hex(bytes: usize) -> String {
     (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
@@ -161,7 +164,7 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
                 println!("  Check the Connector (in a room of its own):");
                 println!("    xagent-connector conformance --base-url {local_url} --api-key {api_key_shown} --flow {ROOM_FLOW} --input room_name=conformance --input access_code={conformance_code}");
             }) => result,
-            _ = tokio::signal::ctrl_c() => Ok(()),
+            () = xagent_server_runtime::stop_signal() => Ok(()),
         };
         let _ = stop_tx.send(());
         let _ = server.await;
@@ -225,9 +228,10 @@ impl StandIn {
             }
         }
         let _ = std::fs::write(self.state_dir.join(CHANNEL_FILE), channel.as_str());
-        plane.remember_channel(channel).await;
+        plane.remember_channel(channel.clone()).await;
+        reopen_paired(&plane, &self.state_dir).await;
         ready();
-        tokio::spawn(offer_pairing(plane.clone()));
+        tokio::spawn(offer_pairing(plane.clone(), self.state_dir.clone()));
         let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())));
         while let Some(event) = events.recv().await {
             match event {
@@ -237,7 +241,9 @@ impl StandIn {
                     let interval = self.delta_interval;
                     tokio::spawn(async move { answer(plane, control, inbound, interval).await });
                 }
-                ClientEvent::ChannelReopened { previous, current, .. } if previous != current => {
+                ClientEvent::ChannelReopened { previous, current, .. }
+                    if previous != current && previous == channel =>
+                {
                     let _ = std::fs::write(self.state_dir.join(CHANNEL_FILE), current.as_str());
                 }
                 ClientEvent::Stopped { reason } => return Err(reason),
@@ -251,9 +257,9 @@ impl StandIn {
 /// Offers a second room through the QR flow (`webchat_qr_login`): prints the pairing link,
 /// polls `auth.status` (refreshing an expired link), and once a browser confirmed it answers
 /// that room too. Then offers the next one.
-async fn offer_pairing(plane: DataPlane) {
+async fn offer_pairing(plane: DataPlane, state_dir: PathBuf) {
     loop {
-        match pair_once(&plane).await {
+        match pair_once(&plane, &state_dir).await {
             Ok(()) => {}
             Err(error) => {
                 eprintln!("pairing offer failed: {error}");
@@ -263,7 +269,30 @@ async fn offer_pairing(plane: DataPlane) {
     }
 }
 
-async fn pair_once(plane: &DataPlane) -> Result<(), String> {
+/// Reopens the channels of rooms paired in earlier runs; forgets those the Connector no
+/// longer has signed in.
+async fn reopen_paired(plane: &DataPlane, state_dir: &Path) {
+    let path = state_dir.join(PAIRED_FILE);
+    let known = std::fs::read_to_string(&path).unwrap_or_default();
+    let mut kept = Vec::new();
+    for id in known.lines().map(str::trim).filter(|id| !id.is_empty()) {
+        let id = ConnectorChannelId::new(id);
+        match plane.open_channel(Some(&id)).await {
+            Ok(ack)
+                if ack.connector_channel_id == id
+                    && ack.connection_descriptor.connection.status
+                        == ConnectionStatus::Connected =>
+            {
+                plane.remember_channel(id.clone()).await;
+                kept.push(id.as_str().to_owned());
+            }
+            _ => {}
+        }
+    }
+    let _ = std::fs::write(&path, kept.join("\n"));
+}
+
+async fn pair_once(plane: &DataPlane, state_dir: &Path) -> Result<(), String> {
     let ack = plane.open_channel(None).await.map_err(|e| e.to_string())?;
     let channel = ack.connector_channel_id;
     let started =
@@ -289,6 +318,10 @@ async fn pair_once(plane: &DataPlane) -> Result<(), String> {
         match progress.status {
             AuthStatus::Authenticated => {
                 plane.remember_channel(channel.clone()).await;
+                let path = state_dir.join(PAIRED_FILE);
+                let mut known = std::fs::read_to_string(&path).unwrap_or_default();
+                known.push_str(&format!("\n{channel}"));
+                let _ = std::fs::write(&path, known.trim());
                 println!(
                     "  Paired: the agent now also answers in {}",
                     progress

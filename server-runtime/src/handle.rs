@@ -280,6 +280,34 @@ impl ConnectorHandle {
         Ok(stored.chat_file())
     }
 
+    /// [`ConnectorHandle::register_file`] for a file arriving as a stream of chunks (a
+    /// visitor's upload, a target-system download): written to the store as it comes, never
+    /// held whole in memory. More than `max_bytes` is refused with the Transfer Plane's
+    /// `TooLarge` (HTTP 413) and nothing is kept; a full store is its `CapacityExceeded` (507).
+    pub async fn register_file_stream<S, B, E>(
+        &self,
+        channel: &ConnectorChannelId,
+        filename: &str,
+        mime_type: Option<&str>,
+        max_bytes: u64,
+        stream: S,
+    ) -> Result<ChatFile, HandleError>
+    where
+        S: futures_util::Stream<Item = Result<B, E>>,
+        B: AsRef<[u8]>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        if !self.0.state().channels.contains_key(channel) {
+            return Err(HandleError::UnknownChannel(channel.clone()));
+        }
+        let mut new_file = NewFile::new(channel.clone(), filename).with_max_bytes(max_bytes);
+        if let Some(mime) = mime_type {
+            new_file = new_file.with_mime_type(mime);
+        }
+        let stored = self.store()?.register_stream(new_file, stream).await?;
+        Ok(stored.chat_file())
+    }
+
     /// Opens a file xAgent uploaded for `channel` (a `file_ref` from an outbound
     /// `chat.message`); a reference of another channel is refused.
     pub async fn open_file(

@@ -118,6 +118,7 @@ mod handlers;
 mod http;
 mod ids;
 mod im;
+mod listen;
 mod server;
 mod state;
 mod storage;
@@ -130,12 +131,15 @@ pub use author::{
 };
 pub use build_info::{executable_build_time, runtime_build_info};
 pub use config::RuntimeConfig;
-pub use connection::{CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError};
+pub use connection::{
+    CLOSE_GOING_AWAY, CLOSE_INVALID_DATA, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError,
+};
 pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
 pub use handle::ConnectorHandle;
 pub use http::error_response;
+pub use listen::{ServeLimits, peer_ip, stop_signal};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
 };

@@ -241,7 +241,7 @@ impl ConnectorServer {
         }
     }
 
-    /// Serves `connector` as configured by the environment until Ctrl-C: listens on
+    /// Serves `connector` as configured by the environment until Ctrl-C or SIGTERM: listens on
     /// `XAGENT_CONNECTOR_LISTEN` (default `127.0.0.1:8080`), requires
     /// `XAGENT_CONNECTOR_API_KEY` when set, keeps state in `XAGENT_CONNECTOR_STATE_DIR` when
     /// set, and logs to stderr filtered by `RUST_LOG` (default `info`). Prints
@@ -263,11 +263,7 @@ impl ConnectorServer {
             server.card().connector_card_id,
             listener.local_addr()?
         );
-        server
-            .serve(listener, async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
+        server.serve(listener, crate::listen::stop_signal()).await
     }
 
     /// The author's handle.
@@ -341,9 +337,10 @@ impl ConnectorServer {
             server_token.cancel();
         });
         let graceful = token.clone();
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move { graceful.cancelled().await })
-            .await?;
+        crate::listen::serve(listener, router, self.shared.config.listener, async move {
+            graceful.cancelled().await
+        })
+        .await?;
         maintenance.abort();
         if let Some(cleanup) = cleanup {
             cleanup.abort();
