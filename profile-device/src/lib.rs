@@ -1,15 +1,22 @@
 //! # xagent-profile-device
 //!
 //! Device Profile v1 (`xagent.device.v1`) as sans-I/O logic, one layer above
-//! `xagent-protocol-types`: the binding between a channel and a device with the Descriptor
-//! corrections each state implies, Tool declarations with category, risk and bounded
-//! parameters, a per-channel scheduler that serialises side effects while observations run
+//! `xagent-protocol-types` and `xagent-protocol-validate`: the binding between a channel and a
+//! device with the Descriptor corrections each state implies, Tool declarations with category,
+//! risk and bounded parameters, a per-channel scheduler that serialises side effects while observations run
 //! concurrently, a registry that makes a retried `tool.invoke` return the first outcome instead
 //! of acting twice, and media results as Transfer Plane references only. No sockets, no async
 //! runtime, no sleeping: time is passed in (Unix ms from an injected
 //! [`Clock`](xagent_protocol_types::Clock)).
 //!
-//! A Connector runtime handles one `tool.invoke` like this:
+//! This crate is the one home of the device rules: a Connector runtime holds one
+//! [`DeviceGate`] (declared Tools with category and risk, bindings and their Descriptor
+//! projection, confirmations, the per-channel scheduler, result checks) and asks
+//! [`channel_target_type`] for a channel's Descriptor `target_type`. Declarations that let the
+//! model supply a device fact (serial, address, platform account) are refused when the
+//! Connector is built ([`DeviceTool::new`], [`check_input_schema`]).
+//!
+//! The pieces, as a runtime would use them for one `tool.invoke`: one `tool.invoke` like this:
 //!
 //! ```
 //! use serde_json::json;
@@ -82,9 +89,9 @@
 //!
 //! ## Decisions where the Profile is silent
 //!
-//! - **Descriptor projection**: online -> `connected`/`available`; offline and
-//!   restored-but-unverified -> `offline`/`unavailable`; permission lost ->
-//!   `revoked`/`denied_by_target`; unbound -> `created`/`requires_reauth`. Tools declared
+//! - **Descriptor projection**: online -> `connected`/`available`; offline ->
+//!   `offline`/`unavailable`; restored but not yet answered -> `degraded`/`unavailable`;
+//!   permission lost -> `revoked`/`denied_by_target`; unbound -> `created`/`requires_reauth`. Tools declared
 //!   `not_supported` keep that status.
 //! - **Ordering**: operations of a channel start in arrival order; an observation queued after a
 //!   side effect waits for it (a screenshot after a tap shows the tap's result).
@@ -102,13 +109,17 @@
 mod binding;
 mod error;
 mod executor;
+mod gate;
 mod media;
 mod repeat;
+mod target;
 mod tools;
 
 pub use binding::*;
 pub use error::*;
 pub use executor::*;
+pub use gate::*;
 pub use media::*;
 pub use repeat::*;
+pub use target::*;
 pub use tools::*;
