@@ -1,7 +1,7 @@
 //! A simulated Homie v4 device (thermostat, climate sensor, camera) on a real MQTT broker.
 //!
 //! ```text
-//! cargo run -p xagent-connector-homie --example homie_sim -- \
+//! cargo run -p xagent-connector-homie --bin homie-sim -- \
 //!     --mqtt-url mqtt://127.0.0.1:1883 --device-id thermostat-1 [--name NAME] [--ignore-sets]
 //! ```
 //!
@@ -17,7 +17,7 @@ use xagent_connector_homie::sim::{SimConfig, SimDevice};
 fn usage(problem: &str) -> ExitCode {
     eprintln!("{problem}");
     eprintln!(
-        "usage: homie_sim --mqtt-url mqtt://HOST:PORT --device-id ID [--name NAME] [--ignore-sets]"
+        "usage: homie-sim --mqtt-url mqtt://HOST:PORT --device-id ID [--name NAME] [--ignore-sets]"
     );
     ExitCode::from(2)
 }
