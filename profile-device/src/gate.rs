@@ -205,6 +205,11 @@ impl DeviceGate {
         self.scheduler.start_ready(now)
     }
 
+    /// Withdraws a call still waiting in its channel's queue (its caller gave up waiting).
+    pub fn cancel(&mut self, channel: &ConnectorChannelId, op: OpId) -> bool {
+        self.scheduler.cancel(channel, op)
+    }
+
     /// An operation ended (whatever its outcome): frees its slot.
     pub fn finish(&mut self, channel: &ConnectorChannelId, op: OpId) -> bool {
         self.scheduler.finish(channel, op)

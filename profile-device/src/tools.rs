@@ -299,6 +299,10 @@ pub struct DeviceTool {
     pub effect: Effect,
     /// Parameters; anything else except `connector_channel_id` is refused.
     pub params: Vec<ParamRule>,
+    /// True when the arguments are checked against the Tool's input schema by the runtime
+    /// (a Tool declared from its schema, [`DeviceTool::from_schema`]); `params` is then empty
+    /// and [`DeviceTool::validate_arguments`] leaves the check to the schema.
+    pub schema_checked: bool,
 }
 
 impl DeviceTool {
@@ -343,7 +347,23 @@ impl DeviceTool {
                 )));
             }
         }
-        Ok(Self { tool_id, category, risk, effect, params })
+        Ok(Self { tool_id, category, risk, effect, params, schema_checked: false })
+    }
+
+    /// Declares a Tool whose arguments are described by an input schema (generated from a
+    /// type) and checked against it by the runtime. The schema is refused when it lets the
+    /// model supply a device fact ([`check_input_schema`]).
+    pub fn from_schema(
+        tool_id: impl Into<ToolId>,
+        category: ToolCategory,
+        risk: RiskLevel,
+        input_schema: &Map<String, Value>,
+    ) -> Result<Self, DeviceError> {
+        let tool_id = tool_id.into();
+        check_input_schema(&tool_id, input_schema)?;
+        let mut tool = Self::new(tool_id, category, risk, Vec::new())?;
+        tool.schema_checked = true;
+        Ok(tool)
     }
 
     /// Overrides the scheduling class (e.g. a media upload to the device is a side effect).
@@ -356,6 +376,9 @@ impl DeviceTool {
     /// Checks arguments: every required parameter present, every value in range, nothing
     /// undeclared (except the reserved `connector_channel_id`, which is ignored).
     pub fn validate_arguments(&self, arguments: &Map<String, Value>) -> Result<(), DeviceError> {
+        if self.schema_checked {
+            return Ok(());
+        }
         for (name, value) in arguments {
             if name == CHANNEL_ARGUMENT {
                 continue;
@@ -572,6 +595,29 @@ mod tests {
             let err = check_input_schema(&tool, bad.as_object().unwrap()).unwrap_err();
             assert!(matches!(err, DeviceError::InvalidDeclaration(_)), "{bad}");
         }
+    }
+
+    #[test]
+    fn rule_schema_declared_tools_are_checked_for_device_facts() {
+        let ok = json!({"type": "object", "properties": {"node": {"type": "string"}}});
+        let t = DeviceTool::from_schema(
+            "read",
+            ToolCategory::Observation,
+            RiskLevel::Low,
+            ok.as_object().unwrap(),
+        )
+        .unwrap();
+        assert!(t.schema_checked);
+        t.validate_arguments(&args(json!({"node": "x"}))).unwrap();
+        let bad = json!({"type": "object", "properties": {"serial": {"type": "string"}}});
+        let err = DeviceTool::from_schema(
+            "read",
+            ToolCategory::Observation,
+            RiskLevel::Low,
+            bad.as_object().unwrap(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, DeviceError::InvalidDeclaration(_)));
     }
 
     #[test]

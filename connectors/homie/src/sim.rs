@@ -149,6 +149,17 @@ struct Shared {
     sets_received: AtomicUsize,
     snapshots_taken: AtomicUsize,
     ignore_sets: AtomicBool,
+    log: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    fn note(&self, line: String) {
+        if let Ok(mut log) = self.log.lock()
+            && log.len() < 10_000
+        {
+            log.push(line);
+        }
+    }
 }
 
 struct Running {
@@ -288,6 +299,12 @@ impl SimDevice {
         self.shared.snapshots_taken.load(Ordering::SeqCst)
     }
 
+    /// What the device did, in order: `set NODE/PROPERTY=PAYLOAD` for every `/set` received,
+    /// `value NODE/PROPERTY=PAYLOAD` for every value it published in answer.
+    pub fn log(&self) -> Vec<String> {
+        self.shared.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
     /// The device's current value of a property.
     pub fn value(&self, node: &str, property: &str) -> Option<String> {
         let values = self.shared.values.lock().ok()?;
@@ -379,6 +396,7 @@ impl Publisher {
 
     fn on_set(&self, node: &str, property: &str, payload: &[u8]) {
         self.shared.sets_received.fetch_add(1, Ordering::SeqCst);
+        self.shared.note(format!("set {node}/{property}={}", String::from_utf8_lossy(payload)));
         if self.shared.ignore_sets.load(Ordering::SeqCst) {
             return;
         }
@@ -391,6 +409,7 @@ impl Publisher {
         if let Ok(mut values) = self.shared.values.lock() {
             values.insert((node.to_owned(), property.to_owned()), accepted.clone());
         }
+        self.shared.note(format!("value {node}/{property}={accepted}"));
         self.put(&format!("{node}/{property}"), accepted, true);
     }
 
