@@ -111,6 +111,7 @@ mod build_info;
 mod config;
 mod connection;
 mod connector;
+mod device;
 mod error;
 mod files;
 mod handle;
@@ -127,6 +128,9 @@ pub use author::{
     AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding, BoundReason,
     ChannelContext, DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, FlowHandler,
     FlowSpec, ImTarget, NoAuth, ToolContext, ToolError, ToolSpec,
+};
+pub use author::{
+    DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
 };
 pub use build_info::{executable_build_time, runtime_build_info};
 pub use config::RuntimeConfig;
@@ -156,10 +160,12 @@ pub mod prelude {
         Connector, ConnectorHandle, ConnectorServer, DeliveryError, FinalDelivery, FlowHandler,
         FlowSpec, ImTarget, ToolContext, ToolError, ToolSpec,
     };
+    pub use crate::{DeviceConfig, DeviceStatus, DeviceTarget, RiskLevel, ToolCategory};
     pub use schemars::JsonSchema;
     pub use serde::{Deserialize, Serialize};
     pub use xagent_protocol_types::{
         ChatMessage, ConnectionStatus, ConnectorChannelId, DescriptorTarget, ErrorCode,
-        PROFILE_IM_V1, PROFILE_IM_V2, Secret, Security, TargetDeclaration, TargetType, TrustLevel,
+        PROFILE_DEVICE_V1, PROFILE_IM_V1, PROFILE_IM_V2, Secret, Security, TargetDeclaration,
+        TargetType, TrustLevel,
     };
 }
