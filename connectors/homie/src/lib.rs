@@ -18,6 +18,7 @@
 //! | [`pending`] | sets waiting for the device to publish the new value (sans-I/O) |
 //! | [`pairing`] | the operator's pairing codes, hashed, with a guessing limit |
 //! | [`link`] | the broker connection: watching devices, availability, read / set / snapshot |
+//! | [`connector`] | the Connector on `xagent-server-runtime`: Card, `homie_bind`, device Tools |
 //! | [`sim`] | a simulated Homie device (thermostat, sensor, camera) over real MQTT |
 //! | [`testing`] | a throw-away Mosquitto broker for tests and demos |
 //!
@@ -50,6 +51,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod connector;
 pub mod error;
 pub mod link;
 pub mod model;
@@ -59,4 +61,5 @@ pub mod sim;
 pub mod testing;
 pub mod tree;
 
+pub use connector::{CARD_ID, Homie, HomieOptions};
 pub use error::HomieError;
