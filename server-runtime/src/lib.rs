@@ -59,7 +59,8 @@
 //! | `handle` | [`ConnectorHandle`], in one place |
 //! | `state` | the shared state behind one lock (channels, routes, lease, auth sessions, consumers) and lifecycle (`tick`, unregister) |
 //! | `connector` | [`Connector`] and [`ConnectorBuilder`]: the definition and its generated Card |
-//! | `author` | what an author writes (`tool`, `auth`, `im`, `context`) and `call`, the one place author code is called (panic-contained) |
+//! | `device` | Device Profile wiring: one `profile-device` gate per Connector around device Tools (admission, per-channel serialisation, timeouts, result checks) and the binding states behind every device Tool's availability |
+//! | `author` | what an author writes (`tool`, `auth`, `im`, `device`, `context`) and `call`, the one place author code is called (panic-contained) |
 //! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
 //! | `storage` | the [`Storage`] trait and SQLite |
 //! | `config`, `error`, `ids`, `build_info` | tunables; errors with their one map to wire codes and HTTP statuses; id minting; build stamps |
