@@ -56,10 +56,17 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
             return usage(error);
         }
     }
-    if let Some(file) = &args.pairing_file
-        && let Err(error) = pairing.add_file(file)
-    {
-        return usage(error);
+    if let Some(file) = &args.pairing_file {
+        if let Err(error) = pairing.add_file(file) {
+            return usage(error);
+        }
+        use std::os::unix::fs::PermissionsExt;
+        if std::fs::metadata(file).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+            eprintln!(
+                "xagent-connector homie: warning: {} is readable by other users; chmod 600 it",
+                file.display()
+            );
+        }
     }
     if pairing.devices().next().is_none() {
         eprintln!(

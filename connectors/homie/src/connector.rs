@@ -383,7 +383,6 @@ fn build(
 pub struct Homie {
     link: HomieLink,
     server: ConnectorServer,
-    app: App,
 }
 
 impl std::fmt::Debug for Homie {
@@ -412,7 +411,7 @@ impl Homie {
             builder = builder.api_key(key);
         }
         let server = builder.build().await?;
-        Ok(Self { link, server, app })
+        Ok(Self { link, server })
     }
 
     /// The runtime (handle, Card, router).
@@ -433,7 +432,6 @@ impl Homie {
     ) -> Result<(), ServerError> {
         let result = self.server.serve(listener, shutdown).await;
         self.link.shutdown().await;
-        let _ = &self.app;
         result
     }
 }
