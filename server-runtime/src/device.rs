@@ -158,10 +158,18 @@ impl DeviceRuntime {
     }
 
     /// The author's report about a channel's device; queued calls the device can no longer
-    /// take are answered with the new state's error.
-    pub(crate) fn report(&self, channel: &ConnectorChannelId, status: &DeviceStatus) -> Correction {
+    /// take are answered with the new state's error. `None` when the gate knows no device for
+    /// the channel (a binding without a device key): nothing to correct.
+    pub(crate) fn report(
+        &self,
+        channel: &ConnectorChannelId,
+        status: &DeviceStatus,
+    ) -> Option<Correction> {
         let mut inner = self.lock();
         let state = inner.gate.state(channel);
+        if state == BindingState::Unbound {
+            return None;
+        }
         let events: &[BindingEvent] = match (status, state) {
             (DeviceStatus::Online, BindingState::PermissionLost) => {
                 &[BindingEvent::PermissionRestored, BindingEvent::Verified]
@@ -180,7 +188,7 @@ impl DeviceRuntime {
                 }
             }
         }
-        correction
+        Some(correction)
     }
 
     /// The channel was signed out or unregistered.

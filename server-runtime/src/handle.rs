@@ -126,7 +126,10 @@ impl ConnectorHandle {
                 Some(_) => {}
             }
         }
-        let correction = device.report(channel, &status);
+        let Some(correction) = device.report(channel, &status) else {
+            tracing::warn!(%channel, "device status for a binding that names no device; ignored");
+            return Ok(false);
+        };
         let mut changed = false;
         self.update_channel(channel, |record| changed = device.project(record, &correction))?;
         if changed {
