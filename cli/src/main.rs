@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 mod check;
 mod conformance;
 mod demo;
+mod homie;
 mod mock_xagent;
 mod webchat;
 
@@ -35,6 +36,8 @@ enum Command {
     MockXagent(mock_xagent::MockXagentArgs),
     /// Run the reference IM Connector im.webchat (chat page + protocol 3.0 server).
     Webchat(webchat::WebchatArgs),
+    /// Run the reference Device Connector device.homie (Homie v4 devices on an MQTT broker).
+    Homie(homie::HomieArgs),
     /// Run im.webchat with an xAgent stand-in in one process and print the URL to open.
     Demo(demo::DemoArgs),
 }
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         Command::Conformance(args) => conformance::run_command(args),
         Command::MockXagent(args) => mock_xagent::run_command(args),
         Command::Webchat(args) => webchat::run_command(args),
+        Command::Homie(args) => homie::run_command(args),
         Command::Demo(args) => demo::run_command(args),
     }
 }

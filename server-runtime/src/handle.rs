@@ -106,6 +106,52 @@ impl ConnectorHandle {
         Ok(())
     }
 
+    /// Reports the state of a channel's device (Device Profile v1): the runtime corrects the
+    /// channel's `connection.status` and every device Tool's availability, answers calls
+    /// still queued for a device that can no longer take them, and pushes the Descriptor
+    /// when it changed. Returns true when the Descriptor changed.
+    pub async fn device_status(
+        &self,
+        channel: &ConnectorChannelId,
+        status: crate::author::DeviceStatus,
+    ) -> Result<bool, HandleError> {
+        let Some(device) = &self.0.device else { return Err(HandleError::NoDeviceTarget) };
+        {
+            let state = self.0.state();
+            match state.channels.get(channel) {
+                None => return Err(HandleError::UnknownChannel(channel.clone())),
+                Some(record) if record.binding.is_none() => {
+                    return Err(HandleError::NotAuthenticated(channel.clone()));
+                }
+                Some(_) => {}
+            }
+        }
+        let Some(correction) = device.report(channel, &status) else {
+            tracing::warn!(%channel, "device status for a binding that names no device; ignored");
+            return Ok(false);
+        };
+        let mut changed = false;
+        self.update_channel(channel, |record| changed = device.project(record, &correction))?;
+        if changed {
+            tracing::info!(%channel, status = ?status, "device status changed");
+            self.0.push_descriptor(channel).await;
+        }
+        Ok(changed)
+    }
+
+    /// The user confirmed the next call of a high-risk device Tool on the channel (through
+    /// the Connector's own means: a prompt on the device, an approval page). The grant is
+    /// used by that one call and expires after the configured time.
+    pub fn grant_confirmation(
+        &self,
+        channel: &ConnectorChannelId,
+        tool: &xagent_protocol_types::ToolId,
+    ) -> Result<(), HandleError> {
+        let Some(device) = &self.0.device else { return Err(HandleError::NoDeviceTarget) };
+        device.grant(channel, tool, self.0.now());
+        Ok(())
+    }
+
     /// Overrides one Tool's availability on the channel and pushes the new Descriptor. Only
     /// Tools declared in the Card are accepted (others are ignored).
     pub async fn set_tool_status(

@@ -167,8 +167,27 @@ impl ServerBuilder {
             ),
             None => None,
         };
+        let mut connector = self.connector;
+        let device = match connector.device.take() {
+            Some(def) => Some(
+                crate::device::DeviceRuntime::new(def)
+                    .map_err(|e| DefinitionError::Device(e.to_string()))?,
+            ),
+            None => None,
+        };
+        // Restored device bindings are not connected until their device answers.
+        if let Some(device) = &device {
+            for record in state.channels.values_mut() {
+                let key = record.binding.as_ref().and_then(|b| device.code.device_key(b));
+                if let Some(key) = key {
+                    let correction = device.restore(&record.id, &key);
+                    device.project(record, &correction);
+                }
+            }
+        }
         let shared = Arc::new(Shared {
-            def: self.connector,
+            def: connector,
+            device,
             config: self.config,
             storage,
             clock: self.clock,
@@ -194,6 +213,16 @@ impl ServerBuilder {
             })
             .collect();
         for ctx in restored {
+            if let Some(device) = &shared.device {
+                // Check the device in the background; the channel stays degraded meanwhile.
+                let code = device.code.clone();
+                let (channel, handle) = (ctx.channel.clone(), ctx.handle.clone());
+                let check = ctx.clone();
+                shared.tasks.spawn(async move {
+                    let status = code.check(check).await;
+                    let _ = handle.device_status(&channel, status).await;
+                });
+            }
             shared.def.auth.bound(ctx, BoundReason::Restored).await;
         }
         let handle = shared.handle();
