@@ -373,9 +373,13 @@ pub unsafe extern "C" fn xagent_packet_is_valid(
     sender: i32,
 ) -> i32 {
     let verdict = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: forwarded from the caller's contract on `json`.
-        let Ok(text) = (unsafe { text_from(json, json_len, Input::Document) }) else {
+        // The decoder checks UTF-8 itself, so the bytes go in as they are.
+        let bytes: &[u8] = if json.is_null() || json_len > isize::MAX as usize {
             return false;
+        } else {
+            // SAFETY: the caller guarantees `json` points to `json_len` readable bytes valid for
+            // the call; it is non-NULL, `u8` has no alignment requirement, `len` fits `isize`.
+            unsafe { std::slice::from_raw_parts(json, json_len) }
         };
         let sender = match sender {
             XAGENT_SENDER_XAGENT => Some(xagent_protocol_types::Side::Xagent),
@@ -392,7 +396,7 @@ pub unsafe extern "C" fn xagent_packet_is_valid(
         };
         let context =
             xagent_protocol_validate::PacketContext { card: validator.card.as_ref(), sender };
-        validator.validator.packet_is_valid(text.as_bytes(), context)
+        validator.validator.packet_is_valid(bytes, context)
     }));
     i32::from(verdict.unwrap_or(false))
 }
