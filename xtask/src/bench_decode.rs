@@ -16,8 +16,8 @@
 //! Then the C ABI overhead: the verdict `Validator::packet_is_valid` called from Rust, and the
 //! same verdict `xagent_packet_is_valid` called through the C ABI from a C program
 //! (`validate-ffi/tests/c/bench_validate.c`, built with `cc -O2`) and from Go through cgo
-//! (`validate-ffi/tests/go`, skipped when `go` is missing), on the same packets, each the best
-//! of 5 rounds. `--no-ffi` leaves this part out.
+//! (`validate-ffi/tests/go`, skipped when `go` is missing), on the same packets: one round of
+//! each in turn, best of 7 (3 with `--quick`). `--no-ffi` leaves this part out.
 
 use std::hint::black_box;
 use std::path::Path;
@@ -160,21 +160,17 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-/// Nanoseconds per call of `f`, best of 5 rounds of `round`.
+/// Nanoseconds per call of `f` over one round of about `round`.
 fn ns_per_call(round: Duration, f: impl Fn() -> bool) -> f64 {
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let started = Instant::now();
-        let mut n = 0u64;
-        while started.elapsed() < round {
-            for _ in 0..64 {
-                black_box(f());
-            }
-            n += 64;
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < round {
+        for _ in 0..64 {
+            black_box(f());
         }
-        best = best.min(started.elapsed().as_nanos() as f64 / n as f64);
+        n += 64;
     }
-    best
+    started.elapsed().as_nanos() as f64 / n as f64
 }
 
 /// Runs `command`, checks it succeeded, returns its standard output.
@@ -251,26 +247,31 @@ fn ffi_overhead(root: &Path, samples: &[(&str, &Vec<u8>)], quick: bool) -> Resul
         );
     }
     let millis = if quick { 100 } else { 300 };
+    let rounds = if quick { 3 } else { 7 };
     let validator = Validator::default();
     let mut rows = Vec::new();
     for (name, bytes) in samples {
         let file = work.join(format!("{name}.json"));
         std::fs::write(&file, bytes)?;
-        let rust = ns_per_call(Duration::from_millis(millis), || {
-            validator.packet_is_valid(black_box(bytes), PacketContext::default())
-        });
-        let c = ns_from(&run_checked(
-            Command::new(&c_bin).arg(&file).arg(millis.to_string()),
-            "bench_validate",
-        )?)?;
-        let go_ns = if go {
-            Some(ns_from(&run_checked(
-                Command::new(&go_bin).arg("bench").arg(&file).arg(millis.to_string()),
-                "validatecheck bench",
-            )?)?)
-        } else {
-            None
-        };
+        // One round of each caller in turn, best of `rounds`: a shared machine's load changes
+        // over seconds, and alternating keeps the three on the same footing.
+        let (mut rust, mut c, mut go_ns) = (f64::MAX, f64::MAX, f64::MAX);
+        for _ in 0..rounds {
+            rust = rust.min(ns_per_call(Duration::from_millis(millis), || {
+                validator.packet_is_valid(black_box(bytes), PacketContext::default())
+            }));
+            c = c.min(ns_from(&run_checked(
+                Command::new(&c_bin).arg(&file).arg(millis.to_string()).arg("1"),
+                "bench_validate",
+            )?)?);
+            if go {
+                go_ns = go_ns.min(ns_from(&run_checked(
+                    Command::new(&go_bin).arg("bench").arg(&file).arg(millis.to_string()).arg("1"),
+                    "validatecheck bench",
+                )?)?);
+            }
+        }
+        let go_ns = go.then_some(go_ns);
         let overhead = |foreign: f64| ((foreign / rust - 1.0) * 1000.0).round() / 1000.0;
         rows.push(json!({
             "packet": name,

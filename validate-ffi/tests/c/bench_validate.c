@@ -1,6 +1,6 @@
 /* Times the hot-path verdict through the C ABI, as a C backend would call it.
- * Usage: bench_validate <packet.json> <milliseconds>. Calls xagent_packet_is_valid on the
- * packet for about <milliseconds> per round, best of 5 rounds, and prints
+ * Usage: bench_validate <packet.json> <milliseconds> [rounds]. Calls xagent_packet_is_valid
+ * on the packet for about <milliseconds> per round, best of [rounds] (default 5), and prints
  * {"ns_per_call": N}. Built and run by `cargo xtask bench-decode`. */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
@@ -16,8 +16,8 @@ static double now_ns(void) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s <packet.json> <milliseconds>\n", argv[0]);
+  if (argc != 3 && argc != 4) {
+    fprintf(stderr, "usage: %s <packet.json> <milliseconds> [rounds]\n", argv[0]);
     return 2;
   }
   FILE *file = fopen(argv[1], "rb");
@@ -35,6 +35,7 @@ int main(int argc, char **argv) {
   }
   fclose(file);
   double millis = atof(argv[2]);
+  int rounds = argc == 4 ? atoi(argv[3]) : 5;
   XagentPacketValidator *validator = xagent_packet_validator_new(NULL, 0);
   if (xagent_packet_is_valid(validator, packet, (size_t)size, XAGENT_SENDER_UNKNOWN) != 1) {
     fprintf(stderr, "the sample packet is not valid\n");
@@ -42,7 +43,7 @@ int main(int argc, char **argv) {
   }
   double best = 0;
   volatile int sink = 0;
-  for (int round = 0; round < 5; round++) {
+  for (int round = 0; round < rounds; round++) {
     long n = 0;
     double start = now_ns();
     double deadline = start + millis * 1e6;

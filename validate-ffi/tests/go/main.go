@@ -5,8 +5,9 @@
 //	                                 expected report file, tab-separated; the report returned
 //	                                 through the C ABI must equal the expected bytes, and for
 //	                                 packets xagent_packet_is_valid must give its verdict.
-//	validatecheck bench <packet> <ms> calls xagent_packet_is_valid on one packet for about
-//	                                 <ms> milliseconds, best of 5, prints {"ns_per_call": N}.
+//	validatecheck bench <packet> <ms> [rounds]  calls xagent_packet_is_valid on one packet
+//	                                 for about <ms> milliseconds a round, best of [rounds]
+//	                                 (default 5), prints {"ns_per_call": N}.
 //
 // Built and run by validate-ffi/tests/go_cgo.rs and by `cargo xtask bench-decode`; the
 // include and library directories come from CGO_CFLAGS and CGO_LDFLAGS.
@@ -121,7 +122,7 @@ func check(manifest string) int {
 	return 0
 }
 
-func bench(path string, millis int) int {
+func bench(path string, millis, rounds int) int {
 	packet, err := os.ReadFile(path)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -135,7 +136,7 @@ func bench(path string, millis int) int {
 		return 1
 	}
 	best := 0.0
-	for round := 0; round < 5; round++ {
+	for round := 0; round < rounds; round++ {
 		n := 0
 		start := time.Now()
 		deadline := time.Duration(millis) * time.Millisecond
@@ -158,12 +159,16 @@ func main() {
 	if len(os.Args) == 3 && os.Args[1] == "check" {
 		os.Exit(check(os.Args[2]))
 	}
-	if len(os.Args) == 4 && os.Args[1] == "bench" {
+	if (len(os.Args) == 4 || len(os.Args) == 5) && os.Args[1] == "bench" {
 		ms, err := strconv.Atoi(os.Args[3])
-		if err == nil {
-			os.Exit(bench(os.Args[2], ms))
+		rounds := 5
+		if len(os.Args) == 5 {
+			rounds, _ = strconv.Atoi(os.Args[4])
+		}
+		if err == nil && rounds > 0 {
+			os.Exit(bench(os.Args[2], ms, rounds))
 		}
 	}
-	fmt.Fprintln(os.Stderr, "usage: validatecheck check <manifest> | bench <packet> <ms>")
+	fmt.Fprintln(os.Stderr, "usage: validatecheck check <manifest> | bench <packet> <ms> [rounds]")
 	os.Exit(2)
 }
