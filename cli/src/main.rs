@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 mod check;
 mod conformance;
 mod demo;
+mod mcp;
 mod mock_xagent;
 mod webchat;
 
@@ -37,6 +38,8 @@ enum Command {
     Webchat(webchat::WebchatArgs),
     /// Run im.webchat with an xAgent stand-in in one process and print the URL to open.
     Demo(demo::DemoArgs),
+    /// Put a Connector in front of an MCP client (stdio, or streamable HTTP with --http).
+    Mcp(mcp::McpArgs),
 }
 
 /// Exit status for usage and I/O errors.
@@ -60,5 +63,6 @@ fn main() -> ExitCode {
         Command::MockXagent(args) => mock_xagent::run_command(args),
         Command::Webchat(args) => webchat::run_command(args),
         Command::Demo(args) => demo::run_command(args),
+        Command::Mcp(args) => mcp::run_command(args),
     }
 }
