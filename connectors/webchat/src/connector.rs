@@ -324,6 +324,7 @@ pub struct MessageSendArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct FileSendArgs {
     /// A `file_ref` returned by `POST /files/uploads` for this channel.
+    #[schemars(extend("x-xagent-upload-ref" = true))]
     pub file_ref: String,
     /// Optional text shown with the file.
     #[serde(default)]
