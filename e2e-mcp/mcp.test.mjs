@@ -15,7 +15,10 @@
 //   6. restarts the bridge: a message stored before the restart and one sent while it was down
 //      both arrive once, and nothing handed before the restart is handed again;
 //   7. another xAgent claims the room, the Connector revokes the bridge's channel: the client
-//      receives notifications/tools/list_changed and webchat_message_send is gone from the list.
+//      receives notifications/tools/list_changed and webchat_message_send is gone from the list;
+//   8. the bridge's stderr never shows the API key or the room's access code;
+//   9. the same bridge over streamable HTTP (--http): the SDK's StreamableHTTPClientTransport
+//      lists the Tools and a webchat_message_send reaches the page.
 //
 // Environment: XAGENT_CONNECTOR_BIN (default ../target/debug/xagent-connector).
 
@@ -28,6 +31,7 @@ import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
   ResourceUpdatedNotificationSchema,
   ToolListChangedNotificationSchema,
@@ -185,6 +189,8 @@ async function main() {
   const webchat = await startWebchat(webchatState);
   let bridge;
   let claimer;
+  let httpBridge;
+  let stderrBefore = '';
   try {
     log(`im.webchat at ${webchat.url}`);
     bridge = await startBridge(webchat.url, bridgeState, allowDir, events);
@@ -277,6 +283,7 @@ async function main() {
     const updatesBefore = events.updated.length;
     await visitor.say('stored before the restart');
     await until(() => events.updated.length > updatesBefore, 'the message to be stored');
+    stderrBefore = bridge.stderr.join('');
     await client.close();
     bridge = null;
     await visitor.say('sent while the bridge was down');
@@ -308,6 +315,38 @@ async function main() {
     const refused = await call(again, 'webchat_message_send', { text: 'too late' });
     assert.equal(refused.structuredContent.error.code, 'connector_channel_unavailable');
     log('ok 7 - a revoked channel takes its Tools off the list after notifications/tools/list_changed');
+
+    // 8. Secrets stay out of the logs.
+    const logs = bridge.stderr.join('') + stderrBefore;
+    assert.ok(logs.length > 0, 'the bridge logged to stderr');
+    assert.ok(!logs.includes(apiKey), 'the API key is not logged');
+    assert.ok(!logs.includes(accessCode), 'the access code is not logged');
+    log('ok 8 - logs go to stderr without the API key or form secrets');
+
+    // 9. Streamable HTTP.
+    await bridge.client.close();
+    bridge = null;
+    httpBridge = spawn(bin, [
+      'mcp', '--base-url', webchat.url, '--state-dir', path.join(work, 'bridge-http'), '--http', '127.0.0.1:0',
+      '--flow', 'webchat_room', '--input', `room_name=${roomName}`, '--input', `access_code=${accessCode}`,
+    ], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, XAGENT_CONNECTOR_API_KEY: apiKey } });
+    let httpOutput = '';
+    httpBridge.stdout.on('data', (chunk) => (httpOutput += chunk.toString()));
+    httpBridge.stderr.on('data', (chunk) => (httpOutput += chunk.toString()));
+    const mcpUrl = await until(() => {
+      if (httpBridge.exitCode !== null) throw new Error(`the HTTP bridge exited:\n${httpOutput}`);
+      const match = httpOutput.match(/MCP over streamable HTTP at (http\S+)/);
+      return match && match[1];
+    }, 'the HTTP bridge to listen');
+    const httpClient = new Client({ name: 'xagent-mcp-e2e-http', version: '0.1.0' }, { capabilities: {} });
+    await httpClient.connect(new StreamableHTTPClientTransport(new URL(mcpUrl)));
+    const httpTools = (await httpClient.listTools()).tools.map((t) => t.name);
+    assert.ok(httpTools.includes('webchat_message_send'), `the HTTP session lists the Tools (got ${httpTools})`);
+    const overHttp = structured(await call(httpClient, 'webchat_message_send', { text: 'hello over streamable HTTP' }));
+    assert.equal(overHttp.status, 'sent');
+    await until(async () => (await visitor.agentMessages()).some((m) => m.text === 'hello over streamable HTTP'), 'the HTTP message on the page');
+    await httpClient.close();
+    log('ok 9 - streamable HTTP transport');
     log('all MCP end-to-end checks passed');
   } catch (error) {
     if (bridge) process.stderr.write(`--- bridge stderr ---\n${bridge.stderr.join('')}\n`);
@@ -315,6 +354,7 @@ async function main() {
     throw error;
   } finally {
     if (claimer) claimer.kill('SIGINT');
+    if (httpBridge) httpBridge.kill('SIGINT');
     if (bridge) await bridge.client.close().catch(() => {});
     webchat.child.kill('SIGINT');
     await new Promise((resolve) => webchat.child.once('exit', resolve));

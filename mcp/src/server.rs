@@ -10,8 +10,8 @@ use base64::Engine;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
     GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, Prompt, PromptMessage,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, Prompt,
+    PromptMessage, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
     ResourceContents, ResourceUpdatedNotificationParam, Role, ServerCapabilities, ServerConfig,
     SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestParams,
 };
@@ -19,6 +19,7 @@ use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionConte
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc};
+use xagent_protocol_types::ToolProgressPush;
 
 use crate::files::FILE_URI_PREFIX;
 use crate::link::{Link, Notice, ToolFailure};
@@ -66,6 +67,26 @@ fn failure_result(failure: &ToolFailure) -> CallToolResult {
     }));
     result.content = vec![ContentBlock::text(format!("{}: {}", failure.code, failure.message))];
     result
+}
+
+/// Turns the `count`-th `tool.progress.push` of a call into an MCP progress notification. MCP
+/// wants `progress` to grow: a fraction (with `total` 1) never goes below the last value sent,
+/// and a push without a fraction counts pushes.
+fn progress_param(
+    token: ProgressToken,
+    push: &ToolProgressPush,
+    count: u32,
+    last: &mut f64,
+) -> ProgressNotificationParam {
+    let (progress, total) = match push.progress {
+        Some(fraction) if fraction.is_finite() => (fraction.clamp(0.0, 1.0).max(*last), Some(1.0)),
+        _ => (f64::from(count), None),
+    };
+    *last = progress;
+    let mut param = ProgressNotificationParam::new(token, progress);
+    param.total = total;
+    param.message = push.message.clone().or_else(|| push.status.clone());
+    param
 }
 
 fn success_result(value: Value) -> CallToolResult {
@@ -194,18 +215,11 @@ impl McpBridge {
                     let (sink, mut pushes) = mpsc::unbounded_channel();
                     let peer = context.peer.clone();
                     tokio::spawn(async move {
-                        let mut count = 0.0_f64;
-                        while let Some(push) =
-                            pushes.recv().await as Option<xagent_protocol_types::ToolProgressPush>
-                        {
-                            count += 1.0;
-                            let (progress, total) = match push.progress {
-                                Some(fraction) => (fraction.clamp(0.0, 1.0), Some(1.0)),
-                                None => (count, None),
-                            };
-                            let mut param = ProgressNotificationParam::new(token.clone(), progress);
-                            param.total = total;
-                            param.message = push.message.or(push.status);
+                        let mut count = 0;
+                        let mut last = 0.0;
+                        while let Some(push) = pushes.recv().await {
+                            count += 1;
+                            let param = progress_param(token.clone(), &push, count, &mut last);
                             if peer.notify_progress(param).await.is_err() {
                                 return;
                             }
@@ -532,5 +546,49 @@ impl ServerHandler for McpBridge {
                 return Ok(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::NumberOrString;
+    use xagent_protocol_types::ErrorCode;
+
+    #[test]
+    fn tool_errors_carry_the_wire_code() {
+        let failure = ToolFailure::new(ErrorCode::ConnectorChannelUnavailable, "not now");
+        let result = failure_result(&failure);
+        assert_eq!(result.is_error, Some(true));
+        assert_eq!(
+            result.structured_content,
+            Some(json!({"error": {"code": "connector_channel_unavailable", "message": "not now"}}))
+        );
+        let text = serde_json::to_string(&result.content).unwrap_or_default();
+        assert!(text.contains("connector_channel_unavailable: not now"), "{text}");
+    }
+
+    #[test]
+    fn progress_pushes_become_growing_mcp_progress() {
+        let token = ProgressToken(NumberOrString::Number(7));
+        let mut last = 0.0;
+        let half = ToolProgressPush::new("t").with_progress(0.5).with_message("half way");
+        let first = progress_param(token.clone(), &half, 1, &mut last);
+        assert_eq!((first.progress, first.total), (0.5, Some(1.0)));
+        assert_eq!(first.message.as_deref(), Some("half way"));
+        // A smaller fraction never makes progress go back.
+        let back = ToolProgressPush::new("t").with_progress(0.2);
+        let second = progress_param(token.clone(), &back, 2, &mut last);
+        assert_eq!(second.progress, 0.5);
+        // Without a fraction the pushes are counted; the status is the message.
+        let plain = ToolProgressPush::new("t");
+        let third = progress_param(token, &plain, 3, &mut 0.0);
+        assert_eq!((third.progress, third.total), (3.0, None));
+        assert_eq!(third.message.as_deref(), Some("running"));
+    }
+
+    #[test]
+    fn channel_uris_name_the_channel() {
+        assert_eq!(channel_uri("cch_1"), "xagent-connector://channels/cch_1/messages");
     }
 }
