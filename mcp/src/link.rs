@@ -649,9 +649,8 @@ impl Link {
                     self.on_descriptor(&channel, *descriptor).await;
                 }
                 ClientEvent::ChatMessage(message) => {
-                    if inbound.send(message).await.is_err() {
-                        return;
-                    }
+                    // The inbound task is gone only when the link is shutting down.
+                    let Ok(()) = inbound.send(message).await else { return };
                 }
                 ClientEvent::ChatMessageAcked { ack, .. } => {
                     if let Some(waiter) = lock(&self.sends).remove(ack.message_id.as_str()) {
