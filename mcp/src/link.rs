@@ -29,6 +29,14 @@ use crate::projection::{CHANNEL_ARG, upload_args};
 pub const MAX_DOWNLOAD_BYTES: usize = 32 * 1024 * 1024;
 
 const META_CHANNEL: &str = "channel";
+
+/// Messages the inbox holds for the agent before it refuses more (retryably: the Connector
+/// keeps them and delivers them later).
+pub const MAX_PENDING_MESSAGES: u64 = 10_000;
+
+/// How long a message stays in the inbox after it was handed to the agent (7 days).
+pub const KEEP_HANDED_MILLIS: u64 = 7 * 24 * 3600 * 1000;
+
 const META_CONNECTOR_ID: &str = "connector_id";
 
 /// A failure shown to the agent as an MCP tool error: the protocol's stable code and a
@@ -612,8 +620,7 @@ impl Link {
         let message_id = mint("msg_mcp_");
         let (sender, receiver) = oneshot::channel();
         lock(&self.sends).insert(message_id.clone(), sender);
-        let message =
-            ChatMessage::text(message_id.as_str(), text).created_at(xagent_client_runtime_now());
+        let message = ChatMessage::text(message_id.as_str(), text).created_at(now_millis());
         let current = self.current(&persisted).await;
         if let Err(error) = self.plane.send_chat_message(&current, message).await {
             lock(&self.sends).remove(&message_id);
@@ -709,8 +716,22 @@ impl Link {
     }
 
     async fn run_inbound(self: Arc<Self>, mut inbound: mpsc::Receiver<InboundMessage>) {
-        while let Some(message) = inbound.recv().await {
-            self.on_inbound(message).await;
+        let mut prune = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            tokio::select! {
+                message = inbound.recv() => match message {
+                    Some(message) => self.on_inbound(message).await,
+                    None => return,
+                },
+                _ = prune.tick() => {
+                    let cutoff = now_millis().saturating_sub(KEEP_HANDED_MILLIS);
+                    match self.inbox.prune_taken(cutoff) {
+                        Ok(0) => {}
+                        Ok(pruned) => tracing::info!(pruned, "forgot messages handed more than 7 days ago"),
+                        Err(error) => tracing::warn!(%error, "inbox pruning failed"),
+                    }
+                }
+            }
         }
     }
 
@@ -722,6 +743,14 @@ impl Link {
         };
         let channel = persisted.to_string();
         let message_id = inbound.message.message_id.to_string();
+        if self.inbox.pending(None).unwrap_or(0) >= MAX_PENDING_MESSAGES {
+            inbound.reject(
+                ErrorCode::CapacityExceeded,
+                "the agent has not taken the messages waiting for it yet",
+                true,
+            );
+            return;
+        }
         match self.inbox.contains(&channel, &message_id) {
             Ok(true) => {
                 tracing::debug!(%message_id, "redelivered message already stored");
@@ -756,7 +785,7 @@ impl Link {
             text: inbound.message.text.as_deref(),
             files: &files,
             created_at: inbound.message.created_at,
-            received_at: xagent_client_runtime_now(),
+            received_at: now_millis(),
         });
         match stored {
             Ok(_) => {
@@ -840,7 +869,7 @@ fn write_durably(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-fn xagent_client_runtime_now() -> u64 {
+fn now_millis() -> u64 {
     use xagent_protocol_types::Clock;
     xagent_protocol_types::SystemClock.now_millis()
 }
