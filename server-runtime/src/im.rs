@@ -146,6 +146,7 @@ impl ImState {
                 return Err(HandleError::NotAuthenticated(channel.clone()));
             }
         }
+        check_packet_size(shared, channel, &payload)?;
         let routed = shared.state().routes.contains_key(channel);
         {
             let mut inner = self.inner();
@@ -198,6 +199,12 @@ impl ImState {
                             let written = written.await.unwrap_or(false);
                             let Some(im) = shared.im.as_ref() else { return };
                             im.record_write(&shared, &delivery, packet_id, written);
+                            // An ack that overtook this bookkeeping was applied just now (the
+                            // outbox keeps early acks): pump again, or the next message would
+                            // wait for the maintenance tick (M5).
+                            if written {
+                                pump_again(shared).await;
+                            }
                         });
                     }
                     TryQueue::Full => {
@@ -456,6 +463,44 @@ impl ImState {
             }
         }
     }
+}
+
+/// Room left in a packet for the envelope around a payload (ids, type, timestamps, channel):
+/// well above what the runtime's envelopes take.
+const ENVELOPE_ALLOWANCE: usize = 2 * 1024;
+
+/// Refuses at the source a message that could never be sent (H3): a packet over the peer's
+/// size limit would be dropped by xAgent, which then reconnects, over and over. Download URLs
+/// are re-signed on every attempt, so their length counts with a margin too.
+fn check_packet_size(
+    shared: &Arc<Shared>,
+    channel: &ConnectorChannelId,
+    payload: &OutboundPayload,
+) -> Result<(), HandleError> {
+    let packet = Packet::new(ids::packet_id(), payload.to_body()).channel(channel.clone());
+    let size = packet.to_json().map_or(usize::MAX, |json| json.len());
+    let limit = shared.config.max_packet_bytes;
+    if size.saturating_add(ENVELOPE_ALLOWANCE) > limit {
+        return Err(HandleError::Rejected {
+            code: ErrorCode::PayloadTooLarge,
+            message: format!(
+                "the message is {size} bytes as a packet; the data plane takes at most {limit} bytes per packet: shorten the text or send the content as a file"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// [`ImState::pump`] behind a box: the pump's own write tasks call it, and an `async fn` cannot
+/// contain its own future.
+fn pump_again(
+    shared: Arc<Shared>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        if let Some(im) = shared.im.as_ref() {
+            im.pump(&shared).await;
+        }
+    })
 }
 
 fn channel_context(shared: &Arc<Shared>, channel: &ConnectorChannelId) -> Option<ChannelContext> {

@@ -59,7 +59,8 @@
 //! | `handle` | [`ConnectorHandle`], in one place |
 //! | `state` | the shared state behind one lock (channels, routes, lease, auth sessions, consumers) and lifecycle (`tick`, unregister) |
 //! | `connector` | [`Connector`] and [`ConnectorBuilder`]: the definition and its generated Card |
-//! | `author` | what an author writes (`tool`, `auth`, `im`, `context`) and `call`, the one place author code is called (panic-contained) |
+//! | `device` | Device Profile wiring: one `profile-device` gate per Connector around device Tools (admission, per-channel serialisation, timeouts, result checks) and the binding states behind every device Tool's availability |
+//! | `author` | what an author writes (`tool`, `auth`, `im`, `device`, `context`) and `call`, the one place author code is called (panic-contained) |
 //! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
 //! | `storage` | the [`Storage`] trait and SQLite |
 //! | `config`, `error`, `ids`, `build_info` | tunables; errors with their one map to wire codes and HTTP statuses; id minting; build stamps |
@@ -111,6 +112,7 @@ mod build_info;
 mod config;
 mod connection;
 mod connector;
+mod device;
 mod error;
 mod files;
 mod handle;
@@ -118,6 +120,7 @@ mod handlers;
 mod http;
 mod ids;
 mod im;
+mod listen;
 mod server;
 mod state;
 mod storage;
@@ -128,14 +131,20 @@ pub use author::{
     ChannelContext, DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, FlowHandler,
     FlowSpec, ImTarget, NoAuth, ToolContext, ToolError, ToolSpec,
 };
+pub use author::{
+    DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
+};
 pub use build_info::{executable_build_time, runtime_build_info};
 pub use config::RuntimeConfig;
-pub use connection::{CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError};
+pub use connection::{
+    CLOSE_GOING_AWAY, CLOSE_INVALID_DATA, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError,
+};
 pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
 pub use handle::ConnectorHandle;
 pub use http::error_response;
+pub use listen::{ServeLimits, peer_ip, stop_signal};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
 };
@@ -156,10 +165,12 @@ pub mod prelude {
         Connector, ConnectorHandle, ConnectorServer, DeliveryError, FinalDelivery, FlowHandler,
         FlowSpec, ImTarget, ToolContext, ToolError, ToolSpec,
     };
+    pub use crate::{DeviceConfig, DeviceStatus, DeviceTarget, RiskLevel, ToolCategory};
     pub use schemars::JsonSchema;
     pub use serde::{Deserialize, Serialize};
     pub use xagent_protocol_types::{
         ChatMessage, ConnectionStatus, ConnectorChannelId, DescriptorTarget, ErrorCode,
-        PROFILE_IM_V1, PROFILE_IM_V2, Secret, Security, TargetDeclaration, TargetType, TrustLevel,
+        PROFILE_DEVICE_V1, PROFILE_IM_V1, PROFILE_IM_V2, Secret, Security, TargetDeclaration,
+        TargetType, TrustLevel,
     };
 }
