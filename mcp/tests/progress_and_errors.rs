@@ -1,0 +1,214 @@
+//! The official Rust MCP SDK's client (rmcp, a peer this repository did not write) drives the
+//! bridge over an in-memory pipe, and the bridge drives a real `server-runtime` Connector over
+//! WebSocket on 127.0.0.1: a Tool's `tool.progress.push`es arrive as MCP progress notifications
+//! of that call, and a Tool's error arrives as an MCP tool error carrying the Connector's wire
+//! code.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::ClientHandler;
+use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
+use rmcp::service::{NotificationContext, RoleClient, ServiceExt};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use xagent_mcp::files::AllowedDirs;
+use xagent_mcp::{BridgeConfig, LinkConfig, McpBridge};
+use xagent_protocol_types::{
+    AuthField, AuthFlow, AuthInput, ChatMessage, DescriptorTarget, ErrorCode, PROFILE_IM_V2,
+    Secret, TargetDeclaration, TargetType,
+};
+use xagent_server_runtime::{
+    AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, Binding, ChannelContext, Connector,
+    ConnectorServer, DeliveryError, FinalDelivery, ImTarget, ToolError,
+};
+
+const API_KEY: &str = "sk-mcp-progress-test-7d1e";
+const FLOW: &str = "work_token";
+
+struct Auth;
+
+impl AuthProvider for Auth {
+    async fn start(&self, _ctx: AuthContext, input: AuthValues) -> Result<AuthStep, AuthError> {
+        match input.get("token") {
+            Some(_) => Ok(AuthStep::Authenticated(Binding::new(DescriptorTarget::new(
+                "work",
+                "Work queue",
+            )))),
+            None => Err(AuthError::new(ErrorCode::InvalidArguments, "token is required")),
+        }
+    }
+}
+
+struct Target;
+
+impl ImTarget for Target {
+    async fn deliver(
+        &self,
+        _ctx: ChannelContext,
+        _message: ChatMessage,
+        _how: FinalDelivery,
+    ) -> Result<(), DeliveryError> {
+        Ok(())
+    }
+}
+
+/// Arguments of `work_run`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct RunArgs {
+    /// How many steps.
+    steps: u32,
+}
+
+fn connector() -> Connector {
+    let built = Connector::builder("im.work", "Work", "1.0.0")
+        .target(TargetDeclaration::new(TargetType::Im, "work", "Work queue"))
+        .profile(PROFILE_IM_V2)
+        .auth_flow(AuthFlow::form(
+            FLOW,
+            TargetType::Im,
+            "Token",
+            vec![AuthField::password("token", "Token").required()],
+        ))
+        .auth(Auth)
+        .im_target(Target)
+        .tool::<RunArgs, _, _>(
+            "work_run",
+            "Run a job",
+            "Runs a job in steps and reports progress; more than 5 steps is refused.",
+            |ctx, args: RunArgs| async move {
+                if args.steps > 5 {
+                    return Err(ToolError::new(
+                        ErrorCode::InvalidArguments,
+                        "at most 5 steps, please",
+                    ));
+                }
+                for step in 1..=args.steps {
+                    ctx.progress(
+                        format!("step {step}"),
+                        Some(f64::from(step) / f64::from(args.steps)),
+                    )
+                    .await;
+                }
+                Ok(json!({ "done": args.steps }))
+            },
+        )
+        .build();
+    match built {
+        Ok(connector) => connector,
+        Err(error) => panic!("the test Connector is valid: {error}"),
+    }
+}
+
+#[derive(Clone, Default)]
+struct Client {
+    progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+}
+
+impl ClientHandler for Client {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(params);
+    }
+}
+
+fn arguments(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
+}
+
+#[tokio::test]
+async fn progress_pushes_become_mcp_progress_and_tool_errors_keep_the_wire_code() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let server = ConnectorServer::builder(connector())
+        .state_dir(dir.path().join("connector"))
+        .unwrap_or_else(|e| panic!("state dir: {e}"))
+        .api_key(Secret::new(API_KEY))
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("server: {e}"));
+    let listener =
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+    let running = server.clone();
+    tokio::spawn(async move {
+        let _ = running.serve(listener, std::future::pending::<()>()).await;
+    });
+
+    let link = xagent_mcp::connect(BridgeConfig {
+        link: LinkConfig {
+            base_url: format!("http://{addr}"),
+            api_key: Some(Secret::new(API_KEY)),
+            flow: Some(FLOW.into()),
+            inputs: AuthInput::default().with("token", "t-123"),
+            allowed: AllowedDirs::default(),
+        },
+        state_dir: dir.path().join("bridge"),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the bridge connects: {e}"));
+
+    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+    let (server_read, server_write) = tokio::io::split(server_io);
+    let (client_read, client_write) = tokio::io::split(client_io);
+    tokio::spawn(async move {
+        if let Ok(service) = McpBridge::new(link).serve((server_read, server_write)).await {
+            let _ = service.waiting().await;
+        }
+    });
+    let handler = Client::default();
+    let client = handler
+        .clone()
+        .serve((client_read, client_write))
+        .await
+        .unwrap_or_else(|e| panic!("the MCP client connects: {e}"));
+
+    let tools = client.list_all_tools().await.unwrap_or_else(|e| panic!("tools/list: {e}"));
+    assert!(tools.iter().any(|t| t.name == "work_run"), "work_run is listed");
+
+    // Progress: three pushes, three notifications with the call's progress token (rmcp's
+    // client puts one on every request), growing.
+    let call =
+        CallToolRequestParams::new("work_run").with_arguments(arguments(json!({"steps": 3})));
+    let result = client.call_tool(call).await.unwrap_or_else(|e| panic!("tools/call: {e}"));
+    assert_ne!(result.is_error, Some(true), "{result:?}");
+    assert_eq!(result.structured_content, Some(json!({"done": 3})));
+    // Notifications may trail the result by a moment.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let progress = loop {
+        let seen =
+            handler.progress.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        if seen.len() >= 3 || tokio::time::Instant::now() > deadline {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(progress.len(), 3, "{progress:?}");
+    let call_token = &progress[0].progress_token;
+    assert!(progress.iter().all(|p| &p.progress_token == call_token), "{progress:?}");
+    let values: Vec<f64> = progress.iter().map(|p| p.progress).collect();
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "progress grows: {values:?}");
+    assert_eq!(progress.last().map(|p| (p.progress, p.total)), Some((1.0, Some(1.0))));
+    assert_eq!(progress[0].message.as_deref(), Some("step 1"));
+
+    // A Tool error: an MCP tool error (not a protocol error) with the Connector's code.
+    let refused = client
+        .call_tool(
+            CallToolRequestParams::new("work_run").with_arguments(arguments(json!({"steps": 9}))),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("tools/call: {e}"));
+    assert_eq!(refused.is_error, Some(true));
+    let error = refused.structured_content.unwrap_or_default();
+    assert_eq!(error["error"]["code"], "invalid_arguments");
+    assert_eq!(error["error"]["message"], "at most 5 steps, please");
+
+    let _ = client.cancel().await;
+    server.shutdown();
+}
