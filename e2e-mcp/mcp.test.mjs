@@ -18,7 +18,10 @@
 //      receives notifications/tools/list_changed and webchat_message_send is gone from the list;
 //   8. the bridge's stderr never shows the API key or the room's access code;
 //   9. the same bridge over streamable HTTP (--http): the SDK's StreamableHTTPClientTransport
-//      lists the Tools and a webchat_message_send reaches the page.
+//      lists the Tools and a webchat_message_send reaches the page;
+//  10. a QR sign-in finished through the MCP client: the pairing link is read from the sign-in
+//      resource, a person confirms it on the page, the Tools appear after
+//      notifications/tools/list_changed and work.
 //
 // Environment: XAGENT_CONNECTOR_BIN (default ../target/debug/xagent-connector).
 
@@ -76,14 +79,13 @@ async function startWebchat(stateDir) {
   return { child, url, output: () => output };
 }
 
+const ROOM_FLOW = ['--flow', 'webchat_room', '--input', `room_name=${roomName}`, '--input', `access_code=${accessCode}`];
+
 /** Connects the SDK client to a freshly spawned bridge. */
-async function startBridge(baseUrl, stateDir, allowDir, events) {
+async function startBridge(baseUrl, stateDir, allowDir, events, flow = ROOM_FLOW) {
   const transport = new StdioClientTransport({
     command: bin,
-    args: [
-      'mcp', '--base-url', baseUrl, '--state-dir', stateDir, '--allow-dir', allowDir,
-      '--flow', 'webchat_room', '--input', `room_name=${roomName}`, '--input', `access_code=${accessCode}`,
-    ],
+    args: ['mcp', '--base-url', baseUrl, '--state-dir', stateDir, '--allow-dir', allowDir, ...flow],
     env: { ...process.env, XAGENT_CONNECTOR_API_KEY: apiKey, RUST_LOG: 'info' },
     stderr: 'pipe',
   });
@@ -349,6 +351,34 @@ async function main() {
     await until(async () => (await visitor.agentMessages()).some((m) => m.text === 'hello over streamable HTTP'), 'the HTTP message on the page');
     await httpClient.close();
     log('ok 9 - streamable HTTP transport');
+
+    // 10. A QR sign-in shown to the user through the MCP client.
+    const qrEvents = { updated: [], toolsChanged: [] };
+    const qr = await startBridge(webchat.url, path.join(work, 'bridge-qr'), allowDir, qrEvents, ['--flow', 'webchat_qr_login']);
+    bridge = qr;
+    const before = (await qr.client.listTools()).tools.map((t) => t.name);
+    assert.ok(!before.includes('webchat_message_send'), 'no Connector Tools before the sign-in');
+    const signInResource = await until(async () => (await qr.client.listResources()).resources.find((r) => r.uri === 'xagent-connector://sign-in'), 'the sign-in resource');
+    assert.equal(signInResource.mimeType, 'text/markdown');
+    const signIn = (await qr.client.readResource({ uri: 'xagent-connector://sign-in' })).contents;
+    const pairUrl = signIn[0].text.match(/(http\S+\/chat\/pair\/\S+)/)[1];
+    assert.equal(signIn[1].mimeType, 'image/png', 'the QR code comes as an image too');
+    assert.ok(Buffer.from(signIn[1].blob, 'base64').subarray(1, 4).toString() === 'PNG');
+    const pairToken = pairUrl.split('/chat/pair/')[1];
+    const scan = await fetch(`${webchat.url}/chat/api/pair/${pairToken}/scan`, { method: 'POST' });
+    assert.equal(scan.status, 200, 'the person opens the link');
+    const confirm = await fetch(`${webchat.url}/chat/api/pair/${pairToken}/confirm`, {
+      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ room_name: `${roomName}-qr` }),
+    });
+    assert.equal(confirm.status, 200, 'the person confirms');
+    const paired = await confirm.json();
+    await until(async () => (await qr.client.listTools()).tools.some((t) => t.name === 'webchat_message_send'), 'the Tools after the QR sign-in');
+    assert.ok(qrEvents.toolsChanged.length > 0, 'notifications/tools/list_changed announced them');
+    structured(await call(qr.client, 'webchat_message_send', { text: 'hello after a QR sign-in' }));
+    const qrVisitor = new Visitor(webchat.url, paired.room_id);
+    qrVisitor.token = paired.token;
+    await until(async () => (await qrVisitor.agentMessages()).some((m) => m.text === 'hello after a QR sign-in'), 'the message in the paired room');
+    log('ok 10 - a QR sign-in is finished through the MCP client');
     log('all MCP end-to-end checks passed');
   } catch (error) {
     if (bridge) process.stderr.write(`--- bridge stderr ---\n${bridge.stderr.join('')}\n`);
