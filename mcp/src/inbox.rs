@@ -271,6 +271,37 @@ impl Inbox {
         Ok(messages)
     }
 
+    /// Forgets messages handed to the agent before `cutoff` (Unix ms), with their files, and
+    /// returns how many went. Messages not yet handed are never pruned.
+    pub fn prune_taken(&self, cutoff: u64) -> Result<usize, InboxError> {
+        let mut db = self.db();
+        let tx = db.transaction()?;
+        let ids: Vec<String> = {
+            let mut statement = tx.prepare(
+                "SELECT f.id FROM files f JOIN messages m
+                 ON m.channel = f.channel AND m.message_id = f.message_id
+                 WHERE m.taken = 1 AND m.received_at < ?1",
+            )?;
+            let rows = statement.query_map(params![cutoff as i64], |row| row.get(0))?;
+            rows.collect::<Result<Vec<String>, _>>()?
+        };
+        tx.execute(
+            "DELETE FROM files WHERE id IN (SELECT f.id FROM files f JOIN messages m
+             ON m.channel = f.channel AND m.message_id = f.message_id
+             WHERE m.taken = 1 AND m.received_at < ?1)",
+            params![cutoff as i64],
+        )?;
+        let pruned = tx.execute(
+            "DELETE FROM messages WHERE taken = 1 AND received_at < ?1",
+            params![cutoff as i64],
+        )?;
+        tx.commit()?;
+        for id in ids {
+            let _ = std::fs::remove_file(self.file_path(&id));
+        }
+        Ok(pruned)
+    }
+
     /// Number of messages not yet handed to the agent.
     pub fn pending(&self, channel: Option<&str>) -> Result<u64, InboxError> {
         let count: i64 = self.db().query_row(
@@ -418,6 +449,40 @@ mod tests {
         inbox.store(&message("cch_1", "m1", "one")).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(inbox.take_next(Some("cch_2")).ok(), Some(None));
         assert!(inbox.take_next(Some("cch_1")).ok().flatten().is_some());
+    }
+
+    #[test]
+    fn pruning_forgets_only_old_handed_messages_and_their_files() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let inbox = Inbox::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let file = StoredFile {
+            id: "f_old".into(),
+            filename: "a.txt".into(),
+            mime_type: "text/plain".into(),
+            byte_size: 1,
+        };
+        std::fs::write(inbox.file_path("f_old"), b"a").unwrap_or_else(|e| panic!("{e}"));
+        let old =
+            NewMessage { files: std::slice::from_ref(&file), ..message("cch_1", "m1", "old") };
+        inbox.store(&old).unwrap_or_else(|e| panic!("{e}"));
+        inbox.store(&message("cch_1", "m2", "old, not handed")).unwrap_or_else(|e| panic!("{e}"));
+        inbox
+            .store(&NewMessage { received_at: 50, ..message("cch_1", "m3", "new") })
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(inbox.take_next(None).ok().flatten().is_some_and(|m| m.message_id == "m1"));
+        assert!(inbox.take_next(None).ok().flatten().is_some_and(|m| m.message_id == "m2"));
+        assert!(inbox.take_next(None).ok().flatten().is_some_and(|m| m.message_id == "m3"));
+        inbox.store(&message("cch_1", "m4", "old, pending")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(inbox.prune_taken(10).ok(), Some(2));
+        let left: Vec<String> = inbox
+            .recent("cch_1", 10)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| m.message_id)
+            .collect();
+        assert_eq!(left, ["m3", "m4"]);
+        assert_eq!(inbox.file("f_old").ok(), Some(None));
+        assert!(!inbox.file_path("f_old").exists());
     }
 
     #[cfg(unix)]

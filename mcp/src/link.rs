@@ -33,6 +33,13 @@ use crate::projection::CHANNEL_ARG;
 /// Largest inbound file the bridge keeps (32 MiB); larger ones are refused retryably.
 pub const MAX_DOWNLOAD_BYTES: usize = 32 * 1024 * 1024;
 
+/// Messages the inbox holds for the agent before it refuses more (retryably: the Connector
+/// keeps them and delivers them later).
+pub const MAX_PENDING_MESSAGES: u64 = 10_000;
+
+/// How long a message stays in the inbox after it was handed to the agent (7 days).
+pub const KEEP_HANDED_MILLIS: u64 = 7 * 24 * 3600 * 1000;
+
 /// The xAgent user the bridge acts as: one bridge, one user, its channels.
 pub const OWNER: &str = "mcp-bridge";
 
@@ -690,8 +697,22 @@ impl Link {
     }
 
     async fn run_inbound(self: Arc<Self>, mut inbound: mpsc::Receiver<InboundMessage>) {
-        while let Some(message) = inbound.recv().await {
-            self.on_inbound(message).await;
+        let mut prune = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            tokio::select! {
+                message = inbound.recv() => match message {
+                    Some(message) => self.on_inbound(message).await,
+                    None => return,
+                },
+                _ = prune.tick() => {
+                    let cutoff = now_millis().saturating_sub(KEEP_HANDED_MILLIS);
+                    match self.inbox.prune_taken(cutoff) {
+                        Ok(0) => {}
+                        Ok(pruned) => tracing::info!(pruned, "forgot messages handed more than 7 days ago"),
+                        Err(error) => tracing::warn!(%error, "inbox pruning failed"),
+                    }
+                }
+            }
         }
     }
 
@@ -702,6 +723,14 @@ impl Link {
             return;
         };
         let message_id = inbound.message.message_id.to_string();
+        if self.inbox.pending(None).unwrap_or(0) >= MAX_PENDING_MESSAGES {
+            inbound.reject(
+                ErrorCode::CapacityExceeded,
+                "the agent has not taken the messages waiting for it yet",
+                true,
+            );
+            return;
+        }
         match self.inbox.contains(&channel, &message_id) {
             Ok(true) => {
                 tracing::debug!(%message_id, "redelivered message already stored");
