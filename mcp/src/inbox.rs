@@ -443,6 +443,34 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_waiters_never_get_the_same_message() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let inbox = std::sync::Arc::new(Inbox::open(dir.path()).unwrap_or_else(|e| panic!("{e}")));
+        let ids: Vec<String> = (0..40).map(|i| format!("m{i}")).collect();
+        for id in &ids {
+            inbox.store(&message("cch_1", id, "x")).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let takers: Vec<_> = (0..4)
+            .map(|_| {
+                let inbox = std::sync::Arc::clone(&inbox);
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    while let Ok(Some(m)) = inbox.take_next(None) {
+                        got.push(m.message_id);
+                    }
+                    got
+                })
+            })
+            .collect();
+        let mut all: Vec<String> =
+            takers.into_iter().flat_map(|t| t.join().unwrap_or_default()).collect();
+        all.sort();
+        let mut expected = ids.clone();
+        expected.sort();
+        assert_eq!(all, expected, "each message handed exactly once");
+    }
+
+    #[test]
     fn take_next_filters_by_channel() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let inbox = Inbox::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
