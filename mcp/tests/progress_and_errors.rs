@@ -1,23 +1,27 @@
 //! The official Rust MCP SDK's client (rmcp, a peer this repository did not write) drives the
 //! bridge over an in-memory pipe, and the bridge drives a real `server-runtime` Connector over
 //! WebSocket on 127.0.0.1: a Tool's `tool.progress.push`es arrive as MCP progress notifications
-//! of that call, and a Tool's error arrives as an MCP tool error carrying the Connector's wire
-//! code.
+//! of that call, a Tool's error arrives as an MCP tool error carrying the Connector's wire code,
+//! and a `subscriptions/listen` subscription (protocol 2026-07-28) hears of a stored inbound
+//! message and of a Tool the Connector turned off.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::ClientHandler;
-use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
+use rmcp::model::{
+    CallToolRequestParams, ProgressNotificationParam, ProtocolVersion, ServerNotification,
+    SubscriptionFilter,
+};
 use rmcp::service::{NotificationContext, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use xagent_mcp::files::AllowedDirs;
 use xagent_mcp::{BridgeConfig, LinkConfig, McpBridge};
 use xagent_protocol_types::{
-    AuthField, AuthFlow, AuthInput, ChatMessage, DescriptorTarget, ErrorCode, PROFILE_IM_V2,
-    Secret, TargetDeclaration, TargetType,
+    AuthField, AuthFlow, AuthInput, ChatMessage, DescriptorTarget, DescriptorTool, ErrorCode,
+    PROFILE_IM_V2, Secret, TargetDeclaration, TargetType, ToolStatus,
 };
 use xagent_server_runtime::{
     AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, Binding, ChannelContext, Connector,
@@ -123,8 +127,18 @@ fn arguments(value: Value) -> Map<String, Value> {
     }
 }
 
-#[tokio::test]
-async fn progress_pushes_become_mcp_progress_and_tool_errors_keep_the_wire_code() {
+/// A running test Connector, a bridge signed in to it, and rmcp's client connected to the
+/// bridge over an in-memory pipe.
+struct Setup {
+    _dir: tempfile::TempDir,
+    server: ConnectorServer,
+    link: std::sync::Arc<xagent_mcp::Link>,
+    client: rmcp::service::RunningService<RoleClient, Client>,
+    handler: Client,
+}
+
+/// `lifecycle`: the legacy `initialize` handshake, or the 2026-07-28 `server/discover`.
+async fn setup(lifecycle: ClientLifecycleMode) -> Setup {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let server = ConnectorServer::builder(connector())
         .state_dir(dir.path().join("connector"))
@@ -157,18 +171,25 @@ async fn progress_pushes_become_mcp_progress_and_tool_errors_keep_the_wire_code(
     let (server_io, client_io) = tokio::io::duplex(64 * 1024);
     let (server_read, server_write) = tokio::io::split(server_io);
     let (client_read, client_write) = tokio::io::split(client_io);
+    let served = link.clone();
     tokio::spawn(async move {
-        if let Ok(service) = McpBridge::new(link).serve((server_read, server_write)).await {
+        if let Ok(service) = McpBridge::new(served).serve((server_read, server_write)).await {
             let _ = service.waiting().await;
         }
     });
     let handler = Client::default();
     let client = handler
         .clone()
-        .serve((client_read, client_write))
+        .serve_with_lifecycle((client_read, client_write), lifecycle)
         .await
         .unwrap_or_else(|e| panic!("the MCP client connects: {e}"));
 
+    Setup { _dir: dir, server, link, client, handler }
+}
+
+#[tokio::test]
+async fn progress_pushes_become_mcp_progress_and_tool_errors_keep_the_wire_code() {
+    let Setup { _dir, server, client, handler, .. } = setup(ClientLifecycleMode::Initialize).await;
     let tools = client.list_all_tools().await.unwrap_or_else(|e| panic!("tools/list: {e}"));
     assert!(tools.iter().any(|t| t.name == "work_run"), "work_run is listed");
 
@@ -211,4 +232,60 @@ async fn progress_pushes_become_mcp_progress_and_tool_errors_keep_the_wire_code(
 
     let _ = client.cancel().await;
     server.shutdown();
+}
+
+#[tokio::test]
+async fn listen_subscriptions_get_tool_list_and_resource_updates() {
+    let modern =
+        ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+    let Setup { _dir, server, link, client, .. } = setup(modern).await;
+    let channel = link.channel_id().unwrap_or_else(|| panic!("the bridge has a channel"));
+    let uri = xagent_mcp::server::channel_uri(channel.as_str());
+    // The 2026-07-28 way: one subscriptions/listen request for list changes and a resource.
+    let filter = SubscriptionFilter::builder()
+        .tools_list_changed()
+        .resource_subscription(uri.clone())
+        .build();
+    let mut subscription =
+        client.listen(filter).await.unwrap_or_else(|e| panic!("subscriptions/listen: {e}"));
+
+    // A message from the target: stored, then announced on the subscription.
+    let handle = server.handle();
+    handle
+        .send_message(&channel, ChatMessage::text("msg_target_1", "from the target"))
+        .await
+        .unwrap_or_else(|e| panic!("send_message: {e}"));
+    match next(&mut subscription).await {
+        ServerNotification::ResourceUpdatedNotification(updated) => {
+            assert_eq!(updated.params.uri, uri);
+        }
+        other => panic!("expected resources/updated, got {other:?}"),
+    }
+    assert_eq!(link.inbox().pending(None).ok(), Some(1), "stored before the notification");
+
+    // The Connector turns work_run off: the list changes and work_run is gone.
+    handle
+        .set_tool_status(
+            &channel,
+            DescriptorTool::new("work_run", ToolStatus::Unavailable).with_reason("maintenance"),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("set_tool_status: {e}"));
+    match next(&mut subscription).await {
+        ServerNotification::ToolListChangedNotification(_) => {}
+        other => panic!("expected tools/list_changed, got {other:?}"),
+    }
+    let tools = client.list_all_tools().await.unwrap_or_else(|e| panic!("tools/list: {e}"));
+    assert!(!tools.iter().any(|t| t.name == "work_run"), "work_run is gone");
+    assert!(tools.iter().any(|t| t.name == "connector_message_wait"), "the built-ins stay");
+
+    let _ = client.cancel().await;
+    server.shutdown();
+}
+
+async fn next(subscription: &mut rmcp::service::Subscription) -> ServerNotification {
+    match tokio::time::timeout(Duration::from_secs(10), subscription.next()).await {
+        Ok(Ok(Some(notification))) => notification,
+        other => panic!("no notification: {other:?}"),
+    }
 }
