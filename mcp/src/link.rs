@@ -15,9 +15,9 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use xagent_client_runtime::{
-    Admitted, BaseUrl, ChannelEntry, ClientConfig, ClientError, ClientEvent, ControlPlane,
-    DataPlane, Events, FileContent, FileSink, FileSource, FunctionDeclaration, InboundMessage,
-    SessionBinding, SqliteXagentStore, ToolCallOptions, admit, builtin_tools,
+    Admitted, BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, Events,
+    FileContent, FileSink, FileSource, FunctionDeclaration, InboundMessage, SessionBinding,
+    SqliteXagentStore, ToolCallOptions, admit, builtin_tools,
 };
 use xagent_protocol_types::{
     AckStatus, AuthFlowType, AuthInput, AuthProgress, AuthStart, AuthStartAck, AuthStatus,
@@ -350,15 +350,15 @@ impl Link {
         }
     }
 
-    fn entry(&self) -> Option<ChannelEntry> {
-        let channel = self.channel_id()?;
-        let directory = self.plane.directory();
-        directory.owned_by(OWNER).find(|e| e.connector_channel_id == channel).cloned().or_else(
-            || {
-                // Reopened under a new id: the runtime renamed the entry.
-                directory.owned_by(OWNER).next().cloned()
-            },
-        )
+    /// The id the runtime persisted for a channel it now knows as `current` (they differ when
+    /// the Connector reopened it under a new id).
+    async fn persisted_of(&self, current: &ConnectorChannelId) -> ConnectorChannelId {
+        self.plane
+            .channels()
+            .await
+            .into_iter()
+            .find(|(_, now)| now == current)
+            .map_or_else(|| current.clone(), |(persisted, _)| persisted)
     }
 
     /// Finds the channel the runtime remembered for the bridge's user (reopened after hello)
@@ -383,14 +383,16 @@ impl Link {
             match reopened {
                 Ok(entry) if entry.is_authenticated() => {
                     tracing::info!(channel = %entry.connector_channel_id, "remembered channel reopened, signed in");
-                    *lock(&self.channel) = Some(entry.connector_channel_id.clone());
+                    let persisted = self.persisted_of(&entry.connector_channel_id).await;
+                    *lock(&self.channel) = Some(persisted);
                     lock(&self.sign_in).status = Some(AuthStatus::Authenticated);
                     self.tools_maybe_changed();
                     return Ok(());
                 }
                 Ok(entry) => {
                     tracing::info!(channel = %entry.connector_channel_id, "remembered channel is not signed in any more");
-                    *lock(&self.channel) = Some(entry.connector_channel_id.clone());
+                    let persisted = self.persisted_of(&entry.connector_channel_id).await;
+                    *lock(&self.channel) = Some(persisted);
                     return self.sign_in_with(config, &entry.connector_channel_id).await;
                 }
                 Err(_) => {
@@ -718,10 +720,8 @@ impl Link {
 
     /// Stores an inbound message (its files are already saved) and only then accepts it.
     async fn on_inbound(&self, inbound: InboundMessage) {
-        let Some(channel) = self.entry().map(|e| e.connector_channel_id.to_string()) else {
-            inbound.reject(ErrorCode::ChannelBusy, "the bridge is still starting", true);
-            return;
-        };
+        // Keyed by the id the runtime persisted (a reopened channel may carry a new one).
+        let channel = self.persisted_of(&inbound.channel).await.to_string();
         let message_id = inbound.message.message_id.to_string();
         if self.inbox.pending(None).unwrap_or(0) >= MAX_PENDING_MESSAGES {
             inbound.reject(

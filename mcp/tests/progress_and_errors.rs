@@ -14,48 +14,23 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, RoleClient, ServiceExt};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt};
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use xagent_mcp::files::AllowedDirs;
 use xagent_mcp::{BridgeConfig, LinkConfig, McpBridge};
-use xagent_protocol_types::{
-    AuthField, AuthFlow, AuthInput, ChatMessage, DescriptorTarget, DescriptorTool, ErrorCode,
-    PROFILE_IM_V2, Secret, TargetDeclaration, TargetType, ToolStatus,
-};
-use xagent_server_runtime::{
-    AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, Binding, ChannelContext, Connector,
-    ConnectorServer, DeliveryError, FinalDelivery, ImTarget, ToolError,
+use xagent_protocol_types::{AuthInput, DescriptorTool, ToolStatus};
+use xagent_server_runtime::prelude::{
+    AuthStep, Binding, ChatMessage, Connector, ConnectorServer, DescriptorTarget, Deserialize,
+    ErrorCode, FlowSpec, JsonSchema, PROFILE_IM_V2, Secret, TargetDeclaration, TargetType,
+    ToolContext, ToolError, ToolSpec,
 };
 
 const API_KEY: &str = "sk-mcp-progress-test-7d1e";
 const FLOW: &str = "work_token";
 
-struct Auth;
-
-impl AuthProvider for Auth {
-    async fn start(&self, _ctx: AuthContext, input: AuthValues) -> Result<AuthStep, AuthError> {
-        match input.get("token") {
-            Some(_) => Ok(AuthStep::Authenticated(Binding::new(DescriptorTarget::new(
-                "work",
-                "Work queue",
-            )))),
-            None => Err(AuthError::new(ErrorCode::InvalidArguments, "token is required")),
-        }
-    }
-}
-
-struct Target;
-
-impl ImTarget for Target {
-    async fn deliver(
-        &self,
-        _ctx: ChannelContext,
-        _message: ChatMessage,
-        _how: FinalDelivery,
-    ) -> Result<(), DeliveryError> {
-        Ok(())
-    }
+#[derive(Deserialize, JsonSchema)]
+struct TokenForm {
+    /// Token
+    token: Secret,
 }
 
 /// Arguments of `work_run`.
@@ -69,19 +44,17 @@ fn connector() -> Connector {
     let built = Connector::builder("im.work", "Work", "1.0.0")
         .target(TargetDeclaration::new(TargetType::Im, "work", "Work queue"))
         .profile(PROFILE_IM_V2)
-        .auth_flow(AuthFlow::form(
-            FLOW,
-            TargetType::Im,
-            "Token",
-            vec![AuthField::password("token", "Token").required()],
-        ))
-        .auth(Auth)
-        .im_target(Target)
-        .tool::<RunArgs, _, _>(
-            "work_run",
-            "Run a job",
-            "Runs a job in steps and reports progress; more than 5 steps is refused.",
-            |ctx, args: RunArgs| async move {
+        .form_flow(FlowSpec::new(FLOW, "Token"), |_, form: TokenForm| async move {
+            let account = Binding::new(DescriptorTarget::new("work", "Work queue"));
+            Ok(AuthStep::Authenticated(account.with_secret("token", form.token)))
+        })
+        .on_message(|_, _message| async {})
+        .tool(
+            ToolSpec::new(
+                "work_run",
+                "Run a job\nRuns a job in steps and reports progress; more than 5 steps is refused.",
+            ),
+            |ctx: ToolContext, args: RunArgs| async move {
                 if args.steps > 5 {
                     return Err(ToolError::new(
                         ErrorCode::InvalidArguments,
@@ -89,11 +62,8 @@ fn connector() -> Connector {
                     ));
                 }
                 for step in 1..=args.steps {
-                    ctx.progress(
-                        format!("step {step}"),
-                        Some(f64::from(step) / f64::from(args.steps)),
-                    )
-                    .await;
+                    let fraction = f64::from(step) / f64::from(args.steps);
+                    ctx.progress(format!("step {step}"), Some(fraction)).await;
                 }
                 Ok(json!({ "done": args.steps }))
             },

@@ -26,7 +26,7 @@ use xagent_client_runtime::{BaseUrl, ClientConfig, ClientEvent, DataPlane};
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStartAck, ChatMessage, ConnectorChannelId, MessageId, Secret,
 };
-use xagent_server_runtime::testing::ECHO_FLOW;
+use xagent_testkit::ECHO_FLOW;
 
 use crate::bench_support::{
     API_KEY, EchoConnector, Flags, machine, print_table, temp_dir, warn_if_debug,

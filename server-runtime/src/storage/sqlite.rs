@@ -1,111 +1,17 @@
-//! Persistence behind one trait, with an embedded SQLite implementation (WAL, one file under a
-//! state directory) as the default.
-//!
-//! What is stored: the registered `connector_id`; every channel with its owner, status,
-//! binding (Descriptor target + private material) and Tool overrides; the IM outbox and the
-//! receiver idempotency set (through `profile-im`'s store traits); tool-call idempotency.
-//! File references are persisted by `file-transfer` itself. Open auth sessions are kept in
-//! memory only: an interrupted sign-in is restarted by the user.
+//! The default storage: one SQLite file (WAL) under the state directory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
-use serde_json::Value;
-use xagent_profile_im::{
-    CompletedRecord, Fingerprint, IdempotencyStore, OutboxStore, PendingRecord, StoreError,
-};
+use xagent_profile_im::{IdempotencyStore, OutboxStore};
 use xagent_protocol_types::{
-    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, MessageId,
-    Secret, ToolId,
+    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, Secret,
 };
 
+use super::{ChannelRecord, Storage, StorageError, ToolCallRecord};
 use crate::author::Binding;
-
-/// A storage failure. The message names the operation, never a stored value.
-#[derive(Debug, thiserror::Error)]
-#[error("storage failed during {operation}: {reason}")]
-pub struct StorageError {
-    /// What was being done.
-    pub operation: &'static str,
-    /// The backend's explanation.
-    pub reason: String,
-}
-
-impl StorageError {
-    fn new(operation: &'static str, reason: impl std::fmt::Display) -> Self {
-        Self { operation, reason: reason.to_string() }
-    }
-}
-
-/// One channel as persisted.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ChannelRecord {
-    /// The channel id.
-    pub id: ConnectorChannelId,
-    /// The runtime instance that owns it.
-    pub connector_id: ConnectorId,
-    /// Its status.
-    pub status: ConnectionStatus,
-    /// The binding, once signed in.
-    pub binding: Option<Binding>,
-    /// Author-reported Tool availability overriding the default (available when signed in).
-    pub tool_overrides: BTreeMap<ToolId, DescriptorTool>,
-    /// Creation time (Unix ms).
-    pub created_at: u64,
-}
-
-/// The stored outcome of a `tool.invoke`, for repeated calls with the same key.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ToolCallRecord {
-    /// Fingerprint of `tool_id` + arguments, to tell a repeat from a conflict.
-    pub fingerprint: String,
-    /// The result on success.
-    pub result: Option<Value>,
-    /// `(code, message)` on failure.
-    pub error: Option<(String, String)>,
-    /// When it completed (Unix ms).
-    pub completed_at: u64,
-}
-
-/// Everything the runtime persists. Implementations must be cheap to call from async code
-/// (short, local operations); the SQLite one is.
-pub trait Storage: Send + Sync + 'static {
-    /// The registered `connector_id`, if any.
-    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError>;
-    /// Records (or clears, with `None`) the registered `connector_id`.
-    fn save_connector_id(&self, id: Option<&ConnectorId>) -> Result<(), StorageError>;
-    /// Every stored channel.
-    fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError>;
-    /// Inserts or replaces a channel.
-    fn save_channel(&self, record: &ChannelRecord) -> Result<(), StorageError>;
-    /// Deletes a channel and everything kept for it (outbox, idempotency, tool calls).
-    fn delete_channel(&self, id: &ConnectorChannelId) -> Result<(), StorageError>;
-    /// A stored tool call by `(channel, key)`.
-    fn load_tool_call(
-        &self,
-        channel: &ConnectorChannelId,
-        key: &str,
-    ) -> Result<Option<ToolCallRecord>, StorageError>;
-    /// Stores a completed tool call.
-    fn save_tool_call(
-        &self,
-        channel: &ConnectorChannelId,
-        key: &str,
-        record: &ToolCallRecord,
-    ) -> Result<(), StorageError>;
-    /// Deletes tool calls completed before `before` (Unix ms); returns how many.
-    fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError>;
-    /// A small runtime value by key (e.g. the URL signing secret).
-    fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError>;
-    /// Stores a small runtime value.
-    fn save_meta(&self, key: &str, value: &str) -> Result<(), StorageError>;
-    /// The IM outbox store (`profile-im`).
-    fn outbox_store(&self) -> Box<dyn OutboxStore + Send>;
-    /// The IM receiver idempotency store (`profile-im`).
-    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send>;
-}
 
 /// The default storage: one SQLite file in WAL mode. Clones share the connection.
 #[derive(Clone)]
@@ -180,14 +86,18 @@ impl SqliteStorage {
             .map_err(|e| StorageError::new("read journal mode", e))
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
 /// Runs a statement through SQLite's statement cache: the SQL text is parsed once per
 /// connection, not on every call (the tool-call record is written on every `tool.invoke`).
-fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
+pub(super) fn exec<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+) -> rusqlite::Result<usize> {
     conn.prepare_cached(sql)?.execute(params)
 }
 
@@ -224,11 +134,11 @@ fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
     Ok(binding)
 }
 
-fn to_i64(value: u64) -> i64 {
+pub(super) fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-fn to_u64(value: i64) -> u64 {
+pub(super) fn to_u64(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
@@ -444,128 +354,12 @@ impl Storage for SqliteStorage {
     }
 }
 
-fn store_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
-    move |e| StoreError::new(operation, e.to_string())
-}
-
-impl OutboxStore for SqliteStorage {
-    fn save_pending(&mut self, r: &PendingRecord) -> Result<(), StoreError> {
-        exec(
-            &self.lock(),
-            "INSERT OR REPLACE INTO im_pending (channel, message_id, seq, payload, attempts,
-                   first_responsibility_at, expires_at, next_attempt_at, last_error)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            params![
-                r.channel.as_str(),
-                r.message_id.as_str(),
-                to_i64(r.seq),
-                r.payload,
-                r.attempts,
-                to_i64(r.first_responsibility_at),
-                to_i64(r.expires_at),
-                to_i64(r.next_attempt_at),
-                r.last_error
-            ],
-        )
-        .map(|_| ())
-        .map_err(store_err("save_pending"))
-    }
-
-    fn delete_pending(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<(), StoreError> {
-        exec(
-            &self.lock(),
-            "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
-            params![channel.as_str(), message_id.as_str()],
-        )
-        .map(|_| ())
-        .map_err(store_err("delete_pending"))
-    }
-
-    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(
-                "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
-                   expires_at, next_attempt_at, last_error FROM im_pending",
-            )
-            .map_err(store_err("load_pending"))?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok(PendingRecord {
-                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
-                    message_id: MessageId::new(row.get::<_, String>(1)?),
-                    seq: to_u64(row.get(2)?),
-                    payload: row.get(3)?,
-                    attempts: row.get(4)?,
-                    first_responsibility_at: to_u64(row.get(5)?),
-                    expires_at: to_u64(row.get(6)?),
-                    next_attempt_at: to_u64(row.get(7)?),
-                    last_error: row.get(8)?,
-                })
-            })
-            .map_err(store_err("load_pending"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(store_err("load_pending"))
-    }
-}
-
-impl IdempotencyStore for SqliteStorage {
-    fn save_completed(&mut self, r: &CompletedRecord) -> Result<(), StoreError> {
-        exec(
-            &self.lock(),
-            "INSERT OR REPLACE INTO im_completed (channel, message_id, fingerprint, completed_at)
-                 VALUES (?1, ?2, ?3, ?4)",
-            params![
-                r.channel.as_str(),
-                r.message_id.as_str(),
-                r.fingerprint.as_str(),
-                to_i64(r.completed_at)
-            ],
-        )
-        .map(|_| ())
-        .map_err(store_err("save_completed"))
-    }
-
-    fn delete_completed(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<(), StoreError> {
-        exec(
-            &self.lock(),
-            "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
-            params![channel.as_str(), message_id.as_str()],
-        )
-        .map(|_| ())
-        .map_err(store_err("delete_completed"))
-    }
-
-    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare("SELECT channel, message_id, fingerprint, completed_at FROM im_completed")
-            .map_err(store_err("load_completed"))?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok(CompletedRecord {
-                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
-                    message_id: MessageId::new(row.get::<_, String>(1)?),
-                    fingerprint: Fingerprint::from_hex(row.get::<_, String>(2)?),
-                    completed_at: to_u64(row.get(3)?),
-                })
-            })
-            .map_err(store_err("load_completed"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(store_err("load_completed"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xagent_protocol_types::ToolStatus;
+    use xagent_profile_im::PendingRecord;
+    use xagent_protocol_types::MessageId;
+    use xagent_protocol_types::{ToolId, ToolStatus};
 
     fn channel(id: &str) -> ChannelRecord {
         ChannelRecord {
@@ -588,19 +382,19 @@ mod tests {
 
     #[test]
     fn file_database_uses_wal_and_survives_reopen() {
-        let dir = std::env::temp_dir().join(format!("xsr-store-{}", crate::ids::packet_id()));
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
         {
-            let store = SqliteStorage::open(&dir).unwrap();
+            let store = SqliteStorage::open(dir).unwrap();
             assert_eq!(store.journal_mode().unwrap(), "wal");
             store.save_connector_id(Some(&ConnectorId::new("conn_a"))).unwrap();
             store.save_channel(&channel("cch_1")).unwrap();
         }
-        let store = SqliteStorage::open(&dir).unwrap();
+        let store = SqliteStorage::open(dir).unwrap();
         assert_eq!(store.load_connector_id().unwrap(), Some(ConnectorId::new("conn_a")));
         let channels = store.load_channels().unwrap();
         assert_eq!(channels, vec![channel("cch_1")]);
         assert_eq!(channels[0].binding.as_ref().unwrap().secret("token").unwrap().expose(), "t0k");
-        std::fs::remove_dir_all(dir).ok();
     }
 
     #[test]

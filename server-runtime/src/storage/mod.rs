@@ -1,0 +1,110 @@
+//! Persistence behind one trait, with an embedded SQLite implementation (WAL, one file under a
+//! state directory) as the default.
+//!
+//! What is stored: the registered `connector_id`; every channel with its owner, status,
+//! binding (Descriptor target + private material) and Tool overrides; the IM outbox and the
+//! receiver idempotency set (through `profile-im`'s store traits); tool-call idempotency.
+//! File references are persisted by `file-transfer` itself. Open auth sessions are kept in
+//! memory only: an interrupted sign-in is restarted by the user.
+
+//!
+//! - `sqlite`: [`SqliteStorage`], the default; `sqlite_im`: the IM stores on it.
+
+mod sqlite;
+mod sqlite_im;
+
+pub use sqlite::{DATABASE_FILE, SqliteStorage};
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use xagent_profile_im::{IdempotencyStore, OutboxStore};
+use xagent_protocol_types::{
+    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTool, ToolId,
+};
+
+use crate::author::Binding;
+
+/// A storage failure. The message names the operation, never a stored value.
+#[derive(Debug, thiserror::Error)]
+#[error("storage failed during {operation}: {reason}")]
+pub struct StorageError {
+    /// What was being done.
+    pub operation: &'static str,
+    /// The backend's explanation.
+    pub reason: String,
+}
+
+impl StorageError {
+    fn new(operation: &'static str, reason: impl std::fmt::Display) -> Self {
+        Self { operation, reason: reason.to_string() }
+    }
+}
+
+/// One channel as persisted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChannelRecord {
+    /// The channel id.
+    pub id: ConnectorChannelId,
+    /// The runtime instance that owns it.
+    pub connector_id: ConnectorId,
+    /// Its status.
+    pub status: ConnectionStatus,
+    /// The binding, once signed in.
+    pub binding: Option<Binding>,
+    /// Author-reported Tool availability overriding the default (available when signed in).
+    pub tool_overrides: BTreeMap<ToolId, DescriptorTool>,
+    /// Creation time (Unix ms).
+    pub created_at: u64,
+}
+
+/// The stored outcome of a `tool.invoke`, for repeated calls with the same key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCallRecord {
+    /// Fingerprint of `tool_id` + arguments, to tell a repeat from a conflict.
+    pub fingerprint: String,
+    /// The result on success.
+    pub result: Option<Value>,
+    /// `(code, message)` on failure.
+    pub error: Option<(String, String)>,
+    /// When it completed (Unix ms).
+    pub completed_at: u64,
+}
+
+/// Everything the runtime persists. Implementations must be cheap to call from async code
+/// (short, local operations); the SQLite one is.
+pub trait Storage: Send + Sync + 'static {
+    /// The registered `connector_id`, if any.
+    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError>;
+    /// Records (or clears, with `None`) the registered `connector_id`.
+    fn save_connector_id(&self, id: Option<&ConnectorId>) -> Result<(), StorageError>;
+    /// Every stored channel.
+    fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError>;
+    /// Inserts or replaces a channel.
+    fn save_channel(&self, record: &ChannelRecord) -> Result<(), StorageError>;
+    /// Deletes a channel and everything kept for it (outbox, idempotency, tool calls).
+    fn delete_channel(&self, id: &ConnectorChannelId) -> Result<(), StorageError>;
+    /// A stored tool call by `(channel, key)`.
+    fn load_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+    ) -> Result<Option<ToolCallRecord>, StorageError>;
+    /// Stores a completed tool call.
+    fn save_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+        record: &ToolCallRecord,
+    ) -> Result<(), StorageError>;
+    /// Deletes tool calls completed before `before` (Unix ms); returns how many.
+    fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError>;
+    /// A small runtime value by key (e.g. the URL signing secret).
+    fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError>;
+    /// Stores a small runtime value.
+    fn save_meta(&self, key: &str, value: &str) -> Result<(), StorageError>;
+    /// The IM outbox store (`profile-im`).
+    fn outbox_store(&self) -> Box<dyn OutboxStore + Send>;
+    /// The IM receiver idempotency store (`profile-im`).
+    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send>;
+}
