@@ -3,7 +3,8 @@
 //! `xagent-client-runtime` that connects over the real WebSocket, opens the room `demo` with
 //! the form flow, and answers every visitor message with a streamed reply: activity,
 //! deltas, the final message, and the visitor's file sent back when there was one. It prints
-//! the URL to open.
+//! the URL to open, the system API key (`--api-key` sets it) and a ready-to-paste
+//! `xagent-connector conformance` command that signs in to a room of its own.
 //!
 //! The stand-in rejects (for good) any message starting with `/reject`, to show how a
 //! rejection looks on the page. The room's access code and the channel id are kept in the
@@ -16,15 +17,16 @@ use std::time::Duration;
 
 use clap::Args;
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, InboundMessage,
+    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, InboundMessage, admit,
 };
 use xagent_connector_webchat::{
     CARD_ID, QR_FLOW, ROOM_FLOW, Webchat, WebchatOptions, room_id_from_name,
 };
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStatus, AuthStatusRequest, ChatActivity, ChatFile, ChatMessage,
-    ChatMessageDelta, ConnectionStatus, ConnectorChannelId, ErrorCode, PROFILE_IM_V2, Secret,
+    ChatMessageDelta, ConnectionStatus, ConnectorChannelId, ErrorCode, Secret,
 };
+use xagent_protocol_validate::AdmissionWindow;
 
 use crate::EXIT_USAGE;
 use crate::webchat::{bind, init_logs};
@@ -47,6 +49,9 @@ pub struct DemoArgs {
     /// Milliseconds between streamed reply fragments.
     #[arg(long, default_value_t = 90)]
     delta_interval: u64,
+    /// The system API key of the demo's Connector (default: a random one, printed).
+    #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 const ACCESS_CODE_FILE: &str = "demo-access-code";
@@ -106,8 +111,8 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
             }
         };
         let public_url = args.public_url.clone().unwrap_or_else(|| local_url.clone());
-        // The key only joins the two halves of this process.
-        let api_key = random_hex(24);
+        // The key joins the two halves of this process, and lets `conformance` in.
+        let api_key = args.api_key.clone().filter(|k| !k.is_empty()).unwrap_or_else(|| random_hex(24));
         let options = WebchatOptions::new(&args.state_dir, public_url)
             .with_api_key(Secret::new(api_key.clone()));
         let webchat = match Webchat::open(options).await {
@@ -128,6 +133,8 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
                     .await
             })
         };
+        let api_key_shown = api_key.clone();
+        let conformance_code = random_hex(6);
         let stand_in = StandIn {
             base: match BaseUrl::parse(&local_url) {
                 Ok(base) => base,
@@ -149,6 +156,10 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
                 println!("  Open {}", webchat.room_url(&room_id, Some(&access_code)));
                 println!();
                 println!("(room {:?}, access code {access_code}; Connector Base URL {local_url}; Ctrl-C to stop)", args.room);
+                println!();
+                println!("  System API key: {api_key_shown}");
+                println!("  Check the Connector (in a room of its own):");
+                println!("    xagent-connector conformance --base-url {local_url} --api-key {api_key_shown} --flow {ROOM_FLOW} --input room_name=conformance --input access_code={conformance_code}");
             }) => result,
             _ = tokio::signal::ctrl_c() => Ok(()),
         };
@@ -181,9 +192,14 @@ impl StandIn {
     /// Connects, opens (or reopens) the room's channel, signs it in, then answers messages
     /// until the data plane stops.
     async fn run(self, ready: impl FnOnce()) -> Result<(), String> {
-        let config = ClientConfig::new(self.base.clone(), CARD_ID, vec![PROFILE_IM_V2.into()])
+        // Admitted like any xAgent admits a Connector, then checked against its Card.
+        let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())));
+        let admitted = admit(&control, &AdmissionWindow::default(), Some(CARD_ID))
+            .await
+            .map_err(|e| format!("the stand-in did not admit the Connector: {e}"))?;
+        let config = ClientConfig::for_card(self.base.clone(), &admitted.card)
             .with_api_key(Secret::new(self.api_key.clone()));
-        let (plane, mut events) = DataPlane::start(config);
+        let (plane, mut events) = DataPlane::connect(config).map_err(|e| e.to_string())?;
         tokio::time::timeout(Duration::from_secs(15), plane.connected())
             .await
             .map_err(|_| "the stand-in could not reach the Connector".to_owned())?

@@ -55,6 +55,28 @@ pub(crate) fn parse_inputs(pairs: &[String]) -> Result<xagent_protocol_types::Au
     })
 }
 
+/// One `--tool` with its `--args`.
+pub(crate) type ToolCall = (String, serde_json::Map<String, serde_json::Value>);
+
+/// Pairs each --tool with its --args (missing ones are `{}`), as JSON objects.
+pub(crate) fn tool_calls(tools: &[String], args: &[String]) -> Result<Vec<ToolCall>, String> {
+    if args.len() > tools.len() {
+        return Err("each --args needs a --tool before it".into());
+    }
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| {
+            let text = args.get(i).map(String::as_str).unwrap_or("{}");
+            match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(serde_json::Value::Object(map)) => Ok((tool.clone(), map)),
+                Ok(_) => Err(format!("--args of {tool} must be a JSON object")),
+                Err(error) => Err(format!("--args of {tool} is not JSON: {error}")),
+            }
+        })
+        .collect()
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {

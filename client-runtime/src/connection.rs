@@ -311,9 +311,6 @@ pub enum ClientEvent {
         /// The payload.
         progress: ToolProgressPush,
     },
-    /// The health monitor or a refetch changed the admitted Card: refresh the model's Tool
-    /// list (the new Skill is in [`crate::Admitted`]).
-    ToolsChanged,
     /// An `error` packet not tied to a pending request.
     Error(WireError),
     /// The client was closed.
@@ -398,7 +395,7 @@ impl Drop for InboundMessage {
 /// What the writer task writes.
 enum Outgoing {
     /// A packet, judged by the session first; `done` learns whether it was written.
-    Packet(Packet, Option<oneshot::Sender<Result<(), ClientError>>>),
+    Packet(Box<Packet>, Option<oneshot::Sender<Result<(), ClientError>>>),
     /// Raw text (conformance probes), written as it is.
     Raw(String),
     /// A close frame; the writer stops after it.
@@ -427,6 +424,7 @@ pub(crate) struct Shared {
     pub(crate) files: StdMutex<Option<Arc<dyn crate::FileSource>>>,
     pub(crate) sink: StdMutex<Option<Arc<dyn crate::FileSink>>>,
     facts: Option<CardFacts>,
+    validator: xagent_protocol_validate::Validator,
 }
 
 fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -516,6 +514,7 @@ impl DataPlane {
             }
         }
         let facts = config.card.as_ref().map(CardFacts::from_card);
+        let config_window = config.window;
         let shared = Arc::new(Shared {
             im: Mutex::new(im),
             config,
@@ -527,6 +526,7 @@ impl DataPlane {
             events,
             files: StdMutex::new(None),
             sink: StdMutex::new(None),
+            validator: xagent_protocol_validate::Validator::new().with_window(config_window),
             facts,
         });
         let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
@@ -694,7 +694,8 @@ impl DataPlane {
     /// Stops the client: closes the socket and ends reconnecting.
     pub async fn close(&self) {
         self.task.abort();
-        if let Some(link) = lock(&self.shared.link).take() {
+        let link = lock(&self.shared.link).take();
+        if let Some(link) = link {
             let _ = link.tx.send(Outgoing::Close(1000, "closed".into())).await;
         }
         self.shared.set_state(ConnectionState::Stopped { reason: "closed".into() });
@@ -797,7 +798,7 @@ pub(crate) async fn send_on(shared: &Shared, packet: &Packet) -> Result<(), Clie
     let packet = packet.clone().time(shared.now());
     let (done, written) = oneshot::channel();
     link.tx
-        .send(Outgoing::Packet(packet, Some(done)))
+        .send(Outgoing::Packet(Box::new(packet), Some(done)))
         .await
         .map_err(|_| ClientError::NotConnected)?;
     written.await.unwrap_or(Err(ClientError::NotConnected))
@@ -806,7 +807,7 @@ pub(crate) async fn send_on(shared: &Shared, packet: &Packet) -> Result<(), Clie
 /// Queues a packet without waiting for the write (replies from the reader).
 async fn send_quietly(shared: &Shared, packet: Packet) {
     if let Some(link) = shared.link() {
-        let _ = link.tx.send(Outgoing::Packet(packet.time(shared.now()), None)).await;
+        let _ = link.tx.send(Outgoing::Packet(Box::new(packet.time(shared.now())), None)).await;
     }
 }
 
@@ -1122,6 +1123,35 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
             return None;
         }
     };
+    // Nothing the validator rejects is accepted. A `chat.message` is judged by the IM v2
+    // payload rules instead, which answer with a `rejected` ack as the Profile says.
+    if !matches!(packet.body, PacketBody::ChatMessage(_))
+        && let Some(problems) = validation_errors(shared, text)
+    {
+        tracing::warn!(packet_type = packet.type_str(), %problems, "packet breaks the protocol");
+        let error =
+            WireError::invalid_packet(format!("the packet breaks the protocol: {problems}"));
+        let role = packet.packet_type().spec().map(|s| s.role);
+        let answering = matches!(role, Some(Role::Ack { .. }) | Some(Role::Error))
+            || matches!(packet.body, PacketBody::Error(_));
+        if answering {
+            if let Some(request_id) = &packet.request_id
+                && let Some(waiter) = lock(&shared.pending).remove(request_id)
+            {
+                lock(session).forget_request(Side::Xagent, request_id);
+                let _ = waiter.send(Err(ClientError::Refused(error)));
+            }
+            return None;
+        }
+        // A pushed Descriptor that breaks the rules is dropped without an answer (as the
+        // session does for one of another channel); everything else gets `invalid_packet`.
+        if matches!(packet.body, PacketBody::DescriptorPush(_)) {
+            return None;
+        }
+        let reply = Packet::error(ids::mint("pkt_"), error).answering(&packet);
+        send_quietly(shared, reply).await;
+        return None;
+    }
     // Profile packets outside what was negotiated or what the channel enables are dropped
     // without an answer; the catalog decides.
     {
@@ -1177,6 +1207,15 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
     };
     dispatch(shared, packet, accepted).await;
     None
+}
+
+/// The validator's errors for a packet from the Connector, rule ids first, or `None`.
+fn validation_errors(shared: &Shared, text: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(text).ok()?;
+    let context = PacketContext { card: shared.facts.as_ref(), sender: Some(Side::Connector) };
+    let report = shared.validator.packet(&value, context);
+    let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
+    (!errors.is_empty()).then(|| errors.join("; "))
 }
 
 async fn dispatch(shared: &Arc<Shared>, packet: Packet, accepted: Accepted) {

@@ -88,15 +88,13 @@ pub fn upload_ref_properties(input_schema: &Map<String, Value>) -> Vec<UploadRef
         .collect()
 }
 
-fn unified_file_ref(original: &Value) -> Value {
-    let mut schema = Map::new();
-    schema.insert("type".into(), json!("string"));
-    let what = original.get("description").and_then(Value::as_str).unwrap_or("The file");
-    schema.insert(
-        "description".into(),
-        json!(format!("{what} A file from the conversation: pass its file reference unchanged.")),
-    );
-    Value::Object(schema)
+/// The model's view of an upload reference. The Card's own description is not kept: it is
+/// written for the Connector's internal reference and may mention the Transfer Plane.
+fn unified_file_ref() -> Value {
+    json!({
+        "type": "string",
+        "description": "A file from the conversation: pass its file reference unchanged.",
+    })
 }
 
 /// The model-facing schema of a Card Tool: every upload-reference property (or array items)
@@ -108,11 +106,11 @@ pub fn model_input_schema(input_schema: &Map<String, Value>) -> Map<String, Valu
     };
     for schema in properties.values_mut() {
         if is_upload_ref(schema) {
-            *schema = unified_file_ref(schema);
+            *schema = unified_file_ref();
         } else if let Some(items) = schema.get_mut("items")
             && is_upload_ref(items)
         {
-            *items = unified_file_ref(items);
+            *items = unified_file_ref();
         }
     }
     projected
@@ -177,6 +175,16 @@ impl DataPlane {
     /// before the message reaches the application ([`crate::InboundMessage::saved_files`]).
     pub fn set_file_sink(&self, sink: Arc<dyn FileSink>) {
         *self.shared().sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sink);
+    }
+
+    /// Replaces the admitted Card after a refetch re-admitted the Connector (Tool resolution
+    /// and projection follow the new Card).
+    pub fn set_card(&self, card: xagent_protocol_types::ConnectorCard) {
+        self.shared()
+            .directory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .set_card(card);
     }
 
     /// A snapshot of the channel directory.
@@ -415,7 +423,7 @@ mod tests {
             "required": ["connector_channel_id", "file_ref"],
             "properties": {
                 "connector_channel_id": {"type": "string"},
-                "file_ref": {"type": "string", "description": "The file to send.", UPLOAD_REF_ANNOTATION: true},
+                "file_ref": {"type": "string", "description": "A file_ref from POST /files/uploads.", UPLOAD_REF_ANNOTATION: true},
                 "more": {"type": "array", "items": {"type": "string", UPLOAD_REF_ANNOTATION: true}},
                 "caption": {"type": "string"}
             }

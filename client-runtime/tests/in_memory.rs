@@ -422,3 +422,101 @@ fn rand_suffix() -> u64 {
         .unwrap_or(0)
         ^ u64::from(std::process::id())
 }
+
+#[tokio::test(start_paused = true)]
+async fn inbound_rule_deltas_and_activity_from_the_connector_are_refused_not_delivered() {
+    let clock = ManualClock::new(1_000);
+    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let mut peer = accept_hello(&mut peers).await;
+    plane.connected().await.expect("online");
+    let opening = tokio::spawn({
+        let plane = plane.clone();
+        async move { plane.open_channel_for("alice", None).await }
+    });
+    answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+    opening.await.expect("joins").expect("opened");
+    // IM v2 deltas and activity flow from xAgent to the Connector only.
+    for (id, packet_type, payload) in [
+        (
+            "pkt_d",
+            "chat.message.delta",
+            json!({"message_id": "msg_1", "sequence": 1, "text": "hi"}),
+        ),
+        ("pkt_a", "chat.activity", json!({"status": "thinking"})),
+    ] {
+        let wrong_way = json!({"schema": "xagent.connector.packet/v1", "packet_id": id,
+            "type": packet_type, "connector_channel_id": "cch_1", "payload": payload});
+        assert!(peer.send_json(wrong_way).await);
+        let answer = packet(&peer.next_json().await.expect("an answer"));
+        assert_eq!(answer.type_str(), "error", "{packet_type}");
+        assert_eq!(
+            answer.error.as_ref().map(|e| e.code.to_string()).as_deref(),
+            Some("unsupported_packet"),
+            "{packet_type}"
+        );
+    }
+    let seen = next_event_matching(&mut events, Duration::from_secs(2), |e| {
+        !matches!(e, ClientEvent::State(_) | ClientEvent::Connected { .. })
+    })
+    .await;
+    assert!(seen.is_none(), "the application sees none of them: {seen:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn validator_rule_an_ack_that_breaks_the_rules_fails_its_request_naming_the_rule() {
+    let clock = ManualClock::new(1_000);
+    let (plane, _events, _transport, mut peers) = start(config(&clock));
+    let mut peer = accept_hello(&mut peers).await;
+    plane.connected().await.expect("online");
+    let opening = tokio::spawn({
+        let plane = plane.clone();
+        async move { plane.open_channel_for("alice", None).await }
+    });
+    let open = packet(&peer.next_json().await.expect("channel.open"));
+    // A Descriptor whose Profiles list is empty.
+    let mut descriptor =
+        serde_json::to_value(descriptor("cch_1", ConnectionStatus::Created)).expect("encodes");
+    descriptor["connection"]["profiles"] = json!([]);
+    let ack = json!({"schema": "xagent.connector.packet/v1", "packet_id": "pkt_oa",
+        "type": "channel.open.ack", "request_id": open.request_id.as_ref().map(|r| r.as_str()),
+        "reply_to": open.packet_id.as_str(), "connector_channel_id": "cch_1",
+        "payload": {"connector_channel_id": "cch_1", "connection_descriptor": descriptor}});
+    assert!(peer.send_json(ack).await);
+    match opening.await.expect("joins") {
+        Err(ClientError::Refused(error)) => {
+            assert_eq!(error.code.to_string(), "invalid_packet");
+            assert!(error.message().contains("descriptor.profiles"), "{}", error.message());
+        }
+        other => panic!("the ack must be refused, got {other:?}"),
+    }
+    assert!(plane.directory().get(&"cch_1".into()).is_none_or(|e| e.descriptor.is_none()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn validator_rule_a_push_that_breaks_the_rules_gets_invalid_packet_and_is_not_delivered() {
+    let clock = ManualClock::new(1_000);
+    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let mut peer = accept_hello(&mut peers).await;
+    plane.connected().await.expect("online");
+    let opening = tokio::spawn({
+        let plane = plane.clone();
+        async move { plane.open_channel_for("alice", None).await }
+    });
+    answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+    opening.await.expect("joins").expect("opened");
+    let progress = json!({"schema": "xagent.connector.packet/v1", "packet_id": "pkt_p",
+        "type": "tool.progress.push", "connector_channel_id": "cch_1",
+        "payload": {"tool_id": "mem_send", "progress": 5.0}});
+    assert!(peer.send_json(progress).await);
+    let answer = packet(&peer.next_json().await.expect("an answer"));
+    assert_eq!(
+        answer.error.as_ref().map(|e| e.code.to_string()).as_deref(),
+        Some("invalid_packet")
+    );
+    assert!(answer.error.as_ref().is_some_and(|e| e.message().contains("tool_progress.progress")));
+    let seen = next_event_matching(&mut events, Duration::from_secs(2), |e| {
+        matches!(e, ClientEvent::ToolProgress { .. })
+    })
+    .await;
+    assert!(seen.is_none());
+}

@@ -16,15 +16,18 @@ use xagent_protocol_types::{
     FileType, Secret,
 };
 use xagent_protocol_validate::AdmissionWindow;
-use xagent_server_runtime::testing::{ECHO_CARD_ID, ECHO_FLOW, echo_connector, temp_state_dir};
+use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, echo_connector, temp_state_dir};
 use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
 
 const API_KEY: &str = "sk-prefix-test-51c0e2";
 const PREFIX: &str = "/connectors/echo";
 
+/// A saved file: its name and bytes.
+type SavedFile = (String, Vec<u8>);
+
 /// Keeps every saved file in memory.
 #[derive(Default, Clone)]
-struct Saved(Arc<Mutex<Vec<(String, Vec<u8>)>>>);
+struct Saved(Arc<Mutex<Vec<SavedFile>>>);
 
 impl FileSink for Saved {
     fn save(

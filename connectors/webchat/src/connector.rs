@@ -309,7 +309,7 @@ pub struct MessageSendArgs {
 /// Arguments of `webchat_file_send`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct FileSendArgs {
-    /// A `file_ref` returned by `POST /files/uploads` for this channel.
+    /// The file to show in the chat room.
     #[schemars(extend("x-xagent-upload-ref" = true))]
     pub file_ref: String,
     /// Optional text shown with the file.
