@@ -85,8 +85,7 @@ async fn conformance_rule_a_401_passes_no_check_and_a_missing_key_is_named() {
 async fn conformance_rule_a_failed_sign_in_reports_the_signed_in_checks_skipped_with_the_reason() {
     let (_server, base) = echo_server().await;
     let mut options = options(&base, true);
-    options.inputs =
-        AuthInput::default().with("token", xagent_testkit::ECHO_BAD_TOKEN);
+    options.inputs = AuthInput::default().with("token", xagent_testkit::ECHO_BAD_TOKEN);
     options.tools = vec![("echo_send".into(), Default::default())];
     let report = run(options).await;
     assert_eq!(report.check("auth.flow").map(|c| c.status), Some(Status::Fail));

@@ -16,8 +16,8 @@ use xagent_protocol_types::{
     FileType, Secret,
 };
 use xagent_protocol_validate::AdmissionWindow;
-use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, echo_connector, temp_state_dir};
 use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
+use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, echo_connector, temp_state_dir};
 
 const API_KEY: &str = "sk-prefix-test-51c0e2";
 const PREFIX: &str = "/connectors/echo";

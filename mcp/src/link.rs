@@ -653,7 +653,6 @@ impl Link {
                     tracing::info!(%previous, %current, "channel reopened");
                     self.tools_maybe_changed();
                 }
-                ClientEvent::ToolsChanged => self.notify(Notice::ToolsChanged),
                 ClientEvent::ChatMessage(message) => {
                     // The inbound task is gone only when the link is shutting down.
                     let Ok(()) = inbound.send(message).await else { return };
