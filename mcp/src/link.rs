@@ -15,9 +15,9 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use xagent_client_runtime::{
-    Admitted, BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, Events,
-    FileContent, FileSink, FileSource, FunctionDeclaration, InboundMessage, SessionBinding,
-    SqliteXagentStore, ToolCallOptions, admit, builtin_tools,
+    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, Events, FileContent,
+    FileSink, FileSource, FunctionDeclaration, HealthMonitor, InboundMessage, SessionBinding,
+    SqliteXagentStore, ToolCallOptions, admit, builtin_tools, check_card,
 };
 use xagent_protocol_types::{
     AckStatus, AuthFlowType, AuthInput, AuthProgress, AuthStart, AuthStartAck, AuthStatus,
@@ -87,6 +87,8 @@ pub enum Notice {
     ResourceUpdated(String),
     /// Resources appeared or disappeared.
     ResourcesChanged,
+    /// The prompt (the Connector's Skill) changed.
+    PromptsChanged,
 }
 
 /// How the bridge starts.
@@ -102,6 +104,8 @@ pub struct LinkConfig {
     pub inputs: AuthInput,
     /// Directories the agent may send files from.
     pub allowed: AllowedDirs,
+    /// How often `/health` is probed (a changed Card or Skill is refetched and re-admitted).
+    pub health_interval: Duration,
 }
 
 /// The sign-in state of the bridge's channel, as the agent may see it.
@@ -132,7 +136,11 @@ struct Acks {
 /// The bridge's connection to one Connector.
 pub struct Link {
     plane: DataPlane,
-    admitted: Admitted,
+    /// The admitted Card; replaced when the health monitor re-admits a changed one.
+    card: std::sync::RwLock<ConnectorCard>,
+    /// The Connector's primary Skill, likewise.
+    skill: std::sync::RwLock<Option<String>>,
+    health: HealthMonitor,
     inbox: Arc<Inbox>,
     /// The persisted id of the bridge's channel.
     channel: Mutex<Option<ConnectorChannelId>>,
@@ -147,7 +155,7 @@ pub struct Link {
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Link").field("card", &self.admitted.card.connector_card_id).finish()
+        f.debug_struct("Link").field("card", &self.card().connector_card_id).finish()
     }
 }
 
@@ -278,9 +286,21 @@ impl Link {
         inbox.set_meta(META_CONNECTOR_ID, connector_id.as_str())?;
         let (notices, _) = broadcast::channel(256);
         let (arrivals, _) = watch::channel(0);
+        let shared_card = Arc::new(tokio::sync::RwLock::new(admitted.card.clone()));
+        let expected = admitted.card.connector_card_id.to_string();
+        let health = HealthMonitor::spawn(
+            control,
+            Arc::clone(&shared_card),
+            config.health_interval,
+            move |json, skill| {
+                check_card(json, skill, &AdmissionWindow::default(), Some(expected.as_str()))
+            },
+        );
         let link = Arc::new(Self {
             plane,
-            admitted,
+            card: std::sync::RwLock::new(admitted.card),
+            skill: std::sync::RwLock::new(admitted.skill),
+            health,
             inbox,
             channel: Mutex::new(None),
             sign_in: Mutex::new(SignIn::default()),
@@ -293,18 +313,58 @@ impl Link {
         let (inbound_tx, inbound_rx) = mpsc::channel(64);
         tokio::spawn(Arc::clone(&link).run_events(events, inbound_tx));
         tokio::spawn(Arc::clone(&link).run_inbound(inbound_rx));
+        tokio::spawn(Arc::clone(&link).run_health(shared_card));
         link.open_channel(&config).await?;
         Ok(link)
     }
 
-    /// The admitted Card.
-    pub fn card(&self) -> &ConnectorCard {
-        &self.admitted.card
+    /// The admitted Card (the latest one the health monitor re-admitted).
+    pub fn card(&self) -> ConnectorCard {
+        self.card.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// The Connector's primary Skill, if it has one.
-    pub fn skill(&self) -> Option<&str> {
-        self.admitted.skill.as_deref()
+    pub fn skill(&self) -> Option<String> {
+        self.skill.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Follows the health monitor: when it re-admitted a changed Card and Skill, the runtime
+    /// gets the Card and MCP clients hear that the Tools and the prompt changed.
+    async fn run_health(self: Arc<Self>, shared_card: Arc<tokio::sync::RwLock<ConnectorCard>>) {
+        let mut refreshed = self.health.refreshed();
+        let mut status = self.health.subscribe();
+        loop {
+            tokio::select! {
+                changed = refreshed.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let card = shared_card.read().await.clone();
+                    let skill = self.health.refetched_skill().await;
+                    tracing::info!(version = %card.connector.version, "the Connector changed; its Card and Skill were re-admitted");
+                    self.plane.set_card(card.clone());
+                    *self.card.write().unwrap_or_else(std::sync::PoisonError::into_inner) = card;
+                    *self.skill.write().unwrap_or_else(std::sync::PoisonError::into_inner) = skill;
+                    // A Descriptor that arrived before the new Card was judged against the old
+                    // one (a new Tool is not in it): read the channel's Descriptor again.
+                    if let Some(persisted) = self.channel_id() {
+                        let current = self.plane.current_channel(&persisted).await.unwrap_or(persisted);
+                        if let Err(error) = self.plane.open_channel_for(OWNER, Some(&current)).await {
+                            tracing::warn!(%error, "could not refresh the channel's Descriptor");
+                        }
+                    }
+                    self.notify(Notice::PromptsChanged);
+                    self.notify(Notice::ToolsChanged);
+                }
+                changed = status.changed() => {
+                    // The monitor logs each change itself; this only notices its end.
+                    if changed.is_err() {
+                        return;
+                    }
+                    status.borrow_and_update();
+                }
+            }
+        }
     }
 
     /// The durable inbox.
@@ -430,8 +490,9 @@ impl Link {
         flow: &str,
         inputs: &AuthInput,
     ) -> Result<(), LinkError> {
-        let Some(declared) = self.card().auth_flow(flow) else {
-            let known: Vec<&str> = self.card().auth_flows.iter().map(|f| f.id.as_str()).collect();
+        let card = self.card();
+        let Some(declared) = card.auth_flow(flow) else {
+            let known: Vec<&str> = card.auth_flows.iter().map(|f| f.id.as_str()).collect();
             return Err(LinkError::Config(format!(
                 "the Card has no auth flow {flow:?}; it declares {known:?}"
             )));

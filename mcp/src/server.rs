@@ -117,7 +117,7 @@ impl McpBridge {
         );
         if let Some(skill) = self.link.skill() {
             text.push_str("\n\nThe Connector's Skill:\n\n");
-            text.push_str(skill);
+            text.push_str(&skill);
         }
         text
     }
@@ -330,6 +330,7 @@ impl McpBridge {
                 let sent = match notice {
                     Notice::ToolsChanged => peer.notify_tool_list_changed().await,
                     Notice::ResourcesChanged => peer.notify_resource_list_changed().await,
+                    Notice::PromptsChanged => peer.notify_prompt_list_changed().await,
                     Notice::ResourceUpdated(uri) => {
                         let subscribed = subscriptions
                             .lock()
@@ -383,6 +384,7 @@ impl ServerHandler for McpBridge {
             .enable_tools()
             .enable_tool_list_changed()
             .enable_prompts()
+            .enable_prompts_list_changed()
             .enable_resources()
             .enable_resources_list_changed()
             .enable_resources_subscribe()
@@ -527,6 +529,9 @@ impl ServerHandler for McpBridge {
                 }
                 Notice::ResourcesChanged if accepted.resources_list_changed == Some(true) => {
                     sink.notify_resource_list_changed().await
+                }
+                Notice::PromptsChanged if accepted.prompts_list_changed == Some(true) => {
+                    sink.notify_prompt_list_changed().await
                 }
                 Notice::ResourceUpdated(uri)
                     if accepted
