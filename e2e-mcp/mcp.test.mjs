@@ -277,8 +277,9 @@ async function main() {
     const builtin = structured(await call(client, 'connector_message_send', { connector_channel_id: channel.connector_channel_id, text: 'sent with connector_message_send' }));
     assert.equal(builtin.status, 'accepted');
     await until(async () => (await visitor.agentMessages()).some((m) => m.text === 'sent with connector_message_send'), 'the built-in send on the page');
-    const notOwned = await call(client, 'connector_message_send', { connector_channel_id: 'cch_someone_else', text: 'x' });
-    assert.equal(notOwned.structuredContent.error.code, 'connector_channel_not_owned');
+    const notOurs = await call(client, 'connector_message_send', { connector_channel_id: 'cch_someone_else', text: 'x' });
+    assert.ok(notOurs.isError, 'a channel that is not the bridge user\'s is refused');
+    assert.equal(notOurs.structuredContent.error.code, 'connection_not_found');
     log('ok 5 - connector_message_send reaches the page; another channel is refused');
 
     // 6. Restart: nothing accepted is lost, nothing is handed twice.
@@ -315,7 +316,8 @@ async function main() {
     assert.ok(!remaining.includes('webchat_message_send'), `webchat_message_send is gone (got ${remaining})`);
     assert.ok(remaining.includes('connector_channels_list'), 'the built-ins stay');
     const refused = await call(again, 'webchat_message_send', { text: 'too late' });
-    assert.equal(refused.structuredContent.error.code, 'connector_channel_unavailable');
+    assert.ok(refused.isError);
+    assert.equal(refused.structuredContent.error.code, 'connection_not_found', 'no signed-in channel is left (section 10.1)');
     log('ok 7 - a revoked channel takes its Tools off the list after notifications/tools/list_changed');
 
     // 8. Secrets stay out of the logs.

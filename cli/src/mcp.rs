@@ -84,6 +84,7 @@ pub fn run_command(args: McpArgs) -> ExitCode {
             flow: args.flow,
             inputs,
             allowed,
+            health_interval: std::time::Duration::from_secs(30),
         },
         state_dir,
     };

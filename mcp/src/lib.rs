@@ -19,7 +19,8 @@
 //! state directory) and are handed to the agent once, across restarts too.
 //!
 //! ```
-//! use xagent_mcp::projection::model_schema;
+//! use xagent_client_runtime::model_input_schema;
+//! use xagent_mcp::projection::mcp_schema;
 //!
 //! let card_schema = serde_json::json!({
 //!     "type": "object",
@@ -29,7 +30,8 @@
 //!         "file_ref": {"type": "string", "x-xagent-upload-ref": true}
 //!     }
 //! });
-//! let shown = model_schema(card_schema.as_object().unwrap_or(&Default::default()));
+//! let card_schema = card_schema.as_object().cloned().unwrap_or_default();
+//! let shown = mcp_schema(&model_input_schema(&card_schema), &card_schema);
 //! // The bridge resolves the channel, and the agent passes a file, not a Connector file_ref.
 //! assert_eq!(shown["required"], serde_json::json!(["file_ref"]));
 //! assert!(shown["properties"]["file_ref"].get("x-xagent-upload-ref").is_none());
@@ -65,7 +67,7 @@ pub struct BridgeConfig {
 /// Opens the state directory and connects to the Connector.
 pub async fn connect(config: BridgeConfig) -> Result<Arc<Link>, LinkError> {
     let inbox = Arc::new(inbox::Inbox::open(&config.state_dir)?);
-    Link::start(config.link, inbox).await
+    Link::start(config.link, inbox, &config.state_dir).await
 }
 
 /// Serves MCP over stdin/stdout until the client closes the stream.

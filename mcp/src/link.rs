@@ -1,34 +1,37 @@
-//! The one module that talks to `xagent-client-runtime`: admission, the data plane, the
-//! bridge's channel (opened once, remembered in the state directory, signed in with the given
-//! flow), Tool invocation on the resolved channel, uploads and downloads, and the runtime's
-//! events turned into [`Notice`]s for the MCP side. Everything MCP-specific lives elsewhere.
+//! The one module that talks to `xagent-client-runtime`: admission, the data plane with the
+//! runtime's durable store, the bridge's channel (opened for the bridge's one xAgent user,
+//! remembered by the runtime, signed in with the given flow), Tool calls through the runtime's
+//! section 10.1 resolution and upload-reference substitution, the built-in channel Tools, the
+//! file source and sink the runtime calls, and the runtime's events turned into [`Notice`]s for
+//! the MCP side. Everything MCP-specific lives elsewhere.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use xagent_client_runtime::{
-    Admitted, BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane,
-    InboundMessage, admit,
+    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, Events, FileContent,
+    FileSink, FileSource, FunctionDeclaration, HealthMonitor, InboundMessage, SessionBinding,
+    SqliteXagentStore, ToolCallOptions, admit, builtin_tools, check_card,
 };
 use xagent_protocol_types::{
     AckStatus, AuthFlowType, AuthInput, AuthProgress, AuthStart, AuthStartAck, AuthStatus,
-    AuthStatusAck, AuthStatusRequest, ChatMessage, ChatMessageAck, ConnectionDescriptor,
-    ConnectionStatus, ConnectorCard, ConnectorChannelId, ConnectorId, ErrorCode, Secret,
-    ToolInvoke, ToolInvokeContext, ToolProgressPush, ToolStatus, WireError,
+    AuthStatusAck, AuthStatusRequest, ChatFile, ChatMessageAck, ConnectorCard, ConnectorChannelId,
+    ConnectorId, ErrorCode, Secret, ToolProgressPush, WireError,
 };
 use xagent_protocol_validate::AdmissionWindow;
 
-use crate::files::{AllowedDirs, FileSource, MAX_UPLOAD_BYTES, safe_filename};
+use crate::files::{AllowedDirs, FileSource as Reference, MAX_UPLOAD_BYTES, safe_filename};
 use crate::inbox::{Inbox, NewMessage, StoredFile};
-use crate::projection::{CHANNEL_ARG, upload_args};
+use crate::projection::CHANNEL_ARG;
 
-/// Largest inbound file the bridge downloads (32 MiB); larger ones are refused retryably.
+/// Largest inbound file the bridge keeps (32 MiB); larger ones are refused retryably.
 pub const MAX_DOWNLOAD_BYTES: usize = 32 * 1024 * 1024;
-
-const META_CHANNEL: &str = "channel";
 
 /// Messages the inbox holds for the agent before it refuses more (retryably: the Connector
 /// keeps them and delivers them later).
@@ -37,13 +40,16 @@ pub const MAX_PENDING_MESSAGES: u64 = 10_000;
 /// How long a message stays in the inbox after it was handed to the agent (7 days).
 pub const KEEP_HANDED_MILLIS: u64 = 7 * 24 * 3600 * 1000;
 
+/// The xAgent user the bridge acts as: one bridge, one user, its channels.
+pub const OWNER: &str = "mcp-bridge";
+
 const META_CONNECTOR_ID: &str = "connector_id";
 
 /// A failure shown to the agent as an MCP tool error: the protocol's stable code and a
 /// sentence saying what to do.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolFailure {
-    /// Stable code (the Connector's wire code when it answered with one).
+    /// Stable code (the Connector's or the runtime's).
     pub code: ErrorCode,
     /// What happened.
     pub message: String,
@@ -55,13 +61,18 @@ impl ToolFailure {
     }
 }
 
+impl From<WireError> for ToolFailure {
+    fn from(WireError { code, message, .. }: WireError) -> Self {
+        Self { message: message.unwrap_or_else(|| format!("the Connector answered {code}")), code }
+    }
+}
+
 impl From<ClientError> for ToolFailure {
     fn from(error: ClientError) -> Self {
         match error {
-            ClientError::Remote(WireError { code, message, .. }) => Self {
-                message: message.unwrap_or_else(|| format!("the Connector answered {code}")),
-                code,
-            },
+            ClientError::Remote(wire)
+            | ClientError::Refused(wire)
+            | ClientError::Withheld(wire) => wire.into(),
             other => Self { code: other.code(), message: other.to_string() },
         }
     }
@@ -76,6 +87,8 @@ pub enum Notice {
     ResourceUpdated(String),
     /// Resources appeared or disappeared.
     ResourcesChanged,
+    /// The prompt (the Connector's Skill) changed.
+    PromptsChanged,
 }
 
 /// How the bridge starts.
@@ -91,6 +104,8 @@ pub struct LinkConfig {
     pub inputs: AuthInput,
     /// Directories the agent may send files from.
     pub allowed: AllowedDirs,
+    /// How often `/health` is probed (a changed Card or Skill is refetched and re-admitted).
+    pub health_interval: Duration,
 }
 
 /// The sign-in state of the bridge's channel, as the agent may see it.
@@ -108,32 +123,39 @@ pub struct SignIn {
     pub message: Option<String>,
 }
 
-struct ChannelState {
-    /// The id persisted in the state directory.
-    persisted: ConnectorChannelId,
-    descriptor: Option<ConnectionDescriptor>,
-    sign_in: SignIn,
-}
-
 type ProgressSink = mpsc::UnboundedSender<ToolProgressPush>;
+
+/// Acks of assistant messages, kept briefly so a send can learn its fate even when the ack
+/// arrived before the sender started waiting.
+#[derive(Default)]
+struct Acks {
+    recent: VecDeque<ChatMessageAck>,
+    waiting: HashMap<String, oneshot::Sender<ChatMessageAck>>,
+}
 
 /// The bridge's connection to one Connector.
 pub struct Link {
-    control: ControlPlane,
     plane: DataPlane,
-    admitted: Admitted,
+    /// The admitted Card; replaced when the health monitor re-admits a changed one.
+    card: std::sync::RwLock<ConnectorCard>,
+    /// The Connector's primary Skill, likewise.
+    skill: std::sync::RwLock<Option<String>>,
+    health: HealthMonitor,
     inbox: Arc<Inbox>,
-    allowed: AllowedDirs,
-    channel: Mutex<Option<ChannelState>>,
+    /// The persisted id of the bridge's channel.
+    channel: Mutex<Option<ConnectorChannelId>>,
+    sign_in: Mutex<SignIn>,
     notices: broadcast::Sender<Notice>,
     arrivals: watch::Sender<u64>,
     progress: Mutex<HashMap<(String, String), ProgressSink>>,
-    sends: Mutex<HashMap<String, oneshot::Sender<ChatMessageAck>>>,
+    acks: Mutex<Acks>,
+    /// The Tool names last announced to MCP clients.
+    announced: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Link").field("card", &self.admitted.card.connector_card_id).finish()
+        f.debug_struct("Link").field("card", &self.card().connector_card_id).finish()
     }
 }
 
@@ -143,16 +165,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn mint(prefix: &str) -> String {
     format!("{prefix}{:032x}", rand::random::<u128>())
-}
-
-fn is_signed_in(descriptor: &ConnectionDescriptor) -> bool {
-    !matches!(
-        descriptor.connection.status,
-        ConnectionStatus::Created
-            | ConnectionStatus::Authenticating
-            | ConnectionStatus::Expired
-            | ConnectionStatus::Revoked
-    )
 }
 
 /// Startup errors.
@@ -170,10 +182,82 @@ pub enum LinkError {
     Config(String),
 }
 
+/// What the runtime calls to read a file the agent named: an inbox resource or a path under an
+/// allowed directory ([`AllowedDirs`]).
+struct BridgeFiles {
+    allowed: AllowedDirs,
+    inbox: Arc<Inbox>,
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+impl FileSource for BridgeFiles {
+    fn open(&self, reference: &str) -> BoxFuture<'_, Result<FileContent, String>> {
+        let resolved = self.allowed.resolve(reference).map_err(|e| e.to_string());
+        Box::pin(async move {
+            let (filename, mime_type, path) = match resolved? {
+                Reference::Inbox(id) => {
+                    let file =
+                        self.inbox.file(&id).ok().flatten().ok_or_else(|| {
+                            "no such file resource; see resources/list".to_owned()
+                        })?;
+                    (file.filename, file.mime_type, self.inbox.file_path(&file.id))
+                }
+                Reference::Disk(path) => {
+                    let name = path
+                        .file_name()
+                        .map(|n| safe_filename(&n.to_string_lossy()))
+                        .unwrap_or_else(|| "file".into());
+                    let mime = mime_guess::from_path(&path).first_or_octet_stream().to_string();
+                    (name, mime, path)
+                }
+            };
+            let bytes = tokio::fs::read(&path).await.map_err(|_| "the file cannot be read")?;
+            if bytes.len() as u64 > MAX_UPLOAD_BYTES {
+                return Err(format!("the file is larger than {MAX_UPLOAD_BYTES} bytes"));
+            }
+            Ok(FileContent { filename, mime_type, bytes })
+        })
+    }
+}
+
+/// What the runtime calls with each inbound file it downloaded: written (and synced) into the
+/// inbox's files directory before the message reaches the bridge.
+impl FileSink for BridgeFiles {
+    fn save(
+        &self,
+        channel: &ConnectorChannelId,
+        file: &ChatFile,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'_, Result<String, String>> {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(format!("{channel}\n{}", file.file_ref));
+        let id = format!("f_{}", hex::encode(&digest[..12]));
+        let path = self.inbox.file_path(&id);
+        Box::pin(async move {
+            if bytes.len() > MAX_DOWNLOAD_BYTES {
+                return Err(format!(
+                    "the file is larger than the bridge keeps ({MAX_DOWNLOAD_BYTES} bytes)"
+                ));
+            }
+            tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("could not write the file: {e}"))?;
+            Ok(id)
+        })
+    }
+}
+
 impl Link {
-    /// Admits the Connector, connects, opens (or reopens) the bridge's channel and signs in.
-    /// A QR flow continues in the background; its link is offered through [`Link::sign_in`].
-    pub async fn start(config: LinkConfig, inbox: Arc<Inbox>) -> Result<Arc<Self>, LinkError> {
+    /// Admits the Connector, connects with the runtime's durable store in `state_dir`, opens
+    /// (or finds the remembered) channel and signs in. A QR flow continues in the background;
+    /// its link is offered through [`Link::sign_in`].
+    pub async fn start(
+        config: LinkConfig,
+        inbox: Arc<Inbox>,
+        state_dir: &Path,
+    ) -> Result<Arc<Self>, LinkError> {
         let base = BaseUrl::parse(&config.base_url).map_err(ClientError::from)?;
         let control = ControlPlane::new(base.clone(), config.api_key.clone());
         let admitted = admit(&control, &AdmissionWindow::default(), None).await?;
@@ -184,13 +268,17 @@ impl Link {
             tools = card.tools.len(),
             "Connector admitted"
         );
-        let mut client =
-            ClientConfig::new(base, card.connector_card_id.clone(), card.supports.profiles.clone());
-        client.api_key = config.api_key.clone();
-        client.backoff.max_failures = None;
+        let store = SqliteXagentStore::open(state_dir).map_err(ClientError::Store)?;
+        let mut client = ClientConfig::for_card(base, card).with_store(Arc::new(store));
+        if let Some(key) = config.api_key.clone() {
+            client = client.with_api_key(key);
+        }
         client.request_timeout = Duration::from_secs(30);
         client.connector_id = inbox.meta(META_CONNECTOR_ID)?.map(ConnectorId::new);
-        let (plane, events) = DataPlane::start(client);
+        let (plane, events) = DataPlane::connect(client)?;
+        let files = Arc::new(BridgeFiles { allowed: config.allowed.clone(), inbox: inbox.clone() });
+        plane.set_file_source(files.clone());
+        plane.set_file_sink(files);
         let connector_id =
             tokio::time::timeout(Duration::from_secs(30), plane.connected()).await.map_err(
                 |_| ClientError::Timeout { expected: "connector.hello.ack", millis: 30_000 },
@@ -198,33 +286,85 @@ impl Link {
         inbox.set_meta(META_CONNECTOR_ID, connector_id.as_str())?;
         let (notices, _) = broadcast::channel(256);
         let (arrivals, _) = watch::channel(0);
-        let link = Arc::new(Self {
+        let shared_card = Arc::new(tokio::sync::RwLock::new(admitted.card.clone()));
+        let expected = admitted.card.connector_card_id.to_string();
+        let health = HealthMonitor::spawn(
             control,
+            Arc::clone(&shared_card),
+            config.health_interval,
+            move |json, skill| {
+                check_card(json, skill, &AdmissionWindow::default(), Some(expected.as_str()))
+            },
+        );
+        let link = Arc::new(Self {
             plane,
-            admitted,
+            card: std::sync::RwLock::new(admitted.card),
+            skill: std::sync::RwLock::new(admitted.skill),
+            health,
             inbox,
-            allowed: config.allowed.clone(),
             channel: Mutex::new(None),
+            sign_in: Mutex::new(SignIn::default()),
             notices,
             arrivals,
             progress: Mutex::new(HashMap::new()),
-            sends: Mutex::new(HashMap::new()),
+            acks: Mutex::new(Acks::default()),
+            announced: Mutex::new(Vec::new()),
         });
         let (inbound_tx, inbound_rx) = mpsc::channel(64);
         tokio::spawn(Arc::clone(&link).run_events(events, inbound_tx));
         tokio::spawn(Arc::clone(&link).run_inbound(inbound_rx));
+        tokio::spawn(Arc::clone(&link).run_health(shared_card));
         link.open_channel(&config).await?;
         Ok(link)
     }
 
-    /// The admitted Card.
-    pub fn card(&self) -> &ConnectorCard {
-        &self.admitted.card
+    /// The admitted Card (the latest one the health monitor re-admitted).
+    pub fn card(&self) -> ConnectorCard {
+        self.card.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// The Connector's primary Skill, if it has one.
-    pub fn skill(&self) -> Option<&str> {
-        self.admitted.skill.as_deref()
+    pub fn skill(&self) -> Option<String> {
+        self.skill.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Follows the health monitor: when it re-admitted a changed Card and Skill, the runtime
+    /// gets the Card and MCP clients hear that the Tools and the prompt changed.
+    async fn run_health(self: Arc<Self>, shared_card: Arc<tokio::sync::RwLock<ConnectorCard>>) {
+        let mut refreshed = self.health.refreshed();
+        let mut status = self.health.subscribe();
+        loop {
+            tokio::select! {
+                changed = refreshed.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let card = shared_card.read().await.clone();
+                    let skill = self.health.refetched_skill().await;
+                    tracing::info!(version = %card.connector.version, "the Connector changed; its Card and Skill were re-admitted");
+                    self.plane.set_card(card.clone());
+                    *self.card.write().unwrap_or_else(std::sync::PoisonError::into_inner) = card;
+                    *self.skill.write().unwrap_or_else(std::sync::PoisonError::into_inner) = skill;
+                    // A Descriptor that arrived before the new Card was judged against the old
+                    // one (a new Tool is not in it): read the channel's Descriptor again.
+                    if let Some(persisted) = self.channel_id() {
+                        let current = self.plane.current_channel(&persisted).await.unwrap_or(persisted);
+                        if let Err(error) = self.plane.open_channel_for(OWNER, Some(&current)).await {
+                            tracing::warn!(%error, "could not refresh the channel's Descriptor");
+                        }
+                    }
+                    self.notify(Notice::PromptsChanged);
+                    self.notify(Notice::ToolsChanged);
+                }
+                changed = status.changed() => {
+                    // The monitor logs each change itself; this only notices its end.
+                    if changed.is_err() {
+                        return;
+                    }
+                    status.borrow_and_update();
+                }
+            }
+        }
     }
 
     /// The durable inbox.
@@ -244,56 +384,104 @@ impl Link {
 
     /// The persisted id of the bridge's channel, once opened.
     pub fn channel_id(&self) -> Option<ConnectorChannelId> {
-        lock(&self.channel).as_ref().map(|c| c.persisted.clone())
+        lock(&self.channel).clone()
     }
 
     /// The sign-in state.
     pub fn sign_in(&self) -> SignIn {
-        lock(&self.channel).as_ref().map(|c| c.sign_in.clone()).unwrap_or_default()
+        lock(&self.sign_in).clone()
     }
 
     fn notify(&self, notice: Notice) {
         let _ = self.notices.send(notice);
     }
 
-    async fn open_channel(self: &Arc<Self>, config: &LinkConfig) -> Result<(), LinkError> {
-        let remembered = self.inbox.meta(META_CHANNEL)?.map(ConnectorChannelId::new);
-        let opened = match &remembered {
-            Some(id) => match self.plane.open_channel(Some(id)).await {
-                Ok(ack) => ack,
-                Err(error) => {
-                    tracing::warn!(%error, "the remembered channel did not reopen; opening a new one");
-                    self.plane.open_channel(None).await?
-                }
-            },
-            None => self.plane.open_channel(None).await?,
+    /// Sends [`Notice::ToolsChanged`] when the callable Tools differ from the last announced.
+    fn tools_maybe_changed(&self) {
+        let now: Vec<String> = self.model_tools().iter().map(|t| t.name.to_string()).collect();
+        let changed = {
+            let mut announced = lock(&self.announced);
+            let changed = *announced != now;
+            *announced = now;
+            changed
         };
-        // The channel keeps the id first persisted, even if the Connector issued a new one.
-        let persisted = remembered
-            .filter(|id| id == &opened.connector_channel_id)
-            .unwrap_or_else(|| opened.connector_channel_id.clone());
-        self.inbox.set_meta(META_CHANNEL, persisted.as_str())?;
-        let signed_in = is_signed_in(&opened.connection_descriptor);
-        *lock(&self.channel) = Some(ChannelState {
-            persisted: persisted.clone(),
-            descriptor: Some(opened.connection_descriptor),
-            sign_in: SignIn {
-                status: signed_in.then_some(AuthStatus::Authenticated),
-                ..SignIn::default()
-            },
-        });
-        self.plane.remember_channel(persisted.clone()).await;
-        tracing::info!(channel = %persisted, signed_in, "channel open");
-        if !signed_in {
-            match &config.flow {
-                Some(flow) => self.run_flow(&persisted, flow, &config.inputs).await?,
-                None => tracing::warn!(
-                    "the channel is not signed in and no --flow was given: the Connector's Tools stay unavailable"
-                ),
+        if changed {
+            self.notify(Notice::ToolsChanged);
+        }
+    }
+
+    /// The id the runtime persisted for a channel it now knows as `current` (they differ when
+    /// the Connector reopened it under a new id).
+    async fn persisted_of(&self, current: &ConnectorChannelId) -> ConnectorChannelId {
+        self.plane
+            .channels()
+            .await
+            .into_iter()
+            .find(|(_, now)| now == current)
+            .map_or_else(|| current.clone(), |(persisted, _)| persisted)
+    }
+
+    /// Finds the channel the runtime remembered for the bridge's user (reopened after hello)
+    /// or opens a new one, then signs in when needed.
+    async fn open_channel(self: &Arc<Self>, config: &LinkConfig) -> Result<(), LinkError> {
+        let remembered = self.plane.directory().owned_by(OWNER).next().cloned();
+        if let Some(entry) = remembered {
+            let id = entry.connector_channel_id.clone();
+            // The runtime reopens remembered channels itself after hello: wait for the Descriptor.
+            let reopened = tokio::time::timeout(Duration::from_secs(30), async {
+                loop {
+                    let directory = self.plane.directory();
+                    if let Some(entry) = directory.owned_by(OWNER).next()
+                        && entry.descriptor.is_some()
+                    {
+                        return entry.clone();
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await;
+            match reopened {
+                Ok(entry) if entry.is_authenticated() => {
+                    tracing::info!(channel = %entry.connector_channel_id, "remembered channel reopened, signed in");
+                    let persisted = self.persisted_of(&entry.connector_channel_id).await;
+                    *lock(&self.channel) = Some(persisted);
+                    lock(&self.sign_in).status = Some(AuthStatus::Authenticated);
+                    self.tools_maybe_changed();
+                    return Ok(());
+                }
+                Ok(entry) => {
+                    tracing::info!(channel = %entry.connector_channel_id, "remembered channel is not signed in any more");
+                    let persisted = self.persisted_of(&entry.connector_channel_id).await;
+                    *lock(&self.channel) = Some(persisted);
+                    return self.sign_in_with(config, &entry.connector_channel_id).await;
+                }
+                Err(_) => {
+                    tracing::warn!(%id, "the remembered channel did not reopen; opening a new one");
+                    self.plane.forget_channel(&id).await;
+                }
             }
         }
-        self.notify(Notice::ToolsChanged);
-        Ok(())
+        let opened = self.plane.open_channel_for(OWNER, None).await?;
+        let channel = opened.connector_channel_id.clone();
+        *lock(&self.channel) = Some(channel.clone());
+        tracing::info!(%channel, "channel open");
+        self.sign_in_with(config, &channel).await
+    }
+
+    async fn sign_in_with(
+        self: &Arc<Self>,
+        config: &LinkConfig,
+        channel: &ConnectorChannelId,
+    ) -> Result<(), LinkError> {
+        match &config.flow {
+            Some(flow) => self.run_flow(channel, flow, &config.inputs).await,
+            None => {
+                tracing::warn!(
+                    "the channel is not signed in and no --flow was given: the Connector's Tools stay unavailable"
+                );
+                Ok(())
+            }
+        }
     }
 
     async fn run_flow(
@@ -302,8 +490,9 @@ impl Link {
         flow: &str,
         inputs: &AuthInput,
     ) -> Result<(), LinkError> {
-        let Some(declared) = self.card().auth_flow(flow) else {
-            let known: Vec<&str> = self.card().auth_flows.iter().map(|f| f.id.as_str()).collect();
+        let card = self.card();
+        let Some(declared) = card.auth_flow(flow) else {
+            let known: Vec<&str> = card.auth_flows.iter().map(|f| f.id.as_str()).collect();
             return Err(LinkError::Config(format!(
                 "the Card has no auth flow {flow:?}; it declares {known:?}"
             )));
@@ -314,7 +503,7 @@ impl Link {
             start = start.with_input(inputs.clone());
         }
         let AuthStartAck(progress) = self.plane.request(Some(channel), start).await?;
-        self.apply_auth(flow, &progress);
+        self.apply_auth(channel, flow, &progress).await;
         match progress.status {
             AuthStatus::Authenticated => Ok(()),
             AuthStatus::Pending | AuthStatus::Scanned if qr => {
@@ -335,25 +524,21 @@ impl Link {
         }
     }
 
-    fn apply_auth(&self, flow: &str, progress: &AuthProgress) {
-        {
-            let mut channel = lock(&self.channel);
-            if let Some(channel) = channel.as_mut() {
-                channel.sign_in = SignIn {
-                    status: Some(progress.status.clone()),
-                    flow: Some(flow.to_owned()),
-                    qr_code_text: progress.qr_code_text.clone(),
-                    qr_code_image: progress.qr_code_image.clone(),
-                    message: progress.message.clone(),
-                };
-                if let Some(descriptor) = &progress.connection_descriptor {
-                    channel.descriptor = Some(descriptor.clone());
-                }
-            }
+    async fn apply_auth(&self, channel: &ConnectorChannelId, flow: &str, progress: &AuthProgress) {
+        *lock(&self.sign_in) = SignIn {
+            status: Some(progress.status.clone()),
+            flow: Some(flow.to_owned()),
+            qr_code_text: progress.qr_code_text.clone(),
+            qr_code_image: progress.qr_code_image.clone(),
+            message: progress.message.clone(),
+        };
+        if progress.status == AuthStatus::Authenticated {
+            // The runtime persists a channel once it is signed in.
+            self.plane.remember_channel(channel.clone()).await;
         }
         self.notify(Notice::ResourcesChanged);
         self.notify(Notice::ResourceUpdated(crate::server::SIGN_IN_URI.to_owned()));
-        self.notify(Notice::ToolsChanged);
+        self.tools_maybe_changed();
     }
 
     /// Polls a QR flow until it ends (refreshing an expired code), as the Connector's
@@ -381,7 +566,7 @@ impl Link {
                         || next.qr_code_text != progress.qr_code_text;
                     progress = next;
                     if changed {
-                        self.apply_auth(&flow, &progress);
+                        self.apply_auth(&channel, &flow, &progress).await;
                         tracing::info!(status = %progress.status, "sign-in progressed");
                     }
                     if progress.status.is_final() {
@@ -393,275 +578,155 @@ impl Link {
         }
     }
 
-    /// The Tools callable now: Card Tools the Descriptor lists as available, in Card order.
-    pub fn available_tools(&self) -> Vec<&xagent_protocol_types::CardTool> {
-        let channel = lock(&self.channel);
-        let Some(descriptor) = channel.as_ref().and_then(|c| c.descriptor.as_ref()) else {
-            return Vec::new();
-        };
-        xagent_client_runtime::project_tools(&self.admitted.card, descriptor)
-            .into_iter()
-            .filter_map(|f| self.admitted.card.tool(f.name.as_str()))
-            .collect()
+    /// The Card Tools the bridge's user can call now, as the runtime projects them for a
+    /// model (upload references shown as file references).
+    pub fn model_tools(&self) -> Vec<FunctionDeclaration> {
+        self.plane.model_tools(OWNER)
     }
 
-    /// `connector_channels_list`: the bridge's channels as the agent may see them.
-    pub fn channels_list(&self) -> Value {
-        let channel = lock(&self.channel);
-        let Some(channel) = channel.as_ref() else { return json!({ "channels": [] }) };
-        let pending = self.inbox.pending(Some(channel.persisted.as_str())).unwrap_or(0);
-        let descriptor = channel.descriptor.as_ref();
-        let tools: Vec<Value> = descriptor
-            .map(|d| {
-                d.tools
-                    .iter()
-                    .map(
-                        |t| json!({ "tool_id": t.tool_id, "status": t.status, "reason": t.reason }),
-                    )
-                    .collect()
-            })
-            .unwrap_or_default();
-        let sign_in = &channel.sign_in;
-        json!({ "channels": [{
-            "connector_channel_id": channel.persisted,
-            "connector_card_id": self.admitted.card.connector_card_id,
-            "status": descriptor.map(|d| d.connection.status.clone()),
-            "target": descriptor.map(|d| &d.target),
-            "tools": tools,
-            "pending_messages": pending,
-            "messages_resource": crate::server::channel_uri(channel.persisted.as_str()),
-            "sign_in": {
-                "status": sign_in.status,
-                "flow": sign_in.flow,
-                "link": sign_in.qr_code_text,
-                "message": sign_in.message,
+    /// The runtime's built-in model Tools (`connector_channels_list`, `connector_message_send`).
+    pub fn builtin_tools(&self) -> Vec<FunctionDeclaration> {
+        builtin_tools()
+    }
+
+    /// `connector_channels_list`: the runtime's answer, with what an MCP client also needs per
+    /// channel (the messages resource, pending messages, the target's account and the sign-in).
+    pub async fn channels_list(&self) -> Result<Value, ToolFailure> {
+        let mut listed =
+            self.plane.call_builtin(OWNER, "connector_channels_list", &Map::new()).await?;
+        let directory = self.plane.directory();
+        let sign_in = self.sign_in();
+        if let Some(channels) = listed.get_mut("channels").and_then(Value::as_array_mut) {
+            for channel in channels {
+                let Some(object) = channel.as_object_mut() else { continue };
+                let Some(id) = object.get("connector_channel_id").and_then(Value::as_str) else {
+                    continue;
+                };
+                let id = id.to_owned();
+                let account = directory
+                    .get(&ConnectorChannelId::new(id.as_str()))
+                    .and_then(|e| e.descriptor.as_ref())
+                    .and_then(|d| d.target.account_hint.clone());
+                if let (Some(account), Some(target)) =
+                    (account, object.get_mut("target").and_then(Value::as_object_mut))
+                {
+                    target.insert("account_hint".into(), Value::String(account));
+                }
+                object.insert(
+                    "pending_messages".into(),
+                    json!(self.inbox.pending(Some(&id)).unwrap_or(0)),
+                );
+                object.insert("messages_resource".into(), json!(crate::server::channel_uri(&id)));
+                object.insert(
+                    "sign_in".into(),
+                    json!({
+                        "status": sign_in.status,
+                        "flow": sign_in.flow,
+                        "link": sign_in.qr_code_text,
+                        "message": sign_in.message,
+                    }),
+                );
             }
-        }]})
-    }
-
-    /// Resolves the channel for a call: an explicit one must be the bridge's own; otherwise
-    /// the bridge's channel when the Tool is available there.
-    fn resolve(
-        &self,
-        tool_id: &str,
-        explicit: Option<&str>,
-    ) -> Result<ConnectorChannelId, ToolFailure> {
-        let channel = lock(&self.channel);
-        let Some(channel) = channel.as_ref() else {
-            return Err(ToolFailure::new(
-                ErrorCode::ConnectionNotFound,
-                "the bridge has no open channel yet; try again in a moment",
-            ));
-        };
-        if let Some(explicit) = explicit
-            && explicit != channel.persisted.as_str()
-        {
-            return Err(ToolFailure::new(
-                ErrorCode::ConnectorChannelNotOwned,
-                format!(
-                    "channel {explicit:?} is not one of this bridge's channels; see connector_channels_list"
-                ),
-            ));
         }
-        let available = channel
-            .descriptor
-            .as_ref()
-            .and_then(|d| d.tool(tool_id))
-            .map(|t| (t.status == ToolStatus::Available, t.reason.clone()));
-        match available {
-            Some((true, _)) => Ok(channel.persisted.clone()),
-            Some((false, reason)) => Err(ToolFailure::new(
-                ErrorCode::ConnectorChannelUnavailable,
-                format!(
-                    "{tool_id} is not available now{}",
-                    reason.map(|r| format!(": {r}")).unwrap_or_default()
-                ),
-            )),
-            None => Err(ToolFailure::new(
-                ErrorCode::ConnectorChannelUnavailable,
-                format!("{tool_id} is not available on this channel"),
-            )),
-        }
+        Ok(listed)
     }
 
-    async fn current(&self, persisted: &ConnectorChannelId) -> ConnectorChannelId {
-        self.plane.current_channel(persisted).await.unwrap_or_else(|| persisted.clone())
-    }
-
-    /// Invokes a Card Tool with the model's arguments: resolves the channel, uploads every
-    /// file reference argument on that channel, and returns the Tool's result. Progress pushes
-    /// go to `progress` while the call runs.
+    /// Calls a Card Tool with the model's arguments through the runtime: the runtime resolves
+    /// the channel (section 10.1; an explicit `connector_channel_id` becomes the session's
+    /// binding), uploads file references on it and returns the result. When the model left the
+    /// channel out, the resolved one is filled in, since the Card's schema asks for it. Progress
+    /// pushes go to `progress` while the call runs.
     pub async fn invoke(
         &self,
         tool_id: &str,
         mut arguments: Map<String, Value>,
         progress: Option<ProgressSink>,
     ) -> Result<Value, ToolFailure> {
-        let Some(tool) = self.admitted.card.tool(tool_id) else {
-            return Err(ToolFailure::new(
-                ErrorCode::ToolNotFound,
-                format!("{tool_id} is not a Tool of this Connector; see tools/list"),
-            ));
-        };
-        let explicit = arguments.get(CHANNEL_ARG).and_then(Value::as_str).map(str::to_owned);
-        let persisted = self.resolve(tool_id, explicit.as_deref())?;
-        let current = self.current(&persisted).await;
-        for upload in upload_args(&tool.input_schema) {
-            let Some(value) = arguments.get_mut(&upload.name) else { continue };
-            if upload.array {
-                let Some(items) = value.as_array_mut() else {
-                    return Err(ToolFailure::new(
-                        ErrorCode::InvalidArguments,
-                        format!("{} must be an array of file references", upload.name),
-                    ));
-                };
-                for item in items {
-                    *item = Value::String(self.upload(&current, item, &upload.name).await?);
-                }
-            } else {
-                *value = Value::String(self.upload(&current, value, &upload.name).await?);
-            }
-        }
-        arguments.insert(CHANNEL_ARG.into(), Value::String(current.to_string()));
-        let call_id = mint("call_mcp_");
-        let key = (current.to_string(), tool_id.to_owned());
+        let binding = arguments
+            .get(CHANNEL_ARG)
+            .and_then(Value::as_str)
+            .map(|channel| SessionBinding::new(self.card().connector_card_id.clone(), channel));
+        let channel = self.plane.directory().resolve(OWNER, binding.as_ref(), tool_id)?;
+        arguments.entry(CHANNEL_ARG).or_insert_with(|| Value::String(channel.to_string()));
+        let key = (channel.to_string(), tool_id.to_owned());
         if let Some(sink) = progress {
             lock(&self.progress).insert(key.clone(), sink);
         }
-        let invoke = ToolInvoke::new(tool_id, arguments)
-            .with_context(ToolInvokeContext::with_call_id(call_id.as_str()));
-        let result = self.plane.request(Some(&current), invoke).await;
+        let options =
+            ToolCallOptions { tool_call_id: Some(mint("call_mcp_")), ..ToolCallOptions::default() };
+        let outcome =
+            self.plane.invoke_tool_with(OWNER, binding.as_ref(), tool_id, arguments, options).await;
         lock(&self.progress).remove(&key);
-        let ack = result?;
-        Ok(ack.result.unwrap_or(Value::Null))
+        Ok(outcome?.ack.result.unwrap_or(Value::Null))
     }
 
-    /// Uploads the file a reference names on `channel` and returns the Connector's `file_ref`.
-    async fn upload(
-        &self,
-        channel: &ConnectorChannelId,
-        reference: &Value,
-        argument: &str,
-    ) -> Result<String, ToolFailure> {
-        let Some(reference) = reference.as_str() else {
-            return Err(ToolFailure::new(
-                ErrorCode::InvalidArguments,
-                format!("{argument} must be a file reference (a string)"),
-            ));
-        };
-        let invalid = |e: crate::files::FileRefError| ToolFailure::new(e.code(), e.to_string());
-        let (filename, mime_type, path) = match self.allowed.resolve(reference).map_err(invalid)? {
-            FileSource::Inbox(id) => {
-                let file = self.inbox.file(&id).ok().flatten().ok_or_else(|| {
-                    ToolFailure::new(
-                        ErrorCode::FileNotFound,
-                        format!("no file resource {reference:?}; see resources/list"),
-                    )
-                })?;
-                let path = self.inbox.file_path(&file.id);
-                (file.filename, file.mime_type, path)
-            }
-            FileSource::Disk(path) => {
-                let name = path
-                    .file_name()
-                    .map(|n| safe_filename(&n.to_string_lossy()))
-                    .unwrap_or_else(|| "file".into());
-                let mime = mime_guess::from_path(&path).first_or_octet_stream().to_string();
-                (name, mime, path)
-            }
-        };
-        let bytes = tokio::fs::read(&path).await.map_err(|_| {
-            ToolFailure::new(ErrorCode::FileNotFound, format!("{reference:?} cannot be read"))
-        })?;
-        if bytes.len() as u64 > MAX_UPLOAD_BYTES {
-            return Err(ToolFailure::new(
-                ErrorCode::PayloadTooLarge,
-                format!("{reference:?} is larger than {MAX_UPLOAD_BYTES} bytes"),
-            ));
-        }
-        let uploaded = self.control.upload(channel, &filename, &mime_type, bytes).await?;
-        tracing::info!(%channel, file_ref = %uploaded.file_ref, "uploaded a file for a Tool call");
-        Ok(uploaded.file_ref.to_string())
-    }
-
-    /// `connector_message_send`: queues an assistant message on an explicit channel of this
-    /// bridge and waits (up to `wait`) for the Connector's ack.
+    /// `connector_message_send` through the runtime (ownership checked there, outbox until
+    /// acked), then up to `wait` for the Connector's ack.
     pub async fn send_message(
         &self,
-        channel: &str,
-        text: &str,
+        arguments: &Map<String, Value>,
         wait: Duration,
     ) -> Result<Value, ToolFailure> {
-        let persisted = {
-            let state = lock(&self.channel);
-            match state.as_ref() {
-                Some(c) if c.persisted.as_str() == channel => {
-                    if !c.descriptor.as_ref().is_some_and(is_signed_in) {
-                        return Err(ToolFailure::new(
-                            ErrorCode::ConnectionNotAuthenticated,
-                            "the channel is not signed in; finish the sign-in first",
-                        ));
-                    }
-                    c.persisted.clone()
-                }
-                _ => {
-                    return Err(ToolFailure::new(
-                        ErrorCode::ConnectorChannelNotOwned,
-                        format!(
-                            "channel {channel:?} is not one of this bridge's channels; see connector_channels_list"
-                        ),
-                    ));
-                }
-            }
+        let mut queued =
+            self.plane.call_builtin(OWNER, "connector_message_send", arguments).await?;
+        let Some(message_id) = queued.get("message_id").and_then(Value::as_str).map(str::to_owned)
+        else {
+            return Ok(queued);
         };
-        if text.trim().is_empty() {
-            return Err(ToolFailure::new(ErrorCode::InvalidArguments, "text must not be empty"));
-        }
-        let message_id = mint("msg_mcp_");
-        let (sender, receiver) = oneshot::channel();
-        lock(&self.sends).insert(message_id.clone(), sender);
-        let message = ChatMessage::text(message_id.as_str(), text).created_at(now_millis());
-        let current = self.current(&persisted).await;
-        if let Err(error) = self.plane.send_chat_message(&current, message).await {
-            lock(&self.sends).remove(&message_id);
-            return Err(error.into());
-        }
+        let receiver = {
+            let mut acks = lock(&self.acks);
+            if let Some(ack) = acks.recent.iter().find(|a| a.message_id.as_str() == message_id) {
+                return ack_result(ack.clone(), queued);
+            }
+            let (sender, receiver) = oneshot::channel();
+            acks.waiting.insert(message_id.clone(), sender);
+            receiver
+        };
         match tokio::time::timeout(wait, receiver).await {
-            Ok(Ok(ack)) => match ack.status {
-                AckStatus::Accepted | AckStatus::Duplicate => {
-                    Ok(json!({ "status": "accepted", "message_id": message_id }))
-                }
-                _ => Err(ToolFailure::new(
-                    ack.code.unwrap_or(ErrorCode::TargetDeliveryFailed),
-                    ack.message.unwrap_or_else(|| "the Connector rejected the message".into()),
-                )),
-            },
+            Ok(Ok(ack)) => ack_result(ack, queued),
             _ => {
-                lock(&self.sends).remove(&message_id);
-                Ok(json!({ "status": "queued", "message_id": message_id,
-                           "note": "not acknowledged yet; it is redelivered until the Connector accepts it" }))
+                lock(&self.acks).waiting.remove(&message_id);
+                if let Some(object) = queued.as_object_mut() {
+                    object.insert(
+                        "note".into(),
+                        json!(
+                            "not acknowledged yet; it is redelivered until the Connector accepts it"
+                        ),
+                    );
+                }
+                Ok(queued)
             }
         }
     }
 
     async fn run_events(
         self: Arc<Self>,
-        mut events: mpsc::UnboundedReceiver<ClientEvent>,
+        mut events: Events,
         inbound: mpsc::Sender<InboundMessage>,
     ) {
         while let Some(event) = events.recv().await {
             match event {
-                ClientEvent::DescriptorPushed { channel, descriptor }
-                | ClientEvent::ChannelReopened { current: channel, descriptor, .. } => {
-                    self.on_descriptor(&channel, *descriptor).await;
+                ClientEvent::DescriptorPushed { channel, descriptor } => {
+                    tracing::info!(%channel, status = %descriptor.connection.status, "Descriptor updated");
+                    self.tools_maybe_changed();
+                }
+                ClientEvent::ChannelReopened { previous, current, .. } => {
+                    tracing::info!(%previous, %current, "channel reopened");
+                    self.tools_maybe_changed();
                 }
                 ClientEvent::ChatMessage(message) => {
                     // The inbound task is gone only when the link is shutting down.
                     let Ok(()) = inbound.send(message).await else { return };
                 }
                 ClientEvent::ChatMessageAcked { ack, .. } => {
-                    if let Some(waiter) = lock(&self.sends).remove(ack.message_id.as_str()) {
+                    let mut acks = lock(&self.acks);
+                    if let Some(waiter) = acks.waiting.remove(ack.message_id.as_str()) {
                         let _ = waiter.send(ack);
+                    } else {
+                        acks.recent.push_back(ack);
+                        if acks.recent.len() > 256 {
+                            acks.recent.pop_front();
+                        }
                     }
                 }
                 ClientEvent::ToolProgress { channel, progress } => {
@@ -675,6 +740,10 @@ impl Link {
                     tracing::info!(%connector_id, "connected to the Connector");
                     let _ = self.inbox.set_meta(META_CONNECTOR_ID, connector_id.as_str());
                 }
+                ClientEvent::State(state) => {
+                    tracing::info!(state = state.as_str(), "connection state");
+                    self.tools_maybe_changed();
+                }
                 ClientEvent::Disconnected { reason } => {
                     tracing::warn!(%reason, "disconnected from the Connector; reconnecting");
                 }
@@ -686,32 +755,6 @@ impl Link {
                 }
                 _ => {}
             }
-        }
-    }
-
-    async fn on_descriptor(&self, channel: &ConnectorChannelId, descriptor: ConnectionDescriptor) {
-        let persisted = self.channel_id();
-        let ours = match &persisted {
-            Some(p) => p == channel || self.current(p).await == *channel,
-            None => false,
-        };
-        if !ours {
-            return;
-        }
-        let before: Vec<String> =
-            self.available_tools().iter().map(|t| t.tool_id.to_string()).collect();
-        if let Some(state) = lock(&self.channel).as_mut() {
-            tracing::info!(
-                %channel,
-                status = %descriptor.connection.status,
-                "Descriptor updated"
-            );
-            state.descriptor = Some(descriptor);
-        }
-        let after: Vec<String> =
-            self.available_tools().iter().map(|t| t.tool_id.to_string()).collect();
-        if before != after {
-            self.notify(Notice::ToolsChanged);
         }
     }
 
@@ -735,13 +778,10 @@ impl Link {
         }
     }
 
-    /// Stores an inbound message (files first) and only then accepts it.
+    /// Stores an inbound message (its files are already saved) and only then accepts it.
     async fn on_inbound(&self, inbound: InboundMessage) {
-        let Some(persisted) = self.channel_id() else {
-            inbound.reject(ErrorCode::ChannelBusy, "the bridge is still starting", true);
-            return;
-        };
-        let channel = persisted.to_string();
+        // Keyed by the id the runtime persisted (a reopened channel may carry a new one).
+        let channel = self.persisted_of(&inbound.channel).await.to_string();
         let message_id = inbound.message.message_id.to_string();
         if self.inbox.pending(None).unwrap_or(0) >= MAX_PENDING_MESSAGES {
             inbound.reject(
@@ -768,17 +808,27 @@ impl Link {
                 return;
             }
         }
-        let mut files = Vec::new();
-        for (index, file) in inbound.message.files.iter().enumerate() {
-            match self.download(&channel, &message_id, index, file).await {
-                Ok(stored) => files.push(stored),
-                Err(reason) => {
-                    tracing::warn!(%message_id, %reason, "an inbound file could not be downloaded");
-                    inbound.reject(ErrorCode::ChannelBusy, reason, true);
-                    return;
-                }
-            }
+        if inbound.saved_files.len() != inbound.message.files.len() {
+            inbound.reject(ErrorCode::ChannelBusy, "the message's files were not saved", true);
+            return;
         }
+        let files: Vec<StoredFile> = inbound
+            .message
+            .files
+            .iter()
+            .zip(&inbound.saved_files)
+            .map(|(file, id)| StoredFile {
+                id: id.clone(),
+                filename: safe_filename(
+                    file.filename.as_deref().unwrap_or_else(|| file.file_ref.as_str()),
+                ),
+                mime_type: file
+                    .mime_type
+                    .clone()
+                    .unwrap_or_else(|| "application/octet-stream".into()),
+                byte_size: std::fs::metadata(self.inbox.file_path(id)).map_or(0, |m| m.len()),
+            })
+            .collect();
         let stored = self.inbox.store(&NewMessage {
             channel: &channel,
             message_id: &message_id,
@@ -803,51 +853,22 @@ impl Link {
             }
         }
     }
+}
 
-    async fn download(
-        &self,
-        channel: &str,
-        message_id: &str,
-        index: usize,
-        file: &xagent_protocol_types::ChatFile,
-    ) -> Result<StoredFile, String> {
-        use sha2::{Digest, Sha256};
-        let Some(url) = file.download_url.as_deref() else {
-            return Err(format!("file {} has no download_url", file.file_ref));
-        };
-        if file.byte_size.is_some_and(|size| size > MAX_DOWNLOAD_BYTES as u64) {
-            return Err(format!("file {} is larger than the bridge takes", file.file_ref));
+fn ack_result(ack: ChatMessageAck, queued: Value) -> Result<Value, ToolFailure> {
+    match ack.status {
+        AckStatus::Accepted | AckStatus::Duplicate => {
+            Ok(json!({ "status": "accepted", "message_id": queued.get("message_id") }))
         }
-        let downloaded = tokio::time::timeout(Duration::from_secs(60), self.control.download(url))
-            .await
-            .map_err(|_| "the download timed out".to_owned())?
-            .map_err(|e| e.to_string())?;
-        if downloaded.bytes.len() > MAX_DOWNLOAD_BYTES {
-            return Err(format!("file {} is larger than the bridge takes", file.file_ref));
-        }
-        let digest = Sha256::digest(format!("{channel}\n{message_id}\n{index}"));
-        let id = format!("f_{}", hex::encode(&digest[..12]));
-        let path = self.inbox.file_path(&id);
-        let bytes = downloaded.bytes;
-        let byte_size = bytes.len() as u64;
-        let write_path = path.clone();
-        tokio::task::spawn_blocking(move || write_durably(&write_path, &bytes))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("could not write the file: {e}"))?;
-        let mime_type = file
-            .mime_type
-            .clone()
-            .or(downloaded.content_type)
-            .unwrap_or_else(|| "application/octet-stream".into());
-        let filename =
-            safe_filename(file.filename.as_deref().unwrap_or_else(|| file.file_ref.as_str()));
-        Ok(StoredFile { id, filename, mime_type, byte_size })
+        _ => Err(ToolFailure::new(
+            ack.code.unwrap_or(ErrorCode::TargetDeliveryFailed),
+            ack.message.unwrap_or_else(|| "the Connector rejected the message".into()),
+        )),
     }
 }
 
 /// Writes a file and syncs it (and its directory) before returning.
-fn write_durably(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let temporary = path.with_extension("partial");
     {

@@ -1,71 +1,41 @@
-//! What the MCP client sees of a Card Tool: its `input_schema` with the channel made optional
-//! (the bridge resolves it) and each upload-reference argument (`"x-xagent-upload-ref": true`,
-//! see docs/DECISIONS.md) shown as a file reference the client supplies.
+//! What the MCP client sees of a Card Tool. The runtime's projection
+//! ([`xagent_client_runtime::model_input_schema`]) already shows each upload-reference argument
+//! as a file reference; the bridge adds two MCP-specific touches: `connector_channel_id`
+//! becomes optional (the bridge resolves the channel), and a file reference says which files
+//! this bridge can read (its file resources, or paths under `--allow-dir`).
 
 use serde_json::{Map, Value, json};
-
-use crate::files::FILE_URI_PREFIX;
-
-/// The annotation that marks an upload-reference argument.
-pub const UPLOAD_REF: &str = "x-xagent-upload-ref";
+use xagent_client_runtime::upload_ref_properties;
 
 /// The argument every Card Tool declares for the channel.
 pub const CHANNEL_ARG: &str = "connector_channel_id";
 
-/// An argument whose value the bridge turns into an uploaded `file_ref`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UploadArg {
-    /// Property name.
-    pub name: String,
-    /// Whether the property is an array of references.
-    pub array: bool,
+const FILES_HERE: &str = "Here: the URI of a file resource this server offers (xagent-connector://files/...) or a path under a directory the bridge was started with (--allow-dir).";
+
+fn explain_file(schema: &mut Value) {
+    let Some(object) = schema.as_object_mut() else { return };
+    let before = object.get("description").and_then(Value::as_str).unwrap_or("A file.");
+    let description = format!("{before} {FILES_HERE}");
+    object.insert("description".into(), Value::String(description));
 }
 
-fn is_upload_ref(schema: &Value) -> bool {
-    schema.get(UPLOAD_REF).and_then(Value::as_bool) == Some(true)
-}
-
-fn file_reference_schema() -> Value {
-    json!({
-        "type": "string",
-        "description": format!(
-            "A file: the URI of a file resource this server offers ({FILE_URI_PREFIX}...) or a path under a directory the bridge was started with (--allow-dir)."
-        )
-    })
-}
-
-/// Finds the upload-reference arguments of an `input_schema`.
-pub fn upload_args(input_schema: &Map<String, Value>) -> Vec<UploadArg> {
-    let Some(properties) = input_schema.get("properties").and_then(Value::as_object) else {
-        return Vec::new();
-    };
-    properties
-        .iter()
-        .filter_map(|(name, schema)| {
-            if is_upload_ref(schema) {
-                Some(UploadArg { name: name.clone(), array: false })
-            } else if schema.get("items").is_some_and(is_upload_ref) {
-                Some(UploadArg { name: name.clone(), array: true })
-            } else {
-                None
-            }
-        })
-        .collect()
-}
-
-/// The schema the MCP client sees for a Card Tool.
-pub fn model_schema(input_schema: &Map<String, Value>) -> Map<String, Value> {
-    let mut schema = input_schema.clone();
-    let uploads = upload_args(input_schema);
+/// The schema the MCP client sees for a Card Tool, from the runtime's model-facing
+/// `parameters` and the Card's own `input_schema` (to find the file arguments).
+pub fn mcp_schema(
+    parameters: &Map<String, Value>,
+    card_input_schema: &Map<String, Value>,
+) -> Map<String, Value> {
+    let mut schema = parameters.clone();
+    let uploads = upload_ref_properties(card_input_schema);
     if let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) {
         for upload in &uploads {
             let Some(property) = properties.get_mut(&upload.name) else { continue };
             if upload.array {
-                if let Some(object) = property.as_object_mut() {
-                    object.insert("items".into(), file_reference_schema());
+                if let Some(items) = property.get_mut("items") {
+                    explain_file(items);
                 }
             } else {
-                *property = file_reference_schema();
+                explain_file(property);
             }
         }
         if let Some(channel) = properties.get_mut(CHANNEL_ARG) {
@@ -81,29 +51,9 @@ pub fn model_schema(input_schema: &Map<String, Value>) -> Map<String, Value> {
     schema
 }
 
-/// Schema of the built-in `connector_channels_list`.
-pub fn channels_list_schema() -> Map<String, Value> {
-    object(json!({ "type": "object", "properties": {} }))
-}
-
-/// Schema of the built-in `connector_message_send`.
-pub fn message_send_schema() -> Map<String, Value> {
-    object(json!({
-        "type": "object",
-        "required": ["connector_channel_id", "text"],
-        "properties": {
-            "connector_channel_id": {
-                "type": "string",
-                "description": "The channel to write to, from connector_channels_list."
-            },
-            "text": { "type": "string", "minLength": 1, "description": "The message text." }
-        }
-    }))
-}
-
-/// Schema of the built-in `connector_message_wait`.
+/// Schema of the bridge's own `connector_message_wait`.
 pub fn message_wait_schema(max_seconds: u64) -> Map<String, Value> {
-    object(json!({
+    match json!({
         "type": "object",
         "properties": {
             "connector_channel_id": {
@@ -117,11 +67,7 @@ pub fn message_wait_schema(max_seconds: u64) -> Map<String, Value> {
                 "description": "How long to wait for a message (default 30)."
             }
         }
-    }))
-}
-
-fn object(value: Value) -> Map<String, Value> {
-    match value {
+    }) {
         Value::Object(map) => map,
         _ => Map::new(),
     }
@@ -130,43 +76,47 @@ fn object(value: Value) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::files::FILE_URI_PREFIX;
+    use xagent_client_runtime::model_input_schema;
 
     fn card_schema() -> Map<String, Value> {
-        object(json!({
+        match json!({
             "type": "object",
             "required": ["connector_channel_id", "file_ref"],
             "properties": {
                 "connector_channel_id": {"type": "string"},
-                "file_ref": {"type": "string", "x-xagent-upload-ref": true, "description": "internal"},
+                "file_ref": {"type": "string", "x-xagent-upload-ref": true, "description": "The file to show."},
                 "more": {"type": "array", "items": {"type": "string", "x-xagent-upload-ref": true}},
                 "text": {"type": "string"}
             }
-        }))
+        }) {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        }
     }
 
     #[test]
-    fn upload_ref_arguments_are_shown_as_file_references() {
-        let shown = model_schema(&card_schema());
+    fn upload_ref_arguments_say_which_files_the_bridge_reads() {
+        let card = card_schema();
+        let shown = mcp_schema(&model_input_schema(&card), &card);
         let text = serde_json::to_string(&shown).unwrap_or_default();
-        assert!(!text.contains(UPLOAD_REF), "the annotation is not shown: {text}");
-        assert!(!text.contains("internal"), "the Connector's description is not shown: {text}");
+        assert!(!text.contains("x-xagent-upload-ref"), "the annotation is not shown: {text}");
         let file = &shown["properties"]["file_ref"];
         assert_eq!(file["type"], "string");
-        assert!(file["description"].as_str().is_some_and(|d| d.contains(FILE_URI_PREFIX)));
-        assert_eq!(shown["properties"]["more"]["items"], file_reference_schema());
+        let description = file["description"].as_str().unwrap_or_default();
+        assert!(!description.to_lowercase().contains("upload"), "{description}");
+        assert!(description.contains(FILE_URI_PREFIX), "{description}");
+        assert!(description.contains("--allow-dir"), "{description}");
+        let items =
+            shown["properties"]["more"]["items"]["description"].as_str().unwrap_or_default();
+        assert!(items.contains(FILE_URI_PREFIX), "{items}");
         assert_eq!(shown["properties"]["text"], json!({"type": "string"}));
-        assert_eq!(
-            upload_args(&card_schema()),
-            vec![
-                UploadArg { name: "file_ref".into(), array: false },
-                UploadArg { name: "more".into(), array: true }
-            ]
-        );
     }
 
     #[test]
     fn the_channel_argument_becomes_optional() {
-        let shown = model_schema(&card_schema());
+        let card = card_schema();
+        let shown = mcp_schema(&model_input_schema(&card), &card);
         assert_eq!(shown["required"], json!(["file_ref"]));
         assert!(shown["properties"][CHANNEL_ARG].is_object());
     }

@@ -23,14 +23,12 @@ use xagent_protocol_types::ToolProgressPush;
 
 use crate::files::FILE_URI_PREFIX;
 use crate::link::{Link, Notice, ToolFailure};
-use crate::projection::{
-    channels_list_schema, message_send_schema, message_wait_schema, model_schema,
-};
+use crate::projection::{mcp_schema, message_wait_schema};
 
-/// Built-in Tool: the bridge's channels.
-pub const TOOL_CHANNELS_LIST: &str = "connector_channels_list";
-/// Built-in Tool: send a chat message on an explicit channel.
-pub const TOOL_MESSAGE_SEND: &str = "connector_message_send";
+/// Built-in Tool (the runtime's): the bridge's channels.
+pub const TOOL_CHANNELS_LIST: &str = xagent_client_runtime::CHANNELS_LIST_TOOL;
+/// Built-in Tool (the runtime's): send a chat message on an explicit channel.
+pub const TOOL_MESSAGE_SEND: &str = xagent_client_runtime::MESSAGE_SEND_TOOL;
 /// Built-in Tool: wait for the next inbound message.
 pub const TOOL_MESSAGE_WAIT: &str = "connector_message_wait";
 /// Longest wait `connector_message_wait` accepts.
@@ -119,43 +117,46 @@ impl McpBridge {
         );
         if let Some(skill) = self.link.skill() {
             text.push_str("\n\nThe Connector's Skill:\n\n");
-            text.push_str(skill);
+            text.push_str(&skill);
         }
         text
     }
 
     fn tools(&self) -> Vec<Tool> {
+        let card = self.link.card();
         let mut tools: Vec<Tool> = self
             .link
-            .available_tools()
+            .model_tools()
             .into_iter()
-            .map(|tool| {
-                let description = tool
-                    .description
-                    .clone()
-                    .or_else(|| tool.title.clone())
-                    .unwrap_or_else(|| tool.tool_id.to_string());
+            .map(|declaration| {
+                let card_tool = card.tool(declaration.name.as_str());
+                let schema = match card_tool {
+                    Some(tool) => mcp_schema(&declaration.parameters, &tool.input_schema),
+                    None => declaration.parameters.clone(),
+                };
                 let mut mcp = Tool::new(
-                    tool.tool_id.to_string(),
-                    description,
-                    Arc::new(model_schema(&tool.input_schema)),
+                    declaration.name.to_string(),
+                    declaration.description,
+                    Arc::new(schema),
                 );
-                if let Some(title) = &tool.title {
-                    mcp = mcp.with_title(title.clone());
+                if let Some(title) = card_tool.and_then(|t| t.title.clone()) {
+                    mcp = mcp.with_title(title);
                 }
                 mcp
             })
             .collect();
-        tools.push(Tool::new(
-            TOOL_CHANNELS_LIST,
-            "List this bridge's channels to the Connector: status, target, Tool availability, sign-in state and pending messages.",
-            Arc::new(channels_list_schema()),
-        ));
-        tools.push(Tool::new(
-            TOOL_MESSAGE_SEND,
-            "Send a chat message as the agent on an explicit channel (from connector_channels_list).",
-            Arc::new(message_send_schema()),
-        ));
+        for builtin in self.link.builtin_tools() {
+            let description = if builtin.name.as_str() == TOOL_MESSAGE_SEND {
+                format!("{} Waits up to 10 s for the Connector to accept it.", builtin.description)
+            } else {
+                builtin.description
+            };
+            tools.push(Tool::new(
+                builtin.name.to_string(),
+                description,
+                Arc::new(builtin.parameters),
+            ));
+        }
         tools.push(Tool::new(
             TOOL_MESSAGE_WAIT,
             "Wait for the next inbound chat message and take it; each message is returned once. Returns {\"message\": null} when the timeout passes first.",
@@ -202,13 +203,8 @@ impl McpBridge {
         context: &RequestContext<RoleServer>,
     ) -> Result<Value, ToolFailure> {
         match name {
-            TOOL_CHANNELS_LIST => Ok(self.link.channels_list()),
-            TOOL_MESSAGE_SEND => {
-                let channel =
-                    arguments.get("connector_channel_id").and_then(Value::as_str).unwrap_or("");
-                let text = arguments.get("text").and_then(Value::as_str).unwrap_or("");
-                self.link.send_message(channel, text, Duration::from_secs(10)).await
-            }
+            TOOL_CHANNELS_LIST => self.link.channels_list().await,
+            TOOL_MESSAGE_SEND => self.link.send_message(&arguments, Duration::from_secs(10)).await,
             TOOL_MESSAGE_WAIT => self.wait_message(&arguments).await,
             tool_id => {
                 let progress = context.meta.get_progress_token().map(|token| {
@@ -334,6 +330,7 @@ impl McpBridge {
                 let sent = match notice {
                     Notice::ToolsChanged => peer.notify_tool_list_changed().await,
                     Notice::ResourcesChanged => peer.notify_resource_list_changed().await,
+                    Notice::PromptsChanged => peer.notify_prompt_list_changed().await,
                     Notice::ResourceUpdated(uri) => {
                         let subscribed = subscriptions
                             .lock()
@@ -387,6 +384,7 @@ impl ServerHandler for McpBridge {
             .enable_tools()
             .enable_tool_list_changed()
             .enable_prompts()
+            .enable_prompts_list_changed()
             .enable_resources()
             .enable_resources_list_changed()
             .enable_resources_subscribe()
@@ -531,6 +529,9 @@ impl ServerHandler for McpBridge {
                 }
                 Notice::ResourcesChanged if accepted.resources_list_changed == Some(true) => {
                     sink.notify_resource_list_changed().await
+                }
+                Notice::PromptsChanged if accepted.prompts_list_changed == Some(true) => {
+                    sink.notify_prompt_list_changed().await
                 }
                 Notice::ResourceUpdated(uri)
                     if accepted

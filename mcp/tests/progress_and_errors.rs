@@ -33,6 +33,10 @@ struct TokenForm {
     token: Secret,
 }
 
+/// No arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct NoArgs {}
+
 /// Arguments of `work_run`.
 #[derive(Debug, Deserialize, JsonSchema)]
 struct RunArgs {
@@ -41,7 +45,12 @@ struct RunArgs {
 }
 
 fn connector() -> Connector {
-    let built = Connector::builder("im.work", "Work", "1.0.0")
+    versioned_connector("1.0.0", false)
+}
+
+/// The test Connector at `version`, with a second Tool `work_report` when `report`.
+fn versioned_connector(version: &str, report: bool) -> Connector {
+    let builder = Connector::builder("im.work", "Work", version)
         .target(TargetDeclaration::new(TargetType::Im, "work", "Work queue"))
         .profile(PROFILE_IM_V2)
         .form_flow(FlowSpec::new(FLOW, "Token"), |_, form: TokenForm| async move {
@@ -67,9 +76,18 @@ fn connector() -> Connector {
                 }
                 Ok(json!({ "done": args.steps }))
             },
+        );
+    let builder = if report {
+        builder
+            .skill("---\nname: connector-im-work\ndescription: How to run jobs.\n---\n# Work\nCall work_report before work_run.\n")
+            .tool(
+            ToolSpec::new("work_report", "Report\nReports the queue's state.").read_only(),
+            |_ctx: ToolContext, _args: NoArgs| async move { Ok(json!({ "queued": 0 })) },
         )
-        .build();
-    match built {
+    } else {
+        builder
+    };
+    match builder.build() {
         Ok(connector) => connector,
         Err(error) => panic!("the test Connector is valid: {error}"),
     }
@@ -78,9 +96,14 @@ fn connector() -> Connector {
 #[derive(Clone, Default)]
 struct Client {
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+    prompts_changed: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ClientHandler for Client {
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.prompts_changed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
     async fn on_progress(
         &self,
         params: ProgressNotificationParam,
@@ -132,6 +155,7 @@ async fn setup(lifecycle: ClientLifecycleMode) -> Setup {
             flow: Some(FLOW.into()),
             inputs: AuthInput::default().with("token", "t-123"),
             allowed: AllowedDirs::default(),
+            health_interval: Duration::from_secs(30),
         },
         state_dir: dir.path().join("bridge"),
     })
@@ -258,4 +282,112 @@ async fn next(subscription: &mut rmcp::service::Subscription) -> ServerNotificat
         Ok(Ok(Some(notification))) => notification,
         other => panic!("no notification: {other:?}"),
     }
+}
+
+/// Serves `connector` with state in `dir` on `addr` (retrying the bind while a stopped server
+/// releases it); returns the server and its serving task.
+async fn serve_at(
+    connector: Connector,
+    dir: &std::path::Path,
+    addr: std::net::SocketAddr,
+) -> (ConnectorServer, tokio::task::JoinHandle<()>) {
+    let server = ConnectorServer::builder(connector)
+        .state_dir(dir)
+        .unwrap_or_else(|e| panic!("state dir: {e}"))
+        .api_key(Secret::new(API_KEY))
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("server: {e}"));
+    let mut attempts = 0;
+    let listener = loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => break listener,
+            Err(_) if attempts < 100 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("bind {addr}: {error}"),
+        }
+    };
+    let running = server.clone();
+    let task = tokio::spawn(async move {
+        let _ = running.serve(listener, std::future::pending::<()>()).await;
+    });
+    (server, task)
+}
+
+#[tokio::test]
+async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let state = dir.path().join("connector");
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = free.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+    drop(free);
+    let (server, task) = serve_at(versioned_connector("1.0.0", false), &state, addr).await;
+    let link = xagent_mcp::connect(BridgeConfig {
+        link: LinkConfig {
+            base_url: format!("http://{addr}"),
+            api_key: Some(Secret::new(API_KEY)),
+            flow: Some(FLOW.into()),
+            inputs: AuthInput::default().with("token", "t-123"),
+            allowed: AllowedDirs::default(),
+            health_interval: Duration::from_millis(200),
+        },
+        state_dir: dir.path().join("bridge"),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the bridge connects: {e}"));
+    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+    let (server_read, server_write) = tokio::io::split(server_io);
+    let served = link.clone();
+    tokio::spawn(async move {
+        if let Ok(service) = McpBridge::new(served).serve((server_read, server_write)).await {
+            let _ = service.waiting().await;
+        }
+    });
+    let handler = Client::default();
+    let (client_read, client_write) = tokio::io::split(client_io);
+    let client = handler
+        .clone()
+        .serve_with_lifecycle((client_read, client_write), ClientLifecycleMode::Initialize)
+        .await
+        .unwrap_or_else(|e| panic!("the MCP client connects: {e}"));
+    let names = |tools: Vec<rmcp::model::Tool>| -> Vec<String> {
+        tools.into_iter().map(|t| t.name.to_string()).collect()
+    };
+    let before = names(client.list_all_tools().await.unwrap_or_default());
+    assert!(before.contains(&"work_run".to_owned()) && !before.contains(&"work_report".to_owned()));
+    assert!(client.list_all_prompts().await.unwrap_or_default().is_empty(), "1.0.0 has no Skill");
+
+    // The Connector is upgraded in place: same state, version 1.0.1 with a new Tool.
+    server.shutdown();
+    task.abort();
+    let _ = task.await;
+    let (upgraded, _task) = serve_at(versioned_connector("1.0.1", true), &state, addr).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while link.card().connector.version != "1.0.1"
+        || handler.prompts_changed.load(std::sync::atomic::Ordering::SeqCst) == 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the upgraded Card was not re-admitted and announced (card {})",
+            link.card().connector.version
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Version 1.0.1 brought a Skill: it is the prompt the client now gets.
+    let prompts: Vec<String> =
+        client.list_all_prompts().await.unwrap_or_default().into_iter().map(|p| p.name).collect();
+    assert_eq!(prompts, ["connector-im-work"]);
+    // Known gap (reported): client-runtime's set_card updates Tool resolution but not the Card
+    // facts its packet rules judge Descriptors by, so the new Tool's Descriptor is refused
+    // until the bridge restarts; work_run stays callable meanwhile.
+    let after = names(client.list_all_tools().await.unwrap_or_default());
+    assert!(after.contains(&"work_run".to_owned()), "{after:?}");
+    let _ = client.cancel().await;
+    upgraded.shutdown();
 }
