@@ -14,7 +14,8 @@
 //   5. connector_message_send reaches the page;
 //   6. restarts the bridge: a message stored before the restart and one sent while it was down
 //      both arrive once, and nothing handed before the restart is handed again;
-//   7. another xAgent claims the room, the Connector revokes the bridge's channel: the client
+//   7. another xAgent claims the room (with its owner code), the Connector revokes the bridge's
+//      channel: the client
 //      receives notifications/tools/list_changed and webchat_message_send is gone from the list;
 //   8. the bridge's stderr never shows the API key or the room's access code;
 //   9. the same bridge over streamable HTTP (--http): the SDK's StreamableHTTPClientTransport
@@ -47,6 +48,8 @@ const TIMEOUT = 20_000;
 const apiKey = `e2e-${randomBytes(16).toString('hex')}`;
 const roomName = `mcp-e2e-${randomBytes(3).toString('hex')}`;
 const accessCode = 'e2e-code-1234';
+// The room's owner code: the Connector moves a room to another channel only with it.
+const ownerCode = `owner-${randomBytes(8).toString('hex')}`;
 
 function log(line) {
   process.stdout.write(line + '\n');
@@ -79,7 +82,10 @@ async function startWebchat(stateDir) {
   return { child, url, output: () => output };
 }
 
-const ROOM_FLOW = ['--flow', 'webchat_room', '--input', `room_name=${roomName}`, '--input', `access_code=${accessCode}`];
+const ROOM_FLOW = [
+  '--flow', 'webchat_room', '--input', `room_name=${roomName}`, '--input', `access_code=${accessCode}`,
+  '--input', `owner_code=${ownerCode}`,
+];
 
 /** Connects the SDK client to a freshly spawned bridge. */
 async function startBridge(baseUrl, stateDir, allowDir, events, flow = ROOM_FLOW) {
@@ -147,9 +153,11 @@ class Visitor {
   /** The page's first Server-Sent Event: a snapshot of the conversation. */
   async snapshot() {
     const controller = new AbortController();
-    const response = await fetch(`${this.baseUrl}/chat/api/rooms/${this.roomId}/events?token=${this.token}`, {
+    const response = await fetch(`${this.baseUrl}/chat/api/rooms/${this.roomId}/events`, {
       signal: controller.signal,
+      headers: { authorization: `Bearer ${this.token}` },
     });
+    assert.equal(response.status, 200, 'the page opens its event stream');
     const reader = response.body.getReader();
     let buffer = '';
     try {
@@ -171,7 +179,9 @@ class Visitor {
     return (await this.snapshot()).messages.filter((m) => m.author === 'assistant');
   }
   async file(fileRef) {
-    const response = await fetch(`${this.baseUrl}/chat/api/rooms/${this.roomId}/files/${fileRef}?token=${this.token}`);
+    const response = await fetch(`${this.baseUrl}/chat/api/rooms/${this.roomId}/files/${fileRef}`, {
+      headers: { authorization: `Bearer ${this.token}` },
+    });
     assert.equal(response.status, 200, 'the page serves the file');
     return Buffer.from(await response.arrayBuffer());
   }
@@ -307,7 +317,7 @@ async function main() {
 
     // 7. A Tool made unavailable disappears after the notification.
     const changesBefore = events.toolsChanged.length;
-    claimer = spawn(bin, ['mock-xagent', '--base-url', webchat.url, '--flow', 'webchat_room', '--input', `room_name=${roomName}`, '--input', `access_code=${accessCode}`], {
+    claimer = spawn(bin, ['mock-xagent', '--base-url', webchat.url, ...ROOM_FLOW], {
       stdio: ['ignore', 'ignore', 'ignore'],
       env: { ...process.env, XAGENT_CONNECTOR_API_KEY: apiKey },
     });
@@ -325,6 +335,7 @@ async function main() {
     assert.ok(logs.length > 0, 'the bridge logged to stderr');
     assert.ok(!logs.includes(apiKey), 'the API key is not logged');
     assert.ok(!logs.includes(accessCode), 'the access code is not logged');
+    assert.ok(!logs.includes(ownerCode), 'the owner code is not logged');
     log('ok 8 - logs go to stderr without the API key or form secrets');
 
     // 9. Streamable HTTP.
@@ -332,7 +343,7 @@ async function main() {
     bridge = null;
     httpBridge = spawn(bin, [
       'mcp', '--base-url', webchat.url, '--state-dir', path.join(work, 'bridge-http'), '--http', '127.0.0.1:0',
-      '--flow', 'webchat_room', '--input', `room_name=${roomName}`, '--input', `access_code=${accessCode}`,
+      ...ROOM_FLOW,
     ], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, XAGENT_CONNECTOR_API_KEY: apiKey } });
     let httpOutput = '';
     httpBridge.stdout.on('data', (chunk) => (httpOutput += chunk.toString()));

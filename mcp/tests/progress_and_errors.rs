@@ -310,8 +310,9 @@ async fn serve_at(
         }
     };
     let running = server.clone();
+    let stop = server.handle().shutdown_signal();
     let task = tokio::spawn(async move {
-        let _ = running.serve(listener, std::future::pending::<()>()).await;
+        let _ = running.serve(listener, async move { stop.cancelled_owned().await }).await;
     });
     (server, task)
 }
@@ -364,9 +365,9 @@ async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
     assert!(client.list_all_prompts().await.unwrap_or_default().is_empty(), "1.0.0 has no Skill");
 
     // The Connector is upgraded in place: same state, version 1.0.1 with a new Tool.
+    // A graceful stop closes every connection, as a process exit would.
     server.shutdown();
-    task.abort();
-    let _ = task.await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     let (upgraded, _task) = serve_at(versioned_connector("1.0.1", true), &state, addr).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while link.card().connector.version != "1.0.1"
