@@ -355,8 +355,10 @@ impl Conn {
             | (PacketBody::ChatMessageAck(_), _)
             | (PacketBody::ChatMessageDelta(_), _)
             | (PacketBody::ChatActivity(_), _) => {
-                if let Some(im) = &self.shared.im {
-                    im.on_packet(self, &packet).await;
+                if let Some(im) = &self.shared.im
+                    && let Some(reply) = im.on_packet(&self.shared, &packet).await
+                {
+                    self.send(reply).await;
                 }
             }
             (PacketBody::Error(_), _) => {

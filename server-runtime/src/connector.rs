@@ -363,6 +363,22 @@ impl ConnectorBuilder {
         self.add_tool(register(spec, handler))
     }
 
+    /// Registers a Tool whose handler takes the Connector's shared state first: `handler`
+    /// gets a clone of the `Arc` on every call, so a handler is a plain `async fn(Arc<S>,
+    /// ToolContext, Args)` instead of a closure capturing it.
+    #[must_use]
+    pub fn tool_with<S, Args, Out, F, Fut>(self, state: &Arc<S>, spec: ToolSpec, handler: F) -> Self
+    where
+        S: Send + Sync + 'static,
+        Args: DeserializeOwned + JsonSchema + Send + 'static,
+        Out: Serialize + JsonSchema + Send + 'static,
+        F: Fn(Arc<S>, ToolContext, Args) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Out, ToolError>> + Send + 'static,
+    {
+        let state = Arc::clone(state);
+        self.tool(spec, move |ctx, args| handler(Arc::clone(&state), ctx, args))
+    }
+
     fn add_tool(mut self, registered: Result<RegisteredTool, DefinitionError>) -> Self {
         match registered {
             Ok(tool) => {

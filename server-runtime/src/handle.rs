@@ -12,7 +12,7 @@ use xagent_protocol_types::{
     PROFILE_IM_V2, Packet, ToolProgressPush,
 };
 
-use crate::author::Binding;
+use crate::binding::Binding;
 use crate::error::HandleError;
 use crate::ids;
 use crate::im::ImState;

@@ -21,7 +21,6 @@ use xagent_protocol_types::{
 };
 
 use crate::author::{ChannelContext, DeltaUpdate, FinalDelivery};
-use crate::connection::Conn;
 use crate::connector::Connector;
 use crate::error::HandleError;
 use crate::ids;
@@ -80,8 +79,8 @@ pub(crate) struct ImState {
     pub(crate) events: tokio::sync::broadcast::Sender<OutboxEvent>,
 }
 
-fn storage_error(error: impl std::fmt::Display) -> StorageError {
-    StorageError { operation: "open IM state", reason: error.to_string() }
+fn storage_error(error: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+    StorageError::new("open IM state", error)
 }
 
 impl ImState {
@@ -342,20 +341,20 @@ impl ImState {
         self.inner().outbox.pending_ids(channel)
     }
 
-    /// An IM packet from xAgent.
-    pub(crate) async fn on_packet(&self, conn: &Conn, packet: &Packet) {
-        let Some(channel) = packet.connector_channel_id.clone() else { return };
-        let shared = &conn.shared;
+    /// An IM packet from xAgent; returns the packet to answer with, if any (the connection
+    /// writes it).
+    pub(crate) async fn on_packet(&self, shared: &Arc<Shared>, packet: &Packet) -> Option<Packet> {
+        let channel = packet.connector_channel_id.clone()?;
         match &packet.body {
             PacketBody::ChatMessage(message) => {
                 let ack = self.on_chat_message(shared, &channel, message).await;
                 let reply = Packet::with_payload(ids::packet_id(), ack)
                     .channel(channel)
                     .reply_to(packet.packet_id.clone());
-                conn.send(reply).await;
+                return Some(reply);
             }
             PacketBody::ChatMessageAck(ack) => {
-                let Some(reply_to) = &packet.reply_to else { return };
+                let reply_to = packet.reply_to.as_ref()?;
                 let outcome = self.inner().outbox.on_ack(&channel, ack, reply_to, shared.now());
                 match outcome {
                     Ok(AckOutcome::Failed { code, reason }) => {
@@ -376,15 +375,14 @@ impl ImState {
                 let (first, text, handle) = match action {
                     Err(error) => {
                         let wire = WireError::new(error.code(), error.to_string());
-                        conn.send(Packet::error(ids::packet_id(), wire).answering(packet)).await;
-                        return;
+                        return Some(Packet::error(ids::packet_id(), wire).answering(packet));
                     }
                     Ok(DeltaAction::CreateTarget { text }) => (true, text, None),
                     Ok(DeltaAction::UpdateTarget { text, handle }) => (false, text, handle),
-                    Ok(_) => return,
+                    Ok(_) => return None,
                 };
-                let Some(ctx) = channel_context(shared, &channel) else { return };
-                let Some(im) = &shared.def.im else { return };
+                let ctx = channel_context(shared, &channel)?;
+                let im = shared.def.im.as_ref()?;
                 let update = DeltaUpdate {
                     message_id: delta.message_id.clone(),
                     first,
@@ -401,12 +399,13 @@ impl ImState {
                     Ok(action) => self.show(shared, &channel, action).await,
                     Err(error) => {
                         let wire = WireError::new(error.code(), error.to_string());
-                        conn.send(Packet::error(ids::packet_id(), wire).answering(packet)).await;
+                        return Some(Packet::error(ids::packet_id(), wire).answering(packet));
                     }
                 }
             }
             _ => {}
         }
+        None
     }
 
     async fn on_chat_message(

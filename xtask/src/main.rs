@@ -30,7 +30,7 @@ mod chaos;
 mod codegen;
 mod fuzz;
 
-const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale [--quick] [--json] | chaos [--quick] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
+const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale [--quick] [--json] (bench-decode: [--no-ffi]) | chaos [--quick] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
 
 fn main() -> ExitCode {
     match run() {

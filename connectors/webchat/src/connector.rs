@@ -423,7 +423,6 @@ async fn file_send(
 /// Builds the Connector definition around the shared state.
 pub(crate) fn build(app: Arc<App>) -> Result<Connector, WebchatError> {
     let (room_app, unbind_app, rebind_app) = (Arc::clone(&app), Arc::clone(&app), Arc::clone(&app));
-    let (send_app, file_app) = (Arc::clone(&app), Arc::clone(&app));
     let connector = Connector::builder(CARD_ID, "Web Chat", env!("CARGO_PKG_VERSION"))
         .description(
             "Puts an xAgent agent on a web page: visitors chat in the browser, replies stream back live.",
@@ -447,19 +446,21 @@ pub(crate) fn build(app: Arc<App>) -> Result<Connector, WebchatError> {
         .on_bound(move |ctx, reason| rebind(Arc::clone(&rebind_app), ctx, reason))
         .im_target(WebchatTarget(Arc::clone(&app)))
         .skill(SKILL)
-        .tool(
+        .tool_with(
+            &app,
             ToolSpec::new(
                 TOOL_MESSAGE_SEND,
                 "Send a web chat message\nShow an extra text message in the chat room bound to the current channel. Your normal reply is delivered without this tool.",
             ),
-            move |ctx, args: MessageSendArgs| message_send(Arc::clone(&send_app), ctx, args),
+            message_send,
         )
-        .tool(
+        .tool_with(
+            &app,
             ToolSpec::new(
                 TOOL_FILE_SEND,
                 "Send a file to the web chat\nShow a file in the chat room bound to the current channel; file_ref comes from POST /files/uploads on this channel.",
             ),
-            move |ctx, args: FileSendArgs| file_send(Arc::clone(&file_app), ctx, args),
+            file_send,
         )
         .build()?;
     Ok(connector)

@@ -11,7 +11,7 @@ use xagent_protocol_types::{
 };
 
 use super::{ChannelRecord, Storage, StorageError, ToolCallRecord};
-use crate::author::Binding;
+use crate::binding::Binding;
 
 /// The default storage: one SQLite file in WAL mode. Clones share the connection.
 #[derive(Clone)]
