@@ -33,7 +33,8 @@ impl FileSource for Conversation {
 
 async fn snapshot(http: &reqwest::Client, base: &str, token: &str) -> Value {
     let mut response = http
-        .get(format!("{base}/chat/api/rooms/lobby/events?token={token}"))
+        .get(format!("{base}/chat/api/rooms/lobby/events"))
+        .bearer_auth(token)
         .send()
         .await
         .expect("events");
