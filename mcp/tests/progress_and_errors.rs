@@ -384,10 +384,17 @@ async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
     let prompts: Vec<String> =
         client.list_all_prompts().await.unwrap_or_default().into_iter().map(|p| p.name).collect();
     assert_eq!(prompts, ["connector-im-work"]);
-    // Known gap (reported): client-runtime's set_card updates Tool resolution but not the Card
-    // facts its packet rules judge Descriptors by, so the new Tool's Descriptor is refused
-    // until the bridge restarts; work_run stays callable meanwhile.
-    let after = names(client.list_all_tools().await.unwrap_or_default());
+    // The re-admitted Card is what the packet rules judge by: the refreshed Descriptor naming
+    // the new Tool is accepted, and the Tool joins the list beside the old one.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let after = names(client.list_all_tools().await.unwrap_or_default());
+        if after.contains(&"work_report".to_owned()) {
+            break after;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the new Tool never appeared: {after:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(after.contains(&"work_run".to_owned()), "{after:?}");
     let _ = client.cancel().await;
     upgraded.shutdown();
