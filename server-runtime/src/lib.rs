@@ -76,6 +76,7 @@ mod im;
 mod runtime;
 mod session;
 mod storage;
+mod storage_group;
 
 pub use author::{
     AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding,
@@ -93,6 +94,9 @@ pub use runtime::{
 pub use session::{CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError};
 pub use storage::{
     ChannelRecord, DATABASE_FILE, SqliteStorage, Storage, StorageError, ToolCallRecord,
+};
+pub use storage_group::{
+    CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous, WriteOp,
 };
 pub use xagent_profile_im::{ActivityAction, ActivityCapability};
 pub use xagent_protocol_types::BuildInfo;
