@@ -72,6 +72,7 @@ mod consumers;
 mod files;
 mod http;
 mod ids;
+mod lanes;
 mod im;
 mod runtime;
 mod session;
