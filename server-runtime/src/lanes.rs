@@ -7,9 +7,6 @@
 //! new work ([`LaneFull`]) instead of making the caller (the socket's reader) wait, which would
 //! stall every other channel; the caller answers with a retryable refusal.
 
-// Wired into the IM delivery path once the handler split of issue 12 has landed.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
@@ -104,6 +101,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Lanes<K> {
     }
 
     /// Channels with queued or running work.
+    #[cfg(test)]
     pub(crate) fn active(&self) -> usize {
         lock(&self.lanes).len()
     }

@@ -72,12 +72,11 @@ mod consumers;
 mod files;
 mod http;
 mod ids;
-mod lanes;
 mod im;
+mod lanes;
 mod runtime;
 mod session;
 mod storage;
-mod storage_group;
 
 pub use author::{
     AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding,
@@ -94,10 +93,8 @@ pub use runtime::{
 };
 pub use session::{CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError};
 pub use storage::{
-    ChannelRecord, DATABASE_FILE, SqliteStorage, Storage, StorageError, ToolCallRecord,
-};
-pub use storage_group::{
-    CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous, WriteOp,
+    ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
+    SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous, ToolCallRecord, WriteOp,
 };
 pub use xagent_profile_im::{ActivityAction, ActivityCapability};
 pub use xagent_protocol_types::BuildInfo;

@@ -977,8 +977,15 @@ impl Conn {
                     error: outcome.as_ref().err().map(|(c, m)| (c.to_string(), m.clone())),
                     completed_at: self.shared.now(),
                 };
+                // The ack goes out only once the record is committed (group commit: shared
+                // with other calls' records), so a repeat after a crash is answered from it.
                 if tool.records_calls
-                    && let Err(error) = self.shared.storage.save_tool_call(&channel, &key, &stored)
+                    && let Err(error) = self
+                        .shared
+                        .storage
+                        .commit_tool_call(&channel, &key, &stored)
+                        .committed()
+                        .await
                 {
                     tracing::error!(%error, "could not store a tool result");
                 }

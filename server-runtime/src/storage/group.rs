@@ -28,10 +28,9 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, params};
 use xagent_profile_im::{IdempotencyWrite, OutboxWrite};
 
-use crate::storage::StorageError;
+use super::StorageError;
 
 /// The tables of the runtime's SQLite database (created when missing).
-#[allow(dead_code)] // used by SqliteStorage once the storage split of issue 12 has landed
 pub(crate) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS channels (
@@ -84,7 +83,6 @@ impl Synchronous {
 
 /// Opens (creating if needed) an SQLite file in WAL mode with the given durability, a busy
 /// timeout and the runtime's tables: the settings every connection of the storage shares.
-#[allow(dead_code)] // used by SqliteStorage once the storage split of issue 12 has landed
 pub(crate) fn open_connection(
     path: &Path,
     synchronous: Synchronous,
@@ -322,6 +320,13 @@ struct Counters {
 pub struct CommitTicket(tokio::sync::oneshot::Receiver<Result<(), StorageError>>);
 
 impl CommitTicket {
+    /// A ticket that is already resolved (a write made synchronously).
+    pub fn ready(result: Result<(), StorageError>) -> Self {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let _ = tx.send(result);
+        Self(rx)
+    }
+
     /// Waits for the commit.
     pub async fn committed(self) -> Result<(), StorageError> {
         self.0.await.unwrap_or_else(|_| Err(writer_gone()))
@@ -760,7 +765,7 @@ mod tests {
         let dir = temp_dir("crash");
         let exe = std::env::current_exe().unwrap();
         let output = std::process::Command::new(exe)
-            .args(["--exact", "storage_group::tests::crash_child", "--ignored", "--nocapture"])
+            .args(["--exact", "storage::group::tests::crash_child", "--ignored", "--nocapture"])
             .args(["--test-threads", "1"])
             .env(CRASH_DIR, &dir)
             .output()

@@ -1,0 +1,561 @@
+//! The default storage: one SQLite file (WAL) under the state directory. Reads go through
+//! one connection; every write goes through the group-commit writer ([`GroupCommit`]) on a
+//! connection of its own, so concurrent writes share transactions and a reader never waits
+//! for a commit's `fsync`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use xagent_profile_im::{
+    CompletedRecord, Fingerprint, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite,
+    PendingRecord, StoreError,
+};
+use xagent_protocol_types::{
+    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, MessageId,
+    Secret,
+};
+
+use super::group::{self, CommitTicket, GroupCommit, GroupCommitConfig, Synchronous, WriteOp};
+use super::{ChannelRecord, Storage, StorageError, ToolCallRecord};
+use crate::author::Binding;
+
+/// The default storage: one SQLite file in WAL mode. Clones share the connections and the
+/// writer.
+#[derive(Clone)]
+pub struct SqliteStorage {
+    conn: Arc<Mutex<Connection>>,
+    writer: Arc<Writer>,
+    path: Option<PathBuf>,
+    synchronous: Synchronous,
+}
+
+/// Stops the writer thread (after it committed what is queued) when the last clone goes.
+struct Writer(GroupCommit);
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.0.shutdown();
+    }
+}
+
+impl std::fmt::Debug for SqliteStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStorage")
+            .field("path", &self.path)
+            .field("synchronous", &self.synchronous)
+            .finish()
+    }
+}
+
+/// How the SQLite storage commits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// Durability of each commit: `Full` (default) survives an OS crash or power loss,
+    /// `Normal` only a killed process.
+    pub synchronous: Synchronous,
+    /// Batching bounds of the group-commit writer.
+    pub group_commit: GroupCommitConfig,
+}
+
+/// File name of the database inside the state directory.
+pub const DATABASE_FILE: &str = "connector.sqlite3";
+
+impl SqliteStorage {
+    /// Opens (creating if needed) `<state_dir>/connector.sqlite3` in WAL mode with
+    /// `synchronous=FULL` and group commit.
+    pub fn open(state_dir: impl AsRef<Path>) -> Result<Self, StorageError> {
+        Self::open_with(state_dir, SqliteOptions::default())
+    }
+
+    /// [`SqliteStorage::open`] with explicit options (e.g. `synchronous=NORMAL`).
+    pub fn open_with(
+        state_dir: impl AsRef<Path>,
+        options: SqliteOptions,
+    ) -> Result<Self, StorageError> {
+        let dir = state_dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| StorageError::new("create state dir", e))?;
+        let path = dir.join(DATABASE_FILE);
+        let reader = group::open_connection(&path, options.synchronous)?;
+        let writer = group::open_connection(&path, options.synchronous)?;
+        let group = GroupCommit::start(Arc::new(Mutex::new(writer)), options.group_commit)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(reader)),
+            writer: Arc::new(Writer(group)),
+            path: Some(path),
+            synchronous: options.synchronous,
+        })
+    }
+
+    /// An in-memory database (tests, ephemeral connectors). Its writer shares the one
+    /// connection.
+    pub fn in_memory() -> Result<Self, StorageError> {
+        let conn = Connection::open_in_memory().map_err(|e| StorageError::new("open", e))?;
+        conn.execute_batch(group::SCHEMA).map_err(|e| StorageError::new("create schema", e))?;
+        let conn = Arc::new(Mutex::new(conn));
+        let group = GroupCommit::start(conn.clone(), GroupCommitConfig::default())?;
+        Ok(Self {
+            conn,
+            writer: Arc::new(Writer(group)),
+            path: None,
+            synchronous: Synchronous::default(),
+        })
+    }
+
+    /// The database file, if not in memory.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The durability setting in force.
+    pub fn synchronous(&self) -> Synchronous {
+        self.synchronous
+    }
+
+    /// The SQLite journal mode in force (`wal` for a file database).
+    pub fn journal_mode(&self) -> Result<String, StorageError> {
+        query_row(&self.lock(), "PRAGMA journal_mode", [], |row| row.get::<_, String>(0))
+            .map_err(|e| StorageError::new("read journal mode", e))
+    }
+
+    /// Counters of the group-commit writer (transactions, writes), for tests and benchmarks.
+    pub fn group_commit_stats(&self) -> super::GroupCommitStats {
+        self.writer.0.stats()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Writes and waits for the commit (synchronous callers).
+    fn write(&self, ops: Vec<WriteOp>) -> Result<(), StorageError> {
+        self.writer.0.write_blocking(ops)
+    }
+}
+
+fn tool_call_op(
+    channel: &ConnectorChannelId,
+    key: &str,
+    record: &ToolCallRecord,
+) -> Result<WriteOp, StorageError> {
+    let result = record
+        .result
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| StorageError::new("encode tool result", e))?;
+    Ok(WriteOp::ToolCall {
+        channel: channel.as_str().to_owned(),
+        key: key.to_owned(),
+        fingerprint: record.fingerprint.clone(),
+        result,
+        error: record.error.clone(),
+        completed_at: to_i64(record.completed_at),
+    })
+}
+
+/// Runs a statement through SQLite's statement cache: the SQL text is parsed once per
+/// connection, not on every call (the tool-call record is written on every `tool.invoke`).
+fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
+/// `query_row` through the statement cache.
+fn query_row<T, P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+    map: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, map)
+}
+
+fn binding_to_json(binding: &Binding) -> Result<String, StorageError> {
+    let secrets: BTreeMap<&str, &str> =
+        binding.secrets().iter().map(|(k, v)| (k.as_str(), v.expose())).collect();
+    serde_json::to_string(&serde_json::json!({ "target": binding.target, "secrets": secrets }))
+        .map_err(|e| StorageError::new("encode binding", e))
+}
+
+fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        target: DescriptorTarget,
+        #[serde(default)]
+        secrets: BTreeMap<String, String>,
+    }
+    let stored: Stored =
+        serde_json::from_str(text).map_err(|e| StorageError::new("decode binding", e))?;
+    let mut binding = Binding::new(stored.target);
+    for (name, value) in stored.secrets {
+        binding = binding.with_secret(name, Secret::new(value));
+    }
+    Ok(binding)
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+impl Storage for SqliteStorage {
+    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
+        query_row(&self.lock(), "SELECT value FROM meta WHERE key = 'connector_id'", [], |row| {
+            row.get::<_, String>(0)
+        })
+        .optional()
+        .map(|value| value.map(ConnectorId::new))
+        .map_err(|e| StorageError::new("load connector_id", e))
+    }
+
+    fn save_connector_id(&self, id: Option<&ConnectorId>) -> Result<(), StorageError> {
+        self.write(vec![WriteOp::Meta {
+            key: "connector_id".into(),
+            value: id.map(|id| id.as_str().to_owned()),
+        }])
+    }
+
+    fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT id, connector_id, status, binding, tool_overrides, created_at
+                 FROM channels ORDER BY created_at, id",
+            )
+            .map_err(|e| StorageError::new("load channels", e))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, Option<String>>(3)?,
+                    row.get::<_, String>(4)?,
+                    row.get::<_, i64>(5)?,
+                ))
+            })
+            .map_err(|e| StorageError::new("load channels", e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, connector_id, status, binding, overrides, created_at) =
+                row.map_err(|e| StorageError::new("load channels", e))?;
+            let binding = binding.as_deref().map(binding_from_json).transpose()?;
+            let tools: Vec<DescriptorTool> = serde_json::from_str(&overrides)
+                .map_err(|e| StorageError::new("decode tool overrides", e))?;
+            out.push(ChannelRecord {
+                id: ConnectorChannelId::new(id),
+                connector_id: ConnectorId::new(connector_id),
+                status: ConnectionStatus::parse(&status),
+                binding,
+                tool_overrides: tools.into_iter().map(|t| (t.tool_id.clone(), t)).collect(),
+                created_at: to_u64(created_at),
+            });
+        }
+        Ok(out)
+    }
+
+    fn save_channel(&self, record: &ChannelRecord) -> Result<(), StorageError> {
+        let binding = record.binding.as_ref().map(binding_to_json).transpose()?;
+        let overrides: Vec<&DescriptorTool> = record.tool_overrides.values().collect();
+        let overrides = serde_json::to_string(&overrides)
+            .map_err(|e| StorageError::new("encode tool overrides", e))?;
+        self.write(vec![WriteOp::Channel {
+            id: record.id.as_str().to_owned(),
+            connector_id: record.connector_id.as_str().to_owned(),
+            status: record.status.as_str().to_owned(),
+            binding,
+            tool_overrides: overrides,
+            created_at: to_i64(record.created_at),
+        }])
+    }
+
+    fn delete_channel(&self, id: &ConnectorChannelId) -> Result<(), StorageError> {
+        self.write(vec![WriteOp::DeleteChannel(id.as_str().to_owned())])
+    }
+
+    fn load_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+    ) -> Result<Option<ToolCallRecord>, StorageError> {
+        let row = query_row(
+            &self.lock(),
+            "SELECT fingerprint, result, error_code, error_message, completed_at
+                 FROM tool_calls WHERE channel = ?1 AND key = ?2",
+            params![channel.as_str(), key],
+            |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, Option<String>>(1)?,
+                    row.get::<_, Option<String>>(2)?,
+                    row.get::<_, Option<String>>(3)?,
+                    row.get::<_, i64>(4)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(|e| StorageError::new("load tool call", e))?;
+        let Some((fingerprint, result, code, message, completed_at)) = row else {
+            return Ok(None);
+        };
+        let result = result
+            .map(|text| serde_json::from_str(&text))
+            .transpose()
+            .map_err(|e| StorageError::new("decode tool result", e))?;
+        Ok(Some(ToolCallRecord {
+            fingerprint,
+            result,
+            error: code.map(|code| (code, message.unwrap_or_default())),
+            completed_at: to_u64(completed_at),
+        }))
+    }
+
+    fn save_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+        record: &ToolCallRecord,
+    ) -> Result<(), StorageError> {
+        self.write(vec![tool_call_op(channel, key, record)?])
+    }
+
+    fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
+        exec(
+            &self.lock(),
+            "DELETE FROM tool_calls WHERE completed_at < ?1",
+            params![to_i64(before)],
+        )
+        .map_err(|e| StorageError::new("prune tool calls", e))
+    }
+
+    fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
+        query_row(&self.lock(), "SELECT value FROM meta WHERE key = ?1", params![key], |row| {
+            row.get::<_, String>(0)
+        })
+        .optional()
+        .map_err(|e| StorageError::new("load meta", e))
+    }
+
+    fn save_meta(&self, key: &str, value: &str) -> Result<(), StorageError> {
+        self.write(vec![WriteOp::Meta { key: key.to_owned(), value: Some(value.to_owned()) }])
+    }
+
+    fn outbox_store(&self) -> Box<dyn OutboxStore + Send> {
+        Box::new(self.clone())
+    }
+
+    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send> {
+        Box::new(self.clone())
+    }
+
+    fn commit_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+        record: &ToolCallRecord,
+    ) -> CommitTicket {
+        match tool_call_op(channel, key, record) {
+            Ok(op) => self.writer.0.submit(vec![op]),
+            Err(error) => CommitTicket::ready(Err(error)),
+        }
+    }
+
+    fn commit_im(
+        &self,
+        outbox: Vec<OutboxWrite>,
+        idempotency: Vec<IdempotencyWrite>,
+    ) -> CommitTicket {
+        let ops = outbox
+            .into_iter()
+            .map(WriteOp::Outbox)
+            .chain(idempotency.into_iter().map(WriteOp::Idempotency))
+            .collect();
+        self.writer.0.submit(ops)
+    }
+}
+
+fn store_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| StoreError::new(operation, e.to_string())
+}
+
+impl OutboxStore for SqliteStorage {
+    fn save_pending(&mut self, r: &PendingRecord) -> Result<(), StoreError> {
+        OutboxStore::apply(self, &[OutboxWrite::Save(r.clone())])
+    }
+
+    fn delete_pending(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        OutboxStore::apply(self, &[OutboxWrite::Delete(channel.clone(), message_id.clone())])
+    }
+
+    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
+        let ops = writes.iter().cloned().map(WriteOp::Outbox).collect();
+        self.write(ops).map_err(|e| StoreError::new("outbox write", e.to_string()))
+    }
+
+    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
+                   expires_at, next_attempt_at, last_error FROM im_pending",
+            )
+            .map_err(store_err("load_pending"))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok(PendingRecord {
+                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
+                    message_id: MessageId::new(row.get::<_, String>(1)?),
+                    seq: to_u64(row.get(2)?),
+                    payload: row.get(3)?,
+                    attempts: row.get(4)?,
+                    first_responsibility_at: to_u64(row.get(5)?),
+                    expires_at: to_u64(row.get(6)?),
+                    next_attempt_at: to_u64(row.get(7)?),
+                    last_error: row.get(8)?,
+                })
+            })
+            .map_err(store_err("load_pending"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(store_err("load_pending"))
+    }
+}
+
+impl IdempotencyStore for SqliteStorage {
+    fn save_completed(&mut self, r: &CompletedRecord) -> Result<(), StoreError> {
+        IdempotencyStore::apply(self, &[IdempotencyWrite::Save(r.clone())])
+    }
+
+    fn delete_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        IdempotencyStore::apply(
+            self,
+            &[IdempotencyWrite::Delete(channel.clone(), message_id.clone())],
+        )
+    }
+
+    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
+        let ops = writes.iter().cloned().map(WriteOp::Idempotency).collect();
+        self.write(ops).map_err(|e| StoreError::new("idempotency write", e.to_string()))
+    }
+
+    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare("SELECT channel, message_id, fingerprint, completed_at FROM im_completed")
+            .map_err(store_err("load_completed"))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok(CompletedRecord {
+                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
+                    message_id: MessageId::new(row.get::<_, String>(1)?),
+                    fingerprint: Fingerprint::from_hex(row.get::<_, String>(2)?),
+                    completed_at: to_u64(row.get(3)?),
+                })
+            })
+            .map_err(store_err("load_completed"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(store_err("load_completed"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xagent_protocol_types::{ToolId, ToolStatus};
+
+    fn channel(id: &str) -> ChannelRecord {
+        ChannelRecord {
+            id: ConnectorChannelId::new(id),
+            connector_id: ConnectorId::new("conn_x"),
+            status: ConnectionStatus::Connected,
+            binding: Some(
+                Binding::new(DescriptorTarget::new("echo", "Echo ab***"))
+                    .with_secret("token", Secret::new("t0k")),
+            ),
+            tool_overrides: [(
+                ToolId::new("echo_send"),
+                DescriptorTool::new("echo_send", ToolStatus::Unavailable),
+            )]
+            .into_iter()
+            .collect(),
+            created_at: 5,
+        }
+    }
+
+    #[test]
+    fn file_database_uses_wal_and_survives_reopen() {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
+        {
+            let store = SqliteStorage::open(&dir).unwrap();
+            assert_eq!(store.journal_mode().unwrap(), "wal");
+            store.save_connector_id(Some(&ConnectorId::new("conn_a"))).unwrap();
+            store.save_channel(&channel("cch_1")).unwrap();
+        }
+        let store = SqliteStorage::open(&dir).unwrap();
+        assert_eq!(store.load_connector_id().unwrap(), Some(ConnectorId::new("conn_a")));
+        let channels = store.load_channels().unwrap();
+        assert_eq!(channels, vec![channel("cch_1")]);
+        assert_eq!(channels[0].binding.as_ref().unwrap().secret("token").unwrap().expose(), "t0k");
+    }
+
+    #[test]
+    fn delete_channel_cascades() {
+        let mut store = SqliteStorage::in_memory().unwrap();
+        let id = ConnectorChannelId::new("cch_1");
+        store.save_channel(&channel("cch_1")).unwrap();
+        let call = ToolCallRecord {
+            fingerprint: "f".into(),
+            result: Some(serde_json::json!({"ok": true})),
+            error: None,
+            completed_at: 10,
+        };
+        store.save_tool_call(&id, "call_1", &call).unwrap();
+        assert_eq!(store.load_tool_call(&id, "call_1").unwrap(), Some(call));
+        store
+            .save_pending(&PendingRecord {
+                channel: id.clone(),
+                message_id: MessageId::new("m1"),
+                seq: 1,
+                payload: "{}".into(),
+                attempts: 0,
+                first_responsibility_at: 1,
+                expires_at: 2,
+                next_attempt_at: 1,
+                last_error: None,
+            })
+            .unwrap();
+        assert_eq!(store.load_pending().unwrap().len(), 1);
+        store.delete_channel(&id).unwrap();
+        assert!(store.load_channels().unwrap().is_empty());
+        assert!(store.load_tool_call(&id, "call_1").unwrap().is_none());
+        assert!(store.load_pending().unwrap().is_empty());
+    }
+
+    #[test]
+    fn prune_tool_calls_by_age() {
+        let store = SqliteStorage::in_memory().unwrap();
+        let id = ConnectorChannelId::new("cch_1");
+        for (key, at) in [("a", 10), ("b", 20)] {
+            let record = ToolCallRecord {
+                fingerprint: "f".into(),
+                result: None,
+                error: None,
+                completed_at: at,
+            };
+            store.save_tool_call(&id, key, &record).unwrap();
+        }
+        assert_eq!(store.prune_tool_calls(15).unwrap(), 1);
+        assert!(store.load_tool_call(&id, "a").unwrap().is_none());
+        assert!(store.load_tool_call(&id, "b").unwrap().is_some());
+    }
+}
