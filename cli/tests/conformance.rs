@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use xagent_server_runtime::testing::{ECHO_FLOW, EchoServer, temp_state_dir};
+use xagent_testkit::{ECHO_FLOW, EchoServer, temp_state_dir};
 
 const API_KEY: &str = "sk-cli-conformance-2b7e";
 

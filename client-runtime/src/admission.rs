@@ -19,22 +19,11 @@ pub struct Admitted {
     pub health: HealthResponse,
 }
 
-/// Reads the `name:` of a `SKILL.md` front matter block (between `---` lines).
+/// Reads the `name:` of a `SKILL.md` front matter block (between `---` lines). The validator's
+/// reader ([`xagent_protocol_validate::skill_front_matter_name`]), so admission and
+/// `xagent-connector check` agree (a leading byte-order mark is skipped by both).
 pub fn skill_name(markdown: &str) -> Option<SkillId> {
-    let mut lines = markdown.lines().map(str::trim_end);
-    if lines.next()?.trim() != "---" {
-        return None;
-    }
-    for line in lines {
-        if line.trim() == "---" {
-            return None;
-        }
-        if let Some(rest) = line.strip_prefix("name:") {
-            let name = rest.trim().trim_matches(|c| c == '"' || c == '\'');
-            return (!name.is_empty()).then(|| SkillId::new(name));
-        }
-    }
-    None
+    xagent_protocol_validate::skill_front_matter_name(markdown).map(SkillId::new)
 }
 
 /// Checks a fetched Card document and Skill and returns the typed Card. Used at admission and
@@ -119,5 +108,17 @@ mod tests {
             skill_name("---\nname: \"quoted-name\"\n---"),
             Some(SkillId::new("quoted-name"))
         );
+    }
+
+    #[test]
+    fn rule_skill_byte_order_mark_is_read_as_check_reads_it() {
+        // skill.byte_order_mark: check warns but accepts; admission reads the same name.
+        let md = "\u{feff}---\nname: connector-im-x\n---\n# Body";
+        assert_eq!(skill_name(md), Some(SkillId::new("connector-im-x")));
+        let card = xagent_protocol_validate::CardFacts::from_value(
+            &serde_json::json!({"connector_card_id": "im.x"}),
+        );
+        let report = xagent_protocol_validate::validate_skill(md, &card);
+        assert!(report.valid && report.has("skill.byte_order_mark"), "{report:?}");
     }
 }

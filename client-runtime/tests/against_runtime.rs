@@ -15,9 +15,7 @@ use xagent_protocol_types::{
     ChatMessageDelta, ConnectorChannelId, DescriptorTool, PROFILE_IM_V2, Secret, ToolStatus,
 };
 use xagent_protocol_validate::AdmissionWindow;
-use xagent_server_runtime::testing::{
-    ECHO_CARD_ID, ECHO_FLOW, EchoServer, inject_message, temp_state_dir,
-};
+use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, EchoServer, inject_message, temp_state_dir};
 
 const API_KEY: &str = "sk-client-test-8a1d4f";
 

@@ -20,7 +20,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use xagent_client_runtime::BaseUrl;
 use xagent_client_runtime::conformance::{ConformanceOptions, ConformanceReport, Status, run};
 use xagent_protocol_types::{AuthInput, SUBPROTOCOL, Secret};
-use xagent_server_runtime::testing::{ECHO_FLOW, EchoServer, temp_state_dir};
+use xagent_testkit::{ECHO_FLOW, EchoServer, temp_state_dir};
 
 const API_KEY: &str = "sk-broken-variants-91c3";
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use xagent_client_runtime::BaseUrl;
 use xagent_client_runtime::conformance::{ConformanceOptions, Status, run};
 use xagent_protocol_types::{AuthInput, Secret};
-use xagent_server_runtime::testing::{ECHO_FLOW, EchoServer, temp_state_dir};
+use xagent_testkit::{ECHO_FLOW, EchoServer, temp_state_dir};
 
 const API_KEY: &str = "sk-conformance-test-55e1";
 

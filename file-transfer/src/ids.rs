@@ -1,27 +1,20 @@
 //! Minting and recognising file references.
 
-use xagent_protocol_types::FileRef;
+use xagent_protocol_types::{FileRef, IdKind};
 
 /// Prefix of every file reference this crate mints.
 pub const FILE_REF_PREFIX: &str = "file_";
 
-/// Random bytes in a file reference (128 bits).
-const RANDOM_BYTES: usize = 16;
-
-/// A fresh random file reference: `file_` followed by 32 lowercase hex digits (128 bits).
+/// A fresh random file reference: `file_` followed by 32 lowercase hex digits (128 bits),
+/// minted by the project's one id helper ([`xagent_protocol_types::mint_id`]).
 pub fn new_file_ref() -> FileRef {
-    let mut bytes = [0u8; RANDOM_BYTES];
-    rand::fill(&mut bytes[..]);
-    FileRef::new(format!("{FILE_REF_PREFIX}{}", hex::encode(bytes)))
+    FileRef::new(IdKind::File.mint(rand::random()))
 }
 
 /// True when `value` has exactly the shape [`new_file_ref`] produces. Only such names are ever
 /// turned into paths, so a reference read from a sidecar cannot point outside the store.
 pub fn is_well_formed(value: &str) -> bool {
-    value.strip_prefix(FILE_REF_PREFIX).is_some_and(|rest| {
-        rest.len() == RANDOM_BYTES * 2
-            && rest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
+    IdKind::File.is_minted(value)
 }
 
 #[cfg(test)]

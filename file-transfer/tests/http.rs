@@ -117,6 +117,24 @@ async fn upload_with_wrong_api_key_is_401() {
 }
 
 #[tokio::test]
+async fn rule_bearer_scheme_is_case_insensitive_on_uploads() {
+    // RFC 7235: the auth-scheme is case-insensitive. The Transfer Plane parses the header with
+    // the project's one Bearer parser (`xagent_protocol_types::bearer_token`), the same one the
+    // runtime's /ws uses, so `BEARER k` works on both.
+    let server = start(MIB).await;
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let response = upload(&server)
+            .header("authorization", format!("{scheme} {API_KEY}"))
+            .header(CHANNEL_HEADER, CHANNEL_A)
+            .multipart(image_form(b"x"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{scheme}");
+    }
+}
+
+#[tokio::test]
 async fn upload_without_channel_header_is_400_connector_channel_id_required() {
     let server = start(MIB).await;
     let response =

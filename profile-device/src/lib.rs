@@ -60,7 +60,7 @@
 //!
 //! | setting | default | where |
 //! |---|---|---|
-//! | repeated-call window | a completed call's outcome is replayed for 10 min, at most 1,024 calls per channel | [`RepeatConfig`] |
+//! | repeated-call window | a completed call's outcome is replayed for 24 h (the shared `REPEATED_CALL_WINDOW_MS`), at most 1,024 calls per channel | [`RepeatConfig`] |
 //! | concurrency | side effects one at a time per channel; up to 4 concurrent observations | [`ExecutorConfig`] |
 //! | queue | 64 waiting operations per channel; a wait over 60 s ends in `command_timeout` | [`ExecutorConfig`] |
 //! | command timeout | 30 s of running, then `command_timeout` (the slot is held until the runtime reports the end) | [`ExecutorConfig`] |

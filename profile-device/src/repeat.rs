@@ -12,8 +12,10 @@ use xagent_protocol_types::{ConnectorChannelId, RequestId, ToolCallId, ToolId, W
 use crate::DeviceError;
 use crate::tools::CHANNEL_ARGUMENT;
 
-/// Default time a completed call's outcome is kept: 10 minutes.
-pub const DEFAULT_REPEAT_WINDOW_MS: u64 = 10 * 60 * 1000;
+/// Default time a completed call's outcome is kept: the project's one repeated-call window,
+/// 24 hours ([`xagent_protocol_types::REPEATED_CALL_WINDOW_MS`]), as for every other
+/// side-effecting Tool.
+pub const DEFAULT_REPEAT_WINDOW_MS: u64 = xagent_protocol_types::REPEATED_CALL_WINDOW_MS;
 /// Default number of calls remembered per channel.
 pub const DEFAULT_REPEAT_CAPACITY: usize = 1024;
 
@@ -49,7 +51,7 @@ pub struct RepeatConfig {
 }
 
 impl Default for RepeatConfig {
-    /// 10 minutes, 1,024 calls per channel.
+    /// 24 hours (the shared repeated-call window), 1,024 calls per channel.
     fn default() -> Self {
         Self { window_ms: DEFAULT_REPEAT_WINDOW_MS, capacity_per_channel: DEFAULT_REPEAT_CAPACITY }
     }
@@ -394,6 +396,27 @@ mod tests {
         let CallAdmission::Run(t) = r.begin(&ch(), key("k"), &req, &tool, &a, 0) else { panic!() };
         r.abandon(t);
         assert!(matches!(r.begin(&ch(), key("k"), &req, &tool, &a, 0), CallAdmission::Run(_)));
+    }
+
+    #[test]
+    fn rule_repeated_call_window_is_the_shared_24_hours() {
+        // notes (Device Profile): one repeated-call record kept 24 h for every side-effecting
+        // Tool; the runtime and this registry read the same constant.
+        assert_eq!(DEFAULT_REPEAT_WINDOW_MS, 24 * 60 * 60 * 1000);
+        let mut r = RepeatedCalls::new(RepeatConfig::default());
+        let (tool, a, req) = (ToolId::new("t"), Map::new(), RequestId::new("r"));
+        let CallAdmission::Run(t) = r.begin(&ch(), key("k"), &req, &tool, &a, 0) else { panic!() };
+        r.complete(t, Ok(json!("done")), 0);
+        let eleven_minutes = 11 * 60 * 1000;
+        r.prune(eleven_minutes);
+        assert!(matches!(
+            r.begin(&ch(), key("k"), &req, &tool, &a, eleven_minutes),
+            CallAdmission::Replay(Ok(_))
+        ));
+        r.prune(DEFAULT_REPEAT_WINDOW_MS - 1);
+        assert_eq!(r.len(&ch()), 1, "still kept one millisecond before 24 h");
+        r.prune(DEFAULT_REPEAT_WINDOW_MS);
+        assert_eq!(r.len(&ch()), 0, "forgotten at 24 h");
     }
 
     #[test]

@@ -9,16 +9,17 @@ use xagent_protocol_types::{
     ActivityStatus, ChatActivity, ChatFile, ChatMessage, Extra, MessageId, Side,
 };
 
+use xagent_protocol_validate::im;
+
 use crate::PayloadError;
 
-/// xAgent-internal identities that no IM payload may carry.
-pub const FORBIDDEN_IDENTITY_FIELDS: &[&str] =
-    &["session_id", "user_id", "user_connector_id", "connector_id", "role"];
+/// xAgent-internal identities that no IM payload may carry (the validator's list).
+pub const FORBIDDEN_IDENTITY_FIELDS: &[&str] = im::FORBIDDEN_IDENTITY_FIELDS;
 
 /// Field names that would carry file bytes or local paths (checked in unknown fields of messages
-/// and file items). Files travel only as `file_ref` through the Transfer Plane.
-pub const FORBIDDEN_BYTE_FIELDS: &[&str] =
-    &["bytes", "data", "base64", "content_base64", "file_bytes", "file_data", "local_path", "path"];
+/// and file items). Files travel only as `file_ref` through the Transfer Plane. The validator's
+/// list, so `xagent-connector check` and the runtime refuse the same fields.
+pub const FORBIDDEN_BYTE_FIELDS: &[&str] = im::FORBIDDEN_BYTE_FIELDS;
 
 /// Maximum size of `chat.activity.tool_name` in bytes.
 pub const TOOL_NAME_MAX_BYTES: usize = 256;
@@ -26,29 +27,25 @@ pub const TOOL_NAME_MAX_BYTES: usize = 256;
 /// Checks unknown fields for internal identities and byte-carrying names.
 pub(crate) fn check_extra(extra: &Extra) -> Result<(), PayloadError> {
     for key in extra.keys() {
-        if FORBIDDEN_IDENTITY_FIELDS.contains(&key.as_str()) {
+        if im::is_forbidden_identity_field(key) {
             return Err(PayloadError::InternalIdentityForbidden(key.clone()));
         }
-        if FORBIDDEN_BYTE_FIELDS.contains(&key.as_str()) {
+        if im::is_forbidden_byte_field(key) {
             return Err(PayloadError::FileBytesForbidden(key.clone()));
         }
     }
     Ok(())
 }
 
-/// A download URL must be HTTP(S) or a relative Connector URI: never `data:`, `file:` or a
-/// Windows/UNC path that would leak a local file.
+/// A download URL must be HTTP(S) or a relative Connector URI: never `data:`, `file:`, another
+/// scheme or a Windows/UNC path that would leak a local file. The rule is the validator's
+/// ([`im::download_url_allowed`]).
 pub(crate) fn check_download_url(file_ref: &str, url: &str) -> Result<(), PayloadError> {
-    let lower = url.trim().to_ascii_lowercase();
-    let bad = lower.is_empty()
-        || lower.starts_with("data:")
-        || lower.starts_with("file:")
-        || lower.starts_with("\\\\")
-        || lower.as_bytes().get(1) == Some(&b':')
-        || (lower.contains("://")
-            && !lower.starts_with("http://")
-            && !lower.starts_with("https://"));
-    if bad { Err(PayloadError::BadDownloadUrl(file_ref.to_owned())) } else { Ok(()) }
+    if im::download_url_allowed(url) {
+        Ok(())
+    } else {
+        Err(PayloadError::BadDownloadUrl(file_ref.to_owned()))
+    }
 }
 
 fn check_file(file: &ChatFile, sender: Side) -> Result<(), PayloadError> {

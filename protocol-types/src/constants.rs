@@ -48,3 +48,8 @@ pub const CHANNEL_ARGUMENT: &str = "connector_channel_id";
 pub const TOOL_ID_MAX_LEN: usize = 256;
 /// Longest allowed `chat.activity` `tool_name`, in bytes.
 pub const ACTIVITY_TOOL_NAME_MAX_BYTES: usize = 256;
+
+/// How long a side-effecting `tool.invoke`'s outcome is kept for repeats (same channel and
+/// `tool_call_id`, else `request_id`): 24 hours, in milliseconds, for every Tool, device or not
+/// (project spec notes). The one home of this window.
+pub const REPEATED_CALL_WINDOW_MS: u64 = 24 * 60 * 60 * 1000;

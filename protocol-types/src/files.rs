@@ -6,8 +6,44 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Extra, FileRef, FileType};
 
+/// Field names that would carry file bytes, base64 or a local path. No IM message or file item
+/// may have one (files travel only as a `file_ref` through the Transfer Plane). The rule itself
+/// lives in `xagent-protocol-validate` (module `im`); the list is here so the generated schemas
+/// can state it too.
+pub const FORBIDDEN_FILE_BYTE_FIELDS: &[&str] =
+    &["bytes", "data", "base64", "content_base64", "file_bytes", "file_data", "local_path", "path"];
+
+/// xAgent-internal identities no IM payload may carry (IM v2 §3).
+pub const IM_FORBIDDEN_IDENTITY_FIELDS: &[&str] =
+    &["session_id", "user_connector_id", "user_id", "connector_id", "role"];
+
+/// ECMA-262 pattern of an allowed `download_url`: `http`/`https` (any case) or scheme-less (a
+/// relative Connector URI), not starting with a backslash, no whitespace or control
+/// characters. The schema form of `xagent_protocol_validate::im::download_url_allowed`, which
+/// a test keeps in agreement with it. Written without look-around so every regex engine reads it.
+pub const DOWNLOAD_URL_PATTERN: &str = concat!(
+    r"^(?:[Hh][Tt][Tt][Pp][Ss]?:[^\s\u0000-\u001f\u007f-\u009f\ufeff]*",
+    r"|[^A-Za-z\\\s\u0000-\u001f\u007f-\u009f\ufeff][^\s\u0000-\u001f\u007f-\u009f\ufeff]*",
+    r"|[A-Za-z][A-Za-z0-9+.\-]*(?:[^A-Za-z0-9+.\-:\s\u0000-\u001f\u007f-\u009f\ufeff][^\s\u0000-\u001f\u007f-\u009f\ufeff]*)?)$"
+);
+
+/// Schema transform of a file item: the `download_url` pattern and no byte-carrying fields.
+fn file_item_rules(schema: &mut schemars::Schema) {
+    if let Some(properties) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        for key in ["download_url", "url"] {
+            if let Some(url) = properties.get_mut(key).and_then(|u| u.as_object_mut()) {
+                url.insert("pattern".into(), DOWNLOAD_URL_PATTERN.into());
+            }
+        }
+        for name in FORBIDDEN_FILE_BYTE_FIELDS {
+            properties.insert((*name).into(), serde_json::Value::Bool(false));
+        }
+    }
+}
+
 /// `chat.message.files[]` (IM v2).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = file_item_rules)]
 #[non_exhaustive]
 pub struct ChatFile {
     /// `image`, `video`, `audio` or `file`.
@@ -90,6 +126,7 @@ impl ChatFile {
 /// `message.push.files[]` (IM v1): like [`ChatFile`], with `type` optional and `url` accepted as
 /// an alternative to `download_url`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = file_item_rules)]
 #[non_exhaustive]
 pub struct PushFile {
     /// Kind of file.

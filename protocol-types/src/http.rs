@@ -79,3 +79,58 @@ pub struct HttpErrorBody {
     /// The error.
     pub error: WireError,
 }
+
+/// The credentials of an `Authorization: Bearer <token>` header value, or `None` when the value
+/// uses another scheme or carries no token. The one Bearer parser of the project: the scheme
+/// name is case-insensitive (RFC 7235 section 2.1, so `Bearer`, `bearer` and `BEARER` all work),
+/// one or more spaces separate it from the token, and the token is one word (no whitespace or
+/// control characters; stricter token68 syntax is not demanded, so a configured key with other
+/// printable characters still works). Surrounding spaces are ignored.
+///
+/// ```
+/// use xagent_protocol_types::bearer_token;
+/// assert_eq!(bearer_token("Bearer k1"), Some("k1"));
+/// assert_eq!(bearer_token("BEARER k1"), Some("k1"));
+/// assert_eq!(bearer_token("bearer   k1 "), Some("k1"));
+/// assert_eq!(bearer_token("Basic dXNlcjpwYXNz"), None);
+/// assert_eq!(bearer_token("Bearer"), None);
+/// ```
+pub fn bearer_token(header_value: &str) -> Option<&str> {
+    let text = header_value.trim_matches(|c| c == ' ' || c == '\t');
+    let (scheme, rest) = text.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = rest.trim_start_matches(' ');
+    let word = |c: char| !c.is_whitespace() && !c.is_control();
+    (!token.is_empty() && token.chars().all(word)).then_some(token)
+}
+
+#[cfg(test)]
+mod bearer_tests {
+    use super::bearer_token;
+
+    #[test]
+    fn scheme_is_case_insensitive_per_rfc_7235() {
+        for value in ["Bearer k", "bearer k", "BEARER k", "bEaReR k", "  Bearer  k  "] {
+            assert_eq!(bearer_token(value), Some("k"), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn other_schemes_and_malformed_values_carry_no_token() {
+        for value in [
+            "",
+            "Bearer",
+            "Bearer ",
+            "Basic a",
+            "Bearerk",
+            "k",
+            "Bearer a b",
+            "Bearer\tk",
+            "Bearer k\u{7}",
+        ] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
+    }
+}

@@ -81,6 +81,22 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
+/// A secret's JSON Schema: a string marked `writeOnly` with format `password`, so a form
+/// generated from a struct with a `Secret` field shows it as a password input.
+impl schemars::JsonSchema for Secret {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Secret".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string", "format": "password", "writeOnly": true })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,6 +107,14 @@ mod tests {
         assert_eq!(format!("{secret:?}"), "Secret(<redacted>)");
         assert_eq!(format!("{secret}"), "<redacted>");
         assert!(!format!("{secret:?} {secret}").contains("hunter2"));
+    }
+
+    #[test]
+    fn schema_is_a_write_only_password_string() {
+        let schema = schemars::schema_for!(Secret).to_value();
+        assert_eq!(schema["type"], "string");
+        assert_eq!(schema["format"], "password");
+        assert_eq!(schema["writeOnly"], true);
     }
 
     #[test]

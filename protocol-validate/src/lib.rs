@@ -60,10 +60,17 @@
 //!   `auth.start` form input, which carries the user's secrets by design.
 //! - `SKILL.md` paths are `/front_matter/name` and `/line/<n>`.
 //! - `message.push`: `text`, `content` or `message` satisfies the content requirement.
+//! - A `SKILL.md` that starts with a UTF-8 byte-order mark is read as if it had none (the
+//!   texts say only "Markdown text"; tolerant on read) and `check` warns
+//!   (`skill.byte_order_mark`). Admission reads the name with [`skill_front_matter_name`] too.
+//! - IM file items: the one home of the `download_url` and no-bytes rules is [`im`]; the
+//!   typed IM checks of `xagent-profile-im` call it.
 //!
 #![doc = include_str!("../RULES.md")]
 
 pub mod catalog;
+mod fast;
+pub mod im;
 mod report;
 pub mod rules;
 pub mod secrets;
@@ -72,6 +79,7 @@ mod tool_schema;
 mod validate;
 pub mod version;
 
+pub use fast::Checked;
 pub use report::{Report, Rule, Severity, Violation};
 pub use secrets::{Leak, LeakKind, SecretScanner};
 pub use validate::{

@@ -52,6 +52,7 @@ rules! {
     CARD_TOOL_CARD_ID_ARGUMENT = "card.tool_card_id_argument", Error, "protocol 4.1, 10.1", "A Tool schema must not declare a `connector_card_id` argument.";
     CARD_TOOL_RELATED_SKILL = "card.tool_related_skill", Error, "protocol 4.2; notes (Profiles)", "`related_skill_ids` entries are the primary Skill name or it plus `-<purpose>`.";
     CARD_AUTH_FLOW_REQUIRED = "card.auth_flow_required", Error, "protocol 4.1 (auth_flows table)", "`auth_flows[]` need `id`, `target_type`, `type` and `title`.";
+    CARD_AUTH_FLOW_ID_UNIQUE = "card.auth_flow_id_unique", Error, "protocol 4.1, 8.7", "`auth_flows[].id`s are unique within the Card: `auth.start` names a flow by its id.";
     CARD_AUTH_FLOW_TYPE = "card.auth_flow_type", Warning, "protocol 4.1; notes", "`auth_flows[].type` should be `qr_login` or `form`.";
     CARD_AUTH_FLOW_TARGET_TYPE = "card.auth_flow_target_type", Warning, "protocol 4.1", "`auth_flows[].target_type` should be one of `supports.target_types`.";
     CARD_AUTH_FORM_FIELDS = "card.auth_form_fields", Error, "protocol 4.1", "A `form` flow must have at least one field.";
@@ -80,12 +81,14 @@ rules! {
     DESCRIPTOR_TARGET = "descriptor.target", Error, "protocol 9", "`target` must be an object with a non-empty `provider`.";
     DESCRIPTOR_TARGET_DISPLAY_NAME = "descriptor.target_display_name", Error, "notes (strict on write)", "`target.display_name` is required by the published schema.";
     DESCRIPTOR_TOOL_ID = "descriptor.tool_id", Error, "protocol 9", "`tools[].tool_id` is required and non-empty.";
+    DESCRIPTOR_TOOL_ID_UNIQUE = "descriptor.tool_id_unique", Error, "protocol 9", "A Tool appears at most once in the Descriptor's `tools[]`.";
     DESCRIPTOR_TOOL_STATUS = "descriptor.tool_status", Error, "protocol 9; notes", "`tools[].status` is required and a supported value.";
     DESCRIPTOR_TOOL_PERMISSION_STATE = "descriptor.tool_permission_state", Error, "protocol 9", "`tools[].target_permission_state` must be a supported value.";
     DESCRIPTOR_TOOL_NOT_IN_CARD = "descriptor.tool_not_in_card", Error, "protocol 9", "A Tool absent from the Card cannot appear in the Descriptor.";
     DESCRIPTOR_SECRET_LEAK = "descriptor.secret_leak", Error, "protocol 3, 9", "The Descriptor must hold only display-level, redacted information.";
 
     SKILL_FRONT_MATTER = "skill.front_matter", Error, "protocol 4.2", "`SKILL.md` starts with a `---` front matter block that has a `name`.";
+    SKILL_BYTE_ORDER_MARK = "skill.byte_order_mark", Warning, "protocol 4.2; notes (tolerant on read)", "`SKILL.md` should not start with a byte-order mark; readers skip one and read the front matter after it.";
     SKILL_NAME_FORMAT = "skill.name_format", Error, "protocol 4.2", "A Skill name is lowercase hyphen-case: `a-z`, `0-9` and single inner hyphens.";
     SKILL_NAME_CARD = "skill.name_card", Error, "protocol 4.2; notes (Profiles)", "A Skill name is `connector-<card id>` or that plus `-<purpose>`.";
     SKILL_SECRET_LEAK = "skill.secret_leak", Error, "protocol 4.2", "A Skill must not contain a secret, key, token or one-time material.";
@@ -144,6 +147,9 @@ rules! {
     IM_FILE_REF = "im.file_ref", Error, "IM v1 §9; IM v2 §5", "Each file item has a `file_ref`, unique within a `chat.message`.";
     IM_FILE_TYPE = "im.file_type", Error, "IM v2 §5", "`files[].type` is `image`, `video`, `audio` or `file`.";
     IM_FILE_URL = "im.file_url", Warning, "IM v1 §9", "`message.push` file items should give `download_url` or `url`.";
+    IM_FILE_BYTES = "im.file_bytes", Error, "IM v2 §5", "Messages and file items carry no file bytes, base64 or local paths (`base64`, `data`, `path`, ...).";
+    IM_DOWNLOAD_URL_SCHEME = "im.download_url_scheme", Error, "IM v2 §5", "`download_url`/`url` is an absolute http(s) URL or a relative Connector URI; `file:`, `data:`, other schemes and local paths are refused.";
+    IM_V1_FORBIDDEN_FIELD = "im_v1.forbidden_field", Error, "IM v1 §10", "xAgent-internal ids (`session_id`, `user_connector_id`, `user_id`, `connector_id`, `role`) must not appear in a `message.push` payload.";
     IM_V2_FORBIDDEN_FIELD = "im_v2.forbidden_field", Error, "IM v2 §3", "IM v2 payloads must not carry `session_id`, `user_connector_id`, `user_id`, `connector_id` or `role`.";
     IM_V2_MESSAGE_ID = "im_v2.message_id", Error, "IM v2 §5-7", "`message_id` is a required non-empty string.";
     CHAT_MESSAGE_CONTENT = "chat_message.content", Error, "IM v2 §5", "At least one of `text` and `files` is non-empty.";

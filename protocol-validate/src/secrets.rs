@@ -200,6 +200,20 @@ impl SecretScanner {
         }
     }
 
+    /// True when a JSON string `text` would produce a finding in [`SecretScanner::scan_value`]:
+    /// as an object key (`as_key`), or as a value under the object key `key` (`None` for an
+    /// array item or the root). The allocation-free test the single-pass validator runs on each
+    /// string of the raw packet text; it matches the tree walk exactly.
+    pub(crate) fn string_leaks(&self, text: &str, as_key: bool, key: Option<&str>) -> bool {
+        if self.known.iter().any(|(_, secret)| text.contains(secret.expose())) {
+            return true;
+        }
+        if self.shapes && has_shape(text) {
+            return true;
+        }
+        !as_key && self.sensitive_keys && !text.is_empty() && key.is_some_and(is_sensitive_key)
+    }
+
     /// Findings in one string, with their byte offsets.
     fn scan_str(&self, text: &str) -> Vec<(usize, LeakKind)> {
         let mut out = Vec::new();
@@ -257,6 +271,17 @@ fn is_word(b: u8) -> bool {
 
 fn is_token_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':' | b'+' | b'/' | b'=')
+}
+
+/// True when [`scan_shapes`] would find something in `text`. Strings too short to hold any
+/// shape (fewer than 15 bytes: `bearer ` plus 8) and without `-----BEGIN` are skipped quickly.
+fn has_shape(text: &str) -> bool {
+    if text.len() < 15 {
+        return false;
+    }
+    let mut out = Vec::new();
+    scan_shapes(text, &mut out);
+    !out.is_empty()
 }
 
 /// Looks for credential shapes in `text` by splitting it into token-like runs.

@@ -10,6 +10,7 @@ use xagent_protocol_types::{
 };
 
 use crate::catalog;
+use crate::im;
 use crate::report::{Report, Rule, Severity, Sink, child, index};
 use crate::rules::*;
 use crate::secrets::SecretScanner;
@@ -126,7 +127,7 @@ impl<'a> PacketContext<'a> {
 /// Validates documents. Holds the secret scanner and the admission window it applies.
 #[derive(Clone, Debug)]
 pub struct Validator {
-    scanner: SecretScanner,
+    pub(crate) scanner: SecretScanner,
     window: AdmissionWindow,
 }
 
@@ -651,12 +652,25 @@ impl Validator {
             sink.push(&CARD_AUTH_FLOW_REQUIRED, "/auth_flows", "auth_flows must be an array");
             return;
         };
+        let mut flow_ids: Vec<&str> = Vec::new();
+        let empty = Map::new();
         for (i, item) in items.iter().enumerate() {
             let p = index("/auth_flows", i);
-            let empty = Map::new();
             let flow = item.as_object().unwrap_or(&empty);
             for key in ["id", "target_type", "type", "title"] {
-                require_str(sink, &CARD_AUTH_FLOW_REQUIRED, flow, key, &p);
+                let value = require_str(sink, &CARD_AUTH_FLOW_REQUIRED, flow, key, &p);
+                if key == "id"
+                    && let Some(id) = value
+                {
+                    if flow_ids.contains(&id) {
+                        sink.push(
+                            &CARD_AUTH_FLOW_ID_UNIQUE,
+                            child(&p, "id"),
+                            format!("auth flow id {id:?} is declared twice; auth.start could not tell them apart"),
+                        );
+                    }
+                    flow_ids.push(id);
+                }
             }
             let flow_type = flow.get("type").and_then(Value::as_str);
             if let Some(t) = flow_type.filter(|t| !t.is_empty())
@@ -853,18 +867,29 @@ impl Validator {
                     "the Descriptor",
                 );
             };
+            let mut seen: Vec<&str> = Vec::new();
+            let empty = Map::new();
             for (i, item) in items.iter().enumerate() {
                 let p = index(&tools_path, i);
-                let empty = Map::new();
                 let tool = item.as_object().unwrap_or(&empty);
-                if let Some(id) = require_str(sink, &DESCRIPTOR_TOOL_ID, tool, "tool_id", &p)
-                    && context.card.is_some_and(|c| !c.tool_ids.iter().any(|t| t == id))
-                {
-                    sink.push(
-                        &DESCRIPTOR_TOOL_NOT_IN_CARD,
-                        child(&p, "tool_id"),
-                        format!("Tool {id:?} is not declared in the Card"),
-                    );
+                if let Some(id) = require_str(sink, &DESCRIPTOR_TOOL_ID, tool, "tool_id", &p) {
+                    if context.card.is_some_and(|c| !c.tool_ids.iter().any(|t| t == id)) {
+                        sink.push(
+                            &DESCRIPTOR_TOOL_NOT_IN_CARD,
+                            child(&p, "tool_id"),
+                            format!("Tool {id:?} is not declared in the Card"),
+                        );
+                    }
+                    if seen.contains(&id) {
+                        sink.push(
+                            &DESCRIPTOR_TOOL_ID_UNIQUE,
+                            child(&p, "tool_id"),
+                            format!(
+                                "Tool {id:?} appears twice; list each Tool once with its state"
+                            ),
+                        );
+                    }
+                    seen.push(id);
                 }
                 if !tool
                     .get("status")
@@ -942,6 +967,13 @@ impl Validator {
     /// Paths are `/front_matter/name` for the name and `/line/<n>` for body findings.
     pub fn skill(&self, skill: &str, card: &CardFacts) -> Report {
         let mut sink = Sink::default();
+        if skill.starts_with(BYTE_ORDER_MARK) {
+            sink.push(
+                &SKILL_BYTE_ORDER_MARK,
+                "/front_matter",
+                "SKILL.md starts with a byte-order mark; readers skip it, but save the file as UTF-8 without one",
+            );
+        }
         match skill_front_matter_name(skill) {
             None => sink.push(
                 &SKILL_FRONT_MATTER,
@@ -1238,7 +1270,7 @@ impl Validator {
         let failed = error.is_some();
         if let Some(body) = body {
             self.payload_rules(&mut sink, packet_type, body, channel, context);
-        } else if !failed && needs_payload_unless_error(packet_type) {
+        } else if !failed && PacketType::ack_needs_payload_unless_error(packet_type) {
             sink.push(
                 &PACKET_PAYLOAD_REQUIRED,
                 "/payload",
@@ -1423,6 +1455,7 @@ impl Validator {
             }
             "chat.activity" => {
                 forbidden_fields(sink, body);
+                byte_fields(sink, body, "/payload");
                 let status = body.get("status").and_then(Value::as_str);
                 if !matches!(status, Some("thinking" | "tool" | "idle")) {
                     sink.push(
@@ -1485,20 +1518,6 @@ impl Validator {
     }
 }
 
-fn needs_payload_unless_error(packet_type: &str) -> bool {
-    matches!(
-        packet_type,
-        "connector.hello.ack"
-            | "channel.open.ack"
-            | "channel.close.ack"
-            | "auth.start.ack"
-            | "auth.status.ack"
-            | "auth.cancel.ack"
-            | "auth.logout.ack"
-            | "connection.descriptor.get.ack"
-    )
-}
-
 fn status(sink: &mut Sink, body: &Map<String, Value>, allowed: &[&str]) {
     if !body.get("status").and_then(Value::as_str).is_some_and(|s| allowed.contains(&s)) {
         sink.push(
@@ -1510,14 +1529,27 @@ fn status(sink: &mut Sink, body: &Map<String, Value>, allowed: &[&str]) {
 }
 
 fn forbidden_fields(sink: &mut Sink, body: &Map<String, Value>) {
-    for key in ["session_id", "user_connector_id", "user_id", "connector_id", "role"] {
-        if body.contains_key(key) {
-            sink.push(
-                &IM_V2_FORBIDDEN_FIELD,
-                child("/payload", key),
-                format!("{key} is an internal identity and must not appear in an IM v2 payload"),
-            );
-        }
+    identity_fields(sink, body, &IM_V2_FORBIDDEN_FIELD);
+}
+
+fn identity_fields(sink: &mut Sink, body: &Map<String, Value>, rule: &Rule) {
+    for key in body.keys().filter(|k| im::is_forbidden_identity_field(k)) {
+        sink.push(
+            rule,
+            child("/payload", key),
+            format!("{key} is an internal identity and must not appear in an IM payload"),
+        );
+    }
+}
+
+/// `im.file_bytes` on a message or file item at `path`.
+fn byte_fields(sink: &mut Sink, object: &Map<String, Value>, path: &str) {
+    for key in object.keys().filter(|k| im::is_forbidden_byte_field(k)) {
+        sink.push(
+            &IM_FILE_BYTES,
+            child(path, key),
+            format!("{key} would carry file bytes or a local path; upload the file and send its file_ref"),
+        );
     }
 }
 
@@ -1577,11 +1609,14 @@ fn message_push(sink: &mut Sink, body: &Map<String, Value>) {
             "give at most one target Session reference",
         );
     }
+    identity_fields(sink, body, &IM_V1_FORBIDDEN_FIELD);
+    byte_fields(sink, body, "/payload");
     files(sink, body, false, None);
 }
 
 fn chat_message(sink: &mut Sink, body: &Map<String, Value>, sender: Option<Side>) {
     forbidden_fields(sink, body);
+    byte_fields(sink, body, "/payload");
     message_id(sink, body);
     let has_text = non_empty_str(body.get("text")).is_some();
     let has_files = body.get("files").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
@@ -1603,7 +1638,7 @@ fn files(sink: &mut Sink, body: &Map<String, Value>, v2: bool, sender: Option<Si
         let p = index("/payload/files", i);
         let file = item.as_object().unwrap_or(&empty);
         if let Some(file_ref) = require_str(sink, &IM_FILE_REF, file, "file_ref", &p) {
-            if v2 && refs.contains(&file_ref) {
+            if refs.contains(&file_ref) {
                 sink.push(
                     &IM_FILE_REF,
                     child(&p, "file_ref"),
@@ -1611,6 +1646,18 @@ fn files(sink: &mut Sink, body: &Map<String, Value>, v2: bool, sender: Option<Si
                 );
             }
             refs.push(file_ref);
+        }
+        byte_fields(sink, file, &p);
+        for key in ["download_url", "url"] {
+            if let Some(url) = file.get(key).and_then(Value::as_str)
+                && !im::download_url_allowed(url)
+            {
+                sink.push(
+                    &IM_DOWNLOAD_URL_SCHEME,
+                    child(&p, key),
+                    format!("{key} must be an http(s) URL or a relative Connector URI, never a file:, data: or other scheme or a local path"),
+                );
+            }
         }
         let file_type = file.get("type");
         let type_ok =
@@ -1637,9 +1684,15 @@ fn files(sink: &mut Sink, body: &Map<String, Value>, v2: bool, sender: Option<Si
     }
 }
 
-/// The `name` of a `SKILL.md` front matter block, if there is one.
+/// The UTF-8 byte-order mark a `SKILL.md` may start with.
+const BYTE_ORDER_MARK: char = '\u{feff}';
+
+/// The `name` of a `SKILL.md` front matter block, if there is one. The one reader of a Skill's
+/// name: `xagent-connector check` and admission both call it, so they agree. A leading
+/// byte-order mark is skipped (the texts say only "Markdown text"; tolerant on read, and
+/// [`Validator::skill`] warns with `skill.byte_order_mark`).
 pub fn skill_front_matter_name(skill: &str) -> Option<String> {
-    let text = skill.strip_prefix('\u{feff}').unwrap_or(skill);
+    let text = skill.strip_prefix(BYTE_ORDER_MARK).unwrap_or(skill);
     let mut lines = text.lines();
     if lines.next()?.trim_end() != "---" {
         return None;

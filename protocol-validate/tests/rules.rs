@@ -517,6 +517,15 @@ fn card_auth_field_name_unique() {
 }
 
 #[test]
+fn card_auth_flow_id_unique() {
+    let report = card_with(|c| {
+        let id = c["auth_flows"][0]["id"].clone();
+        c["auth_flows"][1]["id"] = id;
+    });
+    assert_rule(&report, "card.auth_flow_id_unique", "/auth_flows/1/id");
+}
+
+#[test]
 fn card_auth_field_input_type() {
     assert_rule(
         &card_with(|c| c["auth_flows"][1]["fields"][1]["input_type"] = json!("number")),
@@ -728,6 +737,15 @@ fn descriptor_tool_id() {
 }
 
 #[test]
+fn descriptor_tool_id_unique() {
+    let report = descriptor_with(|d| {
+        let tool = d["tools"][0].clone();
+        d["tools"].as_array_mut().unwrap().push(tool);
+    });
+    assert_rule(&report, "descriptor.tool_id_unique", "/tools/1/tool_id");
+}
+
+#[test]
 fn descriptor_tool_status() {
     let report = descriptor_with(|d| {
         d["tools"][0].as_object_mut().unwrap().remove("status");
@@ -771,6 +789,22 @@ fn skill_front_matter() {
         "skill.front_matter",
         "/front_matter",
     );
+}
+
+#[test]
+fn skill_byte_order_mark() {
+    // Tolerant on read: a leading BOM is skipped (the name is still read and checked), and
+    // `check` warns. Admission reads the name with the same function, so both accept.
+    let text = format!("\u{feff}{}", skill_text());
+    let report = validate_skill(&text, &facts());
+    assert_rule(&report, "skill.byte_order_mark", "/front_matter");
+    assert!(report.valid, "a BOM alone does not make the Skill invalid: {report:?}");
+    assert_eq!(
+        xagent_protocol_validate::skill_front_matter_name(&text),
+        xagent_protocol_validate::skill_front_matter_name(&skill_text()),
+    );
+    let bad = validate_skill("\u{feff}---\nname: connector-other\n---\n", &facts());
+    assert_rule(&bad, "skill.name_card", "/front_matter/name");
 }
 
 #[test]
@@ -1224,6 +1258,50 @@ fn im_file_ref() {
     let mut push = message_push();
     push["payload"]["files"] = json!([{"download_url": "/files/refs/x"}]);
     assert_rule(&v1_packet(&push), "im.file_ref", "/payload/files/0/file_ref");
+    // Unique within a message.push too (the runtime refuses the duplicate as well).
+    let mut push = message_push();
+    let item = json!({"file_ref": "f1", "download_url": "/files/refs/f1"});
+    push["payload"]["files"] = json!([item.clone(), item]);
+    assert_rule(&v1_packet(&push), "im.file_ref", "/payload/files/1/file_ref");
+}
+
+#[test]
+fn im_file_bytes() {
+    // The runtime (profile-im) refuses these; `check` must too.
+    let mut value = fixture("chat_message.json");
+    value["payload"]["files"][0]["base64"] = json!("AAAA");
+    assert_rule(&packet(&value), "im.file_bytes", "/payload/files/0/base64");
+    let mut value = fixture("chat_message.json");
+    value["payload"]["local_path"] = json!("/tmp/x.png");
+    assert_rule(&packet(&value), "im.file_bytes", "/payload/local_path");
+    let mut push = message_push();
+    push["payload"]["files"] = json!([{"file_ref": "f1", "url": "/f", "data": "AAAA"}]);
+    assert_rule(&v1_packet(&push), "im.file_bytes", "/payload/files/0/data");
+}
+
+#[test]
+fn im_download_url_scheme() {
+    for url in ["file:///etc/passwd", "data:image/png;base64,AAAA", "ftp://h/x", "C:\\x.png", ""] {
+        let mut value = fixture("chat_message.json");
+        value["payload"]["files"][0]["download_url"] = json!(url);
+        assert_rule(&packet(&value), "im.download_url_scheme", "/payload/files/0/download_url");
+        let mut value = fixture("chat_message.json");
+        value["payload"]["files"][0]["download_url"] = json!(url);
+        assert!(!packet_from(Side::Xagent, &value).valid, "{url:?} refused in both directions");
+    }
+    let mut push = message_push();
+    push["payload"]["files"] = json!([{"file_ref": "f1", "url": "file:///x"}]);
+    assert_rule(&v1_packet(&push), "im.download_url_scheme", "/payload/files/0/url");
+    let mut value = fixture("chat_message.json");
+    value["payload"]["files"][0]["download_url"] = json!("HTTPS://cdn.example/x.png");
+    assert!(packet(&value).valid, "{:?}", packet(&value));
+}
+
+#[test]
+fn im_v1_forbidden_field() {
+    let mut push = message_push();
+    push["payload"]["user_id"] = json!("u1");
+    assert_rule(&v1_packet(&push), "im_v1.forbidden_field", "/payload/user_id");
 }
 
 #[test]

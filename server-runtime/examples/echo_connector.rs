@@ -2,7 +2,7 @@
 //! scale benchmark: it can be killed with `kill -9` and restarted on the same state directory.
 //!
 //! ```text
-//! cargo run --release -p xagent-server-runtime --features testing --example echo_connector -- \
+//! cargo run --release -p xagent-server-runtime --example echo_connector -- \
 //!     --state-dir /tmp/echo --port 8080 [--api-key KEY] [--per-channel N] [--rate R] [--loop]
 //! ```
 //!
@@ -21,8 +21,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use xagent_protocol_types::{ChatMessage, ConnectorChannelId, MessageId, Secret};
-use xagent_server_runtime::testing::echo_connector;
 use xagent_server_runtime::{ConnectorHandle, ConnectorServer, RuntimeConfig};
+use xagent_testkit::echo_connector;
 
 struct Args {
     state_dir: PathBuf,

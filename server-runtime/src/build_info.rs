@@ -1,8 +1,50 @@
-//! Build stamps. The runtime stamps its own build at compile time (see `build.rs`); a connector
-//! author normally stamps theirs with [`build_info!`](crate::build_info) or passes any
-//! [`BuildInfo`] to the builder. `/health` echoes exactly the Card's.
+//! Build stamps. An author's Connector reports its own build, not the toolkit's: by default
+//! the version given to [`crate::Connector::builder`] and the build time of the running
+//! executable (its modification time) as `build_time` in the protocol's `YYMMDDHHMM` format,
+//! UTC (e.g. `2611301842` for 2026-11-30 18:42 UTC). [`build_info!`](crate::build_info) also
+//! stamps the author crate's version and git revision at compile time; any [`BuildInfo`] can
+//! be passed to [`crate::ConnectorBuilder::build_info`]. `/health` echoes exactly the Card's.
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use xagent_protocol_types::BuildInfo;
+
+/// `secs` since the Unix epoch as `YYMMDDHHMM` in UTC.
+pub(crate) fn stamp(secs: u64) -> String {
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    let (hour, minute) = (rem / 3600, (rem % 3600) / 60);
+    // Civil-from-days (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{:02}{:02}{:02}{:02}{:02}", year % 100, month, day, hour, minute)
+}
+
+/// The build time of the running executable (its modification time), `YYMMDDHHMM` UTC.
+pub fn executable_build_time() -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    let modified = std::fs::metadata(exe).ok()?.modified().ok()?;
+    Some(stamp(modified.duration_since(UNIX_EPOCH).ok()?.as_secs()))
+}
+
+/// The default stamp of an author's Connector: `version` and the executable's build time
+/// (the runtime's own build time when the executable cannot be read).
+pub(crate) fn executable_build_info(version: &str) -> BuildInfo {
+    let build_time = executable_build_time().unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| stamp(d.as_secs()))
+            .unwrap_or_else(|_| runtime_build_info().build_time)
+    });
+    BuildInfo::new(build_time).with_version(version)
+}
 
 /// The build stamp of this runtime crate, taken at compile time: crate version, git tag and
 /// revision when the build ran in a git checkout, build time `YYMMDDHHMM` UTC.
@@ -51,6 +93,20 @@ mod tests {
         assert_eq!(info.build_time.len(), 10, "{}", info.build_time);
         assert!(info.build_time.chars().all(|c| c.is_ascii_digit()));
         assert_eq!(info.version.as_deref(), Some(env!("CARGO_PKG_VERSION")));
+    }
+
+    #[test]
+    fn stamps_are_yymmddhhmm_utc() {
+        // 2026-11-30 18:42:00 UTC.
+        assert_eq!(stamp(1_796_064_120), "2611301842");
+        assert_eq!(stamp(0), "7001010000");
+    }
+
+    #[test]
+    fn a_connector_reports_its_own_version_not_the_toolkit() {
+        let info = executable_build_info("7.3.1");
+        assert_eq!(info.version.as_deref(), Some("7.3.1"));
+        assert_eq!(info.build_time.len(), 10);
     }
 
     #[test]

@@ -1,166 +1,36 @@
-//! The Connector definition an author builds: Card metadata, typed Tools, auth flows, an IM
-//! target and an optional Skill. The Card's `tools[]` is generated from the registered
-//! handlers, so every declared Tool is callable.
+//! The Connector definition an author builds: Card metadata, typed Tools, auth flows declared
+//! with their code, an IM target, hooks and an optional Skill. The Card's `tools[]` and
+//! `auth_flows[]` are generated from what is registered, so every declared Tool is callable
+//! and every declared flow is handled.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use schemars::JsonSchema;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
 use xagent_protocol_types::{
-    AuthFlow, BuildInfo, CardTool, ChatMessage, ConnectorCard, ConnectorInfo, DescriptorTarget,
-    ProfileId, Security, Supports, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
+    AuthFlow, BuildInfo, ConnectorCard, ConnectorInfo, DescriptorTarget, FlowId, ProfileId,
+    Security, Supports, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
 };
 
+use crate::author::auth::form_fields;
+use crate::author::call::{AuthCode, BoundHook, DynFlow, FormFlow, ImCode, UnboundHook};
+use crate::author::tool::{RegisteredTool, register};
 use crate::author::{
-    AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, ChannelContext, DeliveryError,
-    DeltaUpdate, FinalDelivery, ImTarget, NoAuth, ToolContext, ToolError,
+    AuthContext, AuthError, AuthProvider, AuthStep, Binding, BoundReason, ChannelContext,
+    FlowHandler, FlowSpec, ImTarget, ToolContext, ToolError, ToolSpec,
 };
-
-pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// Object-safe face of [`AuthProvider`].
-pub(crate) trait DynAuth: Send + Sync {
-    fn start(&self, ctx: AuthContext, input: AuthValues)
-    -> BoxFut<'_, Result<AuthStep, AuthError>>;
-    fn status(&self, ctx: AuthContext, refresh: bool) -> BoxFut<'_, Result<AuthStep, AuthError>>;
-    fn cancel(&self, ctx: AuthContext) -> BoxFut<'_, ()>;
-    fn logout(&self, ctx: ChannelContext) -> BoxFut<'_, Result<(), AuthError>>;
-    fn unregister(&self, ctx: ChannelContext) -> BoxFut<'_, ()>;
-    fn restore(&self, ctx: ChannelContext) -> BoxFut<'_, ()>;
-}
-
-impl<A: AuthProvider> DynAuth for A {
-    fn start(
-        &self,
-        ctx: AuthContext,
-        input: AuthValues,
-    ) -> BoxFut<'_, Result<AuthStep, AuthError>> {
-        Box::pin(AuthProvider::start(self, ctx, input))
-    }
-    fn status(&self, ctx: AuthContext, refresh: bool) -> BoxFut<'_, Result<AuthStep, AuthError>> {
-        Box::pin(AuthProvider::status(self, ctx, refresh))
-    }
-    fn cancel(&self, ctx: AuthContext) -> BoxFut<'_, ()> {
-        Box::pin(AuthProvider::cancel(self, ctx))
-    }
-    fn logout(&self, ctx: ChannelContext) -> BoxFut<'_, Result<(), AuthError>> {
-        Box::pin(AuthProvider::logout(self, ctx))
-    }
-    fn unregister(&self, ctx: ChannelContext) -> BoxFut<'_, ()> {
-        Box::pin(AuthProvider::unregister(self, ctx))
-    }
-    fn restore(&self, ctx: ChannelContext) -> BoxFut<'_, ()> {
-        Box::pin(AuthProvider::restore(self, ctx))
-    }
-}
-
-/// Object-safe face of [`ImTarget`].
-pub(crate) trait DynIm: Send + Sync {
-    fn streams_deltas(&self) -> bool;
-    fn deliver(
-        &self,
-        ctx: ChannelContext,
-        message: ChatMessage,
-        how: FinalDelivery,
-    ) -> BoxFut<'_, Result<(), DeliveryError>>;
-    fn delta(&self, ctx: ChannelContext, update: DeltaUpdate) -> BoxFut<'_, Option<String>>;
-    fn activity_capability(&self) -> xagent_profile_im::ActivityCapability;
-    fn activity(
-        &self,
-        ctx: ChannelContext,
-        action: xagent_profile_im::ActivityAction,
-    ) -> BoxFut<'_, ()>;
-}
-
-impl<T: ImTarget> DynIm for T {
-    fn streams_deltas(&self) -> bool {
-        T::STREAMS_DELTAS
-    }
-    fn deliver(
-        &self,
-        ctx: ChannelContext,
-        message: ChatMessage,
-        how: FinalDelivery,
-    ) -> BoxFut<'_, Result<(), DeliveryError>> {
-        Box::pin(ImTarget::deliver(self, ctx, message, how))
-    }
-    fn delta(&self, ctx: ChannelContext, update: DeltaUpdate) -> BoxFut<'_, Option<String>> {
-        Box::pin(ImTarget::delta(self, ctx, update))
-    }
-    fn activity_capability(&self) -> xagent_profile_im::ActivityCapability {
-        T::ACTIVITY
-    }
-    fn activity(
-        &self,
-        ctx: ChannelContext,
-        action: xagent_profile_im::ActivityAction,
-    ) -> BoxFut<'_, ()> {
-        Box::pin(ImTarget::activity(self, ctx, action))
-    }
-}
-
-type ToolCall = dyn Fn(ToolContext, Map<String, Value>) -> BoxFut<'static, Result<Value, ToolError>>
-    + Send
-    + Sync;
-
-/// One registered Tool: its Card declaration, the compiled argument schema and the handler.
-pub(crate) struct RegisteredTool {
-    pub(crate) card: CardTool,
-    pub(crate) validator: jsonschema::Validator,
-    pub(crate) call: Arc<ToolCall>,
-    /// False for Tools registered with [`ConnectorBuilder::read_only_tool`]: no durable
-    /// repeated-call record (concurrent repeats still share one run).
-    pub(crate) records_calls: bool,
-}
-
-/// A problem in the Connector definition, found by [`ConnectorBuilder::build`].
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DefinitionError {
-    /// A Tool id is empty, too long, or has characters other than ASCII letters, digits,
-    /// `_`, `-`, `.`.
-    #[error(
-        "tool id {0:?} is not a valid model function name: use 1-256 ASCII letters, digits, '_', '-', '.'"
-    )]
-    BadToolId(String),
-    /// Two Tools share an id.
-    #[error("tool id {0:?} is registered twice; tool ids must be unique")]
-    DuplicateTool(String),
-    /// A Tool's argument type does not produce a usable object schema.
-    #[error("tool {tool:?}: {reason}")]
-    ToolSchema {
-        /// The Tool.
-        tool: String,
-        /// Why.
-        reason: String,
-    },
-    /// The Card fails validation.
-    #[error("the generated Connector Card is invalid: {0}")]
-    InvalidCard(String),
-    /// The generated Card breaks hard rules of the protocol (`error` violations of
-    /// `xagent_protocol_validate::validate_card`): a Connector never serves such a Card.
-    /// Warnings are logged, not refused.
-    #[error("the generated Connector Card breaks {} rule(s): {}", .0.len(), join_violations(.0))]
-    CardViolations(Vec<xagent_protocol_validate::Violation>),
-    /// The Card declares an IM Profile but no IM target was given.
-    #[error("the Card declares {0} but no ImTarget was registered; call .im_target(...)")]
-    MissingImTarget(String),
-    /// The Card declares auth flows but no provider was given.
-    #[error("the Card declares auth flows but no AuthProvider was registered; call .auth(...)")]
-    MissingAuthProvider,
-}
+use crate::error::DefinitionError;
 
 /// A complete Connector definition: the Card and the code behind it. Build it with
 /// [`Connector::builder`] and serve it with [`crate::ConnectorServer`].
 pub struct Connector {
     pub(crate) card: ConnectorCard,
     pub(crate) tools: HashMap<ToolId, RegisteredTool>,
-    pub(crate) auth: Arc<dyn DynAuth>,
-    pub(crate) im: Option<Arc<dyn DynIm>>,
+    pub(crate) auth: AuthCode,
+    pub(crate) im: Option<ImCode>,
     pub(crate) skill: Option<String>,
     pub(crate) unbound_target: DescriptorTarget,
 }
@@ -176,27 +46,30 @@ impl std::fmt::Debug for Connector {
 
 impl Connector {
     /// Starts a definition with the fixed identity: Card id (e.g. `im.echo`), display name and
-    /// implementation version.
+    /// the author's implementation version. The build stamp defaults to that version and the
+    /// build time of the running executable (`YYMMDDHHMM`, UTC); see
+    /// [`ConnectorBuilder::build_info`].
     pub fn builder(
         card_id: impl Into<String>,
         name: impl Into<String>,
         version: impl Into<String>,
     ) -> ConnectorBuilder {
+        let version = version.into();
         ConnectorBuilder {
             card_id: card_id.into(),
+            build: crate::build_info::executable_build_info(&version),
             info: ConnectorInfo::new(name, version),
-            build: crate::runtime_build_info(),
             target_types: Vec::new(),
             targets: Vec::new(),
             profiles: Vec::new(),
             user_channel_mode: None,
-            auth_flows: Vec::new(),
+            flows: Vec::new(),
             security: None,
             ui: None,
             skill: None,
             tools: Vec::new(),
             errors: Vec::new(),
-            auth: None,
+            auth: AuthCode::default(),
             im: None,
         }
     }
@@ -210,6 +83,26 @@ impl Connector {
     pub fn skill(&self) -> Option<&str> {
         self.skill.as_deref()
     }
+
+    /// The binding of a channel of a Connector without auth flows: the first target's facts.
+    pub(crate) fn open_binding(&self) -> Binding {
+        let target = match self.card.supports.targets.first() {
+            Some(target) => DescriptorTarget::new(target.provider.clone(), target.label.clone())
+                .with_label(target.label.clone()),
+            None => DescriptorTarget::new(
+                self.card.connector_card_id.to_string(),
+                self.card.connector.name.clone(),
+            ),
+        };
+        Binding::new(target)
+    }
+}
+
+/// A flow as registered; its Card entry is made at build, when the target type is known.
+enum PendingFlow {
+    Declared(Box<AuthFlow>),
+    Qr(FlowSpec),
+    Form(FlowSpec, Vec<xagent_protocol_types::AuthField>),
 }
 
 /// Builder of a [`Connector`].
@@ -221,14 +114,14 @@ pub struct ConnectorBuilder {
     targets: Vec<TargetDeclaration>,
     profiles: Vec<ProfileId>,
     user_channel_mode: Option<UserChannelMode>,
-    auth_flows: Vec<AuthFlow>,
+    flows: Vec<PendingFlow>,
     security: Option<Security>,
     ui: Option<UiHints>,
     skill: Option<String>,
     tools: Vec<RegisteredTool>,
     errors: Vec<DefinitionError>,
-    auth: Option<Arc<dyn DynAuth>>,
-    im: Option<Arc<dyn DynIm>>,
+    auth: AuthCode,
+    im: Option<ImCode>,
 }
 
 impl ConnectorBuilder {
@@ -246,7 +139,8 @@ impl ConnectorBuilder {
         self
     }
 
-    /// Replaces the build stamp (default: the runtime's; use [`crate::build_info!`] for yours).
+    /// Replaces the build stamp (default: the version given to [`Connector::builder`] and the
+    /// executable's build time; [`crate::build_info!`] adds your crate's git revision).
     #[must_use]
     pub fn build_info(mut self, build: BuildInfo) -> Self {
         self.build = build;
@@ -280,25 +174,113 @@ impl ConnectorBuilder {
         self
     }
 
-    /// Declares an auth flow; its steps are run by the [`AuthProvider`] given to `.auth(...)`.
+    /// Declares a form flow and its code in one place. The fields are generated from `Form`
+    /// (`#[derive(Deserialize, JsonSchema)]`): one field per property, doc comments as labels,
+    /// a [`xagent_protocol_types::Secret`] property as a password field; required fields are
+    /// checked before `handler` runs, which gets the typed input.
     #[must_use]
-    pub fn auth_flow(mut self, flow: AuthFlow) -> Self {
-        self.auth_flows.push(flow);
+    pub fn form_flow<Form, F, Fut>(mut self, spec: FlowSpec, handler: F) -> Self
+    where
+        Form: DeserializeOwned + JsonSchema + Send + 'static,
+        F: Fn(AuthContext, Form) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<AuthStep, AuthError>> + Send + 'static,
+    {
+        match form_fields::<Form>() {
+            Ok(fields) => {
+                let code = FormFlow { handler, form: std::marker::PhantomData::<fn() -> Form> };
+                self.add_flow(PendingFlow::Form(spec.clone(), fields), &spec.id, Arc::new(code))
+            }
+            Err(reason) => {
+                self.errors.push(DefinitionError::FlowForm { flow: spec.id.to_string(), reason });
+                self
+            }
+        }
+    }
+
+    /// Declares a QR-login flow and its code in one place.
+    #[must_use]
+    pub fn qr_flow(self, spec: FlowSpec, handler: impl FlowHandler) -> Self {
+        let id = spec.id.clone();
+        self.add_flow(PendingFlow::Qr(spec), &id, Arc::new(handler))
+    }
+
+    /// Declares any auth flow (a Card entry written by hand) with its code.
+    #[must_use]
+    pub fn auth_flow_with(self, flow: AuthFlow, handler: impl FlowHandler) -> Self {
+        let id = flow.id.clone();
+        self.add_flow(PendingFlow::Declared(Box::new(flow)), &id, Arc::new(handler))
+    }
+
+    fn add_flow(mut self, flow: PendingFlow, id: &FlowId, code: Arc<dyn DynFlow>) -> Self {
+        if self.auth.flows.insert(id.clone(), code).is_some() {
+            self.errors.push(DefinitionError::DuplicateFlow(id.to_string()));
+        }
+        self.flows.push(flow);
         self
     }
 
-    /// Sets the code behind the auth flows.
+    /// Declares an auth flow whose steps run in the [`AuthProvider`] given to
+    /// [`ConnectorBuilder::auth`] (the older, several-flows-in-one API).
+    #[must_use]
+    pub fn auth_flow(mut self, flow: AuthFlow) -> Self {
+        self.flows.push(PendingFlow::Declared(Box::new(flow)));
+        self
+    }
+
+    /// Sets the code behind flows declared with [`ConnectorBuilder::auth_flow`], plus its
+    /// logout, unregister and restore steps.
     #[must_use]
     pub fn auth(mut self, provider: impl AuthProvider) -> Self {
-        self.auth = Some(Arc::new(provider));
+        self.auth.provider = Some(Arc::new(provider));
+        self
+    }
+
+    /// Runs `hook` whenever a channel becomes bound: after a sign-in, for each signed-in
+    /// channel restored at startup, and when a Connector without auth flows opens a channel.
+    /// The place to attach target consumers ([`crate::ConnectorHandle::attach_consumer`]).
+    /// Contained: a panic is logged and the channel stays usable.
+    #[must_use]
+    pub fn on_bound<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(ChannelContext, BoundReason) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let hook: Arc<BoundHook> = Arc::new(move |ctx, reason| Box::pin(hook(ctx, reason)));
+        self.auth.on_bound = Some(hook);
+        self
+    }
+
+    /// Runs `hook` when a channel is signed out (`auth.logout`) or unregistered (lease
+    /// expiry): sign out in the target system. An error refuses the logout.
+    #[must_use]
+    pub fn on_unbound<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(ChannelContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), AuthError>> + Send + 'static,
+    {
+        let hook: Arc<UnboundHook> = Arc::new(move |ctx| Box::pin(hook(ctx)));
+        self.auth.on_unbound = Some(hook);
         self
     }
 
     /// Sets the IM target (required when an IM Profile is declared).
     #[must_use]
     pub fn im_target(mut self, target: impl ImTarget) -> Self {
-        self.im = Some(Arc::new(target));
+        self.im = Some(ImCode(Arc::new(target)));
         self
+    }
+
+    /// Sets a simple IM target from one closure: each final `chat.message` from xAgent is
+    /// handed to `deliver` once (the runtime answers duplicates, streams deltas into the final
+    /// message, and acks). `deliver` returns `()` or `Result<(), DeliveryError>`. Use [`ConnectorBuilder::im_target`] for edits, deltas or activity.
+    #[must_use]
+    pub fn on_message<F, Fut>(self, deliver: F) -> Self
+    where
+        F: Fn(ChannelContext, xagent_protocol_types::ChatMessage) -> Fut + Send + Sync + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: crate::author::im::DeliveryOutcome,
+    {
+        self.im_target(crate::author::im::DeliverFn(deliver))
     }
 
     /// Sets the security declarations.
@@ -322,46 +304,19 @@ impl ConnectorBuilder {
         self
     }
 
-    /// Registers a Tool. `Args` describes the model arguments (its JSON Schema becomes the
-    /// Tool's `input_schema`, with `connector_channel_id` injected); the handler gets the
-    /// validated, typed arguments. The Tool belongs to the first declared Profile.
+    /// Registers a Tool declared by `spec`. `Args`' JSON Schema becomes the `input_schema`
+    /// (with `connector_channel_id` injected), `Out`'s the `output_schema` (none for
+    /// `serde_json::Value`); the handler gets the validated, typed arguments and returns a
+    /// typed result. The Tool belongs to the spec's Profile, or the first declared one.
     #[must_use]
-    pub fn tool<Args, F, Fut>(
-        self,
-        tool_id: &str,
-        title: &str,
-        description: &str,
-        handler: F,
-    ) -> Self
+    pub fn tool<Args, Out, F, Fut>(self, spec: ToolSpec, handler: F) -> Self
     where
         Args: DeserializeOwned + JsonSchema + Send + 'static,
+        Out: Serialize + JsonSchema + Send + 'static,
         F: Fn(ToolContext, Args) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
+        Fut: Future<Output = Result<Out, ToolError>> + Send + 'static,
     {
-        self.add_tool(register_tool::<Args, F, Fut>(tool_id, title, description, handler))
-    }
-
-    /// Registers a Tool without side effects (an observation: a status, a lookup, a no-op).
-    /// It is declared and called like [`ConnectorBuilder::tool`], but a repeated call after
-    /// the first has finished runs again instead of being answered from a durable record:
-    /// re-running it is harmless, and it spares a storage write on every call. Concurrent
-    /// repeats of one `tool_call_id` still share one run. Never use it for a Tool that changes
-    /// anything in the target system.
-    pub fn read_only_tool<Args, F, Fut>(
-        self,
-        tool_id: &str,
-        title: &str,
-        description: &str,
-        handler: F,
-    ) -> Self
-    where
-        Args: DeserializeOwned + JsonSchema + Send + 'static,
-        F: Fn(ToolContext, Args) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
-    {
-        let registered = register_tool::<Args, F, Fut>(tool_id, title, description, handler)
-            .map(|tool| RegisteredTool { records_calls: false, ..tool });
-        self.add_tool(registered)
+        self.add_tool(register(spec, handler))
     }
 
     fn add_tool(mut self, registered: Result<RegisteredTool, DefinitionError>) -> Self {
@@ -397,7 +352,21 @@ impl ConnectorBuilder {
             card.tools.push(tool.card.clone());
             tools.insert(tool.card.tool_id.clone(), tool);
         }
-        card.auth_flows = self.auth_flows;
+        let target_type = self.target_types.first().cloned().unwrap_or(TargetType::Im);
+        card.auth_flows = self
+            .flows
+            .into_iter()
+            .map(|flow| match flow {
+                PendingFlow::Declared(flow) => *flow,
+                PendingFlow::Qr(spec) => spec.qr(target_type.clone()),
+                PendingFlow::Form(spec, fields) => spec.declare(AuthFlow::form(
+                    spec.id.clone(),
+                    target_type.clone(),
+                    spec.title.clone(),
+                    fields,
+                )),
+            })
+            .collect();
         card.ui = self.ui;
         card.security = self.security;
         let im_profile =
@@ -405,11 +374,12 @@ impl ConnectorBuilder {
         if let (Some(profile), None) = (im_profile, &self.im) {
             return Err(DefinitionError::MissingImTarget(profile.to_string()));
         }
-        let auth: Arc<dyn DynAuth> = match self.auth {
-            Some(auth) => auth,
-            None if card.auth_flows.is_empty() => Arc::new(NoAuth),
-            None => return Err(DefinitionError::MissingAuthProvider),
-        };
+        if self.auth.provider.is_none()
+            && let Some(flow) =
+                card.auth_flows.iter().find(|f| !self.auth.flows.contains_key(&f.id))
+        {
+            return Err(DefinitionError::MissingAuthProvider(flow.id.to_string()));
+        }
         let unbound_target = match self.targets.first() {
             Some(target) => DescriptorTarget::new(
                 target.provider.clone(),
@@ -418,81 +388,41 @@ impl ConnectorBuilder {
             .with_label(target.label.clone()),
             None => DescriptorTarget::new(card.connector_card_id.to_string(), "not bound"),
         };
-        check_card(&card)?;
-        Ok(Connector { card, tools, auth, im: self.im, skill: self.skill, unbound_target })
+        let card_value = check_card(&card)?;
+        if let Some(skill) = &self.skill {
+            check_skill(skill, &card_value)?;
+        }
+        Ok(Connector {
+            card,
+            tools,
+            auth: self.auth,
+            im: self.im,
+            skill: self.skill,
+            unbound_target,
+        })
     }
 }
 
 /// Runs the protocol's Card validator on the serialised Card: every `error` violation refuses
 /// the definition, warnings are logged.
-fn check_card(card: &ConnectorCard) -> Result<(), DefinitionError> {
-    let value = serde_json::to_value(card).map_err(|error| {
-        DefinitionError::InvalidCard(format!("the Card does not serialise: {error}"))
-    })?;
+fn check_card(card: &ConnectorCard) -> Result<serde_json::Value, DefinitionError> {
+    let value = serde_json::to_value(card)?;
     let report = xagent_protocol_validate::validate_card(&value);
     for warning in report.warnings() {
         tracing::warn!(rule = %warning.rule, path = %warning.path, "Connector Card: {}", warning.message);
     }
     let errors: Vec<_> = report.errors().cloned().collect();
-    if errors.is_empty() { Ok(()) } else { Err(DefinitionError::CardViolations(errors)) }
+    if errors.is_empty() { Ok(value) } else { Err(DefinitionError::CardViolations(errors)) }
 }
 
-fn join_violations(violations: &[xagent_protocol_validate::Violation]) -> String {
-    violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-}
-
-fn register_tool<Args, F, Fut>(
-    tool_id: &str,
-    title: &str,
-    description: &str,
-    handler: F,
-) -> Result<RegisteredTool, DefinitionError>
-where
-    Args: DeserializeOwned + JsonSchema + Send + 'static,
-    F: Fn(ToolContext, Args) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
-{
-    let valid_id = !tool_id.is_empty()
-        && tool_id.len() <= xagent_protocol_types::TOOL_ID_MAX_LEN
-        && tool_id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if !valid_id {
-        return Err(DefinitionError::BadToolId(tool_id.to_owned()));
+/// Runs the protocol's Skill validator (the one `xagent-connector check skill` and xAgent's
+/// admission use) on the primary Skill: errors refuse the definition, warnings are logged.
+fn check_skill(skill: &str, card: &serde_json::Value) -> Result<(), DefinitionError> {
+    let facts = xagent_protocol_validate::CardFacts::from_value(card);
+    let report = xagent_protocol_validate::validate_skill(skill, &facts);
+    for warning in report.warnings() {
+        tracing::warn!(rule = %warning.rule, path = %warning.path, "Skill: {}", warning.message);
     }
-    let schema_error =
-        |reason: String| DefinitionError::ToolSchema { tool: tool_id.to_owned(), reason };
-    let generated = schemars::schema_for!(Args).to_value();
-    let mut schema = match generated {
-        Value::Object(map) => map,
-        _ => {
-            return Err(schema_error(
-                "the argument type must be a struct (an object schema)".into(),
-            ));
-        }
-    };
-    schema.remove("$schema");
-    schema.remove("title");
-    let schema = xagent_protocol_validate::with_connector_channel_id(&schema)
-        .map_err(|error| schema_error(error.to_string()))?;
-    let validator = jsonschema::validator_for(&Value::Object(schema.clone()))
-        .map_err(|error| schema_error(format!("the input schema does not compile: {error}")))?;
-    let handler = Arc::new(handler);
-    let call: Arc<ToolCall> =
-        Arc::new(move |ctx: ToolContext, mut arguments: Map<String, Value>| {
-            let handler = Arc::clone(&handler);
-            // The model's copy of the channel is forwarded but never consumed: routing uses the
-            // envelope only.
-            arguments.remove(xagent_protocol_types::CHANNEL_ARGUMENT);
-            Box::pin(async move {
-                let args: Args =
-                    serde_json::from_value(Value::Object(arguments)).map_err(|error| {
-                        ToolError::new(
-                            xagent_protocol_types::ErrorCode::InvalidArguments,
-                            format!("the arguments do not match the tool's input schema: {error}"),
-                        )
-                    })?;
-                handler(ctx, args).await
-            }) as BoxFut<'static, Result<Value, ToolError>>
-        });
-    let card = CardTool::new(tool_id, schema).with_title(title).with_description(description);
-    Ok(RegisteredTool { card, validator, call, records_calls: true })
+    let errors: Vec<_> = report.errors().cloned().collect();
+    if errors.is_empty() { Ok(()) } else { Err(DefinitionError::SkillViolations(errors)) }
 }

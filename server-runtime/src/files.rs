@@ -8,12 +8,10 @@
 
 use std::sync::{Arc, Weak};
 
-use xagent_file_transfer::{
-    ChannelDirectory, FileStore, NewFile, StoreConfig, TransferState, UrlSigner,
-};
-use xagent_protocol_types::{ChatFile, ChatMessage, ConnectorChannelId, FileRef, Secret};
+use xagent_file_transfer::{ChannelDirectory, FileStore, StoreConfig, TransferState, UrlSigner};
+use xagent_protocol_types::{ChatMessage, ConnectorChannelId, Secret};
 
-use crate::runtime::{ConnectorHandle, HandleError, Shared};
+use crate::state::Shared;
 use crate::storage::{Storage, StorageError};
 
 /// Configuration of the Transfer Plane.
@@ -111,57 +109,5 @@ impl crate::ConnectorServer {
     /// [`crate::ConnectorServer::serve`] (which starts it itself). `None` without a file store.
     pub fn spawn_file_cleanup(&self) -> Option<tokio::task::JoinHandle<()>> {
         self.shared.files.as_ref().map(|files| files.spawn_cleanup())
-    }
-}
-
-impl ConnectorHandle {
-    fn store(&self) -> Result<&FileStore, HandleError> {
-        self.0
-            .files
-            .as_ref()
-            .ok_or_else(|| HandleError::File("the Transfer Plane is not enabled".into()))
-    }
-
-    /// Caches an inbound file from the target system for `channel` and returns the
-    /// `chat.message.files[]` item with a signed `download_url` (put it in a message sent with
-    /// [`ConnectorHandle::send_message`]).
-    pub async fn register_file(
-        &self,
-        channel: &ConnectorChannelId,
-        filename: &str,
-        mime_type: Option<&str>,
-        bytes: impl AsRef<[u8]>,
-    ) -> Result<ChatFile, HandleError> {
-        if !self.0.state().channels.contains_key(channel) {
-            return Err(HandleError::UnknownChannel(channel.clone()));
-        }
-        let mut new_file = NewFile::new(channel.clone(), filename);
-        if let Some(mime) = mime_type {
-            new_file = new_file.with_mime_type(mime);
-        }
-        let stored = self
-            .store()?
-            .register_bytes(new_file, bytes)
-            .await
-            .map_err(|e| HandleError::File(e.to_string()))?;
-        Ok(stored.chat_file())
-    }
-
-    /// Opens a file xAgent uploaded for `channel` (a `file_ref` from an outbound
-    /// `chat.message`); a reference of another channel is refused.
-    pub async fn open_file(
-        &self,
-        channel: &ConnectorChannelId,
-        file_ref: &FileRef,
-    ) -> Result<(xagent_file_transfer::FileRecord, tokio::fs::File), HandleError> {
-        let (record, file) = self
-            .store()?
-            .open_file(file_ref)
-            .await
-            .map_err(|e| HandleError::File(e.to_string()))?;
-        if &record.connector_channel_id != channel {
-            return Err(HandleError::File("the file belongs to another channel".into()));
-        }
-        Ok((record, file))
     }
 }

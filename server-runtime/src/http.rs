@@ -16,8 +16,9 @@ use xagent_protocol_types::{
     ErrorCode, HealthResponse, HttpErrorBody, SUBPROTOCOL, WireError, paths,
 };
 
-use crate::runtime::{ConnectorServer, Shared};
-use crate::session::{Frame, FrameError};
+use crate::connection::{Frame, FrameError};
+use crate::server::ConnectorServer;
+use crate::state::Shared;
 
 /// A JSON error response `{"error":{"code","message"}}`.
 pub fn error_response(status: StatusCode, code: ErrorCode, message: &str) -> Response {
@@ -41,7 +42,9 @@ impl ConnectorServer {
             // signature instead).
             app = app.merge(files);
         }
-        let app = app.layer(tower_http::trace::TraceLayer::new_for_http());
+        // The author's own routes: no system API key layer (they protect themselves).
+        let app =
+            app.merge(self.extra.clone()).layer(tower_http::trace::TraceLayer::new_for_http());
         let base = shared.config.base_path.trim_end_matches('/');
         if base.is_empty() { app } else { Router::new().nest(base, app) }
     }
@@ -51,11 +54,11 @@ impl ConnectorServer {
 /// constant time), or when no key is configured.
 pub(crate) fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
     let Some(key) = &shared.api_key else { return true };
+    // The one Bearer parser (scheme case-insensitive), shared with the Transfer Plane.
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim);
+        .and_then(xagent_protocol_types::bearer_token);
     presented.is_some_and(|token| key.matches(token))
 }
 
@@ -141,7 +144,8 @@ async fn serve_socket(shared: Arc<Shared>, socket: WebSocket) {
     let (sink, stream) = socket.split();
     let stream = stream.map(from_message);
     let sink = sink.with(|frame: Frame| future::ready(Ok::<_, axum::Error>(to_message(frame))));
-    let task = shared.tasks.spawn(crate::session::run(Arc::clone(&shared), stream, Box::pin(sink)));
+    let task =
+        shared.tasks.spawn(crate::connection::run(Arc::clone(&shared), stream, Box::pin(sink)));
     let _ = task.await;
 }
 

@@ -1,32 +1,26 @@
-//! Identifiers this runtime mints: opaque, 128 random bits, with a human prefix.
+//! The identifiers this runtime mints, through the one minting helper of `protocol-types`
+//! ([`IdKind::mint`]): the formats live there, the randomness (128 bits) comes from here.
 
-use xagent_protocol_types::{AuthSessionId, ConnectorChannelId, ConnectorId, PacketId};
-
-fn random_hex() -> String {
-    hex::encode(rand::random::<[u8; 16]>())
-}
+use xagent_protocol_types::{AuthSessionId, ConnectorChannelId, ConnectorId, IdKind, PacketId};
 
 /// A fresh `packet_id` (`pkt_...`).
 pub fn packet_id() -> PacketId {
-    PacketId::new(format!("pkt_{}", random_hex()))
+    PacketId::new(IdKind::Packet.mint(rand::random()))
 }
 
 /// A fresh `connector_channel_id` (`cch_...`).
 pub fn channel_id() -> ConnectorChannelId {
-    ConnectorChannelId::new(format!("cch_{}", random_hex()))
+    ConnectorChannelId::new(IdKind::Channel.mint(rand::random()))
 }
 
 /// A fresh `auth_session_id` (`auth_...`).
 pub fn auth_session_id() -> AuthSessionId {
-    AuthSessionId::new(format!("auth_{}", random_hex()))
+    AuthSessionId::new(IdKind::AuthSession.mint(rand::random()))
 }
 
-/// A fresh `connector_id`: `conn_<card id with every character other than ASCII letters and
-/// digits as _>_<random>`, e.g. `conn_im_echo_3f...`.
+/// A fresh `connector_id` (`conn_<card id>_...`).
 pub fn connector_id(card_id: &str) -> ConnectorId {
-    let card: String =
-        card_id.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    ConnectorId::new(format!("conn_{card}_{}", random_hex()))
+    ConnectorId::new(IdKind::Connector { card_id }.mint(rand::random()))
 }
 
 #[cfg(test)]
@@ -34,19 +28,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn minted_ids_have_prefix_and_128_random_bits() {
-        let a = packet_id();
-        let b = packet_id();
-        assert!(a.as_str().starts_with("pkt_"));
-        assert_eq!(a.as_str().len(), 4 + 32);
-        assert_ne!(a, b);
-        assert!(channel_id().as_str().starts_with("cch_"));
-        assert!(auth_session_id().as_str().starts_with("auth_"));
-    }
-
-    #[test]
-    fn connector_id_maps_dots_and_underscores() {
-        let id = connector_id("im.echo_test");
-        assert!(id.as_str().starts_with("conn_im_echo_test_"), "{id}");
+    fn minted_ids_are_the_shared_formats() {
+        assert!(IdKind::Packet.is_minted(packet_id().as_str()));
+        assert!(IdKind::Channel.is_minted(channel_id().as_str()));
+        assert!(IdKind::AuthSession.is_minted(auth_session_id().as_str()));
+        let card_id = "im.echo_test";
+        let id = connector_id(card_id);
+        assert!(IdKind::Connector { card_id }.is_minted(id.as_str()), "{id}");
+        assert_ne!(packet_id(), packet_id());
     }
 }

@@ -27,16 +27,16 @@ use xagent_profile_im::{
     WriteMode, validate_chat_message,
 };
 use xagent_protocol_types::{
-    ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, MessageId, MessagePush,
-    PROFILE_IM_V1, PROFILE_IM_V2, Packet, PacketBody, Side, WireError,
+    ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, MessageId, PROFILE_IM_V1,
+    PROFILE_IM_V2, Packet, PacketBody, Side, WireError,
 };
 
 use crate::author::{ChannelContext, DeltaUpdate, FinalDelivery};
+use crate::connection::Conn;
 use crate::connector::Connector;
+use crate::error::HandleError;
 use crate::ids;
-use crate::runtime::Outgoing;
-use crate::runtime::{HandleError, Shared};
-use crate::session::Conn;
+use crate::state::{Outgoing, Shared, TryQueue};
 use crate::storage::{CommitTicket, Storage, StorageError};
 
 /// Packets from xAgent a channel may have waiting for its target before new ones are refused
@@ -100,7 +100,7 @@ pub(crate) struct ImState {
     /// Per-channel order, cross-channel concurrency for packets from xAgent.
     lanes: crate::lanes::Lanes<ConnectorChannelId>,
     /// Outbox facts for the author (see [`crate::ConnectorHandle::outbox_events`]).
-    events: tokio::sync::broadcast::Sender<OutboxEvent>,
+    pub(crate) events: tokio::sync::broadcast::Sender<OutboxEvent>,
 }
 
 fn storage_error(error: impl std::fmt::Display) -> StorageError {
@@ -265,7 +265,7 @@ impl ImState {
                 // Never wait on a socket here: the pump serves every channel.
                 let now = shared.now();
                 match shared.try_queue_tracked(&delivery.channel, packet) {
-                    crate::runtime::TryQueue::Queued(written) => {
+                    TryQueue::Queued(written) => {
                         let shared = shared.clone();
                         tokio::spawn(async move {
                             let written = written.await.unwrap_or(false);
@@ -273,7 +273,7 @@ impl ImState {
                             im.record_write(&shared, &delivery, packet_id, written);
                         });
                     }
-                    crate::runtime::TryQueue::Full => {
+                    TryQueue::Full => {
                         let result = {
                             let mut inner = self.inner();
                             let result = inner.outbox.on_send_failed(
@@ -289,7 +289,7 @@ impl ImState {
                             tracing::warn!(%error, "outbox bookkeeping failed");
                         }
                     }
-                    crate::runtime::TryQueue::NotRouted => {
+                    TryQueue::NotRouted => {
                         // Not routed (or the route closed meanwhile): pause until channel.open.
                         let result = {
                             let mut inner = self.inner();
@@ -622,55 +622,4 @@ impl ImState {
 fn channel_context(shared: &Arc<Shared>, channel: &ConnectorChannelId) -> Option<ChannelContext> {
     let binding = shared.state().channels.get(channel)?.binding.clone()?;
     Some(ChannelContext { channel: channel.clone(), binding, handle: shared.handle() })
-}
-
-impl crate::ConnectorHandle {
-    /// Hands an inbound target message to xAgent as an IM v2 `chat.message`: the outbox takes
-    /// responsibility (persisted, TTL from now), sends it when the channel is routed and
-    /// redelivers it until xAgent acknowledges it. Refused (`ProfileNotDeclared`) when the Card
-    /// does not declare `xagent.im.v2`.
-    pub async fn send_message(
-        &self,
-        channel: &ConnectorChannelId,
-        message: ChatMessage,
-    ) -> Result<(), HandleError> {
-        let im = self.im_state(PROFILE_IM_V2)?;
-        im.enqueue(&self.0, channel, OutboundPayload::ChatMessage(message)).await
-    }
-
-    /// Hands an inbound target message to xAgent as an IM v1 `message.push` (build it with
-    /// `profile-im`'s v1 builder). The successful socket write is its delivery boundary.
-    /// Refused (`ProfileNotDeclared`) when the Card does not declare `xagent.im.v1`.
-    pub async fn push_message(
-        &self,
-        channel: &ConnectorChannelId,
-        push: MessagePush,
-    ) -> Result<(), HandleError> {
-        let im = self.im_state(PROFILE_IM_V1)?;
-        im.enqueue(&self.0, channel, OutboundPayload::from(push)).await
-    }
-
-    /// The IM state, when the Card declares `profile`: a `chat.message` on an IM v1 channel (or
-    /// a `message.push` on an IM v2 one) could never be written and would stay pending.
-    fn im_state(&self, profile: &'static str) -> Result<&ImState, HandleError> {
-        let declared = self.0.def.card.supports.profiles.iter().any(|p| p.as_str() == profile);
-        match &self.0.im {
-            Some(im) if declared => Ok(im),
-            _ => Err(HandleError::ProfileNotDeclared(profile)),
-        }
-    }
-
-    /// Subscribes to the IM outbox's facts (delivered, failed for good, expired, ...), so an
-    /// author can show the fate of an inbound message in the target system. `None` when the
-    /// Card declares no IM Profile. A slow subscriber loses the oldest events (`Lagged`).
-    pub fn outbox_events(
-        &self,
-    ) -> Option<tokio::sync::broadcast::Receiver<xagent_profile_im::OutboxEvent>> {
-        self.0.im.as_ref().map(|im| im.events.subscribe())
-    }
-
-    /// Message ids still pending towards xAgent on a channel.
-    pub fn pending_messages(&self, channel: &ConnectorChannelId) -> Vec<MessageId> {
-        self.0.im.as_ref().map(|im| im.pending(channel)).unwrap_or_default()
-    }
 }

@@ -7,29 +7,62 @@
 //! Tools, IM delivery, ordering and error codes, the system API key (constant-time), the
 //! offline lease, persistence (SQLite, WAL) and restart.
 //!
+//! An author imports the [`prelude`]:
+//!
 //! ```no_run
-//! use schemars::JsonSchema;
-//! use serde::Deserialize;
-//! use xagent_server_runtime::{Connector, ConnectorServer, ToolContext, ToolError};
-//! use xagent_protocol_types::{TargetDeclaration, TargetType, PROFILE_IM_V1};
+//! use xagent_server_runtime::prelude::*;
 //!
 //! #[derive(Deserialize, JsonSchema)]
 //! struct Shout { text: String }
+//!
+//! #[derive(Serialize, JsonSchema)]
+//! struct Shouted { text: String }
+//!
+//! #[derive(Deserialize, JsonSchema)]
+//! struct TokenForm {
+//!     /// Access token
+//!     token: Secret,
+//! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let connector = Connector::builder("im.example", "Example", "0.1.0")
 //!     .target(TargetDeclaration::new(TargetType::Im, "example", "Example"))
 //!     .profile(PROFILE_IM_V1)
-//!     .tool::<Shout, _, _>("example_shout", "Shout", "Upper-cases text.", |_ctx: ToolContext, args: Shout| async move {
-//!         Ok::<_, ToolError>(serde_json::json!({ "text": args.text.to_uppercase() }))
+//!     .form_flow(FlowSpec::new("example_token", "Sign in"), |_ctx, form: TokenForm| async move {
+//!         let target = DescriptorTarget::new("example", "Example account");
+//!         Ok(AuthStep::Authenticated(Binding::new(target).with_secret("token", form.token)))
+//!     })
+//!     .tool(ToolSpec::new("example_shout", "Shout\n\nUpper-cases text."), |_ctx, args: Shout| async move {
+//!         Ok(Shouted { text: args.text.to_uppercase() })
 //!     })
 //!     .build()?;
-//! assert!(connector.card().tools[0].input_schema["properties"]["connector_channel_id"].is_object());
-//! let server = ConnectorServer::builder(connector).state_dir("/var/lib/example")?.build().await?;
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! server.serve(listener, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! assert!(connector.card().tools[0].output_schema.is_some());
+//! ConnectorServer::serve_from_env(connector).await?;
 //! # Ok(()) }
 //! ```
+//!
+//! ## Modules and which way they depend
+//!
+//! Each module imports only modules listed below it, with one exception: the author's
+//! contexts carry the [`ConnectorHandle`], which reaches the state holding the author's code
+//! (a callback API cannot avoid this type-level loop; it is confined to `author::context`).
+//!
+//! | module | holds |
+//! |---|---|
+//! | `lib` | the prelude and the flat re-exports |
+//! | `server` | [`ServerBuilder`], [`ConnectorServer`]: loading state, `serve` with the author's routes and tasks, `serve_from_env` |
+//! | `http` | the control plane, the `/ws` upgrade, the API-key layer |
+//! | `connection` | one connection's loop over any frame stream/sink: decode, sequencing (`protocol-validate`'s `Session`), bounded writes, dispatch, the detach guard |
+//! | `handlers` | `hello`, `channel`, `auth`, `tool`: short request handlers over the state and the author's code |
+//! | `im` | IM Profile wiring: outbox, receiver idempotency, deltas, activity |
+//! | `files` | Transfer Plane wiring |
+//! | `handle` | [`ConnectorHandle`], in one place |
+//! | `state` | the shared state behind one lock (channels, routes, lease, auth sessions, consumers) and lifecycle (`tick`, unregister) |
+//! | `connector` | [`Connector`] and [`ConnectorBuilder`]: the definition and its generated Card |
+//! | `author` | what an author writes (`tool`, `auth`, `im`, `context`) and `call`, the one place author code is called (panic-contained) |
+//! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
+//! | `storage` | the [`Storage`] trait and SQLite |
+//! | `config`, `error`, `ids`, `build_info` | tunables; errors with their one map to wire codes and HTTP statuses; id minting; build stamps |
 //!
 //! Decisions where the protocol texts are silent (also in the item docs):
 //! - One runtime instance (`connector_id`) at a time. A hello with an unknown or expired
@@ -40,19 +73,30 @@
 //!   channel. `channel.close` only removes the route; bindings stay.
 //! - `Connector::builder(..).build()` runs the protocol's Card validator on the generated
 //!   Card; every `error` violation refuses the definition (`DefinitionError::CardViolations`),
-//!   warnings are logged. A Connector never serves a Card that breaks a hard rule.
+//!   warnings are logged. A Connector never serves a Card that breaks a hard rule. A Card
+//!   saying `security.api_key_required` is refused by `ServerBuilder::build` when no API key
+//!   is configured.
+//! - Author code is contained: a panic in an auth step, a delivery, a delta or activity call,
+//!   a Tool, a hook or a consumer start is logged and answered with a generic
+//!   `internal_error` (or ignored where nothing waits for an answer); the connection stays
+//!   usable and always detaches (routes removed, lease started) however its loop ends.
 //! - Auth sessions live in memory (an interrupted sign-in is started again); bindings, channel
 //!   status and Tool overrides are persisted. A form flow's required fields are checked before
 //!   the author's code runs (`invalid_arguments`); an unknown `flow_id` is `invalid_packet`.
 //!   Pending sign-in attempts are canceled through the author's `cancel` on `auth.cancel`,
 //!   `auth.logout`, lease expiry and after the session time-to-live (30 min); an unbound
 //!   channel with no attempt left returns to `created`.
+//! - A Connector without auth flows binds every channel when it is opened (status
+//!   `connected`, the first target's facts as Descriptor target, `on_bound` runs).
 //! - Tools are callable only on a signed-in channel whose status is `connected` or `degraded`
 //!   and whose Descriptor lists the Tool `available`. Tool results are kept 24 hours for
 //!   repeated calls (SPEC-NOTES idempotency); a repeat while the first call runs waits for it.
 //! - Lease expiry and maintenance run in [`ConnectorServer::tick`], called by a background
 //!   task every 30 s and by tests directly with a `ManualClock`.
-//! - `chat.message`s from xAgent are delivered to the target one at a time per connection.
+//! - `chat.message`s from xAgent (and deltas and activity) are handled in order per channel
+//!   and concurrently across channels: a slow target on one channel never delays another.
+//! - Durable writes go through the storage's group commit (`synchronous=FULL` by default);
+//!   nothing is acknowledged before the transaction holding it committed.
 //! - IM v1 `message.push` goes through the same outbox; its successful socket write is the
 //!   delivery boundary (v1 has no business ack). The handle refuses a `chat.message` when the
 //!   Card does not declare IM v2, and a `message.push` when it does not declare IM v1.
@@ -67,37 +111,60 @@
 
 mod author;
 mod build_info;
+mod config;
+mod connection;
 mod connector;
-mod consumers;
+mod error;
 mod files;
+mod handle;
+mod handlers;
 mod http;
 mod ids;
 mod im;
 mod lanes;
-mod runtime;
-mod session;
+mod server;
+mod state;
 mod storage;
+mod tool_calls;
 
 pub use author::{
-    AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding,
-    ChannelContext, DeliveryError, DeltaUpdate, FinalDelivery, ImTarget, NoAuth, ToolContext,
-    ToolError,
+    AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding, BoundReason,
+    ChannelContext, DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, FlowHandler,
+    FlowSpec, ImTarget, NoAuth, ToolContext, ToolError, ToolSpec,
 };
-pub use build_info::runtime_build_info;
-pub use connector::{Connector, ConnectorBuilder, DefinitionError};
-pub use consumers::StopFn;
+pub use build_info::{executable_build_time, runtime_build_info};
+pub use config::RuntimeConfig;
+pub use connection::{CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError};
+pub use connector::{Connector, ConnectorBuilder};
+pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
+pub use handle::ConnectorHandle;
 pub use http::error_response;
-pub use runtime::{
-    ConnectorHandle, ConnectorServer, HandleError, RuntimeConfig, ServerBuilder, ServerError,
+pub use server::{
+    ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
 };
-pub use session::{CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError};
+pub use state::StopFn;
 pub use storage::{
     ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
     SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous, ToolCallRecord, WriteOp,
 };
+pub use tokio_util::sync::CancellationToken;
 pub use xagent_profile_im::{ActivityAction, ActivityCapability};
 pub use xagent_protocol_types::BuildInfo;
 
-#[cfg(feature = "testing")]
-pub mod testing;
+/// Everything a Connector author needs, in one import: the builder and server, the author
+/// traits and contexts, the common protocol types, and the derive macros for typed
+/// arguments, results and forms.
+pub mod prelude {
+    pub use crate::{
+        AuthContext, AuthError, AuthPrompt, AuthStep, Binding, BoundReason, ChannelContext,
+        Connector, ConnectorHandle, ConnectorServer, DeliveryError, FinalDelivery, FlowHandler,
+        FlowSpec, ImTarget, ToolContext, ToolError, ToolSpec,
+    };
+    pub use schemars::JsonSchema;
+    pub use serde::{Deserialize, Serialize};
+    pub use xagent_protocol_types::{
+        ChatMessage, ConnectionStatus, ConnectorChannelId, DescriptorTarget, ErrorCode,
+        PROFILE_IM_V1, PROFILE_IM_V2, Secret, Security, TargetDeclaration, TargetType, TrustLevel,
+    };
+}

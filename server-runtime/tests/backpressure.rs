@@ -18,7 +18,7 @@ use xagent_protocol_types::{
     Ping, SUBPROTOCOL,
 };
 use xagent_server_runtime::RuntimeConfig;
-use xagent_server_runtime::testing::{ECHO_CARD_ID, ECHO_FLOW};
+use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW};
 
 const QUEUE: usize = 4;
 /// Socket buffer size asked for on both ends (the kernel may round it up).

@@ -11,8 +11,8 @@ use xagent_protocol_types::{
     AuthLogout, ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorGet, ErrorCode,
     ManualClock,
 };
-use xagent_server_runtime::testing::{has_error, is_error_packet, payload_json};
 use xagent_server_runtime::{ChannelRecord, RuntimeConfig, SqliteStorage, Storage};
+use xagent_testkit::{has_error, is_error_packet, payload_json};
 
 #[tokio::test]
 async fn rule_connector_channel_connector_mismatch_for_a_channel_of_another_runtime_instance() {

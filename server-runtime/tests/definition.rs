@@ -9,11 +9,11 @@ use xagent_protocol_types::{
     AuthField, AuthFlow, PROFILE_DEVICE_V1, PROFILE_IM_V1, TargetDeclaration, TargetType,
 };
 use xagent_protocol_validate::validate_card;
-use xagent_server_runtime::testing::echo_connector;
 use xagent_server_runtime::{
     AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, Connector, ConnectorBuilder,
-    DefinitionError, ToolContext,
+    DefinitionError, ToolContext, ToolSpec,
 };
+use xagent_testkit::echo_connector;
 
 struct Refuse;
 
@@ -112,9 +112,10 @@ fn rule_card_secret_leak_a_card_carrying_a_secret_is_refused_at_build() {
 #[test]
 fn rule_card_tool_id_format_a_tool_id_with_spaces_is_refused_at_build() {
     let result = base()
-        .tool::<Nothing, _, _>("send message", "Send", "Sends.", |_ctx: ToolContext, _a| async {
-            Ok(json!({}))
-        })
+        .tool::<Nothing, _, _, _>(
+            ToolSpec::new("send message", concat!("Send", "\n", "Sends.")),
+            |_ctx: ToolContext, _a| async { Ok(json!({})) },
+        )
         .build();
     assert!(matches!(result, Err(DefinitionError::BadToolId(id)) if id == "send message"));
 }
@@ -123,8 +124,8 @@ fn rule_card_tool_id_format_a_tool_id_with_spaces_is_refused_at_build() {
 fn rule_card_tool_id_unique_two_tools_with_one_id_are_refused_at_build() {
     let tool = |_ctx: ToolContext, _a: Nothing| async { Ok(json!({})) };
     let result = base()
-        .tool::<Nothing, _, _>("same", "A", "First.", tool)
-        .tool::<Nothing, _, _>("same", "B", "Second.", tool)
+        .tool::<Nothing, _, _, _>(ToolSpec::new("same", concat!("A", "\n", "First.")), tool)
+        .tool::<Nothing, _, _, _>(ToolSpec::new("same", concat!("B", "\n", "Second.")), tool)
         .build();
     assert!(matches!(result, Err(DefinitionError::DuplicateTool(id)) if id == "same"));
 }

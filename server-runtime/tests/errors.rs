@@ -7,7 +7,7 @@ use tokio_tungstenite::tungstenite::Message;
 use xagent_protocol_types::{
     ConnectorChannelId, ConnectorHello, DescriptorGet, ErrorCode, Packet, PacketBody, ToolInvoke,
 };
-use xagent_server_runtime::testing::{Received, WsClient, has_error, is_error_packet};
+use xagent_testkit::{Received, WsClient, has_error, is_error_packet};
 
 async fn expect_error(c: &mut WsClient, code: ErrorCode) -> Packet {
     let packet = c.next_packet().await;
@@ -145,8 +145,7 @@ async fn rule_profile_packets_outside_the_negotiation_are_dropped_silently() {
     assert_eq!(c.call(hello).await.type_str(), "connector.hello.ack");
     let (channel, open) = c.open_channel(None).await;
     assert_eq!(
-        xagent_server_runtime::testing::payload_json(&open)["connection_descriptor"]["connection"]
-            ["profiles"],
+        xagent_testkit::payload_json(&open)["connection_descriptor"]["connection"]["profiles"],
         json!(["xagent.device.v1"])
     );
     let activity = Packet::with_payload("pa", xagent_protocol_types::ChatActivity::thinking())
@@ -235,7 +234,7 @@ async fn rule_auth_errors() {
     assert!(has_error(&status, &ErrorCode::AuthSessionNotFound));
     let cancel = c.request(xagent_protocol_types::AuthCancel::new("auth_nope"), Some(&channel));
     let cancel = c.call(cancel).await;
-    assert_eq!(xagent_server_runtime::testing::payload_json(&cancel)["status"], "not_found");
+    assert_eq!(xagent_testkit::payload_json(&cancel)["status"], "not_found");
     let start = c.request(xagent_protocol_types::AuthStart::new("no_such_flow"), Some(&channel));
     let start = c.call(start).await;
     assert!(has_error(&start, &ErrorCode::InvalidPacket));

@@ -7,10 +7,10 @@ use xagent_protocol_types::{
     AckStatus, ChatActivity, ChatFile, ChatMessage, ChatMessageAck, ChatMessageDelta, ErrorCode,
     FileType, Packet,
 };
-use xagent_server_runtime::testing::{
+use xagent_server_runtime::{ActivityAction, FinalDelivery};
+use xagent_testkit::{
     ECHO_FAIL_PERMANENT, ECHO_FAIL_TEMPORARY, WsClient, has_error, inject_message, payload_json,
 };
-use xagent_server_runtime::{ActivityAction, FinalDelivery};
 
 async fn signed_in(h: &support::Harness) -> (WsClient, xagent_protocol_types::ConnectorChannelId) {
     let mut c = h.client().await;

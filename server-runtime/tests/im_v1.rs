@@ -13,8 +13,8 @@ use xagent_protocol_types::{
     PROFILE_IM_V2, Packet, Ping, Side, TargetDeclaration, TargetType,
 };
 use xagent_protocol_validate::{CardFacts, PacketContext, validate_packet};
-use xagent_server_runtime::testing::{ECHO_FLOW, WsClient, payload_json};
 use xagent_server_runtime::{Connector, HandleError, RuntimeConfig};
+use xagent_testkit::{ECHO_FLOW, WsClient, payload_json};
 
 const CARD_ID: &str = "im.legacy";
 
@@ -152,8 +152,8 @@ async fn rule_im_v1_a_v1_connector_cannot_send_v2_chat_messages_and_drops_v2_pac
 
 #[tokio::test]
 async fn rule_im_v2_connector_refuses_v1_pushes_through_the_handle() {
-    let (connector, _) = xagent_server_runtime::testing::echo_connector();
-    let h = support::serve_custom(connector, RuntimeConfig::default(), None).await;
+    // The echo Card says api_key_required: it is served with its key.
+    let h = support::start_default().await;
     let mut c = h.client().await;
     c.hello(None).await;
     let (channel, _) = c.open_channel(None).await;

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use xagent_protocol_types::{AckStatus, ChatMessage, ChatMessageAck, ConnectorChannelId, Packet};
-use xagent_server_runtime::testing::WsClient;
+use xagent_testkit::WsClient;
 
 fn message(c: &mut WsClient, channel: &ConnectorChannelId, id: String) -> Packet {
     Packet::with_payload(c.id("pkt"), ChatMessage::text(id, "hello")).channel(channel.clone())

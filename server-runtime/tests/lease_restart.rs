@@ -5,8 +5,8 @@ mod support;
 use std::time::Duration;
 
 use xagent_protocol_types::{AckStatus, ChatMessage, ChatMessageAck, ManualClock, Packet};
-use xagent_server_runtime::testing::{inject_message, payload_json};
 use xagent_server_runtime::{ConnectorHandle, RuntimeConfig};
+use xagent_testkit::{inject_message, payload_json};
 
 const HOUR: u64 = 3_600_000;
 

@@ -7,7 +7,7 @@ use xagent_protocol_types::{
     AuthLogout, ChannelClose, ConnectionStatus, DescriptorGet, ErrorCode, Packet, PacketBody, Ping,
     ToolInvoke, ToolInvokeContext,
 };
-use xagent_server_runtime::testing::{ECHO_BAD_TOKEN, has_error, payload_json};
+use xagent_testkit::{ECHO_BAD_TOKEN, has_error, payload_json};
 
 fn args(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
     value.as_object().cloned().unwrap()

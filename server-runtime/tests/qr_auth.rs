@@ -13,11 +13,11 @@ use xagent_protocol_types::{
     AuthCancel, AuthFlow, AuthStart, AuthStatusRequest, Clock, ConnectorChannelId,
     DescriptorTarget, ErrorCode, PROFILE_IM_V2, Packet, TargetDeclaration, TargetType,
 };
-use xagent_server_runtime::testing::{ECHO_CARD_ID, WsClient, has_error, payload_json};
 use xagent_server_runtime::{
     AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding, Connector,
     RuntimeConfig,
 };
+use xagent_testkit::{ECHO_CARD_ID, WsClient, has_error, payload_json};
 
 const QR_FLOW: &str = "qr_scan";
 const CODE_TTL: u64 = 60_000;

@@ -10,7 +10,7 @@ use serde_json::json;
 use xagent_protocol_types::{
     AuthLogout, ChannelClose, ChatMessage, ChatMessageAck, DescriptorGet, Packet, ToolInvoke,
 };
-use xagent_server_runtime::testing::{inject_message, payload_json};
+use xagent_testkit::{inject_message, payload_json};
 
 const TARGET_TOKEN: &str = "tgt-9d2f7c41e8a35b06";
 

@@ -7,7 +7,7 @@ mod support;
 use serde_json::json;
 use xagent_protocol_types::{Ping, ToolInvoke};
 use xagent_server_runtime::RuntimeConfig;
-use xagent_server_runtime::testing::{Received, payload_json};
+use xagent_testkit::{Received, payload_json};
 
 #[tokio::test]
 async fn rule_graceful_shutdown_finishes_the_in_flight_ack_then_closes_1001() {

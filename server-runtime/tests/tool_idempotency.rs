@@ -12,8 +12,8 @@ use serde_json::{Map, Value, json};
 use xagent_protocol_types::{
     ConnectorChannelId, ErrorCode, Packet, Ping, ToolInvoke, ToolInvokeContext,
 };
-use xagent_server_runtime::testing::{WsClient, has_error, payload_json};
-use xagent_server_runtime::{RuntimeConfig, ToolContext};
+use xagent_server_runtime::{RuntimeConfig, ToolContext, ToolSpec};
+use xagent_testkit::{WsClient, has_error, payload_json};
 
 fn args(channel: &ConnectorChannelId, text: &str) -> Map<String, Value> {
     json!({ "connector_channel_id": channel, "text": text }).as_object().cloned().unwrap()
@@ -136,10 +136,8 @@ async fn rule_tool_idempotency_the_key_is_per_channel() {
 async fn rule_a_panicking_tool_handler_is_an_internal_error_ack_and_the_connection_lives() {
     let gate = support::Gate::new();
     let connector = support::gated_connector(&gate)
-        .tool::<support::GateArgs, _, _>(
-            "boom",
-            "Boom",
-            "Panics.",
+        .tool::<support::GateArgs, _, _, _>(
+            ToolSpec::new("boom", concat!("Boom", "\n", "Panics.")),
             |_ctx: ToolContext, args: support::GateArgs| async move {
                 if !args.text.is_empty() {
                     panic!("the handler failed badly");
@@ -238,10 +236,9 @@ async fn rule_tool_idempotency_a_read_only_tool_shares_concurrent_runs_but_keeps
     let gate = support::Gate::new();
     let counter = gate.clone();
     let connector = support::gated_connector(&gate)
-        .read_only_tool::<support::GateArgs, _, _>(
-            "peek",
-            "Peek",
-            "Counts its runs; changes nothing.",
+        .tool::<support::GateArgs, _, _, _>(
+            ToolSpec::new("peek", concat!("Peek", "\n", "Counts its runs; changes nothing."))
+                .read_only(),
             move |_ctx: ToolContext, args: support::GateArgs| {
                 let counter = counter.clone();
                 async move {

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use bytes::Bytes;
 use xagent_file_transfer::StoreConfig;
 use xagent_protocol_types::{ManualClock, Secret};
-use xagent_server_runtime::testing::{WsClient, echo_connector};
 use xagent_server_runtime::{ConnectorServer, FilesConfig};
+use xagent_testkit::{WsClient, echo_connector};
 
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

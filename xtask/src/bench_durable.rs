@@ -31,7 +31,7 @@ use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStartAck, ChatMessage, ConnectorChannelId, MessageId, Secret,
 };
 use xagent_server_runtime::Synchronous;
-use xagent_server_runtime::testing::ECHO_FLOW;
+use xagent_testkit::ECHO_FLOW;
 
 use crate::bench_support::{
     API_KEY, EchoConnector, Flags, machine, print_table, temp_dir, warn_if_debug,

@@ -15,10 +15,10 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use xagent_protocol_types::{Packet, Secret};
-use xagent_server_runtime::testing::{EchoState, echo_connector};
 use xagent_server_runtime::{
     ConnectorServer, RuntimeConfig, SqliteOptions, SqliteStorage, Synchronous,
 };
+use xagent_testkit::{EchoState, echo_connector};
 
 /// The system API key every harness Connector runs with (loopback only, never a real secret).
 pub const API_KEY: &str = "sk-bench-loopback-7d2f91c4";
@@ -153,15 +153,14 @@ pub fn median(values: &mut [f64]) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// A fresh directory under the system temp dir.
+/// A fresh, private directory under the system temp dir (made with `tempfile`, kept after the
+/// run so its logs can be read).
 pub fn temp_dir(name: &str) -> Result<PathBuf> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!("xagent-{name}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("xagent-{name}-"))
+        .tempdir()
+        .with_context(|| format!("creating a temporary directory for {name}"))?;
+    Ok(dir.keep())
 }
 
 /// The echo Connector (IM v2, `echo_noop` Tool) served on 127.0.0.1 from `dir`.

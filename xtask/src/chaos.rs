@@ -282,8 +282,6 @@ pub fn build_examples(root: &Path) -> Result<Bins> {
         "xagent-server-runtime",
         "-p",
         "xagent-client-runtime",
-        "--features",
-        "xagent-server-runtime/testing",
         "--example",
         "echo_connector",
         "--example",

@@ -1,21 +1,20 @@
 //! The Connector definition: Card, auth flows, the IM target (the room's page), the Tools and
 //! the Skill — all on the public API of `xagent-server-runtime`.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use xagent_profile_im::{ActivityAction, ActivityCapability};
 use xagent_protocol_types::{
-    ActivityStatus, AuthField, AuthFlow, ChatMessage, ConnectionStatus, ConnectorChannelId,
-    DescriptorTarget, ErrorCode, FileRef, PROFILE_IM_V2, Secret, Security, TargetDeclaration,
-    TargetType, TrustLevel,
+    ActivityStatus, ChatMessage, ConnectionStatus, ConnectorChannelId, DescriptorTarget, ErrorCode,
+    FileRef, PROFILE_IM_V2, Secret, Security, TargetDeclaration, TargetType, TrustLevel,
 };
 use xagent_server_runtime::{
-    AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding,
-    ChannelContext, Connector, ConnectorHandle, DeliveryError, DeltaUpdate, FinalDelivery,
-    ImTarget, ToolContext, ToolError,
+    AuthContext, AuthError, AuthPrompt, AuthStep, AuthValues, Binding, BoundReason, ChannelContext,
+    Connector, ConnectorHandle, DeliveryError, DeltaUpdate, FinalDelivery, FlowHandler, FlowSpec,
+    ImTarget, ToolContext, ToolError, ToolSpec,
 };
 
 use crate::error::WebchatError;
@@ -48,7 +47,6 @@ pub(crate) struct App {
     pub(crate) pairings: Mutex<Pairings>,
     /// Absolute URL the pairing links and page links start with (no trailing slash).
     pub(crate) public_url: String,
-    pub(crate) handle: OnceLock<ConnectorHandle>,
 }
 
 impl App {
@@ -62,8 +60,7 @@ impl App {
 
     fn prompt(&self, prompt: &PairingPrompt, message: &str) -> Result<AuthPrompt, AuthError> {
         let link = self.pairing_link(&prompt.token);
-        let image = crate::qr::qr_data_url(&link)
-            .map_err(|e| AuthError::new(ErrorCode::InternalError, e.to_string()))?;
+        let image = crate::qr::qr_data_url(&link).map_err(AuthError::internal)?;
         Ok(AuthPrompt {
             qr_code_text: Some(link),
             qr_code_image: Some(image),
@@ -84,7 +81,7 @@ impl App {
         let previous = self
             .store
             .set_room_channel(&room.room_id, Some(channel))
-            .map_err(|e| AuthError::new(ErrorCode::InternalError, e.to_string()))?;
+            .map_err(AuthError::internal)?;
         if let Some(previous) = previous.filter(|p| p != channel) {
             tracing::info!(room = %room.room_id, %previous, "room moved to another channel");
             let _ = handle.set_status(&previous, ConnectionStatus::Revoked).await;
@@ -139,63 +136,55 @@ fn entry_files(message: &ChatMessage) -> Vec<EntryFile> {
         .collect()
 }
 
-struct WebchatAuth(Arc<App>);
+/// The input of the `webchat_room` form flow (its Card fields are generated from it).
+#[derive(Deserialize, JsonSchema)]
+pub struct RoomForm {
+    /// Room name
+    #[schemars(example = &"support")]
+    pub room_name: String,
+    /// Access code
+    /// Visitors enter this code to join the room (at least 4 characters).
+    pub access_code: Secret,
+}
 
-impl AuthProvider for WebchatAuth {
-    async fn start(&self, ctx: AuthContext, input: AuthValues) -> Result<AuthStep, AuthError> {
-        let app = &self.0;
-        match ctx.flow_id.as_str() {
-            ROOM_FLOW => {
-                let (Some(name), Some(code)) = (input.get("room_name"), input.get("access_code"))
-                else {
-                    return Err(AuthError::new(
-                        ErrorCode::InvalidArguments,
-                        "room_name and access_code are required",
-                    ));
-                };
-                if code.expose().chars().count() < 4 {
-                    return Ok(AuthStep::Failed(
-                        "the access code needs at least 4 characters".into(),
-                    ));
-                }
-                let claim =
-                    app.store.claim_room(name.expose(), code.expose(), ctx.handle.now_millis());
-                let room = match claim {
-                    Ok(RoomClaim::Created(room) | RoomClaim::Matched(room)) => room,
-                    Ok(RoomClaim::WrongCode) => {
-                        return Ok(AuthStep::Failed(
-                            "this room exists with another access code".into(),
-                        ));
-                    }
-                    Err(WebchatError::InvalidInput(reason)) => return Ok(AuthStep::Failed(reason)),
-                    Err(error) => {
-                        return Err(AuthError::new(ErrorCode::InternalError, error.to_string()));
-                    }
-                };
-                Ok(AuthStep::Authenticated(app.bind(&ctx.handle, &room, &ctx.channel).await?))
-            }
-            QR_FLOW => {
-                let prompt = app.pairings().start(
-                    ctx.auth_session_id.clone(),
-                    ctx.channel.clone(),
-                    ctx.handle.now_millis(),
-                );
-                Ok(AuthStep::Pending(
-                    app.prompt(&prompt, "open the link (or scan the code) and confirm")?,
-                ))
-            }
-            other => Err(AuthError::new(
-                ErrorCode::InvalidArguments,
-                format!("unknown auth flow {other:?}"),
-            )),
+/// `webchat_room`: creates the room, or joins it when the access code matches.
+async fn room_sign_in(
+    app: Arc<App>,
+    ctx: AuthContext,
+    form: RoomForm,
+) -> Result<AuthStep, AuthError> {
+    if form.access_code.expose().chars().count() < 4 {
+        return Ok(AuthStep::Failed("the access code needs at least 4 characters".into()));
+    }
+    let claim =
+        app.store.claim_room(&form.room_name, form.access_code.expose(), ctx.handle.now_millis());
+    let room = match claim {
+        Ok(RoomClaim::Created(room) | RoomClaim::Matched(room)) => room,
+        Ok(RoomClaim::WrongCode) => {
+            return Ok(AuthStep::Failed("this room exists with another access code".into()));
         }
+        Err(WebchatError::InvalidInput(reason)) => return Ok(AuthStep::Failed(reason)),
+        Err(error) => return Err(AuthError::internal(error)),
+    };
+    Ok(AuthStep::Authenticated(app.bind(&ctx.handle, &room, &ctx.channel).await?))
+}
+
+/// `webchat_qr_login`: a one-time pairing link shown as a QR code.
+struct PairingFlow(Arc<App>);
+
+impl FlowHandler for PairingFlow {
+    async fn start(&self, ctx: AuthContext, _input: AuthValues) -> Result<AuthStep, AuthError> {
+        let app = &self.0;
+        let prompt = app.pairings().start(
+            ctx.auth_session_id.clone(),
+            ctx.channel.clone(),
+            ctx.handle.now_millis(),
+        );
+        Ok(AuthStep::Pending(app.prompt(&prompt, "open the link (or scan the code) and confirm")?))
     }
 
     async fn status(&self, ctx: AuthContext, refresh: bool) -> Result<AuthStep, AuthError> {
         let app = &self.0;
-        if ctx.flow_id.as_str() != QR_FLOW {
-            return Err(AuthError::unsupported("auth.status"));
-        }
         let now = ctx.handle.now_millis();
         let status = {
             let mut pairings = app.pairings();
@@ -218,10 +207,8 @@ impl AuthProvider for WebchatAuth {
                 let room = app
                     .store
                     .room(&room_id)
-                    .map_err(|e| AuthError::new(ErrorCode::InternalError, e.to_string()))?
-                    .ok_or_else(|| {
-                        AuthError::new(ErrorCode::InternalError, "the paired room disappeared")
-                    })?;
+                    .map_err(AuthError::internal)?
+                    .ok_or_else(|| AuthError::internal("the paired room disappeared"))?;
                 Ok(AuthStep::Authenticated(binding_for(&room)))
             }
         }
@@ -230,26 +217,27 @@ impl AuthProvider for WebchatAuth {
     async fn cancel(&self, ctx: AuthContext) {
         self.0.pairings().cancel(&ctx.auth_session_id);
     }
+}
 
-    async fn logout(&self, ctx: ChannelContext) -> Result<(), AuthError> {
-        if let Some(room) = self.0.room_of(&ctx.channel) {
-            self.0.hub.set_online(&room.room_id, false);
-        }
-        self.0
-            .store
-            .release_channel(&ctx.channel)
-            .map_err(|e| AuthError::new(ErrorCode::InternalError, e.to_string()))
+/// Sign-out (logout or unregistration): the room stays, without an agent.
+async fn unbind(app: Arc<App>, ctx: ChannelContext) -> Result<(), AuthError> {
+    if let Some(room) = app.room_of(&ctx.channel) {
+        app.hub.set_online(&room.room_id, false);
     }
+    app.store.release_channel(&ctx.channel).map_err(AuthError::internal)
+}
 
-    async fn restore(&self, ctx: ChannelContext) {
-        // The room row still names the channel; nothing to re-attach, the page reconnects
-        // on its own. Re-bind when the row was lost (e.g. an older database).
-        let Some(room_id) = ctx.binding.secret(ROOM_SECRET).map(|s| s.expose().to_owned()) else {
-            return;
-        };
-        if self.0.room_of(&ctx.channel).is_none() {
-            let _ = self.0.store.set_room_channel(&room_id, Some(&ctx.channel));
-        }
+/// A restored channel: the room row still names it, nothing to re-attach (the page
+/// reconnects on its own). Re-bind when the row was lost (e.g. an older database).
+async fn rebind(app: Arc<App>, ctx: ChannelContext, reason: BoundReason) {
+    if reason != BoundReason::Restored {
+        return;
+    }
+    let Some(room_id) = ctx.binding.secret(ROOM_SECRET).map(|s| s.expose().to_owned()) else {
+        return;
+    };
+    if app.room_of(&ctx.channel).is_none() {
+        let _ = app.store.set_room_channel(&room_id, Some(&ctx.channel));
     }
 }
 
@@ -282,9 +270,7 @@ impl ImTarget for WebchatTarget {
             created_at: message.created_at.unwrap_or_else(|| ctx.handle.now_millis()),
         };
         // Showing the final replaces the streamed draft with the same id on the page.
-        self.0.show_agent_message(&room.room_id, entry).map_err(|e| {
-            DeliveryError::temporary(ErrorCode::TargetDeliveryFailed, e.to_string())
-        })?;
+        self.0.show_agent_message(&room.room_id, entry).map_err(DeliveryError::internal)?;
         Ok(())
     }
 
@@ -373,9 +359,7 @@ async fn message_send(
         client_id: None,
         created_at: ctx.handle.now_millis(),
     };
-    let shown = app
-        .show_agent_message(&room.room_id, entry)
-        .map_err(|e| ToolError::failed(e.to_string()))?;
+    let shown = app.show_agent_message(&room.room_id, entry).map_err(ToolError::internal)?;
     Ok(json!({ "status": "sent", "message_id": shown.message_id, "room_id": room.room_id }))
 }
 
@@ -407,17 +391,15 @@ async fn file_send(
         client_id: None,
         created_at: ctx.handle.now_millis(),
     };
-    let shown = app
-        .show_agent_message(&room.room_id, entry)
-        .map_err(|e| ToolError::failed(e.to_string()))?;
+    let shown = app.show_agent_message(&room.room_id, entry).map_err(ToolError::internal)?;
     Ok(json!({ "status": "sent", "message_id": shown.message_id, "file_ref": record.file_ref }))
 }
 
 /// Builds the Connector definition around the shared state.
 pub(crate) fn build(app: Arc<App>) -> Result<Connector, WebchatError> {
-    let send_app = Arc::clone(&app);
-    let file_app = Arc::clone(&app);
-    Connector::builder(CARD_ID, "Web Chat", env!("CARGO_PKG_VERSION"))
+    let (room_app, unbind_app, rebind_app) = (Arc::clone(&app), Arc::clone(&app), Arc::clone(&app));
+    let (send_app, file_app) = (Arc::clone(&app), Arc::clone(&app));
+    let connector = Connector::builder(CARD_ID, "Web Chat", env!("CARGO_PKG_VERSION"))
         .description(
             "Puts an xAgent agent on a web page: visitors chat in the browser, replies stream back live.",
         )
@@ -425,39 +407,35 @@ pub(crate) fn build(app: Arc<App>) -> Result<Connector, WebchatError> {
         .target(TargetDeclaration::new(TargetType::Im, PROVIDER, "Web chat"))
         .profile(PROFILE_IM_V2)
         .security(Security::new(TrustLevel::Local, true).with_data_class("message").with_data_class("file"))
-        .auth_flow(
-            AuthFlow::qr_login(QR_FLOW, TargetType::Im, "Pair with a web chat room")
-                .with_description("Open the link or scan the code in a browser and confirm: a new room is created for this channel."),
+        .qr_flow(
+            FlowSpec::new(QR_FLOW, "Pair with a web chat room").description(
+                "Open the link or scan the code in a browser and confirm: a new room is created for this channel.",
+            ),
+            PairingFlow(Arc::clone(&app)),
         )
-        .auth_flow(
-            AuthFlow::form(
-                ROOM_FLOW,
-                TargetType::Im,
-                "Open a named web chat room",
-                vec![
-                    AuthField::text("room_name", "Room name").required().with_placeholder("support"),
-                    AuthField::password("access_code", "Access code")
-                        .required()
-                        .with_help_text("Visitors enter this code to join the room (at least 4 characters)."),
-                ],
-            )
-            .with_description("Creates the room, or joins it when the access code matches."),
+        .form_flow(
+            FlowSpec::new(ROOM_FLOW, "Open a named web chat room")
+                .description("Creates the room, or joins it when the access code matches."),
+            move |ctx, form: RoomForm| room_sign_in(Arc::clone(&room_app), ctx, form),
         )
-        .auth(WebchatAuth(Arc::clone(&app)))
+        .on_unbound(move |ctx| unbind(Arc::clone(&unbind_app), ctx))
+        .on_bound(move |ctx, reason| rebind(Arc::clone(&rebind_app), ctx, reason))
         .im_target(WebchatTarget(Arc::clone(&app)))
         .skill(SKILL)
-        .tool::<MessageSendArgs, _, _>(
-            TOOL_MESSAGE_SEND,
-            "Send a web chat message",
-            "Show an extra text message in the chat room bound to the current channel. Your normal reply is delivered without this tool.",
-            move |ctx, args| message_send(Arc::clone(&send_app), ctx, args),
+        .tool(
+            ToolSpec::new(
+                TOOL_MESSAGE_SEND,
+                "Send a web chat message\nShow an extra text message in the chat room bound to the current channel. Your normal reply is delivered without this tool.",
+            ),
+            move |ctx, args: MessageSendArgs| message_send(Arc::clone(&send_app), ctx, args),
         )
-        .tool::<FileSendArgs, _, _>(
-            TOOL_FILE_SEND,
-            "Send a file to the web chat",
-            "Show a file in the chat room bound to the current channel; file_ref comes from POST /files/uploads on this channel.",
-            move |ctx, args| file_send(Arc::clone(&file_app), ctx, args),
+        .tool(
+            ToolSpec::new(
+                TOOL_FILE_SEND,
+                "Send a file to the web chat\nShow a file in the chat room bound to the current channel; file_ref comes from POST /files/uploads on this channel.",
+            ),
+            move |ctx, args: FileSendArgs| file_send(Arc::clone(&file_app), ctx, args),
         )
-        .build()
-        .map_err(|e| WebchatError::Server(e.to_string()))
+        .build()?;
+    Ok(connector)
 }

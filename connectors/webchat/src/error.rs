@@ -31,6 +31,18 @@ pub enum WebchatError {
     Server(String),
 }
 
+impl From<xagent_server_runtime::ServerError> for WebchatError {
+    fn from(error: xagent_server_runtime::ServerError) -> Self {
+        Self::Server(error.to_string())
+    }
+}
+
+impl From<xagent_server_runtime::DefinitionError> for WebchatError {
+    fn from(error: xagent_server_runtime::DefinitionError) -> Self {
+        Self::Server(error.to_string())
+    }
+}
+
 impl WebchatError {
     /// The stable protocol code.
     pub fn code(&self) -> ErrorCode {

@@ -69,13 +69,12 @@ mod web;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
 use xagent_profile_im::OutboxEvent;
 use xagent_protocol_types::{Clock, ConnectorCard, Secret, SystemClock};
-use xagent_server_runtime::{ConnectorHandle, ConnectorServer};
+use xagent_server_runtime::{CancellationToken, ConnectorHandle, ConnectorServer, RuntimeConfig};
 
 pub use connector::{
     CARD_ID, FileSendArgs, MessageSendArgs, PROVIDER, QR_FLOW, ROOM_FLOW, SKILL, TOOL_FILE_SEND,
@@ -106,6 +105,8 @@ pub struct WebchatOptions {
     pub public_url: String,
     /// The clock (tests inject a `ManualClock`).
     pub clock: Arc<dyn Clock>,
+    /// The runtime's tunables (maintenance interval, lease, ...).
+    pub config: RuntimeConfig,
 }
 
 impl std::fmt::Debug for WebchatOptions {
@@ -126,7 +127,15 @@ impl WebchatOptions {
             api_key: None,
             public_url: public_url.into().trim_end_matches('/').to_owned(),
             clock: Arc::new(SystemClock),
+            config: RuntimeConfig::default(),
         }
+    }
+
+    /// Sets the runtime's tunables.
+    #[must_use]
+    pub fn with_config(mut self, config: RuntimeConfig) -> Self {
+        self.config = config;
+        self
     }
 
     /// Requires this system API key.
@@ -149,7 +158,6 @@ impl WebchatOptions {
 pub struct Webchat {
     server: ConnectorServer,
     app: Arc<App>,
-    shutdown: CancellationToken,
 }
 
 impl std::fmt::Debug for Webchat {
@@ -167,19 +175,24 @@ impl Webchat {
             hub: hub::Hub::default(),
             pairings: Mutex::new(pairing::Pairings::default()),
             public_url: options.public_url.clone(),
-            handle: OnceLock::new(),
         });
         let connector = connector::build(Arc::clone(&app))?;
+        let (page, relay, presence) = (Arc::clone(&app), Arc::clone(&app), Arc::clone(&app));
         let mut builder = ConnectorServer::builder(connector)
-            .state_dir(&options.state_dir)
-            .map_err(|e| WebchatError::Server(e.to_string()))?
-            .clock(Arc::clone(&options.clock));
+            .state_dir(&options.state_dir)?
+            .clock(Arc::clone(&options.clock))
+            .config(options.config.clone())
+            .routes(move |handle| {
+                let shutdown = handle.shutdown_signal();
+                web::router(page, handle, shutdown)
+            })
+            .task(move |handle, shutdown| until(shutdown, relay_outbox_events(relay, handle)))
+            .task(move |handle, shutdown| until(shutdown, watch_presence(presence, handle)));
         if let Some(key) = options.api_key.clone() {
             builder = builder.api_key(key);
         }
-        let server = builder.build().await.map_err(|e| WebchatError::Server(e.to_string()))?;
-        let _ = app.handle.set(server.handle());
-        Ok(Self { server, app, shutdown: CancellationToken::new() })
+        let server = builder.build().await?;
+        Ok(Self { server, app })
     }
 
     /// The Connector Card.
@@ -208,35 +221,26 @@ impl Webchat {
 
     /// Every route: the runtime's control, data and transfer planes plus the chat page.
     pub fn router(&self) -> axum::Router {
-        self.server.router().merge(web::router(Arc::clone(&self.app), self.shutdown.clone()))
+        self.server.router()
     }
 
     /// Serves until `shutdown` completes, then closes pages and xAgent sockets and waits for
-    /// in-flight work. Runs the runtime's maintenance, file cleanup, the delivery-state relay
-    /// and the agent presence watcher meanwhile.
+    /// in-flight work. The runtime runs its maintenance (at the configured interval), the file
+    /// cleanup, the delivery-state relay and the agent presence watcher meanwhile.
     pub async fn serve(
         &self,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), WebchatError> {
-        let mut tasks = vec![
-            tokio::spawn(relay_outbox_events(Arc::clone(&self.app), self.handle())),
-            tokio::spawn(watch_presence(Arc::clone(&self.app), self.handle())),
-            tokio::spawn(maintain(self.server.clone())),
-        ];
-        tasks.extend(self.server.spawn_file_cleanup());
-        let (server, token) = (self.server.clone(), self.shutdown.clone());
-        let stop = async move {
-            shutdown.await;
-            token.cancel();
-            server.shutdown();
-        };
-        let result = axum::serve(listener, self.router()).with_graceful_shutdown(stop).await;
-        for task in tasks {
-            task.abort();
-        }
-        self.server.wait_finished().await;
-        result.map_err(|e| WebchatError::Server(e.to_string()))
+        Ok(self.server.serve(listener, shutdown).await?)
+    }
+}
+
+/// Runs `work` until the runtime shuts down.
+async fn until(shutdown: CancellationToken, work: impl Future<Output = ()>) {
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = work => {}
     }
 }
 
@@ -294,16 +298,6 @@ async fn watch_presence(app: Arc<App>, handle: ConnectorHandle) {
             };
             app.hub.set_online(&room_id, online);
         }
-    }
-}
-
-/// Lease expiry and the runtime's maintenance, as `ConnectorServer::serve` would run them.
-async fn maintain(server: ConnectorServer) {
-    let mut interval = tokio::time::interval(Duration::from_secs(30));
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        interval.tick().await;
-        server.tick().await;
     }
 }
 

@@ -35,6 +35,7 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use xagent_protocol_types::{ChatMessage, FileRef};
+use xagent_server_runtime::ConnectorHandle;
 
 use crate::connector::App;
 use crate::error::WebchatError;
@@ -54,22 +55,28 @@ const ICON_SVG: &str = include_str!("../assets/icon.svg");
 #[derive(Clone)]
 struct Web {
     app: Arc<App>,
+    handle: ConnectorHandle,
     shutdown: CancellationToken,
 }
 
 impl Web {
-    fn handle(&self) -> Result<&xagent_server_runtime::ConnectorHandle, WebchatError> {
-        self.app.handle.get().ok_or_else(|| WebchatError::Server("not started".into()))
+    fn handle(&self) -> Result<&ConnectorHandle, WebchatError> {
+        Ok(&self.handle)
     }
 
     fn now(&self) -> u64 {
-        self.app.handle.get().map_or(0, |h| h.now_millis())
+        self.handle.now_millis()
     }
 }
 
-/// The page routes and the visitor API.
-pub(crate) fn router(app: Arc<App>, shutdown: CancellationToken) -> Router {
-    let web = Web { app, shutdown };
+/// The page routes and the visitor API, built with the runtime's handle (the runtime serves
+/// them next to its own routes).
+pub(crate) fn router(
+    app: Arc<App>,
+    handle: ConnectorHandle,
+    shutdown: CancellationToken,
+) -> Router {
+    let web = Web { app, handle, shutdown };
     Router::new()
         .route("/", get(|| async { Redirect::to("/chat/") }))
         .route("/chat", get(|| async { Redirect::to("/chat/") }))
@@ -162,10 +169,7 @@ async fn join(
 fn snapshot(web: &Web, room_id: &str) -> Result<RoomEvent, WebchatError> {
     let room = web.app.store.room(room_id)?.ok_or(WebchatError::Forbidden)?;
     let (_, drafts, activity) = web.app.hub.subscribe(room_id);
-    let online = match (&room.channel, web.app.handle.get()) {
-        (Some(channel), Some(handle)) => handle.is_routed(channel),
-        _ => false,
-    };
+    let online = room.channel.as_ref().is_some_and(|channel| web.handle.is_routed(channel));
     Ok(RoomEvent::Snapshot {
         room_id: room.room_id,
         room_name: room.name,

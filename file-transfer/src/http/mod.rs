@@ -126,16 +126,9 @@ enum KeyCheck {
 fn check_api_key(api_key: Option<&Secret>, headers: &HeaderMap) -> Result<KeyCheck, TransferError> {
     let Some(key) = api_key else { return Ok(KeyCheck::Absent) };
     let Some(value) = headers.get(header::AUTHORIZATION) else { return Ok(KeyCheck::Absent) };
-    let token = value
-        .to_str()
-        .ok()
-        .and_then(|text| {
-            let (scheme, token) = text.trim().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
-        })
-        .ok_or(TransferError::Unauthorized(
-            "send the system API key as Authorization: Bearer <key>",
-        ))?;
+    let token = value.to_str().ok().and_then(xagent_protocol_types::bearer_token).ok_or(
+        TransferError::Unauthorized("send the system API key as Authorization: Bearer <key>"),
+    )?;
     if key.matches(token) {
         Ok(KeyCheck::Valid)
     } else {

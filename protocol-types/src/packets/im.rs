@@ -144,10 +144,11 @@ fn chat_message_needs_content(schema: &mut schemars::Schema) {
             { "required": ["files"], "properties": { "files": { "type": "array", "minItems": 1 } } }
         ]),
     );
-    let forbidden = ["session_id", "user_connector_id", "user_id", "connector_id", "role"];
     if let Some(properties) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        let forbidden =
+            crate::IM_FORBIDDEN_IDENTITY_FIELDS.iter().chain(crate::FORBIDDEN_FILE_BYTE_FIELDS);
         for name in forbidden {
-            properties.insert(name.into(), serde_json::Value::Bool(false));
+            properties.insert((*name).into(), serde_json::Value::Bool(false));
         }
     }
 }

@@ -413,6 +413,51 @@ bind_requests! {
     Ping => Pong,
 }
 
+/// The request-to-ack pairing, derived from [`PacketType::TABLE`] (the only place a pair is
+/// written down) so no caller keeps its own map.
+impl PacketType {
+    /// The ack type answering `request` (`tool.invoke` -> `tool.invoke.ack`, `ping` -> `pong`;
+    /// `chat.message` -> `chat.message.ack`), or `None` when `request` is not answered by an ack.
+    pub fn ack_type_of(request: &str) -> Option<&'static str> {
+        match Self::spec_of(request)?.role {
+            Role::Request { ack } => Some(ack),
+            Role::Message => Some("chat.message.ack"),
+            _ => None,
+        }
+    }
+
+    /// The request type an ack type answers, or `None` when `ack` is not an ack.
+    pub fn request_type_of(ack: &str) -> Option<&'static str> {
+        match Self::spec_of(ack)?.role {
+            Role::Ack { request } => Some(request),
+            Role::MessageAck => Some("chat.message"),
+            _ => None,
+        }
+    }
+
+    /// True for the acks that carry a result payload unless they carry an `error` instead:
+    /// every request ack except `pong` (whose payload is optional either way).
+    pub fn ack_needs_payload_unless_error(packet_type: &str) -> bool {
+        Self::spec_of(packet_type).is_some_and(|spec| {
+            matches!(spec.role, Role::Ack { .. }) && spec.routing != Routing::Either
+        })
+    }
+}
+
+impl PacketBody {
+    /// The ack body answering `request` with no payload, the shape of an ack that carries an
+    /// `error` instead of a result. `None` when the request type has no payload-optional ack
+    /// (pushes, `chat.message`, `error`, unknown types): answer those with an `error` packet.
+    pub fn empty_ack_for(request: &PacketBody) -> Option<PacketBody> {
+        let ack = PacketType::ack_type_of(request.type_str())?;
+        let spec = PacketType::spec_of(ack)?;
+        if spec.payload_required {
+            return None;
+        }
+        PacketBody::decode::<Value>(ack, None, true).ok()
+    }
+}
+
 impl std::fmt::Display for PacketType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -423,5 +468,65 @@ impl PacketType {
     /// True for types this version knows.
     pub fn is_known(&self) -> bool {
         !matches!(self, Self::Unknown(_))
+    }
+}
+
+#[cfg(test)]
+mod pairing_tests {
+    use super::*;
+
+    #[test]
+    fn request_and_ack_roles_of_the_table_point_at_each_other() {
+        for spec in PacketType::TABLE {
+            if let Some(ack) = PacketType::ack_type_of(spec.packet_type) {
+                assert_eq!(PacketType::request_type_of(ack), Some(spec.packet_type));
+            }
+            if let Some(request) = PacketType::request_type_of(spec.packet_type) {
+                assert_eq!(PacketType::ack_type_of(request), Some(spec.packet_type));
+            }
+        }
+    }
+
+    #[test]
+    fn the_request_trait_agrees_with_the_table() {
+        fn pair<R: Request>() -> (&'static str, &'static str) {
+            (R::TYPE, <R::Ack as Payload>::TYPE)
+        }
+        for (request, ack) in [
+            pair::<ConnectorHello>(),
+            pair::<ChannelOpen>(),
+            pair::<ChannelClose>(),
+            pair::<AuthStart>(),
+            pair::<AuthStatusRequest>(),
+            pair::<AuthCancel>(),
+            pair::<AuthLogout>(),
+            pair::<DescriptorGet>(),
+            pair::<ToolInvoke>(),
+            pair::<ChatMessage>(),
+            pair::<Ping>(),
+        ] {
+            assert_eq!(PacketType::ack_type_of(request), Some(ack), "{request}");
+        }
+    }
+
+    #[test]
+    fn empty_acks_have_the_ack_type_and_no_payload() {
+        let body = PacketBody::empty_ack_for(&PacketBody::ToolInvoke(ToolInvoke::new(
+            "t",
+            Default::default(),
+        )));
+        assert!(matches!(body, Some(PacketBody::ToolInvokeAck(None))));
+        assert!(matches!(
+            PacketBody::empty_ack_for(&PacketBody::Ping(None)),
+            Some(PacketBody::Pong(None))
+        ));
+        assert!(PacketBody::empty_ack_for(&PacketBody::Error(None)).is_none());
+        let requests =
+            PacketType::TABLE.iter().filter(|s| matches!(s.role, Role::Request { .. })).count();
+        let needing = PacketType::TABLE
+            .iter()
+            .filter(|s| PacketType::ack_needs_payload_unless_error(s.packet_type))
+            .count();
+        assert_eq!(needing, requests - 1, "every request's ack but pong");
     }
 }

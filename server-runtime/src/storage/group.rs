@@ -199,7 +199,7 @@ impl std::fmt::Debug for WriteOp {
 }
 
 fn storage_error(operation: &'static str, reason: impl std::fmt::Display) -> StorageError {
-    StorageError { operation, reason: reason.to_string() }
+    StorageError::new(operation, reason.to_string())
 }
 
 fn to_i64(value: u64) -> i64 {

@@ -8,13 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
-use xagent_profile_im::{
-    CompletedRecord, Fingerprint, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite,
-    PendingRecord, StoreError,
-};
+use xagent_profile_im::{IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite};
 use xagent_protocol_types::{
-    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, MessageId,
-    Secret,
+    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, Secret,
 };
 
 use super::group::{self, CommitTicket, GroupCommit, GroupCommitConfig, Synchronous, WriteOp};
@@ -124,12 +120,12 @@ impl SqliteStorage {
         self.writer.0.stats()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Writes and waits for the commit (synchronous callers).
-    fn write(&self, ops: Vec<WriteOp>) -> Result<(), StorageError> {
+    pub(super) fn write(&self, ops: Vec<WriteOp>) -> Result<(), StorageError> {
         self.writer.0.write_blocking(ops)
     }
 }
@@ -157,7 +153,11 @@ fn tool_call_op(
 
 /// Runs a statement through SQLite's statement cache: the SQL text is parsed once per
 /// connection, not on every call (the tool-call record is written on every `tool.invoke`).
-fn exec<P: rusqlite::Params>(conn: &Connection, sql: &str, params: P) -> rusqlite::Result<usize> {
+pub(super) fn exec<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+) -> rusqlite::Result<usize> {
     conn.prepare_cached(sql)?.execute(params)
 }
 
@@ -194,11 +194,11 @@ fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
     Ok(binding)
 }
 
-fn to_i64(value: u64) -> i64 {
+pub(super) fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-fn to_u64(value: i64) -> u64 {
+pub(super) fn to_u64(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
@@ -378,98 +378,11 @@ impl Storage for SqliteStorage {
     }
 }
 
-fn store_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
-    move |e| StoreError::new(operation, e.to_string())
-}
-
-impl OutboxStore for SqliteStorage {
-    fn save_pending(&mut self, r: &PendingRecord) -> Result<(), StoreError> {
-        OutboxStore::apply(self, &[OutboxWrite::Save(r.clone())])
-    }
-
-    fn delete_pending(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<(), StoreError> {
-        OutboxStore::apply(self, &[OutboxWrite::Delete(channel.clone(), message_id.clone())])
-    }
-
-    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
-        let ops = writes.iter().cloned().map(WriteOp::Outbox).collect();
-        self.write(ops).map_err(|e| StoreError::new("outbox write", e.to_string()))
-    }
-
-    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(
-                "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
-                   expires_at, next_attempt_at, last_error FROM im_pending",
-            )
-            .map_err(store_err("load_pending"))?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok(PendingRecord {
-                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
-                    message_id: MessageId::new(row.get::<_, String>(1)?),
-                    seq: to_u64(row.get(2)?),
-                    payload: row.get(3)?,
-                    attempts: row.get(4)?,
-                    first_responsibility_at: to_u64(row.get(5)?),
-                    expires_at: to_u64(row.get(6)?),
-                    next_attempt_at: to_u64(row.get(7)?),
-                    last_error: row.get(8)?,
-                })
-            })
-            .map_err(store_err("load_pending"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(store_err("load_pending"))
-    }
-}
-
-impl IdempotencyStore for SqliteStorage {
-    fn save_completed(&mut self, r: &CompletedRecord) -> Result<(), StoreError> {
-        IdempotencyStore::apply(self, &[IdempotencyWrite::Save(r.clone())])
-    }
-
-    fn delete_completed(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<(), StoreError> {
-        IdempotencyStore::apply(
-            self,
-            &[IdempotencyWrite::Delete(channel.clone(), message_id.clone())],
-        )
-    }
-
-    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
-        let ops = writes.iter().cloned().map(WriteOp::Idempotency).collect();
-        self.write(ops).map_err(|e| StoreError::new("idempotency write", e.to_string()))
-    }
-
-    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare("SELECT channel, message_id, fingerprint, completed_at FROM im_completed")
-            .map_err(store_err("load_completed"))?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok(CompletedRecord {
-                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
-                    message_id: MessageId::new(row.get::<_, String>(1)?),
-                    fingerprint: Fingerprint::from_hex(row.get::<_, String>(2)?),
-                    completed_at: to_u64(row.get(3)?),
-                })
-            })
-            .map_err(store_err("load_completed"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(store_err("load_completed"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xagent_profile_im::PendingRecord;
+    use xagent_protocol_types::MessageId;
     use xagent_protocol_types::{ToolId, ToolStatus};
 
     fn channel(id: &str) -> ChannelRecord {
@@ -496,12 +409,12 @@ mod tests {
         let temp = tempfile::tempdir().unwrap();
         let dir = temp.path();
         {
-            let store = SqliteStorage::open(&dir).unwrap();
+            let store = SqliteStorage::open(dir).unwrap();
             assert_eq!(store.journal_mode().unwrap(), "wal");
             store.save_connector_id(Some(&ConnectorId::new("conn_a"))).unwrap();
             store.save_channel(&channel("cch_1")).unwrap();
         }
-        let store = SqliteStorage::open(&dir).unwrap();
+        let store = SqliteStorage::open(dir).unwrap();
         assert_eq!(store.load_connector_id().unwrap(), Some(ConnectorId::new("conn_a")));
         let channels = store.load_channels().unwrap();
         assert_eq!(channels, vec![channel("cch_1")]);

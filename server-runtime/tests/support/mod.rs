@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use xagent_protocol_types::{ManualClock, Secret};
-use xagent_server_runtime::testing::{EchoState, WsClient, echo_connector};
-use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
+use xagent_server_runtime::{ConnectorServer, RuntimeConfig, ToolSpec};
+use xagent_testkit::{EchoState, WsClient, echo_connector};
 
 pub const API_KEY: &str = "sk-test-4f9c2a7d81e3b6";
 pub const START: u64 = 1_790_000_000_000;
@@ -23,15 +23,7 @@ pub struct Harness {
 }
 
 pub fn temp_dir(name: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("xsr-{name}-{}-{}", std::process::id(), rand_suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn rand_suffix() -> u64 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000_007
+    xagent_testkit::temp_state_dir(&format!("xsr-{name}"))
 }
 
 pub async fn start(dir: PathBuf, clock: ManualClock, config: RuntimeConfig) -> Harness {
@@ -101,11 +93,11 @@ use xagent_protocol_types::{
     AuthField, AuthFlow, ChatMessage, DescriptorTarget, PROFILE_IM_V2, TargetDeclaration,
     TargetType,
 };
-use xagent_server_runtime::testing::{ECHO_CARD_ID, ECHO_FLOW};
 use xagent_server_runtime::{
     AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, Binding, ChannelContext, Connector,
     ConnectorBuilder, DeliveryError, FinalDelivery, ImTarget, ToolContext,
 };
+use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW};
 
 /// Signs in at once with the echo form flow's `token` field (so `WsClient::sign_in` works).
 pub struct InstantAuth;
@@ -183,10 +175,11 @@ pub fn gated_connector(gate: &Gate) -> ConnectorBuilder {
             vec![AuthField::password("token", "Token").required()],
         ))
         .auth(InstantAuth)
-        .tool::<GateArgs, _, _>(
-            "slow_work",
-            "Slow work",
-            "Runs until the test releases it.",
+        .tool::<GateArgs, _, _, _>(
+            ToolSpec::new(
+                "slow_work",
+                concat!("Slow work", "\n", "Runs until the test releases it."),
+            ),
             move |_ctx: ToolContext, args: GateArgs| {
                 let gate = gate.clone();
                 async move {

@@ -20,13 +20,7 @@ use xagent_protocol_types::{
 pub const API_KEY: &str = "sk-webchat-test-3c9e1a";
 
 pub fn temp_dir(name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!("webchat-{name}-{}-{nanos:x}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+    xagent_testkit::temp_state_dir(&format!("webchat-{name}"))
 }
 
 pub struct Server {

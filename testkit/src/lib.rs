@@ -1,8 +1,11 @@
-//! A reusable test connector and client (feature `testing`): an "echo" IM v2 Connector with a
-//! form auth flow (a secret `token` field), two Tools (`echo_send`, and `echo_noop` for
-//! benchmarks), inbound-message injection, and a small WebSocket client speaking the packet
-//! envelope. Used by this crate's integration tests and by later crates (an xAgent-side
-//! client, the conformance suite).
+//! # xagent-testkit (unpublished)
+//!
+//! Test support for the workspace: an "echo" IM v2 Connector built on the public author API
+//! of `xagent-server-runtime` (a typed form flow with a secret `token` field, two Tools:
+//! `echo_send`, and the read-only `echo_noop` for benchmarks), a running [`EchoServer`],
+//! inbound-message injection, a small WebSocket client speaking the packet envelope, and
+//! private temporary state directories made with `tempfile`. Used by `server-runtime`'s
+//! integration tests, `client-runtime`, the cli, `im.webchat`'s tests and xtask.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -16,14 +19,13 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use xagent_profile_im::{ActivityAction, ActivityCapability};
 use xagent_protocol_types::{
-    AuthField, AuthFlow, ChatMessage, ConnectorChannelId, DescriptorTarget, ErrorCode, MessageId,
-    PROFILE_IM_V2, Packet, PacketBody, Payload, Secret, Security, TargetDeclaration, TargetType,
-    TrustLevel,
+    ChatMessage, ConnectorChannelId, DescriptorTarget, ErrorCode, MessageId, PROFILE_IM_V2, Packet,
+    PacketBody, Payload, Secret, Security, TargetDeclaration, TargetType, TrustLevel,
 };
-
-use crate::{
-    AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, Binding, ChannelContext, Connector,
-    ConnectorHandle, DeliveryError, FinalDelivery, ImTarget, ToolContext, ToolError,
+use xagent_server_runtime::{
+    AuthContext, AuthError, AuthStep, Binding, BoundReason, ChannelContext, Connector,
+    ConnectorHandle, DeliveryError, FinalDelivery, FlowSpec, HandleError, ImTarget, ToolContext,
+    ToolError, ToolSpec,
 };
 
 /// Card id of the echo connector.
@@ -85,46 +87,42 @@ impl EchoState {
     }
 }
 
-struct EchoAuth(EchoState);
+/// The echo form flow's input.
+#[derive(Deserialize, JsonSchema)]
+pub struct EchoForm {
+    /// Echo token
+    pub token: Secret,
+}
 
-impl AuthProvider for EchoAuth {
-    async fn start(&self, ctx: AuthContext, input: AuthValues) -> Result<AuthStep, AuthError> {
-        let Some(token) = input.get("token") else {
-            return Err(AuthError::new(ErrorCode::InvalidArguments, "the token field is required"));
-        };
-        if token.matches(ECHO_BAD_TOKEN) {
-            return Ok(AuthStep::Failed("the echo service refused the token".into()));
-        }
-        self.0.log().tokens_used += 1;
-        let hint =
-            format!("echo {}***", ctx.channel.as_str().chars().skip(4).take(4).collect::<String>());
-        let binding = Binding::new(
-            DescriptorTarget::new("echo", format!("Echo {hint}"))
-                .with_label("Echo")
-                .with_account_hint(hint),
-        )
-        .with_secret("token", Secret::new(token.expose()));
-        // One shared poller for every signed-in channel.
-        let state = self.0.clone();
-        ctx.handle.attach_consumer("echo-poller", &ctx.channel, move || {
-            state.log().poller_starts += 1;
-            Box::new(move || state.log().poller_stops += 1)
-        });
-        Ok(AuthStep::Authenticated(binding))
+async fn echo_sign_in(
+    state: EchoState,
+    ctx: AuthContext,
+    form: EchoForm,
+) -> Result<AuthStep, AuthError> {
+    if form.token.matches(ECHO_BAD_TOKEN) {
+        return Ok(AuthStep::Failed("the echo service refused the token".into()));
     }
+    state.log().tokens_used += 1;
+    let hint =
+        format!("echo {}***", ctx.channel.as_str().chars().skip(4).take(4).collect::<String>());
+    let binding = Binding::new(
+        DescriptorTarget::new("echo", format!("Echo {hint}"))
+            .with_label("Echo")
+            .with_account_hint(hint),
+    )
+    .with_secret("token", form.token);
+    Ok(AuthStep::Authenticated(binding))
+}
 
-    async fn logout(&self, ctx: ChannelContext) -> Result<(), AuthError> {
-        self.0.log().signed_out.push(ctx.channel);
-        Ok(())
-    }
-
-    async fn restore(&self, ctx: ChannelContext) {
-        let state = self.0.clone();
-        ctx.handle.attach_consumer("echo-poller", &ctx.channel, move || {
-            state.log().poller_starts += 1;
-            Box::new(move || state.log().poller_stops += 1)
-        });
-        self.0.log().restored.push(ctx.channel);
+/// One shared poller for every bound channel (signed in or restored).
+async fn echo_bound(state: EchoState, ctx: ChannelContext, reason: BoundReason) {
+    let poller = state.clone();
+    ctx.handle.attach_consumer("echo-poller", &ctx.channel, move || {
+        poller.log().poller_starts += 1;
+        Box::new(move || poller.log().poller_stops += 1)
+    });
+    if reason == BoundReason::Restored {
+        state.log().restored.push(ctx.channel);
     }
 }
 
@@ -191,19 +189,28 @@ pub fn echo_connector() -> (Connector, EchoState) {
         .target(TargetDeclaration::new(TargetType::Im, "echo", "Echo"))
         .profile(PROFILE_IM_V2)
         .security(Security::new(TrustLevel::Local, true).with_data_class("message"))
-        .auth_flow(AuthFlow::form(
-            ECHO_FLOW,
-            TargetType::Im,
-            "Bind an Echo account",
-            vec![AuthField::password("token", "Echo token").required()],
-        ))
-        .auth(EchoAuth(state.clone()))
+        .form_flow(FlowSpec::new(ECHO_FLOW, "Bind an Echo account"), {
+            let state = state.clone();
+            move |ctx, form: EchoForm| echo_sign_in(state.clone(), ctx, form)
+        })
+        .on_bound({
+            let state = state.clone();
+            move |ctx, reason| echo_bound(state.clone(), ctx, reason)
+        })
+        .on_unbound({
+            let state = state.clone();
+            move |ctx: ChannelContext| {
+                state.log().signed_out.push(ctx.channel);
+                async { Ok(()) }
+            }
+        })
         .im_target(EchoTarget(state.clone()))
         .skill(ECHO_SKILL)
-        .tool::<EchoSendArgs, _, _>(
-            "echo_send",
-            "Send an Echo message",
-            "Send text to the Echo contact bound to the current channel.",
+        .tool(
+            ToolSpec::new(
+                "echo_send",
+                "Send an Echo message\nSend text to the Echo contact bound to the current channel.",
+            ),
             move |ctx: ToolContext, args: EchoSendArgs| {
                 let state = tool_state.clone();
                 async move {
@@ -223,10 +230,9 @@ pub fn echo_connector() -> (Connector, EchoState) {
                 }
             },
         )
-        .read_only_tool::<NoArgs, _, _>(
-            "echo_noop",
-            "Do nothing",
-            "Returns an empty object; for benchmarks.",
+        .tool(
+            ToolSpec::new("echo_noop", "Do nothing\nReturns an empty object; for benchmarks.")
+                .read_only(),
             |_ctx: ToolContext, _args: NoArgs| async { Ok(json!({})) },
         )
         .build();
@@ -239,7 +245,7 @@ pub fn echo_connector() -> (Connector, EchoState) {
 /// A running echo connector on 127.0.0.1 with the system clock, for tests in other crates.
 pub struct EchoServer {
     /// The server.
-    pub server: crate::ConnectorServer,
+    pub server: xagent_server_runtime::ConnectorServer,
     /// The echo target's log.
     pub echo: EchoState,
     /// Where it listens.
@@ -257,7 +263,7 @@ impl EchoServer {
         addr: Option<std::net::SocketAddr>,
     ) -> Result<Self, String> {
         let (connector, echo) = echo_connector();
-        let server = crate::ConnectorServer::builder(connector)
+        let server = xagent_server_runtime::ConnectorServer::builder(connector)
             .state_dir(dir)
             .map_err(|e| e.to_string())?
             .api_key(xagent_protocol_types::Secret::new(api_key))
@@ -304,15 +310,15 @@ impl EchoServer {
     }
 }
 
-/// A fresh, unique temporary directory for a test's state.
+/// A fresh, private (mode 0700) temporary directory for a test's state, made with `tempfile`.
+/// It is kept after the test (servers may still write to it while a test ends); the system's
+/// temporary directory cleanup removes it.
 pub fn temp_state_dir(name: &str) -> std::path::PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!("xagent-{name}-{}-{nanos:x}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    dir
+    let made = tempfile::Builder::new().prefix(&format!("xagent-{name}-")).tempdir();
+    match made {
+        Ok(dir) => dir.keep(),
+        Err(error) => panic!("cannot create a temporary state directory: {error}"),
+    }
 }
 
 /// Hands an inbound echo message to xAgent (the "target system received a message" event).
@@ -321,7 +327,7 @@ pub async fn inject_message(
     channel: &ConnectorChannelId,
     message_id: &str,
     text: &str,
-) -> Result<(), crate::HandleError> {
+) -> Result<(), HandleError> {
     let message =
         ChatMessage::text(MessageId::new(message_id), text).created_at(handle.now_millis());
     handle.send_message(channel, message).await

@@ -8,12 +8,13 @@
 //! memory only: an interrupted sign-in is restarted by the user.
 
 //!
-//! - `sqlite`: [`SqliteStorage`], the default;
+//! - `sqlite`: [`SqliteStorage`], the default; `sqlite_im`: the IM stores on it;
 //! - `group`: its group-commit writer ([`GroupCommit`]): concurrent writes share one
 //!   transaction, and nothing is acknowledged before that transaction committed.
 
 mod group;
 mod sqlite;
+mod sqlite_im;
 
 pub use group::{
     CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous, WriteOp,
@@ -125,9 +126,9 @@ pub trait Storage: Send + Sync + 'static {
         CommitTicket::ready(self.save_tool_call(channel, key, record))
     }
 
-    /// Commits IM writes (outbox and receiver idempotency, in that order) without blocking;
-    /// the ticket resolves once they are durable. Submissions are applied in the order they
-    /// were made. The default writes them at once through the two stores.
+    /// Commits IM writes (outbox, then receiver idempotency) without blocking; the ticket
+    /// resolves once they are durable. Submissions are applied in the order they were made.
+    /// The default writes them at once through the two stores.
     fn commit_im(
         &self,
         outbox: Vec<OutboxWrite>,
@@ -137,7 +138,7 @@ pub trait Storage: Send + Sync + 'static {
             .outbox_store()
             .apply(&outbox)
             .and_then(|()| self.idempotency_store().apply(&idempotency))
-            .map_err(|e| StorageError::new("commit IM writes", e));
+            .map_err(|e| StorageError::new("commit IM writes", e.to_string()));
         CommitTicket::ready(result)
     }
 }

@@ -21,26 +21,32 @@ pub(crate) struct Consumers {
 }
 
 impl Consumers {
-    /// Adds `channel` as a user of `key`, starting the consumer with `start` if it is the first.
-    /// Returns true when it was started.
-    pub(crate) fn attach(
-        &mut self,
-        key: &str,
-        channel: &ConnectorChannelId,
-        start: impl FnOnce() -> StopFn,
-    ) -> bool {
+    /// Adds `channel` as a user of `key` when the consumer runs; false when it does not (the
+    /// caller starts it outside the lock and calls [`Consumers::insert`]).
+    pub(crate) fn join(&mut self, key: &str, channel: &ConnectorChannelId) -> bool {
         match self.entries.get_mut(key) {
             Some(entry) => {
                 entry.channels.insert(channel.clone());
-                false
-            }
-            None => {
-                let stop = start();
-                let channels = std::iter::once(channel.clone()).collect();
-                self.entries.insert(key.to_owned(), Entry { channels, stop });
                 true
             }
+            None => false,
         }
+    }
+
+    /// Records a consumer started for `channel`. When another start won the race meanwhile,
+    /// `channel` joins that one and the surplus stop function is returned (to run it).
+    pub(crate) fn insert(
+        &mut self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        stop: StopFn,
+    ) -> Option<StopFn> {
+        if self.join(key, channel) {
+            return Some(stop);
+        }
+        let channels = std::iter::once(channel.clone()).collect();
+        self.entries.insert(key.to_owned(), Entry { channels, stop });
+        None
     }
 
     /// Removes `channel` from `key`; returns the stop function when it was the last user (the
@@ -85,13 +91,14 @@ mod tests {
         let mut consumers = Consumers::default();
         let (a, b) = (ConnectorChannelId::new("a"), ConnectorChannelId::new("b"));
         for channel in [&a, &b] {
-            let (started, stopped) = (started.clone(), stopped.clone());
-            consumers.attach("poller", channel, move || {
+            if !consumers.join("poller", channel) {
                 started.fetch_add(1, Ordering::SeqCst);
-                Box::new(move || {
+                let stopped = stopped.clone();
+                let stop: StopFn = Box::new(move || {
                     stopped.fetch_add(1, Ordering::SeqCst);
-                })
-            });
+                });
+                assert!(consumers.insert("poller", channel, stop).is_none());
+            }
         }
         assert_eq!(started.load(Ordering::SeqCst), 1);
         assert_eq!(consumers.users("poller"), 2);

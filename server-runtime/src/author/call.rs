@@ -1,0 +1,312 @@
+//! The one place the runtime calls author code. Each author trait or closure gets an
+//! object-safe face here, and every call goes through [`contain`]: a panic in author code is
+//! caught, logged and turned into a generic error (or nothing), so it can neither take a
+//! connection down nor skip the runtime's bookkeeping. Callers never hold a runtime lock
+//! while awaiting these calls.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use serde_json::{Map, Value};
+use xagent_profile_im::{ActivityAction, ActivityCapability};
+use xagent_protocol_types::{ChatMessage, ErrorCode, FlowId};
+
+use super::auth::{AuthError, AuthProvider, AuthStep, BoundReason, FlowHandler};
+use super::context::{AuthContext, AuthValues, ChannelContext, ToolContext};
+use super::im::{DeliveryError, DeltaUpdate, FinalDelivery, ImTarget};
+use super::tool::{RegisteredTool, ToolError};
+
+/// A boxed, sendable future.
+pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Author code panicked (already logged).
+#[derive(Debug)]
+pub(crate) struct Panicked;
+
+/// Runs author code, catching a panic. `what` names the call in the log line.
+pub(crate) async fn contain<T>(
+    what: &'static str,
+    call: impl Future<Output = T>,
+) -> Result<T, Panicked> {
+    match std::panic::AssertUnwindSafe(call).catch_unwind().await {
+        Ok(value) => Ok(value),
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(call = what, panic = %text, "Connector code panicked; contained");
+            Err(Panicked)
+        }
+    }
+}
+
+fn panicked_auth() -> AuthError {
+    AuthError::new(ErrorCode::InternalError, crate::error::INTERNAL_MESSAGE)
+}
+
+/// Object-safe face of [`FlowHandler`].
+pub(crate) trait DynFlow: Send + Sync {
+    fn start(&self, ctx: AuthContext, input: AuthValues)
+    -> BoxFut<'_, Result<AuthStep, AuthError>>;
+    fn status(&self, ctx: AuthContext, refresh: bool) -> BoxFut<'_, Result<AuthStep, AuthError>>;
+    fn cancel(&self, ctx: AuthContext) -> BoxFut<'_, ()>;
+}
+
+impl<H: FlowHandler> DynFlow for H {
+    fn start(
+        &self,
+        ctx: AuthContext,
+        input: AuthValues,
+    ) -> BoxFut<'_, Result<AuthStep, AuthError>> {
+        Box::pin(FlowHandler::start(self, ctx, input))
+    }
+    fn status(&self, ctx: AuthContext, refresh: bool) -> BoxFut<'_, Result<AuthStep, AuthError>> {
+        Box::pin(FlowHandler::status(self, ctx, refresh))
+    }
+    fn cancel(&self, ctx: AuthContext) -> BoxFut<'_, ()> {
+        Box::pin(FlowHandler::cancel(self, ctx))
+    }
+}
+
+/// A typed form flow: the wire input deserialised into the author's struct.
+pub(crate) struct FormFlow<Form, F> {
+    pub(crate) handler: F,
+    pub(crate) form: std::marker::PhantomData<fn() -> Form>,
+}
+
+impl<Form, F, Fut> FlowHandler for FormFlow<Form, F>
+where
+    Form: serde::de::DeserializeOwned + Send + 'static,
+    F: Fn(AuthContext, Form) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<AuthStep, AuthError>> + Send + 'static,
+{
+    async fn start(&self, ctx: AuthContext, input: AuthValues) -> Result<AuthStep, AuthError> {
+        let object: Map<String, Value> = input
+            .iter()
+            .map(|(name, value)| (name.to_owned(), Value::String(value.expose().to_owned())))
+            .collect();
+        // The serde error names the field, never its value.
+        let form: Form = serde_json::from_value(Value::Object(object)).map_err(|error| {
+            AuthError::new(
+                ErrorCode::InvalidArguments,
+                format!("the form input does not match the flow's fields: {error}"),
+            )
+        })?;
+        (self.handler)(ctx, form).await
+    }
+}
+
+/// Object-safe face of [`AuthProvider`].
+pub(crate) trait DynProvider: Send + Sync {
+    fn start(&self, ctx: AuthContext, input: AuthValues)
+    -> BoxFut<'_, Result<AuthStep, AuthError>>;
+    fn status(&self, ctx: AuthContext, refresh: bool) -> BoxFut<'_, Result<AuthStep, AuthError>>;
+    fn cancel(&self, ctx: AuthContext) -> BoxFut<'_, ()>;
+    fn logout(&self, ctx: ChannelContext) -> BoxFut<'_, Result<(), AuthError>>;
+    fn unregister(&self, ctx: ChannelContext) -> BoxFut<'_, ()>;
+    fn restore(&self, ctx: ChannelContext) -> BoxFut<'_, ()>;
+}
+
+impl<A: AuthProvider> DynProvider for A {
+    fn start(
+        &self,
+        ctx: AuthContext,
+        input: AuthValues,
+    ) -> BoxFut<'_, Result<AuthStep, AuthError>> {
+        Box::pin(AuthProvider::start(self, ctx, input))
+    }
+    fn status(&self, ctx: AuthContext, refresh: bool) -> BoxFut<'_, Result<AuthStep, AuthError>> {
+        Box::pin(AuthProvider::status(self, ctx, refresh))
+    }
+    fn cancel(&self, ctx: AuthContext) -> BoxFut<'_, ()> {
+        Box::pin(AuthProvider::cancel(self, ctx))
+    }
+    fn logout(&self, ctx: ChannelContext) -> BoxFut<'_, Result<(), AuthError>> {
+        Box::pin(AuthProvider::logout(self, ctx))
+    }
+    fn unregister(&self, ctx: ChannelContext) -> BoxFut<'_, ()> {
+        Box::pin(AuthProvider::unregister(self, ctx))
+    }
+    fn restore(&self, ctx: ChannelContext) -> BoxFut<'_, ()> {
+        Box::pin(AuthProvider::restore(self, ctx))
+    }
+}
+
+/// The `on_bound` hook.
+pub(crate) type BoundHook =
+    dyn Fn(ChannelContext, BoundReason) -> BoxFut<'static, ()> + Send + Sync;
+/// The `on_unbound` hook (sign-out and unregistration).
+pub(crate) type UnboundHook =
+    dyn Fn(ChannelContext) -> BoxFut<'static, Result<(), AuthError>> + Send + Sync;
+
+/// Every piece of auth code of a Connector: per-flow handlers, an optional multi-flow
+/// provider (flows without their own handler), and the bound/unbound hooks.
+#[derive(Default)]
+pub(crate) struct AuthCode {
+    pub(crate) flows: HashMap<FlowId, Arc<dyn DynFlow>>,
+    pub(crate) provider: Option<Arc<dyn DynProvider>>,
+    pub(crate) on_bound: Option<Arc<BoundHook>>,
+    pub(crate) on_unbound: Option<Arc<UnboundHook>>,
+}
+
+impl AuthCode {
+    /// `auth.start` of `ctx.flow_id`.
+    pub(crate) async fn start(
+        &self,
+        ctx: AuthContext,
+        input: AuthValues,
+    ) -> Result<AuthStep, AuthError> {
+        let call = match (self.flows.get(&ctx.flow_id), &self.provider) {
+            (Some(flow), _) => flow.start(ctx, input),
+            (None, Some(provider)) => provider.start(ctx, input),
+            (None, None) => return Err(AuthError::unsupported("auth.start")),
+        };
+        contain("auth start", call).await.unwrap_or_else(|_| Err(panicked_auth()))
+    }
+
+    /// `auth.status` of a pending session.
+    pub(crate) async fn status(
+        &self,
+        ctx: AuthContext,
+        refresh: bool,
+    ) -> Result<AuthStep, AuthError> {
+        let call = match (self.flows.get(&ctx.flow_id), &self.provider) {
+            (Some(flow), _) => flow.status(ctx, refresh),
+            (None, Some(provider)) => provider.status(ctx, refresh),
+            (None, None) => return Err(AuthError::unsupported("auth.status")),
+        };
+        contain("auth status", call).await.unwrap_or_else(|_| Err(panicked_auth()))
+    }
+
+    /// Cancels a pending session (a panic is logged and ignored).
+    pub(crate) async fn cancel(&self, ctx: AuthContext) {
+        let call = match (self.flows.get(&ctx.flow_id), &self.provider) {
+            (Some(flow), _) => flow.cancel(ctx),
+            (None, Some(provider)) => provider.cancel(ctx),
+            (None, None) => return,
+        };
+        let _ = contain("auth cancel", call).await;
+    }
+
+    /// `auth.logout`: the author's sign-out in the target system.
+    pub(crate) async fn logout(&self, ctx: ChannelContext) -> Result<(), AuthError> {
+        let call = match (&self.on_unbound, &self.provider) {
+            (Some(hook), _) => hook(ctx),
+            (None, Some(provider)) => provider.logout(ctx),
+            (None, None) => return Ok(()),
+        };
+        contain("logout", call).await.unwrap_or_else(|_| Err(panicked_auth()))
+    }
+
+    /// Unregistration (lease expiry): sign-out cleanup; failures are logged.
+    pub(crate) async fn unregister(&self, ctx: ChannelContext) {
+        let result = match (&self.on_unbound, &self.provider) {
+            (Some(hook), _) => contain("unregister", hook(ctx)).await,
+            (None, Some(provider)) => contain("unregister", provider.unregister(ctx)).await.map(Ok),
+            (None, None) => return,
+        };
+        if let Ok(Err(error)) = result {
+            tracing::warn!(code = %error.code, "sign-out cleanup during unregister failed");
+        }
+    }
+
+    /// A channel is bound (signed in, restored, or opened without auth flows).
+    pub(crate) async fn bound(&self, ctx: ChannelContext, reason: BoundReason) {
+        if reason == BoundReason::Restored
+            && let Some(provider) = &self.provider
+        {
+            let _ = contain("restore", provider.restore(ctx.clone())).await;
+        }
+        if let Some(hook) = &self.on_bound {
+            let _ = contain("on_bound", hook(ctx, reason)).await;
+        }
+    }
+}
+
+/// Object-safe face of [`ImTarget`].
+pub(crate) trait DynIm: Send + Sync {
+    fn streams_deltas(&self) -> bool;
+    fn deliver(
+        &self,
+        ctx: ChannelContext,
+        message: ChatMessage,
+        how: FinalDelivery,
+    ) -> BoxFut<'_, Result<(), DeliveryError>>;
+    fn delta(&self, ctx: ChannelContext, update: DeltaUpdate) -> BoxFut<'_, Option<String>>;
+    fn activity_capability(&self) -> ActivityCapability;
+    fn activity(&self, ctx: ChannelContext, action: ActivityAction) -> BoxFut<'_, ()>;
+}
+
+impl<T: ImTarget> DynIm for T {
+    fn streams_deltas(&self) -> bool {
+        T::STREAMS_DELTAS
+    }
+    fn deliver(
+        &self,
+        ctx: ChannelContext,
+        message: ChatMessage,
+        how: FinalDelivery,
+    ) -> BoxFut<'_, Result<(), DeliveryError>> {
+        Box::pin(ImTarget::deliver(self, ctx, message, how))
+    }
+    fn delta(&self, ctx: ChannelContext, update: DeltaUpdate) -> BoxFut<'_, Option<String>> {
+        Box::pin(ImTarget::delta(self, ctx, update))
+    }
+    fn activity_capability(&self) -> ActivityCapability {
+        T::ACTIVITY
+    }
+    fn activity(&self, ctx: ChannelContext, action: ActivityAction) -> BoxFut<'_, ()> {
+        Box::pin(ImTarget::activity(self, ctx, action))
+    }
+}
+
+/// The author's IM target behind contained calls.
+#[derive(Clone)]
+pub(crate) struct ImCode(pub(crate) Arc<dyn DynIm>);
+
+impl ImCode {
+    pub(crate) fn streams_deltas(&self) -> bool {
+        self.0.streams_deltas()
+    }
+
+    pub(crate) fn activity_capability(&self) -> ActivityCapability {
+        self.0.activity_capability()
+    }
+
+    /// Delivers a final message; a panic becomes a final (not retryable) `internal_error`:
+    /// running the same code again would panic again.
+    pub(crate) async fn deliver(
+        &self,
+        ctx: ChannelContext,
+        message: ChatMessage,
+        how: FinalDelivery,
+    ) -> Result<(), DeliveryError> {
+        contain("deliver", self.0.deliver(ctx, message, how)).await.unwrap_or_else(|_| {
+            Err(DeliveryError::permanent(ErrorCode::InternalError, crate::error::INTERNAL_MESSAGE))
+        })
+    }
+
+    pub(crate) async fn delta(&self, ctx: ChannelContext, update: DeltaUpdate) -> Option<String> {
+        contain("delta", self.0.delta(ctx, update)).await.ok().flatten()
+    }
+
+    pub(crate) async fn activity(&self, ctx: ChannelContext, action: ActivityAction) {
+        let _ = contain("activity", self.0.activity(ctx, action)).await;
+    }
+}
+
+/// Runs a registered Tool; a panic becomes `internal_error` with a generic message.
+pub(crate) async fn call_tool(
+    tool: &RegisteredTool,
+    ctx: ToolContext,
+    arguments: Map<String, Value>,
+) -> Result<Value, ToolError> {
+    contain("tool", (tool.call)(ctx, arguments)).await.unwrap_or_else(|_| {
+        Err(ToolError::new(ErrorCode::InternalError, crate::error::INTERNAL_MESSAGE))
+    })
+}

@@ -1,0 +1,155 @@
+//! The values the runtime hands author code: a channel's binding, form input held as secrets,
+//! and the contexts of auth steps, hooks and Tool calls (each with the runtime handle).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use xagent_protocol_types::{
+    AuthInput, AuthSessionId, ConnectorChannelId, DescriptorTarget, FlowId, RequestId, Secret,
+    ToolCallId, ToolId, ToolProgressPush,
+};
+
+use crate::handle::ConnectorHandle;
+
+/// What the runtime keeps about a signed-in channel: display-level target facts (they go into
+/// the Descriptor) and private material (tokens, cursors) that never leaves the Connector.
+/// Persisted by the storage, restored after a restart. `Debug` shows only the secret names.
+#[derive(Clone, PartialEq)]
+pub struct Binding {
+    /// Display-level account facts for the Descriptor's `target` (redacted hints only).
+    pub target: DescriptorTarget,
+    secrets: BTreeMap<String, Secret>,
+}
+
+impl Binding {
+    /// A binding with its Descriptor target and no private material.
+    pub fn new(target: DescriptorTarget) -> Self {
+        Self { target, secrets: BTreeMap::new() }
+    }
+
+    /// Adds a private value (a target token, a cursor): persisted, never shown.
+    #[must_use]
+    pub fn with_secret(mut self, name: impl Into<String>, value: Secret) -> Self {
+        self.secrets.insert(name.into(), value);
+        self
+    }
+
+    /// A private value by name.
+    pub fn secret(&self, name: &str) -> Option<&Secret> {
+        self.secrets.get(name)
+    }
+
+    /// All private values.
+    pub fn secrets(&self) -> &BTreeMap<String, Secret> {
+        &self.secrets
+    }
+}
+
+impl std::fmt::Debug for Binding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Binding")
+            .field("target", &self.target)
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Form values of an `auth.start`, every one held as a [`Secret`] so none can be logged.
+#[derive(Clone, Default)]
+pub struct AuthValues(BTreeMap<String, Secret>);
+
+impl AuthValues {
+    /// Reads the wire input; non-string values are kept as their JSON text.
+    pub fn from_input(input: Option<&AuthInput>) -> Self {
+        let mut values = BTreeMap::new();
+        if let Some(input) = input {
+            for (name, value) in &input.0 {
+                let text = match value {
+                    Value::String(text) => text.clone(),
+                    Value::Null => continue,
+                    other => other.to_string(),
+                };
+                values.insert(name.clone(), Secret::new(text));
+            }
+        }
+        Self(values)
+    }
+
+    /// A value by field name.
+    pub fn get(&self, name: &str) -> Option<&Secret> {
+        self.0.get(name)
+    }
+
+    /// True when the field is present and not empty.
+    pub fn has(&self, name: &str) -> bool {
+        self.0.get(name).is_some_and(|value| !value.is_empty())
+    }
+
+    /// Every name with its value.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &Secret)> {
+        self.0.iter().map(|(name, value)| (name.as_str(), value))
+    }
+
+    /// Field names (never values).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+}
+
+impl std::fmt::Debug for AuthValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.0.keys().map(|k| (k, "<redacted>"))).finish()
+    }
+}
+
+/// Where an auth step runs: the channel, the flow, the session, and the runtime handle.
+#[derive(Clone, Debug)]
+pub struct AuthContext {
+    /// The channel being authenticated.
+    pub channel: ConnectorChannelId,
+    /// The flow from the Card.
+    pub flow_id: FlowId,
+    /// The session this step belongs to.
+    pub auth_session_id: AuthSessionId,
+    /// The runtime.
+    pub handle: ConnectorHandle,
+}
+
+/// A signed-in channel as seen by author code: its id, its binding, and the runtime handle.
+#[derive(Clone, Debug)]
+pub struct ChannelContext {
+    /// The channel.
+    pub channel: ConnectorChannelId,
+    /// Its binding (target facts and private material).
+    pub binding: Binding,
+    /// The runtime.
+    pub handle: ConnectorHandle,
+}
+
+/// What a Tool handler gets besides its typed arguments.
+#[derive(Clone, Debug)]
+pub struct ToolContext {
+    /// The channel (from the envelope; the model's argument copy is never used).
+    pub channel: ConnectorChannelId,
+    /// The Tool.
+    pub tool_id: ToolId,
+    /// The request.
+    pub request_id: Option<RequestId>,
+    /// xAgent's call id, if given (correlation only, never authorization).
+    pub tool_call_id: Option<ToolCallId>,
+    /// The channel's binding.
+    pub binding: Binding,
+    /// The runtime.
+    pub handle: ConnectorHandle,
+}
+
+impl ToolContext {
+    /// Sends a `tool.progress.push` for this call (never replaces the ack).
+    pub async fn progress(&self, message: impl Into<String>, fraction: Option<f64>) {
+        let mut push = ToolProgressPush::new(self.tool_id.clone()).with_message(message);
+        if let Some(fraction) = fraction {
+            push = push.with_progress(fraction.clamp(0.0, 1.0));
+        }
+        self.handle.push_tool_progress(&self.channel, push).await;
+    }
+}

@@ -1,0 +1,26 @@
+//! What an author writes and what the runtime hands them.
+//!
+//! - `context`: bindings, form values held as secrets, the contexts of auth steps, hooks and
+//!   Tool calls (each carrying the [`crate::ConnectorHandle`]).
+//! - `auth`: auth steps and errors, [`FlowHandler`] (a flow declared with its code), typed form
+//!   flows, [`BoundReason`] for the `on_bound` hook, the older [`AuthProvider`].
+//! - `tool`: [`ToolSpec`], [`ToolError`], typed Tool registration.
+//! - `im`: [`ImTarget`] and delivery errors.
+//! - `call` (crate-private): the one place the runtime calls author code; every call is
+//!   panic-contained and made without a runtime lock held.
+//!
+//! A device target (Device Profile v1) gets its own `device.rs` here, next to `im.rs`, with
+//! its calls added to `call.rs`.
+
+pub(crate) mod auth;
+pub(crate) mod call;
+pub(crate) mod context;
+pub(crate) mod im;
+pub(crate) mod tool;
+
+pub use auth::{
+    AuthError, AuthPrompt, AuthProvider, AuthStep, BoundReason, FlowHandler, FlowSpec, NoAuth,
+};
+pub use context::{AuthContext, AuthValues, Binding, ChannelContext, ToolContext};
+pub use im::{DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, ImTarget};
+pub use tool::{ToolError, ToolSpec};

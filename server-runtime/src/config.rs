@@ -1,0 +1,86 @@
+//! [`RuntimeConfig`]: every tunable of the runtime with its documented default.
+
+use std::time::Duration;
+
+use xagent_protocol_validate::AdmissionWindow;
+
+/// Tunables of the runtime. Every default is documented and can be changed.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RuntimeConfig {
+    /// Offline lease of a `connector_id` after its last authenticated socket closed
+    /// (default one hour).
+    pub lease: Duration,
+    /// Largest accepted data-plane text frame (default 1 MiB); larger closes with 1009.
+    pub max_packet_bytes: usize,
+    /// Outgoing packets buffered per socket before producers wait (default 256). When a peer
+    /// stops reading, the socket buffers fill, then this queue; from then on every producer
+    /// waits for space: author calls such as [`ConnectorHandle::push_descriptor`] do not
+    /// return, and the connection's reader stops reading the peer as soon as it needs to
+    /// answer. Nothing is dropped and the socket is not closed; all of it resumes when the peer
+    /// reads again (`tests/backpressure.rs`). The IM outbox never waits on a socket: a
+    /// message for a peer whose queue is full stays pending and is retried after backoff, while
+    /// other sockets' channels keep flowing.
+    pub write_queue: usize,
+    /// How long a `tool.invoke` result is kept for repeated calls (default: the protocol-wide
+    /// repeated-call window, `REPEATED_CALL_WINDOW_MS`, 24 hours).
+    pub tool_call_window: Duration,
+    /// How long an auth session is kept (default 30 minutes).
+    pub auth_session_ttl: Duration,
+    /// How often the background maintenance runs [`ConnectorServer::tick`] (default 30 s).
+    pub maintenance_interval: Duration,
+    /// Path prefix of the Base URL (e.g. `/connectors/echo`; default none).
+    pub base_path: String,
+    /// Versions admitted in `connector.hello` (default `[3.0, 3.0]`, same-major rule).
+    pub admission: AdmissionWindow,
+    /// How long in-flight work may take to finish on shutdown (default 10 s). A connection
+    /// whose peer stopped reading cannot write its last acks; [`ConnectorServer::serve`]
+    /// returns after this grace period anyway.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(3600),
+            max_packet_bytes: 1024 * 1024,
+            write_queue: 256,
+            tool_call_window: Duration::from_millis(xagent_protocol_types::REPEATED_CALL_WINDOW_MS),
+            auth_session_ttl: Duration::from_secs(30 * 60),
+            maintenance_interval: Duration::from_secs(30),
+            base_path: String::new(),
+            admission: AdmissionWindow::default(),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// Sets the Base URL path prefix (e.g. `/connectors/echo`).
+    #[must_use]
+    pub fn with_base_path(mut self, base_path: impl Into<String>) -> Self {
+        self.base_path = base_path.into();
+        self
+    }
+
+    /// Sets the offline lease.
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets how many outgoing packets a socket buffers before producers wait.
+    #[must_use]
+    pub fn with_write_queue(mut self, packets: usize) -> Self {
+        self.write_queue = packets;
+        self
+    }
+
+    /// Sets the data-plane packet size limit.
+    #[must_use]
+    pub fn with_max_packet_bytes(mut self, limit: usize) -> Self {
+        self.max_packet_bytes = limit;
+        self
+    }
+}

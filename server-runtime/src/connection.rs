@@ -1,0 +1,364 @@
+//! The data-plane loop of one connection, written against a generic stream and sink of
+//! [`Frame`]s so it runs over axum's WebSocket in production and over in-memory channels in
+//! tests. Sequencing (hello first, channel open, ack pairing, error codes) is decided by
+//! `protocol-validate`'s [`Session`]; this module runs what it accepts.
+
+use std::sync::{Arc, Mutex};
+
+use futures_util::{Sink, SinkExt, Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
+use xagent_protocol_types::{
+    ConnectorChannelId, Packet, PacketBody, Payload, Pong, ProfileId, Side, WireError,
+};
+use xagent_protocol_validate::{
+    Accepted, ChannelOwner, Negotiated, Permission, RejectAction, Rejection, Session,
+};
+
+use crate::ids;
+use crate::state::{Outgoing, Shared};
+
+/// One WebSocket message, independent of the WebSocket library.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Frame {
+    /// A text frame (one JSON packet).
+    Text(String),
+    /// A binary frame (always refused with `invalid_packet`).
+    Binary(Vec<u8>),
+    /// A WebSocket ping (answered by the WebSocket layer).
+    Ping(Vec<u8>),
+    /// A WebSocket pong.
+    Pong(Vec<u8>),
+    /// A close frame with an optional code and reason.
+    Close(Option<(u16, String)>),
+}
+
+/// A failure reading a frame.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct FrameError {
+    /// True when the frame exceeded the size limit (answered with close 1009).
+    pub too_large: bool,
+    /// What happened.
+    pub message: String,
+}
+
+/// WebSocket close code: policy violation (unsupported protocol version).
+pub const CLOSE_POLICY: u16 = 1008;
+/// WebSocket close code: message too big.
+pub const CLOSE_TOO_BIG: u16 = 1009;
+/// WebSocket close code: going away (server shutdown).
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+
+pub(crate) struct Conn {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) socket: u64,
+    pub(crate) tx: mpsc::Sender<Outgoing>,
+    pub(crate) proto: Arc<Mutex<Session>>,
+    pub(crate) tasks: TaskTracker,
+    pub(crate) negotiated: Option<Negotiated>,
+}
+
+/// Detaches a connection from the state when dropped: its routes are removed and, when it was
+/// the last live socket, the offline lease starts. Held by the connection task, so this
+/// happens however the task ends (closed, failed, panicked, aborted).
+struct Detach {
+    shared: Arc<Shared>,
+    socket: u64,
+}
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        detach(&self.shared, self.socket);
+    }
+}
+
+fn detach(shared: &Shared, socket: u64) {
+    let now = shared.now();
+    let lost: Vec<ConnectorChannelId> = {
+        let mut state = shared.state();
+        let lost = state
+            .routes
+            .iter()
+            .filter(|(_, route)| route.socket == socket)
+            .map(|(id, _)| id.clone())
+            .collect();
+        state.routes.retain(|_, route| route.socket != socket);
+        if state.live_sockets.remove(&socket) && state.live_sockets.is_empty() {
+            state.offline_since = Some(now);
+            tracing::info!("last authenticated data plane closed; offline lease started");
+        }
+        lost
+    };
+    if let Some(im) = &shared.im {
+        im.on_routes_lost(&lost, now);
+    }
+}
+
+enum Flow {
+    Continue,
+    Close(u16, String),
+}
+
+pub(crate) async fn run<St, Si>(shared: Arc<Shared>, mut stream: St, sink: Si)
+where
+    St: Stream<Item = Result<Frame, FrameError>> + Send + Unpin + 'static,
+    Si: Sink<Frame> + Send + Unpin + 'static,
+{
+    let socket = {
+        let mut state = shared.state();
+        state.next_socket += 1;
+        state.next_socket
+    };
+    let detach_guard = Detach { shared: Arc::clone(&shared), socket };
+    let owner_view = Arc::clone(&shared);
+    let proto = Session::new(Side::Connector, &shared.def.card, shared.config.admission)
+        .with_ownership(move |channel: &ConnectorChannelId| {
+            let state = owner_view.state();
+            match state.channels.get(channel) {
+                Some(record) if Some(&record.connector_id) == state.connector_id.as_ref() => {
+                    ChannelOwner::Owned
+                }
+                Some(_) => ChannelOwner::OtherConnector,
+                None => ChannelOwner::Unknown,
+            }
+        });
+    let proto = Arc::new(Mutex::new(proto));
+    let (tx, rx) = mpsc::channel(shared.config.write_queue.max(1));
+    let writer = tokio::spawn(write_loop(sink, rx, Arc::clone(&proto)));
+    let mut conn = Conn {
+        shared: Arc::clone(&shared),
+        socket,
+        tx,
+        proto,
+        tasks: TaskTracker::new(),
+        negotiated: None,
+    };
+    tracing::debug!(socket, "data plane connection opened");
+    let close = loop {
+        let frame = tokio::select! {
+            biased;
+            _ = shared.shutdown.cancelled() => break Some((CLOSE_GOING_AWAY, "the Connector is shutting down".to_owned())),
+            frame = stream.next() => frame,
+        };
+        let flow = match frame {
+            None => break None,
+            Some(Err(error)) if error.too_large => {
+                Flow::Close(CLOSE_TOO_BIG, "packet larger than the size limit".into())
+            }
+            Some(Err(error)) => {
+                tracing::debug!(socket, %error, "data plane read failed");
+                break None;
+            }
+            Some(Ok(Frame::Text(text))) => conn.on_text(text).await,
+            Some(Ok(Frame::Binary(_))) => {
+                let error = WireError::invalid_packet(
+                    "binary frames are not part of the protocol; send each packet as one JSON text frame",
+                );
+                conn.send(Packet::error(ids::packet_id(), error)).await;
+                Flow::Continue
+            }
+            Some(Ok(Frame::Close(_))) => break None,
+            Some(Ok(Frame::Ping(_) | Frame::Pong(_))) => Flow::Continue,
+        };
+        if let Flow::Close(code, reason) = flow {
+            break Some((code, reason));
+        }
+    };
+    // Finish in-flight work (acks) before closing.
+    conn.tasks.close();
+    let grace = shared.config.shutdown_grace;
+    if tokio::time::timeout(grace, conn.tasks.wait()).await.is_err() {
+        tracing::warn!(socket, "in-flight work did not finish within the shutdown grace period");
+    }
+    drop(detach_guard);
+    if let Some((code, reason)) = close {
+        let _ = conn.tx.send(Outgoing::Close(code, reason)).await;
+    }
+    drop(conn);
+    let _ = writer.await;
+    tracing::debug!(socket, "data plane connection closed");
+}
+
+async fn write_loop<Si>(mut sink: Si, mut rx: mpsc::Receiver<Outgoing>, proto: Arc<Mutex<Session>>)
+where
+    Si: Sink<Frame> + Send + Unpin + 'static,
+{
+    while let Some(item) = rx.recv().await {
+        let (packet, done) = match item {
+            Outgoing::Packet(packet) => (packet, None),
+            Outgoing::Tracked(packet, done) => (packet, Some(done)),
+            Outgoing::Close(code, reason) => {
+                let _ = sink.send(Frame::Close(Some((code, reason)))).await;
+                let _ = sink.close().await;
+                return;
+            }
+        };
+        let verdict =
+            proto.lock().unwrap_or_else(std::sync::PoisonError::into_inner).on_sent(&packet);
+        if let Err(rejection) = verdict {
+            // Not sent: the channel closed meanwhile or the packet breaks sequencing.
+            tracing::debug!(packet_type = packet.type_str(), code = %rejection.error.code, "outgoing packet withheld");
+            if let Some(done) = done {
+                let _ = done.send(false);
+            }
+            continue;
+        }
+        let text = match packet.to_json() {
+            Ok(text) => text,
+            Err(error) => {
+                tracing::error!(%error, "could not encode an outgoing packet");
+                continue;
+            }
+        };
+        let ok = sink.send(Frame::Text(text)).await.is_ok();
+        if let Some(done) = done {
+            let _ = done.send(ok);
+        }
+        if !ok {
+            break;
+        }
+    }
+    let _ = sink.close().await;
+}
+
+impl Conn {
+    pub(crate) async fn send(&self, packet: Packet) {
+        let packet = packet.time(self.shared.now());
+        let _ = self.tx.send(Outgoing::Packet(packet)).await;
+    }
+
+    pub(crate) async fn reply<P: Payload>(&self, request: &Packet, payload: P) {
+        self.send(Packet::with_payload(ids::packet_id(), payload).answering(request)).await;
+    }
+
+    pub(crate) async fn reply_error(&self, request: &Packet, error: WireError) {
+        tracing::debug!(packet_type = request.type_str(), code = %error.code, "request failed");
+        // The ack type comes from the one request-to-ack table (`protocol-types`).
+        let body = PacketBody::empty_ack_for(&request.body).unwrap_or(PacketBody::Error(None));
+        let ack = Packet::new(ids::packet_id(), body).with_error(error).answering(request);
+        self.send(ack).await;
+    }
+
+    async fn on_text(&mut self, text: String) -> Flow {
+        if text.len() > self.shared.config.max_packet_bytes {
+            return Flow::Close(CLOSE_TOO_BIG, "packet larger than the size limit".into());
+        }
+        let packet = match Packet::decode_str(&text) {
+            Ok(packet) => packet,
+            Err(error) => {
+                let rejection = Rejection::from_decode(&error);
+                self.send(rejection.error_packet_for(ids::packet_id(), &error.ids)).await;
+                return Flow::Continue;
+            }
+        };
+        drop(text);
+        // Profile packets outside what was negotiated (or what the channel enables) are
+        // dropped without an answer; the catalog decides.
+        if let Some(negotiated) = &self.negotiated {
+            let channel_profiles = packet.connector_channel_id.as_ref().and_then(|c| {
+                self.proto
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .channel(c)
+                    .map(|open| open.profiles.clone())
+            });
+            match negotiated.decide(packet.type_str(), Side::Xagent, channel_profiles.as_ref()) {
+                Permission::ProfileNotNegotiated { profile }
+                | Permission::ProfileNotOnChannel { profile } => {
+                    tracing::debug!(
+                        packet_type = packet.type_str(),
+                        profile,
+                        "dropped a packet of a Profile not in effect"
+                    );
+                    return Flow::Continue;
+                }
+                _ => {}
+            }
+        }
+        let verdict = self
+            .proto
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .on_received(&packet);
+        match verdict {
+            Err(rejection) => {
+                tracing::debug!(packet_type = packet.type_str(), code = %rejection.error.code, "packet refused");
+                match rejection.action {
+                    RejectAction::Ignore => Flow::Continue,
+                    RejectAction::ReplyAndClose => {
+                        self.send(rejection.error_packet(ids::packet_id(), &packet)).await;
+                        Flow::Close(CLOSE_POLICY, rejection.error.message().to_owned())
+                    }
+                    _ => {
+                        self.send(rejection.error_packet(ids::packet_id(), &packet)).await;
+                        Flow::Continue
+                    }
+                }
+            }
+            Ok(accepted) => {
+                self.dispatch(packet, accepted).await;
+                Flow::Continue
+            }
+        }
+    }
+
+    async fn dispatch(&mut self, packet: Packet, accepted: Accepted) {
+        match (&packet.body, accepted) {
+            (
+                PacketBody::ConnectorHello(_),
+                Accepted::Hello { negotiated, requested_connector_id, .. },
+            ) => {
+                self.on_hello(&packet, negotiated, requested_connector_id).await;
+            }
+            (PacketBody::ChannelOpen(_), _) => self.on_channel_open(&packet).await,
+            (PacketBody::ChannelClose(_), _) => self.on_channel_close(&packet).await,
+            (PacketBody::DescriptorGet(_), _) => self.on_descriptor_get(&packet).await,
+            (PacketBody::Ping(_), _) => self.reply(&packet, Pong::default()).await,
+            (
+                PacketBody::AuthStart(_)
+                | PacketBody::AuthStatus(_)
+                | PacketBody::AuthCancel(_)
+                | PacketBody::AuthLogout(_),
+                _,
+            ) => {
+                let conn = self.task_view();
+                self.tasks.spawn(async move { conn.on_auth(packet).await });
+            }
+            (PacketBody::ToolInvoke(_), _) => {
+                let conn = self.task_view();
+                self.tasks.spawn(async move { conn.on_tool_invoke(packet).await });
+            }
+            (PacketBody::ChatMessage(_), _)
+            | (PacketBody::ChatMessageAck(_), _)
+            | (PacketBody::ChatMessageDelta(_), _)
+            | (PacketBody::ChatActivity(_), _) => {
+                if let Some(im) = &self.shared.im {
+                    im.on_packet(self, &packet).await;
+                }
+            }
+            (PacketBody::Error(_), _) => {
+                let code = packet.error.as_ref().map(|e| e.code.to_string()).unwrap_or_default();
+                tracing::info!(%code, "peer reported an error");
+            }
+            _ => {}
+        }
+    }
+
+    /// A cheap copy for spawned request handlers.
+    fn task_view(&self) -> Conn {
+        Conn {
+            shared: Arc::clone(&self.shared),
+            socket: self.socket,
+            tx: self.tx.clone(),
+            proto: Arc::clone(&self.proto),
+            tasks: self.tasks.clone(),
+            negotiated: self.negotiated.clone(),
+        }
+    }
+
+    pub(crate) fn profiles(&self) -> Vec<ProfileId> {
+        self.negotiated.as_ref().map(|n| n.profile_ids().to_vec()).unwrap_or_default()
+    }
+}

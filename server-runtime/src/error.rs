@@ -1,0 +1,229 @@
+//! The runtime's errors and the one place each maps to a wire code and an HTTP status.
+//!
+//! - [`DefinitionError`]: the Connector definition is unusable (found at build).
+//! - [`ServerError`]: the server could not start or serve.
+//! - [`HandleError`]: an author's [`crate::ConnectorHandle`] call failed.
+//!
+//! [`HandleError::code`] is the only map from a runtime error to a wire code, [`http_status`]
+//! the only map from a wire code to the HTTP status of an error response.
+
+use axum::http::StatusCode;
+use xagent_file_transfer::TransferError;
+use xagent_protocol_types::{ConnectorChannelId, ErrorCode};
+use xagent_protocol_validate::Violation;
+
+use crate::storage::StorageError;
+
+/// What xAgent is told when Connector code failed internally; the cause goes to the log only.
+pub(crate) const INTERNAL_MESSAGE: &str = "the Connector failed internally; try again later, and if it persists ask its operator to check the Connector's log";
+
+/// A problem in the Connector definition, found by [`crate::ConnectorBuilder::build`] or
+/// [`crate::ServerBuilder::build`]. `Debug` prints the same readable text as `Display`, so a
+/// `main` returning the error shows one violation per line.
+#[derive(thiserror::Error)]
+#[non_exhaustive]
+pub enum DefinitionError {
+    /// A Tool id is empty, too long, or has characters other than ASCII letters, digits,
+    /// `_`, `-`, `.`.
+    #[error(
+        "tool id {0:?} is not a valid model function name: use 1-256 ASCII letters, digits, '_', '-', '.'"
+    )]
+    BadToolId(String),
+    /// Two Tools share an id.
+    #[error("tool id {0:?} is registered twice; tool ids must be unique")]
+    DuplicateTool(String),
+    /// A Tool's argument type does not produce a usable object schema.
+    #[error("tool {tool:?}: {reason}")]
+    ToolSchema {
+        /// The Tool.
+        tool: String,
+        /// Why.
+        reason: String,
+    },
+    /// A form flow's input type does not give usable form fields.
+    #[error("auth flow {flow:?}: {reason}")]
+    FlowForm {
+        /// The flow.
+        flow: String,
+        /// Why.
+        reason: String,
+    },
+    /// Two flows share an id.
+    #[error("auth flow id {0:?} is declared twice; flow ids must be unique")]
+    DuplicateFlow(String),
+    /// The Card does not serialise.
+    #[error("the generated Connector Card is invalid: {0}")]
+    InvalidCard(#[from] serde_json::Error),
+    /// The generated Card breaks hard rules of the protocol (`error` violations of
+    /// `xagent_protocol_validate::validate_card`): a Connector never serves such a Card.
+    /// Warnings are logged, not refused.
+    #[error("the generated Connector Card breaks {} rule(s):\n{}", .0.len(), list_violations(.0))]
+    CardViolations(Vec<Violation>),
+    /// The primary Skill breaks hard rules (`error` violations of
+    /// `xagent_protocol_validate::validate_skill`, the same check `xagent-connector check` and
+    /// xAgent's admission apply).
+    #[error("the primary Skill breaks {} rule(s):\n{}", .0.len(), list_violations(.0))]
+    SkillViolations(Vec<Violation>),
+    /// The Card declares an IM Profile but no IM target was given.
+    #[error("the Card declares {0} but no ImTarget was registered; call .im_target(...)")]
+    MissingImTarget(String),
+    /// The Card declares auth flows but no code handles some of them.
+    #[error(
+        "auth flow {0:?} is declared but nothing handles it; declare flows with .form_flow(..), .qr_flow(..) or .auth_flow_with(..)"
+    )]
+    MissingAuthProvider(String),
+    /// The Card says `security.api_key_required` but the server has no API key.
+    #[error(
+        "the Card says security.api_key_required but no system API key is configured; set one with .api_key(..) (or XAGENT_CONNECTOR_API_KEY)"
+    )]
+    ApiKeyMissing,
+}
+
+impl std::fmt::Debug for DefinitionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+/// One violation per line: `  - [rule] /pointer: message`.
+fn list_violations(violations: &[Violation]) -> String {
+    violations
+        .iter()
+        .map(|v| {
+            let path = if v.path.is_empty() { "/" } else { v.path.as_str() };
+            format!("  - [{}] {}: {}", v.rule, path, v.message)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Why the runtime could not start or serve.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// Binding or serving the socket failed.
+    #[error("I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The file store could not be opened.
+    #[error("the file store could not be opened: {0}")]
+    Files(#[from] TransferError),
+    /// The definition cannot be served with this configuration.
+    #[error(transparent)]
+    Definition(#[from] DefinitionError),
+    /// The configuration is unusable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Why a [`crate::ConnectorHandle`] call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandleError {
+    /// No such channel.
+    #[error("channel {0} is not known to this Connector")]
+    UnknownChannel(ConnectorChannelId),
+    /// The channel is not signed in.
+    #[error("channel {0} is not authenticated; sign in first")]
+    NotAuthenticated(ConnectorChannelId),
+    /// The channel does not enable the Profile this call needs.
+    #[error("the Card does not declare {0}")]
+    ProfileNotDeclared(&'static str),
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The IM outbox is full for the channel (`capacity_exceeded`): retry later.
+    #[error("the outbox refused the message: {0}")]
+    Outbox(String),
+    /// The IM outbox refused the message itself: it breaks a Profile rule (`invalid_packet`)
+    /// or reuses a pending `message_id` with other content (`message_conflict`).
+    #[error("the outbox refused the message: {message}")]
+    Rejected {
+        /// The stable code.
+        code: ErrorCode,
+        /// What is wrong (no message content).
+        message: String,
+    },
+    /// The Transfer Plane is not enabled (no state directory, no files configuration).
+    #[error("the Transfer Plane is not enabled; give the server a state directory")]
+    FilesDisabled,
+    /// The file belongs to another channel (`forbidden`).
+    #[error("the file belongs to another channel")]
+    FileOwnership,
+    /// The Transfer Plane refused the file; its kind is kept (`file_not_found`, ...).
+    #[error(transparent)]
+    File(#[from] TransferError),
+}
+
+impl HandleError {
+    /// The stable wire code: the one map from a runtime error to a code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::UnknownChannel(_) => ErrorCode::ConnectionNotFound,
+            Self::NotAuthenticated(_) => ErrorCode::ConnectionNotAuthenticated,
+            Self::ProfileNotDeclared(_) => ErrorCode::UnsupportedPacket,
+            Self::Storage(_) | Self::FilesDisabled => ErrorCode::InternalError,
+            Self::Outbox(_) => ErrorCode::CapacityExceeded,
+            Self::Rejected { code, .. } => code.clone(),
+            Self::FileOwnership => ErrorCode::Forbidden,
+            Self::File(error) => error.code(),
+        }
+    }
+}
+
+/// The HTTP status of an error response carrying `code`: the one map from a wire code to a
+/// status for the runtime's HTTP answers.
+pub fn http_status(code: &ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::Forbidden | ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
+        ErrorCode::ConnectionNotFound | ErrorCode::FileNotFound | ErrorCode::ToolNotFound => {
+            StatusCode::NOT_FOUND
+        }
+        ErrorCode::InvalidPacket
+        | ErrorCode::InvalidArguments
+        | ErrorCode::ConnectorChannelIdRequired => StatusCode::BAD_REQUEST,
+        ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::CapacityExceeded | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::UnsupportedPacket => StatusCode::NOT_IMPLEMENTED,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xagent_protocol_validate::Severity;
+
+    #[test]
+    fn card_violations_print_one_readable_line_each() {
+        let violation = |rule: &str, path: &str| Violation {
+            rule: rule.into(),
+            severity: Severity::Error,
+            path: path.into(),
+            message: "what to do".into(),
+        };
+        let error = DefinitionError::CardViolations(vec![
+            violation("card.a", "/tools/0"),
+            violation("card.b", ""),
+        ]);
+        let text = format!("{error:?}");
+        assert_eq!(
+            text,
+            "the generated Connector Card breaks 2 rule(s):\n  - [card.a] /tools/0: what to do\n  - [card.b] /: what to do"
+        );
+        assert!(!text.contains("Violation {"));
+    }
+
+    #[test]
+    fn file_errors_keep_their_kind() {
+        assert_eq!(
+            HandleError::File(TransferError::FileNotFound("gone")).code(),
+            ErrorCode::FileNotFound
+        );
+        assert_eq!(HandleError::FileOwnership.code(), ErrorCode::Forbidden);
+        assert_eq!(http_status(&ErrorCode::FileNotFound), StatusCode::NOT_FOUND);
+    }
+}

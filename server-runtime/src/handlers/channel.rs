@@ -1,0 +1,131 @@
+//! `channel.open`, `channel.close`, `descriptor.get`, and the channel lookup every
+//! channel-scoped request starts with.
+
+use xagent_protocol_types::{
+    ChannelCloseAck, ChannelOpenAck, ConnectionStatus, DescriptorGetAck, Packet, WireError,
+};
+
+use crate::author::{BoundReason, ChannelContext};
+use crate::connection::Conn;
+use crate::ids;
+use crate::state::Route;
+use crate::storage::ChannelRecord;
+
+impl Conn {
+    /// A Connector without auth flows binds a new channel at once: nothing could ever sign
+    /// it in, and Tools need a binding.
+    fn bind_without_auth(&self, mut record: ChannelRecord) -> ChannelRecord {
+        if self.shared.def.card.auth_flows.is_empty() {
+            record.binding = Some(self.shared.def.open_binding());
+            record.status = ConnectionStatus::Connected;
+        }
+        record
+    }
+
+    pub(crate) async fn on_channel_open(&mut self, packet: &Packet) {
+        let requested = packet.connector_channel_id.clone().filter(|c| !c.is_empty());
+        let now = self.shared.now();
+        let profiles = self.profiles();
+        let opened = 'open: {
+            let mut state = self.shared.state();
+            let current = state.connector_id.clone();
+            let known = requested
+                .as_ref()
+                .and_then(|id| state.channels.get(id))
+                .filter(|r| Some(&r.connector_id) == current.as_ref());
+            let (record, created) = match (known, current) {
+                (Some(record), _) => (record.clone(), false),
+                (None, Some(connector_id)) => {
+                    let record = ChannelRecord {
+                        id: ids::channel_id(),
+                        connector_id,
+                        status: ConnectionStatus::Created,
+                        binding: None,
+                        tool_overrides: Default::default(),
+                        created_at: now,
+                    };
+                    let record = self.bind_without_auth(record);
+                    state.channels.insert(record.id.clone(), record.clone());
+                    (record, true)
+                }
+                (None, None) => break 'open None,
+            };
+            state.routes.insert(
+                record.id.clone(),
+                Route { socket: self.socket, tx: self.tx.clone(), profiles: profiles.clone() },
+            );
+            Some((record, created))
+        };
+        let Some((record, created)) = opened else {
+            let error = WireError::hello_required(
+                "the runtime instance expired; send connector.hello again",
+            );
+            return self.reply_error(packet, error).await;
+        };
+        if created && let Err(error) = self.shared.save_channel(&record) {
+            tracing::error!(%error, "could not persist a new channel");
+        }
+        let channel = record.id.clone();
+        tracing::info!(%channel, created, "channel opened");
+        if created
+            && self.shared.def.card.auth_flows.is_empty()
+            && let Some(binding) = record.binding.clone()
+        {
+            let ctx =
+                ChannelContext { channel: channel.clone(), binding, handle: self.shared.handle() };
+            self.shared.def.auth.bound(ctx, BoundReason::Opened).await;
+        }
+        let descriptor = self.shared.descriptor_for(&record, &profiles);
+        let ack = Packet::with_payload(
+            ids::packet_id(),
+            ChannelOpenAck::new(channel.clone(), descriptor),
+        )
+        .channel(channel.clone())
+        .answering(packet);
+        self.send(ack).await;
+        if let Some(im) = &self.shared.im {
+            im.on_channel_open(&self.shared, &channel).await;
+        }
+    }
+
+    pub(crate) async fn on_channel_close(&mut self, packet: &Packet) {
+        if let Some(channel) = &packet.connector_channel_id {
+            let mut state = self.shared.state();
+            if state.routes.get(channel).is_some_and(|r| r.socket == self.socket) {
+                state.routes.remove(channel);
+            }
+            drop(state);
+            if let Some(im) = &self.shared.im {
+                im.on_routes_lost(std::slice::from_ref(channel), self.shared.now());
+            }
+            tracing::info!(%channel, "channel route closed");
+        }
+        self.reply(packet, ChannelCloseAck::default()).await;
+    }
+
+    pub(crate) fn record(&self, packet: &Packet) -> Result<ChannelRecord, WireError> {
+        let channel = packet.connector_channel_id.as_ref().ok_or_else(|| {
+            WireError::connector_channel_id_required("set the envelope connector_channel_id")
+        })?;
+        let state = self.shared.state();
+        let record = state.channels.get(channel).ok_or_else(|| {
+            WireError::connection_not_found("the channel does not exist; open a new one")
+        })?;
+        if Some(&record.connector_id) != state.connector_id.as_ref() {
+            return Err(WireError::connector_channel_connector_mismatch(
+                "the channel belongs to another runtime instance",
+            ));
+        }
+        Ok(record.clone())
+    }
+
+    pub(crate) async fn on_descriptor_get(&self, packet: &Packet) {
+        match self.record(packet) {
+            Ok(record) => {
+                let descriptor = self.shared.descriptor_for(&record, &self.profiles());
+                self.reply(packet, DescriptorGetAck::new(descriptor)).await;
+            }
+            Err(error) => self.reply_error(packet, error).await,
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! [`ServerBuilder`] and [`ConnectorServer`]: loading persisted state, serving HTTP and
+//! WebSocket with the author's extra routes and background tasks, maintenance, shutdown.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use xagent_protocol_types::{Clock, Secret, SystemClock};
+
+use crate::author::call::BoxFut;
+use crate::author::{BoundReason, ChannelContext};
+use crate::config::RuntimeConfig;
+use crate::connector::Connector;
+use crate::error::{DefinitionError, ServerError};
+use crate::handle::ConnectorHandle;
+use crate::state::{Shared, State};
+use crate::storage::{SqliteStorage, Storage};
+
+/// Builder of a [`ConnectorServer`].
+pub struct ServerBuilder {
+    connector: Connector,
+    config: RuntimeConfig,
+    storage: Option<Arc<dyn Storage>>,
+    clock: Arc<dyn Clock>,
+    api_key: Option<Secret>,
+    files: Option<crate::files::FilesConfig>,
+    state_dir: Option<std::path::PathBuf>,
+    routes: Vec<RouteFn>,
+    tasks: Vec<TaskFn>,
+}
+
+/// Builds extra routes from the handle.
+type RouteFn = Box<dyn FnOnce(ConnectorHandle) -> axum::Router + Send>;
+/// A background task: gets the handle and the runtime's shutdown signal.
+type TaskFn = Box<dyn FnOnce(ConnectorHandle, CancellationToken) -> BoxFut<'static, ()> + Send>;
+
+/// The environment variable holding the system API key.
+pub const ENV_API_KEY: &str = "XAGENT_CONNECTOR_API_KEY";
+/// The environment variable holding the listen address (default `127.0.0.1:8080`).
+pub const ENV_LISTEN: &str = "XAGENT_CONNECTOR_LISTEN";
+/// The environment variable holding the state directory (default: in memory, no files).
+pub const ENV_STATE_DIR: &str = "XAGENT_CONNECTOR_STATE_DIR";
+/// The listen address when [`ENV_LISTEN`] is not set.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+impl ServerBuilder {
+    /// Adds routes of the author's own (a web page, a webhook) built with the handle; they
+    /// are served next to the protocol's routes, under the same Base URL prefix, without the
+    /// system API key check (protect them as they need).
+    #[must_use]
+    pub fn routes(
+        mut self,
+        routes: impl FnOnce(ConnectorHandle) -> axum::Router + Send + 'static,
+    ) -> Self {
+        self.routes.push(Box::new(routes));
+        self
+    }
+
+    /// Adds a background task run by [`ConnectorServer::serve`]: it gets the handle and the
+    /// runtime's shutdown signal, and should return soon after the signal fires (it is
+    /// aborted after the shutdown grace period).
+    #[must_use]
+    pub fn task<F, Fut>(mut self, task: F) -> Self
+    where
+        F: FnOnce(ConnectorHandle, CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.push(Box::new(move |handle, shutdown| Box::pin(task(handle, shutdown))));
+        self
+    }
+
+    /// Reads the deployment settings from the environment: the system API key from
+    /// `XAGENT_CONNECTOR_API_KEY` (when set and not empty) and the state directory from
+    /// `XAGENT_CONNECTOR_STATE_DIR` (when set).
+    pub fn from_env(mut self) -> Result<Self, ServerError> {
+        if let Some(key) = std::env::var(ENV_API_KEY).ok().filter(|k| !k.is_empty()) {
+            self = self.api_key(Secret::new(key));
+        }
+        if let Some(dir) = std::env::var_os(ENV_STATE_DIR).filter(|d| !d.is_empty()) {
+            self = self.state_dir(std::path::PathBuf::from(dir))?;
+        }
+        Ok(self)
+    }
+
+    /// Enables the Transfer Plane with this configuration (a state directory enables it by
+    /// default under `<state dir>/files`).
+    #[must_use]
+    pub fn files(mut self, files: crate::files::FilesConfig) -> Self {
+        self.files = Some(files);
+        self
+    }
+
+    /// Sets the configuration.
+    #[must_use]
+    pub fn config(mut self, config: RuntimeConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Uses this storage (default: in-memory SQLite; use [`ServerBuilder::state_dir`] for a
+    /// file).
+    #[must_use]
+    pub fn storage(mut self, storage: impl Storage) -> Self {
+        self.storage = Some(Arc::new(storage));
+        self
+    }
+
+    /// Uses `<dir>/connector.sqlite3` (WAL) as storage.
+    pub fn state_dir(mut self, dir: impl AsRef<std::path::Path>) -> Result<Self, ServerError> {
+        self.storage = Some(Arc::new(SqliteStorage::open(&dir)?));
+        self.state_dir = Some(dir.as_ref().to_path_buf());
+        Ok(self)
+    }
+
+    /// Injects the clock (tests use `ManualClock`).
+    #[must_use]
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Requires this system API key on `/health`, `/ws` and `/files/uploads`.
+    #[must_use]
+    pub fn api_key(mut self, key: Secret) -> Self {
+        self.api_key = Some(key);
+        self
+    }
+
+    /// Loads persisted state and starts the runtime (restored signed-in channels get the
+    /// author's `restore`; the lease of restored channels starts now).
+    pub async fn build(self) -> Result<ConnectorServer, ServerError> {
+        let key_required =
+            self.connector.card.security.as_ref().is_some_and(|s| s.api_key_required == Some(true));
+        if key_required && self.api_key.is_none() {
+            return Err(DefinitionError::ApiKeyMissing.into());
+        }
+        let storage = match self.storage {
+            Some(storage) => storage,
+            None => Arc::new(SqliteStorage::in_memory()?),
+        };
+        let connector_id = storage.load_connector_id()?;
+        let channels = storage.load_channels()?;
+        let now = self.clock.now_millis();
+        let mut state = State { connector_id, ..State::default() };
+        if state.connector_id.is_some() || !channels.is_empty() {
+            // Nobody holds the restored runtime yet: the lease runs from startup.
+            state.offline_since = Some(now);
+        }
+        for record in channels {
+            state.channels.insert(record.id.clone(), record);
+        }
+        let im = crate::im::ImState::new(&self.connector, storage.as_ref(), &self.clock)?;
+        let files_config = self
+            .files
+            .or_else(|| self.state_dir.map(|d| crate::files::FilesConfig::new(d.join("files"))));
+        let files_upload_limit = files_config.as_ref().map_or(0, |f| f.max_upload_bytes);
+        let files = match &files_config {
+            Some(config) => Some(
+                crate::files::open_store(
+                    config,
+                    &self.config.base_path,
+                    storage.as_ref(),
+                    Arc::clone(&self.clock),
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        let shared = Arc::new(Shared {
+            def: self.connector,
+            config: self.config,
+            storage,
+            clock: self.clock,
+            api_key: self.api_key,
+            state: Mutex::new(state),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            im,
+            tool_calls: Default::default(),
+            files,
+            files_upload_limit,
+        });
+        let restored: Vec<ChannelContext> = shared
+            .state()
+            .channels
+            .values()
+            .filter_map(|r| {
+                r.binding.clone().map(|binding| ChannelContext {
+                    channel: r.id.clone(),
+                    binding,
+                    handle: shared.handle(),
+                })
+            })
+            .collect();
+        for ctx in restored {
+            shared.def.auth.bound(ctx, BoundReason::Restored).await;
+        }
+        let handle = shared.handle();
+        let extra = self
+            .routes
+            .into_iter()
+            .fold(axum::Router::new(), |router, routes| router.merge(routes(handle.clone())));
+        let tasks = Arc::new(Mutex::new(self.tasks));
+        Ok(ConnectorServer { shared, extra, tasks })
+    }
+}
+
+/// A running Connector Server: serve it with [`ConnectorServer::serve`] or mount
+/// [`ConnectorServer::router`] yourself.
+#[derive(Clone)]
+pub struct ConnectorServer {
+    pub(crate) shared: Arc<Shared>,
+    /// The author's routes, merged into [`ConnectorServer::router`].
+    pub(crate) extra: axum::Router,
+    /// The author's background tasks, started once by [`ConnectorServer::serve`].
+    tasks: Arc<Mutex<Vec<TaskFn>>>,
+}
+
+impl std::fmt::Debug for ConnectorServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectorServer")
+            .field("card_id", &self.shared.def.card.connector_card_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnectorServer {
+    /// Starts building a server for a Connector definition.
+    pub fn builder(connector: Connector) -> ServerBuilder {
+        ServerBuilder {
+            connector,
+            config: RuntimeConfig::default(),
+            storage: None,
+            clock: Arc::new(SystemClock),
+            api_key: None,
+            files: None,
+            state_dir: None,
+            routes: Vec::new(),
+            tasks: Vec::new(),
+        }
+    }
+
+    /// Serves `connector` as configured by the environment until Ctrl-C: listens on
+    /// `XAGENT_CONNECTOR_LISTEN` (default `127.0.0.1:8080`), requires
+    /// `XAGENT_CONNECTOR_API_KEY` when set, keeps state in `XAGENT_CONNECTOR_STATE_DIR` when
+    /// set, and logs to stderr filtered by `RUST_LOG` (default `info`). Prints
+    /// `<card id> listening on http://<address>` on stdout once it accepts connections.
+    pub async fn serve_from_env(connector: Connector) -> Result<(), ServerError> {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init();
+        let server = Self::builder(connector).from_env()?.build().await?;
+        let listen = std::env::var(ENV_LISTEN).unwrap_or_else(|_| DEFAULT_LISTEN.to_owned());
+        let listener = tokio::net::TcpListener::bind(&listen).await?;
+        // One plain line on stdout that scripts (CI) can wait for.
+        println!(
+            "{} listening on http://{}",
+            server.card().connector_card_id,
+            listener.local_addr()?
+        );
+        server
+            .serve(listener, async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+    }
+
+    /// The author's handle.
+    pub fn handle(&self) -> ConnectorHandle {
+        self.shared.handle()
+    }
+
+    /// The Connector Card served at `/connector-card.json`.
+    pub fn card(&self) -> &xagent_protocol_types::ConnectorCard {
+        &self.shared.def.card
+    }
+
+    /// Lease expiry and maintenance, once (driven by the injected clock).
+    pub async fn tick(&self) {
+        self.shared.tick().await;
+    }
+
+    /// Asks every connection to finish: no new packets are read, in-flight acks are written,
+    /// then sockets close with 1001.
+    pub fn shutdown(&self) {
+        self.shared.shutdown.cancel();
+    }
+
+    /// Waits until every connection task finished after [`ConnectorServer::shutdown`].
+    pub async fn wait_finished(&self) {
+        self.shared.tasks.close();
+        let _ =
+            tokio::time::timeout(self.shared.config.shutdown_grace, self.shared.tasks.wait()).await;
+    }
+
+    /// Serves HTTP and WebSocket (with the author's routes) on `listener` until `shutdown`
+    /// completes, then shuts down gracefully. Runs meanwhile: maintenance every
+    /// [`RuntimeConfig::maintenance_interval`], the Transfer Plane's cleanup, and the author's
+    /// background tasks (each gets the shutdown signal).
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let router = self.router();
+        let token = self.shared.shutdown.clone();
+        let maintenance = {
+            let shared = Arc::clone(&self.shared);
+            let token = token.clone();
+            tokio::spawn(async move {
+                let mut interval = tokio::time::interval(shared.config.maintenance_interval);
+                interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = token.cancelled() => break,
+                        _ = interval.tick() => shared.tick().await,
+                    }
+                }
+            })
+        };
+        let cleanup = self.shared.files.as_ref().map(|files| files.spawn_cleanup());
+        let author_tasks: Vec<_> = std::mem::take(
+            &mut *self.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+        .into_iter()
+        .map(|task| {
+            let run = task(self.handle(), token.clone());
+            tokio::spawn(async move {
+                let _ = crate::author::call::contain("background task", run).await;
+            })
+        })
+        .collect();
+        let server_token = token.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            server_token.cancel();
+        });
+        let graceful = token.clone();
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move { graceful.cancelled().await })
+            .await?;
+        maintenance.abort();
+        if let Some(cleanup) = cleanup {
+            cleanup.abort();
+        }
+        self.wait_finished().await;
+        for task in author_tasks {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(self.shared.config.shutdown_grace, task).await.is_err() {
+                tracing::warn!("a background task did not stop within the shutdown grace period");
+                abort.abort();
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the data-plane loop of one connection over any frame stream and sink (the axum
+    /// WebSocket in production, in-memory channels in tests). Returns when the connection ends.
+    pub async fn serve_connection<St, Si>(&self, stream: St, sink: Si)
+    where
+        St: futures_util::Stream<
+                Item = Result<crate::connection::Frame, crate::connection::FrameError>,
+            > + Send
+            + Unpin
+            + 'static,
+        Si: futures_util::Sink<crate::connection::Frame> + Send + Unpin + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        let task = self.shared.tasks.spawn(crate::connection::run(shared, stream, sink));
+        let _ = task.await;
+    }
+}

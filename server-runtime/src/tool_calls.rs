@@ -1,0 +1,228 @@
+//! The repeated-call registry of `tool.invoke`: one window for every side-effecting Tool.
+//!
+//! A call is keyed by channel + `tool_call_id` (or the `request_id` without one) and
+//! fingerprinted by Tool id + arguments. [`ToolCalls::begin`] decides, without I/O of its own
+//! (the stored record is read through the closure it is given):
+//! - run it (first call, or the stored record is older than the window);
+//! - wait for the identical call still running;
+//! - replay the stored outcome of an identical completed call;
+//! - refuse a reuse of the key with other arguments (`idempotency_conflict`).
+//!
+//! The running call holds a [`Running`] guard; dropping it (done or cancelled) always releases
+//! the waiters, so a repeat never waits forever.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde_json::Value;
+use tokio::sync::watch;
+use xagent_protocol_types::{ConnectorChannelId, ErrorCode};
+
+use crate::storage::ToolCallRecord;
+
+/// A Tool call's outcome as kept and replayed.
+pub(crate) type ToolOutcome = Result<Value, (ErrorCode, String)>;
+
+type Key = (ConnectorChannelId, String);
+type Inflight = HashMap<Key, (String, watch::Receiver<Option<ToolOutcome>>)>;
+
+/// The registry of calls in flight.
+#[derive(Default)]
+pub(crate) struct ToolCalls {
+    inflight: Mutex<Inflight>,
+}
+
+/// What to do with a call.
+pub(crate) enum Plan<'a> {
+    /// Run the handler; finish with [`Running::finish`].
+    Run(Running<'a>),
+    /// The identical call is running: wait for its outcome.
+    Wait(watch::Receiver<Option<ToolOutcome>>),
+    /// The identical call completed within the window: answer with its outcome.
+    Replay(ToolOutcome),
+    /// The key was used with other arguments.
+    Conflict,
+}
+
+/// The running first call of a key.
+pub(crate) struct Running<'a> {
+    calls: &'a ToolCalls,
+    key: Key,
+    fingerprint: String,
+    done: watch::Sender<Option<ToolOutcome>>,
+}
+
+impl Running<'_> {
+    /// The record to store for the outcome.
+    pub(crate) fn record(&self, outcome: &ToolOutcome, now: u64) -> ToolCallRecord {
+        ToolCallRecord {
+            fingerprint: self.fingerprint.clone(),
+            result: outcome.as_ref().ok().cloned(),
+            error: outcome.as_ref().err().map(|(c, m)| (c.to_string(), m.clone())),
+            completed_at: now,
+        }
+    }
+
+    /// Hands the outcome to waiting repeats (the guard's drop releases the key).
+    pub(crate) fn finish(self, outcome: &ToolOutcome) {
+        let _ = self.done.send(Some(outcome.clone()));
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if self.done.borrow().is_none() {
+            let unfinished = Err((
+                ErrorCode::InternalError,
+                "the first call of this tool_call_id did not finish; call again".to_owned(),
+            ));
+            let _ = self.done.send(Some(unfinished));
+        }
+        self.calls.lock().remove(&self.key);
+    }
+}
+
+/// Which call: its channel, repeated-call key and fingerprint.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallKey<'a> {
+    pub(crate) channel: &'a ConnectorChannelId,
+    pub(crate) key: &'a str,
+    pub(crate) fingerprint: &'a str,
+}
+
+/// The repeated-call key of a call: `call:<tool_call_id>`, else `req:<request_id>`, else
+/// `pkt:<packet_id>`.
+pub(crate) fn call_key(
+    tool_call_id: Option<&str>,
+    request_id: Option<&str>,
+    packet_id: &str,
+) -> String {
+    match (tool_call_id, request_id) {
+        (Some(call), _) => format!("call:{call}"),
+        (None, Some(request)) => format!("req:{request}"),
+        (None, None) => format!("pkt:{packet_id}"),
+    }
+}
+
+impl ToolCalls {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inflight> {
+        self.inflight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Decides a call. `durable` is false for read-only Tools (no stored record is consulted);
+    /// `stored` reads the stored record; `window` and `now` are in ms.
+    pub(crate) fn begin(
+        &self,
+        call: CallKey<'_>,
+        durable: bool,
+        stored: impl FnOnce() -> Option<ToolCallRecord>,
+        window: u64,
+        now: u64,
+    ) -> Plan<'_> {
+        let CallKey { channel, key, fingerprint } = call;
+        let map_key = (channel.clone(), key.to_owned());
+        let mut inflight = self.lock();
+        match inflight.get(&map_key) {
+            Some((fp, rx)) if fp == fingerprint => return Plan::Wait(rx.clone()),
+            Some(_) => return Plan::Conflict,
+            None => {}
+        }
+        if durable && let Some(record) = stored() {
+            // Past the window the key is forgotten, even before maintenance prunes it.
+            let within = now.saturating_sub(record.completed_at) <= window;
+            if within && record.fingerprint == fingerprint {
+                return Plan::Replay(match record.error {
+                    Some((code, message)) => Err((ErrorCode::parse(&code), message)),
+                    None => Ok(record.result.unwrap_or(Value::Null)),
+                });
+            }
+            if within {
+                return Plan::Conflict;
+            }
+        }
+        let (done, rx) = watch::channel(None);
+        inflight.insert(map_key.clone(), (fingerprint.to_owned(), rx));
+        drop(inflight);
+        Plan::Run(Running { calls: self, key: map_key, fingerprint: fingerprint.to_owned(), done })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(fingerprint: &str, completed_at: u64) -> ToolCallRecord {
+        ToolCallRecord {
+            fingerprint: fingerprint.into(),
+            result: Some(Value::from(1)),
+            error: None,
+            completed_at,
+        }
+    }
+
+    #[test]
+    fn repeats_replay_within_the_window_and_run_again_after_it() {
+        let calls = ToolCalls::default();
+        let channel = ConnectorChannelId::new("cch_a");
+        let replay = calls.begin(
+            CallKey { channel: &channel, key: "call:1", fingerprint: "fp" },
+            true,
+            || Some(record("fp", 0)),
+            10,
+            10,
+        );
+        assert!(matches!(replay, Plan::Replay(Ok(_))));
+        let conflict = calls.begin(
+            CallKey { channel: &channel, key: "call:1", fingerprint: "other" },
+            true,
+            || Some(record("fp", 0)),
+            10,
+            10,
+        );
+        assert!(matches!(conflict, Plan::Conflict));
+        let expired = calls.begin(
+            CallKey { channel: &channel, key: "call:1", fingerprint: "fp" },
+            true,
+            || Some(record("fp", 0)),
+            10,
+            11,
+        );
+        assert!(matches!(expired, Plan::Run(_)));
+    }
+
+    #[test]
+    fn a_dropped_run_releases_its_waiters() {
+        let calls = ToolCalls::default();
+        let channel = ConnectorChannelId::new("cch_a");
+        let Plan::Run(running) = calls.begin(
+            CallKey { channel: &channel, key: "k", fingerprint: "fp" },
+            false,
+            || None,
+            10,
+            0,
+        ) else {
+            panic!("first call must run");
+        };
+        let Plan::Wait(rx) = calls.begin(
+            CallKey { channel: &channel, key: "k", fingerprint: "fp" },
+            false,
+            || None,
+            10,
+            0,
+        ) else {
+            panic!("a concurrent repeat must wait");
+        };
+        drop(running);
+        assert!(matches!(rx.borrow().as_ref(), Some(Err((ErrorCode::InternalError, _)))));
+        assert!(matches!(
+            calls.begin(
+                CallKey { channel: &channel, key: "k", fingerprint: "fp" },
+                false,
+                || None,
+                10,
+                0
+            ),
+            Plan::Run(_)
+        ));
+    }
+}
