@@ -341,6 +341,13 @@ impl ConnectorServer {
             server_token.cancel();
         });
         let graceful = token.clone();
+        // No Nagle delay: a Tool's progress push and its ack are two small writes, and
+        // waiting for the peer's (delayed) ACK between them cost 40 ms per call.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::debug!(%error, "could not disable Nagle's algorithm on a connection");
+            }
+        });
         axum::serve(listener, router)
             .with_graceful_shutdown(async move { graceful.cancelled().await })
             .await?;

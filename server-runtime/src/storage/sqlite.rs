@@ -172,8 +172,7 @@ fn query_row<T, P: rusqlite::Params>(
 }
 
 fn binding_to_json(binding: &Binding) -> Result<String, StorageError> {
-    let secrets: BTreeMap<&str, &str> =
-        binding.secrets().iter().map(|(k, v)| (k.as_str(), v.expose())).collect();
+    let secrets: BTreeMap<&str, &str> = binding.secrets().map(|(k, v)| (k, v.expose())).collect();
     serde_json::to_string(&serde_json::json!({ "target": binding.target, "secrets": secrets }))
         .map_err(|e| StorageError::new("encode binding", e))
 }
