@@ -8,8 +8,13 @@
 //   3. sends a message the stand-in rejects and sees the rejection under it;
 //   4. restarts the demo process on the same port and state: the page reconnects by itself
 //      and the conversation continues;
-//   5. completes the QR pairing flow from the printed link and chats in the new room;
-//   6. saves screenshots (desktop and phone size) of the finished conversation.
+//   5. uploads an SVG carrying a script: it is a sandboxed download, never an image, and the
+//      script does not run (issue 14, H1); no visitor token is in localStorage or a URL;
+//   6. reopens the room with its history: the list shows the newest message, on desktop and
+//      phone sizes, also after the images loaded;
+//   7. saves screenshots (desktop and phone size) of the finished conversation;
+//   8. completes the QR pairing flow from the printed link and chats in the new room;
+//   9. restarts the demo: the paired room still has its agent.
 //
 // Environment: XAGENT_CONNECTOR_BIN (default ../target/debug/xagent-connector), CHROMIUM
 // (default /usr/bin/chromium), WEBCHAT_SCREENSHOT_DIR (default e2e/out).
@@ -130,6 +135,7 @@ async function main() {
   const port = await freePort();
   let demo = startDemo(port, stateDir);
   let context;
+  let pairedPage;
   try {
     await demo.until(() => demo.roomUrl && demo.pairUrls.length > 0, 'the demo URLs');
     log(`demo on port ${port}: ${demo.roomUrl}`);
@@ -235,6 +241,65 @@ async function main() {
       assert.equal(count, 1, 'history is shown once after the reconnect');
     });
 
+    await step('an uploaded SVG with a script never runs (H1: a sandboxed download, not an image)', async () => {
+      const svg = Buffer.from(
+        '<svg xmlns="http://www.w3.org/2000/svg" onload="top.__pwned = 1">' +
+          '<script>top.__pwned = 1; try { localStorage.setItem("pwned", document.cookie || "1"); } catch (e) {}</script>' +
+          '</svg>',
+      );
+      await page.setInputFiles('#file-input', { name: 'evil.svg', mimeType: 'image/svg+xml;charset=utf-8', buffer: svg });
+      await page.waitForSelector('.msg.assistant:not(.draft) .text >> text=evil.svg');
+      const seen = await page.evaluate(async () => {
+        const links = [...document.querySelectorAll('.msg a.file-link')].filter((a) => a.textContent.includes('evil.svg'));
+        const images = [...document.querySelectorAll('.msg img')].filter((img) => img.alt === 'evil.svg');
+        const url = links.length ? links[links.length - 1].getAttribute('href') : null;
+        let headers = null;
+        if (url) {
+          const response = await fetch(url, { credentials: 'same-origin' });
+          headers = {
+            type: response.headers.get('content-type'),
+            disposition: response.headers.get('content-disposition'),
+            csp: response.headers.get('content-security-policy'),
+          };
+          // Even put in a frame on purpose, the file does not run in the chat's origin.
+          const frame = document.createElement('iframe');
+          frame.src = url;
+          document.body.appendChild(frame);
+          await new Promise((resolve) => setTimeout(resolve, 1500));
+          frame.remove();
+        }
+        return { links: links.length, images: images.length, url, headers, pwned: window.__pwned, stored: localStorage.getItem('pwned') };
+      });
+      assert.ok(seen.links >= 1, 'the SVG is offered as a download link');
+      assert.equal(seen.images, 0, 'the SVG is never an <img>');
+      assert.ok(!/token=/.test(seen.url || ''), 'no token in the file URL');
+      assert.equal(seen.headers.type, 'application/octet-stream');
+      assert.match(seen.headers.disposition, /^attachment/);
+      assert.match(seen.headers.csp, /sandbox/);
+      assert.equal(seen.pwned, undefined, 'the script did not run');
+      assert.equal(seen.stored, null, 'the script wrote nothing to the page storage');
+      const tokens = await page.evaluate(() => Object.keys(localStorage).filter((k) => k.startsWith('webchat.token.')));
+      assert.deepEqual(tokens, [], 'no visitor token in localStorage');
+    });
+
+    await step('a room opened with history shows its newest message (desktop and phone, after images load)', async () => {
+      for (const size of [{ width: 960, height: 760 }, { width: 390, height: 844 }]) {
+        await page.setViewportSize(size);
+        await page.goto(new URL('/chat/r/demo', demo.roomUrl).href);
+        await page.waitForSelector('#view-chat:not([hidden])');
+        await page.waitForSelector('.msg.assistant:not(.draft)');
+        await page.waitForFunction(() => [...document.querySelectorAll('.msg img')].every((img) => img.complete));
+        await page.waitForTimeout(300);
+        const position = await page.evaluate(() => {
+          const list = document.getElementById('messages');
+          return { top: list.scrollTop, height: list.scrollHeight, client: list.clientHeight };
+        });
+        assert.ok(position.height > position.client, `the history overflows at ${size.width}px (${JSON.stringify(position)})`);
+        assert.ok(position.top + position.client >= position.height - 2, `scrolled to the newest at ${size.width}px (${JSON.stringify(position)})`);
+      }
+      await page.setViewportSize({ width: 960, height: 760 });
+    });
+
     await step('screenshots of the finished conversation (desktop and phone)', async () => {
       await page.evaluate(() => {
         const list = document.getElementById('messages');
@@ -281,6 +346,18 @@ async function main() {
       await again.goto(link);
       await again.waitForSelector('#pair-error:not([hidden])');
       assert.match(await again.textContent('#pair-error'), /already used|not valid/);
+      pairedPage = pair;
+    });
+
+    await step('restart the demo: the paired room keeps its agent', async () => {
+      await demo.stop();
+      demo = startDemo(port, stateDir);
+      await demo.until(() => demo.roomUrl, 'the restarted demo');
+      await pairedPage.waitForSelector('#agent-state.online');
+      await pairedPage.fill('#text', 'Paired room after the restart');
+      await pairedPage.press('#text', 'Enter');
+      const { finals } = await draftLengthsWhileStreaming(pairedPage, 'Paired room after the restart');
+      assert.equal(finals.length, 1);
     });
 
     log(`\n${steps.length} steps passed; screenshots in ${shots}`);

@@ -30,6 +30,16 @@ pub struct ConformanceArgs {
     /// Seconds to wait for each answer.
     #[arg(long, default_value_t = 5)]
     timeout: u64,
+    /// A Card Tool to exercise (repeatable; pairs with --args): a successful call, a call with
+    /// invalid arguments and a repeated call.
+    #[arg(long = "tool", value_name = "TOOL_ID", requires = "flow")]
+    tools: Vec<String>,
+    /// The JSON arguments of a successful call of the matching --tool (default `{}`).
+    #[arg(long = "args", value_name = "JSON")]
+    tool_args: Vec<String>,
+    /// Seconds a QR sign-in may take (the link is printed to scan or open).
+    #[arg(long, default_value_t = 120)]
+    qr_wait: u64,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -60,7 +70,17 @@ pub fn run_command(args: ConformanceArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let tools = match crate::tool_calls(&args.tools, &args.tool_args) {
+        Ok(tools) => tools,
+        Err(message) => {
+            eprintln!("xagent-connector conformance: {message}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let mut options = ConformanceOptions::new(base);
+    options.tools = tools;
+    options.qr_wait = Duration::from_secs(args.qr_wait.max(1));
+    options.show_link = Some(|link| eprintln!("sign in: open or scan {link}"));
     options.api_key = args.api_key.filter(|k| !k.is_empty()).map(Secret::new);
     options.flow = args.flow.map(Into::into);
     options.inputs = inputs;

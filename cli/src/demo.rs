@@ -3,7 +3,8 @@
 //! `xagent-client-runtime` that connects over the real WebSocket, opens the room `demo` with
 //! the form flow, and answers every visitor message with a streamed reply: activity,
 //! deltas, the final message, and the visitor's file sent back when there was one. It prints
-//! the URL to open.
+//! the URL to open, the system API key (`--api-key` sets it) and a ready-to-paste
+//! `xagent-connector conformance` command that signs in to a room of its own.
 //!
 //! The stand-in rejects (for good) any message starting with `/reject`, to show how a
 //! rejection looks on the page. The room's access code and the channel id are kept in the
@@ -16,15 +17,16 @@ use std::time::Duration;
 
 use clap::Args;
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, InboundMessage,
+    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, InboundMessage, admit,
 };
 use xagent_connector_webchat::{
     CARD_ID, QR_FLOW, ROOM_FLOW, Webchat, WebchatOptions, room_id_from_name,
 };
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStatus, AuthStatusRequest, ChatActivity, ChatFile, ChatMessage,
-    ChatMessageDelta, ConnectionStatus, ConnectorChannelId, ErrorCode, PROFILE_IM_V2, Secret,
+    ChatMessageDelta, ConnectionStatus, ConnectorChannelId, ErrorCode, Secret,
 };
+use xagent_protocol_validate::AdmissionWindow;
 
 use crate::EXIT_USAGE;
 use crate::webchat::{bind, init_logs};
@@ -47,10 +49,16 @@ pub struct DemoArgs {
     /// Milliseconds between streamed reply fragments.
     #[arg(long, default_value_t = 90)]
     delta_interval: u64,
+    /// The system API key of the demo's Connector (default: a random one, printed).
+    #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 const ACCESS_CODE_FILE: &str = "demo-access-code";
 const CHANNEL_FILE: &str = "demo-channel";
+/// Channels of rooms paired through the QR flow, one per line: reopened at the next start so
+/// paired rooms keep their agent across demo restarts.
+const PAIRED_FILE: &str = "demo-paired-channels";
 
 fn random_hex(bytes: usize) -> String {
     (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
@@ -106,8 +114,8 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
             }
         };
         let public_url = args.public_url.clone().unwrap_or_else(|| local_url.clone());
-        // The key only joins the two halves of this process.
-        let api_key = random_hex(24);
+        // The key joins the two halves of this process, and lets `conformance` in.
+        let api_key = args.api_key.clone().filter(|k| !k.is_empty()).unwrap_or_else(|| random_hex(24));
         let options = WebchatOptions::new(&args.state_dir, public_url)
             .with_api_key(Secret::new(api_key.clone()));
         let webchat = match Webchat::open(options).await {
@@ -128,6 +136,8 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
                     .await
             })
         };
+        let api_key_shown = api_key.clone();
+        let conformance_code = random_hex(6);
         let stand_in = StandIn {
             base: match BaseUrl::parse(&local_url) {
                 Ok(base) => base,
@@ -149,8 +159,12 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
                 println!("  Open {}", webchat.room_url(&room_id, Some(&access_code)));
                 println!();
                 println!("(room {:?}, access code {access_code}; Connector Base URL {local_url}; Ctrl-C to stop)", args.room);
+                println!();
+                println!("  System API key: {api_key_shown}");
+                println!("  Check the Connector (in a room of its own):");
+                println!("    xagent-connector conformance --base-url {local_url} --api-key {api_key_shown} --flow {ROOM_FLOW} --input room_name=conformance --input access_code={conformance_code}");
             }) => result,
-            _ = tokio::signal::ctrl_c() => Ok(()),
+            () = xagent_server_runtime::stop_signal() => Ok(()),
         };
         let _ = stop_tx.send(());
         let _ = server.await;
@@ -181,9 +195,14 @@ impl StandIn {
     /// Connects, opens (or reopens) the room's channel, signs it in, then answers messages
     /// until the data plane stops.
     async fn run(self, ready: impl FnOnce()) -> Result<(), String> {
-        let config = ClientConfig::new(self.base.clone(), CARD_ID, vec![PROFILE_IM_V2.into()])
+        // Admitted like any xAgent admits a Connector, then checked against its Card.
+        let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())));
+        let admitted = admit(&control, &AdmissionWindow::default(), Some(CARD_ID))
+            .await
+            .map_err(|e| format!("the stand-in did not admit the Connector: {e}"))?;
+        let config = ClientConfig::for_card(self.base.clone(), &admitted.card)
             .with_api_key(Secret::new(self.api_key.clone()));
-        let (plane, mut events) = DataPlane::start(config);
+        let (plane, mut events) = DataPlane::connect(config).map_err(|e| e.to_string())?;
         tokio::time::timeout(Duration::from_secs(15), plane.connected())
             .await
             .map_err(|_| "the stand-in could not reach the Connector".to_owned())?
@@ -209,9 +228,10 @@ impl StandIn {
             }
         }
         let _ = std::fs::write(self.state_dir.join(CHANNEL_FILE), channel.as_str());
-        plane.remember_channel(channel).await;
+        plane.remember_channel(channel.clone()).await;
+        reopen_paired(&plane, &self.state_dir).await;
         ready();
-        tokio::spawn(offer_pairing(plane.clone()));
+        tokio::spawn(offer_pairing(plane.clone(), self.state_dir.clone()));
         let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())));
         while let Some(event) = events.recv().await {
             match event {
@@ -221,7 +241,9 @@ impl StandIn {
                     let interval = self.delta_interval;
                     tokio::spawn(async move { answer(plane, control, inbound, interval).await });
                 }
-                ClientEvent::ChannelReopened { previous, current, .. } if previous != current => {
+                ClientEvent::ChannelReopened { previous, current, .. }
+                    if previous != current && previous == channel =>
+                {
                     let _ = std::fs::write(self.state_dir.join(CHANNEL_FILE), current.as_str());
                 }
                 ClientEvent::Stopped { reason } => return Err(reason),
@@ -235,9 +257,9 @@ impl StandIn {
 /// Offers a second room through the QR flow (`webchat_qr_login`): prints the pairing link,
 /// polls `auth.status` (refreshing an expired link), and once a browser confirmed it answers
 /// that room too. Then offers the next one.
-async fn offer_pairing(plane: DataPlane) {
+async fn offer_pairing(plane: DataPlane, state_dir: PathBuf) {
     loop {
-        match pair_once(&plane).await {
+        match pair_once(&plane, &state_dir).await {
             Ok(()) => {}
             Err(error) => {
                 eprintln!("pairing offer failed: {error}");
@@ -247,7 +269,30 @@ async fn offer_pairing(plane: DataPlane) {
     }
 }
 
-async fn pair_once(plane: &DataPlane) -> Result<(), String> {
+/// Reopens the channels of rooms paired in earlier runs; forgets those the Connector no
+/// longer has signed in.
+async fn reopen_paired(plane: &DataPlane, state_dir: &Path) {
+    let path = state_dir.join(PAIRED_FILE);
+    let known = std::fs::read_to_string(&path).unwrap_or_default();
+    let mut kept = Vec::new();
+    for id in known.lines().map(str::trim).filter(|id| !id.is_empty()) {
+        let id = ConnectorChannelId::new(id);
+        match plane.open_channel(Some(&id)).await {
+            Ok(ack)
+                if ack.connector_channel_id == id
+                    && ack.connection_descriptor.connection.status
+                        == ConnectionStatus::Connected =>
+            {
+                plane.remember_channel(id.clone()).await;
+                kept.push(id.as_str().to_owned());
+            }
+            _ => {}
+        }
+    }
+    let _ = std::fs::write(&path, kept.join("\n"));
+}
+
+async fn pair_once(plane: &DataPlane, state_dir: &Path) -> Result<(), String> {
     let ack = plane.open_channel(None).await.map_err(|e| e.to_string())?;
     let channel = ack.connector_channel_id;
     let started =
@@ -273,6 +318,10 @@ async fn pair_once(plane: &DataPlane) -> Result<(), String> {
         match progress.status {
             AuthStatus::Authenticated => {
                 plane.remember_channel(channel.clone()).await;
+                let path = state_dir.join(PAIRED_FILE);
+                let mut known = std::fs::read_to_string(&path).unwrap_or_default();
+                known.push_str(&format!("\n{channel}"));
+                let _ = std::fs::write(&path, known.trim());
                 println!(
                     "  Paired: the agent now also answers in {}",
                     progress

@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 mod check;
 mod conformance;
 mod demo;
+mod homie;
 mod mock_xagent;
 mod webchat;
 
@@ -35,6 +36,8 @@ enum Command {
     MockXagent(mock_xagent::MockXagentArgs),
     /// Run the reference IM Connector im.webchat (chat page + protocol 3.0 server).
     Webchat(webchat::WebchatArgs),
+    /// Run the reference Device Connector device.homie (Homie v4 devices on an MQTT broker).
+    Homie(homie::HomieArgs),
     /// Run im.webchat with an xAgent stand-in in one process and print the URL to open.
     Demo(demo::DemoArgs),
 }
@@ -52,6 +55,28 @@ pub(crate) fn parse_inputs(pairs: &[String]) -> Result<xagent_protocol_types::Au
     })
 }
 
+/// One `--tool` with its `--args`.
+pub(crate) type ToolCall = (String, serde_json::Map<String, serde_json::Value>);
+
+/// Pairs each --tool with its --args (missing ones are `{}`), as JSON objects.
+pub(crate) fn tool_calls(tools: &[String], args: &[String]) -> Result<Vec<ToolCall>, String> {
+    if args.len() > tools.len() {
+        return Err("each --args needs a --tool before it".into());
+    }
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| {
+            let text = args.get(i).map(String::as_str).unwrap_or("{}");
+            match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(serde_json::Value::Object(map)) => Ok((tool.clone(), map)),
+                Ok(_) => Err(format!("--args of {tool} must be a JSON object")),
+                Err(error) => Err(format!("--args of {tool} is not JSON: {error}")),
+            }
+        })
+        .collect()
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -59,6 +84,7 @@ fn main() -> ExitCode {
         Command::Conformance(args) => conformance::run_command(args),
         Command::MockXagent(args) => mock_xagent::run_command(args),
         Command::Webchat(args) => webchat::run_command(args),
+        Command::Homie(args) => homie::run_command(args),
         Command::Demo(args) => demo::run_command(args),
     }
 }

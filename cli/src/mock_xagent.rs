@@ -1,7 +1,9 @@
 //! `xagent-connector mock-xagent`: stays connected to a Connector as xAgent would and prints
 //! every packet, so a Connector author can watch their server live. It admits the Connector,
 //! completes hello, opens a channel (optionally signing in with a flow), accepts inbound chat
-//! messages, and reconnects by itself until Ctrl-C.
+//! messages (after the xAgent-side inbound rules of `xagent-client-runtime`), runs the Card
+//! Tools given with `--tool ID --args JSON` through section 10.1 resolution, and reconnects by
+//! itself until Ctrl-C.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -36,7 +38,16 @@ pub struct MockXagentArgs {
     /// Do not open a channel; only complete hello and listen.
     #[arg(long)]
     no_channel: bool,
+    /// A Card Tool to invoke once the channel is signed in (repeatable; pairs with --args).
+    #[arg(long = "tool", value_name = "TOOL_ID", requires = "flow")]
+    tools: Vec<String>,
+    /// The JSON arguments of the matching --tool (default `{}`).
+    #[arg(long = "args", value_name = "JSON")]
+    tool_args: Vec<String>,
 }
+
+/// The xAgent user the mock acts for.
+const MOCK_USER: &str = "mock-user";
 
 /// Runs the mock until Ctrl-C.
 pub fn run_command(args: MockXagentArgs) -> ExitCode {
@@ -54,6 +65,10 @@ pub fn run_command(args: MockXagentArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    if let Err(message) = crate::tool_calls(&args.tools, &args.tool_args) {
+        eprintln!("xagent-connector mock-xagent: {message}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -102,9 +117,9 @@ async fn session(base: BaseUrl, args: MockXagentArgs, inputs: AuthInput) -> Exit
     } else {
         args.profiles.iter().map(|p| ProfileId::from(p.as_str())).collect()
     };
-    let mut config = ClientConfig::new(base, card.connector_card_id.clone(), profiles);
+    let mut config = ClientConfig::for_card(base, &card);
+    config.supported_profiles = profiles;
     config.api_key = api_key;
-    config.backoff.max_failures = None;
     config.tap = Some(PacketTap::new(move |direction, text| {
         let arrow = match direction {
             TapDirection::Sent => paint(color, "36", "xagent -> connector"),
@@ -112,13 +127,19 @@ async fn session(base: BaseUrl, args: MockXagentArgs, inputs: AuthInput) -> Exit
         };
         println!("{arrow} {}", redact_inputs(text));
     }));
-    let (plane, mut events) = DataPlane::start(config);
+    let (plane, mut events) = match DataPlane::connect(config) {
+        Ok(started) => started,
+        Err(error) => {
+            eprintln!("the data plane could not start: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     if plane.connected().await.is_err() {
         eprintln!("the data plane stopped before hello completed");
         return ExitCode::FAILURE;
     }
     if !args.no_channel {
-        match plane.open_channel(None).await {
+        match plane.open_channel_for(MOCK_USER, None).await {
             Ok(opened) => {
                 let channel = opened.connector_channel_id.clone();
                 if let Some(flow) = &args.flow {
@@ -134,6 +155,18 @@ async fn session(base: BaseUrl, args: MockXagentArgs, inputs: AuthInput) -> Exit
                     }
                 }
                 plane.remember_channel(channel).await;
+                let calls = crate::tool_calls(&args.tools, &args.tool_args).unwrap_or_default();
+                for (tool, arguments) in calls {
+                    match plane.invoke_tool(MOCK_USER, None, &tool, arguments).await {
+                        Ok(outcome) => println!(
+                            "{} {tool} on {}: {}",
+                            paint(color, "1", "tool"),
+                            outcome.channel,
+                            outcome.ack.result.map(|r| r.to_string()).unwrap_or_default()
+                        ),
+                        Err(error) => eprintln!("{tool} failed ({}): {error}", error.code()),
+                    }
+                }
             }
             Err(error) => eprintln!("channel.open failed: {error}"),
         }
@@ -147,6 +180,9 @@ async fn session(base: BaseUrl, args: MockXagentArgs, inputs: AuthInput) -> Exit
             }
             ClientEvent::Disconnected { reason } => {
                 println!("{} {reason}", paint(color, "33", "disconnected"));
+            }
+            ClientEvent::State(state) => {
+                println!("{} {}", paint(color, "33", "state"), state.as_str());
             }
             _ => {}
         }
@@ -171,6 +207,18 @@ fn redact_inputs(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::redact_inputs;
+    use crate::tool_calls;
+
+    #[test]
+    fn each_tool_takes_its_own_args_and_bad_json_is_a_usage_error() {
+        let tools = vec!["a".to_owned(), "b".to_owned()];
+        let calls = tool_calls(&tools, &[r#"{"text":"hi"}"#.to_owned()]).expect("pairs");
+        assert_eq!(calls[0].1["text"], "hi");
+        assert!(calls[1].1.is_empty(), "a missing --args is {{}}");
+        assert!(tool_calls(&tools, &["[1]".to_owned()]).is_err());
+        assert!(tool_calls(&tools, &["{".to_owned()]).is_err());
+        assert!(tool_calls(&[], &["{}".to_owned()]).is_err());
+    }
 
     #[test]
     fn auth_inputs_are_redacted_in_printed_packets() {

@@ -1,5 +1,5 @@
 //! `xagent-connector webchat`: runs the reference IM Connector `im.webchat` (see the
-//! `xagent-connector-webchat` crate) until Ctrl-C.
+//! `xagent-connector-webchat` crate) until Ctrl-C or SIGTERM.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,9 +16,15 @@ pub struct WebchatArgs {
     /// Address to listen on (host:port).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
-    /// The system API key xAgent must present (also read from XAGENT_CONNECTOR_API_KEY).
+    /// The system API key xAgent must present. Prefer the environment variable
+    /// XAGENT_CONNECTOR_API_KEY or --api-key-file: a key given as --api-key is visible to every
+    /// local user in the process list.
     #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
-    api_key: String,
+    api_key: Option<String>,
+    /// Read the system API key from this file (first line; keep the file mode 0600). Takes
+    /// precedence over XAGENT_CONNECTOR_API_KEY and --api-key.
+    #[arg(long, value_name = "PATH")]
+    api_key_file: Option<PathBuf>,
     /// Directory for the databases and files (created if missing).
     #[arg(long)]
     state_dir: PathBuf,
@@ -50,12 +56,44 @@ pub(crate) fn init_logs(default: &str) {
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
+/// The API key from `--api-key-file`, else from the variable or `--api-key`.
+fn api_key(args: &WebchatArgs) -> Result<String, String> {
+    let key = match &args.api_key_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read the API key file {}: {e}", path.display()))?;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+                    eprintln!(
+                        "xagent-connector webchat: warning: {} is readable by other users; chmod 600 it",
+                        path.display()
+                    );
+                }
+            }
+            text.lines().next().unwrap_or("").trim().to_owned()
+        }
+        None => args.api_key.clone().unwrap_or_default().trim().to_owned(),
+    };
+    if key.is_empty() {
+        return Err(
+            "the API key must not be empty: set XAGENT_CONNECTOR_API_KEY or pass --api-key-file"
+                .into(),
+        );
+    }
+    Ok(key)
+}
+
 /// Runs the Connector.
 pub fn run_command(args: WebchatArgs) -> ExitCode {
-    if args.api_key.trim().is_empty() {
-        eprintln!("xagent-connector webchat: the API key must not be empty");
-        return ExitCode::from(EXIT_USAGE);
-    }
+    let api_key = match api_key(&args) {
+        Ok(key) => key,
+        Err(message) => {
+            eprintln!("xagent-connector webchat: {message}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     init_logs("info,tower_http=warn");
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -74,7 +112,7 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         };
         let public_url = args.public_url.unwrap_or_else(|| local_url.clone());
         let options = WebchatOptions::new(&args.state_dir, public_url.clone())
-            .with_api_key(Secret::new(args.api_key));
+            .with_api_key(Secret::new(api_key));
         let webchat = match Webchat::open(options).await {
             Ok(webchat) => webchat,
             Err(error) => {
@@ -83,9 +121,7 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
             }
         };
         println!("im.webchat listening on {local_url} (Base URL for xAgent; chat page at {public_url}/chat/)");
-        let stop = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
+        let stop = xagent_server_runtime::stop_signal();
         match webchat.serve(listener, stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

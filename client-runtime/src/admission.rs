@@ -99,6 +99,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn admission_rule_a_malformed_card_is_refused_naming_the_rule() {
+        let card = serde_json::json!({
+            "schema": "xagent.connector.card/v1",
+            "connector_card_id": "im.x",
+            "protocol_version": "3.0",
+            "tools": [{"tool_id": "bad name!", "input_schema": {"type": "object"}}]
+        });
+        let refused = check_card(&card, &SkillDocument::Absent, &AdmissionWindow::default(), None)
+            .expect_err("a malformed Card is not admitted");
+        assert!(refused.contains("[card."), "the rule id is named: {refused}");
+        let old = serde_json::json!({"connector_card_id": "im.x", "protocol_version": "2.0"});
+        let refused = check_card(&old, &SkillDocument::Absent, &AdmissionWindow::default(), None)
+            .expect_err("a version outside the window is not admitted");
+        assert!(refused.contains("card.protocol_version") || refused.contains("2.0"), "{refused}");
+    }
+
+    #[test]
     fn skill_name_is_read_from_front_matter() {
         let md = "---\nname: connector-im-x\ndescription: d\n---\n# Body";
         assert_eq!(skill_name(md), Some(SkillId::new("connector-im-x")));

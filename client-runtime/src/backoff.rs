@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 /// Reconnect policy: delays grow from `initial` by `factor` up to `max`, each drawn uniformly
-/// from `[delay/2, delay]` ("equal jitter") so that many clients do not reconnect in step; after
-/// `max_failures` consecutive failed attempts the client gives up.
+/// from `[delay/2, delay]` ("equal jitter") so that many clients do not reconnect in step. The
+/// client never gives up: after `max_failures` consecutive failed attempts it reports `offline`
+/// and keeps trying at the capped delay.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Backoff {
     /// First delay.
@@ -13,7 +14,8 @@ pub struct Backoff {
     pub max: Duration,
     /// Growth per failure.
     pub factor: f64,
-    /// Consecutive failures after which reconnecting stops (`None`: never).
+    /// Consecutive failures from which the state is `offline` rather than `degraded` (`None`:
+    /// never `offline`). Reconnecting goes on either way.
     pub max_failures: Option<u32>,
 }
 
@@ -23,7 +25,7 @@ impl Default for Backoff {
             initial: Duration::from_millis(200),
             max: Duration::from_secs(30),
             factor: 2.0,
-            max_failures: Some(20),
+            max_failures: Some(3),
         }
     }
 }
@@ -44,7 +46,7 @@ impl Backoff {
         half + Duration::from_millis(if spread == 0 { 0 } else { rand::random_range(0..=spread) })
     }
 
-    /// True when `failures` consecutive failures exhaust the policy.
+    /// True when `failures` consecutive failures make the Connector `offline`.
     pub fn exhausted(&self, failures: u32) -> bool {
         self.max_failures.is_some_and(|limit| failures >= limit)
     }
@@ -78,6 +80,7 @@ mod tests {
     #[test]
     fn failure_limit() {
         let backoff = Backoff { max_failures: Some(3), ..Backoff::default() };
+        // Offline from the third failure on; reconnecting itself never stops.
         assert!(!backoff.exhausted(2));
         assert!(backoff.exhausted(3));
         assert!(!Backoff { max_failures: None, ..backoff }.exhausted(1_000));

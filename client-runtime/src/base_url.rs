@@ -104,8 +104,10 @@ impl BaseUrl {
         }
     }
 
-    /// Resolves a `download_url` from a message: absolute http(s) URLs are kept, relative ones
-    /// (such as `/files/refs/...`) are placed under the Base URL's prefix.
+    /// Resolves a `download_url` from a message as a browser would: absolute http(s) URLs are
+    /// kept; a root-relative path (`/prefix/files/refs/...`, what a Connector behind a path
+    /// prefix signs) is resolved against the origin, so the prefix is not added twice; a
+    /// path without a leading slash is resolved under the Base URL's prefix.
     pub fn resolve(&self, download_url: &str) -> Result<String, BaseUrlError> {
         if let Ok(absolute) = Url::parse(download_url) {
             return match absolute.scheme() {
@@ -113,14 +115,20 @@ impl BaseUrl {
                 other => Err(BaseUrlError::Scheme(other.to_owned())),
             };
         }
-        let (path, query) = match download_url.split_once('?') {
-            Some((path, query)) => (path, Some(query)),
-            None => (download_url, None),
-        };
-        let mut url = self.url.clone();
-        url.set_path(&format!("{}/{}", self.prefix(), path.trim_start_matches('/')));
-        url.set_query(query);
-        Ok(url.to_string())
+        if download_url.starts_with("//") {
+            return Err(BaseUrlError::Unparsable(
+                "a protocol-relative download_url is not accepted; use a path or an http(s) URL"
+                    .into(),
+            ));
+        }
+        let mut base = self.url.clone();
+        base.set_path(&format!("{}/", self.prefix()));
+        let resolved =
+            base.join(download_url).map_err(|e| BaseUrlError::Unparsable(e.to_string()))?;
+        if resolved.origin() != self.url.origin() {
+            return Err(BaseUrlError::Unparsable("the download_url leaves the Connector".into()));
+        }
+        Ok(resolved.to_string())
     }
 }
 
@@ -167,12 +175,18 @@ mod tests {
     }
 
     #[test]
-    fn relative_download_urls_resolve_under_the_prefix() {
+    fn download_url_rule_root_relative_paths_resolve_against_the_origin() {
         let base = BaseUrl::parse("https://x.example/p").expect("valid");
+        // The Connector signs the full path, prefix included: it must not be doubled.
         assert_eq!(
-            base.resolve("/files/refs/file_1?exp=5&sig=ab").expect("resolves"),
+            base.resolve("/p/files/refs/file_1?exp=5&sig=ab").expect("resolves"),
             "https://x.example/p/files/refs/file_1?exp=5&sig=ab"
         );
+        assert_eq!(
+            base.resolve("files/refs/file_1").expect("relative"),
+            "https://x.example/p/files/refs/file_1"
+        );
+        assert!(base.resolve("//evil.example/x").is_err());
         assert_eq!(
             base.resolve("https://cdn.example/f").expect("absolute"),
             "https://cdn.example/f"

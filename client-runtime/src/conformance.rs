@@ -1,7 +1,10 @@
 //! A black-box conformance suite for any Connector Server: the control plane, the data plane,
 //! and (given an authentication flow and its inputs) authentication, Descriptors, Tools, IM v2
 //! message exchange and the Transfer Plane. Each check names the rule it checks and, on
-//! failure, shows what was sent and what came back.
+//! failure, shows what was sent and what came back. Where `protocol-validate` has a rule for
+//! what a check observes, the check carries that rule's id (`hello.card_id`,
+//! `packet.type_unknown`, `descriptor.tool_not_in_card`, ...); the others are named by the
+//! plane they probe (`control.*`, `ws.*`, `im.*`, `transfer.*`, `tool.<id>.*`).
 
 use std::time::Duration;
 
@@ -31,6 +34,13 @@ pub struct ConformanceOptions {
     pub inputs: AuthInput,
     /// How long to wait for each answer.
     pub timeout: Duration,
+    /// Card Tools to exercise, with the arguments of a successful call: each gets a success
+    /// call, an invalid-arguments call and a repeated call.
+    pub tools: Vec<(String, serde_json::Map<String, Value>)>,
+    /// How long a QR sign-in may take (the link is shown through `show_link`).
+    pub qr_wait: Duration,
+    /// Shows a sign-in link (the QR flow's text) to the person running the suite.
+    pub show_link: Option<fn(&str)>,
 }
 
 impl ConformanceOptions {
@@ -42,6 +52,9 @@ impl ConformanceOptions {
             flow: None,
             inputs: AuthInput::default(),
             timeout: Duration::from_secs(5),
+            tools: Vec::new(),
+            qr_wait: Duration::from_secs(120),
+            show_link: None,
         }
     }
 }
@@ -62,7 +75,7 @@ pub enum Status {
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
     /// Stable check id (e.g. `ws.subprotocol_required`).
-    pub id: &'static str,
+    pub id: String,
     /// Where the rule comes from.
     pub rule: &'static str,
     /// Pass, fail or skipped.
@@ -144,7 +157,8 @@ impl ConformanceReport {
         })
     }
 
-    fn record(&mut self, id: &'static str, rule: &'static str, outcome: Outcome) {
+    fn record(&mut self, id: impl Into<String>, rule: &'static str, outcome: Outcome) {
+        let id = id.into();
         let (status, detail, sent, received) = match outcome {
             Outcome::Pass(detail) => (Status::Pass, detail, None, None),
             Outcome::Skip(detail) => (Status::Skipped, detail, None, None),
@@ -273,12 +287,12 @@ impl Run {
                     Ok(card) => {
                         match AdmissionWindow::default().admit(Some(&card.protocol_version)) {
                             Ok(_) => self.report.record(
-                                "control.card.protocol_version",
+                                "card.protocol_version",
                                 "§12 admission window [3.0, 3.0]",
                                 pass(format!("protocol_version {}", card.protocol_version)),
                             ),
                             Err(e) => self.report.record(
-                                "control.card.protocol_version",
+                                "card.protocol_version",
                                 "§12 admission window [3.0, 3.0]",
                                 fail(e.to_string()),
                             ),
@@ -286,7 +300,7 @@ impl Run {
                         self.card = Some(card);
                     }
                     Err(e) => self.report.record(
-                        "control.card.protocol_version",
+                        "card.protocol_version",
                         "§12 admission window [3.0, 3.0]",
                         fail(format!("the Card does not parse: {e}")),
                     ),
@@ -308,7 +322,7 @@ impl Run {
         // Skill.
         match (self.control.skill().await, &self.card) {
             (Ok(SkillDocument::Absent), _) => self.report.record(
-                "control.skill.name",
+                "skill.name_card",
                 "§4.2 Skill name is connector-<card id>",
                 skip("no primary Skill (204/404)"),
             ),
@@ -316,29 +330,29 @@ impl Run {
                 let expected = card.primary_skill_name();
                 match crate::skill_name(&markdown) {
                     Some(name) if name == expected => self.report.record(
-                        "control.skill.name",
+                        "skill.name_card",
                         "§4.2 Skill name is connector-<card id>",
                         pass(format!("name {name}")),
                     ),
                     Some(name) => self.report.record(
-                        "control.skill.name",
+                        "skill.name_card",
                         "§4.2 Skill name is connector-<card id>",
                         fail(format!("name {name}, expected {expected}")),
                     ),
                     None => self.report.record(
-                        "control.skill.name",
+                        "skill.name_card",
                         "§4.2 Skill name is connector-<card id>",
                         fail("no `name:` in the front matter"),
                     ),
                 }
             }
             (Ok(SkillDocument::Present(_)), None) => self.report.record(
-                "control.skill.name",
+                "skill.name_card",
                 "§4.2 Skill name is connector-<card id>",
                 skip("no valid Card to compare with"),
             ),
             (Err(e), _) => self.report.record(
-                "control.skill.name",
+                "skill.name_card",
                 "§4.2 Skill name is connector-<card id>",
                 fail(e.to_string()),
             ),
@@ -435,6 +449,18 @@ impl Run {
         }
     }
 
+    /// Why an upgrade was refused with 401/403, naming a missing `--api-key` as the cause.
+    fn key_refused(&self, status: u16) -> String {
+        match &self.options.api_key {
+            None => format!(
+                "the upgrade was refused with {status}: no --api-key was given and this Connector requires one; run again with --api-key"
+            ),
+            Some(_) => format!(
+                "the upgrade was refused with {status}: the Connector did not accept the --api-key given"
+            ),
+        }
+    }
+
     fn options(&self, subprotocol: bool, key: bool) -> ProbeOptions {
         ProbeOptions { subprotocol, api_key: if key { self.options.api_key.clone() } else { None } }
     }
@@ -483,8 +509,13 @@ impl Run {
         } else {
             self.report.record("ws.api_key_enforced", WS_KEY, skip("no --api-key given"));
         }
-        // Subprotocol.
+        // Subprotocol. A 401/403 says nothing about the subprotocol: the key decided first.
         match Probe::connect(&self.options.base_url, &self.options(false, true)).await {
+            Upgrade::Refused(status @ (401 | 403)) => self.report.record(
+                "ws.subprotocol_required",
+                SUBPROTOCOL_RULE,
+                skip(self.key_refused(status)),
+            ),
             Upgrade::Refused(status) => self.report.record(
                 "ws.subprotocol_required",
                 SUBPROTOCOL_RULE,
@@ -523,10 +554,15 @@ impl Run {
                     Some(probe)
                 }
                 Upgrade::Refused(status) => {
+                    let detail = if matches!(status, 401 | 403) {
+                        self.key_refused(status)
+                    } else {
+                        format!("upgrade refused with {status}")
+                    };
                     self.report.record(
                         "ws.subprotocol_echoed",
                         "§6 the server selects the subprotocol",
-                        fail(format!("upgrade refused with {status}")),
+                        fail(detail),
                     );
                     None
                 }
@@ -620,13 +656,13 @@ impl Run {
         let answer = probe.next(self.wait()).await;
         if error_code(&answer) == Some(ErrorCode::ConnectorCardIdMismatch) {
             self.report.record(
-                "ws.hello.card_id_mismatch",
+                "hello.card_id",
                 "§8.1 connector_card_id must match the Card",
                 pass("connector_card_id_mismatch"),
             );
         } else {
             self.report.record(
-                "ws.hello.card_id_mismatch",
+                "hello.card_id",
                 "§8.1 connector_card_id must match the Card",
                 fail_with("expected connector_card_id_mismatch", Some(&wrong_card), &answer),
             );
@@ -644,13 +680,13 @@ impl Run {
             let answer = probe.next(self.wait()).await;
             if error_code(&answer) == Some(ErrorCode::InvalidPacket) {
                 self.report.record(
-                    "ws.hello.supported_profiles_required",
+                    "hello.supported_profiles",
                     "§8.1 a current Connector requires supported_profiles",
                     pass("invalid_packet"),
                 );
             } else {
                 self.report.record(
-                    "ws.hello.supported_profiles_required",
+                    "hello.supported_profiles",
                     "§8.1 a current Connector requires supported_profiles",
                     fail_with("expected invalid_packet", Some(&text), &answer),
                 );
@@ -659,7 +695,7 @@ impl Run {
         }
 
         for (id, version) in
-            [("ws.hello.version_missing", None), ("ws.hello.version_too_low", Some("2.0"))]
+            [("ws.hello.version_missing", None), ("hello.protocol_version", Some("2.0"))]
         {
             let Some(mut probe) = self.open_probe().await else { continue };
             let text = self.hello_text(|p| match version {
@@ -772,13 +808,13 @@ impl Run {
         let answer = probe.next(self.wait()).await;
         if error_code(&answer) == Some(ErrorCode::UnsupportedPacket) {
             self.report.record(
-                "ws.unknown_packet_type",
+                "packet.type_unknown",
                 "§8.23 unknown packet types get unsupported_packet",
                 pass("unsupported_packet"),
             );
         } else {
             self.report.record(
-                "ws.unknown_packet_type",
+                "packet.type_unknown",
                 "§8.23 unknown packet types get unsupported_packet",
                 fail_with("expected unsupported_packet", Some(&unknown), &answer),
             );
@@ -819,13 +855,13 @@ impl Run {
         let answer = probe.next(self.wait()).await;
         if error_code(&answer) == Some(ErrorCode::ConnectorChannelIdRequired) {
             self.report.record(
-                "ws.channel_id_required",
+                "packet.channel_required",
                 "§8.23 user-level packets need connector_channel_id",
                 pass("connector_channel_id_required"),
             );
         } else {
             self.report.record(
-                "ws.channel_id_required",
+                "packet.channel_required",
                 "§8.23 user-level packets need connector_channel_id",
                 fail_with("expected connector_channel_id_required", Some(&no_channel), &answer),
             );
@@ -941,7 +977,7 @@ impl Run {
         } else {
             for id in [
                 "auth.flow",
-                "descriptor.tools_in_card",
+                "descriptor.tool_not_in_card",
                 "descriptor.tools_declared",
                 "im.message_accepted",
                 "im.duplicate",
@@ -1034,8 +1070,9 @@ impl Run {
                 Packet::with_payload(pkt(), start).request_id(req()).channel(channel.clone()),
             )
             .await;
-        // Poll while pending.
-        let deadline = tokio::time::Instant::now() + self.wait() * 4;
+        // Poll while pending; a QR flow's link is shown and may take its configured time.
+        let mut shown: Option<String> = None;
+        let mut deadline = tokio::time::Instant::now() + self.wait() * 4;
         let progress = loop {
             let progress = match &answer {
                 Received::Packet(packet, _) if packet.error.is_none() => match &packet.body {
@@ -1046,6 +1083,17 @@ impl Run {
                 _ => None,
             };
             let Some(progress) = progress else { break None };
+            if let Some(link) =
+                progress.qr_code_text.as_ref().filter(|l| shown.as_ref() != Some(*l))
+            {
+                if let Some(show) = self.options.show_link {
+                    show(link);
+                }
+                if shown.is_none() {
+                    deadline = tokio::time::Instant::now() + self.options.qr_wait;
+                }
+                shown = Some(link.clone());
+            }
             if progress.status != AuthStatus::Pending && progress.status != AuthStatus::Scanned {
                 break Some(progress);
             }
@@ -1088,7 +1136,7 @@ impl Run {
                 }
                 Some(descriptor)
             }
-            _ => {
+            other => {
                 self.report.record(
                     "auth.flow",
                     AUTH,
@@ -1098,6 +1146,23 @@ impl Run {
                         &answer,
                     ),
                 );
+                // Everything that needs a signed-in channel is skipped, with the Connector's
+                // own reason.
+                let reason = match (&other, &answer) {
+                    (Some(progress), _) => format!(
+                        "sign-in ended {}: {}",
+                        progress.status,
+                        progress.message.clone().unwrap_or_else(|| "no reason given".into())
+                    ),
+                    (None, Received::Packet(packet, _)) => match &packet.error {
+                        Some(error) => {
+                            format!("sign-in refused: {} ({})", error.message(), error.code)
+                        }
+                        None => format!("sign-in answered {}", packet.type_str()),
+                    },
+                    (None, received) => format!("sign-in got {}", describe(received)),
+                };
+                self.skip_signed_in(&reason);
                 None
             }
         };
@@ -1132,13 +1197,13 @@ impl Run {
             .collect();
         if extra.is_empty() {
             self.report.record(
-                "descriptor.tools_in_card",
+                "descriptor.tool_not_in_card",
                 "§9 a Tool absent from the Card cannot appear in the Descriptor",
                 pass(format!("{} Tool(s), all in the Card", descriptor.tools.len())),
             );
         } else {
             self.report.record(
-                "descriptor.tools_in_card",
+                "descriptor.tool_not_in_card",
                 "§9 a Tool absent from the Card cannot appear in the Descriptor",
                 fail(format!("not in the Card: {}", extra.join(", "))),
             );
@@ -1185,6 +1250,7 @@ impl Run {
         }
 
         self.transfer(channel).await;
+        self.tools(probe, channel).await;
 
         let (sent, answer) = self
             .request(
@@ -1209,6 +1275,113 @@ impl Run {
                 "§8.13 auth.logout gets auth.logout.ack",
                 fail_with("expected auth.logout.ack", Some(&sent), &answer),
             ),
+        }
+    }
+
+    /// The checks that need a signed-in channel, reported skipped with `reason`.
+    fn skip_signed_in(&mut self, reason: &str) {
+        for id in [
+            "descriptor.tool_not_in_card",
+            "descriptor.tools_declared",
+            "im.message_accepted",
+            "im.duplicate",
+            "im.conflict",
+            "transfer.upload",
+            "transfer.download",
+            "auth.logout",
+        ] {
+            self.report.record(id, "needs a signed-in channel", skip(reason.to_owned()));
+        }
+        let tools: Vec<String> = self.options.tools.iter().map(|(id, _)| id.clone()).collect();
+        for tool in tools {
+            for kind in ["success", "invalid_arguments", "repeat"] {
+                self.report.record(
+                    format!("tool.{tool}.{kind}"),
+                    "needs a signed-in channel",
+                    skip(reason.to_owned()),
+                );
+            }
+        }
+    }
+
+    /// `--tool ID --args JSON`: a successful call, a call with invalid arguments
+    /// (`invalid_arguments` expected) and a repeat with the same `tool_call_id` (the first
+    /// result expected, no second effect).
+    async fn tools(&mut self, probe: &mut Probe, channel: &ConnectorChannelId) {
+        const TOOL: &str = "§8.18 tool.invoke gets tool.invoke.ack; §8.19 invalid arguments";
+        let calls = self.options.tools.clone();
+        for (tool, mut arguments) in calls {
+            // The reserved argument every Card Tool requires, as a model would pass it.
+            arguments.entry("connector_channel_id").or_insert_with(|| json!(channel.as_str()));
+            let call_id = format!("call_{}", ids::mint(""));
+            let invoke = |arguments: serde_json::Map<String, Value>, call_id: &str| {
+                let body = ToolInvoke::new(tool.as_str(), arguments)
+                    .with_context(xagent_protocol_types::ToolInvokeContext::with_call_id(call_id));
+                Packet::with_payload(pkt(), body).request_id(req()).channel(channel.clone())
+            };
+            let (sent, first) = self.request(probe, invoke(arguments.clone(), &call_id)).await;
+            let first_result = match &first {
+                Received::Packet(packet, _)
+                    if packet.type_str() == "tool.invoke.ack" && packet.error.is_none() =>
+                {
+                    self.report.record(
+                        format!("tool.{tool}.success"),
+                        TOOL,
+                        pass("tool.invoke.ack with a result"),
+                    );
+                    packet
+                        .payload::<xagent_protocol_types::ToolInvokeAck>()
+                        .and_then(|a| a.result.clone())
+                }
+                _ => {
+                    self.report.record(
+                        format!("tool.{tool}.success"),
+                        TOOL,
+                        fail_with("expected tool.invoke.ack without error", Some(&sent), &first),
+                    );
+                    None
+                }
+            };
+            // Invalid: every argument replaced by a value of a type no schema property takes.
+            let mut invalid: serde_json::Map<String, Value> = arguments
+                .keys()
+                .map(|k| (k.clone(), json!({"not": ["a", "valid", "value"]})))
+                .collect();
+            invalid.insert("connector_channel_id".into(), json!(channel.as_str()));
+            let (sent, answer) =
+                self.request(probe, invoke(invalid, &format!("{call_id}_invalid"))).await;
+            match error_code(&answer) {
+                Some(ErrorCode::InvalidArguments) => self.report.record(
+                    format!("tool.{tool}.invalid_arguments"),
+                    TOOL,
+                    pass("invalid_arguments"),
+                ),
+                _ => self.report.record(
+                    format!("tool.{tool}.invalid_arguments"),
+                    TOOL,
+                    fail_with("expected an invalid_arguments error", Some(&sent), &answer),
+                ),
+            }
+            let (sent, again) = self.request(probe, invoke(arguments.clone(), &call_id)).await;
+            let again_result = match &again {
+                Received::Packet(packet, _) if packet.error.is_none() => packet
+                    .payload::<xagent_protocol_types::ToolInvokeAck>()
+                    .and_then(|a| a.result.clone()),
+                _ => None,
+            };
+            if first_result.is_some() && again_result == first_result {
+                self.report.record(
+                    format!("tool.{tool}.repeat"),
+                    "§8.18 a repeated tool_call_id returns the first result",
+                    pass("the same result"),
+                );
+            } else {
+                self.report.record(
+                    format!("tool.{tool}.repeat"),
+                    "§8.18 a repeated tool_call_id returns the first result",
+                    fail_with("expected the first call's result again", Some(&sent), &again),
+                );
+            }
         }
     }
 

@@ -62,6 +62,17 @@ pub enum ClientError {
     /// The client was shut down.
     #[error("the client is closed")]
     Closed,
+    /// This side refused: a packet from the Connector broke a rule, or a call cannot be made
+    /// (channel resolution, ownership, arguments). The code is the spec's.
+    #[error("refused ({}): {}", .0.code, .0.message())]
+    Refused(WireError),
+    /// The session withheld an outgoing packet: it may not be sent now (before
+    /// `connector.hello.ack`, or on a channel not open on this connection).
+    #[error("not sent ({}): {}; wait until the connection and the channel are open", .0.code, .0.message())]
+    Withheld(WireError),
+    /// The durable store failed.
+    #[error(transparent)]
+    Store(#[from] xagent_profile_im::StoreError),
 }
 
 impl ClientError {
@@ -76,7 +87,10 @@ impl ClientError {
             }
             Self::Unauthorized { .. } => ErrorCode::Unauthorized,
             Self::Timeout { .. } => ErrorCode::Timeout,
-            Self::Remote(error) => error.code.clone(),
+            Self::Remote(error) | Self::Refused(error) | Self::Withheld(error) => {
+                error.code.clone()
+            }
+            Self::Store(_) => ErrorCode::InternalError,
         }
     }
 
@@ -84,7 +98,11 @@ impl ClientError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Self::Transport { .. } | Self::NotConnected | Self::Timeout { .. } | Self::Http { .. }
+            Self::Transport { .. }
+                | Self::NotConnected
+                | Self::Timeout { .. }
+                | Self::Http { .. }
+                | Self::Withheld(_)
         )
     }
 }

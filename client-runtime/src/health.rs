@@ -119,19 +119,43 @@ impl HealthTracker {
                             card.connector_card_id
                         ),
                     };
+                } else if health.protocol_version != card.protocol_version
+                    || health.build != card.build
+                {
+                    // The running Connector is not the admitted one: offline until a refetch
+                    // re-admits it.
+                    refetch_card = true;
+                    self.failures = 0;
+                    self.status = HealthStatus::Offline {
+                        failures: 0,
+                        reason: format!(
+                            "/health reports protocol {} and another build than the admitted Card (protocol {}); refetching the Card",
+                            health.protocol_version, card.protocol_version
+                        ),
+                    };
                 } else {
-                    refetch_card = health.protocol_version != card.protocol_version
-                        || health.build != card.build
-                        || health
-                            .connector_card_version
-                            .as_ref()
-                            .is_some_and(|v| v != &card.connector.version);
+                    refetch_card = health
+                        .connector_card_version
+                        .as_ref()
+                        .is_some_and(|v| v != &card.connector.version);
                     self.failures = 0;
                     self.status = HealthStatus::Online;
                 }
             }
         }
         HealthUpdate { changed: self.status != before, status: self.status.clone(), refetch_card }
+    }
+
+    /// A refetched Card was admitted again: the Connector is online.
+    pub fn readmitted(&mut self) -> HealthUpdate {
+        let before = self.status.clone();
+        self.failures = 0;
+        self.status = HealthStatus::Online;
+        HealthUpdate {
+            changed: self.status != before,
+            status: self.status.clone(),
+            refetch_card: false,
+        }
     }
 
     /// Marks the Connector offline after a refetched Card turned out incompatible.
@@ -161,6 +185,8 @@ impl HealthTracker {
 #[derive(Debug)]
 pub struct HealthMonitor {
     status: watch::Receiver<HealthStatus>,
+    refreshed: watch::Receiver<u64>,
+    skill: Arc<RwLock<Option<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -180,6 +206,9 @@ impl HealthMonitor {
             + 'static,
     {
         let (sender, status) = watch::channel(HealthStatus::Unknown);
+        let (refresh, refreshed) = watch::channel(0u64);
+        let skill: Arc<RwLock<Option<String>>> = Arc::default();
+        let kept_skill = skill.clone();
         let task = tokio::spawn(async move {
             let mut tracker = HealthTracker::new();
             let mut ticker = tokio::time::interval(interval);
@@ -193,13 +222,21 @@ impl HealthMonitor {
                     let refetched = async {
                         let json = control.card_json().await.map_err(|e| e.to_string())?;
                         let skill = control.skill().await.map_err(|e| e.to_string())?;
-                        readmit(&json, &skill)
+                        readmit(&json, &skill).map(|card| (card, skill))
                     }
                     .await;
                     match refetched {
-                        Ok(new_card) => {
+                        Ok((new_card, new_skill)) => {
                             tracing::info!(card = %new_card.connector_card_id, version = %new_card.connector.version, "Card refetched after a health change");
                             *card.write().await = new_card;
+                            *kept_skill.write().await = match new_skill {
+                                crate::SkillDocument::Present(text) => Some(text),
+                                crate::SkillDocument::Absent => None,
+                            };
+                            if matches!(update.status, HealthStatus::Offline { .. }) {
+                                update = tracker.readmitted();
+                            }
+                            refresh.send_modify(|generation| *generation += 1);
                         }
                         Err(reason) => update = tracker.incompatible(reason),
                     }
@@ -212,7 +249,18 @@ impl HealthMonitor {
                 }
             }
         });
-        Self { status, task }
+        Self { status, refreshed, skill, task }
+    }
+
+    /// Changes each time a refetch admitted a new Card and Skill: the application refreshes
+    /// the model's Tool list (and gives the Card to [`crate::DataPlane::set_card`]).
+    pub fn refreshed(&self) -> watch::Receiver<u64> {
+        self.refreshed.clone()
+    }
+
+    /// The Skill of the latest refetch (`None` before one, or when the Connector has none).
+    pub async fn refetched_skill(&self) -> Option<String> {
+        self.skill.read().await.clone()
     }
 
     /// The latest status.
@@ -298,6 +346,24 @@ mod tests {
         let mut protocol = HealthResponse::for_card(&card);
         protocol.protocol_version = "3.1".into();
         assert!(tracker.record(ProbeOutcome::Healthy(Box::new(protocol)), &card).refetch_card);
+    }
+
+    #[test]
+    fn health_rule_protocol_or_build_disagreeing_with_the_card_is_offline_until_readmitted() {
+        let card = card();
+        let mut tracker = HealthTracker::new();
+        let mut rebuilt = HealthResponse::for_card(&card);
+        rebuilt.build = BuildInfo::new("2612010000");
+        let update = tracker.record(ProbeOutcome::Healthy(Box::new(rebuilt)), &card);
+        assert!(matches!(update.status, HealthStatus::Offline { .. }), "{update:?}");
+        assert!(update.refetch_card);
+        assert_eq!(tracker.readmitted().status, HealthStatus::Online);
+        // A newer connector.version alone refetches but stays online.
+        let mut newer = HealthResponse::for_card(&card);
+        newer.connector_card_version = Some("1.1.0".into());
+        let update = tracker.record(ProbeOutcome::Healthy(Box::new(newer)), &card);
+        assert_eq!(update.status, HealthStatus::Online);
+        assert!(update.refetch_card);
     }
 
     #[test]

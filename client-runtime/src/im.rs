@@ -9,32 +9,45 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use xagent_profile_im::{
     Admission, EnqueueOutcome, IdempotencyConfig, Outbox, OutboxConfig, OutboxStats,
-    ReceiverIdempotency,
+    ReceiverIdempotency, validate_chat_message,
 };
 use xagent_protocol_types::{
     ChatActivity, ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId, ErrorCode,
     MessageId, Packet, PacketBody, PacketId, Payload, Side,
 };
 
-use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, now_millis, send_on};
+use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, send_on};
+use crate::store::{DynIdempotencyStore, DynOutboxStore, XagentStore, memory_stores};
 use crate::{ClientError, DataPlane, ids};
 
 /// IM state of one client. Outbox entries are keyed by the channel id xAgent persisted, so a
 /// channel that comes back under a new id keeps its pending messages.
 pub(crate) struct ImState {
-    outbox: Outbox,
-    receiver: ReceiverIdempotency,
+    outbox: Outbox<DynOutboxStore>,
+    receiver: ReceiverIdempotency<DynIdempotencyStore>,
     /// current channel id -> persisted channel id
     aliases: HashMap<ConnectorChannelId, ConnectorChannelId>,
 }
 
 impl ImState {
-    pub(crate) fn new() -> Self {
-        Self {
-            outbox: Outbox::in_memory(OutboxConfig::new(Side::Xagent), now_millis()),
-            receiver: ReceiverIdempotency::in_memory(IdempotencyConfig::default()),
-            aliases: HashMap::new(),
-        }
+    /// Opens the outbox and the idempotency set over the durable store (loading what a
+    /// previous process left), or over memory.
+    pub(crate) fn open(store: Option<Arc<dyn XagentStore>>, now: u64) -> Result<Self, ClientError> {
+        let (outbox_store, idempotency_store) = match &store {
+            Some(store) => (
+                DynOutboxStore(store.outbox_store()),
+                DynIdempotencyStore(store.idempotency_store()),
+            ),
+            None => memory_stores(),
+        };
+        let outbox = Outbox::open(OutboxConfig::new(Side::Xagent), outbox_store, now)
+            .map_err(|e| ClientError::Protocol(format!("the outbox could not be loaded: {e}")))?;
+        let receiver =
+            ReceiverIdempotency::open(IdempotencyConfig::default(), idempotency_store, now)
+                .map_err(|e| {
+                    ClientError::Protocol(format!("the idempotency set could not be loaded: {e}"))
+                })?;
+        Ok(Self { outbox, receiver, aliases: HashMap::new() })
     }
 
     fn persisted(&self, current: &ConnectorChannelId) -> ConnectorChannelId {
@@ -71,37 +84,46 @@ impl ImState {
     }
 }
 
-/// Sends every outbox delivery that is due. Safe to call at any time.
+/// Sends every outbox delivery that is due. Safe to call at any time. The IM lock is not held
+/// while packets are written: deliveries are marked sent first and marked failed if the write
+/// did not happen.
 pub(crate) async fn pump(shared: &Arc<Shared>) {
-    let now = now_millis();
-    let mut im = shared.im.lock().await;
-    if let Err(error) = im.outbox.poll_timeouts(now) {
-        tracing::warn!(error = %error, "outbox timeout check failed");
-    }
-    let deliveries = match im.outbox.next_ready(now) {
-        Ok(deliveries) => deliveries,
-        Err(error) => {
-            tracing::warn!(error = %error, "outbox could not produce deliveries");
-            return;
+    let now = shared.now();
+    let mut ready = Vec::new();
+    {
+        let mut im = shared.im.lock().await;
+        if let Err(error) = im.outbox.poll_timeouts(now) {
+            tracing::warn!(error = %error, "outbox timeout check failed");
         }
-    };
-    for delivery in deliveries {
-        let channel = im.current(&delivery.channel);
-        let packet_id = PacketId::new(ids::mint("pkt_"));
-        let packet =
-            Packet::new(packet_id.clone(), delivery.payload.to_body()).channel(channel).time(now);
-        let result = match send_on(shared, &packet).await {
-            Ok(()) => im
-                .outbox
-                .on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
-                .map(|_| ()),
-            Err(error) => im
-                .outbox
-                .on_send_failed(&delivery.channel, &delivery.message_id, &error.to_string(), now)
-                .map(|_| ()),
+        let deliveries = match im.outbox.next_ready(now) {
+            Ok(deliveries) => deliveries,
+            Err(error) => {
+                tracing::warn!(error = %error, "outbox could not produce deliveries");
+                return;
+            }
         };
-        if let Err(error) = result {
-            tracing::warn!(error = %error, "outbox bookkeeping failed");
+        for delivery in deliveries {
+            let channel = im.current(&delivery.channel);
+            let packet_id = PacketId::new(ids::mint("pkt_"));
+            let packet =
+                Packet::new(packet_id.clone(), delivery.payload.to_body()).channel(channel);
+            if let Err(error) =
+                im.outbox.on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
+            {
+                tracing::warn!(error = %error, "outbox bookkeeping failed");
+                continue;
+            }
+            ready.push((delivery.channel, delivery.message_id, packet));
+        }
+    }
+    for (channel, message_id, packet) in ready {
+        if let Err(error) = send_on(shared, &packet).await {
+            let mut im = shared.im.lock().await;
+            if let Err(error) =
+                im.outbox.on_send_failed(&channel, &message_id, &error.to_string(), shared.now())
+            {
+                tracing::warn!(error = %error, "outbox bookkeeping failed");
+            }
         }
     }
 }
@@ -112,7 +134,7 @@ pub(crate) async fn run_pump(shared: Arc<Shared>) {
     loop {
         ticker.tick().await;
         pump(&shared).await;
-        let now = now_millis();
+        let now = shared.now();
         let mut im = shared.im.lock().await;
         if let Err(error) = im.outbox.maintain(now) {
             tracing::warn!(error = %error, "outbox maintenance failed");
@@ -127,7 +149,18 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, packet: Packet) {
     let Some(channel) = packet.connector_channel_id.clone() else { return };
     let PacketBody::ChatMessage(message) = &packet.body else { return };
     let message = message.clone();
-    let now = now_millis();
+    let now = shared.now();
+    // Profile payload rules before anything else: a malformed message is refused for good.
+    if let Err(error) = validate_chat_message(&message, Side::Connector) {
+        let ack = ChatMessageAck::rejected(
+            message.message_id.clone(),
+            error.code(),
+            error.to_string(),
+            false,
+        );
+        send_ack(shared, &packet, ack).await;
+        return;
+    }
     let admission = {
         let mut im = shared.im.lock().await;
         let persisted = im.persisted(&channel);
@@ -135,32 +168,35 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, packet: Packet) {
     };
     let ack = match admission {
         Ok(Admission::Process(ticket)) => {
-            let (responder, verdict) = oneshot::channel();
-            let inbound = InboundMessage::with_responder(channel.clone(), message, responder);
-            let _ = shared.events.send(ClientEvent::ChatMessage(inbound));
+            let sink =
+                shared.sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            if sink.is_none() || message.files.is_empty() {
+                let (responder, verdict) = oneshot::channel();
+                let inbound =
+                    InboundMessage::with_responder(channel.clone(), message, responder, Vec::new());
+                crate::connection::emit(shared, ClientEvent::ChatMessage(inbound)).await;
+                tokio::spawn(finish(shared.clone(), packet, ticket, verdict));
+                return;
+            }
+            // Files go to the application's sink first, off the reader.
             let shared = shared.clone();
             tokio::spawn(async move {
-                let verdict = verdict.await.unwrap_or(Verdict::Reject {
-                    code: ErrorCode::ChannelBusy,
-                    message: "the message was not handled".into(),
-                    retryable: true,
-                });
-                let ack = {
-                    let mut im = shared.im.lock().await;
-                    match verdict {
-                        Verdict::Accept => match im.receiver.complete(ticket, now_millis()) {
-                            Ok(ack) => ack,
-                            Err(error) => {
-                                tracing::warn!(error = %error, "could not record a completed message");
-                                return;
-                            }
-                        },
-                        Verdict::Reject { code, message, retryable } => {
-                            im.receiver.abandon(ticket, code, message, retryable)
-                        }
+                let saved = match (&sink, save_files(&shared, &channel, &message).await) {
+                    (Some(_), Ok(saved)) => saved,
+                    (_, Err(reason)) => {
+                        let ack = {
+                            let mut im = shared.im.lock().await;
+                            im.receiver.abandon(ticket, ErrorCode::ChannelBusy, reason, true)
+                        };
+                        send_ack(&shared, &packet, ack).await;
+                        return;
                     }
+                    (None, Ok(saved)) => saved,
                 };
-                send_ack(&shared, &packet, ack).await;
+                let (responder, verdict) = oneshot::channel();
+                let inbound = InboundMessage::with_responder(channel, message, responder, saved);
+                crate::connection::emit(&shared, ClientEvent::ChatMessage(inbound)).await;
+                finish(shared, packet, ticket, verdict).await;
             });
             return;
         }
@@ -177,8 +213,62 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, packet: Packet) {
     send_ack(shared, &packet, ack).await;
 }
 
+/// Downloads every file of an inbound message through its resolved `download_url` into the
+/// application's sink, returning the application's references in order.
+async fn save_files(
+    shared: &Arc<Shared>,
+    channel: &ConnectorChannelId,
+    message: &ChatMessage,
+) -> Result<Vec<String>, String> {
+    let Some(sink) = shared.sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    else {
+        return Ok(Vec::new());
+    };
+    let control =
+        crate::ControlPlane::new(shared.config.base_url.clone(), shared.config.api_key.clone());
+    let mut saved = Vec::with_capacity(message.files.len());
+    for file in &message.files {
+        let Some(url) = &file.download_url else {
+            return Err(format!("file {} has no download_url", file.file_ref));
+        };
+        let downloaded = control.download(url).await.map_err(|e| e.to_string())?;
+        saved.push(sink.save(channel, file, downloaded.bytes).await?);
+    }
+    Ok(saved)
+}
+
+/// Waits for the application's verdict, records it and acks.
+async fn finish(
+    shared: Arc<Shared>,
+    packet: Packet,
+    ticket: xagent_profile_im::Ticket,
+    verdict: oneshot::Receiver<Verdict>,
+) {
+    let verdict = verdict.await.unwrap_or(Verdict::Reject {
+        code: ErrorCode::ChannelBusy,
+        message: "the message was not handled".into(),
+        retryable: true,
+    });
+    let ack = {
+        let mut im = shared.im.lock().await;
+        match verdict {
+            Verdict::Accept => match im.receiver.complete(ticket, shared.now()) {
+                Ok(ack) => ack,
+                Err(error) => {
+                    tracing::warn!(error = %error, "could not record a completed message");
+                    return;
+                }
+            },
+            Verdict::Reject { code, message, retryable } => {
+                im.receiver.abandon(ticket, code, message, retryable)
+            }
+        }
+    };
+    send_ack(&shared, &packet, ack).await;
+}
+
 async fn send_ack(shared: &Shared, message: &Packet, ack: ChatMessageAck) {
-    let packet = Packet::with_payload(ids::mint("pkt_"), ack).answering(message).time(now_millis());
+    let packet = Packet::with_payload(ids::mint("pkt_"), ack).answering(message);
     if let Err(error) = send_on(shared, &packet).await {
         tracing::warn!(error = %error, "could not send chat.message.ack; the Connector will redeliver");
     }
@@ -195,12 +285,12 @@ pub(crate) async fn on_chat_message_ack(shared: &Arc<Shared>, packet: Packet) {
     {
         let mut im = shared.im.lock().await;
         let persisted = im.persisted(&channel);
-        match im.outbox.on_ack(&persisted, &ack, &reply_to, now_millis()) {
+        match im.outbox.on_ack(&persisted, &ack, &reply_to, shared.now()) {
             Ok(outcome) => tracing::debug!(?outcome, "chat.message.ack applied"),
             Err(error) => tracing::warn!(error = %error, "chat.message.ack not applied"),
         }
     }
-    let _ = shared.events.send(ClientEvent::ChatMessageAcked { channel, ack });
+    crate::connection::emit(shared, ClientEvent::ChatMessageAcked { channel, ack }).await;
     pump(shared).await;
 }
 
@@ -217,7 +307,7 @@ impl DataPlane {
             let mut im = self.shared().im.lock().await;
             let persisted = im.persisted(channel);
             im.outbox
-                .enqueue(&persisted, message, now_millis())
+                .enqueue(&persisted, message, self.shared().now())
                 .map_err(|e| ClientError::Protocol(e.to_string()))?
         };
         pump(self.shared()).await;
@@ -247,9 +337,7 @@ impl DataPlane {
         channel: &ConnectorChannelId,
         payload: P,
     ) -> Result<(), ClientError> {
-        let packet = Packet::with_payload(ids::mint("pkt_"), payload)
-            .channel(channel.clone())
-            .time(now_millis());
+        let packet = Packet::with_payload(ids::mint("pkt_"), payload).channel(channel.clone());
         self.send(&packet).await
     }
 

@@ -11,7 +11,11 @@
 //!
 //! let base = BaseUrl::parse("https://connector.example/im")?;
 //! assert_eq!(base.ws_url(), "wss://connector.example/im/ws");
-//! assert_eq!(base.resolve("/files/refs/file_1")?, "https://connector.example/im/files/refs/file_1");
+//! // A signed download path is root-relative: the Connector already put its prefix in it.
+//! assert_eq!(
+//!     base.resolve("/im/files/refs/file_1")?,
+//!     "https://connector.example/im/files/refs/file_1"
+//! );
 //! let config = ClientConfig::new(base, "im.example", vec!["xagent.im.v2".into()]);
 //! assert_eq!(config.request_timeout.as_secs(), 10);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -22,22 +26,36 @@ mod backoff;
 mod base_url;
 pub mod conformance;
 mod connection;
+mod directory;
 mod error;
 mod health;
 mod http;
 mod ids;
 mod im;
+mod invoke;
 pub mod probe;
+mod store;
 mod tools;
+mod transport;
 
 pub use admission::*;
 pub use backoff::Backoff;
 pub use base_url::{BaseUrl, BaseUrlError};
 pub use connection::{
-    ClientConfig, ClientEvent, ConnectionState, DataPlane, InboundMessage, PacketTap, TapDirection,
-    Verdict, next_event_matching,
+    ClientConfig, ClientEvent, ConnectionState, DataPlane, EventSource, Events, InboundMessage,
+    PacketTap, TapDirection, Verdict, next_event_matching,
 };
+pub use directory::{ChannelDirectory, ChannelEntry, DescriptorRefused, SessionBinding};
 pub use error::ClientError;
 pub use health::*;
 pub use http::{ControlPlane, Downloaded, SkillDocument};
-pub use tools::{FunctionDeclaration, project_tools};
+pub use invoke::{
+    CHANNELS_LIST_TOOL, FileContent, FileSink, FileSource, MESSAGE_SEND_TOOL, ToolCallOptions,
+    ToolOutcome, UPLOAD_REF_ANNOTATION, UploadRefProperty, builtin_tools, model_input_schema,
+    upload_ref_properties,
+};
+pub use store::{RememberedChannel, SqliteXagentStore, XagentStore};
+pub use tools::{FunctionDeclaration, declaration, project_tools};
+pub use transport::{
+    Frame, FrameSink, FrameStream, MemoryPeer, MemoryTransport, Transport, WsTransport,
+};

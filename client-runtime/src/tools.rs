@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 use serde_json::{Map, Value};
-use xagent_protocol_types::{ConnectionDescriptor, ConnectorCard, ToolId, ToolStatus};
+use xagent_protocol_types::{CardTool, ConnectionDescriptor, ConnectorCard, ToolId, ToolStatus};
 
 /// A model-visible function: a Card Tool that the channel's Descriptor lists as available.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -11,7 +11,7 @@ pub struct FunctionDeclaration {
     pub name: ToolId,
     /// What the function does (the Tool's description, else its title).
     pub description: String,
-    /// JSON Schema of the arguments (the Card's `input_schema`, unchanged).
+    /// JSON Schema of the arguments (the Card's `input_schema`, upload references projected).
     pub parameters: Map<String, Value>,
 }
 
@@ -29,16 +29,22 @@ pub fn project_tools(
                 .tool(tool.tool_id.as_str())
                 .is_some_and(|entry| entry.status == ToolStatus::Available)
         })
-        .map(|tool| FunctionDeclaration {
-            name: tool.tool_id.clone(),
-            description: tool
-                .description
-                .clone()
-                .or_else(|| tool.title.clone())
-                .unwrap_or_else(|| tool.tool_id.to_string()),
-            parameters: tool.input_schema.clone(),
-        })
+        .map(declaration)
         .collect()
+}
+
+/// The model-facing declaration of one Card Tool: upload-reference arguments are projected to
+/// a unified file reference ([`crate::model_input_schema`]).
+pub fn declaration(tool: &CardTool) -> FunctionDeclaration {
+    FunctionDeclaration {
+        name: tool.tool_id.clone(),
+        description: tool
+            .description
+            .clone()
+            .or_else(|| tool.title.clone())
+            .unwrap_or_else(|| tool.tool_id.to_string()),
+        parameters: crate::invoke::model_input_schema(&tool.input_schema),
+    }
 }
 
 #[cfg(test)]
@@ -46,8 +52,8 @@ mod tests {
     use super::*;
     use serde_json::json;
     use xagent_protocol_types::{
-        BuildInfo, CardTool, Connection, ConnectionStatus, ConnectorInfo, DescriptorTarget,
-        DescriptorTool, Supports, TargetType,
+        BuildInfo, Connection, ConnectionStatus, ConnectorInfo, DescriptorTarget, DescriptorTool,
+        Supports, TargetType,
     };
 
     fn schema() -> Map<String, Value> {

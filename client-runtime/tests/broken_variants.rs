@@ -254,5 +254,5 @@ async fn missing_api_key_check_is_caught() {
 #[tokio::test]
 async fn a_descriptor_tool_absent_from_the_card_is_caught() {
     let report = conformance(&broken(Fault::UndeclaredDescriptorTool).await).await;
-    assert_caught(&report, "descriptor.tools_in_card");
+    assert_caught(&report, "descriptor.tool_not_in_card");
 }

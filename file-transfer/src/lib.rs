@@ -88,12 +88,16 @@
 //! - **Storage directory**: created with mode 0700 (sidecars hold target-system references);
 //!   nothing but the store may write in it. Files not named like store files are left alone.
 //! - Downloads carry `Content-Disposition: attachment` with an ASCII fallback name and the
-//!   exact UTF-8 name in `filename*`, `Cache-Control: private, no-store` and
-//!   `X-Content-Type-Options: nosniff`.
+//!   exact UTF-8 name in `filename*`, `Cache-Control: private, no-store`,
+//!   `X-Content-Type-Options: nosniff` and the sandboxing [`media::DOWNLOAD_CSP`]. Content
+//!   types are parsed ([`media::MediaType`]), never compared as whole strings.
+//! - **Durability and privacy on disk**: data files and sidecars are created 0600 and every
+//!   finished file `fsync`s the directory after its renames.
 
 mod error;
 mod http;
 mod ids;
+pub mod media;
 mod signer;
 mod store;
 

@@ -347,6 +347,8 @@ struct Shared {
     signer: UrlSigner,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    /// Directory `fsync`s done (tests check renames are followed by one).
+    dir_syncs: std::sync::atomic::AtomicU64,
 }
 
 /// Files on disk under one directory, each bound to one channel, with TTL, capacity limits and
@@ -385,7 +387,14 @@ impl FileStore {
         let state = load_dir(&dir, clock.now_millis()).await?;
         tracing::debug!(files = state.files.len(), bytes = state.stored_bytes, "file store opened");
         Ok(Self {
-            shared: Arc::new(Shared { dir, config, signer, clock, state: Mutex::new(state) }),
+            shared: Arc::new(Shared {
+                dir,
+                config,
+                signer,
+                clock,
+                state: Mutex::new(state),
+                dir_syncs: std::sync::atomic::AtomicU64::new(0),
+            }),
         })
     }
 
@@ -448,7 +457,11 @@ impl FileStore {
             generation,
             done: false,
         };
-        let file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&part).await?;
+        let mut options = tokio::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        options.mode(0o600);
+        let file = options.open(&part).await?;
         pending.file = Some(file);
         Ok(pending)
     }
@@ -621,6 +634,15 @@ impl FileStore {
         self.shared.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Flushes the storage directory itself, so renames in it survive a power cut.
+    async fn sync_dir(&self) -> std::io::Result<()> {
+        self.shared.dir_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.shared.dir.clone();
+        tokio::task::spawn_blocking(move || sync_dir_blocking(&dir))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+
     fn path(&self, file_ref: &FileRef, extension: &str) -> PathBuf {
         self.shared.dir.join(format!("{}.{extension}", file_ref.as_str()))
     }
@@ -760,6 +782,8 @@ impl PendingFile {
             remove_quietly(&bin).await;
             return Err(error);
         }
+        // Both renames are durable only once the directory entry itself is on disk.
+        store.sync_dir().await?;
         let accepted = {
             let mut state = store.lock();
             state.end_pending(self.written);
@@ -807,7 +831,11 @@ async fn write_sidecar(store: &FileStore, record: &FileRecord) -> Result<(), Tra
     let sidecar = Sidecar { format: SIDECAR_FORMAT.to_owned(), record: record.clone() };
     let text = serde_json::to_vec_pretty(&sidecar).map_err(std::io::Error::other)?;
     let tmp = store.path(&record.file_ref, "json.tmp");
-    let mut file = tokio::fs::File::create(&tmp).await?;
+    let mut options = tokio::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut file = options.open(&tmp).await?;
     file.write_all(&text).await?;
     file.sync_all().await?;
     drop(file);
@@ -823,6 +851,19 @@ async fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     builder.mode(0o700);
     builder.create(dir).await
+}
+
+/// `fsync` of a directory (a no-op where directories cannot be opened as files).
+pub(crate) fn sync_dir_blocking(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::fs::File::open(dir)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        Ok(())
+    }
 }
 
 async fn remove_quietly(path: &Path) {
@@ -1007,6 +1048,33 @@ mod tests {
         file.read_to_end(&mut content).await.unwrap();
         assert_eq!(content, b"jpeg bytes");
         assert_eq!(store.get(&record.file_ref).as_ref(), Some(record));
+    }
+
+    #[tokio::test]
+    async fn i5_every_finished_file_syncs_its_directory_after_the_renames() {
+        let dir = TempDir::new();
+        let clock = ManualClock::new(START);
+        let store = store_with(&dir, &clock, StoreConfig::default()).await;
+        let before = store.shared.dir_syncs.load(std::sync::atomic::Ordering::Relaxed);
+        store.register_bytes(NewFile::new(channel("cch_a"), "a.txt"), b"a").await.unwrap();
+        store.register_bytes(NewFile::new(channel("cch_a"), "b.txt"), b"b").await.unwrap();
+        let after = store.shared.dir_syncs.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(after - before, 2, "one directory fsync per finished file");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn m6_stored_files_and_sidecars_are_readable_by_their_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = TempDir::new();
+        let clock = ManualClock::new(START);
+        let store = store_with(&dir, &clock, StoreConfig::default()).await;
+        store.register_bytes(NewFile::new(channel("cch_a"), "a.txt"), b"a").await.unwrap();
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.0), 0o700);
+        for name in dir_names(&dir) {
+            assert_eq!(mode(&dir.0.join(&name)), 0o600, "{name}");
+        }
     }
 
     #[tokio::test]

@@ -74,7 +74,7 @@ impl BindingState {
                 (ConnectionStatus::Connected, ToolStatus::Available, PermissionState::Granted, None)
             }
             S::Verifying => (
-                ConnectionStatus::Offline,
+                ConnectionStatus::Degraded,
                 ToolStatus::Unavailable,
                 PermissionState::Unknown,
                 Some("checking that the device is still reachable"),
@@ -186,7 +186,8 @@ impl DeviceBindings {
         Ok(BindingState::Online.correction())
     }
 
-    /// Loads a binding after a restart: projected as offline until [`BindingEvent::Verified`].
+    /// Loads a binding after a restart: projected as `degraded` with every Tool unavailable
+    /// until [`BindingEvent::Verified`] (the device answered).
     pub fn restore(
         &mut self,
         channel: &ConnectorChannelId,
@@ -251,7 +252,7 @@ mod tests {
     fn every_state_has_a_descriptor_projection() {
         let cases = [
             (BindingState::Online, ConnectionStatus::Connected, ToolStatus::Available),
-            (BindingState::Verifying, ConnectionStatus::Offline, ToolStatus::Unavailable),
+            (BindingState::Verifying, ConnectionStatus::Degraded, ToolStatus::Unavailable),
             (BindingState::Offline, ConnectionStatus::Offline, ToolStatus::Unavailable),
             (BindingState::PermissionLost, ConnectionStatus::Revoked, ToolStatus::DeniedByTarget),
             (BindingState::Unbound, ConnectionStatus::Created, ToolStatus::RequiresReauth),
@@ -300,7 +301,8 @@ mod tests {
         let mut b = DeviceBindings::exclusive();
         let c = ConnectorChannelId::new("cch_1");
         let corr = b.restore(&c, "serial-1");
-        assert_eq!(corr.connection_status, ConnectionStatus::Offline);
+        assert_eq!(corr.connection_status, ConnectionStatus::Degraded);
+        assert_eq!(corr.tool_status, ToolStatus::Unavailable);
         assert!(b.device_for(&c).is_err());
         assert_eq!(
             b.on_event(&c, BindingEvent::Verified).connection_status,

@@ -41,9 +41,6 @@ pub enum DeviceError {
     /// A declaration breaks a Device Profile rule (e.g. lets the model choose the device).
     #[error("invalid tool declaration: {0}")]
     InvalidDeclaration(String),
-    /// A repeated call key arrived with different arguments.
-    #[error("tool_call_id {0} was already used with different arguments")]
-    IdempotencyConflict(String),
     /// A result tried to carry media bytes instead of a `file_ref`.
     #[error("result field {0} carries media bytes; return a file_ref from the Transfer Plane")]
     MediaBytesForbidden(String),
@@ -68,7 +65,6 @@ impl DeviceError {
             Self::ToolUnavailable(_) => ErrorCode::ConnectorChannelUnavailable,
             Self::InvalidArguments { .. } => ErrorCode::InvalidArguments,
             Self::InvalidDeclaration(_) => ErrorCode::InternalError,
-            Self::IdempotencyConflict(_) => ErrorCode::IdempotencyConflict,
             Self::MediaBytesForbidden(_) | Self::Failed(_) => ErrorCode::ToolInvokeFailed,
             Self::QueueFull(_) => ErrorCode::CapacityExceeded,
         }

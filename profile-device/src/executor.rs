@@ -207,6 +207,19 @@ impl Scheduler {
         lane.queue.drain(..).map(|q| q.id).collect()
     }
 
+    /// Removes one queued (not yet started) operation, e.g. its caller stopped waiting.
+    /// Returns false when it is not queued (already started, finished or unknown).
+    pub fn cancel(&mut self, channel: &ConnectorChannelId, op: OpId) -> bool {
+        let Some(lane) = self.lanes.get_mut(channel) else { return false };
+        let before = lane.queue.len();
+        lane.queue.retain(|q| q.id != op);
+        let removed = lane.queue.len() < before;
+        if lane.running.is_empty() && lane.queue.is_empty() {
+            self.lanes.remove(channel);
+        }
+        removed
+    }
+
     /// Operations running on a channel.
     pub fn running(&self, channel: &ConnectorChannelId) -> Vec<OpId> {
         self.lanes
@@ -317,6 +330,12 @@ mod tests {
         let err = s.submit(&ch("c"), Effect::SideEffect, 0).unwrap_err();
         assert_eq!(err.code(), ErrorCode::CapacityExceeded);
         assert_eq!(s.drain_queue(&ch("c")).len(), 2);
+        assert_eq!(s.queued(&ch("c")), 0);
+        let a = s.submit(&ch("c"), Effect::SideEffect, 0).unwrap();
+        let b = s.submit(&ch("c"), Effect::SideEffect, 0).unwrap();
+        assert_eq!(s.start_ready(0), vec![(ch("c"), a)]);
+        assert!(!s.cancel(&ch("c"), a), "a running operation is not cancelled here");
+        assert!(s.cancel(&ch("c"), b));
         assert_eq!(s.queued(&ch("c")), 0);
     }
 }

@@ -3,27 +3,102 @@
 
 use serde_json::{Map, Value, json};
 use xagent_protocol_types::ToolId;
+use xagent_protocol_validate::with_connector_channel_id;
 
 use crate::DeviceError;
 
 /// The reserved routing argument every Tool schema carries; it is never a device selector.
-pub const CHANNEL_ARGUMENT: &str = "connector_channel_id";
+pub use xagent_protocol_types::CHANNEL_ARGUMENT;
 
-/// Parameter names that would let the model pick or address a device itself. The Connector
-/// owns these facts through the channel binding, so a declaration using them is refused.
+/// Parameter names that would let the model pick or address a device itself, or hand the
+/// Connector a platform credential. The Connector owns these facts through the channel binding,
+/// so a declaration using them is refused when the Connector is built. Names are compared
+/// without case, `_` and `-` (`deviceId`, `device-id` and `DEVICE_ID` are all refused).
 pub const FORBIDDEN_PARAMETER_NAMES: &[&str] = &[
     "serial",
+    "serial_number",
     "device_serial",
+    "adb_serial",
+    "udid",
+    "imei",
     "device_id",
+    "device",
     "address",
+    "device_address",
     "ip",
+    "ip_address",
+    "mac",
+    "mac_address",
     "host",
+    "hostname",
     "port",
     "account",
+    "account_id",
+    "platform_account",
+    "username",
+    "password",
     "token",
+    "access_token",
     "api_key",
     "device_key",
+    "secret",
 ];
+
+fn squash(name: &str) -> String {
+    name.chars().filter(|c| *c != '_' && *c != '-').flat_map(char::to_lowercase).collect()
+}
+
+/// True when `name` is one of the [`FORBIDDEN_PARAMETER_NAMES`] (ignoring case, `_` and `-`).
+pub fn is_device_fact_name(name: &str) -> bool {
+    let name = squash(name);
+    FORBIDDEN_PARAMETER_NAMES.iter().any(|f| squash(f) == name)
+}
+
+/// Refuses an input schema (as published in the Card) that lets the model supply a device
+/// fact: any property at any depth (`properties`, `items`, `anyOf`/`oneOf`/`allOf`, `$defs`)
+/// named like one of the [`FORBIDDEN_PARAMETER_NAMES`]. Used at build time for Tools whose
+/// schema is generated from a type rather than declared with [`ParamRule`]s.
+pub fn check_input_schema(
+    tool_id: &ToolId,
+    schema: &Map<String, Value>,
+) -> Result<(), DeviceError> {
+    fn walk(tool_id: &ToolId, schema: &Map<String, Value>, path: &str) -> Result<(), DeviceError> {
+        if let Some(Value::Object(props)) = schema.get("properties") {
+            for (name, sub) in props {
+                if is_device_fact_name(name) {
+                    return Err(DeviceError::InvalidDeclaration(format!(
+                        "{tool_id}: parameter {path}/{name} would let the model supply a device fact \
+                         (serial, address, account); the channel binding decides the device"
+                    )));
+                }
+                if let Value::Object(sub) = sub {
+                    walk(tool_id, sub, &format!("{path}/{name}"))?;
+                }
+            }
+        }
+        for key in ["items", "additionalProperties"] {
+            if let Some(Value::Object(sub)) = schema.get(key) {
+                walk(tool_id, sub, path)?;
+            }
+        }
+        for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+            if let Some(Value::Array(subs)) = schema.get(key) {
+                for sub in subs.iter().filter_map(Value::as_object) {
+                    walk(tool_id, sub, path)?;
+                }
+            }
+        }
+        for key in ["$defs", "definitions"] {
+            if let Some(Value::Object(defs)) = schema.get(key) {
+                for sub in defs.values().filter_map(Value::as_object) {
+                    walk(tool_id, sub, path)?;
+                }
+            }
+        }
+        Ok(())
+    }
+    walk(tool_id, schema, "")
+}
 
 /// What a Tool does to the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -83,6 +158,13 @@ pub enum ParamKind {
     },
     /// A Boolean.
     Boolean,
+    /// A single scalar whose type the device decides at call time (a string of at most
+    /// `max_len` characters, a finite number or a Boolean); the Connector checks it against
+    /// the device's own description before anything is sent.
+    Scalar {
+        /// Maximum length of a string value in characters.
+        max_len: usize,
+    },
 }
 
 /// One declared parameter.
@@ -155,6 +237,21 @@ impl ParamRule {
                     return Err(bad("expected true or false".into()));
                 }
             }
+            ParamKind::Scalar { max_len } => match value {
+                Value::Bool(_) => {}
+                Value::Number(n) => {
+                    if !n.as_f64().is_some_and(f64::is_finite) {
+                        return Err(bad("expected a finite number".into()));
+                    }
+                }
+                Value::String(v) => {
+                    let len = v.chars().count();
+                    if len > *max_len {
+                        return Err(bad(format!("{len} characters, at most {max_len} allowed")));
+                    }
+                }
+                _ => return Err(bad("expected a string, a number or true/false".into())),
+            },
         }
         Ok(())
     }
@@ -175,6 +272,11 @@ impl ParamRule {
                 s
             }
             ParamKind::Boolean => json!({"type": "boolean"}),
+            ParamKind::Scalar { max_len } => json!({"anyOf": [
+                {"type": "string", "maxLength": max_len},
+                {"type": "number"},
+                {"type": "boolean"},
+            ]}),
         };
         if let Some(d) = &self.description {
             s["description"] = json!(d);
@@ -197,6 +299,10 @@ pub struct DeviceTool {
     pub effect: Effect,
     /// Parameters; anything else except `connector_channel_id` is refused.
     pub params: Vec<ParamRule>,
+    /// True when the arguments are checked against the Tool's input schema by the runtime
+    /// (a Tool declared from its schema, [`DeviceTool::from_schema`]); `params` is then empty
+    /// and [`DeviceTool::validate_arguments`] leaves the check to the schema.
+    pub schema_checked: bool,
 }
 
 impl DeviceTool {
@@ -216,8 +322,7 @@ impl DeviceTool {
         };
         let mut names = std::collections::HashSet::new();
         for p in &params {
-            let lower = p.name.to_ascii_lowercase();
-            if FORBIDDEN_PARAMETER_NAMES.contains(&lower.as_str()) {
+            if is_device_fact_name(&p.name) {
                 return Err(DeviceError::InvalidDeclaration(format!(
                     "{tool_id}: parameter {} would let the model address a device; the channel binding decides the device",
                     p.name
@@ -242,7 +347,23 @@ impl DeviceTool {
                 )));
             }
         }
-        Ok(Self { tool_id, category, risk, effect, params })
+        Ok(Self { tool_id, category, risk, effect, params, schema_checked: false })
+    }
+
+    /// Declares a Tool whose arguments are described by an input schema (generated from a
+    /// type) and checked against it by the runtime. The schema is refused when it lets the
+    /// model supply a device fact ([`check_input_schema`]).
+    pub fn from_schema(
+        tool_id: impl Into<ToolId>,
+        category: ToolCategory,
+        risk: RiskLevel,
+        input_schema: &Map<String, Value>,
+    ) -> Result<Self, DeviceError> {
+        let tool_id = tool_id.into();
+        check_input_schema(&tool_id, input_schema)?;
+        let mut tool = Self::new(tool_id, category, risk, Vec::new())?;
+        tool.schema_checked = true;
+        Ok(tool)
     }
 
     /// Overrides the scheduling class (e.g. a media upload to the device is a side effect).
@@ -255,6 +376,9 @@ impl DeviceTool {
     /// Checks arguments: every required parameter present, every value in range, nothing
     /// undeclared (except the reserved `connector_channel_id`, which is ignored).
     pub fn validate_arguments(&self, arguments: &Map<String, Value>) -> Result<(), DeviceError> {
+        if self.schema_checked {
+            return Ok(());
+        }
         for (name, value) in arguments {
             if name == CHANNEL_ARGUMENT {
                 continue;
@@ -278,15 +402,12 @@ impl DeviceTool {
         Ok(())
     }
 
-    /// The Card `input_schema` for this Tool: an object with the declared bounds, the reserved
-    /// `connector_channel_id` string, and no other properties.
+    /// The Card `input_schema` for this Tool: an object with the declared bounds and no other
+    /// properties, with the reserved `connector_channel_id` added by the validator's helper
+    /// ([`with_connector_channel_id`]) like every other Tool's.
     pub fn input_schema(&self) -> Map<String, Value> {
         let mut properties = Map::new();
-        properties.insert(
-            CHANNEL_ARGUMENT.into(),
-            json!({"type": "string", "description": "The channel bound to the device."}),
-        );
-        let mut required = vec![json!(CHANNEL_ARGUMENT)];
+        let mut required = Vec::new();
         for p in &self.params {
             properties.insert(p.name.clone(), p.schema());
             if p.required {
@@ -298,7 +419,9 @@ impl DeviceTool {
         schema.insert("properties".into(), Value::Object(properties));
         schema.insert("required".into(), Value::Array(required));
         schema.insert("additionalProperties".into(), json!(false));
-        schema
+        // `new` refused a parameter named like the reserved argument, so the helper accepts
+        // this object; fall back to the bare schema rather than panic if that ever changes.
+        with_connector_channel_id(&schema).unwrap_or(schema)
     }
 }
 
@@ -419,11 +542,32 @@ mod tests {
         .unwrap();
         assert!(vol.validate_arguments(&args(json!({"level": 1.01}))).is_err());
         vol.validate_arguments(&args(json!({"level": 0.5}))).unwrap();
+        let set = DeviceTool::new(
+            "device_set",
+            ToolCategory::Control,
+            RiskLevel::Low,
+            vec![ParamRule::required("value", ParamKind::Scalar { max_len: 4 })],
+        )
+        .unwrap();
+        for ok in [json!(1), json!(2.5), json!(true), json!("abcd")] {
+            set.validate_arguments(&args(json!({ "value": ok }))).unwrap();
+        }
+        for bad in [json!("abcde"), json!(null), json!([1]), json!({"a": 1})] {
+            assert!(set.validate_arguments(&args(json!({ "value": bad }))).is_err(), "{bad}");
+        }
     }
 
     #[test]
     fn rule_model_cannot_choose_the_device() {
-        for name in ["serial", "device_id", "IP", "host", "connector_channel_id"] {
+        for name in [
+            "serial",
+            "device_id",
+            "IP",
+            "host",
+            "connector_channel_id",
+            "deviceId",
+            "Serial-Number",
+        ] {
             let r = DeviceTool::new(
                 "t",
                 ToolCategory::Observation,
@@ -432,6 +576,48 @@ mod tests {
             );
             assert!(matches!(r, Err(DeviceError::InvalidDeclaration(_))), "{name}");
         }
+    }
+
+    #[test]
+    fn rule_device_facts_in_a_generated_schema_are_refused_at_build_time() {
+        let tool = ToolId::new("t");
+        let ok = json!({"type": "object", "properties": {"node": {"type": "string"}, "value": {}}});
+        check_input_schema(&tool, ok.as_object().unwrap()).unwrap();
+        for bad in [
+            json!({"type": "object", "properties": {"serialNumber": {"type": "string"}}}),
+            json!({"type": "object", "properties": {"target": {"type": "object",
+                "properties": {"ip_address": {"type": "string"}}}}}),
+            json!({"type": "object", "properties": {"list": {"type": "array",
+                "items": {"type": "object", "properties": {"mac": {"type": "string"}}}}}}),
+            json!({"type": "object", "oneOf": [{"properties": {"platform-account": {}}}]}),
+            json!({"type": "object", "$defs": {"X": {"properties": {"device_key": {}}}}}),
+        ] {
+            let err = check_input_schema(&tool, bad.as_object().unwrap()).unwrap_err();
+            assert!(matches!(err, DeviceError::InvalidDeclaration(_)), "{bad}");
+        }
+    }
+
+    #[test]
+    fn rule_schema_declared_tools_are_checked_for_device_facts() {
+        let ok = json!({"type": "object", "properties": {"node": {"type": "string"}}});
+        let t = DeviceTool::from_schema(
+            "read",
+            ToolCategory::Observation,
+            RiskLevel::Low,
+            ok.as_object().unwrap(),
+        )
+        .unwrap();
+        assert!(t.schema_checked);
+        t.validate_arguments(&args(json!({"node": "x"}))).unwrap();
+        let bad = json!({"type": "object", "properties": {"serial": {"type": "string"}}});
+        let err = DeviceTool::from_schema(
+            "read",
+            ToolCategory::Observation,
+            RiskLevel::Low,
+            bad.as_object().unwrap(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, DeviceError::InvalidDeclaration(_)));
     }
 
     #[test]

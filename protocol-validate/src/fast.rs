@@ -44,19 +44,7 @@ impl Validator {
         if let Some(packet) = self.accept_packet(bytes, context) {
             return Ok(packet);
         }
-        let report = match serde_json::from_slice::<Value>(bytes) {
-            Ok(value) => self.packet(&value, context),
-            Err(_) => match std::str::from_utf8(bytes) {
-                Ok(text) => match crate::parse_document(text) {
-                    Ok(value) => self.packet(&value, context),
-                    Err(report) => report,
-                },
-                Err(_) => Report::new(vec![
-                    crate::rules::DOCUMENT_NOT_JSON
-                        .at("", "the packet is not UTF-8; JSON text must be UTF-8"),
-                ]),
-            },
-        };
+        let report = self.packet_bytes(bytes, context);
         if report.valid {
             // The report form accepted what the typed form deferred (a control packet, a
             // `null`): decode it for the caller.
@@ -69,10 +57,25 @@ impl Validator {
         Err(report)
     }
 
-    /// True when the packet breaks no error rule: [`Validator::check_packet`] without the
-    /// packet or the report.
+    /// True when the packet breaks no error rule: the verdict of [`Validator::check_packet`]
+    /// without keeping the packet (the report form runs only when the typed form defers).
     pub fn packet_is_valid(&self, bytes: &[u8], context: PacketContext<'_>) -> bool {
-        self.accept_packet(bytes, context).is_some() || self.check_packet(bytes, context).is_ok()
+        self.accept_packet(bytes, context).is_some() || self.packet_bytes(bytes, context).valid
+    }
+
+    /// The report form on bytes: parse into a `Value` and run [`Validator::packet`]; text that
+    /// is not JSON (or not UTF-8) gets `document.not_json`.
+    pub fn packet_bytes(&self, bytes: &[u8], context: PacketContext<'_>) -> Report {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => match crate::parse_document(text) {
+                Ok(value) => self.packet(&value, context),
+                Err(report) => report,
+            },
+            Err(_) => Report::new(vec![
+                crate::rules::DOCUMENT_NOT_JSON
+                    .at("", "the packet is not UTF-8; JSON text must be UTF-8"),
+            ]),
+        }
     }
 
     /// The typed form alone: `Some(packet)` when it can prove the packet valid, `None` when it

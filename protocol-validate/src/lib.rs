@@ -10,6 +10,10 @@
 //!   a stable rule id, a [`Severity`], a JSON pointer and a message. [`Report`] serialises to
 //!   the `{"valid", "violations"}` shape of `xagent-connector check --format json`, and
 //!   [`check_text`] is the library form of that command.
+//! - The hot-path form for packets, [`Validator::check_packet`]: one typed decode, the rules
+//!   on the typed packet and an allocation-free scan of the text for secrets, returning the
+//!   typed [`Packet`](xagent_protocol_types::Packet) or, for a packet it refuses, the full
+//!   report. Same verdict as the report form (tested on every fixture and on mutations).
 //! - Version admission ([`version`]), the Profile catalog and negotiation ([`catalog`]: the
 //!   only allowlist in the project), the sans-I/O data-plane sequencing machine ([`session`]),
 //!   the Tool input schema helper ([`with_connector_channel_id`]) and the secret-leak scanner

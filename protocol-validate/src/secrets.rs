@@ -208,7 +208,7 @@ impl SecretScanner {
         if self.known.iter().any(|(_, secret)| text.contains(secret.expose())) {
             return true;
         }
-        if self.shapes && has_shape(text) {
+        if self.shapes && !is_protocol_word(text) && has_shape(text) {
             return true;
         }
         !as_key && self.sensitive_keys && !text.is_empty() && key.is_some_and(is_sensitive_key)
@@ -273,10 +273,40 @@ fn is_token_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':' | b'+' | b'/' | b'=')
 }
 
-/// True when [`scan_shapes`] would find something in `text`. Strings too short to hold any
-/// shape (fewer than 15 bytes: `bearer ` plus 8) and without `-----BEGIN` are skipped quickly.
+/// Field names and fixed values every packet repeats. None has a credential shape (a test
+/// checks), so the hot path skips the shape scan for them.
+const PROTOCOL_WORDS: &[&str] = &[
+    xagent_protocol_types::PACKET_SCHEMA,
+    "connector_channel_id",
+    "connection_descriptor",
+    "activation_message",
+    "target_session_ref",
+    "target_session_id",
+];
+
+fn is_protocol_word(text: &str) -> bool {
+    text.len() >= 15 && PROTOCOL_WORDS.contains(&text)
+}
+
+/// True when [`scan_shapes`] would find something in `text`. Every shape needs a run of at
+/// least 8 token characters (`bearer ` plus 8), and one of 20 unless the text has a space
+/// (`bearer <token>`, `-----BEGIN ... PRIVATE KEY-----`), so most strings are ruled out by one
+/// pass over their bytes.
 fn has_shape(text: &str) -> bool {
     if text.len() < 15 {
+        return false;
+    }
+    let (mut longest, mut run, mut space) = (0usize, 0usize, false);
+    for &b in text.as_bytes() {
+        if is_token_char(b) {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+            space |= b == b' ';
+        }
+    }
+    if longest < 8 || (longest < MIN_SHAPE_LEN && !space) {
         return false;
     }
     let mut out = Vec::new();
@@ -390,6 +420,27 @@ fn token_shape(token: &str) -> Option<&'static str> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn protocol_words_have_no_shape_and_the_prefilter_is_exact() {
+        for word in PROTOCOL_WORDS {
+            let mut out = Vec::new();
+            scan_shapes(word, &mut out);
+            assert!(out.is_empty(), "{word}");
+        }
+        for text in [
+            "Authorization: Bearer abcdefgh",
+            "-----BEGIN RSA PRIVATE KEY----- x",
+            "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+            "see AKIAABCDEFGHIJKLMNOP here",
+            "a plain sentence with words",
+            "short_token_123",
+        ] {
+            let mut out = Vec::new();
+            scan_shapes(text, &mut out);
+            assert_eq!(has_shape(text), !out.is_empty(), "{text}");
+        }
+    }
 
     #[test]
     fn finds_known_secrets_without_printing_them() {

@@ -37,6 +37,19 @@ pub struct RuntimeConfig {
     /// whose peer stopped reading cannot write its last acks; [`ConnectorServer::serve`]
     /// returns after this grace period anyway.
     pub shutdown_grace: Duration,
+    /// Limits of the HTTP listener [`ConnectorServer::serve`] runs: header-read and idle
+    /// timeouts and the connection cap (defaults 10 s, 60 s, 1,024).
+    pub listener: crate::listen::ServeLimits,
+    /// Channels one data-plane socket may have open (default 4,096); `channel.open` beyond it
+    /// is refused with `capacity_exceeded`.
+    pub max_channels_per_socket: usize,
+    /// Channels the Connector keeps registered in total (default 16,384); a `channel.open`
+    /// creating one more is refused with `capacity_exceeded`.
+    pub max_channels: usize,
+    /// Requests of one socket whose work runs at once (`tool.invoke`, `auth.*`; default 64).
+    /// At the limit the connection stops reading the peer until one finishes, so a peer that
+    /// floods requests without reading answers cannot grow the Connector's memory.
+    pub max_in_flight_requests: usize,
 }
 
 impl Default for RuntimeConfig {
@@ -51,6 +64,10 @@ impl Default for RuntimeConfig {
             base_path: String::new(),
             admission: AdmissionWindow::default(),
             shutdown_grace: Duration::from_secs(10),
+            listener: crate::listen::ServeLimits::default(),
+            max_channels_per_socket: 4_096,
+            max_channels: 16_384,
+            max_in_flight_requests: 64,
         }
     }
 }
@@ -74,6 +91,28 @@ impl RuntimeConfig {
     #[must_use]
     pub fn with_write_queue(mut self, packets: usize) -> Self {
         self.write_queue = packets;
+        self
+    }
+
+    /// Sets the HTTP listener's limits.
+    #[must_use]
+    pub fn with_listener(mut self, limits: crate::listen::ServeLimits) -> Self {
+        self.listener = limits;
+        self
+    }
+
+    /// Sets the channel limits (per socket, in total).
+    #[must_use]
+    pub fn with_channel_limits(mut self, per_socket: usize, total: usize) -> Self {
+        self.max_channels_per_socket = per_socket;
+        self.max_channels = total;
+        self
+    }
+
+    /// Sets how many requests of one socket run at once.
+    #[must_use]
+    pub fn with_max_in_flight_requests(mut self, limit: usize) -> Self {
+        self.max_in_flight_requests = limit;
         self
     }
 

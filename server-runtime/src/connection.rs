@@ -40,6 +40,8 @@ pub enum Frame {
 pub struct FrameError {
     /// True when the frame exceeded the size limit (answered with close 1009).
     pub too_large: bool,
+    /// True when a text frame was not valid UTF-8 (answered with close 1007).
+    pub invalid_utf8: bool,
     /// What happened.
     pub message: String,
 }
@@ -50,6 +52,8 @@ pub const CLOSE_POLICY: u16 = 1008;
 pub const CLOSE_TOO_BIG: u16 = 1009;
 /// WebSocket close code: going away (server shutdown).
 pub const CLOSE_GOING_AWAY: u16 = 1001;
+/// WebSocket close code: invalid frame payload data (a text frame that is not UTF-8).
+pub const CLOSE_INVALID_DATA: u16 = 1007;
 
 pub(crate) struct Conn {
     pub(crate) shared: Arc<Shared>,
@@ -57,6 +61,9 @@ pub(crate) struct Conn {
     pub(crate) tx: mpsc::Sender<Outgoing>,
     pub(crate) proto: Arc<Mutex<Session>>,
     pub(crate) tasks: TaskTracker,
+    /// Places for request work running at once (M7): the reader waits for one, so a peer
+    /// that floods requests without reading the answers stops being read.
+    pub(crate) in_flight: Arc<tokio::sync::Semaphore>,
     pub(crate) negotiated: Option<Negotiated>,
 }
 
@@ -133,6 +140,9 @@ where
         tx,
         proto,
         tasks: TaskTracker::new(),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(
+            shared.config.max_in_flight_requests.max(1),
+        )),
         negotiated: None,
     };
     tracing::debug!(socket, "data plane connection opened");
@@ -146,6 +156,9 @@ where
             None => break None,
             Some(Err(error)) if error.too_large => {
                 Flow::Close(CLOSE_TOO_BIG, "packet larger than the size limit".into())
+            }
+            Some(Err(error)) if error.invalid_utf8 => {
+                Flow::Close(CLOSE_INVALID_DATA, "text frames must be UTF-8".into())
             }
             Some(Err(error)) => {
                 tracing::debug!(socket, %error, "data plane read failed");
@@ -324,18 +337,28 @@ impl Conn {
                 _,
             ) => {
                 let conn = self.task_view();
-                self.tasks.spawn(async move { conn.on_auth(packet).await });
+                let place = Arc::clone(&self.in_flight).acquire_owned().await;
+                self.tasks.spawn(async move {
+                    conn.on_auth(packet).await;
+                    drop(place);
+                });
             }
             (PacketBody::ToolInvoke(_), _) => {
                 let conn = self.task_view();
-                self.tasks.spawn(async move { conn.on_tool_invoke(packet).await });
+                let place = Arc::clone(&self.in_flight).acquire_owned().await;
+                self.tasks.spawn(async move {
+                    conn.on_tool_invoke(packet).await;
+                    drop(place);
+                });
             }
             (PacketBody::ChatMessage(_), _)
             | (PacketBody::ChatMessageAck(_), _)
             | (PacketBody::ChatMessageDelta(_), _)
             | (PacketBody::ChatActivity(_), _) => {
-                if let Some(im) = &self.shared.im {
-                    im.on_packet(self, &packet).await;
+                if let Some(im) = &self.shared.im
+                    && let Some(reply) = im.on_packet(&self.shared, &packet).await
+                {
+                    self.send(reply).await;
                 }
             }
             (PacketBody::Error(_), _) => {
@@ -354,6 +377,7 @@ impl Conn {
             tx: self.tx.clone(),
             proto: Arc::clone(&self.proto),
             tasks: self.tasks.clone(),
+            in_flight: Arc::clone(&self.in_flight),
             negotiated: self.negotiated.clone(),
         }
     }

@@ -16,13 +16,16 @@ use xagent_protocol_types::{
 };
 
 use crate::author::auth::form_fields;
+use crate::author::call::DeviceCode;
 use crate::author::call::{AuthCode, BoundHook, DynFlow, FormFlow, ImCode, UnboundHook};
 use crate::author::tool::{RegisteredTool, register};
 use crate::author::{
     AuthContext, AuthError, AuthProvider, AuthStep, Binding, BoundReason, ChannelContext,
     FlowHandler, FlowSpec, ImTarget, ToolContext, ToolError, ToolSpec,
 };
+use crate::author::{DeviceConfig, DeviceTarget, RiskLevel, ToolCategory};
 use crate::error::DefinitionError;
+use xagent_profile_device::DeviceTool;
 
 /// A complete Connector definition: the Card and the code behind it. Build it with
 /// [`Connector::builder`] and serve it with [`crate::ConnectorServer`].
@@ -31,6 +34,7 @@ pub struct Connector {
     pub(crate) tools: HashMap<ToolId, RegisteredTool>,
     pub(crate) auth: AuthCode,
     pub(crate) im: Option<ImCode>,
+    pub(crate) device: Option<crate::device::DeviceDef>,
     pub(crate) skill: Option<String>,
     pub(crate) unbound_target: DescriptorTarget,
 }
@@ -71,6 +75,8 @@ impl Connector {
             errors: Vec::new(),
             auth: AuthCode::default(),
             im: None,
+            device: None,
+            device_tools: Vec::new(),
         }
     }
 
@@ -122,6 +128,8 @@ pub struct ConnectorBuilder {
     errors: Vec<DefinitionError>,
     auth: AuthCode,
     im: Option<ImCode>,
+    device: Option<(DeviceCode, DeviceConfig)>,
+    device_tools: Vec<(ToolId, ToolCategory, RiskLevel)>,
 }
 
 impl ConnectorBuilder {
@@ -283,6 +291,42 @@ impl ConnectorBuilder {
         self.im_target(crate::author::im::DeliverFn(deliver))
     }
 
+    /// Sets the device target (Device Profile v1) and the device policies (serialisation,
+    /// timeouts, high-risk Tools, device sharing; see [`DeviceConfig`]).
+    #[must_use]
+    pub fn device_target(mut self, target: impl DeviceTarget, config: DeviceConfig) -> Self {
+        self.device = Some((DeviceCode(Arc::new(target)), config));
+        self
+    }
+
+    /// Registers a device Tool: like [`ConnectorBuilder::tool`], plus its category and risk.
+    /// Control Tools run one at a time per channel and their repeated calls are answered
+    /// from the stored outcome; observation and media Tools run concurrently and are
+    /// read-only. A high-risk Tool needs a confirmation (or is refused) as the
+    /// [`DeviceConfig`] says. The build fails when the argument type lets the model supply a
+    /// device fact (serial, address, platform account).
+    #[must_use]
+    pub fn device_tool<Args, Out, F, Fut>(
+        mut self,
+        spec: ToolSpec,
+        category: ToolCategory,
+        risk: RiskLevel,
+        handler: F,
+    ) -> Self
+    where
+        Args: DeserializeOwned + JsonSchema + Send + 'static,
+        Out: Serialize + JsonSchema + Send + 'static,
+        F: Fn(ToolContext, Args) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Out, ToolError>> + Send + 'static,
+    {
+        let spec = if category == ToolCategory::Control { spec } else { spec.read_only() };
+        let registered = register(spec, handler);
+        if let Ok(tool) = &registered {
+            self.device_tools.push((tool.card.tool_id.clone(), category, risk));
+        }
+        self.add_tool(registered)
+    }
+
     /// Sets the security declarations.
     #[must_use]
     pub fn security(mut self, security: Security) -> Self {
@@ -317,6 +361,22 @@ impl ConnectorBuilder {
         Fut: Future<Output = Result<Out, ToolError>> + Send + 'static,
     {
         self.add_tool(register(spec, handler))
+    }
+
+    /// Registers a Tool whose handler takes the Connector's shared state first: `handler`
+    /// gets a clone of the `Arc` on every call, so a handler is a plain `async fn(Arc<S>,
+    /// ToolContext, Args)` instead of a closure capturing it.
+    #[must_use]
+    pub fn tool_with<S, Args, Out, F, Fut>(self, state: &Arc<S>, spec: ToolSpec, handler: F) -> Self
+    where
+        S: Send + Sync + 'static,
+        Args: DeserializeOwned + JsonSchema + Send + 'static,
+        Out: Serialize + JsonSchema + Send + 'static,
+        F: Fn(Arc<S>, ToolContext, Args) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Out, ToolError>> + Send + 'static,
+    {
+        let state = Arc::clone(state);
+        self.tool(spec, move |ctx, args| handler(Arc::clone(&state), ctx, args))
     }
 
     fn add_tool(mut self, registered: Result<RegisteredTool, DefinitionError>) -> Self {
@@ -392,7 +452,30 @@ impl ConnectorBuilder {
         if let Some(skill) = &self.skill {
             check_skill(skill, &card_value)?;
         }
+        let device = match (self.device, self.device_tools.is_empty()) {
+            (None, true) => None,
+            (None, false) => {
+                return Err(DefinitionError::Device(
+                    "device tools are declared but no device target; call .device_target(..)"
+                        .into(),
+                ));
+            }
+            (Some((code, config)), _) => {
+                let mut declared = Vec::new();
+                for (tool_id, category, risk) in self.device_tools {
+                    let schema = tools
+                        .get(&tool_id)
+                        .map(|t| t.card.input_schema.clone())
+                        .unwrap_or_default();
+                    let tool = DeviceTool::from_schema(tool_id, category, risk, &schema)
+                        .map_err(|e| DefinitionError::Device(e.to_string()))?;
+                    declared.push(tool);
+                }
+                Some(crate::device::DeviceDef { code, tools: declared, config })
+            }
+        };
         Ok(Connector {
+            device,
             card,
             tools,
             auth: self.auth,

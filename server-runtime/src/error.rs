@@ -72,6 +72,10 @@ pub enum DefinitionError {
         "auth flow {0:?} is declared but nothing handles it; declare flows with .form_flow(..), .qr_flow(..) or .auth_flow_with(..)"
     )]
     MissingAuthProvider(String),
+    /// A device declaration breaks a Device Profile rule (e.g. a Tool argument lets the model
+    /// supply a device fact), or device Tools lack a device target.
+    #[error("device declaration: {0}")]
+    Device(String),
     /// The Card says `security.api_key_required` but the server has no API key.
     #[error(
         "the Card says security.api_key_required but no system API key is configured; set one with .api_key(..) (or XAGENT_CONNECTOR_API_KEY)"
@@ -128,6 +132,9 @@ pub enum HandleError {
     /// The channel is not signed in.
     #[error("channel {0} is not authenticated; sign in first")]
     NotAuthenticated(ConnectorChannelId),
+    /// A device call on a Connector without a device target.
+    #[error("this Connector has no device target; register one with .device_target(..)")]
+    NoDeviceTarget,
     /// The channel does not enable the Profile this call needs.
     #[error("the Card does not declare {0}")]
     ProfileNotDeclared(&'static str),
@@ -163,7 +170,7 @@ impl HandleError {
         match self {
             Self::UnknownChannel(_) => ErrorCode::ConnectionNotFound,
             Self::NotAuthenticated(_) => ErrorCode::ConnectionNotAuthenticated,
-            Self::ProfileNotDeclared(_) => ErrorCode::UnsupportedPacket,
+            Self::ProfileNotDeclared(_) | Self::NoDeviceTarget => ErrorCode::UnsupportedPacket,
             Self::Storage(_) | Self::FilesDisabled => ErrorCode::InternalError,
             Self::Outbox(_) => ErrorCode::CapacityExceeded,
             Self::Rejected { code, .. } => code.clone(),

@@ -11,8 +11,9 @@ use std::sync::{Arc, Weak};
 use xagent_file_transfer::{ChannelDirectory, FileStore, StoreConfig, TransferState, UrlSigner};
 use xagent_protocol_types::{ChatMessage, ConnectorChannelId, Secret};
 
+use crate::error::ServerError;
 use crate::state::Shared;
-use crate::storage::{Storage, StorageError};
+use crate::storage::Storage;
 
 /// Configuration of the Transfer Plane.
 #[derive(Clone, Debug)]
@@ -54,7 +55,7 @@ pub(crate) async fn open_store(
     base_path: &str,
     storage: &dyn Storage,
     clock: Arc<dyn xagent_protocol_types::Clock>,
-) -> Result<FileStore, StorageError> {
+) -> Result<FileStore, ServerError> {
     let secret = match storage.load_meta(SIGNING_SECRET_KEY)? {
         Some(secret) => secret,
         None => {
@@ -63,18 +64,12 @@ pub(crate) async fn open_store(
             secret
         }
     };
-    let fail = |e: &dyn std::fmt::Display| StorageError {
-        operation: "open file store",
-        reason: e.to_string(),
-    };
-    let mut signer = UrlSigner::new(Secret::new(secret)).map_err(|e| fail(&e))?;
+    let mut signer = UrlSigner::new(Secret::new(secret))?;
     let base = base_path.trim_end_matches('/');
     if !base.is_empty() {
         signer = signer.with_base(base);
     }
-    FileStore::open(config.dir.clone(), config.store.clone(), signer, clock)
-        .await
-        .map_err(|e| fail(&e))
+    Ok(FileStore::open(config.dir.clone(), config.store.clone(), signer, clock).await?)
 }
 
 /// The runtime's channel table as `file-transfer` sees it.

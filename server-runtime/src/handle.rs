@@ -12,7 +12,7 @@ use xagent_protocol_types::{
     PROFILE_IM_V2, Packet, ToolProgressPush,
 };
 
-use crate::author::Binding;
+use crate::binding::Binding;
 use crate::error::HandleError;
 use crate::ids;
 use crate::im::ImState;
@@ -103,6 +103,52 @@ impl ConnectorHandle {
     ) -> Result<(), HandleError> {
         self.update_channel(channel, |record| record.status = status)?;
         self.0.push_descriptor(channel).await;
+        Ok(())
+    }
+
+    /// Reports the state of a channel's device (Device Profile v1): the runtime corrects the
+    /// channel's `connection.status` and every device Tool's availability, answers calls
+    /// still queued for a device that can no longer take them, and pushes the Descriptor
+    /// when it changed. Returns true when the Descriptor changed.
+    pub async fn device_status(
+        &self,
+        channel: &ConnectorChannelId,
+        status: crate::author::DeviceStatus,
+    ) -> Result<bool, HandleError> {
+        let Some(device) = &self.0.device else { return Err(HandleError::NoDeviceTarget) };
+        {
+            let state = self.0.state();
+            match state.channels.get(channel) {
+                None => return Err(HandleError::UnknownChannel(channel.clone())),
+                Some(record) if record.binding.is_none() => {
+                    return Err(HandleError::NotAuthenticated(channel.clone()));
+                }
+                Some(_) => {}
+            }
+        }
+        let Some(correction) = device.report(channel, &status) else {
+            tracing::warn!(%channel, "device status for a binding that names no device; ignored");
+            return Ok(false);
+        };
+        let mut changed = false;
+        self.update_channel(channel, |record| changed = device.project(record, &correction))?;
+        if changed {
+            tracing::info!(%channel, status = ?status, "device status changed");
+            self.0.push_descriptor(channel).await;
+        }
+        Ok(changed)
+    }
+
+    /// The user confirmed the next call of a high-risk device Tool on the channel (through
+    /// the Connector's own means: a prompt on the device, an approval page). The grant is
+    /// used by that one call and expires after the configured time.
+    pub fn grant_confirmation(
+        &self,
+        channel: &ConnectorChannelId,
+        tool: &xagent_protocol_types::ToolId,
+    ) -> Result<(), HandleError> {
+        let Some(device) = &self.0.device else { return Err(HandleError::NoDeviceTarget) };
+        device.grant(channel, tool, self.0.now());
         Ok(())
     }
 
@@ -277,6 +323,34 @@ impl ConnectorHandle {
             new_file = new_file.with_mime_type(mime);
         }
         let stored = self.store()?.register_bytes(new_file, bytes).await?;
+        Ok(stored.chat_file())
+    }
+
+    /// [`ConnectorHandle::register_file`] for a file arriving as a stream of chunks (a
+    /// visitor's upload, a target-system download): written to the store as it comes, never
+    /// held whole in memory. More than `max_bytes` is refused with the Transfer Plane's
+    /// `TooLarge` (HTTP 413) and nothing is kept; a full store is its `CapacityExceeded` (507).
+    pub async fn register_file_stream<S, B, E>(
+        &self,
+        channel: &ConnectorChannelId,
+        filename: &str,
+        mime_type: Option<&str>,
+        max_bytes: u64,
+        stream: S,
+    ) -> Result<ChatFile, HandleError>
+    where
+        S: futures_util::Stream<Item = Result<B, E>>,
+        B: AsRef<[u8]>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        if !self.0.state().channels.contains_key(channel) {
+            return Err(HandleError::UnknownChannel(channel.clone()));
+        }
+        let mut new_file = NewFile::new(channel.clone(), filename).with_max_bytes(max_bytes);
+        if let Some(mime) = mime_type {
+            new_file = new_file.with_mime_type(mime);
+        }
+        let stored = self.store()?.register_stream(new_file, stream).await?;
         Ok(stored.chat_file())
     }
 

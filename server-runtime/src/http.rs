@@ -43,8 +43,14 @@ impl ConnectorServer {
             app = app.merge(files);
         }
         // The author's own routes: no system API key layer (they protect themselves).
-        let app =
-            app.merge(self.extra.clone()).layer(tower_http::trace::TraceLayer::new_for_http());
+        // Requests are traced by method and path only: a query can hold a URL signature
+        // (`/files/refs/...?sig=`), which must not reach a log at any level (L2).
+        let trace = tower_http::trace::TraceLayer::new_for_http().make_span_with(
+            |request: &axum::http::Request<axum::body::Body>| {
+                tracing::debug_span!("request", method = %request.method(), path = %request.uri().path())
+            },
+        );
+        let app = app.merge(self.extra.clone()).layer(trace);
         let base = shared.config.base_path.trim_end_matches('/');
         if base.is_empty() { app } else { Router::new().nest(base, app) }
     }
@@ -164,7 +170,8 @@ fn from_message(message: Result<Message, axum::Error>) -> Result<Frame, FrameErr
             let too_large = lower.contains("too long")
                 || lower.contains("too big")
                 || lower.contains("space limit");
-            Err(FrameError { too_large, message })
+            let invalid_utf8 = lower.contains("utf-8") || lower.contains("utf8");
+            Err(FrameError { too_large, invalid_utf8, message })
         }
     }
 }

@@ -32,11 +32,10 @@ use xagent_protocol_types::{
 };
 
 use crate::author::{ChannelContext, DeltaUpdate, FinalDelivery};
-use crate::connection::Conn;
 use crate::connector::Connector;
 use crate::error::HandleError;
 use crate::ids;
-use crate::state::{Outgoing, Shared, TryQueue};
+use crate::state::{Shared, TryQueue};
 use crate::storage::{CommitTicket, Storage, StorageError};
 
 /// Packets from xAgent a channel may have waiting for its target before new ones are refused
@@ -103,8 +102,8 @@ pub(crate) struct ImState {
     pub(crate) events: tokio::sync::broadcast::Sender<OutboxEvent>,
 }
 
-fn storage_error(error: impl std::fmt::Display) -> StorageError {
-    StorageError { operation: "open IM state", reason: error.to_string() }
+fn storage_error(error: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+    StorageError::new("open IM state", error)
 }
 
 impl ImState {
@@ -199,6 +198,7 @@ impl ImState {
                 return Err(HandleError::NotAuthenticated(channel.clone()));
             }
         }
+        check_packet_size(shared, channel, &payload)?;
         let routed = shared.state().routes.contains_key(channel);
         let ticket = {
             let mut inner = self.inner();
@@ -271,6 +271,12 @@ impl ImState {
                             let written = written.await.unwrap_or(false);
                             let Some(im) = shared.im.as_ref() else { return };
                             im.record_write(&shared, &delivery, packet_id, written);
+                            // An ack that overtook this bookkeeping was applied just now (the
+                            // outbox keeps early acks): pump again, or the next message would
+                            // wait for the maintenance tick (M5).
+                            if written {
+                                pump_again(shared).await;
+                            }
                         });
                     }
                     TryQueue::Full => {
@@ -429,14 +435,15 @@ impl ImState {
         self.inner().outbox.pending_ids(channel)
     }
 
-    /// An IM packet from xAgent. Acks for our outbox are handled at once; final messages,
-    /// deltas and activity go to the channel's lane (in order per channel, concurrently across
-    /// channels), so the reader never waits for a target.
-    pub(crate) async fn on_packet(&self, conn: &Conn, packet: &Packet) {
-        let Some(channel) = packet.connector_channel_id.clone() else { return };
-        let shared = &conn.shared;
+    /// An IM packet from xAgent; returns the packet to answer with at once, if any (the
+    /// connection writes it). Acks for our outbox are handled at once; final messages, deltas
+    /// and activity go to the channel's lane (in order per channel, concurrently across
+    /// channels), so the reader never waits for a target: their answers are sent on the
+    /// channel's route when they are ready.
+    pub(crate) async fn on_packet(&self, shared: &Arc<Shared>, packet: &Packet) -> Option<Packet> {
+        let channel = packet.connector_channel_id.clone()?;
         if let PacketBody::ChatMessageAck(ack) = &packet.body {
-            let Some(reply_to) = &packet.reply_to else { return };
+            let reply_to = packet.reply_to.as_ref()?;
             let outcome = {
                 let mut inner = self.inner();
                 let outcome = inner.outbox.on_ack(&channel, ack, reply_to, shared.now());
@@ -452,7 +459,7 @@ impl ImState {
             }
             self.log_events();
             self.pump(shared).await;
-            return;
+            return None;
         }
         if !matches!(
             packet.body,
@@ -460,13 +467,13 @@ impl ImState {
                 | PacketBody::ChatMessageDelta(_)
                 | PacketBody::ChatActivity(_)
         ) {
-            return;
+            return None;
         }
-        let (job_shared, tx, job_channel, job_packet) =
-            (shared.clone(), conn.tx.clone(), channel.clone(), packet.clone());
+        let (job_shared, job_channel, job_packet) =
+            (shared.clone(), channel.clone(), packet.clone());
         let job = async move {
             if let Some(im) = job_shared.im.as_ref() {
-                im.on_channel_packet(&job_shared, &tx, &job_channel, &job_packet).await;
+                im.on_channel_packet(&job_shared, &job_channel, &job_packet).await;
             }
         };
         if self.lanes.submit(&channel, job).is_err() {
@@ -486,23 +493,24 @@ impl ImState {
                 _ => Packet::error(ids::packet_id(), WireError::new(ErrorCode::ChannelBusy, busy))
                     .answering(packet),
             };
-            conn.send(reply).await;
+            return Some(reply);
         }
+        None
     }
 
     /// One packet from the channel's lane.
     async fn on_channel_packet(
         &self,
         shared: &Arc<Shared>,
-        tx: &tokio::sync::mpsc::Sender<Outgoing>,
         channel: &ConnectorChannelId,
         packet: &Packet,
     ) {
         let send = |reply: Packet| {
             let reply = shared.packet(reply);
             async move {
-                // A closed socket drops the reply; xAgent repeats the message.
-                let _ = tx.send(Outgoing::Packet(reply)).await;
+                // On the channel's route (the socket it is open on). A channel no longer
+                // routed drops the reply; xAgent repeats the message and gets `duplicate`.
+                let _ = shared.send_on_route(channel, reply).await;
             }
         };
         let channel = channel.clone();
@@ -531,7 +539,7 @@ impl ImState {
                     Ok(_) => return,
                 };
                 let Some(ctx) = channel_context(shared, &channel) else { return };
-                let Some(im) = &shared.def.im else { return };
+                let Some(im) = shared.def.im.as_ref() else { return };
                 let update = DeltaUpdate {
                     message_id: delta.message_id.clone(),
                     first,
@@ -617,6 +625,44 @@ impl ImState {
             }
         }
     }
+}
+
+/// Room left in a packet for the envelope around a payload (ids, type, timestamps, channel):
+/// well above what the runtime's envelopes take.
+const ENVELOPE_ALLOWANCE: usize = 2 * 1024;
+
+/// Refuses at the source a message that could never be sent (H3): a packet over the peer's
+/// size limit would be dropped by xAgent, which then reconnects, over and over. Download URLs
+/// are re-signed on every attempt, so their length counts with a margin too.
+fn check_packet_size(
+    shared: &Arc<Shared>,
+    channel: &ConnectorChannelId,
+    payload: &OutboundPayload,
+) -> Result<(), HandleError> {
+    let packet = Packet::new(ids::packet_id(), payload.to_body()).channel(channel.clone());
+    let size = packet.to_json().map_or(usize::MAX, |json| json.len());
+    let limit = shared.config.max_packet_bytes;
+    if size.saturating_add(ENVELOPE_ALLOWANCE) > limit {
+        return Err(HandleError::Rejected {
+            code: ErrorCode::PayloadTooLarge,
+            message: format!(
+                "the message is {size} bytes as a packet; the data plane takes at most {limit} bytes per packet: shorten the text or send the content as a file"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// [`ImState::pump`] behind a box: the pump's own write tasks call it, and an `async fn` cannot
+/// contain its own future.
+fn pump_again(
+    shared: Arc<Shared>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        if let Some(im) = shared.im.as_ref() {
+            im.pump(&shared).await;
+        }
+    })
 }
 
 fn channel_context(shared: &Arc<Shared>, channel: &ConnectorChannelId) -> Option<ChannelContext> {

@@ -43,26 +43,42 @@
 //!
 //! ## Modules and which way they depend
 //!
-//! Each module imports only modules listed below it, with one exception: the author's
-//! contexts carry the [`ConnectorHandle`], which reaches the state holding the author's code
-//! (a callback API cannot avoid this type-level loop; it is confined to `author::context`).
+//! Three layers; a module imports only its own layer and the ones below it.
+//!
+//! **Top: the server and the connection loop** (nothing below imports these).
 //!
 //! | module | holds |
 //! |---|---|
-//! | `lib` | the prelude and the flat re-exports |
 //! | `server` | [`ServerBuilder`], [`ConnectorServer`]: loading state, `serve` with the author's routes and tasks, `serve_from_env` |
-//! | `http` | the control plane, the `/ws` upgrade, the API-key layer |
+//! | `http` | the control plane, the `/ws` upgrade, the system API key layer, the author's routes |
+//! | `handlers` | `hello`, `channel`, `auth`, `tool`: short request handlers (methods of the connection) over the state and the author's code |
 //! | `connection` | one connection's loop over any frame stream/sink: decode, sequencing (`protocol-validate`'s `Session`), bounded writes, dispatch, the detach guard |
-//! | `handlers` | `hello`, `channel`, `auth`, `tool`: short request handlers over the state and the author's code |
+//!
+//! **Middle: the shared state and the author's code around it.** `state::Shared` holds the
+//! definition (`connector`, with the author's code from `author`), the IM state (`im`) and the
+//! file store (`files`); the author's code receives the [`ConnectorHandle`] (`handle`), which
+//! wraps `Shared`. These five modules therefore import each other: a callback API whose
+//! callbacks get a handle on the state that holds them has this loop by nature (only a
+//! type-erased handle would break it). No lock is held while author code runs.
+//!
+//! | module | holds |
+//! |---|---|
+//! | `state` | `Shared` and the one lock over channels, routes, the lease, auth sessions and consumers; `lifecycle` (`tick`, unregistering) |
+//! | `handle` | [`ConnectorHandle`], in one place |
+//! | `connector` | [`Connector`], [`ConnectorBuilder`]: the definition and its generated Card |
+//! | `author` | what an author writes (`tool`, `auth`, `im`, `device`, `context`) and `call`, the one place author code is called (panic-contained) |
+//! | `device` | Device Profile wiring: one `profile-device` gate per Connector around device Tools (admission, per-channel serialisation, timeouts, result checks) and the binding states behind every device Tool's availability |
 //! | `im` | IM Profile wiring: outbox, receiver idempotency, deltas, activity |
 //! | `files` | Transfer Plane wiring |
-//! | `handle` | [`ConnectorHandle`], in one place |
-//! | `state` | the shared state behind one lock (channels, routes, lease, auth sessions, consumers) and lifecycle (`tick`, unregister) |
-//! | `connector` | [`Connector`] and [`ConnectorBuilder`]: the definition and its generated Card |
-//! | `author` | what an author writes (`tool`, `auth`, `im`, `context`) and `call`, the one place author code is called (panic-contained) |
+//!
+//! **Bottom: plain parts** (import only each other, never a module above).
+//!
+//! | module | holds |
+//! |---|---|
 //! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
-//! | `storage` | the [`Storage`] trait and SQLite |
-//! | `config`, `error`, `ids`, `build_info` | tunables; errors with their one map to wire codes and HTTP statuses; id minting; build stamps |
+//! | `storage` | the [`Storage`] trait, SQLite and the IM stores on it |
+//! | `binding` | [`Binding`], what is kept for a signed-in channel |
+//! | `config`, `error`, `ids`, `build_info` | tunables; errors with the one map to wire codes and HTTP statuses; id minting (through `protocol-types`); build stamps |
 //!
 //! Decisions where the protocol texts are silent (also in the item docs):
 //! - One runtime instance (`connector_id`) at a time. A hello with an unknown or expired
@@ -110,10 +126,12 @@
 //!   (`tests/upload_memory.rs`, ignored by default).
 
 mod author;
+mod binding;
 mod build_info;
 mod config;
 mod connection;
 mod connector;
+mod device;
 mod error;
 mod files;
 mod handle;
@@ -122,6 +140,7 @@ mod http;
 mod ids;
 mod im;
 mod lanes;
+mod listen;
 mod server;
 mod state;
 mod storage;
@@ -132,14 +151,20 @@ pub use author::{
     ChannelContext, DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, FlowHandler,
     FlowSpec, ImTarget, NoAuth, ToolContext, ToolError, ToolSpec,
 };
+pub use author::{
+    DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
+};
 pub use build_info::{executable_build_time, runtime_build_info};
 pub use config::RuntimeConfig;
-pub use connection::{CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError};
+pub use connection::{
+    CLOSE_GOING_AWAY, CLOSE_INVALID_DATA, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError,
+};
 pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
 pub use handle::ConnectorHandle;
 pub use http::error_response;
+pub use listen::{ServeLimits, peer_ip, stop_signal};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
 };
@@ -161,10 +186,12 @@ pub mod prelude {
         Connector, ConnectorHandle, ConnectorServer, DeliveryError, FinalDelivery, FlowHandler,
         FlowSpec, ImTarget, ToolContext, ToolError, ToolSpec,
     };
+    pub use crate::{DeviceConfig, DeviceStatus, DeviceTarget, RiskLevel, ToolCategory};
     pub use schemars::JsonSchema;
     pub use serde::{Deserialize, Serialize};
     pub use xagent_protocol_types::{
         ChatMessage, ConnectionStatus, ConnectorChannelId, DescriptorTarget, ErrorCode,
-        PROFILE_IM_V1, PROFILE_IM_V2, Secret, Security, TargetDeclaration, TargetType, TrustLevel,
+        PROFILE_DEVICE_V1, PROFILE_IM_V1, PROFILE_IM_V2, Secret, Security, TargetDeclaration,
+        TargetType, TrustLevel,
     };
 }

@@ -167,8 +167,27 @@ impl ServerBuilder {
             ),
             None => None,
         };
+        let mut connector = self.connector;
+        let device = match connector.device.take() {
+            Some(def) => Some(
+                crate::device::DeviceRuntime::new(def)
+                    .map_err(|e| DefinitionError::Device(e.to_string()))?,
+            ),
+            None => None,
+        };
+        // Restored device bindings are not connected until their device answers.
+        if let Some(device) = &device {
+            for record in state.channels.values_mut() {
+                let key = record.binding.as_ref().and_then(|b| device.code.device_key(b));
+                if let Some(key) = key {
+                    let correction = device.restore(&record.id, &key);
+                    device.project(record, &correction);
+                }
+            }
+        }
         let shared = Arc::new(Shared {
-            def: self.connector,
+            def: connector,
+            device,
             config: self.config,
             storage,
             clock: self.clock,
@@ -194,6 +213,16 @@ impl ServerBuilder {
             })
             .collect();
         for ctx in restored {
+            if let Some(device) = &shared.device {
+                // Check the device in the background; the channel stays degraded meanwhile.
+                let code = device.code.clone();
+                let (channel, handle) = (ctx.channel.clone(), ctx.handle.clone());
+                let check = ctx.clone();
+                shared.tasks.spawn(async move {
+                    let status = code.check(check).await;
+                    let _ = handle.device_status(&channel, status).await;
+                });
+            }
             shared.def.auth.bound(ctx, BoundReason::Restored).await;
         }
         let handle = shared.handle();
@@ -241,7 +270,7 @@ impl ConnectorServer {
         }
     }
 
-    /// Serves `connector` as configured by the environment until Ctrl-C: listens on
+    /// Serves `connector` as configured by the environment until Ctrl-C or SIGTERM: listens on
     /// `XAGENT_CONNECTOR_LISTEN` (default `127.0.0.1:8080`), requires
     /// `XAGENT_CONNECTOR_API_KEY` when set, keeps state in `XAGENT_CONNECTOR_STATE_DIR` when
     /// set, and logs to stderr filtered by `RUST_LOG` (default `info`). Prints
@@ -263,11 +292,7 @@ impl ConnectorServer {
             server.card().connector_card_id,
             listener.local_addr()?
         );
-        server
-            .serve(listener, async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
+        server.serve(listener, crate::listen::stop_signal()).await
     }
 
     /// The author's handle.
@@ -341,16 +366,10 @@ impl ConnectorServer {
             server_token.cancel();
         });
         let graceful = token.clone();
-        // No Nagle delay: a Tool's progress push and its ack are two small writes, and
-        // waiting for the peer's (delayed) ACK between them cost 40 ms per call.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            if let Err(error) = tcp.set_nodelay(true) {
-                tracing::debug!(%error, "could not disable Nagle's algorithm on a connection");
-            }
-        });
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move { graceful.cancelled().await })
-            .await?;
+        crate::listen::serve(listener, router, self.shared.config.listener, async move {
+            graceful.cancelled().await
+        })
+        .await?;
         maintenance.abort();
         if let Some(cleanup) = cleanup {
             cleanup.abort();

@@ -13,6 +13,29 @@
  */
 #define XAGENT_VALIDATE_ABI_VERSION 1
 
+/*
+ `sender` value of `xagent_packet_is_valid`: the sender is not known.
+ */
+#define XAGENT_SENDER_UNKNOWN 0
+
+/*
+ `sender` value of `xagent_packet_is_valid`: xAgent sent the packet.
+ */
+#define XAGENT_SENDER_XAGENT 1
+
+/*
+ `sender` value of `xagent_packet_is_valid`: the Connector sent the packet.
+ */
+#define XAGENT_SENDER_CONNECTOR 2
+
+/*
+ A packet validator kept across calls, bound to a Card or to none: the hot-path form of the
+ C ABI. Create it once with `xagent_packet_validator_new`, call `xagent_packet_is_valid` for
+ every inbound packet (from any thread: it is immutable), release it with
+ `xagent_packet_validator_free`. Opaque to C.
+ */
+typedef struct XagentPacketValidator XagentPacketValidator;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -72,6 +95,44 @@ char *xagent_validate_skill(const uint8_t *skill,
                             size_t skill_len,
                             const uint8_t *card,
                             size_t card_len);
+
+/*
+ Creates a packet validator, checking packets against the Card in `card` (UTF-8 JSON), or
+ against no Card when `card` is NULL. Returns NULL when the Card is not UTF-8 JSON or not an
+ object (check it with `xagent_validate_card` to see why). Release the validator with
+ `xagent_packet_validator_free`.
+
+ # Safety
+ `card` must be NULL or point to `card_len` readable bytes that stay valid for the call.
+ */
+struct XagentPacketValidator *xagent_packet_validator_new(const uint8_t *card, size_t card_len);
+
+/*
+ Releases a validator made by `xagent_packet_validator_new`. NULL is ignored.
+
+ # Safety
+ `validator` must be NULL or a pointer returned by `xagent_packet_validator_new` that has not
+ been freed yet, and no other thread may be using it.
+ */
+void xagent_packet_validator_free(struct XagentPacketValidator *validator);
+
+/*
+ The hot-path verdict on one data-plane packet (UTF-8 JSON bytes): 1 when it breaks no
+ error rule, 0 when it does (or when the library failed internally). The same verdict as the
+ `valid` field of `xagent_validate_packet`'s report, without building a report: the packet is
+ decoded once into typed form and checked there. `sender` is `XAGENT_SENDER_UNKNOWN`,
+ `XAGENT_SENDER_XAGENT` or `XAGENT_SENDER_CONNECTOR` (any other value counts as unknown).
+ A NULL `validator` means a validator with no Card. Ask `xagent_validate_packet` for the
+ report when a packet is refused.
+
+ # Safety
+ `validator` must be NULL or a live pointer from `xagent_packet_validator_new`; `json` must
+ be NULL or point to `json_len` readable bytes that stay valid for the call.
+ */
+int32_t xagent_packet_is_valid(const struct XagentPacketValidator *validator,
+                               const uint8_t *json,
+                               size_t json_len,
+                               int32_t sender);
 
 /*
  Releases a report returned by one of the `xagent_validate_*` functions. NULL is ignored.

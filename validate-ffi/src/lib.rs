@@ -52,6 +52,10 @@
 //! - Reports are NUL-terminated strings (the JSON never contains a NUL byte) rather than
 //!   pointer + length pairs, so C and `ctypes` can read them without a struct.
 //! - [`xagent_validate_version`] returns a static string; it must not be freed.
+//! - The hot path ([`xagent_packet_is_valid`] on a [`XagentPacketValidator`]) answers only
+//!   valid / not valid, so a backend pays for a report only for the packets it refuses; a
+//!   validator holds the parsed Card so it is not parsed again per packet. Adding these
+//!   functions left the existing ones unchanged, so the ABI version stays 1.
 
 // The crate exists to be called through a C ABI: raw pointers cross the boundary, so
 // `unsafe` is unavoidable here (and only here). Each unsafe block is a single pointer
@@ -288,6 +292,113 @@ pub unsafe extern "C" fn xagent_validate_skill(
 ) -> *mut c_char {
     // SAFETY: the caller's contract on both pointers is this function's contract.
     guarded(|| unsafe { validate(DocumentKind::Skill, (skill, skill_len), Some((card, card_len))) })
+}
+
+/// A packet validator kept across calls, bound to a Card or to none: the hot-path form of the
+/// C ABI. Create it once with `xagent_packet_validator_new`, call `xagent_packet_is_valid` for
+/// every inbound packet (from any thread: it is immutable), release it with
+/// `xagent_packet_validator_free`. Opaque to C.
+pub struct XagentPacketValidator {
+    validator: xagent_protocol_validate::Validator,
+    card: Option<CardFacts>,
+}
+
+/// `sender` value of `xagent_packet_is_valid`: the sender is not known.
+pub const XAGENT_SENDER_UNKNOWN: i32 = 0;
+/// `sender` value of `xagent_packet_is_valid`: xAgent sent the packet.
+pub const XAGENT_SENDER_XAGENT: i32 = 1;
+/// `sender` value of `xagent_packet_is_valid`: the Connector sent the packet.
+pub const XAGENT_SENDER_CONNECTOR: i32 = 2;
+
+/// Creates a packet validator, checking packets against the Card in `card` (UTF-8 JSON), or
+/// against no Card when `card` is NULL. Returns NULL when the Card is not UTF-8 JSON or not an
+/// object (check it with `xagent_validate_card` to see why). Release the validator with
+/// `xagent_packet_validator_free`.
+///
+/// # Safety
+/// `card` must be NULL or point to `card_len` readable bytes that stay valid for the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xagent_packet_validator_new(
+    card: *const u8,
+    card_len: usize,
+) -> *mut XagentPacketValidator {
+    let built = catch_unwind(AssertUnwindSafe(|| {
+        let card = match optional_card(card, card_len) {
+            None => None,
+            Some((ptr, len)) => {
+                // SAFETY: forwarded from the caller's contract on `card`.
+                let text = unsafe { text_from(ptr, len, Input::Card) }.ok()?;
+                Some(card_facts(text).ok()?)
+            }
+        };
+        Some(XagentPacketValidator { validator: Default::default(), card })
+    }));
+    match built {
+        Ok(Some(validator)) => Box::into_raw(Box::new(validator)),
+        _ => std::ptr::null_mut(),
+    }
+}
+
+/// Releases a validator made by `xagent_packet_validator_new`. NULL is ignored.
+///
+/// # Safety
+/// `validator` must be NULL or a pointer returned by `xagent_packet_validator_new` that has not
+/// been freed yet, and no other thread may be using it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xagent_packet_validator_free(validator: *mut XagentPacketValidator) {
+    if validator.is_null() {
+        return;
+    }
+    // SAFETY: the caller guarantees the pointer came from `Box::into_raw` in
+    // `xagent_packet_validator_new` and is released once.
+    drop(unsafe { Box::from_raw(validator) });
+}
+
+/// The hot-path verdict on one data-plane packet (UTF-8 JSON bytes): 1 when it breaks no
+/// error rule, 0 when it does (or when the library failed internally). The same verdict as the
+/// `valid` field of `xagent_validate_packet`'s report, without building a report: the packet is
+/// decoded once into typed form and checked there. `sender` is `XAGENT_SENDER_UNKNOWN`,
+/// `XAGENT_SENDER_XAGENT` or `XAGENT_SENDER_CONNECTOR` (any other value counts as unknown).
+/// A NULL `validator` means a validator with no Card. Ask `xagent_validate_packet` for the
+/// report when a packet is refused.
+///
+/// # Safety
+/// `validator` must be NULL or a live pointer from `xagent_packet_validator_new`; `json` must
+/// be NULL or point to `json_len` readable bytes that stay valid for the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xagent_packet_is_valid(
+    validator: *const XagentPacketValidator,
+    json: *const u8,
+    json_len: usize,
+    sender: i32,
+) -> i32 {
+    let verdict = catch_unwind(AssertUnwindSafe(|| {
+        // The decoder checks UTF-8 itself, so the bytes go in as they are.
+        let bytes: &[u8] = if json.is_null() || json_len > isize::MAX as usize {
+            return false;
+        } else {
+            // SAFETY: the caller guarantees `json` points to `json_len` readable bytes valid for
+            // the call; it is non-NULL, `u8` has no alignment requirement, `len` fits `isize`.
+            unsafe { std::slice::from_raw_parts(json, json_len) }
+        };
+        let sender = match sender {
+            XAGENT_SENDER_XAGENT => Some(xagent_protocol_types::Side::Xagent),
+            XAGENT_SENDER_CONNECTOR => Some(xagent_protocol_types::Side::Connector),
+            _ => None,
+        };
+        let fallback;
+        let validator = if validator.is_null() {
+            fallback = XagentPacketValidator { validator: Default::default(), card: None };
+            &fallback
+        } else {
+            // SAFETY: the caller guarantees a live validator from `xagent_packet_validator_new`.
+            unsafe { &*validator }
+        };
+        let context =
+            xagent_protocol_validate::PacketContext { card: validator.card.as_ref(), sender };
+        validator.validator.packet_is_valid(bytes, context)
+    }));
+    i32::from(verdict.unwrap_or(false))
 }
 
 /// Releases a report returned by one of the `xagent_validate_*` functions. NULL is ignored.

@@ -2,8 +2,9 @@
 //!
 //! 1. **connector-kill**: the echo Connector (`server-runtime/examples/echo_connector.rs`, a
 //!    separate process) feeds 10,000 inbound messages across 100 channels to an xAgent sink
-//!    (`client-runtime/examples/xagent_sink.rs`, another process, which fsyncs every accepted
-//!    message id before acking). The Connector is killed with SIGKILL at random moments (5
+//!    (`client-runtime/examples/xagent_sink.rs`, another process on the client runtime's own
+//!    durable store, which fsyncs every accepted message's effect before accepting it and
+//!    relies on the runtime's receiver idempotency for everything seen before). The Connector is killed with SIGKILL at random moments (5
 //!    times, each after the sink accepted a random 20 to 420 new messages since the last
 //!    restart, plus 0 to 100 ms) and restarted on the same state directory and port. The
 //!    sink's log then must hold every message exactly once: zero lost, zero accepted twice,

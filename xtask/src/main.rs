@@ -11,6 +11,8 @@
 //!   benchmarks, each against the machine's own limit in the same run (see `BENCHMARKS.md`).
 //! - `chaos [--quick]`: kill -9 and malformed-input harness on loopback (see `RELIABILITY.md`).
 //! - `fuzz --seconds N [--target T]`: runs every cargo-fuzz target in `fuzz/` for N seconds.
+//! - `attack [--quick] [--json]`: every finding of the im.webchat attack run (issue 14) against
+//!   a freshly started `xagent-connector webchat`, loopback only; fails if any attack works.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,6 +20,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+mod attack;
 mod bench_decode;
 mod bench_durable;
 mod bench_isolation;
@@ -28,7 +31,7 @@ mod chaos;
 mod codegen;
 mod fuzz;
 
-const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation [--quick] [--json] | chaos [--quick] | fuzz --seconds N [--target T]";
+const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation [--quick] [--json] (bench-decode: [--no-ffi]) | chaos [--quick] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
 
 fn main() -> ExitCode {
     match run() {
@@ -61,6 +64,7 @@ fn run() -> Result<ExitCode> {
         Some("bench-scale") => bench_scale::run(&workspace_root(), &args[1..]),
         Some("chaos") => chaos::run(&workspace_root(), &args[1..]),
         Some("fuzz") => fuzz::run(&workspace_root(), &args[1..]),
+        Some("attack") => attack::run(&workspace_root(), &args[1..]),
         _ => {
             eprintln!("{USAGE}");
             Ok(ExitCode::from(2))

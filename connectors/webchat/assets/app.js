@@ -1,13 +1,18 @@
 // The im.webchat page: join a room, chat live (Server-Sent Events), send text and files,
 // and confirm a pairing link. Plain JS, no build step; served from the Connector binary.
+// The visitor's session lives in an HttpOnly cookie the server sets on join: this script
+// never sees the token, and no URL ever carries it.
 'use strict';
 
 (() => {
   const $ = (id) => document.getElementById(id);
+  // Largest upload the server takes (VisitorLimits::max_upload_bytes).
+  const MAX_UPLOAD_BYTES = 25 * 1024 * 1024;
+  // Raster types shown inline; everything else is a download (same list as the server).
+  const INLINE_IMAGES = ['image/png', 'image/jpeg', 'image/gif', 'image/webp', 'image/avif', 'image/bmp'];
   const views = ['join', 'pair', 'chat'];
   const chat = {
     room: null,
-    token: null,
     source: null,
     entries: new Map(), // message_id -> entry
     nodes: new Map(), // message_id or local:<client_id> -> <li>
@@ -15,7 +20,22 @@
     queue: [], // sends waiting for the server
     flushing: false,
     failures: 0,
+    pinned: true, // the list follows the newest message until the visitor scrolls up
   };
+
+  // Tokens of earlier versions of this page were kept in localStorage: drop them.
+  try {
+    for (const key of Object.keys(localStorage)) {
+      if (key.startsWith('webchat.token.')) localStorage.removeItem(key);
+    }
+  } catch (_) {
+    // Storage disabled: nothing to clean.
+  }
+
+  // A content type's essence (no parameters, lower case), as the server parses it.
+  function essence(mime) {
+    return String(mime || '').split(';')[0].trim().toLowerCase();
+  }
 
   function show(view) {
     for (const v of views) $('view-' + v).hidden = v !== view;
@@ -35,16 +55,15 @@
     }
   }
 
-  async function api(method, url, body, token) {
+  async function api(method, url, body) {
     const headers = {};
-    if (token) headers.Authorization = 'Bearer ' + token;
     let payload;
     if (body instanceof FormData) payload = body;
     else if (body !== undefined) {
       headers['Content-Type'] = 'application/json';
       payload = JSON.stringify(body);
     }
-    const response = await fetch(url, { method, headers, body: payload });
+    const response = await fetch(url, { method, headers, body: payload, credentials: 'same-origin' });
     let data = null;
     try {
       data = await response.json();
@@ -57,8 +76,6 @@
     }
     return data;
   }
-
-  const tokenKey = (room) => 'webchat.token.' + room;
 
   // ---------------------------------------------------------------- join
 
@@ -80,9 +97,8 @@
 
   async function join(room, code) {
     const result = await api('POST', '/chat/api/rooms/' + encodeURIComponent(room) + '/join', { access_code: code });
-    localStorage.setItem(tokenKey(result.room_id), result.token);
     history.replaceState(null, '', '/chat/r/' + encodeURIComponent(result.room_id));
-    startChat(result.room_id, result.token);
+    startChat(result.room_id);
   }
 
   $('join-form').addEventListener('submit', async (event) => {
@@ -127,10 +143,9 @@
         const result = await api('POST', '/chat/api/pair/' + encodeURIComponent(token) + '/confirm', {
           room_name: $('pair-room').value,
         });
-        localStorage.setItem(tokenKey(result.room_id), result.token);
         sessionStorage.setItem('webchat.invite.' + result.room_id, result.access_code);
         history.replaceState(null, '', '/chat/r/' + encodeURIComponent(result.room_id));
-        startChat(result.room_id, result.token);
+        startChat(result.room_id);
       } catch (e) {
         error.textContent = e.message;
         error.hidden = false;
@@ -141,9 +156,11 @@
 
   // ---------------------------------------------------------------- chat
 
-  function startChat(room, token) {
+  function startChat(room) {
+    if (chat.source) chat.source.close();
+    chat.source = null;
     chat.room = room;
-    chat.token = token;
+    chat.pinned = true;
     show('chat');
     $('room-name').textContent = room;
     const invite = sessionStorage.getItem('webchat.invite.' + room);
@@ -161,12 +178,11 @@
   });
 
   function eventsUrl() {
-    return '/chat/api/rooms/' + encodeURIComponent(chat.room) + '/events?token=' + encodeURIComponent(chat.token);
+    return '/chat/api/rooms/' + encodeURIComponent(chat.room) + '/events';
   }
 
   function fileUrl(file) {
-    return '/chat/api/rooms/' + encodeURIComponent(chat.room) + '/files/' + encodeURIComponent(file.file_ref) +
-      '?token=' + encodeURIComponent(chat.token);
+    return '/chat/api/rooms/' + encodeURIComponent(chat.room) + '/files/' + encodeURIComponent(file.file_ref);
   }
 
   function connect() {
@@ -191,13 +207,10 @@
       setAgent(false, 'offline');
       if (source.readyState !== EventSource.CLOSED) return; // the browser retries by itself
       chat.failures += 1;
-      // Refused outright: find out whether the token is still good before trying again.
+      // Refused outright: find out whether the session is still good before trying again.
       try {
-        const controller = new AbortController();
-        const probe = await fetch(eventsUrl(), { signal: controller.signal });
-        controller.abort();
+        const probe = await fetch('/chat/api/rooms/' + encodeURIComponent(chat.room) + '/session', { credentials: 'same-origin' });
         if (probe.status === 403) {
-          localStorage.removeItem(tokenKey(chat.room));
           source.close();
           showJoin(chat.room, 'Your access to this room ended; enter the access code again.');
           return;
@@ -231,6 +244,9 @@
         for (const draft of event.drafts || []) setDraft(draft);
         setActivity(event.activity || null);
         renderEmpty();
+        // A room opens at its newest message (and stays there while images load).
+        chat.pinned = true;
+        scrollDown(true);
         flush();
         break;
       case 'message':
@@ -257,8 +273,16 @@
 
   function scrollDown(force) {
     const list = $('messages');
-    if (force || nearBottom()) list.scrollTop = list.scrollHeight;
+    if (force || chat.pinned || nearBottom()) {
+      list.scrollTop = list.scrollHeight;
+      chat.pinned = true;
+    }
   }
+
+  // The visitor scrolling up unpins the list; scrolling back to the end pins it again.
+  $('messages').addEventListener('scroll', () => {
+    chat.pinned = nearBottom();
+  }, { passive: true });
 
   function renderEmpty() {
     const list = $('messages');
@@ -283,8 +307,7 @@
 
   function fileNode(file, localUrl) {
     const url = localUrl || fileUrl(file);
-    const mime = file.mime_type || '';
-    if (mime.startsWith('image/') && mime !== 'image/svg+xml') {
+    if (INLINE_IMAGES.includes(essence(file.mime_type))) {
       const link = document.createElement('a');
       link.href = url;
       link.target = '_blank';
@@ -293,6 +316,7 @@
       img.src = url;
       img.alt = file.filename;
       img.addEventListener('load', () => scrollDown(false));
+      img.addEventListener('error', () => scrollDown(false));
       link.appendChild(img);
       return link;
     }
@@ -458,14 +482,15 @@
             form.append('client_id', local.client_id);
             if (local.text) form.append('text', local.text);
             form.append('file', local.file, local.file.name);
-            entry = await api('POST', base + '/uploads', form, chat.token);
+            entry = await api('POST', base + '/uploads', form);
           } else {
-            entry = await api('POST', base + '/messages', { text: local.text, client_id: local.client_id }, chat.token);
+            entry = await api('POST', base + '/messages', { text: local.text, client_id: local.client_id });
           }
           chat.queue.shift();
           upsert(entry);
         } catch (error) {
-          if (error instanceof ApiError && error.status < 500) {
+          // Refusals (4xx) and a full store (507) are final; other errors are retried.
+          if (error instanceof ApiError && (error.status < 500 || error.status === 507)) {
             chat.queue.shift();
             local.status = 'failed';
             local.error = error.message;
@@ -514,7 +539,17 @@
     const text = $('text').value.trim();
     $('text').value = '';
     autoGrow();
-    const previewUrl = file.type.startsWith('image/') ? URL.createObjectURL(file) : undefined;
+    if (file.size > MAX_UPLOAD_BYTES) {
+      const local = {
+        client_id: newId(), text, file, status: 'failed', created_at: Date.now(),
+        error: 'the file is too large: files up to ' + (MAX_UPLOAD_BYTES / 1024 / 1024) + ' MiB can be sent',
+      };
+      chat.locals.set(local.client_id, local);
+      renderLocal(local);
+      scrollDown(true);
+      return;
+    }
+    const previewUrl = INLINE_IMAGES.includes(essence(file.type)) ? URL.createObjectURL(file) : undefined;
     enqueue({ client_id: newId(), text, file, previewUrl, status: 'sending', created_at: Date.now() });
   });
 
@@ -536,13 +571,19 @@
         join(id, code).catch((error) => showJoin(id, error.message));
         return;
       }
-      const token = localStorage.getItem(tokenKey(id));
-      if (token) startChat(id, token);
-      else showJoin(id);
+      // The session cookie (if any) decides: chat, or the join form.
+      fetch('/chat/api/rooms/' + encodeURIComponent(id) + '/session', { credentials: 'same-origin' })
+        .then((response) => (response.ok ? startChat(id) : showJoin(id)))
+        .catch(() => showJoin(id, 'The chat cannot be reached right now; try again.'));
       return;
     }
     showJoin('');
   }
+
+  // A pasted link that differs only in its fragment (#code=...) loads no new page.
+  window.addEventListener('hashchange', () => {
+    if (new URLSearchParams(location.hash.slice(1)).get('code')) route();
+  });
 
   route();
 })();

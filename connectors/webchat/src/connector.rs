@@ -20,7 +20,7 @@ use xagent_server_runtime::{
 use crate::error::WebchatError;
 use crate::hub::{Activity, Draft, Hub};
 use crate::pairing::{PairingPrompt, PairingStatus, Pairings};
-use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Inserted, Room, RoomClaim, Store};
+use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Inserted, Room, SignIn, Store};
 
 /// Card id.
 pub const CARD_ID: &str = "im.webchat";
@@ -143,11 +143,16 @@ pub struct RoomForm {
     #[schemars(example = &"support")]
     pub room_name: String,
     /// Access code
-    /// Visitors enter this code to join the room (at least 4 characters).
+    /// Visitors enter this code to join the room (at least 8 characters for a new room).
     pub access_code: Secret,
+    /// Owner code
+    /// Yours, not the visitors': needed to move the room to another channel or to change its
+    /// access code. Set it when creating the room (at least 8 characters, not the access code).
+    pub owner_code: Option<Secret>,
 }
 
-/// `webchat_room`: creates the room, or joins it when the access code matches.
+/// `webchat_room`: creates the room, or signs the channel in to it (M9: moving a room another
+/// channel serves, or changing its access code, takes the room's owner code).
 async fn room_sign_in(
     app: Arc<App>,
     ctx: AuthContext,
@@ -156,12 +161,31 @@ async fn room_sign_in(
     if form.access_code.expose().chars().count() < 4 {
         return Ok(AuthStep::Failed("the access code needs at least 4 characters".into()));
     }
-    let claim =
-        app.store.claim_room(&form.room_name, form.access_code.expose(), ctx.handle.now_millis());
+    let owner = form.owner_code.as_ref().map(|o| o.expose()).filter(|o| !o.is_empty());
+    let claim = app.store.sign_in_room(
+        &form.room_name,
+        form.access_code.expose(),
+        owner,
+        &ctx.channel,
+        ctx.handle.now_millis(),
+    );
     let room = match claim {
-        Ok(RoomClaim::Created(room) | RoomClaim::Matched(room)) => room,
-        Ok(RoomClaim::WrongCode) => {
+        Ok(SignIn::Created(room) | SignIn::Matched(room)) => room,
+        Ok(SignIn::Rotated { room, revoked }) => {
+            tracing::info!(room = %room.room_id, revoked, "the room's access code changed; visitor sessions ended");
+            room
+        }
+        Ok(SignIn::WrongCode) => {
             return Ok(AuthStep::Failed("this room exists with another access code".into()));
+        }
+        Ok(SignIn::WrongOwner) => {
+            return Ok(AuthStep::Failed("the owner code of this room is another one".into()));
+        }
+        Ok(SignIn::OwnerRequired) => {
+            return Ok(AuthStep::Failed(
+                "another channel serves this room: sign in with the room's owner code to move it here"
+                    .into(),
+            ));
         }
         Err(WebchatError::InvalidInput(reason)) => return Ok(AuthStep::Failed(reason)),
         Err(error) => return Err(AuthError::internal(error)),
@@ -309,7 +333,8 @@ pub struct MessageSendArgs {
 /// Arguments of `webchat_file_send`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct FileSendArgs {
-    /// A `file_ref` returned by `POST /files/uploads` for this channel.
+    /// The file to show in the chat room.
+    #[schemars(extend("x-xagent-upload-ref" = true))]
     pub file_ref: String,
     /// Optional text shown with the file.
     #[serde(default)]
@@ -398,7 +423,6 @@ async fn file_send(
 /// Builds the Connector definition around the shared state.
 pub(crate) fn build(app: Arc<App>) -> Result<Connector, WebchatError> {
     let (room_app, unbind_app, rebind_app) = (Arc::clone(&app), Arc::clone(&app), Arc::clone(&app));
-    let (send_app, file_app) = (Arc::clone(&app), Arc::clone(&app));
     let connector = Connector::builder(CARD_ID, "Web Chat", env!("CARGO_PKG_VERSION"))
         .description(
             "Puts an xAgent agent on a web page: visitors chat in the browser, replies stream back live.",
@@ -422,19 +446,21 @@ pub(crate) fn build(app: Arc<App>) -> Result<Connector, WebchatError> {
         .on_bound(move |ctx, reason| rebind(Arc::clone(&rebind_app), ctx, reason))
         .im_target(WebchatTarget(Arc::clone(&app)))
         .skill(SKILL)
-        .tool(
+        .tool_with(
+            &app,
             ToolSpec::new(
                 TOOL_MESSAGE_SEND,
                 "Send a web chat message\nShow an extra text message in the chat room bound to the current channel. Your normal reply is delivered without this tool.",
             ),
-            move |ctx, args: MessageSendArgs| message_send(Arc::clone(&send_app), ctx, args),
+            message_send,
         )
-        .tool(
+        .tool_with(
+            &app,
             ToolSpec::new(
                 TOOL_FILE_SEND,
                 "Send a file to the web chat\nShow a file in the chat room bound to the current channel; file_ref comes from POST /files/uploads on this channel.",
             ),
-            move |ctx, args: FileSendArgs| file_send(Arc::clone(&file_app), ctx, args),
+            file_send,
         )
         .build()?;
     Ok(connector)

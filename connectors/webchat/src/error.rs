@@ -26,6 +26,20 @@ pub enum WebchatError {
     /// The runtime refused (file store, outbox).
     #[error("{0}")]
     Runtime(String),
+    /// A body, file or text is larger than its limit (HTTP 413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// The file store or the room's upload quota is full (HTTP 507).
+    #[error("{0}")]
+    StoreFull(String),
+    /// Too many attempts or streams right now (HTTP 429 with `Retry-After`).
+    #[error("{message}")]
+    TooManyRequests {
+        /// What happened and what to do.
+        message: String,
+        /// When to try again, in seconds.
+        retry_after_secs: u64,
+    },
     /// Starting or serving failed.
     #[error("the server failed: {0}")]
     Server(String),
@@ -52,6 +66,8 @@ impl WebchatError {
             Self::Forbidden => ErrorCode::Forbidden,
             Self::NoAgent => ErrorCode::ConnectionNotAuthenticated,
             Self::Pairing(_) => ErrorCode::AuthSessionNotFound,
+            Self::TooLarge(_) => ErrorCode::PayloadTooLarge,
+            Self::StoreFull(_) | Self::TooManyRequests { .. } => ErrorCode::CapacityExceeded,
         }
     }
 
@@ -65,6 +81,9 @@ impl WebchatError {
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NoAgent => StatusCode::CONFLICT,
             Self::Pairing(_) => StatusCode::GONE,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::StoreFull(_) => StatusCode::INSUFFICIENT_STORAGE,
+            Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 }
@@ -74,7 +93,18 @@ impl axum::response::IntoResponse for WebchatError {
         if matches!(self, Self::Storage(_) | Self::Runtime(_) | Self::Server(_)) {
             tracing::error!(error = %self, "webchat request failed");
         }
-        xagent_server_runtime::error_response(self.http_status(), self.code(), &self.to_string())
+        let mut response = xagent_server_runtime::error_response(
+            self.http_status(),
+            self.code(),
+            &self.to_string(),
+        );
+        if let Self::TooManyRequests { retry_after_secs, .. } = &self {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(*retry_after_secs),
+            );
+        }
+        response
     }
 }
 
@@ -90,6 +120,13 @@ mod tests {
             (WebchatError::InvalidInput("x".into()), "invalid_arguments", 400),
             (WebchatError::Pairing("x".into()), "auth_session_not_found", 410),
             (WebchatError::Storage("x".into()), "internal_error", 500),
+            (WebchatError::TooLarge("x".into()), "payload_too_large", 413),
+            (WebchatError::StoreFull("x".into()), "capacity_exceeded", 507),
+            (
+                WebchatError::TooManyRequests { message: "x".into(), retry_after_secs: 1 },
+                "capacity_exceeded",
+                429,
+            ),
         ];
         for (error, code, status) in cases {
             assert_eq!(error.code().to_string(), code);

@@ -4,7 +4,7 @@
 //! gets a fresh snapshot.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
@@ -86,13 +86,104 @@ impl RoomLive {
     }
 }
 
+/// Open event streams, counted per visitor token, per room and in total.
+#[derive(Debug, Default)]
+struct StreamCounts {
+    total: usize,
+    rooms: HashMap<String, usize>,
+    tokens: HashMap<String, usize>,
+}
+
+fn decrement(map: &mut HashMap<String, usize>, key: &str) {
+    if let Some(count) = map.get_mut(key) {
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            map.remove(key);
+        }
+    }
+}
+
+/// Which stream limit a new stream would pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamLimit {
+    /// The visitor token holds its maximum of streams.
+    Token,
+    /// The room has its maximum of streams.
+    Room,
+    /// The Connector has its maximum of streams.
+    Total,
+}
+
+/// The most streams a token, a room and the Connector may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamCaps {
+    /// Per visitor token.
+    pub per_token: usize,
+    /// Per room.
+    pub per_room: usize,
+    /// In total.
+    pub total: usize,
+}
+
+/// One open event stream; dropping it frees its place.
+#[derive(Debug)]
+pub struct StreamGuard {
+    counts: Arc<Mutex<StreamCounts>>,
+    room: String,
+    token: String,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        counts.total = counts.total.saturating_sub(1);
+        decrement(&mut counts.rooms, &self.room);
+        decrement(&mut counts.tokens, &self.token);
+    }
+}
+
 /// Live state of all rooms.
 #[derive(Debug, Default)]
 pub struct Hub {
     rooms: Mutex<HashMap<String, RoomLive>>,
+    streams: Arc<Mutex<StreamCounts>>,
 }
 
 impl Hub {
+    /// Takes a place for a new event stream of `token_key` (a hash of the visitor token) in
+    /// `room`, or says which cap is reached.
+    pub fn open_stream(
+        &self,
+        room: &str,
+        token_key: &str,
+        caps: StreamCaps,
+    ) -> Result<StreamGuard, StreamLimit> {
+        let mut counts = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if counts.tokens.get(token_key).copied().unwrap_or(0) >= caps.per_token {
+            return Err(StreamLimit::Token);
+        }
+        if counts.rooms.get(room).copied().unwrap_or(0) >= caps.per_room {
+            return Err(StreamLimit::Room);
+        }
+        if counts.total >= caps.total {
+            return Err(StreamLimit::Total);
+        }
+        counts.total += 1;
+        *counts.rooms.entry(room.to_owned()).or_default() += 1;
+        *counts.tokens.entry(token_key.to_owned()).or_default() += 1;
+        Ok(StreamGuard {
+            counts: Arc::clone(&self.streams),
+            room: room.to_owned(),
+            token: token_key.to_owned(),
+        })
+    }
+
+    /// Open event streams in total.
+    #[cfg(test)]
+    pub fn open_streams(&self) -> usize {
+        self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).total
+    }
+
     fn rooms(&self) -> MutexGuard<'_, HashMap<String, RoomLive>> {
         self.rooms.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -227,6 +318,22 @@ mod tests {
         assert!(matches!(rx.try_recv().unwrap(), RoomEvent::Activity { .. }));
         assert!(matches!(rx.try_recv().unwrap(), RoomEvent::Agent { online: true }));
         assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn h5_streams_are_capped_per_token_per_room_and_in_total_and_freed_on_drop() {
+        let hub = Hub::default();
+        let caps = StreamCaps { per_token: 2, per_room: 3, total: 4 };
+        let a1 = hub.open_stream("r1", "ta", caps).unwrap();
+        let _a2 = hub.open_stream("r1", "ta", caps).unwrap();
+        assert_eq!(hub.open_stream("r1", "ta", caps).unwrap_err(), StreamLimit::Token);
+        let _b1 = hub.open_stream("r1", "tb", caps).unwrap();
+        assert_eq!(hub.open_stream("r1", "tc", caps).unwrap_err(), StreamLimit::Room);
+        let _c1 = hub.open_stream("r2", "tc", caps).unwrap();
+        assert_eq!(hub.open_stream("r3", "td", caps).unwrap_err(), StreamLimit::Total);
+        drop(a1);
+        assert_eq!(hub.open_streams(), 3);
+        assert!(hub.open_stream("r1", "ta", caps).is_ok());
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! - Card `im.webchat`, target type `im`, provider `webchat`, Profile `xagent.im.v2`, primary
 //!   Skill `connector-im-webchat` at `/skill.md`.
 //! - Auth flows binding a channel to a chat room: `webchat_qr_login` (`qr_login`, a one-time
-//!   pairing link as a QR code) and `webchat_room` (`form`: `room_name`, `access_code`).
+//!   pairing link as a QR code) and `webchat_room` (`form`: `room_name`, `access_code`,
+//!   optional `owner_code`).
 //! - The chat page at `/chat/` (see the `web` module docs for its JSON + SSE API), Tools
 //!   `webchat_message_send` and `webchat_file_send`.
 //! - State: the runtime's `connector.sqlite3` and this crate's `webchat.sqlite3` under the
@@ -31,14 +32,15 @@
 //!
 //! ## Decisions where the protocol texts are silent
 //!
-//! - **One channel per room.** A room is served by one channel at a time; signing another
-//!   channel in to the same room (right access code) moves the room and marks the earlier
-//!   channel `revoked`. Logout or unregistration leaves the room and its history in place,
-//!   without an agent, until a channel binds it again.
+//! - **One channel per room, one room per channel.** A room is served by one channel at a
+//!   time; signing another channel in to it takes the room's owner code (the visitors' access
+//!   code alone is not enough) and marks the earlier channel `revoked`; signing a channel in to
+//!   another room unbinds it from the first. Logout or unregistration leaves the room and its
+//!   history in place, without an agent, until a channel binds it again.
 //! - **Room ids** are the room name lower-cased with every run of other characters turned
-//!   into `-` (`Support Desk` -> `support-desk`); names have 1-64 characters. Access codes
-//!   have at least 4 characters and are stored as salted SHA-256 only, compared in constant
-//!   time.
+//!   into `-` (`Support Desk` -> `support-desk`); names have 1-64 characters. Access and owner
+//!   codes of new rooms have at least 8 characters and are stored as salted SHA-256 only,
+//!   compared in constant time. Joining is throttled per room and per address.
 //! - **Pairing** (`webchat_qr_login`): the link `{public url}/chat/pair/{token}` (128 random
 //!   bits) lives 5 minutes. Opening it makes the session `scanned`; confirming on the page
 //!   creates a new room with a random access code (shown once on the page) and binds it; the
@@ -46,14 +48,16 @@
 //!   `qr_refresh_required`, and `refresh: true` issues a new link and retires the old one.
 //!   Pairings live in memory, like the runtime's auth sessions.
 //! - **Visitor sessions**: joining with the access code (or confirming a pairing) gives a
-//!   bearer token kept hashed in the database; it opens that room only.
+//!   token kept hashed in the database, in an `HttpOnly` cookie for the page (and in the answer
+//!   for API clients); it opens that room only, lives 7 days and can be revoked. Every limit a
+//!   visitor meets is a field of [`VisitorLimits`]; SECURITY.md lists them.
 //! - **Delivery state on the page**: a visitor message is `sending` until the runtime's outbox
 //!   reports it delivered (`accepted`/`duplicate`), `rejected` (with the receiver's reason)
 //!   or `expired`. The page repeats a failed send with the same `client_id`, which the
 //!   Connector answers with the stored message instead of sending twice.
 //! - **Streaming**: deltas grow one draft per room; the final `chat.message` replaces it. Agent
 //!   files are served to the page under the room (`/chat/api/rooms/{room}/files/{file_ref}`),
-//!   inline for raster images, as downloads otherwise.
+//!   inline for allow-listed raster images, as sandboxed downloads otherwise.
 //! - **Tools** derive the shown message id from the channel, Tool and `tool_call_id` (or
 //!   `request_id`), so a repeated call shows one message even after the runtime's repeat
 //!   window.
@@ -84,11 +88,12 @@ pub use error::WebchatError;
 pub use hub::{Activity, Draft, RoomEvent};
 pub use pairing::{PAIRING_LINK_TTL_MILLIS, PairingError};
 pub use qr::{qr_data_url, qr_png};
+pub use store::MIN_ACCESS_CODE_CHARS;
 pub use store::{
     Author, ChatEntry, EntryFile, EntryStatus, HISTORY_LIMIT, WEBCHAT_DATABASE_FILE,
     room_id_from_name,
 };
-pub use web::{MAX_PAGE_UPLOAD_BYTES, MAX_TEXT_CHARS};
+pub use web::{MAX_PAGE_UPLOAD_BYTES, MAX_TEXT_CHARS, VisitorLimits};
 
 use connector::App;
 use store::Store;
@@ -105,8 +110,10 @@ pub struct WebchatOptions {
     pub public_url: String,
     /// The clock (tests inject a `ManualClock`).
     pub clock: Arc<dyn Clock>,
-    /// The runtime's tunables (maintenance interval, lease, ...).
+    /// The runtime's tunables (maintenance interval, lease, listener limits, ...).
     pub config: RuntimeConfig,
+    /// What one visitor, address or room may cost (SECURITY.md lists every limit).
+    pub visitor_limits: VisitorLimits,
 }
 
 impl std::fmt::Debug for WebchatOptions {
@@ -128,7 +135,15 @@ impl WebchatOptions {
             public_url: public_url.into().trim_end_matches('/').to_owned(),
             clock: Arc::new(SystemClock),
             config: RuntimeConfig::default(),
+            visitor_limits: VisitorLimits::default(),
         }
+    }
+
+    /// Sets the visitor limits.
+    #[must_use]
+    pub fn with_visitor_limits(mut self, limits: VisitorLimits) -> Self {
+        self.visitor_limits = limits;
+        self
     }
 
     /// Sets the runtime's tunables.
@@ -178,14 +193,18 @@ impl Webchat {
         });
         let connector = connector::build(Arc::clone(&app))?;
         let (page, relay, presence) = (Arc::clone(&app), Arc::clone(&app), Arc::clone(&app));
+        let recover = Arc::clone(&app);
+        let limits = options.visitor_limits.clone();
         let mut builder = ConnectorServer::builder(connector)
             .state_dir(&options.state_dir)?
             .clock(Arc::clone(&options.clock))
             .config(options.config.clone())
             .routes(move |handle| {
                 let shutdown = handle.shutdown_signal();
-                web::router(page, handle, shutdown)
+                web::router(page, handle, shutdown, limits)
             })
+            // Visitor messages stored but never queued (a stop in between) are queued now.
+            .task(move |handle, shutdown| until(shutdown, web::recover_pending(recover, handle)))
             .task(move |handle, shutdown| until(shutdown, relay_outbox_events(relay, handle)))
             .task(move |handle, shutdown| until(shutdown, watch_presence(presence, handle)));
         if let Some(key) = options.api_key.clone() {

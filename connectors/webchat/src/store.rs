@@ -20,6 +20,25 @@ pub const WEBCHAT_DATABASE_FILE: &str = "webchat.sqlite3";
 /// How many messages a page gets when it (re)connects.
 pub const HISTORY_LIMIT: usize = 200;
 
+/// Shortest access code a new room accepts (existing rooms keep theirs).
+pub const MIN_ACCESS_CODE_CHARS: usize = 8;
+
+/// One day in ms: the window of the visitor upload quotas.
+pub(crate) const DAY_MILLIS: u64 = 24 * 60 * 60 * 1_000;
+
+/// What visitors uploaded within the last day: one room's share and everybody's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UploadUsage {
+    /// Bytes uploaded to this room.
+    pub room_bytes: u64,
+    /// Files uploaded to this room.
+    pub room_files: u64,
+    /// Bytes uploaded by all visitors.
+    pub all_bytes: u64,
+    /// Files uploaded by all visitors.
+    pub all_files: u64,
+}
+
 /// Who wrote a message in a room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -129,6 +148,30 @@ pub enum RoomClaim {
     WrongCode,
 }
 
+/// Result of an xAgent channel signing in to a room with the form flow (M9: the visitors'
+/// access code alone never moves a room that another channel serves).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SignIn {
+    /// A new room was created (with the owner code, when one was given).
+    Created(Room),
+    /// The channel may serve the room.
+    Matched(Room),
+    /// The owner changed the access code: every visitor session of the room was revoked.
+    Rotated {
+        /// The room.
+        room: Room,
+        /// Visitor sessions ended.
+        revoked: usize,
+    },
+    /// The access code is wrong.
+    WrongCode,
+    /// The owner code is wrong.
+    WrongOwner,
+    /// Another channel serves the room, or the room has an owner code: only the owner code
+    /// moves it.
+    OwnerRequired,
+}
+
 /// Whether an insert created a message or found the earlier one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Inserted {
@@ -180,7 +223,8 @@ fn hash_code(salt: &str, code: &str) -> String {
     hex::encode(hasher.finalize())
 }
 
-fn hash_token(token: &str) -> String {
+/// The stored form of a visitor token (also the key its live streams are counted under).
+pub(crate) fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
@@ -199,6 +243,9 @@ CREATE TABLE IF NOT EXISTS rooms (
   code_hash TEXT NOT NULL, channel TEXT, created_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS visitors (
   token_hash TEXT PRIMARY KEY, room_id TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS visitor_uploads (
+  room_id TEXT NOT NULL, bytes INTEGER NOT NULL, created_at INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS visitor_uploads_time ON visitor_uploads(created_at);
 CREATE TABLE IF NOT EXISTS messages (
   room_id TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL UNIQUE,
   author TEXT NOT NULL, text TEXT, files TEXT NOT NULL, status TEXT NOT NULL, error TEXT,
@@ -209,12 +256,14 @@ CREATE INDEX IF NOT EXISTS messages_room ON messages(room_id, seq);
 ";
 
 impl Store {
-    /// Opens (or creates) `<dir>/webchat.sqlite3`.
+    /// Opens (or creates) `<dir>/webchat.sqlite3`. The directory is made 0700 and the
+    /// database 0600 (SQLite gives its `-wal` and `-shm` files the database's mode).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, WebchatError> {
-        std::fs::create_dir_all(dir.as_ref()).map_err(|e| {
-            WebchatError::Storage(format!("cannot create the state directory: {e}"))
+        let path = dir.as_ref().join(WEBCHAT_DATABASE_FILE);
+        private_state(dir.as_ref(), &path).map_err(|e| {
+            WebchatError::Storage(format!("cannot prepare the state directory: {e}"))
         })?;
-        let conn = Connection::open(dir.as_ref().join(WEBCHAT_DATABASE_FILE)).map_err(db)?;
+        let conn = Connection::open(&path).map_err(db)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(db)?;
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(db)?;
         Self::init(conn)
@@ -228,6 +277,12 @@ impl Store {
 
     fn init(conn: Connection) -> Result<Self, WebchatError> {
         conn.execute_batch(SCHEMA).map_err(db)?;
+        // Columns added after the first release: older databases get them here.
+        add_column(&conn, "visitors", "expires_at", "INTEGER")?;
+        add_column(&conn, "visitors", "revoked", "INTEGER NOT NULL DEFAULT 0")?;
+        add_column(&conn, "messages", "outbound", "TEXT")?;
+        add_column(&conn, "rooms", "owner_salt", "TEXT")?;
+        add_column(&conn, "rooms", "owner_hash", "TEXT")?;
         Ok(Self { conn: Mutex::new(conn) })
     }
 
@@ -265,6 +320,11 @@ impl Store {
                 }
             }
             None => {
+                if code.chars().count() < MIN_ACCESS_CODE_CHARS {
+                    return Err(WebchatError::InvalidInput(format!(
+                        "a new room's access code needs at least {MIN_ACCESS_CODE_CHARS} characters"
+                    )));
+                }
                 let salt = random_hex(16);
                 conn.execute(
                     "INSERT INTO rooms (room_id, name, code_salt, code_hash, channel, created_at)
@@ -279,6 +339,137 @@ impl Store {
                 }))
             }
         }
+    }
+
+    /// The form flow's sign-in of `channel` to the room `name` (M9). The access code is the
+    /// visitors' secret; the optional owner code is xAgent's. A new room stores both (hashed).
+    /// An existing room is served by `channel` when: the owner code is right (a different access
+    /// code then replaces the old one and ends every visitor session), or the access code is
+    /// right and the room has no owner code and no other channel serving it, or `channel` already
+    /// serves it. A room without an owner code gets the one presented by a channel allowed to
+    /// serve it.
+    pub fn sign_in_room(
+        &self,
+        name: &str,
+        access_code: &str,
+        owner_code: Option<&str>,
+        channel: &ConnectorChannelId,
+        now: u64,
+    ) -> Result<SignIn, WebchatError> {
+        let room_id = room_id_from_name(name).ok_or_else(|| {
+            WebchatError::InvalidInput(
+                "the room name needs 1-64 characters with at least one letter or digit".into(),
+            )
+        })?;
+        if let Some(owner) = owner_code
+            && (owner.chars().count() < MIN_ACCESS_CODE_CHARS || owner == access_code)
+        {
+            return Err(WebchatError::InvalidInput(format!(
+                "the owner code needs at least {MIN_ACCESS_CODE_CHARS} characters and must differ from the access code"
+            )));
+        }
+        let conn = self.conn();
+        type Row = (String, String, String, Option<String>, Option<String>, Option<String>);
+        let existing: Option<Row> = conn
+            .query_row(
+                "SELECT name, code_salt, code_hash, channel, owner_salt, owner_hash FROM rooms WHERE room_id = ?1",
+                params![room_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+            )
+            .optional()
+            .map_err(db)?;
+        let Some((stored_name, salt, hash, bound, owner_salt, owner_hash)) = existing else {
+            drop(conn);
+            let created = self.claim_room(name, access_code, now)?;
+            if let (RoomClaim::Created(room), Some(owner)) = (&created, owner_code) {
+                self.set_owner(&room.room_id, owner)?;
+            }
+            return Ok(match created {
+                RoomClaim::Created(room) => SignIn::Created(room),
+                RoomClaim::Matched(room) => SignIn::Matched(room),
+                RoomClaim::WrongCode => SignIn::WrongCode,
+            });
+        };
+        let room = Room {
+            room_id: room_id.clone(),
+            name: stored_name,
+            channel: bound.clone().map(ConnectorChannelId::new),
+        };
+        let code_right =
+            bool::from(hash_code(&salt, access_code).as_bytes().ct_eq(hash.as_bytes()));
+        let owner_right = match (owner_code, owner_salt, owner_hash) {
+            (Some(owner), Some(salt), Some(hash)) => {
+                Some(bool::from(hash_code(&salt, owner).as_bytes().ct_eq(hash.as_bytes())))
+            }
+            _ => None,
+        };
+        let serves = bound.as_deref() == Some(channel.as_str());
+        drop(conn);
+        match owner_right {
+            Some(false) => Ok(SignIn::WrongOwner),
+            Some(true) if code_right => Ok(SignIn::Matched(room)),
+            Some(true) => {
+                if access_code.chars().count() < MIN_ACCESS_CODE_CHARS {
+                    return Err(WebchatError::InvalidInput(format!(
+                        "the access code needs at least {MIN_ACCESS_CODE_CHARS} characters"
+                    )));
+                }
+                let salt = random_hex(16);
+                self.conn()
+                    .execute(
+                        "UPDATE rooms SET code_salt = ?2, code_hash = ?3 WHERE room_id = ?1",
+                        params![room_id, salt, hash_code(&salt, access_code)],
+                    )
+                    .map_err(db)?;
+                let revoked = self.revoke_room_visitors(&room_id)?;
+                Ok(SignIn::Rotated { room, revoked })
+            }
+            None if !code_right => Ok(SignIn::WrongCode),
+            None => {
+                let has_owner = self.has_owner(&room_id)?;
+                if serves || (!has_owner && bound.is_none()) {
+                    if let (false, Some(owner)) = (has_owner, owner_code) {
+                        self.set_owner(&room_id, owner)?;
+                    }
+                    Ok(SignIn::Matched(room))
+                } else {
+                    Ok(SignIn::OwnerRequired)
+                }
+            }
+        }
+    }
+
+    fn has_owner(&self, room_id: &str) -> Result<bool, WebchatError> {
+        let owner: Option<Option<String>> = self
+            .conn()
+            .query_row("SELECT owner_hash FROM rooms WHERE room_id = ?1", params![room_id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(db)?;
+        Ok(owner.flatten().is_some())
+    }
+
+    fn set_owner(&self, room_id: &str, owner: &str) -> Result<(), WebchatError> {
+        let salt = random_hex(16);
+        self.conn()
+            .execute(
+                "UPDATE rooms SET owner_salt = ?2, owner_hash = ?3 WHERE room_id = ?1",
+                params![room_id, salt, hash_code(&salt, owner)],
+            )
+            .map_err(db)?;
+        Ok(())
+    }
+
+    /// Ends every visitor session of a room (its owner changed the access code); returns how
+    /// many were open.
+    pub fn revoke_room_visitors(&self, room_id: &str) -> Result<usize, WebchatError> {
+        self.conn()
+            .execute(
+                "UPDATE visitors SET revoked = 1 WHERE room_id = ?1 AND revoked = 0",
+                params![room_id],
+            )
+            .map_err(db)
     }
 
     /// Checks a visitor's access code for a room (constant-time comparison of the hashes).
@@ -297,7 +488,8 @@ impl Store {
         }))
     }
 
-    /// Binds the room to a channel (or unbinds it) and returns the channel it had before.
+    /// Binds the room to a channel (or unbinds it) and returns the channel it had before. A
+    /// channel serves one room: any other room it served loses it.
     pub fn set_room_channel(
         &self,
         room_id: &str,
@@ -310,6 +502,14 @@ impl Store {
             })
             .optional()
             .map_err(db)?;
+        if let Some(channel) = channel {
+            // One binding per channel: signing it in to this room moves it out of any other.
+            conn.execute(
+                "UPDATE rooms SET channel = NULL WHERE channel = ?1 AND room_id != ?2",
+                params![channel.as_str(), room_id],
+            )
+            .map_err(db)?;
+        }
         conn.execute(
             "UPDATE rooms SET channel = ?2 WHERE room_id = ?1",
             params![room_id, channel.map(|c| c.as_str().to_owned())],
@@ -364,28 +564,103 @@ impl Store {
             .map_err(db)
     }
 
-    /// Starts a visitor session in a room and returns its bearer token (stored hashed).
-    pub fn add_visitor(&self, room_id: &str, now: u64) -> Result<String, WebchatError> {
+    /// Starts a visitor session in a room and returns its bearer token (stored hashed),
+    /// valid until `expires_at` (Unix ms) unless revoked earlier.
+    pub fn add_visitor(
+        &self,
+        room_id: &str,
+        now: u64,
+        expires_at: u64,
+    ) -> Result<String, WebchatError> {
         let token = format!("wcv_{}", random_hex(24));
-        self.conn()
-            .execute(
-                "INSERT INTO visitors (token_hash, room_id, created_at) VALUES (?1, ?2, ?3)",
-                params![hash_token(&token), room_id, now as i64],
-            )
-            .map_err(db)?;
+        let conn = self.conn();
+        conn.execute(
+            "INSERT INTO visitors (token_hash, room_id, created_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+            params![hash_token(&token), room_id, now as i64, expires_at as i64],
+        )
+        .map_err(db)?;
+        // Expired and revoked sessions are of no use to anybody.
+        conn.execute(
+            "DELETE FROM visitors WHERE revoked = 1 OR (expires_at IS NOT NULL AND expires_at <= ?1)",
+            params![now as i64],
+        )
+        .map_err(db)?;
         Ok(token)
     }
 
-    /// The room a visitor token belongs to.
-    pub fn visitor_room(&self, token: &str) -> Result<Option<String>, WebchatError> {
-        self.conn()
+    /// The room a visitor token opens at `now`: `None` for unknown, expired or revoked
+    /// tokens. Sessions from before token lifetimes existed expire `legacy_lifetime` after
+    /// their creation.
+    pub fn visitor_room(
+        &self,
+        token: &str,
+        now: u64,
+        legacy_lifetime: u64,
+    ) -> Result<Option<String>, WebchatError> {
+        let row: Option<(String, i64, Option<i64>, i64)> = self
+            .conn()
             .query_row(
-                "SELECT room_id FROM visitors WHERE token_hash = ?1",
+                "SELECT room_id, created_at, expires_at, revoked FROM visitors WHERE token_hash = ?1",
                 params![hash_token(token)],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()
-            .map_err(db)
+            .map_err(db)?;
+        Ok(row.and_then(|(room, created_at, expires_at, revoked)| {
+            let expires_at = expires_at.map_or_else(
+                || u64::try_from(created_at).unwrap_or(0).saturating_add(legacy_lifetime),
+                |at| u64::try_from(at).unwrap_or(0),
+            );
+            (revoked == 0 && now < expires_at).then_some(room)
+        }))
+    }
+
+    /// Ends one visitor session (the page's "leave"). True when it existed.
+    pub fn revoke_visitor(&self, token: &str) -> Result<bool, WebchatError> {
+        let changed = self
+            .conn()
+            .execute(
+                "UPDATE visitors SET revoked = 1 WHERE token_hash = ?1",
+                params![hash_token(token)],
+            )
+            .map_err(db)?;
+        Ok(changed > 0)
+    }
+
+    /// Visitor uploads of the last day (for the room and for everybody).
+    pub fn upload_usage(&self, room_id: &str, now: u64) -> Result<UploadUsage, WebchatError> {
+        let conn = self.conn();
+        let since = now.saturating_sub(DAY_MILLIS) as i64;
+        conn.execute("DELETE FROM visitor_uploads WHERE created_at < ?1", params![since])
+            .map_err(db)?;
+        let (room_bytes, room_files, all_bytes, all_files): (i64, i64, i64, i64) = conn
+            .query_row(
+                "SELECT COALESCE(SUM(CASE WHEN room_id = ?1 THEN bytes END), 0),
+                        COALESCE(SUM(CASE WHEN room_id = ?1 THEN 1 END), 0),
+                        COALESCE(SUM(bytes), 0), COUNT(*)
+                 FROM visitor_uploads",
+                params![room_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .map_err(db)?;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(UploadUsage {
+            room_bytes: n(room_bytes),
+            room_files: n(room_files),
+            all_bytes: n(all_bytes),
+            all_files: n(all_files),
+        })
+    }
+
+    /// Counts a visitor upload against the quotas.
+    pub fn record_upload(&self, room_id: &str, bytes: u64, now: u64) -> Result<(), WebchatError> {
+        self.conn()
+            .execute(
+                "INSERT INTO visitor_uploads (room_id, bytes, created_at) VALUES (?1, ?2, ?3)",
+                params![room_id, i64::try_from(bytes).unwrap_or(i64::MAX), now as i64],
+            )
+            .map_err(db)?;
+        Ok(())
     }
 
     fn entry_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChatEntry> {
@@ -435,6 +710,17 @@ impl Store {
     /// Adds a message to a room; a repeat (same `message_id`, or same `client_id` in the
     /// room) returns the stored one unchanged.
     pub fn insert_entry(&self, room_id: &str, entry: &ChatEntry) -> Result<Inserted, WebchatError> {
+        self.insert_outbound(room_id, entry, None)
+    }
+
+    /// [`Store::insert_entry`] for a visitor message, keeping the exact `chat.message` handed
+    /// to the runtime so it can be handed over again if the process stopped in between.
+    pub fn insert_outbound(
+        &self,
+        room_id: &str,
+        entry: &ChatEntry,
+        outbound: Option<&str>,
+    ) -> Result<Inserted, WebchatError> {
         let conn = self.conn();
         if let Some(existing) =
             Self::find_entry(&conn, room_id, &entry.message_id, entry.client_id.as_deref())?
@@ -448,8 +734,8 @@ impl Store {
         let files = serde_json::to_string(&entry.files)
             .map_err(|e| WebchatError::Storage(e.to_string()))?;
         conn.execute(
-            "INSERT INTO messages (room_id, message_id, author, text, files, status, error, client_id, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            "INSERT INTO messages (room_id, message_id, author, text, files, status, error, client_id, created_at, outbound)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             params![
                 room_id,
                 entry.message_id,
@@ -459,7 +745,8 @@ impl Store {
                 entry.status.as_str(),
                 entry.error,
                 entry.client_id,
-                entry.created_at as i64
+                entry.created_at as i64,
+                outbound
             ],
         )
         .map_err(db)?;
@@ -493,6 +780,32 @@ impl Store {
         Ok(entry.map(|entry| (room_id, entry)))
     }
 
+    /// The `chat.message` kept for a visitor message still `sending` (see
+    /// [`Store::insert_outbound`]), with its room.
+    pub fn outbound_of(&self, message_id: &str) -> Result<Option<(String, String)>, WebchatError> {
+        self.conn()
+            .query_row(
+                "SELECT room_id, outbound FROM messages WHERE message_id = ?1 AND status = 'sending' AND outbound IS NOT NULL",
+                params![message_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(db)
+    }
+
+    /// Every visitor message still `sending`, oldest first: `(room_id, message_id, outbound)`.
+    pub fn sending(&self) -> Result<Vec<(String, String, String)>, WebchatError> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(
+                "SELECT room_id, message_id, outbound FROM messages
+                 WHERE status = 'sending' AND outbound IS NOT NULL ORDER BY seq ASC",
+            )
+            .map_err(db)?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).map_err(db)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(db)
+    }
+
     /// The last [`HISTORY_LIMIT`] messages of a room, oldest first.
     pub fn history(&self, room_id: &str) -> Result<Vec<ChatEntry>, WebchatError> {
         let conn = self.conn();
@@ -504,6 +817,63 @@ impl Store {
         let rows =
             stmt.query_map(params![room_id, HISTORY_LIMIT as i64], Self::entry_row).map_err(db)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(db)
+    }
+}
+
+/// Adds a column to a table unless it is there already.
+fn add_column(
+    conn: &Connection,
+    table: &str,
+    column: &str,
+    decl: &str,
+) -> Result<(), WebchatError> {
+    let exists: bool = conn
+        .query_row(
+            &format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
+            params![column],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(db)?
+        > 0;
+    if !exists {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))
+            .map_err(db)?;
+    }
+    Ok(())
+}
+
+/// Creates the state directory 0700 and the database file 0600 before SQLite opens it, and
+/// tightens both when an earlier version left them readable by others.
+fn private_state(dir: &Path, database: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        builder.mode(0o700);
+        builder.create(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(database)?;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = database.as_os_str().to_owned();
+            name.push(suffix);
+            let path = std::path::PathBuf::from(name);
+            if path.exists() {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            }
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        builder.create(dir)?;
+        let _ = database;
+        Ok(())
     }
 }
 
@@ -536,12 +906,12 @@ mod tests {
     #[test]
     fn claiming_a_room_with_another_code_is_refused() {
         let store = Store::in_memory().unwrap();
-        assert!(matches!(store.claim_room("Lobby", "s3cret", 1).unwrap(), RoomClaim::Created(_)));
-        assert!(matches!(store.claim_room("lobby", "s3cret", 2).unwrap(), RoomClaim::Matched(_)));
+        assert!(matches!(store.claim_room("Lobby", "s3cret-1", 1).unwrap(), RoomClaim::Created(_)));
+        assert!(matches!(store.claim_room("lobby", "s3cret-1", 2).unwrap(), RoomClaim::Matched(_)));
         assert_eq!(store.claim_room("LOBBY", "guess", 3).unwrap(), RoomClaim::WrongCode);
-        assert!(store.check_code("lobby", "s3cret").unwrap());
-        assert!(!store.check_code("lobby", "s3cre").unwrap());
-        assert!(!store.check_code("nowhere", "s3cret").unwrap());
+        assert!(store.check_code("lobby", "s3cret-1").unwrap());
+        assert!(!store.check_code("lobby", "s3cret-").unwrap());
+        assert!(!store.check_code("nowhere", "s3cret-1").unwrap());
     }
 
     #[test]
@@ -557,7 +927,7 @@ mod tests {
     #[test]
     fn channel_binding_moves_and_releases() {
         let store = Store::in_memory().unwrap();
-        store.claim_room("Lobby", "c", 1).unwrap();
+        store.claim_room("Lobby", "code-1234", 1).unwrap();
         let a = ConnectorChannelId::new("cch_a");
         let b = ConnectorChannelId::new("cch_b");
         assert_eq!(store.set_room_channel("lobby", Some(&a)).unwrap(), None);
@@ -569,9 +939,67 @@ mod tests {
     }
 
     #[test]
+    fn m9_the_access_code_alone_never_moves_a_room_the_owner_code_does() {
+        let store = Store::in_memory().unwrap();
+        let (a, b) = (ConnectorChannelId::new("cch_a"), ConnectorChannelId::new("cch_b"));
+        let created = store.sign_in_room("Lobby", "visit-1234", Some("owner-5678"), &a, 1).unwrap();
+        let SignIn::Created(room) = created else { panic!("created: {created:?}") };
+        store.set_room_channel(&room.room_id, Some(&a)).unwrap();
+        let token = store.add_visitor("lobby", 1, 1_000).unwrap();
+        // A channel that knows only the visitors' code cannot take the room over.
+        assert_eq!(
+            store.sign_in_room("Lobby", "visit-1234", None, &b, 2).unwrap(),
+            SignIn::OwnerRequired
+        );
+        assert_eq!(
+            store.sign_in_room("Lobby", "visit-1234", Some("guess-guess"), &b, 2).unwrap(),
+            SignIn::WrongOwner
+        );
+        // The serving channel signs in again with the access code alone.
+        assert!(matches!(
+            store.sign_in_room("Lobby", "visit-1234", None, &a, 2).unwrap(),
+            SignIn::Matched(_)
+        ));
+        // The owner moves it, and may rotate the visitors' code: every session ends.
+        assert!(matches!(
+            store.sign_in_room("Lobby", "visit-1234", Some("owner-5678"), &b, 3).unwrap(),
+            SignIn::Matched(_)
+        ));
+        let rotated = store.sign_in_room("Lobby", "visit-9999", Some("owner-5678"), &b, 4).unwrap();
+        assert!(matches!(rotated, SignIn::Rotated { revoked: 1, .. }), "{rotated:?}");
+        assert_eq!(store.visitor_room(&token, 5, 0).unwrap(), None);
+        assert!(store.check_code("lobby", "visit-9999").unwrap());
+        assert!(!store.check_code("lobby", "visit-1234").unwrap());
+        // A room without an owner code, served by another channel, is not taken either.
+        store.sign_in_room("Desk", "desk-code-1", None, &a, 1).unwrap();
+        store.set_room_channel("desk", Some(&a)).unwrap();
+        assert_eq!(
+            store.sign_in_room("Desk", "desk-code-1", None, &b, 2).unwrap(),
+            SignIn::OwnerRequired
+        );
+        store.release_channel(&a).unwrap();
+        assert!(matches!(
+            store.sign_in_room("Desk", "desk-code-1", None, &b, 3).unwrap(),
+            SignIn::Matched(_)
+        ));
+    }
+
+    #[test]
+    fn h4_binding_a_channel_to_a_second_room_unbinds_the_first() {
+        let store = Store::in_memory().unwrap();
+        store.claim_room("One", "code-1234", 1).unwrap();
+        store.claim_room("Two", "code-5678", 1).unwrap();
+        let a = ConnectorChannelId::new("cch_a");
+        store.set_room_channel("one", Some(&a)).unwrap();
+        store.set_room_channel("two", Some(&a)).unwrap();
+        assert_eq!(store.room("one").unwrap().unwrap().channel, None);
+        assert_eq!(store.room_by_channel(&a).unwrap().unwrap().room_id, "two");
+    }
+
+    #[test]
     fn repeated_send_with_the_same_client_id_is_stored_once() {
         let store = Store::in_memory().unwrap();
-        store.claim_room("Lobby", "c", 1).unwrap();
+        store.claim_room("Lobby", "code-1234", 1).unwrap();
         let first = store.insert_entry("lobby", &visitor_entry("msg_1", Some("c1"))).unwrap();
         assert!(matches!(first, Inserted::New(_)));
         let again = store.insert_entry("lobby", &visitor_entry("msg_2", Some("c1"))).unwrap();
@@ -585,7 +1013,7 @@ mod tests {
     #[test]
     fn status_updates_find_the_room_by_message_id() {
         let store = Store::in_memory().unwrap();
-        store.claim_room("Lobby", "c", 1).unwrap();
+        store.claim_room("Lobby", "code-1234", 1).unwrap();
         store.insert_entry("lobby", &visitor_entry("msg_1", None)).unwrap();
         let (room, entry) =
             store.set_status("msg_1", EntryStatus::Rejected, Some("no")).unwrap().unwrap();
@@ -598,9 +1026,70 @@ mod tests {
     #[test]
     fn visitor_tokens_resolve_to_their_room_only() {
         let store = Store::in_memory().unwrap();
-        store.claim_room("Lobby", "c", 1).unwrap();
-        let token = store.add_visitor("lobby", 1).unwrap();
-        assert_eq!(store.visitor_room(&token).unwrap().as_deref(), Some("lobby"));
-        assert_eq!(store.visitor_room("wcv_forged").unwrap(), None);
+        store.claim_room("Lobby", "code-1234", 1).unwrap();
+        let token = store.add_visitor("lobby", 1, 100).unwrap();
+        assert_eq!(store.visitor_room(&token, 2, 0).unwrap().as_deref(), Some("lobby"));
+        assert_eq!(store.visitor_room("wcv_forged", 2, 0).unwrap(), None);
+    }
+
+    #[test]
+    fn m8_visitor_tokens_expire_and_can_be_revoked() {
+        let store = Store::in_memory().unwrap();
+        store.claim_room("Lobby", "code-1234", 1).unwrap();
+        let a = store.add_visitor("lobby", 1, 100).unwrap();
+        let b = store.add_visitor("lobby", 1, 1_000).unwrap();
+        let c = store.add_visitor("lobby", 1, 1_000).unwrap();
+        assert_eq!(store.visitor_room(&a, 99, 0).unwrap().as_deref(), Some("lobby"));
+        assert_eq!(store.visitor_room(&a, 100, 0).unwrap(), None, "expired at its lifetime");
+        assert!(store.revoke_visitor(&b).unwrap());
+        assert_eq!(store.visitor_room(&b, 2, 0).unwrap(), None, "revoked");
+        assert_eq!(store.visitor_room(&c, 2, 0).unwrap().as_deref(), Some("lobby"));
+    }
+
+    #[test]
+    fn h2_new_rooms_need_a_long_access_code() {
+        let store = Store::in_memory().unwrap();
+        assert!(matches!(
+            store.claim_room("Lobby", "1234567", 1),
+            Err(WebchatError::InvalidInput(_))
+        ));
+        assert!(matches!(store.claim_room("Lobby", "12345678", 1).unwrap(), RoomClaim::Created(_)));
+    }
+
+    #[test]
+    fn m3_upload_usage_counts_the_room_and_everybody_within_a_day() {
+        let store = Store::in_memory().unwrap();
+        store.record_upload("a", 10, 1_000).unwrap();
+        store.record_upload("a", 5, 2_000).unwrap();
+        store.record_upload("b", 7, 2_000).unwrap();
+        let usage = store.upload_usage("a", 3_000).unwrap();
+        assert_eq!(
+            usage,
+            UploadUsage { room_bytes: 15, room_files: 2, all_bytes: 22, all_files: 3 }
+        );
+        let later = store.upload_usage("a", 1_500 + DAY_MILLIS).unwrap();
+        assert_eq!(
+            later,
+            UploadUsage { room_bytes: 5, room_files: 1, all_bytes: 12, all_files: 2 }
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn m6_the_state_directory_and_the_database_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("webchat-m6-{}", random_hex(6)));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let store = Store::open(&dir).unwrap();
+        store.claim_room("Lobby", "code-1234", 1).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+        }
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -6,46 +6,66 @@
 //! | method | path | what |
 //! |---|---|---|
 //! | GET | `/chat/`, `/chat/r/{room}`, `/chat/pair/{token}` | the page |
-//! | POST | `/chat/api/rooms/{room}/join` `{access_code}` | `{token, room_id, room_name}` |
-//! | GET | `/chat/api/rooms/{room}/events?token=` | SSE: a `snapshot`, then `message`, `draft`, `activity`, `agent` |
+//! | POST | `/chat/api/rooms/{room}/join` `{access_code}` | `{token, room_id, room_name, expires_at}` + the session cookie |
+//! | GET | `/chat/api/rooms/{room}/session` | `{room_id, room_name}` while the session is valid |
+//! | DELETE | `/chat/api/rooms/{room}/session` | ends the session (revokes the token) |
+//! | GET | `/chat/api/rooms/{room}/events` | SSE: a `snapshot`, then `message`, `draft`, `activity`, `agent` |
 //! | POST | `/chat/api/rooms/{room}/messages` `{text, client_id}` | the stored message |
 //! | POST | `/chat/api/rooms/{room}/uploads` multipart `file`, `text`, `client_id` | the stored message |
-//! | GET | `/chat/api/rooms/{room}/files/{file_ref}?token=` | a file of the room |
+//! | GET | `/chat/api/rooms/{room}/files/{file_ref}` | a file of the room |
 //! | POST | `/chat/api/pair/{token}/scan` | marks the pairing `scanned` |
-//! | POST | `/chat/api/pair/{token}/confirm` `{room_name}` | creates the room: `{token, room_id, room_name, access_code}` |
+//! | POST | `/chat/api/pair/{token}/confirm` `{room_name}` | creates the room: `{token, room_id, room_name, access_code}` + the session cookie |
 //!
-//! The token travels as `Authorization: Bearer` or, where a browser cannot set headers
-//! (`EventSource`, `<img>`), as `?token=`.
+//! The token travels as `Authorization: Bearer` (API clients) or in the `HttpOnly`,
+//! `SameSite=Strict` cookie `wcv` scoped to the room's API path (the page, `EventSource`,
+//! `<img>`); never in a URL. Every limit is a field of [`VisitorLimits`].
+
+mod guard;
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Multipart, Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::multipart::{Field, MultipartError};
+use axum::extract::{DefaultBodyLimit, Multipart, Path, State};
+use axum::http::{Extensions, HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
+use tokio::sync::Semaphore;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
-use xagent_protocol_types::{ChatMessage, FileRef};
+use xagent_protocol_types::{ChatMessage, ConnectorChannelId, FileRef};
 use xagent_server_runtime::ConnectorHandle;
 
 use crate::connector::App;
 use crate::error::WebchatError;
-use crate::hub::RoomEvent;
-use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Inserted, RoomClaim, random_hex};
+use crate::hub::{RoomEvent, StreamCaps, StreamLimit};
+use crate::store::{
+    Author, ChatEntry, EntryFile, EntryStatus, Inserted, RoomClaim, hash_token, random_hex,
+};
+pub use guard::{JoinThrottle, VisitorLimits};
 
-/// Largest file a visitor can upload from the page (25 MiB).
+/// Largest file a visitor can upload from the page (25 MiB, [`VisitorLimits::max_upload_bytes`]).
 pub const MAX_PAGE_UPLOAD_BYTES: usize = 25 * 1024 * 1024;
-/// Longest text a visitor can send.
+/// Longest text a visitor can send ([`VisitorLimits::max_text_chars`]).
 pub const MAX_TEXT_CHARS: usize = 16_000;
+
+/// Name of the visitor session cookie.
+const SESSION_COOKIE: &str = "wcv";
+/// Longest access code looked at (longer ones are wrong without hashing them).
+const MAX_ACCESS_CODE_BYTES: usize = 256;
+/// Longest `client_id`.
+const MAX_CLIENT_ID_BYTES: usize = 100;
+/// How often a live event stream re-checks that its token is still valid.
+const SESSION_RECHECK: Duration = Duration::from_secs(30);
 
 const INDEX_HTML: &str = include_str!("../assets/index.html");
 const APP_JS: &str = include_str!("../assets/app.js");
@@ -57,6 +77,11 @@ struct Web {
     app: Arc<App>,
     handle: ConnectorHandle,
     shutdown: CancellationToken,
+    limits: Arc<VisitorLimits>,
+    throttle: Arc<Mutex<JoinThrottle>>,
+    uploads: Arc<Semaphore>,
+    /// `Secure` on the session cookie (the public URL is https).
+    secure_cookie: bool,
 }
 
 impl Web {
@@ -67,16 +92,35 @@ impl Web {
     fn now(&self) -> u64 {
         self.handle.now_millis()
     }
+
+    fn throttle(&self) -> MutexGuard<'_, JoinThrottle> {
+        self.throttle.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
-/// The page routes and the visitor API, built with the runtime's handle (the runtime serves
-/// them next to its own routes).
+/// The page routes and the visitor API with these limits, built with the runtime's handle
+/// (the runtime serves them next to its own routes).
 pub(crate) fn router(
     app: Arc<App>,
     handle: ConnectorHandle,
     shutdown: CancellationToken,
+    limits: VisitorLimits,
 ) -> Router {
-    let web = Web { app, handle, shutdown };
+    let secure_cookie = app.public_url.starts_with("https://");
+    let upload_body = usize::try_from(limits.max_upload_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(limits.max_text_chars.saturating_mul(4))
+        .saturating_add(64 * 1024);
+    let json_body = limits.max_json_bytes;
+    let web = Web {
+        app,
+        handle,
+        shutdown,
+        uploads: Arc::new(Semaphore::new(limits.concurrent_uploads.max(1))),
+        limits: Arc::new(limits),
+        throttle: Arc::new(Mutex::new(JoinThrottle::default())),
+        secure_cookie,
+    };
     Router::new()
         .route("/", get(|| async { Redirect::to("/chat/") }))
         .route("/chat", get(|| async { Redirect::to("/chat/") }))
@@ -90,15 +134,18 @@ pub(crate) fn router(
         .route("/chat/assets/app.css", get(|| async { asset("text/css; charset=utf-8", APP_CSS) }))
         .route("/chat/assets/icon.svg", get(|| async { asset("image/svg+xml", ICON_SVG) }))
         .route("/chat/api/rooms/{room}/join", post(join))
+        .route("/chat/api/rooms/{room}/session", get(session).delete(leave))
         .route("/chat/api/rooms/{room}/events", get(events))
         .route("/chat/api/rooms/{room}/messages", post(send_text))
         .route(
             "/chat/api/rooms/{room}/uploads",
-            post(send_file).layer(DefaultBodyLimit::max(MAX_PAGE_UPLOAD_BYTES + 64 * 1024)),
+            post(send_file).layer(DefaultBodyLimit::max(upload_body)),
         )
         .route("/chat/api/rooms/{room}/files/{file_ref}", get(file))
         .route("/chat/api/pair/{token}/scan", post(pair_scan))
         .route("/chat/api/pair/{token}/confirm", post(pair_confirm))
+        // One body limit for every other visitor route.
+        .layer(DefaultBodyLimit::max(json_body))
         .with_state(web)
 }
 
@@ -113,9 +160,11 @@ async fn page() -> Response {
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
             (header::X_FRAME_OPTIONS, "DENY"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
             (
                 header::CONTENT_SECURITY_POLICY,
-                "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; connect-src 'self'",
+                "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
             ),
         ],
         INDEX_HTML,
@@ -123,27 +172,88 @@ async fn page() -> Response {
         .into_response()
 }
 
-#[derive(Deserialize)]
-struct TokenQuery {
-    token: Option<String>,
-}
-
-/// Checks the visitor token (header or query) against the room.
-fn visitor(
-    web: &Web,
-    room_id: &str,
-    headers: &HeaderMap,
-    query: Option<&str>,
-) -> Result<(), WebchatError> {
-    let bearer = headers
+/// The bearer token, or the session cookies (several when paths overlap), in that order.
+fn presented_tokens(headers: &HeaderMap) -> Vec<String> {
+    let mut tokens = Vec::new();
+    if let Some(bearer) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let token = bearer.or(query).ok_or(WebchatError::Forbidden)?;
-    match web.app.store.visitor_room(token)? {
-        Some(room) if room == room_id => Ok(()),
-        _ => Err(WebchatError::Forbidden),
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        tokens.push(bearer.to_owned());
+    }
+    for value in headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()) {
+        for pair in value.split(';') {
+            if let Some((name, token)) = pair.trim().split_once('=')
+                && name == SESSION_COOKIE
+                && !token.is_empty()
+            {
+                tokens.push(token.to_owned());
+            }
+        }
+    }
+    tokens
+}
+
+/// A cookie-authenticated write from another site is refused even if a browser sent the
+/// cookie (it is `SameSite=Strict`, so none should).
+fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return true;
+    };
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    origin.split_once("://").is_some_and(|(_, rest)| rest == host)
+}
+
+/// Checks the visitor token (bearer header or session cookie) against the room and returns
+/// it. Tokens in the URL are not looked at.
+fn visitor(web: &Web, room_id: &str, headers: &HeaderMap) -> Result<String, WebchatError> {
+    let now = web.now();
+    for token in presented_tokens(headers) {
+        if let Some(room) =
+            web.app.store.visitor_room(&token, now, web.limits.token_lifetime_millis)?
+            && room == room_id
+        {
+            return Ok(token);
+        }
+    }
+    Err(WebchatError::Forbidden)
+}
+
+/// [`visitor`] for requests that change something: also refuses cross-site origins.
+fn visitor_write(web: &Web, room_id: &str, headers: &HeaderMap) -> Result<String, WebchatError> {
+    if !same_origin(headers) {
+        return Err(WebchatError::Forbidden);
+    }
+    visitor(web, room_id, headers)
+}
+
+fn session_cookie(web: &Web, room_id: &str, token: &str, max_age_secs: u64) -> Option<HeaderValue> {
+    let secure = if web.secure_cookie { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!(
+        "{SESSION_COOKIE}={token}; Path=/chat/api/rooms/{room_id}/; Max-Age={max_age_secs}; HttpOnly; SameSite=Strict{secure}"
+    ))
+    .ok()
+}
+
+/// A session answer: the JSON body plus the cookie that carries the token for the page.
+fn with_session(web: &Web, room_id: &str, token: &str, body: serde_json::Value) -> Response {
+    let mut response = Json(body).into_response();
+    let max_age = web.limits.token_lifetime_millis / 1_000;
+    if let Some(cookie) = session_cookie(web, room_id, token, max_age) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
+    }
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+fn throttled(wait_millis: u64) -> WebchatError {
+    let secs = wait_millis.div_ceil(1_000).max(1);
+    WebchatError::TooManyRequests {
+        message: format!("too many wrong access codes; try again in {secs} s"),
+        retry_after_secs: secs,
     }
 }
 
@@ -155,26 +265,77 @@ struct JoinBody {
 async fn join(
     State(web): State<Web>,
     Path(room_id): Path<String>,
+    extensions: Extensions,
     Json(body): Json<JoinBody>,
 ) -> Result<Response, WebchatError> {
-    if !web.app.store.check_code(&room_id, &body.access_code)? {
+    let now = web.now();
+    let peer: Option<IpAddr> = xagent_server_runtime::peer_ip(&extensions);
+    web.throttle().check(&room_id, peer, now).map_err(throttled)?;
+    let right = body.access_code.len() <= MAX_ACCESS_CODE_BYTES
+        && web.app.store.check_code(&room_id, &body.access_code)?;
+    if !right {
+        web.throttle().failed(&room_id, peer, now, &web.limits);
+        tracing::warn!(room = ?room_id, peer = ?peer, "wrong access code for a room");
         return Err(WebchatError::Forbidden);
     }
+    web.throttle().succeeded(peer);
     let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
-    let token = web.app.store.add_visitor(&room_id, web.now())?;
-    Ok(Json(json!({ "token": token, "room_id": room.room_id, "room_name": room.name }))
-        .into_response())
+    let expires_at = now.saturating_add(web.limits.token_lifetime_millis);
+    let token = web.app.store.add_visitor(&room_id, now, expires_at)?;
+    let body = json!({
+        "token": token, "room_id": room.room_id, "room_name": room.name, "expires_at": expires_at,
+    });
+    Ok(with_session(&web, &room_id, &token, body))
 }
 
+async fn session(
+    State(web): State<Web>,
+    Path(room_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, WebchatError> {
+    visitor(&web, &room_id, &headers)?;
+    let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
+    Ok(Json(json!({ "room_id": room.room_id, "room_name": room.name })).into_response())
+}
+
+/// Ends the session: the token stops working and the cookie is cleared.
+async fn leave(
+    State(web): State<Web>,
+    Path(room_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, WebchatError> {
+    let token = visitor_write(&web, &room_id, &headers)?;
+    web.app.store.revoke_visitor(&token)?;
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    if let Some(cookie) = session_cookie(&web, &room_id, "", 0) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
+    }
+    Ok(response)
+}
+
+/// The snapshot a page gets on (re)connecting: the newest messages that fit in
+/// [`VisitorLimits::snapshot_bytes`].
 fn snapshot(web: &Web, room_id: &str) -> Result<RoomEvent, WebchatError> {
     let room = web.app.store.room(room_id)?.ok_or(WebchatError::Forbidden)?;
     let (_, drafts, activity) = web.app.hub.subscribe(room_id);
     let online = room.channel.as_ref().is_some_and(|channel| web.handle.is_routed(channel));
+    let mut messages = web.app.store.history(room_id)?;
+    let mut budget = web.limits.snapshot_bytes;
+    let mut keep = 0;
+    for entry in messages.iter().rev() {
+        let size = serde_json::to_vec(entry).map_or(usize::MAX, |bytes| bytes.len());
+        if size > budget {
+            break;
+        }
+        budget -= size;
+        keep += 1;
+    }
+    messages.drain(..messages.len() - keep);
     Ok(RoomEvent::Snapshot {
         room_id: room.room_id,
         room_name: room.name,
         agent_online: online,
-        messages: web.app.store.history(room_id)?,
+        messages,
         drafts,
         activity,
     })
@@ -184,29 +345,59 @@ fn sse_event(event: &RoomEvent) -> Event {
     Event::default().data(serde_json::to_string(event).unwrap_or_else(|_| "{}".into()))
 }
 
+/// What a live stream carries besides the room's broadcast receiver.
+struct Live {
+    web: Web,
+    room_id: String,
+    token: String,
+    rx: tokio::sync::broadcast::Receiver<RoomEvent>,
+    _place: crate::hub::StreamGuard,
+}
+
 async fn events(
     State(web): State<Web>,
     Path(room_id): Path<String>,
-    Query(query): Query<TokenQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, WebchatError> {
-    visitor(&web, &room_id, &headers, query.token.as_deref())?;
+    let token = visitor(&web, &room_id, &headers)?;
+    let caps = StreamCaps {
+        per_token: web.limits.streams_per_token,
+        per_room: web.limits.streams_per_room,
+        total: web.limits.streams_total,
+    };
+    let place = web.app.hub.open_stream(&room_id, &hash_token(&token), caps).map_err(|limit| {
+        let message = match limit {
+            StreamLimit::Token => "this session has too many open pages; close one",
+            StreamLimit::Room => "this room has too many open pages right now; try again later",
+            StreamLimit::Total => "the chat is too busy right now; try again later",
+        };
+        WebchatError::TooManyRequests { message: message.into(), retry_after_secs: 10 }
+    })?;
     // Subscribe before reading the snapshot so nothing falls between them.
     let (rx, _, _) = web.app.hub.subscribe(&room_id);
     let first = sse_event(&snapshot(&web, &room_id)?).retry(Duration::from_millis(1_000));
     let shutdown = web.shutdown.clone();
-    let live =
-        futures_util::stream::unfold((web, room_id, rx), |(web, room_id, mut rx)| async move {
-            match rx.recv().await {
-                Ok(event) => Some((sse_event(&event), (web, room_id, rx))),
-                // Too slow: start over from a fresh snapshot.
-                Err(RecvError::Lagged(_)) => match snapshot(&web, &room_id) {
-                    Ok(event) => Some((sse_event(&event), (web, room_id, rx))),
-                    Err(_) => None,
-                },
-                Err(RecvError::Closed) => None,
+    let live = Live { web, room_id, token, rx, _place: place };
+    let live = futures_util::stream::unfold(live, |mut live| async move {
+        loop {
+            let next = tokio::time::timeout(SESSION_RECHECK, live.rx.recv()).await;
+            match next {
+                Ok(Ok(event)) => return Some((sse_event(&event), live)),
+                // Too slow a reader: the stream ends and the page reconnects to a fresh
+                // snapshot, instead of the Connector buffering for it.
+                Ok(Err(RecvError::Lagged(_) | RecvError::Closed)) => return None,
+                Err(_) => {
+                    let now = live.web.now();
+                    let lifetime = live.web.limits.token_lifetime_millis;
+                    match live.web.app.store.visitor_room(&live.token, now, lifetime) {
+                        Ok(Some(room)) if room == live.room_id => {}
+                        // Expired or revoked: the page learns it when it reconnects.
+                        _ => return None,
+                    }
+                }
             }
-        });
+        }
+    });
     let stream = futures_util::stream::once(async move { first })
         .chain(live)
         .map(Ok)
@@ -223,14 +414,60 @@ struct SendBody {
 
 fn check_client_id(client_id: Option<&str>) -> Result<(), WebchatError> {
     match client_id {
-        Some(id) if id.is_empty() || id.len() > 100 => {
+        Some(id) if id.is_empty() || id.len() > MAX_CLIENT_ID_BYTES => {
             Err(WebchatError::InvalidInput("client_id must have 1-100 characters".into()))
         }
         _ => Ok(()),
     }
 }
 
+/// The one text rule of every visitor route (H3): trimmed, at most
+/// [`VisitorLimits::max_text_chars`] characters; `None` when empty.
+fn check_text(text: &str, limits: &VisitorLimits) -> Result<Option<String>, WebchatError> {
+    let text = text.trim();
+    if text.chars().count() > limits.max_text_chars {
+        return Err(WebchatError::InvalidInput(format!(
+            "the text must have 1-{} characters",
+            limits.max_text_chars
+        )));
+    }
+    Ok(Some(text.to_owned()).filter(|t| !t.is_empty()))
+}
+
+/// Hands a stored visitor message to the runtime's outbox again when the runtime does not
+/// hold it (the process stopped between storing and queueing it). Harmless when it does.
+async fn resubmit(web: &Web, channel: &ConnectorChannelId, message_id: &str) {
+    let Ok(handle) = web.handle() else { return };
+    if handle.pending_messages(channel).iter().any(|id| id.as_str() == message_id) {
+        return;
+    }
+    let Ok(Some((_, outbound))) = web.app.store.outbound_of(message_id) else { return };
+    let Ok(message) = serde_json::from_str::<ChatMessage>(&outbound) else { return };
+    if let Err(error) = handle.send_message(channel, message).await {
+        tracing::info!(%error, "a stored visitor message could not be queued again");
+    }
+}
+
+/// Queues every stored visitor message the runtime does not hold (called at start: a
+/// message stored just before a crash is delivered after it).
+pub(crate) async fn recover_pending(app: Arc<App>, handle: ConnectorHandle) {
+    let Ok(sending) = app.store.sending() else { return };
+    for (room_id, message_id, outbound) in sending {
+        let Ok(Some(room)) = app.store.room(&room_id) else { continue };
+        let Some(channel) = room.channel else { continue };
+        if handle.pending_messages(&channel).iter().any(|id| id.as_str() == message_id) {
+            continue;
+        }
+        let Ok(message) = serde_json::from_str::<ChatMessage>(&outbound) else { continue };
+        if let Err(error) = handle.send_message(&channel, message).await {
+            tracing::info!(%error, "a stored visitor message could not be queued at start");
+        }
+    }
+}
+
 /// Stores a visitor message, shows it, and hands it to xAgent through the runtime's outbox.
+/// The stored row keeps the exact `chat.message`, so a repeat of the send (same
+/// `client_id`) or the next start queues it again if it never reached the outbox (M4).
 async fn relay(
     web: &Web,
     room_id: &str,
@@ -239,8 +476,15 @@ async fn relay(
 ) -> Result<ChatEntry, WebchatError> {
     let room = web.app.store.room(room_id)?.ok_or(WebchatError::Forbidden)?;
     let channel = room.channel.ok_or(WebchatError::NoAgent)?;
-    let entry = match web.app.store.insert_entry(room_id, &entry)? {
-        Inserted::Existing(existing) => return Ok(existing),
+    let outbound =
+        serde_json::to_string(&message).map_err(|e| WebchatError::Storage(e.to_string()))?;
+    let entry = match web.app.store.insert_outbound(room_id, &entry, Some(&outbound))? {
+        Inserted::Existing(existing) => {
+            if existing.status == EntryStatus::Sending {
+                resubmit(web, &channel, &existing.message_id).await;
+            }
+            return Ok(existing);
+        }
         Inserted::New(entry) => entry,
     };
     web.app.hub.message(room_id, entry.clone());
@@ -270,14 +514,14 @@ async fn send_text(
     headers: HeaderMap,
     Json(body): Json<SendBody>,
 ) -> Result<Response, WebchatError> {
-    visitor(&web, &room_id, &headers, None)?;
+    visitor_write(&web, &room_id, &headers)?;
     check_client_id(body.client_id.as_deref())?;
-    let text = body.text.trim().to_owned();
-    if text.is_empty() || text.chars().count() > MAX_TEXT_CHARS {
-        return Err(WebchatError::InvalidInput(format!(
-            "the text must have 1-{MAX_TEXT_CHARS} characters"
-        )));
-    }
+    let text = check_text(&body.text, &web.limits)?.ok_or_else(|| {
+        WebchatError::InvalidInput(format!(
+            "the text must have 1-{} characters",
+            web.limits.max_text_chars
+        ))
+    })?;
     let now = web.now();
     let message_id = format!("msg_web_{}", random_hex(12));
     let entry = ChatEntry {
@@ -294,59 +538,141 @@ async fn send_text(
     Ok(Json(relay(&web, &room_id, entry, message).await?).into_response())
 }
 
+fn form_error(error: &MultipartError, limits: &VisitorLimits) -> WebchatError {
+    if error.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        too_large(limits)
+    } else {
+        WebchatError::InvalidInput(format!("the upload is not a valid form: {error}"))
+    }
+}
+
+fn too_large(limits: &VisitorLimits) -> WebchatError {
+    WebchatError::TooLarge(format!(
+        "the file is too large: files up to {} MiB can be sent",
+        limits.max_upload_bytes / (1024 * 1024)
+    ))
+}
+
+/// Reads a small text field, refusing more than `limit` bytes.
+async fn small_field(
+    mut field: Field<'_>,
+    limit: usize,
+    limits: &VisitorLimits,
+) -> Result<String, WebchatError> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(|e| form_error(&e, limits))? {
+        if bytes.len() + chunk.len() > limit {
+            return Err(WebchatError::InvalidInput(format!(
+                "the text must have 1-{} characters",
+                limits.max_text_chars
+            )));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    String::from_utf8(bytes).map_err(|_| WebchatError::InvalidInput("text must be UTF-8".into()))
+}
+
+/// How many bytes a visitor may still upload to the room today (M3): the smaller of the
+/// room's and all visitors' remaining daily allowance. 507 when either is used up.
+fn upload_allowance(web: &Web, room_id: &str, now: u64) -> Result<u64, WebchatError> {
+    let usage = web.app.store.upload_usage(room_id, now)?;
+    let limits = &web.limits;
+    let room_left = limits.room_upload_bytes_per_day.saturating_sub(usage.room_bytes);
+    if room_left == 0 || usage.room_files >= limits.room_upload_files_per_day {
+        return Err(WebchatError::StoreFull(
+            "this room's upload allowance for today is used up; try again tomorrow".into(),
+        ));
+    }
+    let all_left = limits.visitor_upload_bytes_per_day.saturating_sub(usage.all_bytes);
+    if all_left == 0 || usage.all_files >= limits.visitor_upload_files_per_day {
+        return Err(WebchatError::StoreFull(
+            "the chat takes no more files today; try again later".into(),
+        ));
+    }
+    Ok(room_left.min(all_left))
+}
+
+/// The stored message of a repeated send (same `client_id`), queued again if it never
+/// reached the runtime.
+async fn repeated(
+    web: &Web,
+    room_id: &str,
+    client_id: Option<&str>,
+) -> Result<Option<ChatEntry>, WebchatError> {
+    let Some(client_id) = client_id else { return Ok(None) };
+    let Some(existing) = web.app.store.entry_by_client(room_id, client_id)? else {
+        return Ok(None);
+    };
+    if existing.status == EntryStatus::Sending
+        && let Some(channel) = web.app.store.room(room_id)?.and_then(|r| r.channel)
+    {
+        resubmit(web, &channel, &existing.message_id).await;
+    }
+    Ok(Some(existing))
+}
+
 async fn send_file(
     State(web): State<Web>,
     Path(room_id): Path<String>,
     headers: HeaderMap,
     mut form: Multipart,
 ) -> Result<Response, WebchatError> {
-    visitor(&web, &room_id, &headers, None)?;
-    let bad = |e: axum::extract::multipart::MultipartError| {
-        WebchatError::InvalidInput(format!("the upload is not a valid form: {e}"))
-    };
-    let mut file: Option<(String, Option<String>, axum::body::Bytes)> = None;
+    visitor_write(&web, &room_id, &headers)?;
+    // Bounds the uploads written at once.
+    let _turn = Arc::clone(&web.uploads)
+        .acquire_owned()
+        .await
+        .map_err(|_| WebchatError::Server("shutting down".into()))?;
+    let limits = Arc::clone(&web.limits);
+    let mut stored: Option<(xagent_protocol_types::ChatFile, String, u64)> = None;
     let mut text: Option<String> = None;
     let mut client_id: Option<String> = None;
-    while let Some(field) = form.next_field().await.map_err(bad)? {
+    while let Some(field) = form.next_field().await.map_err(|e| form_error(&e, &limits))? {
         match field.name() {
-            Some("file") if file.is_none() => {
-                let name = field.file_name().unwrap_or("file").to_owned();
-                let mime = field.content_type().map(str::to_owned);
-                let data = field.bytes().await.map_err(bad)?;
-                file = Some((name, mime, data));
+            Some("file") if stored.is_none() => {
+                check_client_id(client_id.as_deref())?;
+                if let Some(existing) = repeated(&web, &room_id, client_id.as_deref()).await? {
+                    return Ok(Json(existing).into_response());
+                }
+                let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
+                let channel = room.channel.ok_or(WebchatError::NoAgent)?;
+                let now = web.now();
+                let allowance = upload_allowance(&web, &room_id, now)?;
+                let filename: String =
+                    field.file_name().unwrap_or("file").chars().take(255).collect();
+                let mime = field
+                    .content_type()
+                    .map(|m| m.chars().take(255).collect::<String>())
+                    .filter(|m| m != "application/octet-stream")
+                    .or_else(|| mime_guess::from_path(&filename).first().map(|m| m.to_string()));
+                let limit = allowance.min(limits.max_upload_bytes);
+                // Streamed into the file store as it arrives, never held whole (M2).
+                let chat_file = web
+                    .handle
+                    .register_file_stream(&channel, &filename, mime.as_deref(), limit, field)
+                    .await
+                    .map_err(|e| upload_error(e, limit < limits.max_upload_bytes, &limits))?;
+                let size = chat_file.byte_size.unwrap_or(0);
+                web.app.store.record_upload(&room_id, size, now)?;
+                if size == 0 {
+                    return Err(WebchatError::InvalidInput("the file is empty".into()));
+                }
+                stored = Some((chat_file, filename, now));
             }
-            Some("text") => text = Some(field.text().await.map_err(bad)?),
-            Some("client_id") => client_id = Some(field.text().await.map_err(bad)?),
+            Some("text") => {
+                let value = small_field(field, limits.max_text_chars * 4, &limits).await?;
+                text = check_text(&value, &limits)?;
+            }
+            Some("client_id") => {
+                client_id = Some(small_field(field, MAX_CLIENT_ID_BYTES, &limits).await?);
+            }
             _ => {}
         }
     }
     check_client_id(client_id.as_deref())?;
-    let Some((filename, mime, data)) = file else {
+    let Some((chat_file, filename, now)) = stored else {
         return Err(WebchatError::InvalidInput("add the file in a form field named file".into()));
     };
-    if data.is_empty() {
-        return Err(WebchatError::InvalidInput("the file is empty".into()));
-    }
-    if let Some(existing) = client_id
-        .as_deref()
-        .map(|c| web.app.store.entry_by_client(&room_id, c))
-        .transpose()?
-        .flatten()
-    {
-        return Ok(Json(existing).into_response());
-    }
-    let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
-    let channel = room.channel.ok_or(WebchatError::NoAgent)?;
-    let mime = mime
-        .filter(|m| m != "application/octet-stream")
-        .or_else(|| mime_guess::from_path(&filename).first().map(|m| m.to_string()));
-    let chat_file = web
-        .handle()?
-        .register_file(&channel, &filename, mime.as_deref(), &data)
-        .await
-        .map_err(|e| WebchatError::Runtime(e.to_string()))?;
-    let text = text.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
-    let now = web.now();
     let message_id = format!("msg_web_{}", random_hex(12));
     let entry = ChatEntry {
         message_id: message_id.clone(),
@@ -367,13 +693,36 @@ async fn send_file(
     Ok(Json(relay(&web, &room_id, entry, message).await?).into_response())
 }
 
+/// The file store's refusal as the page should see it (L5): too large is 413 (507 when the
+/// day's allowance, not the file limit, was the bound), a full store 507.
+fn upload_error(
+    error: xagent_server_runtime::HandleError,
+    allowance_bound: bool,
+    limits: &VisitorLimits,
+) -> WebchatError {
+    use xagent_file_transfer::TransferError;
+    use xagent_server_runtime::HandleError;
+    match error {
+        HandleError::File(TransferError::TooLarge { .. }) if allowance_bound => {
+            WebchatError::StoreFull(
+                "the file is larger than what this room may still upload today".into(),
+            )
+        }
+        HandleError::File(TransferError::TooLarge { .. }) => too_large(limits),
+        HandleError::File(TransferError::CapacityExceeded) => {
+            WebchatError::StoreFull("the chat cannot take files right now; try again later".into())
+        }
+        HandleError::UnknownChannel(_) | HandleError::NotAuthenticated(_) => WebchatError::NoAgent,
+        other => WebchatError::Runtime(other.to_string()),
+    }
+}
+
 async fn file(
     State(web): State<Web>,
     Path((room_id, file_ref)): Path<(String, String)>,
-    Query(query): Query<TokenQuery>,
     headers: HeaderMap,
 ) -> Result<Response, WebchatError> {
-    visitor(&web, &room_id, &headers, query.token.as_deref())?;
+    visitor(&web, &room_id, &headers)?;
     let not_found = || {
         xagent_server_runtime::error_response(
             StatusCode::NOT_FOUND,
@@ -390,7 +739,9 @@ async fn file(
     else {
         return Ok(not_found());
     };
-    let inline = record.mime_type.starts_with("image/") && record.mime_type != "image/svg+xml";
+    // Parsed, never compared as a string: only allow-listed raster types are inline (H1).
+    let (content_type, inline) =
+        xagent_file_transfer::media::served_type(Some(record.mime_type.as_str()));
     let ascii_name: String = record
         .filename
         .chars()
@@ -400,8 +751,7 @@ async fn file(
         format!("{}; filename=\"{ascii_name}\"", if inline { "inline" } else { "attachment" });
     let mut response = Body::from_stream(tokio_util::io::ReaderStream::new(handle)).into_response();
     let headers = response.headers_mut();
-    let content_type = if inline { record.mime_type.as_str() } else { "application/octet-stream" };
-    if let Ok(value) = HeaderValue::from_str(content_type) {
+    if let Ok(value) = HeaderValue::from_str(&content_type) {
         headers.insert(header::CONTENT_TYPE, value);
     }
     if let Ok(value) = HeaderValue::from_str(&disposition) {
@@ -410,6 +760,10 @@ async fn file(
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(record.byte_size));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, max-age=3600"));
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(xagent_file_transfer::media::DOWNLOAD_CSP),
+    );
     Ok(response)
 }
 
@@ -461,12 +815,14 @@ async fn pair_confirm(
     };
     web.app.store.set_room_channel(&room.room_id, Some(&pairing.channel))?;
     web.app.pairings().complete(&pairing.session, room.room_id.clone());
-    let visitor_token = web.app.store.add_visitor(&room.room_id, now)?;
-    Ok(Json(json!({
+    let expires_at = now.saturating_add(web.limits.token_lifetime_millis);
+    let visitor_token = web.app.store.add_visitor(&room.room_id, now, expires_at)?;
+    let body = json!({
         "token": visitor_token,
         "room_id": room.room_id,
         "room_name": room.name,
         "access_code": access_code,
-    }))
-    .into_response())
+        "expires_at": expires_at,
+    });
+    Ok(with_session(&web, &room.room_id, &visitor_token, body))
 }

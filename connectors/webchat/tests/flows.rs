@@ -18,7 +18,8 @@ use xagent_protocol_types::{
 };
 
 use support::{
-    API_KEY, Server, Visitor, connect, next_event, open_room, start, start_with_clock, temp_dir,
+    API_KEY, Server, Visitor, connect, next_event, open_room, open_room_as_owner, start,
+    start_with_clock, temp_dir,
 };
 
 fn now_millis() -> u64 {
@@ -185,8 +186,9 @@ async fn a_room_is_served_by_one_channel_the_earlier_one_is_revoked() {
     let dir = temp_dir("move");
     let server = start(&dir, None).await;
     let (plane, mut events) = connect(&server).await;
-    let first = open_room(&plane, "Lobby", "code-1234").await;
-    let second = open_room(&plane, "Lobby", "code-1234").await;
+    // Moving a room takes its owner code (M9).
+    let first = open_room_as_owner(&plane, "Lobby", "code-1234", "owner-5678").await;
+    let second = open_room_as_owner(&plane, "Lobby", "code-1234", "owner-5678").await;
     let pushed = next_event(
         &mut events,
         |e| matches!(e, ClientEvent::DescriptorPushed { channel, .. } if channel == &first),
@@ -384,10 +386,8 @@ async fn files_travel_both_ways() {
         .await;
     let served = visitor
         .http
-        .get(server.url(&format!(
-            "/chat/api/rooms/lobby/files/{}?token={}",
-            upload.file_ref, visitor.token
-        )))
+        .get(server.url(&format!("/chat/api/rooms/lobby/files/{}", upload.file_ref)))
+        .bearer_auth(&visitor.token)
         .send()
         .await
         .expect("file");

@@ -109,3 +109,51 @@ async fn unacknowledged_visitor_messages_arrive_exactly_once_after_a_restart() {
     server.stop().await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Writes a visitor message as the Connector stores it just before handing it to the runtime,
+/// as if the process had been killed between the two steps (M4).
+fn orphan(dir: &std::path::Path, message_id: &str, client_id: &str) {
+    let conn = rusqlite::Connection::open(dir.join("webchat.sqlite3")).expect("database");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let message = xagent_protocol_types::ChatMessage::text(message_id, "stored, never queued")
+        .created_at(now as u64);
+    let outbound = serde_json::to_string(&message).expect("json");
+    conn.execute(
+        "INSERT INTO messages (room_id, message_id, author, text, files, status, client_id, created_at, outbound)
+         VALUES ('lobby', ?1, 'visitor', 'stored, never queued', '[]', 'sending', ?2, ?3, ?4)",
+        rusqlite::params![message_id, client_id, now, outbound],
+    )
+    .expect("insert");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m4_a_message_stored_but_never_queued_is_delivered_on_retry_and_after_a_restart() {
+    let dir = temp_dir("m4");
+    let server = start(&dir, None).await;
+    let (plane, mut events) = connect(&server).await;
+    let channel = open_room(&plane, "Lobby", "code-1234").await;
+    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+
+    // The page repeats a send whose message was stored but never queued: it is queued now.
+    orphan(&dir, "msg_web_orphan_1", "c-orphan-1");
+    let again = visitor.send("stored, never queued", "c-orphan-1").await;
+    assert_eq!(again["message_id"], "msg_web_orphan_1");
+    let arrived = accept_for(&mut events, Duration::from_secs(3)).await;
+    assert_eq!(arrived, vec!["msg_web_orphan_1".to_owned()]);
+
+    // Without a retry, the next start queues it.
+    plane.close().await;
+    orphan(&dir, "msg_web_orphan_2", "c-orphan-2");
+    let server = restart(server, &dir).await;
+    let (plane, mut events) = DataPlane::start(client_config(server.base()));
+    plane.connected().await.expect("reconnects");
+    plane.open_channel(Some(&channel)).await.expect("reopen");
+    plane.remember_channel(channel.clone()).await;
+    let arrived = accept_for(&mut events, Duration::from_secs(3)).await;
+    assert_eq!(arrived, vec!["msg_web_orphan_2".to_owned()]);
+    plane.close().await;
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -325,6 +325,10 @@ async fn serve_file(
     out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     out.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, no-store"));
     out.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    out.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(crate::media::DOWNLOAD_CSP),
+    );
     if let Ok(value) = HeaderValue::from_str(&disposition::attachment(&record.filename)) {
         out.insert(header::CONTENT_DISPOSITION, value);
     }

@@ -310,3 +310,40 @@ pub(crate) async fn call_tool(
         Err(ToolError::new(ErrorCode::InternalError, crate::error::INTERNAL_MESSAGE))
     })
 }
+
+/// Object-safe face of [`super::device::DeviceTarget`].
+pub(crate) trait DynDevice: Send + Sync {
+    fn device_key(&self, binding: &super::context::Binding) -> Option<String>;
+    fn check(&self, ctx: ChannelContext) -> BoxFut<'_, super::device::DeviceStatus>;
+}
+
+impl<T: super::device::DeviceTarget> DynDevice for T {
+    fn device_key(&self, binding: &super::context::Binding) -> Option<String> {
+        super::device::DeviceTarget::device_key(self, binding)
+    }
+    fn check(&self, ctx: ChannelContext) -> BoxFut<'_, super::device::DeviceStatus> {
+        Box::pin(super::device::DeviceTarget::check(self, ctx))
+    }
+}
+
+/// The author's device target behind contained calls.
+#[derive(Clone)]
+pub(crate) struct DeviceCode(pub(crate) Arc<dyn DynDevice>);
+
+impl DeviceCode {
+    /// The device key of a binding; a panic counts as "no device".
+    pub(crate) fn device_key(&self, binding: &super::context::Binding) -> Option<String> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.0.device_key(binding)))
+            .unwrap_or_else(|_| {
+                tracing::error!(call = "device_key", "Connector code panicked; contained");
+                None
+            })
+    }
+
+    /// Asks the device whether it answers; a panic counts as offline.
+    pub(crate) async fn check(&self, ctx: ChannelContext) -> super::device::DeviceStatus {
+        contain("device check", self.0.check(ctx))
+            .await
+            .unwrap_or(super::device::DeviceStatus::Offline)
+    }
+}

@@ -5,63 +5,12 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 use xagent_protocol_types::{
-    AuthInput, AuthSessionId, ConnectorChannelId, DescriptorTarget, FlowId, RequestId, Secret,
-    ToolCallId, ToolId, ToolProgressPush,
+    AuthInput, AuthSessionId, ConnectorChannelId, FlowId, RequestId, Secret, ToolCallId, ToolId,
+    ToolProgressPush,
 };
 
+pub use crate::binding::Binding;
 use crate::handle::ConnectorHandle;
-
-/// What the runtime keeps about a signed-in channel: display-level target facts (they go into
-/// the Descriptor) and private material (tokens, cursors) that never leaves the Connector.
-/// Persisted by the storage, restored after a restart. `Debug` shows only the secret names.
-#[derive(Clone, PartialEq)]
-pub struct Binding {
-    /// Display-level account facts for the Descriptor's `target` (redacted hints only).
-    pub target: DescriptorTarget,
-    /// Sorted by name. A boxed slice, not a map: a signed-in channel usually holds one or two
-    /// secrets, and a `BTreeMap` node would cost about half a kilobyte per channel.
-    secrets: Box<[(String, Secret)]>,
-}
-
-impl Binding {
-    /// A binding with its Descriptor target and no private material.
-    pub fn new(target: DescriptorTarget) -> Self {
-        Self { target, secrets: Box::default() }
-    }
-
-    /// Adds (or replaces) a private value (a target token, a cursor): persisted, never shown.
-    #[must_use]
-    pub fn with_secret(mut self, name: impl Into<String>, value: Secret) -> Self {
-        let name = name.into();
-        let mut secrets = std::mem::take(&mut self.secrets).into_vec();
-        match secrets.binary_search_by(|(n, _)| n.as_str().cmp(&name)) {
-            Ok(at) => secrets[at].1 = value,
-            Err(at) => secrets.insert(at, (name, value)),
-        }
-        self.secrets = secrets.into_boxed_slice();
-        self
-    }
-
-    /// A private value by name.
-    pub fn secret(&self, name: &str) -> Option<&Secret> {
-        let at = self.secrets.binary_search_by(|(n, _)| n.as_str().cmp(name)).ok()?;
-        Some(&self.secrets[at].1)
-    }
-
-    /// All private values, by name.
-    pub fn secrets(&self) -> impl Iterator<Item = (&str, &Secret)> {
-        self.secrets.iter().map(|(name, value)| (name.as_str(), value))
-    }
-}
-
-impl std::fmt::Debug for Binding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Binding")
-            .field("target", &self.target)
-            .field("secrets", &self.secrets.iter().map(|(n, _)| n).collect::<Vec<_>>())
-            .finish()
-    }
-}
 
 /// Form values of an `auth.start`, every one held as a [`Secret`] so none can be logged.
 #[derive(Clone, Default)]

@@ -15,6 +15,7 @@
 pub(crate) mod auth;
 pub(crate) mod call;
 pub(crate) mod context;
+pub(crate) mod device;
 pub(crate) mod im;
 pub(crate) mod tool;
 
@@ -22,5 +23,8 @@ pub use auth::{
     AuthError, AuthPrompt, AuthProvider, AuthStep, BoundReason, FlowHandler, FlowSpec, NoAuth,
 };
 pub use context::{AuthContext, AuthValues, Binding, ChannelContext, ToolContext};
+pub use device::{
+    DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
+};
 pub use im::{DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, ImTarget};
 pub use tool::{ToolError, ToolSpec};

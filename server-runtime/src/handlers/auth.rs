@@ -115,6 +115,31 @@ impl Conn {
             }
             Ok(AuthStep::Failed(message)) => (AuthStatus::Failed, None, Some(message)),
             Ok(AuthStep::Authenticated(binding)) => {
+                // Device Connectors: the author's sign-in checked the device; the device rules
+                // keep it to one channel (exclusive devices) before anything is stored.
+                let correction = match &self.shared.device {
+                    None => None,
+                    Some(device) => {
+                        let bound = match device.code.device_key(&binding) {
+                            Some(key) => device
+                                .bind(channel, &key)
+                                .map_err(|e| WireError::new(e.code(), e.to_string())),
+                            None => Err(WireError::new(
+                                ErrorCode::InternalError,
+                                "the sign-in did not name a device; try again",
+                            )),
+                        };
+                        match bound {
+                            Ok(correction) => Some(correction),
+                            Err(error) => {
+                                let mut state = self.shared.state();
+                                state.auth_sessions.remove(auth_session_id);
+                                state.revert_authenticating(channel);
+                                return Err(error);
+                            }
+                        }
+                    }
+                };
                 let record = {
                     let mut state = self.shared.state();
                     if let Some(session) = state.auth_sessions.get_mut(auth_session_id) {
@@ -127,6 +152,9 @@ impl Conn {
                     })?;
                     record.binding = Some(binding);
                     record.status = ConnectionStatus::Connected;
+                    if let (Some(device), Some(correction)) = (&self.shared.device, &correction) {
+                        device.project(record, correction);
+                    }
                     record.clone()
                 };
                 self.shared.save_channel(&record).map_err(|e| {
@@ -277,6 +305,9 @@ impl Conn {
             };
             if let Err(error) = self.shared.def.auth.logout(ctx).await {
                 return self.reply_error(packet, WireError::new(error.code, error.message)).await;
+            }
+            if let Some(device) = &self.shared.device {
+                device.forget(&record.id);
             }
         }
         // Sign-in attempts still pending on the channel end with it: the author cancels them.

@@ -2,7 +2,8 @@
 //! channel-scoped request starts with.
 
 use xagent_protocol_types::{
-    ChannelCloseAck, ChannelOpenAck, ConnectionStatus, DescriptorGetAck, Packet, WireError,
+    ChannelCloseAck, ChannelOpenAck, ConnectionStatus, DescriptorGetAck, ErrorCode, Packet,
+    WireError,
 };
 
 use crate::author::{BoundReason, ChannelContext};
@@ -33,6 +34,27 @@ impl Conn {
                 .as_ref()
                 .and_then(|id| state.channels.get(id))
                 .filter(|r| Some(&r.connector_id) == current.as_ref());
+            // Limits (L3): channels routed on this socket, and channels in total.
+            let routed_here = known.is_some_and(|r| {
+                state.routes.get(&r.id).is_some_and(|route| route.socket == self.socket)
+            });
+            if !routed_here {
+                let on_socket = state.routes.values().filter(|r| r.socket == self.socket).count();
+                if on_socket >= self.shared.config.max_channels_per_socket {
+                    break 'open Some(Err(WireError::new(
+                        ErrorCode::CapacityExceeded,
+                        format!(
+                            "this socket has {on_socket} channels open, the most it may; close some or use another socket"
+                        ),
+                    )));
+                }
+            }
+            if known.is_none() && state.channels.len() >= self.shared.config.max_channels {
+                break 'open Some(Err(WireError::new(
+                    ErrorCode::CapacityExceeded,
+                    "the Connector holds the most channels it may; reopen an existing channel",
+                )));
+            }
             let (record, created) = match (known, current) {
                 (Some(record), _) => (record.clone(), false),
                 (None, Some(connector_id)) => {
@@ -54,13 +76,22 @@ impl Conn {
                 record.id.clone(),
                 Route { socket: self.socket, tx: self.tx.clone(), profiles: profiles.clone() },
             );
-            Some((record, created))
+            Some(Ok((record, created)))
         };
-        let Some((record, created)) = opened else {
-            let error = WireError::hello_required(
-                "the runtime instance expired; send connector.hello again",
-            );
-            return self.reply_error(packet, error).await;
+        let (record, created) = match opened {
+            Some(Ok(opened)) => opened,
+            // A refused open names no channel, and a channel.open.ack must: the refusal is
+            // an `error` packet answering the request.
+            Some(Err(error)) => {
+                let answer = Packet::error(ids::packet_id(), error).answering(packet);
+                return self.send(answer).await;
+            }
+            None => {
+                let error = WireError::hello_required(
+                    "the runtime instance expired; send connector.hello again",
+                );
+                return self.reply_error(packet, error).await;
+            }
         };
         if created && let Err(error) = self.shared.save_channel(&record) {
             tracing::error!(%error, "could not persist a new channel");

@@ -36,7 +36,10 @@ impl Conn {
             )));
         };
         let descriptor = shared.descriptor_for(&record, &self.profiles());
-        if !descriptor.is_tool_available(invoke.tool_id.as_str()) {
+        // A device Tool's availability follows its device: the device gate answers with the
+        // precise code (`device_offline`, `permission_denied`) instead.
+        let device_tool = shared.device.as_ref().is_some_and(|d| d.covers(&invoke.tool_id));
+        if !device_tool && !descriptor.is_tool_available(invoke.tool_id.as_str()) {
             return Err(wire(WireError::connector_channel_unavailable(format!(
                 "tool {:?} is not available on this channel now",
                 invoke.tool_id.as_str()
@@ -98,10 +101,24 @@ impl Conn {
                     handle: shared.handle(),
                 };
                 tracing::info!(%channel, tool_id = %invoke.tool_id, "tool invoked");
-                let outcome = call_tool(tool, ctx, invoke.arguments.clone())
-                    .await
-                    .map_err(|error| (error.code, error.message));
-                if tool.records_calls {
+                let device = shared.device.as_ref().filter(|d| d.covers(&invoke.tool_id));
+                let (outcome, reached) = match device {
+                    // Device Profile rules around the author's code (device.rs).
+                    Some(device) => {
+                        let call = call_tool(tool, ctx, invoke.arguments.clone());
+                        let now = shared.now();
+                        device.run(&channel, &invoke.tool_id, &invoke.arguments, now, call).await
+                    }
+                    None => (
+                        call_tool(tool, ctx, invoke.arguments.clone())
+                            .await
+                            .map_err(|error| (error.code, error.message)),
+                        true,
+                    ),
+                };
+                // A device call refused before it reached the device is not the call's
+                // outcome: a retry once the device is back may run.
+                if tool.records_calls && reached {
                     let stored = running.record(&outcome, shared.now());
                     // The ack goes out only once the record is committed (group commit:
                     // shared with other calls' records), so a repeat after a crash is

@@ -49,6 +49,9 @@ impl Shared {
         if let Some(im) = &self.im {
             im.forget_channel(&channel);
         }
+        if let Some(device) = &self.device {
+            device.forget(&channel);
+        }
         if let Some(files) = &self.files {
             files.remove_channel(&channel).await;
         }

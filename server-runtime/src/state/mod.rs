@@ -96,6 +96,7 @@ impl State {
 
 pub(crate) struct Shared {
     pub(crate) def: Connector,
+    pub(crate) device: Option<crate::device::DeviceRuntime>,
     pub(crate) config: RuntimeConfig,
     pub(crate) storage: Arc<dyn Storage>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -122,8 +123,14 @@ impl Shared {
         ConnectorHandle(Arc::clone(self))
     }
 
-    pub(crate) fn target_type(&self) -> TargetType {
-        self.def.card.supports.target_types.first().cloned().unwrap_or(TargetType::Im)
+    /// The `target_type` of a channel with `profiles` enabled: the target type of those
+    /// Profiles (Device Profile rule, for every Card shape), else the Card's first.
+    pub(crate) fn target_type(&self, profiles: &[ProfileId]) -> TargetType {
+        let declared = &self.def.card.supports.target_types;
+        xagent_profile_device::channel_target_type(profiles, declared).unwrap_or_else(|error| {
+            tracing::warn!(%error, "no target type fits the channel's Profiles; using the Card's first");
+            declared.first().cloned().unwrap_or(TargetType::Im)
+        })
     }
 
     /// The Descriptor of a channel as seen with `profiles` enabled.
@@ -148,7 +155,7 @@ impl Shared {
             self.def.card.connector_card_id.clone(),
             record.connector_id.clone(),
             record.id.clone(),
-            self.target_type(),
+            self.target_type(&profiles),
             profiles,
             record.status.clone(),
         );
@@ -158,6 +165,15 @@ impl Shared {
             .tools
             .iter()
             .map(|tool| {
+                // A device Tool's availability follows its device's binding state, whatever
+                // the channel's status (a permission loss shows as `denied_by_target`).
+                let device_tool = self.device.as_ref().is_some_and(|d| d.covers(&tool.tool_id));
+                if signed_in
+                    && device_tool
+                    && let Some(projected) = record.tool_overrides.get(&tool.tool_id)
+                {
+                    return projected.clone();
+                }
                 if !usable {
                     let reason = if signed_in {
                         "the channel is not connected"

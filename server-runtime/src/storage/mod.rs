@@ -29,21 +29,27 @@ use xagent_protocol_types::{
     ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTool, ToolId,
 };
 
-use crate::author::Binding;
+use crate::binding::Binding;
 
-/// A storage failure. The message names the operation, never a stored value.
+/// A storage failure: the operation and the backend's error as its source. The message
+/// names the operation, never a stored value.
 #[derive(Debug, thiserror::Error)]
-#[error("storage failed during {operation}: {reason}")]
+#[error("storage failed during {operation}: {source}")]
 pub struct StorageError {
     /// What was being done.
     pub operation: &'static str,
-    /// The backend's explanation.
-    pub reason: String,
+    /// The backend's error.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl StorageError {
-    fn new(operation: &'static str, reason: impl std::fmt::Display) -> Self {
-        Self { operation, reason: reason.to_string() }
+    /// A failure of `operation` caused by `source` (for [`Storage`] implementations).
+    pub fn new(
+        operation: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self { operation, source: source.into() }
     }
 }
 

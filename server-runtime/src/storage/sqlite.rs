@@ -15,7 +15,7 @@ use xagent_protocol_types::{
 
 use super::group::{self, CommitTicket, GroupCommit, GroupCommitConfig, Synchronous, WriteOp};
 use super::{ChannelRecord, Storage, StorageError, ToolCallRecord};
-use crate::author::Binding;
+use crate::binding::Binding;
 
 /// The default storage: one SQLite file in WAL mode. Clones share the connections and the
 /// writer.
@@ -58,9 +58,45 @@ pub struct SqliteOptions {
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "connector.sqlite3";
 
+/// Creates `dir` 0700 and `database` 0600 before SQLite opens it, and tightens both (and the
+/// WAL files) when an earlier version left them readable by others (M6).
+fn private_files(dir: &Path, database: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        builder.mode(0o700);
+        builder.create(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(database)?;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = database.as_os_str().to_owned();
+            name.push(suffix);
+            let path = std::path::PathBuf::from(name);
+            if path.exists() {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            }
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = database;
+        builder.create(dir)
+    }
+}
+
 impl SqliteStorage {
     /// Opens (creating if needed) `<state_dir>/connector.sqlite3` in WAL mode with
-    /// `synchronous=FULL` and group commit.
+    /// `synchronous=FULL` and group commit. The directory is made 0700 and the database 0600
+    /// (it holds the URL signing secret; SQLite gives its `-wal` and `-shm` files the
+    /// database's mode).
     pub fn open(state_dir: impl AsRef<Path>) -> Result<Self, StorageError> {
         Self::open_with(state_dir, SqliteOptions::default())
     }
@@ -71,8 +107,8 @@ impl SqliteStorage {
         options: SqliteOptions,
     ) -> Result<Self, StorageError> {
         let dir = state_dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|e| StorageError::new("create state dir", e))?;
         let path = dir.join(DATABASE_FILE);
+        private_files(dir, &path).map_err(|e| StorageError::new("create state dir", e))?;
         let reader = group::open_connection(&path, options.synchronous)?;
         let writer = group::open_connection(&path, options.synchronous)?;
         let group = GroupCommit::start(Arc::new(Mutex::new(writer)), options.group_commit)?;
@@ -400,6 +436,24 @@ mod tests {
             .into_iter()
             .collect(),
             created_at: 5,
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn m6_the_state_directory_and_the_database_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().join("state");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let store = SqliteStorage::open(&dir).unwrap();
+        store.save_meta("url_signing_secret", "s3cret").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
         }
     }
 

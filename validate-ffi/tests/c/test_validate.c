@@ -100,6 +100,20 @@ int main(int argc, char **argv) {
   CHECK(count(report, "\"rule\":") >= 2, "broken packet reports several violations");
   xagent_validate_free(report);
 
+  XagentPacketValidator *validator = xagent_packet_validator_new(card_bytes, card_len);
+  CHECK(validator != NULL, "a packet validator is made from the card");
+  CHECK(xagent_packet_is_valid(validator, (const uint8_t *)packet, packet_len, XAGENT_SENDER_UNKNOWN) == 1,
+        "hot path: the packet is valid against the card");
+  CHECK(xagent_packet_is_valid(validator, (const uint8_t *)no_schema, strlen(no_schema), XAGENT_SENDER_XAGENT) == 0,
+        "hot path: the broken packet is invalid");
+  CHECK(xagent_packet_is_valid(NULL, (const uint8_t *)packet, packet_len, 99) == 1,
+        "hot path: a NULL validator checks without a card");
+  CHECK(xagent_packet_is_valid(validator, NULL, 5, XAGENT_SENDER_UNKNOWN) == 0,
+        "hot path: a NULL packet pointer with a length is invalid");
+  xagent_packet_validator_free(validator);
+  xagent_packet_validator_free(NULL);
+  CHECK(xagent_packet_validator_new((const uint8_t *)"[1]", 3) == NULL, "a non-object card makes no validator");
+
   report = xagent_validate_skill((const uint8_t *)skill, skill_len, card_bytes, card_len);
   CHECK(is_valid(report), "skill is valid against its card");
   xagent_validate_free(report);

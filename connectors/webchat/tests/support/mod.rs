@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, ClientEvent, DataPlane};
-use xagent_connector_webchat::{CARD_ID, ROOM_FLOW, Webchat, WebchatOptions};
+use xagent_connector_webchat::{CARD_ID, ROOM_FLOW, VisitorLimits, Webchat, WebchatOptions};
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStatus, Clock, ConnectorChannelId, PROFILE_IM_V2, Secret, SystemClock,
 };
@@ -39,6 +39,20 @@ pub async fn start_with_clock(
     addr: Option<SocketAddr>,
     clock: Arc<dyn Clock>,
 ) -> Server {
+    start_with(dir, addr, clock, VisitorLimits::default()).await
+}
+
+/// A server with these visitor limits (tests of the quotas).
+pub async fn start_with_limits(dir: &PathBuf, limits: VisitorLimits) -> Server {
+    start_with(dir, None, Arc::new(SystemClock), limits).await
+}
+
+async fn start_with(
+    dir: &PathBuf,
+    addr: Option<SocketAddr>,
+    clock: Arc<dyn Clock>,
+    limits: VisitorLimits,
+) -> Server {
     let listener = match addr {
         Some(addr) => {
             let mut attempt = 0;
@@ -59,7 +73,8 @@ pub async fn start_with_clock(
     let addr = listener.local_addr().expect("addr");
     let options = WebchatOptions::new(dir, format!("http://{addr}"))
         .with_api_key(Secret::new(API_KEY))
-        .with_clock(clock);
+        .with_clock(clock)
+        .with_visitor_limits(limits);
     let webchat = Webchat::open(options).await.expect("webchat opens");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = webchat.clone();
@@ -114,14 +129,29 @@ pub async fn connect(server: &Server) -> (DataPlane, UnboundedReceiver<ClientEve
 
 /// Opens a channel and signs it in to `room` with the form flow.
 pub async fn open_room(plane: &DataPlane, room: &str, code: &str) -> ConnectorChannelId {
+    open_room_with(plane, AuthInput::default().with("room_name", room).with("access_code", code))
+        .await
+}
+
+/// Opens a channel and signs it in to `room` as its owner (M9: the owner code moves a room).
+pub async fn open_room_as_owner(
+    plane: &DataPlane,
+    room: &str,
+    code: &str,
+    owner: &str,
+) -> ConnectorChannelId {
+    let input = AuthInput::default()
+        .with("room_name", room)
+        .with("access_code", code)
+        .with("owner_code", owner);
+    open_room_with(plane, input).await
+}
+
+async fn open_room_with(plane: &DataPlane, input: AuthInput) -> ConnectorChannelId {
     let opened = plane.open_channel(None).await.expect("channel.open");
     let channel = opened.connector_channel_id.clone();
     let ack = plane
-        .request(
-            Some(&channel),
-            AuthStart::new(ROOM_FLOW)
-                .with_input(AuthInput::default().with("room_name", room).with("access_code", code)),
-        )
+        .request(Some(&channel), AuthStart::new(ROOM_FLOW).with_input(input))
         .await
         .expect("auth.start");
     assert_eq!(ack.0.status, AuthStatus::Authenticated, "{:?}", ack.0.message);
@@ -182,7 +212,8 @@ impl Visitor {
     pub async fn snapshot(&self) -> Value {
         let mut response = self
             .http
-            .get(format!("{}/chat/api/rooms/{}/events?token={}", self.base, self.room, self.token))
+            .get(format!("{}/chat/api/rooms/{}/events", self.base, self.room))
+            .bearer_auth(&self.token)
             .send()
             .await
             .expect("events");

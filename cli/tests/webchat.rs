@@ -1,0 +1,104 @@
+//! `xagent-connector webchat` as a process: the API key from a file, never on the command
+//! line (L1), and SIGTERM as a graceful shutdown (L4) — issue 14.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+const API_KEY: &str = "sk-cli-webchat-file-7f3a";
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let dir =
+        std::env::temp_dir().join(format!("cli-webchat-{name}-{}-{nanos:x}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// One HTTP/1.1 GET over a plain socket; returns the status line.
+async fn get(addr: &str, path: &str, key: &str) -> String {
+    let mut socket = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+    );
+    socket.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = String::new();
+    let _ = socket.read_to_string(&mut answer).await;
+    answer.lines().next().unwrap_or("").to_owned()
+}
+
+/// `xagent-connector webchat` started with the key in a 0600 file; returns the process and
+/// its address.
+async fn start(dir: &std::path::Path) -> (tokio::process::Child, String) {
+    let key_file = dir.join("api-key");
+    std::fs::write(&key_file, format!("{API_KEY}\n")).expect("key file");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .env_remove("XAGENT_CONNECTOR_API_KEY")
+        .env("RUST_LOG", "warn")
+        .args(["webchat", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.join("state"))
+        .arg("--api-key-file")
+        .arg(&key_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("prints its address in time")
+        .expect("reads")
+        .expect("a line");
+    let url = line
+        .strip_prefix("im.webchat listening on http://")
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the listening line")
+        .to_owned();
+    (child, url)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn l1_the_api_key_comes_from_a_file_and_never_appears_in_the_process_list() {
+    let dir = temp_dir("l1");
+    let (child, url) = start(&dir).await;
+    assert!(get(&url, "/health", API_KEY).await.contains(" 200"), "the key from the file works");
+    assert!(get(&url, "/health", "wrong").await.contains(" 401"));
+    #[cfg(target_os = "linux")]
+    {
+        let pid = child.id().expect("pid");
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+        assert!(!String::from_utf8_lossy(&cmdline).contains(API_KEY), "the key is not in ps");
+    }
+    drop(child);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn l4_sigterm_shuts_the_connector_down_gracefully() {
+    let dir = temp_dir("l4");
+    let (mut child, url) = start(&dir).await;
+    assert!(get(&url, "/health", API_KEY).await.contains(" 200"));
+    let pid = child.id().expect("pid");
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .expect("status");
+    assert_eq!(status.code(), Some(0), "SIGTERM is a clean shutdown, not a kill: {status:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,539 @@
+//! Channels as xAgent sees them: who owns each, its Descriptor (auth state, connection status,
+//! Tool availability, target permission), kept current from `channel.open.ack` and
+//! `connection.descriptor.push` after the Descriptor rules; and the channel resolution of
+//! protocol section 10.1 for Card Tool calls.
+
+use serde::Serialize;
+use xagent_protocol_types::{
+    ConnectionDescriptor, ConnectionStatus, ConnectorCard, ConnectorCardId, ConnectorChannelId,
+    ErrorCode, PermissionState, ToolStatus, WireError,
+};
+use xagent_protocol_validate::{CardFacts, DescriptorContext};
+
+/// A dedicated xAgent session's fixed binding to one channel of one Card (step 1 of 10.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionBinding {
+    /// The Card the session is bound to.
+    pub connector_card_id: ConnectorCardId,
+    /// The channel the session is bound to.
+    pub connector_channel_id: ConnectorChannelId,
+}
+
+impl SessionBinding {
+    /// A binding to a channel of a Card.
+    pub fn new(card: impl Into<ConnectorCardId>, channel: impl Into<ConnectorChannelId>) -> Self {
+        Self { connector_card_id: card.into(), connector_channel_id: channel.into() }
+    }
+}
+
+/// One channel in the directory.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChannelEntry {
+    /// The channel id.
+    pub connector_channel_id: ConnectorChannelId,
+    /// The xAgent user who owns it (`None`: opened without an owner).
+    pub owner: Option<String>,
+    /// Its latest Descriptor that passed the rules.
+    pub descriptor: Option<ConnectionDescriptor>,
+}
+
+impl ChannelEntry {
+    /// The Descriptor's `connection.status`, if a Descriptor is known.
+    pub fn status(&self) -> Option<&ConnectionStatus> {
+        self.descriptor.as_ref().map(|d| &d.connection.status)
+    }
+
+    /// Signed in: `offline` and `error` still count as authenticated but inactive (protocol
+    /// 9); `created`, `authenticating`, `expired` and `revoked` do not.
+    pub fn is_authenticated(&self) -> bool {
+        matches!(
+            self.status(),
+            Some(
+                ConnectionStatus::Connected
+                    | ConnectionStatus::Degraded
+                    | ConnectionStatus::Offline
+                    | ConnectionStatus::Error
+            )
+        )
+    }
+
+    /// Whether a Card Tool can run here now: authenticated, `connected` (or `degraded` with the
+    /// Tool still available), the Descriptor lists the Tool `available`, and the target
+    /// permission does not deny it.
+    pub fn tool_available(&self, tool_id: &str) -> bool {
+        let Some(descriptor) = &self.descriptor else { return false };
+        if !matches!(
+            descriptor.connection.status,
+            ConnectionStatus::Connected | ConnectionStatus::Degraded
+        ) {
+            return false;
+        }
+        descriptor.tool(tool_id).is_some_and(|tool| {
+            tool.status == ToolStatus::Available
+                && !matches!(tool.target_permission_state, Some(PermissionState::Denied))
+        })
+    }
+}
+
+/// Why a Descriptor was refused: the validator's rule ids and messages.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the Descriptor breaks the rules: {0}")]
+pub struct DescriptorRefused(pub String);
+
+/// Every channel this xAgent knows on one Connector, in the order they were opened.
+#[derive(Debug, Clone, Default)]
+pub struct ChannelDirectory {
+    card: Option<ConnectorCard>,
+    facts: Option<CardFacts>,
+    entries: Vec<ChannelEntry>,
+}
+
+impl ChannelDirectory {
+    /// An empty directory checked against `card` (unchecked without one).
+    pub fn new(card: Option<ConnectorCard>) -> Self {
+        let facts = card.as_ref().map(CardFacts::from_card);
+        Self { card, facts, entries: Vec::new() }
+    }
+
+    /// The admitted Card.
+    pub fn card(&self) -> Option<&ConnectorCard> {
+        self.card.as_ref()
+    }
+
+    /// Replaces the Card (after a refetch re-admitted the Connector).
+    pub fn set_card(&mut self, card: ConnectorCard) {
+        self.facts = Some(CardFacts::from_card(&card));
+        self.card = Some(card);
+    }
+
+    fn entry_mut(&mut self, channel: &ConnectorChannelId) -> &mut ChannelEntry {
+        let index = match self.entries.iter().position(|e| &e.connector_channel_id == channel) {
+            Some(index) => index,
+            None => {
+                self.entries.push(ChannelEntry {
+                    connector_channel_id: channel.clone(),
+                    owner: None,
+                    descriptor: None,
+                });
+                self.entries.len() - 1
+            }
+        };
+        &mut self.entries[index]
+    }
+
+    /// Adds a channel remembered from the store.
+    pub fn remember(&mut self, channel: ConnectorChannelId, owner: Option<String>) {
+        let entry = self.entry_mut(&channel);
+        if owner.is_some() {
+            entry.owner = owner;
+        }
+    }
+
+    /// Sets who owns a channel.
+    pub fn set_owner(&mut self, channel: &ConnectorChannelId, owner: &str) {
+        self.entry_mut(channel).owner = Some(owner.to_owned());
+    }
+
+    /// Who owns a channel.
+    pub fn owner(&self, channel: &ConnectorChannelId) -> Option<String> {
+        self.get(channel).and_then(|e| e.owner.clone())
+    }
+
+    /// A channel's entry.
+    pub fn get(&self, channel: &ConnectorChannelId) -> Option<&ChannelEntry> {
+        self.entries.iter().find(|e| &e.connector_channel_id == channel)
+    }
+
+    /// Every channel, in the order they were first seen.
+    pub fn entries(&self) -> &[ChannelEntry] {
+        &self.entries
+    }
+
+    /// The channels of one user (step 2 of 10.1 queries these).
+    pub fn owned_by<'a>(&'a self, owner: &'a str) -> impl Iterator<Item = &'a ChannelEntry> {
+        self.entries.iter().filter(move |e| e.owner.as_deref() == Some(owner))
+    }
+
+    /// Forgets a channel.
+    pub fn forget(&mut self, channel: &ConnectorChannelId) {
+        self.entries.retain(|e| &e.connector_channel_id != channel);
+    }
+
+    /// A reopened channel came back under a new id.
+    pub fn rename(&mut self, previous: &ConnectorChannelId, current: &ConnectorChannelId) {
+        if previous == current {
+            return;
+        }
+        if let Some(entry) = self.entries.iter_mut().find(|e| &e.connector_channel_id == previous) {
+            entry.connector_channel_id = current.clone();
+        }
+    }
+
+    /// Checks a Descriptor for `channel` against the Descriptor rules (identity, Profiles within
+    /// the Card, Tools within the Card, `target_type` among the Card's) and records it.
+    pub fn apply_descriptor(
+        &mut self,
+        channel: &ConnectorChannelId,
+        descriptor: &ConnectionDescriptor,
+    ) -> Result<(), DescriptorRefused> {
+        self.check_descriptor(channel, descriptor)?;
+        self.entry_mut(channel).descriptor = Some(descriptor.clone());
+        Ok(())
+    }
+
+    /// The Descriptor rules, without recording.
+    pub fn check_descriptor(
+        &self,
+        channel: &ConnectorChannelId,
+        descriptor: &ConnectionDescriptor,
+    ) -> Result<(), DescriptorRefused> {
+        let value = serde_json::to_value(descriptor)
+            .map_err(|e| DescriptorRefused(format!("[descriptor.connection] {e}")))?;
+        let context =
+            DescriptorContext { card: self.facts.as_ref(), channel: Some(channel.as_str()) };
+        let report = xagent_protocol_validate::validate_descriptor(&value, context);
+        let mut errors: Vec<String> = report.errors().map(ToString::to_string).collect();
+        if let Some(card) = &self.card
+            && !card.supports.target_types.contains(&descriptor.connection.target_type)
+        {
+            errors.push(format!(
+                "error [descriptor.target_type] /connection/target_type: {} is not among the Card's supports.target_types",
+                descriptor.connection.target_type
+            ));
+        }
+        if errors.is_empty() { Ok(()) } else { Err(DescriptorRefused(errors.join("; "))) }
+    }
+
+    /// Section 10.1: the channel a Card Tool call by `owner` runs on.
+    ///
+    /// 1. With a session binding, its Card must be this Connector's
+    ///    (`connector_channel_connector_mismatch`).
+    /// 2. The Tool must be in the Card (`tool_not_found`); the user's channels are filtered by
+    ///    authentication, connection status, the Descriptor's Tool state and target permission.
+    /// 3. With a binding only the bound channel may be chosen (another user's:
+    ///    `connector_channel_not_owned`; not available: `connector_channel_unavailable`);
+    ///    without one the first available channel is chosen (none signed in:
+    ///    `connection_not_found`; signed in but the Tool unavailable everywhere:
+    ///    `connector_channel_unavailable`).
+    pub fn resolve(
+        &self,
+        owner: &str,
+        binding: Option<&SessionBinding>,
+        tool_id: &str,
+    ) -> Result<ConnectorChannelId, WireError> {
+        let card = self.card.as_ref().ok_or_else(|| {
+            WireError::new(
+                ErrorCode::ConnectionNotFound,
+                "no admitted Card: admit the Connector before invoking its Tools",
+            )
+        })?;
+        if let Some(binding) = binding
+            && binding.connector_card_id != card.connector_card_id
+        {
+            return Err(WireError::new(
+                ErrorCode::ConnectorChannelConnectorMismatch,
+                format!(
+                    "the session is bound to Connector {}, not {}",
+                    binding.connector_card_id, card.connector_card_id
+                ),
+            ));
+        }
+        if !card.tools.iter().any(|t| t.tool_id.as_str() == tool_id) {
+            return Err(WireError::new(
+                ErrorCode::ToolNotFound,
+                format!("{tool_id} is not a Tool of {}", card.connector_card_id),
+            ));
+        }
+        let mut available = self.owned_by(owner).filter(|e| e.tool_available(tool_id));
+        match binding {
+            Some(binding) => {
+                let bound = &binding.connector_channel_id;
+                if available.any(|e| &e.connector_channel_id == bound) {
+                    return Ok(bound.clone());
+                }
+                match self.get(bound) {
+                    Some(entry) if entry.owner.as_deref() == Some(owner) => Err(WireError::new(
+                        ErrorCode::ConnectorChannelUnavailable,
+                        format!("{tool_id} is not available on the session's channel now"),
+                    )),
+                    Some(_) => Err(WireError::new(
+                        ErrorCode::ConnectorChannelNotOwned,
+                        "the session's channel belongs to another user",
+                    )),
+                    None => Err(WireError::new(
+                        ErrorCode::ConnectionNotFound,
+                        "the session's channel is not known; sign in again",
+                    )),
+                }
+            }
+            None => {
+                if let Some(entry) = available.next() {
+                    return Ok(entry.connector_channel_id.clone());
+                }
+                if self.owned_by(owner).any(ChannelEntry::is_authenticated) {
+                    Err(WireError::new(
+                        ErrorCode::ConnectorChannelUnavailable,
+                        format!("{tool_id} is not available on any of the user's channels now"),
+                    ))
+                } else {
+                    Err(WireError::new(
+                        ErrorCode::ConnectionNotFound,
+                        format!(
+                            "the user has no signed-in channel of {}; sign in first",
+                            card.connector_card_id
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// An explicit channel named by the model (`connector_message_send`): it must belong to
+    /// `owner` and be signed in.
+    pub fn check_explicit(
+        &self,
+        owner: &str,
+        channel: &ConnectorChannelId,
+    ) -> Result<&ChannelEntry, WireError> {
+        let Some(entry) = self.get(channel) else {
+            return Err(WireError::new(
+                ErrorCode::ConnectionNotFound,
+                "no such channel; list the channels with connector_channels_list",
+            ));
+        };
+        if entry.owner.as_deref() != Some(owner) {
+            return Err(WireError::new(
+                ErrorCode::ConnectorChannelNotOwned,
+                "the channel belongs to another user",
+            ));
+        }
+        if !entry.is_authenticated() {
+            return Err(WireError::new(
+                ErrorCode::ConnectionNotAuthenticated,
+                "the channel is not signed in",
+            ));
+        }
+        Ok(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use xagent_protocol_types::{
+        BuildInfo, CardTool, Connection, ConnectorInfo, DescriptorTarget, DescriptorTool, Supports,
+        TargetType,
+    };
+
+    fn schema() -> serde_json::Map<String, serde_json::Value> {
+        json!({"type": "object", "required": ["connector_channel_id"],
+               "properties": {"connector_channel_id": {"type": "string"}}})
+        .as_object()
+        .cloned()
+        .unwrap_or_default()
+    }
+
+    fn card() -> ConnectorCard {
+        ConnectorCard::new(
+            "im.x",
+            BuildInfo::new("1"),
+            ConnectorInfo::new("X", "1.0.0"),
+            Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]),
+        )
+        .with_tool(CardTool::new("send", schema()).with_description("Send text"))
+    }
+
+    fn descriptor(
+        channel: &str,
+        status: ConnectionStatus,
+        tool: DescriptorTool,
+    ) -> ConnectionDescriptor {
+        ConnectionDescriptor::new(
+            Connection::new(
+                "im.x",
+                "conn_1",
+                channel,
+                TargetType::Im,
+                vec!["xagent.im.v2".into()],
+                status,
+            ),
+            DescriptorTarget::new("x", "X"),
+        )
+        .with_tool(tool)
+    }
+
+    fn directory(channels: &[(&str, &str, ConnectionStatus, DescriptorTool)]) -> ChannelDirectory {
+        let mut directory = ChannelDirectory::new(Some(card()));
+        for (channel, owner, status, tool) in channels {
+            let id = ConnectorChannelId::new(*channel);
+            directory.set_owner(&id, owner);
+            directory
+                .apply_descriptor(&id, &descriptor(channel, status.clone(), tool.clone()))
+                .expect("a valid Descriptor");
+        }
+        directory
+    }
+
+    fn code(result: Result<ConnectorChannelId, WireError>) -> String {
+        match result {
+            Ok(channel) => format!("ok:{channel}"),
+            Err(error) => error.code.to_string(),
+        }
+    }
+
+    #[test]
+    fn resolution_10_1_step_3_session_binding_selects_only_its_channel() {
+        let directory = directory(&[
+            ("cch_a", "alice", ConnectionStatus::Connected, DescriptorTool::available("send")),
+            ("cch_b", "alice", ConnectionStatus::Connected, DescriptorTool::available("send")),
+        ]);
+        let binding = SessionBinding::new("im.x", "cch_b");
+        assert_eq!(code(directory.resolve("alice", Some(&binding), "send")), "ok:cch_b");
+    }
+
+    #[test]
+    fn resolution_10_1_step_1_binding_to_another_card_is_rejected() {
+        let directory = directory(&[(
+            "cch_a",
+            "alice",
+            ConnectionStatus::Connected,
+            DescriptorTool::available("send"),
+        )]);
+        let binding = SessionBinding::new("im.other", "cch_a");
+        assert_eq!(
+            code(directory.resolve("alice", Some(&binding), "send")),
+            "connector_channel_connector_mismatch"
+        );
+    }
+
+    #[test]
+    fn resolution_10_1_step_3_binding_to_another_users_channel_is_not_owned() {
+        let directory = directory(&[(
+            "cch_b",
+            "bob",
+            ConnectionStatus::Connected,
+            DescriptorTool::available("send"),
+        )]);
+        let binding = SessionBinding::new("im.x", "cch_b");
+        assert_eq!(
+            code(directory.resolve("alice", Some(&binding), "send")),
+            "connector_channel_not_owned"
+        );
+    }
+
+    #[test]
+    fn resolution_10_1_step_2_first_available_skips_unauthenticated_degraded_unavailable_and_denied()
+     {
+        let directory = directory(&[
+            // Not signed in yet.
+            ("cch_1", "alice", ConnectionStatus::Created, DescriptorTool::available("send")),
+            // Degraded and the Tool went unavailable.
+            (
+                "cch_2",
+                "alice",
+                ConnectionStatus::Degraded,
+                DescriptorTool::new("send", ToolStatus::Unavailable),
+            ),
+            // The target denies the permission.
+            (
+                "cch_3",
+                "alice",
+                ConnectionStatus::Connected,
+                DescriptorTool::available("send").with_permission(PermissionState::Denied),
+            ),
+            // Another user's channel.
+            ("cch_4", "bob", ConnectionStatus::Connected, DescriptorTool::available("send")),
+            // The first one that qualifies.
+            ("cch_5", "alice", ConnectionStatus::Degraded, DescriptorTool::available("send")),
+            ("cch_6", "alice", ConnectionStatus::Connected, DescriptorTool::available("send")),
+        ]);
+        assert_eq!(code(directory.resolve("alice", None, "send")), "ok:cch_5");
+    }
+
+    #[test]
+    fn resolution_10_1_unknown_tool_id_is_tool_not_found() {
+        let directory = directory(&[(
+            "cch_a",
+            "alice",
+            ConnectionStatus::Connected,
+            DescriptorTool::available("send"),
+        )]);
+        assert_eq!(code(directory.resolve("alice", None, "delete_all")), "tool_not_found");
+    }
+
+    #[test]
+    fn resolution_10_1_unavailable_tool_is_connector_channel_unavailable() {
+        let directory = directory(&[(
+            "cch_a",
+            "alice",
+            ConnectionStatus::Connected,
+            DescriptorTool::new("send", ToolStatus::RequiresReauth),
+        )]);
+        assert_eq!(code(directory.resolve("alice", None, "send")), "connector_channel_unavailable");
+        let binding = SessionBinding::new("im.x", "cch_a");
+        assert_eq!(
+            code(directory.resolve("alice", Some(&binding), "send")),
+            "connector_channel_unavailable"
+        );
+    }
+
+    #[test]
+    fn resolution_10_1_no_signed_in_channel_is_connection_not_found() {
+        let directory = directory(&[(
+            "cch_a",
+            "alice",
+            ConnectionStatus::Authenticating,
+            DescriptorTool::available("send"),
+        )]);
+        assert_eq!(code(directory.resolve("alice", None, "send")), "connection_not_found");
+        assert_eq!(code(directory.resolve("carol", None, "send")), "connection_not_found");
+    }
+
+    #[test]
+    fn descriptor_rule_identity_must_match_the_channel() {
+        let mut directory = ChannelDirectory::new(Some(card()));
+        let other =
+            descriptor("cch_other", ConnectionStatus::Connected, DescriptorTool::available("send"));
+        let refused = directory
+            .apply_descriptor(&ConnectorChannelId::new("cch_a"), &other)
+            .expect_err("identity mismatch");
+        assert!(refused.0.contains("descriptor.channel_mismatch"), "{refused}");
+    }
+
+    #[test]
+    fn descriptor_rule_profiles_must_be_within_the_card() {
+        let mut directory = ChannelDirectory::new(Some(card()));
+        let mut bad =
+            descriptor("cch_a", ConnectionStatus::Connected, DescriptorTool::available("send"));
+        bad.connection.profiles = vec!["xagent.device.v1".into()];
+        let refused = directory
+            .apply_descriptor(&ConnectorChannelId::new("cch_a"), &bad)
+            .expect_err("Profile outside the Card");
+        assert!(refused.0.contains("descriptor.profile_not_in_card"), "{refused}");
+    }
+
+    #[test]
+    fn descriptor_rule_target_type_must_be_the_cards() {
+        let mut directory = ChannelDirectory::new(Some(card()));
+        let mut bad =
+            descriptor("cch_a", ConnectionStatus::Connected, DescriptorTool::available("send"));
+        bad.connection.target_type = TargetType::Email;
+        let refused = directory
+            .apply_descriptor(&ConnectorChannelId::new("cch_a"), &bad)
+            .expect_err("target type outside the Card");
+        assert!(refused.0.contains("descriptor.target_type"), "{refused}");
+        assert!(directory.get(&ConnectorChannelId::new("cch_a")).is_none());
+    }
+
+    #[test]
+    fn descriptor_rule_tools_must_be_in_the_card() {
+        let mut directory = ChannelDirectory::new(Some(card()));
+        let bad =
+            descriptor("cch_a", ConnectionStatus::Connected, DescriptorTool::available("ghost"));
+        let refused = directory
+            .apply_descriptor(&ConnectorChannelId::new("cch_a"), &bad)
+            .expect_err("Tool outside the Card");
+        assert!(refused.0.contains("descriptor.tool_not_in_card"), "{refused}");
+    }
+}

@@ -1,0 +1,378 @@
+//! Durable xAgent-side state behind one trait, with an embedded SQLite default: remembered
+//! channels and their owners, the receiver idempotency set of inbound messages and the outbox
+//! of assistant messages (the last two through `profile-im`'s store traits). Killing the
+//! process loses nothing the runtime took responsibility for and accepts nothing twice.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::{Connection, params};
+use xagent_profile_im::{
+    CompletedRecord, Fingerprint, IdempotencyStore, MemoryStore, OutboxStore, PendingRecord,
+    StoreError,
+};
+use xagent_protocol_types::{ConnectorChannelId, MessageId};
+
+/// A channel xAgent remembers across restarts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RememberedChannel {
+    /// The channel id.
+    pub channel: ConnectorChannelId,
+    /// The xAgent user who owns it.
+    pub owner: Option<String>,
+}
+
+/// Where xAgent-side state lives.
+pub trait XagentStore: Send + Sync + 'static {
+    /// Every remembered channel.
+    fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError>;
+    /// Remembers (or updates) a channel.
+    fn save_channel(
+        &self,
+        channel: &ConnectorChannelId,
+        owner: Option<&str>,
+    ) -> Result<(), StoreError>;
+    /// Forgets a channel.
+    fn delete_channel(&self, channel: &ConnectorChannelId) -> Result<(), StoreError>;
+    /// The outbox's store (shares the backend).
+    fn outbox_store(&self) -> Box<dyn OutboxStore + Send>;
+    /// The receiver idempotency store (shares the backend).
+    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send>;
+}
+
+/// `profile-im`'s outbox store behind a trait object.
+pub(crate) struct DynOutboxStore(pub(crate) Box<dyn OutboxStore + Send>);
+
+impl OutboxStore for DynOutboxStore {
+    fn save_pending(&mut self, record: &PendingRecord) -> Result<(), StoreError> {
+        self.0.save_pending(record)
+    }
+    fn delete_pending(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        self.0.delete_pending(channel, message_id)
+    }
+    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
+        self.0.load_pending()
+    }
+}
+
+/// `profile-im`'s idempotency store behind a trait object.
+pub(crate) struct DynIdempotencyStore(pub(crate) Box<dyn IdempotencyStore + Send>);
+
+impl IdempotencyStore for DynIdempotencyStore {
+    fn save_completed(&mut self, record: &CompletedRecord) -> Result<(), StoreError> {
+        self.0.save_completed(record)
+    }
+    fn delete_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        self.0.delete_completed(channel, message_id)
+    }
+    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
+        self.0.load_completed()
+    }
+}
+
+/// In-memory stores for a client without durable state.
+pub(crate) fn memory_stores() -> (DynOutboxStore, DynIdempotencyStore) {
+    let store = MemoryStore::new();
+    (DynOutboxStore(Box::new(store.clone())), DynIdempotencyStore(Box::new(store)))
+}
+
+const DATABASE_FILE: &str = "xagent.sqlite3";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS channels (
+  id TEXT PRIMARY KEY, owner TEXT);
+CREATE TABLE IF NOT EXISTS im_pending (
+  channel TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
+  attempts INTEGER NOT NULL, first_responsibility_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL, next_attempt_at INTEGER NOT NULL, last_error TEXT,
+  PRIMARY KEY (channel, message_id));
+CREATE TABLE IF NOT EXISTS im_completed (
+  channel TEXT NOT NULL, message_id TEXT NOT NULL, fingerprint TEXT NOT NULL,
+  completed_at INTEGER NOT NULL, PRIMARY KEY (channel, message_id));
+";
+
+/// The default store: one SQLite file (WAL, synchronous commits) under a state directory
+/// readable only by its owner. Clones share one connection.
+#[derive(Clone, Debug)]
+pub struct SqliteXagentStore {
+    conn: Arc<Mutex<Connection>>,
+    path: Option<PathBuf>,
+}
+
+fn err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| StoreError::new(operation, e.to_string())
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+impl SqliteXagentStore {
+    /// Opens (creating if needed) `<state_dir>/xagent.sqlite3`. Every commit is synced: an
+    /// acknowledged message is on disk before its ack leaves.
+    pub fn open(state_dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let dir = state_dir.as_ref();
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::new("create state dir", e.to_string()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| StoreError::new("restrict state dir", e.to_string()))?;
+        }
+        let path = dir.join(DATABASE_FILE);
+        let conn = Connection::open(&path).map_err(err("open"))?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(err("enable WAL"))?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(err("set synchronous"))?;
+        Self::init(conn, Some(path))
+    }
+
+    /// An in-memory database (tests).
+    pub fn in_memory() -> Result<Self, StoreError> {
+        Self::init(Connection::open_in_memory().map_err(err("open"))?, None)
+    }
+
+    fn init(conn: Connection, path: Option<PathBuf>) -> Result<Self, StoreError> {
+        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(err("set busy timeout"))?;
+        conn.execute_batch(SCHEMA).map_err(err("create schema"))?;
+        Ok(Self { conn: Arc::new(Mutex::new(conn)), path })
+    }
+
+    /// The database file, if not in memory.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Message ids the receiver completed on a channel (for operators and tests).
+    pub fn completed_ids(&self) -> Result<Vec<(ConnectorChannelId, MessageId)>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare("SELECT channel, message_id FROM im_completed ORDER BY completed_at")
+            .map_err(err("completed_ids"))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((
+                    ConnectorChannelId::new(row.get::<_, String>(0)?),
+                    MessageId::new(row.get::<_, String>(1)?),
+                ))
+            })
+            .map_err(err("completed_ids"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(err("completed_ids"))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl XagentStore for SqliteXagentStore {
+    fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare("SELECT id, owner FROM channels ORDER BY rowid")
+            .map_err(err("load_channels"))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok(RememberedChannel {
+                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
+                    owner: row.get(1)?,
+                })
+            })
+            .map_err(err("load_channels"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(err("load_channels"))
+    }
+
+    fn save_channel(
+        &self,
+        channel: &ConnectorChannelId,
+        owner: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.lock()
+            .prepare_cached(
+                "INSERT INTO channels (id, owner) VALUES (?1, ?2)
+                 ON CONFLICT(id) DO UPDATE SET owner = COALESCE(excluded.owner, channels.owner)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![channel.as_str(), owner]))
+            .map(|_| ())
+            .map_err(err("save_channel"))
+    }
+
+    fn delete_channel(&self, channel: &ConnectorChannelId) -> Result<(), StoreError> {
+        self.lock()
+            .prepare_cached("DELETE FROM channels WHERE id = ?1")
+            .and_then(|mut stmt| stmt.execute(params![channel.as_str()]))
+            .map(|_| ())
+            .map_err(err("delete_channel"))
+    }
+
+    fn outbox_store(&self) -> Box<dyn OutboxStore + Send> {
+        Box::new(self.clone())
+    }
+
+    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send> {
+        Box::new(self.clone())
+    }
+}
+
+impl OutboxStore for SqliteXagentStore {
+    fn save_pending(&mut self, r: &PendingRecord) -> Result<(), StoreError> {
+        self.lock()
+            .prepare_cached(
+                "INSERT OR REPLACE INTO im_pending (channel, message_id, seq, payload, attempts,
+                   first_responsibility_at, expires_at, next_attempt_at, last_error)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    r.channel.as_str(),
+                    r.message_id.as_str(),
+                    to_i64(r.seq),
+                    r.payload,
+                    r.attempts,
+                    to_i64(r.first_responsibility_at),
+                    to_i64(r.expires_at),
+                    to_i64(r.next_attempt_at),
+                    r.last_error
+                ])
+            })
+            .map(|_| ())
+            .map_err(err("save_pending"))
+    }
+
+    fn delete_pending(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        self.lock()
+            .prepare_cached("DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2")
+            .and_then(|mut stmt| stmt.execute(params![channel.as_str(), message_id.as_str()]))
+            .map(|_| ())
+            .map_err(err("delete_pending"))
+    }
+
+    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
+                   expires_at, next_attempt_at, last_error FROM im_pending",
+            )
+            .map_err(err("load_pending"))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok(PendingRecord {
+                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
+                    message_id: MessageId::new(row.get::<_, String>(1)?),
+                    seq: to_u64(row.get(2)?),
+                    payload: row.get(3)?,
+                    attempts: row.get(4)?,
+                    first_responsibility_at: to_u64(row.get(5)?),
+                    expires_at: to_u64(row.get(6)?),
+                    next_attempt_at: to_u64(row.get(7)?),
+                    last_error: row.get(8)?,
+                })
+            })
+            .map_err(err("load_pending"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(err("load_pending"))
+    }
+}
+
+impl IdempotencyStore for SqliteXagentStore {
+    fn save_completed(&mut self, r: &CompletedRecord) -> Result<(), StoreError> {
+        self.lock()
+            .prepare_cached(
+                "INSERT OR REPLACE INTO im_completed (channel, message_id, fingerprint, completed_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    r.channel.as_str(),
+                    r.message_id.as_str(),
+                    r.fingerprint.as_str(),
+                    to_i64(r.completed_at)
+                ])
+            })
+            .map(|_| ())
+            .map_err(err("save_completed"))
+    }
+
+    fn delete_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        self.lock()
+            .prepare_cached("DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2")
+            .and_then(|mut stmt| stmt.execute(params![channel.as_str(), message_id.as_str()]))
+            .map(|_| ())
+            .map_err(err("delete_completed"))
+    }
+
+    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare("SELECT channel, message_id, fingerprint, completed_at FROM im_completed")
+            .map_err(err("load_completed"))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok(CompletedRecord {
+                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
+                    message_id: MessageId::new(row.get::<_, String>(1)?),
+                    fingerprint: Fingerprint::from_hex(row.get::<_, String>(2)?),
+                    completed_at: to_u64(row.get(3)?),
+                })
+            })
+            .map_err(err("load_completed"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(err("load_completed"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durable_state_rule_channels_and_owners_survive_a_reopen() {
+        let dir = std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>()));
+        {
+            let store = SqliteXagentStore::open(&dir).expect("opens");
+            store.save_channel(&ConnectorChannelId::new("cch_1"), Some("alice")).expect("saves");
+            store.save_channel(&ConnectorChannelId::new("cch_2"), None).expect("saves");
+            store.save_channel(&ConnectorChannelId::new("cch_1"), None).expect("keeps the owner");
+        }
+        let store = SqliteXagentStore::open(&dir).expect("reopens");
+        let channels = store.load_channels().expect("loads");
+        assert_eq!(
+            channels,
+            vec![
+                RememberedChannel {
+                    channel: ConnectorChannelId::new("cch_1"),
+                    owner: Some("alice".into())
+                },
+                RememberedChannel { channel: ConnectorChannelId::new("cch_2"), owner: None },
+            ]
+        );
+        store.delete_channel(&ConnectorChannelId::new("cch_2")).expect("deletes");
+        assert_eq!(store.load_channels().expect("loads").len(), 1);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&dir).expect("dir").permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "state readable only by its owner");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

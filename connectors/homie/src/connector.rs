@@ -1,0 +1,437 @@
+//! The `device.homie` Connector on the runtime: the Card (target `device`, Profile
+//! `xagent.device.v1`), the `homie_bind` form flow, the device target (restore check and
+//! availability reports from the broker link), and the four device Tools.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::Value;
+use xagent_profile_device::MediaResult;
+use xagent_protocol_types::{
+    ConnectorChannelId, DescriptorTarget, ErrorCode, FileType, PROFILE_DEVICE_V1, Secret, Security,
+    TargetDeclaration, TargetType, TrustLevel,
+};
+use xagent_server_runtime::{
+    AuthContext, AuthError, AuthStep, Binding, ChannelContext, Connector, ConnectorHandle,
+    ConnectorServer, DeviceConfig, DeviceStatus, DeviceTarget, FlowSpec, RiskLevel, ServerError,
+    ToolCategory, ToolContext, ToolError, ToolSpec,
+};
+
+use crate::HomieError;
+use crate::link::{Availability, HomieLink, LinkConfig, MqttUrl};
+use crate::model::check_id;
+use crate::pairing::PairingCodes;
+
+/// The Card id.
+pub const CARD_ID: &str = "device.homie";
+/// The provider named in the Card and the Descriptor.
+pub const PROVIDER: &str = "homie";
+/// The form flow that binds a device to a channel.
+pub const BIND_FLOW: &str = "homie_bind";
+/// Describe the bound device.
+pub const TOOL_DESCRIBE: &str = "homie_device_describe";
+/// Read a property.
+pub const TOOL_READ: &str = "homie_property_read";
+/// Set a settable property.
+pub const TOOL_SET: &str = "homie_property_set";
+/// Take a camera snapshot (returned as a `file_ref`).
+pub const TOOL_SNAPSHOT: &str = "homie_camera_snapshot";
+/// The primary Skill.
+pub const SKILL: &str = include_str!("../assets/skill.md");
+/// How long binding waits for the device to answer.
+pub const DEFAULT_BIND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The binding's private entry naming the device (never shown to xAgent).
+const DEVICE_SECRET: &str = "homie_device_id";
+
+/// What `homie_bind` asks the device owner.
+#[derive(Deserialize, JsonSchema)]
+pub struct BindForm {
+    /// Device id
+    ///
+    /// The Homie device id (lower-case letters, digits and '-'), as the device's operator gave it.
+    pub device_id: String,
+    /// Pairing code
+    ///
+    /// The pairing code the operator gave you for this device.
+    pub pairing_code: Secret,
+}
+
+/// No arguments.
+#[derive(Deserialize, JsonSchema)]
+pub struct DescribeArgs {}
+
+/// A property of the bound device.
+#[derive(Deserialize, JsonSchema)]
+pub struct ReadArgs {
+    /// The node id, as listed by homie_device_describe (e.g. "thermostat").
+    #[schemars(length(min = 1, max = 64))]
+    pub node: String,
+    /// The property id within that node (e.g. "target-temperature").
+    #[schemars(length(min = 1, max = 64))]
+    pub property: String,
+}
+
+/// A new value for a settable property.
+#[derive(Deserialize, JsonSchema)]
+pub struct SetArgs {
+    /// The node id, as listed by homie_device_describe.
+    #[schemars(length(min = 1, max = 64))]
+    pub node: String,
+    /// The property id within that node; its `settable` must be true.
+    #[schemars(length(min = 1, max = 64))]
+    pub property: String,
+    /// The new value: a number for integer/float (inside the listed range), true/false for
+    /// boolean, one of the listed values for enum, "r,g,b" or "h,s,v" for color, else a string.
+    pub value: Value,
+}
+
+/// Which camera node to ask.
+#[derive(Deserialize, JsonSchema)]
+pub struct SnapshotArgs {
+    /// The camera node id (default: the first node whose description says snapshot: true).
+    #[schemars(length(min = 1, max = 64))]
+    pub node: Option<String>,
+}
+
+/// Settings of a `device.homie` Connector.
+#[derive(Debug)]
+pub struct HomieOptions {
+    /// The broker.
+    pub mqtt: MqttUrl,
+    /// Broker link settings (base topic, timeouts, snapshot size).
+    pub link: LinkConfig,
+    /// The operator's pairing codes.
+    pub pairing: PairingCodes,
+    /// Where the runtime keeps its database and files.
+    pub state_dir: PathBuf,
+    /// The system API key xAgent must present.
+    pub api_key: Option<Secret>,
+    /// Device policies (serialisation, timeouts, high-risk Tools).
+    pub device: DeviceConfig,
+    /// How long binding waits for the device to answer.
+    pub bind_timeout: Duration,
+}
+
+impl HomieOptions {
+    /// Options with the defaults for everything but the broker, codes and state directory.
+    pub fn new(mqtt: MqttUrl, pairing: PairingCodes, state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            mqtt,
+            link: LinkConfig::default(),
+            pairing,
+            state_dir: state_dir.into(),
+            api_key: None,
+            device: DeviceConfig::default(),
+            bind_timeout: DEFAULT_BIND_TIMEOUT,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct App {
+    link: HomieLink,
+    pairing: Arc<Mutex<PairingCodes>>,
+    watched: Arc<Mutex<HashSet<ConnectorChannelId>>>,
+    bind_timeout: Duration,
+}
+
+fn device_of(binding: &Binding) -> Option<String> {
+    binding.secret(DEVICE_SECRET).map(|s| s.expose().to_owned())
+}
+
+fn tool_error(e: &HomieError) -> ToolError {
+    ToolError::new(e.code(), e.to_string())
+}
+
+fn bound_device(ctx: &ToolContext) -> Result<String, ToolError> {
+    device_of(&ctx.binding).ok_or_else(|| {
+        ToolError::new(ErrorCode::ConnectionNotFound, "no device is bound to this channel")
+    })
+}
+
+impl App {
+    /// Follows the channel's device (once per channel).
+    fn watch(&self, channel: &ConnectorChannelId, device: &str) -> Result<(), HomieError> {
+        let first = self.watched.lock().map(|mut w| w.insert(channel.clone())).unwrap_or(false);
+        if first { self.link.watch(device) } else { Ok(()) }
+    }
+
+    fn unwatch(&self, channel: &ConnectorChannelId, device: &str) {
+        let was = self.watched.lock().map(|mut w| w.remove(channel)).unwrap_or(false);
+        if was {
+            self.link.unwatch(device);
+        }
+    }
+
+    async fn bind(&self, ctx: AuthContext, form: BindForm) -> Result<AuthStep, AuthError> {
+        let device = form.device_id.trim().to_owned();
+        if let Err(e) = check_id(&device) {
+            return Ok(AuthStep::Failed(e.to_string()));
+        }
+        let verdict = match self.pairing.lock() {
+            Ok(mut codes) => codes.verify(&device, &form.pairing_code, ctx.handle.now_millis()),
+            Err(_) => return Err(AuthError::internal("pairing codes lock poisoned")),
+        };
+        if let Err(e) = verdict {
+            tracing::info!(channel = %ctx.channel, "homie bind refused: {e}");
+            return Ok(AuthStep::Failed(e.to_string()));
+        }
+        if let Err(e) = self.link.watch(&device) {
+            return Ok(AuthStep::Failed(e.to_string()));
+        }
+        match self.link.wait_online(&device, self.bind_timeout).await {
+            Ok(()) => {
+                let name = self.link.describe(&device).map(|d| d.name).unwrap_or_default();
+                let display = if name.trim().is_empty() { device.clone() } else { name };
+                if let Ok(mut w) = self.watched.lock()
+                    && !w.insert(ctx.channel.clone())
+                {
+                    // Re-bound on the same channel: keep one watch.
+                    self.link.unwatch(&device);
+                }
+                let target = DescriptorTarget::new(PROVIDER, display).with_label("Homie device");
+                Ok(AuthStep::Authenticated(
+                    Binding::new(target).with_secret(DEVICE_SECRET, Secret::new(device)),
+                ))
+            }
+            Err(e) => {
+                self.link.unwatch(&device);
+                Ok(AuthStep::Failed(format!(
+                    "the device did not answer: {e}; check it is switched on and connected to the broker"
+                )))
+            }
+        }
+    }
+}
+
+/// The device target: a restored binding is connected once the broker shows the device
+/// `ready` and fully described.
+struct HomieTarget(App);
+
+impl DeviceTarget for HomieTarget {
+    fn device_key(&self, binding: &Binding) -> Option<String> {
+        device_of(binding)
+    }
+
+    async fn check(&self, ctx: ChannelContext) -> DeviceStatus {
+        let Some(device) = device_of(&ctx.binding) else { return DeviceStatus::Offline };
+        if self.0.watch(&ctx.channel, &device).is_err() {
+            return DeviceStatus::Offline;
+        }
+        match self.0.link.settle(&device, self.0.bind_timeout).await {
+            Availability::Online => DeviceStatus::Online,
+            _ => DeviceStatus::Offline,
+        }
+    }
+}
+
+async fn describe(app: App, ctx: ToolContext, _args: DescribeArgs) -> Result<Value, ToolError> {
+    let device = bound_device(&ctx)?;
+    app.link.describe(&device).map(|d| d.to_json()).map_err(|e| tool_error(&e))
+}
+
+async fn read(app: App, ctx: ToolContext, args: ReadArgs) -> Result<Value, ToolError> {
+    let device = bound_device(&ctx)?;
+    app.link.read(&device, &args.node, &args.property).map_err(|e| tool_error(&e))
+}
+
+async fn set(app: App, ctx: ToolContext, args: SetArgs) -> Result<Value, ToolError> {
+    let device = bound_device(&ctx)?;
+    app.link.set(&device, &args.node, &args.property, &args.value).await.map_err(|e| tool_error(&e))
+}
+
+async fn snapshot(app: App, ctx: ToolContext, args: SnapshotArgs) -> Result<Value, ToolError> {
+    let device = bound_device(&ctx)?;
+    let node = match args.node {
+        Some(node) => node,
+        None => {
+            let d = app.link.describe(&device).map_err(|e| tool_error(&e))?;
+            let camera = d.nodes.iter().find(|n| n.snapshot.is_some()).ok_or_else(|| {
+                ToolError::new(ErrorCode::InvalidArguments, "this device has no camera node")
+            })?;
+            camera.id.clone()
+        }
+    };
+    let (bytes, mime) = app.link.snapshot(&device, &node).await.map_err(|e| tool_error(&e))?;
+    let extension = if mime == "image/jpeg" { "jpg" } else { "png" };
+    let file = ctx
+        .handle
+        .register_file(&ctx.channel, &format!("snapshot.{extension}"), Some(&mime), &bytes)
+        .await
+        .map_err(ToolError::internal)?;
+    let url = file.download_url.clone().unwrap_or_default();
+    let mut media = MediaResult::new(FileType::Image, file.file_ref.clone(), url)
+        .map_err(|e| ToolError::failed(e.to_string()))?;
+    if let (Some(size), Some(expires)) = (file.byte_size, file.expires_at) {
+        media = media.with_meta(mime, size, expires);
+    }
+    Ok(media.to_value())
+}
+
+/// Follows the broker link's availability events and reports them for every channel bound
+/// to the device.
+async fn follow(
+    app: App,
+    handle: ConnectorHandle,
+    shutdown: xagent_server_runtime::CancellationToken,
+) {
+    let mut events = app.link.subscribe();
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            e = events.recv() => e,
+        };
+        let event = match event {
+            Ok(e) => e,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        let status = match event.availability {
+            Availability::Online => DeviceStatus::Online,
+            Availability::Offline(_) => DeviceStatus::Offline,
+            Availability::Unknown(_) => continue,
+        };
+        for channel in handle.channels() {
+            let bound = handle.binding(&channel).and_then(|b| device_of(&b));
+            if bound.as_deref() == Some(event.device.as_str()) {
+                let _ = handle.device_status(&channel, status.clone()).await;
+            }
+        }
+    }
+}
+
+fn build(
+    app: &App,
+    config: DeviceConfig,
+) -> Result<Connector, xagent_server_runtime::DefinitionError> {
+    let (a1, a2, a3, a4, a5, a6) =
+        (app.clone(), app.clone(), app.clone(), app.clone(), app.clone(), app.clone());
+    Connector::builder(CARD_ID, "Homie devices", env!("CARGO_PKG_VERSION"))
+        .description("Observe and control devices that follow the Homie MQTT convention v4.")
+        .vendor("xagent-connector-rs")
+        .target(TargetDeclaration::new(TargetType::Device, PROVIDER, "Homie device"))
+        .profile(PROFILE_DEVICE_V1)
+        .security(Security::new(TrustLevel::Local, true).with_data_class("device").with_data_class("file"))
+        .form_flow(
+            FlowSpec::new(BIND_FLOW, "Pair a Homie device").description(
+                "Enter the device id and the pairing code the device's operator gave you.",
+            ),
+            move |ctx, form: BindForm| {
+                let app = a1.clone();
+                async move { app.bind(ctx, form).await }
+            },
+        )
+        .on_unbound(move |ctx: ChannelContext| {
+            let app = a2.clone();
+            async move {
+                if let Some(device) = device_of(&ctx.binding) {
+                    app.unwatch(&ctx.channel, &device);
+                }
+                Ok(())
+            }
+        })
+        .device_target(HomieTarget(a3), config)
+        .skill(SKILL)
+        .device_tool(
+            ToolSpec::new(
+                TOOL_DESCRIBE,
+                "Describe the device\nList the bound device's nodes and properties with datatype, range or allowed values, unit, whether they can be set, and the last known value.",
+            ),
+            ToolCategory::Observation,
+            RiskLevel::Low,
+            move |ctx, args: DescribeArgs| describe(a4.clone(), ctx, args),
+        )
+        .device_tool(
+            ToolSpec::new(
+                TOOL_READ,
+                "Read a device property\nThe latest value the bound device published for one property, typed by its datatype, with its unit.",
+            ),
+            ToolCategory::Observation,
+            RiskLevel::Low,
+            move |ctx, args: ReadArgs| read(a5.clone(), ctx, args),
+        )
+        .device_tool(
+            ToolSpec::new(
+                TOOL_SET,
+                "Set a device property\nChange a settable property of the bound device; the value is checked against its datatype and range, and the answer comes once the device reported the new value.",
+            ),
+            ToolCategory::Control,
+            RiskLevel::Medium,
+            {
+                let app = app.clone();
+                move |ctx, args: SetArgs| set(app.clone(), ctx, args)
+            },
+        )
+        .device_tool(
+            ToolSpec::new(
+                TOOL_SNAPSHOT,
+                "Take a camera snapshot\nAsk a camera node of the bound device for a picture; returns a file reference with a download URL, never the picture's bytes.",
+            ),
+            ToolCategory::Media,
+            RiskLevel::Low,
+            move |ctx, args: SnapshotArgs| snapshot(a6.clone(), ctx, args),
+        )
+        .build()
+}
+
+/// A running `device.homie` Connector: its broker link and its server.
+pub struct Homie {
+    link: HomieLink,
+    server: ConnectorServer,
+}
+
+impl std::fmt::Debug for Homie {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Homie").field("link", &self.link).finish_non_exhaustive()
+    }
+}
+
+impl Homie {
+    /// Starts the broker link and the runtime (restored bindings are checked against the
+    /// broker before they are projected `connected`).
+    pub async fn open(options: HomieOptions) -> Result<Self, ServerError> {
+        let (link, _task) = HomieLink::start(&options.mqtt, options.link);
+        let app = App {
+            link: link.clone(),
+            pairing: Arc::new(Mutex::new(options.pairing)),
+            watched: Arc::new(Mutex::new(HashSet::new())),
+            bind_timeout: options.bind_timeout,
+        };
+        let connector = build(&app, options.device)?;
+        let follow_app = app.clone();
+        let mut builder = ConnectorServer::builder(connector)
+            .state_dir(&options.state_dir)?
+            .task(move |handle, shutdown| follow(follow_app, handle, shutdown));
+        if let Some(key) = options.api_key {
+            builder = builder.api_key(key);
+        }
+        let server = builder.build().await?;
+        Ok(Self { link, server })
+    }
+
+    /// The runtime (handle, Card, router).
+    pub fn server(&self) -> &ConnectorServer {
+        &self.server
+    }
+
+    /// The broker link.
+    pub fn link(&self) -> &HomieLink {
+        &self.link
+    }
+
+    /// Serves on `listener` until `shutdown` completes; then closes the broker link.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let result = self.server.serve(listener, shutdown).await;
+        self.link.shutdown().await;
+        result
+    }
+}

@@ -1,0 +1,359 @@
+//! Device Profile v1 in the runtime, over a real WebSocket with a simulated clock: the device
+//! author trait (restore check, status reports correcting the Descriptor), confirmation of a
+//! high-risk Tool, result checks, device facts refused at build time, and the Descriptor's
+//! `target_type` for a Card declaring both `im` and `device`.
+
+use std::sync::{Arc, Mutex};
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use xagent_protocol_types::{
+    AuthInput, AuthStart, ChannelOpen, ConnectorChannelId, ConnectorHello, DescriptorGet,
+    ErrorCode, ManualClock, PROFILE_DEVICE_V1, PROFILE_IM_V1, Packet, ProfileId, Secret,
+    TargetDeclaration, TargetType, ToolId, ToolInvoke, ToolInvokeContext,
+};
+use xagent_server_runtime::{
+    AuthStep, Binding, ChannelContext, Connector, ConnectorHandle, ConnectorServer,
+    DefinitionError, DeviceConfig, DeviceStatus, DeviceTarget, FlowSpec, RiskLevel, ToolCategory,
+    ToolError, ToolSpec,
+};
+use xagent_testkit::{WsClient, payload_json};
+
+const KEY: &str = "device-test-key";
+const T0: u64 = 1_790_000_000_000;
+
+#[derive(Clone, Default)]
+struct Lab {
+    /// What `check` answers after a restart.
+    status: Arc<Mutex<Option<DeviceStatus>>>,
+    /// Side effects that reached the "device".
+    actions: Arc<Mutex<Vec<String>>>,
+}
+
+impl DeviceTarget for Lab {
+    fn device_key(&self, binding: &Binding) -> Option<String> {
+        binding.secret("device").map(|s| s.expose().to_owned())
+    }
+
+    async fn check(&self, _ctx: ChannelContext) -> DeviceStatus {
+        self.status.lock().unwrap().clone().unwrap_or(DeviceStatus::Offline)
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct BindForm {
+    /// Device
+    device: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct NoArgs {}
+
+#[derive(Deserialize, JsonSchema)]
+struct LevelArgs {
+    /// 0 to 10.
+    #[schemars(range(min = 0, max = 10))]
+    level: i64,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct SerialArgs {
+    /// Lets the model pick a device: refused at build time.
+    serial: String,
+}
+
+fn builder(lab: &Lab, card_id: &str) -> xagent_server_runtime::ConnectorBuilder {
+    let (set_lab, wipe_lab) = (lab.clone(), lab.clone());
+    Connector::builder(card_id, "Device lab", "1.0.0")
+        .target(TargetDeclaration::new(TargetType::Device, "lab", "Lab device"))
+        .profile(PROFILE_DEVICE_V1)
+        .form_flow(
+            FlowSpec::new("lab_bind", "Bind a lab device"),
+            |_ctx, form: BindForm| async move {
+                let target = xagent_protocol_types::DescriptorTarget::new("lab", "Lab device");
+                Ok(AuthStep::Authenticated(
+                    Binding::new(target).with_secret("device", Secret::new(form.device)),
+                ))
+            },
+        )
+        .device_target(lab.clone(), DeviceConfig::default())
+        .device_tool(
+            ToolSpec::new("lab_read", "Read\nReads the lab device."),
+            ToolCategory::Observation,
+            RiskLevel::Low,
+            |_ctx, _args: NoArgs| async { Ok::<_, ToolError>(json!({"level": 3})) },
+        )
+        .device_tool(
+            ToolSpec::new("lab_set", "Set\nSets the level."),
+            ToolCategory::Control,
+            RiskLevel::Medium,
+            move |_ctx, args: LevelArgs| {
+                let lab = set_lab.clone();
+                async move {
+                    lab.actions.lock().unwrap().push(format!("set {}", args.level));
+                    Ok::<_, ToolError>(json!({"level": args.level}))
+                }
+            },
+        )
+        .device_tool(
+            ToolSpec::new("lab_wipe", "Wipe\nErases the device."),
+            ToolCategory::Control,
+            RiskLevel::High,
+            move |_ctx, _args: NoArgs| {
+                let lab = wipe_lab.clone();
+                async move {
+                    lab.actions.lock().unwrap().push("wipe".into());
+                    Ok::<_, ToolError>(json!({"wiped": true}))
+                }
+            },
+        )
+        .device_tool(
+            ToolSpec::new("lab_leak", "Leak\nReturns a picture's bytes (refused)."),
+            ToolCategory::Media,
+            RiskLevel::Low,
+            |_ctx, _args: NoArgs| async {
+                Ok::<_, ToolError>(json!({"picture": {"base64": "iVBORw0KGgo="}}))
+            },
+        )
+}
+
+struct Lane {
+    server: ConnectorServer,
+    base: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn serve(connector: Connector, dir: &std::path::Path, clock: &ManualClock) -> Lane {
+    let server = ConnectorServer::builder(connector)
+        .state_dir(dir)
+        .unwrap()
+        .api_key(Secret::new(KEY))
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = server.clone();
+    tokio::spawn(async move {
+        let _ = running
+            .serve(listener, async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Lane { server, base, stop }
+}
+
+async fn client(base: &str, card: &str, profiles: &[&str]) -> WsClient {
+    let ws = format!("{}/ws", base.replacen("http", "ws", 1));
+    let mut c = WsClient::connect(&ws, Some(KEY)).await.unwrap();
+    let profiles: Vec<ProfileId> = profiles.iter().map(|p| ProfileId::new(*p)).collect();
+    let hello = c.request(ConnectorHello::new(card, profiles), None);
+    let ack = c.call(hello).await;
+    assert!(ack.error.is_none(), "{ack:?}");
+    c
+}
+
+async fn open_and_bind(c: &mut WsClient, device: &str) -> (ConnectorChannelId, Value) {
+    let open = c.request(ChannelOpen::default(), None);
+    let channel = c.call(open).await.connector_channel_id.clone().unwrap();
+    let start = c.request(
+        AuthStart::new("lab_bind").with_input(AuthInput::default().with("device", device)),
+        Some(&channel),
+    );
+    let ack = payload_json(&c.call(start).await);
+    (channel, ack)
+}
+
+async fn invoke(
+    c: &mut WsClient,
+    channel: &ConnectorChannelId,
+    tool: &str,
+    args: Value,
+    call: &str,
+) -> Packet {
+    let mut arguments = args.as_object().cloned().unwrap_or_default();
+    arguments.insert("connector_channel_id".into(), json!(channel.as_str()));
+    let invoke =
+        ToolInvoke::new(tool, arguments).with_context(ToolInvokeContext::with_call_id(call));
+    let packet = c.request(invoke, Some(channel));
+    c.call(packet).await
+}
+
+fn code(p: &Packet) -> Option<ErrorCode> {
+    p.error.as_ref().map(|e| e.code.clone())
+}
+
+async fn descriptor(c: &mut WsClient, channel: &ConnectorChannelId) -> Value {
+    let get = c.request(DescriptorGet::default(), Some(channel));
+    payload_json(&c.call(get).await)["connection_descriptor"].clone()
+}
+
+#[tokio::test]
+async fn rule_device_status_reports_correct_the_descriptor_and_answer_calls() {
+    let lab = Lab::default();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let lane = serve(builder(&lab, "device.lab").build().unwrap(), dir.path(), &clock).await;
+    let mut c = client(&lane.base, "device.lab", &[PROFILE_DEVICE_V1]).await;
+    let (channel, bound) = open_and_bind(&mut c, "dev-1").await;
+    assert_eq!(bound["connection_descriptor"]["connection"]["status"], "connected");
+    assert_eq!(bound["connection_descriptor"]["connection"]["target_type"], "device");
+
+    let handle: ConnectorHandle = lane.server.handle();
+    assert!(handle.device_status(&channel, DeviceStatus::Offline).await.unwrap());
+    let (push, _) = c.wait_for("connection.descriptor.push").await;
+    let d = payload_json(&push)["connection_descriptor"].clone();
+    assert_eq!(d["connection"]["status"], "offline");
+    assert!(d["tools"].as_array().unwrap().iter().all(|t| t["status"] == "unavailable"), "{d}");
+    let offline = invoke(&mut c, &channel, "lab_set", json!({"level": 2}), "c1").await;
+    assert_eq!(code(&offline), Some(ErrorCode::DeviceOffline));
+
+    assert!(handle.device_status(&channel, DeviceStatus::PermissionLost).await.unwrap());
+    let (push, _) = c.wait_for("connection.descriptor.push").await;
+    let d = payload_json(&push)["connection_descriptor"].clone();
+    assert_eq!(d["tools"][0]["status"], "denied_by_target");
+    assert_eq!(d["tools"][0]["target_permission_state"], "denied");
+    let denied = invoke(&mut c, &channel, "lab_read", json!({}), "c2").await;
+    assert_eq!(code(&denied), Some(ErrorCode::PermissionDenied));
+
+    assert!(handle.device_status(&channel, DeviceStatus::Online).await.unwrap());
+    let (push, _) = c.wait_for("connection.descriptor.push").await;
+    assert_eq!(payload_json(&push)["connection_descriptor"]["connection"]["status"], "connected");
+    // The call refused while offline never reached the device: its retry runs now.
+    let ok = invoke(&mut c, &channel, "lab_set", json!({"level": 2}), "c1").await;
+    assert_eq!(code(&ok), None, "{ok:?}");
+    // A repeat of a completed control call is answered from the record, not run again.
+    let again = invoke(&mut c, &channel, "lab_set", json!({"level": 2}), "c1").await;
+    assert_eq!(payload_json(&again)["result"], json!({"level": 2}));
+    assert_eq!(*lab.actions.lock().unwrap(), vec!["set 2".to_owned()]);
+    // Reporting the same state again changes nothing.
+    assert!(!handle.device_status(&channel, DeviceStatus::Online).await.unwrap());
+    let _ = lane.stop.send(());
+}
+
+#[tokio::test]
+async fn rule_restored_binding_is_connected_only_after_the_device_answered() {
+    let lab = Lab::default();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let lane = serve(builder(&lab, "device.lab").build().unwrap(), dir.path(), &clock).await;
+    let mut c = client(&lane.base, "device.lab", &[PROFILE_DEVICE_V1]).await;
+    let (channel, _) = open_and_bind(&mut c, "dev-1").await;
+    lane.server.shutdown();
+    let _ = lane.stop.send(());
+    c.close().await;
+
+    // The device does not answer the check after the restart.
+    *lab.status.lock().unwrap() = None;
+    let lane = serve(builder(&lab, "device.lab").build().unwrap(), dir.path(), &clock).await;
+    let mut c = client(&lane.base, "device.lab", &[PROFILE_DEVICE_V1]).await;
+    let open = c.request(ChannelOpen::default(), Some(&channel));
+    let _ = c.call(open).await;
+    let d = descriptor(&mut c, &channel).await;
+    assert_ne!(d["connection"]["status"], "connected", "{d}");
+    assert!(d["tools"].as_array().unwrap().iter().all(|t| t["status"] != "available"), "{d}");
+    // The device answers later: connected, Tools available.
+    lane.server.handle().device_status(&channel, DeviceStatus::Online).await.unwrap();
+    let d = descriptor(&mut c, &channel).await;
+    assert_eq!(d["connection"]["status"], "connected");
+    assert!(d["tools"].as_array().unwrap().iter().all(|t| t["status"] == "available"), "{d}");
+    let _ = lane.stop.send(());
+}
+
+#[tokio::test]
+async fn rule_high_risk_tool_needs_a_live_one_shot_confirmation() {
+    let lab = Lab::default();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let lane = serve(builder(&lab, "device.lab").build().unwrap(), dir.path(), &clock).await;
+    let mut c = client(&lane.base, "device.lab", &[PROFILE_DEVICE_V1]).await;
+    let (channel, _) = open_and_bind(&mut c, "dev-1").await;
+    let handle = lane.server.handle();
+    let wipe = ToolId::new("lab_wipe");
+
+    let first = invoke(&mut c, &channel, "lab_wipe", json!({}), "w1").await;
+    assert_eq!(code(&first), Some(ErrorCode::ConfirmationRequired));
+    // A grant that expired (simulated time) does not count.
+    handle.grant_confirmation(&channel, &wipe).unwrap();
+    clock.advance(5 * 60 * 1000);
+    let late = invoke(&mut c, &channel, "lab_wipe", json!({}), "w1").await;
+    assert_eq!(code(&late), Some(ErrorCode::ConfirmationRequired));
+    handle.grant_confirmation(&channel, &wipe).unwrap();
+    let ok = invoke(&mut c, &channel, "lab_wipe", json!({}), "w1").await;
+    assert_eq!(code(&ok), None, "{ok:?}");
+    // One shot: the next call needs a new confirmation.
+    let next = invoke(&mut c, &channel, "lab_wipe", json!({}), "w2").await;
+    assert_eq!(code(&next), Some(ErrorCode::ConfirmationRequired));
+    assert_eq!(*lab.actions.lock().unwrap(), vec!["wipe".to_owned()]);
+    let _ = lane.stop.send(());
+}
+
+#[tokio::test]
+async fn rule_media_bytes_in_a_result_are_refused_not_sent() {
+    let lab = Lab::default();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let lane = serve(builder(&lab, "device.lab").build().unwrap(), dir.path(), &clock).await;
+    let mut c = client(&lane.base, "device.lab", &[PROFILE_DEVICE_V1]).await;
+    let (channel, _) = open_and_bind(&mut c, "dev-1").await;
+    let leak = invoke(&mut c, &channel, "lab_leak", json!({}), "l1").await;
+    assert_eq!(code(&leak), Some(ErrorCode::ToolInvokeFailed));
+    assert!(!serde_json::to_string(&leak).unwrap().contains("iVBORw0KGgo"));
+    let _ = lane.stop.send(());
+}
+
+#[test]
+fn rule_device_facts_as_model_arguments_are_refused_at_build_time() {
+    let lab = Lab::default();
+    let result =
+        builder(&lab, "device.lab")
+            .device_tool(
+                ToolSpec::new("lab_pick", "Pick\nPicks a device by serial."),
+                ToolCategory::Observation,
+                RiskLevel::Low,
+                |_ctx, args: SerialArgs| async move {
+                    Ok::<_, ToolError>(json!({"serial": args.serial}))
+                },
+            )
+            .build();
+    let error = result.expect_err("a serial argument is refused");
+    assert!(matches!(error, DefinitionError::Device(_)), "{error}");
+    assert!(error.to_string().contains("serial"), "{error}");
+}
+
+#[tokio::test]
+async fn rule_target_type_follows_the_enabled_profiles_for_an_im_and_device_card() {
+    let lab = Lab::default();
+    let connector = builder(&lab, "device.mixed")
+        .target(TargetDeclaration::new(TargetType::Im, "lab", "Lab chat"))
+        .profile(PROFILE_IM_V1)
+        .build()
+        .unwrap();
+    assert_eq!(connector.card().supports.target_types[0], TargetType::Device);
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let lane = serve(connector, dir.path(), &clock).await;
+    for (profile, want) in [(PROFILE_DEVICE_V1, "device"), (PROFILE_IM_V1, "im")] {
+        let mut c = client(&lane.base, "device.mixed", &[profile]).await;
+        let open = c.request(ChannelOpen::default(), None);
+        let channel = c.call(open).await.connector_channel_id.clone().unwrap();
+        let d = descriptor(&mut c, &channel).await;
+        assert_eq!(d["connection"]["target_type"], want, "{profile}: {d}");
+        assert_eq!(d["connection"]["profiles"], json!([profile]));
+        let card = serde_json::to_value(lane.server.card()).unwrap();
+        let facts = xagent_protocol_validate::CardFacts::from_value(&card);
+        let context = xagent_protocol_validate::DescriptorContext::with_card(&facts);
+        let report = xagent_protocol_validate::validate_descriptor(&d, context);
+        assert!(
+            report.errors().next().is_none(),
+            "{profile}: {:?}",
+            report.errors().collect::<Vec<_>>()
+        );
+        c.close().await;
+    }
+    let _ = lane.stop.send(());
+}

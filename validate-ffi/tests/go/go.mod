@@ -1,0 +1,3 @@
+module xagent.example/validatecheck
+
+go 1.19
