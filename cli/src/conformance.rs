@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use xagent_client_runtime::BaseUrl;
-use xagent_client_runtime::conformance::{ConformanceOptions, run};
+use xagent_conformance::{ConformanceOptions, run};
 use xagent_protocol_types::Secret;
 
 use crate::EXIT_USAGE;

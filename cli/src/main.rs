@@ -13,6 +13,7 @@ mod check;
 mod conformance;
 mod demo;
 mod homie;
+mod mcp;
 mod mock_xagent;
 mod webchat;
 
@@ -40,6 +41,8 @@ enum Command {
     Homie(homie::HomieArgs),
     /// Run im.webchat with an xAgent stand-in in one process and print the URL to open.
     Demo(demo::DemoArgs),
+    /// Put a Connector in front of an MCP client (stdio, or streamable HTTP with --http).
+    Mcp(mcp::McpArgs),
 }
 
 /// Exit status for usage and I/O errors.
@@ -86,5 +89,6 @@ fn main() -> ExitCode {
         Command::Webchat(args) => webchat::run_command(args),
         Command::Homie(args) => homie::run_command(args),
         Command::Demo(args) => demo::run_command(args),
+        Command::Mcp(args) => mcp::run_command(args),
     }
 }

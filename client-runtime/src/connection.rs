@@ -423,7 +423,8 @@ pub(crate) struct Shared {
     pub(crate) im: Mutex<ImState>,
     pub(crate) files: StdMutex<Option<Arc<dyn crate::FileSource>>>,
     pub(crate) sink: StdMutex<Option<Arc<dyn crate::FileSink>>>,
-    facts: Option<CardFacts>,
+    /// What the packet rules know of the admitted Card; replaced when a refetch re-admits it.
+    facts: StdMutex<Option<Arc<CardFacts>>>,
     validator: xagent_protocol_validate::Validator,
 }
 
@@ -434,6 +435,17 @@ fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Shared {
     pub(crate) fn now(&self) -> u64 {
         self.config.clock.now_millis()
+    }
+
+    /// The admitted Card's facts the packet rules judge by (the current Card after a refetch).
+    pub(crate) fn card_facts(&self) -> Option<Arc<CardFacts>> {
+        lock(&self.facts).clone()
+    }
+
+    /// Replaces the admitted Card everywhere it is judged: the packet rules and the directory.
+    pub(crate) fn set_card(&self, card: xagent_protocol_types::ConnectorCard) {
+        *lock(&self.facts) = Some(Arc::new(CardFacts::from_card(&card)));
+        lock(&self.directory).set_card(card);
     }
 
     fn link(&self) -> Option<Link> {
@@ -513,7 +525,7 @@ impl DataPlane {
                 directory.remember(remembered.channel, remembered.owner);
             }
         }
-        let facts = config.card.as_ref().map(CardFacts::from_card);
+        let facts = StdMutex::new(config.card.as_ref().map(|c| Arc::new(CardFacts::from_card(c))));
         let config_window = config.window;
         let shared = Arc::new(Shared {
             im: Mutex::new(im),
@@ -947,7 +959,8 @@ fn check_hello_ack(shared: &Shared, packet: &Packet) -> Result<ConnectorHelloAck
         return Err(ClientError::Remote(error.clone()));
     }
     let value = packet.to_value().map_err(|e| ClientError::Protocol(e.to_string()))?;
-    let context = PacketContext { card: shared.facts.as_ref(), sender: Some(Side::Connector) };
+    let facts = shared.card_facts();
+    let context = PacketContext { card: facts.as_deref(), sender: Some(Side::Connector) };
     let report = xagent_protocol_validate::validate_packet(&value, context);
     let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
     if !errors.is_empty() {
@@ -1212,7 +1225,8 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
 /// The validator's errors for a packet from the Connector, rule ids first, or `None`.
 fn validation_errors(shared: &Shared, text: &str) -> Option<String> {
     let value: serde_json::Value = serde_json::from_str(text).ok()?;
-    let context = PacketContext { card: shared.facts.as_ref(), sender: Some(Side::Connector) };
+    let facts = shared.card_facts();
+    let context = PacketContext { card: facts.as_deref(), sender: Some(Side::Connector) };
     let report = shared.validator.packet(&value, context);
     let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
     (!errors.is_empty()).then(|| errors.join("; "))

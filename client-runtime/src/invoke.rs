@@ -180,11 +180,7 @@ impl DataPlane {
     /// Replaces the admitted Card after a refetch re-admitted the Connector (Tool resolution
     /// and projection follow the new Card).
     pub fn set_card(&self, card: xagent_protocol_types::ConnectorCard) {
-        self.shared()
-            .directory
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .set_card(card);
+        self.shared().set_card(card);
     }
 
     /// A snapshot of the channel directory.

@@ -24,7 +24,6 @@
 mod admission;
 mod backoff;
 mod base_url;
-pub mod conformance;
 mod connection;
 mod directory;
 mod error;
@@ -33,7 +32,6 @@ mod http;
 mod ids;
 mod im;
 mod invoke;
-pub mod probe;
 mod store;
 mod tools;
 mod transport;

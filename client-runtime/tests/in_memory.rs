@@ -520,3 +520,36 @@ async fn validator_rule_a_push_that_breaks_the_rules_gets_invalid_packet_and_is_
     .await;
     assert!(seen.is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn readmission_rule_a_new_card_tool_is_accepted_in_descriptors_after_set_card() {
+    let clock = ManualClock::new(1_000);
+    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let mut peer = accept_hello(&mut peers).await;
+    plane.connected().await.expect("online");
+    let opening = tokio::spawn({
+        let plane = plane.clone();
+        async move { plane.open_channel_for("alice", None).await }
+    });
+    answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+    opening.await.expect("joins").expect("opened");
+    // The Connector was upgraded: a refetch re-admitted a Card with a second Tool.
+    let schema = json!({"type": "object", "required": ["connector_channel_id"],
+        "properties": {"connector_channel_id": {"type": "string"}}});
+    let upgraded = card()
+        .with_tool(CardTool::new("mem_history", schema.as_object().cloned().unwrap_or_default()));
+    plane.set_card(upgraded);
+    let pushed = descriptor("cch_1", ConnectionStatus::Connected)
+        .with_tool(DescriptorTool::available("mem_history"));
+    let push = json!({"schema": "xagent.connector.packet/v1", "packet_id": "pkt_d2",
+        "type": "connection.descriptor.push", "connector_channel_id": "cch_1",
+        "payload": {"connection_descriptor": serde_json::to_value(&pushed).expect("encodes")}});
+    assert!(peer.send_json(push).await);
+    let seen = next_event_matching(&mut events, Duration::from_secs(2), |e| {
+        matches!(e, ClientEvent::DescriptorPushed { .. })
+    })
+    .await;
+    assert!(seen.is_some(), "the packet rules judge by the re-admitted Card, not the first one");
+    let entry = plane.directory().get(&"cch_1".into()).cloned().expect("known");
+    assert!(format!("{entry:?}").contains("mem_history"), "the new Tool is in the directory");
+}

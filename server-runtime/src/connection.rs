@@ -9,7 +9,7 @@ use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 use xagent_protocol_types::{
-    ConnectorChannelId, Packet, PacketBody, Payload, Pong, ProfileId, Side, WireError,
+    ConnectorChannelId, ErrorCode, Packet, PacketBody, Payload, Pong, ProfileId, Side, WireError,
 };
 use xagent_protocol_validate::{
     Accepted, ChannelOwner, Negotiated, Permission, RejectAction, Rejection, Session,
@@ -133,7 +133,8 @@ where
         });
     let proto = Arc::new(Mutex::new(proto));
     let (tx, rx) = mpsc::channel(shared.config.write_queue.max(1));
-    let writer = tokio::spawn(write_loop(sink, rx, Arc::clone(&proto)));
+    let writer =
+        tokio::spawn(write_loop(sink, rx, Arc::clone(&proto), shared.config.max_packet_bytes));
     let mut conn = Conn {
         shared: Arc::clone(&shared),
         socket,
@@ -194,8 +195,12 @@ where
     tracing::debug!(socket, "data plane connection closed");
 }
 
-async fn write_loop<Si>(mut sink: Si, mut rx: mpsc::Receiver<Outgoing>, proto: Arc<Mutex<Session>>)
-where
+async fn write_loop<Si>(
+    mut sink: Si,
+    mut rx: mpsc::Receiver<Outgoing>,
+    proto: Arc<Mutex<Session>>,
+    limit: usize,
+) where
     Si: Sink<Frame> + Send + Unpin + 'static,
 {
     while let Some(item) = rx.recv().await {
@@ -225,6 +230,12 @@ where
                 continue;
             }
         };
+        let Some(text) = within_limit(&packet, text, limit) else {
+            if let Some(done) = done {
+                let _ = done.send(false);
+            }
+            continue;
+        };
         let ok = sink.send(Frame::Text(text)).await.is_ok();
         if let Some(done) = done {
             let _ = done.send(ok);
@@ -234,6 +245,31 @@ where
         }
     }
     let _ = sink.close().await;
+}
+
+/// The last line of the outbound size rule: nothing leaves that the peer's packet limit would
+/// refuse (a peer drops an oversized packet and reconnects, cutting every channel on the socket).
+/// An oversized ack (a Tool result, say) is replaced by the same ack carrying
+/// `payload_too_large`, so the request is still answered; any other oversized packet is withheld.
+fn within_limit(packet: &Packet, text: String, limit: usize) -> Option<String> {
+    if text.len() <= limit {
+        return Some(text);
+    }
+    let packet_type = packet.type_str();
+    tracing::warn!(packet_type, bytes = text.len(), limit, "outgoing packet over the size limit");
+    let body = PacketBody::empty_ack(packet_type)?;
+    let mut answer = Packet::new(ids::packet_id(), body).with_error(WireError::new(
+        ErrorCode::PayloadTooLarge,
+        format!(
+            "the answer is {} bytes as a packet and the data plane takes at most {limit}: ask for less (a narrower query, or a file through the Transfer Plane)",
+            text.len()
+        ),
+    ));
+    answer.request_id = packet.request_id.clone();
+    answer.reply_to = packet.reply_to.clone();
+    answer.connector_channel_id = packet.connector_channel_id.clone();
+    answer.time = packet.time;
+    answer.to_json().ok().filter(|answer| answer.len() <= limit)
 }
 
 impl Conn {
@@ -384,5 +420,44 @@ impl Conn {
 
     pub(crate) fn profiles(&self) -> Vec<ProfileId> {
         self.negotiated.as_ref().map(|n| n.profile_ids().to_vec()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xagent_protocol_types::{ChatMessage, RequestId, ToolInvokeAck};
+
+    fn big_ack() -> Packet {
+        let result = serde_json::json!({ "rows": "x".repeat(4096) });
+        let mut ack = Packet::with_payload("pkt_ack", ToolInvokeAck::new("t_read", result))
+            .channel(ConnectorChannelId::from("cch_1"));
+        ack.request_id = Some(RequestId::from("req_1"));
+        ack.reply_to = Some("pkt_req".into());
+        ack
+    }
+
+    #[test]
+    fn outbound_size_rule_an_oversized_ack_is_answered_with_payload_too_large() {
+        let ack = big_ack();
+        let text = ack.to_json().expect("encodes");
+        let sent = within_limit(&ack, text, 1024).expect("the request is still answered");
+        assert!(sent.len() <= 1024);
+        let answer = Packet::decode_str(&sent).expect("a packet");
+        assert_eq!(answer.type_str(), "tool.invoke.ack");
+        assert_eq!(answer.error.as_ref().map(|e| e.code.clone()), Some(ErrorCode::PayloadTooLarge));
+        assert_eq!(answer.request_id, ack.request_id, "same request_id");
+        assert_eq!(answer.reply_to, ack.reply_to, "same reply_to");
+        assert_eq!(answer.connector_channel_id, ack.connector_channel_id);
+        assert!(!sent.contains("xxxx"), "none of the oversized result leaves");
+    }
+
+    #[test]
+    fn outbound_size_rule_an_oversized_push_is_withheld_and_a_fitting_packet_passes() {
+        let message = Packet::with_payload("pkt_m", ChatMessage::text("msg_1", "y".repeat(4096)))
+            .channel(ConnectorChannelId::from("cch_1"));
+        let text = message.to_json().expect("encodes");
+        assert!(within_limit(&message, text.clone(), 1024).is_none());
+        assert_eq!(within_limit(&message, text.clone(), text.len()), Some(text));
     }
 }

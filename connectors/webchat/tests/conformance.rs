@@ -1,9 +1,9 @@
-//! The black-box conformance suite of `xagent-client-runtime` against a running `im.webchat`
+//! The black-box conformance suite (`xagent-conformance`) against a running `im.webchat`
 //! with the `webchat_room` form flow: every check passes.
 
 mod support;
 
-use xagent_client_runtime::conformance::{ConformanceOptions, Status, run};
+use xagent_conformance::{ConformanceOptions, Status, run};
 use xagent_connector_webchat::ROOM_FLOW;
 use xagent_protocol_types::{AuthInput, Secret};
 

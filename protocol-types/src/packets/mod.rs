@@ -449,7 +449,13 @@ impl PacketBody {
     /// `error` instead of a result. `None` when the request type has no payload-optional ack
     /// (pushes, `chat.message`, `error`, unknown types): answer those with an `error` packet.
     pub fn empty_ack_for(request: &PacketBody) -> Option<PacketBody> {
-        let ack = PacketType::ack_type_of(request.type_str())?;
+        Self::empty_ack(PacketType::ack_type_of(request.type_str())?)
+    }
+
+    /// The body of an ack of type `ack` with no payload (to carry an `error`), or `None` when
+    /// `ack` is not an ack type whose payload may be absent.
+    pub fn empty_ack(ack: &str) -> Option<PacketBody> {
+        PacketType::request_type_of(ack)?;
         let spec = PacketType::spec_of(ack)?;
         if spec.payload_required {
             return None;

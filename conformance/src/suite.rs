@@ -1,10 +1,4 @@
-//! A black-box conformance suite for any Connector Server: the control plane, the data plane,
-//! and (given an authentication flow and its inputs) authentication, Descriptors, Tools, IM v2
-//! message exchange and the Transfer Plane. Each check names the rule it checks and, on
-//! failure, shows what was sent and what came back. Where `protocol-validate` has a rule for
-//! what a check observes, the check carries that rule's id (`hello.card_id`,
-//! `packet.type_unknown`, `descriptor.tool_not_in_card`, ...); the others are named by the
-//! plane they probe (`control.*`, `ws.*`, `im.*`, `transfer.*`, `tool.<id>.*`).
+//! The suite itself: control plane, data plane, authenticated checks, Tools, IM v2, files.
 
 use std::time::Duration;
 
@@ -18,8 +12,10 @@ use xagent_protocol_types::{
 };
 use xagent_protocol_validate::AdmissionWindow;
 
+use xagent_client_runtime::{BaseUrl, ClientError, ControlPlane, SkillDocument};
+
 use crate::probe::{Probe, ProbeOptions, Received, Upgrade};
-use crate::{BaseUrl, ControlPlane, SkillDocument, ids};
+use crate::{device, ids};
 
 /// What to run the suite against.
 #[derive(Debug, Clone)]
@@ -255,6 +251,20 @@ impl Run {
         self.card.as_ref().map(|c| c.connector_card_id.to_string()).unwrap_or_default()
     }
 
+    /// True when the Card declares the Device Profile (the `device` checks run).
+    fn device_applies(&self) -> bool {
+        self.card.as_ref().is_some_and(device::applies)
+    }
+
+    /// The device checks that need a signed-in channel, reported skipped with `reason`.
+    fn skip_device_signed_in(&mut self, rule: &'static str, reason: &str) {
+        if self.device_applies() {
+            for id in [device::DESCRIPTOR_DECLARES, device::RESULT_NO_BYTES] {
+                self.report.record(id, rule, skip(reason.to_owned()));
+            }
+        }
+    }
+
     fn supported_profiles(&self) -> Vec<ProfileId> {
         self.card.as_ref().map(|c| c.supports.profiles.clone()).unwrap_or_default()
     }
@@ -297,6 +307,13 @@ impl Run {
                                 fail(e.to_string()),
                             ),
                         }
+                        if device::applies(&card) {
+                            let outcome = match device::card_declares(&card) {
+                                Ok(detail) => pass(detail),
+                                Err(detail) => fail(detail),
+                            };
+                            self.report.record(device::CARD_DECLARES, device::CARD_RULE, outcome);
+                        }
                         self.card = Some(card);
                     }
                     Err(e) => self.report.record(
@@ -328,7 +345,7 @@ impl Run {
             ),
             (Ok(SkillDocument::Present(markdown)), Some(card)) => {
                 let expected = card.primary_skill_name();
-                match crate::skill_name(&markdown) {
+                match xagent_client_runtime::skill_name(&markdown) {
                     Some(name) if name == expected => self.report.record(
                         "skill.name_card",
                         "§4.2 Skill name is connector-<card id>",
@@ -367,9 +384,8 @@ impl Run {
             );
             let none = anonymous.health().await;
             let bad = wrong.health().await;
-            let refused = |r: &Result<_, crate::ClientError>| {
-                matches!(r, Err(crate::ClientError::Unauthorized { .. }))
-            };
+            let refused =
+                |r: &Result<_, ClientError>| matches!(r, Err(ClientError::Unauthorized { .. }));
             if refused(&none) && refused(&bad) {
                 self.report.record(
                     "control.health.api_key_enforced",
@@ -992,6 +1008,10 @@ impl Run {
                     skip("give --flow and --input to run the authenticated checks"),
                 );
             }
+            self.skip_device_signed_in(
+                "needs --flow",
+                "give --flow and --input to run the authenticated checks",
+            );
         }
 
         let close_request = req();
@@ -1167,21 +1187,24 @@ impl Run {
             }
         };
         let Some(descriptor) = descriptor else { return };
-        let descriptor = match self
+        let (get_sent, got) = self
             .request(
                 probe,
                 Packet::with_payload(pkt(), xagent_protocol_types::DescriptorGet::default())
                     .request_id(req())
                     .channel(channel.clone()),
             )
-            .await
-        {
-            (_, Received::Packet(packet, _)) => packet
+            .await;
+        let fetched = match &got {
+            Received::Packet(packet, _) => packet
                 .payload::<xagent_protocol_types::DescriptorGetAck>()
-                .map(|a| a.connection_descriptor.clone())
-                .unwrap_or(descriptor),
-            _ => descriptor,
+                .map(|a| a.connection_descriptor.clone()),
+            _ => None,
         };
+        if self.device_applies() {
+            self.device_descriptor(&descriptor, fetched.as_ref(), channel, &get_sent, &got);
+        }
+        let descriptor = fetched.unwrap_or(descriptor);
 
         // Tools: Descriptor ⊆ Card, and every Card Tool accounted for.
         let card_tools: Vec<String> = self
@@ -1292,6 +1315,7 @@ impl Run {
         ] {
             self.report.record(id, "needs a signed-in channel", skip(reason.to_owned()));
         }
+        self.skip_device_signed_in("needs a signed-in channel", reason);
         let tools: Vec<String> = self.options.tools.iter().map(|(id, _)| id.clone()).collect();
         for tool in tools {
             for kind in ["success", "invalid_arguments", "repeat"] {
@@ -1304,12 +1328,67 @@ impl Run {
         }
     }
 
+    /// The Device Profile's Descriptor declarations, on the Descriptor of the authenticated
+    /// sign-in answer and on the one `connection.descriptor.get` returns (validated as well).
+    fn device_descriptor(
+        &mut self,
+        signed_in: &ConnectionDescriptor,
+        fetched: Option<&ConnectionDescriptor>,
+        channel: &ConnectorChannelId,
+        get_sent: &str,
+        got: &Received,
+    ) {
+        let Some(card) = self.card.clone() else { return };
+        let Some(fetched) = fetched else {
+            self.report.record(
+                device::DESCRIPTOR_DECLARES,
+                device::DESCRIPTOR_RULE,
+                fail_with(
+                    "connection.descriptor.get did not answer with a Descriptor",
+                    Some(get_sent),
+                    got,
+                ),
+            );
+            return;
+        };
+        let mut problems: Vec<String> = self
+            .descriptor_problems(fetched, channel)
+            .into_iter()
+            .map(|p| format!("connection.descriptor.get: {p}"))
+            .collect();
+        for (descriptor, where_) in
+            [(signed_in, "sign-in answer"), (fetched, "connection.descriptor.get")]
+        {
+            if let Err(problem) = device::descriptor_declares(&card, descriptor, where_) {
+                problems.push(problem);
+            }
+        }
+        if problems.is_empty() {
+            self.report.record(
+                device::DESCRIPTOR_DECLARES,
+                device::DESCRIPTOR_RULE,
+                pass(format!(
+                    "target_type {} with {} in both Descriptors",
+                    fetched.connection.target_type.as_str(),
+                    xagent_protocol_types::PROFILE_DEVICE_V1
+                )),
+            );
+        } else {
+            self.report.record(
+                device::DESCRIPTOR_DECLARES,
+                device::DESCRIPTOR_RULE,
+                fail_with(problems.join("; "), Some(get_sent), got),
+            );
+        }
+    }
+
     /// `--tool ID --args JSON`: a successful call, a call with invalid arguments
     /// (`invalid_arguments` expected) and a repeat with the same `tool_call_id` (the first
     /// result expected, no second effect).
     async fn tools(&mut self, probe: &mut Probe, channel: &ConnectorChannelId) {
         const TOOL: &str = "§8.18 tool.invoke gets tool.invoke.ack; §8.19 invalid arguments";
         let calls = self.options.tools.clone();
+        let mut results: Vec<(String, Value)> = Vec::new();
         for (tool, mut arguments) in calls {
             // The reserved argument every Card Tool requires, as a model would pass it.
             arguments.entry("connector_channel_id").or_insert_with(|| json!(channel.as_str()));
@@ -1369,6 +1448,9 @@ impl Run {
                     .and_then(|a| a.result.clone()),
                 _ => None,
             };
+            if let Some(result) = &first_result {
+                results.push((tool.clone(), result.clone()));
+            }
             if first_result.is_some() && again_result == first_result {
                 self.report.record(
                     format!("tool.{tool}.repeat"),
@@ -1382,6 +1464,19 @@ impl Run {
                     fail_with("expected the first call's result again", Some(&sent), &again),
                 );
             }
+        }
+        if self.device_applies() {
+            let outcome = if self.options.tools.is_empty() {
+                skip("give --tool ID --args JSON to scan Tool results")
+            } else if results.is_empty() {
+                skip("no --tool call succeeded, no result to scan")
+            } else {
+                match device::results_carry_no_bytes(&results) {
+                    Ok(detail) => pass(detail),
+                    Err(detail) => fail(detail),
+                }
+            };
+            self.report.record(device::RESULT_NO_BYTES, device::RESULT_RULE, outcome);
         }
     }
 
@@ -1478,7 +1573,7 @@ impl Run {
                     Err(e) => self.report.record("transfer.download", "§5.2 GET /files/refs/{file_ref} returns the raw bytes", fail(e.to_string())),
                 }
             }
-            Err(crate::ClientError::Http { status: 404, .. }) => {
+            Err(ClientError::Http { status: 404, .. }) => {
                 self.report.record(
                     "transfer.upload",
                     UPLOAD,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use xagent_client_runtime::BaseUrl;
-use xagent_client_runtime::conformance::{ConformanceOptions, Status, run};
+use xagent_conformance::{ConformanceOptions, Status, run};
 use xagent_protocol_types::{AuthInput, Secret};
 use xagent_testkit::{ECHO_FLOW, EchoServer, temp_state_dir};
 

@@ -18,7 +18,7 @@ use tokio_tungstenite::tungstenite::Message as TungMessage;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use xagent_client_runtime::BaseUrl;
-use xagent_client_runtime::conformance::{ConformanceOptions, ConformanceReport, Status, run};
+use xagent_conformance::{ConformanceOptions, ConformanceReport, Status, run};
 use xagent_protocol_types::{AuthInput, SUBPROTOCOL, Secret};
 use xagent_testkit::{ECHO_FLOW, EchoServer, temp_state_dir};
 

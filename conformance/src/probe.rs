@@ -8,7 +8,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use xagent_protocol_types::{Packet, SUBPROTOCOL, Secret};
 
-use crate::BaseUrl;
+use xagent_client_runtime::BaseUrl;
 
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;

@@ -1,0 +1,144 @@
+//! `xagent-connector mcp`: puts one Connector in front of an MCP client (see the `xagent-mcp`
+//! crate and docs/MCP.md). MCP goes over stdin/stdout by default, or over streamable HTTP at
+//! `http://ADDR/mcp` with `--http ADDR`. Logs go to stderr only: on stdio, stdout belongs to
+//! the protocol.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use xagent_mcp::files::AllowedDirs;
+use xagent_mcp::{BridgeConfig, LinkConfig};
+use xagent_protocol_types::Secret;
+
+use crate::EXIT_USAGE;
+
+/// Options of `mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// The Connector's Base URL.
+    #[arg(long)]
+    base_url: String,
+    /// The system API key (prefer XAGENT_CONNECTOR_API_KEY: a command line is visible to
+    /// other users of the machine).
+    #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// The sign-in flow to run when the channel is not signed in yet.
+    #[arg(long)]
+    flow: Option<String>,
+    /// A form input of the flow, as name=value (repeatable).
+    #[arg(long = "input", value_name = "NAME=VALUE", requires = "flow")]
+    inputs: Vec<String>,
+    /// Directory for the inbox, downloaded files and the remembered channel (created
+    /// readable only by you); default: ~/.local/state/xagent-connector/mcp/<host-port>.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Serve MCP over streamable HTTP at http://ADDR/mcp instead of stdio.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+    /// A directory the agent may send files from (repeatable); without one, only files
+    /// this server offers as resources can be sent.
+    #[arg(long = "allow-dir", value_name = "DIR")]
+    allow_dirs: Vec<PathBuf>,
+}
+
+fn default_state_dir(base_url: &str) -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("HOME")
+            .map(|home| PathBuf::from(home).join(".local/state"))
+            .unwrap_or_else(|| PathBuf::from("."))
+    });
+    let name: String = base_url
+        .split("://")
+        .nth(1)
+        .unwrap_or(base_url)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' })
+        .collect();
+    base.join("xagent-connector/mcp").join(name.trim_matches('-'))
+}
+
+/// Runs the bridge until the MCP client goes away (stdio) or Ctrl-C.
+pub fn run_command(args: McpArgs) -> ExitCode {
+    crate::webchat::init_logs("info");
+    let inputs = match crate::parse_inputs(&args.inputs) {
+        Ok(inputs) => inputs,
+        Err(message) => {
+            eprintln!("xagent-connector mcp: {message}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let allowed = match AllowedDirs::new(&args.allow_dirs) {
+        Ok(allowed) => allowed,
+        Err(error) => {
+            eprintln!("xagent-connector mcp: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let state_dir = args.state_dir.unwrap_or_else(|| default_state_dir(&args.base_url));
+    let config = BridgeConfig {
+        link: LinkConfig {
+            base_url: args.base_url,
+            api_key: args.api_key.filter(|k| !k.is_empty()).map(Secret::new),
+            flow: args.flow,
+            inputs,
+            allowed,
+            health_interval: std::time::Duration::from_secs(30),
+        },
+        state_dir,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("xagent-connector mcp: cannot start the async runtime: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let http = args.http;
+    runtime.block_on(async move {
+        let link = match xagent_mcp::connect(config).await {
+            Ok(link) => link,
+            Err(error) => {
+                eprintln!("xagent-connector mcp: {error}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let served = match http {
+            None => tokio::select! {
+                served = xagent_mcp::serve_stdio(link) => served,
+                _ = tokio::signal::ctrl_c() => Ok(()),
+            },
+            Some(addr) => {
+                let shutdown = tokio_util::sync::CancellationToken::new();
+                let stop = shutdown.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::signal::ctrl_c().await;
+                    stop.cancel();
+                });
+                xagent_mcp::serve_http(link, addr, shutdown, |bound| {
+                    eprintln!("MCP over streamable HTTP at http://{bound}/mcp");
+                })
+                .await
+            }
+        };
+        match served {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("xagent-connector mcp: {error}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_state_dir;
+
+    #[test]
+    fn the_default_state_dir_is_per_connector() {
+        let dir = default_state_dir("http://127.0.0.1:8080/im");
+        assert!(dir.ends_with("xagent-connector/mcp/127.0.0.1-8080-im"), "{dir:?}");
+    }
+}

@@ -1,0 +1,111 @@
+//! # xagent-mcp
+//!
+//! The MCP bridge behind `xagent-connector mcp`: it connects to one protocol 3.0 Connector as
+//! xAgent does (admission, hello, a channel, sign-in, on `xagent-client-runtime`) and serves
+//! what it finds to any Model Context Protocol client with the official Rust SDK (`rmcp`),
+//! over stdio or streamable HTTP. A layer above the runtimes, beside `cli` and `connectors/*`.
+//!
+//! What an MCP client gets:
+//! - **Tools**: the Card's Tools that the channel's Descriptor lists as available (the list
+//!   changes, with `notifications/tools/list_changed`, when a Descriptor push changes it),
+//!   plus `connector_channels_list`, `connector_message_send` and `connector_message_wait`.
+//!   Tool errors are MCP tool errors carrying the protocol's stable code; progress pushes are
+//!   MCP progress notifications.
+//! - **Prompt and instructions**: the Connector's Skill.
+//! - **Resources**: each channel's inbound messages (subscribe for
+//!   `notifications/resources/updated`), each inbound file, and a pending QR sign-in.
+//!
+//! Inbound messages are acked `accepted` only after [`inbox::Inbox`] stored them (SQLite in the
+//! state directory) and are handed to the agent once, across restarts too.
+//!
+//! ```
+//! use xagent_client_runtime::model_input_schema;
+//! use xagent_mcp::projection::mcp_schema;
+//!
+//! let card_schema = serde_json::json!({
+//!     "type": "object",
+//!     "required": ["connector_channel_id", "file_ref"],
+//!     "properties": {
+//!         "connector_channel_id": {"type": "string"},
+//!         "file_ref": {"type": "string", "x-xagent-upload-ref": true}
+//!     }
+//! });
+//! let card_schema = card_schema.as_object().cloned().unwrap_or_default();
+//! let shown = mcp_schema(&model_input_schema(&card_schema), &card_schema);
+//! // The bridge resolves the channel, and the agent passes a file, not a Connector file_ref.
+//! assert_eq!(shown["required"], serde_json::json!(["file_ref"]));
+//! assert!(shown["properties"]["file_ref"].get("x-xagent-upload-ref").is_none());
+//! ```
+
+pub mod files;
+pub mod inbox;
+pub mod link;
+pub mod projection;
+pub mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rmcp::ServiceExt;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+pub use link::{Link, LinkConfig, LinkError, Notice, ToolFailure};
+pub use server::McpBridge;
+
+/// Everything `xagent-connector mcp` needs.
+#[derive(Debug, Clone)]
+pub struct BridgeConfig {
+    /// How to reach and sign in to the Connector.
+    pub link: LinkConfig,
+    /// Where the inbox and downloaded files live.
+    pub state_dir: PathBuf,
+}
+
+/// Opens the state directory and connects to the Connector.
+pub async fn connect(config: BridgeConfig) -> Result<Arc<Link>, LinkError> {
+    let inbox = Arc::new(inbox::Inbox::open(&config.state_dir)?);
+    Link::start(config.link, inbox, &config.state_dir).await
+}
+
+/// Serves MCP over stdin/stdout until the client closes the stream.
+pub async fn serve_stdio(link: Arc<Link>) -> Result<(), LinkError> {
+    let service = McpBridge::new(link)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| LinkError::Config(format!("the MCP session did not start: {e}")))?;
+    let reason = service.waiting().await;
+    tracing::info!(?reason, "the MCP client closed the session");
+    Ok(())
+}
+
+/// Serves MCP over streamable HTTP at `/mcp` on `addr` until `shutdown` fires. Calls
+/// `bound` with the address actually bound (for `:0`).
+pub async fn serve_http(
+    link: Arc<Link>,
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    bound: impl FnOnce(SocketAddr),
+) -> Result<(), LinkError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| LinkError::Config(format!("cannot listen on {addr}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| LinkError::Config(format!("cannot read the bound address: {e}")))?;
+    let mut config = StreamableHttpServerConfig::default();
+    config.cancellation_token = shutdown.child_token();
+    let service = StreamableHttpService::new(
+        move || Ok(McpBridge::new(Arc::clone(&link))),
+        LocalSessionManager::default().into(),
+        config,
+    );
+    let router = axum::Router::new().nest_service("/mcp", service);
+    bound(local);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })
+        .await
+        .map_err(|e| LinkError::Config(format!("the HTTP server failed: {e}")))
+}

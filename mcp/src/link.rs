@@ -1,0 +1,896 @@
+//! The one module that talks to `xagent-client-runtime`: admission, the data plane with the
+//! runtime's durable store, the bridge's channel (opened for the bridge's one xAgent user,
+//! remembered by the runtime, signed in with the given flow), Tool calls through the runtime's
+//! section 10.1 resolution and upload-reference substitution, the built-in channel Tools, the
+//! file source and sink the runtime calls, and the runtime's events turned into [`Notice`]s for
+//! the MCP side. Everything MCP-specific lives elsewhere.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use xagent_client_runtime::{
+    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, Events, FileContent,
+    FileSink, FileSource, FunctionDeclaration, HealthMonitor, InboundMessage, SessionBinding,
+    SqliteXagentStore, ToolCallOptions, admit, builtin_tools, check_card,
+};
+use xagent_protocol_types::{
+    AckStatus, AuthFlowType, AuthInput, AuthProgress, AuthStart, AuthStartAck, AuthStatus,
+    AuthStatusAck, AuthStatusRequest, ChatFile, ChatMessageAck, ConnectorCard, ConnectorChannelId,
+    ConnectorId, ErrorCode, Secret, ToolProgressPush, WireError,
+};
+use xagent_protocol_validate::AdmissionWindow;
+
+use crate::files::{AllowedDirs, FileSource as Reference, MAX_UPLOAD_BYTES, safe_filename};
+use crate::inbox::{Inbox, NewMessage, StoredFile};
+use crate::projection::CHANNEL_ARG;
+
+/// Largest inbound file the bridge keeps (32 MiB); larger ones are refused retryably.
+pub const MAX_DOWNLOAD_BYTES: usize = 32 * 1024 * 1024;
+
+/// Messages the inbox holds for the agent before it refuses more (retryably: the Connector
+/// keeps them and delivers them later).
+pub const MAX_PENDING_MESSAGES: u64 = 10_000;
+
+/// How long a message stays in the inbox after it was handed to the agent (7 days).
+pub const KEEP_HANDED_MILLIS: u64 = 7 * 24 * 3600 * 1000;
+
+/// The xAgent user the bridge acts as: one bridge, one user, its channels.
+pub const OWNER: &str = "mcp-bridge";
+
+const META_CONNECTOR_ID: &str = "connector_id";
+
+/// A failure shown to the agent as an MCP tool error: the protocol's stable code and a
+/// sentence saying what to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolFailure {
+    /// Stable code (the Connector's or the runtime's).
+    pub code: ErrorCode,
+    /// What happened.
+    pub message: String,
+}
+
+impl ToolFailure {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+}
+
+impl From<WireError> for ToolFailure {
+    fn from(WireError { code, message, .. }: WireError) -> Self {
+        Self { message: message.unwrap_or_else(|| format!("the Connector answered {code}")), code }
+    }
+}
+
+impl From<ClientError> for ToolFailure {
+    fn from(error: ClientError) -> Self {
+        match error {
+            ClientError::Remote(wire)
+            | ClientError::Refused(wire)
+            | ClientError::Withheld(wire) => wire.into(),
+            other => Self { code: other.code(), message: other.to_string() },
+        }
+    }
+}
+
+/// Something the MCP side must tell its clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// The set of callable Tools changed.
+    ToolsChanged,
+    /// A resource's content changed (its URI).
+    ResourceUpdated(String),
+    /// Resources appeared or disappeared.
+    ResourcesChanged,
+    /// The prompt (the Connector's Skill) changed.
+    PromptsChanged,
+}
+
+/// How the bridge starts.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// The Connector's Base URL.
+    pub base_url: String,
+    /// The system API key.
+    pub api_key: Option<Secret>,
+    /// The sign-in flow to run when the channel is not signed in.
+    pub flow: Option<String>,
+    /// The flow's form values (may hold secrets: never logged).
+    pub inputs: AuthInput,
+    /// Directories the agent may send files from.
+    pub allowed: AllowedDirs,
+    /// How often `/health` is probed (a changed Card or Skill is refetched and re-admitted).
+    pub health_interval: Duration,
+}
+
+/// The sign-in state of the bridge's channel, as the agent may see it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SignIn {
+    /// Last auth status.
+    pub status: Option<AuthStatus>,
+    /// The flow.
+    pub flow: Option<String>,
+    /// A QR flow's link, to show the user.
+    pub qr_code_text: Option<String>,
+    /// A QR flow's image (data URL), to show the user.
+    pub qr_code_image: Option<String>,
+    /// The Connector's message.
+    pub message: Option<String>,
+}
+
+type ProgressSink = mpsc::UnboundedSender<ToolProgressPush>;
+
+/// Acks of assistant messages, kept briefly so a send can learn its fate even when the ack
+/// arrived before the sender started waiting.
+#[derive(Default)]
+struct Acks {
+    recent: VecDeque<ChatMessageAck>,
+    waiting: HashMap<String, oneshot::Sender<ChatMessageAck>>,
+}
+
+/// The bridge's connection to one Connector.
+pub struct Link {
+    plane: DataPlane,
+    /// The admitted Card; replaced when the health monitor re-admits a changed one.
+    card: std::sync::RwLock<ConnectorCard>,
+    /// The Connector's primary Skill, likewise.
+    skill: std::sync::RwLock<Option<String>>,
+    health: HealthMonitor,
+    inbox: Arc<Inbox>,
+    /// The persisted id of the bridge's channel.
+    channel: Mutex<Option<ConnectorChannelId>>,
+    sign_in: Mutex<SignIn>,
+    notices: broadcast::Sender<Notice>,
+    arrivals: watch::Sender<u64>,
+    progress: Mutex<HashMap<(String, String), ProgressSink>>,
+    acks: Mutex<Acks>,
+    /// The Tool names last announced to MCP clients.
+    announced: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link").field("card", &self.card().connector_card_id).finish()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn mint(prefix: &str) -> String {
+    format!("{prefix}{:032x}", rand::random::<u128>())
+}
+
+/// Startup errors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LinkError {
+    /// The runtime refused or failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The inbox failed.
+    #[error(transparent)]
+    Inbox(#[from] crate::inbox::InboxError),
+    /// Bad configuration.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// What the runtime calls to read a file the agent named: an inbox resource or a path under an
+/// allowed directory ([`AllowedDirs`]).
+struct BridgeFiles {
+    allowed: AllowedDirs,
+    inbox: Arc<Inbox>,
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+impl FileSource for BridgeFiles {
+    fn open(&self, reference: &str) -> BoxFuture<'_, Result<FileContent, String>> {
+        let resolved = self.allowed.resolve(reference).map_err(|e| e.to_string());
+        Box::pin(async move {
+            let (filename, mime_type, path) = match resolved? {
+                Reference::Inbox(id) => {
+                    let file =
+                        self.inbox.file(&id).ok().flatten().ok_or_else(|| {
+                            "no such file resource; see resources/list".to_owned()
+                        })?;
+                    (file.filename, file.mime_type, self.inbox.file_path(&file.id))
+                }
+                Reference::Disk(path) => {
+                    let name = path
+                        .file_name()
+                        .map(|n| safe_filename(&n.to_string_lossy()))
+                        .unwrap_or_else(|| "file".into());
+                    let mime = mime_guess::from_path(&path).first_or_octet_stream().to_string();
+                    (name, mime, path)
+                }
+            };
+            let bytes = tokio::fs::read(&path).await.map_err(|_| "the file cannot be read")?;
+            if bytes.len() as u64 > MAX_UPLOAD_BYTES {
+                return Err(format!("the file is larger than {MAX_UPLOAD_BYTES} bytes"));
+            }
+            Ok(FileContent { filename, mime_type, bytes })
+        })
+    }
+}
+
+/// What the runtime calls with each inbound file it downloaded: written (and synced) into the
+/// inbox's files directory before the message reaches the bridge.
+impl FileSink for BridgeFiles {
+    fn save(
+        &self,
+        channel: &ConnectorChannelId,
+        file: &ChatFile,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'_, Result<String, String>> {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(format!("{channel}\n{}", file.file_ref));
+        let id = format!("f_{}", hex::encode(&digest[..12]));
+        let path = self.inbox.file_path(&id);
+        Box::pin(async move {
+            if bytes.len() > MAX_DOWNLOAD_BYTES {
+                return Err(format!(
+                    "the file is larger than the bridge keeps ({MAX_DOWNLOAD_BYTES} bytes)"
+                ));
+            }
+            tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("could not write the file: {e}"))?;
+            Ok(id)
+        })
+    }
+}
+
+impl Link {
+    /// Admits the Connector, connects with the runtime's durable store in `state_dir`, opens
+    /// (or finds the remembered) channel and signs in. A QR flow continues in the background;
+    /// its link is offered through [`Link::sign_in`].
+    pub async fn start(
+        config: LinkConfig,
+        inbox: Arc<Inbox>,
+        state_dir: &Path,
+    ) -> Result<Arc<Self>, LinkError> {
+        let base = BaseUrl::parse(&config.base_url).map_err(ClientError::from)?;
+        let control = ControlPlane::new(base.clone(), config.api_key.clone());
+        let admitted = admit(&control, &AdmissionWindow::default(), None).await?;
+        let card = &admitted.card;
+        tracing::info!(
+            card = %card.connector_card_id,
+            version = %card.connector.version,
+            tools = card.tools.len(),
+            "Connector admitted"
+        );
+        let store = SqliteXagentStore::open(state_dir).map_err(ClientError::Store)?;
+        let mut client = ClientConfig::for_card(base, card).with_store(Arc::new(store));
+        if let Some(key) = config.api_key.clone() {
+            client = client.with_api_key(key);
+        }
+        client.request_timeout = Duration::from_secs(30);
+        client.connector_id = inbox.meta(META_CONNECTOR_ID)?.map(ConnectorId::new);
+        let (plane, events) = DataPlane::connect(client)?;
+        let files = Arc::new(BridgeFiles { allowed: config.allowed.clone(), inbox: inbox.clone() });
+        plane.set_file_source(files.clone());
+        plane.set_file_sink(files);
+        let connector_id =
+            tokio::time::timeout(Duration::from_secs(30), plane.connected()).await.map_err(
+                |_| ClientError::Timeout { expected: "connector.hello.ack", millis: 30_000 },
+            )??;
+        inbox.set_meta(META_CONNECTOR_ID, connector_id.as_str())?;
+        let (notices, _) = broadcast::channel(256);
+        let (arrivals, _) = watch::channel(0);
+        let shared_card = Arc::new(tokio::sync::RwLock::new(admitted.card.clone()));
+        let expected = admitted.card.connector_card_id.to_string();
+        let health = HealthMonitor::spawn(
+            control,
+            Arc::clone(&shared_card),
+            config.health_interval,
+            move |json, skill| {
+                check_card(json, skill, &AdmissionWindow::default(), Some(expected.as_str()))
+            },
+        );
+        let link = Arc::new(Self {
+            plane,
+            card: std::sync::RwLock::new(admitted.card),
+            skill: std::sync::RwLock::new(admitted.skill),
+            health,
+            inbox,
+            channel: Mutex::new(None),
+            sign_in: Mutex::new(SignIn::default()),
+            notices,
+            arrivals,
+            progress: Mutex::new(HashMap::new()),
+            acks: Mutex::new(Acks::default()),
+            announced: Mutex::new(Vec::new()),
+        });
+        let (inbound_tx, inbound_rx) = mpsc::channel(64);
+        tokio::spawn(Arc::clone(&link).run_events(events, inbound_tx));
+        tokio::spawn(Arc::clone(&link).run_inbound(inbound_rx));
+        tokio::spawn(Arc::clone(&link).run_health(shared_card));
+        link.open_channel(&config).await?;
+        Ok(link)
+    }
+
+    /// The admitted Card (the latest one the health monitor re-admitted).
+    pub fn card(&self) -> ConnectorCard {
+        self.card.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The Connector's primary Skill, if it has one.
+    pub fn skill(&self) -> Option<String> {
+        self.skill.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Follows the health monitor: when it re-admitted a changed Card and Skill, the runtime
+    /// gets the Card and MCP clients hear that the Tools and the prompt changed.
+    async fn run_health(self: Arc<Self>, shared_card: Arc<tokio::sync::RwLock<ConnectorCard>>) {
+        let mut refreshed = self.health.refreshed();
+        let mut status = self.health.subscribe();
+        loop {
+            tokio::select! {
+                changed = refreshed.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let card = shared_card.read().await.clone();
+                    let skill = self.health.refetched_skill().await;
+                    tracing::info!(version = %card.connector.version, "the Connector changed; its Card and Skill were re-admitted");
+                    self.plane.set_card(card.clone());
+                    *self.card.write().unwrap_or_else(std::sync::PoisonError::into_inner) = card;
+                    *self.skill.write().unwrap_or_else(std::sync::PoisonError::into_inner) = skill;
+                    // A Descriptor that arrived before the new Card was judged against the old
+                    // one (a new Tool is not in it): read the channel's Descriptor again.
+                    if let Some(persisted) = self.channel_id() {
+                        let current = self.plane.current_channel(&persisted).await.unwrap_or(persisted);
+                        if let Err(error) = self.plane.open_channel_for(OWNER, Some(&current)).await {
+                            tracing::warn!(%error, "could not refresh the channel's Descriptor");
+                        }
+                    }
+                    self.notify(Notice::PromptsChanged);
+                    self.notify(Notice::ToolsChanged);
+                }
+                changed = status.changed() => {
+                    // The monitor logs each change itself; this only notices its end.
+                    if changed.is_err() {
+                        return;
+                    }
+                    status.borrow_and_update();
+                }
+            }
+        }
+    }
+
+    /// The durable inbox.
+    pub fn inbox(&self) -> &Inbox {
+        &self.inbox
+    }
+
+    /// Subscribes to notices.
+    pub fn notices(&self) -> broadcast::Receiver<Notice> {
+        self.notices.subscribe()
+    }
+
+    /// A counter that changes whenever a new message was stored.
+    pub fn arrivals(&self) -> watch::Receiver<u64> {
+        self.arrivals.subscribe()
+    }
+
+    /// The persisted id of the bridge's channel, once opened.
+    pub fn channel_id(&self) -> Option<ConnectorChannelId> {
+        lock(&self.channel).clone()
+    }
+
+    /// The sign-in state.
+    pub fn sign_in(&self) -> SignIn {
+        lock(&self.sign_in).clone()
+    }
+
+    fn notify(&self, notice: Notice) {
+        let _ = self.notices.send(notice);
+    }
+
+    /// Sends [`Notice::ToolsChanged`] when the callable Tools differ from the last announced.
+    fn tools_maybe_changed(&self) {
+        let now: Vec<String> = self.model_tools().iter().map(|t| t.name.to_string()).collect();
+        let changed = {
+            let mut announced = lock(&self.announced);
+            let changed = *announced != now;
+            *announced = now;
+            changed
+        };
+        if changed {
+            self.notify(Notice::ToolsChanged);
+        }
+    }
+
+    /// The id the runtime persisted for a channel it now knows as `current` (they differ when
+    /// the Connector reopened it under a new id).
+    async fn persisted_of(&self, current: &ConnectorChannelId) -> ConnectorChannelId {
+        self.plane
+            .channels()
+            .await
+            .into_iter()
+            .find(|(_, now)| now == current)
+            .map_or_else(|| current.clone(), |(persisted, _)| persisted)
+    }
+
+    /// Finds the channel the runtime remembered for the bridge's user (reopened after hello)
+    /// or opens a new one, then signs in when needed.
+    async fn open_channel(self: &Arc<Self>, config: &LinkConfig) -> Result<(), LinkError> {
+        let remembered = self.plane.directory().owned_by(OWNER).next().cloned();
+        if let Some(entry) = remembered {
+            let id = entry.connector_channel_id.clone();
+            // The runtime reopens remembered channels itself after hello: wait for the Descriptor.
+            let reopened = tokio::time::timeout(Duration::from_secs(30), async {
+                loop {
+                    let directory = self.plane.directory();
+                    if let Some(entry) = directory.owned_by(OWNER).next()
+                        && entry.descriptor.is_some()
+                    {
+                        return entry.clone();
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await;
+            match reopened {
+                Ok(entry) if entry.is_authenticated() => {
+                    tracing::info!(channel = %entry.connector_channel_id, "remembered channel reopened, signed in");
+                    let persisted = self.persisted_of(&entry.connector_channel_id).await;
+                    *lock(&self.channel) = Some(persisted);
+                    lock(&self.sign_in).status = Some(AuthStatus::Authenticated);
+                    self.tools_maybe_changed();
+                    return Ok(());
+                }
+                Ok(entry) => {
+                    tracing::info!(channel = %entry.connector_channel_id, "remembered channel is not signed in any more");
+                    let persisted = self.persisted_of(&entry.connector_channel_id).await;
+                    *lock(&self.channel) = Some(persisted);
+                    return self.sign_in_with(config, &entry.connector_channel_id).await;
+                }
+                Err(_) => {
+                    tracing::warn!(%id, "the remembered channel did not reopen; opening a new one");
+                    self.plane.forget_channel(&id).await;
+                }
+            }
+        }
+        let opened = self.plane.open_channel_for(OWNER, None).await?;
+        let channel = opened.connector_channel_id.clone();
+        *lock(&self.channel) = Some(channel.clone());
+        tracing::info!(%channel, "channel open");
+        self.sign_in_with(config, &channel).await
+    }
+
+    async fn sign_in_with(
+        self: &Arc<Self>,
+        config: &LinkConfig,
+        channel: &ConnectorChannelId,
+    ) -> Result<(), LinkError> {
+        match &config.flow {
+            Some(flow) => self.run_flow(channel, flow, &config.inputs).await,
+            None => {
+                tracing::warn!(
+                    "the channel is not signed in and no --flow was given: the Connector's Tools stay unavailable"
+                );
+                Ok(())
+            }
+        }
+    }
+
+    async fn run_flow(
+        self: &Arc<Self>,
+        channel: &ConnectorChannelId,
+        flow: &str,
+        inputs: &AuthInput,
+    ) -> Result<(), LinkError> {
+        let card = self.card();
+        let Some(declared) = card.auth_flow(flow) else {
+            let known: Vec<&str> = card.auth_flows.iter().map(|f| f.id.as_str()).collect();
+            return Err(LinkError::Config(format!(
+                "the Card has no auth flow {flow:?}; it declares {known:?}"
+            )));
+        };
+        let qr = declared.flow_type == AuthFlowType::QrLogin;
+        let mut start = AuthStart::new(flow);
+        if !inputs.0.is_empty() {
+            start = start.with_input(inputs.clone());
+        }
+        let AuthStartAck(progress) = self.plane.request(Some(channel), start).await?;
+        self.apply_auth(channel, flow, &progress).await;
+        match progress.status {
+            AuthStatus::Authenticated => Ok(()),
+            AuthStatus::Pending | AuthStatus::Scanned if qr => {
+                if let Some(link) = &progress.qr_code_text {
+                    tracing::info!(%link, "open this link (or scan the QR code) to finish signing in; MCP clients find it in the sign-in resource and in connector_channels_list");
+                }
+                tokio::spawn(Arc::clone(self).poll_auth(
+                    channel.clone(),
+                    flow.to_owned(),
+                    progress,
+                ));
+                Ok(())
+            }
+            other => Err(LinkError::Config(format!(
+                "sign-in with {flow:?} ended {other}: {}",
+                progress.message.as_deref().unwrap_or("no reason given")
+            ))),
+        }
+    }
+
+    async fn apply_auth(&self, channel: &ConnectorChannelId, flow: &str, progress: &AuthProgress) {
+        *lock(&self.sign_in) = SignIn {
+            status: Some(progress.status.clone()),
+            flow: Some(flow.to_owned()),
+            qr_code_text: progress.qr_code_text.clone(),
+            qr_code_image: progress.qr_code_image.clone(),
+            message: progress.message.clone(),
+        };
+        if progress.status == AuthStatus::Authenticated {
+            // The runtime persists a channel once it is signed in.
+            self.plane.remember_channel(channel.clone()).await;
+        }
+        self.notify(Notice::ResourcesChanged);
+        self.notify(Notice::ResourceUpdated(crate::server::SIGN_IN_URI.to_owned()));
+        self.tools_maybe_changed();
+    }
+
+    /// Polls a QR flow until it ends (refreshing an expired code), as the Connector's
+    /// `poll_interval_millis` asks.
+    async fn poll_auth(
+        self: Arc<Self>,
+        channel: ConnectorChannelId,
+        flow: String,
+        mut progress: AuthProgress,
+    ) {
+        let Some(session) = progress.auth_session_id.clone() else {
+            tracing::warn!("the QR flow returned no auth_session_id; cannot follow it");
+            return;
+        };
+        loop {
+            let wait = progress.poll_interval_millis.unwrap_or(2_000).clamp(500, 10_000);
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            let mut request = AuthStatusRequest::new(session.clone()).with_flow_id(flow.as_str());
+            if progress.status == AuthStatus::QrRefreshRequired {
+                request = request.refresh();
+            }
+            match self.plane.request(Some(&channel), request).await {
+                Ok(AuthStatusAck(next)) => {
+                    let changed = next.status != progress.status
+                        || next.qr_code_text != progress.qr_code_text;
+                    progress = next;
+                    if changed {
+                        self.apply_auth(&channel, &flow, &progress).await;
+                        tracing::info!(status = %progress.status, "sign-in progressed");
+                    }
+                    if progress.status.is_final() {
+                        return;
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "auth.status failed; trying again"),
+            }
+        }
+    }
+
+    /// The Card Tools the bridge's user can call now, as the runtime projects them for a
+    /// model (upload references shown as file references).
+    pub fn model_tools(&self) -> Vec<FunctionDeclaration> {
+        self.plane.model_tools(OWNER)
+    }
+
+    /// The runtime's built-in model Tools (`connector_channels_list`, `connector_message_send`).
+    pub fn builtin_tools(&self) -> Vec<FunctionDeclaration> {
+        builtin_tools()
+    }
+
+    /// `connector_channels_list`: the runtime's answer, with what an MCP client also needs per
+    /// channel (the messages resource, pending messages, the target's account and the sign-in).
+    pub async fn channels_list(&self) -> Result<Value, ToolFailure> {
+        let mut listed =
+            self.plane.call_builtin(OWNER, "connector_channels_list", &Map::new()).await?;
+        let directory = self.plane.directory();
+        let sign_in = self.sign_in();
+        if let Some(channels) = listed.get_mut("channels").and_then(Value::as_array_mut) {
+            for channel in channels {
+                let Some(object) = channel.as_object_mut() else { continue };
+                let Some(id) = object.get("connector_channel_id").and_then(Value::as_str) else {
+                    continue;
+                };
+                let id = id.to_owned();
+                let account = directory
+                    .get(&ConnectorChannelId::new(id.as_str()))
+                    .and_then(|e| e.descriptor.as_ref())
+                    .and_then(|d| d.target.account_hint.clone());
+                if let (Some(account), Some(target)) =
+                    (account, object.get_mut("target").and_then(Value::as_object_mut))
+                {
+                    target.insert("account_hint".into(), Value::String(account));
+                }
+                object.insert(
+                    "pending_messages".into(),
+                    json!(self.inbox.pending(Some(&id)).unwrap_or(0)),
+                );
+                object.insert("messages_resource".into(), json!(crate::server::channel_uri(&id)));
+                object.insert(
+                    "sign_in".into(),
+                    json!({
+                        "status": sign_in.status,
+                        "flow": sign_in.flow,
+                        "link": sign_in.qr_code_text,
+                        "message": sign_in.message,
+                    }),
+                );
+            }
+        }
+        Ok(listed)
+    }
+
+    /// Calls a Card Tool with the model's arguments through the runtime: the runtime resolves
+    /// the channel (section 10.1; an explicit `connector_channel_id` becomes the session's
+    /// binding), uploads file references on it and returns the result. When the model left the
+    /// channel out, the resolved one is filled in, since the Card's schema asks for it. Progress
+    /// pushes go to `progress` while the call runs.
+    pub async fn invoke(
+        &self,
+        tool_id: &str,
+        mut arguments: Map<String, Value>,
+        progress: Option<ProgressSink>,
+    ) -> Result<Value, ToolFailure> {
+        let binding = arguments
+            .get(CHANNEL_ARG)
+            .and_then(Value::as_str)
+            .map(|channel| SessionBinding::new(self.card().connector_card_id.clone(), channel));
+        let channel = self.plane.directory().resolve(OWNER, binding.as_ref(), tool_id)?;
+        arguments.entry(CHANNEL_ARG).or_insert_with(|| Value::String(channel.to_string()));
+        let key = (channel.to_string(), tool_id.to_owned());
+        if let Some(sink) = progress {
+            lock(&self.progress).insert(key.clone(), sink);
+        }
+        let options =
+            ToolCallOptions { tool_call_id: Some(mint("call_mcp_")), ..ToolCallOptions::default() };
+        let outcome =
+            self.plane.invoke_tool_with(OWNER, binding.as_ref(), tool_id, arguments, options).await;
+        lock(&self.progress).remove(&key);
+        Ok(outcome?.ack.result.unwrap_or(Value::Null))
+    }
+
+    /// `connector_message_send` through the runtime (ownership checked there, outbox until
+    /// acked), then up to `wait` for the Connector's ack.
+    pub async fn send_message(
+        &self,
+        arguments: &Map<String, Value>,
+        wait: Duration,
+    ) -> Result<Value, ToolFailure> {
+        let mut queued =
+            self.plane.call_builtin(OWNER, "connector_message_send", arguments).await?;
+        let Some(message_id) = queued.get("message_id").and_then(Value::as_str).map(str::to_owned)
+        else {
+            return Ok(queued);
+        };
+        let receiver = {
+            let mut acks = lock(&self.acks);
+            if let Some(ack) = acks.recent.iter().find(|a| a.message_id.as_str() == message_id) {
+                return ack_result(ack.clone(), queued);
+            }
+            let (sender, receiver) = oneshot::channel();
+            acks.waiting.insert(message_id.clone(), sender);
+            receiver
+        };
+        match tokio::time::timeout(wait, receiver).await {
+            Ok(Ok(ack)) => ack_result(ack, queued),
+            _ => {
+                lock(&self.acks).waiting.remove(&message_id);
+                if let Some(object) = queued.as_object_mut() {
+                    object.insert(
+                        "note".into(),
+                        json!(
+                            "not acknowledged yet; it is redelivered until the Connector accepts it"
+                        ),
+                    );
+                }
+                Ok(queued)
+            }
+        }
+    }
+
+    async fn run_events(
+        self: Arc<Self>,
+        mut events: Events,
+        inbound: mpsc::Sender<InboundMessage>,
+    ) {
+        while let Some(event) = events.recv().await {
+            match event {
+                ClientEvent::DescriptorPushed { channel, descriptor } => {
+                    tracing::info!(%channel, status = %descriptor.connection.status, "Descriptor updated");
+                    self.tools_maybe_changed();
+                }
+                ClientEvent::ChannelReopened { previous, current, .. } => {
+                    tracing::info!(%previous, %current, "channel reopened");
+                    self.tools_maybe_changed();
+                }
+                ClientEvent::ChatMessage(message) => {
+                    // The inbound task is gone only when the link is shutting down.
+                    let Ok(()) = inbound.send(message).await else { return };
+                }
+                ClientEvent::ChatMessageAcked { ack, .. } => {
+                    let mut acks = lock(&self.acks);
+                    if let Some(waiter) = acks.waiting.remove(ack.message_id.as_str()) {
+                        let _ = waiter.send(ack);
+                    } else {
+                        acks.recent.push_back(ack);
+                        if acks.recent.len() > 256 {
+                            acks.recent.pop_front();
+                        }
+                    }
+                }
+                ClientEvent::ToolProgress { channel, progress } => {
+                    let Some(channel) = channel else { continue };
+                    let key = (channel.to_string(), progress.tool_id.to_string());
+                    if let Some(sink) = lock(&self.progress).get(&key) {
+                        let _ = sink.send(progress);
+                    }
+                }
+                ClientEvent::Connected { connector_id } => {
+                    tracing::info!(%connector_id, "connected to the Connector");
+                    let _ = self.inbox.set_meta(META_CONNECTOR_ID, connector_id.as_str());
+                }
+                ClientEvent::State(state) => {
+                    tracing::info!(state = state.as_str(), "connection state");
+                    self.tools_maybe_changed();
+                }
+                ClientEvent::Disconnected { reason } => {
+                    tracing::warn!(%reason, "disconnected from the Connector; reconnecting");
+                }
+                ClientEvent::ChannelReopenFailed { channel, error } => {
+                    tracing::warn!(%channel, %error, "the channel did not reopen");
+                }
+                ClientEvent::Error(error) => {
+                    tracing::warn!(code = %error.code, message = ?error.message, "error from the Connector");
+                }
+                _ => {}
+            }
+        }
+    }
+
+    async fn run_inbound(self: Arc<Self>, mut inbound: mpsc::Receiver<InboundMessage>) {
+        let mut prune = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            tokio::select! {
+                message = inbound.recv() => match message {
+                    Some(message) => self.on_inbound(message).await,
+                    None => return,
+                },
+                _ = prune.tick() => {
+                    let cutoff = now_millis().saturating_sub(KEEP_HANDED_MILLIS);
+                    match self.inbox.prune_taken(cutoff) {
+                        Ok(0) => {}
+                        Ok(pruned) => tracing::info!(pruned, "forgot messages handed more than 7 days ago"),
+                        Err(error) => tracing::warn!(%error, "inbox pruning failed"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores an inbound message (its files are already saved) and only then accepts it.
+    async fn on_inbound(&self, inbound: InboundMessage) {
+        // Keyed by the id the runtime persisted (a reopened channel may carry a new one).
+        let channel = self.persisted_of(&inbound.channel).await.to_string();
+        let message_id = inbound.message.message_id.to_string();
+        if self.inbox.pending(None).unwrap_or(0) >= MAX_PENDING_MESSAGES {
+            inbound.reject(
+                ErrorCode::CapacityExceeded,
+                "the agent has not taken the messages waiting for it yet",
+                true,
+            );
+            return;
+        }
+        match self.inbox.contains(&channel, &message_id) {
+            Ok(true) => {
+                tracing::debug!(%message_id, "redelivered message already stored");
+                inbound.accept();
+                return;
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::error!(%error, "inbox lookup failed");
+                inbound.reject(
+                    ErrorCode::ChannelBusy,
+                    "the bridge cannot store messages now",
+                    true,
+                );
+                return;
+            }
+        }
+        if inbound.saved_files.len() != inbound.message.files.len() {
+            inbound.reject(ErrorCode::ChannelBusy, "the message's files were not saved", true);
+            return;
+        }
+        let files: Vec<StoredFile> = inbound
+            .message
+            .files
+            .iter()
+            .zip(&inbound.saved_files)
+            .map(|(file, id)| StoredFile {
+                id: id.clone(),
+                filename: safe_filename(
+                    file.filename.as_deref().unwrap_or_else(|| file.file_ref.as_str()),
+                ),
+                mime_type: file
+                    .mime_type
+                    .clone()
+                    .unwrap_or_else(|| "application/octet-stream".into()),
+                byte_size: std::fs::metadata(self.inbox.file_path(id)).map_or(0, |m| m.len()),
+            })
+            .collect();
+        let stored = self.inbox.store(&NewMessage {
+            channel: &channel,
+            message_id: &message_id,
+            text: inbound.message.text.as_deref(),
+            files: &files,
+            created_at: inbound.message.created_at,
+            received_at: now_millis(),
+        });
+        match stored {
+            Ok(_) => {
+                inbound.accept();
+                tracing::info!(%message_id, files = files.len(), "inbound message stored");
+                self.arrivals.send_modify(|n| *n += 1);
+                self.notify(Notice::ResourceUpdated(crate::server::channel_uri(&channel)));
+                if !files.is_empty() {
+                    self.notify(Notice::ResourcesChanged);
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "could not store an inbound message");
+                inbound.reject(ErrorCode::ChannelBusy, "the bridge could not store it", true);
+            }
+        }
+    }
+}
+
+fn ack_result(ack: ChatMessageAck, queued: Value) -> Result<Value, ToolFailure> {
+    match ack.status {
+        AckStatus::Accepted | AckStatus::Duplicate => {
+            Ok(json!({ "status": "accepted", "message_id": queued.get("message_id") }))
+        }
+        _ => Err(ToolFailure::new(
+            ack.code.unwrap_or(ErrorCode::TargetDeliveryFailed),
+            ack.message.unwrap_or_else(|| "the Connector rejected the message".into()),
+        )),
+    }
+}
+
+/// Writes a file and syncs it (and its directory) before returning.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let temporary = path.with_extension("partial");
+    {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        let mut file = options.open(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&temporary, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+fn now_millis() -> u64 {
+    use xagent_protocol_types::Clock;
+    xagent_protocol_types::SystemClock.now_millis()
+}

@@ -1,0 +1,595 @@
+//! The MCP face of the bridge (rmcp `ServerHandler`): the Connector's Tools plus the built-in
+//! channel Tools, the Skill as a prompt and in the instructions, the inbox as resources with
+//! update notifications, progress and tool errors.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use base64::Engine;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
+    GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, Prompt,
+    PromptMessage, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ResourceUpdatedNotificationParam, Role, ServerCapabilities, ServerConfig,
+    SubscribeRequestParams, SubscriptionFilter, Tool, UnsubscribeRequestParams,
+};
+use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{Map, Value, json};
+use tokio::sync::{broadcast, mpsc};
+use xagent_protocol_types::ToolProgressPush;
+
+use crate::files::FILE_URI_PREFIX;
+use crate::link::{Link, Notice, ToolFailure};
+use crate::projection::{mcp_schema, message_wait_schema};
+
+/// Built-in Tool (the runtime's): the bridge's channels.
+pub const TOOL_CHANNELS_LIST: &str = xagent_client_runtime::CHANNELS_LIST_TOOL;
+/// Built-in Tool (the runtime's): send a chat message on an explicit channel.
+pub const TOOL_MESSAGE_SEND: &str = xagent_client_runtime::MESSAGE_SEND_TOOL;
+/// Built-in Tool: wait for the next inbound message.
+pub const TOOL_MESSAGE_WAIT: &str = "connector_message_wait";
+/// Longest wait `connector_message_wait` accepts.
+pub const MAX_WAIT_SECONDS: u64 = 300;
+/// Resource that shows a pending sign-in (a QR flow's link and image).
+pub const SIGN_IN_URI: &str = "xagent-connector://sign-in";
+/// How many messages a channel resource shows.
+pub const CHANNEL_RESOURCE_MESSAGES: usize = 100;
+
+const CHANNEL_URI_PREFIX: &str = "xagent-connector://channels/";
+const CHANNEL_URI_SUFFIX: &str = "/messages";
+
+/// The resource URI of a channel's messages.
+pub fn channel_uri(channel: &str) -> String {
+    format!("{CHANNEL_URI_PREFIX}{channel}{CHANNEL_URI_SUFFIX}")
+}
+
+/// One MCP session's handler; clones share the session's resource subscriptions.
+#[derive(Clone)]
+pub struct McpBridge {
+    link: Arc<Link>,
+    subscriptions: Arc<Mutex<HashSet<String>>>,
+}
+
+impl std::fmt::Debug for McpBridge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpBridge").field("link", &self.link).finish()
+    }
+}
+
+fn failure_result(failure: &ToolFailure) -> CallToolResult {
+    let mut result = CallToolResult::structured_error(json!({
+        "error": { "code": failure.code.as_str(), "message": failure.message }
+    }));
+    result.content = vec![ContentBlock::text(format!("{}: {}", failure.code, failure.message))];
+    result
+}
+
+/// Turns the `count`-th `tool.progress.push` of a call into an MCP progress notification. MCP
+/// wants `progress` to grow: a fraction (with `total` 1) never goes below the last value sent,
+/// and a push without a fraction counts pushes.
+fn progress_param(
+    token: ProgressToken,
+    push: &ToolProgressPush,
+    count: u32,
+    last: &mut f64,
+) -> ProgressNotificationParam {
+    let (progress, total) = match push.progress {
+        Some(fraction) if fraction.is_finite() => (fraction.clamp(0.0, 1.0).max(*last), Some(1.0)),
+        _ => (f64::from(count), None),
+    };
+    *last = progress;
+    let mut param = ProgressNotificationParam::new(token, progress);
+    param.total = total;
+    param.message = push.message.clone().or_else(|| push.status.clone());
+    param
+}
+
+fn success_result(value: Value) -> CallToolResult {
+    match value {
+        Value::Object(_) => CallToolResult::structured(value),
+        other => CallToolResult::success(vec![ContentBlock::text(other.to_string())]),
+    }
+}
+
+impl McpBridge {
+    /// A handler for one MCP session over the shared link.
+    pub fn new(link: Arc<Link>) -> Self {
+        Self { link, subscriptions: Arc::new(Mutex::new(HashSet::new())) }
+    }
+
+    fn subscriptions(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.subscriptions.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn instructions(&self) -> String {
+        let card = self.link.card();
+        let mut text = format!(
+            "This server puts the xAgent Connector {} ({}) in front of you. Call its Tools to act on the connected {} target. \
+             Inbound messages: call {TOOL_MESSAGE_WAIT} to take the next one (each is handed to you once), or read and subscribe to the channel's messages resource. \
+             {TOOL_CHANNELS_LIST} lists the channels with their state; {TOOL_MESSAGE_SEND} sends a chat message on one. \
+             Files that arrive are resources ({FILE_URI_PREFIX}...); pass such a URI, or a path under an allowed directory, where a Tool takes a file.",
+            card.connector.name,
+            card.connector_card_id,
+            card.supports.target_types.first().map(|t| t.as_str()).unwrap_or("target"),
+        );
+        if let Some(skill) = self.link.skill() {
+            text.push_str("\n\nThe Connector's Skill:\n\n");
+            text.push_str(&skill);
+        }
+        text
+    }
+
+    fn tools(&self) -> Vec<Tool> {
+        let card = self.link.card();
+        let mut tools: Vec<Tool> = self
+            .link
+            .model_tools()
+            .into_iter()
+            .map(|declaration| {
+                let card_tool = card.tool(declaration.name.as_str());
+                let schema = match card_tool {
+                    Some(tool) => mcp_schema(&declaration.parameters, &tool.input_schema),
+                    None => declaration.parameters.clone(),
+                };
+                let mut mcp = Tool::new(
+                    declaration.name.to_string(),
+                    declaration.description,
+                    Arc::new(schema),
+                );
+                if let Some(title) = card_tool.and_then(|t| t.title.clone()) {
+                    mcp = mcp.with_title(title);
+                }
+                mcp
+            })
+            .collect();
+        for builtin in self.link.builtin_tools() {
+            let description = if builtin.name.as_str() == TOOL_MESSAGE_SEND {
+                format!("{} Waits up to 10 s for the Connector to accept it.", builtin.description)
+            } else {
+                builtin.description
+            };
+            tools.push(Tool::new(
+                builtin.name.to_string(),
+                description,
+                Arc::new(builtin.parameters),
+            ));
+        }
+        tools.push(Tool::new(
+            TOOL_MESSAGE_WAIT,
+            "Wait for the next inbound chat message and take it; each message is returned once. Returns {\"message\": null} when the timeout passes first.",
+            Arc::new(message_wait_schema(MAX_WAIT_SECONDS)),
+        ));
+        tools
+    }
+
+    async fn wait_message(&self, arguments: &Map<String, Value>) -> Result<Value, ToolFailure> {
+        let channel = arguments.get("connector_channel_id").and_then(Value::as_str);
+        let seconds = match arguments.get("timeout_seconds") {
+            None | Some(Value::Null) => 30,
+            Some(value) => match value.as_u64() {
+                Some(seconds) if seconds <= MAX_WAIT_SECONDS => seconds,
+                _ => {
+                    return Err(ToolFailure::new(
+                        xagent_protocol_types::ErrorCode::InvalidArguments,
+                        format!("timeout_seconds must be an integer from 0 to {MAX_WAIT_SECONDS}"),
+                    ));
+                }
+            },
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+        let mut arrivals = self.link.arrivals();
+        loop {
+            arrivals.borrow_and_update();
+            let taken = self.link.inbox().take_next(channel).map_err(|e| {
+                ToolFailure::new(xagent_protocol_types::ErrorCode::InternalError, e.to_string())
+            })?;
+            if let Some(message) = taken {
+                return Ok(json!({ "message": message_json(&message) }));
+            }
+            match tokio::time::timeout_at(deadline, arrivals.changed()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) | Err(_) => return Ok(json!({ "message": null })),
+            }
+        }
+    }
+
+    async fn call(
+        &self,
+        name: &str,
+        arguments: Map<String, Value>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Value, ToolFailure> {
+        match name {
+            TOOL_CHANNELS_LIST => self.link.channels_list().await,
+            TOOL_MESSAGE_SEND => self.link.send_message(&arguments, Duration::from_secs(10)).await,
+            TOOL_MESSAGE_WAIT => self.wait_message(&arguments).await,
+            tool_id => {
+                let progress = context.meta.get_progress_token().map(|token| {
+                    let (sink, mut pushes) = mpsc::unbounded_channel();
+                    let peer = context.peer.clone();
+                    tokio::spawn(async move {
+                        let mut count = 0;
+                        let mut last = 0.0;
+                        while let Some(push) = pushes.recv().await {
+                            count += 1;
+                            let param = progress_param(token.clone(), &push, count, &mut last);
+                            if peer.notify_progress(param).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    sink
+                });
+                self.link.invoke(tool_id, arguments, progress).await
+            }
+        }
+    }
+
+    fn resources(&self) -> Vec<Resource> {
+        let mut resources = Vec::new();
+        if let Some(channel) = self.link.channel_id() {
+            resources.push(
+                Resource::new(channel_uri(channel.as_str()), format!("messages-{channel}"))
+                    .with_title("Inbound messages of the channel")
+                    .with_description("The latest inbound chat messages of this channel (JSON); subscribe to hear of new ones.")
+                    .with_mime_type("application/json"),
+            );
+        }
+        if self.link.sign_in().qr_code_text.is_some() {
+            resources.push(
+                Resource::new(SIGN_IN_URI, "sign-in")
+                    .with_title("Sign in to the target system")
+                    .with_description(
+                        "Show this link (or the QR image) to the user to finish signing in.",
+                    )
+                    .with_mime_type("text/markdown"),
+            );
+        }
+        if let Ok(files) = self.link.inbox().files(200) {
+            for file in files {
+                resources.push(
+                    Resource::new(format!("{FILE_URI_PREFIX}{}", file.id), file.filename.clone())
+                        .with_description("A file that arrived in a chat message")
+                        .with_mime_type(file.mime_type.clone())
+                        .with_size(file.byte_size),
+                );
+            }
+        }
+        resources
+    }
+
+    async fn read(&self, uri: &str) -> Result<Vec<ResourceContents>, McpError> {
+        let not_found = || McpError::resource_not_found(format!("no resource {uri}"), None);
+        if let Some(rest) = uri.strip_prefix(CHANNEL_URI_PREFIX) {
+            let channel = rest.strip_suffix(CHANNEL_URI_SUFFIX).ok_or_else(not_found)?;
+            if self.link.channel_id().is_none_or(|c| c.as_str() != channel) {
+                return Err(not_found());
+            }
+            let messages = self
+                .link
+                .inbox()
+                .recent(channel, CHANNEL_RESOURCE_MESSAGES)
+                .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+            let body = json!({
+                "connector_channel_id": channel,
+                "messages": messages.iter().map(message_json).collect::<Vec<_>>(),
+            });
+            return Ok(vec![
+                ResourceContents::text(body.to_string(), uri).with_mime_type("application/json"),
+            ]);
+        }
+        if let Some(id) = uri.strip_prefix(FILE_URI_PREFIX) {
+            let file = self.link.inbox().file(id).ok().flatten().ok_or_else(not_found)?;
+            let bytes = tokio::fs::read(self.link.inbox().file_path(&file.id))
+                .await
+                .map_err(|_| not_found())?;
+            let blob = base64::engine::general_purpose::STANDARD.encode(bytes);
+            return Ok(vec![ResourceContents::blob(blob, uri).with_mime_type(file.mime_type)]);
+        }
+        if uri == SIGN_IN_URI {
+            let sign_in = self.link.sign_in();
+            let Some(link) = sign_in.qr_code_text else { return Err(not_found()) };
+            let mut contents = vec![
+                ResourceContents::text(
+                    format!(
+                        "Open this link (or scan the QR code) to sign in: {link}\n\nStatus: {}\n{}",
+                        sign_in.status.map(|s| s.to_string()).unwrap_or_default(),
+                        sign_in.message.unwrap_or_default()
+                    ),
+                    uri,
+                )
+                .with_mime_type("text/markdown"),
+            ];
+            if let Some(png) = sign_in
+                .qr_code_image
+                .as_deref()
+                .and_then(|i| i.strip_prefix("data:image/png;base64,"))
+            {
+                contents
+                    .push(ResourceContents::blob(png.to_owned(), uri).with_mime_type("image/png"));
+            }
+            return Ok(contents);
+        }
+        Err(not_found())
+    }
+
+    /// Forwards the link's notices to a peer (sessions that use `initialize`).
+    fn forward_notices(&self, peer: Peer<RoleServer>) {
+        let mut notices = self.link.notices();
+        let subscriptions = Arc::clone(&self.subscriptions);
+        tokio::spawn(async move {
+            loop {
+                let notice = match notices.recv().await {
+                    Ok(notice) => notice,
+                    Err(broadcast::error::RecvError::Lagged(_)) => Notice::ToolsChanged,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let sent = match notice {
+                    Notice::ToolsChanged => peer.notify_tool_list_changed().await,
+                    Notice::ResourcesChanged => peer.notify_resource_list_changed().await,
+                    Notice::PromptsChanged => peer.notify_prompt_list_changed().await,
+                    Notice::ResourceUpdated(uri) => {
+                        let subscribed = subscriptions
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .contains(&uri);
+                        if !subscribed {
+                            continue;
+                        }
+                        peer.notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
+                            .await
+                    }
+                };
+                if sent.is_err() {
+                    tracing::debug!("the MCP client is gone; stop forwarding notifications");
+                    return;
+                }
+            }
+        });
+    }
+}
+
+fn message_json(message: &crate::inbox::StoredMessage) -> Value {
+    let files: Vec<Value> = message
+        .files
+        .iter()
+        .map(|f| {
+            json!({
+                "uri": format!("{FILE_URI_PREFIX}{}", f.id),
+                "filename": f.filename,
+                "mime_type": f.mime_type,
+                "byte_size": f.byte_size,
+            })
+        })
+        .collect();
+    json!({
+        "seq": message.seq,
+        "connector_channel_id": message.channel,
+        "message_id": message.message_id,
+        "text": message.text,
+        "files": files,
+        "created_at": message.created_at,
+        "received_at": message.received_at,
+    })
+}
+
+#[allow(deprecated)]
+impl ServerHandler for McpBridge {
+    fn get_info(&self) -> ServerConfig {
+        let card = self.link.card();
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .enable_prompts()
+            .enable_prompts_list_changed()
+            .enable_resources()
+            .enable_resources_list_changed()
+            .enable_resources_subscribe()
+            .build();
+        let mut implementation = Implementation::default();
+        implementation.name = "xagent-connector-mcp".into();
+        implementation.version = env!("CARGO_PKG_VERSION").into();
+        implementation.title = Some(format!("{} via xagent-connector", card.connector.name));
+        ServerConfig::new(capabilities)
+            .with_server_info(implementation)
+            .with_instructions(self.instructions())
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        tracing::info!("MCP client initialized");
+        self.forward_notices(context.peer);
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let name = request.name.to_string();
+        let known =
+            self.tools().iter().any(|t| t.name == name) || self.link.card().tool(&name).is_some();
+        if !known {
+            return Err(McpError::invalid_params(format!("unknown tool {name}"), None));
+        }
+        let arguments = request.arguments.unwrap_or_default();
+        let result = match self.call(&name, arguments, &context).await {
+            Ok(value) => success_result(value),
+            Err(failure) => {
+                tracing::info!(tool = %name, code = %failure.code, "tool call failed");
+                failure_result(&failure)
+            }
+        };
+        Ok(result.into())
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        let prompts = match self.link.skill() {
+            Some(_) => vec![Prompt::new(
+                self.link.card().primary_skill_name().to_string(),
+                Some("How to use this Connector's Tools (its Skill)"),
+                None,
+            )],
+            None => Vec::new(),
+        };
+        Ok(ListPromptsResult::with_all_items(prompts))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        let name = self.link.card().primary_skill_name().to_string();
+        match self.link.skill() {
+            Some(skill) if request.name == name => {
+                Ok(GetPromptResult::new(vec![PromptMessage::new_text(
+                    Role::User,
+                    skill.to_owned(),
+                )])
+                .with_description("The Connector's Skill")
+                .into())
+            }
+            _ => Err(McpError::invalid_params(format!("no prompt {}", request.name), None)),
+        }
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(ListResourcesResult::with_all_items(self.resources()))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        Ok(ReadResourceResult::new(self.read(&request.uri).await?).into())
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.subscriptions().insert(request.uri);
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.subscriptions().remove(&request.uri);
+        Ok(())
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(requested.clone())
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        let mut notices = self.link.notices();
+        loop {
+            let notice = tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                notice = notices.recv() => notice,
+            };
+            let notice = match notice {
+                Ok(notice) => notice,
+                Err(broadcast::error::RecvError::Lagged(_)) => Notice::ToolsChanged,
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            };
+            let sink = context.sink();
+            let accepted = context.accepted();
+            let sent = match notice {
+                Notice::ToolsChanged if accepted.tools_list_changed == Some(true) => {
+                    sink.notify_tool_list_changed().await
+                }
+                Notice::ResourcesChanged if accepted.resources_list_changed == Some(true) => {
+                    sink.notify_resource_list_changed().await
+                }
+                Notice::PromptsChanged if accepted.prompts_list_changed == Some(true) => {
+                    sink.notify_prompt_list_changed().await
+                }
+                Notice::ResourceUpdated(uri)
+                    if accepted
+                        .resource_subscriptions
+                        .as_ref()
+                        .is_some_and(|u| u.contains(&uri)) =>
+                {
+                    sink.notify_resource_updated(uri).await
+                }
+                _ => Ok(()),
+            };
+            if sent.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::NumberOrString;
+    use xagent_protocol_types::ErrorCode;
+
+    #[test]
+    fn tool_errors_carry_the_wire_code() {
+        let failure = ToolFailure::new(ErrorCode::ConnectorChannelUnavailable, "not now");
+        let result = failure_result(&failure);
+        assert_eq!(result.is_error, Some(true));
+        assert_eq!(
+            result.structured_content,
+            Some(json!({"error": {"code": "connector_channel_unavailable", "message": "not now"}}))
+        );
+        let text = serde_json::to_string(&result.content).unwrap_or_default();
+        assert!(text.contains("connector_channel_unavailable: not now"), "{text}");
+    }
+
+    #[test]
+    fn progress_pushes_become_growing_mcp_progress() {
+        let token = ProgressToken(NumberOrString::Number(7));
+        let mut last = 0.0;
+        let half = ToolProgressPush::new("t").with_progress(0.5).with_message("half way");
+        let first = progress_param(token.clone(), &half, 1, &mut last);
+        assert_eq!((first.progress, first.total), (0.5, Some(1.0)));
+        assert_eq!(first.message.as_deref(), Some("half way"));
+        // A smaller fraction never makes progress go back.
+        let back = ToolProgressPush::new("t").with_progress(0.2);
+        let second = progress_param(token.clone(), &back, 2, &mut last);
+        assert_eq!(second.progress, 0.5);
+        // Without a fraction the pushes are counted; the status is the message.
+        let plain = ToolProgressPush::new("t");
+        let third = progress_param(token, &plain, 3, &mut 0.0);
+        assert_eq!((third.progress, third.total), (3.0, None));
+        assert_eq!(third.message.as_deref(), Some("running"));
+    }
+
+    #[test]
+    fn channel_uris_name_the_channel() {
+        assert_eq!(channel_uri("cch_1"), "xagent-connector://channels/cch_1/messages");
+    }
+}
