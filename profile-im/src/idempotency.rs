@@ -14,7 +14,7 @@ use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, MessageId,
 };
 
-use crate::store::{CompletedRecord, IdempotencyStore, MemoryStore};
+use crate::store::{CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore};
 use crate::{Fingerprint, IdempotencyError};
 
 /// Default number of completed ids remembered per channel.
@@ -193,23 +193,37 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         }))
     }
 
-    /// The side effect is done: records the id (store first) and returns the `accepted` ack.
-    /// If the store fails the id is still remembered in memory (the effect happened, a repeat
-    /// in this process must stay a duplicate) and the error is returned for the caller to log;
-    /// the caller should still send `accepted`.
+    /// The side effect is done: records the id (store first, one batch with the ids it
+    /// evicts for capacity) and returns the `accepted` ack. If the store fails the id is still
+    /// remembered in memory (the effect happened, a repeat in this process must stay a
+    /// duplicate) and the error is returned for the caller to log; the caller should still
+    /// send `accepted`.
     pub fn complete(
         &mut self,
         ticket: Ticket,
         now: u64,
     ) -> Result<ChatMessageAck, IdempotencyError> {
+        let (ack, writes) = self.complete_deferred(ticket, now);
+        self.store.apply(&writes)?;
+        Ok(ack)
+    }
+
+    /// [`ReceiverIdempotency::complete`] without touching the store: returns the ack and the
+    /// writes that record it. The caller commits the writes (grouped with other work) and
+    /// sends the ack only after that commit succeeded, so a crash never leaves an `accepted`
+    /// ack whose id the restarted receiver does not know.
+    pub fn complete_deferred(
+        &mut self,
+        ticket: Ticket,
+        now: u64,
+    ) -> (ChatMessageAck, Vec<IdempotencyWrite>) {
         let Ticket { channel, message_id, fingerprint } = ticket;
-        let record = CompletedRecord {
+        let mut writes = vec![IdempotencyWrite::Save(CompletedRecord {
             channel: channel.clone(),
             message_id: message_id.clone(),
             fingerprint: fingerprint.clone(),
             completed_at: now,
-        };
-        let saved = self.store.save_completed(&record);
+        })];
         let ch = self.channels.entry(channel.clone()).or_default();
         ch.in_progress.remove(&message_id);
         if ch.completed.insert(message_id.clone(), (fingerprint, now)).is_none() {
@@ -217,20 +231,13 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         }
         self.stats.completed += 1;
         let capacity = self.config.capacity_per_channel.max(1);
-        let mut evict_error = None;
         while ch.order.len() > capacity {
             let Some(oldest) = ch.order.pop_front() else { break };
             ch.completed.remove(&oldest);
             self.stats.evicted_capacity += 1;
-            if let Err(e) = self.store.delete_completed(&channel, &oldest) {
-                evict_error = Some(e);
-            }
+            writes.push(IdempotencyWrite::Delete(channel.clone(), oldest));
         }
-        saved?;
-        if let Some(e) = evict_error {
-            return Err(e.into());
-        }
-        Ok(ChatMessageAck::accepted(message_id))
+        (ChatMessageAck::accepted(message_id), writes)
     }
 
     /// The side effect failed: nothing is recorded and the `rejected` ack is returned. Use

@@ -106,6 +106,7 @@ pub use idempotency::*;
 pub use outbox::*;
 pub use payload::*;
 pub use store::{
-    CompletedRecord, IdempotencyStore, MemoryStore, NoStore, OutboxStore, PendingRecord,
+    CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore, NoStore, OutboxStore,
+    OutboxWrite, PendingRecord, coalesce_outbox_writes,
 };
 pub use v1::*;

@@ -28,7 +28,7 @@ use xagent_protocol_types::{
     Packet, PacketBody, PacketId, Payload, Side,
 };
 
-use crate::store::{MemoryStore, OutboxStore, PendingRecord};
+use crate::store::{MemoryStore, OutboxStore, OutboxWrite, PendingRecord, coalesce_outbox_writes};
 use crate::{OutboxError, PayloadError, StoreError, validate_chat_message, validate_message_push};
 
 /// Default TTL of a pending message: one hour from first responsibility.
@@ -94,6 +94,24 @@ pub enum OverflowPolicy {
     EvictOldest,
 }
 
+/// When the outbox's writes reach its store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WriteMode {
+    /// Every call writes through to the store before it changes the outbox (one store batch
+    /// per call: a pass of [`Outbox::next_ready`] over many channels is one batch). A store
+    /// failure leaves the outbox unchanged. The default.
+    #[default]
+    Through,
+    /// Calls change the outbox and collect their writes; the runtime takes them with
+    /// [`Outbox::take_writes`] and commits them, grouped with other work, before it
+    /// acknowledges anything that depends on them (the enqueue of a message). Attempt counts
+    /// and removals then cost no transaction of their own: they ride along with the next
+    /// commit. A crash before that commit forgets them, which only means a redelivery the
+    /// receiver answers with `duplicate` (a removal) or one transmission not counted (an
+    /// attempt); a message the caller was told is queued is never lost.
+    Deferred,
+}
+
 /// Outbox policy. All values are documented defaults and may be changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutboxConfig {
@@ -113,6 +131,8 @@ pub struct OutboxConfig {
     pub cleanup_interval_ms: u64,
     /// Maximum undrained events kept; older ones are dropped and counted.
     pub event_log_capacity: usize,
+    /// When writes reach the store.
+    pub write_mode: WriteMode,
 }
 
 impl OutboxConfig {
@@ -128,6 +148,7 @@ impl OutboxConfig {
             ack_timeout_ms: DEFAULT_ACK_TIMEOUT_MS,
             cleanup_interval_ms: DEFAULT_CLEANUP_INTERVAL_MS,
             event_log_capacity: 10_000,
+            write_mode: WriteMode::Through,
         }
     }
 
@@ -512,6 +533,22 @@ impl EventLog {
     }
 }
 
+/// Writes through to the store, or collects the write for [`Outbox::take_writes`].
+fn persist<S: OutboxStore>(
+    store: &mut S,
+    writes: &mut Vec<OutboxWrite>,
+    mode: WriteMode,
+    write: OutboxWrite,
+) -> Result<(), StoreError> {
+    match mode {
+        WriteMode::Through => store.apply(std::slice::from_ref(&write)),
+        WriteMode::Deferred => {
+            writes.push(write);
+            Ok(())
+        }
+    }
+}
+
 fn count(ch: &mut OutboxCounters, totals: &mut OutboxCounters, f: impl Fn(&mut OutboxCounters)) {
     f(ch);
     f(totals);
@@ -527,6 +564,8 @@ pub struct Outbox<S: OutboxStore = MemoryStore> {
     totals: OutboxCounters,
     log: EventLog,
     last_cleanup_at: u64,
+    /// Writes collected in [`WriteMode::Deferred`], in order.
+    writes: Vec<OutboxWrite>,
 }
 
 impl Outbox<MemoryStore> {
@@ -544,6 +583,7 @@ impl Outbox<MemoryStore> {
                 dropped: 0,
             },
             last_cleanup_at: now,
+            writes: Vec::new(),
         }
     }
 }
@@ -569,6 +609,7 @@ impl<S: OutboxStore> Outbox<S> {
                 dropped: 0,
             },
             last_cleanup_at: now,
+            writes: Vec::new(),
         };
         for rec in records {
             let ch = outbox.channels.entry(rec.channel.clone()).or_default();
@@ -587,7 +628,12 @@ impl<S: OutboxStore> Outbox<S> {
                         Err(e) => format!("stored payload unreadable: {e}"),
                         Ok(_) => "stored payload has another message_id".to_owned(),
                     };
-                    outbox.store.delete_pending(&rec.channel, &rec.message_id)?;
+                    persist(
+                        &mut outbox.store,
+                        &mut outbox.writes,
+                        outbox.config.write_mode,
+                        OutboxWrite::Delete(rec.channel.clone(), rec.message_id.clone()),
+                    )?;
                     count(&mut ch.counters, &mut outbox.totals, |c| {
                         c.discarded += 1;
                         c.last_error = Some(reason.clone());
@@ -662,7 +708,12 @@ impl<S: OutboxStore> Outbox<S> {
                 return Err(OutboxError::CapacityExceeded { channel: channel.clone(), capacity });
             };
             let victim_id = ch.queue[index].rec.message_id.clone();
-            self.store.delete_pending(channel, &victim_id)?;
+            persist(
+                &mut self.store,
+                &mut self.writes,
+                self.config.write_mode,
+                OutboxWrite::Delete(channel.clone(), victim_id.clone()),
+            )?;
             ch.queue.remove(index);
             let reason = format!("capacity_exceeded: evicted {victim_id}");
             count(&mut ch.counters, &mut self.totals, |c| {
@@ -687,7 +738,12 @@ impl<S: OutboxStore> Outbox<S> {
             next_attempt_at: now,
             last_error: None,
         };
-        self.store.save_pending(&rec)?;
+        persist(
+            &mut self.store,
+            &mut self.writes,
+            self.config.write_mode,
+            OutboxWrite::Save(rec.clone()),
+        )?;
         self.next_seq += 1;
         ch.queue.push_back(Entry {
             rec,
@@ -704,20 +760,36 @@ impl<S: OutboxStore> Outbox<S> {
     /// expired instead, so a message is never handed out at or after its expiry.
     pub fn next_ready(&mut self, now: u64) -> Result<Vec<Delivery>, OutboxError> {
         let ids: Vec<ConnectorChannelId> = self.channels.keys().cloned().collect();
-        let mut out = Vec::new();
+        // First the heads that are due, then their attempt counts in one store batch, then
+        // the state change: a store failure hands out nothing and changes nothing.
+        let mut due = Vec::new();
         for id in ids {
             self.expire_channel(&id, now)?;
-            let Some(ch) = self.channels.get_mut(&id) else { continue };
+            let Some(ch) = self.channels.get(&id) else { continue };
             if ch.closed {
                 continue;
             }
-            let Some(head) = ch.queue.front_mut() else { continue };
+            let Some(head) = ch.queue.front() else { continue };
             if head.state != State::Waiting || head.rec.next_attempt_at > now {
                 continue;
             }
             let mut rec = head.rec.clone();
             rec.attempts = rec.attempts.saturating_add(1);
-            self.store.save_pending(&rec)?;
+            due.push((id, rec));
+        }
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
+        let writes: Vec<OutboxWrite> =
+            due.iter().map(|(_, rec)| OutboxWrite::Save(rec.clone())).collect();
+        match self.config.write_mode {
+            WriteMode::Through => self.store.apply(&writes)?,
+            WriteMode::Deferred => self.writes.extend(writes),
+        }
+        let mut out = Vec::with_capacity(due.len());
+        for (id, rec) in due {
+            let Some(ch) = self.channels.get_mut(&id) else { continue };
+            let Some(head) = ch.queue.front_mut() else { continue };
             head.rec = rec;
             head.state = State::InFlight {
                 packet_id: None,
@@ -725,7 +797,7 @@ impl<S: OutboxStore> Outbox<S> {
             };
             count(&mut ch.counters, &mut self.totals, |c| c.attempts += 1);
             out.push(Delivery {
-                channel: id.clone(),
+                channel: id,
                 message_id: head.rec.message_id.clone(),
                 payload: head.payload.clone(),
                 attempt: head.rec.attempts,
@@ -733,6 +805,19 @@ impl<S: OutboxStore> Outbox<S> {
             });
         }
         Ok(out)
+    }
+
+    /// The writes collected since the last call in [`WriteMode::Deferred`] (empty in
+    /// [`WriteMode::Through`]), in order, without writes a later one makes pointless. The
+    /// caller commits them (one transaction, ideally with other work) and must not
+    /// acknowledge an enqueue before the commit holding its record succeeded.
+    pub fn take_writes(&mut self) -> Vec<OutboxWrite> {
+        coalesce_outbox_writes(std::mem::take(&mut self.writes))
+    }
+
+    /// True when writes wait for [`Outbox::take_writes`].
+    pub fn has_writes(&self) -> bool {
+        !self.writes.is_empty()
     }
 
     /// The packet carrying a [`Delivery`] was written with `packet_id`. A v2 message now waits
@@ -760,7 +845,12 @@ impl<S: OutboxStore> Outbox<S> {
             return Err(not_sending());
         }
         if !entry.payload.expects_ack() {
-            self.store.delete_pending(channel, message_id)?;
+            persist(
+                &mut self.store,
+                &mut self.writes,
+                self.config.write_mode,
+                OutboxWrite::Delete(channel.clone(), message_id.clone()),
+            )?;
             let attempts = entry.rec.attempts;
             ch.queue.remove(index);
             count(&mut ch.counters, &mut self.totals, |c| c.delivered += 1);
@@ -848,7 +938,12 @@ impl<S: OutboxStore> Outbox<S> {
         let attempts = entry.rec.attempts;
         match &ack.status {
             AckStatus::Accepted | AckStatus::Duplicate => {
-                self.store.delete_pending(channel, &ack.message_id)?;
+                persist(
+                    &mut self.store,
+                    &mut self.writes,
+                    self.config.write_mode,
+                    OutboxWrite::Delete(channel.clone(), ack.message_id.clone()),
+                )?;
                 ch.queue.remove(index);
                 let by = if ack.status == AckStatus::Accepted {
                     count(&mut ch.counters, &mut self.totals, |c| c.delivered += 1);
@@ -879,7 +974,12 @@ impl<S: OutboxStore> Outbox<S> {
                     let outcome = self.retry(channel, index, reason, now)?;
                     return Ok(AckOutcome::Retry(outcome));
                 }
-                self.store.delete_pending(channel, &ack.message_id)?;
+                persist(
+                    &mut self.store,
+                    &mut self.writes,
+                    self.config.write_mode,
+                    OutboxWrite::Delete(channel.clone(), ack.message_id.clone()),
+                )?;
                 ch.queue.remove(index);
                 count(&mut ch.counters, &mut self.totals, |c| {
                     c.failed += 1;
@@ -995,7 +1095,12 @@ impl<S: OutboxStore> Outbox<S> {
         {
             let mut rec = head.rec.clone();
             rec.next_attempt_at = now;
-            self.store.save_pending(&rec)?;
+            persist(
+                &mut self.store,
+                &mut self.writes,
+                self.config.write_mode,
+                OutboxWrite::Save(rec.clone()),
+            )?;
             head.rec = rec;
         }
         ch.closed = false;
@@ -1008,7 +1113,12 @@ impl<S: OutboxStore> Outbox<S> {
         let Some(ch) = self.channels.get_mut(channel) else { return Ok(()) };
         while let Some(entry) = ch.queue.front() {
             let message_id = entry.rec.message_id.clone();
-            self.store.delete_pending(channel, &message_id)?;
+            persist(
+                &mut self.store,
+                &mut self.writes,
+                self.config.write_mode,
+                OutboxWrite::Delete(channel.clone(), message_id.clone()),
+            )?;
             ch.queue.pop_front();
             self.totals.discarded += 1;
             self.log.push(OutboxEvent::Discarded {
@@ -1171,7 +1281,12 @@ impl<S: OutboxStore> Outbox<S> {
         let mut rec = entry.rec.clone();
         rec.next_attempt_at = now.saturating_add(backoff.delay_ms(rec.attempts));
         rec.last_error = Some(reason.clone());
-        self.store.save_pending(&rec)?;
+        persist(
+            &mut self.store,
+            &mut self.writes,
+            self.config.write_mode,
+            OutboxWrite::Save(rec.clone()),
+        )?;
         let next_attempt_at = rec.next_attempt_at;
         entry.rec = rec;
         entry.state = State::Waiting;
@@ -1203,7 +1318,12 @@ impl<S: OutboxStore> Outbox<S> {
             if entry.state == State::Waiting && entry.rec.expires_at <= now {
                 let (message_id, attempts, expires_at) =
                     (entry.rec.message_id.clone(), entry.rec.attempts, entry.rec.expires_at);
-                self.store.delete_pending(channel, &message_id)?;
+                persist(
+                    &mut self.store,
+                    &mut self.writes,
+                    self.config.write_mode,
+                    OutboxWrite::Delete(channel.clone(), message_id.clone()),
+                )?;
                 ch.queue.remove(index);
                 count(&mut ch.counters, &mut self.totals, |c| {
                     c.expired += 1;

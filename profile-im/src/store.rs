@@ -14,9 +14,13 @@
 //! ```
 //!
 //! `save_*` is an upsert (`INSERT ... ON CONFLICT DO UPDATE`). Methods are synchronous because
-//! the machines are sans-I/O and an embedded database call is short; a runtime that wants to
-//! batch writes can implement the trait over a write-behind buffer, at the cost of the crash
-//! guarantee.
+//! the machines are sans-I/O and an embedded database call is short.
+//!
+//! Batching: [`OutboxStore::apply`] takes several writes at once, and a backend makes them one
+//! transaction (all or none). The outbox hands every pass over its channels to the store as one
+//! batch; with [`crate::WriteMode::Deferred`] it does not touch the store at all when it
+//! changes, and the runtime takes the writes ([`crate::Outbox::take_writes`]) to commit them
+//! together with other work (group commit), acknowledging nothing before that commit.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -61,6 +65,51 @@ pub struct CompletedRecord {
     pub completed_at: u64,
 }
 
+/// One write to the outbox's table, for [`OutboxStore::apply`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutboxWrite {
+    /// Insert or replace the record with the same `(channel, message_id)`.
+    Save(PendingRecord),
+    /// Delete one record (a missing one is not an error).
+    Delete(ConnectorChannelId, MessageId),
+}
+
+impl OutboxWrite {
+    /// The `(channel, message_id)` the write is about.
+    pub fn key(&self) -> (&ConnectorChannelId, &MessageId) {
+        match self {
+            Self::Save(r) => (&r.channel, &r.message_id),
+            Self::Delete(c, m) => (c, m),
+        }
+    }
+}
+
+/// One write to the receiver's idempotency table, for [`IdempotencyStore::apply`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IdempotencyWrite {
+    /// Insert or replace the record with the same `(channel, message_id)`.
+    Save(CompletedRecord),
+    /// Delete one record (a missing one is not an error).
+    Delete(ConnectorChannelId, MessageId),
+}
+
+/// Drops writes that a later write in the same batch makes pointless: an earlier save of a
+/// key that is saved again or deleted later. What is left has the same effect in the same
+/// order per key, with at most one write per key.
+pub fn coalesce_outbox_writes(writes: Vec<OutboxWrite>) -> Vec<OutboxWrite> {
+    if writes.len() < 2 {
+        return writes;
+    }
+    let mut last: std::collections::HashMap<(&ConnectorChannelId, &MessageId), usize> =
+        std::collections::HashMap::with_capacity(writes.len());
+    for (index, write) in writes.iter().enumerate() {
+        last.insert(write.key(), index);
+    }
+    let keep: Vec<bool> =
+        writes.iter().enumerate().map(|(index, w)| last.get(&w.key()) == Some(&index)).collect();
+    writes.into_iter().zip(keep).filter_map(|(w, keep)| keep.then_some(w)).collect()
+}
+
 /// Storage of the sender's pending messages.
 pub trait OutboxStore {
     /// Inserts or replaces the record with the same `(channel, message_id)`.
@@ -73,6 +122,19 @@ pub trait OutboxStore {
     ) -> Result<(), StoreError>;
     /// Every stored record, in any order (the outbox sorts by `seq`).
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError>;
+    /// Applies several writes in order, as one transaction where the backend has them (all
+    /// or none). The default applies them one by one.
+    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
+        for write in writes {
+            match write {
+                OutboxWrite::Save(record) => self.save_pending(record)?,
+                OutboxWrite::Delete(channel, message_id) => {
+                    self.delete_pending(channel, message_id)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Storage of the receiver's completed-message idempotency set.
@@ -87,6 +149,19 @@ pub trait IdempotencyStore {
     ) -> Result<(), StoreError>;
     /// Every stored record, in any order.
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError>;
+    /// Applies several writes in order, as one transaction where the backend has them (all
+    /// or none). The default applies them one by one.
+    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
+        for write in writes {
+            match write {
+                IdempotencyWrite::Save(record) => self.save_completed(record)?,
+                IdempotencyWrite::Delete(channel, message_id) => {
+                    self.delete_completed(channel, message_id)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 type Key = (ConnectorChannelId, MessageId);
@@ -96,6 +171,8 @@ struct Tables {
     pending: BTreeMap<Key, PendingRecord>,
     completed: BTreeMap<Key, CompletedRecord>,
     failing: bool,
+    /// Write calls (each would be one transaction in a database).
+    transactions: u64,
 }
 
 /// An in-memory store for tests and single-process use. Clones share the same tables, so a
@@ -119,6 +196,12 @@ impl MemoryStore {
     /// Makes every following call fail (true) or succeed again (false).
     pub fn set_failing(&self, failing: bool) {
         self.tables().failing = failing;
+    }
+
+    /// How many write calls reached the store (single writes and batches alike): each would
+    /// be one transaction in a database.
+    pub fn transactions(&self) -> u64 {
+        self.tables().transactions
     }
 
     /// Number of stored pending records.
@@ -152,6 +235,7 @@ impl MemoryStore {
 impl OutboxStore for MemoryStore {
     fn save_pending(&mut self, record: &PendingRecord) -> Result<(), StoreError> {
         let mut t = self.check("save_pending")?;
+        t.transactions += 1;
         t.pending.insert((record.channel.clone(), record.message_id.clone()), record.clone());
         Ok(())
     }
@@ -162,7 +246,25 @@ impl OutboxStore for MemoryStore {
         message_id: &MessageId,
     ) -> Result<(), StoreError> {
         let mut t = self.check("delete_pending")?;
+        t.transactions += 1;
         t.pending.remove(&(channel.clone(), message_id.clone()));
+        Ok(())
+    }
+
+    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
+        // All or none: the failing switch is checked once, before any change.
+        let mut t = self.check("apply")?;
+        t.transactions += 1;
+        for write in writes {
+            match write {
+                OutboxWrite::Save(r) => {
+                    t.pending.insert((r.channel.clone(), r.message_id.clone()), r.clone());
+                }
+                OutboxWrite::Delete(c, m) => {
+                    t.pending.remove(&(c.clone(), m.clone()));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -175,6 +277,7 @@ impl OutboxStore for MemoryStore {
 impl IdempotencyStore for MemoryStore {
     fn save_completed(&mut self, record: &CompletedRecord) -> Result<(), StoreError> {
         let mut t = self.check("save_completed")?;
+        t.transactions += 1;
         t.completed.insert((record.channel.clone(), record.message_id.clone()), record.clone());
         Ok(())
     }
@@ -185,7 +288,24 @@ impl IdempotencyStore for MemoryStore {
         message_id: &MessageId,
     ) -> Result<(), StoreError> {
         let mut t = self.check("delete_completed")?;
+        t.transactions += 1;
         t.completed.remove(&(channel.clone(), message_id.clone()));
+        Ok(())
+    }
+
+    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
+        let mut t = self.check("apply")?;
+        t.transactions += 1;
+        for write in writes {
+            match write {
+                IdempotencyWrite::Save(r) => {
+                    t.completed.insert((r.channel.clone(), r.message_id.clone()), r.clone());
+                }
+                IdempotencyWrite::Delete(c, m) => {
+                    t.completed.remove(&(c.clone(), m.clone()));
+                }
+            }
+        }
         Ok(())
     }
 

@@ -2,7 +2,8 @@
 
 use xagent_profile_im::{
     AckOutcome, Backoff, DeliveredBy, EnqueueOutcome, IgnoredAck, MemoryStore, MessagePushBuilder,
-    Outbox, OutboxConfig, OutboxError, OutboxEvent, OverflowPolicy, RetryOutcome, SentOutcome,
+    Outbox, OutboxConfig, OutboxError, OutboxEvent, OutboxStore, OutboxWrite, OverflowPolicy,
+    RetryOutcome, SentOutcome, WriteMode,
 };
 use xagent_protocol_types::{
     AckStatus, ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, ManualClock,
@@ -553,4 +554,118 @@ fn deferred_ack_for_another_packet_is_dropped() {
     let sent = o.on_sent(&d.channel, &d.message_id, PacketId::new("mine"), T0).unwrap();
     assert_eq!(sent, SentOutcome::AwaitingAck { ack_deadline: T0 + 30_000 });
     assert!(o.is_pending(&ch("a"), &mid("m1")));
+}
+
+#[test]
+fn one_pass_over_many_channels_counts_its_attempts_in_one_store_batch() {
+    let store = MemoryStore::new();
+    let mut o = Outbox::open(OutboxConfig::new(Side::Connector), store.clone(), T0).unwrap();
+    for c in 0..16 {
+        o.enqueue(&ch(&format!("c{c}")), msg(&format!("m{c}")), T0).unwrap();
+    }
+    let before = store.transactions();
+    let ready = o.next_ready(T0).unwrap();
+    assert_eq!(ready.len(), 16);
+    assert_eq!(store.transactions() - before, 1, "16 attempt counts, one batch");
+    assert!(ready.iter().all(|d| store.pending(&d.channel, &d.message_id).unwrap().attempts == 1));
+}
+
+#[test]
+fn a_failed_attempt_batch_hands_out_nothing_and_changes_nothing() {
+    let store = MemoryStore::new();
+    let mut o = Outbox::open(OutboxConfig::new(Side::Connector), store.clone(), T0).unwrap();
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    o.enqueue(&ch("b"), msg("m2"), T0).unwrap();
+    store.set_failing(true);
+    assert!(o.next_ready(T0).is_err());
+    store.set_failing(false);
+    assert_eq!(o.stats().in_flight, 0);
+    assert_eq!(o.record(&ch("a"), &mid("m1")).unwrap().attempts, 0);
+    assert_eq!(o.next_ready(T0).unwrap().len(), 2);
+}
+
+fn deferred(store: &MemoryStore) -> Outbox<MemoryStore> {
+    let mut config = OutboxConfig::new(Side::Connector);
+    config.write_mode = WriteMode::Deferred;
+    Outbox::open(config, store.clone(), T0).unwrap()
+}
+
+/// Commits what the outbox collected, as a runtime's group commit would: one batch.
+fn commit(o: &mut Outbox<MemoryStore>, store: &MemoryStore) {
+    let writes = o.take_writes();
+    if !writes.is_empty() {
+        OutboxStore::apply(&mut store.clone(), &writes).unwrap();
+    }
+}
+
+#[test]
+fn deferred_writes_cost_one_transaction_per_commit_not_per_message() {
+    // Steady state: 64 channels, each round enqueues one message per channel, sends and acks
+    // the previous one; the runtime commits once per round. Attempt counts and removals ride
+    // along with the enqueues' commit.
+    let store = MemoryStore::new();
+    let mut o = deferred(&store);
+    let rounds = 10;
+    let mut in_flight: Vec<(ConnectorChannelId, MessageId, PacketId)> = Vec::new();
+    for round in 0..rounds {
+        for c in 0..64 {
+            o.enqueue(&ch(&format!("c{c}")), msg(&format!("m{round}-{c}")), T0).unwrap();
+        }
+        for (channel, id, packet) in in_flight.drain(..) {
+            let ack = ChatMessageAck::accepted(id);
+            assert!(matches!(
+                o.on_ack(&channel, &ack, &packet, T0).unwrap(),
+                AckOutcome::Delivered { .. }
+            ));
+        }
+        in_flight = send_all(&mut o, T0);
+        assert_eq!(in_flight.len(), 64);
+        assert_eq!(store.transactions(), round, "nothing reaches the store before the commit");
+        commit(&mut o, &store);
+    }
+    // 640 messages enqueued, 640 attempts counted, 576 removed: 10 transactions.
+    assert_eq!(store.transactions(), rounds);
+    assert_eq!(store.pending_len(), 64);
+    for (channel, id, _) in &in_flight {
+        assert_eq!(store.pending(channel, id).unwrap().attempts, 1);
+    }
+}
+
+#[test]
+fn deferred_writes_coalesce_a_message_enqueued_and_acked_before_the_commit() {
+    let store = MemoryStore::new();
+    let mut o = deferred(&store);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    let sent = send_all(&mut o, T0);
+    o.on_ack(&ch("a"), &ChatMessageAck::accepted("m1"), &sent[0].2, T0).unwrap();
+    // Save (enqueue), Save (attempt), Delete (ack): only the delete is left to commit.
+    assert_eq!(o.take_writes(), vec![OutboxWrite::Delete(ch("a"), mid("m1"))]);
+    assert!(!o.has_writes());
+}
+
+#[test]
+fn crash_before_the_commit_forgets_only_what_was_not_acknowledged() {
+    let store = MemoryStore::new();
+    let mut o = deferred(&store);
+    // m1 was enqueued and committed (the caller was told), then sent and acked, but the
+    // removal was not committed yet when the process died.
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    commit(&mut o, &store);
+    let sent = send_all(&mut o, T0);
+    o.on_ack(&ch("a"), &ChatMessageAck::accepted("m1"), &sent[0].2, T0).unwrap();
+    // m2 was enqueued but its commit never happened: the caller was never told it is queued.
+    o.enqueue(&ch("a"), msg("m2"), T0).unwrap();
+    drop(o);
+    let mut restarted = deferred(&store);
+    // m1 comes back and is delivered again (the receiver answers `duplicate`); m2 is the
+    // caller's still, so it is not there.
+    assert_eq!(restarted.pending_ids(&ch("a")), vec![mid("m1")]);
+    let again = send_all(&mut restarted, T0);
+    let dup = ChatMessageAck::duplicate("m1");
+    assert!(matches!(
+        restarted.on_ack(&ch("a"), &dup, &again[0].2, T0).unwrap(),
+        AckOutcome::Delivered { status: AckStatus::Duplicate }
+    ));
+    commit(&mut restarted, &store);
+    assert_eq!(store.pending_len(), 0);
 }

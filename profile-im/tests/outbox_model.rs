@@ -11,8 +11,8 @@
 
 use proptest::prelude::*;
 use xagent_profile_im::{
-    AckOutcome, EnqueueOutcome, MemoryStore, Outbox, OutboxConfig, OutboxError, OverflowPolicy,
-    RetryOutcome, SentOutcome,
+    AckOutcome, EnqueueOutcome, MemoryStore, Outbox, OutboxConfig, OutboxError, OutboxStore,
+    OverflowPolicy, RetryOutcome, SentOutcome, WriteMode,
 };
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, MessageId, PacketId, Side,
@@ -124,9 +124,10 @@ fn channel(i: usize) -> ConnectorChannelId {
 }
 
 impl Harness {
-    fn new(overflow: OverflowPolicy) -> Self {
+    fn new(overflow: OverflowPolicy, write_mode: WriteMode) -> Self {
         let mut config = OutboxConfig::new(Side::Xagent);
         config.overflow = overflow;
+        config.write_mode = write_mode;
         config.ttl_ms = TTL;
         config.capacity_per_channel = CAPACITY;
         let store = MemoryStore::new();
@@ -348,6 +349,12 @@ impl Harness {
             Op::Advance(ms) | Op::Jump(ms) => self.now += ms,
             Op::Back(ms) => self.now = self.now.saturating_sub(ms).max(T0),
         }
+        // Deferred writes: the runtime commits what each call collected before it acts on it
+        // (here after every operation, so a restart sees everything that was acknowledged).
+        let writes = self.outbox.take_writes();
+        if !writes.is_empty() {
+            OutboxStore::apply(&mut self.store.clone(), &writes).unwrap();
+        }
         self.check()
     }
 
@@ -405,10 +412,19 @@ proptest! {
     fn outbox_with_eviction_matches_reference_model(ops in proptest::collection::vec(op(), 1..80)) {
         run(ops, OverflowPolicy::EvictOldest)?;
     }
+
+    #[test]
+    fn deferred_writes_outbox_matches_reference_model(ops in proptest::collection::vec(op(), 1..80)) {
+        run_with(ops, OverflowPolicy::RejectNew, WriteMode::Deferred)?;
+    }
 }
 
 fn run(ops: Vec<Op>, overflow: OverflowPolicy) -> Result<(), TestCaseError> {
-    let mut h = Harness::new(overflow);
+    run_with(ops, overflow, WriteMode::Through)
+}
+
+fn run_with(ops: Vec<Op>, overflow: OverflowPolicy, mode: WriteMode) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(overflow, mode);
     for op in ops {
         h.apply(op)?;
     }

@@ -2,7 +2,8 @@
 
 use xagent_profile_im::{
     Admission, DeltaAction, DeltaAssembler, DeltaConfig, DeltaError, DeltaStrategy, FinalAction,
-    Fingerprint, IdempotencyConfig, MemoryStore, ReceiverIdempotency,
+    Fingerprint, IdempotencyConfig, IdempotencyStore, IdempotencyWrite, MemoryStore,
+    ReceiverIdempotency,
 };
 use xagent_protocol_types::{
     AckStatus, ChatFile, ChatMessage, ChatMessageDelta, ConnectorChannelId, ErrorCode, FileType,
@@ -266,4 +267,31 @@ fn delta_state_is_bounded_by_ttl_and_capacity() {
     assert_eq!(d.on_delta(&ch("a"), &delta("m2", 2, "b"), T0 + 1_001).unwrap(), DeltaAction::Late);
     // New messages can start again.
     d.on_delta(&ch("a"), &delta("m3", 1, "a"), T0 + 1_001).unwrap();
+}
+
+#[test]
+fn deferred_completion_reaches_the_store_only_through_the_callers_commit() {
+    let config = IdempotencyConfig { capacity_per_channel: 1, ..IdempotencyConfig::default() };
+    let store = MemoryStore::new();
+    let mut set = ReceiverIdempotency::open(config, store.clone(), T0).unwrap();
+    let mut commit = Vec::new();
+    for i in 0..2 {
+        let m = ChatMessage::text(format!("m{i}"), "x");
+        let Admission::Process(t) = set.begin_chat(&ch("a"), &m, T0).unwrap() else { panic!() };
+        let (ack, writes) = set.complete_deferred(t, T0);
+        assert_eq!(ack.status, AckStatus::Accepted);
+        commit.extend(writes);
+    }
+    // Nothing written yet: the caller holds the acks until its commit.
+    assert_eq!(store.transactions(), 0);
+    assert_eq!(
+        commit.last(),
+        Some(&IdempotencyWrite::Delete(ch("a"), MessageId::new("m0"))),
+        "the capacity eviction travels in the same batch"
+    );
+    IdempotencyStore::apply(&mut store.clone(), &commit).unwrap();
+    assert_eq!(store.transactions(), 1);
+    let restarted = ReceiverIdempotency::open(config, store.clone(), T0).unwrap();
+    assert!(restarted.is_completed(&ch("a"), &MessageId::new("m1")));
+    assert!(!restarted.is_completed(&ch("a"), &MessageId::new("m0")));
 }

@@ -1,8 +1,6 @@
 //! [`Binding`]: what the runtime keeps about a signed-in channel. A plain value with no runtime
 //! parts, so storage can persist it without knowing the author API.
 
-use std::collections::BTreeMap;
-
 use xagent_protocol_types::{DescriptorTarget, Secret};
 
 /// What the runtime keeps about a signed-in channel: display-level target facts (they go into
@@ -12,30 +10,39 @@ use xagent_protocol_types::{DescriptorTarget, Secret};
 pub struct Binding {
     /// Display-level account facts for the Descriptor's `target` (redacted hints only).
     pub target: DescriptorTarget,
-    secrets: BTreeMap<String, Secret>,
+    /// Sorted by name. A boxed slice, not a map: a signed-in channel usually holds one or two
+    /// secrets, and a `BTreeMap` node would cost about half a kilobyte per channel.
+    secrets: Box<[(String, Secret)]>,
 }
 
 impl Binding {
     /// A binding with its Descriptor target and no private material.
     pub fn new(target: DescriptorTarget) -> Self {
-        Self { target, secrets: BTreeMap::new() }
+        Self { target, secrets: Box::default() }
     }
 
     /// Adds a private value (a target token, a cursor): persisted, never shown.
     #[must_use]
     pub fn with_secret(mut self, name: impl Into<String>, value: Secret) -> Self {
-        self.secrets.insert(name.into(), value);
+        let name = name.into();
+        let mut secrets = std::mem::take(&mut self.secrets).into_vec();
+        match secrets.binary_search_by(|(n, _)| n.as_str().cmp(&name)) {
+            Ok(at) => secrets[at].1 = value,
+            Err(at) => secrets.insert(at, (name, value)),
+        }
+        self.secrets = secrets.into_boxed_slice();
         self
     }
 
     /// A private value by name.
     pub fn secret(&self, name: &str) -> Option<&Secret> {
-        self.secrets.get(name)
+        let at = self.secrets.binary_search_by(|(n, _)| n.as_str().cmp(name)).ok()?;
+        Some(&self.secrets[at].1)
     }
 
     /// All private values.
-    pub fn secrets(&self) -> &BTreeMap<String, Secret> {
-        &self.secrets
+    pub fn secrets(&self) -> impl Iterator<Item = (&str, &Secret)> {
+        self.secrets.iter().map(|(name, value)| (name.as_str(), value))
     }
 }
 
@@ -43,7 +50,7 @@ impl std::fmt::Debug for Binding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Binding")
             .field("target", &self.target)
-            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .field("secrets", &self.secrets.iter().map(|(n, _)| n).collect::<Vec<_>>())
             .finish()
     }
 }

@@ -2,18 +2,29 @@
 //! (IM v2 `chat.message`, IM v1 `message.push`), redelivered when a channel reopens; receiver
 //! idempotency for `chat.message` from xAgent; the delta assembler; activity validation.
 //!
-//! Decisions: `chat.message`s from xAgent are delivered one at a time per connection, in
-//! arrival order (the reader waits for the target). Redelivery happens when a channel is
-//! reopened and on maintenance ticks (backoff, ack timeouts); completed history is never
-//! resent (the outbox only holds unfinished messages).
+//! Decisions: `chat.message`s from xAgent (and deltas and activity) are handled in order per
+//! channel and concurrently across channels ([`crate::lanes`]): a slow target delivery on one
+//! channel never holds up another channel on the same socket. A channel with 64 packets
+//! already waiting gets a retryable `channel_busy` refusal instead of a longer queue.
+//! Redelivery happens when a channel is reopened and on maintenance ticks (backoff, ack
+//! timeouts); completed history is never resent (the outbox only holds unfinished messages).
+//!
+//! Writes: the outbox and the receiver run in deferred write mode and their writes go to the
+//! storage's group commit (`Storage::commit_im`), submitted under the IM lock so they commit
+//! in the order they were made. What is acknowledged waits for its commit: `send_message`
+//! returns only once the message's record is durable, and an `accepted` ack to xAgent is sent
+//! only once the completed id is. Attempt counts and removals are not waited for; they ride
+//! along with the next commit (a crash before it means a redelivery the receiver answers
+//! `duplicate`).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xagent_profile_im::{
     AckOutcome, ActivityAction, ActivityConfig, ActivityTracker, Admission, CompletedRecord,
-    DeltaAction, DeltaAssembler, DeltaConfig, DeltaStrategy, FinalAction, IdempotencyConfig,
-    IdempotencyStore, OutboundPayload, Outbox, OutboxConfig, OutboxEvent, OutboxStore,
-    PendingRecord, ReceiverIdempotency, StoreError, validate_chat_message,
+    DeltaAction, DeltaAssembler, DeltaConfig, DeltaStrategy, EnqueueOutcome, FinalAction,
+    IdempotencyConfig, IdempotencyStore, IdempotencyWrite, OutboundPayload, Outbox, OutboxConfig,
+    OutboxEvent, OutboxStore, OutboxWrite, PendingRecord, ReceiverIdempotency, StoreError,
+    WriteMode, validate_chat_message,
 };
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, MessageId, PROFILE_IM_V1,
@@ -25,7 +36,11 @@ use crate::connector::Connector;
 use crate::error::HandleError;
 use crate::ids;
 use crate::state::{Shared, TryQueue};
-use crate::storage::{Storage, StorageError};
+use crate::storage::{CommitTicket, Storage, StorageError};
+
+/// Packets from xAgent a channel may have waiting for its target before new ones are refused
+/// with a retryable `channel_busy`.
+const LANE_CAPACITY: usize = 64;
 
 /// `profile-im`'s stores behind the runtime's storage trait object.
 pub(crate) struct DynOutboxStore(Box<dyn OutboxStore + Send>);
@@ -43,6 +58,9 @@ impl OutboxStore for DynOutboxStore {
     }
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
         self.0.load_pending()
+    }
+    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
+        self.0.apply(writes)
     }
 }
 
@@ -62,6 +80,9 @@ impl IdempotencyStore for DynIdempotencyStore {
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
         self.0.load_completed()
     }
+    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
+        self.0.apply(writes)
+    }
 }
 
 struct Inner {
@@ -75,6 +96,8 @@ struct Inner {
 pub(crate) struct ImState {
     inner: Mutex<Inner>,
     pump: tokio::sync::Mutex<()>,
+    /// Per-channel order, cross-channel concurrency for packets from xAgent.
+    lanes: crate::lanes::Lanes<ConnectorChannelId>,
     /// Outbox facts for the author (see [`crate::ConnectorHandle::outbox_events`]).
     pub(crate) events: tokio::sync::broadcast::Sender<OutboxEvent>,
 }
@@ -94,17 +117,18 @@ impl ImState {
             return Ok(None);
         }
         let now = clock.now_millis();
-        let mut outbox = Outbox::open(
-            OutboxConfig::new(Side::Connector),
-            DynOutboxStore(storage.outbox_store()),
-            now,
-        )
-        .map_err(storage_error)?;
+        let config =
+            OutboxConfig { write_mode: WriteMode::Deferred, ..OutboxConfig::new(Side::Connector) };
+        let mut outbox = Outbox::open(config, DynOutboxStore(storage.outbox_store()), now)
+            .map_err(storage_error)?;
         // Nothing is routed at startup: every channel waits for its channel.open.
         let channels: Vec<ConnectorChannelId> = outbox.stats().channels.keys().cloned().collect();
         for channel in channels {
             outbox.on_channel_closed(&channel, now).map_err(storage_error)?;
         }
+        // What opening changed (unreadable records dropped, expiries) is written now.
+        let writes = outbox.take_writes();
+        storage.outbox_store().apply(&writes).map_err(storage_error)?;
         let receiver = ReceiverIdempotency::open(
             IdempotencyConfig::default(),
             DynIdempotencyStore(storage.idempotency_store()),
@@ -121,11 +145,40 @@ impl ImState {
             ActivityTracker::new(ActivityConfig { capability, ..ActivityConfig::default() });
         let inner = Inner { outbox, receiver, deltas, activity };
         let (events, _) = tokio::sync::broadcast::channel(1024);
-        Ok(Some(Self { inner: Mutex::new(inner), pump: tokio::sync::Mutex::new(()), events }))
+        Ok(Some(Self {
+            inner: Mutex::new(inner),
+            pump: tokio::sync::Mutex::new(()),
+            lanes: crate::lanes::Lanes::new(LANE_CAPACITY),
+            events,
+        }))
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Submits what the outbox collected (and `receiver` writes) to the storage's group commit.
+    /// Called with the IM lock held, so submissions keep the order the writes were made in.
+    fn submit(shared: &Shared, inner: &mut Inner, receiver: Vec<IdempotencyWrite>) -> CommitTicket {
+        let outbox = inner.outbox.take_writes();
+        if outbox.is_empty() && receiver.is_empty() {
+            return CommitTicket::ready(Ok(()));
+        }
+        shared.storage.commit_im(outbox, receiver)
+    }
+
+    /// Submits the outbox's collected writes without waiting for them (attempt counts,
+    /// removals, pauses: nothing is acknowledged on their strength); a failure is logged.
+    fn submit_in_background(shared: &Shared, inner: &mut Inner) {
+        if !inner.outbox.has_writes() {
+            return;
+        }
+        let ticket = Self::submit(shared, inner, Vec::new());
+        tokio::spawn(async move {
+            if let Err(error) = ticket.committed().await {
+                tracing::warn!(%error, "could not persist outbox bookkeeping");
+            }
+        });
     }
 
     /// Takes responsibility for a message to xAgent and sends it when the channel is routed.
@@ -147,19 +200,34 @@ impl ImState {
         }
         check_packet_size(shared, channel, &payload)?;
         let routed = shared.state().routes.contains_key(channel);
-        {
+        let ticket = {
             let mut inner = self.inner();
-            inner.outbox.enqueue(channel, payload, shared.now()).map_err(|e| match e.code() {
-                ErrorCode::CapacityExceeded => HandleError::Outbox(e.to_string()),
-                code => HandleError::Rejected { code, message: e.to_string() },
-            })?;
+            let message_id = payload.message_id().cloned();
+            let outcome =
+                inner.outbox.enqueue(channel, payload, shared.now()).map_err(|e| {
+                    match e.code() {
+                        ErrorCode::CapacityExceeded => HandleError::Outbox(e.to_string()),
+                        code => HandleError::Rejected { code, message: e.to_string() },
+                    }
+                })?;
+            if outcome == EnqueueOutcome::AlreadyPending {
+                // The same message again: perhaps because our earlier answer was a failed
+                // commit. Write its record again, so this answer too means "durable".
+                let record = message_id.and_then(|id| inner.outbox.record(channel, &id).cloned());
+                if let Some(record) = record {
+                    shared.storage.commit_im(vec![OutboxWrite::Save(record)], Vec::new());
+                }
+            }
             if !routed {
                 inner
                     .outbox
                     .on_channel_closed(channel, shared.now())
                     .map_err(|e| HandleError::Outbox(e.to_string()))?;
             }
-        }
+            Self::submit(shared, &mut inner, Vec::new())
+        };
+        // The caller hears "queued" only once the record is committed.
+        ticket.committed().await.map_err(|e| HandleError::Outbox(e.to_string()))?;
         self.log_events();
         self.pump(shared).await;
         Ok(())
@@ -169,11 +237,16 @@ impl ImState {
     pub(crate) async fn pump(&self, shared: &Arc<Shared>) {
         let _guard = self.pump.lock().await;
         loop {
-            let ready = match self.inner().outbox.next_ready(shared.now()) {
-                Ok(ready) => ready,
-                Err(error) => {
-                    tracing::error!(%error, "outbox failed");
-                    return;
+            let ready = {
+                let mut inner = self.inner();
+                let ready = inner.outbox.next_ready(shared.now());
+                Self::submit_in_background(shared, &mut inner);
+                match ready {
+                    Ok(ready) => ready,
+                    Err(error) => {
+                        tracing::error!(%error, "outbox failed");
+                        return;
+                    }
                 }
             };
             if ready.is_empty() {
@@ -207,21 +280,30 @@ impl ImState {
                         });
                     }
                     TryQueue::Full => {
-                        let result = self.inner().outbox.on_send_failed(
-                            &delivery.channel,
-                            &delivery.message_id,
-                            "the peer is not reading (write queue full)",
-                            now,
-                        );
+                        let result = {
+                            let mut inner = self.inner();
+                            let result = inner.outbox.on_send_failed(
+                                &delivery.channel,
+                                &delivery.message_id,
+                                "the peer is not reading (write queue full)",
+                                now,
+                            );
+                            Self::submit_in_background(shared, &mut inner);
+                            result
+                        };
                         if let Err(error) = result {
                             tracing::warn!(%error, "outbox bookkeeping failed");
                         }
                     }
                     TryQueue::NotRouted => {
                         // Not routed (or the route closed meanwhile): pause until channel.open.
-                        if let Err(error) =
-                            self.inner().outbox.on_channel_closed(&delivery.channel, now)
-                        {
+                        let result = {
+                            let mut inner = self.inner();
+                            let result = inner.outbox.on_channel_closed(&delivery.channel, now);
+                            Self::submit_in_background(shared, &mut inner);
+                            result
+                        };
+                        if let Err(error) = result {
                             tracing::warn!(%error, "outbox bookkeeping failed");
                         }
                     }
@@ -243,14 +325,16 @@ impl ImState {
         let now = shared.now();
         let result = {
             let mut inner = self.inner();
-            if written {
+            let result = if written {
                 inner
                     .outbox
                     .on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
                     .map(|_| ())
             } else {
                 inner.outbox.on_channel_closed(&delivery.channel, now)
-            }
+            };
+            Self::submit_in_background(shared, &mut inner);
+            result
         };
         if let Err(error) = result {
             tracing::warn!(%error, "outbox bookkeeping failed");
@@ -273,13 +357,20 @@ impl ImState {
     }
 
     pub(crate) async fn on_channel_open(&self, shared: &Arc<Shared>, channel: &ConnectorChannelId) {
-        if let Err(error) = self.inner().outbox.on_channel_reopened(channel, shared.now()) {
+        let result = {
+            let mut inner = self.inner();
+            let result = inner.outbox.on_channel_reopened(channel, shared.now());
+            Self::submit_in_background(shared, &mut inner);
+            result
+        };
+        if let Err(error) = result {
             tracing::warn!(%error, "outbox reopen failed");
         }
         self.pump(shared).await;
     }
 
     /// The channels lost their route (socket closed, channel.close).
+    /// (Their rescheduling writes, if any, go with the next commit.)
     pub(crate) fn on_routes_lost(&self, channels: &[ConnectorChannelId], now: u64) {
         let mut inner = self.inner();
         for channel in channels {
@@ -289,6 +380,8 @@ impl ImState {
         }
     }
 
+    /// The channel's rows are deleted with the channel (`Storage::delete_channel`); the
+    /// outbox's own removals go with the next commit.
     pub(crate) fn forget_channel(&self, channel: &ConnectorChannelId) {
         let mut inner = self.inner();
         if let Err(error) = inner.outbox.remove_channel(channel) {
@@ -323,6 +416,7 @@ impl ImState {
             if let Err(error) = inner.outbox.maintain(now) {
                 tracing::warn!(%error, "outbox maintenance failed");
             }
+            Self::submit_in_background(shared, &mut inner);
             if let Err(error) = inner.receiver.prune(now) {
                 tracing::warn!(%error, "idempotency pruning failed");
             }
@@ -341,30 +435,92 @@ impl ImState {
         self.inner().outbox.pending_ids(channel)
     }
 
-    /// An IM packet from xAgent; returns the packet to answer with, if any (the connection
-    /// writes it).
+    /// An IM packet from xAgent; returns the packet to answer with at once, if any (the
+    /// connection writes it). Acks for our outbox are handled at once; final messages, deltas
+    /// and activity go to the channel's lane (in order per channel, concurrently across
+    /// channels), so the reader never waits for a target: their answers are sent on the
+    /// channel's route when they are ready.
     pub(crate) async fn on_packet(&self, shared: &Arc<Shared>, packet: &Packet) -> Option<Packet> {
         let channel = packet.connector_channel_id.clone()?;
+        if let PacketBody::ChatMessageAck(ack) = &packet.body {
+            let reply_to = packet.reply_to.as_ref()?;
+            let outcome = {
+                let mut inner = self.inner();
+                let outcome = inner.outbox.on_ack(&channel, ack, reply_to, shared.now());
+                Self::submit_in_background(shared, &mut inner);
+                outcome
+            };
+            match outcome {
+                Ok(AckOutcome::Failed { code, reason }) => {
+                    tracing::warn!(%channel, message_id = %ack.message_id, %code, reason, "xAgent rejected a message for good");
+                }
+                Ok(outcome) => tracing::debug!(%channel, ?outcome, "message ack"),
+                Err(error) => tracing::warn!(%error, "outbox ack failed"),
+            }
+            self.log_events();
+            self.pump(shared).await;
+            return None;
+        }
+        if !matches!(
+            packet.body,
+            PacketBody::ChatMessage(_)
+                | PacketBody::ChatMessageDelta(_)
+                | PacketBody::ChatActivity(_)
+        ) {
+            return None;
+        }
+        let (job_shared, job_channel, job_packet) =
+            (shared.clone(), channel.clone(), packet.clone());
+        let job = async move {
+            if let Some(im) = job_shared.im.as_ref() {
+                im.on_channel_packet(&job_shared, &job_channel, &job_packet).await;
+            }
+        };
+        if self.lanes.submit(&channel, job).is_err() {
+            let busy = "this channel already has 64 packets waiting for the target; retry later";
+            let reply = match &packet.body {
+                PacketBody::ChatMessage(message) => Packet::with_payload(
+                    ids::packet_id(),
+                    ChatMessageAck::rejected(
+                        message.message_id.clone(),
+                        ErrorCode::ChannelBusy,
+                        busy,
+                        true,
+                    ),
+                )
+                .channel(channel)
+                .reply_to(packet.packet_id.clone()),
+                _ => Packet::error(ids::packet_id(), WireError::new(ErrorCode::ChannelBusy, busy))
+                    .answering(packet),
+            };
+            return Some(reply);
+        }
+        None
+    }
+
+    /// One packet from the channel's lane.
+    async fn on_channel_packet(
+        &self,
+        shared: &Arc<Shared>,
+        channel: &ConnectorChannelId,
+        packet: &Packet,
+    ) {
+        let send = |reply: Packet| {
+            let reply = shared.packet(reply);
+            async move {
+                // On the channel's route (the socket it is open on). A channel no longer
+                // routed drops the reply; xAgent repeats the message and gets `duplicate`.
+                let _ = shared.send_on_route(channel, reply).await;
+            }
+        };
+        let channel = channel.clone();
         match &packet.body {
             PacketBody::ChatMessage(message) => {
                 let ack = self.on_chat_message(shared, &channel, message).await;
                 let reply = Packet::with_payload(ids::packet_id(), ack)
                     .channel(channel)
                     .reply_to(packet.packet_id.clone());
-                return Some(reply);
-            }
-            PacketBody::ChatMessageAck(ack) => {
-                let reply_to = packet.reply_to.as_ref()?;
-                let outcome = self.inner().outbox.on_ack(&channel, ack, reply_to, shared.now());
-                match outcome {
-                    Ok(AckOutcome::Failed { code, reason }) => {
-                        tracing::warn!(%channel, message_id = %ack.message_id, %code, reason, "xAgent rejected a message for good");
-                    }
-                    Ok(outcome) => tracing::debug!(%channel, ?outcome, "message ack"),
-                    Err(error) => tracing::warn!(%error, "outbox ack failed"),
-                }
-                self.log_events();
-                self.pump(shared).await;
+                send(reply).await;
             }
             PacketBody::ChatMessageDelta(delta) => {
                 let action = self.inner().deltas.on_delta(&channel, delta, shared.now());
@@ -375,14 +531,15 @@ impl ImState {
                 let (first, text, handle) = match action {
                     Err(error) => {
                         let wire = WireError::new(error.code(), error.to_string());
-                        return Some(Packet::error(ids::packet_id(), wire).answering(packet));
+                        send(Packet::error(ids::packet_id(), wire).answering(packet)).await;
+                        return;
                     }
                     Ok(DeltaAction::CreateTarget { text }) => (true, text, None),
                     Ok(DeltaAction::UpdateTarget { text, handle }) => (false, text, handle),
-                    Ok(_) => return None,
+                    Ok(_) => return,
                 };
-                let ctx = channel_context(shared, &channel)?;
-                let im = shared.def.im.as_ref()?;
+                let Some(ctx) = channel_context(shared, &channel) else { return };
+                let Some(im) = shared.def.im.as_ref() else { return };
                 let update = DeltaUpdate {
                     message_id: delta.message_id.clone(),
                     first,
@@ -399,13 +556,12 @@ impl ImState {
                     Ok(action) => self.show(shared, &channel, action).await,
                     Err(error) => {
                         let wire = WireError::new(error.code(), error.to_string());
-                        return Some(Packet::error(ids::packet_id(), wire).answering(packet));
+                        send(Packet::error(ids::packet_id(), wire).answering(packet)).await;
                     }
                 }
             }
             _ => {}
         }
-        None
     }
 
     async fn on_chat_message(
@@ -449,13 +605,20 @@ impl ImState {
         let cleared = self.inner().activity.on_final_message(channel);
         self.show(shared, channel, cleared).await;
         match im.deliver(ctx, message.clone(), how).await {
-            Ok(()) => match self.inner().receiver.complete(ticket, shared.now()) {
-                Ok(ack) => ack,
-                Err(error) => {
+            Ok(()) => {
+                // `accepted` goes out only once the completed id is durable, so a restarted
+                // Connector answers a repeat with `duplicate`, never with a second delivery.
+                let (ack, commit) = {
+                    let mut inner = self.inner();
+                    let (ack, writes) = inner.receiver.complete_deferred(ticket, shared.now());
+                    (ack, Self::submit(shared, &mut inner, writes))
+                };
+                if let Err(error) = commit.committed().await {
+                    // The effect happened: still `accepted` (this process remembers the id).
                     tracing::error!(%error, "could not persist a completed message id");
-                    ChatMessageAck::accepted(id)
                 }
-            },
+                ack
+            }
             Err(error) => {
                 tracing::info!(%channel, code = %error.code, retryable = error.retryable, "target refused a message");
                 self.inner().receiver.abandon(ticket, error.code, error.message, error.retryable)

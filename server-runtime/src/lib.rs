@@ -109,7 +109,10 @@
 //!   repeated calls (SPEC-NOTES idempotency); a repeat while the first call runs waits for it.
 //! - Lease expiry and maintenance run in [`ConnectorServer::tick`], called by a background
 //!   task every 30 s and by tests directly with a `ManualClock`.
-//! - `chat.message`s from xAgent are delivered to the target one at a time per connection.
+//! - `chat.message`s from xAgent (and deltas and activity) are handled in order per channel
+//!   and concurrently across channels: a slow target on one channel never delays another.
+//! - Durable writes go through the storage's group commit (`synchronous=FULL` by default);
+//!   nothing is acknowledged before the transaction holding it committed.
 //! - IM v1 `message.push` goes through the same outbox; its successful socket write is the
 //!   delivery boundary (v1 has no business ack). The handle refuses a `chat.message` when the
 //!   Card does not declare IM v2, and a `message.push` when it does not declare IM v1.
@@ -136,6 +139,7 @@ mod handlers;
 mod http;
 mod ids;
 mod im;
+mod lanes;
 mod listen;
 mod server;
 mod state;
@@ -166,7 +170,8 @@ pub use server::{
 };
 pub use state::StopFn;
 pub use storage::{
-    ChannelRecord, DATABASE_FILE, SqliteStorage, Storage, StorageError, ToolCallRecord,
+    ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
+    SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous, ToolCallRecord, WriteOp,
 };
 pub use tokio_util::sync::CancellationToken;
 pub use xagent_profile_im::{ActivityAction, ActivityCapability};

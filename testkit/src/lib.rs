@@ -58,6 +58,9 @@ pub struct EchoLog {
     pub poller_starts: usize,
     /// Shared poller stops.
     pub poller_stops: usize,
+    /// How long the target takes per delivery on a channel (none: at once); a slow target
+    /// for isolation tests and benchmarks.
+    pub delivery_delays: std::collections::HashMap<ConnectorChannelId, std::time::Duration>,
 }
 
 /// Shared view of the echo target's log.
@@ -68,6 +71,19 @@ impl EchoState {
     /// The log.
     pub fn log(&self) -> MutexGuard<'_, EchoLog> {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Makes every delivery on `channel` take `delay` (`None`: at once again).
+    pub fn set_delivery_delay(
+        &self,
+        channel: &ConnectorChannelId,
+        delay: Option<std::time::Duration>,
+    ) {
+        let mut log = self.log();
+        match delay {
+            Some(delay) => log.delivery_delays.insert(channel.clone(), delay),
+            None => log.delivery_delays.remove(channel),
+        };
     }
 }
 
@@ -133,6 +149,10 @@ impl ImTarget for EchoTarget {
                 ));
             }
             _ => {}
+        }
+        let delay = self.0.log().delivery_delays.get(&ctx.channel).copied();
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
         }
         self.0.log().delivered.push((ctx.channel, message, how));
         Ok(())

@@ -15,7 +15,9 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use xagent_protocol_types::{Packet, Secret};
-use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
+use xagent_server_runtime::{
+    ConnectorServer, RuntimeConfig, SqliteOptions, SqliteStorage, Synchronous,
+};
 use xagent_testkit::{EchoState, echo_connector};
 
 /// The system API key every harness Connector runs with (loopback only, never a real secret).
@@ -173,13 +175,21 @@ pub struct EchoConnector {
 }
 
 impl EchoConnector {
-    /// Builds and serves the echo Connector with its state in `dir`.
+    /// Builds and serves the echo Connector with its state in `dir` (SQLite with the
+    /// runtime's default durability, `synchronous=FULL`).
     pub async fn start(dir: &Path) -> Result<Self> {
+        Self::start_with(dir, Synchronous::default()).await
+    }
+
+    /// [`EchoConnector::start`] with the given SQLite durability.
+    pub async fn start_with(dir: &Path, synchronous: Synchronous) -> Result<Self> {
         let (connector, echo) = echo_connector();
+        let options = SqliteOptions { synchronous, ..SqliteOptions::default() };
         let server = ConnectorServer::builder(connector)
             .config(RuntimeConfig::default())
             .state_dir(dir)
             .context("state dir")?
+            .storage(SqliteStorage::open_with(dir, options).context("opening the storage")?)
             .api_key(Secret::new(API_KEY))
             .build()
             .await

@@ -9,6 +9,13 @@
 //! client encodes the same `tool.invoke` frame and decodes every reply as a packet in both
 //! cases, so only the server side differs. Figures are medians over the rounds.
 //!
+//! Durable Tools: the same closed loops (1 and 64 in flight) against the echo Connector's
+//! side-effecting Tool `echo_send`, whose result the runtime commits to SQLite before it
+//! answers (repeated calls, SPEC-NOTES idempotency), next to raw single-row SQLite commits with
+//! the same settings in the same round (`durable_tool_ratio_vs_sqlite`, 64 in flight;
+//! `durable_tool_ratio_vs_sqlite_inflight_1`). `--synchronous full|normal` picks the SQLite
+//! durability of both sides (default `full`, the runtime's default).
+//!
 //! `--quick` is one round of 2 s phases (under a minute); `--json` prints one JSON object whose
 //! `ratio_vs_echo` is the 64-in-flight ratio; `--rounds N` and `--seconds S` override.
 
@@ -31,6 +38,8 @@ use crate::bench_support::{
 enum Target {
     Echo,
     Connector,
+    /// The Connector's side-effecting Tool (a durable record per call).
+    DurableTool,
 }
 
 #[derive(Clone, Debug)]
@@ -42,8 +51,9 @@ struct Endpoint {
 /// Runs the benchmark with the given flags.
 pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     let flags = Flags::parse(args);
-    flags.only(&["--rounds", "--seconds"])?;
+    flags.only(&["--rounds", "--seconds", "--synchronous"])?;
     warn_if_debug();
+    let synchronous = crate::bench_durable::synchronous_flag(&flags)?;
     let rounds: usize = flags.value("--rounds")?.unwrap_or(if flags.quick { 1 } else { 3 });
     let seconds: f64 = flags.value("--seconds")?.unwrap_or(if flags.quick { 2.0 } else { 5.0 });
     let phase = Duration::from_secs_f64(seconds);
@@ -54,7 +64,7 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         .enable_all()
         .build()?;
     let dir = temp_dir("bench-ws")?;
-    let connector = servers.block_on(EchoConnector::start(&dir))?;
+    let connector = servers.block_on(EchoConnector::start_with(&dir, synchronous))?;
     let echo_addr = servers.block_on(start_bare_echo())?;
     let endpoint =
         Endpoint { echo_url: format!("ws://{echo_addr}/"), connector_url: connector.ws_url() };
@@ -78,6 +88,20 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
                 "errors": one.errors + many.errors + open.errors,
             });
         }
+        // Side-effecting Tool calls, then raw single-row commits on the same disk right after.
+        let one = client.block_on(closed_loop(&endpoint, Target::DurableTool, 1, phase))?;
+        let many = client.block_on(closed_loop(&endpoint, Target::DurableTool, 64, phase))?;
+        let raw = crate::bench_durable::raw_commits(
+            &dir.join(format!("commits-{round}.sqlite3")),
+            phase,
+            synchronous,
+        )?;
+        figures["durable_tool"] = json!({
+            "rps_inflight_1": one.per_second,
+            "rps_inflight_64": many.per_second,
+            "errors": one.errors + many.errors,
+        });
+        figures["sqlite_commits_per_s"] = json!(raw);
         if !flags.json {
             eprintln!("round {}/{rounds} done", round + 1);
         }
@@ -85,10 +109,6 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     }
     servers.block_on(connector.stop());
     drop(servers);
-    // Every tool.invoke writes its result for repeated calls (one SQLite transaction): the
-    // single-row transaction rate with the same settings bounds the Connector's figure.
-    let sqlite_txn_per_s =
-        2.0 * crate::bench_durable::raw_sqlite(&dir.join("txn.sqlite3"), 5_000, 1, false)?;
     let _ = std::fs::remove_dir_all(&dir);
 
     let pick = |target: &str, field: &str| {
@@ -110,11 +130,29 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         .map(|r| {
             r["echo"]["errors"].as_u64().unwrap_or(0)
                 + r["connector"]["errors"].as_u64().unwrap_or(0)
+                + r["durable_tool"]["errors"].as_u64().unwrap_or(0)
         })
         .sum();
     let ratio = |field: &str| {
         let echo = pick("echo", field);
         if echo > 0.0 { (pick("connector", field) / echo * 1000.0).round() / 1000.0 } else { 0.0 }
+    };
+    let sqlite_commits_per_s = {
+        let mut values: Vec<f64> =
+            per_round.iter().filter_map(|r| r["sqlite_commits_per_s"].as_f64()).collect();
+        median(&mut values)
+    };
+    let durable_ratio = |field: &str| {
+        // Per round (the tool calls and the raw commits ran back to back), then the median.
+        let mut values: Vec<f64> = per_round
+            .iter()
+            .filter_map(|r| {
+                let raw = r["sqlite_commits_per_s"].as_f64()?;
+                let tool = r["durable_tool"][field].as_f64()?;
+                (raw > 0.0).then_some(tool / raw)
+            })
+            .collect();
+        (median(&mut values) * 1000.0).round() / 1000.0
     };
     let result = json!({
         "bench": "ws",
@@ -126,7 +164,17 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         "ratio_vs_echo": ratio("rps_inflight_64"),
         "ratio_vs_echo_inflight_1": ratio("rps_inflight_1"),
         "target_ratio": 0.7,
-        "sqlite_txn_per_s": sqlite_txn_per_s.round(),
+        "synchronous": synchronous.as_str(),
+        "durable_tool": {
+            "rps_inflight_1": pick("durable_tool", "rps_inflight_1").round(),
+            "rps_inflight_64": pick("durable_tool", "rps_inflight_64").round(),
+        },
+        "sqlite_commits_per_s": sqlite_commits_per_s.round(),
+        "sqlite_txn_per_s": sqlite_commits_per_s.round(),
+        "durable_tool_ratio_vs_sqlite": durable_ratio("rps_inflight_64"),
+        "durable_tool_ratio_vs_sqlite_inflight_1": durable_ratio("rps_inflight_1"),
+        "durable_target_ratio": 1.0,
+        "durable_target_ratio_inflight_1": 0.7,
         "errors": errors,
         "per_round": per_round,
         "machine": machine(),
@@ -160,8 +208,17 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
             ],
         );
         println!(
-            "\nratio vs echo: {} at 64 in flight (target >= 0.7), {} at 1 in flight; errors: {errors}\nSQLite single-row transactions/s, same settings (each tool.invoke writes one): {}",
-            result["ratio_vs_echo"], result["ratio_vs_echo_inflight_1"], result["sqlite_txn_per_s"]
+            "\nratio vs echo: {} at 64 in flight (target >= 0.7), {} at 1 in flight; errors: {errors}",
+            result["ratio_vs_echo"], result["ratio_vs_echo_inflight_1"]
+        );
+        println!(
+            "durable Tool (echo_send) calls/s: {} at 1 in flight, {} at 64; raw single-row SQLite commits/s (synchronous={}): {}\nratio vs SQLite: {} at 64 in flight (target >= 1.0), {} at 1 in flight (target >= 0.7)",
+            result["durable_tool"]["rps_inflight_1"],
+            result["durable_tool"]["rps_inflight_64"],
+            synchronous.as_str(),
+            result["sqlite_commits_per_s"],
+            result["durable_tool_ratio_vs_sqlite"],
+            result["durable_tool_ratio_vs_sqlite_inflight_1"]
         );
     }
     if errors > 0 {
@@ -224,7 +281,7 @@ async fn connect(endpoint: &Endpoint, target: Target) -> Result<(PacketSocket, S
             let socket = PacketSocket::connect(&endpoint.echo_url, None).await?;
             Ok((socket, "cch_bench".to_string()))
         }
-        Target::Connector => {
+        Target::Connector | Target::DurableTool => {
             let mut socket = PacketSocket::connect(&endpoint.connector_url, Some(API_KEY)).await?;
             let channel = socket.echo_session(true, None).await?;
             Ok((socket, channel))
@@ -232,8 +289,13 @@ async fn connect(endpoint: &Endpoint, target: Target) -> Result<(PacketSocket, S
     }
 }
 
-/// The `tool.invoke` frame numbered `n`.
-fn invoke(channel: &str, n: u64) -> String {
+/// The `tool.invoke` frame numbered `n`: the no-op Tool, or `echo_send` for durable calls.
+fn invoke(target: Target, channel: &str, n: u64) -> String {
+    if target == Target::DurableTool {
+        return format!(
+            r#"{{"schema":"xagent.connector.packet/v1","packet_id":"pkt_b{n}","request_id":"req_b{n}","connector_channel_id":"{channel}","type":"tool.invoke","payload":{{"tool_id":"echo_send","arguments":{{"connector_channel_id":"{channel}","text":"bench {n}"}}}}}}"#
+        );
+    }
     format!(
         r#"{{"schema":"xagent.connector.packet/v1","packet_id":"pkt_b{n}","request_id":"req_b{n}","connector_channel_id":"{channel}","type":"tool.invoke","payload":{{"tool_id":"echo_noop","arguments":{{"connector_channel_id":"{channel}"}}}}}}"#
     )
@@ -268,7 +330,7 @@ async fn closed_loop(
     let warmup = Duration::from_millis(300);
     let mut next = 0u64;
     for _ in 0..inflight {
-        socket.send_text(invoke(&channel, next)).await?;
+        socket.send_text(invoke(target, &channel, next)).await?;
         next += 1;
     }
     let started = Instant::now();
@@ -294,7 +356,7 @@ async fn closed_loop(
             }
             None => {}
         }
-        socket.send_text(invoke(&channel, next)).await?;
+        socket.send_text(invoke(target, &channel, next)).await?;
         next += 1;
     }
 }
@@ -329,7 +391,7 @@ async fn open_loop(
             // Send everything that is due (the timer is coarser than the interval).
             let now = Instant::now();
             while n < total && start + interval.mul_f64(n as f64) <= now {
-                if sink.feed(Message::Text(invoke(&channel, n).into())).await.is_err() {
+                if sink.feed(Message::Text(invoke(target, &channel, n).into())).await.is_err() {
                     return sink;
                 }
                 n += 1;

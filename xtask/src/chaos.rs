@@ -662,6 +662,49 @@ async fn barrage(count: usize, rng: &mut Rng) -> Result<Value> {
             pongs_missed += 1;
             break;
         }
+        // `chat.message`, deltas and activity are handled in the channel's lane, concurrently
+        // with connection-level packets: their answer may come after the pong. Wait for it
+        // (a `chat.message` always has one; deltas and activity only on error), and count
+        // only answers to this packet (a late answer to an earlier one is not this one's).
+        let sent_id = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["packet_id"].as_str().map(str::to_owned));
+        if let (Ok(packet), Some(sent_id)) = (&expected_decode, &sent_id) {
+            let lane = match packet.type_str() {
+                "chat.message" => Some(Duration::from_secs(10)),
+                "chat.message.delta" | "chat.activity" => Some(Duration::from_millis(200)),
+                _ => None,
+            };
+            if let Some(wait) = lane {
+                let answered =
+                    |r: &Packet| r.reply_to.as_ref().is_some_and(|p| p.as_str() == sent_id);
+                let deadline = Instant::now() + wait;
+                while !replies.iter().any(answered) {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    match socket.recv_text(left).await {
+                        Ok(Some(frame)) => {
+                            if let Ok(packet) = Packet::decode_str(&frame) {
+                                replies.push(packet);
+                            }
+                        }
+                        _ => break,
+                    }
+                }
+            }
+        }
+        for reply in &replies {
+            if let PacketBody::ChatMessageAck(ack) = &reply.body
+                && ack.status.as_str() == "accepted"
+            {
+                acked_accepted.insert(ack.message_id.as_str().to_string());
+            }
+        }
+        if let Some(sent_id) = &sent_id {
+            replies.retain(|r| r.reply_to.as_ref().is_none_or(|p| p.as_str() == sent_id.as_str()));
+        }
         if replies.is_empty() {
             silent += 1;
         } else {
@@ -681,11 +724,6 @@ async fn barrage(count: usize, rng: &mut Rng) -> Result<Value> {
                 if matches!(code, ErrorCode::Other(_)) || *code == ErrorCode::InternalError {
                     bad(format!("error code {code}"));
                 }
-            }
-            if let PacketBody::ChatMessageAck(ack) = &reply.body
-                && ack.status.as_str() == "accepted"
-            {
-                acked_accepted.insert(ack.message_id.as_str().to_string());
             }
         }
         match &expected_decode {

@@ -7,7 +7,7 @@
 //! - `codegen-check [--only ts|py]`: generate TypeScript and Python types from `schemas/` and
 //!   round-trip every wire fixture through them (see [`codegen`]; needs `npm ci --prefix codegen`
 //!   and `pip install -r codegen/requirements.txt`).
-//! - `bench-ws`, `bench-decode`, `bench-durable`, `bench-scale` `[--quick] [--json]`: whole-system
+//! - `bench-ws`, `bench-decode`, `bench-durable`, `bench-scale`, `bench-isolation` `[--quick] [--json]`: whole-system
 //!   benchmarks, each against the machine's own limit in the same run (see `BENCHMARKS.md`).
 //! - `chaos [--quick]`: kill -9 and malformed-input harness on loopback (see `RELIABILITY.md`).
 //! - `fuzz --seconds N [--target T]`: runs every cargo-fuzz target in `fuzz/` for N seconds.
@@ -23,6 +23,7 @@ use serde_json::Value;
 mod attack;
 mod bench_decode;
 mod bench_durable;
+mod bench_isolation;
 mod bench_scale;
 mod bench_support;
 mod bench_ws;
@@ -30,7 +31,7 @@ mod chaos;
 mod codegen;
 mod fuzz;
 
-const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale [--quick] [--json] (bench-decode: [--no-ffi]) | chaos [--quick] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
+const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation [--quick] [--json] (bench-decode: [--no-ffi]) | chaos [--quick] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
 
 fn main() -> ExitCode {
     match run() {
@@ -59,6 +60,7 @@ fn run() -> Result<ExitCode> {
         Some("bench-ws") => bench_ws::run(&args[1..]),
         Some("bench-decode") => bench_decode::run(&workspace_root(), &args[1..]),
         Some("bench-durable") => bench_durable::run(&args[1..]),
+        Some("bench-isolation") => bench_isolation::run(&args[1..]),
         Some("bench-scale") => bench_scale::run(&workspace_root(), &args[1..]),
         Some("chaos") => chaos::run(&workspace_root(), &args[1..]),
         Some("fuzz") => fuzz::run(&workspace_root(), &args[1..]),

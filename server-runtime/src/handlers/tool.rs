@@ -120,7 +120,11 @@ impl Conn {
                 // outcome: a retry once the device is back may run.
                 if tool.records_calls && reached {
                     let stored = running.record(&outcome, shared.now());
-                    if let Err(error) = shared.storage.save_tool_call(&channel, &key, &stored) {
+                    // The ack goes out only once the record is committed (group commit:
+                    // shared with other calls' records), so a repeat after a crash is
+                    // answered from it.
+                    let commit = shared.storage.commit_tool_call(&channel, &key, &stored);
+                    if let Err(error) = commit.committed().await {
                         tracing::error!(%error, "could not store a tool result");
                     }
                 }

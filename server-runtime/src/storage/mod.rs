@@ -8,17 +8,23 @@
 //! memory only: an interrupted sign-in is restarted by the user.
 
 //!
-//! - `sqlite`: [`SqliteStorage`], the default; `sqlite_im`: the IM stores on it.
+//! - `sqlite`: [`SqliteStorage`], the default; `sqlite_im`: the IM stores on it;
+//! - `group`: its group-commit writer ([`GroupCommit`]): concurrent writes share one
+//!   transaction, and nothing is acknowledged before that transaction committed.
 
+mod group;
 mod sqlite;
 mod sqlite_im;
 
-pub use sqlite::{DATABASE_FILE, SqliteStorage};
+pub use group::{
+    CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous, WriteOp,
+};
+pub use sqlite::{DATABASE_FILE, SqliteOptions, SqliteStorage};
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use xagent_profile_im::{IdempotencyStore, OutboxStore};
+use xagent_profile_im::{IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite};
 use xagent_protocol_types::{
     ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTool, ToolId,
 };
@@ -113,4 +119,32 @@ pub trait Storage: Send + Sync + 'static {
     fn outbox_store(&self) -> Box<dyn OutboxStore + Send>;
     /// The IM receiver idempotency store (`profile-im`).
     fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send>;
+
+    /// Stores a completed tool call without blocking; the ticket resolves once it is durable
+    /// (acknowledge the call only then). The SQLite storage commits it together with other
+    /// callers' writes; the default writes it at once.
+    fn commit_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+        record: &ToolCallRecord,
+    ) -> CommitTicket {
+        CommitTicket::ready(self.save_tool_call(channel, key, record))
+    }
+
+    /// Commits IM writes (outbox, then receiver idempotency) without blocking; the ticket
+    /// resolves once they are durable. Submissions are applied in the order they were made.
+    /// The default writes them at once through the two stores.
+    fn commit_im(
+        &self,
+        outbox: Vec<OutboxWrite>,
+        idempotency: Vec<IdempotencyWrite>,
+    ) -> CommitTicket {
+        let result = self
+            .outbox_store()
+            .apply(&outbox)
+            .and_then(|()| self.idempotency_store().apply(&idempotency))
+            .map_err(|e| StorageError::new("commit IM writes", e.to_string()));
+        CommitTicket::ready(result)
+    }
 }

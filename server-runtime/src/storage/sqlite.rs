@@ -1,52 +1,62 @@
-//! The default storage: one SQLite file (WAL) under the state directory.
+//! The default storage: one SQLite file (WAL) under the state directory. Reads go through
+//! one connection; every write goes through the group-commit writer ([`GroupCommit`]) on a
+//! connection of its own, so concurrent writes share transactions and a reader never waits
+//! for a commit's `fsync`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
-use xagent_profile_im::{IdempotencyStore, OutboxStore};
+use xagent_profile_im::{IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite};
 use xagent_protocol_types::{
     ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, Secret,
 };
 
+use super::group::{self, CommitTicket, GroupCommit, GroupCommitConfig, Synchronous, WriteOp};
 use super::{ChannelRecord, Storage, StorageError, ToolCallRecord};
 use crate::binding::Binding;
 
-/// The default storage: one SQLite file in WAL mode. Clones share the connection.
+/// The default storage: one SQLite file in WAL mode. Clones share the connections and the
+/// writer.
 #[derive(Clone)]
 pub struct SqliteStorage {
     conn: Arc<Mutex<Connection>>,
+    writer: Arc<Writer>,
     path: Option<PathBuf>,
+    synchronous: Synchronous,
+}
+
+/// Stops the writer thread (after it committed what is queued) when the last clone goes.
+struct Writer(GroupCommit);
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.0.shutdown();
+    }
 }
 
 impl std::fmt::Debug for SqliteStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStorage").field("path", &self.path).finish()
+        f.debug_struct("SqliteStorage")
+            .field("path", &self.path)
+            .field("synchronous", &self.synchronous)
+            .finish()
     }
+}
+
+/// How the SQLite storage commits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// Durability of each commit: `Full` (default) survives an OS crash or power loss,
+    /// `Normal` only a killed process.
+    pub synchronous: Synchronous,
+    /// Batching bounds of the group-commit writer.
+    pub group_commit: GroupCommitConfig,
 }
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "connector.sqlite3";
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS channels (
-  id TEXT PRIMARY KEY, connector_id TEXT NOT NULL, status TEXT NOT NULL,
-  binding TEXT, tool_overrides TEXT NOT NULL, created_at INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS tool_calls (
-  channel TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL, result TEXT,
-  error_code TEXT, error_message TEXT, completed_at INTEGER NOT NULL,
-  PRIMARY KEY (channel, key));
-CREATE TABLE IF NOT EXISTS im_pending (
-  channel TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
-  attempts INTEGER NOT NULL, first_responsibility_at INTEGER NOT NULL,
-  expires_at INTEGER NOT NULL, next_attempt_at INTEGER NOT NULL, last_error TEXT,
-  PRIMARY KEY (channel, message_id));
-CREATE TABLE IF NOT EXISTS im_completed (
-  channel TEXT NOT NULL, message_id TEXT NOT NULL, fingerprint TEXT NOT NULL,
-  completed_at INTEGER NOT NULL, PRIMARY KEY (channel, message_id));
-";
 
 /// Creates `dir` 0700 and `database` 0600 before SQLite opens it, and tightens both (and the
 /// WAL files) when an earlier version left them readable by others (M6).
@@ -83,37 +93,56 @@ fn private_files(dir: &Path, database: &Path) -> std::io::Result<()> {
 }
 
 impl SqliteStorage {
-    /// Opens (creating if needed) `<state_dir>/connector.sqlite3` in WAL mode. The directory
-    /// is made 0700 and the database 0600 (it holds the URL signing secret; SQLite gives its
-    /// `-wal` and `-shm` files the database's mode).
+    /// Opens (creating if needed) `<state_dir>/connector.sqlite3` in WAL mode with
+    /// `synchronous=FULL` and group commit. The directory is made 0700 and the database 0600
+    /// (it holds the URL signing secret; SQLite gives its `-wal` and `-shm` files the
+    /// database's mode).
     pub fn open(state_dir: impl AsRef<Path>) -> Result<Self, StorageError> {
+        Self::open_with(state_dir, SqliteOptions::default())
+    }
+
+    /// [`SqliteStorage::open`] with explicit options (e.g. `synchronous=NORMAL`).
+    pub fn open_with(
+        state_dir: impl AsRef<Path>,
+        options: SqliteOptions,
+    ) -> Result<Self, StorageError> {
         let dir = state_dir.as_ref();
         let path = dir.join(DATABASE_FILE);
         private_files(dir, &path).map_err(|e| StorageError::new("create state dir", e))?;
-        let conn = Connection::open(&path).map_err(|e| StorageError::new("open", e))?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| StorageError::new("enable WAL", e))?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(|e| StorageError::new("set synchronous", e))?;
-        Self::init(conn, Some(path))
+        let reader = group::open_connection(&path, options.synchronous)?;
+        let writer = group::open_connection(&path, options.synchronous)?;
+        let group = GroupCommit::start(Arc::new(Mutex::new(writer)), options.group_commit)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(reader)),
+            writer: Arc::new(Writer(group)),
+            path: Some(path),
+            synchronous: options.synchronous,
+        })
     }
 
-    /// An in-memory database (tests, ephemeral connectors).
+    /// An in-memory database (tests, ephemeral connectors). Its writer shares the one
+    /// connection.
     pub fn in_memory() -> Result<Self, StorageError> {
         let conn = Connection::open_in_memory().map_err(|e| StorageError::new("open", e))?;
-        Self::init(conn, None)
-    }
-
-    fn init(conn: Connection, path: Option<PathBuf>) -> Result<Self, StorageError> {
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(|e| StorageError::new("set busy timeout", e))?;
-        conn.execute_batch(SCHEMA).map_err(|e| StorageError::new("create schema", e))?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)), path })
+        conn.execute_batch(group::SCHEMA).map_err(|e| StorageError::new("create schema", e))?;
+        let conn = Arc::new(Mutex::new(conn));
+        let group = GroupCommit::start(conn.clone(), GroupCommitConfig::default())?;
+        Ok(Self {
+            conn,
+            writer: Arc::new(Writer(group)),
+            path: None,
+            synchronous: Synchronous::default(),
+        })
     }
 
     /// The database file, if not in memory.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// The durability setting in force.
+    pub fn synchronous(&self) -> Synchronous {
+        self.synchronous
     }
 
     /// The SQLite journal mode in force (`wal` for a file database).
@@ -122,9 +151,40 @@ impl SqliteStorage {
             .map_err(|e| StorageError::new("read journal mode", e))
     }
 
+    /// Counters of the group-commit writer (transactions, writes), for tests and benchmarks.
+    pub fn group_commit_stats(&self) -> super::GroupCommitStats {
+        self.writer.0.stats()
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// Writes and waits for the commit (synchronous callers).
+    pub(super) fn write(&self, ops: Vec<WriteOp>) -> Result<(), StorageError> {
+        self.writer.0.write_blocking(ops)
+    }
+}
+
+fn tool_call_op(
+    channel: &ConnectorChannelId,
+    key: &str,
+    record: &ToolCallRecord,
+) -> Result<WriteOp, StorageError> {
+    let result = record
+        .result
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| StorageError::new("encode tool result", e))?;
+    Ok(WriteOp::ToolCall {
+        channel: channel.as_str().to_owned(),
+        key: key.to_owned(),
+        fingerprint: record.fingerprint.clone(),
+        result,
+        error: record.error.clone(),
+        completed_at: to_i64(record.completed_at),
+    })
 }
 
 /// Runs a statement through SQLite's statement cache: the SQL text is parsed once per
@@ -148,8 +208,7 @@ fn query_row<T, P: rusqlite::Params>(
 }
 
 fn binding_to_json(binding: &Binding) -> Result<String, StorageError> {
-    let secrets: BTreeMap<&str, &str> =
-        binding.secrets().iter().map(|(k, v)| (k.as_str(), v.expose())).collect();
+    let secrets: BTreeMap<&str, &str> = binding.secrets().map(|(k, v)| (k, v.expose())).collect();
     serde_json::to_string(&serde_json::json!({ "target": binding.target, "secrets": secrets }))
         .map_err(|e| StorageError::new("encode binding", e))
 }
@@ -189,17 +248,10 @@ impl Storage for SqliteStorage {
     }
 
     fn save_connector_id(&self, id: Option<&ConnectorId>) -> Result<(), StorageError> {
-        let conn = self.lock();
-        let result = match id {
-            Some(id) => exec(
-                &conn,
-                "INSERT INTO meta (key, value) VALUES ('connector_id', ?1)
-                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                params![id.as_str()],
-            ),
-            None => exec(&conn, "DELETE FROM meta WHERE key = 'connector_id'", []),
-        };
-        result.map(|_| ()).map_err(|e| StorageError::new("save connector_id", e))
+        self.write(vec![WriteOp::Meta {
+            key: "connector_id".into(),
+            value: id.map(|id| id.as_str().to_owned()),
+        }])
     }
 
     fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
@@ -246,39 +298,18 @@ impl Storage for SqliteStorage {
         let overrides: Vec<&DescriptorTool> = record.tool_overrides.values().collect();
         let overrides = serde_json::to_string(&overrides)
             .map_err(|e| StorageError::new("encode tool overrides", e))?;
-        exec(
-            &self.lock(),
-            "INSERT INTO channels (id, connector_id, status, binding, tool_overrides, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                 ON CONFLICT(id) DO UPDATE SET connector_id = excluded.connector_id,
-                   status = excluded.status, binding = excluded.binding,
-                   tool_overrides = excluded.tool_overrides",
-            params![
-                record.id.as_str(),
-                record.connector_id.as_str(),
-                record.status.as_str(),
-                binding,
-                overrides,
-                to_i64(record.created_at)
-            ],
-        )
-        .map(|_| ())
-        .map_err(|e| StorageError::new("save channel", e))
+        self.write(vec![WriteOp::Channel {
+            id: record.id.as_str().to_owned(),
+            connector_id: record.connector_id.as_str().to_owned(),
+            status: record.status.as_str().to_owned(),
+            binding,
+            tool_overrides: overrides,
+            created_at: to_i64(record.created_at),
+        }])
     }
 
     fn delete_channel(&self, id: &ConnectorChannelId) -> Result<(), StorageError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction().map_err(|e| StorageError::new("delete channel", e))?;
-        for table in [
-            "channels WHERE id",
-            "tool_calls WHERE channel",
-            "im_pending WHERE channel",
-            "im_completed WHERE channel",
-        ] {
-            exec(&tx, &format!("DELETE FROM {table} = ?1"), params![id.as_str()])
-                .map_err(|e| StorageError::new("delete channel", e))?;
-        }
-        tx.commit().map_err(|e| StorageError::new("delete channel", e))
+        self.write(vec![WriteOp::DeleteChannel(id.as_str().to_owned())])
     }
 
     fn load_tool_call(
@@ -324,33 +355,7 @@ impl Storage for SqliteStorage {
         key: &str,
         record: &ToolCallRecord,
     ) -> Result<(), StorageError> {
-        let result = record
-            .result
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| StorageError::new("encode tool result", e))?;
-        let (code, message) = match &record.error {
-            Some((code, message)) => (Some(code.as_str()), Some(message.as_str())),
-            None => (None, None),
-        };
-        exec(
-            &self.lock(),
-            "INSERT OR REPLACE INTO tool_calls
-                 (channel, key, fingerprint, result, error_code, error_message, completed_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                channel.as_str(),
-                key,
-                record.fingerprint,
-                result,
-                code,
-                message,
-                to_i64(record.completed_at)
-            ],
-        )
-        .map(|_| ())
-        .map_err(|e| StorageError::new("save tool call", e))
+        self.write(vec![tool_call_op(channel, key, record)?])
     }
 
     fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
@@ -371,14 +376,7 @@ impl Storage for SqliteStorage {
     }
 
     fn save_meta(&self, key: &str, value: &str) -> Result<(), StorageError> {
-        exec(
-            &self.lock(),
-            "INSERT INTO meta (key, value) VALUES (?1, ?2)
-                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            params![key, value],
-        )
-        .map(|_| ())
-        .map_err(|e| StorageError::new("save meta", e))
+        self.write(vec![WriteOp::Meta { key: key.to_owned(), value: Some(value.to_owned()) }])
     }
 
     fn outbox_store(&self) -> Box<dyn OutboxStore + Send> {
@@ -387,6 +385,31 @@ impl Storage for SqliteStorage {
 
     fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send> {
         Box::new(self.clone())
+    }
+
+    fn commit_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+        record: &ToolCallRecord,
+    ) -> CommitTicket {
+        match tool_call_op(channel, key, record) {
+            Ok(op) => self.writer.0.submit(vec![op]),
+            Err(error) => CommitTicket::ready(Err(error)),
+        }
+    }
+
+    fn commit_im(
+        &self,
+        outbox: Vec<OutboxWrite>,
+        idempotency: Vec<IdempotencyWrite>,
+    ) -> CommitTicket {
+        let ops = outbox
+            .into_iter()
+            .map(WriteOp::Outbox)
+            .chain(idempotency.into_iter().map(WriteOp::Idempotency))
+            .collect();
+        self.writer.0.submit(ops)
     }
 }
 

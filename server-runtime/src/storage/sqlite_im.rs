@@ -1,12 +1,15 @@
-//! `profile-im`'s outbox and receiver-idempotency stores on the SQLite storage.
+//! `profile-im`'s outbox and receiver-idempotency stores on the SQLite storage: loads read
+//! the reader connection, writes go through the group-commit writer (a batch is one
+//! transaction).
 
-use rusqlite::params;
 use xagent_profile_im::{
-    CompletedRecord, Fingerprint, IdempotencyStore, OutboxStore, PendingRecord, StoreError,
+    CompletedRecord, Fingerprint, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite,
+    PendingRecord, StoreError,
 };
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
-use super::sqlite::{SqliteStorage, exec, to_i64, to_u64};
+use super::WriteOp;
+use super::sqlite::{SqliteStorage, to_u64};
 
 fn store_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
     move |e| StoreError::new(operation, e.to_string())
@@ -14,25 +17,7 @@ fn store_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError 
 
 impl OutboxStore for SqliteStorage {
     fn save_pending(&mut self, r: &PendingRecord) -> Result<(), StoreError> {
-        exec(
-            &self.lock(),
-            "INSERT OR REPLACE INTO im_pending (channel, message_id, seq, payload, attempts,
-                   first_responsibility_at, expires_at, next_attempt_at, last_error)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            params![
-                r.channel.as_str(),
-                r.message_id.as_str(),
-                to_i64(r.seq),
-                r.payload,
-                r.attempts,
-                to_i64(r.first_responsibility_at),
-                to_i64(r.expires_at),
-                to_i64(r.next_attempt_at),
-                r.last_error
-            ],
-        )
-        .map(|_| ())
-        .map_err(store_err("save_pending"))
+        OutboxStore::apply(self, &[OutboxWrite::Save(r.clone())])
     }
 
     fn delete_pending(
@@ -40,13 +25,13 @@ impl OutboxStore for SqliteStorage {
         channel: &ConnectorChannelId,
         message_id: &MessageId,
     ) -> Result<(), StoreError> {
-        exec(
-            &self.lock(),
-            "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
-            params![channel.as_str(), message_id.as_str()],
-        )
-        .map(|_| ())
-        .map_err(store_err("delete_pending"))
+        OutboxStore::apply(self, &[OutboxWrite::Delete(channel.clone(), message_id.clone())])
+    }
+
+    /// One transaction through the group-commit writer.
+    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
+        let ops = writes.iter().cloned().map(WriteOp::Outbox).collect();
+        self.write(ops).map_err(|e| StoreError::new("outbox write", e.to_string()))
     }
 
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
@@ -78,19 +63,7 @@ impl OutboxStore for SqliteStorage {
 
 impl IdempotencyStore for SqliteStorage {
     fn save_completed(&mut self, r: &CompletedRecord) -> Result<(), StoreError> {
-        exec(
-            &self.lock(),
-            "INSERT OR REPLACE INTO im_completed (channel, message_id, fingerprint, completed_at)
-                 VALUES (?1, ?2, ?3, ?4)",
-            params![
-                r.channel.as_str(),
-                r.message_id.as_str(),
-                r.fingerprint.as_str(),
-                to_i64(r.completed_at)
-            ],
-        )
-        .map(|_| ())
-        .map_err(store_err("save_completed"))
+        IdempotencyStore::apply(self, &[IdempotencyWrite::Save(r.clone())])
     }
 
     fn delete_completed(
@@ -98,13 +71,16 @@ impl IdempotencyStore for SqliteStorage {
         channel: &ConnectorChannelId,
         message_id: &MessageId,
     ) -> Result<(), StoreError> {
-        exec(
-            &self.lock(),
-            "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
-            params![channel.as_str(), message_id.as_str()],
+        IdempotencyStore::apply(
+            self,
+            &[IdempotencyWrite::Delete(channel.clone(), message_id.clone())],
         )
-        .map(|_| ())
-        .map_err(store_err("delete_completed"))
+    }
+
+    /// One transaction through the group-commit writer.
+    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
+        let ops = writes.iter().cloned().map(WriteOp::Idempotency).collect();
+        self.write(ops).map_err(|e| StoreError::new("idempotency write", e.to_string()))
     }
 
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
