@@ -172,6 +172,7 @@ pub use state::StopFn;
 pub use storage::{
     ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
     SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous, ToolCallRecord, WriteOp,
+    private_database_files,
 };
 pub use tokio_util::sync::CancellationToken;
 pub use xagent_profile_im::{ActivityAction, ActivityCapability};

@@ -260,7 +260,7 @@ impl Store {
     /// database 0600 (SQLite gives its `-wal` and `-shm` files the database's mode).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, WebchatError> {
         let path = dir.as_ref().join(WEBCHAT_DATABASE_FILE);
-        private_state(dir.as_ref(), &path).map_err(|e| {
+        xagent_server_runtime::private_database_files(dir.as_ref(), &path).map_err(|e| {
             WebchatError::Storage(format!("cannot prepare the state directory: {e}"))
         })?;
         let conn = Connection::open(&path).map_err(db)?;
@@ -840,41 +840,6 @@ fn add_column(
             .map_err(db)?;
     }
     Ok(())
-}
-
-/// Creates the state directory 0700 and the database file 0600 before SQLite opens it, and
-/// tightens both when an earlier version left them readable by others.
-fn private_state(dir: &Path, database: &Path) -> std::io::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-        builder.mode(0o700);
-        builder.create(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(database)?;
-        for suffix in ["", "-wal", "-shm"] {
-            let mut name = database.as_os_str().to_owned();
-            name.push(suffix);
-            let path = std::path::PathBuf::from(name);
-            if path.exists() {
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-            }
-        }
-        Ok(())
-    }
-    #[cfg(not(unix))]
-    {
-        builder.create(dir)?;
-        let _ = database;
-        Ok(())
-    }
 }
 
 #[cfg(test)]

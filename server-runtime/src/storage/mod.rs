@@ -19,7 +19,7 @@ mod sqlite_im;
 pub use group::{
     CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous, WriteOp,
 };
-pub use sqlite::{DATABASE_FILE, SqliteOptions, SqliteStorage};
+pub use sqlite::{DATABASE_FILE, SqliteOptions, SqliteStorage, private_database_files};
 
 use std::collections::BTreeMap;
 

@@ -58,9 +58,10 @@ pub struct SqliteOptions {
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "connector.sqlite3";
 
-/// Creates `dir` 0700 and `database` 0600 before SQLite opens it, and tightens both (and the
-/// WAL files) when an earlier version left them readable by others (M6).
-fn private_files(dir: &Path, database: &Path) -> std::io::Result<()> {
+/// Creates `dir` 0700 and the SQLite `database` 0600 before SQLite opens it, and tightens both
+/// (and the WAL files) when an earlier version left them readable by others (M6). Public so a
+/// Connector keeping its own database (im.webchat) gets the same protection from one place.
+pub fn private_database_files(dir: &Path, database: &Path) -> std::io::Result<()> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
@@ -108,7 +109,7 @@ impl SqliteStorage {
     ) -> Result<Self, StorageError> {
         let dir = state_dir.as_ref();
         let path = dir.join(DATABASE_FILE);
-        private_files(dir, &path).map_err(|e| StorageError::new("create state dir", e))?;
+        private_database_files(dir, &path).map_err(|e| StorageError::new("create state dir", e))?;
         let reader = group::open_connection(&path, options.synchronous)?;
         let writer = group::open_connection(&path, options.synchronous)?;
         let group = GroupCommit::start(Arc::new(Mutex::new(writer)), options.group_commit)?;
