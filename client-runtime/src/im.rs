@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use xagent_profile_im::{
-    Admission, EnqueueOutcome, IdempotencyConfig, Outbox, OutboxConfig, OutboxStats,
-    ReceiverIdempotency, validate_chat_message,
+    Admission, EnqueueOutcome, IdempotencyConfig, IdempotencyStore, Outbox, OutboxConfig,
+    OutboxStats, OutboxStore, ReceiverIdempotency, validate_chat_message,
 };
 use xagent_protocol_types::{
     ChatActivity, ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId, ErrorCode,
@@ -17,14 +17,14 @@ use xagent_protocol_types::{
 };
 
 use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, send_on};
-use crate::store::{DynIdempotencyStore, DynOutboxStore, XagentStore, memory_stores};
+use crate::store::{XagentStore, memory_stores};
 use crate::{ClientError, DataPlane, ids};
 
 /// IM state of one client. Outbox entries are keyed by the channel id xAgent persisted, so a
 /// channel that comes back under a new id keeps its pending messages.
 pub(crate) struct ImState {
-    outbox: Outbox<DynOutboxStore>,
-    receiver: ReceiverIdempotency<DynIdempotencyStore>,
+    outbox: Outbox<Box<dyn OutboxStore + Send>>,
+    receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
     /// current channel id -> persisted channel id
     aliases: HashMap<ConnectorChannelId, ConnectorChannelId>,
 }
@@ -34,10 +34,7 @@ impl ImState {
     /// previous process left), or over memory.
     pub(crate) fn open(store: Option<Arc<dyn XagentStore>>, now: u64) -> Result<Self, ClientError> {
         let (outbox_store, idempotency_store) = match &store {
-            Some(store) => (
-                DynOutboxStore(store.outbox_store()),
-                DynIdempotencyStore(store.idempotency_store()),
-            ),
+            Some(store) => (store.outbox_store(), store.idempotency_store()),
             None => memory_stores(),
         };
         let outbox = Outbox::open(OutboxConfig::new(Side::Xagent), outbox_store, now)

@@ -40,48 +40,10 @@ pub trait XagentStore: Send + Sync + 'static {
     fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send>;
 }
 
-/// `profile-im`'s outbox store behind a trait object.
-pub(crate) struct DynOutboxStore(pub(crate) Box<dyn OutboxStore + Send>);
-
-impl OutboxStore for DynOutboxStore {
-    fn save_pending(&mut self, record: &PendingRecord) -> Result<(), StoreError> {
-        self.0.save_pending(record)
-    }
-    fn delete_pending(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<(), StoreError> {
-        self.0.delete_pending(channel, message_id)
-    }
-    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
-        self.0.load_pending()
-    }
-}
-
-/// `profile-im`'s idempotency store behind a trait object.
-pub(crate) struct DynIdempotencyStore(pub(crate) Box<dyn IdempotencyStore + Send>);
-
-impl IdempotencyStore for DynIdempotencyStore {
-    fn save_completed(&mut self, record: &CompletedRecord) -> Result<(), StoreError> {
-        self.0.save_completed(record)
-    }
-    fn delete_completed(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<(), StoreError> {
-        self.0.delete_completed(channel, message_id)
-    }
-    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
-        self.0.load_completed()
-    }
-}
-
 /// In-memory stores for a client without durable state.
-pub(crate) fn memory_stores() -> (DynOutboxStore, DynIdempotencyStore) {
+pub(crate) fn memory_stores() -> (Box<dyn OutboxStore + Send>, Box<dyn IdempotencyStore + Send>) {
     let store = MemoryStore::new();
-    (DynOutboxStore(Box::new(store.clone())), DynIdempotencyStore(Box::new(store)))
+    (Box::new(store.clone()), Box::new(store))
 }
 
 const DATABASE_FILE: &str = "xagent.sqlite3";

@@ -164,6 +164,47 @@ pub trait IdempotencyStore {
     }
 }
 
+/// A boxed store is a store: the runtimes keep their backend behind `Box<dyn OutboxStore + Send>`
+/// and every method, `apply` included, reaches the backend's own implementation.
+impl<S: OutboxStore + ?Sized> OutboxStore for Box<S> {
+    fn save_pending(&mut self, record: &PendingRecord) -> Result<(), StoreError> {
+        (**self).save_pending(record)
+    }
+    fn delete_pending(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        (**self).delete_pending(channel, message_id)
+    }
+    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
+        (**self).load_pending()
+    }
+    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
+        (**self).apply(writes)
+    }
+}
+
+/// A boxed store is a store (see the `OutboxStore` impl for `Box`).
+impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Box<S> {
+    fn save_completed(&mut self, record: &CompletedRecord) -> Result<(), StoreError> {
+        (**self).save_completed(record)
+    }
+    fn delete_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        (**self).delete_completed(channel, message_id)
+    }
+    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
+        (**self).load_completed()
+    }
+    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
+        (**self).apply(writes)
+    }
+}
+
 type Key = (ConnectorChannelId, MessageId);
 
 #[derive(Debug, Default)]

@@ -20,11 +20,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xagent_profile_im::{
-    AckOutcome, ActivityAction, ActivityConfig, ActivityTracker, Admission, CompletedRecord,
-    DeltaAction, DeltaAssembler, DeltaConfig, DeltaStrategy, EnqueueOutcome, FinalAction,
-    IdempotencyConfig, IdempotencyStore, IdempotencyWrite, OutboundPayload, Outbox, OutboxConfig,
-    OutboxEvent, OutboxStore, OutboxWrite, PendingRecord, ReceiverIdempotency, StoreError,
-    WriteMode, validate_chat_message,
+    AckOutcome, ActivityAction, ActivityConfig, ActivityTracker, Admission, DeltaAction,
+    DeltaAssembler, DeltaConfig, DeltaStrategy, EnqueueOutcome, FinalAction, IdempotencyConfig,
+    IdempotencyStore, IdempotencyWrite, OutboundPayload, Outbox, OutboxConfig, OutboxEvent,
+    OutboxStore, OutboxWrite, ReceiverIdempotency, WriteMode, validate_chat_message,
 };
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, MessageId, PROFILE_IM_V1,
@@ -42,52 +41,9 @@ use crate::storage::{CommitTicket, Storage, StorageError};
 /// with a retryable `channel_busy`.
 const LANE_CAPACITY: usize = 64;
 
-/// `profile-im`'s stores behind the runtime's storage trait object.
-pub(crate) struct DynOutboxStore(Box<dyn OutboxStore + Send>);
-
-impl OutboxStore for DynOutboxStore {
-    fn save_pending(&mut self, record: &PendingRecord) -> Result<(), StoreError> {
-        self.0.save_pending(record)
-    }
-    fn delete_pending(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<(), StoreError> {
-        self.0.delete_pending(channel, message_id)
-    }
-    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
-        self.0.load_pending()
-    }
-    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
-        self.0.apply(writes)
-    }
-}
-
-pub(crate) struct DynIdempotencyStore(Box<dyn IdempotencyStore + Send>);
-
-impl IdempotencyStore for DynIdempotencyStore {
-    fn save_completed(&mut self, record: &CompletedRecord) -> Result<(), StoreError> {
-        self.0.save_completed(record)
-    }
-    fn delete_completed(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<(), StoreError> {
-        self.0.delete_completed(channel, message_id)
-    }
-    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
-        self.0.load_completed()
-    }
-    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
-        self.0.apply(writes)
-    }
-}
-
 struct Inner {
-    outbox: Outbox<DynOutboxStore>,
-    receiver: ReceiverIdempotency<DynIdempotencyStore>,
+    outbox: Outbox<Box<dyn OutboxStore + Send>>,
+    receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
     deltas: DeltaAssembler,
     activity: ActivityTracker,
 }
@@ -119,8 +75,8 @@ impl ImState {
         let now = clock.now_millis();
         let config =
             OutboxConfig { write_mode: WriteMode::Deferred, ..OutboxConfig::new(Side::Connector) };
-        let mut outbox = Outbox::open(config, DynOutboxStore(storage.outbox_store()), now)
-            .map_err(storage_error)?;
+        let mut outbox =
+            Outbox::open(config, storage.outbox_store(), now).map_err(storage_error)?;
         // Nothing is routed at startup: every channel waits for its channel.open.
         let channels: Vec<ConnectorChannelId> = outbox.stats().channels.keys().cloned().collect();
         for channel in channels {
@@ -131,7 +87,7 @@ impl ImState {
         storage.outbox_store().apply(&writes).map_err(storage_error)?;
         let receiver = ReceiverIdempotency::open(
             IdempotencyConfig::default(),
-            DynIdempotencyStore(storage.idempotency_store()),
+            storage.idempotency_store(),
             now,
         )
         .map_err(storage_error)?;
