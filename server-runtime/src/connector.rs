@@ -455,10 +455,7 @@ impl ConnectorBuilder {
         let device = match (self.device, self.device_tools.is_empty()) {
             (None, true) => None,
             (None, false) => {
-                return Err(DefinitionError::Device(
-                    "device tools are declared but no device target; call .device_target(..)"
-                        .into(),
-                ));
+                return Err(DefinitionError::MissingDeviceTarget);
             }
             (Some((code, config)), _) => {
                 let mut declared = Vec::new();
@@ -467,8 +464,7 @@ impl ConnectorBuilder {
                         .get(&tool_id)
                         .map(|t| t.card.input_schema.clone())
                         .unwrap_or_default();
-                    let tool = DeviceTool::from_schema(tool_id, category, risk, &schema)
-                        .map_err(|e| DefinitionError::Device(e.to_string()))?;
+                    let tool = DeviceTool::from_schema(tool_id, category, risk, &schema)?;
                     declared.push(tool);
                 }
                 Some(crate::device::DeviceDef { code, tools: declared, config })

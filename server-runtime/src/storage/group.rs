@@ -198,8 +198,11 @@ impl std::fmt::Debug for WriteOp {
     }
 }
 
-fn storage_error(operation: &'static str, reason: impl std::fmt::Display) -> StorageError {
-    StorageError::new(operation, reason.to_string())
+fn storage_error(
+    operation: &'static str,
+    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> StorageError {
+    StorageError::new(operation, source)
 }
 
 fn to_i64(value: u64) -> i64 {
@@ -495,7 +498,7 @@ fn writer(
 fn commit_batch(conn: &Connection, batch: &[Job], crash: bool) -> Vec<Result<(), StorageError>> {
     let all_failed = |operation: &'static str, e: rusqlite::Error| {
         let reason = e.to_string();
-        batch.iter().map(|_| Err(storage_error(operation, &reason))).collect()
+        batch.iter().map(|_| Err(storage_error(operation, reason.as_str()))).collect()
     };
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         return all_failed("begin a transaction", e);

@@ -144,7 +144,7 @@ pub trait Storage: Send + Sync + 'static {
             .outbox_store()
             .apply(&outbox)
             .and_then(|()| self.idempotency_store().apply(&idempotency))
-            .map_err(|e| StorageError::new("commit IM writes", e.to_string()));
+            .map_err(|e| StorageError::new("commit IM writes", e));
         CommitTicket::ready(result)
     }
 }
