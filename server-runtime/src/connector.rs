@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use xagent_protocol_types::{
     AuthFlow, BuildInfo, ConnectorCard, ConnectorInfo, DescriptorTarget, FlowId, ProfileId,
-    Security, Supports, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
+    Security, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
 };
 
 use crate::author::auth::form_fields;
@@ -25,7 +25,6 @@ use crate::author::{
 };
 use crate::author::{DeviceConfig, DeviceTarget, RiskLevel, ToolCategory};
 use crate::error::DefinitionError;
-use xagent_profile_device::DeviceTool;
 
 /// A complete Connector definition: the Card and the code behind it. Build it with
 /// [`Connector::builder`] and serve it with [`crate::ConnectorServer`].

@@ -1,7 +1,13 @@
 //! [`ConnectorBuilder::build`]: checks what the author registered and assembles the
 //! definition and its Card (validated like `xagent-connector check` and xAgent's admission).
 
-use super::*;
+use std::collections::HashMap;
+
+use xagent_profile_device::DeviceTool;
+use xagent_protocol_types::{AuthFlow, ConnectorCard, DescriptorTarget, Supports, TargetType};
+
+use super::{Connector, ConnectorBuilder, PendingFlow};
+use crate::error::DefinitionError;
 
 impl ConnectorBuilder {
     /// Checks and assembles the definition.
