@@ -243,4 +243,19 @@ mod tests {
         assert_eq!(HandleError::FileOwnership.code(), ErrorCode::Forbidden);
         assert_eq!(http_status(&ErrorCode::FileNotFound), StatusCode::NOT_FOUND);
     }
+
+    #[test]
+    fn outbox_refusals_keep_their_source_and_its_code() {
+        use std::error::Error as _;
+        let full = OutboxError::CapacityExceeded { channel: "ch_1".into(), capacity: 2 };
+        let error = HandleError::from(full);
+        assert_eq!(error.code(), ErrorCode::CapacityExceeded);
+        assert!(error.source().is_some(), "the OutboxError is kept as the source");
+        assert!(error.to_string().contains("retry later"), "{error}");
+        let storage = HandleError::from(StorageError::new("commit IM writes", "disk full"));
+        assert_eq!(storage.code(), ErrorCode::InternalError);
+        let big = HandleError::TooLarge { size: 2_000_000, limit: 1_048_576 };
+        assert_eq!(big.code(), ErrorCode::PayloadTooLarge);
+        assert!(big.to_string().contains("send the content as a file"), "{big}");
+    }
 }

@@ -12,7 +12,7 @@ use crate::pairing::PairingError;
 #[non_exhaustive]
 pub enum WebchatError {
     /// The embedded database failed (the source names the operation and the cause).
-    #[error("the webchat database failed: {0}; check the state directory's disk and permissions")]
+    #[error("{0}; check the state directory's disk and permissions")]
     Storage(#[from] StorageError),
     /// Input from the page or xAgent is unusable.
     #[error("{0}")]
@@ -155,5 +155,18 @@ mod tests {
             assert_eq!(error.code().to_string(), code);
             assert_eq!(error.http_status().as_u16(), status);
         }
+    }
+
+    #[test]
+    fn wrapped_errors_keep_their_source_and_say_what_to_do() {
+        use std::error::Error as _;
+        let cause = std::io::Error::other("disk full");
+        let error = WebchatError::from(StorageError::new("a webchat database query", cause));
+        let storage = error.source().expect("the StorageError is the source");
+        assert_eq!(storage.source().map(ToString::to_string).as_deref(), Some("disk full"));
+        assert!(error.to_string().contains("check the state directory"), "{error}");
+        let pairing = WebchatError::from(PairingError::Expired);
+        assert_eq!(pairing.code(), ErrorCode::AuthSessionNotFound);
+        assert!(pairing.to_string().contains("ask for a new QR code"), "{pairing}");
     }
 }

@@ -194,7 +194,7 @@ impl std::fmt::Debug for Store {
 }
 
 fn db(error: rusqlite::Error) -> WebchatError {
-    WebchatError::Storage(StorageError::new("query the webchat database", error))
+    WebchatError::Storage(StorageError::new("a webchat database query", error))
 }
 
 /// Turns a room name into its id: lower-case ASCII letters and digits, other runs become `-`.
@@ -262,7 +262,7 @@ impl Store {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, WebchatError> {
         let path = dir.as_ref().join(WEBCHAT_DATABASE_FILE);
         xagent_server_runtime::private_database_files(dir.as_ref(), &path)
-            .map_err(|e| StorageError::new("prepare the state directory", e))?;
+            .map_err(|e| StorageError::new("preparing the state directory", e))?;
         let conn = Connection::open(&path).map_err(db)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(db)?;
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(db)?;
@@ -732,7 +732,7 @@ impl Store {
             Author::Assistant => "assistant",
         };
         let files = serde_json::to_string(&entry.files)
-            .map_err(|e| StorageError::new("encode a message's files", e))?;
+            .map_err(|e| StorageError::new("encoding a message's files", e))?;
         conn.execute(
             "INSERT INTO messages (room_id, message_id, author, text, files, status, error, client_id, created_at, outbound)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",

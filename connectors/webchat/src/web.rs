@@ -477,7 +477,7 @@ async fn relay(
     let room = web.app.store.room(room_id)?.ok_or(WebchatError::Forbidden)?;
     let channel = room.channel.ok_or(WebchatError::NoAgent)?;
     let outbound = serde_json::to_string(&message)
-        .map_err(|e| StorageError::new("encode an outbound message", e))?;
+        .map_err(|e| StorageError::new("encoding an outbound message", e))?;
     let entry = match web.app.store.insert_outbound(room_id, &entry, Some(&outbound))? {
         Inserted::Existing(existing) => {
             if existing.status == EntryStatus::Sending {
