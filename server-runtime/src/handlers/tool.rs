@@ -2,9 +2,10 @@
 //! author's handler (contained, no lock held), the stored outcome, the ack.
 //!
 //! Per call the work that needs no waiting (the checks, the schema, the call key and
-//! fingerprint) runs in one synchronous step, [`Conn::admit_tool`], so the spawned task that
-//! runs the Tool keeps only what it needs across its awaits (a small future is cheap to spawn
-//! and move). The arguments are moved out of the packet, never copied.
+//! fingerprint, the registry's decision, starting the Tool) runs synchronously
+//! ([`Conn::admit_tool`], [`Conn::start_tool`]), so the spawned task keeps only what it needs
+//! across its awaits: a small future is cheap to spawn and move, and stays under the
+//! allocator's large-chunk size. The arguments are moved out of the packet, never copied.
 
 use serde_json::{Map, Value};
 use xagent_profile_im::Fingerprint;
@@ -12,12 +13,14 @@ use xagent_protocol_types::{
     ConnectorChannelId, ErrorCode, Packet, PacketBody, ToolId, ToolInvoke, ToolInvokeAck, WireError,
 };
 
-use crate::author::call::call_tool;
+use tokio::sync::watch;
+
+use crate::author::call::{BoxFut, call_tool};
 use crate::author::tool::RegisteredTool;
 use crate::author::{Binding, ToolContext};
 use crate::connection::{Conn, error_ack};
 use crate::ids;
-use crate::tool_calls::{CallKey, Plan, ToolOutcome, call_key};
+use crate::tool_calls::{CallKey, Plan, Running, ToolOutcome, call_key};
 
 /// A call that passed every check, ready to run.
 struct Admitted<'a> {
@@ -35,9 +38,14 @@ impl Conn {
         let PacketBody::ToolInvoke(invoke) = &mut packet.body else { return };
         let arguments = std::mem::take(&mut invoke.arguments);
         let tool_id = invoke.tool_id.clone();
-        let outcome = match self.admit_tool(&packet, &tool_id, arguments) {
-            Ok(admitted) => self.run_tool(&packet, &tool_id, admitted).await,
-            Err(refused) => Err(refused),
+        let started = match self.admit_tool(&packet, &tool_id, arguments) {
+            Ok(admitted) => self.start_tool(&packet, &tool_id, admitted),
+            Err(refused) => Started::Answer(Err(refused)),
+        };
+        let outcome = match started {
+            Started::Answer(outcome) => outcome,
+            Started::Wait(rx) => wait_for_first(rx).await,
+            Started::Run(run) => self.finish_tool(run).await,
         };
         let ack = match outcome {
             Ok(result) => {
@@ -110,87 +118,122 @@ impl Conn {
         Ok(Admitted { tool, channel, binding, key, fingerprint, arguments })
     }
 
-    async fn run_tool(
-        &self,
+    /// Decides the call (registry, stored record) and, when it runs, starts the Tool: all
+    /// without waiting, so what the task awaits afterwards is small.
+    fn start_tool<'a>(
+        &'a self,
         packet: &Packet,
         tool_id: &ToolId,
-        admitted: Admitted<'_>,
-    ) -> ToolOutcome {
-        let shared = &self.shared;
+        admitted: Admitted<'a>,
+    ) -> Started<'a> {
+        let shared = &*self.shared;
         let Admitted { tool, channel, binding, key, fingerprint, arguments } = admitted;
         let window = u64::try_from(shared.config.tool_call_window.as_millis()).unwrap_or(u64::MAX);
         let stored = || shared.storage.load_tool_call(&channel, &key).ok().flatten();
         let call = CallKey { channel: &channel, key: &key, fingerprint: &fingerprint };
-        let plan = shared.tool_calls.begin(call, tool.records_calls, stored, window, shared.now());
-        drop(fingerprint);
-        match plan {
-            Plan::Conflict => Err((
-                ErrorCode::IdempotencyConflict,
-                "this tool_call_id was already used with different arguments; use a new call id"
-                    .to_owned(),
-            )),
+        let running = match shared.tool_calls.begin(
+            call,
+            tool.records_calls,
+            stored,
+            window,
+            shared.now(),
+        ) {
+            Plan::Conflict => {
+                return Started::Answer(Err((
+                    ErrorCode::IdempotencyConflict,
+                    "this tool_call_id was already used with different arguments; use a new call id"
+                        .to_owned(),
+                )));
+            }
             Plan::Replay(outcome) => {
                 tracing::debug!(%channel, %tool_id, "repeated tool call answered from the stored result");
-                outcome
+                return Started::Answer(outcome);
             }
-            Plan::Wait(mut rx) => match rx.wait_for(Option::is_some).await.map(|v| v.clone()) {
-                Ok(Some(outcome)) => outcome,
-                _ => Err((
-                    ErrorCode::InternalError,
-                    "the first call of this tool_call_id did not finish; call again".into(),
-                )),
-            },
-            Plan::Run(running) => {
-                let ctx = ToolContext {
-                    channel: channel.clone(),
-                    tool_id: tool_id.clone(),
-                    request_id: packet.request_id.clone(),
-                    tool_call_id: packet
-                        .payload::<ToolInvoke>()
-                        .and_then(|i| i.tool_call_id())
-                        .cloned(),
-                    binding,
-                    handle: shared.handle(),
-                };
-                tracing::info!(%channel, %tool_id, "tool invoked");
-                let device = shared.device.as_ref().filter(|d| d.covers(tool_id));
-                let (outcome, reached) = match device {
-                    // Device Profile rules around the author's code (device.rs); boxed, so the
-                    // common path's future does not carry the gate's state.
-                    Some(device) => {
-                        let now = shared.now();
-                        let channel = &channel;
-                        let gated = async move {
-                            let call = call_tool(tool, ctx, arguments.clone());
-                            device.run(channel, tool_id, &arguments, now, call).await
-                        };
-                        Box::pin(gated).await
-                    }
-                    None => (
-                        call_tool(tool, ctx, arguments)
-                            .await
-                            .map_err(|error| (error.code, error.message)),
-                        true,
-                    ),
-                };
-                // A device call refused before it reached the device is not the call's
-                // outcome: a retry once the device is back may run.
-                if tool.records_calls && reached {
-                    // The ack goes out only once the record is committed (group commit:
-                    // shared with other calls' records), so a repeat after a crash is
-                    // answered from it.
-                    let commit = {
-                        let stored = running.record(&outcome, shared.now());
-                        shared.storage.commit_tool_call(&channel, &key, &stored)
-                    };
-                    if let Err(error) = commit.committed().await {
-                        tracing::error!(%error, "could not store a tool result");
-                    }
+            Plan::Wait(rx) => return Started::Wait(rx),
+            Plan::Run(running) => running,
+        };
+        let ctx = ToolContext {
+            channel: channel.clone(),
+            tool_id: tool_id.clone(),
+            request_id: packet.request_id.clone(),
+            tool_call_id: packet.payload::<ToolInvoke>().and_then(|i| i.tool_call_id()).cloned(),
+            binding,
+            handle: self.shared.handle(),
+        };
+        tracing::info!(%channel, %tool_id, "tool invoked");
+        let call: BoxFut<'a, (ToolOutcome, bool)> =
+            match shared.device.as_ref().filter(|d| d.covers(tool_id)) {
+                // Device Profile rules around the author's code (device.rs).
+                Some(device) => {
+                    let now = shared.now();
+                    let (channel, tool_id) = (channel.clone(), tool_id.clone());
+                    Box::pin(async move {
+                        let call = call_tool(tool, ctx, arguments.clone());
+                        device.run(&channel, &tool_id, &arguments, now, call).await
+                    })
                 }
-                running.finish(&outcome);
-                outcome
+                None => {
+                    let call = call_tool(tool, ctx, arguments);
+                    Box::pin(async move {
+                        (call.await.map_err(|error| (error.code, error.message)), true)
+                    })
+                }
+            };
+        let record = tool.records_calls.then_some((channel, key));
+        Started::Run(Run { running, call, record })
+    }
+
+    /// Runs a started call to its outcome: the Tool, then (for a side-effecting Tool that
+    /// reached its target) the committed record, then the waiting repeats.
+    async fn finish_tool(&self, run: Run<'_>) -> ToolOutcome {
+        let Run { running, call, record } = run;
+        let (outcome, reached) = call.await;
+        // A device call refused before it reached the device is not the call's outcome: a
+        // retry once the device is back may run.
+        if let Some((channel, key)) = record.filter(|_| reached) {
+            // The ack goes out only once the record is committed (group commit: shared with
+            // other calls' records), so a repeat after a crash is answered from it.
+            let commit = {
+                let stored = running.record(&outcome, self.shared.now());
+                self.shared.storage.commit_tool_call(&channel, &key, &stored)
+            };
+            if let Err(error) = commit.committed().await {
+                tracing::error!(%error, "could not store a tool result");
             }
         }
+        running.finish(&outcome);
+        outcome
+    }
+}
+
+/// What [`Conn::start_tool`] decided.
+enum Started<'a> {
+    /// Answered without running (a conflict or a stored outcome).
+    Answer(ToolOutcome),
+    /// The identical call is running: its outcome is the answer.
+    Wait(watch::Receiver<Option<ToolOutcome>>),
+    /// Running.
+    Run(Run<'a>),
+}
+
+/// A running call.
+struct Run<'a> {
+    running: Running<'a>,
+    /// The Tool (behind the device gate for a device Tool); the flag says whether the call
+    /// reached the target.
+    call: BoxFut<'a, (ToolOutcome, bool)>,
+    /// Channel and key of the record to commit (side-effecting Tools only).
+    record: Option<(ConnectorChannelId, String)>,
+}
+
+/// The outcome of the identical call this one waited for.
+async fn wait_for_first(mut rx: watch::Receiver<Option<ToolOutcome>>) -> ToolOutcome {
+    match rx.wait_for(Option::is_some).await.map(|v| v.clone()) {
+        Ok(Some(outcome)) => outcome,
+        _ => Err((
+            ErrorCode::InternalError,
+            "the first call of this tool_call_id did not finish; call again".into(),
+        )),
     }
 }
 
@@ -239,10 +282,11 @@ mod tests {
 
     #[test]
     fn the_future_of_a_tool_call_task_stays_small() {
-        // Every `tool.invoke` spawns this future; tokio moves it several times on spawn and
-        // completion, so its size is paid per call (it was 5,176 bytes when it carried the
-        // packet, a Descriptor and the channel record by value).
+        // Every `tool.invoke` spawns this future; tokio copies it on spawn and on completion,
+        // so its size is paid per call, and a task over 1 KiB is a large chunk for glibc's
+        // malloc, which then consolidates its free lists on every spawn. It was 5,176 bytes
+        // when it carried the packet, a Descriptor and the channel record by value; 768 now.
         let size = size_of_task(|conn, packet| conn.on_tool_invoke(packet));
-        assert!(size <= 2048, "the tool.invoke task future grew to {size} bytes");
+        assert!(size <= 1024, "the tool.invoke task future grew to {size} bytes");
     }
 }
