@@ -662,16 +662,17 @@ async fn barrage(count: usize, rng: &mut Rng) -> Result<Value> {
             pongs_missed += 1;
             break;
         }
-        // `chat.message`, deltas and activity are handled in the channel's lane, concurrently
-        // with connection-level packets: their answer may come after the pong. Wait for it
-        // (a `chat.message` always has one; deltas and activity only on error), and count
-        // only answers to this packet (a late answer to an earlier one is not this one's).
+        // `chat.message`, deltas and activity are handled in the channel's lane, and a
+        // `tool.invoke` in a task of its own, concurrently with connection-level packets:
+        // their answer may come after the pong. Wait for it (a `chat.message` and a
+        // `tool.invoke` always have one; deltas and activity only on error), and count only
+        // answers to this packet (a late answer to an earlier one is not this one's).
         let sent_id = serde_json::from_str::<Value>(&text)
             .ok()
             .and_then(|v| v["packet_id"].as_str().map(str::to_owned));
         if let (Ok(packet), Some(sent_id)) = (&expected_decode, &sent_id) {
             let lane = match packet.type_str() {
-                "chat.message" => Some(Duration::from_secs(10)),
+                "chat.message" | "tool.invoke" => Some(Duration::from_secs(10)),
                 "chat.message.delta" | "chat.activity" => Some(Duration::from_millis(200)),
                 _ => None,
             };
