@@ -85,13 +85,7 @@ fn detach(shared: &Shared, socket: u64) {
     let now = shared.now();
     let lost: Vec<ConnectorChannelId> = {
         let mut state = shared.state();
-        let lost = state
-            .routes
-            .iter()
-            .filter(|(_, route)| route.socket == socket)
-            .map(|(id, _)| id.clone())
-            .collect();
-        state.routes.retain(|_, route| route.socket != socket);
+        let lost = state.detach_socket(socket);
         if state.live_sockets.remove(&socket) && state.live_sockets.is_empty() {
             state.offline_since = Some(now);
             tracing::info!("last authenticated data plane closed; offline lease started");
@@ -310,8 +304,8 @@ impl Conn {
                 self.proto
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .channel(c)
-                    .map(|open| open.profiles.clone())
+                    .channel_profiles(c)
+                    .cloned()
             });
             match negotiated.decide(packet.type_str(), Side::Xagent, channel_profiles.as_ref()) {
                 Permission::ProfileNotNegotiated { profile }

@@ -52,7 +52,7 @@ impl ConnectorHandle {
 
     /// True when the channel is routed to a live socket.
     pub fn is_routed(&self, channel: &ConnectorChannelId) -> bool {
-        self.0.state().routes.contains_key(channel)
+        self.0.state().route(channel).is_some()
     }
 
     /// The channel's binding, if signed in.

@@ -155,7 +155,7 @@ impl ImState {
             }
         }
         check_packet_size(shared, channel, &payload)?;
-        let routed = shared.state().routes.contains_key(channel);
+        let routed = shared.state().route(channel).is_some();
         let ticket = {
             let mut inner = self.inner();
             let message_id = payload.message_id().cloned();
