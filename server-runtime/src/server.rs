@@ -142,13 +142,14 @@ impl ServerBuilder {
         let connector_id = storage.load_connector_id()?;
         let channels = storage.load_channels()?;
         let now = self.clock.now_millis();
-        let mut state = State { connector_id, ..State::default() };
+        let mut state = State::default();
+        state.connector_id = connector_id;
         if state.connector_id.is_some() || !channels.is_empty() {
             // Nobody holds the restored runtime yet: the lease runs from startup.
             state.offline_since = Some(now);
         }
         for record in channels {
-            state.channels.insert(record.id.clone(), record);
+            state.insert_channel(record);
         }
         let im = crate::im::ImState::new(&self.connector, storage.as_ref(), &self.clock)?;
         let files_config = self

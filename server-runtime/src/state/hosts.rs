@@ -55,7 +55,7 @@ impl ImHost for Shared {
     }
 
     fn is_routed(&self, channel: &ConnectorChannelId) -> bool {
-        self.state().routes.contains_key(channel)
+        self.state().route(channel).is_some()
     }
 
     fn channel_context(self: &Arc<Self>, channel: &ConnectorChannelId) -> Option<ChannelContext> {
