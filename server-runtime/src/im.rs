@@ -23,7 +23,7 @@ use xagent_profile_im::{
     AckOutcome, ActivityAction, ActivityConfig, ActivityTracker, Admission, DeltaAction,
     DeltaAssembler, DeltaConfig, DeltaStrategy, EnqueueOutcome, FinalAction, IdempotencyConfig,
     IdempotencyStore, IdempotencyWrite, OutboundPayload, Outbox, OutboxConfig, OutboxEvent,
-    OutboxStore, OutboxWrite, ReceiverIdempotency, WriteMode, validate_chat_message,
+    OutboxStore, OutboxWrite, ReceiverIdempotency, SentOutcome, WriteMode, validate_chat_message,
 };
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, MessageId, PROFILE_IM_V1,
@@ -67,14 +67,18 @@ impl ImState {
         connector: &Connector,
         storage: &dyn Storage,
         clock: &Arc<dyn Clock>,
+        window: usize,
     ) -> Result<Option<Self>, StorageError> {
         let profiles = &connector.card.supports.profiles;
         if !profiles.iter().any(|p| p.as_str() == PROFILE_IM_V2 || p.as_str() == PROFILE_IM_V1) {
             return Ok(None);
         }
         let now = clock.now_millis();
-        let config =
-            OutboxConfig { write_mode: WriteMode::Deferred, ..OutboxConfig::new(Side::Connector) };
+        let config = OutboxConfig {
+            write_mode: WriteMode::Deferred,
+            window,
+            ..OutboxConfig::new(Side::Connector)
+        };
         let mut outbox =
             Outbox::open(config, storage.outbox_store(), now).map_err(storage_error)?;
         // Nothing is routed at startup: every channel waits for its channel.open.
@@ -190,6 +194,9 @@ impl ImState {
     }
 
     /// Sends every due message on its route; unrouted channels are paused until they reopen.
+    /// A message whose socket's write queue is full goes back to the outbox at once (with the
+    /// later ones of its channel from the same pass, so none overtakes it) and the pump runs
+    /// again when that queue has room.
     pub(crate) async fn pump(&self, shared: &Arc<Shared>) {
         let _guard = self.pump.lock().await;
         loop {
@@ -208,7 +215,14 @@ impl ImState {
             if ready.is_empty() {
                 break;
             }
+            // Channels whose socket had no room in this pass: their later messages wait too.
+            let mut blocked: Vec<ConnectorChannelId> = Vec::new();
+            let mut not_sent = Vec::new();
             for delivery in ready {
+                if blocked.contains(&delivery.channel) {
+                    not_sent.push(delivery);
+                    continue;
+                }
                 let packet_id = ids::packet_id();
                 let mut body = delivery.payload.to_body();
                 if let (PacketBody::ChatMessage(message), Some(files)) = (&mut body, &shared.files)
@@ -226,30 +240,17 @@ impl ImState {
                         tokio::spawn(async move {
                             let written = written.await.unwrap_or(false);
                             let Some(im) = shared.im.as_ref() else { return };
-                            im.record_write(&shared, &delivery, packet_id, written);
-                            // An ack that overtook this bookkeeping was applied just now (the
-                            // outbox keeps early acks): pump again, or the next message would
-                            // wait for the maintenance tick (M5).
-                            if written {
+                            // Pump again when the bookkeeping freed a place: an ack that
+                            // overtook it was applied just now (the outbox keeps early acks),
+                            // an IM v1 push ended with its write, or the channel paused.
+                            if im.record_write(&shared, &delivery, packet_id, written) {
                                 pump_again(shared).await;
                             }
                         });
                     }
                     TryQueue::Full => {
-                        let result = {
-                            let mut inner = self.inner();
-                            let result = inner.outbox.on_send_failed(
-                                &delivery.channel,
-                                &delivery.message_id,
-                                "the peer is not reading (write queue full)",
-                                now,
-                            );
-                            Self::submit_in_background(shared, &mut inner);
-                            result
-                        };
-                        if let Err(error) = result {
-                            tracing::warn!(%error, "outbox bookkeeping failed");
-                        }
+                        blocked.push(delivery.channel.clone());
+                        not_sent.push(delivery);
                     }
                     TryQueue::NotRouted => {
                         // Not routed (or the route closed meanwhile): pause until channel.open.
@@ -265,19 +266,60 @@ impl ImState {
                     }
                 }
             }
+            if !not_sent.is_empty() {
+                {
+                    let mut inner = self.inner();
+                    for delivery in &not_sent {
+                        if let Err(error) =
+                            inner.outbox.on_not_sent(&delivery.channel, &delivery.message_id)
+                        {
+                            tracing::warn!(%error, "outbox bookkeeping failed");
+                        }
+                    }
+                    Self::submit_in_background(shared, &mut inner);
+                }
+                self.pump_when_room(shared, &blocked);
+                // Pumping again now would hand the same messages to the same full queues.
+                break;
+            }
         }
         self.log_events();
     }
 
+    /// Runs the pump again once each of these channels' socket has room in its write queue.
+    fn pump_when_room(&self, shared: &Arc<Shared>, channels: &[ConnectorChannelId]) {
+        let mut senders: Vec<(u64, tokio::sync::mpsc::Sender<crate::state::Outgoing>)> = Vec::new();
+        {
+            let state = shared.state();
+            for channel in channels {
+                if let Some(route) = state.routes.get(channel)
+                    && !senders.iter().any(|(socket, _)| *socket == route.socket)
+                {
+                    senders.push((route.socket, route.tx.clone()));
+                }
+            }
+        }
+        for (_, tx) in senders {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                // A permit means room; it is given back at once (the pump queues for real).
+                // A closed queue means the socket is gone: the pump pauses its channels.
+                let _ = tx.reserve().await.map(drop);
+                pump_again(shared).await;
+            });
+        }
+    }
+
     /// Records the outcome of a queued write: sent (awaiting the ack, or delivered for IM v1,
     /// whose write is the delivery boundary) or not written (paused until the channel reopens).
+    /// True when the outbox may have something new to send (a place in the window freed).
     fn record_write(
         &self,
         shared: &Arc<Shared>,
         delivery: &xagent_profile_im::Delivery,
         packet_id: xagent_protocol_types::PacketId,
         written: bool,
-    ) {
+    ) -> bool {
         let now = shared.now();
         let result = {
             let mut inner = self.inner();
@@ -285,17 +327,18 @@ impl ImState {
                 inner
                     .outbox
                     .on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
-                    .map(|_| ())
+                    .map(|outcome| !matches!(outcome, SentOutcome::AwaitingAck { .. }))
             } else {
-                inner.outbox.on_channel_closed(&delivery.channel, now)
+                inner.outbox.on_channel_closed(&delivery.channel, now).map(|()| true)
             };
             Self::submit_in_background(shared, &mut inner);
             result
         };
-        if let Err(error) = result {
-            tracing::warn!(%error, "outbox bookkeeping failed");
-        }
         self.log_events();
+        result.unwrap_or_else(|error| {
+            tracing::warn!(%error, "outbox bookkeeping failed");
+            true
+        })
     }
 
     fn log_events(&self) {
