@@ -1223,11 +1223,15 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
 }
 
 /// The validator's errors for a packet from the Connector, rule ids first, or `None`.
+/// The hot-path verdict runs first (one typed pass, no `Value`); only a refused packet is
+/// parsed again for the report that names its rules.
 fn validation_errors(shared: &Shared, text: &str) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_str(text).ok()?;
     let facts = shared.card_facts();
     let context = PacketContext { card: facts.as_deref(), sender: Some(Side::Connector) };
-    let report = shared.validator.packet(&value, context);
+    if shared.validator.packet_is_valid(text.as_bytes(), context) {
+        return None;
+    }
+    let report = shared.validator.packet_bytes(text.as_bytes(), context);
     let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
     (!errors.is_empty()).then(|| errors.join("; "))
 }
