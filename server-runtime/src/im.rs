@@ -46,6 +46,9 @@ struct Inner {
     receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
     deltas: DeltaAssembler,
     activity: ActivityTracker,
+    /// A background commit of outbox bookkeeping is on its way to the writer: later
+    /// bookkeeping waits in the outbox and rides along with the next commit of any kind.
+    bookkeeping_in_flight: bool,
 }
 
 /// The IM state of the runtime (present when the Card declares an IM Profile).
@@ -103,7 +106,7 @@ impl ImState {
             connector.im.as_ref().map(|im| im.activity_capability()).unwrap_or_default();
         let activity =
             ActivityTracker::new(ActivityConfig { capability, ..ActivityConfig::default() });
-        let inner = Inner { outbox, receiver, deltas, activity };
+        let inner = Inner { outbox, receiver, deltas, activity, bookkeeping_in_flight: false };
         let (events, _) = tokio::sync::broadcast::channel(1024);
         Ok(Some(Self {
             inner: Mutex::new(inner),
@@ -129,15 +132,26 @@ impl ImState {
 
     /// Submits the outbox's collected writes without waiting for them (attempt counts,
     /// removals, pauses: nothing is acknowledged on their strength); a failure is logged.
-    fn submit_in_background(shared: &Shared, inner: &mut Inner) {
-        if !inner.outbox.has_writes() {
+    /// At most one such submission is on its way at a time: what is collected meanwhile rides
+    /// along with the next commit of any kind (an enqueue, a completed id) or goes when the
+    /// one on its way has committed. So bookkeeping adds at most one submission per group
+    /// commit instead of one per ack and per send (each of which the writer would count as
+    /// one more concurrent writer to wait for).
+    fn submit_in_background(shared: &Arc<Shared>, inner: &mut Inner) {
+        if !inner.outbox.has_writes() || inner.bookkeeping_in_flight {
             return;
         }
+        inner.bookkeeping_in_flight = true;
         let ticket = Self::submit(shared, inner, Vec::new());
+        let shared = shared.clone();
         tokio::spawn(async move {
             if let Err(error) = ticket.committed().await {
                 tracing::warn!(%error, "could not persist outbox bookkeeping");
             }
+            let Some(im) = shared.im.as_ref() else { return };
+            let mut inner = im.inner();
+            inner.bookkeeping_in_flight = false;
+            Self::submit_in_background(&shared, &mut inner);
         });
     }
 
