@@ -807,8 +807,7 @@ impl<S: OutboxStore> Outbox<S> {
         for id in &ids {
             let mut in_flight = 0;
             let mut index = 0;
-            loop {
-                let Some(ch) = self.channels.get(id) else { break };
+            while let Some(ch) = self.channels.get(id) {
                 if ch.closed {
                     break;
                 }
@@ -1419,10 +1418,7 @@ impl<S: OutboxStore> Outbox<S> {
     ) -> Result<Vec<MessageId>, OutboxError> {
         let mut expired = Vec::new();
         let mut index = 0;
-        loop {
-            let Some(entry) = self.channels.get(channel).and_then(|ch| ch.queue.get(index)) else {
-                break;
-            };
+        while let Some(entry) = self.channels.get(channel).and_then(|ch| ch.queue.get(index)) {
             if entry.state == State::Waiting && entry.rec.expires_at <= now {
                 expired.push(self.expire_at(channel, index)?);
             } else {
