@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use xagent_protocol_types::{
     AuthFlow, BuildInfo, ConnectorCard, ConnectorInfo, DescriptorTarget, FlowId, ProfileId,
-    Security, Supports, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
+    Security, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
 };
 
 use crate::author::auth::form_fields;
@@ -25,7 +25,6 @@ use crate::author::{
 };
 use crate::author::{DeviceConfig, DeviceTarget, RiskLevel, ToolCategory};
 use crate::error::DefinitionError;
-use xagent_profile_device::DeviceTool;
 
 /// A complete Connector definition: the Card and the code behind it. Build it with
 /// [`Connector::builder`] and serve it with [`crate::ConnectorServer`].
@@ -393,119 +392,6 @@ impl ConnectorBuilder {
         }
         self
     }
-
-    /// Checks and assembles the definition.
-    pub fn build(mut self) -> Result<Connector, DefinitionError> {
-        if let Some(error) = self.errors.drain(..).next() {
-            return Err(error);
-        }
-        let mut supports = Supports::new(self.target_types.clone(), self.profiles.clone());
-        supports.targets = self.targets.clone();
-        supports.user_channel_mode = self.user_channel_mode.clone();
-        let mut card = ConnectorCard::new(self.card_id.clone(), self.build, self.info, supports);
-        let default_profile = self.profiles.first().cloned();
-        let mut tools = HashMap::new();
-        for mut tool in self.tools {
-            if tool.card.profile.is_none() {
-                tool.card.profile = default_profile.clone();
-            }
-            card.tools.push(tool.card.clone());
-            tools.insert(tool.card.tool_id.clone(), tool);
-        }
-        let target_type = self.target_types.first().cloned().unwrap_or(TargetType::Im);
-        card.auth_flows = self
-            .flows
-            .into_iter()
-            .map(|flow| match flow {
-                PendingFlow::Declared(flow) => *flow,
-                PendingFlow::Qr(spec) => spec.qr(target_type.clone()),
-                PendingFlow::Form(spec, fields) => spec.declare(AuthFlow::form(
-                    spec.id.clone(),
-                    target_type.clone(),
-                    spec.title.clone(),
-                    fields,
-                )),
-            })
-            .collect();
-        card.ui = self.ui;
-        card.security = self.security;
-        let im_profile =
-            self.profiles.iter().find(|p| p.as_str() == xagent_protocol_types::PROFILE_IM_V2);
-        if let (Some(profile), None) = (im_profile, &self.im) {
-            return Err(DefinitionError::MissingImTarget(profile.to_string()));
-        }
-        if self.auth.provider.is_none()
-            && let Some(flow) =
-                card.auth_flows.iter().find(|f| !self.auth.flows.contains_key(&f.id))
-        {
-            return Err(DefinitionError::MissingAuthProvider(flow.id.to_string()));
-        }
-        let unbound_target = match self.targets.first() {
-            Some(target) => DescriptorTarget::new(
-                target.provider.clone(),
-                format!("{} not bound", target.label),
-            )
-            .with_label(target.label.clone()),
-            None => DescriptorTarget::new(card.connector_card_id.to_string(), "not bound"),
-        };
-        let card_value = check_card(&card)?;
-        if let Some(skill) = &self.skill {
-            check_skill(skill, &card_value)?;
-        }
-        let device = match (self.device, self.device_tools.is_empty()) {
-            (None, true) => None,
-            (None, false) => {
-                return Err(DefinitionError::Device(
-                    "device tools are declared but no device target; call .device_target(..)"
-                        .into(),
-                ));
-            }
-            (Some((code, config)), _) => {
-                let mut declared = Vec::new();
-                for (tool_id, category, risk) in self.device_tools {
-                    let schema = tools
-                        .get(&tool_id)
-                        .map(|t| t.card.input_schema.clone())
-                        .unwrap_or_default();
-                    let tool = DeviceTool::from_schema(tool_id, category, risk, &schema)
-                        .map_err(|e| DefinitionError::Device(e.to_string()))?;
-                    declared.push(tool);
-                }
-                Some(crate::device::DeviceDef { code, tools: declared, config })
-            }
-        };
-        Ok(Connector {
-            device,
-            card,
-            tools,
-            auth: self.auth,
-            im: self.im,
-            skill: self.skill,
-            unbound_target,
-        })
-    }
 }
 
-/// Runs the protocol's Card validator on the serialised Card: every `error` violation refuses
-/// the definition, warnings are logged.
-fn check_card(card: &ConnectorCard) -> Result<serde_json::Value, DefinitionError> {
-    let value = serde_json::to_value(card)?;
-    let report = xagent_protocol_validate::validate_card(&value);
-    for warning in report.warnings() {
-        tracing::warn!(rule = %warning.rule, path = %warning.path, "Connector Card: {}", warning.message);
-    }
-    let errors: Vec<_> = report.errors().cloned().collect();
-    if errors.is_empty() { Ok(value) } else { Err(DefinitionError::CardViolations(errors)) }
-}
-
-/// Runs the protocol's Skill validator (the one `xagent-connector check skill` and xAgent's
-/// admission use) on the primary Skill: errors refuse the definition, warnings are logged.
-fn check_skill(skill: &str, card: &serde_json::Value) -> Result<(), DefinitionError> {
-    let facts = xagent_protocol_validate::CardFacts::from_value(card);
-    let report = xagent_protocol_validate::validate_skill(skill, &facts);
-    for warning in report.warnings() {
-        tracing::warn!(rule = %warning.rule, path = %warning.path, "Skill: {}", warning.message);
-    }
-    let errors: Vec<_> = report.errors().cloned().collect();
-    if errors.is_empty() { Ok(()) } else { Err(DefinitionError::SkillViolations(errors)) }
-}
+mod build;

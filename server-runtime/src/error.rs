@@ -9,6 +9,8 @@
 
 use axum::http::StatusCode;
 use xagent_file_transfer::TransferError;
+use xagent_profile_device::DeviceError;
+use xagent_profile_im::OutboxError;
 use xagent_protocol_types::{ConnectorChannelId, ErrorCode};
 use xagent_protocol_validate::Violation;
 
@@ -73,9 +75,12 @@ pub enum DefinitionError {
     )]
     MissingAuthProvider(String),
     /// A device declaration breaks a Device Profile rule (e.g. a Tool argument lets the model
-    /// supply a device fact), or device Tools lack a device target.
+    /// supply a device fact).
     #[error("device declaration: {0}")]
-    Device(String),
+    Device(#[from] DeviceError),
+    /// Device Tools are declared but no device target handles them.
+    #[error("device tools are declared but no device target; call .device_target(..)")]
+    MissingDeviceTarget,
     /// The Card says `security.api_key_required` but the server has no API key.
     #[error(
         "the Card says security.api_key_required but no system API key is configured; set one with .api_key(..) (or XAGENT_CONNECTOR_API_KEY)"
@@ -141,17 +146,22 @@ pub enum HandleError {
     /// Storage failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
-    /// The IM outbox is full for the channel (`capacity_exceeded`): retry later.
+    /// The IM outbox refused the message or could not take it: the channel's queue is full
+    /// (`capacity_exceeded`: retry later), the message breaks a Profile rule
+    /// (`invalid_packet`), it reuses a pending `message_id` with other content
+    /// (`message_conflict`), or the outbox's storage failed (`internal_error`). The source
+    /// says which; [`HandleError::code`] gives its code.
     #[error("the outbox refused the message: {0}")]
-    Outbox(String),
-    /// The IM outbox refused the message itself: it breaks a Profile rule (`invalid_packet`)
-    /// or reuses a pending `message_id` with other content (`message_conflict`).
-    #[error("the outbox refused the message: {message}")]
-    Rejected {
-        /// The stable code.
-        code: ErrorCode,
-        /// What is wrong (no message content).
-        message: String,
+    Outbox(#[from] OutboxError),
+    /// The message is larger as a packet than the data plane takes (`payload_too_large`).
+    #[error(
+        "the message is {size} bytes as a packet; the data plane takes at most {limit} bytes per packet: shorten the text or send the content as a file"
+    )]
+    TooLarge {
+        /// The message's size as a packet, in bytes.
+        size: usize,
+        /// The largest packet the data plane takes ([`crate::RuntimeConfig::max_packet_bytes`]).
+        limit: usize,
     },
     /// The Transfer Plane is not enabled (no state directory, no files configuration).
     #[error("the Transfer Plane is not enabled; give the server a state directory")]
@@ -172,8 +182,8 @@ impl HandleError {
             Self::NotAuthenticated(_) => ErrorCode::ConnectionNotAuthenticated,
             Self::ProfileNotDeclared(_) | Self::NoDeviceTarget => ErrorCode::UnsupportedPacket,
             Self::Storage(_) | Self::FilesDisabled => ErrorCode::InternalError,
-            Self::Outbox(_) => ErrorCode::CapacityExceeded,
-            Self::Rejected { code, .. } => code.clone(),
+            Self::Outbox(error) => error.code(),
+            Self::TooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::FileOwnership => ErrorCode::Forbidden,
             Self::File(error) => error.code(),
         }
@@ -232,5 +242,20 @@ mod tests {
         );
         assert_eq!(HandleError::FileOwnership.code(), ErrorCode::Forbidden);
         assert_eq!(http_status(&ErrorCode::FileNotFound), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn outbox_refusals_keep_their_source_and_its_code() {
+        use std::error::Error as _;
+        let full = OutboxError::CapacityExceeded { channel: "ch_1".into(), capacity: 2 };
+        let error = HandleError::from(full);
+        assert_eq!(error.code(), ErrorCode::CapacityExceeded);
+        assert!(error.source().is_some(), "the OutboxError is kept as the source");
+        assert!(error.to_string().contains("retry later"), "{error}");
+        let storage = HandleError::from(StorageError::new("commit IM writes", "disk full"));
+        assert_eq!(storage.code(), ErrorCode::InternalError);
+        let big = HandleError::TooLarge { size: 2_000_000, limit: 1_048_576 };
+        assert_eq!(big.code(), ErrorCode::PayloadTooLarge);
+        assert!(big.to_string().contains("send the content as a file"), "{big}");
     }
 }

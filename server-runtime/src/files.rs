@@ -6,13 +6,12 @@
 //! links and redelivered messages stay valid across restarts; a redelivered `chat.message`
 //! gets freshly signed `download_url`s for files still in the store.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use xagent_file_transfer::{ChannelDirectory, FileStore, StoreConfig, TransferState, UrlSigner};
-use xagent_protocol_types::{ChatMessage, ConnectorChannelId, Secret};
+use xagent_protocol_types::{ChatMessage, Secret};
 
 use crate::error::ServerError;
-use crate::state::Shared;
 use crate::storage::Storage;
 
 /// Configuration of the Transfer Plane.
@@ -72,21 +71,18 @@ pub(crate) async fn open_store(
     Ok(FileStore::open(config.dir.clone(), config.store.clone(), signer, clock).await?)
 }
 
-/// The runtime's channel table as `file-transfer` sees it.
-struct Directory(Weak<Shared>);
-
-impl ChannelDirectory for Directory {
-    async fn channel_exists(&self, channel: &ConnectorChannelId) -> bool {
-        self.0.upgrade().is_some_and(|shared| shared.state().channels.contains_key(channel))
-    }
-}
-
-pub(crate) fn router(shared: &Arc<Shared>) -> Option<axum::Router> {
-    let store = shared.files.as_ref()?;
-    let state = TransferState::new(store.clone(), Directory(Arc::downgrade(shared)))
-        .with_api_key(shared.api_key.clone())
-        .with_max_upload_bytes(shared.files_upload_limit);
-    Some(state.into_router())
+/// The upload and download routes over `store`, asking `directory` (the runtime's channel
+/// table) whether an upload's channel exists.
+pub(crate) fn router(
+    store: &FileStore,
+    directory: impl ChannelDirectory,
+    api_key: Option<Secret>,
+    max_upload_bytes: u64,
+) -> axum::Router {
+    TransferState::new(store.clone(), directory)
+        .with_api_key(api_key)
+        .with_max_upload_bytes(max_upload_bytes)
+        .into_router()
 }
 
 /// Re-signs the download URLs of files still in the store (for a redelivery).
@@ -95,14 +91,5 @@ pub(crate) fn refresh_urls(store: &FileStore, message: &mut ChatMessage) {
         if let Some(record) = store.get(&file.file_ref) {
             file.download_url = store.chat_file(&record).download_url;
         }
-    }
-}
-
-impl crate::ConnectorServer {
-    /// Starts the Transfer Plane's periodic cleanup (expired files), for authors who serve
-    /// [`crate::ConnectorServer::router`] with routes of their own instead of calling
-    /// [`crate::ConnectorServer::serve`] (which starts it itself). `None` without a file store.
-    pub fn spawn_file_cleanup(&self) -> Option<tokio::task::JoinHandle<()>> {
-        self.shared.files.as_ref().map(|files| files.spawn_cleanup())
     }
 }

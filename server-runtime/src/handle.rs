@@ -1,97 +1,191 @@
 //! [`ConnectorHandle`]: the author's handle on the running Connector, in one place: channel
 //! facts, Descriptor and status changes, Tool progress, shared consumers, inbound IM messages
 //! and files.
+//!
+//! The handle is type-erased: it holds the runtime as an `Arc<dyn HandleOps>`, the trait of
+//! what the handle asks of the runtime, defined here and implemented by the runtime state
+//! (`state::ops`). The author's code (which receives the handle) therefore does not depend on
+//! the state that holds it, and the crate's modules form no import circle.
 
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
 use xagent_file_transfer::{FileStore, NewFile};
-use xagent_profile_im::OutboundPayload;
+use xagent_profile_im::{OutboundPayload, OutboxEvent};
 use xagent_protocol_types::{
-    ChatFile, ChatMessage, ConnectionDescriptor, ConnectionStatus, ConnectorChannelId, ConnectorId,
-    DescriptorTarget, DescriptorTool, FileRef, MessageId, MessagePush, PROFILE_IM_V1,
-    PROFILE_IM_V2, Packet, ToolProgressPush,
+    ChatFile, ChatMessage, ConnectionDescriptor, ConnectionStatus, ConnectorCardId,
+    ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, FileRef, MessageId,
+    MessagePush, PROFILE_IM_V1, PROFILE_IM_V2, ToolId, ToolProgressPush,
 };
 
 use crate::binding::Binding;
 use crate::error::HandleError;
-use crate::ids;
-use crate::im::ImState;
-use crate::state::{Shared, StopFn};
-use crate::storage::ChannelRecord;
+
+/// How to stop a shared consumer.
+pub type StopFn = Box<dyn FnOnce() + Send>;
+
+/// What the author knows about a channel's device right now (Device Profile v1): returned by
+/// `DeviceTarget::check`, reported with [`ConnectorHandle::device_status`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeviceStatus {
+    /// The device answered and takes commands.
+    Online,
+    /// The device does not answer (lost, asleep, switched off, its broker or bridge is down).
+    Offline,
+    /// The device or its platform withdrew the permission to operate it.
+    PermissionLost,
+}
+
+/// What the handle asks of the running Connector: the runtime state implements it. Object
+/// safe; its async operations return boxed futures. The handle keeps the author-facing
+/// rules (argument checks, panic containment of a consumer start, file store calls) and
+/// leaves the state's data to this trait.
+pub(crate) trait HandleOps: Send + Sync + 'static {
+    /// The Card's `connector_card_id` (for `Debug`).
+    fn card_id(&self) -> &ConnectorCardId;
+    /// The registered `connector_id`.
+    fn connector_id(&self) -> Option<ConnectorId>;
+    /// True while a socket that completed hello is connected.
+    fn is_online(&self) -> bool;
+    /// Every known channel, sorted.
+    fn channels(&self) -> Vec<ConnectorChannelId>;
+    /// True for a known channel.
+    fn has_channel(&self, channel: &ConnectorChannelId) -> bool;
+    /// True when the channel is routed to a live socket.
+    fn is_routed(&self, channel: &ConnectorChannelId) -> bool;
+    /// The channel's binding.
+    fn binding(&self, channel: &ConnectorChannelId) -> Option<Binding>;
+    /// The channel's current Descriptor.
+    fn descriptor(&self, channel: &ConnectorChannelId) -> Option<ConnectionDescriptor>;
+    /// The runtime's shutdown signal.
+    fn shutdown_signal(&self) -> tokio_util::sync::CancellationToken;
+    /// Now, from the injected clock.
+    fn now_millis(&self) -> u64;
+    /// Sets a channel's status, persists it and pushes the Descriptor.
+    fn set_status(
+        &self,
+        channel: &ConnectorChannelId,
+        status: ConnectionStatus,
+    ) -> BoxFuture<'_, Result<(), HandleError>>;
+    /// Applies a device status report (Device Profile v1).
+    fn device_status(
+        &self,
+        channel: &ConnectorChannelId,
+        status: DeviceStatus,
+    ) -> BoxFuture<'_, Result<bool, HandleError>>;
+    /// Grants one confirmation of a high-risk device Tool.
+    fn grant_confirmation(
+        &self,
+        channel: &ConnectorChannelId,
+        tool: &ToolId,
+    ) -> Result<(), HandleError>;
+    /// Overrides one declared Tool's availability and pushes the Descriptor.
+    fn set_tool_status(
+        &self,
+        channel: &ConnectorChannelId,
+        tool: DescriptorTool,
+    ) -> BoxFuture<'_, Result<(), HandleError>>;
+    /// Replaces a signed-in channel's target facts and pushes the Descriptor.
+    fn set_target(
+        &self,
+        channel: &ConnectorChannelId,
+        target: DescriptorTarget,
+    ) -> BoxFuture<'_, Result<(), HandleError>>;
+    /// Pushes the channel's Descriptor when routed.
+    fn push_descriptor(&self, channel: &ConnectorChannelId) -> BoxFuture<'_, bool>;
+    /// Sends a `tool.progress.push` on the channel's route.
+    fn push_tool_progress(
+        &self,
+        channel: &ConnectorChannelId,
+        push: ToolProgressPush,
+    ) -> BoxFuture<'_, ()>;
+    /// Joins the running consumer `key` (true) or reports that none runs (false).
+    fn consumer_join(&self, key: &str, channel: &ConnectorChannelId) -> bool;
+    /// Registers a started consumer; returns the surplus `stop` when another start won.
+    fn consumer_insert(
+        &self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        stop: StopFn,
+    ) -> Option<StopFn>;
+    /// Releases a channel's use of `key`; returns `stop` when it was the last user.
+    fn consumer_detach(&self, key: &str, channel: &ConnectorChannelId) -> Option<StopFn>;
+    /// Number of channels using the consumer `key`.
+    fn consumer_users(&self, key: &str) -> usize;
+    /// Lease expiry and maintenance now.
+    fn tick(self: Arc<Self>) -> BoxFuture<'static, ()>;
+    /// Hands a message to the IM outbox when the Card declares `profile`.
+    fn enqueue_message(
+        self: Arc<Self>,
+        profile: &'static str,
+        channel: ConnectorChannelId,
+        payload: OutboundPayload,
+    ) -> BoxFuture<'static, Result<(), HandleError>>;
+    /// The IM outbox's facts, when the Card declares an IM Profile.
+    fn outbox_events(&self) -> Option<tokio::sync::broadcast::Receiver<OutboxEvent>>;
+    /// Message ids still pending towards xAgent on a channel.
+    fn pending_messages(&self, channel: &ConnectorChannelId) -> Vec<MessageId>;
+    /// The Transfer Plane's store, when enabled.
+    fn files(&self) -> Option<&FileStore>;
+}
 
 /// The author's handle on the running Connector: report Descriptor changes, hand inbound
 /// messages and files to xAgent, manage shared target consumers. Cheap to clone.
 #[derive(Clone)]
-pub struct ConnectorHandle(pub(crate) Arc<Shared>);
+pub struct ConnectorHandle(Arc<dyn HandleOps>);
 
 impl std::fmt::Debug for ConnectorHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnectorHandle")
-            .field("card_id", &self.0.def.card.connector_card_id)
-            .finish_non_exhaustive()
+        f.debug_struct("ConnectorHandle").field("card_id", self.0.card_id()).finish_non_exhaustive()
     }
 }
 
 impl ConnectorHandle {
+    /// The handle on a runtime.
+    pub(crate) fn new(ops: Arc<dyn HandleOps>) -> Self {
+        Self(ops)
+    }
+
     /// The registered `connector_id`, if a hello registered one and its lease has not expired.
     pub fn connector_id(&self) -> Option<ConnectorId> {
-        self.0.state().connector_id.clone()
+        self.0.connector_id()
     }
 
     /// True while at least one socket that completed hello is connected.
     pub fn is_online(&self) -> bool {
-        !self.0.state().live_sockets.is_empty()
+        self.0.is_online()
     }
 
     /// Every known channel.
     pub fn channels(&self) -> Vec<ConnectorChannelId> {
-        let mut ids: Vec<_> = self.0.state().channels.keys().cloned().collect();
-        ids.sort();
-        ids
+        self.0.channels()
     }
 
     /// True when the channel is routed to a live socket.
     pub fn is_routed(&self, channel: &ConnectorChannelId) -> bool {
-        self.0.state().routes.contains_key(channel)
+        self.0.is_routed(channel)
     }
 
     /// The channel's binding, if signed in.
     pub fn binding(&self, channel: &ConnectorChannelId) -> Option<Binding> {
-        self.0.state().channels.get(channel).and_then(|r| r.binding.clone())
+        self.0.binding(channel)
     }
 
     /// The channel's current Descriptor.
     pub fn descriptor(&self, channel: &ConnectorChannelId) -> Option<ConnectionDescriptor> {
-        self.0.current_descriptor(channel)
+        self.0.descriptor(channel)
     }
 
     /// The runtime's shutdown signal: cancelled when the server starts shutting down, so the
     /// author's long-running work (a poller, a page's event stream) can end with it.
     pub fn shutdown_signal(&self) -> tokio_util::sync::CancellationToken {
-        self.0.shutdown.clone()
+        self.0.shutdown_signal()
     }
 
     /// Now, from the injected clock (Unix ms).
     pub fn now_millis(&self) -> u64 {
-        self.0.now()
-    }
-
-    fn update_channel(
-        &self,
-        channel: &ConnectorChannelId,
-        change: impl FnOnce(&mut ChannelRecord),
-    ) -> Result<(), HandleError> {
-        let record = {
-            let mut state = self.0.state();
-            let record = state
-                .channels
-                .get_mut(channel)
-                .ok_or_else(|| HandleError::UnknownChannel(channel.clone()))?;
-            change(record);
-            record.clone()
-        };
-        self.0.save_channel(&record)?;
-        Ok(())
+        self.0.now_millis()
     }
 
     /// Sets the channel's status (e.g. `degraded`, `offline`, `expired`, `revoked`) and pushes
@@ -101,9 +195,7 @@ impl ConnectorHandle {
         channel: &ConnectorChannelId,
         status: ConnectionStatus,
     ) -> Result<(), HandleError> {
-        self.update_channel(channel, |record| record.status = status)?;
-        self.0.push_descriptor(channel).await;
-        Ok(())
+        self.0.set_status(channel, status).await
     }
 
     /// Reports the state of a channel's device (Device Profile v1): the runtime corrects the
@@ -113,30 +205,9 @@ impl ConnectorHandle {
     pub async fn device_status(
         &self,
         channel: &ConnectorChannelId,
-        status: crate::author::DeviceStatus,
+        status: DeviceStatus,
     ) -> Result<bool, HandleError> {
-        let Some(device) = &self.0.device else { return Err(HandleError::NoDeviceTarget) };
-        {
-            let state = self.0.state();
-            match state.channels.get(channel) {
-                None => return Err(HandleError::UnknownChannel(channel.clone())),
-                Some(record) if record.binding.is_none() => {
-                    return Err(HandleError::NotAuthenticated(channel.clone()));
-                }
-                Some(_) => {}
-            }
-        }
-        let Some(correction) = device.report(channel, &status) else {
-            tracing::warn!(%channel, "device status for a binding that names no device; ignored");
-            return Ok(false);
-        };
-        let mut changed = false;
-        self.update_channel(channel, |record| changed = device.project(record, &correction))?;
-        if changed {
-            tracing::info!(%channel, status = ?status, "device status changed");
-            self.0.push_descriptor(channel).await;
-        }
-        Ok(changed)
+        self.0.device_status(channel, status).await
     }
 
     /// The user confirmed the next call of a high-risk device Tool on the channel (through
@@ -145,11 +216,9 @@ impl ConnectorHandle {
     pub fn grant_confirmation(
         &self,
         channel: &ConnectorChannelId,
-        tool: &xagent_protocol_types::ToolId,
+        tool: &ToolId,
     ) -> Result<(), HandleError> {
-        let Some(device) = &self.0.device else { return Err(HandleError::NoDeviceTarget) };
-        device.grant(channel, tool, self.0.now());
-        Ok(())
+        self.0.grant_confirmation(channel, tool)
     }
 
     /// Overrides one Tool's availability on the channel and pushes the new Descriptor. Only
@@ -159,15 +228,7 @@ impl ConnectorHandle {
         channel: &ConnectorChannelId,
         tool: DescriptorTool,
     ) -> Result<(), HandleError> {
-        if self.0.def.card.tool(tool.tool_id.as_str()).is_none() {
-            tracing::warn!(tool_id = %tool.tool_id, "ignoring availability of an undeclared tool");
-            return Ok(());
-        }
-        self.update_channel(channel, |record| {
-            record.tool_overrides.insert(tool.tool_id.clone(), tool);
-        })?;
-        self.0.push_descriptor(channel).await;
-        Ok(())
+        self.0.set_tool_status(channel, tool).await
     }
 
     /// Replaces the display-level target facts of a signed-in channel and pushes the
@@ -177,16 +238,7 @@ impl ConnectorHandle {
         channel: &ConnectorChannelId,
         target: DescriptorTarget,
     ) -> Result<(), HandleError> {
-        let mut authenticated = true;
-        self.update_channel(channel, |record| match &mut record.binding {
-            Some(binding) => binding.target = target,
-            None => authenticated = false,
-        })?;
-        if !authenticated {
-            return Err(HandleError::NotAuthenticated(channel.clone()));
-        }
-        self.0.push_descriptor(channel).await;
-        Ok(())
+        self.0.set_target(channel, target).await
     }
 
     /// Pushes the channel's current Descriptor (when routed). Returns whether it was queued.
@@ -196,9 +248,7 @@ impl ConnectorHandle {
 
     /// Sends a `tool.progress.push` on the channel (when routed).
     pub async fn push_tool_progress(&self, channel: &ConnectorChannelId, push: ToolProgressPush) {
-        let packet =
-            self.0.packet(Packet::with_payload(ids::packet_id(), push)).channel(channel.clone());
-        self.0.send_on_route(channel, packet).await;
+        self.0.push_tool_progress(channel, push).await;
     }
 
     /// Starts (first user) or joins the shared consumer `key` for `channel`. `start` runs only
@@ -211,7 +261,7 @@ impl ConnectorHandle {
         channel: &ConnectorChannelId,
         start: impl FnOnce() -> StopFn,
     ) -> bool {
-        if self.0.state().consumers.join(key, channel) {
+        if self.0.consumer_join(key, channel) {
             return false;
         }
         let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(start));
@@ -220,8 +270,7 @@ impl ConnectorHandle {
             return false;
         };
         // Another channel may have started the same consumer meanwhile: keep theirs.
-        let surplus = self.0.state().consumers.insert(key, channel, stop);
-        match surplus {
+        match self.0.consumer_insert(key, channel, stop) {
             Some(stop) => {
                 stop();
                 false
@@ -232,20 +281,19 @@ impl ConnectorHandle {
 
     /// Releases `channel`'s use of the consumer `key`, stopping it if it was the last user.
     pub fn detach_consumer(&self, key: &str, channel: &ConnectorChannelId) {
-        let stop = self.0.state().consumers.detach(key, channel);
-        if let Some(stop) = stop {
+        if let Some(stop) = self.0.consumer_detach(key, channel) {
             stop();
         }
     }
 
     /// Number of channels using the consumer `key`.
     pub fn consumer_users(&self, key: &str) -> usize {
-        self.0.state().consumers.users(key)
+        self.0.consumer_users(key)
     }
 
     /// Runs lease expiry and maintenance now (the background task does it periodically).
     pub async fn tick(&self) {
-        self.0.tick().await;
+        Arc::clone(&self.0).tick().await;
     }
 
     // ---------------------------------------------------------------- IM
@@ -259,8 +307,8 @@ impl ConnectorHandle {
         channel: &ConnectorChannelId,
         message: ChatMessage,
     ) -> Result<(), HandleError> {
-        let im = self.im_state(PROFILE_IM_V2)?;
-        im.enqueue(&self.0, channel, OutboundPayload::ChatMessage(message)).await
+        let payload = OutboundPayload::ChatMessage(message);
+        Arc::clone(&self.0).enqueue_message(PROFILE_IM_V2, channel.clone(), payload).await
     }
 
     /// Hands an inbound target message to xAgent as an IM v1 `message.push` (build it with
@@ -271,38 +319,26 @@ impl ConnectorHandle {
         channel: &ConnectorChannelId,
         push: MessagePush,
     ) -> Result<(), HandleError> {
-        let im = self.im_state(PROFILE_IM_V1)?;
-        im.enqueue(&self.0, channel, OutboundPayload::from(push)).await
-    }
-
-    /// The IM state, when the Card declares `profile`: a `chat.message` on an IM v1 channel (or
-    /// a `message.push` on an IM v2 one) could never be written and would stay pending.
-    fn im_state(&self, profile: &'static str) -> Result<&ImState, HandleError> {
-        let declared = self.0.def.card.supports.profiles.iter().any(|p| p.as_str() == profile);
-        match &self.0.im {
-            Some(im) if declared => Ok(im),
-            _ => Err(HandleError::ProfileNotDeclared(profile)),
-        }
+        let payload = OutboundPayload::from(push);
+        Arc::clone(&self.0).enqueue_message(PROFILE_IM_V1, channel.clone(), payload).await
     }
 
     /// Subscribes to the IM outbox's facts (delivered, failed for good, expired, ...), so an
     /// author can show the fate of an inbound message in the target system. `None` when the
     /// Card declares no IM Profile. A slow subscriber loses the oldest events (`Lagged`).
-    pub fn outbox_events(
-        &self,
-    ) -> Option<tokio::sync::broadcast::Receiver<xagent_profile_im::OutboxEvent>> {
-        self.0.im.as_ref().map(|im| im.events.subscribe())
+    pub fn outbox_events(&self) -> Option<tokio::sync::broadcast::Receiver<OutboxEvent>> {
+        self.0.outbox_events()
     }
 
     /// Message ids still pending towards xAgent on a channel.
     pub fn pending_messages(&self, channel: &ConnectorChannelId) -> Vec<MessageId> {
-        self.0.im.as_ref().map(|im| im.pending(channel)).unwrap_or_default()
+        self.0.pending_messages(channel)
     }
 
     // ---------------------------------------------------------------- files
 
     fn store(&self) -> Result<&FileStore, HandleError> {
-        self.0.files.as_ref().ok_or(HandleError::FilesDisabled)
+        self.0.files().ok_or(HandleError::FilesDisabled)
     }
 
     /// Caches an inbound file from the target system for `channel` and returns the
@@ -315,7 +351,7 @@ impl ConnectorHandle {
         mime_type: Option<&str>,
         bytes: impl AsRef<[u8]>,
     ) -> Result<ChatFile, HandleError> {
-        if !self.0.state().channels.contains_key(channel) {
+        if !self.0.has_channel(channel) {
             return Err(HandleError::UnknownChannel(channel.clone()));
         }
         let mut new_file = NewFile::new(channel.clone(), filename);
@@ -343,7 +379,7 @@ impl ConnectorHandle {
         B: AsRef<[u8]>,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        if !self.0.state().channels.contains_key(channel) {
+        if !self.0.has_channel(channel) {
             return Err(HandleError::UnknownChannel(channel.clone()));
         }
         let mut new_file = NewFile::new(channel.clone(), filename).with_max_bytes(max_bytes);

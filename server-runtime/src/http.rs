@@ -37,7 +37,7 @@ impl ConnectorServer {
             .route(paths::WS, get(ws))
             .route_layer(middleware::from_fn_with_state(Arc::clone(&shared), require_api_key));
         let mut app = public.merge(protected).with_state(Arc::clone(&shared));
-        if let Some(files) = crate::files::router(&shared) {
+        if let Some(files) = shared.files_router() {
             // The Transfer Plane checks the system API key itself (downloads also accept a
             // signature instead).
             app = app.merge(files);

@@ -16,26 +16,80 @@
 //! only once the completed id is. Attempt counts and removals are not waited for; they ride
 //! along with the next commit (a crash before it means a redelivery the receiver answers
 //! `duplicate`).
+//!
+//! Here: the outbox side (enqueue, pump, acks' bookkeeping, maintenance) and the `ImHost`
+//! trait the wiring runs on; `inbound`: packets from xAgent (acks, final messages, deltas,
+//! activity).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xagent_profile_im::{
-    AckOutcome, ActivityAction, ActivityConfig, ActivityTracker, Admission, DeltaAction,
-    DeltaAssembler, DeltaConfig, DeltaStrategy, EnqueueOutcome, FinalAction, IdempotencyConfig,
-    IdempotencyStore, IdempotencyWrite, OutboundPayload, Outbox, OutboxConfig, OutboxEvent,
-    OutboxStore, OutboxWrite, ReceiverIdempotency, SentOutcome, WriteMode, validate_chat_message,
+    ActivityAction, ActivityConfig, ActivityTracker, DeltaAssembler, DeltaConfig, DeltaStrategy,
+    EnqueueOutcome, IdempotencyConfig, IdempotencyStore, IdempotencyWrite, OutboundPayload, Outbox,
+    OutboxConfig, OutboxEvent, OutboxStore, OutboxWrite, ReceiverIdempotency, SentOutcome,
+    WriteMode,
 };
 use xagent_protocol_types::{
-    ChatMessage, ChatMessageAck, Clock, ConnectorChannelId, ErrorCode, MessageId, PROFILE_IM_V1,
-    PROFILE_IM_V2, Packet, PacketBody, Side, WireError,
+    Clock, ConnectorChannelId, MessageId, PROFILE_IM_V1, PROFILE_IM_V2, Packet, PacketBody, Side,
 };
 
-use crate::author::{ChannelContext, DeltaUpdate, FinalDelivery};
+use crate::author::ChannelContext;
+use crate::author::call::ImCode;
 use crate::connector::Connector;
 use crate::error::HandleError;
 use crate::ids;
-use crate::state::{Shared, TryQueue};
 use crate::storage::{CommitTicket, Storage, StorageError};
+
+mod inbound;
+
+/// What the IM wiring asks of the runtime it runs in (the runtime state implements it), so
+/// this module does not depend on the state that holds it.
+pub(crate) trait ImHost: Send + Sync + 'static {
+    /// Now, from the injected clock (Unix ms).
+    fn now(&self) -> u64;
+    /// Stamps a packet with the current time.
+    fn packet(&self, packet: Packet) -> Packet;
+    /// The storage (its group commit takes the IM writes).
+    fn storage(&self) -> &dyn Storage;
+    /// The Transfer Plane's store, when enabled (download URLs are re-signed on redelivery).
+    fn files(&self) -> Option<&xagent_file_transfer::FileStore>;
+    /// The runtime's IM state (the one this wiring runs in).
+    fn im(&self) -> Option<&ImState>;
+    /// The author's IM target.
+    fn im_target(&self) -> Option<&ImCode>;
+    /// The largest packet the data plane takes.
+    fn max_packet_bytes(&self) -> usize;
+    /// `Ok` for a known, signed-in channel; why not otherwise.
+    fn check_signed_in(&self, channel: &ConnectorChannelId) -> Result<(), HandleError>;
+    /// True when the channel is routed to a live socket.
+    fn is_routed(&self, channel: &ConnectorChannelId) -> bool;
+    /// The context the author's IM code gets for a signed-in channel.
+    fn channel_context(self: &Arc<Self>, channel: &ConnectorChannelId) -> Option<ChannelContext>;
+    /// Queues a packet on the channel's route without waiting (see [`TryQueue`]).
+    fn try_queue_tracked(&self, channel: &ConnectorChannelId, packet: Packet) -> TryQueue;
+    /// Resolves once the write queue of the channel's route has room for a packet (at once
+    /// when the channel has no route, or when its socket is gone).
+    fn room_on_route(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static;
+    /// Sends a packet on the channel's route; false when not routed.
+    fn send_on_route(
+        &self,
+        channel: &ConnectorChannelId,
+        packet: Packet,
+    ) -> impl std::future::Future<Output = bool> + Send;
+}
+
+/// The outcome of queueing a packet on a route without waiting.
+pub(crate) enum TryQueue {
+    /// Queued; the receiver says whether the write succeeded.
+    Queued(tokio::sync::oneshot::Receiver<bool>),
+    /// The route's write queue is full.
+    Full,
+    /// The channel has no route.
+    NotRouted,
+}
 
 /// Packets from xAgent a channel may have waiting for its target before new ones are refused
 /// with a retryable `channel_busy`.
@@ -122,12 +176,16 @@ impl ImState {
 
     /// Submits what the outbox collected (and `receiver` writes) to the storage's group commit.
     /// Called with the IM lock held, so submissions keep the order the writes were made in.
-    fn submit(shared: &Shared, inner: &mut Inner, receiver: Vec<IdempotencyWrite>) -> CommitTicket {
+    fn submit<H: ImHost>(
+        shared: &Arc<H>,
+        inner: &mut Inner,
+        receiver: Vec<IdempotencyWrite>,
+    ) -> CommitTicket {
         let outbox = inner.outbox.take_writes();
         if outbox.is_empty() && receiver.is_empty() {
             return CommitTicket::ready(Ok(()));
         }
-        shared.storage.commit_im(outbox, receiver)
+        shared.storage().commit_im(outbox, receiver)
     }
 
     /// Submits the outbox's collected writes without waiting for them (attempt counts,
@@ -137,7 +195,7 @@ impl ImState {
     /// one on its way has committed. So bookkeeping adds at most one submission per group
     /// commit instead of one per ack and per send (each of which the writer would count as
     /// one more concurrent writer to wait for).
-    fn submit_in_background(shared: &Arc<Shared>, inner: &mut Inner) {
+    fn submit_in_background<H: ImHost>(shared: &Arc<H>, inner: &mut Inner) {
         if !inner.outbox.has_writes() || inner.bookkeeping_in_flight {
             return;
         }
@@ -148,7 +206,7 @@ impl ImState {
             if let Err(error) = ticket.committed().await {
                 tracing::warn!(%error, "could not persist outbox bookkeeping");
             }
-            let Some(im) = shared.im.as_ref() else { return };
+            let Some(im) = shared.im() else { return };
             let mut inner = im.inner();
             inner.bookkeeping_in_flight = false;
             Self::submit_in_background(&shared, &mut inner);
@@ -156,52 +214,34 @@ impl ImState {
     }
 
     /// Takes responsibility for a message to xAgent and sends it when the channel is routed.
-    pub(crate) async fn enqueue(
+    pub(crate) async fn enqueue<H: ImHost>(
         &self,
-        shared: &Arc<Shared>,
+        shared: &Arc<H>,
         channel: &ConnectorChannelId,
         payload: OutboundPayload,
     ) -> Result<(), HandleError> {
-        {
-            let state = shared.state();
-            let record = state
-                .channels
-                .get(channel)
-                .ok_or_else(|| HandleError::UnknownChannel(channel.clone()))?;
-            if record.binding.is_none() {
-                return Err(HandleError::NotAuthenticated(channel.clone()));
-            }
-        }
-        check_packet_size(shared, channel, &payload)?;
-        let routed = shared.state().routes.contains_key(channel);
+        shared.check_signed_in(channel)?;
+        check_packet_size(shared.as_ref(), channel, &payload)?;
+        let routed = shared.is_routed(channel);
         let ticket = {
             let mut inner = self.inner();
             let message_id = payload.message_id().cloned();
-            let outcome =
-                inner.outbox.enqueue(channel, payload, shared.now()).map_err(|e| {
-                    match e.code() {
-                        ErrorCode::CapacityExceeded => HandleError::Outbox(e.to_string()),
-                        code => HandleError::Rejected { code, message: e.to_string() },
-                    }
-                })?;
+            let outcome = inner.outbox.enqueue(channel, payload, shared.now())?;
             if outcome == EnqueueOutcome::AlreadyPending {
                 // The same message again: perhaps because our earlier answer was a failed
                 // commit. Write its record again, so this answer too means "durable".
                 let record = message_id.and_then(|id| inner.outbox.record(channel, &id).cloned());
                 if let Some(record) = record {
-                    shared.storage.commit_im(vec![OutboxWrite::Save(record)], Vec::new());
+                    shared.storage().commit_im(vec![OutboxWrite::Save(record)], Vec::new());
                 }
             }
             if !routed {
-                inner
-                    .outbox
-                    .on_channel_closed(channel, shared.now())
-                    .map_err(|e| HandleError::Outbox(e.to_string()))?;
+                inner.outbox.on_channel_closed(channel, shared.now())?;
             }
             Self::submit(shared, &mut inner, Vec::new())
         };
         // The caller hears "queued" only once the record is committed.
-        ticket.committed().await.map_err(|e| HandleError::Outbox(e.to_string()))?;
+        ticket.committed().await?;
         self.log_events();
         self.pump(shared).await;
         Ok(())
@@ -211,7 +251,7 @@ impl ImState {
     /// A message whose socket's write queue is full goes back to the outbox at once (with the
     /// later ones of its channel from the same pass, so none overtakes it) and the pump runs
     /// again when that queue has room.
-    pub(crate) async fn pump(&self, shared: &Arc<Shared>) {
+    pub(crate) async fn pump<H: ImHost>(&self, shared: &Arc<H>) {
         let _guard = self.pump.lock().await;
         loop {
             let ready = {
@@ -239,7 +279,7 @@ impl ImState {
                 }
                 let packet_id = ids::packet_id();
                 let mut body = delivery.payload.to_body();
-                if let (PacketBody::ChatMessage(message), Some(files)) = (&mut body, &shared.files)
+                if let (PacketBody::ChatMessage(message), Some(files)) = (&mut body, shared.files())
                 {
                     crate::files::refresh_urls(files, message);
                 }
@@ -253,10 +293,10 @@ impl ImState {
                         let shared = shared.clone();
                         tokio::spawn(async move {
                             let written = written.await.unwrap_or(false);
-                            let Some(im) = shared.im.as_ref() else { return };
+                            let Some(im) = shared.im() else { return };
                             // Pump again when the bookkeeping freed a place: an ack that
-                            // overtook it was applied just now (the outbox keeps early acks),
-                            // an IM v1 push ended with its write, or the channel paused.
+                            // overtook it was applied just now (the outbox keeps early acks;
+                            // M5), an IM v1 push ended with its write, or the channel paused.
                             if im.record_write(&shared, &delivery, packet_id, written) {
                                 pump_again(shared).await;
                             }
@@ -292,7 +332,14 @@ impl ImState {
                     }
                     Self::submit_in_background(shared, &mut inner);
                 }
-                self.pump_when_room(shared, &blocked);
+                for channel in &blocked {
+                    let room = shared.room_on_route(channel);
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        room.await;
+                        pump_again(shared).await;
+                    });
+                }
                 // Pumping again now would hand the same messages to the same full queues.
                 break;
             }
@@ -300,36 +347,12 @@ impl ImState {
         self.log_events();
     }
 
-    /// Runs the pump again once each of these channels' socket has room in its write queue.
-    fn pump_when_room(&self, shared: &Arc<Shared>, channels: &[ConnectorChannelId]) {
-        let mut senders: Vec<(u64, tokio::sync::mpsc::Sender<crate::state::Outgoing>)> = Vec::new();
-        {
-            let state = shared.state();
-            for channel in channels {
-                if let Some(route) = state.routes.get(channel)
-                    && !senders.iter().any(|(socket, _)| *socket == route.socket)
-                {
-                    senders.push((route.socket, route.tx.clone()));
-                }
-            }
-        }
-        for (_, tx) in senders {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                // A permit means room; it is given back at once (the pump queues for real).
-                // A closed queue means the socket is gone: the pump pauses its channels.
-                let _ = tx.reserve().await.map(drop);
-                pump_again(shared).await;
-            });
-        }
-    }
-
     /// Records the outcome of a queued write: sent (awaiting the ack, or delivered for IM v1,
     /// whose write is the delivery boundary) or not written (paused until the channel reopens).
     /// True when the outbox may have something new to send (a place in the window freed).
-    fn record_write(
+    fn record_write<H: ImHost>(
         &self,
-        shared: &Arc<Shared>,
+        shared: &Arc<H>,
         delivery: &xagent_profile_im::Delivery,
         packet_id: xagent_protocol_types::PacketId,
         written: bool,
@@ -369,7 +392,11 @@ impl ImState {
         }
     }
 
-    pub(crate) async fn on_channel_open(&self, shared: &Arc<Shared>, channel: &ConnectorChannelId) {
+    pub(crate) async fn on_channel_open<H: ImHost>(
+        &self,
+        shared: &Arc<H>,
+        channel: &ConnectorChannelId,
+    ) {
         let result = {
             let mut inner = self.inner();
             let result = inner.outbox.on_channel_reopened(channel, shared.now());
@@ -407,22 +434,22 @@ impl ImState {
         inner.activity.remove_channel(channel);
     }
 
-    async fn show(
+    async fn show<H: ImHost>(
         &self,
-        shared: &Arc<Shared>,
+        shared: &Arc<H>,
         channel: &ConnectorChannelId,
         action: ActivityAction,
     ) {
         if action == ActivityAction::Noop {
             return;
         }
-        let (Some(ctx), Some(im)) = (channel_context(shared, channel), &shared.def.im) else {
+        let (Some(ctx), Some(im)) = (shared.channel_context(channel), shared.im_target()) else {
             return;
         };
         im.activity(ctx, action).await;
     }
 
-    pub(crate) async fn maintain(&self, shared: &Arc<Shared>) {
+    pub(crate) async fn maintain<H: ImHost>(&self, shared: &Arc<H>) {
         let now = shared.now();
         {
             let mut inner = self.inner();
@@ -447,197 +474,6 @@ impl ImState {
     pub(crate) fn pending(&self, channel: &ConnectorChannelId) -> Vec<MessageId> {
         self.inner().outbox.pending_ids(channel)
     }
-
-    /// An IM packet from xAgent; returns the packet to answer with at once, if any (the
-    /// connection writes it). Acks for our outbox are handled at once; final messages, deltas
-    /// and activity go to the channel's lane (in order per channel, concurrently across
-    /// channels), so the reader never waits for a target: their answers are sent on the
-    /// channel's route when they are ready.
-    pub(crate) async fn on_packet(&self, shared: &Arc<Shared>, packet: &Packet) -> Option<Packet> {
-        let channel = packet.connector_channel_id.clone()?;
-        if let PacketBody::ChatMessageAck(ack) = &packet.body {
-            let reply_to = packet.reply_to.as_ref()?;
-            let outcome = {
-                let mut inner = self.inner();
-                let outcome = inner.outbox.on_ack(&channel, ack, reply_to, shared.now());
-                Self::submit_in_background(shared, &mut inner);
-                outcome
-            };
-            match outcome {
-                Ok(AckOutcome::Failed { code, reason }) => {
-                    tracing::warn!(%channel, message_id = %ack.message_id, %code, reason, "xAgent rejected a message for good");
-                }
-                Ok(outcome) => tracing::debug!(%channel, ?outcome, "message ack"),
-                Err(error) => tracing::warn!(%error, "outbox ack failed"),
-            }
-            self.log_events();
-            self.pump(shared).await;
-            return None;
-        }
-        if !matches!(
-            packet.body,
-            PacketBody::ChatMessage(_)
-                | PacketBody::ChatMessageDelta(_)
-                | PacketBody::ChatActivity(_)
-        ) {
-            return None;
-        }
-        let (job_shared, job_channel, job_packet) =
-            (shared.clone(), channel.clone(), packet.clone());
-        let job = async move {
-            if let Some(im) = job_shared.im.as_ref() {
-                im.on_channel_packet(&job_shared, &job_channel, &job_packet).await;
-            }
-        };
-        if self.lanes.submit(&channel, job).is_err() {
-            let busy = "this channel already has 64 packets waiting for the target; retry later";
-            let reply = match &packet.body {
-                PacketBody::ChatMessage(message) => Packet::with_payload(
-                    ids::packet_id(),
-                    ChatMessageAck::rejected(
-                        message.message_id.clone(),
-                        ErrorCode::ChannelBusy,
-                        busy,
-                        true,
-                    ),
-                )
-                .channel(channel)
-                .reply_to(packet.packet_id.clone()),
-                _ => Packet::error(ids::packet_id(), WireError::new(ErrorCode::ChannelBusy, busy))
-                    .answering(packet),
-            };
-            return Some(reply);
-        }
-        None
-    }
-
-    /// One packet from the channel's lane.
-    async fn on_channel_packet(
-        &self,
-        shared: &Arc<Shared>,
-        channel: &ConnectorChannelId,
-        packet: &Packet,
-    ) {
-        let send = |reply: Packet| {
-            let reply = shared.packet(reply);
-            async move {
-                // On the channel's route (the socket it is open on). A channel no longer
-                // routed drops the reply; xAgent repeats the message and gets `duplicate`.
-                let _ = shared.send_on_route(channel, reply).await;
-            }
-        };
-        let channel = channel.clone();
-        match &packet.body {
-            PacketBody::ChatMessage(message) => {
-                let ack = self.on_chat_message(shared, &channel, message).await;
-                let reply = Packet::with_payload(ids::packet_id(), ack)
-                    .channel(channel)
-                    .reply_to(packet.packet_id.clone());
-                send(reply).await;
-            }
-            PacketBody::ChatMessageDelta(delta) => {
-                let action = self.inner().deltas.on_delta(&channel, delta, shared.now());
-                if action.is_ok() {
-                    let shown = self.inner().activity.on_delta(&channel, delta);
-                    self.show(shared, &channel, shown).await;
-                }
-                let (first, text, handle) = match action {
-                    Err(error) => {
-                        let wire = WireError::new(error.code(), error.to_string());
-                        send(Packet::error(ids::packet_id(), wire).answering(packet)).await;
-                        return;
-                    }
-                    Ok(DeltaAction::CreateTarget { text }) => (true, text, None),
-                    Ok(DeltaAction::UpdateTarget { text, handle }) => (false, text, handle),
-                    Ok(_) => return,
-                };
-                let Some(ctx) = channel_context(shared, &channel) else { return };
-                let Some(im) = shared.def.im.as_ref() else { return };
-                let update = DeltaUpdate {
-                    message_id: delta.message_id.clone(),
-                    first,
-                    text_so_far: text,
-                    handle,
-                };
-                if let Some(handle) = im.delta(ctx, update).await {
-                    self.inner().deltas.set_target_handle(&channel, &delta.message_id, handle);
-                }
-            }
-            PacketBody::ChatActivity(activity) => {
-                let action = self.inner().activity.on_activity(&channel, activity, shared.now());
-                match action {
-                    Ok(action) => self.show(shared, &channel, action).await,
-                    Err(error) => {
-                        let wire = WireError::new(error.code(), error.to_string());
-                        send(Packet::error(ids::packet_id(), wire).answering(packet)).await;
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    async fn on_chat_message(
-        &self,
-        shared: &Arc<Shared>,
-        channel: &ConnectorChannelId,
-        message: &ChatMessage,
-    ) -> ChatMessageAck {
-        let id = message.message_id.clone();
-        if let Err(error) = validate_chat_message(message, Side::Xagent) {
-            return ChatMessageAck::rejected(id, error.code(), error.to_string(), false);
-        }
-        let (Some(ctx), Some(im)) = (channel_context(shared, channel), &shared.def.im) else {
-            return ChatMessageAck::rejected(
-                id,
-                ErrorCode::ConnectionNotAuthenticated,
-                "the channel is not signed in to the target system",
-                false,
-            );
-        };
-        let admission = self.inner().receiver.begin_chat(channel, message, shared.now());
-        let ticket = match admission {
-            Ok(Admission::Process(ticket)) => ticket,
-            Ok(
-                Admission::Duplicate(ack) | Admission::Conflict(ack) | Admission::InProgress(ack),
-            ) => return ack,
-            Err(error) => {
-                tracing::error!(%error, "idempotency check failed");
-                return ChatMessageAck::rejected(
-                    id,
-                    ErrorCode::InternalError,
-                    "try again later",
-                    true,
-                );
-            }
-        };
-        let how = match self.inner().deltas.on_final(channel, &id) {
-            FinalAction::SendNew => FinalDelivery::New,
-            FinalAction::EditTarget { handle } => FinalDelivery::Edit { handle },
-        };
-        let cleared = self.inner().activity.on_final_message(channel);
-        self.show(shared, channel, cleared).await;
-        match im.deliver(ctx, message.clone(), how).await {
-            Ok(()) => {
-                // `accepted` goes out only once the completed id is durable, so a restarted
-                // Connector answers a repeat with `duplicate`, never with a second delivery.
-                let (ack, commit) = {
-                    let mut inner = self.inner();
-                    let (ack, writes) = inner.receiver.complete_deferred(ticket, shared.now());
-                    (ack, Self::submit(shared, &mut inner, writes))
-                };
-                if let Err(error) = commit.committed().await {
-                    // The effect happened: still `accepted` (this process remembers the id).
-                    tracing::error!(%error, "could not persist a completed message id");
-                }
-                ack
-            }
-            Err(error) => {
-                tracing::info!(%channel, code = %error.code, retryable = error.retryable, "target refused a message");
-                self.inner().receiver.abandon(ticket, error.code, error.message, error.retryable)
-            }
-        }
-    }
 }
 
 /// Room left in a packet for the envelope around a payload (ids, type, timestamps, channel):
@@ -647,38 +483,28 @@ const ENVELOPE_ALLOWANCE: usize = 2 * 1024;
 /// Refuses at the source a message that could never be sent (H3): a packet over the peer's
 /// size limit would be dropped by xAgent, which then reconnects, over and over. Download URLs
 /// are re-signed on every attempt, so their length counts with a margin too.
-fn check_packet_size(
-    shared: &Arc<Shared>,
+fn check_packet_size<H: ImHost>(
+    shared: &H,
     channel: &ConnectorChannelId,
     payload: &OutboundPayload,
 ) -> Result<(), HandleError> {
     let packet = Packet::new(ids::packet_id(), payload.to_body()).channel(channel.clone());
     let size = packet.to_json().map_or(usize::MAX, |json| json.len());
-    let limit = shared.config.max_packet_bytes;
+    let limit = shared.max_packet_bytes();
     if size.saturating_add(ENVELOPE_ALLOWANCE) > limit {
-        return Err(HandleError::Rejected {
-            code: ErrorCode::PayloadTooLarge,
-            message: format!(
-                "the message is {size} bytes as a packet; the data plane takes at most {limit} bytes per packet: shorten the text or send the content as a file"
-            ),
-        });
+        return Err(HandleError::TooLarge { size, limit });
     }
     Ok(())
 }
 
 /// [`ImState::pump`] behind a box: the pump's own write tasks call it, and an `async fn` cannot
 /// contain its own future.
-fn pump_again(
-    shared: Arc<Shared>,
+fn pump_again<H: ImHost>(
+    shared: Arc<H>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
-        if let Some(im) = shared.im.as_ref() {
+        if let Some(im) = shared.im() {
             im.pump(&shared).await;
         }
     })
-}
-
-fn channel_context(shared: &Arc<Shared>, channel: &ConnectorChannelId) -> Option<ChannelContext> {
-    let binding = shared.state().channels.get(channel)?.binding.clone()?;
-    Some(ChannelContext { channel: channel.clone(), binding, handle: shared.handle() })
 }

@@ -43,42 +43,51 @@
 //!
 //! ## Modules and which way they depend
 //!
-//! Three layers; a module imports only its own layer and the ones below it.
+//! Three layers, and inside each layer rows listed top first. A module imports only modules
+//! of its own row, of rows below it in its layer, and of the layers below; nothing imports
+//! upwards and no two files import each other in a circle. `tests/module_layers.rs` reads the
+//! sources and this table and fails on an upward import or a cycle. (A parent's `mod x;` and
+//! re-exports of its own children are its facade, not imports.)
 //!
 //! **Top: the server and the connection loop** (nothing below imports these).
 //!
 //! | module | holds |
 //! |---|---|
+//! | `http` | the control plane, the `/ws` upgrade, the system API key layer, the author's routes ([`ConnectorServer::router`]) |
 //! | `server` | [`ServerBuilder`], [`ConnectorServer`]: loading state, `serve` with the author's routes and tasks, `serve_from_env` |
-//! | `http` | the control plane, the `/ws` upgrade, the system API key layer, the author's routes |
 //! | `handlers` | `hello`, `channel`, `auth`, `tool`: short request handlers (methods of the connection) over the state and the author's code |
 //! | `connection` | one connection's loop over any frame stream/sink: decode, sequencing (`protocol-validate`'s `Session`), bounded writes, dispatch, the detach guard |
 //!
-//! **Middle: the shared state and the author's code around it.** `state::Shared` holds the
-//! definition (`connector`, with the author's code from `author`), the IM state (`im`) and the
-//! file store (`files`); the author's code receives the [`ConnectorHandle`] (`handle`), which
-//! wraps `Shared`. These five modules therefore import each other: a callback API whose
-//! callbacks get a handle on the state that holds them has this loop by nature (only a
-//! type-erased handle would break it). No lock is held while author code runs.
+//! **Middle: the shared state, the Profile wiring and the author's code.** `state::Shared`
+//! holds the definition (`connector`, with the author's code from `author`), the IM state
+//! (`im`) and the file store (`files`). The author's code receives the [`ConnectorHandle`]
+//! (`handle`), which holds the runtime type-erased: an `Arc<dyn HandleOps>`, a trait defined
+//! in `handle` and implemented in `state::ops`. The IM wiring reaches the state through its
+//! own `ImHost` trait (implemented in `state::hosts`), the Transfer Plane through parameters.
+//! So the state sits on top of this layer and the handle at its bottom. No lock is held while
+//! author code runs.
 //!
 //! | module | holds |
 //! |---|---|
-//! | `state` | `Shared` and the one lock over channels, routes, the lease, auth sessions and consumers; `lifecycle` (`tick`, unregistering) |
-//! | `handle` | [`ConnectorHandle`], in one place |
+//! | `state` | `Shared` and the one lock over channels, routes, the lease, auth sessions and consumers; `lifecycle` (`tick`, unregistering); `ops` (the handle's operations); `hosts` (what `im` and `files` ask of it) |
+//! | `im` | IM Profile wiring: outbox, receiver idempotency, deltas, activity; the `ImHost` trait it runs on |
+//! | `files` | Transfer Plane wiring: the file store, its routes, re-signed download URLs |
 //! | `connector` | [`Connector`], [`ConnectorBuilder`]: the definition and its generated Card |
-//! | `author` | what an author writes (`tool`, `auth`, `im`, `device`, `context`) and `call`, the one place author code is called (panic-contained) |
 //! | `device` | Device Profile wiring: one `profile-device` gate per Connector around device Tools (admission, per-channel serialisation, timeouts, result checks) and the binding states behind every device Tool's availability |
-//! | `im` | IM Profile wiring: outbox, receiver idempotency, deltas, activity |
-//! | `files` | Transfer Plane wiring |
+//! | `author` | what an author writes (`tool`, `auth`, `im`, `device`, `context`) and `call`, the one place author code is called (panic-contained) |
+//! | `handle` | [`ConnectorHandle`] over the `HandleOps` trait, [`StopFn`], [`DeviceStatus`] |
 //!
 //! **Bottom: plain parts** (import only each other, never a module above).
 //!
 //! | module | holds |
 //! |---|---|
 //! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
-//! | `storage` | the [`Storage`] trait, SQLite and the IM stores on it |
+//! | `error` | errors with the one map to wire codes and HTTP statuses |
+//! | `storage` | the [`Storage`] trait, SQLite, its group commit and the IM stores on it |
 //! | `binding` | [`Binding`], what is kept for a signed-in channel |
-//! | `config`, `error`, `ids`, `build_info` | tunables; errors with the one map to wire codes and HTTP statuses; id minting (through `protocol-types`); build stamps |
+//! | `config` | [`RuntimeConfig`], the tunables |
+//! | `listen` | the accept loop with its connection limits ([`ServeLimits`]), the stop signal |
+//! | `lanes`, `ids`, `build_info` | per-key ordered task lanes; id minting (through `protocol-types`); build stamps |
 //!
 //! Decisions where the protocol texts are silent (also in the item docs):
 //! - One runtime instance (`connector_id`) at a time. A hello with an unknown or expired
@@ -162,13 +171,12 @@ pub use connection::{
 pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
-pub use handle::ConnectorHandle;
+pub use handle::{ConnectorHandle, StopFn};
 pub use http::error_response;
 pub use listen::{ServeLimits, peer_ip, stop_signal};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
 };
-pub use state::StopFn;
 pub use storage::{
     ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
     SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous, ToolCallRecord, WriteOp,

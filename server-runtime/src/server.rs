@@ -174,10 +174,9 @@ impl ServerBuilder {
         };
         let mut connector = self.connector;
         let device = match connector.device.take() {
-            Some(def) => Some(
-                crate::device::DeviceRuntime::new(def)
-                    .map_err(|e| DefinitionError::Device(e.to_string()))?,
-            ),
+            Some(def) => {
+                Some(crate::device::DeviceRuntime::new(def).map_err(DefinitionError::from)?)
+            }
             None => None,
         };
         // Restored device bindings are not connected until their device answers.
@@ -303,6 +302,13 @@ impl ConnectorServer {
     /// The author's handle.
     pub fn handle(&self) -> ConnectorHandle {
         self.shared.handle()
+    }
+
+    /// Starts the Transfer Plane's periodic cleanup (expired files), for authors who serve
+    /// [`ConnectorServer::router`] with routes of their own instead of calling
+    /// [`ConnectorServer::serve`] (which starts it itself). `None` without a file store.
+    pub fn spawn_file_cleanup(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.shared.files.as_ref().map(|files| files.spawn_cleanup())
     }
 
     /// The Connector Card served at `/connector-card.json`.

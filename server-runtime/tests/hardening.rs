@@ -40,7 +40,7 @@ async fn h3_a_message_larger_than_a_packet_is_refused_at_the_source() {
     let handle = h.server.handle();
     let huge = ChatMessage::text("msg_huge", "x".repeat(1024 * 1024));
     match handle.send_message(&channel, huge).await {
-        Err(error @ HandleError::Rejected { .. }) => {
+        Err(error @ HandleError::TooLarge { .. }) => {
             assert_eq!(error.code(), ErrorCode::PayloadTooLarge);
             assert!(error.to_string().contains("at most"), "{error}");
         }

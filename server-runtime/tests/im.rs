@@ -267,7 +267,11 @@ async fn rule_outbox_refuses_a_pending_message_id_reused_with_other_content() {
     // The same content again is an idempotent re-enqueue, other content is a conflict.
     let conflict = inject_message(&handle, &channel, "in_c", "other text").await;
     match conflict {
-        Err(error @ xagent_server_runtime::HandleError::Rejected { .. }) => {
+        Err(
+            error @ xagent_server_runtime::HandleError::Outbox(
+                xagent_profile_im::OutboxError::MessageConflict { .. },
+            ),
+        ) => {
             assert_eq!(error.code(), ErrorCode::MessageConflict, "{error}")
         }
         other => panic!("expected a message_conflict, got {other:?}"),

@@ -113,10 +113,10 @@ async fn rule_im_v1_message_push_reaches_xagent_valid_and_the_write_is_the_deliv
     broken.profile = Some(PROFILE_IM_V2.into());
     let refused = handle.push_message(&channel, broken).await;
     match refused {
-        Err(error @ HandleError::Rejected { .. }) => {
+        Err(error @ HandleError::Outbox(xagent_profile_im::OutboxError::Payload(_))) => {
             assert_eq!(error.code(), ErrorCode::InvalidPacket, "{error}")
         }
-        other => panic!("expected Rejected, got {other:?}"),
+        other => panic!("expected the outbox's payload refusal, got {other:?}"),
     }
     assert!(handle.pending_messages(&channel).is_empty());
     h.stop().await;

@@ -2,15 +2,18 @@
 
 use axum::http::StatusCode;
 use xagent_protocol_types::ErrorCode;
+use xagent_server_runtime::{DefinitionError, HandleError, ServerError, StorageError};
+
+use crate::pairing::PairingError;
 
 /// What can go wrong in the webchat Connector. Messages say what to do and never contain an
 /// access code or token.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WebchatError {
-    /// The embedded database failed.
-    #[error("the webchat database failed: {0}")]
-    Storage(String),
+    /// The embedded database failed (the source names the operation and the cause).
+    #[error("{0}; check the state directory's disk and permissions")]
+    Storage(#[from] StorageError),
     /// Input from the page or xAgent is unusable.
     #[error("{0}")]
     InvalidInput(String),
@@ -21,11 +24,20 @@ pub enum WebchatError {
     #[error("no agent is connected to this room yet; try again when it is online")]
     NoAgent,
     /// A pairing link is unknown, used, or expired.
-    #[error("{0}")]
-    Pairing(String),
+    #[error(transparent)]
+    Pairing(#[from] PairingError),
     /// The runtime refused (file store, outbox).
-    #[error("{0}")]
-    Runtime(String),
+    #[error(transparent)]
+    Runtime(#[from] HandleError),
+    /// The pairing QR code could not be drawn.
+    #[error("the QR code could not be drawn: {0}")]
+    Qr(#[from] png::EncodingError),
+    /// The pairing link does not fit in a QR code (HTTP 400).
+    #[error("the link cannot be encoded as a QR code: {0}; use a shorter public URL")]
+    QrData(#[source] qrcode::types::QrError),
+    /// An upload is not a valid `multipart/form-data` body (HTTP 400).
+    #[error("the upload is not a valid form: {0}; send the file as multipart/form-data")]
+    Form(#[source] axum::extract::multipart::MultipartError),
     /// A body, file or text is larger than its limit (HTTP 413).
     #[error("{0}")]
     TooLarge(String),
@@ -42,27 +54,27 @@ pub enum WebchatError {
     },
     /// Starting or serving failed.
     #[error("the server failed: {0}")]
-    Server(String),
-}
-
-impl From<xagent_server_runtime::ServerError> for WebchatError {
-    fn from(error: xagent_server_runtime::ServerError) -> Self {
-        Self::Server(error.to_string())
-    }
-}
-
-impl From<xagent_server_runtime::DefinitionError> for WebchatError {
-    fn from(error: xagent_server_runtime::DefinitionError) -> Self {
-        Self::Server(error.to_string())
-    }
+    Server(#[from] ServerError),
+    /// The Connector's definition is unusable.
+    #[error("the webchat Connector's definition is unusable: {0}")]
+    Definition(#[from] DefinitionError),
+    /// The server is shutting down and takes no new work (HTTP 503): try again once it is
+    /// back.
+    #[error("the chat is shutting down; try again in a moment")]
+    ShuttingDown,
 }
 
 impl WebchatError {
     /// The stable protocol code.
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::Storage(_) | Self::Runtime(_) | Self::Server(_) => ErrorCode::InternalError,
-            Self::InvalidInput(_) => ErrorCode::InvalidArguments,
+            Self::Storage(_)
+            | Self::Runtime(_)
+            | Self::Qr(_)
+            | Self::Server(_)
+            | Self::Definition(_) => ErrorCode::InternalError,
+            Self::ShuttingDown => ErrorCode::ShuttingDown,
+            Self::InvalidInput(_) | Self::QrData(_) | Self::Form(_) => ErrorCode::InvalidArguments,
             Self::Forbidden => ErrorCode::Forbidden,
             Self::NoAgent => ErrorCode::ConnectionNotAuthenticated,
             Self::Pairing(_) => ErrorCode::AuthSessionNotFound,
@@ -74,10 +86,13 @@ impl WebchatError {
     /// The HTTP status of the chat API for this error.
     pub fn http_status(&self) -> StatusCode {
         match self {
-            Self::Storage(_) | Self::Runtime(_) | Self::Server(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
-            Self::InvalidInput(_) => StatusCode::BAD_REQUEST,
+            Self::Storage(_)
+            | Self::Runtime(_)
+            | Self::Qr(_)
+            | Self::Server(_)
+            | Self::Definition(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::InvalidInput(_) | Self::QrData(_) | Self::Form(_) => StatusCode::BAD_REQUEST,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NoAgent => StatusCode::CONFLICT,
             Self::Pairing(_) => StatusCode::GONE,
@@ -90,7 +105,14 @@ impl WebchatError {
 
 impl axum::response::IntoResponse for WebchatError {
     fn into_response(self) -> axum::response::Response {
-        if matches!(self, Self::Storage(_) | Self::Runtime(_) | Self::Server(_)) {
+        if matches!(
+            self,
+            Self::Storage(_)
+                | Self::Runtime(_)
+                | Self::Qr(_)
+                | Self::Server(_)
+                | Self::Definition(_)
+        ) {
             tracing::error!(error = %self, "webchat request failed");
         }
         let mut response = xagent_server_runtime::error_response(
@@ -118,8 +140,9 @@ mod tests {
             (WebchatError::Forbidden, "forbidden", 403),
             (WebchatError::NoAgent, "connection_not_authenticated", 409),
             (WebchatError::InvalidInput("x".into()), "invalid_arguments", 400),
-            (WebchatError::Pairing("x".into()), "auth_session_not_found", 410),
-            (WebchatError::Storage("x".into()), "internal_error", 500),
+            (WebchatError::Pairing(PairingError::Expired), "auth_session_not_found", 410),
+            (WebchatError::Storage(StorageError::new("read", "x")), "internal_error", 500),
+            (WebchatError::ShuttingDown, "shutting_down", 503),
             (WebchatError::TooLarge("x".into()), "payload_too_large", 413),
             (WebchatError::StoreFull("x".into()), "capacity_exceeded", 507),
             (
@@ -132,5 +155,18 @@ mod tests {
             assert_eq!(error.code().to_string(), code);
             assert_eq!(error.http_status().as_u16(), status);
         }
+    }
+
+    #[test]
+    fn wrapped_errors_keep_their_source_and_say_what_to_do() {
+        use std::error::Error as _;
+        let cause = std::io::Error::other("disk full");
+        let error = WebchatError::from(StorageError::new("a webchat database query", cause));
+        let storage = error.source().expect("the StorageError is the source");
+        assert_eq!(storage.source().map(ToString::to_string).as_deref(), Some("disk full"));
+        assert!(error.to_string().contains("check the state directory"), "{error}");
+        let pairing = WebchatError::from(PairingError::Expired);
+        assert_eq!(pairing.code(), ErrorCode::AuthSessionNotFound);
+        assert!(pairing.to_string().contains("ask for a new QR code"), "{pairing}");
     }
 }

@@ -13,8 +13,7 @@ const QUIET: usize = 4;
 
 /// Draws `text` as a QR code and returns the PNG bytes.
 pub fn qr_png(text: &str) -> Result<Vec<u8>, WebchatError> {
-    let code = QrCode::new(text.as_bytes())
-        .map_err(|e| WebchatError::InvalidInput(format!("cannot encode the link as QR: {e}")))?;
+    let code = QrCode::new(text.as_bytes()).map_err(WebchatError::QrData)?;
     let modules = code.width();
     let colors = code.to_colors();
     let side = (modules + 2 * QUIET) * SCALE;
@@ -37,9 +36,8 @@ pub fn qr_png(text: &str) -> Result<Vec<u8>, WebchatError> {
         let mut encoder = png::Encoder::new(&mut out, side, side);
         encoder.set_color(png::ColorType::Grayscale);
         encoder.set_depth(png::BitDepth::Eight);
-        let mut writer =
-            encoder.write_header().map_err(|e| WebchatError::Runtime(format!("PNG: {e}")))?;
-        writer.write_image_data(&pixels).map_err(|e| WebchatError::Runtime(format!("PNG: {e}")))?;
+        let mut writer = encoder.write_header()?;
+        writer.write_image_data(&pixels)?;
     }
     Ok(out)
 }

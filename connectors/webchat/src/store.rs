@@ -13,6 +13,7 @@ use subtle::ConstantTimeEq;
 use xagent_protocol_types::ConnectorChannelId;
 
 use crate::error::WebchatError;
+use xagent_server_runtime::StorageError;
 
 /// File name of the Connector's database inside the state directory.
 pub const WEBCHAT_DATABASE_FILE: &str = "webchat.sqlite3";
@@ -193,7 +194,7 @@ impl std::fmt::Debug for Store {
 }
 
 fn db(error: rusqlite::Error) -> WebchatError {
-    WebchatError::Storage(error.to_string())
+    WebchatError::Storage(StorageError::new("a webchat database query", error))
 }
 
 /// Turns a room name into its id: lower-case ASCII letters and digits, other runs become `-`.
@@ -260,9 +261,8 @@ impl Store {
     /// database 0600 (SQLite gives its `-wal` and `-shm` files the database's mode).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, WebchatError> {
         let path = dir.as_ref().join(WEBCHAT_DATABASE_FILE);
-        xagent_server_runtime::private_database_files(dir.as_ref(), &path).map_err(|e| {
-            WebchatError::Storage(format!("cannot prepare the state directory: {e}"))
-        })?;
+        xagent_server_runtime::private_database_files(dir.as_ref(), &path)
+            .map_err(|e| StorageError::new("preparing the state directory", e))?;
         let conn = Connection::open(&path).map_err(db)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(db)?;
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(db)?;
@@ -732,7 +732,7 @@ impl Store {
             Author::Assistant => "assistant",
         };
         let files = serde_json::to_string(&entry.files)
-            .map_err(|e| WebchatError::Storage(e.to_string()))?;
+            .map_err(|e| StorageError::new("encoding a message's files", e))?;
         conn.execute(
             "INSERT INTO messages (room_id, message_id, author, text, files, status, error, client_id, created_at, outbound)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",

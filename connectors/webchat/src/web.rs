@@ -43,7 +43,7 @@ use tokio::sync::Semaphore;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use xagent_protocol_types::{ChatMessage, ConnectorChannelId, FileRef};
-use xagent_server_runtime::ConnectorHandle;
+use xagent_server_runtime::{ConnectorHandle, StorageError};
 
 use crate::connector::App;
 use crate::error::WebchatError;
@@ -476,8 +476,8 @@ async fn relay(
 ) -> Result<ChatEntry, WebchatError> {
     let room = web.app.store.room(room_id)?.ok_or(WebchatError::Forbidden)?;
     let channel = room.channel.ok_or(WebchatError::NoAgent)?;
-    let outbound =
-        serde_json::to_string(&message).map_err(|e| WebchatError::Storage(e.to_string()))?;
+    let outbound = serde_json::to_string(&message)
+        .map_err(|e| StorageError::new("encoding an outbound message", e))?;
     let entry = match web.app.store.insert_outbound(room_id, &entry, Some(&outbound))? {
         Inserted::Existing(existing) => {
             if existing.status == EntryStatus::Sending {
@@ -538,11 +538,11 @@ async fn send_text(
     Ok(Json(relay(&web, &room_id, entry, message).await?).into_response())
 }
 
-fn form_error(error: &MultipartError, limits: &VisitorLimits) -> WebchatError {
+fn form_error(error: MultipartError, limits: &VisitorLimits) -> WebchatError {
     if error.status() == StatusCode::PAYLOAD_TOO_LARGE {
         too_large(limits)
     } else {
-        WebchatError::InvalidInput(format!("the upload is not a valid form: {error}"))
+        WebchatError::Form(error)
     }
 }
 
@@ -560,7 +560,7 @@ async fn small_field(
     limits: &VisitorLimits,
 ) -> Result<String, WebchatError> {
     let mut bytes = Vec::new();
-    while let Some(chunk) = field.chunk().await.map_err(|e| form_error(&e, limits))? {
+    while let Some(chunk) = field.chunk().await.map_err(|e| form_error(e, limits))? {
         if bytes.len() + chunk.len() > limit {
             return Err(WebchatError::InvalidInput(format!(
                 "the text must have 1-{} characters",
@@ -619,15 +619,13 @@ async fn send_file(
 ) -> Result<Response, WebchatError> {
     visitor_write(&web, &room_id, &headers)?;
     // Bounds the uploads written at once.
-    let _turn = Arc::clone(&web.uploads)
-        .acquire_owned()
-        .await
-        .map_err(|_| WebchatError::Server("shutting down".into()))?;
+    let _turn =
+        Arc::clone(&web.uploads).acquire_owned().await.map_err(|_| WebchatError::ShuttingDown)?;
     let limits = Arc::clone(&web.limits);
     let mut stored: Option<(xagent_protocol_types::ChatFile, String, u64)> = None;
     let mut text: Option<String> = None;
     let mut client_id: Option<String> = None;
-    while let Some(field) = form.next_field().await.map_err(|e| form_error(&e, &limits))? {
+    while let Some(field) = form.next_field().await.map_err(|e| form_error(e, &limits))? {
         match field.name() {
             Some("file") if stored.is_none() => {
                 check_client_id(client_id.as_deref())?;
@@ -713,7 +711,7 @@ fn upload_error(
             WebchatError::StoreFull("the chat cannot take files right now; try again later".into())
         }
         HandleError::UnknownChannel(_) | HandleError::NotAuthenticated(_) => WebchatError::NoAgent,
-        other => WebchatError::Runtime(other.to_string()),
+        other => WebchatError::Runtime(other),
     }
 }
 
@@ -772,8 +770,7 @@ async fn pair_scan(
     Path(token): Path<String>,
 ) -> Result<Response, WebchatError> {
     let now = web.now();
-    let pairing =
-        web.app.pairings().scan(&token, now).map_err(|e| WebchatError::Pairing(e.to_string()))?;
+    let pairing = web.app.pairings().scan(&token, now)?;
     Ok(Json(json!({
         "state": "scanned",
         "expires_at": pairing.expires_at,
@@ -794,11 +791,7 @@ async fn pair_confirm(
     Json(body): Json<ConfirmBody>,
 ) -> Result<Response, WebchatError> {
     let now = web.now();
-    let pairing = web
-        .app
-        .pairings()
-        .confirmable(&token, now)
-        .map_err(|e| WebchatError::Pairing(e.to_string()))?;
+    let pairing = web.app.pairings().confirmable(&token, now)?;
     let name = body
         .room_name
         .map(|n| n.trim().to_owned())

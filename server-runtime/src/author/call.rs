@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
@@ -20,7 +19,7 @@ use super::im::{DeliveryError, DeltaUpdate, FinalDelivery, ImTarget};
 use super::tool::{RegisteredTool, ToolError};
 
 /// A boxed, sendable future.
-pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) use futures_util::future::BoxFuture as BoxFut;
 
 /// Author code panicked (already logged).
 #[derive(Debug)]

@@ -10,17 +10,7 @@ pub use xagent_profile_device::{DeviceConfig, HighRiskPolicy, RiskLevel, ToolCat
 
 use super::context::{Binding, ChannelContext};
 
-/// What the author knows about a channel's device right now.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DeviceStatus {
-    /// The device answered and takes commands.
-    Online,
-    /// The device does not answer (lost, asleep, switched off, its broker or bridge is down).
-    Offline,
-    /// The device or its platform withdrew the permission to operate it.
-    PermissionLost,
-}
+pub use crate::handle::DeviceStatus;
 
 /// The device side of a Device Connector. Register it with
 /// [`crate::ConnectorBuilder::device_target`] and declare device Tools with

@@ -10,9 +10,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use xagent_protocol_types::{CardTool, ErrorCode, ProfileId, SkillId};
 
-use super::call::BoxFut;
 use super::context::ToolContext;
 use crate::error::DefinitionError;
+use futures_util::future::BoxFuture as BoxFut;
 
 /// How a Tool is declared: its id and one doc text (first line the title, the whole text the
 /// description), whether it only observes, its Profile and related Skills. The argument and

@@ -6,8 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use xagent_protocol_types::ConnectorChannelId;
 
-/// How to stop a shared consumer.
-pub type StopFn = Box<dyn FnOnce() + Send>;
+pub(crate) use crate::handle::StopFn;
 
 struct Entry {
     channels: HashSet<ConnectorChannelId>,

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use xagent_protocol_types::{AuthSessionId, ConnectorId};
 
-use super::{AuthSession, Shared, StopFn};
+use super::{AuthSession, Shared};
 use crate::author::{AuthContext, ChannelContext};
+use crate::handle::StopFn;
 use crate::storage::ChannelRecord;
 
 impl Shared {

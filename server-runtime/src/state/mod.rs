@@ -5,12 +5,15 @@
 //!
 //! - `consumers`: reference-counted shared target consumers.
 //! - `lifecycle`: unregistering a channel, lease expiry and maintenance (`tick`).
+//! - `ops`: the author's [`crate::ConnectorHandle`] operations (`HandleOps`) on this state.
+//! - `hosts`: what the IM wiring and the Transfer Plane ask of this state.
 
 mod consumers;
+mod hosts;
 mod lifecycle;
+mod ops;
 
 pub(crate) use consumers::Consumers;
-pub use consumers::StopFn;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,8 +29,8 @@ use xagent_protocol_types::{
 
 use crate::config::RuntimeConfig;
 use crate::connector::Connector;
-use crate::handle::ConnectorHandle;
 use crate::ids;
+use crate::im::TryQueue;
 use crate::storage::{ChannelRecord, Storage, StorageError};
 
 /// Something to write on a socket.
@@ -39,16 +42,6 @@ pub(crate) enum Outgoing {
     Tracked(Packet, tokio::sync::oneshot::Sender<bool>),
     /// Close the socket with a code and reason.
     Close(u16, String),
-}
-
-/// The outcome of [`Shared::try_queue_tracked`].
-pub(crate) enum TryQueue {
-    /// Queued; the receiver says whether the write succeeded.
-    Queued(tokio::sync::oneshot::Receiver<bool>),
-    /// The route's write queue is full.
-    Full,
-    /// The channel has no route.
-    NotRouted,
 }
 
 /// Where a channel's packets go right now.
@@ -117,10 +110,6 @@ impl Shared {
 
     pub(crate) fn now(&self) -> u64 {
         self.clock.now_millis()
-    }
-
-    pub(crate) fn handle(self: &Arc<Self>) -> ConnectorHandle {
-        ConnectorHandle(Arc::clone(self))
     }
 
     /// The `target_type` of a channel with `profiles` enabled: the target type of those

@@ -10,16 +10,17 @@
 //!
 //! - `sqlite`: [`SqliteStorage`], the default; `sqlite_im`: the IM stores on it;
 //! - `group`: its group-commit writer ([`GroupCommit`]): concurrent writes share one
-//!   transaction, and nothing is acknowledged before that transaction committed.
+//!   transaction, and nothing is acknowledged before that transaction committed;
+//! - `write_op`: [`WriteOp`], one durable write, and how the writer executes it.
 
 mod group;
 mod sqlite;
 mod sqlite_im;
+mod write_op;
 
-pub use group::{
-    CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous, WriteOp,
-};
+pub use group::{CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous};
 pub use sqlite::{DATABASE_FILE, SqliteOptions, SqliteStorage, private_database_files};
+pub use write_op::WriteOp;
 
 use std::collections::BTreeMap;
 
@@ -144,7 +145,7 @@ pub trait Storage: Send + Sync + 'static {
             .outbox_store()
             .apply(&outbox)
             .and_then(|()| self.idempotency_store().apply(&idempotency))
-            .map_err(|e| StorageError::new("commit IM writes", e.to_string()));
+            .map_err(|e| StorageError::new("commit IM writes", e));
         CommitTicket::ready(result)
     }
 }

@@ -1,0 +1,288 @@
+//! What the author's [`ConnectorHandle`] asks of the runtime ([`HandleOps`]), answered from
+//! the shared state: channel facts, Descriptor and status changes, consumers, the IM outbox,
+//! the file store.
+
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use xagent_file_transfer::FileStore;
+use xagent_profile_im::{OutboundPayload, OutboxEvent};
+use xagent_protocol_types::{
+    ConnectionDescriptor, ConnectionStatus, ConnectorCardId, ConnectorChannelId, ConnectorId,
+    DescriptorTarget, DescriptorTool, MessageId, Packet, ToolId, ToolProgressPush,
+};
+
+use super::Shared;
+use crate::binding::Binding;
+use crate::error::HandleError;
+use crate::handle::{ConnectorHandle, DeviceStatus, HandleOps, StopFn};
+use crate::ids;
+use crate::im::ImState;
+use crate::storage::ChannelRecord;
+
+impl Shared {
+    /// The author's handle on this runtime.
+    pub(crate) fn handle(self: &Arc<Self>) -> ConnectorHandle {
+        ConnectorHandle::new(Arc::clone(self) as Arc<dyn HandleOps>)
+    }
+
+    fn update_channel(
+        &self,
+        channel: &ConnectorChannelId,
+        change: impl FnOnce(&mut ChannelRecord),
+    ) -> Result<(), HandleError> {
+        let record = {
+            let mut state = self.state();
+            let record = state
+                .channels
+                .get_mut(channel)
+                .ok_or_else(|| HandleError::UnknownChannel(channel.clone()))?;
+            change(record);
+            record.clone()
+        };
+        self.save_channel(&record)?;
+        Ok(())
+    }
+
+    async fn set_status_now(
+        &self,
+        channel: &ConnectorChannelId,
+        status: ConnectionStatus,
+    ) -> Result<(), HandleError> {
+        self.update_channel(channel, |record| record.status = status)?;
+        self.push_descriptor(channel).await;
+        Ok(())
+    }
+
+    async fn device_status_now(
+        &self,
+        channel: &ConnectorChannelId,
+        status: DeviceStatus,
+    ) -> Result<bool, HandleError> {
+        let Some(device) = &self.device else { return Err(HandleError::NoDeviceTarget) };
+        {
+            let state = self.state();
+            match state.channels.get(channel) {
+                None => return Err(HandleError::UnknownChannel(channel.clone())),
+                Some(record) if record.binding.is_none() => {
+                    return Err(HandleError::NotAuthenticated(channel.clone()));
+                }
+                Some(_) => {}
+            }
+        }
+        let Some(correction) = device.report(channel, &status) else {
+            tracing::warn!(%channel, "device status for a binding that names no device; ignored");
+            return Ok(false);
+        };
+        let mut changed = false;
+        self.update_channel(channel, |record| changed = device.project(record, &correction))?;
+        if changed {
+            tracing::info!(%channel, status = ?status, "device status changed");
+            self.push_descriptor(channel).await;
+        }
+        Ok(changed)
+    }
+
+    async fn set_tool_status_now(
+        &self,
+        channel: &ConnectorChannelId,
+        tool: DescriptorTool,
+    ) -> Result<(), HandleError> {
+        if self.def.card.tool(tool.tool_id.as_str()).is_none() {
+            tracing::warn!(tool_id = %tool.tool_id, "ignoring availability of an undeclared tool");
+            return Ok(());
+        }
+        self.update_channel(channel, |record| {
+            record.tool_overrides.insert(tool.tool_id.clone(), tool);
+        })?;
+        self.push_descriptor(channel).await;
+        Ok(())
+    }
+
+    async fn set_target_now(
+        &self,
+        channel: &ConnectorChannelId,
+        target: DescriptorTarget,
+    ) -> Result<(), HandleError> {
+        let mut authenticated = true;
+        self.update_channel(channel, |record| match &mut record.binding {
+            Some(binding) => binding.target = target,
+            None => authenticated = false,
+        })?;
+        if !authenticated {
+            return Err(HandleError::NotAuthenticated(channel.clone()));
+        }
+        self.push_descriptor(channel).await;
+        Ok(())
+    }
+
+    /// The IM state, when the Card declares `profile`: a `chat.message` on an IM v1 channel (or
+    /// a `message.push` on an IM v2 one) could never be written and would stay pending.
+    fn im_state(&self, profile: &'static str) -> Result<&ImState, HandleError> {
+        let declared = self.def.card.supports.profiles.iter().any(|p| p.as_str() == profile);
+        match &self.im {
+            Some(im) if declared => Ok(im),
+            _ => Err(HandleError::ProfileNotDeclared(profile)),
+        }
+    }
+}
+
+impl HandleOps for Shared {
+    fn card_id(&self) -> &ConnectorCardId {
+        &self.def.card.connector_card_id
+    }
+
+    fn connector_id(&self) -> Option<ConnectorId> {
+        self.state().connector_id.clone()
+    }
+
+    fn is_online(&self) -> bool {
+        !self.state().live_sockets.is_empty()
+    }
+
+    fn channels(&self) -> Vec<ConnectorChannelId> {
+        let mut ids: Vec<_> = self.state().channels.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    fn has_channel(&self, channel: &ConnectorChannelId) -> bool {
+        self.state().channels.contains_key(channel)
+    }
+
+    fn is_routed(&self, channel: &ConnectorChannelId) -> bool {
+        self.state().routes.contains_key(channel)
+    }
+
+    fn binding(&self, channel: &ConnectorChannelId) -> Option<Binding> {
+        self.state().channels.get(channel).and_then(|r| r.binding.clone())
+    }
+
+    fn descriptor(&self, channel: &ConnectorChannelId) -> Option<ConnectionDescriptor> {
+        self.current_descriptor(channel)
+    }
+
+    fn shutdown_signal(&self) -> tokio_util::sync::CancellationToken {
+        self.shutdown.clone()
+    }
+
+    fn now_millis(&self) -> u64 {
+        self.now()
+    }
+
+    fn set_status(
+        &self,
+        channel: &ConnectorChannelId,
+        status: ConnectionStatus,
+    ) -> BoxFuture<'_, Result<(), HandleError>> {
+        let channel = channel.clone();
+        async move { self.set_status_now(&channel, status).await }.boxed()
+    }
+
+    fn device_status(
+        &self,
+        channel: &ConnectorChannelId,
+        status: DeviceStatus,
+    ) -> BoxFuture<'_, Result<bool, HandleError>> {
+        let channel = channel.clone();
+        async move { self.device_status_now(&channel, status).await }.boxed()
+    }
+
+    fn grant_confirmation(
+        &self,
+        channel: &ConnectorChannelId,
+        tool: &ToolId,
+    ) -> Result<(), HandleError> {
+        let Some(device) = &self.device else { return Err(HandleError::NoDeviceTarget) };
+        device.grant(channel, tool, self.now());
+        Ok(())
+    }
+
+    fn set_tool_status(
+        &self,
+        channel: &ConnectorChannelId,
+        tool: DescriptorTool,
+    ) -> BoxFuture<'_, Result<(), HandleError>> {
+        let channel = channel.clone();
+        async move { self.set_tool_status_now(&channel, tool).await }.boxed()
+    }
+
+    fn set_target(
+        &self,
+        channel: &ConnectorChannelId,
+        target: DescriptorTarget,
+    ) -> BoxFuture<'_, Result<(), HandleError>> {
+        let channel = channel.clone();
+        async move { self.set_target_now(&channel, target).await }.boxed()
+    }
+
+    fn push_descriptor(&self, channel: &ConnectorChannelId) -> BoxFuture<'_, bool> {
+        let channel = channel.clone();
+        async move { Shared::push_descriptor(self, &channel).await }.boxed()
+    }
+
+    fn push_tool_progress(
+        &self,
+        channel: &ConnectorChannelId,
+        push: ToolProgressPush,
+    ) -> BoxFuture<'_, ()> {
+        let channel = channel.clone();
+        async move {
+            let packet =
+                self.packet(Packet::with_payload(ids::packet_id(), push)).channel(channel.clone());
+            self.send_on_route(&channel, packet).await;
+        }
+        .boxed()
+    }
+
+    fn consumer_join(&self, key: &str, channel: &ConnectorChannelId) -> bool {
+        self.state().consumers.join(key, channel)
+    }
+
+    fn consumer_insert(
+        &self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        stop: StopFn,
+    ) -> Option<StopFn> {
+        self.state().consumers.insert(key, channel, stop)
+    }
+
+    fn consumer_detach(&self, key: &str, channel: &ConnectorChannelId) -> Option<StopFn> {
+        self.state().consumers.detach(key, channel)
+    }
+
+    fn consumer_users(&self, key: &str) -> usize {
+        self.state().consumers.users(key)
+    }
+
+    fn tick(self: Arc<Self>) -> BoxFuture<'static, ()> {
+        async move { Shared::tick(&self).await }.boxed()
+    }
+
+    fn enqueue_message(
+        self: Arc<Self>,
+        profile: &'static str,
+        channel: ConnectorChannelId,
+        payload: OutboundPayload,
+    ) -> BoxFuture<'static, Result<(), HandleError>> {
+        async move {
+            let im = self.im_state(profile)?;
+            im.enqueue(&self, &channel, payload).await
+        }
+        .boxed()
+    }
+
+    fn outbox_events(&self) -> Option<tokio::sync::broadcast::Receiver<OutboxEvent>> {
+        self.im.as_ref().map(|im| im.events.subscribe())
+    }
+
+    fn pending_messages(&self, channel: &ConnectorChannelId) -> Vec<MessageId> {
+        self.im.as_ref().map(|im| im.pending(channel)).unwrap_or_default()
+    }
+
+    fn files(&self) -> Option<&FileStore> {
+        self.files.as_ref()
+    }
+}

@@ -1,0 +1,169 @@
+//! [`WriteOp`]: one durable write of the SQLite storage, and how the writer thread executes it
+//! (through the statement cache).
+
+use rusqlite::{Connection, params};
+use xagent_profile_im::{IdempotencyWrite, OutboxWrite};
+
+/// One durable write. Rows are given as their stored columns (JSON text already encoded), so
+/// the writer thread only binds parameters.
+#[derive(Clone, PartialEq)]
+pub enum WriteOp {
+    /// An IM outbox write (`profile-im`).
+    Outbox(OutboxWrite),
+    /// An IM receiver idempotency write (`profile-im`).
+    Idempotency(IdempotencyWrite),
+    /// Stores a completed tool call (insert or replace by `(channel, key)`).
+    ToolCall {
+        /// Channel id.
+        channel: String,
+        /// Idempotency key (tool_call_id or request_id).
+        key: String,
+        /// Fingerprint of tool id + arguments.
+        fingerprint: String,
+        /// The result as JSON text, on success.
+        result: Option<String>,
+        /// `(code, message)` on failure.
+        error: Option<(String, String)>,
+        /// Completion time (Unix ms).
+        completed_at: i64,
+    },
+    /// Inserts or updates a channel record.
+    Channel {
+        /// Channel id.
+        id: String,
+        /// Owning runtime instance.
+        connector_id: String,
+        /// Status text.
+        status: String,
+        /// The binding as JSON text (holds secrets: never logged).
+        binding: Option<String>,
+        /// Tool overrides as JSON text.
+        tool_overrides: String,
+        /// Creation time (Unix ms).
+        created_at: i64,
+    },
+    /// Deletes a channel and everything kept for it.
+    DeleteChannel(String),
+    /// Sets (`Some`) or removes (`None`) a meta value.
+    Meta {
+        /// Key.
+        key: String,
+        /// Value.
+        value: Option<String>,
+    },
+    /// Deletes tool calls completed before the time (Unix ms).
+    PruneToolCalls {
+        /// Cut-off.
+        before: i64,
+    },
+}
+
+impl std::fmt::Debug for WriteOp {
+    /// Names the operation and its keys, never a stored value (bindings hold secrets).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Outbox(OutboxWrite::Save(r)) => {
+                write!(f, "Outbox::Save({}, {})", r.channel, r.message_id)
+            }
+            Self::Outbox(OutboxWrite::Delete(c, m)) => write!(f, "Outbox::Delete({c}, {m})"),
+            Self::Idempotency(IdempotencyWrite::Save(r)) => {
+                write!(f, "Idempotency::Save({}, {})", r.channel, r.message_id)
+            }
+            Self::Idempotency(IdempotencyWrite::Delete(c, m)) => {
+                write!(f, "Idempotency::Delete({c}, {m})")
+            }
+            Self::ToolCall { channel, key, .. } => write!(f, "ToolCall({channel}, {key})"),
+            Self::Channel { id, .. } => write!(f, "Channel({id})"),
+            Self::DeleteChannel(id) => write!(f, "DeleteChannel({id})"),
+            Self::Meta { key, .. } => write!(f, "Meta({key})"),
+            Self::PruneToolCalls { before } => write!(f, "PruneToolCalls({before})"),
+        }
+    }
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Executes one write through the statement cache.
+pub(crate) fn execute(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
+    let exec = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> rusqlite::Result<()> {
+        conn.prepare_cached(sql)?.execute(p).map(|_| ())
+    };
+    match op {
+        WriteOp::Outbox(OutboxWrite::Save(r)) => exec(
+            "INSERT OR REPLACE INTO im_pending (channel, message_id, seq, payload, attempts,
+               first_responsibility_at, expires_at, next_attempt_at, last_error)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![
+                r.channel.as_str(),
+                r.message_id.as_str(),
+                to_i64(r.seq),
+                r.payload,
+                r.attempts,
+                to_i64(r.first_responsibility_at),
+                to_i64(r.expires_at),
+                to_i64(r.next_attempt_at),
+                r.last_error
+            ],
+        ),
+        WriteOp::Outbox(OutboxWrite::Delete(channel, message_id)) => exec(
+            "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
+            params![channel.as_str(), message_id.as_str()],
+        ),
+        WriteOp::Idempotency(IdempotencyWrite::Save(r)) => exec(
+            "INSERT OR REPLACE INTO im_completed (channel, message_id, fingerprint, completed_at)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![
+                r.channel.as_str(),
+                r.message_id.as_str(),
+                r.fingerprint.as_str(),
+                to_i64(r.completed_at)
+            ],
+        ),
+        WriteOp::Idempotency(IdempotencyWrite::Delete(channel, message_id)) => exec(
+            "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
+            params![channel.as_str(), message_id.as_str()],
+        ),
+        WriteOp::ToolCall { channel, key, fingerprint, result, error, completed_at } => {
+            let (code, message) = match error {
+                Some((code, message)) => (Some(code.as_str()), Some(message.as_str())),
+                None => (None, None),
+            };
+            exec(
+                "INSERT OR REPLACE INTO tool_calls
+                   (channel, key, fingerprint, result, error_code, error_message, completed_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![channel, key, fingerprint, result, code, message, completed_at],
+            )
+        }
+        WriteOp::Channel { id, connector_id, status, binding, tool_overrides, created_at } => exec(
+            "INSERT INTO channels (id, connector_id, status, binding, tool_overrides, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT(id) DO UPDATE SET connector_id = excluded.connector_id,
+                   status = excluded.status, binding = excluded.binding,
+                   tool_overrides = excluded.tool_overrides",
+            params![id, connector_id, status, binding, tool_overrides, created_at],
+        ),
+        WriteOp::DeleteChannel(id) => {
+            for sql in [
+                "DELETE FROM channels WHERE id = ?1",
+                "DELETE FROM tool_calls WHERE channel = ?1",
+                "DELETE FROM im_pending WHERE channel = ?1",
+                "DELETE FROM im_completed WHERE channel = ?1",
+            ] {
+                exec(sql, params![id])?;
+            }
+            Ok(())
+        }
+        WriteOp::Meta { key, value: Some(value) } => exec(
+            "INSERT INTO meta (key, value) VALUES (?1, ?2)
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            params![key, value],
+        ),
+        WriteOp::Meta { key, value: None } => exec("DELETE FROM meta WHERE key = ?1", params![key]),
+        WriteOp::PruneToolCalls { before } => {
+            exec("DELETE FROM tool_calls WHERE completed_at < ?1", params![before])
+        }
+    }
+}
