@@ -76,7 +76,6 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     let three = raw_sqlite(&dir.join("three.sqlite3"), raw_rows, 1, true, synchronous)?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let cpu_before_outbox = process_cpu_seconds();
     let outbox = runtime.block_on(outbox_delivery(
         &dir.join("connector"),
         messages,
@@ -84,7 +83,7 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         window,
         SqliteOptions { synchronous, group_commit },
     ))?;
-    let outbox_cpu = cpu_since(cpu_before_outbox).map(|cpu| cpu / messages as f64);
+    let outbox_cpu = outbox.cpu_seconds.map(|cpu| cpu / messages as f64);
     // Raw again after the system run, so drift on a shared machine shows.
     let raw_after = raw_sqlite(&dir.join("raw2.sqlite3"), raw_rows, 1, false, synchronous)?;
     let commits_after = raw_commits(&dir.join("commits2.sqlite3"), period, synchronous)?;
@@ -348,6 +347,7 @@ async fn outbox_delivery(
     });
     let handle = connector.server.handle();
     let before = storage.group_commit_stats();
+    let cpu_before = process_cpu_seconds();
     let started = Instant::now();
     let mut senders = Vec::new();
     for (c, channel) in ids.iter().enumerate() {
@@ -382,6 +382,7 @@ async fn outbox_delivery(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let rate = messages as f64 / started.elapsed().as_secs_f64();
+    let cpu_seconds = cpu_since(cpu_before);
     let after = storage.group_commit_stats();
     let got = accepted.load(Ordering::Relaxed);
     if got != messages {
@@ -395,6 +396,7 @@ async fn outbox_delivery(
         enqueue_rate: messages as f64 / enqueued.as_secs_f64(),
         transactions: after.transactions - before.transactions,
         jobs: after.jobs - before.jobs,
+        cpu_seconds,
     })
 }
 
@@ -408,4 +410,6 @@ struct OutboxRun {
     transactions: u64,
     /// Submissions they carried.
     jobs: u64,
+    /// CPU time of the whole process (Connector, xAgent client, this driver) while timed.
+    cpu_seconds: Option<f64>,
 }
