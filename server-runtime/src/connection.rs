@@ -3,6 +3,7 @@
 //! tests. Sequencing (hello first, channel open, ack pairing, error codes) is decided by
 //! `protocol-validate`'s [`Session`]; this module runs what it accepts.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
@@ -64,7 +65,9 @@ pub(crate) struct Conn {
     /// Places for request work running at once (M7): the reader waits for one, so a peer
     /// that floods requests without reading the answers stops being read.
     pub(crate) in_flight: Arc<tokio::sync::Semaphore>,
-    pub(crate) negotiated: Option<Negotiated>,
+    /// What the hello negotiated, shared with the request tasks (a clone per task is one
+    /// reference count, not a copy of the Profile lists).
+    pub(crate) negotiated: Option<Arc<Negotiated>>,
 }
 
 /// Detaches a connection from the state when dropped: its routes are removed and, when it was
@@ -195,6 +198,10 @@ where
     tracing::debug!(socket, "data plane connection closed");
 }
 
+/// Frames written before one flush: what is queued when the writer wakes goes out in one
+/// write (one syscall for a burst of acks instead of one each), up to this many.
+const MAX_FRAMES_PER_FLUSH: usize = 64;
+
 async fn write_loop<Si>(
     mut sink: Si,
     mut rx: mpsc::Receiver<Outgoing>,
@@ -203,48 +210,84 @@ async fn write_loop<Si>(
 ) where
     Si: Sink<Frame> + Send + Unpin + 'static,
 {
-    while let Some(item) = rx.recv().await {
-        let (packet, done) = match item {
-            Outgoing::Packet(packet) => (packet, None),
-            Outgoing::Tracked(packet, done) => (packet, Some(done)),
-            Outgoing::Close(code, reason) => {
-                let _ = sink.send(Frame::Close(Some((code, reason)))).await;
-                let _ = sink.close().await;
-                return;
+    // Senders of tracked packets fed since the last flush: told once the flush succeeded.
+    let mut tracked: Vec<tokio::sync::oneshot::Sender<bool>> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        let mut fed = 0;
+        let mut ok = true;
+        while let Some(item) = next.take() {
+            let (packet, done) = match item {
+                Outgoing::Packet(packet) => (packet, None),
+                Outgoing::Tracked(packet, done) => (packet, Some(done)),
+                Outgoing::Close(code, reason) => {
+                    let flushed = sink.flush().await.is_ok();
+                    for done in tracked.drain(..) {
+                        let _ = done.send(flushed);
+                    }
+                    let _ = sink.send(Frame::Close(Some((code, reason)))).await;
+                    let _ = sink.close().await;
+                    return;
+                }
+            };
+            match encode_outgoing(&proto, &packet, limit) {
+                Some(text) => {
+                    if sink.feed(Frame::Text(text)).await.is_err() {
+                        ok = false;
+                        if let Some(done) = done {
+                            let _ = done.send(false);
+                        }
+                        break;
+                    }
+                    tracked.extend(done);
+                }
+                None => {
+                    if let Some(done) = done {
+                        let _ = done.send(false);
+                    }
+                }
             }
-        };
-        let verdict =
-            proto.lock().unwrap_or_else(std::sync::PoisonError::into_inner).on_sent(&packet);
-        if let Err(rejection) = verdict {
-            // Not sent: the channel closed meanwhile or the packet breaks sequencing.
-            tracing::debug!(packet_type = packet.type_str(), code = %rejection.error.code, "outgoing packet withheld");
-            if let Some(done) = done {
-                let _ = done.send(false);
+            fed += 1;
+            if fed < MAX_FRAMES_PER_FLUSH {
+                next = rx.try_recv().ok();
             }
-            continue;
         }
-        let text = match packet.to_json() {
-            Ok(text) => text,
-            Err(error) => {
-                tracing::error!(%error, "could not encode an outgoing packet");
-                continue;
-            }
-        };
-        let Some(text) = within_limit(&packet, text, limit) else {
-            if let Some(done) = done {
-                let _ = done.send(false);
-            }
-            continue;
-        };
-        let ok = sink.send(Frame::Text(text)).await.is_ok();
-        if let Some(done) = done {
-            let _ = done.send(ok);
+        let flushed = ok && sink.flush().await.is_ok();
+        for done in tracked.drain(..) {
+            let _ = done.send(flushed);
         }
-        if !ok {
+        if !flushed {
             break;
         }
     }
     let _ = sink.close().await;
+}
+
+/// The text of an outgoing packet, or `None` when it must not be sent: the sequencing
+/// `Session` refuses it (the channel closed meanwhile, or it breaks sequencing), it cannot be
+/// encoded, or it is over the size limit (see [`within_limit`]).
+fn encode_outgoing(proto: &Mutex<Session>, packet: &Packet, limit: usize) -> Option<String> {
+    let verdict = proto.lock().unwrap_or_else(std::sync::PoisonError::into_inner).on_sent(packet);
+    if let Err(rejection) = verdict {
+        tracing::debug!(packet_type = packet.type_str(), code = %rejection.error.code, "outgoing packet withheld");
+        return None;
+    }
+    let text = match packet.to_json() {
+        Ok(text) => text,
+        Err(error) => {
+            tracing::error!(%error, "could not encode an outgoing packet");
+            return None;
+        }
+    };
+    within_limit(packet, text, limit)
+}
+
+/// The ack of `request` carrying `error` (the ack type from the one request-to-ack table of
+/// `protocol-types`; `error` for a packet that has none).
+pub(crate) fn error_ack(request: &Packet, error: WireError) -> Packet {
+    tracing::debug!(packet_type = request.type_str(), code = %error.code, "request failed");
+    let body = PacketBody::empty_ack_for(&request.body).unwrap_or(PacketBody::Error(None));
+    Packet::new(ids::packet_id(), body).with_error(error).answering(request)
 }
 
 /// The last line of the outbound size rule: nothing leaves that the peer's packet limit would
@@ -273,9 +316,26 @@ fn within_limit(packet: &Packet, text: String, limit: usize) -> Option<String> {
 }
 
 impl Conn {
-    pub(crate) async fn send(&self, packet: Packet) {
+    /// Queues a packet for the socket's writer, waiting for room when the queue is full.
+    /// Queued at once when there is room; only a packet that has to wait is boxed, so the
+    /// future every request task awaits here stays small.
+    pub(crate) fn send(&self, packet: Packet) -> impl Future<Output = ()> + Send + '_ {
         let packet = packet.time(self.shared.now());
-        let _ = self.tx.send(Outgoing::Packet(packet)).await;
+        let waiting = match self.tx.try_reserve() {
+            Ok(place) => {
+                place.send(Outgoing::Packet(packet));
+                None
+            }
+            Err(mpsc::error::TrySendError::Full(())) => Some(Box::new(packet)),
+            Err(mpsc::error::TrySendError::Closed(())) => None,
+        };
+        async move {
+            if let Some(packet) = waiting
+                && let Ok(place) = self.tx.reserve().await
+            {
+                place.send(Outgoing::Packet(*packet));
+            }
+        }
     }
 
     pub(crate) async fn reply<P: Payload>(&self, request: &Packet, payload: P) {
@@ -283,11 +343,7 @@ impl Conn {
     }
 
     pub(crate) async fn reply_error(&self, request: &Packet, error: WireError) {
-        tracing::debug!(packet_type = request.type_str(), code = %error.code, "request failed");
-        // The ack type comes from the one request-to-ack table (`protocol-types`).
-        let body = PacketBody::empty_ack_for(&request.body).unwrap_or(PacketBody::Error(None));
-        let ack = Packet::new(ids::packet_id(), body).with_error(error).answering(request);
-        self.send(ack).await;
+        self.send(error_ack(request, error)).await;
     }
 
     async fn on_text(&mut self, text: String) -> Flow {
@@ -306,14 +362,16 @@ impl Conn {
         // Profile packets outside what was negotiated (or what the channel enables) are
         // dropped without an answer; the catalog decides.
         if let Some(negotiated) = &self.negotiated {
-            let channel_profiles = packet.connector_channel_id.as_ref().and_then(|c| {
-                self.proto
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .channel(c)
-                    .map(|open| open.profiles.clone())
-            });
-            match negotiated.decide(packet.type_str(), Side::Xagent, channel_profiles.as_ref()) {
+            let permission = {
+                let proto = self.proto.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let channel = packet.connector_channel_id.as_ref().and_then(|c| proto.channel(c));
+                negotiated.decide(
+                    packet.type_str(),
+                    Side::Xagent,
+                    channel.map(|open| &open.profiles),
+                )
+            };
+            match permission {
                 Permission::ProfileNotNegotiated { profile }
                 | Permission::ProfileNotOnChannel { profile } => {
                     tracing::debug!(
@@ -382,6 +440,8 @@ impl Conn {
             (PacketBody::ToolInvoke(_), _) => {
                 let conn = self.task_view();
                 let place = Arc::clone(&self.in_flight).acquire_owned().await;
+                // Boxed: the task's future moves a pointer, not the whole packet.
+                let packet = Box::new(packet);
                 self.tasks.spawn(async move {
                     conn.on_tool_invoke(packet).await;
                     drop(place);

@@ -141,6 +141,11 @@ impl<S> IdleTimeout<S> {
     }
 
     fn progressed(&mut self) {
+        // An upgraded WebSocket is never cut for idling: no clock read or timer reset per
+        // read and write on the data plane.
+        if self.exempt.load(Ordering::Relaxed) {
+            return;
+        }
         let next = Instant::now() + self.timeout;
         self.deadline.as_mut().reset(next);
     }

@@ -50,6 +50,8 @@ pub(crate) struct Running<'a> {
     key: Key,
     fingerprint: String,
     done: watch::Sender<Option<ToolOutcome>>,
+    /// The key was released and the waiters were told (by [`Running::finish`]).
+    finished: bool,
 }
 
 impl Running<'_> {
@@ -63,14 +65,23 @@ impl Running<'_> {
         }
     }
 
-    /// Hands the outcome to waiting repeats (the guard's drop releases the key).
-    pub(crate) fn finish(self, outcome: &ToolOutcome) {
-        let _ = self.done.send(Some(outcome.clone()));
+    /// Releases the key and hands the outcome to the repeats waiting for it. The key goes
+    /// first: from then on no new repeat can start waiting, so when none waits the outcome
+    /// is not copied at all (the common case).
+    pub(crate) fn finish(mut self, outcome: &ToolOutcome) {
+        self.calls.lock().remove(&self.key);
+        self.finished = true;
+        if self.done.receiver_count() > 0 {
+            let _ = self.done.send(Some(outcome.clone()));
+        }
     }
 }
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
         if self.done.borrow().is_none() {
             let unfinished = Err((
                 ErrorCode::InternalError,
@@ -143,7 +154,13 @@ impl ToolCalls {
         let (done, rx) = watch::channel(None);
         inflight.insert(map_key.clone(), (fingerprint.to_owned(), rx));
         drop(inflight);
-        Plan::Run(Running { calls: self, key: map_key, fingerprint: fingerprint.to_owned(), done })
+        Plan::Run(Running {
+            calls: self,
+            key: map_key,
+            fingerprint: fingerprint.to_owned(),
+            done,
+            finished: false,
+        })
     }
 }
 
@@ -188,6 +205,27 @@ mod tests {
             11,
         );
         assert!(matches!(expired, Plan::Run(_)));
+    }
+
+    #[test]
+    fn a_finished_run_hands_its_outcome_to_waiters_and_releases_the_key() {
+        let calls = ToolCalls::default();
+        let channel = ConnectorChannelId::new("cch_a");
+        let key = CallKey { channel: &channel, key: "k", fingerprint: "fp" };
+        let Plan::Run(running) = calls.begin(key, false, || None, 10, 0) else {
+            panic!("first call must run");
+        };
+        let Plan::Wait(rx) = calls.begin(key, false, || None, 10, 0) else {
+            panic!("a concurrent repeat must wait");
+        };
+        running.finish(&Ok(Value::from(7)));
+        assert!(matches!(rx.borrow().as_ref(), Some(Ok(v)) if v == &Value::from(7)));
+        // Without waiters the outcome is not kept; the key is free for the next call.
+        let Plan::Run(running) = calls.begin(key, false, || None, 10, 0) else {
+            panic!("the key was released");
+        };
+        running.finish(&Ok(Value::Null));
+        assert!(matches!(calls.begin(key, false, || None, 10, 0), Plan::Run(_)));
     }
 
     #[test]

@@ -135,6 +135,17 @@ impl Conn {
     }
 
     pub(crate) fn record(&self, packet: &Packet) -> Result<ChannelRecord, WireError> {
+        self.with_record(packet, |record| Ok(record.clone()))
+    }
+
+    /// Runs `f` on the packet's channel record under the state lock (after the checks that
+    /// the channel is named, exists and belongs to this runtime instance), so a caller that
+    /// needs a few fields copies only those.
+    pub(crate) fn with_record<T>(
+        &self,
+        packet: &Packet,
+        f: impl FnOnce(&ChannelRecord) -> Result<T, WireError>,
+    ) -> Result<T, WireError> {
         let channel = packet.connector_channel_id.as_ref().ok_or_else(|| {
             WireError::connector_channel_id_required("set the envelope connector_channel_id")
         })?;
@@ -147,7 +158,7 @@ impl Conn {
                 "the channel belongs to another runtime instance",
             ));
         }
-        Ok(record.clone())
+        f(record)
     }
 
     pub(crate) async fn on_descriptor_get(&self, packet: &Packet) {

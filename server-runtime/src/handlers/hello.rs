@@ -51,7 +51,7 @@ impl Conn {
             tracing::info!(%connector_id, "hello asked for an unknown or expired connector_id; issued the current one");
         }
         tracing::info!(%connector_id, profiles = ?negotiated.profile_ids(), "hello accepted");
-        self.negotiated = Some(negotiated);
+        self.negotiated = Some(std::sync::Arc::new(negotiated));
         self.reply(packet, ConnectorHelloAck::new(card_id, connector_id)).await;
     }
 }

@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 use xagent_protocol_types::{
     AuthSessionId, AuthStatus, Clock, Connection, ConnectionDescriptor, ConnectionStatus,
     ConnectorChannelId, ConnectorId, DescriptorPush, DescriptorTool, FlowId, Packet,
-    PermissionState, ProfileId, Secret, TargetType, ToolStatus,
+    PermissionState, ProfileId, Secret, TargetType, ToolId, ToolStatus,
 };
 
 use crate::config::RuntimeConfig;
@@ -87,6 +87,19 @@ impl State {
     }
 }
 
+/// How one Card Tool shows in a channel's Descriptor.
+enum ToolView<'a> {
+    /// As the author (or the device gate) reported it.
+    Reported(&'a DescriptorTool),
+    /// Unavailable: the channel is not signed in, or not connected.
+    Unusable {
+        /// Whether the channel has a binding.
+        signed_in: bool,
+    },
+    /// Available (signed in and connected, nothing reported).
+    Available,
+}
+
 pub(crate) struct Shared {
     pub(crate) def: Connector,
     pub(crate) device: Option<crate::device::DeviceRuntime>,
@@ -128,9 +141,6 @@ impl Shared {
         record: &ChannelRecord,
         profiles: &[ProfileId],
     ) -> ConnectionDescriptor {
-        let signed_in = record.binding.is_some();
-        let usable = signed_in
-            && matches!(record.status, ConnectionStatus::Connected | ConnectionStatus::Degraded);
         let target = record
             .binding
             .as_ref()
@@ -153,17 +163,9 @@ impl Shared {
             .card
             .tools
             .iter()
-            .map(|tool| {
-                // A device Tool's availability follows its device's binding state, whatever
-                // the channel's status (a permission loss shows as `denied_by_target`).
-                let device_tool = self.device.as_ref().is_some_and(|d| d.covers(&tool.tool_id));
-                if signed_in
-                    && device_tool
-                    && let Some(projected) = record.tool_overrides.get(&tool.tool_id)
-                {
-                    return projected.clone();
-                }
-                if !usable {
+            .map(|tool| match self.tool_view(record, &tool.tool_id) {
+                ToolView::Reported(reported) => reported.clone(),
+                ToolView::Unusable { signed_in } => {
                     let reason = if signed_in {
                         "the channel is not connected"
                     } else {
@@ -174,18 +176,48 @@ impl Shared {
                     } else {
                         PermissionState::RequiresReauth
                     };
-                    return DescriptorTool::new(tool.tool_id.clone(), ToolStatus::Unavailable)
+                    DescriptorTool::new(tool.tool_id.clone(), ToolStatus::Unavailable)
                         .with_permission(permission)
-                        .with_reason(reason);
+                        .with_reason(reason)
                 }
-                record
-                    .tool_overrides
-                    .get(&tool.tool_id)
-                    .cloned()
-                    .unwrap_or_else(|| DescriptorTool::available(tool.tool_id.clone()))
+                ToolView::Available => DescriptorTool::available(tool.tool_id.clone()),
             })
             .collect();
         ConnectionDescriptor::new(connection, target).with_tools(tools)
+    }
+
+    /// How a Card Tool shows in a channel's Descriptor: the one rule behind
+    /// [`Shared::descriptor_for`] and [`Shared::is_tool_available`].
+    fn tool_view<'a>(&self, record: &'a ChannelRecord, tool_id: &ToolId) -> ToolView<'a> {
+        let signed_in = record.binding.is_some();
+        let usable = signed_in
+            && matches!(record.status, ConnectionStatus::Connected | ConnectionStatus::Degraded);
+        // A device Tool's availability follows its device's binding state, whatever the
+        // channel's status (a permission loss shows as `denied_by_target`).
+        if signed_in
+            && let Some(projected) = record.tool_overrides.get(tool_id)
+            && self.device.as_ref().is_some_and(|d| d.covers(tool_id))
+        {
+            return ToolView::Reported(projected);
+        }
+        if !usable {
+            return ToolView::Unusable { signed_in };
+        }
+        match record.tool_overrides.get(tool_id) {
+            Some(reported) => ToolView::Reported(reported),
+            None => ToolView::Available,
+        }
+    }
+
+    /// Whether a Card Tool is `available` in the channel's Descriptor, decided without
+    /// building the Descriptor (the per-call check of `tool.invoke`).
+    pub(crate) fn is_tool_available(&self, record: &ChannelRecord, tool_id: &ToolId) -> bool {
+        self.def.card.tools.iter().any(|tool| &tool.tool_id == tool_id)
+            && match self.tool_view(record, tool_id) {
+                ToolView::Reported(reported) => reported.status == ToolStatus::Available,
+                ToolView::Unusable { .. } => false,
+                ToolView::Available => true,
+            }
     }
 
     /// The Descriptor of a channel with the Profiles of its current route (or the Card's).
