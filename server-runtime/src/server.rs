@@ -151,7 +151,12 @@ impl ServerBuilder {
         for record in channels {
             state.insert_channel(record);
         }
-        let im = crate::im::ImState::new(&self.connector, storage.as_ref(), &self.clock)?;
+        let im = crate::im::ImState::new(
+            &self.connector,
+            storage.as_ref(),
+            &self.clock,
+            self.config.outbox_window,
+        )?;
         let files_config = self
             .files
             .or_else(|| self.state_dir.map(|d| crate::files::FilesConfig::new(d.join("files"))));

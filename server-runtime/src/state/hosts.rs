@@ -67,6 +67,20 @@ impl ImHost for Shared {
         Shared::try_queue_tracked(self, channel, packet)
     }
 
+    fn room_on_route(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let tx = self.state().routes.get(channel).map(|route| route.tx.clone());
+        async move {
+            if let Some(tx) = tx {
+                // A permit is room; it is given back at once (the pump queues for real). An
+                // error is a closed queue: the socket is gone and the pump pauses the channel.
+                let _ = tx.reserve().await.map(drop);
+            }
+        }
+    }
+
     fn send_on_route(
         &self,
         channel: &ConnectorChannelId,
