@@ -71,7 +71,7 @@ impl ImHost for Shared {
         &self,
         channel: &ConnectorChannelId,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let tx = self.state().routes.get(channel).map(|route| route.tx.clone());
+        let tx = self.state().route(channel).map(|route| route.link.tx.clone());
         async move {
             if let Some(tx) = tx {
                 // A permit is room; it is given back at once (the pump queues for real). An
