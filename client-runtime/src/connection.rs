@@ -1173,7 +1173,7 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
             let channel_profiles = packet
                 .connector_channel_id
                 .as_ref()
-                .and_then(|c| session.channel(c).map(|open| open.profiles.clone()));
+                .and_then(|c| session.channel_profiles(c).cloned());
             if let Permission::ProfileNotNegotiated { profile }
             | Permission::ProfileNotOnChannel { profile } =
                 negotiated.decide(packet.type_str(), Side::Connector, channel_profiles.as_ref())

@@ -5,8 +5,12 @@
 //! The runtime drives it:
 //!
 //! 1. [`Outbox::enqueue`] when it takes responsibility for a message;
-//! 2. [`Outbox::next_ready`] whenever it can send (at most one message per channel is in flight:
-//!    a channel whose head waits for an ack or a backoff is paused, other channels flow);
+//! 2. [`Outbox::next_ready`] whenever it can send: per channel, the pending messages in queue
+//!    order up to [`OutboxConfig::window`] in flight at once (1 by default: the head waits for
+//!    its ack before the next is sent). A message waiting for a backoff is never overtaken by
+//!    a later one of its channel; other channels flow. Only channels something happened to
+//!    since the last call are looked at (plus those whose backoff ran out), so a call costs
+//!    O(changed channels x window), not O(all channels);
 //! 3. [`Outbox::on_sent`] after writing the packet (with the fresh `packet_id`), or
 //!    [`Outbox::on_send_failed`] when the write failed (an ack that overtakes `on_sent` is
 //!    kept as [`AckOutcome::Deferred`] and applied by `on_sent`);
@@ -20,7 +24,7 @@
 //! that caused it and also appended to an event log the runtime drains with
 //! [`Outbox::drain_events`] for logs and metrics.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use xagent_protocol_types::{
@@ -39,6 +43,9 @@ pub const DEFAULT_CAPACITY_PER_CHANNEL: usize = 1000;
 pub const DEFAULT_ACK_TIMEOUT_MS: u64 = 30_000;
 /// Default cleanup interval (always capped at TTL/2).
 pub const DEFAULT_CLEANUP_INTERVAL_MS: u64 = 60_000;
+/// Default number of messages per channel in flight at once: one (strict order even when a
+/// transmission fails; see [`OutboxConfig::window`]).
+pub const DEFAULT_WINDOW: usize = 1;
 /// How many past `packet_id`s of one message are remembered to match late acks.
 const REMEMBERED_PACKETS: usize = 16;
 /// How many acks that overtake `on_sent` are kept per message.
@@ -133,6 +140,13 @@ pub struct OutboxConfig {
     pub event_log_capacity: usize,
     /// When writes reach the store.
     pub write_mode: WriteMode,
+    /// Messages of one channel that may be in flight (sent, ack not yet received) at once; 0
+    /// is read as 1. They are handed out in queue order, so on one ordered transport the
+    /// receiver sees first transmissions in order. With a window above 1 a message whose
+    /// transmission fails (timeout, retryable rejection, lost write) is sent again after later
+    /// messages that were already in flight and may have been accepted meanwhile: order then
+    /// holds for everything not yet sent, not for what was in flight. With 1, order is strict.
+    pub window: usize,
 }
 
 impl OutboxConfig {
@@ -149,6 +163,7 @@ impl OutboxConfig {
             cleanup_interval_ms: DEFAULT_CLEANUP_INTERVAL_MS,
             event_log_capacity: 10_000,
             write_mode: WriteMode::Through,
+            window: DEFAULT_WINDOW,
         }
     }
 
@@ -460,8 +475,10 @@ pub struct OutboxCounters {
 pub struct ChannelStats {
     /// Pending messages (in flight included).
     pub pending: usize,
-    /// Whether the head is in flight.
+    /// Whether any of its messages is in flight.
     pub in_flight: bool,
+    /// How many of its messages are in flight (at most [`OutboxConfig::window`]).
+    pub in_flight_count: usize,
     /// Whether the channel is closed (paused).
     pub closed: bool,
     /// Counters.
@@ -566,6 +583,12 @@ pub struct Outbox<S: OutboxStore = MemoryStore> {
     last_cleanup_at: u64,
     /// Writes collected in [`WriteMode::Deferred`], in order.
     writes: Vec<OutboxWrite>,
+    /// Channels [`Outbox::next_ready`] has to look at: something happened to them (a message
+    /// queued or ended, a reopen) since it last did.
+    dirty: BTreeSet<ConnectorChannelId>,
+    /// Channels whose next message waits for a backoff, by the time it is due (an entry may be
+    /// stale; looking at a channel once too often is harmless).
+    timers: BTreeSet<(u64, ConnectorChannelId)>,
 }
 
 impl Outbox<MemoryStore> {
@@ -584,6 +607,8 @@ impl Outbox<MemoryStore> {
             },
             last_cleanup_at: now,
             writes: Vec::new(),
+            dirty: BTreeSet::new(),
+            timers: BTreeSet::new(),
         }
     }
 }
@@ -610,8 +635,11 @@ impl<S: OutboxStore> Outbox<S> {
             },
             last_cleanup_at: now,
             writes: Vec::new(),
+            dirty: BTreeSet::new(),
+            timers: BTreeSet::new(),
         };
         for rec in records {
+            outbox.dirty.insert(rec.channel.clone());
             let ch = outbox.channels.entry(rec.channel.clone()).or_default();
             match OutboundPayload::from_json(&rec.payload) {
                 Ok(payload) if payload.message_id() == Some(&rec.message_id) => {
@@ -745,6 +773,7 @@ impl<S: OutboxStore> Outbox<S> {
             OutboxWrite::Save(rec.clone()),
         )?;
         self.next_seq += 1;
+        self.dirty.insert(channel.clone());
         ch.queue.push_back(Entry {
             rec,
             payload,
@@ -755,56 +784,121 @@ impl<S: OutboxStore> Outbox<S> {
         Ok(EnqueueOutcome::Queued { expires_at, evicted })
     }
 
-    /// The transmissions to perform now: for every open channel whose head is pending and due,
-    /// that head (never more than one per channel). Expired messages met on the way are
-    /// expired instead, so a message is never handed out at or after its expiry.
+    /// The transmissions to perform now: per open channel, its pending messages in queue order
+    /// while fewer than [`OutboxConfig::window`] are in flight, stopping at the first one that
+    /// is not due (a backoff is never overtaken). Expired messages met on the way are expired
+    /// instead, so a message is never handed out at or after its expiry. Only channels that
+    /// changed since the last call, or whose backoff ran out, are looked at.
     pub fn next_ready(&mut self, now: u64) -> Result<Vec<Delivery>, OutboxError> {
-        let ids: Vec<ConnectorChannelId> = self.channels.keys().cloned().collect();
-        // First the heads that are due, then their attempt counts in one store batch, then
-        // the state change: a store failure hands out nothing and changes nothing.
-        let mut due = Vec::new();
-        for id in ids {
-            self.expire_channel(&id, now)?;
-            let Some(ch) = self.channels.get(&id) else { continue };
-            if ch.closed {
-                continue;
+        while let Some((at, _)) = self.timers.first()
+            && *at <= now
+        {
+            if let Some((_, id)) = self.timers.pop_first() {
+                self.dirty.insert(id);
             }
-            let Some(head) = ch.queue.front() else { continue };
-            if head.state != State::Waiting || head.rec.next_attempt_at > now {
-                continue;
+        }
+        let window = self.config.window.max(1);
+        let ids: Vec<ConnectorChannelId> = self.dirty.iter().cloned().collect();
+        // First the messages that are due, then their attempt counts in one store batch, then
+        // the state change: a store failure hands out nothing and changes nothing (the
+        // channels stay marked, so the next call looks at them again).
+        let mut due: Vec<(ConnectorChannelId, usize, PendingRecord)> = Vec::new();
+        let mut timers = Vec::new();
+        for id in &ids {
+            let mut in_flight = 0;
+            let mut index = 0;
+            while let Some(ch) = self.channels.get(id) {
+                if ch.closed {
+                    break;
+                }
+                let Some(entry) = ch.queue.get(index) else { break };
+                if entry.state != State::Waiting {
+                    in_flight += 1;
+                    index += 1;
+                    continue;
+                }
+                if entry.rec.expires_at <= now {
+                    self.expire_at(id, index)?;
+                    continue;
+                }
+                if in_flight >= window {
+                    break;
+                }
+                if entry.rec.next_attempt_at > now {
+                    timers.push((entry.rec.next_attempt_at, id.clone()));
+                    break;
+                }
+                let mut rec = entry.rec.clone();
+                rec.attempts = rec.attempts.saturating_add(1);
+                due.push((id.clone(), index, rec));
+                in_flight += 1;
+                index += 1;
             }
-            let mut rec = head.rec.clone();
-            rec.attempts = rec.attempts.saturating_add(1);
-            due.push((id, rec));
         }
-        if due.is_empty() {
-            return Ok(Vec::new());
+        if !due.is_empty() {
+            let writes: Vec<OutboxWrite> =
+                due.iter().map(|(_, _, rec)| OutboxWrite::Save(rec.clone())).collect();
+            match self.config.write_mode {
+                WriteMode::Through => self.store.apply(&writes)?,
+                WriteMode::Deferred => self.writes.extend(writes),
+            }
         }
-        let writes: Vec<OutboxWrite> =
-            due.iter().map(|(_, rec)| OutboxWrite::Save(rec.clone())).collect();
-        match self.config.write_mode {
-            WriteMode::Through => self.store.apply(&writes)?,
-            WriteMode::Deferred => self.writes.extend(writes),
+        for id in &ids {
+            self.dirty.remove(id);
         }
+        self.timers.extend(timers);
         let mut out = Vec::with_capacity(due.len());
-        for (id, rec) in due {
+        for (id, index, rec) in due {
             let Some(ch) = self.channels.get_mut(&id) else { continue };
-            let Some(head) = ch.queue.front_mut() else { continue };
-            head.rec = rec;
-            head.state = State::InFlight {
+            let Some(entry) = ch.queue.get_mut(index) else { continue };
+            entry.rec = rec;
+            entry.state = State::InFlight {
                 packet_id: None,
                 deadline: now.saturating_add(self.config.ack_timeout_ms),
             };
             count(&mut ch.counters, &mut self.totals, |c| c.attempts += 1);
             out.push(Delivery {
                 channel: id,
-                message_id: head.rec.message_id.clone(),
-                payload: head.payload.clone(),
-                attempt: head.rec.attempts,
-                expires_at: head.rec.expires_at,
+                message_id: entry.rec.message_id.clone(),
+                payload: entry.payload.clone(),
+                attempt: entry.rec.attempts,
+                expires_at: entry.rec.expires_at,
             });
         }
         Ok(out)
+    }
+
+    /// A [`Delivery`] could not be written because the transport had no room for it right now
+    /// (nothing reached the receiver): it is pending again at once, its attempt not counted,
+    /// and no backoff applies. The runtime calls [`Outbox::next_ready`] again when the
+    /// transport has room. Returns false when the message was not being sent.
+    pub fn on_not_sent(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<bool, OutboxError> {
+        let Some(ch) = self.channels.get_mut(channel) else { return Ok(false) };
+        let Some(entry) = ch.queue.iter_mut().find(|e| {
+            &e.rec.message_id == message_id
+                && matches!(e.state, State::InFlight { packet_id: None, .. })
+        }) else {
+            return Ok(false);
+        };
+        let mut rec = entry.rec.clone();
+        rec.attempts = rec.attempts.saturating_sub(1);
+        persist(
+            &mut self.store,
+            &mut self.writes,
+            self.config.write_mode,
+            OutboxWrite::Save(rec.clone()),
+        )?;
+        entry.rec = rec;
+        entry.state = State::Waiting;
+        entry.early.clear();
+        ch.counters.attempts = ch.counters.attempts.saturating_sub(1);
+        self.totals.attempts = self.totals.attempts.saturating_sub(1);
+        self.dirty.insert(channel.clone());
+        Ok(true)
     }
 
     /// The writes collected since the last call in [`WriteMode::Deferred`] (empty in
@@ -853,6 +947,7 @@ impl<S: OutboxStore> Outbox<S> {
             )?;
             let attempts = entry.rec.attempts;
             ch.queue.remove(index);
+            self.dirty.insert(channel.clone());
             count(&mut ch.counters, &mut self.totals, |c| c.delivered += 1);
             self.log.push(OutboxEvent::Delivered {
                 channel: channel.clone(),
@@ -945,6 +1040,7 @@ impl<S: OutboxStore> Outbox<S> {
                     OutboxWrite::Delete(channel.clone(), ack.message_id.clone()),
                 )?;
                 ch.queue.remove(index);
+                self.dirty.insert(channel.clone());
                 let by = if ack.status == AckStatus::Accepted {
                     count(&mut ch.counters, &mut self.totals, |c| c.delivered += 1);
                     DeliveredBy::Accepted
@@ -981,6 +1077,7 @@ impl<S: OutboxStore> Outbox<S> {
                     OutboxWrite::Delete(channel.clone(), ack.message_id.clone()),
                 )?;
                 ch.queue.remove(index);
+                self.dirty.insert(channel.clone());
                 count(&mut ch.counters, &mut self.totals, |c| {
                     c.failed += 1;
                     c.last_error = Some(reason.clone());
@@ -1081,28 +1178,28 @@ impl<S: OutboxStore> Outbox<S> {
         Ok(())
     }
 
-    /// The channel is open again: it resumes, and its head is due at once (the backoff of a
-    /// closed channel is not the receiver's fault). Expiry times are not changed.
+    /// The channel is open again: it resumes, and its waiting messages are due at once (the
+    /// backoff of a closed channel is not the receiver's fault). Expiry times are not changed.
     pub fn on_channel_reopened(
         &mut self,
         channel: &ConnectorChannelId,
         now: u64,
     ) -> Result<(), OutboxError> {
         let Some(ch) = self.channels.get_mut(channel) else { return Ok(()) };
-        if let Some(head) = ch.queue.front_mut()
-            && head.state == State::Waiting
-            && head.rec.next_attempt_at > now
-        {
-            let mut rec = head.rec.clone();
-            rec.next_attempt_at = now;
-            persist(
-                &mut self.store,
-                &mut self.writes,
-                self.config.write_mode,
-                OutboxWrite::Save(rec.clone()),
-            )?;
-            head.rec = rec;
+        for entry in ch.queue.iter_mut() {
+            if entry.state == State::Waiting && entry.rec.next_attempt_at > now {
+                let mut rec = entry.rec.clone();
+                rec.next_attempt_at = now;
+                persist(
+                    &mut self.store,
+                    &mut self.writes,
+                    self.config.write_mode,
+                    OutboxWrite::Save(rec.clone()),
+                )?;
+                entry.rec = rec;
+            }
         }
+        self.dirty.insert(channel.clone());
         ch.closed = false;
         Ok(())
     }
@@ -1128,6 +1225,8 @@ impl<S: OutboxStore> Outbox<S> {
             });
         }
         self.channels.remove(channel);
+        self.dirty.remove(channel);
+        self.timers.retain(|(_, id)| id != channel);
         Ok(())
     }
 
@@ -1222,7 +1321,12 @@ impl<S: OutboxStore> Outbox<S> {
                     id.clone(),
                     ChannelStats {
                         pending: ch.queue.len(),
-                        in_flight: ch.queue.front().is_some_and(|e| e.state != State::Waiting),
+                        in_flight: ch.queue.iter().any(|e| e.state != State::Waiting),
+                        in_flight_count: ch
+                            .queue
+                            .iter()
+                            .filter(|e| e.state != State::Waiting)
+                            .count(),
                         closed: ch.closed,
                         counters: ch.counters.clone(),
                     },
@@ -1234,7 +1338,7 @@ impl<S: OutboxStore> Outbox<S> {
             capacity_per_channel: self.config.capacity_per_channel,
             cleanup_interval_ms: self.config.effective_cleanup_interval_ms(),
             pending: channels.values().map(|c| c.pending).sum(),
-            in_flight: channels.values().filter(|c| c.in_flight).count(),
+            in_flight: channels.values().map(|c| c.in_flight_count).sum(),
             totals: self.totals.clone(),
             events_dropped: self.log.dropped,
             channels,
@@ -1291,6 +1395,8 @@ impl<S: OutboxStore> Outbox<S> {
         entry.rec = rec;
         entry.state = State::Waiting;
         entry.early.clear();
+        self.timers.insert((next_attempt_at, channel.clone()));
+        self.dirty.insert(channel.clone());
         count(&mut ch.counters, &mut self.totals, |c| {
             c.retries += 1;
             c.last_error = Some(reason.clone());
@@ -1311,35 +1417,58 @@ impl<S: OutboxStore> Outbox<S> {
         now: u64,
     ) -> Result<Vec<MessageId>, OutboxError> {
         let mut expired = Vec::new();
-        let Some(ch) = self.channels.get_mut(channel) else { return Ok(expired) };
         let mut index = 0;
-        while index < ch.queue.len() {
-            let entry = &ch.queue[index];
+        while let Some(entry) = self.channels.get(channel).and_then(|ch| ch.queue.get(index)) {
             if entry.state == State::Waiting && entry.rec.expires_at <= now {
-                let (message_id, attempts, expires_at) =
-                    (entry.rec.message_id.clone(), entry.rec.attempts, entry.rec.expires_at);
-                persist(
-                    &mut self.store,
-                    &mut self.writes,
-                    self.config.write_mode,
-                    OutboxWrite::Delete(channel.clone(), message_id.clone()),
-                )?;
-                ch.queue.remove(index);
-                count(&mut ch.counters, &mut self.totals, |c| {
-                    c.expired += 1;
-                    c.last_error = Some(format!("message_expired: {message_id}"));
-                });
-                self.log.push(OutboxEvent::Expired {
-                    channel: channel.clone(),
-                    message_id: message_id.clone(),
-                    attempts,
-                    expires_at,
-                });
-                expired.push(message_id);
+                expired.push(self.expire_at(channel, index)?);
             } else {
                 index += 1;
             }
         }
         Ok(expired)
+    }
+
+    /// Expires the channel's message at `index` (the caller checked that it is waiting and
+    /// past its TTL): removed, counted, reported.
+    fn expire_at(
+        &mut self,
+        channel: &ConnectorChannelId,
+        index: usize,
+    ) -> Result<MessageId, OutboxError> {
+        let Some(ch) = self.channels.get_mut(channel) else {
+            return Err(OutboxError::NotPending {
+                channel: channel.clone(),
+                message_id: MessageId::new(""),
+                expected: "pending",
+            });
+        };
+        let Some(entry) = ch.queue.get(index) else {
+            return Err(OutboxError::NotPending {
+                channel: channel.clone(),
+                message_id: MessageId::new(""),
+                expected: "pending",
+            });
+        };
+        let (message_id, attempts, expires_at) =
+            (entry.rec.message_id.clone(), entry.rec.attempts, entry.rec.expires_at);
+        persist(
+            &mut self.store,
+            &mut self.writes,
+            self.config.write_mode,
+            OutboxWrite::Delete(channel.clone(), message_id.clone()),
+        )?;
+        ch.queue.remove(index);
+        count(&mut ch.counters, &mut self.totals, |c| {
+            c.expired += 1;
+            c.last_error = Some(format!("message_expired: {message_id}"));
+        });
+        self.log.push(OutboxEvent::Expired {
+            channel: channel.clone(),
+            message_id: message_id.clone(),
+            attempts,
+            expires_at,
+        });
+        self.dirty.insert(channel.clone());
+        Ok(message_id)
     }
 }

@@ -669,3 +669,126 @@ fn crash_before_the_commit_forgets_only_what_was_not_acknowledged() {
     commit(&mut restarted, &store);
     assert_eq!(store.pending_len(), 0);
 }
+
+fn windowed(window: usize) -> Outbox {
+    let config = OutboxConfig { window, ..OutboxConfig::new(Side::Connector) };
+    Outbox::in_memory(config, T0)
+}
+
+fn ids(sent: &[(ConnectorChannelId, MessageId, PacketId)]) -> Vec<MessageId> {
+    sent.iter().map(|s| s.1.clone()).collect()
+}
+
+#[test]
+fn window_sends_several_per_channel_in_queue_order_and_never_more_than_the_window() {
+    let mut o = windowed(3);
+    for i in 1..=5 {
+        o.enqueue(&ch("a"), msg(&format!("a{i}")), T0).unwrap();
+    }
+    o.enqueue(&ch("b"), msg("b1"), T0).unwrap();
+    let sent = send_all(&mut o, T0);
+    assert_eq!(ids(&sent), vec![mid("a1"), mid("a2"), mid("a3"), mid("b1")]);
+    assert_eq!(o.stats().in_flight, 4);
+    assert_eq!(o.stats().channels[&ch("a")].in_flight_count, 3);
+    // The window is full: nothing more for `a` until an ack frees a place.
+    assert!(send_all(&mut o, T0).is_empty());
+    // Acks may arrive in any order; each frees one place, filled in queue order.
+    o.on_ack(&ch("a"), &ChatMessageAck::accepted("a2"), &sent[1].2, T0).unwrap();
+    assert_eq!(ids(&send_all(&mut o, T0)), vec![mid("a4")]);
+    o.on_ack(&ch("a"), &ChatMessageAck::accepted("a1"), &sent[0].2, T0).unwrap();
+    assert_eq!(ids(&send_all(&mut o, T0)), vec![mid("a5")]);
+    assert!(send_all(&mut o, T0).is_empty());
+}
+
+#[test]
+fn window_zero_is_read_as_one() {
+    let mut o = windowed(0);
+    o.enqueue(&ch("a"), msg("a1"), T0).unwrap();
+    o.enqueue(&ch("a"), msg("a2"), T0).unwrap();
+    assert_eq!(ids(&send_all(&mut o, T0)), vec![mid("a1")]);
+}
+
+/// Profile IM v2 section 9: a retryable rejection is not delivery and the message is sent
+/// again with its `message_id` after backoff; with a window, later messages that were not yet
+/// sent never overtake it.
+#[test]
+fn window_a_message_in_backoff_is_never_overtaken_by_one_not_yet_sent() {
+    let mut o = windowed(2);
+    for i in 1..=4 {
+        o.enqueue(&ch("a"), msg(&format!("a{i}")), T0).unwrap();
+    }
+    let sent = send_all(&mut o, T0);
+    assert_eq!(ids(&sent), vec![mid("a1"), mid("a2")]);
+    let busy = ChatMessageAck::rejected("a1", ErrorCode::ChannelBusy, "busy", true);
+    let out = o.on_ack(&ch("a"), &busy, &sent[0].2, T0).unwrap();
+    assert_eq!(out, AckOutcome::Retry(RetryOutcome::Scheduled { next_attempt_at: T0 + 1_000 }));
+    // a2 was already in flight: its acceptance stands.
+    o.on_ack(&ch("a"), &ChatMessageAck::accepted("a2"), &sent[1].2, T0).unwrap();
+    // A place is free, but a3 must wait behind a1's backoff.
+    assert!(send_all(&mut o, T0 + 10).is_empty());
+    assert!(send_all(&mut o, T0 + 999).is_empty());
+    // The backoff running out is enough to wake the channel (no other event needed).
+    let next = send_all(&mut o, T0 + 1_000);
+    assert_eq!(ids(&next), vec![mid("a1"), mid("a3")]);
+    assert_eq!(o.record(&ch("a"), &mid("a1")).unwrap().attempts, 2);
+}
+
+/// Profile IM v2 section 7: a disconnection is not `accepted`. Every message of the window is
+/// still pending and goes out again, in order, under its original `message_id`.
+#[test]
+fn window_disconnect_is_not_delivery_and_the_whole_window_is_redelivered_in_order() {
+    let mut o = windowed(3);
+    for i in 1..=3 {
+        o.enqueue(&ch("a"), msg(&format!("a{i}")), T0).unwrap();
+    }
+    assert_eq!(send_all(&mut o, T0).len(), 3);
+    o.on_disconnect(T0).unwrap();
+    assert_eq!(o.stats().totals.delivered, 0);
+    assert_eq!(o.pending_ids(&ch("a")), vec![mid("a1"), mid("a2"), mid("a3")]);
+    // A closed channel that reopens sends its whole window at once, oldest first.
+    o.on_channel_closed(&ch("a"), T0 + 1).unwrap();
+    assert!(send_all(&mut o, T0 + 5_000).is_empty(), "a closed channel sends nothing");
+    o.on_channel_reopened(&ch("a"), T0 + 5_000).unwrap();
+    let again = send_all(&mut o, T0 + 5_000);
+    assert_eq!(ids(&again), vec![mid("a1"), mid("a2"), mid("a3")]);
+    assert!(again.iter().all(|(_, id, p)| p.as_str() == format!("p-{id}-2")));
+}
+
+#[test]
+fn window_not_sent_returns_messages_at_once_without_backoff_or_a_counted_attempt() {
+    let mut o = windowed(2);
+    o.enqueue(&ch("a"), msg("a1"), T0).unwrap();
+    o.enqueue(&ch("a"), msg("a2"), T0).unwrap();
+    let ready = o.next_ready(T0).unwrap();
+    assert_eq!(ready.len(), 2);
+    // The transport had no room: both go back, in order, due now.
+    assert!(o.on_not_sent(&ch("a"), &mid("a1")).unwrap());
+    assert!(o.on_not_sent(&ch("a"), &mid("a2")).unwrap());
+    assert_eq!(o.stats().totals.attempts, 0);
+    assert_eq!(o.stats().totals.retries, 0);
+    let again = o.next_ready(T0).unwrap();
+    assert_eq!(
+        again.iter().map(|d| (d.message_id.clone(), d.attempt)).collect::<Vec<_>>(),
+        vec![(mid("a1"), 1), (mid("a2"), 1)]
+    );
+    // Only a message being handed out can go back; one already written cannot.
+    o.on_sent(&ch("a"), &mid("a1"), PacketId::new("p1"), T0).unwrap();
+    assert!(!o.on_not_sent(&ch("a"), &mid("a1")).unwrap());
+    assert!(!o.on_not_sent(&ch("zz"), &mid("a1")).unwrap());
+}
+
+#[test]
+fn next_ready_hands_out_nothing_twice_and_finds_channels_after_restart() {
+    let store = MemoryStore::new();
+    let config = OutboxConfig { window: 4, ..OutboxConfig::new(Side::Connector) };
+    let mut o = Outbox::open(config, store.clone(), T0).unwrap();
+    for c in 0..50 {
+        o.enqueue(&ch(&format!("c{c}")), msg(&format!("m{c}")), T0).unwrap();
+    }
+    assert_eq!(o.next_ready(T0).unwrap().len(), 50);
+    assert!(o.next_ready(T0).unwrap().is_empty(), "nothing changed: nothing handed out");
+    drop(o);
+    // A restarted outbox looks at every loaded channel once.
+    let mut o = Outbox::open(config, store, T0 + 10).unwrap();
+    assert_eq!(o.next_ready(T0 + 10).unwrap().len(), 50);
+}

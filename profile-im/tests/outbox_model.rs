@@ -7,7 +7,9 @@
 //!   capacity eviction, and is never evicted while in flight);
 //! - none is handed out at or after its expiry;
 //! - none is delivered twice, and none is handed out after it ended;
-//! - at most one message per channel is in flight, and a channel's messages go out in order.
+//! - at most `window` messages per channel are in flight (1 by default; also run with 3), and
+//!   a message is never handed out while an older one of its channel waits (first
+//!   transmissions in order, and nothing not yet sent overtakes a message in backoff).
 
 use proptest::prelude::*;
 use xagent_profile_im::{
@@ -124,8 +126,9 @@ fn channel(i: usize) -> ConnectorChannelId {
 }
 
 impl Harness {
-    fn new(overflow: OverflowPolicy, write_mode: WriteMode) -> Self {
+    fn new(overflow: OverflowPolicy, write_mode: WriteMode, window: usize) -> Self {
         let mut config = OutboxConfig::new(Side::Xagent);
+        config.window = window;
         config.overflow = overflow;
         config.write_mode = write_mode;
         config.ttl_ms = TTL;
@@ -191,26 +194,44 @@ impl Harness {
             }
             Op::Send | Op::SendFail | Op::SendAckedEarly => {
                 let deliveries = self.outbox.next_ready(self.now).unwrap();
-                let mut seen_channels = Vec::new();
-                for d in deliveries {
+                // Judge the whole pass against the state before it (a failed write below
+                // makes a message wait again, after later ones of the pass were handed out).
+                let window = self.config.window.max(1);
+                let mut handed: Vec<usize> = Vec::new();
+                for d in &deliveries {
                     let i = self.index(&d.channel, &d.message_id);
                     let m = &self.msgs[i];
                     prop_assert!(self.now < m.expires_at, "handed out at/after expiry");
                     prop_assert_eq!(d.expires_at, m.expires_at, "TTL changed");
                     prop_assert_eq!(m.fate, Fate::Pending, "handed out after it ended");
-                    prop_assert!(!seen_channels.contains(&d.channel), "two at once on a channel");
-                    seen_channels.push(d.channel.clone());
-                    let busy = self.msgs.iter().any(|o| {
-                        o.channel == d.channel && o.current.is_some() && o.fate == Fate::Pending
-                    }) || self.unsent.iter().any(|u| self.msgs[*u].channel == d.channel);
-                    prop_assert!(!busy, "head-of-line violated");
-                    let older_live = self.msgs.iter().any(|o| {
+                    prop_assert!(!handed.contains(&i), "handed out twice in one pass");
+                    let in_flight = self
+                        .msgs
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, o)| {
+                            o.channel == d.channel
+                                && o.fate == Fate::Pending
+                                && (o.current.is_some()
+                                    || self.unsent.contains(j)
+                                    || handed.contains(j))
+                        })
+                        .count();
+                    prop_assert!(in_flight < window, "more than the window in flight");
+                    let older_waiting = self.msgs.iter().enumerate().any(|(j, o)| {
                         o.channel == d.channel
                             && o.seq < m.seq
                             && o.fate == Fate::Pending
                             && o.expires_at > self.now
+                            && o.current.is_none()
+                            && !self.unsent.contains(&j)
+                            && !handed.contains(&j)
                     });
-                    prop_assert!(!older_live, "FIFO order violated");
+                    prop_assert!(!older_waiting, "overtook an older waiting message");
+                    handed.push(i);
+                }
+                for d in deliveries {
+                    let i = self.index(&d.channel, &d.message_id);
                     if matches!(op, Op::SendAckedEarly) {
                         self.next_packet += 1;
                         let p = PacketId::new(format!("p{}", self.next_packet));
@@ -312,16 +333,7 @@ impl Harness {
                     }
                 }
             }
-            Op::PollTimeouts => {
-                for (c, id, outcome) in self.outbox.poll_timeouts(self.now).unwrap() {
-                    let i = self.index(&c, &id);
-                    self.msgs[i].current = None;
-                    self.unsent.retain(|u| *u != i);
-                    if outcome == RetryOutcome::Expired {
-                        self.msgs[i].fate = Fate::Expired;
-                    }
-                }
-            }
+            Op::PollTimeouts => self.apply_timeouts()?,
             Op::Disconnect => {
                 self.outbox.on_disconnect(self.now).unwrap();
                 self.clear_in_flight();
@@ -343,8 +355,10 @@ impl Harness {
                 }
             }
             Op::Maintain => {
+                // `maintain` runs the ack timeouts first; taking them here tells the model
+                // which transmissions ended.
+                self.apply_timeouts()?;
                 self.outbox.maintain(self.now).unwrap();
-                self.sync_in_flight_after_timeouts();
             }
             Op::Advance(ms) | Op::Jump(ms) => self.now += ms,
             Op::Back(ms) => self.now = self.now.saturating_sub(ms).max(T0),
@@ -358,15 +372,17 @@ impl Harness {
         self.check()
     }
 
-    /// `maintain` may time out transmissions; the model learns it from the store record.
-    fn sync_in_flight_after_timeouts(&mut self) {
-        for m in &mut self.msgs {
-            if m.current.is_some()
-                && self.outbox.stats().channels.get(&m.channel).is_some_and(|c| !c.in_flight)
-            {
-                m.current = None;
+    fn apply_timeouts(&mut self) -> Result<(), TestCaseError> {
+        for (c, id, outcome) in self.outbox.poll_timeouts(self.now).unwrap() {
+            let i = self.index(&c, &id);
+            prop_assert!(self.msgs[i].current.is_some(), "timed out while not in flight");
+            self.msgs[i].current = None;
+            self.unsent.retain(|u| *u != i);
+            if outcome == RetryOutcome::Expired {
+                self.msgs[i].fate = Fate::Expired;
             }
         }
+        Ok(())
     }
 
     fn check(&mut self) -> Result<(), TestCaseError> {
@@ -415,16 +431,33 @@ proptest! {
 
     #[test]
     fn deferred_writes_outbox_matches_reference_model(ops in proptest::collection::vec(op(), 1..80)) {
-        run_with(ops, OverflowPolicy::RejectNew, WriteMode::Deferred)?;
+        run_with(ops, OverflowPolicy::RejectNew, WriteMode::Deferred, 1)?;
+    }
+
+    #[test]
+    fn windowed_outbox_matches_reference_model(ops in proptest::collection::vec(op(), 1..80)) {
+        run_with(ops, OverflowPolicy::RejectNew, WriteMode::Through, 3)?;
+    }
+
+    #[test]
+    fn windowed_outbox_with_eviction_and_deferred_writes_matches_reference_model(
+        ops in proptest::collection::vec(op(), 1..80)
+    ) {
+        run_with(ops, OverflowPolicy::EvictOldest, WriteMode::Deferred, 3)?;
     }
 }
 
 fn run(ops: Vec<Op>, overflow: OverflowPolicy) -> Result<(), TestCaseError> {
-    run_with(ops, overflow, WriteMode::Through)
+    run_with(ops, overflow, WriteMode::Through, 1)
 }
 
-fn run_with(ops: Vec<Op>, overflow: OverflowPolicy, mode: WriteMode) -> Result<(), TestCaseError> {
-    let mut h = Harness::new(overflow, mode);
+fn run_with(
+    ops: Vec<Op>,
+    overflow: OverflowPolicy,
+    mode: WriteMode,
+    window: usize,
+) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(overflow, mode, window);
     for op in ops {
         h.apply(op)?;
     }

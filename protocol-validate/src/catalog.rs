@@ -248,7 +248,7 @@ impl Negotiated {
             }
         }
         let specs = ids.iter().filter_map(|id| profile(id.as_str())).collect();
-        ChannelProfiles { ids, specs }
+        ChannelProfiles(std::sync::Arc::new(ProfileSet { ids, specs }))
     }
 
     /// Whether `packet_type`, sent by `sender`, may flow on this connection and, when given,
@@ -262,7 +262,7 @@ impl Negotiated {
         judge(packet_type, sender, |profile| {
             if !self.specs.iter().any(|s| s.id == profile.id) {
                 Permission::ProfileNotNegotiated { profile: profile.id }
-            } else if channel.is_some_and(|c| !c.specs.iter().any(|s| s.id == profile.id)) {
+            } else if channel.is_some_and(|c| !c.0.specs.iter().any(|s| s.id == profile.id)) {
                 Permission::ProfileNotOnChannel { profile: profile.id }
             } else {
                 Permission::Allowed
@@ -298,8 +298,13 @@ fn judge(
 
 /// The Profiles enabled on one channel (negotiated on the connection and listed in the
 /// channel's Descriptor). Immutable: when the Descriptor's Profiles change, build a new one.
+/// Shared, not copied: a clone is a reference count, and a [`crate::Session`] keeps one value
+/// per distinct set for all its channels (typically one for every channel of a connection).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ChannelProfiles {
+pub struct ChannelProfiles(std::sync::Arc<ProfileSet>);
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ProfileSet {
     ids: Vec<ProfileId>,
     specs: Vec<&'static ProfileSpec>,
 }
@@ -307,18 +312,23 @@ pub struct ChannelProfiles {
 impl ChannelProfiles {
     /// The enabled Profile ids.
     pub fn profile_ids(&self) -> &[ProfileId] {
-        &self.ids
+        &self.0.ids
     }
 
     /// True when the Profile is enabled on the channel.
     pub fn contains(&self, profile_id: &str) -> bool {
-        self.ids.iter().any(|id| id.as_str() == profile_id)
+        self.0.ids.iter().any(|id| id.as_str() == profile_id)
+    }
+
+    /// True when both are the same shared value (no comparison of the contents).
+    pub fn ptr_eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
     }
 
     /// Whether `packet_type`, sent by `sender`, may flow on this channel.
     pub fn decide(&self, packet_type: &str, sender: Side) -> Permission {
         judge(packet_type, sender, |profile| {
-            if self.specs.iter().any(|s| s.id == profile.id) {
+            if self.0.specs.iter().any(|s| s.id == profile.id) {
                 Permission::Allowed
             } else {
                 Permission::ProfileNotOnChannel { profile: profile.id }
@@ -334,7 +344,7 @@ impl ChannelProfiles {
     /// The packet type an xAgent outbound payload kind becomes on this channel, or `None` when
     /// no enabled Profile permits it (the signal must then be dropped silently).
     pub fn outbound_packet(&self, kind: &str) -> Option<&'static str> {
-        self.specs.iter().find_map(|spec| spec.outbound_packet(kind))
+        self.0.specs.iter().find_map(|spec| spec.outbound_packet(kind))
     }
 }
 

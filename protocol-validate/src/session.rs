@@ -247,7 +247,11 @@ pub struct Session {
     card_profiles: Vec<ProfileId>,
     window: AdmissionWindow,
     hello: HelloState,
-    channels: HashMap<ConnectorChannelId, OpenChannel>,
+    /// Open channels and their Profiles; the id is the key only (no second copy per channel).
+    channels: HashMap<ConnectorChannelId, ChannelProfiles>,
+    /// One shared value per distinct Profile set, so channels with the same Profiles (usually
+    /// all of a connection's) hold a reference count each instead of their own lists.
+    profile_sets: Vec<ChannelProfiles>,
     requests: HashMap<(Side, RequestId), PendingRequest>,
     messages: HashMap<(Side, PacketId), PendingMessage>,
     ownership: Option<Box<dyn ChannelOwnership>>,
@@ -291,6 +295,7 @@ impl Session {
             window,
             hello: HelloState::Awaiting,
             channels: HashMap::new(),
+            profile_sets: Vec::new(),
             requests: HashMap::new(),
             messages: HashMap::new(),
             ownership: None,
@@ -338,7 +343,14 @@ impl Session {
     }
 
     /// A channel open on this connection.
-    pub fn channel(&self, channel: &ConnectorChannelId) -> Option<&OpenChannel> {
+    pub fn channel(&self, channel: &ConnectorChannelId) -> Option<OpenChannel> {
+        self.channels
+            .get_key_value(channel)
+            .map(|(id, profiles)| OpenChannel { id: id.clone(), profiles: profiles.clone() })
+    }
+
+    /// The Profiles enabled on a channel open on this connection (no copy).
+    pub fn channel_profiles(&self, channel: &ConnectorChannelId) -> Option<&ChannelProfiles> {
         self.channels.get(channel)
     }
 
@@ -348,8 +360,10 @@ impl Session {
     }
 
     /// Every open channel.
-    pub fn open_channels(&self) -> impl Iterator<Item = &OpenChannel> {
-        self.channels.values()
+    pub fn open_channels(&self) -> impl Iterator<Item = OpenChannel> + '_ {
+        self.channels
+            .iter()
+            .map(|(id, profiles)| OpenChannel { id: id.clone(), profiles: profiles.clone() })
     }
 
     /// Requests still waiting for their ack.
@@ -390,7 +404,7 @@ impl Session {
             Some(id) => self
                 .channels
                 .get(id)
-                .is_some_and(|open| negotiated.allows(packet_type, sender, Some(&open.profiles))),
+                .is_some_and(|profiles| negotiated.allows(packet_type, sender, Some(profiles))),
         }
     }
 
@@ -401,7 +415,7 @@ impl Session {
         channel: &ConnectorChannelId,
         kind: &str,
     ) -> Option<&'static str> {
-        self.channels.get(channel).and_then(|open| open.profiles.outbound_packet(kind))
+        self.channels.get(channel).and_then(|profiles| profiles.outbound_packet(kind))
     }
 
     /// Feeds a packet received from the peer.
@@ -516,7 +530,7 @@ impl Session {
         channel: &ConnectorChannelId,
         sender: Side,
     ) -> Result<(), Rejection> {
-        let Some(open) = self.channels.get(channel) else {
+        let Some(profiles) = self.channels.get(channel) else {
             let owner = self.ownership.as_ref().map_or(ChannelOwner::Unknown, |o| o.owner(channel));
             return Err(match owner {
                 ChannelOwner::NotOwned => Rejection::reply(
@@ -533,9 +547,7 @@ impl Session {
                 ),
             });
         };
-        if let Permission::ProfileNotOnChannel { profile } =
-            open.profiles.decide(packet_type, sender)
-        {
+        if let Permission::ProfileNotOnChannel { profile } = profiles.decide(packet_type, sender) {
             return Err(Rejection::reply(
                 ErrorCode::UnsupportedPacket,
                 format!(
@@ -654,9 +666,8 @@ impl Session {
                 }
                 self.check_descriptor(&channel, &ack.connection_descriptor)?;
                 let request = self.take_request(&key)?;
-                let profiles = self.channel_profiles(&ack.connection_descriptor);
-                self.channels
-                    .insert(channel.clone(), OpenChannel { id: channel.clone(), profiles });
+                let profiles = self.profiles_for(&ack.connection_descriptor);
+                self.channels.insert(channel.clone(), profiles);
                 return Ok(Accepted::ChannelOpened { channel, request });
             }
             (PacketBody::ChannelOpenAck(None), false) => {
@@ -945,10 +956,18 @@ impl Session {
         Ok(())
     }
 
-    fn channel_profiles(&self, descriptor: &ConnectionDescriptor) -> ChannelProfiles {
-        self.negotiated()
+    /// The Profiles a channel with `descriptor` has, as the shared value for that set.
+    fn profiles_for(&mut self, descriptor: &ConnectionDescriptor) -> ChannelProfiles {
+        let profiles = self
+            .negotiated()
             .map(|n| n.for_channel(&descriptor.connection.profiles))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if let Some(shared) = self.profile_sets.iter().find(|known| **known == profiles) {
+            return shared.clone();
+        }
+        // Distinct sets are subsets of the negotiated Profiles: a handful at most.
+        self.profile_sets.push(profiles.clone());
+        profiles
     }
 
     fn refresh_profiles(
@@ -956,11 +975,14 @@ impl Session {
         channel: &ConnectorChannelId,
         descriptor: &ConnectionDescriptor,
     ) {
-        let profiles = self.channel_profiles(descriptor);
+        if !self.channels.contains_key(channel) {
+            return;
+        }
+        let profiles = self.profiles_for(descriptor);
         if let Some(open) = self.channels.get_mut(channel)
-            && open.profiles != profiles
+            && !open.ptr_eq(&profiles)
         {
-            open.profiles = profiles;
+            *open = profiles;
         }
     }
 }

@@ -538,3 +538,24 @@ fn rejection_builds_an_error_packet() {
     assert_eq!(value["connector_channel_id"], "cch_1");
     assert_eq!(value["error"]["code"], "hello_required");
 }
+
+#[test]
+fn channels_with_the_same_profiles_share_one_profile_set() {
+    let mut s = session(Side::Connector, &["xagent.im.v1", "xagent.im.v2"]);
+    s.on_received(&hello(&["xagent.im.v1", "xagent.im.v2"])).unwrap();
+    s.on_sent(&hello_ack()).unwrap();
+    for (request, channel, profiles) in [
+        ("r1", "cch_1", &["xagent.im.v2"][..]),
+        ("r2", "cch_2", &["xagent.im.v2"][..]),
+        ("r3", "cch_3", &["xagent.im.v1"][..]),
+    ] {
+        s.on_received(&open(request)).unwrap();
+        s.on_sent(&open_ack(request, channel, profiles)).unwrap();
+    }
+    let profiles = |c: &str| s.channel_profiles(&c.into()).cloned().unwrap();
+    assert!(profiles("cch_1").ptr_eq(&profiles("cch_2")), "one shared set, not a copy each");
+    assert!(!profiles("cch_1").ptr_eq(&profiles("cch_3")));
+    assert_eq!(profiles("cch_3").profile_ids(), &[ProfileId::from("xagent.im.v1")]);
+    assert_eq!(s.channel(&"cch_2".into()).unwrap().id, ConnectorChannelId::from("cch_2"));
+    assert_eq!(s.open_channels().count(), 3);
+}

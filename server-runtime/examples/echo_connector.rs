@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! cargo run --release -p xagent-server-runtime --example echo_connector -- \
-//!     --state-dir /tmp/echo --port 8080 [--api-key KEY] [--per-channel N] [--rate R] [--loop]
+//!     --state-dir /tmp/echo --port 8080 [--api-key KEY] [--per-channel N] [--rate R] [--loop] \
+//!     [--max-channels N]
 //! ```
+//!
+//! `--max-channels N` raises the runtime's channel limits (per socket and in total; defaults
+//! 4,096 and 16,384) to N, for the scale benchmark's 100,000 channels on one socket.
 //!
 //! Besides serving, it plays the target system's inbound side: every signed-in channel is fed
 //! messages `m.<channel>.<i>` (i < `--per-channel`) at `--rate` messages per second in total,
@@ -31,6 +35,7 @@ struct Args {
     per_channel: u64,
     rate: f64,
     forever: bool,
+    max_channels: Option<usize>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -41,6 +46,7 @@ fn parse() -> Result<Args, String> {
         per_channel: 0,
         rate: 1000.0,
         forever: false,
+        max_channels: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -54,6 +60,9 @@ fn parse() -> Result<Args, String> {
             }
             "--rate" => args.rate = value()?.parse().map_err(|_| "--rate: a number")?,
             "--loop" => args.forever = true,
+            "--max-channels" => {
+                args.max_channels = Some(value()?.parse().map_err(|_| "--max-channels: a number")?)
+            }
             other => return Err(format!("unknown flag {other:?}")),
         }
     }
@@ -78,8 +87,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             log.signed_out.clear();
         }
     });
+    let mut config = RuntimeConfig::default();
+    if let Some(limit) = args.max_channels {
+        config = config.with_channel_limits(limit, limit);
+    }
     let server = ConnectorServer::builder(connector)
-        .config(RuntimeConfig::default())
+        .config(config)
         .state_dir(&args.state_dir)?
         .api_key(Secret::new(args.api_key.clone()))
         .build()

@@ -19,9 +19,14 @@ pub struct RuntimeConfig {
     /// return, and the connection's reader stops reading the peer as soon as it needs to
     /// answer. Nothing is dropped and the socket is not closed; all of it resumes when the peer
     /// reads again (`tests/backpressure.rs`). The IM outbox never waits on a socket: a
-    /// message for a peer whose queue is full stays pending and is retried after backoff, while
-    /// other sockets' channels keep flowing.
+    /// message for a peer whose queue is full stays pending (no attempt counted, no backoff)
+    /// and goes out as soon as the queue has room, while other sockets' channels keep flowing.
     pub write_queue: usize,
+    /// IM messages per channel the outbox keeps in flight to xAgent at once, sent in order on
+    /// the channel's socket without waiting for each one's `chat.message.ack` (default 16;
+    /// 1 waits for every ack before the next message). Above 1, a message whose transmission
+    /// fails is redelivered after later ones already in flight (see `docs/DECISIONS.md`).
+    pub outbox_window: usize,
     /// How long a `tool.invoke` result is kept for repeated calls (default: the protocol-wide
     /// repeated-call window, `REPEATED_CALL_WINDOW_MS`, 24 hours).
     pub tool_call_window: Duration,
@@ -68,6 +73,7 @@ impl Default for RuntimeConfig {
             max_channels_per_socket: 4_096,
             max_channels: 16_384,
             max_in_flight_requests: 64,
+            outbox_window: 16,
         }
     }
 }
@@ -84,6 +90,14 @@ impl RuntimeConfig {
     #[must_use]
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// Sets how many IM messages per channel may be in flight to xAgent at once (0 is read
+    /// as 1).
+    #[must_use]
+    pub fn with_outbox_window(mut self, messages: usize) -> Self {
+        self.outbox_window = messages;
         self
     }
 

@@ -88,13 +88,7 @@ fn detach(shared: &Shared, socket: u64) {
     let now = shared.now();
     let lost: Vec<ConnectorChannelId> = {
         let mut state = shared.state();
-        let lost = state
-            .routes
-            .iter()
-            .filter(|(_, route)| route.socket == socket)
-            .map(|(id, _)| id.clone())
-            .collect();
-        state.routes.retain(|_, route| route.socket != socket);
+        let lost = state.detach_socket(socket);
         if state.live_sockets.remove(&socket) && state.live_sockets.is_empty() {
             state.offline_since = Some(now);
             tracing::info!("last authenticated data plane closed; offline lease started");
@@ -364,12 +358,9 @@ impl Conn {
         if let Some(negotiated) = &self.negotiated {
             let permission = {
                 let proto = self.proto.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let channel = packet.connector_channel_id.as_ref().and_then(|c| proto.channel(c));
-                negotiated.decide(
-                    packet.type_str(),
-                    Side::Xagent,
-                    channel.map(|open| &open.profiles),
-                )
+                let channel =
+                    packet.connector_channel_id.as_ref().and_then(|c| proto.channel_profiles(c));
+                negotiated.decide(packet.type_str(), Side::Xagent, channel)
             };
             match permission {
                 Permission::ProfileNotNegotiated { profile }

@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use xagent_profile_im::{
     ActivityAction, ActivityConfig, ActivityTracker, DeltaAssembler, DeltaConfig, DeltaStrategy,
     EnqueueOutcome, IdempotencyConfig, IdempotencyStore, IdempotencyWrite, OutboundPayload, Outbox,
-    OutboxConfig, OutboxEvent, OutboxStore, OutboxWrite, ReceiverIdempotency, WriteMode,
+    OutboxConfig, OutboxEvent, OutboxStore, OutboxWrite, ReceiverIdempotency, SentOutcome,
+    WriteMode,
 };
 use xagent_protocol_types::{
     Clock, ConnectorChannelId, MessageId, PROFILE_IM_V1, PROFILE_IM_V2, Packet, PacketBody, Side,
@@ -66,6 +67,12 @@ pub(crate) trait ImHost: Send + Sync + 'static {
     fn channel_context(self: &Arc<Self>, channel: &ConnectorChannelId) -> Option<ChannelContext>;
     /// Queues a packet on the channel's route without waiting (see [`TryQueue`]).
     fn try_queue_tracked(&self, channel: &ConnectorChannelId, packet: Packet) -> TryQueue;
+    /// Resolves once the write queue of the channel's route has room for a packet (at once
+    /// when the channel has no route, or when its socket is gone).
+    fn room_on_route(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static;
     /// Sends a packet on the channel's route; false when not routed.
     fn send_on_route(
         &self,
@@ -93,6 +100,9 @@ struct Inner {
     receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
     deltas: DeltaAssembler,
     activity: ActivityTracker,
+    /// A background commit of outbox bookkeeping is on its way to the writer: later
+    /// bookkeeping waits in the outbox and rides along with the next commit of any kind.
+    bookkeeping_in_flight: bool,
 }
 
 /// The IM state of the runtime (present when the Card declares an IM Profile).
@@ -114,14 +124,18 @@ impl ImState {
         connector: &Connector,
         storage: &dyn Storage,
         clock: &Arc<dyn Clock>,
+        window: usize,
     ) -> Result<Option<Self>, StorageError> {
         let profiles = &connector.card.supports.profiles;
         if !profiles.iter().any(|p| p.as_str() == PROFILE_IM_V2 || p.as_str() == PROFILE_IM_V1) {
             return Ok(None);
         }
         let now = clock.now_millis();
-        let config =
-            OutboxConfig { write_mode: WriteMode::Deferred, ..OutboxConfig::new(Side::Connector) };
+        let config = OutboxConfig {
+            write_mode: WriteMode::Deferred,
+            window,
+            ..OutboxConfig::new(Side::Connector)
+        };
         let mut outbox =
             Outbox::open(config, storage.outbox_store(), now).map_err(storage_error)?;
         // Nothing is routed at startup: every channel waits for its channel.open.
@@ -146,7 +160,7 @@ impl ImState {
             connector.im.as_ref().map(|im| im.activity_capability()).unwrap_or_default();
         let activity =
             ActivityTracker::new(ActivityConfig { capability, ..ActivityConfig::default() });
-        let inner = Inner { outbox, receiver, deltas, activity };
+        let inner = Inner { outbox, receiver, deltas, activity, bookkeeping_in_flight: false };
         let (events, _) = tokio::sync::broadcast::channel(1024);
         Ok(Some(Self {
             inner: Mutex::new(inner),
@@ -176,15 +190,26 @@ impl ImState {
 
     /// Submits the outbox's collected writes without waiting for them (attempt counts,
     /// removals, pauses: nothing is acknowledged on their strength); a failure is logged.
+    /// At most one such submission is on its way at a time: what is collected meanwhile rides
+    /// along with the next commit of any kind (an enqueue, a completed id) or goes when the
+    /// one on its way has committed. So bookkeeping adds at most one submission per group
+    /// commit instead of one per ack and per send (each of which the writer would count as
+    /// one more concurrent writer to wait for).
     fn submit_in_background<H: ImHost>(shared: &Arc<H>, inner: &mut Inner) {
-        if !inner.outbox.has_writes() {
+        if !inner.outbox.has_writes() || inner.bookkeeping_in_flight {
             return;
         }
+        inner.bookkeeping_in_flight = true;
         let ticket = Self::submit(shared, inner, Vec::new());
+        let shared = shared.clone();
         tokio::spawn(async move {
             if let Err(error) = ticket.committed().await {
                 tracing::warn!(%error, "could not persist outbox bookkeeping");
             }
+            let Some(im) = shared.im() else { return };
+            let mut inner = im.inner();
+            inner.bookkeeping_in_flight = false;
+            Self::submit_in_background(&shared, &mut inner);
         });
     }
 
@@ -223,6 +248,9 @@ impl ImState {
     }
 
     /// Sends every due message on its route; unrouted channels are paused until they reopen.
+    /// A message whose socket's write queue is full goes back to the outbox at once (with the
+    /// later ones of its channel from the same pass, so none overtakes it) and the pump runs
+    /// again when that queue has room.
     pub(crate) async fn pump<H: ImHost>(&self, shared: &Arc<H>) {
         let _guard = self.pump.lock().await;
         loop {
@@ -241,7 +269,14 @@ impl ImState {
             if ready.is_empty() {
                 break;
             }
+            // Channels whose socket had no room in this pass: their later messages wait too.
+            let mut blocked: Vec<ConnectorChannelId> = Vec::new();
+            let mut not_sent = Vec::new();
             for delivery in ready {
+                if blocked.contains(&delivery.channel) {
+                    not_sent.push(delivery);
+                    continue;
+                }
                 let packet_id = ids::packet_id();
                 let mut body = delivery.payload.to_body();
                 if let (PacketBody::ChatMessage(message), Some(files)) = (&mut body, shared.files())
@@ -259,30 +294,17 @@ impl ImState {
                         tokio::spawn(async move {
                             let written = written.await.unwrap_or(false);
                             let Some(im) = shared.im() else { return };
-                            im.record_write(&shared, &delivery, packet_id, written);
-                            // An ack that overtook this bookkeeping was applied just now (the
-                            // outbox keeps early acks): pump again, or the next message would
-                            // wait for the maintenance tick (M5).
-                            if written {
+                            // Pump again when the bookkeeping freed a place: an ack that
+                            // overtook it was applied just now (the outbox keeps early acks;
+                            // M5), an IM v1 push ended with its write, or the channel paused.
+                            if im.record_write(&shared, &delivery, packet_id, written) {
                                 pump_again(shared).await;
                             }
                         });
                     }
                     TryQueue::Full => {
-                        let result = {
-                            let mut inner = self.inner();
-                            let result = inner.outbox.on_send_failed(
-                                &delivery.channel,
-                                &delivery.message_id,
-                                "the peer is not reading (write queue full)",
-                                now,
-                            );
-                            Self::submit_in_background(shared, &mut inner);
-                            result
-                        };
-                        if let Err(error) = result {
-                            tracing::warn!(%error, "outbox bookkeeping failed");
-                        }
+                        blocked.push(delivery.channel.clone());
+                        not_sent.push(delivery);
                     }
                     TryQueue::NotRouted => {
                         // Not routed (or the route closed meanwhile): pause until channel.open.
@@ -298,19 +320,43 @@ impl ImState {
                     }
                 }
             }
+            if !not_sent.is_empty() {
+                {
+                    let mut inner = self.inner();
+                    for delivery in &not_sent {
+                        if let Err(error) =
+                            inner.outbox.on_not_sent(&delivery.channel, &delivery.message_id)
+                        {
+                            tracing::warn!(%error, "outbox bookkeeping failed");
+                        }
+                    }
+                    Self::submit_in_background(shared, &mut inner);
+                }
+                for channel in &blocked {
+                    let room = shared.room_on_route(channel);
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        room.await;
+                        pump_again(shared).await;
+                    });
+                }
+                // Pumping again now would hand the same messages to the same full queues.
+                break;
+            }
         }
         self.log_events();
     }
 
     /// Records the outcome of a queued write: sent (awaiting the ack, or delivered for IM v1,
     /// whose write is the delivery boundary) or not written (paused until the channel reopens).
+    /// True when the outbox may have something new to send (a place in the window freed).
     fn record_write<H: ImHost>(
         &self,
         shared: &Arc<H>,
         delivery: &xagent_profile_im::Delivery,
         packet_id: xagent_protocol_types::PacketId,
         written: bool,
-    ) {
+    ) -> bool {
         let now = shared.now();
         let result = {
             let mut inner = self.inner();
@@ -318,17 +364,18 @@ impl ImState {
                 inner
                     .outbox
                     .on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
-                    .map(|_| ())
+                    .map(|outcome| !matches!(outcome, SentOutcome::AwaitingAck { .. }))
             } else {
-                inner.outbox.on_channel_closed(&delivery.channel, now)
+                inner.outbox.on_channel_closed(&delivery.channel, now).map(|()| true)
             };
             Self::submit_in_background(shared, &mut inner);
             result
         };
-        if let Err(error) = result {
-            tracing::warn!(%error, "outbox bookkeeping failed");
-        }
         self.log_events();
+        result.unwrap_or_else(|error| {
+            tracing::warn!(%error, "outbox bookkeeping failed");
+            true
+        })
     }
 
     fn log_events(&self) {

@@ -142,15 +142,21 @@ impl ServerBuilder {
         let connector_id = storage.load_connector_id()?;
         let channels = storage.load_channels()?;
         let now = self.clock.now_millis();
-        let mut state = State { connector_id, ..State::default() };
+        let mut state = State::default();
+        state.connector_id = connector_id;
         if state.connector_id.is_some() || !channels.is_empty() {
             // Nobody holds the restored runtime yet: the lease runs from startup.
             state.offline_since = Some(now);
         }
         for record in channels {
-            state.channels.insert(record.id.clone(), record);
+            state.insert_channel(record);
         }
-        let im = crate::im::ImState::new(&self.connector, storage.as_ref(), &self.clock)?;
+        let im = crate::im::ImState::new(
+            &self.connector,
+            storage.as_ref(),
+            &self.clock,
+            self.config.outbox_window,
+        )?;
         let files_config = self
             .files
             .or_else(|| self.state_dir.map(|d| crate::files::FilesConfig::new(d.join("files"))));

@@ -180,7 +180,7 @@ async fn rule_write_queue_a_stalled_peer_does_not_hold_up_im_delivery_to_others(
     let gate = support::Gate::new();
     let h = serve_with_small_buffers(&gate).await;
     let handle = h.server.handle();
-    let (_stalled, stalled_channel) = signed_in_peer(&h, true, "a").await;
+    let (mut stalled, stalled_channel) = signed_in_peer(&h, true, "a").await;
     let (mut healthy, healthy_channel) = signed_in_peer(&h, false, "b").await;
 
     // The first peer stops reading until its queue is full.
@@ -216,5 +216,16 @@ async fn rule_write_queue_a_stalled_peer_does_not_hold_up_im_delivery_to_others(
         handle.pending_messages(&stalled_channel).iter().any(|m| m.as_str() == "m_stalled"),
         "the stalled peer's message stays pending"
     );
+    // Once the peer reads again its message goes out as soon as its queue has room: no
+    // backoff to wait out, no maintenance tick needed.
+    loop {
+        let packet = next(&mut stalled).await;
+        if packet.type_str() == "chat.message" {
+            assert_eq!(packet.connector_channel_id.as_ref(), Some(&stalled_channel));
+            let message: &xagent_protocol_types::ChatMessage = packet.payload().unwrap();
+            assert_eq!(message.message_id.as_str(), "m_stalled");
+            break;
+        }
+    }
     h.stop().await;
 }

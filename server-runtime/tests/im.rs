@@ -311,3 +311,82 @@ async fn rule_outbox_redelivers_only_unfinished_messages_when_a_channel_reopens(
     assert_eq!(next.type_str(), "pong", "completed history was resent: {next:?}");
     h.stop().await;
 }
+
+/// Acks `message` as accepted.
+fn accept(
+    c: &mut WsClient,
+    channel: &xagent_protocol_types::ConnectorChannelId,
+    message: &Packet,
+) -> Packet {
+    let id = message.payload::<ChatMessage>().unwrap().message_id.clone();
+    Packet::with_payload(c.id("pkt"), ChatMessageAck::accepted(id))
+        .channel(channel.clone())
+        .reply_to(message.packet_id.clone())
+}
+
+/// The outbox window: several messages of one channel are on the socket at once, in the order
+/// they were queued, before any ack; acks are matched by `reply_to` (IM v2 section 7), so
+/// they may come back in any order, and each ends its own message only.
+#[tokio::test]
+async fn outbox_window_sends_several_messages_of_a_channel_in_order_before_any_ack() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    let handle = h.server.handle();
+    for i in 0..5 {
+        inject_message(&handle, &channel, &format!("w_{i}"), "in the window").await.unwrap();
+    }
+    let mut sent = Vec::new();
+    for _ in 0..5 {
+        sent.push(c.wait_for("chat.message").await.0);
+    }
+    let ids: Vec<String> = sent
+        .iter()
+        .map(|p| p.payload::<ChatMessage>().unwrap().message_id.as_str().to_owned())
+        .collect();
+    assert_eq!(ids, ["w_0", "w_1", "w_2", "w_3", "w_4"], "first transmissions keep queue order");
+    assert_eq!(handle.pending_messages(&channel).len(), 5, "nothing is delivered before its ack");
+    // Ack the middle one, then the rest backwards.
+    let middle = accept(&mut c, &channel, &sent[2]);
+    c.send(&middle).await;
+    let ping = c.request(xagent_protocol_types::Ping::default(), None);
+    c.call(ping).await;
+    let left: Vec<String> =
+        handle.pending_messages(&channel).iter().map(|m| m.as_str().to_owned()).collect();
+    assert_eq!(left, ["w_0", "w_1", "w_3", "w_4"]);
+    for message in sent.iter().rev() {
+        let ack = accept(&mut c, &channel, message);
+        c.send(&ack).await;
+    }
+    let ping = c.request(xagent_protocol_types::Ping::default(), None);
+    c.call(ping).await;
+    assert!(handle.pending_messages(&channel).is_empty());
+    h.stop().await;
+}
+
+/// With `outbox_window` 1 the outbox waits for each ack before it sends the next message.
+#[tokio::test]
+async fn outbox_window_of_one_waits_for_each_ack() {
+    let config = xagent_server_runtime::RuntimeConfig::default().with_outbox_window(1);
+    let h = support::start(
+        support::temp_dir("window1"),
+        xagent_protocol_types::ManualClock::new(support::START),
+        config,
+    )
+    .await;
+    let (mut c, channel) = signed_in(&h).await;
+    let handle = h.server.handle();
+    inject_message(&handle, &channel, "s_1", "first").await.unwrap();
+    inject_message(&handle, &channel, "s_2", "second").await.unwrap();
+    let (first, _) = c.wait_for("chat.message").await;
+    assert_eq!(first.payload::<ChatMessage>().unwrap().message_id.as_str(), "s_1");
+    // Both were queued before this ping: the answer comes next, not the second message.
+    let ping = c.request(xagent_protocol_types::Ping::default(), None);
+    c.send(&ping).await;
+    let next = c.next_packet().await;
+    assert_eq!(next.type_str(), "pong", "a second message went out before the first ack");
+    let ack = accept(&mut c, &channel, &first);
+    c.send(&ack).await;
+    let (second, _) = c.wait_for("chat.message").await;
+    assert_eq!(second.payload::<ChatMessage>().unwrap().message_id.as_str(), "s_2");
+    h.stop().await;
+}

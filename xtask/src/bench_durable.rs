@@ -13,11 +13,19 @@
 //!   actually makes (take responsibility, count the attempt when sending, forget after the ack);
 //! - `raw_batched`: the same rows, 64 per transaction (what batching would buy);
 //! - `outbox`: the echo Connector's `send_message` for every message, spread over `--channels`
-//!   signed-in channels (the outbox keeps one message in flight per channel to keep order), a
-//!   `client-runtime` data plane accepting each one; timed until every message is acked and
-//!   deleted on the Connector side.
+//!   signed-in channels, one producer task per channel that waits for each `send_message`
+//!   (the message is durable when it returns) before the next, as a bridge reading a target
+//!   system's cursor would; the outbox keeps up to `--window` messages per channel in flight
+//!   (default: the runtime's default, `RuntimeConfig::outbox_window`; 1 waits for each ack
+//!   before the next message); a `client-runtime` data plane (in-memory state, on the same
+//!   machine) accepts each one; timed from the first `send_message` until every message is
+//!   acked and deleted on the Connector side.
 //!
 //! `--quick` sends 2,000 messages over 16 channels; the full run 10,000 over 64.
+//! `--messages N`, `--channels N`, `--window N` change the workload; `--max-wait-us N` the
+//! group-commit writer's longest wait for company (`GroupCommitConfig::max_wait`, default
+//! 1,000 µs). The JSON also gives how long the producers took to queue everything
+//! (`enqueue_per_s`) and the transactions and submissions the writer committed per message.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +38,7 @@ use xagent_client_runtime::{BaseUrl, ClientConfig, ClientEvent, DataPlane};
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStartAck, ChatMessage, ConnectorChannelId, MessageId, Secret,
 };
-use xagent_server_runtime::Synchronous;
+use xagent_server_runtime::{SqliteOptions, SqliteStorage, Synchronous};
 use xagent_testkit::ECHO_FLOW;
 
 use crate::bench_support::{
@@ -40,18 +48,29 @@ use crate::bench_support::{
 /// Runs the benchmark with the given flags.
 pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     let flags = Flags::parse(args);
-    flags.only(&["--messages", "--channels", "--synchronous"])?;
+    flags.only(&["--messages", "--channels", "--synchronous", "--window", "--max-wait-us"])?;
     warn_if_debug();
     let synchronous = synchronous_flag(&flags)?;
     let messages: u64 =
         flags.value("--messages")?.unwrap_or(if flags.quick { 2_000 } else { 10_000 });
     let channels: usize = flags.value("--channels")?.unwrap_or(if flags.quick { 16 } else { 64 });
+    let window: usize = flags
+        .value("--window")?
+        .unwrap_or(xagent_server_runtime::RuntimeConfig::default().outbox_window);
+    let mut group_commit = xagent_server_runtime::GroupCommitConfig::default();
+    if let Some(us) = flags.value::<u64>("--max-wait-us")? {
+        group_commit.max_wait = Duration::from_micros(us);
+    }
     let dir = temp_dir("bench-durable")?;
 
     // Raw rows: fewer under FULL, where every commit waits for the disk.
     let raw_rows = if synchronous == Synchronous::Full { messages.min(2_000) } else { messages };
-    let window = Duration::from_secs(if flags.quick { 1 } else { 3 });
-    let commits = raw_commits(&dir.join("commits.sqlite3"), window, synchronous)?;
+    let period = Duration::from_secs(if flags.quick { 1 } else { 3 });
+    let cpu_before_commits = process_cpu_seconds();
+    let started_commits = Instant::now();
+    let commits = raw_commits(&dir.join("commits.sqlite3"), period, synchronous)?;
+    let commits_cpu = cpu_since(cpu_before_commits)
+        .map(|cpu| cpu / (commits * started_commits.elapsed().as_secs_f64()).max(1.0));
     let raw = raw_sqlite(&dir.join("raw.sqlite3"), raw_rows, 1, false, synchronous)?;
     let batched = raw_sqlite(&dir.join("batched.sqlite3"), raw_rows, 64, false, synchronous)?;
     let three = raw_sqlite(&dir.join("three.sqlite3"), raw_rows, 1, true, synchronous)?;
@@ -61,11 +80,13 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         &dir.join("connector"),
         messages,
         channels,
-        synchronous,
+        window,
+        SqliteOptions { synchronous, group_commit },
     ))?;
+    let outbox_cpu = outbox.cpu_seconds.map(|cpu| cpu / messages as f64);
     // Raw again after the system run, so drift on a shared machine shows.
     let raw_after = raw_sqlite(&dir.join("raw2.sqlite3"), raw_rows, 1, false, synchronous)?;
-    let commits_after = raw_commits(&dir.join("commits2.sqlite3"), window, synchronous)?;
+    let commits_after = raw_commits(&dir.join("commits2.sqlite3"), period, synchronous)?;
     drop(runtime);
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -77,6 +98,8 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         "quick": flags.quick,
         "messages": messages,
         "channels": channels,
+        "window": window,
+        "group_commit_max_wait_us": group_commit.max_wait.as_micros() as u64,
         "synchronous": synchronous.as_str(),
         "durability": match synchronous {
             Synchronous::Full => "WAL, synchronous=FULL (every commit synced: survives an OS crash or power loss)",
@@ -90,10 +113,15 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         "raw_txn_after_per_s": raw_after.round(),
         "raw_batched_64_per_s": batched.round(),
         "raw_three_txn_per_s": three.round(),
-        "outbox_per_s": outbox.round(),
-        "ratio_vs_sqlite": ratio(outbox, commits_mean),
+        "outbox_per_s": outbox.rate.round(),
+        "enqueue_per_s": outbox.enqueue_rate.round(),
+        "cpu_us_per_message": outbox_cpu.map(|s| (s * 1e7).round() / 10.0),
+        "cpu_us_per_raw_commit": commits_cpu.map(|s| (s * 1e7).round() / 10.0),
+        "transactions_per_message": ratio(outbox.transactions as f64, messages as f64),
+        "submissions_per_transaction": ratio(outbox.jobs as f64, outbox.transactions as f64),
+        "ratio_vs_sqlite": ratio(outbox.rate, commits_mean),
         "target_ratio_vs_sqlite": 1.0,
-        "ratio_vs_raw": ratio(outbox, raw_mean),
+        "ratio_vs_raw": ratio(outbox.rate, raw_mean),
         "batching_gain": ratio(batched, raw_mean),
         "machine": machine(),
     });
@@ -120,7 +148,7 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
                     format!("{}", result["raw_batched_64_per_s"]),
                 ],
                 vec![
-                    format!("outbox -> xAgent ack ({channels} channels)"),
+                    format!("outbox -> xAgent ack ({channels} channels, window {window})"),
                     format!("{}", result["outbox_per_s"]),
                 ],
             ],
@@ -134,6 +162,23 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         );
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// CPU time (user + system) this process has used so far, in seconds, from `/proc/self/stat`
+/// (clock ticks of 10 ms); `None` where that file is not available.
+fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+fn cpu_since(start: Option<f64>) -> Option<f64> {
+    Some(process_cpu_seconds()? - start?)
 }
 
 /// `--synchronous full|normal` (default `full`).
@@ -281,9 +326,12 @@ async fn outbox_delivery(
     dir: &std::path::Path,
     messages: u64,
     channels: usize,
-    synchronous: Synchronous,
-) -> Result<f64> {
-    let connector = EchoConnector::start_with(dir, synchronous).await?;
+    window: usize,
+    options: SqliteOptions,
+) -> Result<OutboxRun> {
+    let config = xagent_server_runtime::RuntimeConfig::default().with_outbox_window(window);
+    let storage = SqliteStorage::open_with(dir, options).context("opening the storage")?;
+    let connector = EchoConnector::start_configured(dir, storage.clone(), config).await?;
     let (plane, mut events) = DataPlane::start(client_config(connector.addr)?);
     plane.connected().await?;
     let ids = signed_in_channels(&plane, channels).await?;
@@ -298,6 +346,8 @@ async fn outbox_delivery(
         }
     });
     let handle = connector.server.handle();
+    let before = storage.group_commit_stats();
+    let cpu_before = process_cpu_seconds();
     let started = Instant::now();
     let mut senders = Vec::new();
     for (c, channel) in ids.iter().enumerate() {
@@ -319,6 +369,7 @@ async fn outbox_delivery(
     for sender in senders {
         sender.await??;
     }
+    let enqueued = started.elapsed();
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let pending: usize = ids.iter().map(|c| handle.pending_messages(c).len()).sum();
@@ -331,6 +382,8 @@ async fn outbox_delivery(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let rate = messages as f64 / started.elapsed().as_secs_f64();
+    let cpu_seconds = cpu_since(cpu_before);
+    let after = storage.group_commit_stats();
     let got = accepted.load(Ordering::Relaxed);
     if got != messages {
         bail!("xAgent accepted {got} messages, expected {messages}");
@@ -338,5 +391,25 @@ async fn outbox_delivery(
     plane.close().await;
     acceptor.abort();
     connector.stop().await;
-    Ok(rate)
+    Ok(OutboxRun {
+        rate,
+        enqueue_rate: messages as f64 / enqueued.as_secs_f64(),
+        transactions: after.transactions - before.transactions,
+        jobs: after.jobs - before.jobs,
+        cpu_seconds,
+    })
+}
+
+/// What the outbox run measured.
+struct OutboxRun {
+    /// Messages per second, first `send_message` to last ack.
+    rate: f64,
+    /// Messages per second until every `send_message` had returned.
+    enqueue_rate: f64,
+    /// Group-commit transactions during the run.
+    transactions: u64,
+    /// Submissions they carried.
+    jobs: u64,
+    /// CPU time of the whole process (Connector, xAgent client, this driver) while timed.
+    cpu_seconds: Option<f64>,
 }

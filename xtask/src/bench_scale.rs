@@ -14,6 +14,13 @@
 //!
 //! `--open-only` opens channels without signing them in (no binding, no poller), to split
 //! the per-channel cost; `--steps 10000,50000` sets the channel counts.
+//!
+//! Profiling: `XTASK_CONNECTOR_WRAP="heaptrack -o /tmp/scale"` starts the Connector under a
+//! profiler; it is then stopped with SIGTERM (not SIGKILL) after the last step, so what is
+//! still allocated at that point is the idle live heap. `XTASK_SCALE_HOLD=SECONDS` waits that
+//! long after the hello and after the last step (to take a snapshot or attach a tool). The
+//! figures of a profiled run include the profiler's own memory; measure without it. The
+//! restore runs are skipped under a wrapper.
 
 use std::time::{Duration, Instant};
 
@@ -25,7 +32,9 @@ use xagent_protocol_types::{ChatMessage, MessageId, Packet};
 use crate::bench_support::{
     API_KEY, Flags, PacketSocket, machine, print_table, rss_of, temp_dir, warn_if_debug,
 };
-use crate::chaos::{build_examples, spawn_connector};
+use crate::chaos::{
+    build_examples, connector_pid, connector_wrap, spawn_connector, stop_connector,
+};
 
 /// Runs the benchmark.
 pub fn run(root: &std::path::Path, args: &[String]) -> Result<std::process::ExitCode> {
@@ -45,8 +54,12 @@ pub fn run(root: &std::path::Path, args: &[String]) -> Result<std::process::Exit
     let dir = temp_dir("bench-scale")?;
     let state = dir.join("connector");
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut child = spawn_connector(&bins.connector, &state, port, &[])?;
-    let pid = child.id().to_string();
+    // The runtime's default channel limits (4,096 per socket, 16,384 in all) are raised to
+    // the largest step: this benchmark opens every channel on one socket.
+    let limit = steps.iter().copied().max().unwrap_or(0).max(16_384);
+    let limits = vec!["--max-channels".to_string(), limit.to_string()];
+    let mut child = spawn_connector(&bins.connector, &state, port, &limits)?;
+    let pid = connector_pid(&child);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
 
     let mut memory = Vec::new();
@@ -61,10 +74,21 @@ pub fn run(root: &std::path::Path, args: &[String]) -> Result<std::process::Exit
         tokio::time::sleep(Duration::from_millis(500)).await;
         Ok::<_, anyhow::Error>((rss_of(&pid), socket))
     })?;
+    let hold = std::env::var("XTASK_SCALE_HOLD").ok().and_then(|s| s.parse::<u64>().ok());
+    if let Some(seconds) = hold {
+        eprintln!("bench-scale: connector pid {pid}; holding {seconds} s after the hello");
+        std::thread::sleep(Duration::from_secs(seconds));
+    }
     let mut socket = socket;
     for &step in &steps {
         let started = Instant::now();
-        runtime.block_on(open_channels(&mut socket, &mut channels, step, !open_only))?;
+        let opened = runtime
+            .block_on(open_channels(&mut socket, &mut channels, step, !open_only))
+            .with_context(|| format!("with {} channels open", channels.len()));
+        if opened.is_err() {
+            let _ = stop_connector(&mut child);
+        }
+        opened?;
         let opening = started.elapsed().as_secs_f64();
         std::thread::sleep(Duration::from_secs(1));
         let rss = rss_of(&pid);
@@ -77,26 +101,31 @@ pub fn run(root: &std::path::Path, args: &[String]) -> Result<std::process::Exit
             "open_and_sign_in_seconds": (opening * 100.0).round() / 100.0,
         }));
     }
+    if let Some(seconds) = hold {
+        eprintln!("bench-scale: idle with {} channels; holding {seconds} s", channels.len());
+        std::thread::sleep(Duration::from_secs(seconds));
+    }
+    // Stopped while the socket is still open: the idle state is what a profiler reports.
+    stop_connector(&mut child)?;
     drop(socket);
-    child.kill()?;
-    child.wait()?;
 
     let count = channels.len();
     write_pending(&state.join("connector.sqlite3"), &channels)?;
     let mut restores = Vec::new();
     let mut rss_restored = 0;
-    for _ in 0..3 {
+    // Under a profiler the restore runs would overwrite its report of the idle heap: skipped.
+    let rounds = if connector_wrap().is_empty() { 3 } else { 0 };
+    for _ in 0..rounds {
         let started = Instant::now();
-        let mut restarted = spawn_connector(&bins.connector, &state, port, &[])?;
+        let mut restarted = spawn_connector(&bins.connector, &state, port, &limits)?;
         restores.push(started.elapsed().as_secs_f64());
         std::thread::sleep(Duration::from_millis(300));
-        rss_restored = rss_of(&restarted.id().to_string());
-        restarted.kill()?;
-        restarted.wait()?;
+        rss_restored = rss_of(&connector_pid(&restarted));
+        stop_connector(&mut restarted)?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     restores.sort_by(|a, b| a.total_cmp(b));
-    let restore = restores[restores.len() / 2];
+    let restore = restores.get(restores.len() / 2).copied().unwrap_or(0.0);
     let result = json!({
         "bench": "scale",
         "quick": flags.quick,
@@ -154,6 +183,9 @@ async fn open_channels(
         let mut opened = Vec::new();
         while opened.len() < batch {
             let packet = next(socket).await?;
+            if packet.type_str() == "error" {
+                bail!("channel.open refused: {:?}", packet.error);
+            }
             if packet.type_str() == "channel.open.ack" {
                 let id = packet.connector_channel_id.as_ref().map(|c| c.as_str().to_string());
                 opened.push(id.context("channel.open.ack without channel")?);
@@ -173,6 +205,9 @@ async fn open_channels(
         let mut signed = 0;
         while signed < batch {
             let packet = next(socket).await?;
+            if packet.type_str() == "error" {
+                bail!("auth.start refused: {:?}", packet.error);
+            }
             if packet.type_str() == "auth.start.ack" {
                 if packet.error.is_some() {
                     bail!("sign-in refused: {:?}", packet.error);

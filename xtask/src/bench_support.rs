@@ -183,13 +183,24 @@ impl EchoConnector {
 
     /// [`EchoConnector::start`] with the given SQLite durability.
     pub async fn start_with(dir: &Path, synchronous: Synchronous) -> Result<Self> {
-        let (connector, echo) = echo_connector();
         let options = SqliteOptions { synchronous, ..SqliteOptions::default() };
+        let storage = SqliteStorage::open_with(dir, options).context("opening the storage")?;
+        Self::start_configured(dir, storage, RuntimeConfig::default()).await
+    }
+
+    /// [`EchoConnector::start_with`] over the given storage with the given runtime tunables
+    /// (keep a clone of the storage to read its group-commit counters).
+    pub async fn start_configured(
+        dir: &Path,
+        storage: SqliteStorage,
+        config: RuntimeConfig,
+    ) -> Result<Self> {
+        let (connector, echo) = echo_connector();
         let server = ConnectorServer::builder(connector)
-            .config(RuntimeConfig::default())
+            .config(config)
             .state_dir(dir)
             .context("state dir")?
-            .storage(SqliteStorage::open_with(dir, options).context("opening the storage")?)
+            .storage(storage)
             .api_key(Secret::new(API_KEY))
             .build()
             .await

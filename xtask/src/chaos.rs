@@ -316,8 +316,17 @@ fn free_port() -> Result<u16> {
 
 /// Starts the echo Connector process and waits for its `listening` line.
 pub fn spawn_connector(bin: &Path, state: &Path, port: u16, extra: &[String]) -> Result<Child> {
+    let wrap = connector_wrap();
     for attempt in 0..50 {
-        let mut child = Command::new(bin)
+        let mut command = match wrap.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(bin);
+                command
+            }
+            None => Command::new(bin),
+        };
+        let mut child = command
             .arg("--state-dir")
             .arg(state)
             .arg("--port")
@@ -330,8 +339,15 @@ pub fn spawn_connector(bin: &Path, state: &Path, port: u16, extra: &[String]) ->
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+        let mut stdout = BufReader::new(stdout);
         let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
+        // A wrapper (a profiler) may print lines of its own before the Connector's.
+        for _ in 0..if wrap.is_empty() { 1 } else { 20 } {
+            line.clear();
+            if stdout.read_line(&mut line).unwrap_or(0) == 0 || line.starts_with("listening") {
+                break;
+            }
+        }
         if line.starts_with("listening") {
             return Ok(child);
         }
@@ -343,6 +359,49 @@ pub fn spawn_connector(bin: &Path, state: &Path, port: u16, extra: &[String]) ->
         std::thread::sleep(Duration::from_millis(100));
     }
     bail!("the echo connector did not start")
+}
+
+/// `XTASK_CONNECTOR_WRAP`: a command line (split on whitespace) the echo Connector is started
+/// under, e.g. `heaptrack -o /tmp/connector`, for profiling the benchmarks' Connector.
+pub fn connector_wrap() -> Vec<String> {
+    std::env::var("XTASK_CONNECTOR_WRAP")
+        .map(|w| w.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// The pid of the echo Connector process of `child`: the child itself, or, when it runs under
+/// a wrapper (`XTASK_CONNECTOR_WRAP`), the wrapper's descendant named `echo_connector`.
+pub fn connector_pid(child: &Child) -> String {
+    let top = child.id().to_string();
+    if connector_wrap().is_empty() {
+        return top;
+    }
+    let mut queue = vec![top.clone()];
+    while let Some(pid) = queue.pop() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == "echo_connector" {
+            return pid;
+        }
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten();
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            queue.extend(children.split_whitespace().map(str::to_string));
+        }
+    }
+    top
+}
+
+/// Stops the echo Connector: SIGKILL, or under a wrapper SIGTERM to the Connector itself and
+/// a wait for the wrapper (a profiler writes its report then).
+pub fn stop_connector(child: &mut Child) -> Result<()> {
+    if connector_wrap().is_empty() {
+        child.kill()?;
+    } else {
+        let _ = Command::new("kill").arg("-TERM").arg(connector_pid(child)).status();
+    }
+    child.wait()?;
+    Ok(())
 }
 
 fn spawn_sink(bin: &Path, state: &Path, port: u16, channels: usize) -> Result<Child> {
@@ -662,16 +721,17 @@ async fn barrage(count: usize, rng: &mut Rng) -> Result<Value> {
             pongs_missed += 1;
             break;
         }
-        // `chat.message`, deltas and activity are handled in the channel's lane, concurrently
-        // with connection-level packets: their answer may come after the pong. Wait for it
-        // (a `chat.message` always has one; deltas and activity only on error), and count
-        // only answers to this packet (a late answer to an earlier one is not this one's).
+        // `chat.message`, deltas and activity are handled in the channel's lane, and a
+        // `tool.invoke` in a task of its own, concurrently with connection-level packets:
+        // their answer may come after the pong. Wait for it (a `chat.message` and a
+        // `tool.invoke` always have one; deltas and activity only on error), and count only
+        // answers to this packet (a late answer to an earlier one is not this one's).
         let sent_id = serde_json::from_str::<Value>(&text)
             .ok()
             .and_then(|v| v["packet_id"].as_str().map(str::to_owned));
         if let (Ok(packet), Some(sent_id)) = (&expected_decode, &sent_id) {
             let lane = match packet.type_str() {
-                "chat.message" => Some(Duration::from_secs(10)),
+                "chat.message" | "tool.invoke" => Some(Duration::from_secs(10)),
                 "chat.message.delta" | "chat.activity" => Some(Duration::from_millis(200)),
                 _ => None,
             };
@@ -810,7 +870,7 @@ async fn soak(bins: &Bins, sizes: &Sizes, rng: &mut Rng) -> Result<Value> {
     let mix = sizes.mix;
     let uploads_left = Arc::new(AtomicU64::new(MAX_SOAK_UPLOADS));
     let mut child = spawn_connector(&bins.connector, &dir.join("connector"), port, &feed)?;
-    let pid = child.id().to_string();
+    let pid = connector_pid(&child);
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
     let config = client_config(addr)?;
     let control = ControlPlane::new(config.base_url.clone(), Some(Secret::new(API_KEY)));
@@ -921,8 +981,7 @@ async fn soak(bins: &Bins, sizes: &Sizes, rng: &mut Rng) -> Result<Value> {
     let still_pending = stats.pending;
     plane.close().await;
     listener.abort();
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = stop_connector(&mut child);
     let _ = std::fs::remove_dir_all(&dir);
     let mean = |from: f64, to: f64| {
         let picked: Vec<u64> =

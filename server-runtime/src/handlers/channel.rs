@@ -9,7 +9,7 @@ use xagent_protocol_types::{
 use crate::author::{BoundReason, ChannelContext};
 use crate::connection::Conn;
 use crate::ids;
-use crate::state::Route;
+use crate::state::Link;
 use crate::storage::ChannelRecord;
 
 impl Conn {
@@ -36,10 +36,10 @@ impl Conn {
                 .filter(|r| Some(&r.connector_id) == current.as_ref());
             // Limits (L3): channels routed on this socket, and channels in total.
             let routed_here = known.is_some_and(|r| {
-                state.routes.get(&r.id).is_some_and(|route| route.socket == self.socket)
+                state.route(&r.id).is_some_and(|route| route.socket == self.socket)
             });
             if !routed_here {
-                let on_socket = state.routes.values().filter(|r| r.socket == self.socket).count();
+                let on_socket = state.routed_on(self.socket);
                 if on_socket >= self.shared.config.max_channels_per_socket {
                     break 'open Some(Err(WireError::new(
                         ErrorCode::CapacityExceeded,
@@ -56,7 +56,7 @@ impl Conn {
                 )));
             }
             let (record, created) = match (known, current) {
-                (Some(record), _) => (record.clone(), false),
+                (Some(record), _) => (ChannelRecord::clone(record), false),
                 (None, Some(connector_id)) => {
                     let record = ChannelRecord {
                         id: ids::channel_id(),
@@ -67,15 +67,16 @@ impl Conn {
                         created_at: now,
                     };
                     let record = self.bind_without_auth(record);
-                    state.channels.insert(record.id.clone(), record.clone());
+                    state.insert_channel(record.clone());
                     (record, true)
                 }
                 (None, None) => break 'open None,
             };
-            state.routes.insert(
-                record.id.clone(),
-                Route { socket: self.socket, tx: self.tx.clone(), profiles: profiles.clone() },
-            );
+            let tx = &self.tx;
+            state.set_route(&record.id, self.socket, || Link {
+                tx: tx.clone(),
+                profiles: profiles.clone(),
+            });
             Some(Ok((record, created)))
         };
         let (record, created) = match opened {
@@ -122,8 +123,8 @@ impl Conn {
     pub(crate) async fn on_channel_close(&mut self, packet: &Packet) {
         if let Some(channel) = &packet.connector_channel_id {
             let mut state = self.shared.state();
-            if state.routes.get(channel).is_some_and(|r| r.socket == self.socket) {
-                state.routes.remove(channel);
+            if state.route(channel).is_some_and(|r| r.socket == self.socket) {
+                state.clear_route(channel);
             }
             drop(state);
             if let Some(im) = &self.shared.im {

@@ -55,7 +55,7 @@ impl ImHost for Shared {
     }
 
     fn is_routed(&self, channel: &ConnectorChannelId) -> bool {
-        self.state().routes.contains_key(channel)
+        self.state().route(channel).is_some()
     }
 
     fn channel_context(self: &Arc<Self>, channel: &ConnectorChannelId) -> Option<ChannelContext> {
@@ -65,6 +65,20 @@ impl ImHost for Shared {
 
     fn try_queue_tracked(&self, channel: &ConnectorChannelId, packet: Packet) -> TryQueue {
         Shared::try_queue_tracked(self, channel, packet)
+    }
+
+    fn room_on_route(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let tx = self.state().route(channel).map(|route| route.link.tx.clone());
+        async move {
+            if let Some(tx) = tx {
+                // A permit is room; it is given back at once (the pump queues for real). An
+                // error is a closed queue: the socket is gone and the pump pauses the channel.
+                let _ = tx.reserve().await.map(drop);
+            }
+        }
     }
 
     fn send_on_route(

@@ -16,8 +16,7 @@ impl Shared {
         let channel = record.id.clone();
         let (stops, sessions): (Vec<StopFn>, Vec<(AuthSessionId, AuthSession)>) = {
             let mut state = self.state();
-            state.channels.remove(&channel);
-            state.routes.remove(&channel);
+            state.remove_channel(&channel);
             let sessions: Vec<_> = state
                 .auth_sessions
                 .iter()
@@ -73,7 +72,8 @@ impl Shared {
             if due {
                 state.offline_since = None;
                 let connector_id = state.connector_id.take();
-                let channels: Vec<ChannelRecord> = state.channels.values().cloned().collect();
+                let channels: Vec<ChannelRecord> =
+                    state.channels.values().map(|c| ChannelRecord::clone(c)).collect();
                 Some((connector_id, channels))
             } else {
                 None

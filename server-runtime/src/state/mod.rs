@@ -44,12 +44,48 @@ pub(crate) enum Outgoing {
     Close(u16, String),
 }
 
-/// Where a channel's packets go right now.
+/// Where a channel's packets go right now: a socket, through that socket's [`Link`] (one
+/// shared value for every channel routed on the socket, not a copy per channel).
 #[derive(Clone, Debug)]
 pub(crate) struct Route {
     pub(crate) socket: u64,
+    pub(crate) link: Arc<Link>,
+}
+
+/// What every channel routed on one socket shares: its write queue and negotiated Profiles.
+#[derive(Debug)]
+pub(crate) struct Link {
     pub(crate) tx: mpsc::Sender<Outgoing>,
     pub(crate) profiles: Vec<ProfileId>,
+}
+
+/// A socket's link and how many channels are routed on it (the per-socket limit).
+struct SocketRoutes {
+    link: Arc<Link>,
+    channels: usize,
+}
+
+/// One channel in memory: its record and, while it is open on a socket, its route. One map
+/// entry per channel (not one per map for records and routes, each with its own id key). The
+/// record is boxed so the map's spare slots (a hash table keeps up to half of them empty after
+/// it grows) cost a pointer each, not a whole record.
+#[derive(Debug)]
+pub(crate) struct Channel {
+    pub(crate) record: Box<ChannelRecord>,
+    route: Option<Route>,
+}
+
+impl std::ops::Deref for Channel {
+    type Target = ChannelRecord;
+    fn deref(&self) -> &ChannelRecord {
+        &self.record
+    }
+}
+
+impl std::ops::DerefMut for Channel {
+    fn deref_mut(&mut self) -> &mut ChannelRecord {
+        &mut self.record
+    }
 }
 
 /// One open auth session.
@@ -66,14 +102,87 @@ pub(crate) struct State {
     pub(crate) connector_id: Option<ConnectorId>,
     pub(crate) live_sockets: HashSet<u64>,
     pub(crate) offline_since: Option<u64>,
-    pub(crate) channels: HashMap<ConnectorChannelId, ChannelRecord>,
-    pub(crate) routes: HashMap<ConnectorChannelId, Route>,
+    pub(crate) channels: HashMap<ConnectorChannelId, Channel>,
+    sockets: HashMap<u64, SocketRoutes>,
     pub(crate) auth_sessions: HashMap<AuthSessionId, AuthSession>,
     pub(crate) consumers: Consumers,
     pub(crate) next_socket: u64,
 }
 
 impl State {
+    /// Adds (or replaces) a channel, without a route.
+    pub(crate) fn insert_channel(&mut self, record: ChannelRecord) {
+        self.remove_channel(&record.id);
+        self.channels.insert(record.id.clone(), Channel { record: Box::new(record), route: None });
+    }
+
+    /// Removes a channel and its route.
+    pub(crate) fn remove_channel(&mut self, channel: &ConnectorChannelId) -> Option<ChannelRecord> {
+        self.clear_route(channel);
+        self.channels.remove(channel).map(|c| *c.record)
+    }
+
+    /// The channel's route, when it is open on a socket.
+    pub(crate) fn route(&self, channel: &ConnectorChannelId) -> Option<&Route> {
+        self.channels.get(channel)?.route.as_ref()
+    }
+
+    /// Routes an existing channel on `socket`; `link` makes the socket's shared link when it
+    /// has none yet. False when the channel does not exist.
+    pub(crate) fn set_route(
+        &mut self,
+        channel: &ConnectorChannelId,
+        socket: u64,
+        link: impl FnOnce() -> Link,
+    ) -> bool {
+        if !self.channels.contains_key(channel) {
+            return false;
+        }
+        self.clear_route(channel);
+        let routes = self
+            .sockets
+            .entry(socket)
+            .or_insert_with(|| SocketRoutes { link: Arc::new(link()), channels: 0 });
+        routes.channels += 1;
+        let route = Route { socket, link: Arc::clone(&routes.link) };
+        if let Some(entry) = self.channels.get_mut(channel) {
+            entry.route = Some(route);
+        }
+        true
+    }
+
+    /// Removes the channel's route; returns it.
+    pub(crate) fn clear_route(&mut self, channel: &ConnectorChannelId) -> Option<Route> {
+        let route = self.channels.get_mut(channel)?.route.take()?;
+        if let Some(routes) = self.sockets.get_mut(&route.socket) {
+            routes.channels = routes.channels.saturating_sub(1);
+            if routes.channels == 0 {
+                self.sockets.remove(&route.socket);
+            }
+        }
+        Some(route)
+    }
+
+    /// How many channels are routed on `socket`.
+    pub(crate) fn routed_on(&self, socket: u64) -> usize {
+        self.sockets.get(&socket).map_or(0, |routes| routes.channels)
+    }
+
+    /// Removes every route on `socket` (it closed); returns the channels that lost theirs.
+    pub(crate) fn detach_socket(&mut self, socket: u64) -> Vec<ConnectorChannelId> {
+        if self.sockets.remove(&socket).is_none() {
+            return Vec::new();
+        }
+        let mut lost = Vec::new();
+        for (id, entry) in &mut self.channels {
+            if entry.route.as_ref().is_some_and(|r| r.socket == socket) {
+                entry.route = None;
+                lost.push(id.clone());
+            }
+        }
+        lost
+    }
+
     /// Puts an unbound channel back to `created` when no sign-in attempt is pending on it.
     pub(crate) fn revert_authenticating(&mut self, channel: &ConnectorChannelId) {
         let pending_left =
@@ -227,13 +336,13 @@ impl Shared {
     ) -> Option<ConnectionDescriptor> {
         let state = self.state();
         let record = state.channels.get(channel)?;
-        let profiles = state.routes.get(channel).map(|r| r.profiles.clone()).unwrap_or_default();
+        let profiles = state.route(channel).map(|r| r.link.profiles.clone()).unwrap_or_default();
         Some(self.descriptor_for(record, &profiles))
     }
 
     /// Sends a packet on the channel's route, if it has one. Returns false when not routed.
     pub(crate) async fn send_on_route(&self, channel: &ConnectorChannelId, packet: Packet) -> bool {
-        let tx = self.state().routes.get(channel).map(|r| r.tx.clone());
+        let tx = self.state().route(channel).map(|r| r.link.tx.clone());
         match tx {
             Some(tx) => tx.send(Outgoing::Packet(packet)).await.is_ok(),
             None => false,
@@ -249,7 +358,7 @@ impl Shared {
         channel: &ConnectorChannelId,
         packet: Packet,
     ) -> TryQueue {
-        let tx = self.state().routes.get(channel).map(|r| r.tx.clone());
+        let tx = self.state().route(channel).map(|r| r.link.tx.clone());
         let Some(tx) = tx else { return TryQueue::NotRouted };
         let (done, written) = tokio::sync::oneshot::channel();
         match tx.try_send(Outgoing::Tracked(packet, done)) {
@@ -274,5 +383,61 @@ impl Shared {
 
     pub(crate) fn save_channel(&self, record: &ChannelRecord) -> Result<(), StorageError> {
         self.storage.save_channel(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str) -> ChannelRecord {
+        ChannelRecord {
+            id: ConnectorChannelId::new(id),
+            connector_id: ConnectorId::new("conn_test"),
+            status: ConnectionStatus::Created,
+            binding: None,
+            tool_overrides: Default::default(),
+            created_at: 0,
+        }
+    }
+
+    fn link() -> Link {
+        Link { tx: mpsc::channel(1).0, profiles: vec![ProfileId::new("xagent.im.v2")] }
+    }
+
+    #[test]
+    fn routes_share_one_link_per_socket_and_count_per_socket() {
+        let mut state = State::default();
+        for id in ["a", "b", "c"] {
+            state.insert_channel(record(id));
+        }
+        let (a, b, c) = (
+            ConnectorChannelId::new("a"),
+            ConnectorChannelId::new("b"),
+            ConnectorChannelId::new("c"),
+        );
+        assert!(state.set_route(&a, 1, link));
+        assert!(state.set_route(&b, 1, || unreachable!("socket 1 has its link")));
+        assert!(state.set_route(&c, 2, link));
+        assert!(!state.set_route(&ConnectorChannelId::new("missing"), 1, link));
+        let (ra, rb) = (state.route(&a).unwrap(), state.route(&b).unwrap());
+        assert!(Arc::ptr_eq(&ra.link, &rb.link), "one link for the socket's channels");
+        assert_eq!((state.routed_on(1), state.routed_on(2)), (2, 1));
+        // Re-routing moves the count; closing a channel's route frees its place.
+        assert!(state.set_route(&b, 2, link));
+        assert_eq!((state.routed_on(1), state.routed_on(2)), (1, 2));
+        assert_eq!(state.clear_route(&a).map(|r| r.socket), Some(1));
+        assert_eq!(state.routed_on(1), 0);
+        // A closed socket loses its routes; the records stay.
+        let mut lost = state.detach_socket(2);
+        lost.sort();
+        assert_eq!(lost, vec![b.clone(), c.clone()]);
+        assert!(state.route(&b).is_none() && state.route(&c).is_none());
+        assert_eq!(state.routed_on(2), 0);
+        assert_eq!(state.channels.len(), 3);
+        // Removing a routed channel releases its place on the socket.
+        assert!(state.set_route(&a, 3, link));
+        assert_eq!(state.remove_channel(&a).map(|r| r.id), Some(a));
+        assert_eq!(state.routed_on(3), 0);
     }
 }

@@ -152,7 +152,7 @@ impl HandleOps for Shared {
     }
 
     fn is_routed(&self, channel: &ConnectorChannelId) -> bool {
-        self.state().routes.contains_key(channel)
+        self.state().route(channel).is_some()
     }
 
     fn binding(&self, channel: &ConnectorChannelId) -> Option<Binding> {
