@@ -9,6 +9,9 @@
 //! records nothing, so a retryable redelivery is processed again.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use sha2::{Digest as _, Sha256};
 
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, MessageId,
@@ -83,11 +86,53 @@ pub enum Admission {
     InProgress(ChatMessageAck),
 }
 
+/// A fingerprint as kept in memory: 32 bytes instead of its 64-character hex string. A
+/// fingerprint that is not 64 lowercase hex digits (only a foreign store would hold one) is
+/// kept as the SHA-256 of its text, so equal strings stay equal. The stored form is unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Digest([u8; 32]);
+
+impl Digest {
+    fn of(fingerprint: &Fingerprint) -> Self {
+        let hex = fingerprint.as_str();
+        let mut bytes = [0u8; 32];
+        let lowercase = hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if hex.len() == 64 && lowercase && hex::decode_to_slice(hex, &mut bytes).is_ok() {
+            return Self(bytes);
+        }
+        Self(Sha256::digest(hex.as_bytes()).into())
+    }
+}
+
+/// One channel's ids. A completed id is held once (`Arc<str>`, shared by the map key and the
+/// age queue), with its fingerprint as 32 bytes: about 140 bytes per remembered id instead
+/// of 250 (two `String` copies of the id and a hex `String` fingerprint).
 #[derive(Debug, Default)]
 struct ChannelSet {
-    completed: HashMap<MessageId, (Fingerprint, u64)>,
-    order: VecDeque<MessageId>,
-    in_progress: HashMap<MessageId, (Fingerprint, u64)>,
+    completed: HashMap<Arc<str>, (Digest, u64)>,
+    order: VecDeque<Arc<str>>,
+    in_progress: HashMap<MessageId, (Digest, u64)>,
+}
+
+impl ChannelSet {
+    /// Records a completed id (oldest first in `order`); false when it was already there.
+    fn remember(&mut self, message_id: &MessageId, digest: Digest, at: u64) -> bool {
+        if let Some(known) = self.completed.get_mut(message_id.as_str()) {
+            *known = (digest, at);
+            return false;
+        }
+        let id: Arc<str> = Arc::from(message_id.as_str());
+        self.completed.insert(Arc::clone(&id), (digest, at));
+        self.order.push_back(id);
+        true
+    }
+
+    /// Forgets the oldest completed id; returns it.
+    fn forget_oldest(&mut self) -> Option<MessageId> {
+        let id = self.order.pop_front()?;
+        self.completed.remove(&id);
+        Some(MessageId::new(&*id))
+    }
 }
 
 /// Counters of the idempotency set.
@@ -132,10 +177,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
             Self { config, store, channels: BTreeMap::new(), stats: IdempotencyStats::default() };
         for r in records {
             let ch = set.channels.entry(r.channel).or_default();
-            if ch.completed.insert(r.message_id.clone(), (r.fingerprint, r.completed_at)).is_none()
-            {
-                ch.order.push_back(r.message_id);
-            }
+            ch.remember(&r.message_id, Digest::of(&r.fingerprint), r.completed_at);
         }
         set.prune(now)?;
         Ok(set)
@@ -163,9 +205,11 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
     ) -> Result<Admission, IdempotencyError> {
         self.prune_channel(channel, now)?;
         let ch = self.channels.entry(channel.clone()).or_default();
-        let known = ch.completed.get(message_id).or_else(|| ch.in_progress.get(message_id));
+        let digest = Digest::of(&fingerprint);
+        let completed = ch.completed.get(message_id.as_str());
+        let known = completed.or_else(|| ch.in_progress.get(message_id));
         if let Some((known_fp, _)) = known {
-            if *known_fp != fingerprint {
+            if *known_fp != digest {
                 self.stats.conflicts += 1;
                 return Ok(Admission::Conflict(ChatMessageAck::rejected(
                     message_id.clone(),
@@ -174,7 +218,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
                     false,
                 )));
             }
-            if ch.completed.contains_key(message_id) {
+            if completed.is_some() {
                 self.stats.duplicates += 1;
                 return Ok(Admission::Duplicate(ChatMessageAck::duplicate(message_id.clone())));
             }
@@ -185,7 +229,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
                 true,
             )));
         }
-        ch.in_progress.insert(message_id.clone(), (fingerprint.clone(), now));
+        ch.in_progress.insert(message_id.clone(), (digest, now));
         Ok(Admission::Process(Ticket {
             channel: channel.clone(),
             message_id: message_id.clone(),
@@ -226,14 +270,11 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         })];
         let ch = self.channels.entry(channel.clone()).or_default();
         ch.in_progress.remove(&message_id);
-        if ch.completed.insert(message_id.clone(), (fingerprint, now)).is_none() {
-            ch.order.push_back(message_id.clone());
-        }
+        ch.remember(&message_id, Digest::of(&fingerprint), now);
         self.stats.completed += 1;
         let capacity = self.config.capacity_per_channel.max(1);
         while ch.order.len() > capacity {
-            let Some(oldest) = ch.order.pop_front() else { break };
-            ch.completed.remove(&oldest);
+            let Some(oldest) = ch.forget_oldest() else { break };
             self.stats.evicted_capacity += 1;
             writes.push(IdempotencyWrite::Delete(channel.clone(), oldest));
         }
@@ -258,7 +299,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
 
     /// True when the id is remembered as completed on the channel.
     pub fn is_completed(&self, channel: &ConnectorChannelId, message_id: &MessageId) -> bool {
-        self.channels.get(channel).is_some_and(|ch| ch.completed.contains_key(message_id))
+        self.channels.get(channel).is_some_and(|ch| ch.completed.contains_key(message_id.as_str()))
     }
 
     /// Forgets completed ids past the age bound and stale admissions, on every channel.
@@ -273,10 +314,9 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
     /// The channel was permanently deleted: forget all its state.
     pub fn remove_channel(&mut self, channel: &ConnectorChannelId) -> Result<(), IdempotencyError> {
         if let Some(ch) = self.channels.get_mut(channel) {
-            while let Some(id) = ch.order.front().cloned() {
-                self.store.delete_completed(channel, &id)?;
-                ch.order.pop_front();
-                ch.completed.remove(&id);
+            while let Some(id) = ch.order.front() {
+                self.store.delete_completed(channel, &MessageId::new(&**id))?;
+                ch.forget_oldest();
             }
         }
         self.channels.remove(channel);
@@ -310,10 +350,8 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
             if !old {
                 break;
             }
-            let id = front.clone();
-            self.store.delete_completed(channel, &id)?;
-            ch.order.pop_front();
-            if ch.completed.remove(&id).is_some() {
+            self.store.delete_completed(channel, &MessageId::new(&**front))?;
+            if ch.forget_oldest().is_some() {
                 self.stats.evicted_age += 1;
             }
         }
@@ -332,5 +370,50 @@ impl ReceiverIdempotency<MemoryStore> {
             channels: BTreeMap::new(),
             stats: IdempotencyStats::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hex_fingerprint_is_kept_as_its_32_bytes_and_other_text_stays_distinct() {
+        let real = Fingerprint::of_value(&serde_json::json!({"text": "hi"}));
+        let digest = Digest::of(&real);
+        let mut expected = [0u8; 32];
+        hex::decode_to_slice(real.as_str(), &mut expected).expect("64 hex digits");
+        assert_eq!(digest, Digest(expected));
+        assert_eq!(digest, Digest::of(&Fingerprint::from_hex(real.as_str())));
+        // Not a lowercase SHA-256 hex: compared as text, through its own hash.
+        let upper = Fingerprint::from_hex(real.as_str().to_uppercase());
+        assert_ne!(Digest::of(&upper), digest, "different strings stay different");
+        assert_eq!(
+            Digest::of(&Fingerprint::from_hex("ab")),
+            Digest::of(&Fingerprint::from_hex("ab"))
+        );
+        assert_ne!(
+            Digest::of(&Fingerprint::from_hex("ab")),
+            Digest::of(&Fingerprint::from_hex("ac"))
+        );
+    }
+
+    #[test]
+    fn a_completed_id_is_held_once_for_the_map_and_the_age_queue() {
+        let mut set = ReceiverIdempotency::in_memory(IdempotencyConfig::default());
+        let channel = ConnectorChannelId::new("cch_1");
+        let message = ChatMessage::text(MessageId::new("m_1"), "hi");
+        let Admission::Process(ticket) = set.begin_chat(&channel, &message, 1).expect("admits")
+        else {
+            panic!("a first message is processed");
+        };
+        set.complete(ticket, 2).expect("completes");
+        let ch = &set.channels[&channel];
+        let (key, _) = ch.completed.get_key_value("m_1").expect("remembered");
+        assert!(Arc::ptr_eq(key, &ch.order[0]), "one allocation for the id");
+        // Still a duplicate with the same content and a conflict with other content.
+        assert!(matches!(set.begin_chat(&channel, &message, 3), Ok(Admission::Duplicate(_))));
+        let other = ChatMessage::text(MessageId::new("m_1"), "changed");
+        assert!(matches!(set.begin_chat(&channel, &other, 3), Ok(Admission::Conflict(_))));
     }
 }
