@@ -70,7 +70,7 @@ pub struct SqliteXagentStore {
 }
 
 fn err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
-    move |e| StoreError::new(operation, e.to_string())
+    move |e| StoreError::from_source(operation, e)
 }
 
 fn to_i64(value: u64) -> i64 {
@@ -86,13 +86,12 @@ impl SqliteXagentStore {
     /// acknowledged message is on disk before its ack leaves.
     pub fn open(state_dir: impl AsRef<Path>) -> Result<Self, StoreError> {
         let dir = state_dir.as_ref();
-        std::fs::create_dir_all(dir)
-            .map_err(|e| StoreError::new("create state dir", e.to_string()))?;
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::from_source("create state dir", e))?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| StoreError::new("restrict state dir", e.to_string()))?;
+                .map_err(|e| StoreError::from_source("restrict state dir", e))?;
         }
         let path = dir.join(DATABASE_FILE);
         let conn = Connection::open(&path).map_err(err("open"))?;

@@ -1,6 +1,8 @@
 //! Errors of this crate. Each maps to one stable wire [`ErrorCode`] through a single `code()`
 //! function, so no caller invents codes.
 
+use std::sync::Arc;
+
 use xagent_protocol_types::{ConnectorChannelId, ErrorCode, MessageId};
 
 /// A payload broke an IM Profile rule. Raised when a message, activity or push is built or
@@ -70,20 +72,52 @@ impl PayloadError {
     }
 }
 
-/// A storage backend failed. The message names the operation, never a payload.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("storage failed during {operation}: {reason}")]
+/// A storage backend failed. The message names the operation and the backend's own error,
+/// which stays reachable as the [`source`](std::error::Error::source); never a payload.
+#[derive(Clone, Debug)]
 pub struct StoreError {
     /// What was being done (`save_pending`, `load_completed`, ...).
     pub operation: &'static str,
-    /// The backend's explanation.
-    pub reason: String,
+    /// The backend's error (shared, so the error stays `Clone`).
+    cause: Arc<dyn std::error::Error + Send + Sync + 'static>,
 }
 
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "storage failed during {}: {}", self.operation, self.cause)
+    }
+}
+
+impl std::error::Error for StoreError {
+    /// The backend's own error itself (not the `Arc` around it), so it can be downcast.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.cause)
+    }
+}
+
+/// A failure a backend can only describe in words (no error value of its own).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Described(String);
+
 impl StoreError {
-    /// A failure of `operation` with a reason.
+    /// A failure of `operation` described in words, for a backend without an error value.
     pub fn new(operation: &'static str, reason: impl Into<String>) -> Self {
-        Self { operation, reason: reason.into() }
+        Self { operation, cause: Arc::new(Described(reason.into())) }
+    }
+
+    /// A failure of `operation` caused by the backend's own `error`, kept as the source so
+    /// callers can inspect it (a full disk, a locked database) instead of parsing text.
+    pub fn from_source(
+        operation: &'static str,
+        error: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self { operation, cause: Arc::new(error) }
+    }
+
+    /// The backend's explanation, as text.
+    pub fn reason(&self) -> String {
+        self.cause.to_string()
     }
 
     /// Storage failures are internal: `internal_error`.
@@ -91,6 +125,15 @@ impl StoreError {
         ErrorCode::InternalError
     }
 }
+
+/// Two store errors are equal when they name the same operation and say the same thing.
+impl PartialEq for StoreError {
+    fn eq(&self, other: &Self) -> bool {
+        self.operation == other.operation && self.reason() == other.reason()
+    }
+}
+
+impl Eq for StoreError {}
 
 /// Why the outbox refused a call.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -227,5 +270,28 @@ impl IdempotencyError {
             Self::Store(e) => e.code(),
             Self::Payload(e) => e.code(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_store_error_keeps_the_backends_error_as_its_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device");
+        let error = StoreError::from_source("save_pending", io);
+        let source = error.source().expect("the backend's error is the source");
+        let io = source.downcast_ref::<std::io::Error>().expect("still an io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::StorageFull);
+        assert_eq!(
+            error.to_string(),
+            "storage failed during save_pending: no space left on device"
+        );
+        assert_eq!(error.code(), ErrorCode::InternalError);
+        // Clone shares the source; equality is by operation and text.
+        assert_eq!(error.clone(), error);
+        assert_ne!(error, StoreError::new("load_pending", "no space left on device"));
     }
 }

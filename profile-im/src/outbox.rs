@@ -234,7 +234,7 @@ impl OutboundPayload {
 
     /// The JSON text stored in [`PendingRecord::payload`].
     pub fn to_json(&self) -> Result<String, StoreError> {
-        serde_json::to_string(self).map_err(|e| StoreError::new("encode_payload", e.to_string()))
+        serde_json::to_string(self).map_err(|e| StoreError::from_source("encode_payload", e))
     }
 
     /// Reads [`PendingRecord::payload`] back.

@@ -12,7 +12,7 @@ use super::WriteOp;
 use super::sqlite::{SqliteStorage, to_u64};
 
 fn store_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
-    move |e| StoreError::new(operation, e.to_string())
+    move |e| StoreError::from_source(operation, e)
 }
 
 impl OutboxStore for SqliteStorage {
@@ -31,7 +31,7 @@ impl OutboxStore for SqliteStorage {
     /// One transaction through the group-commit writer.
     fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
         let ops = writes.iter().cloned().map(WriteOp::Outbox).collect();
-        self.write(ops).map_err(|e| StoreError::new("outbox write", e.to_string()))
+        self.write(ops).map_err(|e| StoreError::from_source("outbox write", e))
     }
 
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
@@ -80,7 +80,7 @@ impl IdempotencyStore for SqliteStorage {
     /// One transaction through the group-commit writer.
     fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
         let ops = writes.iter().cloned().map(WriteOp::Idempotency).collect();
-        self.write(ops).map_err(|e| StoreError::new("idempotency write", e.to_string()))
+        self.write(ops).map_err(|e| StoreError::from_source("idempotency write", e))
     }
 
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
