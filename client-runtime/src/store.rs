@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, params};
 use xagent_profile_im::{
-    CompletedRecord, Fingerprint, IdempotencyStore, MemoryStore, OutboxStore, PendingRecord,
-    StoreError,
+    CompletedRecord, IdempotencyStore, MemoryStore, OutboxStore, PendingRecord, StoreError,
 };
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
@@ -51,14 +50,6 @@ const DATABASE_FILE: &str = "xagent.sqlite3";
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS channels (
   id TEXT PRIMARY KEY, owner TEXT);
-CREATE TABLE IF NOT EXISTS im_pending (
-  channel TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
-  attempts INTEGER NOT NULL, first_responsibility_at INTEGER NOT NULL,
-  expires_at INTEGER NOT NULL, next_attempt_at INTEGER NOT NULL, last_error TEXT,
-  PRIMARY KEY (channel, message_id));
-CREATE TABLE IF NOT EXISTS im_completed (
-  channel TEXT NOT NULL, message_id TEXT NOT NULL, fingerprint TEXT NOT NULL,
-  completed_at INTEGER NOT NULL, PRIMARY KEY (channel, message_id));
 ";
 
 /// The default store: one SQLite file (WAL, synchronous commits) under a state directory
@@ -71,14 +62,6 @@ pub struct SqliteXagentStore {
 
 fn err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
     move |e| StoreError::from_source(operation, e)
-}
-
-fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-fn to_u64(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
 }
 
 impl SqliteXagentStore {
@@ -108,6 +91,7 @@ impl SqliteXagentStore {
     fn init(conn: Connection, path: Option<PathBuf>) -> Result<Self, StoreError> {
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(err("set busy timeout"))?;
         conn.execute_batch(SCHEMA).map_err(err("create schema"))?;
+        conn.execute_batch(xagent_im_sqlite::SCHEMA).map_err(err("create schema"))?;
         Ok(Self { conn: Arc::new(Mutex::new(conn)), path })
     }
 
@@ -189,27 +173,7 @@ impl XagentStore for SqliteXagentStore {
 
 impl OutboxStore for SqliteXagentStore {
     fn save_pending(&mut self, r: &PendingRecord) -> Result<(), StoreError> {
-        self.lock()
-            .prepare_cached(
-                "INSERT OR REPLACE INTO im_pending (channel, message_id, seq, payload, attempts,
-                   first_responsibility_at, expires_at, next_attempt_at, last_error)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    r.channel.as_str(),
-                    r.message_id.as_str(),
-                    to_i64(r.seq),
-                    r.payload,
-                    r.attempts,
-                    to_i64(r.first_responsibility_at),
-                    to_i64(r.expires_at),
-                    to_i64(r.next_attempt_at),
-                    r.last_error
-                ])
-            })
-            .map(|_| ())
-            .map_err(err("save_pending"))
+        xagent_im_sqlite::save_pending(&self.lock(), r).map_err(err("save_pending"))
     }
 
     fn delete_pending(
@@ -217,57 +181,18 @@ impl OutboxStore for SqliteXagentStore {
         channel: &ConnectorChannelId,
         message_id: &MessageId,
     ) -> Result<(), StoreError> {
-        self.lock()
-            .prepare_cached("DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2")
-            .and_then(|mut stmt| stmt.execute(params![channel.as_str(), message_id.as_str()]))
-            .map(|_| ())
+        xagent_im_sqlite::delete_pending(&self.lock(), channel, message_id)
             .map_err(err("delete_pending"))
     }
 
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(
-                "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
-                   expires_at, next_attempt_at, last_error FROM im_pending",
-            )
-            .map_err(err("load_pending"))?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok(PendingRecord {
-                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
-                    message_id: MessageId::new(row.get::<_, String>(1)?),
-                    seq: to_u64(row.get(2)?),
-                    payload: row.get(3)?,
-                    attempts: row.get(4)?,
-                    first_responsibility_at: to_u64(row.get(5)?),
-                    expires_at: to_u64(row.get(6)?),
-                    next_attempt_at: to_u64(row.get(7)?),
-                    last_error: row.get(8)?,
-                })
-            })
-            .map_err(err("load_pending"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(err("load_pending"))
+        xagent_im_sqlite::load_pending(&self.lock()).map_err(err("load_pending"))
     }
 }
 
 impl IdempotencyStore for SqliteXagentStore {
     fn save_completed(&mut self, r: &CompletedRecord) -> Result<(), StoreError> {
-        self.lock()
-            .prepare_cached(
-                "INSERT OR REPLACE INTO im_completed (channel, message_id, fingerprint, completed_at)
-                 VALUES (?1, ?2, ?3, ?4)",
-            )
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    r.channel.as_str(),
-                    r.message_id.as_str(),
-                    r.fingerprint.as_str(),
-                    to_i64(r.completed_at)
-                ])
-            })
-            .map(|_| ())
-            .map_err(err("save_completed"))
+        xagent_im_sqlite::save_completed(&self.lock(), r).map_err(err("save_completed"))
     }
 
     fn delete_completed(
@@ -275,29 +200,12 @@ impl IdempotencyStore for SqliteXagentStore {
         channel: &ConnectorChannelId,
         message_id: &MessageId,
     ) -> Result<(), StoreError> {
-        self.lock()
-            .prepare_cached("DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2")
-            .and_then(|mut stmt| stmt.execute(params![channel.as_str(), message_id.as_str()]))
-            .map(|_| ())
+        xagent_im_sqlite::delete_completed(&self.lock(), channel, message_id)
             .map_err(err("delete_completed"))
     }
 
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare("SELECT channel, message_id, fingerprint, completed_at FROM im_completed")
-            .map_err(err("load_completed"))?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok(CompletedRecord {
-                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
-                    message_id: MessageId::new(row.get::<_, String>(1)?),
-                    fingerprint: Fingerprint::from_hex(row.get::<_, String>(2)?),
-                    completed_at: to_u64(row.get(3)?),
-                })
-            })
-            .map_err(err("load_completed"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(err("load_completed"))
+        xagent_im_sqlite::load_completed(&self.lock()).map_err(err("load_completed"))
     }
 }
 

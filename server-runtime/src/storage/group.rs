@@ -30,8 +30,8 @@ use rusqlite::Connection;
 use super::StorageError;
 use super::write_op::{WriteOp, execute};
 
-/// The tables of the runtime's SQLite database (created when missing).
-pub(crate) const SCHEMA: &str = "
+/// The runtime's own tables (created when missing); the IM tables come from `xagent-im-sqlite`.
+const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS channels (
   id TEXT PRIMARY KEY, connector_id TEXT NOT NULL, status TEXT NOT NULL,
@@ -40,14 +40,6 @@ CREATE TABLE IF NOT EXISTS tool_calls (
   channel TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL, result TEXT,
   error_code TEXT, error_message TEXT, completed_at INTEGER NOT NULL,
   PRIMARY KEY (channel, key));
-CREATE TABLE IF NOT EXISTS im_pending (
-  channel TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
-  attempts INTEGER NOT NULL, first_responsibility_at INTEGER NOT NULL,
-  expires_at INTEGER NOT NULL, next_attempt_at INTEGER NOT NULL, last_error TEXT,
-  PRIMARY KEY (channel, message_id));
-CREATE TABLE IF NOT EXISTS im_completed (
-  channel TEXT NOT NULL, message_id TEXT NOT NULL, fingerprint TEXT NOT NULL,
-  completed_at INTEGER NOT NULL, PRIMARY KEY (channel, message_id));
 ";
 
 /// How hard SQLite makes each commit durable (`PRAGMA synchronous`, in WAL mode).
@@ -92,8 +84,14 @@ pub(crate) fn open_connection(
     conn.pragma_update(None, "synchronous", synchronous.as_str())
         .map_err(|e| storage_error("set synchronous", e))?;
     conn.busy_timeout(Duration::from_secs(5)).map_err(|e| storage_error("set busy timeout", e))?;
-    conn.execute_batch(SCHEMA).map_err(|e| storage_error("create schema", e))?;
+    create_schema(&conn).map_err(|e| storage_error("create schema", e))?;
     Ok(conn)
+}
+
+/// Creates every table of the runtime's database that is missing: its own and the IM stores'.
+pub(crate) fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(xagent_im_sqlite::SCHEMA)
 }
 
 /// Batching bounds of the writer.

@@ -126,7 +126,7 @@ impl SqliteStorage {
     /// connection.
     pub fn in_memory() -> Result<Self, StorageError> {
         let conn = Connection::open_in_memory().map_err(|e| StorageError::new("open", e))?;
-        conn.execute_batch(group::SCHEMA).map_err(|e| StorageError::new("create schema", e))?;
+        group::create_schema(&conn).map_err(|e| StorageError::new("create schema", e))?;
         let conn = Arc::new(Mutex::new(conn));
         let group = GroupCommit::start(conn.clone(), GroupCommitConfig::default())?;
         Ok(Self {

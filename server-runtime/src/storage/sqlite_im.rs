@@ -3,13 +3,13 @@
 //! transaction).
 
 use xagent_profile_im::{
-    CompletedRecord, Fingerprint, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite,
-    PendingRecord, StoreError,
+    CompletedRecord, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite, PendingRecord,
+    StoreError,
 };
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
 use super::WriteOp;
-use super::sqlite::{SqliteStorage, to_u64};
+use super::sqlite::SqliteStorage;
 
 fn store_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
     move |e| StoreError::from_source(operation, e)
@@ -35,29 +35,7 @@ impl OutboxStore for SqliteStorage {
     }
 
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(
-                "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
-                   expires_at, next_attempt_at, last_error FROM im_pending",
-            )
-            .map_err(store_err("load_pending"))?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok(PendingRecord {
-                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
-                    message_id: MessageId::new(row.get::<_, String>(1)?),
-                    seq: to_u64(row.get(2)?),
-                    payload: row.get(3)?,
-                    attempts: row.get(4)?,
-                    first_responsibility_at: to_u64(row.get(5)?),
-                    expires_at: to_u64(row.get(6)?),
-                    next_attempt_at: to_u64(row.get(7)?),
-                    last_error: row.get(8)?,
-                })
-            })
-            .map_err(store_err("load_pending"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(store_err("load_pending"))
+        xagent_im_sqlite::load_pending(&self.lock()).map_err(store_err("load_pending"))
     }
 }
 
@@ -84,20 +62,6 @@ impl IdempotencyStore for SqliteStorage {
     }
 
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare("SELECT channel, message_id, fingerprint, completed_at FROM im_completed")
-            .map_err(store_err("load_completed"))?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok(CompletedRecord {
-                    channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
-                    message_id: MessageId::new(row.get::<_, String>(1)?),
-                    fingerprint: Fingerprint::from_hex(row.get::<_, String>(2)?),
-                    completed_at: to_u64(row.get(3)?),
-                })
-            })
-            .map_err(store_err("load_completed"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(store_err("load_completed"))
+        xagent_im_sqlite::load_completed(&self.lock()).map_err(store_err("load_completed"))
     }
 }

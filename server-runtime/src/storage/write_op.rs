@@ -81,50 +81,14 @@ impl std::fmt::Debug for WriteOp {
     }
 }
 
-fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
 /// Executes one write through the statement cache.
 pub(crate) fn execute(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
     let exec = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> rusqlite::Result<()> {
         conn.prepare_cached(sql)?.execute(p).map(|_| ())
     };
     match op {
-        WriteOp::Outbox(OutboxWrite::Save(r)) => exec(
-            "INSERT OR REPLACE INTO im_pending (channel, message_id, seq, payload, attempts,
-               first_responsibility_at, expires_at, next_attempt_at, last_error)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            params![
-                r.channel.as_str(),
-                r.message_id.as_str(),
-                to_i64(r.seq),
-                r.payload,
-                r.attempts,
-                to_i64(r.first_responsibility_at),
-                to_i64(r.expires_at),
-                to_i64(r.next_attempt_at),
-                r.last_error
-            ],
-        ),
-        WriteOp::Outbox(OutboxWrite::Delete(channel, message_id)) => exec(
-            "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
-            params![channel.as_str(), message_id.as_str()],
-        ),
-        WriteOp::Idempotency(IdempotencyWrite::Save(r)) => exec(
-            "INSERT OR REPLACE INTO im_completed (channel, message_id, fingerprint, completed_at)
-             VALUES (?1, ?2, ?3, ?4)",
-            params![
-                r.channel.as_str(),
-                r.message_id.as_str(),
-                r.fingerprint.as_str(),
-                to_i64(r.completed_at)
-            ],
-        ),
-        WriteOp::Idempotency(IdempotencyWrite::Delete(channel, message_id)) => exec(
-            "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
-            params![channel.as_str(), message_id.as_str()],
-        ),
+        WriteOp::Outbox(write) => xagent_im_sqlite::write_outbox(conn, write),
+        WriteOp::Idempotency(write) => xagent_im_sqlite::write_idempotency(conn, write),
         WriteOp::ToolCall { channel, key, fingerprint, result, error, completed_at } => {
             let (code, message) = match error {
                 Some((code, message)) => (Some(code.as_str()), Some(message.as_str())),

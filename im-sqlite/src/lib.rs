@@ -1,0 +1,211 @@
+//! # xagent-im-sqlite
+//!
+//! The SQLite form of `profile-im`'s two stores, written once for both ends of the wire: the
+//! Connector's runtime (which sends these writes through its group commit) and xAgent's
+//! client runtime (which runs them on its own connection). It holds the two tables, the four
+//! writes and the two loads; opening the database, its pragmas, transactions and error
+//! wrapping stay with each runtime.
+//!
+//! ```
+//! use rusqlite::Connection;
+//! use xagent_profile_im::{CompletedRecord, Fingerprint, IdempotencyWrite};
+//! use xagent_protocol_types::{ConnectorChannelId, MessageId};
+//!
+//! let conn = Connection::open_in_memory()?;
+//! conn.execute_batch(xagent_im_sqlite::SCHEMA)?;
+//! let record = CompletedRecord {
+//!     channel: ConnectorChannelId::new("cch_1"),
+//!     message_id: MessageId::new("m_1"),
+//!     fingerprint: Fingerprint::from_hex("00"),
+//!     completed_at: 7,
+//! };
+//! xagent_im_sqlite::write_idempotency(&conn, &IdempotencyWrite::Save(record.clone()))?;
+//! assert_eq!(xagent_im_sqlite::load_completed(&conn)?, vec![record]);
+//! # Ok::<(), rusqlite::Error>(())
+//! ```
+
+use rusqlite::{Connection, params};
+use xagent_profile_im::{
+    CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord,
+};
+use xagent_protocol_types::{ConnectorChannelId, MessageId};
+
+/// The outbox's pending messages and the receiver's completed ids (created when missing).
+pub const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS im_pending (
+  channel TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
+  attempts INTEGER NOT NULL, first_responsibility_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL, next_attempt_at INTEGER NOT NULL, last_error TEXT,
+  PRIMARY KEY (channel, message_id));
+CREATE TABLE IF NOT EXISTS im_completed (
+  channel TEXT NOT NULL, message_id TEXT NOT NULL, fingerprint TEXT NOT NULL,
+  completed_at INTEGER NOT NULL, PRIMARY KEY (channel, message_id));
+";
+
+/// Times and counters are `u64` in the records and `INTEGER` (i64) in SQLite; a value past
+/// `i64::MAX` is stored as `i64::MAX`.
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A negative stored value (never written by this crate) reads as 0.
+fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+fn exec(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute(params).map(|_| ())
+}
+
+/// Inserts or replaces one pending message.
+pub fn save_pending(conn: &Connection, r: &PendingRecord) -> rusqlite::Result<()> {
+    exec(
+        conn,
+        "INSERT OR REPLACE INTO im_pending (channel, message_id, seq, payload, attempts,
+           first_responsibility_at, expires_at, next_attempt_at, last_error)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            r.channel.as_str(),
+            r.message_id.as_str(),
+            to_i64(r.seq),
+            r.payload,
+            r.attempts,
+            to_i64(r.first_responsibility_at),
+            to_i64(r.expires_at),
+            to_i64(r.next_attempt_at),
+            r.last_error
+        ],
+    )
+}
+
+/// Deletes one pending message; a missing one is not an error.
+pub fn delete_pending(
+    conn: &Connection,
+    channel: &ConnectorChannelId,
+    message_id: &MessageId,
+) -> rusqlite::Result<()> {
+    exec(
+        conn,
+        "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
+        params![channel.as_str(), message_id.as_str()],
+    )
+}
+
+/// Inserts or replaces one completed id.
+pub fn save_completed(conn: &Connection, r: &CompletedRecord) -> rusqlite::Result<()> {
+    exec(
+        conn,
+        "INSERT OR REPLACE INTO im_completed (channel, message_id, fingerprint, completed_at)
+         VALUES (?1, ?2, ?3, ?4)",
+        params![
+            r.channel.as_str(),
+            r.message_id.as_str(),
+            r.fingerprint.as_str(),
+            to_i64(r.completed_at)
+        ],
+    )
+}
+
+/// Deletes one completed id; a missing one is not an error.
+pub fn delete_completed(
+    conn: &Connection,
+    channel: &ConnectorChannelId,
+    message_id: &MessageId,
+) -> rusqlite::Result<()> {
+    exec(
+        conn,
+        "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
+        params![channel.as_str(), message_id.as_str()],
+    )
+}
+
+/// One write of the outbox.
+pub fn write_outbox(conn: &Connection, write: &OutboxWrite) -> rusqlite::Result<()> {
+    match write {
+        OutboxWrite::Save(record) => save_pending(conn, record),
+        OutboxWrite::Delete(channel, message_id) => delete_pending(conn, channel, message_id),
+    }
+}
+
+/// One write of the receiver's idempotency set.
+pub fn write_idempotency(conn: &Connection, write: &IdempotencyWrite) -> rusqlite::Result<()> {
+    match write {
+        IdempotencyWrite::Save(record) => save_completed(conn, record),
+        IdempotencyWrite::Delete(channel, message_id) => {
+            delete_completed(conn, channel, message_id)
+        }
+    }
+}
+
+/// Every pending message, in any order (the outbox sorts by `seq`).
+pub fn load_pending(conn: &Connection) -> rusqlite::Result<Vec<PendingRecord>> {
+    let mut stmt = conn.prepare(
+        "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
+           expires_at, next_attempt_at, last_error FROM im_pending",
+    )?;
+    let rows = stmt.query_map([], |row| {
+        Ok(PendingRecord {
+            channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
+            message_id: MessageId::new(row.get::<_, String>(1)?),
+            seq: to_u64(row.get(2)?),
+            payload: row.get(3)?,
+            attempts: row.get(4)?,
+            first_responsibility_at: to_u64(row.get(5)?),
+            expires_at: to_u64(row.get(6)?),
+            next_attempt_at: to_u64(row.get(7)?),
+            last_error: row.get(8)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Every completed id, in any order.
+pub fn load_completed(conn: &Connection) -> rusqlite::Result<Vec<CompletedRecord>> {
+    let mut stmt =
+        conn.prepare("SELECT channel, message_id, fingerprint, completed_at FROM im_completed")?;
+    let rows = stmt.query_map([], |row| {
+        Ok(CompletedRecord {
+            channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
+            message_id: MessageId::new(row.get::<_, String>(1)?),
+            fingerprint: Fingerprint::from_hex(row.get::<_, String>(2)?),
+            completed_at: to_u64(row.get(3)?),
+        })
+    })?;
+    rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(id: &str) -> PendingRecord {
+        PendingRecord {
+            channel: ConnectorChannelId::new("cch_1"),
+            message_id: MessageId::new(id),
+            seq: 3,
+            payload: "{}".into(),
+            attempts: 2,
+            first_responsibility_at: 10,
+            expires_at: u64::MAX,
+            next_attempt_at: 12,
+            last_error: Some("timeout".into()),
+        }
+    }
+
+    #[test]
+    fn pending_messages_round_trip_and_delete() -> rusqlite::Result<()> {
+        let conn = Connection::open_in_memory()?;
+        conn.execute_batch(SCHEMA)?;
+        write_outbox(&conn, &OutboxWrite::Save(pending("m_1")))?;
+        write_outbox(&conn, &OutboxWrite::Save(pending("m_2")))?;
+        write_outbox(
+            &conn,
+            &OutboxWrite::Delete(ConnectorChannelId::new("cch_1"), MessageId::new("m_1")),
+        )?;
+        let mut expected = pending("m_2");
+        // Stored as i64::MAX, read back as that.
+        expected.expires_at = i64::MAX as u64;
+        assert_eq!(load_pending(&conn)?, vec![expected]);
+        Ok(())
+    }
+}
