@@ -53,30 +53,27 @@ impl<K: Eq + Hash + Clone + Send + 'static> Lanes<K> {
     ) -> Result<(), LaneFull> {
         let job: Job = Box::pin(job);
         let mut lanes = lock(&self.lanes);
-        if let Some(sender) = lanes.get(key) {
-            return match sender.try_send(job) {
-                Ok(()) => Ok(()),
-                Err(mpsc::error::TrySendError::Full(_)) => Err(LaneFull),
+        let job = match lanes.get(key) {
+            None => job,
+            Some(sender) => match sender.try_send(job) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Full(_)) => return Err(LaneFull),
                 // The task is gone (it only exits under this lock after removing its entry,
                 // so this is a task that panicked): replace the lane.
-                Err(mpsc::error::TrySendError::Closed(job)) => {
-                    lanes.remove(key);
-                    drop(lanes);
-                    self.start_lane(key, job);
-                    Ok(())
-                }
-            };
-        }
-        drop(lanes);
-        self.start_lane(key, job);
+                Err(mpsc::error::TrySendError::Closed(job)) => job,
+            },
+        };
+        // Started under the same lock that found no lane, so two submitters of one key never
+        // both start one (which would run the channel's jobs in two tasks, out of order).
+        self.start_lane(&mut lanes, key, job);
         Ok(())
     }
 
-    fn start_lane(&self, key: &K, first: Job) {
+    fn start_lane(&self, lanes: &mut HashMap<K, mpsc::Sender<Job>>, key: &K, first: Job) {
         let (sender, mut receiver) = mpsc::channel::<Job>(self.capacity);
         // A fresh channel has room for the first job.
         let _ = sender.try_send(first);
-        lock(&self.lanes).insert(key.clone(), sender);
+        lanes.insert(key.clone(), sender);
         let lanes = self.lanes.clone();
         let key = key.clone();
         tokio::spawn(async move {
