@@ -227,18 +227,25 @@ impl ImState {
             let mut inner = self.inner();
             let message_id = payload.message_id().cloned();
             let outcome = inner.outbox.enqueue(channel, payload, shared.now())?;
-            if outcome == EnqueueOutcome::AlreadyPending {
-                // The same message again: perhaps because our earlier answer was a failed
-                // commit. Write its record again, so this answer too means "durable".
-                let record = message_id.and_then(|id| inner.outbox.record(channel, &id).cloned());
-                if let Some(record) = record {
-                    shared.storage().commit_im(vec![OutboxWrite::Save(record)], Vec::new());
+            // The same message again: perhaps because our earlier answer was a failed commit.
+            // Its record is written again in the commit this answer waits for, so this answer
+            // too means "durable".
+            let again = match (outcome, message_id) {
+                (EnqueueOutcome::AlreadyPending, Some(id)) => {
+                    inner.outbox.record(channel, &id).cloned()
                 }
-            }
+                _ => None,
+            };
             if !routed {
                 inner.outbox.on_channel_closed(channel, shared.now())?;
             }
-            Self::submit(shared, &mut inner, Vec::new())
+            let mut outbox: Vec<OutboxWrite> = again.map(OutboxWrite::Save).into_iter().collect();
+            outbox.extend(inner.outbox.take_writes());
+            if outbox.is_empty() {
+                CommitTicket::ready(Ok(()))
+            } else {
+                shared.storage().commit_im(outbox, Vec::new())
+            }
         };
         // The caller hears "queued" only once the record is committed.
         ticket.committed().await?;
