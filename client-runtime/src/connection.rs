@@ -1228,9 +1228,10 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
 fn validation_errors(shared: &Shared, text: &str) -> Option<String> {
     let facts = shared.card_facts();
     let context = PacketContext { card: facts.as_deref(), sender: Some(Side::Connector) };
-    if shared.validator.packet_is_valid(text.as_bytes(), context) {
+    if shared.validator.accept_packet(text.as_bytes(), context).is_some() {
         return None;
     }
+    // The typed form deferred or refused: the report form's verdict is final.
     let report = shared.validator.packet_bytes(text.as_bytes(), context);
     let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
     (!errors.is_empty()).then(|| errors.join("; "))
