@@ -79,12 +79,14 @@ pub(crate) fn open_connection(
     path: &Path,
     synchronous: Synchronous,
 ) -> Result<Connection, StorageError> {
-    let conn = Connection::open(path).map_err(|e| storage_error("open", e))?;
-    conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| storage_error("enable WAL", e))?;
+    let conn = Connection::open(path).map_err(|e| StorageError::new("open", e))?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(|e| StorageError::new("enable WAL", e))?;
     conn.pragma_update(None, "synchronous", synchronous.as_str())
-        .map_err(|e| storage_error("set synchronous", e))?;
-    conn.busy_timeout(Duration::from_secs(5)).map_err(|e| storage_error("set busy timeout", e))?;
-    create_schema(&conn).map_err(|e| storage_error("create schema", e))?;
+        .map_err(|e| StorageError::new("set synchronous", e))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| StorageError::new("set busy timeout", e))?;
+    create_schema(&conn).map_err(|e| StorageError::new("create schema", e))?;
     Ok(conn)
 }
 
@@ -117,13 +119,6 @@ impl Default for GroupCommitConfig {
             crash_before_commit_of_batch: None,
         }
     }
-}
-
-fn storage_error(
-    operation: &'static str,
-    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-) -> StorageError {
-    StorageError::new(operation, source)
 }
 
 type Done = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
@@ -171,7 +166,7 @@ impl CommitTicket {
 }
 
 fn writer_gone() -> StorageError {
-    storage_error("group commit", "the storage writer stopped before committing this write")
+    StorageError::new("group commit", "the storage writer stopped before committing this write")
 }
 
 /// The writer: one thread that owns the write connection and commits batches.
@@ -205,7 +200,7 @@ impl GroupCommit {
         let thread = std::thread::Builder::new()
             .name("storage-writer".into())
             .spawn(move || writer(conn, rx, config, thread_counters))
-            .map_err(|e| storage_error("start the storage writer", e))?;
+            .map_err(|e| StorageError::new("start the storage writer", e))?;
         Ok(Self { queue: Mutex::new(Some(tx)), counters, thread: Mutex::new(Some(thread)) })
     }
 
@@ -332,7 +327,7 @@ fn writer(
 fn commit_batch(conn: &Connection, batch: &[Job], crash: bool) -> Vec<Result<(), StorageError>> {
     let all_failed = |operation: &'static str, e: rusqlite::Error| {
         let reason = e.to_string();
-        batch.iter().map(|_| Err(storage_error(operation, reason.as_str()))).collect()
+        batch.iter().map(|_| Err(StorageError::new(operation, reason.as_str()))).collect()
     };
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         return all_failed("begin a transaction", e);
@@ -345,7 +340,7 @@ fn commit_batch(conn: &Connection, batch: &[Job], crash: bool) -> Vec<Result<(),
         } else {
             run_in_savepoint(conn, &job.ops)
         };
-        results.push(result.map_err(|e| storage_error("write", e)));
+        results.push(result.map_err(|e| StorageError::new("write", e)));
     }
     if crash {
         // Statements executed, transaction not committed: what a crash here leaves behind.
