@@ -60,14 +60,17 @@ impl ImState {
             }
         };
         if self.lanes.submit(&channel, job).is_err() {
-            let busy = "this channel already has 64 packets waiting for the target; retry later";
+            let busy = format!(
+                "this channel already has {} packets waiting for the target; retry later",
+                super::LANE_CAPACITY
+            );
             let reply = match &packet.body {
                 PacketBody::ChatMessage(message) => Packet::with_payload(
                     ids::packet_id(),
                     ChatMessageAck::rejected(
                         message.message_id.clone(),
                         ErrorCode::ChannelBusy,
-                        busy,
+                        busy.as_str(),
                         true,
                     ),
                 )
