@@ -163,10 +163,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn mint(prefix: &str) -> String {
-    format!("{prefix}{:032x}", rand::random::<u128>())
-}
-
 /// Startup errors.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -652,8 +648,10 @@ impl Link {
         if let Some(sink) = progress {
             lock(&self.progress).insert(key.clone(), sink);
         }
-        let options =
-            ToolCallOptions { tool_call_id: Some(mint("call_mcp_")), ..ToolCallOptions::default() };
+        let options = ToolCallOptions {
+            tool_call_id: Some(xagent_protocol_types::mint_prefixed("call_mcp_", rand::random())),
+            ..ToolCallOptions::default()
+        };
         let outcome =
             self.plane.invoke_tool_with(OWNER, binding.as_ref(), tool_id, arguments, options).await;
         lock(&self.progress).remove(&key);
