@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use serde_json::json;
-use xagent_protocol_types::{ChatMessage, ConnectorChannelId, Packet};
+use xagent_protocol_types::{ChatMessage, ConnectorChannelId, Packet, PacketBody};
 
 use crate::bench_support::{
     API_KEY, EchoConnector, Flags, PacketSocket, machine, print_table, temp_dir, warn_if_debug,
@@ -182,8 +182,8 @@ impl Driver {
         else {
             return Ok(None);
         };
-        let accepted =
-            packet.to_value().ok().is_some_and(|v| v["payload"]["status"] == json!("accepted"));
+        let accepted = matches!(&packet.body,
+            PacketBody::ChatMessageAck(ack) if ack.status.as_str() == "accepted");
         Ok(Some((*c, accepted)))
     }
 
