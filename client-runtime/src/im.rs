@@ -16,7 +16,7 @@ use xagent_protocol_types::{
     MessageId, Packet, PacketBody, PacketId, Payload, Side,
 };
 
-use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, send_on};
+use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, lock, send_on};
 use crate::store::{XagentStore, memory_stores};
 use crate::{ClientError, DataPlane, ids};
 
@@ -165,8 +165,7 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, packet: Packet) {
     };
     let ack = match admission {
         Ok(Admission::Process(ticket)) => {
-            let sink =
-                shared.sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            let sink = lock(&shared.sink).clone();
             if sink.is_none() || message.files.is_empty() {
                 let (responder, verdict) = oneshot::channel();
                 let inbound =
@@ -217,8 +216,7 @@ async fn save_files(
     channel: &ConnectorChannelId,
     message: &ChatMessage,
 ) -> Result<Vec<String>, String> {
-    let Some(sink) = shared.sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-    else {
+    let Some(sink) = lock(&shared.sink).clone() else {
         return Ok(Vec::new());
     };
     let control =

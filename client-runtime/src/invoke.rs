@@ -14,7 +14,7 @@ use xagent_protocol_types::{
     ToolInvokeContext, ToolProgressPush, WireError,
 };
 
-use crate::connection::{Shared, request_typed};
+use crate::connection::{Shared, lock, request_typed};
 use crate::{ClientError, ControlPlane, DataPlane, FunctionDeclaration, SessionBinding};
 
 /// The annotation that marks a Card Tool property as an internal upload reference
@@ -167,14 +167,13 @@ impl DataPlane {
     /// Sets where files named by the model come from (needed for Tools with upload-reference
     /// arguments).
     pub fn set_file_source(&self, source: Arc<dyn FileSource>) {
-        *self.shared().files.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some(source);
+        *lock(&self.shared().files) = Some(source);
     }
 
     /// Sets where inbound files go: each file of an inbound message is downloaded and saved
     /// before the message reaches the application ([`crate::InboundMessage::saved_files`]).
     pub fn set_file_sink(&self, sink: Arc<dyn FileSink>) {
-        *self.shared().sink.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sink);
+        *lock(&self.shared().sink) = Some(sink);
     }
 
     /// Replaces the admitted Card after a refetch re-admitted the Connector (Tool resolution
@@ -185,7 +184,7 @@ impl DataPlane {
 
     /// A snapshot of the channel directory.
     pub fn directory(&self) -> crate::ChannelDirectory {
-        self.shared().directory.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        lock(&self.shared().directory).clone()
     }
 
     /// The model-visible Card Tools of `owner`: every Card Tool available on at least one of
@@ -235,8 +234,7 @@ impl DataPlane {
     ) -> Result<ToolOutcome, ClientError> {
         let shared = self.shared();
         let (channel, upload_refs) = {
-            let directory =
-                shared.directory.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let directory = lock(&shared.directory);
             let channel =
                 directory.resolve(owner, session_binding, tool_id).map_err(ClientError::Refused)?;
             let upload_refs = directory
@@ -266,18 +264,12 @@ impl DataPlane {
         properties: &[UploadRefProperty],
         arguments: &mut Map<String, Value>,
     ) -> Result<(), ClientError> {
-        let source = self
-            .shared()
-            .files
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| {
-                ClientError::Refused(WireError::new(
-                    ErrorCode::InvalidArguments,
-                    "this Tool takes a file, but no file source is configured",
-                ))
-            })?;
+        let source = lock(&self.shared().files).clone().ok_or_else(|| {
+            ClientError::Refused(WireError::new(
+                ErrorCode::InvalidArguments,
+                "this Tool takes a file, but no file source is configured",
+            ))
+        })?;
         let control = self.control();
         for property in properties {
             let Some(value) = arguments.get_mut(&property.name) else { continue };
