@@ -224,6 +224,11 @@ fn hash_code(salt: &str, code: &str) -> String {
     hex::encode(hasher.finalize())
 }
 
+/// Whether `code` hashed with `salt` is the stored `hash`, compared in constant time.
+fn code_matches(salt: &str, code: &str, hash: &str) -> bool {
+    bool::from(hash_code(salt, code).as_bytes().ct_eq(hash.as_bytes()))
+}
+
 /// The stored form of a visitor token (also the key its live streams are counted under).
 pub(crate) fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
@@ -308,8 +313,7 @@ impl Store {
             .map_err(db)?;
         match existing {
             Some((stored_name, salt, hash, channel)) => {
-                let presented = hash_code(&salt, code);
-                if bool::from(presented.as_bytes().ct_eq(hash.as_bytes())) {
+                if code_matches(&salt, code, &hash) {
                     Ok(RoomClaim::Matched(Room {
                         room_id,
                         name: stored_name,
@@ -395,12 +399,9 @@ impl Store {
             name: stored_name,
             channel: bound.clone().map(ConnectorChannelId::new),
         };
-        let code_right =
-            bool::from(hash_code(&salt, access_code).as_bytes().ct_eq(hash.as_bytes()));
+        let code_right = code_matches(&salt, access_code, &hash);
         let owner_right = match (owner_code, owner_salt, owner_hash) {
-            (Some(owner), Some(salt), Some(hash)) => {
-                Some(bool::from(hash_code(&salt, owner).as_bytes().ct_eq(hash.as_bytes())))
-            }
+            (Some(owner), Some(salt), Some(hash)) => Some(code_matches(&salt, owner, &hash)),
             _ => None,
         };
         let serves = bound.as_deref() == Some(channel.as_str());
@@ -483,9 +484,7 @@ impl Store {
             )
             .optional()
             .map_err(db)?;
-        Ok(row.is_some_and(|(salt, hash)| {
-            bool::from(hash_code(&salt, code).as_bytes().ct_eq(hash.as_bytes()))
-        }))
+        Ok(row.is_some_and(|(salt, hash)| code_matches(&salt, code, &hash)))
     }
 
     /// Binds the room to a channel (or unbinds it) and returns the channel it had before. A
