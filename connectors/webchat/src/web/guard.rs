@@ -47,9 +47,9 @@ pub struct VisitorLimits {
 impl Default for VisitorLimits {
     fn default() -> Self {
         Self {
-            max_text_chars: 16_000,
+            max_text_chars: super::MAX_TEXT_CHARS,
             max_json_bytes: 64 * 1024,
-            max_upload_bytes: 25 * 1024 * 1024,
+            max_upload_bytes: super::MAX_PAGE_UPLOAD_BYTES as u64,
             concurrent_uploads: 4,
             room_upload_bytes_per_day: 256 * 1024 * 1024,
             room_upload_files_per_day: 500,
