@@ -1,5 +1,5 @@
 //! `xagent-connector homie`: runs the reference Device Connector `device.homie` (see the
-//! `xagent-connector-homie` crate) against an MQTT broker until Ctrl-C.
+//! `xagent-connector-homie` crate) against an MQTT broker until Ctrl-C or SIGTERM.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -93,10 +93,7 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
             }
         };
         println!("device.homie listening on {local_url} (Base URL for xAgent; broker {mqtt})");
-        let stop = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
-        match homie.serve(listener, stop).await {
+        match homie.serve(listener, xagent_server_runtime::stop_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("xagent-connector homie: {error}");

@@ -59,7 +59,7 @@ fn default_state_dir(base_url: &str) -> PathBuf {
     base.join("xagent-connector/mcp").join(name.trim_matches('-'))
 }
 
-/// Runs the bridge until the MCP client goes away (stdio) or Ctrl-C.
+/// Runs the bridge until the MCP client goes away (stdio), Ctrl-C or SIGTERM.
 pub fn run_command(args: McpArgs) -> ExitCode {
     crate::webchat::init_logs("info");
     let inputs = match crate::parse_inputs(&args.inputs) {
@@ -96,7 +96,7 @@ pub fn run_command(args: McpArgs) -> ExitCode {
         }
     };
     let http = args.http;
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         let link = match xagent_mcp::connect(config).await {
             Ok(link) => link,
             Err(error) => {
@@ -107,13 +107,13 @@ pub fn run_command(args: McpArgs) -> ExitCode {
         let served = match http {
             None => tokio::select! {
                 served = xagent_mcp::serve_stdio(link) => served,
-                _ = tokio::signal::ctrl_c() => Ok(()),
+                () = xagent_server_runtime::stop_signal() => Ok(()),
             },
             Some(addr) => {
                 let shutdown = tokio_util::sync::CancellationToken::new();
                 let stop = shutdown.clone();
                 tokio::spawn(async move {
-                    let _ = tokio::signal::ctrl_c().await;
+                    xagent_server_runtime::stop_signal().await;
                     stop.cancel();
                 });
                 xagent_mcp::serve_http(link, addr, shutdown, |bound| {
@@ -129,8 +129,16 @@ pub fn run_command(args: McpArgs) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    // On a signal, the stdio reader's thread is still blocked reading stdin (nothing can
+    // cancel it), and dropping the runtime would wait for it forever: give the runtime's
+    // other blocking work (store writes) a moment to finish and leave the reader behind.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    code
 }
+
+/// How long the runtime's blocking work may still run after the bridge stopped.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

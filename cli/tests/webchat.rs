@@ -2,9 +2,11 @@
 //! line (L1), and SIGTERM as a graceful shutdown (L4) — issue 14.
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use xagent_testkit::line_containing;
+#[cfg(unix)]
+use xagent_testkit::terminate;
 
 const API_KEY: &str = "sk-cli-webchat-file-7f3a";
 
@@ -54,11 +56,7 @@ async fn start(dir: &std::path::Path) -> (tokio::process::Child, String) {
         .expect("starts");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("prints its address in time")
-        .expect("reads")
-        .expect("a line");
+    let line = line_containing(&mut lines, "im.webchat listening on").await;
     let url = line
         .strip_prefix("im.webchat listening on http://")
         .and_then(|rest| rest.split_whitespace().next())
@@ -89,16 +87,7 @@ async fn l4_sigterm_shuts_the_connector_down_gracefully() {
     let dir = temp_dir("l4");
     let (mut child, url) = start(&dir).await;
     assert!(get(&url, "/health", API_KEY).await.contains(" 200"));
-    let pid = child.id().expect("pid");
-    let sent = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(sent.success());
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .expect("exits after SIGTERM")
-        .expect("status");
+    let status = terminate(&mut child).await;
     assert_eq!(status.code(), Some(0), "SIGTERM is a clean shutdown, not a kill: {status:?}");
     let _ = std::fs::remove_dir_all(dir);
 }

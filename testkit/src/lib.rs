@@ -509,3 +509,47 @@ pub fn has_error(packet: &Packet, code: &ErrorCode) -> bool {
 pub fn is_error_packet(packet: &Packet) -> bool {
     matches!(packet.body, PacketBody::Error(_))
 }
+
+/// Reads `lines` (a child process's stdout or stderr) until a line contains `needle` and
+/// returns that line; the lines before it are skipped. Waits at most 30 s. Tests use it to
+/// learn the address a command prints once it listens.
+pub async fn line_containing<R>(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<R>>,
+    needle: &str,
+) -> String
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains(needle) {
+                return Some(line);
+            }
+        }
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(line)) => line,
+        Ok(None) => panic!("the output ended without a line containing {needle:?}"),
+        Err(_) => panic!("no line containing {needle:?} within 30 s"),
+    }
+}
+
+/// Sends SIGTERM to `child` (what service managers and `docker stop` send) and returns its
+/// exit status, waiting at most 20 s: a command that handles SIGTERM exits with its own
+/// status, one that does not dies of the signal (no exit code).
+#[cfg(unix)]
+pub async fn terminate(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    let Some(pid) = child.id() else { panic!("the process has already exited") };
+    let sent = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    assert!(
+        sent.as_ref().is_ok_and(|status| status.success()),
+        "kill -TERM {pid} failed: {sent:?}"
+    );
+    match tokio::time::timeout(Duration::from_secs(20), child.wait()).await {
+        Ok(Ok(status)) => status,
+        Ok(Err(error)) => panic!("cannot wait for {pid}: {error}"),
+        Err(_) => panic!("{pid} still runs 20 s after SIGTERM"),
+    }
+}
