@@ -229,6 +229,83 @@ fn code_matches(salt: &str, code: &str, hash: &str) -> bool {
     bool::from(hash_code(salt, code).as_bytes().ct_eq(hash.as_bytes()))
 }
 
+/// A fresh salt and the hash of `code` with it: how every code is stored.
+fn salted_hash(code: &str) -> (String, String) {
+    let salt = random_hex(16);
+    let hash = hash_code(&salt, code);
+    (salt, hash)
+}
+
+/// The id of the room `name`, or the error that tells the user what a room name needs.
+fn room_id_or_error(name: &str) -> Result<String, WebchatError> {
+    room_id_from_name(name).ok_or_else(|| {
+        WebchatError::InvalidInput(
+            "the room name needs 1-64 characters with at least one letter or digit".into(),
+        )
+    })
+}
+
+/// A room's stored row, as both sign-in paths read it.
+struct RoomRow {
+    name: String,
+    code_salt: String,
+    code_hash: String,
+    channel: Option<String>,
+    /// The owner code's salt and hash, when the room has one.
+    owner: Option<(String, String)>,
+}
+
+impl RoomRow {
+    fn room(self, room_id: String) -> Room {
+        Room { room_id, name: self.name, channel: self.channel.map(ConnectorChannelId::new) }
+    }
+}
+
+fn room_row(conn: &Connection, room_id: &str) -> Result<Option<RoomRow>, WebchatError> {
+    conn.query_row(
+        "SELECT name, code_salt, code_hash, channel, owner_salt, owner_hash FROM rooms WHERE room_id = ?1",
+        params![room_id],
+        |r| {
+            let owner: (Option<String>, Option<String>) = (r.get(4)?, r.get(5)?);
+            Ok(RoomRow {
+                name: r.get(0)?,
+                code_salt: r.get(1)?,
+                code_hash: r.get(2)?,
+                channel: r.get(3)?,
+                owner: owner.0.zip(owner.1),
+            })
+        },
+    )
+    .optional()
+    .map_err(db)
+}
+
+/// Creates the room `room_id` named `name` with the access `code` (at least
+/// [`MIN_ACCESS_CODE_CHARS`] characters) and, when given, the owner code.
+fn insert_room(
+    conn: &Connection,
+    room_id: String,
+    name: &str,
+    code: &str,
+    owner: Option<&str>,
+    now: u64,
+) -> Result<Room, WebchatError> {
+    if code.chars().count() < MIN_ACCESS_CODE_CHARS {
+        return Err(WebchatError::InvalidInput(format!(
+            "a new room's access code needs at least {MIN_ACCESS_CODE_CHARS} characters"
+        )));
+    }
+    let (salt, hash) = salted_hash(code);
+    let (owner_salt, owner_hash) = owner.map(salted_hash).unzip();
+    conn.execute(
+        "INSERT INTO rooms (room_id, name, code_salt, code_hash, channel, created_at, owner_salt, owner_hash)
+         VALUES (?1, ?2, ?3, ?4, NULL, ?5, ?6, ?7)",
+        params![room_id, name.trim(), salt, hash, now as i64, owner_salt, owner_hash],
+    )
+    .map_err(db)?;
+    Ok(Room { room_id, name: name.trim().to_owned(), channel: None })
+}
+
 /// The stored form of a visitor token (also the key its live streams are counted under).
 pub(crate) fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
@@ -297,51 +374,14 @@ impl Store {
 
     /// Creates the room `name` with `code`, or checks `code` against the existing room.
     pub fn claim_room(&self, name: &str, code: &str, now: u64) -> Result<RoomClaim, WebchatError> {
-        let room_id = room_id_from_name(name).ok_or_else(|| {
-            WebchatError::InvalidInput(
-                "the room name needs 1-64 characters with at least one letter or digit".into(),
-            )
-        })?;
+        let room_id = room_id_or_error(name)?;
         let conn = self.conn();
-        let existing: Option<(String, String, String, Option<String>)> = conn
-            .query_row(
-                "SELECT name, code_salt, code_hash, channel FROM rooms WHERE room_id = ?1",
-                params![room_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )
-            .optional()
-            .map_err(db)?;
-        match existing {
-            Some((stored_name, salt, hash, channel)) => {
-                if code_matches(&salt, code, &hash) {
-                    Ok(RoomClaim::Matched(Room {
-                        room_id,
-                        name: stored_name,
-                        channel: channel.map(ConnectorChannelId::new),
-                    }))
-                } else {
-                    Ok(RoomClaim::WrongCode)
-                }
+        match room_row(&conn, &room_id)? {
+            Some(row) if code_matches(&row.code_salt, code, &row.code_hash) => {
+                Ok(RoomClaim::Matched(row.room(room_id)))
             }
-            None => {
-                if code.chars().count() < MIN_ACCESS_CODE_CHARS {
-                    return Err(WebchatError::InvalidInput(format!(
-                        "a new room's access code needs at least {MIN_ACCESS_CODE_CHARS} characters"
-                    )));
-                }
-                let salt = random_hex(16);
-                conn.execute(
-                    "INSERT INTO rooms (room_id, name, code_salt, code_hash, channel, created_at)
-                     VALUES (?1, ?2, ?3, ?4, NULL, ?5)",
-                    params![room_id, name.trim(), salt, hash_code(&salt, code), now as i64],
-                )
-                .map_err(db)?;
-                Ok(RoomClaim::Created(Room {
-                    room_id,
-                    name: name.trim().to_owned(),
-                    channel: None,
-                }))
-            }
+            Some(_) => Ok(RoomClaim::WrongCode),
+            None => Ok(RoomClaim::Created(insert_room(&conn, room_id, name, code, None, now)?)),
         }
     }
 
@@ -360,11 +400,7 @@ impl Store {
         channel: &ConnectorChannelId,
         now: u64,
     ) -> Result<SignIn, WebchatError> {
-        let room_id = room_id_from_name(name).ok_or_else(|| {
-            WebchatError::InvalidInput(
-                "the room name needs 1-64 characters with at least one letter or digit".into(),
-            )
-        })?;
+        let room_id = room_id_or_error(name)?;
         if let Some(owner) = owner_code
             && (owner.chars().count() < MIN_ACCESS_CODE_CHARS || owner == access_code)
         {
@@ -373,39 +409,19 @@ impl Store {
             )));
         }
         let conn = self.conn();
-        type Row = (String, String, String, Option<String>, Option<String>, Option<String>);
-        let existing: Option<Row> = conn
-            .query_row(
-                "SELECT name, code_salt, code_hash, channel, owner_salt, owner_hash FROM rooms WHERE room_id = ?1",
-                params![room_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
-            )
-            .optional()
-            .map_err(db)?;
-        let Some((stored_name, salt, hash, bound, owner_salt, owner_hash)) = existing else {
-            drop(conn);
-            let created = self.claim_room(name, access_code, now)?;
-            if let (RoomClaim::Created(room), Some(owner)) = (&created, owner_code) {
-                self.set_owner(&room.room_id, owner)?;
-            }
-            return Ok(match created {
-                RoomClaim::Created(room) => SignIn::Created(room),
-                RoomClaim::Matched(room) => SignIn::Matched(room),
-                RoomClaim::WrongCode => SignIn::WrongCode,
-            });
+        let Some(row) = room_row(&conn, &room_id)? else {
+            let room = insert_room(&conn, room_id, name, access_code, owner_code, now)?;
+            return Ok(SignIn::Created(room));
         };
-        let room = Room {
-            room_id: room_id.clone(),
-            name: stored_name,
-            channel: bound.clone().map(ConnectorChannelId::new),
-        };
-        let code_right = code_matches(&salt, access_code, &hash);
-        let owner_right = match (owner_code, owner_salt, owner_hash) {
-            (Some(owner), Some(salt), Some(hash)) => Some(code_matches(&salt, owner, &hash)),
+        drop(conn);
+        let code_right = code_matches(&row.code_salt, access_code, &row.code_hash);
+        let owner_right = match (owner_code, &row.owner) {
+            (Some(owner), Some((salt, hash))) => Some(code_matches(salt, owner, hash)),
             _ => None,
         };
-        let serves = bound.as_deref() == Some(channel.as_str());
-        drop(conn);
+        let serves = row.channel.as_deref() == Some(channel.as_str());
+        let (has_owner, unbound) = (row.owner.is_some(), row.channel.is_none());
+        let room = row.room(room_id.clone());
         match owner_right {
             Some(false) => Ok(SignIn::WrongOwner),
             Some(true) if code_right => Ok(SignIn::Matched(room)),
@@ -415,48 +431,33 @@ impl Store {
                         "the access code needs at least {MIN_ACCESS_CODE_CHARS} characters"
                     )));
                 }
-                let salt = random_hex(16);
+                let (salt, hash) = salted_hash(access_code);
                 self.conn()
                     .execute(
                         "UPDATE rooms SET code_salt = ?2, code_hash = ?3 WHERE room_id = ?1",
-                        params![room_id, salt, hash_code(&salt, access_code)],
+                        params![room_id, salt, hash],
                     )
                     .map_err(db)?;
                 let revoked = self.revoke_room_visitors(&room_id)?;
                 Ok(SignIn::Rotated { room, revoked })
             }
             None if !code_right => Ok(SignIn::WrongCode),
-            None => {
-                let has_owner = self.has_owner(&room_id)?;
-                if serves || (!has_owner && bound.is_none()) {
-                    if let (false, Some(owner)) = (has_owner, owner_code) {
-                        self.set_owner(&room_id, owner)?;
-                    }
-                    Ok(SignIn::Matched(room))
-                } else {
-                    Ok(SignIn::OwnerRequired)
+            None if serves || (!has_owner && unbound) => {
+                if let (false, Some(owner)) = (has_owner, owner_code) {
+                    self.set_owner(&room_id, owner)?;
                 }
+                Ok(SignIn::Matched(room))
             }
+            None => Ok(SignIn::OwnerRequired),
         }
     }
 
-    fn has_owner(&self, room_id: &str) -> Result<bool, WebchatError> {
-        let owner: Option<Option<String>> = self
-            .conn()
-            .query_row("SELECT owner_hash FROM rooms WHERE room_id = ?1", params![room_id], |r| {
-                r.get(0)
-            })
-            .optional()
-            .map_err(db)?;
-        Ok(owner.flatten().is_some())
-    }
-
     fn set_owner(&self, room_id: &str, owner: &str) -> Result<(), WebchatError> {
-        let salt = random_hex(16);
+        let (salt, hash) = salted_hash(owner);
         self.conn()
             .execute(
                 "UPDATE rooms SET owner_salt = ?2, owner_hash = ?3 WHERE room_id = ?1",
-                params![room_id, salt, hash_code(&salt, owner)],
+                params![room_id, salt, hash],
             )
             .map_err(db)?;
         Ok(())

@@ -434,18 +434,30 @@ fn check_text(text: &str, limits: &VisitorLimits) -> Result<Option<String>, Webc
     Ok(Some(text.to_owned()).filter(|t| !t.is_empty()))
 }
 
-/// Hands a stored visitor message to the runtime's outbox again when the runtime does not
-/// hold it (the process stopped between storing and queueing it). Harmless when it does.
-async fn resubmit(web: &Web, channel: &ConnectorChannelId, message_id: &str) {
-    let Ok(handle) = web.handle() else { return };
+/// Hands a stored visitor message (`outbound`, its exact `chat.message`) to the runtime's
+/// outbox unless the runtime holds it already (the process stopped between storing and
+/// queueing it). `when` says in the log which path found it.
+async fn requeue(
+    handle: &ConnectorHandle,
+    channel: &ConnectorChannelId,
+    message_id: &str,
+    outbound: &str,
+    when: &str,
+) {
     if handle.pending_messages(channel).iter().any(|id| id.as_str() == message_id) {
         return;
     }
-    let Ok(Some((_, outbound))) = web.app.store.outbound_of(message_id) else { return };
-    let Ok(message) = serde_json::from_str::<ChatMessage>(&outbound) else { return };
+    let Ok(message) = serde_json::from_str::<ChatMessage>(outbound) else { return };
     if let Err(error) = handle.send_message(channel, message).await {
-        tracing::info!(%error, "a stored visitor message could not be queued again");
+        tracing::info!(%error, when, "a stored visitor message could not be queued again");
     }
+}
+
+/// Queues a repeated send's stored message again when the runtime does not hold it.
+async fn resubmit(web: &Web, channel: &ConnectorChannelId, message_id: &str) {
+    let Ok(handle) = web.handle() else { return };
+    let Ok(Some((_, outbound))) = web.app.store.outbound_of(message_id) else { return };
+    requeue(handle, channel, message_id, &outbound, "repeated send").await;
 }
 
 /// Queues every stored visitor message the runtime does not hold (called at start: a
@@ -455,13 +467,7 @@ pub(crate) async fn recover_pending(app: Arc<App>, handle: ConnectorHandle) {
     for (room_id, message_id, outbound) in sending {
         let Ok(Some(room)) = app.store.room(&room_id) else { continue };
         let Some(channel) = room.channel else { continue };
-        if handle.pending_messages(&channel).iter().any(|id| id.as_str() == message_id) {
-            continue;
-        }
-        let Ok(message) = serde_json::from_str::<ChatMessage>(&outbound) else { continue };
-        if let Err(error) = handle.send_message(&channel, message).await {
-            tracing::info!(%error, "a stored visitor message could not be queued at start");
-        }
+        requeue(&handle, &channel, &message_id, &outbound, "start").await;
     }
 }
 
