@@ -2,7 +2,6 @@
 //! `xagent.device.v1`), the `homie_bind` form flow, the device target (restore check and
 //! availability reports from the broker link), and the four device Tools.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -136,8 +135,14 @@ impl HomieOptions {
 struct App {
     link: HomieLink,
     pairing: Arc<Mutex<PairingCodes>>,
-    watched: Arc<Mutex<HashSet<ConnectorChannelId>>>,
     bind_timeout: Duration,
+}
+
+/// The key of a device's broker watch among the runtime's shared consumers: the first channel
+/// that follows the device starts the watch, the runtime stops it when the last one signs out
+/// or is unregistered, and `on_unbound` lets go of it when a binding ends otherwise.
+fn watch_key(device: &str) -> String {
+    format!("homie-watch:{device}")
 }
 
 fn device_of(binding: &Binding) -> Option<String> {
@@ -155,17 +160,24 @@ fn bound_device(ctx: &ToolContext) -> Result<String, ToolError> {
 }
 
 impl App {
-    /// Follows the channel's device (once per channel).
-    fn watch(&self, channel: &ConnectorChannelId, device: &str) -> Result<(), HomieError> {
-        let first = self.watched.lock().map(|mut w| w.insert(channel.clone())).unwrap_or(false);
-        if first { self.link.watch(device) } else { Ok(()) }
+    /// Follows `device` for `channel` (once per channel) as a shared consumer of the runtime.
+    fn watch(
+        &self,
+        handle: &ConnectorHandle,
+        channel: &ConnectorChannelId,
+        device: &str,
+    ) -> Result<(), HomieError> {
+        let mut watched = Ok(());
+        handle.attach_consumer(&watch_key(device), channel, || {
+            watched = self.link.watch(device);
+            let (link, device) = (self.link.clone(), device.to_owned());
+            Box::new(move || link.unwatch(&device))
+        });
+        watched
     }
 
-    fn unwatch(&self, channel: &ConnectorChannelId, device: &str) {
-        let was = self.watched.lock().map(|mut w| w.remove(channel)).unwrap_or(false);
-        if was {
-            self.link.unwatch(device);
-        }
+    fn unwatch(&self, handle: &ConnectorHandle, channel: &ConnectorChannelId, device: &str) {
+        handle.detach_consumer(&watch_key(device), channel);
     }
 
     async fn bind(&self, ctx: AuthContext, form: BindForm) -> Result<AuthStep, AuthError> {
@@ -188,12 +200,10 @@ impl App {
             Ok(()) => {
                 let name = self.link.describe(&device).map(|d| d.name).unwrap_or_default();
                 let display = if name.trim().is_empty() { device.clone() } else { name };
-                if let Ok(mut w) = self.watched.lock()
-                    && !w.insert(ctx.channel.clone())
-                {
-                    // Re-bound on the same channel: keep one watch.
-                    self.link.unwatch(&device);
-                }
+                // The channel's own watch (joined when it already follows the device), then
+                // the one taken for the wait is let go: the subscription stays up throughout.
+                let _ = self.watch(&ctx.handle, &ctx.channel, &device);
+                self.link.unwatch(&device);
                 let target = DescriptorTarget::new(PROVIDER, display).with_label("Homie device");
                 Ok(AuthStep::Authenticated(
                     Binding::new(target).with_secret(DEVICE_SECRET, Secret::new(device)),
@@ -220,7 +230,7 @@ impl DeviceTarget for HomieTarget {
 
     async fn check(&self, ctx: ChannelContext) -> DeviceStatus {
         let Some(device) = device_of(&ctx.binding) else { return DeviceStatus::Offline };
-        if self.0.watch(&ctx.channel, &device).is_err() {
+        if self.0.watch(&ctx.handle, &ctx.channel, &device).is_err() {
             return DeviceStatus::Offline;
         }
         match self.0.link.settle(&device, self.0.bind_timeout).await {
@@ -330,7 +340,7 @@ fn build(
             let app = a2.clone();
             async move {
                 if let Some(device) = device_of(&ctx.binding) {
-                    app.unwatch(&ctx.channel, &device);
+                    app.unwatch(&ctx.handle, &ctx.channel, &device);
                 }
                 Ok(())
             }
@@ -399,7 +409,6 @@ impl Homie {
         let app = App {
             link: link.clone(),
             pairing: Arc::new(Mutex::new(options.pairing)),
-            watched: Arc::new(Mutex::new(HashSet::new())),
             bind_timeout: options.bind_timeout,
         };
         let connector = build(&app, options.device)?;

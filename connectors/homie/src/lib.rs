@@ -20,7 +20,7 @@
 //! | [`link`] | the broker connection: watching devices, availability, read / set / snapshot |
 //! | [`connector`] | the Connector on `xagent-server-runtime`: Card, `homie_bind`, device Tools |
 //! | [`sim`] | a simulated Homie device (thermostat, sensor, camera) over real MQTT |
-//! | [`testing`] | a throw-away Mosquitto broker for tests and demos |
+//! | `testing` | a throw-away Mosquitto broker for tests (cargo feature `testing`) |
 //!
 //! ## The snapshot extension
 //!
@@ -58,6 +58,7 @@ pub mod model;
 pub mod pairing;
 pub mod pending;
 pub mod sim;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod tree;
 

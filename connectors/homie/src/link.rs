@@ -312,40 +312,39 @@ impl HomieLink {
     /// Waits until a watched device is online or known offline, at most `timeout`; returns the
     /// availability then.
     pub async fn settle(&self, device: &str, timeout: Duration) -> Availability {
-        let mut events = self.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let now = self.availability(device);
-            if !matches!(now, Availability::Unknown(_)) {
-                return now;
-            }
-            match tokio::time::timeout_at(deadline, events.recv()).await {
-                Err(_) => return self.availability(device),
-                Ok(Err(broadcast::error::RecvError::Closed)) => return self.availability(device),
-                Ok(_) => {}
-            }
-        }
+        self.wait_until(device, timeout, |now| !matches!(now, Availability::Unknown(_))).await
     }
 
     /// Waits until a watched device is online, at most `timeout`.
     pub async fn wait_online(&self, device: &str, timeout: Duration) -> Result<(), HomieError> {
+        match self.wait_until(device, timeout, |now| *now == Availability::Online).await {
+            Availability::Online => Ok(()),
+            Availability::Unknown(why) | Availability::Offline(why) => {
+                Err(HomieError::Offline(why))
+            }
+        }
+    }
+
+    /// The device's availability once `done` holds for it, or when `timeout` runs out (or the
+    /// link ends) first: re-read at every availability event.
+    async fn wait_until(
+        &self,
+        device: &str,
+        timeout: Duration,
+        done: impl Fn(&Availability) -> bool,
+    ) -> Availability {
         let mut events = self.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            match self.availability(device) {
-                Availability::Online => return Ok(()),
-                other => {
-                    let why = match other {
-                        Availability::Unknown(s) | Availability::Offline(s) => s,
-                        Availability::Online => String::new(),
-                    };
-                    match tokio::time::timeout_at(deadline, events.recv()).await {
-                        Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => {
-                            return Err(HomieError::Offline(why));
-                        }
-                        Ok(_) => {}
-                    }
+            let now = self.availability(device);
+            if done(&now) {
+                return now;
+            }
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Err(_) | Ok(Err(broadcast::error::RecvError::Closed)) => {
+                    return self.availability(device);
                 }
+                Ok(_) => {}
             }
         }
     }

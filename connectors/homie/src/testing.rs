@@ -1,6 +1,6 @@
-//! A real Mosquitto broker for tests and demos: started from Debian's `mosquitto` package on a
-//! free loopback port with its own temporary configuration (not the system service), stopped
-//! when dropped.
+//! A real Mosquitto broker for tests (cargo feature `testing`): started from Debian's
+//! `mosquitto` package on a free loopback port with its own temporary configuration (not the
+//! system service), stopped when dropped.
 //!
 //! ```no_run
 //! # fn main() -> std::io::Result<()> {

@@ -7,14 +7,15 @@ use serde_json::{Value, json};
 use xagent_connector_homie::connector::{
     BIND_FLOW, TOOL_DESCRIBE, TOOL_READ, TOOL_SET, TOOL_SNAPSHOT,
 };
-use xagent_connector_homie::link::LinkConfig;
+use xagent_connector_homie::link::{Availability, HomieLink, LinkConfig};
 use xagent_connector_homie::pairing::PairingCodes;
 use xagent_connector_homie::sim::{SimConfig, SimDevice};
 use xagent_connector_homie::testing::Mosquitto;
 use xagent_connector_homie::{CARD_ID, Homie, HomieOptions};
 use xagent_protocol_types::{
-    AuthInput, AuthStart, ChannelOpen, ConnectionStatus, ConnectorChannelId, ConnectorHello,
-    ErrorCode, PROFILE_DEVICE_V1, Packet, Secret, TargetType, ToolInvoke, ToolInvokeContext,
+    AuthInput, AuthLogout, AuthStart, ChannelOpen, ConnectionStatus, ConnectorChannelId,
+    ConnectorHello, ErrorCode, PROFILE_DEVICE_V1, Packet, Secret, TargetType, ToolInvoke,
+    ToolInvokeContext,
 };
 use xagent_testkit::{WsClient, payload_json};
 
@@ -23,6 +24,7 @@ const CODE: &str = "pair-code-1234";
 
 struct Running {
     base: String,
+    link: HomieLink,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -54,7 +56,7 @@ async fn start_connector(broker: &Mosquitto, state: &std::path::Path, device: &s
             })
             .await;
     });
-    Running { base, stop: Some(stop), task }
+    Running { base, link: homie.link().clone(), stop: Some(stop), task }
 }
 
 async fn client(base: &str) -> WsClient {
@@ -201,6 +203,31 @@ async fn rule_bind_describe_read_set_and_refusals_over_the_real_broker() {
     let start = c.request(AuthStart::new(BIND_FLOW).with_input(input), Some(&other));
     let refused = c.call(start).await;
     assert_eq!(code(&refused), ErrorCode::PermissionDenied);
+    running.stop().await;
+}
+
+/// The broker watch of a bound device is one of the runtime's shared consumers: binding the
+/// same channel again joins it, and signing the channel out stops it.
+#[tokio::test]
+async fn the_device_watch_is_kept_once_per_channel_and_stopped_at_sign_out() {
+    let broker = Mosquitto::start().expect("mosquitto starts");
+    let _device = sim(&broker, "thermo-6").await;
+    let state = tempfile::tempdir().unwrap();
+    let running = start_connector(&broker, state.path(), "thermo-6").await;
+    let mut c = client(&running.base).await;
+    let (channel, _) = open(&mut c, None).await;
+    for _ in 0..2 {
+        assert_eq!(bind(&mut c, &channel, "thermo-6", CODE).await["status"], "authenticated");
+        assert_eq!(running.link.availability("thermo-6"), Availability::Online);
+    }
+    let logout = c.request(AuthLogout::default(), Some(&channel));
+    let ack = c.call(logout).await;
+    assert!(ack.error.is_none(), "{ack:?}");
+    assert_eq!(
+        running.link.availability("thermo-6"),
+        Availability::Unknown("not watched".into()),
+        "the sign-out stopped the channel's one watch"
+    );
     running.stop().await;
 }
 
