@@ -17,6 +17,18 @@ use xagent_client_runtime::{BaseUrl, ClientError, ControlPlane, SkillDocument};
 use crate::probe::{Probe, ProbeOptions, Received, Upgrade};
 use crate::{device, ids};
 
+/// The checks that need a signed-in channel (after `auth.flow`), in the order they run.
+const SIGNED_IN_CHECKS: [&str; 8] = [
+    "descriptor.tool_not_in_card",
+    "descriptor.tools_declared",
+    "im.message_accepted",
+    "im.duplicate",
+    "im.conflict",
+    "transfer.upload",
+    "transfer.download",
+    "auth.logout",
+];
+
 /// What to run the suite against.
 #[derive(Debug, Clone)]
 pub struct ConformanceOptions {
@@ -153,7 +165,7 @@ impl ConformanceReport {
         })
     }
 
-    fn record(&mut self, id: impl Into<String>, rule: &'static str, outcome: Outcome) {
+    fn record(&mut self, (id, rule): (impl Into<String>, &'static str), outcome: Outcome) {
         let id = id.into();
         let (status, detail, sent, received) = match outcome {
             Outcome::Pass(detail) => (Status::Pass, detail, None, None),
@@ -187,6 +199,31 @@ fn fail_with(detail: impl Into<String>, sent: Option<&str>, received: &Received)
         detail: detail.into(),
         sent: sent.map(str::to_owned),
         received: Some(describe(received)),
+    }
+}
+
+/// Pass with `detail` when nothing is wrong, else fail naming every problem.
+fn verdict(problems: Vec<String>, detail: impl Into<String>) -> Outcome {
+    if problems.is_empty() { pass(detail) } else { fail(problems.join("; ")) }
+}
+
+/// Pass when `answer` is an error packet carrying `code`; otherwise fail with what was `sent`
+/// and what came back. `texts` are the pass detail and the failure's first words, by default
+/// the code itself and "expected <code>".
+fn expect_code(
+    answer: &Received,
+    code: ErrorCode,
+    sent: &str,
+    texts: Option<[&str; 2]>,
+) -> Outcome {
+    let [detail, expected] = match texts {
+        Some(texts) => texts.map(str::to_owned),
+        None => [code.to_string(), format!("expected {code}")],
+    };
+    if error_code(answer) == Some(code) {
+        pass(detail)
+    } else {
+        fail_with(expected, Some(sent), answer)
     }
 }
 
@@ -260,7 +297,7 @@ impl Run {
     fn skip_device_signed_in(&mut self, rule: &'static str, reason: &str) {
         if self.device_applies() {
             for id in [device::DESCRIPTOR_DECLARES, device::RESULT_NO_BYTES] {
-                self.report.record(id, rule, skip(reason.to_owned()));
+                self.report.record((id, rule), skip(reason.to_owned()));
             }
         }
     }
@@ -271,112 +308,40 @@ impl Run {
 
     async fn control_plane(&mut self) {
         // Card.
-        match self.control.card_json().await {
-            Ok(value) if value.is_object() => {
-                self.report.record(
-                    "control.card.public",
-                    "§4.1 GET /connector-card.json is public and a JSON object",
-                    pass("200 with a JSON object, no API key sent"),
-                );
-                let report = xagent_protocol_validate::validate_card(&value);
-                let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
-                if errors.is_empty() {
-                    self.report.record(
-                        "control.card.valid",
-                        "§4.1 Card schema and hard validation",
-                        pass(format!("{} warning(s)", report.warnings().count())),
-                    );
-                } else {
-                    self.report.record(
-                        "control.card.valid",
-                        "§4.1 Card schema and hard validation",
-                        fail(errors.join("; ")),
-                    );
-                }
-                match serde_json::from_value::<ConnectorCard>(value.clone()) {
-                    Ok(card) => {
-                        match AdmissionWindow::default().admit(Some(&card.protocol_version)) {
-                            Ok(_) => self.report.record(
-                                "card.protocol_version",
-                                "§12 admission window [3.0, 3.0]",
-                                pass(format!("protocol_version {}", card.protocol_version)),
-                            ),
-                            Err(e) => self.report.record(
-                                "card.protocol_version",
-                                "§12 admission window [3.0, 3.0]",
-                                fail(e.to_string()),
-                            ),
-                        }
-                        if device::applies(&card) {
-                            let outcome = match device::card_declares(&card) {
-                                Ok(detail) => pass(detail),
-                                Err(detail) => fail(detail),
-                            };
-                            self.report.record(device::CARD_DECLARES, device::CARD_RULE, outcome);
-                        }
-                        self.card = Some(card);
-                    }
-                    Err(e) => self.report.record(
-                        "card.protocol_version",
-                        "§12 admission window [3.0, 3.0]",
-                        fail(format!("the Card does not parse: {e}")),
-                    ),
-                }
-                self.card_json = Some(value);
-            }
-            Ok(other) => self.report.record(
-                "control.card.public",
-                "§4.1 GET /connector-card.json is public and a JSON object",
-                fail(format!("not a JSON object: {other}")),
-            ),
-            Err(e) => self.report.record(
-                "control.card.public",
-                "§4.1 GET /connector-card.json is public and a JSON object",
-                fail(e.to_string()),
-            ),
+        let card_json = self.control.card_json().await;
+        let outcome = match &card_json {
+            Ok(value) if value.is_object() => pass("200 with a JSON object, no API key sent"),
+            Ok(other) => fail(format!("not a JSON object: {other}")),
+            Err(e) => fail(e.to_string()),
+        };
+        self.report.record(
+            ("control.card.public", "§4.1 GET /connector-card.json is public and a JSON object"),
+            outcome,
+        );
+        if let Ok(value) = card_json
+            && value.is_object()
+        {
+            self.card_document(value);
         }
 
         // Skill.
-        match (self.control.skill().await, &self.card) {
-            (Ok(SkillDocument::Absent), _) => self.report.record(
-                "skill.name_card",
-                "§4.2 Skill name is connector-<card id>",
-                skip("no primary Skill (204/404)"),
-            ),
+        let outcome = match (self.control.skill().await, &self.card) {
+            (Ok(SkillDocument::Absent), _) => skip("no primary Skill (204/404)"),
             (Ok(SkillDocument::Present(markdown)), Some(card)) => {
                 let expected = card.primary_skill_name();
                 match xagent_client_runtime::skill_name(&markdown) {
-                    Some(name) if name == expected => self.report.record(
-                        "skill.name_card",
-                        "§4.2 Skill name is connector-<card id>",
-                        pass(format!("name {name}")),
-                    ),
-                    Some(name) => self.report.record(
-                        "skill.name_card",
-                        "§4.2 Skill name is connector-<card id>",
-                        fail(format!("name {name}, expected {expected}")),
-                    ),
-                    None => self.report.record(
-                        "skill.name_card",
-                        "§4.2 Skill name is connector-<card id>",
-                        fail("no `name:` in the front matter"),
-                    ),
+                    Some(name) if name == expected => pass(format!("name {name}")),
+                    Some(name) => fail(format!("name {name}, expected {expected}")),
+                    None => fail("no `name:` in the front matter"),
                 }
             }
-            (Ok(SkillDocument::Present(_)), None) => self.report.record(
-                "skill.name_card",
-                "§4.2 Skill name is connector-<card id>",
-                skip("no valid Card to compare with"),
-            ),
-            (Err(e), _) => self.report.record(
-                "skill.name_card",
-                "§4.2 Skill name is connector-<card id>",
-                fail(e.to_string()),
-            ),
-        }
+            (Ok(SkillDocument::Present(_)), None) => skip("no valid Card to compare with"),
+            (Err(e), _) => fail(e.to_string()),
+        };
+        self.report.record(("skill.name_card", "§4.2 Skill name is connector-<card id>"), outcome);
 
         // API key on /health.
-        if self.options.api_key.is_some() {
+        let outcome = if self.options.api_key.is_some() {
             let anonymous = ControlPlane::new(self.options.base_url.clone(), None);
             let wrong = ControlPlane::new(
                 self.options.base_url.clone(),
@@ -387,32 +352,27 @@ impl Run {
             let refused =
                 |r: &Result<_, ClientError>| matches!(r, Err(ClientError::Unauthorized { .. }));
             if refused(&none) && refused(&bad) {
-                self.report.record(
-                    "control.health.api_key_enforced",
-                    "§3 /health requires the system API key when configured",
-                    pass("401/403 without a key and with a wrong key"),
-                );
+                pass("401/403 without a key and with a wrong key")
             } else {
-                self.report.record(
-                    "control.health.api_key_enforced",
-                    "§3 /health requires the system API key when configured",
-                    fail(format!(
-                        "without key: {}, wrong key: {}",
-                        none.as_ref().map(|_| "2xx".to_owned()).unwrap_or_else(|e| e.to_string()),
-                        bad.as_ref().map(|_| "2xx".to_owned()).unwrap_or_else(|e| e.to_string())
-                    )),
-                );
+                fail(format!(
+                    "without key: {}, wrong key: {}",
+                    none.as_ref().map(|_| "2xx".to_owned()).unwrap_or_else(|e| e.to_string()),
+                    bad.as_ref().map(|_| "2xx".to_owned()).unwrap_or_else(|e| e.to_string())
+                ))
             }
         } else {
-            self.report.record(
+            skip("no --api-key given")
+        };
+        self.report.record(
+            (
                 "control.health.api_key_enforced",
                 "§3 /health requires the system API key when configured",
-                skip("no --api-key given"),
-            );
-        }
+            ),
+            outcome,
+        );
 
         // Health matches the Card.
-        match (self.control.health().await, &self.card) {
+        let outcome = match (self.control.health().await, &self.card) {
             (Ok(health), Some(card)) => {
                 let mut problems = Vec::new();
                 if let Some(id) = &health.connector_card_id
@@ -438,31 +398,65 @@ impl Run {
                         card.connector.version
                     ));
                 }
-                if problems.is_empty() {
-                    self.report.record(
-                        "control.health.matches_card",
-                        "§4.3 /health matches the Card",
-                        pass("card id, versions and build match"),
-                    );
-                } else {
-                    self.report.record(
-                        "control.health.matches_card",
-                        "§4.3 /health matches the Card",
-                        fail(problems.join("; ")),
-                    );
-                }
+                verdict(problems, "card id, versions and build match")
             }
-            (Ok(_), None) => self.report.record(
-                "control.health.matches_card",
-                "§4.3 /health matches the Card",
-                skip("no valid Card"),
-            ),
-            (Err(e), _) => self.report.record(
-                "control.health.matches_card",
-                "§4.3 /health matches the Card",
-                fail(e.to_string()),
-            ),
+            (Ok(_), None) => skip("no valid Card"),
+            (Err(e), _) => fail(e.to_string()),
+        };
+        self.report
+            .record(("control.health.matches_card", "§4.3 /health matches the Card"), outcome);
+    }
+
+    /// The checks of a Card document that is a JSON object: valid, in the admission window,
+    /// and (for a device Card) declaring the device target type.
+    fn card_document(&mut self, value: Value) {
+        let report = xagent_protocol_validate::validate_card(&value);
+        let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
+        let warnings = format!("{} warning(s)", report.warnings().count());
+        self.report.record(
+            ("control.card.valid", "§4.1 Card schema and hard validation"),
+            verdict(errors, warnings),
+        );
+        let outcome = match serde_json::from_value::<ConnectorCard>(value.clone()) {
+            Ok(card) => {
+                let outcome = match AdmissionWindow::default().admit(Some(&card.protocol_version)) {
+                    Ok(_) => pass(format!("protocol_version {}", card.protocol_version)),
+                    Err(e) => fail(e.to_string()),
+                };
+                self.card = Some(card);
+                outcome
+            }
+            Err(e) => fail(format!("the Card does not parse: {e}")),
+        };
+        self.report.record(("card.protocol_version", "§12 admission window [3.0, 3.0]"), outcome);
+        if let Some(card) = self.card.as_ref().filter(|card| device::applies(card)) {
+            let outcome = match device::card_declares(card) {
+                Ok(detail) => pass(detail),
+                Err(detail) => fail(detail),
+            };
+            self.report.record((device::CARD_DECLARES, device::CARD_RULE), outcome);
         }
+        self.card_json = Some(value);
+    }
+
+    /// Sends `text` and returns the next thing that comes back (or the silence).
+    async fn answer(&self, probe: &mut Probe, text: &str) -> Received {
+        let _ = probe.send_text(text.to_owned()).await;
+        probe.next(self.wait()).await
+    }
+
+    /// Sends `text` and records `check`: passed when the Connector refuses it with an error
+    /// packet carrying `code` (see [`expect_code`] for `texts`).
+    async fn refused(
+        &mut self,
+        probe: &mut Probe,
+        check: (&'static str, &'static str),
+        text: &str,
+        code: ErrorCode,
+        texts: Option<[&str; 2]>,
+    ) {
+        let answer = self.answer(probe, text).await;
+        self.report.record(check, expect_code(&answer, code, text, texts));
     }
 
     /// Why an upgrade was refused with 401/403, naming a missing `--api-key` as the cause.
@@ -497,192 +491,105 @@ impl Run {
     }
 
     async fn data_plane(&mut self) {
-        const WS_KEY: &str = "§3/§6 /ws requires the system API key when configured";
-        const SUBPROTOCOL_RULE: &str = "§6 the upgrade must offer xagent.connector.packet.v1";
         // API key on /ws.
-        if self.options.api_key.is_some() {
+        let outcome = if self.options.api_key.is_some() {
             match Probe::connect(&self.options.base_url, &self.options(true, false)).await {
-                Upgrade::Refused(status) if status == 401 || status == 403 => self.report.record(
-                    "ws.api_key_enforced",
-                    WS_KEY,
-                    pass(format!("upgrade refused with {status}")),
-                ),
-                Upgrade::Refused(status) => self.report.record(
-                    "ws.api_key_enforced",
-                    WS_KEY,
-                    fail(format!("upgrade refused with {status}, expected 401")),
-                ),
+                Upgrade::Refused(status) if status == 401 || status == 403 => {
+                    pass(format!("upgrade refused with {status}"))
+                }
+                Upgrade::Refused(status) => {
+                    fail(format!("upgrade refused with {status}, expected 401"))
+                }
                 Upgrade::Open(probe, _) => {
                     probe.close().await;
-                    self.report.record(
-                        "ws.api_key_enforced",
-                        WS_KEY,
-                        fail("the upgrade succeeded without the API key"),
-                    );
+                    fail("the upgrade succeeded without the API key")
                 }
-                Upgrade::Failed(e) => self.report.record("ws.api_key_enforced", WS_KEY, fail(e)),
+                Upgrade::Failed(e) => fail(e),
             }
         } else {
-            self.report.record("ws.api_key_enforced", WS_KEY, skip("no --api-key given"));
-        }
+            skip("no --api-key given")
+        };
+        self.report.record(
+            ("ws.api_key_enforced", "§3/§6 /ws requires the system API key when configured"),
+            outcome,
+        );
         // Subprotocol. A 401/403 says nothing about the subprotocol: the key decided first.
-        match Probe::connect(&self.options.base_url, &self.options(false, true)).await {
-            Upgrade::Refused(status @ (401 | 403)) => self.report.record(
-                "ws.subprotocol_required",
-                SUBPROTOCOL_RULE,
-                skip(self.key_refused(status)),
-            ),
-            Upgrade::Refused(status) => self.report.record(
-                "ws.subprotocol_required",
-                SUBPROTOCOL_RULE,
-                pass(format!("upgrade without the subprotocol refused with {status}")),
-            ),
+        let outcome = match Probe::connect(&self.options.base_url, &self.options(false, true)).await
+        {
+            Upgrade::Refused(status @ (401 | 403)) => skip(self.key_refused(status)),
+            Upgrade::Refused(status) => {
+                pass(format!("upgrade without the subprotocol refused with {status}"))
+            }
             Upgrade::Open(probe, _) => {
                 probe.close().await;
-                self.report.record(
-                    "ws.subprotocol_required",
-                    SUBPROTOCOL_RULE,
-                    fail("the upgrade succeeded without offering the subprotocol"),
-                );
+                fail("the upgrade succeeded without offering the subprotocol")
             }
-            Upgrade::Failed(e) => {
-                self.report.record("ws.subprotocol_required", SUBPROTOCOL_RULE, fail(e))
-            }
-        }
-        let Some(mut probe) =
-            (match Probe::connect(&self.options.base_url, &self.options(true, true)).await {
+            Upgrade::Failed(e) => fail(e),
+        };
+        self.report.record(
+            ("ws.subprotocol_required", "§6 the upgrade must offer xagent.connector.packet.v1"),
+            outcome,
+        );
+        let (probe, outcome) =
+            match Probe::connect(&self.options.base_url, &self.options(true, true)).await {
                 Upgrade::Open(probe, Some(echoed))
                     if echoed == xagent_protocol_types::SUBPROTOCOL =>
                 {
-                    self.report.record(
-                        "ws.subprotocol_echoed",
-                        "§6 the server selects the subprotocol",
-                        pass("subprotocol echoed"),
-                    );
-                    Some(probe)
+                    (Some(probe), pass("subprotocol echoed"))
                 }
-                Upgrade::Open(probe, echoed) => {
-                    self.report.record(
-                        "ws.subprotocol_echoed",
-                        "§6 the server selects the subprotocol",
-                        fail(format!("echoed {echoed:?}")),
-                    );
-                    Some(probe)
-                }
-                Upgrade::Refused(status) => {
-                    let detail = if matches!(status, 401 | 403) {
-                        self.key_refused(status)
-                    } else {
-                        format!("upgrade refused with {status}")
-                    };
-                    self.report.record(
-                        "ws.subprotocol_echoed",
-                        "§6 the server selects the subprotocol",
-                        fail(detail),
-                    );
-                    None
-                }
-                Upgrade::Failed(e) => {
-                    self.report.record(
-                        "ws.subprotocol_echoed",
-                        "§6 the server selects the subprotocol",
-                        fail(e),
-                    );
-                    None
-                }
-            })
-        else {
-            return;
-        };
+                Upgrade::Open(probe, echoed) => (Some(probe), fail(format!("echoed {echoed:?}"))),
+                Upgrade::Refused(status @ (401 | 403)) => (None, fail(self.key_refused(status))),
+                Upgrade::Refused(status) => (None, fail(format!("upgrade refused with {status}"))),
+                Upgrade::Failed(e) => (None, fail(e)),
+            };
+        self.report
+            .record(("ws.subprotocol_echoed", "§6 the server selects the subprotocol"), outcome);
+        let Some(mut probe) = probe else { return };
 
         // Before hello.
-        let early = Packet::with_payload(pkt(), Ping::default())
-            .request_id(req())
-            .to_json()
-            .unwrap_or_default();
         let early_channel = Packet::with_payload(pkt(), ChannelOpen::default())
             .request_id(req())
             .to_json()
             .unwrap_or_default();
-        let _ = probe.send_text(early_channel.clone()).await;
-        let answer = probe.next(self.wait()).await;
-        if error_code(&answer) == Some(ErrorCode::HelloRequired) {
-            self.report.record(
-                "ws.hello_required_first",
-                "§6 the first packet must be connector.hello",
-                pass("channel.open before hello got hello_required"),
-            );
-        } else {
-            self.report.record(
-                "ws.hello_required_first",
-                "§6 the first packet must be connector.hello",
-                fail_with(
-                    "expected an error packet with hello_required",
-                    Some(&early_channel),
-                    &answer,
-                ),
-            );
-        }
-        let _ = early;
+        let check = ("ws.hello_required_first", "§6 the first packet must be connector.hello");
+        self.refused(
+            &mut probe,
+            check,
+            &early_channel,
+            ErrorCode::HelloRequired,
+            Some([
+                "channel.open before hello got hello_required",
+                "expected an error packet with hello_required",
+            ]),
+        )
+        .await;
 
         // Invalid JSON keeps the connection.
-        let _ = probe.send_text("{not json").await;
-        let answer = probe.next(self.wait()).await;
-        if error_code(&answer) == Some(ErrorCode::InvalidPacket) {
-            self.report.record(
-                "ws.invalid_json",
-                "§7/§8.23 invalid JSON gets invalid_packet",
-                pass("invalid_packet, socket kept open"),
-            );
-        } else {
-            self.report.record(
-                "ws.invalid_json",
-                "§7/§8.23 invalid JSON gets invalid_packet",
-                fail_with(
-                    "expected an error packet with invalid_packet",
-                    Some("{not json"),
-                    &answer,
-                ),
-            );
-        }
+        let check = ("ws.invalid_json", "§7/§8.23 invalid JSON gets invalid_packet");
+        self.refused(
+            &mut probe,
+            check,
+            "{not json",
+            ErrorCode::InvalidPacket,
+            Some([
+                "invalid_packet, socket kept open",
+                "expected an error packet with invalid_packet",
+            ]),
+        )
+        .await;
         let _ = probe.send_binary(vec![1, 2, 3]).await;
         let answer = probe.next(self.wait()).await;
-        if error_code(&answer) == Some(ErrorCode::InvalidPacket) {
-            self.report.record(
-                "ws.binary_frame",
-                "§6 text frames only",
-                pass("binary frame got invalid_packet"),
-            );
-        } else {
-            self.report.record(
-                "ws.binary_frame",
-                "§6 text frames only",
-                fail_with(
-                    "expected invalid_packet for a binary frame",
-                    Some("(binary frame)"),
-                    &answer,
-                ),
-            );
-        }
+        let texts =
+            ["binary frame got invalid_packet", "expected invalid_packet for a binary frame"];
+        let outcome = expect_code(&answer, ErrorCode::InvalidPacket, "(binary frame)", Some(texts));
+        self.report.record(("ws.binary_frame", "§6 text frames only"), outcome);
 
         // Hello validation.
         let wrong_card = self
             .hello_text(|p| p["payload"]["connector_card_id"] = json!("conformance.not-this-card"));
-        let _ = probe.send_text(wrong_card.clone()).await;
-        let answer = probe.next(self.wait()).await;
-        if error_code(&answer) == Some(ErrorCode::ConnectorCardIdMismatch) {
-            self.report.record(
-                "hello.card_id",
-                "§8.1 connector_card_id must match the Card",
-                pass("connector_card_id_mismatch"),
-            );
-        } else {
-            self.report.record(
-                "hello.card_id",
-                "§8.1 connector_card_id must match the Card",
-                fail_with("expected connector_card_id_mismatch", Some(&wrong_card), &answer),
-            );
-        }
+        let check = ("hello.card_id", "§8.1 connector_card_id must match the Card");
+        self.refused(&mut probe, check, &wrong_card, ErrorCode::ConnectorCardIdMismatch, None)
+            .await;
         // The server may close after a bad hello; use fresh sockets from here.
         probe.close().await;
 
@@ -692,21 +599,11 @@ impl Run {
                     payload.remove("supported_profiles");
                 }
             });
-            let _ = probe.send_text(text.clone()).await;
-            let answer = probe.next(self.wait()).await;
-            if error_code(&answer) == Some(ErrorCode::InvalidPacket) {
-                self.report.record(
-                    "hello.supported_profiles",
-                    "§8.1 a current Connector requires supported_profiles",
-                    pass("invalid_packet"),
-                );
-            } else {
-                self.report.record(
-                    "hello.supported_profiles",
-                    "§8.1 a current Connector requires supported_profiles",
-                    fail_with("expected invalid_packet", Some(&text), &answer),
-                );
-            }
+            let check = (
+                "hello.supported_profiles",
+                "§8.1 a current Connector requires supported_profiles",
+            );
+            self.refused(&mut probe, check, &text, ErrorCode::InvalidPacket, None).await;
             probe.close().await;
         }
 
@@ -722,144 +619,86 @@ impl Run {
                     }
                 }
             });
-            let _ = probe.send_text(text.clone()).await;
-            let answer = probe.next(self.wait()).await;
+            let answer = self.answer(&mut probe, &text).await;
             let code = error_code(&answer);
             let closed = matches!(probe.next(self.wait()).await, Received::Closed(_));
-            if matches!(code, Some(ErrorCode::ProtocolVersionUnsupported)) && closed {
-                self.report.record(
-                    id,
-                    "§8.1/§12 reject a hello without a version or below 3.0",
-                    pass("protocol_version_unsupported, then the socket closed"),
-                );
-            } else if code.is_some() && closed {
-                self.report.record(
-                    id,
-                    "§8.1/§12 reject a hello without a version or below 3.0",
-                    pass(format!(
-                        "rejected with {} and closed",
-                        code.map(|c| c.to_string()).unwrap_or_default()
-                    )),
-                );
-            } else {
-                self.report.record(
-                    id,
-                    "§8.1/§12 reject a hello without a version or below 3.0",
-                    fail_with(
-                        "expected an error (protocol_version_unsupported) and a close",
-                        Some(&text),
-                        &answer,
-                    ),
-                );
-            }
+            let outcome = match code {
+                Some(ErrorCode::ProtocolVersionUnsupported) if closed => {
+                    pass("protocol_version_unsupported, then the socket closed")
+                }
+                Some(code) if closed => pass(format!("rejected with {code} and closed")),
+                _ => fail_with(
+                    "expected an error (protocol_version_unsupported) and a close",
+                    Some(&text),
+                    &answer,
+                ),
+            };
+            self.report
+                .record((id, "§8.1/§12 reject a hello without a version or below 3.0"), outcome);
         }
 
         // A good hello.
+        const HELLO_ACK: (&str, &str) =
+            ("ws.hello.ack_valid", "§8.2 hello.ack: card id, connector_id, protocol 3.0");
         let Some(mut probe) = self.open_probe().await else { return };
         let hello = self.hello_text(|_| {});
-        let _ = probe.send_text(hello.clone()).await;
-        let answer = probe.next(self.wait()).await;
-        match &answer {
-            Received::Packet(packet, _) if packet.error.is_none() => {
-                let facts = self.facts();
-                let mut context = xagent_protocol_validate::PacketContext::with_card(&facts);
-                context.sender = Some(xagent_protocol_types::Side::Connector);
-                let report = xagent_protocol_validate::validate_packet(
-                    &packet.to_value().unwrap_or_default(),
-                    context,
-                );
-                let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
-                let ack = packet.payload::<xagent_protocol_types::ConnectorHelloAck>();
-                match ack {
-                    Some(ack)
-                        if errors.is_empty()
-                            && ack.connector_card_id.as_str() == self.card_id()
-                            && ack.protocol_version.as_deref() == Some("3.0") =>
-                    {
-                        self.report.record(
-                            "ws.hello.ack_valid",
-                            "§8.2 hello.ack: card id, connector_id, protocol 3.0",
-                            pass(format!("connector_id {}", ack.connector_id)),
-                        );
-                    }
-                    _ => self.report.record(
-                        "ws.hello.ack_valid",
-                        "§8.2 hello.ack: card id, connector_id, protocol 3.0",
-                        fail_with(
-                            format!("invalid hello.ack {}", errors.join("; ")),
-                            Some(&hello),
-                            &answer,
-                        ),
-                    ),
-                }
-            }
+        let answer = self.answer(&mut probe, &hello).await;
+        let packet = match &answer {
+            Received::Packet(packet, _) if packet.error.is_none() => packet,
             _ => {
-                self.report.record(
-                    "ws.hello.ack_valid",
-                    "§8.2 hello.ack: card id, connector_id, protocol 3.0",
-                    fail_with("no hello.ack", Some(&hello), &answer),
-                );
+                self.report.record(HELLO_ACK, fail_with("no hello.ack", Some(&hello), &answer));
                 return;
             }
-        }
+        };
+        let facts = self.facts();
+        let mut context = xagent_protocol_validate::PacketContext::with_card(&facts);
+        context.sender = Some(xagent_protocol_types::Side::Connector);
+        let report = xagent_protocol_validate::validate_packet(
+            &packet.to_value().unwrap_or_default(),
+            context,
+        );
+        let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
+        let outcome = match packet.payload::<xagent_protocol_types::ConnectorHelloAck>() {
+            Some(ack)
+                if errors.is_empty()
+                    && ack.connector_card_id.as_str() == self.card_id()
+                    && ack.protocol_version.as_deref() == Some("3.0") =>
+            {
+                pass(format!("connector_id {}", ack.connector_id))
+            }
+            _ => {
+                fail_with(format!("invalid hello.ack {}", errors.join("; ")), Some(&hello), &answer)
+            }
+        };
+        self.report.record(HELLO_ACK, outcome);
 
         // After hello: invalid JSON, unknown types, ping.
-        let _ = probe.send_text("[1,2").await;
-        let answer = probe.next(self.wait()).await;
-        if error_code(&answer) == Some(ErrorCode::InvalidPacket) {
-            self.report.record(
-                "ws.invalid_packet_after_hello",
-                "§7 invalid JSON gets invalid_packet; the connection stays",
-                pass("invalid_packet"),
-            );
-        } else {
-            self.report.record(
-                "ws.invalid_packet_after_hello",
-                "§7 invalid JSON gets invalid_packet; the connection stays",
-                fail_with("expected invalid_packet", Some("[1,2"), &answer),
-            );
-        }
+        let check = (
+            "ws.invalid_packet_after_hello",
+            "§7 invalid JSON gets invalid_packet; the connection stays",
+        );
+        self.refused(&mut probe, check, "[1,2", ErrorCode::InvalidPacket, None).await;
         let unknown = json!({"schema": "xagent.connector.packet/v1", "packet_id": pkt(), "request_id": req(), "type": "conformance.unknown"}).to_string();
-        let _ = probe.send_text(unknown.clone()).await;
-        let answer = probe.next(self.wait()).await;
-        if error_code(&answer) == Some(ErrorCode::UnsupportedPacket) {
-            self.report.record(
-                "packet.type_unknown",
-                "§8.23 unknown packet types get unsupported_packet",
-                pass("unsupported_packet"),
-            );
-        } else {
-            self.report.record(
-                "packet.type_unknown",
-                "§8.23 unknown packet types get unsupported_packet",
-                fail_with("expected unsupported_packet", Some(&unknown), &answer),
-            );
-        }
+        let check = ("packet.type_unknown", "§8.23 unknown packet types get unsupported_packet");
+        self.refused(&mut probe, check, &unknown, ErrorCode::UnsupportedPacket, None).await;
         let ping_request = req();
         let ping = Packet::with_payload(pkt(), Ping::default())
             .request_id(ping_request.clone())
             .to_json()
             .unwrap_or_default();
-        let _ = probe.send_text(ping.clone()).await;
-        let answer = probe.next(self.wait()).await;
-        match &answer {
+        let answer = self.answer(&mut probe, &ping).await;
+        let outcome = match &answer {
             Received::Packet(packet, _)
                 if packet.type_str() == "pong"
                     && packet.request_id.as_ref().map(|r| r.as_str())
                         == Some(ping_request.as_str()) =>
             {
-                self.report.record(
-                    "ws.ping_pong",
-                    "§8.22 ping gets pong with the same request_id",
-                    pass("pong"),
-                );
+                pass("pong")
             }
-            _ => self.report.record(
-                "ws.ping_pong",
-                "§8.22 ping gets pong with the same request_id",
-                fail_with("expected pong with the same request_id", Some(&ping), &answer),
-            ),
-        }
+            _ => fail_with("expected pong with the same request_id", Some(&ping), &answer),
+        };
+        self.report
+            .record(("ws.ping_pong", "§8.22 ping gets pong with the same request_id"), outcome);
 
         // Channel-scoped packets without a channel or on an unopened channel.
         let no_channel =
@@ -867,55 +706,27 @@ impl Run {
                 .request_id(req())
                 .to_json()
                 .unwrap_or_default();
-        let _ = probe.send_text(no_channel.clone()).await;
-        let answer = probe.next(self.wait()).await;
-        if error_code(&answer) == Some(ErrorCode::ConnectorChannelIdRequired) {
-            self.report.record(
-                "packet.channel_required",
-                "§8.23 user-level packets need connector_channel_id",
-                pass("connector_channel_id_required"),
-            );
-        } else {
-            self.report.record(
-                "packet.channel_required",
-                "§8.23 user-level packets need connector_channel_id",
-                fail_with("expected connector_channel_id_required", Some(&no_channel), &answer),
-            );
-        }
+        let check =
+            ("packet.channel_required", "§8.23 user-level packets need connector_channel_id");
+        self.refused(&mut probe, check, &no_channel, ErrorCode::ConnectorChannelIdRequired, None)
+            .await;
         let unopened = Packet::with_payload(pkt(), AuthStart::new("any"))
             .request_id(req())
             .channel("cch_conformance_never_opened")
             .to_json()
             .unwrap_or_default();
-        let _ = probe.send_text(unopened.clone()).await;
-        let answer = probe.next(self.wait()).await;
-        if error_code(&answer) == Some(ErrorCode::ChannelNotOpen) {
-            self.report.record(
-                "ws.channel_not_open",
-                "§8.7/§8.23 channel-scoped packets need an open channel",
-                pass("channel_not_open"),
-            );
-        } else {
-            self.report.record(
-                "ws.channel_not_open",
-                "§8.7/§8.23 channel-scoped packets need an open channel",
-                fail_with("expected channel_not_open", Some(&unopened), &answer),
-            );
-        }
+        let check =
+            ("ws.channel_not_open", "§8.7/§8.23 channel-scoped packets need an open channel");
+        self.refused(&mut probe, check, &unopened, ErrorCode::ChannelNotOpen, None).await;
 
         // channel.open.
-        let open_request = req();
-        let open = Packet::with_payload(pkt(), ChannelOpen::default())
-            .request_id(open_request.clone())
-            .to_json()
-            .unwrap_or_default();
-        let _ = probe.send_text(open.clone()).await;
-        let answer = probe
-            .next_matching(self.wait(), |p| {
-                p.request_id.as_ref().map(|r| r.as_str()) == Some(open_request.as_str())
-            })
+        let (open, answer) = self
+            .request(
+                &mut probe,
+                Packet::with_payload(pkt(), ChannelOpen::default()).request_id(req()),
+            )
             .await;
-        let channel = match &answer {
+        let (channel, outcome) = match &answer {
             Received::Packet(packet, _) => {
                 match (packet.payload::<ChannelOpenAck>(), &packet.connector_channel_id) {
                     (Some(ack), Some(envelope_channel))
@@ -923,125 +734,89 @@ impl Run {
                     {
                         let problems =
                             self.descriptor_problems(&ack.connection_descriptor, envelope_channel);
-                        if problems.is_empty() {
-                            self.report.record("ws.channel_open", "§8.4 channel.open.ack: channel id in envelope and payload, valid Descriptor", pass(format!("channel {envelope_channel}, status {}", ack.connection_descriptor.connection.status)));
+                        let outcome = if problems.is_empty() {
+                            pass(format!(
+                                "channel {envelope_channel}, status {}",
+                                ack.connection_descriptor.connection.status
+                            ))
                         } else {
-                            self.report.record("ws.channel_open", "§8.4 channel.open.ack: channel id in envelope and payload, valid Descriptor", fail_with(problems.join("; "), Some(&open), &answer));
-                        }
-                        Some(envelope_channel.clone())
+                            fail_with(problems.join("; "), Some(&open), &answer)
+                        };
+                        (Some(envelope_channel.clone()), outcome)
                     }
-                    _ => {
-                        self.report.record("ws.channel_open", "§8.4 channel.open.ack: channel id in envelope and payload, valid Descriptor", fail_with("expected channel.open.ack with the channel in envelope and payload", Some(&open), &answer));
-                        None
-                    }
-                }
-            }
-            _ => {
-                self.report.record(
-                    "ws.channel_open",
-                    "§8.4 channel.open.ack: channel id in envelope and payload, valid Descriptor",
-                    fail_with("no channel.open.ack", Some(&open), &answer),
-                );
-                None
-            }
-        };
-        let Some(channel) = channel else { return };
-
-        // tool.invoke before authentication.
-        match self.card.as_ref().and_then(|c| c.tools.first()).map(|t| t.tool_id.clone()) {
-            Some(tool_id) => {
-                let invoke_request = req();
-                let mut arguments = serde_json::Map::new();
-                arguments.insert("connector_channel_id".into(), json!(channel.as_str()));
-                let invoke = Packet::with_payload(pkt(), ToolInvoke::new(tool_id, arguments))
-                    .request_id(invoke_request.clone())
-                    .channel(channel.clone())
-                    .to_json()
-                    .unwrap_or_default();
-                let _ = probe.send_text(invoke.clone()).await;
-                let answer = probe
-                    .next_matching(self.wait(), |p| {
-                        p.request_id.as_ref().map(|r| r.as_str()) == Some(invoke_request.as_str())
-                    })
-                    .await;
-                match error_code(&answer) {
-                    Some(code) => self.report.record(
-                        "ws.tool_invoke_unauthenticated",
-                        "§3/§8.18 a Tool on an unauthenticated channel is refused",
-                        pass(format!("refused with {code}")),
-                    ),
-                    None => self.report.record(
-                        "ws.tool_invoke_unauthenticated",
-                        "§3/§8.18 a Tool on an unauthenticated channel is refused",
+                    _ => (
+                        None,
                         fail_with(
-                            "the Tool ran on a channel that never authenticated",
-                            Some(&invoke),
+                            "expected channel.open.ack with the channel in envelope and payload",
+                            Some(&open),
                             &answer,
                         ),
                     ),
                 }
             }
-            None => self.report.record(
+            _ => (None, fail_with("no channel.open.ack", Some(&open), &answer)),
+        };
+        self.report.record(
+            (
+                "ws.channel_open",
+                "§8.4 channel.open.ack: channel id in envelope and payload, valid Descriptor",
+            ),
+            outcome,
+        );
+        let Some(channel) = channel else { return };
+
+        // tool.invoke before authentication.
+        let outcome =
+            match self.card.as_ref().and_then(|c| c.tools.first()).map(|t| t.tool_id.clone()) {
+                Some(tool_id) => {
+                    let mut arguments = serde_json::Map::new();
+                    arguments.insert("connector_channel_id".into(), json!(channel.as_str()));
+                    let invoke = Packet::with_payload(pkt(), ToolInvoke::new(tool_id, arguments))
+                        .request_id(req())
+                        .channel(channel.clone());
+                    let (invoke, answer) = self.request(&mut probe, invoke).await;
+                    match error_code(&answer) {
+                        Some(code) => pass(format!("refused with {code}")),
+                        None => fail_with(
+                            "the Tool ran on a channel that never authenticated",
+                            Some(&invoke),
+                            &answer,
+                        ),
+                    }
+                }
+                None => skip("the Card declares no Tools"),
+            };
+        self.report.record(
+            (
                 "ws.tool_invoke_unauthenticated",
                 "§3/§8.18 a Tool on an unauthenticated channel is refused",
-                skip("the Card declares no Tools"),
             ),
-        }
+            outcome,
+        );
 
         if self.options.flow.is_some() {
             self.authenticated(&mut probe, &channel).await;
         } else {
-            for id in [
-                "auth.flow",
-                "descriptor.tool_not_in_card",
-                "descriptor.tools_declared",
-                "im.message_accepted",
-                "im.duplicate",
-                "im.conflict",
-                "transfer.upload",
-                "transfer.download",
-                "auth.logout",
-            ] {
-                self.report.record(
-                    id,
-                    "needs --flow",
-                    skip("give --flow and --input to run the authenticated checks"),
-                );
+            let reason = "give --flow and --input to run the authenticated checks";
+            for id in std::iter::once("auth.flow").chain(SIGNED_IN_CHECKS) {
+                self.report.record((id, "needs --flow"), skip(reason));
             }
-            self.skip_device_signed_in(
-                "needs --flow",
-                "give --flow and --input to run the authenticated checks",
-            );
+            self.skip_device_signed_in("needs --flow", reason);
         }
 
-        let close_request = req();
-        let close = Packet::with_payload(pkt(), ChannelClose::default())
-            .request_id(close_request.clone())
-            .channel(channel.clone())
-            .to_json()
-            .unwrap_or_default();
-        let _ = probe.send_text(close.clone()).await;
-        let answer = probe
-            .next_matching(self.wait(), |p| {
-                p.request_id.as_ref().map(|r| r.as_str()) == Some(close_request.as_str())
-            })
-            .await;
-        match &answer {
+        let close =
+            Packet::with_payload(pkt(), ChannelClose::default()).request_id(req()).channel(channel);
+        let (close, answer) = self.request(&mut probe, close).await;
+        let outcome = match &answer {
             Received::Packet(packet, _)
                 if packet.type_str() == "channel.close.ack" && packet.error.is_none() =>
             {
-                self.report.record(
-                    "ws.channel_close",
-                    "§8.5 channel.close gets channel.close.ack",
-                    pass("ok"),
-                )
+                pass("ok")
             }
-            _ => self.report.record(
-                "ws.channel_close",
-                "§8.5 channel.close gets channel.close.ack",
-                fail_with("expected channel.close.ack", Some(&close), &answer),
-            ),
-        }
+            _ => fail_with("expected channel.close.ack", Some(&close), &answer),
+        };
+        self.report
+            .record(("ws.channel_close", "§8.5 channel.close gets channel.close.ack"), outcome);
         probe.close().await;
     }
 
@@ -1078,8 +853,6 @@ impl Run {
 
     async fn authenticated(&mut self, probe: &mut Probe, channel: &ConnectorChannelId) {
         let Some(flow) = self.options.flow.clone() else { return };
-        const AUTH: &str =
-            "§8.7-§8.10 auth.start/auth.status reach authenticated with a Descriptor";
         let mut start = AuthStart::new(flow.clone());
         if !self.options.inputs.0.is_empty() {
             start = start.with_input(self.options.inputs.clone());
@@ -1134,38 +907,21 @@ impl Run {
                 .await
                 .1;
         };
-        let descriptor = match progress {
+        let (descriptor, outcome) = match progress {
             Some(AuthProgress {
                 status: AuthStatus::Authenticated,
                 connection_descriptor: Some(descriptor),
                 ..
             }) => {
                 let problems = self.descriptor_problems(&descriptor, channel);
-                if problems.is_empty() {
-                    self.report.record(
-                        "auth.flow",
-                        AUTH,
-                        pass(format!("authenticated, status {}", descriptor.connection.status)),
-                    );
+                let outcome = if problems.is_empty() {
+                    pass(format!("authenticated, status {}", descriptor.connection.status))
                 } else {
-                    self.report.record(
-                        "auth.flow",
-                        AUTH,
-                        fail_with(problems.join("; "), Some(&sent), &answer),
-                    );
-                }
-                Some(descriptor)
+                    fail_with(problems.join("; "), Some(&sent), &answer)
+                };
+                (Ok(descriptor), outcome)
             }
             other => {
-                self.report.record(
-                    "auth.flow",
-                    AUTH,
-                    fail_with(
-                        "authentication did not complete with a Descriptor",
-                        Some(&sent),
-                        &answer,
-                    ),
-                );
                 // Everything that needs a signed-in channel is skipped, with the Connector's
                 // own reason.
                 let reason = match (&other, &answer) {
@@ -1182,11 +938,24 @@ impl Run {
                     },
                     (None, received) => format!("sign-in got {}", describe(received)),
                 };
-                self.skip_signed_in(&reason);
-                None
+                let failed = "authentication did not complete with a Descriptor";
+                (Err(reason), fail_with(failed, Some(&sent), &answer))
             }
         };
-        let Some(descriptor) = descriptor else { return };
+        self.report.record(
+            (
+                "auth.flow",
+                "§8.7-§8.10 auth.start/auth.status reach authenticated with a Descriptor",
+            ),
+            outcome,
+        );
+        let descriptor = match descriptor {
+            Ok(descriptor) => descriptor,
+            Err(reason) => {
+                self.skip_signed_in(&reason);
+                return;
+            }
+        };
         let (get_sent, got) = self
             .request(
                 probe,
@@ -1218,41 +987,36 @@ impl Run {
             .map(|t| t.tool_id.to_string())
             .filter(|t| !card_tools.contains(t))
             .collect();
-        if extra.is_empty() {
-            self.report.record(
-                "descriptor.tool_not_in_card",
-                "§9 a Tool absent from the Card cannot appear in the Descriptor",
-                pass(format!("{} Tool(s), all in the Card", descriptor.tools.len())),
-            );
+        let outcome = if extra.is_empty() {
+            pass(format!("{} Tool(s), all in the Card", descriptor.tools.len()))
         } else {
-            self.report.record(
+            fail(format!("not in the Card: {}", extra.join(", ")))
+        };
+        self.report.record(
+            (
                 "descriptor.tool_not_in_card",
                 "§9 a Tool absent from the Card cannot appear in the Descriptor",
-                fail(format!("not in the Card: {}", extra.join(", "))),
-            );
-        }
+            ),
+            outcome,
+        );
         let missing: Vec<&String> =
             card_tools.iter().filter(|t| descriptor.tool(t).is_none()).collect();
         let available: Vec<&String> = card_tools
             .iter()
             .filter(|t| descriptor.tool(t).is_some_and(|d| d.status == ToolStatus::Available))
             .collect();
-        if missing.is_empty() {
-            self.report.record(
-                "descriptor.tools_declared",
-                "§14.8 every Card Tool is declared in the Descriptor",
-                pass(format!("{} of {} available", available.len(), card_tools.len())),
-            );
+        let outcome = if missing.is_empty() {
+            pass(format!("{} of {} available", available.len(), card_tools.len()))
         } else {
-            self.report.record(
-                "descriptor.tools_declared",
-                "§14.8 every Card Tool is declared in the Descriptor",
-                fail(format!(
-                    "missing from the Descriptor: {}",
-                    missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-                )),
-            );
-        }
+            fail(format!(
+                "missing from the Descriptor: {}",
+                missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        };
+        self.report.record(
+            ("descriptor.tools_declared", "§14.8 every Card Tool is declared in the Descriptor"),
+            outcome,
+        );
 
         // IM v2 exchange.
         if descriptor
@@ -1264,11 +1028,8 @@ impl Run {
             self.im_exchange(probe, channel).await;
         } else {
             for id in ["im.message_accepted", "im.duplicate", "im.conflict"] {
-                self.report.record(
-                    id,
-                    "IM v2 §5/§7",
-                    skip("the channel does not enable xagent.im.v2"),
-                );
+                self.report
+                    .record((id, "IM v2 §5/§7"), skip("the channel does not enable xagent.im.v2"));
             }
         }
 
@@ -1283,45 +1044,28 @@ impl Run {
                     .channel(channel.clone()),
             )
             .await;
-        match &answer {
+        let outcome = match &answer {
             Received::Packet(packet, _)
                 if packet.type_str() == "auth.logout.ack" && packet.error.is_none() =>
             {
-                self.report.record(
-                    "auth.logout",
-                    "§8.13 auth.logout gets auth.logout.ack",
-                    pass("ok"),
-                )
+                pass("ok")
             }
-            _ => self.report.record(
-                "auth.logout",
-                "§8.13 auth.logout gets auth.logout.ack",
-                fail_with("expected auth.logout.ack", Some(&sent), &answer),
-            ),
-        }
+            _ => fail_with("expected auth.logout.ack", Some(&sent), &answer),
+        };
+        self.report.record(("auth.logout", "§8.13 auth.logout gets auth.logout.ack"), outcome);
     }
 
     /// The checks that need a signed-in channel, reported skipped with `reason`.
     fn skip_signed_in(&mut self, reason: &str) {
-        for id in [
-            "descriptor.tool_not_in_card",
-            "descriptor.tools_declared",
-            "im.message_accepted",
-            "im.duplicate",
-            "im.conflict",
-            "transfer.upload",
-            "transfer.download",
-            "auth.logout",
-        ] {
-            self.report.record(id, "needs a signed-in channel", skip(reason.to_owned()));
+        for id in SIGNED_IN_CHECKS {
+            self.report.record((id, "needs a signed-in channel"), skip(reason));
         }
         self.skip_device_signed_in("needs a signed-in channel", reason);
         let tools: Vec<String> = self.options.tools.iter().map(|(id, _)| id.clone()).collect();
         for tool in tools {
             for kind in ["success", "invalid_arguments", "repeat"] {
                 self.report.record(
-                    format!("tool.{tool}.{kind}"),
-                    "needs a signed-in channel",
+                    (format!("tool.{tool}.{kind}"), "needs a signed-in channel"),
                     skip(reason.to_owned()),
                 );
             }
@@ -1339,47 +1083,37 @@ impl Run {
         got: &Received,
     ) {
         let Some(card) = self.card.clone() else { return };
-        let Some(fetched) = fetched else {
-            self.report.record(
-                device::DESCRIPTOR_DECLARES,
-                device::DESCRIPTOR_RULE,
-                fail_with(
-                    "connection.descriptor.get did not answer with a Descriptor",
-                    Some(get_sent),
-                    got,
-                ),
-            );
-            return;
-        };
-        let mut problems: Vec<String> = self
-            .descriptor_problems(fetched, channel)
-            .into_iter()
-            .map(|p| format!("connection.descriptor.get: {p}"))
-            .collect();
-        for (descriptor, where_) in
-            [(signed_in, "sign-in answer"), (fetched, "connection.descriptor.get")]
-        {
-            if let Err(problem) = device::descriptor_declares(&card, descriptor, where_) {
-                problems.push(problem);
+        let outcome = match fetched {
+            None => fail_with(
+                "connection.descriptor.get did not answer with a Descriptor",
+                Some(get_sent),
+                got,
+            ),
+            Some(fetched) => {
+                let mut problems: Vec<String> = self
+                    .descriptor_problems(fetched, channel)
+                    .into_iter()
+                    .map(|p| format!("connection.descriptor.get: {p}"))
+                    .collect();
+                for (descriptor, where_) in
+                    [(signed_in, "sign-in answer"), (fetched, "connection.descriptor.get")]
+                {
+                    if let Err(problem) = device::descriptor_declares(&card, descriptor, where_) {
+                        problems.push(problem);
+                    }
+                }
+                if problems.is_empty() {
+                    pass(format!(
+                        "target_type {} with {} in both Descriptors",
+                        fetched.connection.target_type.as_str(),
+                        xagent_protocol_types::PROFILE_DEVICE_V1
+                    ))
+                } else {
+                    fail_with(problems.join("; "), Some(get_sent), got)
+                }
             }
-        }
-        if problems.is_empty() {
-            self.report.record(
-                device::DESCRIPTOR_DECLARES,
-                device::DESCRIPTOR_RULE,
-                pass(format!(
-                    "target_type {} with {} in both Descriptors",
-                    fetched.connection.target_type.as_str(),
-                    xagent_protocol_types::PROFILE_DEVICE_V1
-                )),
-            );
-        } else {
-            self.report.record(
-                device::DESCRIPTOR_DECLARES,
-                device::DESCRIPTOR_RULE,
-                fail_with(problems.join("; "), Some(get_sent), got),
-            );
-        }
+        };
+        self.report.record((device::DESCRIPTOR_DECLARES, device::DESCRIPTOR_RULE), outcome);
     }
 
     /// `--tool ID --args JSON`: a successful call, a call with invalid arguments
@@ -1399,28 +1133,20 @@ impl Run {
                 Packet::with_payload(pkt(), body).request_id(req()).channel(channel.clone())
             };
             let (sent, first) = self.request(probe, invoke(arguments.clone(), &call_id)).await;
-            let first_result = match &first {
+            let (first_result, outcome) = match &first {
                 Received::Packet(packet, _)
                     if packet.type_str() == "tool.invoke.ack" && packet.error.is_none() =>
                 {
-                    self.report.record(
-                        format!("tool.{tool}.success"),
-                        TOOL,
-                        pass("tool.invoke.ack with a result"),
-                    );
-                    packet
+                    let result = packet
                         .payload::<xagent_protocol_types::ToolInvokeAck>()
-                        .and_then(|a| a.result.clone())
+                        .and_then(|a| a.result.clone());
+                    (result, pass("tool.invoke.ack with a result"))
                 }
                 _ => {
-                    self.report.record(
-                        format!("tool.{tool}.success"),
-                        TOOL,
-                        fail_with("expected tool.invoke.ack without error", Some(&sent), &first),
-                    );
-                    None
+                    (None, fail_with("expected tool.invoke.ack without error", Some(&sent), &first))
                 }
             };
+            self.report.record((format!("tool.{tool}.success"), TOOL), outcome);
             // Invalid: every argument replaced by a value of a type no schema property takes.
             let mut invalid: serde_json::Map<String, Value> = arguments
                 .keys()
@@ -1429,18 +1155,9 @@ impl Run {
             invalid.insert("connector_channel_id".into(), json!(channel.as_str()));
             let (sent, answer) =
                 self.request(probe, invoke(invalid, &format!("{call_id}_invalid"))).await;
-            match error_code(&answer) {
-                Some(ErrorCode::InvalidArguments) => self.report.record(
-                    format!("tool.{tool}.invalid_arguments"),
-                    TOOL,
-                    pass("invalid_arguments"),
-                ),
-                _ => self.report.record(
-                    format!("tool.{tool}.invalid_arguments"),
-                    TOOL,
-                    fail_with("expected an invalid_arguments error", Some(&sent), &answer),
-                ),
-            }
+            let texts = ["invalid_arguments", "expected an invalid_arguments error"];
+            let outcome = expect_code(&answer, ErrorCode::InvalidArguments, &sent, Some(texts));
+            self.report.record((format!("tool.{tool}.invalid_arguments"), TOOL), outcome);
             let (sent, again) = self.request(probe, invoke(arguments.clone(), &call_id)).await;
             let again_result = match &again {
                 Received::Packet(packet, _) if packet.error.is_none() => packet
@@ -1451,19 +1168,13 @@ impl Run {
             if let Some(result) = &first_result {
                 results.push((tool.clone(), result.clone()));
             }
-            if first_result.is_some() && again_result == first_result {
-                self.report.record(
-                    format!("tool.{tool}.repeat"),
-                    "§8.18 a repeated tool_call_id returns the first result",
-                    pass("the same result"),
-                );
+            let outcome = if first_result.is_some() && again_result == first_result {
+                pass("the same result")
             } else {
-                self.report.record(
-                    format!("tool.{tool}.repeat"),
-                    "§8.18 a repeated tool_call_id returns the first result",
-                    fail_with("expected the first call's result again", Some(&sent), &again),
-                );
-            }
+                fail_with("expected the first call's result again", Some(&sent), &again)
+            };
+            let repeat = "§8.18 a repeated tool_call_id returns the first result";
+            self.report.record((format!("tool.{tool}.repeat"), repeat), outcome);
         }
         if self.device_applies() {
             let outcome = if self.options.tools.is_empty() {
@@ -1476,7 +1187,7 @@ impl Run {
                     Err(detail) => fail(detail),
                 }
             };
-            self.report.record(device::RESULT_NO_BYTES, device::RESULT_RULE, outcome);
+            self.report.record((device::RESULT_NO_BYTES, device::RESULT_RULE), outcome);
         }
     }
 
@@ -1488,112 +1199,96 @@ impl Run {
         };
         let (wire, answer) =
             send_chat(probe, channel, &message_id, "conformance check: hello").await;
-        match status_of(&answer) {
+        let outcome = match status_of(&answer) {
             Some(ack)
                 if ack.status == AckStatus::Accepted && ack.message_id.as_str() == message_id =>
             {
-                self.report.record(
-                    "im.message_accepted",
-                    "IM v2 §5/§7 chat.message gets chat.message.ack accepted with reply_to",
-                    pass("accepted"),
-                )
+                pass("accepted")
             }
-            _ => self.report.record(
+            _ => fail_with("expected accepted", Some(&wire), &answer),
+        };
+        self.report.record(
+            (
                 "im.message_accepted",
                 "IM v2 §5/§7 chat.message gets chat.message.ack accepted with reply_to",
-                fail_with("expected accepted", Some(&wire), &answer),
             ),
-        }
+            outcome,
+        );
         let (wire, answer) =
             send_chat(probe, channel, &message_id, "conformance check: hello").await;
-        match status_of(&answer) {
-            Some(ack) if ack.status == AckStatus::Duplicate => self.report.record(
-                "im.duplicate",
-                "IM v2 §7 a repeat of an accepted message gets duplicate",
-                pass("duplicate"),
-            ),
-            _ => self.report.record(
-                "im.duplicate",
-                "IM v2 §7 a repeat of an accepted message gets duplicate",
-                fail_with("expected duplicate", Some(&wire), &answer),
-            ),
-        }
+        let outcome = match status_of(&answer) {
+            Some(ack) if ack.status == AckStatus::Duplicate => pass("duplicate"),
+            _ => fail_with("expected duplicate", Some(&wire), &answer),
+        };
+        self.report.record(
+            ("im.duplicate", "IM v2 §7 a repeat of an accepted message gets duplicate"),
+            outcome,
+        );
         let (wire, answer) =
             send_chat(probe, channel, &message_id, "conformance check: different text, same id")
                 .await;
-        match status_of(&answer) {
-            Some(ack) if ack.status == AckStatus::Rejected && ack.retryable == Some(false) => {
-                self.report.record(
-                    "im.conflict",
-                    "IM v2 §9 same message_id with different content is rejected, not retryable",
-                    pass(format!(
-                        "rejected with {}",
-                        ack.code.map(|c| c.to_string()).unwrap_or_default()
-                    )),
-                )
-            }
-            _ => self.report.record(
+        let outcome = match status_of(&answer) {
+            Some(ack) if ack.status == AckStatus::Rejected && ack.retryable == Some(false) => pass(
+                format!("rejected with {}", ack.code.map(|c| c.to_string()).unwrap_or_default()),
+            ),
+            _ => fail_with("expected rejected with retryable false", Some(&wire), &answer),
+        };
+        self.report.record(
+            (
                 "im.conflict",
                 "IM v2 §9 same message_id with different content is rejected, not retryable",
-                fail_with("expected rejected with retryable false", Some(&wire), &answer),
             ),
-        }
+            outcome,
+        );
     }
 
     async fn transfer(&mut self, channel: &ConnectorChannelId) {
-        const UPLOAD: &str = "§5.1 POST /files/uploads returns a file_ref bound to the channel";
+        const DOWNLOAD: (&str, &str) =
+            ("transfer.download", "§5.2 GET /files/refs/{file_ref} returns the raw bytes");
         let bytes = b"xagent conformance upload\n".to_vec();
-        match self.control.upload(channel, "conformance.txt", "text/plain", bytes.clone()).await {
+        let upload = self.control.upload(channel, "conformance.txt", "text/plain", bytes.clone());
+        let (upload, outcome) = match upload.await {
             Ok(upload) => {
-                self.report.record(
-                    "transfer.upload",
-                    UPLOAD,
-                    pass(format!("{} ({} bytes)", upload.file_ref, upload.byte_size)),
-                );
-                let url = format!("/files/refs/{}", upload.file_ref);
-                let download = self
-                    .control
-                    .http()
-                    .get(self.options.base_url.resolve(&url).unwrap_or_default())
-                    .bearer_auth(
-                        self.options.api_key.as_ref().map(|k| k.expose()).unwrap_or_default(),
-                    )
-                    .send()
-                    .await;
-                match download {
-                    Ok(response) if response.status().is_success() => {
-                        let body = response.bytes().await.map(|b| b.to_vec()).unwrap_or_default();
-                        if body == bytes {
-                            self.report.record("transfer.download", "§5.2 GET /files/refs/{file_ref} returns the raw bytes", pass("bytes match"));
-                        } else {
-                            self.report.record("transfer.download", "§5.2 GET /files/refs/{file_ref} returns the raw bytes", fail("the bytes differ from the upload"));
-                        }
-                    }
-                    Ok(response) => self.report.record("transfer.download", "§5.2 GET /files/refs/{file_ref} returns the raw bytes", skip(format!("download with the API key answered {} (the Connector may serve only signed URLs)", response.status()))),
-                    Err(e) => self.report.record("transfer.download", "§5.2 GET /files/refs/{file_ref} returns the raw bytes", fail(e.to_string())),
-                }
+                let detail = format!("{} ({} bytes)", upload.file_ref, upload.byte_size);
+                (Some(upload), pass(detail))
             }
             Err(ClientError::Http { status: 404, .. }) => {
-                self.report.record(
-                    "transfer.upload",
-                    UPLOAD,
-                    skip("no upload endpoint (the Connector may not take files from xAgent)"),
-                );
-                self.report.record(
-                    "transfer.download",
-                    "§5.2 GET /files/refs/{file_ref} returns the raw bytes",
-                    skip("nothing uploaded"),
-                );
+                (None, skip("no upload endpoint (the Connector may not take files from xAgent)"))
             }
-            Err(e) => {
-                self.report.record("transfer.upload", UPLOAD, fail(e.to_string()));
-                self.report.record(
-                    "transfer.download",
-                    "§5.2 GET /files/refs/{file_ref} returns the raw bytes",
-                    skip("nothing uploaded"),
-                );
+            Err(e) => (None, fail(e.to_string())),
+        };
+        self.report.record(
+            ("transfer.upload", "§5.1 POST /files/uploads returns a file_ref bound to the channel"),
+            outcome,
+        );
+        let Some(upload) = upload else {
+            self.report.record(DOWNLOAD, skip("nothing uploaded"));
+            return;
+        };
+        let url = format!("/files/refs/{}", upload.file_ref);
+        let download = self
+            .control
+            .http()
+            .get(self.options.base_url.resolve(&url).unwrap_or_default())
+            .bearer_auth(self.options.api_key.as_ref().map(|k| k.expose()).unwrap_or_default())
+            .send()
+            .await;
+        let outcome = match download {
+            Ok(response) if response.status().is_success() => {
+                let body = response.bytes().await.map(|b| b.to_vec()).unwrap_or_default();
+                if body == bytes {
+                    pass("bytes match")
+                } else {
+                    fail("the bytes differ from the upload")
+                }
             }
-        }
+            Ok(response) => skip(format!(
+                "download with the API key answered {} (the Connector may serve only signed URLs)",
+                response.status()
+            )),
+            Err(e) => fail(e.to_string()),
+        };
+        self.report.record(DOWNLOAD, outcome);
     }
 }
 
