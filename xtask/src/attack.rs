@@ -122,20 +122,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<ExitCode> {
 }
 
 fn build(root: &Path) -> Result<PathBuf> {
-    let release = !cfg!(debug_assertions);
-    let mut cmd =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(root).args(["build", "--quiet", "-p", "xagent-cli"]);
-    if release {
-        cmd.arg("--release");
-    }
-    if !cmd.status().context("running cargo build -p xagent-cli")?.success() {
-        bail!("building xagent-connector failed");
-    }
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("target"));
-    Ok(target.join(if release { "release" } else { "debug" }).join("xagent-connector"))
+    Ok(crate::bench_support::cargo_build(root, &["-p", "xagent-cli"])?.join("xagent-connector"))
 }
 
 /// The running Connector under attack.

@@ -193,15 +193,7 @@ fn ns_from(stdout: &str) -> Result<f64> {
 /// The C ABI overhead rows: Rust, C and Go calls of the same verdict on the same packets.
 fn ffi_overhead(root: &Path, samples: &[(&str, &Vec<u8>)], quick: bool) -> Result<Vec<Value>> {
     use std::process::Command;
-    let release = !cfg!(debug_assertions);
-    let profile = if release { "release" } else { "debug" };
-    let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    build.args(["build", "-p", "xagent-validate-ffi"]).current_dir(root);
-    if release {
-        build.arg("--release");
-    }
-    run_checked(&mut build, "cargo build -p xagent-validate-ffi")?;
-    let lib = root.join("target").join(profile);
+    let lib = crate::bench_support::cargo_build(root, &["-p", "xagent-validate-ffi"])?;
     let include = root.join("validate-ffi/include");
     let work = crate::bench_support::temp_dir("bench-ffi")?;
     let c_bin = work.join("bench_validate");

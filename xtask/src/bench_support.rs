@@ -1,6 +1,6 @@
-//! Shared pieces of the whole-system benchmarks and the chaos harness: flags, machine facts,
-//! resident memory, tables, percentiles, the echo Connector on loopback, and a bare packet
-//! client over tokio-tungstenite.
+//! Shared pieces of the whole-system benchmarks and the chaos harness: flags, building the
+//! binaries they run, machine facts, resident memory, tables, percentiles, the echo Connector
+//! on loopback, and a bare packet client over tokio-tungstenite.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -22,6 +22,33 @@ use xagent_testkit::{EchoState, echo_connector};
 
 /// The system API key every harness Connector runs with (loopback only, never a real secret).
 pub const API_KEY: &str = "sk-bench-loopback-7d2f91c4";
+
+/// Runs `cargo build --quiet ARGS` in `root`, in the profile this task runs in (`--release`
+/// when xtask itself is a release build), and returns the directory the artifacts land in:
+/// `$CARGO_TARGET_DIR/<profile>` when that is set (relative to `root`), else
+/// `<root>/target/<profile>`.
+pub fn cargo_build(root: &Path, args: &[&str]) -> Result<PathBuf> {
+    let release = !cfg!(debug_assertions);
+    let mut cmd =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root).args(["build", "--quiet"]).args(args);
+    if release {
+        cmd.arg("--release");
+    }
+    let what = format!("cargo build {}", args.join(" "));
+    let status = cmd.status().with_context(|| format!("running {what}"))?;
+    if !status.success() {
+        bail!("{what} failed");
+    }
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR");
+    Ok(artifact_dir(root, target_dir.as_deref(), if release { "release" } else { "debug" }))
+}
+
+/// Where cargo, run in `root`, puts the artifacts of `profile`: under `target_dir` (the value
+/// of `CARGO_TARGET_DIR`; a relative one counts from `root`), else under `<root>/target`.
+fn artifact_dir(root: &Path, target_dir: Option<&std::ffi::OsStr>, profile: &str) -> PathBuf {
+    target_dir.map_or_else(|| root.join("target"), |dir| root.join(dir)).join(profile)
+}
 
 /// Flags common to the `bench-*` tasks.
 #[derive(Clone, Debug, Default)]
@@ -347,6 +374,22 @@ mod tests {
         assert!(flags.value::<usize>("--rounds").is_err());
         assert!(flags.only(&["--rounds"]).is_err());
         assert!(Flags::parse(&args(&["--rounds"])).value::<usize>("--rounds").is_err());
+    }
+
+    #[test]
+    fn built_artifacts_are_looked_for_where_cargo_target_dir_puts_them() {
+        let root = Path::new("/work/repo");
+        assert_eq!(artifact_dir(root, None, "debug"), Path::new("/work/repo/target/debug"));
+        let absolute = std::ffi::OsStr::new("/tmp/shared-target");
+        assert_eq!(
+            artifact_dir(root, Some(absolute), "release"),
+            Path::new("/tmp/shared-target/release")
+        );
+        let relative = std::ffi::OsStr::new("build/out");
+        assert_eq!(
+            artifact_dir(root, Some(relative), "debug"),
+            Path::new("/work/repo/build/out/debug")
+        );
     }
 
     #[test]

@@ -274,31 +274,20 @@ pub struct Bins {
 
 /// Builds the example processes in the profile this task runs in.
 pub fn build_examples(root: &Path) -> Result<Bins> {
-    let release = !cfg!(debug_assertions);
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.current_dir(root).args([
-        "build",
-        "--quiet",
-        "-p",
-        "xagent-server-runtime",
-        "-p",
-        "xagent-client-runtime",
-        "--example",
-        "echo_connector",
-        "--example",
-        "xagent_sink",
-    ]);
-    if release {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().context("running cargo build for the chaos examples")?;
-    if !status.success() {
-        bail!("building the chaos examples failed");
-    }
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| root.join("target"));
-    let dir = target.join(if release { "release" } else { "debug" }).join("examples");
+    let dir = crate::bench_support::cargo_build(
+        root,
+        &[
+            "-p",
+            "xagent-server-runtime",
+            "-p",
+            "xagent-client-runtime",
+            "--example",
+            "echo_connector",
+            "--example",
+            "xagent_sink",
+        ],
+    )?
+    .join("examples");
     Ok(Bins { connector: dir.join("echo_connector"), sink: dir.join("xagent_sink") })
 }
 
