@@ -780,7 +780,7 @@ impl Session {
                 self.on_hello(packet, hello)
             }
             (PacketBody::ConnectorHelloAck(ack), Side::Connector, true) => {
-                self.on_hello_ack(packet, ack)
+                self.on_hello_ack(packet, ack.as_deref())
             }
             (PacketBody::ConnectorHello(_), Side::Xagent, true) => Err(Rejection::reply(
                 ErrorCode::InvalidPacket,
@@ -848,7 +848,7 @@ impl Session {
     fn on_hello_ack(
         &mut self,
         packet: &Packet,
-        ack: &Option<ConnectorHelloAck>,
+        ack: Option<&ConnectorHelloAck>,
     ) -> Result<Accepted, Rejection> {
         let HelloState::InProgress { request_id, peer_version, negotiated, requested_connector_id } =
             &self.hello
