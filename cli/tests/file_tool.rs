@@ -13,7 +13,7 @@ use xagent_client_runtime::{
 use xagent_connector_webchat::{ROOM_FLOW, TOOL_FILE_SEND, Webchat, WebchatOptions};
 use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, AuthStatus, Secret};
 use xagent_protocol_validate::AdmissionWindow;
-use xagent_testkit::temp_state_dir;
+use xagent_testkit::{first_sse_event, temp_state_dir};
 
 const API_KEY: &str = "sk-file-tool-3f9a0c";
 
@@ -32,26 +32,8 @@ impl FileSource for Conversation {
 }
 
 async fn snapshot(http: &reqwest::Client, base: &str, token: &str) -> Value {
-    let mut response = http
-        .get(format!("{base}/chat/api/rooms/lobby/events"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .expect("events");
-    let mut text = String::new();
-    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(5), response.chunk())
-        .await
-        .expect("chunk in time")
-        .expect("chunk read")
-    {
-        text.push_str(&String::from_utf8_lossy(&chunk));
-        if let Some(line) = text.lines().find(|l| l.starts_with("data: "))
-            && text.contains("\n\n")
-        {
-            return serde_json::from_str(&line["data: ".len()..]).expect("snapshot json");
-        }
-    }
-    panic!("the event stream ended before a snapshot")
+    let events = http.get(format!("{base}/chat/api/rooms/lobby/events")).bearer_auth(token);
+    first_sse_event(events.send().await.expect("events")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

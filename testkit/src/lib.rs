@@ -3,9 +3,11 @@
 //! Test support for the workspace: an "echo" IM v2 Connector built on the public author API
 //! of `xagent-server-runtime` (a typed form flow with a secret `token` field, two Tools:
 //! `echo_send`, and the read-only `echo_noop` for benchmarks), a running [`EchoServer`],
-//! inbound-message injection, a small WebSocket client speaking the packet envelope, and
-//! private temporary state directories made with `tempfile`. Used by `server-runtime`'s
-//! integration tests, `client-runtime`, the cli, `im.webchat`'s tests and xtask.
+//! inbound-message injection, a small WebSocket client speaking the packet envelope,
+//! private temporary state directories made with `tempfile`, and helpers for tests that run
+//! the real binaries (their printed address, SIGTERM) or read a page's event stream. Used by
+//! `server-runtime`'s integration tests, `client-runtime`, the cli, `im.webchat`'s tests and
+//! xtask.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -508,6 +510,29 @@ pub fn has_error(packet: &Packet, code: &ErrorCode) -> bool {
 /// True when the packet is a `type = "error"` packet.
 pub fn is_error_packet(packet: &Packet) -> bool {
     matches!(packet.body, PacketBody::Error(_))
+}
+
+/// The data of the first complete server-sent event of `response` as JSON (a page's event
+/// stream opens with the room's snapshot). Each chunk waits at most 5 s.
+pub async fn first_sse_event(mut response: reqwest::Response) -> Value {
+    let mut text = String::new();
+    loop {
+        let chunk = match tokio::time::timeout(Duration::from_secs(5), response.chunk()).await {
+            Ok(Ok(Some(chunk))) => chunk,
+            Ok(Ok(None)) => panic!("the event stream ended before a complete event: {text:?}"),
+            Ok(Err(error)) => panic!("reading the event stream failed: {error}"),
+            Err(_) => panic!("no event within 5 s: {text:?}"),
+        };
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if let Some(line) = text.lines().find(|l| l.starts_with("data: "))
+            && text.contains("\n\n")
+        {
+            match serde_json::from_str(&line["data: ".len()..]) {
+                Ok(value) => return value,
+                Err(error) => panic!("the event is not JSON ({error}): {line}"),
+            }
+        }
+    }
 }
 
 /// Reads `lines` (a child process's stdout or stderr) until a line contains `needle` and

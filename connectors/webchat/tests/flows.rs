@@ -6,6 +6,7 @@ mod support;
 
 use std::sync::Arc;
 
+use reqwest::Method;
 use serde_json::{Value, json};
 use xagent_client_runtime::{ClientError, ClientEvent, ControlPlane, DataPlane};
 use xagent_connector_webchat::{
@@ -18,7 +19,7 @@ use xagent_protocol_types::{
 };
 
 use support::{
-    API_KEY, Server, Visitor, connect, next_event, open_room, open_room_as_owner, start,
+    API_KEY, Lobby, Server, Visitor, connect, next_event, open_room, open_room_as_owner, start,
     start_with_clock, temp_dir,
 };
 
@@ -245,11 +246,7 @@ async fn visitors_need_the_access_code_and_a_token_of_that_room() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_send_with_the_same_client_id_reaches_xagent_once() {
-    let dir = temp_dir("client-id");
-    let server = start(&dir, None).await;
-    let (plane, mut events) = connect(&server).await;
-    open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { server, plane, mut events, visitor, .. } = Lobby::start("client-id").await;
     let first = visitor.send("only once", "same").await;
     let again = visitor.send("only once", "same").await;
     assert_eq!(first["message_id"], again["message_id"]);
@@ -265,11 +262,7 @@ async fn a_repeated_send_with_the_same_client_id_reaches_xagent_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_activity_final_and_rejection_show_on_the_page() {
-    let dir = temp_dir("stream");
-    let server = start(&dir, None).await;
-    let (plane, mut events) = connect(&server).await;
-    let channel = open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { server, plane, mut events, channel, visitor, .. } = Lobby::start("stream").await;
 
     plane.send_activity(&channel, ChatActivity::tool("web_search")).await.expect("activity");
     visitor
@@ -324,11 +317,7 @@ async fn streaming_activity_final_and_rejection_show_on_the_page() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_travel_both_ways() {
-    let dir = temp_dir("files");
-    let server = start(&dir, None).await;
-    let (plane, mut events) = connect(&server).await;
-    let channel = open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { server, plane, mut events, channel, visitor, .. } = Lobby::start("files").await;
     let control = ControlPlane::new(server.base(), Some(Secret::new(API_KEY)));
 
     // Visitor -> xAgent: the upload becomes a chat.message file with a download_url.
@@ -340,14 +329,8 @@ async fn files_travel_both_ways() {
             .mime_str("image/png")
             .expect("mime"),
     );
-    let response = visitor
-        .http
-        .post(server.url("/chat/api/rooms/lobby/uploads"))
-        .bearer_auth(&visitor.token)
-        .multipart(form)
-        .send()
-        .await
-        .expect("upload");
+    let response =
+        visitor.request(Method::POST, "uploads").multipart(form).send().await.expect("upload");
     assert_eq!(response.status(), 200);
     let inbound = match next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessage(_))).await
     {
@@ -385,9 +368,7 @@ async fn files_travel_both_ways() {
         })
         .await;
     let served = visitor
-        .http
-        .get(server.url(&format!("/chat/api/rooms/lobby/files/{}", upload.file_ref)))
-        .bearer_auth(&visitor.token)
+        .request(Method::GET, &format!("files/{}", upload.file_ref))
         .send()
         .await
         .expect("file");
@@ -398,9 +379,7 @@ async fn files_travel_both_ways() {
     );
     assert_eq!(served.bytes().await.expect("bytes").as_ref(), b"the report");
     let foreign = visitor
-        .http
-        .get(server.url("/chat/api/rooms/lobby/files/file_00000000000000000000000000000000"))
-        .bearer_auth(&visitor.token)
+        .request(Method::GET, "files/file_00000000000000000000000000000000")
         .send()
         .await
         .expect("file");
@@ -417,11 +396,8 @@ fn invoke(channel: &ConnectorChannelId, tool: &str, arguments: Value, call_id: &
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tools_send_once_per_call_and_refuse_unknown_files() {
-    let dir = temp_dir("tools");
-    let server = start(&dir, None).await;
-    let (plane, _events) = connect(&server).await;
-    let channel = open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { server, plane, events: _events, channel, visitor, .. } =
+        Lobby::start("tools").await;
 
     let call = || invoke(&channel, TOOL_MESSAGE_SEND, json!({"text": "a follow-up"}), "call-1");
     let first: ToolInvokeAck = plane.request(Some(&channel), call()).await.expect("first call");
@@ -470,19 +446,14 @@ async fn tools_send_once_per_call_and_refuse_unknown_files() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_logout_the_room_has_no_agent_and_sends_are_refused() {
-    let dir = temp_dir("logout");
-    let server = start(&dir, None).await;
-    let (plane, _events) = connect(&server).await;
-    let channel = open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { server, plane, events: _events, channel, visitor, .. } =
+        Lobby::start("logout").await;
     plane
         .request(Some(&channel), xagent_protocol_types::AuthLogout::default())
         .await
         .expect("logout");
     let response = visitor
-        .http
-        .post(server.url("/chat/api/rooms/lobby/messages"))
-        .bearer_auth(&visitor.token)
+        .request(Method::POST, "messages")
         .json(&json!({"text": "anyone?", "client_id": "l1"}))
         .send()
         .await

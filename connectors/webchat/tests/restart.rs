@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use xagent_client_runtime::{ClientEvent, DataPlane};
 
-use support::{Server, Visitor, client_config, connect, next_event, open_room, start, temp_dir};
+use support::{
+    Lobby, Server, Visitor, client_config, connect, next_event, open_room, start, temp_dir,
+};
 
 /// Accepts every message arriving within `window` (as xAgent would) and returns their ids.
 async fn accept_for(
@@ -130,11 +132,7 @@ fn orphan(dir: &std::path::Path, message_id: &str, client_id: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn m4_a_message_stored_but_never_queued_is_delivered_on_retry_and_after_a_restart() {
-    let dir = temp_dir("m4");
-    let server = start(&dir, None).await;
-    let (plane, mut events) = connect(&server).await;
-    let channel = open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { dir, server, plane, mut events, channel, visitor, .. } = Lobby::start("m4").await;
 
     // The page repeats a send whose message was stored but never queued: it is queued now.
     orphan(&dir, "msg_web_orphan_1", "c-orphan-1");

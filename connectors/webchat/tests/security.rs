@@ -6,12 +6,13 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use reqwest::Method;
 use serde_json::{Value, json};
 use xagent_client_runtime::ClientEvent;
 use xagent_protocol_types::{AuthInput, AuthStart, AuthStatus, Clock, ManualClock};
 
 use support::{
-    API_KEY, Server, Visitor, connect, next_event, open_room, open_room_as_owner, start,
+    API_KEY, Lobby, Server, Visitor, connect, next_event, open_room, open_room_as_owner, start,
     start_with_clock, start_with_limits, temp_dir,
 };
 
@@ -37,36 +38,20 @@ fn upload_form(
 }
 
 async fn upload(visitor: &Visitor, form: reqwest::multipart::Form) -> reqwest::Response {
-    visitor
-        .http
-        .post(format!("{}/chat/api/rooms/{}/uploads", visitor.base, visitor.room))
-        .bearer_auth(&visitor.token)
-        .multipart(form)
-        .send()
-        .await
-        .expect("upload")
+    visitor.request(Method::POST, "uploads").multipart(form).send().await.expect("upload")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h1_an_svg_with_parameters_is_a_sandboxed_download_never_inline() {
-    let dir = temp_dir("h1");
-    let server = start(&dir, None).await;
-    let (plane, _events) = connect(&server).await;
-    open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { server, plane, events: _events, visitor, .. } = Lobby::start("h1").await;
     let svg = br#"<svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>"#;
     for declared in ["image/svg+xml;charset=utf-8", "IMAGE/SVG+XML", "text/html"] {
         let response = upload(&visitor, upload_form("x.svg", declared, svg.to_vec(), None)).await;
         assert_eq!(response.status(), 200, "{declared}");
         let entry: Value = response.json().await.expect("entry");
         let file_ref = entry["files"][0]["file_ref"].as_str().expect("file_ref").to_owned();
-        let served = visitor
-            .http
-            .get(server.url(&format!("/chat/api/rooms/lobby/files/{file_ref}")))
-            .bearer_auth(&visitor.token)
-            .send()
-            .await
-            .expect("file");
+        let served =
+            visitor.request(Method::GET, &format!("files/{file_ref}")).send().await.expect("file");
         assert_eq!(served.status(), 200);
         let header = |name: &str| {
             served.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
@@ -82,13 +67,8 @@ async fn h1_an_svg_with_parameters_is_a_sandboxed_download_never_inline() {
             .await;
     let entry: Value = png.json().await.expect("entry");
     let file_ref = entry["files"][0]["file_ref"].as_str().expect("file_ref").to_owned();
-    let served = visitor
-        .http
-        .get(server.url(&format!("/chat/api/rooms/lobby/files/{file_ref}")))
-        .bearer_auth(&visitor.token)
-        .send()
-        .await
-        .expect("file");
+    let served =
+        visitor.request(Method::GET, &format!("files/{file_ref}")).send().await.expect("file");
     assert_eq!(served.headers()["content-type"], "image/png");
     assert!(served.headers()["content-disposition"].to_str().unwrap_or("").starts_with("inline"));
     plane.close().await;
@@ -143,20 +123,14 @@ async fn h2_wrong_access_codes_are_throttled_per_room_with_backoff() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h3_the_text_of_an_upload_has_the_same_limit_as_a_message() {
-    let dir = temp_dir("h3");
-    let server = start(&dir, None).await;
-    let (plane, _events) = connect(&server).await;
-    open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { server, plane, events: _events, visitor, .. } = Lobby::start("h3").await;
     let long = "x".repeat(xagent_connector_webchat::MAX_TEXT_CHARS + 1);
     let response =
         upload(&visitor, upload_form("a.txt", "text/plain", b"a".to_vec(), Some(long.clone())))
             .await;
     assert_eq!(response.status(), 400);
     let message = visitor
-        .http
-        .post(format!("{}/chat/api/rooms/lobby/messages", visitor.base))
-        .bearer_auth(&visitor.token)
+        .request(Method::POST, "messages")
         .json(&json!({"text": long, "client_id": "c"}))
         .send()
         .await
@@ -197,9 +171,7 @@ async fn h4_signing_a_channel_in_to_a_second_room_leaves_the_first_without_it() 
     assert_eq!(first["messages"].as_array().map(Vec::len), Some(0), "{first:#}");
     // The first room has no agent any more: its visitor is told so.
     let sent = one
-        .http
-        .post(format!("{}/chat/api/rooms/one/messages", one.base))
-        .bearer_auth(&one.token)
+        .request(Method::POST, "messages")
         .json(&json!({"text": "hello?", "client_id": "c1"}))
         .send()
         .await
@@ -216,22 +188,12 @@ async fn h4_signing_a_channel_in_to_a_second_room_leaves_the_first_without_it() 
 
 /// Opens an event stream and keeps it (without reading past the headers).
 async fn open_stream(visitor: &Visitor) -> reqwest::Response {
-    visitor
-        .http
-        .get(format!("{}/chat/api/rooms/{}/events", visitor.base, visitor.room))
-        .bearer_auth(&visitor.token)
-        .send()
-        .await
-        .expect("events")
+    visitor.request(Method::GET, "events").send().await.expect("events")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h5_event_streams_are_capped_per_token_and_snapshots_are_bounded() {
-    let dir = temp_dir("h5");
-    let server = start(&dir, None).await;
-    let (plane, _events) = connect(&server).await;
-    open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { server, plane, events: _events, visitor, .. } = Lobby::start("h5").await;
     let mut held = Vec::new();
     for _ in 0..4 {
         let stream = open_stream(&visitor).await;
@@ -277,26 +239,14 @@ async fn m8_visitor_tokens_expire_and_a_visitor_can_end_the_session() {
     let server = start_with_clock(&dir, None, clock.clone()).await;
     let (plane, _events) = connect(&server).await;
     open_room(&plane, "Lobby", "code-1234").await;
-    let session = |visitor: &Visitor| {
-        visitor
-            .http
-            .get(format!("{}/chat/api/rooms/lobby/session", visitor.base))
-            .bearer_auth(&visitor.token)
-            .send()
-    };
+    let session = |visitor: &Visitor| visitor.request(Method::GET, "session").send();
     let visitor = Visitor::join(&server, "lobby", "code-1234").await;
     assert_eq!(session(&visitor).await.expect("session").status(), 200);
     clock.advance(7 * 24 * 60 * 60 * 1_000);
     assert_eq!(session(&visitor).await.expect("session").status(), 403, "expired after 7 days");
 
     let visitor = Visitor::join(&server, "lobby", "code-1234").await;
-    let left = visitor
-        .http
-        .delete(format!("{}/chat/api/rooms/lobby/session", visitor.base))
-        .bearer_auth(&visitor.token)
-        .send()
-        .await
-        .expect("leave");
+    let left = visitor.request(Method::DELETE, "session").send().await.expect("leave");
     assert_eq!(left.status(), 204);
     assert_eq!(session(&visitor).await.expect("session").status(), 403, "revoked");
     plane.close().await;
@@ -305,11 +255,7 @@ async fn m8_visitor_tokens_expire_and_a_visitor_can_end_the_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l5_an_oversized_upload_gets_413_saying_the_file_is_too_large() {
-    let dir = temp_dir("l5");
-    let server = start(&dir, None).await;
-    let (plane, _events) = connect(&server).await;
-    open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { server, plane, events: _events, visitor, .. } = Lobby::start("l5").await;
     let big = vec![0u8; xagent_connector_webchat::MAX_PAGE_UPLOAD_BYTES + 1];
     let response =
         upload(&visitor, upload_form("big.bin", "application/octet-stream", big, None)).await;
@@ -406,13 +352,7 @@ async fn m9_the_visitors_access_code_does_not_let_another_channel_take_the_room(
         .await
         .expect("auth.start");
     assert_eq!(ack.0.status, AuthStatus::Authenticated);
-    let session = visitor
-        .http
-        .get(format!("{}/chat/api/rooms/lobby/session", visitor.base))
-        .bearer_auth(&visitor.token)
-        .send()
-        .await
-        .expect("session");
+    let session = visitor.request(Method::GET, "session").send().await.expect("session");
     assert_eq!(session.status(), 403, "the old session ended with the old code");
     plane.close().await;
     server.stop().await;
@@ -420,20 +360,14 @@ async fn m9_the_visitors_access_code_does_not_let_another_channel_take_the_room(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn m2_a_page_upload_is_written_to_the_file_store_while_it_arrives() {
-    let dir = temp_dir("m2");
-    let server = start(&dir, None).await;
-    let (plane, _events) = connect(&server).await;
-    open_room(&plane, "Lobby", "code-1234").await;
-    let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+    let Lobby { dir, server, plane, events: _events, visitor, .. } = Lobby::start("m2").await;
     let boundary = "m2-boundary-7f3a";
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
     let body = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|chunk| (chunk, rx))
     });
     let request = visitor
-        .http
-        .post(format!("{}/chat/api/rooms/lobby/uploads", visitor.base))
-        .bearer_auth(&visitor.token)
+        .request(Method::POST, "uploads")
         .header("content-type", format!("multipart/form-data; boundary={boundary}"))
         .body(reqwest::Body::wrap_stream(body))
         .send();

@@ -168,6 +168,35 @@ pub async fn next_event(
         .expect("the awaited event arrived within 15 s")
 }
 
+/// The setup most tests share: a started server, xAgent connected with a channel signed in to
+/// the room "Lobby" (access code "code-1234"), and a visitor joined to it. Tests take it apart
+/// with a `let Lobby { .. } = ...` pattern.
+pub struct Lobby {
+    pub dir: PathBuf,
+    pub server: Server,
+    pub plane: DataPlane,
+    pub events: UnboundedReceiver<ClientEvent>,
+    pub channel: ConnectorChannelId,
+    pub visitor: Visitor,
+}
+
+impl Lobby {
+    /// A default server in a fresh state directory named after the test.
+    pub async fn start(name: &str) -> Lobby {
+        let dir = temp_dir(name);
+        let server = start(&dir, None).await;
+        Lobby::on(dir, server).await
+    }
+
+    /// The lobby on a server the test started itself (another clock, other limits).
+    pub async fn on(dir: PathBuf, server: Server) -> Lobby {
+        let (plane, events) = connect(&server).await;
+        let channel = open_room(&plane, "Lobby", "code-1234").await;
+        let visitor = Visitor::join(&server, "lobby", "code-1234").await;
+        Lobby { dir, server, plane, events, channel, visitor }
+    }
+}
+
 /// The visitor side over HTTP.
 pub struct Visitor {
     pub http: reqwest::Client,
@@ -195,11 +224,16 @@ impl Visitor {
         }
     }
 
+    /// A request to `path` of the room's visitor API (`/chat/api/rooms/<room>/<path>`) with
+    /// the visitor's token.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let url = format!("{}/chat/api/rooms/{}/{path}", self.base, self.room);
+        self.http.request(method, url).bearer_auth(&self.token)
+    }
+
     pub async fn send(&self, text: &str, client_id: &str) -> Value {
         let response = self
-            .http
-            .post(format!("{}/chat/api/rooms/{}/messages", self.base, self.room))
-            .bearer_auth(&self.token)
+            .request(reqwest::Method::POST, "messages")
             .json(&serde_json::json!({ "text": text, "client_id": client_id }))
             .send()
             .await
@@ -210,28 +244,9 @@ impl Visitor {
 
     /// The first SSE event of the room (its snapshot).
     pub async fn snapshot(&self) -> Value {
-        let mut response = self
-            .http
-            .get(format!("{}/chat/api/rooms/{}/events", self.base, self.room))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .expect("events");
+        let response = self.request(reqwest::Method::GET, "events").send().await.expect("events");
         assert_eq!(response.status(), 200);
-        let mut text = String::new();
-        while let Some(chunk) = tokio::time::timeout(Duration::from_secs(5), response.chunk())
-            .await
-            .expect("chunk")
-            .expect("chunk read")
-        {
-            text.push_str(&String::from_utf8_lossy(&chunk));
-            if let Some(line) = text.lines().find(|l| l.starts_with("data: "))
-                && text.contains("\n\n")
-            {
-                return serde_json::from_str(&line["data: ".len()..]).expect("snapshot json");
-            }
-        }
-        panic!("the event stream ended before a snapshot")
+        xagent_testkit::first_sse_event(response).await
     }
 
     /// Waits until the snapshot satisfies `check` (for states that settle asynchronously).
