@@ -132,14 +132,39 @@ async fn sim(broker: &Mosquitto, device: &str) -> SimDevice {
     sim
 }
 
-#[tokio::test]
-async fn rule_bind_describe_read_set_and_refusals_over_the_real_broker() {
+/// What every test here starts with: a broker, the simulated `device` on it, the Connector
+/// holding the device's pairing code, and xAgent connected with one open channel.
+struct Setup {
+    broker: Mosquitto,
+    device: SimDevice,
+    state: tempfile::TempDir,
+    running: Running,
+    c: WsClient,
+    channel: ConnectorChannelId,
+}
+
+async fn setup(device: &str) -> Setup {
     let broker = Mosquitto::start().expect("mosquitto starts (apt-get install mosquitto)");
-    let device = sim(&broker, "thermo-1").await;
+    let sim = sim(&broker, device).await;
     let state = tempfile::tempdir().unwrap();
-    let running = start_connector(&broker, state.path(), "thermo-1").await;
+    let running = start_connector(&broker, state.path(), device).await;
     let mut c = client(&running.base).await;
     let (channel, _) = open(&mut c, None).await;
+    Setup { broker, device: sim, state, running, c, channel }
+}
+
+/// [`setup`], with the channel bound to the device.
+async fn bound(device: &str) -> Setup {
+    let mut setup = setup(device).await;
+    let answer = bind(&mut setup.c, &setup.channel, device, CODE).await;
+    assert_eq!(answer["status"], "authenticated");
+    setup
+}
+
+#[tokio::test]
+async fn rule_bind_describe_read_set_and_refusals_over_the_real_broker() {
+    let Setup { broker: _broker, device, state: _state, running, mut c, channel } =
+        setup("thermo-1").await;
 
     // A wrong pairing code binds nothing.
     let failed = bind(&mut c, &channel, "thermo-1", "wrong-code-0000").await;
@@ -210,12 +235,8 @@ async fn rule_bind_describe_read_set_and_refusals_over_the_real_broker() {
 /// same channel again joins it, and signing the channel out stops it.
 #[tokio::test]
 async fn the_device_watch_is_kept_once_per_channel_and_stopped_at_sign_out() {
-    let broker = Mosquitto::start().expect("mosquitto starts");
-    let _device = sim(&broker, "thermo-6").await;
-    let state = tempfile::tempdir().unwrap();
-    let running = start_connector(&broker, state.path(), "thermo-6").await;
-    let mut c = client(&running.base).await;
-    let (channel, _) = open(&mut c, None).await;
+    let Setup { broker: _broker, device: _device, state: _state, running, mut c, channel } =
+        setup("thermo-6").await;
     for _ in 0..2 {
         assert_eq!(bind(&mut c, &channel, "thermo-6", CODE).await["status"], "authenticated");
         assert_eq!(running.link.availability("thermo-6"), Availability::Online);
@@ -233,13 +254,8 @@ async fn the_device_watch_is_kept_once_per_channel_and_stopped_at_sign_out() {
 
 #[tokio::test]
 async fn rule_two_concurrent_sets_on_one_channel_run_one_after_the_other() {
-    let broker = Mosquitto::start().expect("mosquitto starts");
-    let device = sim(&broker, "thermo-2").await;
-    let state = tempfile::tempdir().unwrap();
-    let running = start_connector(&broker, state.path(), "thermo-2").await;
-    let mut c = client(&running.base).await;
-    let (channel, _) = open(&mut c, None).await;
-    assert_eq!(bind(&mut c, &channel, "thermo-2", CODE).await["status"], "authenticated");
+    let Setup { broker: _broker, device, state: _state, running, mut c, channel } =
+        bound("thermo-2").await;
     let mut sent = Vec::new();
     for (i, value) in [json!(18.0), json!(26.0)].into_iter().enumerate() {
         let mut arguments =
@@ -275,39 +291,21 @@ async fn rule_two_concurrent_sets_on_one_channel_run_one_after_the_other() {
 
 #[tokio::test]
 async fn rule_killed_device_makes_tools_unavailable_then_back_and_timeouts_are_command_timeout() {
-    let broker = Mosquitto::start().expect("mosquitto starts");
-    let mut device = sim(&broker, "thermo-3").await;
-    let state = tempfile::tempdir().unwrap();
-    let running = start_connector(&broker, state.path(), "thermo-3").await;
-    let mut c = client(&running.base).await;
-    let (channel, _) = open(&mut c, None).await;
-    assert_eq!(bind(&mut c, &channel, "thermo-3", CODE).await["status"], "authenticated");
+    let Setup { broker: _broker, mut device, state: _state, running, mut c, channel } =
+        bound("thermo-3").await;
 
     device.kill();
     let d = descriptor_push(&mut c, ConnectionStatus::Offline).await;
     assert!(all_tools(&d, "unavailable"), "{d}");
-    let offline = invoke(
-        &mut c,
-        &channel,
-        TOOL_READ,
-        json!({"node": "sensor", "property": "humidity"}),
-        "k1",
-    )
-    .await;
+    let humidity = json!({"node": "sensor", "property": "humidity"});
+    let offline = invoke(&mut c, &channel, TOOL_READ, humidity.clone(), "k1").await;
     assert_eq!(code(&offline), ErrorCode::DeviceOffline);
 
     device.start().await.unwrap();
     let d = descriptor_push(&mut c, ConnectionStatus::Connected).await;
     assert!(all_tools(&d, "available"), "{d}");
     // The refused call may run now that the device is back (it never reached the device).
-    let read = invoke(
-        &mut c,
-        &channel,
-        TOOL_READ,
-        json!({"node": "sensor", "property": "humidity"}),
-        "k1",
-    )
-    .await;
+    let read = invoke(&mut c, &channel, TOOL_READ, humidity, "k1").await;
     assert_eq!(result(&read)["value"], 45);
 
     device.ignore_sets(true);
@@ -326,13 +324,7 @@ async fn rule_killed_device_makes_tools_unavailable_then_back_and_timeouts_are_c
 
 #[tokio::test]
 async fn rule_restart_while_the_device_is_down_is_not_projected_connected() {
-    let broker = Mosquitto::start().expect("mosquitto starts");
-    let mut device = sim(&broker, "thermo-4").await;
-    let state = tempfile::tempdir().unwrap();
-    let running = start_connector(&broker, state.path(), "thermo-4").await;
-    let mut c = client(&running.base).await;
-    let (channel, _) = open(&mut c, None).await;
-    assert_eq!(bind(&mut c, &channel, "thermo-4", CODE).await["status"], "authenticated");
+    let Setup { broker, mut device, state, running, c, channel } = bound("thermo-4").await;
     c.close().await;
     running.stop().await;
 
@@ -356,13 +348,8 @@ async fn rule_restart_while_the_device_is_down_is_not_projected_connected() {
 
 #[tokio::test]
 async fn rule_snapshot_is_delivered_as_a_file_ref_and_downloaded() {
-    let broker = Mosquitto::start().expect("mosquitto starts");
-    let _device = sim(&broker, "cam-1").await;
-    let state = tempfile::tempdir().unwrap();
-    let running = start_connector(&broker, state.path(), "cam-1").await;
-    let mut c = client(&running.base).await;
-    let (channel, _) = open(&mut c, None).await;
-    assert_eq!(bind(&mut c, &channel, "cam-1", CODE).await["status"], "authenticated");
+    let Setup { broker: _broker, device: _device, state: _state, running, mut c, channel } =
+        bound("cam-1").await;
     let shot = result(&invoke(&mut c, &channel, TOOL_SNAPSHOT, json!({}), "s1").await);
     assert!(shot["file_ref"].as_str().is_some_and(|f| !f.is_empty()), "{shot}");
     assert_eq!(shot["mime_type"], "image/png");
