@@ -13,7 +13,7 @@ use xagent_client_runtime::{
 use xagent_connector_webchat::{ROOM_FLOW, TOOL_FILE_SEND, Webchat, WebchatOptions};
 use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, AuthStatus, Secret};
 use xagent_protocol_validate::AdmissionWindow;
-use xagent_testkit::{first_sse_event, temp_state_dir};
+use xagent_testkit::{Serving, bind_local, first_sse_event, temp_state_dir};
 
 const API_KEY: &str = "sk-file-tool-3f9a0c";
 
@@ -39,18 +39,12 @@ async fn snapshot(http: &reqwest::Client, base: &str, token: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upload_ref_rule_webchat_file_send_end_to_end() {
     let dir = temp_state_dir("file-tool");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let listener = bind_local(None).await.expect("binds");
     let base = format!("http://{}", listener.local_addr().expect("address"));
     let options = WebchatOptions::new(&dir, base.clone()).with_api_key(Secret::new(API_KEY));
     let webchat = Webchat::open(options).await.expect("opens");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = webchat.clone();
-    let join = tokio::spawn(async move {
-        let _ = serving
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await;
+    let serving = Serving::spawn(listener, |listener, shutdown| async move {
+        let _ = webchat.serve(listener, shutdown).await;
     });
 
     let base_url = BaseUrl::parse(&base).expect("base");
@@ -140,6 +134,5 @@ async fn upload_ref_rule_webchat_file_send_end_to_end() {
     assert_eq!(refused.err().map(|e| e.code().to_string()).as_deref(), Some("invalid_arguments"));
 
     plane.close().await;
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), join).await;
+    serving.stop().await;
 }

@@ -3,7 +3,6 @@
 //! result check fails, naming the Tool and the field, against a device Connector whose Tool
 //! returns base64.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use schemars::JsonSchema;
@@ -23,6 +22,7 @@ use xagent_server_runtime::{
     AuthStep, Binding, ChannelContext, Connector, ConnectorServer, DeviceConfig, DeviceStatus,
     DeviceTarget, FlowSpec, RiskLevel, ToolCategory, ToolContext, ToolError, ToolSpec,
 };
+use xagent_testkit::{Serving, bind_local};
 
 const KEY: &str = "sk-conformance-device-7f31";
 const PAIRING: &str = "conformance-pairing-1234";
@@ -54,18 +54,12 @@ async fn device_checks_pass_against_device_homie_with_the_simulated_device() {
     pairing.add_entry(&format!("conf-thermo={PAIRING}"), "test").expect("pairing code");
     let mut homie_options = HomieOptions::new(broker.mqtt_url(), pairing, state.path());
     homie_options.api_key = Some(Secret::new(KEY));
-    let homie = Arc::new(Homie::open(homie_options).await.expect("device.homie starts"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = Arc::clone(&homie);
-    let task = tokio::spawn(async move {
-        let _ = serving
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let homie = Homie::open(homie_options).await.expect("device.homie starts");
+    let serving =
+        Serving::spawn(bind_local(None).await.expect("bind"), |listener, shutdown| async move {
+            let _ = homie.serve(listener, shutdown).await;
+        });
+    let base = serving.base_url();
 
     let inputs =
         AuthInput::default().with("device_id", "conf-thermo").with("pairing_code", PAIRING);
@@ -103,8 +97,7 @@ async fn device_checks_pass_against_device_homie_with_the_simulated_device() {
         Some(Ok(22.0))
     );
 
-    let _ = stop.send(());
-    let _ = task.await;
+    serving.stop().await;
     sim.stop().await;
 }
 
@@ -173,8 +166,8 @@ fn broken_lab() -> Connector {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn device_result_no_bytes_rule_fails_on_a_base64_result_naming_the_field() {
+/// [`broken_lab`] served on 127.0.0.1, with its state directory (kept while it runs).
+async fn serve_broken_lab() -> (tempfile::TempDir, Serving) {
     let dir = tempfile::tempdir().expect("state dir");
     let server = ConnectorServer::builder(broken_lab())
         .state_dir(dir.path())
@@ -183,17 +176,17 @@ async fn device_result_no_bytes_rule_fails_on_a_base64_result_naming_the_field()
         .build()
         .await
         .expect("server");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = server.clone();
-    let task = tokio::spawn(async move {
-        let _ = running
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let serving =
+        Serving::spawn(bind_local(None).await.expect("bind"), |listener, shutdown| async move {
+            let _ = server.serve(listener, shutdown).await;
+        });
+    (dir, serving)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_result_no_bytes_rule_fails_on_a_base64_result_naming_the_field() {
+    let (_dir, serving) = serve_broken_lab().await;
+    let base = serving.base_url();
 
     let mut options = options(&base, "lab_bind", AuthInput::default().with("device", "lab-1"));
     options.tools = vec![tool("lab_set", json!({"level": 4})), tool("lab_picture", json!({}))];
@@ -211,31 +204,13 @@ async fn device_result_no_bytes_rule_fails_on_a_base64_result_naming_the_field()
     assert!(!bytes.detail.contains("lab_set"), "{}", bytes.detail);
     assert!(!report.passed());
 
-    let _ = stop.send(());
-    let _ = task.await;
+    serving.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_checks_needing_a_sign_in_are_skipped_with_the_connectors_reason() {
-    let dir = tempfile::tempdir().expect("state dir");
-    let server = ConnectorServer::builder(broken_lab())
-        .state_dir(dir.path())
-        .expect("state dir")
-        .api_key(Secret::new(KEY))
-        .build()
-        .await
-        .expect("server");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = server.clone();
-    let task = tokio::spawn(async move {
-        let _ = running
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let (_dir, serving) = serve_broken_lab().await;
+    let base = serving.base_url();
     // A form without its required field: the sign-in is refused.
     let report = run(options(&base, "lab_bind", AuthInput::default())).await;
     let text = report.to_text(false);
@@ -245,6 +220,5 @@ async fn device_checks_needing_a_sign_in_are_skipped_with_the_connectors_reason(
         assert_eq!(check.status, Status::Skipped, "{id}:\n{text}");
         assert!(check.detail.starts_with("sign-in"), "{id}: {}", check.detail);
     }
-    let _ = stop.send(());
-    let _ = task.await;
+    serving.stop().await;
 }

@@ -244,6 +244,73 @@ pub fn echo_connector() -> (Connector, EchoState) {
     }
 }
 
+/// Binds `addr` on the loopback (waiting up to 5 s for the port to be free again, as after a
+/// restart) or, without one, a fresh port on 127.0.0.1.
+pub async fn bind_local(
+    addr: Option<std::net::SocketAddr>,
+) -> Result<tokio::net::TcpListener, String> {
+    let bind = addr.unwrap_or_else(|| std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut attempts = 0;
+    loop {
+        match tokio::net::TcpListener::bind(bind).await {
+            Ok(listener) => return Ok(listener),
+            Err(_) if addr.is_some() && attempts < 100 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => return Err(format!("binding {bind}: {error}")),
+        }
+    }
+}
+
+/// What a served task is told to stop with: it completes at [`Serving::stop`] or when the
+/// `Serving` is dropped.
+pub type Shutdown = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// A server (a `ConnectorServer`, a reference Connector) serving `listener` in a spawned task,
+/// the way every test outside `server-runtime` runs one.
+#[derive(Debug)]
+pub struct Serving {
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+impl Serving {
+    /// Spawns `serve(listener, shutdown)`; `serve` is typically
+    /// `|listener, shutdown| async move { let _ = server.serve(listener, shutdown).await; }`.
+    pub fn spawn<F, Fut>(listener: tokio::net::TcpListener, serve: F) -> Serving
+    where
+        F: FnOnce(tokio::net::TcpListener, Shutdown) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let addr = match listener.local_addr() {
+            Ok(addr) => addr,
+            Err(error) => panic!("the listener has no address: {error}"),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown: Shutdown = Box::pin(async move {
+            let _ = stopped.await;
+        });
+        let join = tokio::spawn(serve(listener, shutdown));
+        Serving { addr, stop: Some(stop), join }
+    }
+
+    /// The Base URL, `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Tells the task to stop and waits (up to 10 s) until it has.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.join).await;
+    }
+}
+
 /// A running echo connector on 127.0.0.1 with the system clock, for tests in other crates.
 pub struct EchoServer {
     /// The server.
@@ -252,13 +319,12 @@ pub struct EchoServer {
     pub echo: EchoState,
     /// Where it listens.
     pub addr: std::net::SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: tokio::task::JoinHandle<()>,
+    serving: Serving,
 }
 
 impl EchoServer {
     /// Serves the echo connector with state under `dir` and the given system API key, on
-    /// `addr` (waiting up to 2.5 s for the port to be free, after a restart) or on a fresh port.
+    /// `addr` (see [`bind_local`]) or on a fresh port.
     pub async fn start(
         dir: &std::path::Path,
         api_key: &str,
@@ -272,29 +338,11 @@ impl EchoServer {
             .build()
             .await
             .map_err(|e| e.to_string())?;
-        let bind = addr.unwrap_or_else(|| std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
-        let mut attempts = 0;
-        let listener = loop {
-            match tokio::net::TcpListener::bind(bind).await {
-                Ok(listener) => break listener,
-                Err(_) if attempts < 50 => {
-                    attempts += 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(error) => return Err(format!("binding {bind}: {error}")),
-            }
-        };
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let running = server.clone();
-        let join = tokio::spawn(async move {
-            let _ = running
-                .serve(listener, async move {
-                    let _ = stopped.await;
-                })
-                .await;
+        let serving = Serving::spawn(bind_local(addr).await?, |listener, shutdown| async move {
+            let _ = running.serve(listener, shutdown).await;
         });
-        Ok(Self { server, echo, addr, stop: Some(stop), join })
+        Ok(Self { server, echo, addr: serving.addr, serving })
     }
 
     /// The Base URL, `http://127.0.0.1:PORT`.
@@ -303,12 +351,9 @@ impl EchoServer {
     }
 
     /// Shuts the server down and waits (up to 10 s) until it has stopped.
-    pub async fn stop(mut self) {
+    pub async fn stop(self) {
         self.server.shutdown();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.join).await;
+        self.serving.stop().await;
     }
 }
 

@@ -17,7 +17,7 @@ use xagent_protocol_types::{
     ConnectorHello, ErrorCode, PROFILE_DEVICE_V1, Packet, Secret, TargetType, ToolInvoke,
     ToolInvokeContext,
 };
-use xagent_testkit::{WsClient, payload_json};
+use xagent_testkit::{Serving, WsClient, bind_local, payload_json};
 
 const KEY: &str = "homie-test-key";
 const CODE: &str = "pair-code-1234";
@@ -25,16 +25,12 @@ const CODE: &str = "pair-code-1234";
 struct Running {
     base: String,
     link: HomieLink,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    serving: Serving,
 }
 
 impl Running {
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = self.task.await;
+    async fn stop(self) {
+        self.serving.stop().await;
     }
 }
 
@@ -44,19 +40,13 @@ async fn start_connector(broker: &Mosquitto, state: &std::path::Path, device: &s
     let mut options = HomieOptions::new(broker.mqtt_url(), pairing, state);
     options.api_key = Some(Secret::new(KEY));
     options.link = LinkConfig { set_timeout: Duration::from_millis(800), ..LinkConfig::default() };
-    let homie = std::sync::Arc::new(Homie::open(options).await.unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = std::sync::Arc::clone(&homie);
-    let task = tokio::spawn(async move {
-        let _ = serving
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    Running { base, link: homie.link().clone(), stop: Some(stop), task }
+    let homie = Homie::open(options).await.unwrap();
+    let link = homie.link().clone();
+    let serving =
+        Serving::spawn(bind_local(None).await.unwrap(), |listener, shutdown| async move {
+            let _ = homie.serve(listener, shutdown).await;
+        });
+    Running { base: serving.base_url(), link, serving }
 }
 
 async fn client(base: &str) -> WsClient {

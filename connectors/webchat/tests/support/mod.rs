@@ -16,6 +16,7 @@ use xagent_connector_webchat::{CARD_ID, ROOM_FLOW, VisitorLimits, Webchat, Webch
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStatus, Clock, ConnectorChannelId, PROFILE_IM_V2, Secret, SystemClock,
 };
+use xagent_testkit::{Serving, bind_local};
 
 pub const API_KEY: &str = "sk-webchat-test-3c9e1a";
 
@@ -26,8 +27,7 @@ pub fn temp_dir(name: &str) -> PathBuf {
 pub struct Server {
     pub webchat: Webchat,
     pub addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: tokio::task::JoinHandle<()>,
+    serving: Serving,
 }
 
 pub async fn start(dir: &PathBuf, addr: Option<SocketAddr>) -> Server {
@@ -53,39 +53,18 @@ async fn start_with(
     clock: Arc<dyn Clock>,
     limits: VisitorLimits,
 ) -> Server {
-    let listener = match addr {
-        Some(addr) => {
-            let mut attempt = 0;
-            loop {
-                match tokio::net::TcpListener::bind(addr).await {
-                    Ok(listener) => break listener,
-                    Err(error) if attempt < 100 => {
-                        attempt += 1;
-                        let _ = error;
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(error) => panic!("rebinding {addr}: {error}"),
-                }
-            }
-        }
-        None => tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
-    };
+    let listener = bind_local(addr).await.expect("binds");
     let addr = listener.local_addr().expect("addr");
     let options = WebchatOptions::new(dir, format!("http://{addr}"))
         .with_api_key(Secret::new(API_KEY))
         .with_clock(clock)
         .with_visitor_limits(limits);
     let webchat = Webchat::open(options).await.expect("webchat opens");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = webchat.clone();
-    let join = tokio::spawn(async move {
-        let _ = running
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await;
+    let serving = Serving::spawn(listener, |listener, shutdown| async move {
+        let _ = running.serve(listener, shutdown).await;
     });
-    Server { webchat, addr, stop: Some(stop), join }
+    Server { webchat, addr, serving }
 }
 
 impl Server {
@@ -97,11 +76,8 @@ impl Server {
         format!("http://{}{path}", self.addr)
     }
 
-    pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(15), self.join).await;
+    pub async fn stop(self) {
+        self.serving.stop().await;
     }
 }
 
