@@ -10,8 +10,6 @@ use xagent_client_runtime::BaseUrl;
 use xagent_conformance::{ConformanceOptions, run};
 use xagent_protocol_types::Secret;
 
-use crate::EXIT_USAGE;
-
 /// Options of `conformance`.
 #[derive(Debug, Args)]
 pub struct ConformanceArgs {
@@ -58,24 +56,15 @@ enum Format {
 pub fn run_command(args: ConformanceArgs) -> ExitCode {
     let base = match BaseUrl::parse(&args.base_url) {
         Ok(base) => base,
-        Err(error) => {
-            eprintln!("xagent-connector conformance: {error}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(error) => return crate::usage("conformance", error),
     };
     let inputs = match crate::parse_inputs(&args.inputs) {
         Ok(inputs) => inputs,
-        Err(message) => {
-            eprintln!("xagent-connector conformance: {message}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(message) => return crate::usage("conformance", message),
     };
     let tools = match crate::tool_calls(&args.tools, &args.tool_args) {
         Ok(tools) => tools,
-        Err(message) => {
-            eprintln!("xagent-connector conformance: {message}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(message) => return crate::usage("conformance", message),
     };
     let mut options = ConformanceOptions::new(base);
     options.tools = tools;
@@ -88,8 +77,7 @@ pub fn run_command(args: ConformanceArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("xagent-connector conformance: cannot start the async runtime: {error}");
-            return ExitCode::from(EXIT_USAGE);
+            return crate::usage("conformance", format!("cannot start the async runtime: {error}"));
         }
     };
     let report = runtime.block_on(run(options));

@@ -81,8 +81,7 @@ fn persisted(dir: &Path, name: &str, make: impl FnOnce() -> String) -> std::io::
 pub fn run_command(args: DemoArgs) -> ExitCode {
     init_logs("warn");
     let Some(room_id) = room_id_from_name(&args.room) else {
-        eprintln!("xagent-connector demo: the room name needs a letter or digit");
-        return ExitCode::from(EXIT_USAGE);
+        return crate::usage("demo", "the room name needs a letter or digit");
     };
     if let Err(error) = std::fs::create_dir_all(&args.state_dir) {
         eprintln!("xagent-connector demo: cannot create {}: {error}", args.state_dir.display());
@@ -90,16 +89,12 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
     }
     let access_code = match persisted(&args.state_dir, ACCESS_CODE_FILE, || random_hex(6)) {
         Ok(code) => code,
-        Err(error) => {
-            eprintln!("xagent-connector demo: cannot keep the access code: {error}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(error) => return crate::usage("demo", format!("cannot keep the access code: {error}")),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("xagent-connector demo: cannot start the async runtime: {error}");
-            return ExitCode::from(EXIT_USAGE);
+            return crate::usage("demo", format!("cannot start the async runtime: {error}"));
         }
     };
     runtime.block_on(async move {

@@ -10,7 +10,6 @@ use xagent_connector_homie::pairing::PairingCodes;
 use xagent_connector_homie::{Homie, HomieOptions};
 use xagent_protocol_types::Secret;
 
-use crate::EXIT_USAGE;
 use crate::webchat::{bind, init_logs};
 
 /// Options of `homie`.
@@ -37,8 +36,7 @@ pub struct HomieArgs {
 }
 
 fn usage(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("xagent-connector homie: {message}");
-    ExitCode::from(EXIT_USAGE)
+    crate::usage("homie", message)
 }
 
 /// Runs the Connector.

@@ -48,6 +48,13 @@ enum Command {
 /// Exit status for usage and I/O errors.
 pub(crate) const EXIT_USAGE: u8 = 2;
 
+/// Reports a usage error of `command` (a bad flag, an unusable input) on stderr and returns
+/// [`EXIT_USAGE`].
+pub(crate) fn usage(command: &str, message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("xagent-connector {command}: {message}");
+    ExitCode::from(EXIT_USAGE)
+}
+
 /// Reads repeated `--input NAME=VALUE` flags into authentication form values.
 pub(crate) fn parse_inputs(pairs: &[String]) -> Result<xagent_protocol_types::AuthInput, String> {
     pairs.iter().try_fold(xagent_protocol_types::AuthInput::default(), |inputs, pair| {

@@ -12,8 +12,6 @@ use xagent_mcp::files::AllowedDirs;
 use xagent_mcp::{BridgeConfig, LinkConfig};
 use xagent_protocol_types::Secret;
 
-use crate::EXIT_USAGE;
-
 /// Options of `mcp`.
 #[derive(Debug, Args)]
 pub struct McpArgs {
@@ -64,17 +62,11 @@ pub fn run_command(args: McpArgs) -> ExitCode {
     crate::webchat::init_logs("info");
     let inputs = match crate::parse_inputs(&args.inputs) {
         Ok(inputs) => inputs,
-        Err(message) => {
-            eprintln!("xagent-connector mcp: {message}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(message) => return crate::usage("mcp", message),
     };
     let allowed = match AllowedDirs::new(&args.allow_dirs) {
         Ok(allowed) => allowed,
-        Err(error) => {
-            eprintln!("xagent-connector mcp: {error}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(error) => return crate::usage("mcp", error),
     };
     let state_dir = args.state_dir.unwrap_or_else(|| default_state_dir(&args.base_url));
     let config = BridgeConfig {
@@ -91,8 +83,7 @@ pub fn run_command(args: McpArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("xagent-connector mcp: cannot start the async runtime: {error}");
-            return ExitCode::from(EXIT_USAGE);
+            return crate::usage("mcp", format!("cannot start the async runtime: {error}"));
         }
     };
     let http = args.http;

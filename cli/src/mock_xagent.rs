@@ -15,8 +15,6 @@ use xagent_client_runtime::{
 use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, ProfileId, Secret};
 use xagent_protocol_validate::AdmissionWindow;
 
-use crate::EXIT_USAGE;
-
 /// Options of `mock-xagent`.
 #[derive(Debug, Args)]
 pub struct MockXagentArgs {
@@ -53,27 +51,19 @@ const MOCK_USER: &str = "mock-user";
 pub fn run_command(args: MockXagentArgs) -> ExitCode {
     let base = match BaseUrl::parse(&args.base_url) {
         Ok(base) => base,
-        Err(error) => {
-            eprintln!("xagent-connector mock-xagent: {error}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(error) => return crate::usage("mock-xagent", error),
     };
     let inputs = match crate::parse_inputs(&args.inputs) {
         Ok(inputs) => inputs,
-        Err(message) => {
-            eprintln!("xagent-connector mock-xagent: {message}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(message) => return crate::usage("mock-xagent", message),
     };
     if let Err(message) = crate::tool_calls(&args.tools, &args.tool_args) {
-        eprintln!("xagent-connector mock-xagent: {message}");
-        return ExitCode::from(EXIT_USAGE);
+        return crate::usage("mock-xagent", message);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("xagent-connector mock-xagent: cannot start the async runtime: {error}");
-            return ExitCode::from(EXIT_USAGE);
+            return crate::usage("mock-xagent", format!("cannot start the async runtime: {error}"));
         }
     };
     runtime.block_on(async move {

@@ -89,17 +89,13 @@ fn api_key(args: &WebchatArgs) -> Result<String, String> {
 pub fn run_command(args: WebchatArgs) -> ExitCode {
     let api_key = match api_key(&args) {
         Ok(key) => key,
-        Err(message) => {
-            eprintln!("xagent-connector webchat: {message}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(message) => return crate::usage("webchat", message),
     };
     init_logs("info,tower_http=warn");
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("xagent-connector webchat: cannot start the async runtime: {error}");
-            return ExitCode::from(EXIT_USAGE);
+            return crate::usage("webchat", format!("cannot start the async runtime: {error}"));
         }
     };
     runtime.block_on(async move {

@@ -50,6 +50,12 @@ fn json_report(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
+/// The rule ids of a JSON report's violations, in order.
+fn rules(report: &Value) -> Vec<&str> {
+    let violations = report["violations"].as_array().expect("violations");
+    violations.iter().map(|v| v["rule"].as_str().expect("rule")).collect()
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -74,12 +80,7 @@ fn invalid_card_exits_1_with_every_violation_in_json() {
     assert_eq!(output.status.code(), Some(1));
     let report = json_report(&output);
     assert_eq!(report["valid"], false);
-    let rules: Vec<&str> = report["violations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["rule"].as_str().unwrap())
-        .collect();
+    let rules = rules(&report);
     assert!(rules.contains(&"card.schema") && rules.contains(&"card.tool_id_format"), "{rules:?}");
     for v in report["violations"].as_array().unwrap() {
         let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
@@ -159,12 +160,7 @@ fn descriptor_against_card() {
     let bad = run(&["check", "descriptor", path(&file), "--card", path(&card), "--format", "json"]);
     assert_eq!(bad.status.code(), Some(1));
     let report = json_report(&bad);
-    let rules: Vec<&str> = report["violations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["rule"].as_str().unwrap())
-        .collect();
+    let rules = rules(&report);
     assert!(rules.contains(&"descriptor.profile_not_in_card"), "{rules:?}");
     // Without the Card, the cross-check does not run.
     let alone = run(&["check", "descriptor", path(&file), "--format", "json"]);
