@@ -139,6 +139,15 @@ impl Target {
         format!("http://{}{path}", self.addr)
     }
 
+    /// A data-plane WebSocket with the subprotocol and the API key (nothing sent yet).
+    async fn socket(
+        &self,
+    ) -> Result<tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>>
+    {
+        let url = format!("ws://{}/ws", self.addr);
+        Ok(crate::bench_support::PacketSocket::connect(&url, Some(API_KEY)).await?.socket)
+    }
+
     /// Resident memory of the Connector process, MiB.
     fn rss_mib(&self) -> f64 {
         proc_status_kib(self.pid, "VmRSS:") as f64 / 1024.0
@@ -853,19 +862,9 @@ fn l2(target: &Target) -> Outcome {
 async fn i1(target: &Target) -> Result<Outcome> {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    use tokio_tungstenite::tungstenite::http::HeaderValue;
     use tokio_tungstenite::tungstenite::protocol::frame::Frame;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
-    let mut request = format!("ws://{}/ws", target.addr).into_client_request()?;
-    request.headers_mut().insert(
-        "Sec-WebSocket-Protocol",
-        HeaderValue::from_static(xagent_protocol_types::SUBPROTOCOL),
-    );
-    request
-        .headers_mut()
-        .insert("Authorization", HeaderValue::from_str(&format!("Bearer {API_KEY}"))?);
-    let (mut socket, _) = tokio_tungstenite::connect_async(request).await?;
+    let mut socket = target.socket().await?;
     let frame = Frame::message(vec![0x7b, 0xff, 0xfe, 0x7d], OpCode::Data(Data::Text), true);
     socket.send(Message::Frame(frame)).await?;
     let mut code = None;
@@ -929,17 +928,7 @@ async fn raw_socket(
 ) -> Result<tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>> {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    use tokio_tungstenite::tungstenite::http::HeaderValue;
-    let mut request = format!("ws://{}/ws", target.addr).into_client_request()?;
-    request.headers_mut().insert(
-        "Sec-WebSocket-Protocol",
-        HeaderValue::from_static(xagent_protocol_types::SUBPROTOCOL),
-    );
-    request
-        .headers_mut()
-        .insert("Authorization", HeaderValue::from_str(&format!("Bearer {API_KEY}"))?);
-    let (mut socket, _) = tokio_tungstenite::connect_async(request).await?;
+    let mut socket = target.socket().await?;
     let hello = xagent_protocol_types::Packet::with_payload(
         xagent_protocol_types::PacketId::new("pkt_attack_hello"),
         xagent_protocol_types::ConnectorHello::new(CARD_ID, vec![PROFILE_IM_V2.into()]),

@@ -22,7 +22,7 @@ use serde_json::json;
 use xagent_protocol_types::{ChatMessage, ConnectorChannelId, Packet, PacketBody};
 
 use crate::bench_support::{
-    API_KEY, EchoConnector, Flags, PacketSocket, machine, print_table, temp_dir, warn_if_debug,
+    API_KEY, Flags, PacketSocket, ServerSide, machine, print_table, warn_if_debug,
 };
 
 /// Runs the benchmark with the given flags.
@@ -39,13 +39,8 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     let delay = Duration::from_millis(flags.value("--delay-ms")?.unwrap_or(1_000));
     let phase = Duration::from_secs_f64(seconds);
 
-    let servers = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("bench-server")
-        .enable_all()
-        .build()?;
-    let dir = temp_dir("bench-isolation")?;
-    let connector = servers.block_on(EchoConnector::start_with(&dir, synchronous))?;
+    let servers = ServerSide::start("bench-isolation", synchronous)?;
+    let connector = &servers.connector;
     let client = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut driver = client.block_on(Driver::connect(&connector.ws_url(), channels))?;
 
@@ -60,9 +55,7 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     let all_fast = fast_first.join(fast_second);
     let one_slow = slow_first.join(slow_second);
     client.block_on(driver.drain())?;
-    servers.block_on(connector.stop());
-    drop(servers);
-    let _ = std::fs::remove_dir_all(&dir);
+    servers.stop();
 
     let fast = |p: &Phase| p.acks[1..].iter().sum::<u64>() as f64 / p.seconds;
     let ratio = {

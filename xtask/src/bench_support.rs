@@ -256,6 +256,38 @@ impl EchoConnector {
     }
 }
 
+/// The server side of a whole-system benchmark: the echo Connector, with its state in a fresh
+/// temporary directory, on a 2-worker runtime of its own (the measuring client runs apart).
+pub struct ServerSide {
+    /// The servers' runtime (other servers of the benchmark may run on it too).
+    pub runtime: tokio::runtime::Runtime,
+    /// The echo Connector.
+    pub connector: EchoConnector,
+    /// The state directory (removed by [`ServerSide::stop`]).
+    pub dir: PathBuf,
+}
+
+impl ServerSide {
+    /// Starts it; `name` names the state directory.
+    pub fn start(name: &str, synchronous: Synchronous) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("bench-server")
+            .enable_all()
+            .build()?;
+        let dir = temp_dir(name)?;
+        let connector = runtime.block_on(EchoConnector::start_with(&dir, synchronous))?;
+        Ok(Self { runtime, connector, dir })
+    }
+
+    /// Stops the Connector and the runtime and removes the state directory.
+    pub fn stop(self) {
+        self.runtime.block_on(self.connector.stop());
+        drop(self.runtime);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A WebSocket carrying packets, with nothing between the caller and tokio-tungstenite.
 pub struct PacketSocket {
     /// The socket.

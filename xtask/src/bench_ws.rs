@@ -29,8 +29,7 @@ use tokio_tungstenite::tungstenite::Message;
 use xagent_protocol_types::Packet;
 
 use crate::bench_support::{
-    API_KEY, EchoConnector, Flags, PacketSocket, machine, median, print_table, quantile, temp_dir,
-    warn_if_debug,
+    API_KEY, Flags, PacketSocket, ServerSide, machine, median, print_table, quantile, warn_if_debug,
 };
 
 /// Which server a phase drives.
@@ -58,14 +57,9 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     let seconds: f64 = flags.value("--seconds")?.unwrap_or(if flags.quick { 2.0 } else { 5.0 });
     let phase = Duration::from_secs_f64(seconds);
 
-    let servers = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("bench-server")
-        .enable_all()
-        .build()?;
-    let dir = temp_dir("bench-ws")?;
-    let connector = servers.block_on(EchoConnector::start_with(&dir, synchronous))?;
-    let echo_addr = servers.block_on(start_bare_echo())?;
+    let servers = ServerSide::start("bench-ws", synchronous)?;
+    let connector = &servers.connector;
+    let echo_addr = servers.runtime.block_on(start_bare_echo())?;
     let endpoint =
         Endpoint { echo_url: format!("ws://{echo_addr}/"), connector_url: connector.ws_url() };
 
@@ -92,7 +86,7 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         let one = client.block_on(closed_loop(&endpoint, Target::DurableTool, 1, phase))?;
         let many = client.block_on(closed_loop(&endpoint, Target::DurableTool, 64, phase))?;
         let raw = crate::bench_durable::raw_commits(
-            &dir.join(format!("commits-{round}.sqlite3")),
+            &servers.dir.join(format!("commits-{round}.sqlite3")),
             phase,
             synchronous,
         )?;
@@ -107,9 +101,7 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         }
         per_round.push(figures);
     }
-    servers.block_on(connector.stop());
-    drop(servers);
-    let _ = std::fs::remove_dir_all(&dir);
+    servers.stop();
 
     let pick = |target: &str, field: &str| {
         let mut values: Vec<f64> =
