@@ -29,18 +29,14 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
+import { bin, log, root, until } from './support.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const root = path.resolve(here, '..');
-const bin = process.env.XAGENT_CONNECTOR_BIN || path.join(root, 'target/debug/xagent-connector');
 const simBin = process.env.HOMIE_SIM_BIN || path.join(root, 'target/debug/homie-sim');
 const mosquittoBin = process.env.MOSQUITTO_BIN || '/usr/sbin/mosquitto';
-const TIMEOUT = 20_000;
 // The whole run, start to end: past it every process is killed and the test fails.
 const RUN_LIMIT = 180_000;
 const apiKey = `e2e-${randomBytes(16).toString('hex')}`;
@@ -52,20 +48,6 @@ const HOMIE_TOOLS = ['homie_device_describe', 'homie_property_read', 'homie_prop
 const children = new Set();
 /** The bridge's pid (the SDK spawns it); killed on any exit too. */
 let bridgePid;
-
-function log(line) {
-  process.stdout.write(line + '\n');
-}
-
-async function until(predicate, what, timeout = TIMEOUT) {
-  const deadline = Date.now() + timeout;
-  for (;;) {
-    const value = await predicate();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-}
 
 /** Starts a process whose stdout and stderr are collected; it is killed at the end. */
 function start(command, args, env = {}) {

@@ -31,7 +31,6 @@ import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
@@ -40,30 +39,13 @@ import {
   ResourceUpdatedNotificationSchema,
   ToolListChangedNotificationSchema,
 } from '@modelcontextprotocol/sdk/types.js';
+import { bin, log, until } from './support.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const root = path.resolve(here, '..');
-const bin = process.env.XAGENT_CONNECTOR_BIN || path.join(root, 'target/debug/xagent-connector');
-const TIMEOUT = 20_000;
 const apiKey = `e2e-${randomBytes(16).toString('hex')}`;
 const roomName = `mcp-e2e-${randomBytes(3).toString('hex')}`;
 const accessCode = 'e2e-code-1234';
 // The room's owner code: the Connector moves a room to another channel only with it.
 const ownerCode = `owner-${randomBytes(8).toString('hex')}`;
-
-function log(line) {
-  process.stdout.write(line + '\n');
-}
-
-async function until(predicate, what, timeout = TIMEOUT) {
-  const deadline = Date.now() + timeout;
-  for (;;) {
-    const value = await predicate();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-}
 
 /** Starts im.webchat on a free port; resolves with its Base URL. */
 async function startWebchat(stateDir) {
