@@ -24,10 +24,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xagent_profile_im::{
-    ActivityAction, ActivityConfig, ActivityTracker, DeltaAssembler, DeltaConfig, DeltaStrategy,
-    EnqueueOutcome, IdempotencyConfig, IdempotencyStore, IdempotencyWrite, OutboundPayload, Outbox,
-    OutboxConfig, OutboxEvent, OutboxStore, OutboxWrite, ReceiverIdempotency, SentOutcome,
-    WriteMode,
+    ActivityAction, ActivityConfig, ActivityTracker, Delivery, DeltaAssembler, DeltaConfig,
+    DeltaStrategy, EnqueueOutcome, IdempotencyConfig, IdempotencyStore, IdempotencyWrite,
+    OutboundPayload, Outbox, OutboxConfig, OutboxEvent, OutboxStore, OutboxWrite,
+    ReceiverIdempotency, SentOutcome, WriteMode,
 };
 use xagent_protocol_types::{
     Clock, ConnectorChannelId, MessageId, PROFILE_IM_V1, PROFILE_IM_V2, Packet, PacketBody, Side,
@@ -221,12 +221,14 @@ impl ImState {
         payload: OutboundPayload,
     ) -> Result<(), HandleError> {
         shared.check_signed_in(channel)?;
-        check_packet_size(shared.as_ref(), channel, &payload)?;
+        // One serialisation: the stored form is also what the size check measures.
+        let json = payload.to_json().map_err(xagent_profile_im::OutboxError::from)?;
+        check_packet_size(shared.as_ref(), channel, &json)?;
         let routed = shared.is_routed(channel);
-        let ticket = {
+        let (ticket, events) = {
             let mut inner = self.inner();
             let message_id = payload.message_id().cloned();
-            let outcome = inner.outbox.enqueue(channel, payload, shared.now())?;
+            let outcome = inner.outbox.enqueue_encoded(channel, payload, json, shared.now())?;
             // The same message again: perhaps because our earlier answer was a failed commit.
             // Its record is written again in the commit this answer waits for, so this answer
             // too means "durable".
@@ -241,15 +243,16 @@ impl ImState {
             }
             let mut outbox: Vec<OutboxWrite> = again.map(OutboxWrite::Save).into_iter().collect();
             outbox.extend(inner.outbox.take_writes());
-            if outbox.is_empty() {
+            let ticket = if outbox.is_empty() {
                 CommitTicket::ready(Ok(()))
             } else {
                 shared.storage().commit_im(outbox, Vec::new())
-            }
+            };
+            (ticket, inner.outbox.drain_events())
         };
+        self.publish(events);
         // The caller hears "queued" only once the record is committed.
         ticket.committed().await?;
-        self.log_events();
         self.pump(shared).await;
         Ok(())
     }
@@ -278,24 +281,25 @@ impl ImState {
             }
             // Channels whose socket had no room in this pass: their later messages wait too.
             let mut blocked: Vec<ConnectorChannelId> = Vec::new();
-            let mut not_sent = Vec::new();
+            let mut not_sent: Vec<(ConnectorChannelId, MessageId)> = Vec::new();
             for delivery in ready {
-                if blocked.contains(&delivery.channel) {
-                    not_sent.push(delivery);
+                // The delivery is ours: its payload becomes the packet body without a copy.
+                let Delivery { channel, message_id, payload, .. } = delivery;
+                if blocked.contains(&channel) {
+                    not_sent.push((channel, message_id));
                     continue;
                 }
                 let packet_id = ids::packet_id();
-                let mut body = delivery.payload.to_body();
+                let mut body = payload.into_body();
                 if let (PacketBody::ChatMessage(message), Some(files)) = (&mut body, shared.files())
                 {
                     crate::files::refresh_urls(files, message);
                 }
-                let packet = shared
-                    .packet(Packet::new(packet_id.clone(), body))
-                    .channel(delivery.channel.clone());
+                let packet =
+                    shared.packet(Packet::new(packet_id.clone(), body)).channel(channel.clone());
                 // Never wait on a socket here: the pump serves every channel.
                 let now = shared.now();
-                match shared.try_queue_tracked(&delivery.channel, packet) {
+                match shared.try_queue_tracked(&channel, packet) {
                     TryQueue::Queued(written) => {
                         let shared = shared.clone();
                         tokio::spawn(async move {
@@ -304,20 +308,20 @@ impl ImState {
                             // Pump again when the bookkeeping freed a place: an ack that
                             // overtook it was applied just now (the outbox keeps early acks;
                             // M5), an IM v1 push ended with its write, or the channel paused.
-                            if im.record_write(&shared, &delivery, packet_id, written) {
+                            if im.record_write(&shared, &channel, &message_id, packet_id, written) {
                                 pump_again(shared).await;
                             }
                         });
                     }
                     TryQueue::Full => {
-                        blocked.push(delivery.channel.clone());
-                        not_sent.push(delivery);
+                        blocked.push(channel.clone());
+                        not_sent.push((channel, message_id));
                     }
                     TryQueue::NotRouted => {
                         // Not routed (or the route closed meanwhile): pause until channel.open.
                         let result = {
                             let mut inner = self.inner();
-                            let result = inner.outbox.on_channel_closed(&delivery.channel, now);
+                            let result = inner.outbox.on_channel_closed(&channel, now);
                             Self::submit_in_background(shared, &mut inner);
                             result
                         };
@@ -330,10 +334,8 @@ impl ImState {
             if !not_sent.is_empty() {
                 {
                     let mut inner = self.inner();
-                    for delivery in &not_sent {
-                        if let Err(error) =
-                            inner.outbox.on_not_sent(&delivery.channel, &delivery.message_id)
-                        {
+                    for (channel, message_id) in &not_sent {
+                        if let Err(error) = inner.outbox.on_not_sent(channel, message_id) {
                             tracing::warn!(%error, "outbox bookkeeping failed");
                         }
                     }
@@ -360,25 +362,26 @@ impl ImState {
     fn record_write<H: ImHost>(
         &self,
         shared: &Arc<H>,
-        delivery: &xagent_profile_im::Delivery,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
         packet_id: xagent_protocol_types::PacketId,
         written: bool,
     ) -> bool {
         let now = shared.now();
-        let result = {
+        let (result, events) = {
             let mut inner = self.inner();
             let result = if written {
                 inner
                     .outbox
-                    .on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
+                    .on_sent(channel, message_id, packet_id, now)
                     .map(|outcome| !matches!(outcome, SentOutcome::AwaitingAck { .. }))
             } else {
-                inner.outbox.on_channel_closed(&delivery.channel, now).map(|()| true)
+                inner.outbox.on_channel_closed(channel, now).map(|()| true)
             };
             Self::submit_in_background(shared, &mut inner);
-            result
+            (result, inner.outbox.drain_events())
         };
-        self.log_events();
+        self.publish(events);
         result.unwrap_or_else(|error| {
             tracing::warn!(%error, "outbox bookkeeping failed");
             true
@@ -387,14 +390,23 @@ impl ImState {
 
     fn log_events(&self) {
         let events = self.inner().outbox.drain_events();
+        self.publish(events);
+    }
+
+    /// Logs drained outbox events and hands them to the author's subscribers (taken under the
+    /// IM lock by the caller, published after it is released).
+    fn publish(&self, events: Vec<OutboxEvent>) {
         for event in events {
-            // Nobody listening is fine: the events are facts, not commands.
-            let _ = self.events.send(event.clone());
-            match event {
+            match &event {
                 OutboxEvent::Delivered { channel, message_id, .. } => {
                     tracing::debug!(%channel, %message_id, "message delivered to xAgent");
                 }
                 other => tracing::info!(event = ?other, "outbox event"),
+            }
+            // Nobody listening is fine: the events are facts, not commands (and then there is
+            // nothing to copy them for).
+            if self.events.receiver_count() > 0 {
+                let _ = self.events.send(event);
             }
         }
     }
@@ -490,13 +502,16 @@ const ENVELOPE_ALLOWANCE: usize = 2 * 1024;
 /// Refuses at the source a message that could never be sent (H3): a packet over the peer's
 /// size limit would be dropped by xAgent, which then reconnects, over and over. Download URLs
 /// are re-signed on every attempt, so their length counts with a margin too.
+///
+/// `json` is the payload's stored form ([`OutboundPayload::to_json`]: the payload with its
+/// type), which the packet carries with the envelope around it: its length plus the channel
+/// id's is the packet's size up to the envelope's other fields, which the allowance covers.
 fn check_packet_size<H: ImHost>(
     shared: &H,
     channel: &ConnectorChannelId,
-    payload: &OutboundPayload,
+    json: &str,
 ) -> Result<(), HandleError> {
-    let packet = Packet::new(ids::packet_id(), payload.to_body()).channel(channel.clone());
-    let size = packet.to_json().map_or(usize::MAX, |json| json.len());
+    let size = json.len().saturating_add(channel.as_str().len());
     let limit = shared.max_packet_bytes();
     if size.saturating_add(ENVELOPE_ALLOWANCE) > limit {
         return Err(HandleError::TooLarge { size, limit });
