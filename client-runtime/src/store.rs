@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, params};
 use xagent_profile_im::{
-    CompletedRecord, IdempotencyStore, MemoryStore, OutboxStore, PendingRecord, StoreError,
+    CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore, OutboxStore, OutboxWrite,
+    PendingRecord, StoreError,
 };
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
@@ -188,6 +189,12 @@ impl OutboxStore for SqliteXagentStore {
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
         xagent_im_sqlite::load_pending(&self.lock()).map_err(err("load_pending"))
     }
+
+    /// All the writes in one transaction (all or none, one commit).
+    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
+        in_transaction(&mut self.lock(), writes, xagent_im_sqlite::write_outbox)
+            .map_err(err("apply outbox writes"))
+    }
 }
 
 impl IdempotencyStore for SqliteXagentStore {
@@ -206,6 +213,33 @@ impl IdempotencyStore for SqliteXagentStore {
 
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
         xagent_im_sqlite::load_completed(&self.lock()).map_err(err("load_completed"))
+    }
+
+    /// All the writes in one transaction (all or none, one commit).
+    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
+        in_transaction(&mut self.lock(), writes, xagent_im_sqlite::write_idempotency)
+            .map_err(err("apply idempotency writes"))
+    }
+}
+
+/// Runs `write` for every item in one transaction: one commit (one `fsync` under
+/// `synchronous=FULL`) for a batch instead of one per row, and a failure leaves none of them.
+/// A single write needs no explicit transaction (SQLite commits a statement atomically).
+fn in_transaction<W>(
+    conn: &mut Connection,
+    writes: &[W],
+    write: impl Fn(&Connection, &W) -> rusqlite::Result<()>,
+) -> rusqlite::Result<()> {
+    match writes {
+        [] => Ok(()),
+        [one] => write(conn, one),
+        many => {
+            let tx = conn.transaction()?;
+            for item in many {
+                write(&tx, item)?;
+            }
+            tx.commit()
+        }
     }
 }
 
