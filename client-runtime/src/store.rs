@@ -247,6 +247,64 @@ fn in_transaction<W>(
 mod tests {
     use super::*;
 
+    fn pending(id: &str) -> PendingRecord {
+        PendingRecord {
+            channel: ConnectorChannelId::new("cch_1"),
+            message_id: MessageId::new(id),
+            seq: 1,
+            payload: format!(
+                r#"{{"type":"chat.message","payload":{{"message_id":"{id}","text":"hi"}}}}"#
+            ),
+            attempts: 0,
+            first_responsibility_at: 1,
+            expires_at: 2,
+            next_attempt_at: 1,
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn durable_state_rule_a_batch_of_outbox_writes_is_all_or_none() {
+        let dir = std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>()));
+        let mut store = SqliteXagentStore::open(&dir).expect("opens");
+        let batch = [
+            OutboxWrite::Save(pending("m1")),
+            OutboxWrite::Save(pending("m2")),
+            OutboxWrite::Delete(ConnectorChannelId::new("cch_1"), MessageId::new("m1")),
+        ];
+        OutboxStore::apply(&mut store, &batch).expect("applies");
+        let ids: Vec<String> = store
+            .load_pending()
+            .expect("loads")
+            .into_iter()
+            .map(|r| r.message_id.as_str().to_owned())
+            .collect();
+        assert_eq!(ids, vec!["m2".to_owned()], "applied in order");
+        // A batch whose last write fails leaves none of its writes behind.
+        store
+            .lock()
+            .execute_batch(
+                "CREATE TRIGGER refuse_bad BEFORE INSERT ON im_pending
+                 WHEN NEW.message_id = 'bad' BEGIN SELECT RAISE(ABORT, 'refused'); END;",
+            )
+            .expect("trigger");
+        let failing = [
+            OutboxWrite::Save(pending("m3")),
+            OutboxWrite::Delete(ConnectorChannelId::new("cch_1"), MessageId::new("m2")),
+            OutboxWrite::Save(pending("bad")),
+        ];
+        assert!(OutboxStore::apply(&mut store, &failing).is_err());
+        let ids: Vec<String> = store
+            .load_pending()
+            .expect("loads")
+            .into_iter()
+            .map(|r| r.message_id.as_str().to_owned())
+            .collect();
+        assert_eq!(ids, vec!["m2".to_owned()], "the failed batch changed nothing");
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn durable_state_rule_channels_and_owners_survive_a_reopen() {
         let dir = std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>()));
