@@ -17,6 +17,12 @@
 //! along with the next commit (a crash before it means a redelivery the receiver answers
 //! `duplicate`).
 //!
+//! One IM submission is on its way to the writer at a time ([`Pipeline`]): writes made while
+//! it commits are collected and go together, as one submission, the moment it has committed,
+//! and whoever waits for them is told when that one has. So concurrent senders share one
+//! submission (one queue hand-off, one writer wake-up, one savepoint) per transaction
+//! instead of one each, and nobody waits longer than the commit in progress plus their own.
+//!
 //! Here: the outbox side (enqueue, pump, acks' bookkeeping, maintenance) and the `ImHost`
 //! trait the wiring runs on; `inbound`: packets from xAgent (acks, final messages, deltas,
 //! activity).
@@ -38,7 +44,7 @@ use crate::author::call::ImCode;
 use crate::connector::Connector;
 use crate::error::HandleError;
 use crate::ids;
-use crate::storage::{CommitTicket, Storage, StorageError};
+use crate::storage::{Storage, StorageError};
 
 mod inbound;
 
@@ -100,9 +106,39 @@ struct Inner {
     receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
     deltas: DeltaAssembler,
     activity: ActivityTracker,
-    /// A background commit of outbox bookkeeping is on its way to the writer: later
-    /// bookkeeping waits in the outbox and rides along with the next commit of any kind.
-    bookkeeping_in_flight: bool,
+    /// The IM writes on their way to the storage.
+    pipeline: Pipeline,
+}
+
+/// IM writes on their way to the storage's group commit: at most one submission in flight;
+/// what is collected meanwhile (the outbox's writes stay in the outbox) goes as the next one.
+#[derive(Default)]
+struct Pipeline {
+    /// A submission is on its way to the writer.
+    in_flight: bool,
+    /// Outbox writes that go first in the next submission (a repeated enqueue's record).
+    outbox_first: Vec<OutboxWrite>,
+    /// Receiver writes for the next submission.
+    receiver: Vec<IdempotencyWrite>,
+    /// Who waits for the next submission's commit.
+    waiters: Vec<tokio::sync::oneshot::Sender<Result<(), String>>>,
+}
+
+/// The waiting side of IM writes: resolves once the transaction holding them committed.
+pub(crate) struct ImCommit(tokio::sync::oneshot::Receiver<Result<(), String>>);
+
+impl ImCommit {
+    /// Waits for the commit.
+    pub(crate) async fn committed(self) -> Result<(), StorageError> {
+        match self.0.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(reason)) => Err(StorageError::new("commit IM writes", reason)),
+            Err(_) => Err(StorageError::new(
+                "commit IM writes",
+                "the runtime stopped before committing these writes",
+            )),
+        }
+    }
 }
 
 /// The IM state of the runtime (present when the Card declares an IM Profile).
@@ -160,7 +196,7 @@ impl ImState {
             connector.im.as_ref().map(|im| im.activity_capability()).unwrap_or_default();
         let activity =
             ActivityTracker::new(ActivityConfig { capability, ..ActivityConfig::default() });
-        let inner = Inner { outbox, receiver, deltas, activity, bookkeeping_in_flight: false };
+        let inner = Inner { outbox, receiver, deltas, activity, pipeline: Pipeline::default() };
         let (events, _) = tokio::sync::broadcast::channel(1024);
         Ok(Some(Self {
             inner: Mutex::new(inner),
@@ -174,42 +210,63 @@ impl ImState {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Submits what the outbox collected (and `receiver` writes) to the storage's group commit.
-    /// Called with the IM lock held, so submissions keep the order the writes were made in.
+    /// Submits what the outbox collected (and `receiver` writes) to the storage's group commit
+    /// and returns the ticket to wait on before acknowledging anything they hold. Called with
+    /// the IM lock held, so submissions keep the order the writes were made in. While another
+    /// submission is on its way they wait for it and then go with everything else collected
+    /// meanwhile ([`Pipeline`]).
     fn submit<H: ImHost>(
         shared: &Arc<H>,
         inner: &mut Inner,
         receiver: Vec<IdempotencyWrite>,
-    ) -> CommitTicket {
-        let outbox = inner.outbox.take_writes();
-        if outbox.is_empty() && receiver.is_empty() {
-            return CommitTicket::ready(Ok(()));
-        }
-        shared.storage().commit_im(outbox, receiver)
+    ) -> ImCommit {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        inner.pipeline.receiver.extend(receiver);
+        inner.pipeline.waiters.push(tx);
+        Self::flush(shared, inner);
+        ImCommit(rx)
     }
 
     /// Submits the outbox's collected writes without waiting for them (attempt counts,
     /// removals, pauses: nothing is acknowledged on their strength); a failure is logged.
-    /// At most one such submission is on its way at a time: what is collected meanwhile rides
-    /// along with the next commit of any kind (an enqueue, a completed id) or goes when the
-    /// one on its way has committed. So bookkeeping adds at most one submission per group
-    /// commit instead of one per ack and per send (each of which the writer would count as
-    /// one more concurrent writer to wait for).
+    /// While a submission is on its way they ride along with the next one.
     fn submit_in_background<H: ImHost>(shared: &Arc<H>, inner: &mut Inner) {
-        if !inner.outbox.has_writes() || inner.bookkeeping_in_flight {
+        Self::flush(shared, inner);
+    }
+
+    /// Hands what is collected to the storage's group commit unless a submission is on its
+    /// way (it then goes the moment that one has committed). Waiters hear the result of the
+    /// commit that holds their writes; with nothing to write they hear `Ok` at once.
+    fn flush<H: ImHost>(shared: &Arc<H>, inner: &mut Inner) {
+        if inner.pipeline.in_flight {
             return;
         }
-        inner.bookkeeping_in_flight = true;
-        let ticket = Self::submit(shared, inner, Vec::new());
+        let mut outbox = std::mem::take(&mut inner.pipeline.outbox_first);
+        outbox.extend(inner.outbox.take_writes());
+        let receiver = std::mem::take(&mut inner.pipeline.receiver);
+        let waiters = std::mem::take(&mut inner.pipeline.waiters);
+        if outbox.is_empty() && receiver.is_empty() {
+            for waiter in waiters {
+                let _ = waiter.send(Ok(()));
+            }
+            return;
+        }
+        inner.pipeline.in_flight = true;
+        let ticket = shared.storage().commit_im(outbox, receiver);
         let shared = shared.clone();
         tokio::spawn(async move {
-            if let Err(error) = ticket.committed().await {
-                tracing::warn!(%error, "could not persist outbox bookkeeping");
+            let result = ticket.committed().await.map_err(|error| {
+                tracing::warn!(%error, "could not persist IM writes");
+                error.to_string()
+            });
+            for waiter in waiters {
+                // A waiter that stopped waiting is fine: the writes committed all the same.
+                let _ = waiter.send(result.clone());
             }
             let Some(im) = shared.im() else { return };
             let mut inner = im.inner();
-            inner.bookkeeping_in_flight = false;
-            Self::submit_in_background(&shared, &mut inner);
+            inner.pipeline.in_flight = false;
+            Self::flush(&shared, &mut inner);
         });
     }
 
@@ -241,13 +298,8 @@ impl ImState {
             if !routed {
                 inner.outbox.on_channel_closed(channel, shared.now())?;
             }
-            let mut outbox: Vec<OutboxWrite> = again.map(OutboxWrite::Save).into_iter().collect();
-            outbox.extend(inner.outbox.take_writes());
-            let ticket = if outbox.is_empty() {
-                CommitTicket::ready(Ok(()))
-            } else {
-                shared.storage().commit_im(outbox, Vec::new())
-            };
+            inner.pipeline.outbox_first.extend(again.map(OutboxWrite::Save));
+            let ticket = Self::submit(shared, &mut inner, Vec::new());
             (ticket, inner.outbox.drain_events())
         };
         self.publish(events);
