@@ -237,36 +237,55 @@ impl ImState {
     /// Hands what is collected to the storage's group commit unless a submission is on its
     /// way (it then goes the moment that one has committed). Waiters hear the result of the
     /// commit that holds their writes; with nothing to write they hear `Ok` at once.
+    ///
+    /// The submitting task yields once before it takes the writes, so the tasks that are ready
+    /// to run at that moment (typically the senders the last commit just released, about to
+    /// queue their next message) add theirs to the same submission; with nobody else ready
+    /// the yield returns at once.
     fn flush<H: ImHost>(shared: &Arc<H>, inner: &mut Inner) {
         if inner.pipeline.in_flight {
             return;
         }
-        let mut outbox = std::mem::take(&mut inner.pipeline.outbox_first);
-        outbox.extend(inner.outbox.take_writes());
-        let receiver = std::mem::take(&mut inner.pipeline.receiver);
-        let waiters = std::mem::take(&mut inner.pipeline.waiters);
-        if outbox.is_empty() && receiver.is_empty() {
-            for waiter in waiters {
+        let nothing_to_write = inner.pipeline.outbox_first.is_empty()
+            && inner.pipeline.receiver.is_empty()
+            && !inner.outbox.has_writes();
+        if nothing_to_write {
+            for waiter in std::mem::take(&mut inner.pipeline.waiters) {
                 let _ = waiter.send(Ok(()));
             }
             return;
         }
         inner.pipeline.in_flight = true;
-        let ticket = shared.storage().commit_im(outbox, receiver);
         let shared = shared.clone();
         tokio::spawn(async move {
-            let result = ticket.committed().await.map_err(|error| {
-                tracing::warn!(%error, "could not persist IM writes");
-                error.to_string()
-            });
-            for waiter in waiters {
-                // A waiter that stopped waiting is fine: the writes committed all the same.
-                let _ = waiter.send(result.clone());
+            loop {
+                tokio::task::yield_now().await;
+                let Some(im) = shared.im() else { return };
+                let (ticket, waiters) = {
+                    let mut inner = im.inner();
+                    let mut outbox = std::mem::take(&mut inner.pipeline.outbox_first);
+                    outbox.extend(inner.outbox.take_writes());
+                    let receiver = std::mem::take(&mut inner.pipeline.receiver);
+                    let waiters = std::mem::take(&mut inner.pipeline.waiters);
+                    if outbox.is_empty() && receiver.is_empty() {
+                        inner.pipeline.in_flight = false;
+                        drop(inner);
+                        for waiter in waiters {
+                            let _ = waiter.send(Ok(()));
+                        }
+                        return;
+                    }
+                    (shared.storage().commit_im(outbox, receiver), waiters)
+                };
+                let result = ticket.committed().await.map_err(|error| {
+                    tracing::warn!(%error, "could not persist IM writes");
+                    error.to_string()
+                });
+                for waiter in waiters {
+                    // A waiter that stopped waiting is fine: the writes committed all the same.
+                    let _ = waiter.send(result.clone());
+                }
             }
-            let Some(im) = shared.im() else { return };
-            let mut inner = im.inner();
-            inner.pipeline.in_flight = false;
-            Self::flush(&shared, &mut inner);
         });
     }
 
