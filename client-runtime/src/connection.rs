@@ -423,8 +423,10 @@ pub(crate) struct Shared {
     pub(crate) im: Mutex<ImState>,
     pub(crate) files: StdMutex<Option<Arc<dyn crate::FileSource>>>,
     pub(crate) sink: StdMutex<Option<Arc<dyn crate::FileSink>>>,
-    /// What the packet rules know of the admitted Card; replaced when a refetch re-admits it.
-    facts: StdMutex<Option<Arc<CardFacts>>>,
+    /// The HTTP client of the control and transfer planes, made once per data plane (on first
+    /// use) and shared by every download and upload: a `reqwest::Client` holds a connection
+    /// pool, so one per file would open a new connection each time.
+    control: std::sync::OnceLock<crate::ControlPlane>,
     validator: xagent_protocol_validate::Validator,
 }
 
@@ -437,14 +439,23 @@ impl Shared {
         self.config.clock.now_millis()
     }
 
-    /// The admitted Card's facts the packet rules judge by (the current Card after a refetch).
+    /// The control and transfer planes of this Connector (one client per data plane).
+    pub(crate) fn control(&self) -> crate::ControlPlane {
+        self.control
+            .get_or_init(|| {
+                crate::ControlPlane::new(self.config.base_url.clone(), self.config.api_key.clone())
+            })
+            .clone()
+    }
+
+    /// The admitted Card's facts the packet rules judge by (the current Card after a refetch):
+    /// the directory's copy, so the packet rules and the Descriptor rules share one.
     pub(crate) fn card_facts(&self) -> Option<Arc<CardFacts>> {
-        lock(&self.facts).clone()
+        lock(&self.directory).card_facts()
     }
 
     /// Replaces the admitted Card everywhere it is judged: the packet rules and the directory.
     pub(crate) fn set_card(&self, card: xagent_protocol_types::ConnectorCard) {
-        *lock(&self.facts) = Some(Arc::new(CardFacts::from_card(&card)));
         lock(&self.directory).set_card(card);
     }
 
@@ -525,7 +536,6 @@ impl DataPlane {
                 directory.remember(remembered.channel, remembered.owner);
             }
         }
-        let facts = StdMutex::new(config.card.as_ref().map(|c| Arc::new(CardFacts::from_card(c))));
         let config_window = config.window;
         let shared = Arc::new(Shared {
             im: Mutex::new(im),
@@ -538,8 +548,8 @@ impl DataPlane {
             events,
             files: StdMutex::new(None),
             sink: StdMutex::new(None),
+            control: std::sync::OnceLock::new(),
             validator: xagent_protocol_validate::Validator::new().with_window(config_window),
-            facts,
         });
         let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
         let supervisor = shared.clone();
@@ -1139,7 +1149,7 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
     // Nothing the validator rejects is accepted. A `chat.message` is judged by the IM v2
     // payload rules instead, which answer with a `rejected` ack as the Profile says.
     if !matches!(packet.body, PacketBody::ChatMessage(_))
-        && let Some(problems) = validation_errors(shared, text)
+        && let Some(problems) = validation_errors(shared, &packet, text)
     {
         tracing::warn!(packet_type = packet.type_str(), %problems, "packet breaks the protocol");
         let error =
@@ -1170,13 +1180,12 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
     {
         let session = lock(session);
         if let Some(negotiated) = session.negotiated() {
-            let channel_profiles = packet
-                .connector_channel_id
-                .as_ref()
-                .and_then(|c| session.channel_profiles(c).cloned());
+            // Borrowed from the session (no copy per packet).
+            let channel_profiles =
+                packet.connector_channel_id.as_ref().and_then(|c| session.channel_profiles(c));
             if let Permission::ProfileNotNegotiated { profile }
             | Permission::ProfileNotOnChannel { profile } =
-                negotiated.decide(packet.type_str(), Side::Connector, channel_profiles.as_ref())
+                negotiated.decide(packet.type_str(), Side::Connector, channel_profiles)
             {
                 tracing::debug!(
                     packet_type = packet.type_str(),
@@ -1222,17 +1231,14 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
     None
 }
 
-/// The validator's errors for a packet from the Connector, rule ids first, or `None`.
-/// The hot-path verdict runs first (one typed pass, no `Value`); only a refused packet is
-/// parsed again for the report that names its rules.
-fn validation_errors(shared: &Shared, text: &str) -> Option<String> {
+/// The validator's errors for a packet from the Connector (`packet`, decoded from `text`),
+/// rule ids first, or `None`. The hot-path verdict runs first, on the packet already decoded
+/// (no second decode, no `Value`); only a refused packet is parsed again for the report that
+/// names its rules.
+fn validation_errors(shared: &Shared, packet: &Packet, text: &str) -> Option<String> {
     let facts = shared.card_facts();
     let context = PacketContext { card: facts.as_deref(), sender: Some(Side::Connector) };
-    if shared.validator.accept_packet(text.as_bytes(), context).is_some() {
-        return None;
-    }
-    // The typed form deferred or refused: the report form's verdict is final.
-    let report = shared.validator.packet_bytes(text.as_bytes(), context);
+    let report = shared.validator.check_decoded(packet, text.as_bytes(), context).err()?;
     let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
     (!errors.is_empty()).then(|| errors.join("; "))
 }

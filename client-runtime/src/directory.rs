@@ -3,6 +3,8 @@
 //! `connection.descriptor.push` after the Descriptor rules; and the channel resolution of
 //! protocol section 10.1 for Card Tool calls.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use xagent_protocol_types::{
     ConnectionDescriptor, ConnectionStatus, ConnectorCard, ConnectorCardId, ConnectorChannelId,
@@ -84,14 +86,16 @@ pub struct DescriptorRefused(pub String);
 #[derive(Debug, Clone, Default)]
 pub struct ChannelDirectory {
     card: Option<ConnectorCard>,
-    facts: Option<CardFacts>,
+    /// What the rules know of `card`: one copy, shared with the packet rules of the data
+    /// plane through [`ChannelDirectory::card_facts`].
+    facts: Option<Arc<CardFacts>>,
     entries: Vec<ChannelEntry>,
 }
 
 impl ChannelDirectory {
     /// An empty directory checked against `card` (unchecked without one).
     pub fn new(card: Option<ConnectorCard>) -> Self {
-        let facts = card.as_ref().map(CardFacts::from_card);
+        let facts = card.as_ref().map(|card| Arc::new(CardFacts::from_card(card)));
         Self { card, facts, entries: Vec::new() }
     }
 
@@ -100,9 +104,14 @@ impl ChannelDirectory {
         self.card.as_ref()
     }
 
+    /// What the validator knows of the admitted Card (shared, not copied).
+    pub fn card_facts(&self) -> Option<Arc<CardFacts>> {
+        self.facts.clone()
+    }
+
     /// Replaces the Card (after a refetch re-admitted the Connector).
     pub fn set_card(&mut self, card: ConnectorCard) {
-        self.facts = Some(CardFacts::from_card(&card));
+        self.facts = Some(Arc::new(CardFacts::from_card(&card)));
         self.card = Some(card);
     }
 
@@ -190,7 +199,7 @@ impl ChannelDirectory {
         let value = serde_json::to_value(descriptor)
             .map_err(|e| DescriptorRefused(format!("[descriptor.connection] {e}")))?;
         let context =
-            DescriptorContext { card: self.facts.as_ref(), channel: Some(channel.as_str()) };
+            DescriptorContext { card: self.facts.as_deref(), channel: Some(channel.as_str()) };
         let report = xagent_protocol_validate::validate_descriptor(&value, context);
         let mut errors: Vec<String> = report.errors().map(ToString::to_string).collect();
         if let Some(card) = &self.card

@@ -142,10 +142,14 @@ pub(crate) async fn run_pump(shared: Arc<Shared>) {
     }
 }
 
-pub(crate) async fn on_chat_message(shared: &Arc<Shared>, packet: Packet) {
+pub(crate) async fn on_chat_message(shared: &Arc<Shared>, mut packet: Packet) {
     let Some(channel) = packet.connector_channel_id.clone() else { return };
-    let PacketBody::ChatMessage(message) = &packet.body else { return };
-    let message = (**message).clone();
+    // The message moves out of the packet (no copy); what is left is the envelope the ack
+    // answers (its ids and channel).
+    let message = match std::mem::replace(&mut packet.body, PacketBody::Pong(None)) {
+        PacketBody::ChatMessage(message) => *message,
+        _ => return,
+    };
     let now = shared.now();
     // Profile payload rules before anything else: a malformed message is refused for good.
     if let Err(error) = validate_chat_message(&message, Side::Connector) {
@@ -219,8 +223,7 @@ async fn save_files(
     let Some(sink) = lock(&shared.sink).clone() else {
         return Ok(Vec::new());
     };
-    let control =
-        crate::ControlPlane::new(shared.config.base_url.clone(), shared.config.api_key.clone());
+    let control = shared.control();
     let mut saved = Vec::with_capacity(message.files.len());
     for file in &message.files {
         let Some(url) = &file.download_url else {

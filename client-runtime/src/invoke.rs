@@ -289,12 +289,10 @@ impl DataPlane {
         Ok(())
     }
 
-    /// The HTTP side (uploads, downloads) of this Connector.
+    /// The HTTP side (uploads, downloads) of this Connector: one client per data plane, shared
+    /// by every call (cheap to clone).
     pub fn control(&self) -> ControlPlane {
-        ControlPlane::new(
-            self.shared().config.base_url.clone(),
-            self.shared().config.api_key.clone(),
-        )
+        self.shared().control()
     }
 
     /// Runs a built-in model Tool for `owner`: `connector_channels_list` returns the user's

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, params};
 use xagent_profile_im::{
-    CompletedRecord, IdempotencyStore, MemoryStore, OutboxStore, PendingRecord, StoreError,
+    CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore, OutboxStore, OutboxWrite,
+    PendingRecord, StoreError,
 };
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
@@ -188,6 +189,12 @@ impl OutboxStore for SqliteXagentStore {
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
         xagent_im_sqlite::load_pending(&self.lock()).map_err(err("load_pending"))
     }
+
+    /// All the writes in one transaction (all or none, one commit).
+    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
+        in_transaction(&mut self.lock(), writes, xagent_im_sqlite::write_outbox)
+            .map_err(err("apply outbox writes"))
+    }
 }
 
 impl IdempotencyStore for SqliteXagentStore {
@@ -207,11 +214,96 @@ impl IdempotencyStore for SqliteXagentStore {
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
         xagent_im_sqlite::load_completed(&self.lock()).map_err(err("load_completed"))
     }
+
+    /// All the writes in one transaction (all or none, one commit).
+    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
+        in_transaction(&mut self.lock(), writes, xagent_im_sqlite::write_idempotency)
+            .map_err(err("apply idempotency writes"))
+    }
+}
+
+/// Runs `write` for every item in one transaction: one commit (one `fsync` under
+/// `synchronous=FULL`) for a batch instead of one per row, and a failure leaves none of them.
+/// A single write needs no explicit transaction (SQLite commits a statement atomically).
+fn in_transaction<W>(
+    conn: &mut Connection,
+    writes: &[W],
+    write: impl Fn(&Connection, &W) -> rusqlite::Result<()>,
+) -> rusqlite::Result<()> {
+    match writes {
+        [] => Ok(()),
+        [one] => write(conn, one),
+        many => {
+            let tx = conn.transaction()?;
+            for item in many {
+                write(&tx, item)?;
+            }
+            tx.commit()
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pending(id: &str) -> PendingRecord {
+        PendingRecord {
+            channel: ConnectorChannelId::new("cch_1"),
+            message_id: MessageId::new(id),
+            seq: 1,
+            payload: format!(
+                r#"{{"type":"chat.message","payload":{{"message_id":"{id}","text":"hi"}}}}"#
+            ),
+            attempts: 0,
+            first_responsibility_at: 1,
+            expires_at: 2,
+            next_attempt_at: 1,
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn durable_state_rule_a_batch_of_outbox_writes_is_all_or_none() {
+        let dir = std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>()));
+        let mut store = SqliteXagentStore::open(&dir).expect("opens");
+        let batch = [
+            OutboxWrite::Save(pending("m1")),
+            OutboxWrite::Save(pending("m2")),
+            OutboxWrite::Delete(ConnectorChannelId::new("cch_1"), MessageId::new("m1")),
+        ];
+        OutboxStore::apply(&mut store, &batch).expect("applies");
+        let ids: Vec<String> = store
+            .load_pending()
+            .expect("loads")
+            .into_iter()
+            .map(|r| r.message_id.as_str().to_owned())
+            .collect();
+        assert_eq!(ids, vec!["m2".to_owned()], "applied in order");
+        // A batch whose last write fails leaves none of its writes behind.
+        store
+            .lock()
+            .execute_batch(
+                "CREATE TRIGGER refuse_bad BEFORE INSERT ON im_pending
+                 WHEN NEW.message_id = 'bad' BEGIN SELECT RAISE(ABORT, 'refused'); END;",
+            )
+            .expect("trigger");
+        let failing = [
+            OutboxWrite::Save(pending("m3")),
+            OutboxWrite::Delete(ConnectorChannelId::new("cch_1"), MessageId::new("m2")),
+            OutboxWrite::Save(pending("bad")),
+        ];
+        assert!(OutboxStore::apply(&mut store, &failing).is_err());
+        let ids: Vec<String> = store
+            .load_pending()
+            .expect("loads")
+            .into_iter()
+            .map(|r| r.message_id.as_str().to_owned())
+            .collect();
+        assert_eq!(ids, vec!["m2".to_owned()], "the failed batch changed nothing");
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn durable_state_rule_channels_and_owners_survive_a_reopen() {

@@ -224,6 +224,14 @@ impl OutboundPayload {
         }
     }
 
+    /// The packet body, taking the payload (no copy): for a [`Delivery`] the runtime owns.
+    pub fn into_body(self) -> PacketBody {
+        match self {
+            Self::ChatMessage(m) => m.into_body(),
+            Self::MessagePush(p) => (*p).into_body(),
+        }
+    }
+
     /// Checks the Profile rules for the sender.
     pub fn validate(&self, sender: Side) -> Result<(), PayloadError> {
         match self {
@@ -697,7 +705,29 @@ impl<S: OutboxStore> Outbox<S> {
         payload: impl Into<OutboundPayload>,
         now: u64,
     ) -> Result<EnqueueOutcome, OutboxError> {
-        let payload = payload.into();
+        self.enqueue_inner(channel, payload.into(), None, now)
+    }
+
+    /// [`Outbox::enqueue`] with the payload's stored form already made: `json` must be
+    /// `payload.to_json()`. For a runtime that needed the encoding anyway (to check the
+    /// packet's size before taking responsibility), so the payload is serialised once.
+    pub fn enqueue_encoded(
+        &mut self,
+        channel: &ConnectorChannelId,
+        payload: OutboundPayload,
+        json: String,
+        now: u64,
+    ) -> Result<EnqueueOutcome, OutboxError> {
+        self.enqueue_inner(channel, payload, Some(json), now)
+    }
+
+    fn enqueue_inner(
+        &mut self,
+        channel: &ConnectorChannelId,
+        payload: OutboundPayload,
+        json: Option<String>,
+        now: u64,
+    ) -> Result<EnqueueOutcome, OutboxError> {
         payload.validate(self.config.sender)?;
         let message_id = match payload.message_id() {
             Some(id) if !id.is_empty() => id.clone(),
@@ -759,7 +789,10 @@ impl<S: OutboxStore> Outbox<S> {
             channel: channel.clone(),
             message_id,
             seq: self.next_seq,
-            payload: payload.to_json()?,
+            payload: match json {
+                Some(json) => json,
+                None => payload.to_json()?,
+            },
             attempts: 0,
             first_responsibility_at: now,
             expires_at,
@@ -798,13 +831,62 @@ impl<S: OutboxStore> Outbox<S> {
             }
         }
         let window = self.config.window.max(1);
-        let ids: Vec<ConnectorChannelId> = self.dirty.iter().cloned().collect();
-        // First the messages that are due, then their attempt counts in one store batch, then
-        // the state change: a store failure hands out nothing and changes nothing (the
-        // channels stay marked, so the next call looks at them again).
-        let mut due: Vec<(ConnectorChannelId, usize, PendingRecord)> = Vec::new();
+        // The channels to look at leave the dirty set now and go back into it if anything
+        // fails, so a failure hands out nothing and the next call looks at them again.
+        let ids = std::mem::take(&mut self.dirty);
+        // First the messages that are due and their attempt counts (one store batch), then
+        // the state change: a store failure changes nothing.
+        let mut due: Vec<(ConnectorChannelId, usize)> = Vec::new();
+        let mut writes: Vec<OutboxWrite> = Vec::new();
         let mut timers = Vec::new();
-        for id in &ids {
+        let collected = self.collect_due(&ids, now, window, &mut due, &mut writes, &mut timers);
+        let stored = collected.and_then(|()| match self.config.write_mode {
+            WriteMode::Through if !writes.is_empty() => Ok(self.store.apply(&writes)?),
+            WriteMode::Through => Ok(()),
+            WriteMode::Deferred => {
+                self.writes.append(&mut writes);
+                Ok(())
+            }
+        });
+        if let Err(error) = stored {
+            self.dirty.extend(ids);
+            return Err(error);
+        }
+        self.timers.extend(timers);
+        let mut out = Vec::with_capacity(due.len());
+        for (id, index) in due {
+            let Some(ch) = self.channels.get_mut(&id) else { continue };
+            let Some(entry) = ch.queue.get_mut(index) else { continue };
+            entry.rec.attempts = entry.rec.attempts.saturating_add(1);
+            entry.state = State::InFlight {
+                packet_id: None,
+                deadline: now.saturating_add(self.config.ack_timeout_ms),
+            };
+            count(&mut ch.counters, &mut self.totals, |c| c.attempts += 1);
+            out.push(Delivery {
+                channel: id,
+                message_id: entry.rec.message_id.clone(),
+                payload: entry.payload.clone(),
+                attempt: entry.rec.attempts,
+                expires_at: entry.rec.expires_at,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The scan of [`Outbox::next_ready`]: per channel of `ids`, the due messages (channel and
+    /// queue index) and the write of each one's next attempt count; expires what it meets past
+    /// its TTL; notes the channels whose next message waits for a backoff.
+    fn collect_due(
+        &mut self,
+        ids: &BTreeSet<ConnectorChannelId>,
+        now: u64,
+        window: usize,
+        due: &mut Vec<(ConnectorChannelId, usize)>,
+        writes: &mut Vec<OutboxWrite>,
+        timers: &mut Vec<(u64, ConnectorChannelId)>,
+    ) -> Result<(), OutboxError> {
+        for id in ids {
             let mut in_flight = 0;
             let mut index = 0;
             while let Some(ch) = self.channels.get(id) {
@@ -828,44 +910,16 @@ impl<S: OutboxStore> Outbox<S> {
                     timers.push((entry.rec.next_attempt_at, id.clone()));
                     break;
                 }
+                // One copy of the record: the store's; the entry's count is bumped in place.
                 let mut rec = entry.rec.clone();
                 rec.attempts = rec.attempts.saturating_add(1);
-                due.push((id.clone(), index, rec));
+                writes.push(OutboxWrite::Save(rec));
+                due.push((id.clone(), index));
                 in_flight += 1;
                 index += 1;
             }
         }
-        if !due.is_empty() {
-            let writes: Vec<OutboxWrite> =
-                due.iter().map(|(_, _, rec)| OutboxWrite::Save(rec.clone())).collect();
-            match self.config.write_mode {
-                WriteMode::Through => self.store.apply(&writes)?,
-                WriteMode::Deferred => self.writes.extend(writes),
-            }
-        }
-        for id in &ids {
-            self.dirty.remove(id);
-        }
-        self.timers.extend(timers);
-        let mut out = Vec::with_capacity(due.len());
-        for (id, index, rec) in due {
-            let Some(ch) = self.channels.get_mut(&id) else { continue };
-            let Some(entry) = ch.queue.get_mut(index) else { continue };
-            entry.rec = rec;
-            entry.state = State::InFlight {
-                packet_id: None,
-                deadline: now.saturating_add(self.config.ack_timeout_ms),
-            };
-            count(&mut ch.counters, &mut self.totals, |c| c.attempts += 1);
-            out.push(Delivery {
-                channel: id,
-                message_id: entry.rec.message_id.clone(),
-                payload: entry.payload.clone(),
-                attempt: entry.rec.attempts,
-                expires_at: entry.rec.expires_at,
-            });
-        }
-        Ok(out)
+        Ok(())
     }
 
     /// A [`Delivery`] could not be written because the transport had no room for it right now

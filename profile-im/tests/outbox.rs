@@ -792,3 +792,35 @@ fn next_ready_hands_out_nothing_twice_and_finds_channels_after_restart() {
     let mut o = Outbox::open(config, store, T0 + 10).unwrap();
     assert_eq!(o.next_ready(T0 + 10).unwrap().len(), 50);
 }
+
+#[test]
+fn enqueue_encoded_stores_the_given_encoding_and_behaves_like_enqueue() {
+    use xagent_profile_im::OutboundPayload;
+    let store = MemoryStore::new();
+    let mut o = Outbox::open(OutboxConfig::new(Side::Connector), store.clone(), T0).unwrap();
+    let payload = OutboundPayload::from(msg("m1"));
+    let json = payload.to_json().unwrap();
+    let outcome = o.enqueue_encoded(&ch("a"), payload.clone(), json.clone(), T0).unwrap();
+    assert!(matches!(outcome, EnqueueOutcome::Queued { evicted: None, .. }));
+    let stored = store.pending(&ch("a"), &mid("m1")).unwrap();
+    assert_eq!(stored.payload, json, "the record keeps the encoding it was given");
+    assert_eq!(OutboundPayload::from_json(&stored.payload).unwrap(), payload);
+    // The same message again is already pending; other content under its id a conflict.
+    let again = o.enqueue_encoded(&ch("a"), payload.clone(), json, T0).unwrap();
+    assert_eq!(again, EnqueueOutcome::AlreadyPending);
+    let other = OutboundPayload::from(ChatMessage::text("m1", "other text"));
+    let other_json = other.to_json().unwrap();
+    assert!(matches!(
+        o.enqueue_encoded(&ch("a"), other, other_json, T0),
+        Err(OutboxError::MessageConflict { .. })
+    ));
+    // A payload that breaks the Profile rules is refused as by enqueue.
+    let empty = OutboundPayload::from(ChatMessage::text("m2", ""));
+    let empty_json = empty.to_json().unwrap();
+    assert!(o.enqueue_encoded(&ch("a"), empty, empty_json, T0).is_err());
+    // Delivered the same way: one attempt handed out with the payload.
+    let ready = o.next_ready(T0).unwrap();
+    assert_eq!(ready.len(), 1);
+    assert_eq!(ready[0].payload, payload);
+    assert_eq!(store.pending(&ch("a"), &mid("m1")).unwrap().attempts, 1);
+}

@@ -3,7 +3,9 @@
 //! [`Validator::check_packet`] decodes the bytes once, straight into the typed [`Packet`]
 //! (no `serde_json::Value`), checks the rules on the typed packet, and runs the secret-leak
 //! rule over the strings of the same bytes with an allocation-free lexical scan (no tree, no
-//! JSON pointers). It returns the typed packet when the packet is valid. Only when it cannot
+//! JSON pointers). It returns the typed packet when the packet is valid. A runtime that decodes
+//! the packet itself runs the same typed rules on its packet with [`Validator::check_decoded`]
+//! (or [`Validator::accept_decoded`]), so it decodes once. Only when it cannot
 //! accept a packet does it build the report form ([`Validator::packet`], with every
 //! violation and its JSON pointer), whose verdict is then final.
 //!
@@ -83,38 +85,73 @@ impl Validator {
     /// benchmarks can tell the two paths apart; callers want [`Validator::check_packet`].
     pub fn accept_packet(&self, bytes: &[u8], context: PacketContext<'_>) -> Option<Packet> {
         let packet = Packet::decode(bytes).ok()?;
-        let spec = PacketType::spec_of(packet.type_str())?;
+        self.accept_decoded(&packet, bytes, context).then_some(packet)
+    }
+
+    /// The typed form on a packet the caller has already decoded from `bytes` (with
+    /// [`Packet::decode`]), so a runtime that needs the typed packet anyway decodes once: the
+    /// same rules and verdict as [`Validator::accept_packet`] without its decode. `true` when
+    /// it can prove the packet valid; `false` for a violation or a packet it leaves to the
+    /// report form (see the module docs), whose verdict is then final
+    /// ([`Validator::check_decoded`] does both). `packet` must be the decode of `bytes`: the
+    /// secret-leak rule and the explicit-`null` check read the bytes, the other rules the
+    /// packet.
+    pub fn accept_decoded(
+        &self,
+        packet: &Packet,
+        bytes: &[u8],
+        context: PacketContext<'_>,
+    ) -> bool {
+        let Some(spec) = PacketType::spec_of(packet.type_str()) else {
+            return false;
+        };
         // Envelope rules the typed decode does not already enforce.
         if let Some(error) = &packet.error
             && error.code.as_str().is_empty()
         {
-            return None;
+            return false;
         }
         let has_request_id = packet.request_id.as_ref().is_some_and(|r| !r.is_empty());
         if matches!(spec.role, Role::Request { .. } | Role::Ack { .. })
             && spec.routing != Routing::Either
             && !has_request_id
         {
-            return None;
+            return false;
         }
         if spec.role == Role::MessageAck && packet.reply_to.as_ref().is_none_or(|r| r.is_empty()) {
-            return None;
+            return false;
         }
         let channel = packet.connector_channel_id.as_ref().filter(|c| !c.is_empty());
         if spec.routing == Routing::Channel && channel.is_none() {
-            return None;
+            return false;
         }
         if let (Some(card), Some(profile)) =
             (context.card, catalog::owning_profile(packet.type_str()))
             && !card.profiles.iter().any(|p| p == profile.id)
         {
-            return None;
+            return false;
         }
-        if !payload_ok(&packet, context) {
-            return None;
+        if !payload_ok(packet, context) {
+            return false;
         }
-        let facts = scan(bytes, &self.scanner)?;
-        (!facts.leak).then_some(packet)
+        scan(bytes, &self.scanner).is_some_and(|facts| !facts.leak)
+    }
+
+    /// [`Validator::check_packet`] for a packet the caller has already decoded from `bytes`:
+    /// `Ok` when it breaks no error rule, else the full report of [`Validator::packet`] (with
+    /// every violation and its JSON pointer). The typed form runs on `packet` (no second
+    /// decode); only a packet it cannot accept is parsed again for the report.
+    pub fn check_decoded(
+        &self,
+        packet: &Packet,
+        bytes: &[u8],
+        context: PacketContext<'_>,
+    ) -> Result<(), Report> {
+        if self.accept_decoded(packet, bytes, context) {
+            return Ok(());
+        }
+        let report = self.packet_bytes(bytes, context);
+        if report.valid { Ok(()) } else { Err(report) }
     }
 }
 

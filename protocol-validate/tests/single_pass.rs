@@ -3,13 +3,15 @@
 //! workspace, with and without a Card, from each sender, and on generated mutations of the
 //! per-message packets (nulls, empty strings, wrong types, forbidden fields, bad URLs, secrets,
 //! removed fields). The typed form must also accept every valid per-message fixture by itself,
-//! or it would not be a hot path.
+//! or it would not be a hot path. The same holds for the typed form on a packet the caller
+//! decoded itself (`Validator::check_decoded` / `accept_decoded`), which must refuse each rule
+//! it checks (one negative case per rule id below).
 
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use xagent_protocol_types::{PacketType, Role, Routing, Side};
+use xagent_protocol_types::{Packet, PacketType, Role, Routing, Side};
 use xagent_protocol_validate::{CardFacts, PacketContext, Validator};
 
 fn root() -> PathBuf {
@@ -117,6 +119,19 @@ fn assert_agree(name: &str, value: &Value) -> Vec<bool> {
             }
             if let Err(failed) = &checked {
                 assert_eq!(failed, &report, "{name}: the invalid verdict carries the full report");
+            }
+            // The same typed rules on a packet decoded by the caller: same verdict, same report.
+            if let Ok(packet) = Packet::decode(&bytes) {
+                assert_eq!(
+                    validator.accept_decoded(&packet, &bytes, context),
+                    validator.accept_packet(&bytes, context).is_some(),
+                    "{name}: accept_decoded and accept_packet disagree"
+                );
+                let decoded = validator.check_decoded(&packet, &bytes, context);
+                assert_eq!(decoded.is_ok(), report.valid, "{name}: check_decoded vs report");
+                if let Err(failed) = decoded {
+                    assert_eq!(failed, report, "{name}: check_decoded carries the full report");
+                }
             }
             verdicts.push(report.valid);
         }
@@ -298,5 +313,188 @@ fn bases_are_valid_and_take_the_typed_path() {
             Validator::default().accept_packet(&bytes, PacketContext::default()).is_some(),
             "{value}"
         );
+    }
+}
+
+/// One packet per rule the typed form checks on a decoded packet, each breaking only that
+/// rule: the typed decode takes it, `accept_decoded` refuses it, and `check_decoded` reports
+/// the rule by id.
+#[test]
+fn decoded_form_refuses_each_rule_it_checks() {
+    let facts = card();
+    let mut no_im = card();
+    no_im.profiles.clear();
+    let file = |extra: Value| {
+        let mut item = json!({"type": "image", "file_ref": "f1", "download_url": "/files/f1"});
+        if let (Some(item), Some(extra)) = (item.as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                item.insert(k.clone(), v.clone());
+            }
+        }
+        item
+    };
+    let msg = |payload: Value| envelope("chat.message", payload);
+    let mut no_request_id = envelope("tool.invoke", json!({"tool_id": "t", "arguments": {}}));
+    no_request_id.as_object_mut().map(|o| o.remove("request_id"));
+    let mut no_reply_to =
+        envelope("chat.message.ack", json!({"message_id": "m", "status": "accepted"}));
+    no_reply_to.as_object_mut().map(|o| o.remove("reply_to"));
+    let mut no_channel = msg(json!({"message_id": "m", "text": "hi"}));
+    no_channel.as_object_mut().map(|o| o.remove("connector_channel_id"));
+    let mut empty_code = envelope("ping", json!({}));
+    empty_code["error"] = json!({"code": "", "message": "x"});
+    let mut ack_without_payload = envelope("tool.invoke.ack", json!({}));
+    ack_without_payload.as_object_mut().map(|o| o.remove("payload"));
+    let cases: Vec<(&str, Value, PacketContext<'_>)> = vec![
+        ("packet.request_id", no_request_id, PacketContext::default()),
+        ("chat_ack.reply_to", no_reply_to, PacketContext::default()),
+        ("packet.channel_required", no_channel, PacketContext::default()),
+        ("packet.error_code", empty_code, PacketContext::default()),
+        ("packet.error_required", envelope("error", json!({})), PacketContext::default()),
+        ("packet.payload_required", ack_without_payload, PacketContext::default()),
+        (
+            "packet.profile_not_declared",
+            msg(json!({"message_id": "m", "text": "hi"})),
+            PacketContext { card: Some(&no_im), sender: None },
+        ),
+        (
+            "tool_invoke.tool_id",
+            envelope("tool.invoke", json!({"tool_id": "", "arguments": {}})),
+            PacketContext::default(),
+        ),
+        (
+            "tool_invoke.tool_id",
+            envelope("tool.invoke", json!({"tool_id": "not_in_the_card", "arguments": {}})),
+            PacketContext { card: Some(&facts), sender: None },
+        ),
+        (
+            "tool_progress.tool_id",
+            envelope("tool.progress.push", json!({"tool_id": ""})),
+            PacketContext::default(),
+        ),
+        (
+            "tool_progress.progress",
+            envelope("tool.progress.push", json!({"tool_id": "t", "progress": 1.5})),
+            PacketContext::default(),
+        ),
+        (
+            "im_v2.forbidden_field",
+            msg(json!({"message_id": "m", "text": "hi", "session_id": "s"})),
+            PacketContext::default(),
+        ),
+        (
+            "im.file_bytes",
+            msg(json!({"message_id": "m", "files": [file(json!({"base64": "AA"}))]})),
+            PacketContext::default(),
+        ),
+        (
+            "im_v2.message_id",
+            msg(json!({"message_id": "", "text": "hi"})),
+            PacketContext::default(),
+        ),
+        (
+            "chat_message.content",
+            msg(json!({"message_id": "m", "text": ""})),
+            PacketContext::default(),
+        ),
+        (
+            "im.file_ref",
+            msg(json!({"message_id": "m", "files": [file(json!({})), file(json!({}))]})),
+            PacketContext::default(),
+        ),
+        (
+            "im.file_type",
+            msg(json!({"message_id": "m", "files": [file(json!({"type": "sticker"}))]})),
+            PacketContext::default(),
+        ),
+        (
+            "im.download_url_scheme",
+            msg(
+                json!({"message_id": "m", "files": [file(json!({"download_url": "file:///etc/passwd"}))]}),
+            ),
+            PacketContext::default(),
+        ),
+        (
+            "chat_message.download_url",
+            msg(json!({"message_id": "m", "files": [{"type": "image", "file_ref": "f1"}]})),
+            PacketContext { card: None, sender: Some(Side::Connector) },
+        ),
+        (
+            "chat_delta.sequence",
+            envelope("chat.message.delta", json!({"message_id": "m", "sequence": 0, "text": "h"})),
+            PacketContext::default(),
+        ),
+        (
+            "chat_delta.files",
+            envelope(
+                "chat.message.delta",
+                json!({"message_id": "m", "sequence": 1, "text": "h", "files": []}),
+            ),
+            PacketContext::default(),
+        ),
+        (
+            "chat_ack.status",
+            envelope("chat.message.ack", json!({"message_id": "m", "status": "maybe"})),
+            PacketContext::default(),
+        ),
+        (
+            "chat_ack.rejected",
+            envelope("chat.message.ack", json!({"message_id": "m", "status": "rejected"})),
+            PacketContext::default(),
+        ),
+        (
+            "chat_activity.status",
+            envelope("chat.activity", json!({"status": "dancing"})),
+            PacketContext::default(),
+        ),
+        (
+            "chat_activity.tool_name",
+            envelope("chat.activity", json!({"status": "tool"})),
+            PacketContext::default(),
+        ),
+        (
+            "chat_activity.tool_name",
+            envelope("chat.activity", json!({"status": "idle", "tool_name": "search"})),
+            PacketContext::default(),
+        ),
+        (
+            "packet.secret_leak",
+            msg(json!({"message_id": "m", "text": "ghp_abcdefghijklmnopqrstuvwxyz0123456789"})),
+            PacketContext::default(),
+        ),
+    ];
+    let validator = Validator::default();
+    let mut failures = Vec::new();
+    for (rule, value, context) in &cases {
+        let bytes = serde_json::to_vec(value).expect("encodes");
+        let Ok(packet) = Packet::decode(&bytes) else {
+            failures.push(format!("{rule}: the typed decode refused {value}"));
+            continue;
+        };
+        if validator.accept_decoded(&packet, &bytes, *context) {
+            failures.push(format!("{rule}: accept_decoded took {value}"));
+        }
+        match validator.check_decoded(&packet, &bytes, *context) {
+            Ok(()) => failures.push(format!("{rule}: check_decoded took {value}")),
+            Err(report) if !report.has(rule) => {
+                failures.push(format!("{rule}: not in the report {report:?} of {value}"));
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The decoded form accepts what the bytes form accepts, on the packet the caller decoded:
+/// every base packet passes it alone, with the same packet the bytes form returns.
+#[test]
+fn decoded_form_accepts_the_valid_bases() {
+    let validator = Validator::default();
+    for value in bases() {
+        let bytes = serde_json::to_vec(&value).unwrap();
+        let packet = Packet::decode(&bytes).expect("decodes");
+        assert!(validator.accept_decoded(&packet, &bytes, PacketContext::default()), "{value}");
+        assert_eq!(validator.check_decoded(&packet, &bytes, PacketContext::default()), Ok(()));
+        assert_eq!(validator.accept_packet(&bytes, PacketContext::default()), Some(packet));
     }
 }

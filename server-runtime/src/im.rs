@@ -17,6 +17,12 @@
 //! along with the next commit (a crash before it means a redelivery the receiver answers
 //! `duplicate`).
 //!
+//! One IM submission is on its way to the writer at a time ([`Pipeline`]): writes made while
+//! it commits are collected and go together, as one submission, the moment it has committed,
+//! and whoever waits for them is told when that one has. So concurrent senders share one
+//! submission (one queue hand-off, one writer wake-up, one savepoint) per transaction
+//! instead of one each, and nobody waits longer than the commit in progress plus their own.
+//!
 //! Here: the outbox side (enqueue, pump, acks' bookkeeping, maintenance) and the `ImHost`
 //! trait the wiring runs on; `inbound`: packets from xAgent (acks, final messages, deltas,
 //! activity).
@@ -24,10 +30,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xagent_profile_im::{
-    ActivityAction, ActivityConfig, ActivityTracker, DeltaAssembler, DeltaConfig, DeltaStrategy,
-    EnqueueOutcome, IdempotencyConfig, IdempotencyStore, IdempotencyWrite, OutboundPayload, Outbox,
-    OutboxConfig, OutboxEvent, OutboxStore, OutboxWrite, ReceiverIdempotency, SentOutcome,
-    WriteMode,
+    ActivityAction, ActivityConfig, ActivityTracker, Delivery, DeltaAssembler, DeltaConfig,
+    DeltaStrategy, EnqueueOutcome, IdempotencyConfig, IdempotencyStore, IdempotencyWrite,
+    OutboundPayload, Outbox, OutboxConfig, OutboxEvent, OutboxStore, OutboxWrite,
+    ReceiverIdempotency, SentOutcome, WriteMode,
 };
 use xagent_protocol_types::{
     Clock, ConnectorChannelId, MessageId, PROFILE_IM_V1, PROFILE_IM_V2, Packet, PacketBody, Side,
@@ -38,7 +44,7 @@ use crate::author::call::ImCode;
 use crate::connector::Connector;
 use crate::error::HandleError;
 use crate::ids;
-use crate::storage::{CommitTicket, Storage, StorageError};
+use crate::storage::{Storage, StorageError};
 
 mod inbound;
 
@@ -100,9 +106,39 @@ struct Inner {
     receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
     deltas: DeltaAssembler,
     activity: ActivityTracker,
-    /// A background commit of outbox bookkeeping is on its way to the writer: later
-    /// bookkeeping waits in the outbox and rides along with the next commit of any kind.
-    bookkeeping_in_flight: bool,
+    /// The IM writes on their way to the storage.
+    pipeline: Pipeline,
+}
+
+/// IM writes on their way to the storage's group commit: at most one submission in flight;
+/// what is collected meanwhile (the outbox's writes stay in the outbox) goes as the next one.
+#[derive(Default)]
+struct Pipeline {
+    /// A submission is on its way to the writer.
+    in_flight: bool,
+    /// Outbox writes that go first in the next submission (a repeated enqueue's record).
+    outbox_first: Vec<OutboxWrite>,
+    /// Receiver writes for the next submission.
+    receiver: Vec<IdempotencyWrite>,
+    /// Who waits for the next submission's commit.
+    waiters: Vec<tokio::sync::oneshot::Sender<Result<(), String>>>,
+}
+
+/// The waiting side of IM writes: resolves once the transaction holding them committed.
+pub(crate) struct ImCommit(tokio::sync::oneshot::Receiver<Result<(), String>>);
+
+impl ImCommit {
+    /// Waits for the commit.
+    pub(crate) async fn committed(self) -> Result<(), StorageError> {
+        match self.0.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(reason)) => Err(StorageError::new("commit IM writes", reason)),
+            Err(_) => Err(StorageError::new(
+                "commit IM writes",
+                "the runtime stopped before committing these writes",
+            )),
+        }
+    }
 }
 
 /// The IM state of the runtime (present when the Card declares an IM Profile).
@@ -160,7 +196,7 @@ impl ImState {
             connector.im.as_ref().map(|im| im.activity_capability()).unwrap_or_default();
         let activity =
             ActivityTracker::new(ActivityConfig { capability, ..ActivityConfig::default() });
-        let inner = Inner { outbox, receiver, deltas, activity, bookkeeping_in_flight: false };
+        let inner = Inner { outbox, receiver, deltas, activity, pipeline: Pipeline::default() };
         let (events, _) = tokio::sync::broadcast::channel(1024);
         Ok(Some(Self {
             inner: Mutex::new(inner),
@@ -174,42 +210,82 @@ impl ImState {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Submits what the outbox collected (and `receiver` writes) to the storage's group commit.
-    /// Called with the IM lock held, so submissions keep the order the writes were made in.
+    /// Submits what the outbox collected (and `receiver` writes) to the storage's group commit
+    /// and returns the ticket to wait on before acknowledging anything they hold. Called with
+    /// the IM lock held, so submissions keep the order the writes were made in. While another
+    /// submission is on its way they wait for it and then go with everything else collected
+    /// meanwhile ([`Pipeline`]).
     fn submit<H: ImHost>(
         shared: &Arc<H>,
         inner: &mut Inner,
         receiver: Vec<IdempotencyWrite>,
-    ) -> CommitTicket {
-        let outbox = inner.outbox.take_writes();
-        if outbox.is_empty() && receiver.is_empty() {
-            return CommitTicket::ready(Ok(()));
-        }
-        shared.storage().commit_im(outbox, receiver)
+    ) -> ImCommit {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        inner.pipeline.receiver.extend(receiver);
+        inner.pipeline.waiters.push(tx);
+        Self::flush(shared, inner);
+        ImCommit(rx)
     }
 
     /// Submits the outbox's collected writes without waiting for them (attempt counts,
     /// removals, pauses: nothing is acknowledged on their strength); a failure is logged.
-    /// At most one such submission is on its way at a time: what is collected meanwhile rides
-    /// along with the next commit of any kind (an enqueue, a completed id) or goes when the
-    /// one on its way has committed. So bookkeeping adds at most one submission per group
-    /// commit instead of one per ack and per send (each of which the writer would count as
-    /// one more concurrent writer to wait for).
+    /// While a submission is on its way they ride along with the next one.
     fn submit_in_background<H: ImHost>(shared: &Arc<H>, inner: &mut Inner) {
-        if !inner.outbox.has_writes() || inner.bookkeeping_in_flight {
+        Self::flush(shared, inner);
+    }
+
+    /// Hands what is collected to the storage's group commit unless a submission is on its
+    /// way (it then goes the moment that one has committed). Waiters hear the result of the
+    /// commit that holds their writes; with nothing to write they hear `Ok` at once.
+    ///
+    /// The submitting task yields once before it takes the writes, so the tasks that are ready
+    /// to run at that moment (typically the senders the last commit just released, about to
+    /// queue their next message) add theirs to the same submission; with nobody else ready
+    /// the yield returns at once.
+    fn flush<H: ImHost>(shared: &Arc<H>, inner: &mut Inner) {
+        if inner.pipeline.in_flight {
             return;
         }
-        inner.bookkeeping_in_flight = true;
-        let ticket = Self::submit(shared, inner, Vec::new());
+        let nothing_to_write = inner.pipeline.outbox_first.is_empty()
+            && inner.pipeline.receiver.is_empty()
+            && !inner.outbox.has_writes();
+        if nothing_to_write {
+            for waiter in std::mem::take(&mut inner.pipeline.waiters) {
+                let _ = waiter.send(Ok(()));
+            }
+            return;
+        }
+        inner.pipeline.in_flight = true;
         let shared = shared.clone();
         tokio::spawn(async move {
-            if let Err(error) = ticket.committed().await {
-                tracing::warn!(%error, "could not persist outbox bookkeeping");
+            loop {
+                tokio::task::yield_now().await;
+                let Some(im) = shared.im() else { return };
+                let (ticket, waiters) = {
+                    let mut inner = im.inner();
+                    let mut outbox = std::mem::take(&mut inner.pipeline.outbox_first);
+                    outbox.extend(inner.outbox.take_writes());
+                    let receiver = std::mem::take(&mut inner.pipeline.receiver);
+                    let waiters = std::mem::take(&mut inner.pipeline.waiters);
+                    if outbox.is_empty() && receiver.is_empty() {
+                        inner.pipeline.in_flight = false;
+                        drop(inner);
+                        for waiter in waiters {
+                            let _ = waiter.send(Ok(()));
+                        }
+                        return;
+                    }
+                    (shared.storage().commit_im(outbox, receiver), waiters)
+                };
+                let result = ticket.committed().await.map_err(|error| {
+                    tracing::warn!(%error, "could not persist IM writes");
+                    error.to_string()
+                });
+                for waiter in waiters {
+                    // A waiter that stopped waiting is fine: the writes committed all the same.
+                    let _ = waiter.send(result.clone());
+                }
             }
-            let Some(im) = shared.im() else { return };
-            let mut inner = im.inner();
-            inner.bookkeeping_in_flight = false;
-            Self::submit_in_background(&shared, &mut inner);
         });
     }
 
@@ -221,12 +297,14 @@ impl ImState {
         payload: OutboundPayload,
     ) -> Result<(), HandleError> {
         shared.check_signed_in(channel)?;
-        check_packet_size(shared.as_ref(), channel, &payload)?;
+        // One serialisation: the stored form is also what the size check measures.
+        let json = payload.to_json().map_err(xagent_profile_im::OutboxError::from)?;
+        check_packet_size(shared.as_ref(), channel, &json)?;
         let routed = shared.is_routed(channel);
-        let ticket = {
+        let (ticket, events) = {
             let mut inner = self.inner();
             let message_id = payload.message_id().cloned();
-            let outcome = inner.outbox.enqueue(channel, payload, shared.now())?;
+            let outcome = inner.outbox.enqueue_encoded(channel, payload, json, shared.now())?;
             // The same message again: perhaps because our earlier answer was a failed commit.
             // Its record is written again in the commit this answer waits for, so this answer
             // too means "durable".
@@ -239,17 +317,13 @@ impl ImState {
             if !routed {
                 inner.outbox.on_channel_closed(channel, shared.now())?;
             }
-            let mut outbox: Vec<OutboxWrite> = again.map(OutboxWrite::Save).into_iter().collect();
-            outbox.extend(inner.outbox.take_writes());
-            if outbox.is_empty() {
-                CommitTicket::ready(Ok(()))
-            } else {
-                shared.storage().commit_im(outbox, Vec::new())
-            }
+            inner.pipeline.outbox_first.extend(again.map(OutboxWrite::Save));
+            let ticket = Self::submit(shared, &mut inner, Vec::new());
+            (ticket, inner.outbox.drain_events())
         };
+        self.publish(events);
         // The caller hears "queued" only once the record is committed.
         ticket.committed().await?;
-        self.log_events();
         self.pump(shared).await;
         Ok(())
     }
@@ -278,24 +352,25 @@ impl ImState {
             }
             // Channels whose socket had no room in this pass: their later messages wait too.
             let mut blocked: Vec<ConnectorChannelId> = Vec::new();
-            let mut not_sent = Vec::new();
+            let mut not_sent: Vec<(ConnectorChannelId, MessageId)> = Vec::new();
             for delivery in ready {
-                if blocked.contains(&delivery.channel) {
-                    not_sent.push(delivery);
+                // The delivery is ours: its payload becomes the packet body without a copy.
+                let Delivery { channel, message_id, payload, .. } = delivery;
+                if blocked.contains(&channel) {
+                    not_sent.push((channel, message_id));
                     continue;
                 }
                 let packet_id = ids::packet_id();
-                let mut body = delivery.payload.to_body();
+                let mut body = payload.into_body();
                 if let (PacketBody::ChatMessage(message), Some(files)) = (&mut body, shared.files())
                 {
                     crate::files::refresh_urls(files, message);
                 }
-                let packet = shared
-                    .packet(Packet::new(packet_id.clone(), body))
-                    .channel(delivery.channel.clone());
+                let packet =
+                    shared.packet(Packet::new(packet_id.clone(), body)).channel(channel.clone());
                 // Never wait on a socket here: the pump serves every channel.
                 let now = shared.now();
-                match shared.try_queue_tracked(&delivery.channel, packet) {
+                match shared.try_queue_tracked(&channel, packet) {
                     TryQueue::Queued(written) => {
                         let shared = shared.clone();
                         tokio::spawn(async move {
@@ -304,20 +379,20 @@ impl ImState {
                             // Pump again when the bookkeeping freed a place: an ack that
                             // overtook it was applied just now (the outbox keeps early acks;
                             // M5), an IM v1 push ended with its write, or the channel paused.
-                            if im.record_write(&shared, &delivery, packet_id, written) {
+                            if im.record_write(&shared, &channel, &message_id, packet_id, written) {
                                 pump_again(shared).await;
                             }
                         });
                     }
                     TryQueue::Full => {
-                        blocked.push(delivery.channel.clone());
-                        not_sent.push(delivery);
+                        blocked.push(channel.clone());
+                        not_sent.push((channel, message_id));
                     }
                     TryQueue::NotRouted => {
                         // Not routed (or the route closed meanwhile): pause until channel.open.
                         let result = {
                             let mut inner = self.inner();
-                            let result = inner.outbox.on_channel_closed(&delivery.channel, now);
+                            let result = inner.outbox.on_channel_closed(&channel, now);
                             Self::submit_in_background(shared, &mut inner);
                             result
                         };
@@ -330,10 +405,8 @@ impl ImState {
             if !not_sent.is_empty() {
                 {
                     let mut inner = self.inner();
-                    for delivery in &not_sent {
-                        if let Err(error) =
-                            inner.outbox.on_not_sent(&delivery.channel, &delivery.message_id)
-                        {
+                    for (channel, message_id) in &not_sent {
+                        if let Err(error) = inner.outbox.on_not_sent(channel, message_id) {
                             tracing::warn!(%error, "outbox bookkeeping failed");
                         }
                     }
@@ -360,25 +433,26 @@ impl ImState {
     fn record_write<H: ImHost>(
         &self,
         shared: &Arc<H>,
-        delivery: &xagent_profile_im::Delivery,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
         packet_id: xagent_protocol_types::PacketId,
         written: bool,
     ) -> bool {
         let now = shared.now();
-        let result = {
+        let (result, events) = {
             let mut inner = self.inner();
             let result = if written {
                 inner
                     .outbox
-                    .on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
+                    .on_sent(channel, message_id, packet_id, now)
                     .map(|outcome| !matches!(outcome, SentOutcome::AwaitingAck { .. }))
             } else {
-                inner.outbox.on_channel_closed(&delivery.channel, now).map(|()| true)
+                inner.outbox.on_channel_closed(channel, now).map(|()| true)
             };
             Self::submit_in_background(shared, &mut inner);
-            result
+            (result, inner.outbox.drain_events())
         };
-        self.log_events();
+        self.publish(events);
         result.unwrap_or_else(|error| {
             tracing::warn!(%error, "outbox bookkeeping failed");
             true
@@ -387,14 +461,23 @@ impl ImState {
 
     fn log_events(&self) {
         let events = self.inner().outbox.drain_events();
+        self.publish(events);
+    }
+
+    /// Logs drained outbox events and hands them to the author's subscribers (taken under the
+    /// IM lock by the caller, published after it is released).
+    fn publish(&self, events: Vec<OutboxEvent>) {
         for event in events {
-            // Nobody listening is fine: the events are facts, not commands.
-            let _ = self.events.send(event.clone());
-            match event {
+            match &event {
                 OutboxEvent::Delivered { channel, message_id, .. } => {
                     tracing::debug!(%channel, %message_id, "message delivered to xAgent");
                 }
                 other => tracing::info!(event = ?other, "outbox event"),
+            }
+            // Nobody listening is fine: the events are facts, not commands (and then there is
+            // nothing to copy them for).
+            if self.events.receiver_count() > 0 {
+                let _ = self.events.send(event);
             }
         }
     }
@@ -490,13 +573,16 @@ const ENVELOPE_ALLOWANCE: usize = 2 * 1024;
 /// Refuses at the source a message that could never be sent (H3): a packet over the peer's
 /// size limit would be dropped by xAgent, which then reconnects, over and over. Download URLs
 /// are re-signed on every attempt, so their length counts with a margin too.
+///
+/// `json` is the payload's stored form ([`OutboundPayload::to_json`]: the payload with its
+/// type), which the packet carries with the envelope around it: its length plus the channel
+/// id's is the packet's size up to the envelope's other fields, which the allowance covers.
 fn check_packet_size<H: ImHost>(
     shared: &H,
     channel: &ConnectorChannelId,
-    payload: &OutboundPayload,
+    json: &str,
 ) -> Result<(), HandleError> {
-    let packet = Packet::new(ids::packet_id(), payload.to_body()).channel(channel.clone());
-    let size = packet.to_json().map_or(usize::MAX, |json| json.len());
+    let size = json.len().saturating_add(channel.as_str().len());
     let limit = shared.max_packet_bytes();
     if size.saturating_add(ENVELOPE_ALLOWANCE) > limit {
         return Err(HandleError::TooLarge { size, limit });

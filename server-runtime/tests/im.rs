@@ -390,3 +390,38 @@ async fn outbox_window_of_one_waits_for_each_ack() {
     assert_eq!(second.payload::<ChatMessage>().unwrap().message_id.as_str(), "s_2");
     h.stop().await;
 }
+
+/// Concurrent `send_message` calls go to the group commit together (one IM submission in
+/// flight at a time, the others collected for the next), and none of them hears "queued"
+/// before its record is committed: once every call has returned, every record is in the
+/// database, read on a connection of its own.
+#[tokio::test]
+async fn concurrent_sends_each_return_only_once_their_record_is_durable() {
+    let h = support::start_default().await;
+    let (_c, channel) = signed_in(&h).await;
+    let handle = h.server.handle();
+    let sends = (0..64).map(|i| {
+        let handle = handle.clone();
+        let channel = channel.clone();
+        tokio::spawn(async move {
+            let message = ChatMessage::text(format!("out_{i}"), format!("message {i}"));
+            handle.send_message(&channel, message).await
+        })
+    });
+    for send in futures_util::future::join_all(sends).await {
+        send.expect("joins").expect("queued");
+    }
+    let db = rusqlite::Connection::open(h.dir.join(xagent_server_runtime::DATABASE_FILE)).unwrap();
+    let mut ids: Vec<String> = db
+        .prepare("SELECT message_id FROM im_pending")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    ids.sort();
+    let mut expected: Vec<String> = (0..64).map(|i| format!("out_{i}")).collect();
+    expected.sort();
+    assert_eq!(ids, expected, "every message that was answered \"queued\" is committed");
+    h.stop().await;
+}
