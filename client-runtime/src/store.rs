@@ -223,8 +223,7 @@ impl IdempotencyStore for SqliteXagentStore {
         channel: &ConnectorChannelId,
         keep: usize,
     ) -> Result<(), StoreError> {
-        xagent_im_sqlite::trim_completed(&self.lock(), channel, keep)
-            .map_err(err("trim_completed"))
+        xagent_im_sqlite::trim_completed(&self.lock(), channel, keep).map_err(err("trim_completed"))
     }
 
     fn expire_completed(&mut self, before: u64) -> Result<(), StoreError> {

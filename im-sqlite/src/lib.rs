@@ -274,7 +274,10 @@ mod tests {
         let conn = Connection::open_in_memory()?;
         conn.execute_batch(SCHEMA)?;
         for (i, at) in [3u64, 1, 4, 2].into_iter().enumerate() {
-            write_idempotency(&conn, &IdempotencyWrite::Save(completed("a", &format!("m{i}"), at)))?;
+            write_idempotency(
+                &conn,
+                &IdempotencyWrite::Save(completed("a", &format!("m{i}"), at)),
+            )?;
         }
         write_idempotency(&conn, &IdempotencyWrite::Save(completed("b", "x", 1)))?;
         let a = ConnectorChannelId::new("a");

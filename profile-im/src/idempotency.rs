@@ -270,9 +270,8 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         self.expire_admissions(channel, now);
         let digest = Digest::of(&fingerprint);
         let completed = self.completed_digest(channel, message_id, Some(now))?;
-        let in_progress = || {
-            self.channels.get(channel).and_then(|c| c.in_progress.get(message_id)).map(|v| v.0)
-        };
+        let in_progress =
+            || self.channels.get(channel).and_then(|c| c.in_progress.get(message_id)).map(|v| v.0);
         let known = completed.or_else(in_progress);
         if let Some(known_digest) = known {
             if known_digest != digest {
@@ -330,11 +329,9 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
             return Ok(None);
         }
         let digest = Digest::of(&record.fingerprint);
-        self.stats.cache_evictions += self.recent.insert(
-            key,
-            (digest, record.completed_at),
-            self.config.cache_capacity,
-        ) as u64;
+        self.stats.cache_evictions +=
+            self.recent.insert(key, (digest, record.completed_at), self.config.cache_capacity)
+                as u64;
         Ok(Some(digest))
     }
 

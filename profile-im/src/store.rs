@@ -11,10 +11,16 @@
 //!   next_attempt_at INTEGER, last_error TEXT, PRIMARY KEY (channel, message_id));
 //! CREATE TABLE im_completed (channel TEXT, message_id TEXT, fingerprint TEXT,
 //!   completed_at INTEGER, PRIMARY KEY (channel, message_id));
+//! CREATE INDEX im_completed_age ON im_completed (completed_at);
 //! ```
 //!
 //! `save_*` is an upsert (`INSERT ... ON CONFLICT DO UPDATE`). Methods are synchronous because
 //! the machines are sans-I/O and an embedded database call is short.
+//!
+//! The receiver's completed ids are read back one at a time
+//! ([`IdempotencyStore::lookup_completed`], on every id its small in-memory cache does not
+//! hold), so a backend should answer that with an indexed point read; its bounds arrive as
+//! writes ([`IdempotencyWrite::Trim`] per channel, [`IdempotencyWrite::Expire`] by age).
 //!
 //! Batching: [`OutboxStore::apply`] takes several writes at once, and a backend makes them one
 //! transaction (all or none). The outbox hands every pass over its channels to the store as one
@@ -186,7 +192,7 @@ pub trait IdempotencyStore {
     ) -> Result<(), StoreError> {
         let mut records: Vec<CompletedRecord> =
             self.load_completed()?.into_iter().filter(|r| &r.channel == channel).collect();
-        records.sort_by(|a, b| b.completed_at.cmp(&a.completed_at));
+        records.sort_by_key(|r| std::cmp::Reverse(r.completed_at));
         for r in records.iter().skip(keep) {
             self.delete_completed(&r.channel, &r.message_id)?;
         }
@@ -466,7 +472,7 @@ impl Tables {
         if ids.len() <= keep {
             return;
         }
-        ids.sort_by(|a, b| b.0.cmp(&a.0));
+        ids.sort_by_key(|id| std::cmp::Reverse(id.0));
         for (_, id) in ids.into_iter().skip(keep) {
             self.completed.remove(&(channel.clone(), id));
         }

@@ -287,9 +287,7 @@ fn deferred_completion_reaches_the_store_only_through_the_callers_commit() {
     let mut commit = Vec::new();
     for i in 0..2 {
         let m = ChatMessage::text(format!("m{i}"), "x");
-        let Admission::Process(t) = set.begin_chat(&ch("a"), &m, T0 + i).unwrap() else {
-            panic!()
-        };
+        let Admission::Process(t) = set.begin_chat(&ch("a"), &m, T0 + i).unwrap() else { panic!() };
         let (ack, writes) = set.complete_deferred(t, T0 + i);
         assert_eq!(ack.status, AckStatus::Accepted);
         commit.extend(writes);
@@ -420,7 +418,9 @@ fn idempotency_rule_capacity_and_age_are_applied_in_the_store_not_in_memory() {
     let ids: Vec<String> = (0..40).map(|i| format!("m{i:02}")).collect();
     for (i, id) in ids.iter().enumerate() {
         let at = T0 + i as u64;
-        let Admission::Process(t) = set.begin_chat(&ch("a"), &ChatMessage::text(id.as_str(), "x"), at).unwrap() else {
+        let Admission::Process(t) =
+            set.begin_chat(&ch("a"), &ChatMessage::text(id.as_str(), "x"), at).unwrap()
+        else {
             panic!()
         };
         set.complete(t, at).unwrap();

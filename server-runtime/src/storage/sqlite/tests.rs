@@ -161,3 +161,12 @@ async fn idempotency_rule_completed_ids_are_answered_from_sqlite_after_cache_evi
     assert!(matches!(set.begin_chat(&a, &m1, 60_000).unwrap(), Admission::Duplicate(_)));
     assert!(matches!(set.begin_chat(&a, &changed, 60_000).unwrap(), Admission::Conflict(_)));
 }
+
+#[test]
+fn the_reader_connection_keeps_a_small_page_cache() {
+    let temp = tempfile::tempdir().unwrap();
+    let storage = SqliteStorage::open(temp.path()).unwrap();
+    let size: i64 =
+        storage.lock().pragma_query_value(None, "cache_size", |row| row.get(0)).unwrap();
+    assert_eq!(size, -READER_CACHE_KIB, "KiB (negative), not SQLite's 2,000 KiB default");
+}
