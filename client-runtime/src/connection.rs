@@ -1300,11 +1300,11 @@ async fn dispatch(shared: &Arc<Shared>, packet: Packet, accepted: Accepted) {
         PacketBody::ChatMessage(_) => crate::im::on_chat_message(shared, packet).await,
         PacketBody::ChatMessageAck(_) => crate::im::on_chat_message_ack(shared, packet).await,
         PacketBody::MessagePush(message) => {
-            let message = Box::new(message.clone());
+            let message = message.clone();
             emit(shared, ClientEvent::MessagePush { channel, message }).await;
         }
         PacketBody::ToolProgressPush(progress) => {
-            let progress = progress.clone();
+            let progress = (**progress).clone();
             crate::invoke::on_progress(shared, &progress);
             emit(shared, ClientEvent::ToolProgress { channel, progress }).await;
         }

@@ -145,7 +145,7 @@ pub(crate) async fn run_pump(shared: Arc<Shared>) {
 pub(crate) async fn on_chat_message(shared: &Arc<Shared>, packet: Packet) {
     let Some(channel) = packet.connector_channel_id.clone() else { return };
     let PacketBody::ChatMessage(message) = &packet.body else { return };
-    let message = message.clone();
+    let message = (**message).clone();
     let now = shared.now();
     // Profile payload rules before anything else: a malformed message is refused for good.
     if let Err(error) = validate_chat_message(&message, Side::Connector) {

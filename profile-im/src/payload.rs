@@ -175,9 +175,7 @@ impl Fingerprint {
 
     /// Fingerprints a JSON value in canonical form (object keys sorted at every level).
     pub fn of_value(value: &Value) -> Self {
-        let mut text = String::new();
-        write_canonical(value, &mut text);
-        Self(hex::encode(Sha256::digest(text.as_bytes())))
+        Self(hex::encode(Sha256::digest(canonical_json(value).as_bytes())))
     }
 
     /// The fingerprint of a `chat.message`: its complete text (absent = empty) and its ordered
@@ -209,6 +207,15 @@ impl std::fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// `value` as JSON text with object keys sorted at every level: equal values give equal text
+/// whatever the insertion order of their maps. What [`Fingerprint::of_value`] hashes; also a
+/// collision-free key where an exact comparison is all that is needed (no hashing).
+pub fn canonical_json(value: &Value) -> String {
+    let mut text = String::with_capacity(64);
+    write_canonical(value, &mut text);
+    text
 }
 
 /// Writes `value` as JSON with object keys sorted, so equal values give equal text whatever the

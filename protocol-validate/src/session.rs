@@ -20,6 +20,12 @@
 
 use std::collections::HashMap;
 
+/// The hasher of the sequencing maps, touched several times per packet. Their keys are chosen
+/// by the peer (request and packet ids), so it is the randomly seeded foldhash, not SipHash
+/// (slower) and not an unseeded hasher such as FxHash (a peer could force collisions); see
+/// docs/DECISIONS.md, "Hashers of internal maps".
+type Hasher = foldhash::fast::RandomState;
+
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ConnectionDescriptor, ConnectorCard, ConnectorCardId,
     ConnectorChannelId, ConnectorHello, ConnectorHelloAck, ConnectorId, DecodeError, EnvelopeIds,
@@ -248,12 +254,12 @@ pub struct Session {
     window: AdmissionWindow,
     hello: HelloState,
     /// Open channels and their Profiles; the id is the key only (no second copy per channel).
-    channels: HashMap<ConnectorChannelId, ChannelProfiles>,
+    channels: HashMap<ConnectorChannelId, ChannelProfiles, Hasher>,
     /// One shared value per distinct Profile set, so channels with the same Profiles (usually
     /// all of a connection's) hold a reference count each instead of their own lists.
     profile_sets: Vec<ChannelProfiles>,
-    requests: HashMap<(Side, RequestId), PendingRequest>,
-    messages: HashMap<(Side, PacketId), PendingMessage>,
+    requests: HashMap<(Side, RequestId), PendingRequest, Hasher>,
+    messages: HashMap<(Side, PacketId), PendingMessage, Hasher>,
     ownership: Option<Box<dyn ChannelOwnership>>,
 }
 
@@ -294,10 +300,10 @@ impl Session {
             card_profiles,
             window,
             hello: HelloState::Awaiting,
-            channels: HashMap::new(),
+            channels: HashMap::default(),
             profile_sets: Vec::new(),
-            requests: HashMap::new(),
-            messages: HashMap::new(),
+            requests: HashMap::default(),
+            messages: HashMap::default(),
             ownership: None,
         }
     }
@@ -780,7 +786,7 @@ impl Session {
                 self.on_hello(packet, hello)
             }
             (PacketBody::ConnectorHelloAck(ack), Side::Connector, true) => {
-                self.on_hello_ack(packet, ack)
+                self.on_hello_ack(packet, ack.as_deref())
             }
             (PacketBody::ConnectorHello(_), Side::Xagent, true) => Err(Rejection::reply(
                 ErrorCode::InvalidPacket,
@@ -848,7 +854,7 @@ impl Session {
     fn on_hello_ack(
         &mut self,
         packet: &Packet,
-        ack: &Option<ConnectorHelloAck>,
+        ack: Option<&ConnectorHelloAck>,
     ) -> Result<Accepted, Rejection> {
         let HelloState::InProgress { request_id, peer_version, negotiated, requested_connector_id } =
             &self.hello

@@ -353,33 +353,29 @@ impl Conn {
             }
         };
         drop(text);
-        // Profile packets outside what was negotiated (or what the channel enables) are
-        // dropped without an answer; the catalog decides.
-        if let Some(negotiated) = &self.negotiated {
-            let permission = {
-                let proto = self.proto.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // One hold of the sequencing lock per packet: the Profile check, then the verdict.
+        let verdict = {
+            let mut proto = self.proto.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Profile packets outside what was negotiated (or what the channel enables) are
+            // dropped without an answer; the catalog decides.
+            if let Some(negotiated) = &self.negotiated {
                 let channel =
                     packet.connector_channel_id.as_ref().and_then(|c| proto.channel_profiles(c));
-                negotiated.decide(packet.type_str(), Side::Xagent, channel)
-            };
-            match permission {
-                Permission::ProfileNotNegotiated { profile }
-                | Permission::ProfileNotOnChannel { profile } => {
-                    tracing::debug!(
-                        packet_type = packet.type_str(),
-                        profile,
-                        "dropped a packet of a Profile not in effect"
-                    );
-                    return Flow::Continue;
+                match negotiated.decide(packet.type_str(), Side::Xagent, channel) {
+                    Permission::ProfileNotNegotiated { profile }
+                    | Permission::ProfileNotOnChannel { profile } => {
+                        tracing::debug!(
+                            packet_type = packet.type_str(),
+                            profile,
+                            "dropped a packet of a Profile not in effect"
+                        );
+                        return Flow::Continue;
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
-        }
-        let verdict = self
-            .proto
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .on_received(&packet);
+            proto.on_received(&packet)
+        };
         match verdict {
             Err(rejection) => {
                 tracing::debug!(packet_type = packet.type_str(), code = %rejection.error.code, "packet refused");
@@ -433,10 +429,22 @@ impl Conn {
                 let place = Arc::clone(&self.in_flight).acquire_owned().await;
                 // Boxed: the task's future moves a pointer, not the whole packet.
                 let packet = Box::new(packet);
-                self.tasks.spawn(async move {
+                let mut call = Box::pin(async move {
                     conn.on_tool_invoke(packet).await;
                     drop(place);
                 });
+                // Polled once here first: a call that needs no waiting (a read-only Tool whose
+                // handler answers at once, a refused or replayed call) is answered on the
+                // reader without a task spawned and handed to another worker. Only a call that
+                // has to wait becomes a task; it polls again with its own waker, as the
+                // `Future` contract allows. Author code runs inside `contain`, so a panic
+                // there is caught before it reaches the reader.
+                let first = std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(call.as_mut().poll(cx).is_ready())
+                });
+                if !first.await {
+                    self.tasks.spawn(call);
+                }
             }
             (PacketBody::ChatMessage(_), _)
             | (PacketBody::ChatMessageAck(_), _)

@@ -48,6 +48,9 @@ struct Inner {
 /// The device rules of a running Connector.
 pub(crate) struct DeviceRuntime {
     pub(crate) code: DeviceCode,
+    /// The device Tool ids, fixed when the Connector is built: asked on every `tool.invoke`
+    /// (and under the state lock), so answered without taking the gate's lock.
+    tool_ids: std::collections::BTreeSet<ToolId>,
     inner: Mutex<Inner>,
 }
 
@@ -62,7 +65,12 @@ fn millis(ms: u64) -> Duration {
 impl DeviceRuntime {
     pub(crate) fn new(def: DeviceDef) -> Result<Self, DeviceError> {
         let gate = DeviceGate::new(def.tools, def.config)?;
-        Ok(Self { code: def.code, inner: Mutex::new(Inner { gate, waiting: HashMap::new() }) })
+        let tool_ids = gate.tools().map(|t| t.tool_id.clone()).collect();
+        Ok(Self {
+            code: def.code,
+            tool_ids,
+            inner: Mutex::new(Inner { gate, waiting: HashMap::new() }),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -71,12 +79,12 @@ impl DeviceRuntime {
 
     /// True for a Tool declared as a device Tool.
     pub(crate) fn covers(&self, tool: &ToolId) -> bool {
-        self.lock().gate.tool(tool).is_some()
+        self.tool_ids.contains(tool)
     }
 
     /// The device Tool ids.
     pub(crate) fn tool_ids(&self) -> Vec<ToolId> {
-        self.lock().gate.tools().map(|t| t.tool_id.clone()).collect()
+        self.tool_ids.iter().cloned().collect()
     }
 
     fn start_ready(inner: &mut Inner, now: u64) {

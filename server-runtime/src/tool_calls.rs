@@ -24,7 +24,10 @@ use crate::storage::ToolCallRecord;
 pub(crate) type ToolOutcome = Result<Value, (ErrorCode, String)>;
 
 type Key = (ConnectorChannelId, String);
-type Inflight = HashMap<Key, (String, watch::Receiver<Option<ToolOutcome>>)>;
+/// Keyed by the peer's `tool_call_id`: the seeded foldhash (a peer cannot predict the seed),
+/// never an unseeded hasher (docs/DECISIONS.md, "Hashers of internal maps").
+type Inflight =
+    HashMap<Key, (String, watch::Receiver<Option<ToolOutcome>>), foldhash::fast::RandomState>;
 
 /// The registry of calls in flight.
 #[derive(Default)]
@@ -108,11 +111,16 @@ pub(crate) fn call_key(
     request_id: Option<&str>,
     packet_id: &str,
 ) -> String {
-    match (tool_call_id, request_id) {
-        (Some(call), _) => format!("call:{call}"),
-        (None, Some(request)) => format!("req:{request}"),
-        (None, None) => format!("pkt:{packet_id}"),
-    }
+    // Concatenated by hand: one exact allocation per call, no formatting machinery.
+    let (prefix, id) = match (tool_call_id, request_id) {
+        (Some(call), _) => ("call:", call),
+        (None, Some(request)) => ("req:", request),
+        (None, None) => ("pkt:", packet_id),
+    };
+    let mut key = String::with_capacity(prefix.len() + id.len());
+    key.push_str(prefix);
+    key.push_str(id);
+    key
 }
 
 impl ToolCalls {
@@ -175,6 +183,13 @@ mod tests {
             error: None,
             completed_at,
         }
+    }
+
+    #[test]
+    fn the_call_key_is_the_tool_call_id_else_the_request_id_else_the_packet_id() {
+        assert_eq!(call_key(Some("c1"), Some("r1"), "p1"), "call:c1");
+        assert_eq!(call_key(None, Some("r1"), "p1"), "req:r1");
+        assert_eq!(call_key(None, None, "p1"), "pkt:p1");
     }
 
     #[test]

@@ -31,6 +31,8 @@ struct Admitted<'a> {
     key: String,
     fingerprint: String,
     arguments: Map<String, Value>,
+    /// A device Tool: it runs behind the device gate.
+    device_tool: bool,
 }
 
 impl Conn {
@@ -73,6 +75,8 @@ impl Conn {
                 format!("tool {:?} is not declared in the Connector Card", tool_id.as_str());
             return Err((ErrorCode::ToolNotFound, message));
         };
+        // Asked once per call (the device Tool set is fixed; no lock).
+        let device_tool = shared.device.as_ref().is_some_and(|d| d.covers(tool_id));
         // One look at the channel under the state lock; only the binding is copied out.
         let (channel, binding) = self
             .with_record(packet, |record| {
@@ -83,7 +87,6 @@ impl Conn {
                 };
                 // A device Tool's availability follows its device: the device gate answers with
                 // the precise code (`device_offline`, `permission_denied`) instead.
-                let device_tool = shared.device.as_ref().is_some_and(|d| d.covers(tool_id));
                 if !device_tool && !shared.is_tool_available(record, tool_id) {
                     return Err(WireError::connector_channel_unavailable(format!(
                         "tool {:?} is not available on this channel now",
@@ -114,8 +117,8 @@ impl Conn {
             packet.request_id.as_ref().map(|id| id.as_str()),
             packet.packet_id.as_str(),
         );
-        let (fingerprint, arguments) = fingerprint(tool_id, arguments);
-        Ok(Admitted { tool, channel, binding, key, fingerprint, arguments })
+        let (fingerprint, arguments) = fingerprint(tool_id, arguments, tool.records_calls);
+        Ok(Admitted { tool, channel, binding, key, fingerprint, arguments, device_tool })
     }
 
     /// Decides the call (registry, stored record) and, when it runs, starts the Tool: all
@@ -127,7 +130,8 @@ impl Conn {
         admitted: Admitted<'a>,
     ) -> Started<'a> {
         let shared = &*self.shared;
-        let Admitted { tool, channel, binding, key, fingerprint, arguments } = admitted;
+        let Admitted { tool, channel, binding, key, fingerprint, arguments, device_tool } =
+            admitted;
         let window = u64::try_from(shared.config.tool_call_window.as_millis()).unwrap_or(u64::MAX);
         let stored = || shared.storage.load_tool_call(&channel, &key).ok().flatten();
         let call = CallKey { channel: &channel, key: &key, fingerprint: &fingerprint };
@@ -162,7 +166,7 @@ impl Conn {
         };
         tracing::info!(%channel, %tool_id, "tool invoked");
         let call: BoxFut<'a, (ToolOutcome, bool)> =
-            match shared.device.as_ref().filter(|d| d.covers(tool_id)) {
+            match shared.device.as_ref().filter(|_| device_tool) {
                 // Device Profile rules around the author's code (device.rs).
                 Some(device) => {
                     let now = shared.now();
@@ -237,15 +241,23 @@ async fn wait_for_first(mut rx: watch::Receiver<Option<ToolOutcome>>) -> ToolOut
     }
 }
 
-/// The fingerprint of a call (the Tool id and the arguments, canonical JSON hashed, as
-/// stored with its record), computed without copying the arguments: they move into the
-/// hashed object and back out.
-fn fingerprint(tool_id: &ToolId, arguments: Value) -> (String, Map<String, Value>) {
+/// The fingerprint of a call (the Tool id and the arguments as canonical JSON), computed
+/// without copying the arguments: they move into the fingerprinted object and back out.
+///
+/// `durable` (a side-effecting Tool): the SHA-256 hex of that text, as stored with its record
+/// and compared with records of earlier runs and versions. A read-only Tool's fingerprint is
+/// only ever compared with the identical call still in flight, in memory, so the canonical
+/// text itself serves (exact, and no hash or hex per call on the read path).
+fn fingerprint(tool_id: &ToolId, arguments: Value, durable: bool) -> (String, Map<String, Value>) {
     let mut call = Map::new();
     call.insert("tool_id".to_owned(), Value::String(tool_id.as_str().to_owned()));
     call.insert("arguments".to_owned(), arguments);
     let call = Value::Object(call);
-    let fingerprint = Fingerprint::of_value(&call).as_str().to_owned();
+    let fingerprint = if durable {
+        Fingerprint::of_value(&call).as_str().to_owned()
+    } else {
+        xagent_profile_im::canonical_json(&call)
+    };
     let arguments = match call {
         Value::Object(mut call) => match call.remove("arguments") {
             Some(Value::Object(arguments)) => arguments,
@@ -271,9 +283,26 @@ mod tests {
         let before = Fingerprint::of_value(
             &serde_json::json!({ "tool_id": tool_id, "arguments": Value::Object(arguments.clone()) }),
         );
-        let (after, back) = fingerprint(&tool_id, Value::Object(arguments.clone()));
+        let (after, back) = fingerprint(&tool_id, Value::Object(arguments.clone()), true);
         assert_eq!(after, before.as_str());
         assert_eq!(back, arguments, "the arguments come back unchanged");
+    }
+
+    #[test]
+    fn a_read_only_fingerprint_is_exact_and_ignores_key_order() {
+        let tool_id = ToolId::from("echo_noop");
+        let mut one = Map::new();
+        one.insert("a".into(), Value::from(1));
+        one.insert("b".into(), Value::from("x"));
+        let mut reordered = Map::new();
+        reordered.insert("b".into(), Value::from("x"));
+        reordered.insert("a".into(), Value::from(1));
+        let (first, back) = fingerprint(&tool_id, Value::Object(one.clone()), false);
+        let (second, _) = fingerprint(&tool_id, Value::Object(reordered), false);
+        assert_eq!(first, second, "the same call whatever the key order");
+        assert_eq!(back, one, "the arguments come back unchanged");
+        let (other, _) = fingerprint(&tool_id, serde_json::json!({ "a": 2, "b": "x" }), false);
+        assert_ne!(first, other, "other arguments are another call");
     }
 
     fn size_of_task<F>(_task: impl Fn(&'static Conn, Box<Packet>) -> F) -> usize {

@@ -43,15 +43,7 @@ impl ImHost for Shared {
     }
 
     fn check_signed_in(&self, channel: &ConnectorChannelId) -> Result<(), HandleError> {
-        let state = self.state();
-        let record = state
-            .channels
-            .get(channel)
-            .ok_or_else(|| HandleError::UnknownChannel(channel.clone()))?;
-        if record.binding.is_none() {
-            return Err(HandleError::NotAuthenticated(channel.clone()));
-        }
-        Ok(())
+        self.require_signed_in(channel)
     }
 
     fn is_routed(&self, channel: &ConnectorChannelId) -> bool {

@@ -16,6 +16,8 @@ mod ops;
 pub(crate) use consumers::Consumers;
 
 use std::collections::{HashMap, HashSet};
+
+use foldhash::fast::RandomState;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
@@ -29,6 +31,7 @@ use xagent_protocol_types::{
 
 use crate::config::RuntimeConfig;
 use crate::connector::Connector;
+use crate::error::HandleError;
 use crate::ids;
 use crate::im::TryQueue;
 use crate::storage::{ChannelRecord, Storage, StorageError};
@@ -100,11 +103,13 @@ pub(crate) struct AuthSession {
 #[derive(Default)]
 pub(crate) struct State {
     pub(crate) connector_id: Option<ConnectorId>,
-    pub(crate) live_sockets: HashSet<u64>,
+    pub(crate) live_sockets: HashSet<u64, RandomState>,
     pub(crate) offline_since: Option<u64>,
-    pub(crate) channels: HashMap<ConnectorChannelId, Channel>,
-    sockets: HashMap<u64, SocketRoutes>,
-    pub(crate) auth_sessions: HashMap<AuthSessionId, AuthSession>,
+    /// Looked up on every packet of a channel: hashed with the seeded foldhash, not SipHash
+    /// (docs/DECISIONS.md, "Hashers of internal maps").
+    pub(crate) channels: HashMap<ConnectorChannelId, Channel, RandomState>,
+    sockets: HashMap<u64, SocketRoutes, RandomState>,
+    pub(crate) auth_sessions: HashMap<AuthSessionId, AuthSession, RandomState>,
     pub(crate) consumers: Consumers,
     pub(crate) next_socket: u64,
 }
@@ -316,6 +321,23 @@ impl Shared {
             Some(reported) => ToolView::Reported(reported),
             None => ToolView::Available,
         }
+    }
+
+    /// `Ok` when the channel exists and is signed in; otherwise the handle error saying which
+    /// (the one check behind the IM host's and the device status reports').
+    pub(crate) fn require_signed_in(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> Result<(), HandleError> {
+        let state = self.state();
+        let record = state
+            .channels
+            .get(channel)
+            .ok_or_else(|| HandleError::UnknownChannel(channel.clone()))?;
+        if record.binding.is_none() {
+            return Err(HandleError::NotAuthenticated(channel.clone()));
+        }
+        Ok(())
     }
 
     /// Whether a Card Tool is `available` in the channel's Descriptor, decided without

@@ -61,16 +61,7 @@ impl Shared {
         status: DeviceStatus,
     ) -> Result<bool, HandleError> {
         let Some(device) = &self.device else { return Err(HandleError::NoDeviceTarget) };
-        {
-            let state = self.state();
-            match state.channels.get(channel) {
-                None => return Err(HandleError::UnknownChannel(channel.clone())),
-                Some(record) if record.binding.is_none() => {
-                    return Err(HandleError::NotAuthenticated(channel.clone()));
-                }
-                Some(_) => {}
-            }
-        }
+        self.require_signed_in(channel)?;
         let Some(correction) = device.report(channel, &status) else {
             tracing::warn!(%channel, "device status for a binding that names no device; ignored");
             return Ok(false);
