@@ -215,6 +215,28 @@ impl IdempotencyStore for SqliteXagentStore {
         xagent_im_sqlite::load_completed(&self.lock()).map_err(err("load_completed"))
     }
 
+    /// A point read on the primary key (the receiver asks on a cache miss).
+    fn lookup_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StoreError> {
+        xagent_im_sqlite::lookup_completed(&self.lock(), channel, message_id)
+            .map_err(err("lookup_completed"))
+    }
+
+    fn trim_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        xagent_im_sqlite::trim_completed(&self.lock(), channel, keep).map_err(err("trim_completed"))
+    }
+
+    fn expire_completed(&mut self, before: u64) -> Result<(), StoreError> {
+        xagent_im_sqlite::expire_completed(&self.lock(), before).map_err(err("expire_completed"))
+    }
+
     /// All the writes in one transaction (all or none, one commit).
     fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
         in_transaction(&mut self.lock(), writes, xagent_im_sqlite::write_idempotency)

@@ -31,6 +31,8 @@ use xagent_profile_im::{
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
 /// The outbox's pending messages and the receiver's completed ids (created when missing).
+/// `im_completed` is read by its primary key (the receiver's point lookup on a cache miss) and
+/// pruned by age through the `completed_at` index.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS im_pending (
   channel TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
@@ -40,6 +42,7 @@ CREATE TABLE IF NOT EXISTS im_pending (
 CREATE TABLE IF NOT EXISTS im_completed (
   channel TEXT NOT NULL, message_id TEXT NOT NULL, fingerprint TEXT NOT NULL,
   completed_at INTEGER NOT NULL, PRIMARY KEY (channel, message_id));
+CREATE INDEX IF NOT EXISTS im_completed_age ON im_completed (completed_at);
 ";
 
 /// Times and counters are `u64` in the records and `INTEGER` (i64) in SQLite; a value past
@@ -119,6 +122,48 @@ pub fn delete_completed(
     )
 }
 
+/// Keeps only the channel's `keep` most recently completed ids (ties broken by insertion);
+/// `keep: 0` deletes all of them. Reads the channel's rows through the primary key.
+pub fn trim_completed(
+    conn: &Connection,
+    channel: &ConnectorChannelId,
+    keep: usize,
+) -> rusqlite::Result<()> {
+    exec(
+        conn,
+        "DELETE FROM im_completed WHERE channel = ?1 AND rowid NOT IN (
+           SELECT rowid FROM im_completed WHERE channel = ?1
+           ORDER BY completed_at DESC, rowid DESC LIMIT ?2)",
+        params![channel.as_str(), to_i64(keep as u64)],
+    )
+}
+
+/// Deletes every completed id completed before `before` (through the `completed_at` index).
+pub fn expire_completed(conn: &Connection, before: u64) -> rusqlite::Result<()> {
+    exec(conn, "DELETE FROM im_completed WHERE completed_at < ?1", params![to_i64(before)])
+}
+
+/// One completed id by its key: a point read on the primary key, through the statement cache.
+pub fn lookup_completed(
+    conn: &Connection,
+    channel: &ConnectorChannelId,
+    message_id: &MessageId,
+) -> rusqlite::Result<Option<CompletedRecord>> {
+    use rusqlite::OptionalExtension as _;
+    conn.prepare_cached(
+        "SELECT fingerprint, completed_at FROM im_completed WHERE channel = ?1 AND message_id = ?2",
+    )?
+    .query_row(params![channel.as_str(), message_id.as_str()], |row| {
+        Ok(CompletedRecord {
+            channel: channel.clone(),
+            message_id: message_id.clone(),
+            fingerprint: Fingerprint::from_hex(row.get::<_, String>(0)?),
+            completed_at: to_u64(row.get(1)?),
+        })
+    })
+    .optional()
+}
+
 /// One write of the outbox.
 pub fn write_outbox(conn: &Connection, write: &OutboxWrite) -> rusqlite::Result<()> {
     match write {
@@ -134,6 +179,8 @@ pub fn write_idempotency(conn: &Connection, write: &IdempotencyWrite) -> rusqlit
         IdempotencyWrite::Delete(channel, message_id) => {
             delete_completed(conn, channel, message_id)
         }
+        IdempotencyWrite::Trim { channel, keep } => trim_completed(conn, channel, *keep),
+        IdempotencyWrite::Expire { before } => expire_completed(conn, *before),
     }
 }
 
@@ -190,6 +237,62 @@ mod tests {
             next_attempt_at: 12,
             last_error: Some("timeout".into()),
         }
+    }
+
+    fn completed(channel: &str, id: &str, at: u64) -> CompletedRecord {
+        CompletedRecord {
+            channel: ConnectorChannelId::new(channel),
+            message_id: MessageId::new(id),
+            fingerprint: Fingerprint::from_hex("ab"),
+            completed_at: at,
+        }
+    }
+
+    #[test]
+    fn a_completed_id_is_found_by_a_point_read_on_its_key() -> rusqlite::Result<()> {
+        let conn = Connection::open_in_memory()?;
+        conn.execute_batch(SCHEMA)?;
+        let record = completed("cch_1", "m_1", 5);
+        write_idempotency(&conn, &IdempotencyWrite::Save(record.clone()))?;
+        let (c1, c2) = (ConnectorChannelId::new("cch_1"), ConnectorChannelId::new("cch_2"));
+        assert_eq!(lookup_completed(&conn, &c1, &MessageId::new("m_1"))?, Some(record));
+        assert_eq!(lookup_completed(&conn, &c2, &MessageId::new("m_1"))?, None);
+        assert_eq!(lookup_completed(&conn, &c1, &MessageId::new("m_2"))?, None);
+        // The read uses the primary key, not a scan.
+        let plan: String = conn.query_row(
+            "EXPLAIN QUERY PLAN SELECT fingerprint, completed_at FROM im_completed
+             WHERE channel = 'a' AND message_id = 'b'",
+            [],
+            |row| row.get(3),
+        )?;
+        assert!(plan.contains("USING INDEX"), "{plan}");
+        Ok(())
+    }
+
+    #[test]
+    fn trim_keeps_the_newest_per_channel_and_expire_deletes_by_age() -> rusqlite::Result<()> {
+        let conn = Connection::open_in_memory()?;
+        conn.execute_batch(SCHEMA)?;
+        for (i, at) in [3u64, 1, 4, 2].into_iter().enumerate() {
+            write_idempotency(
+                &conn,
+                &IdempotencyWrite::Save(completed("a", &format!("m{i}"), at)),
+            )?;
+        }
+        write_idempotency(&conn, &IdempotencyWrite::Save(completed("b", "x", 1)))?;
+        let a = ConnectorChannelId::new("a");
+        write_idempotency(&conn, &IdempotencyWrite::Trim { channel: a.clone(), keep: 2 })?;
+        let mut left: Vec<String> =
+            load_completed(&conn)?.into_iter().map(|r| r.message_id.as_str().to_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["m0", "m2", "x"], "a keeps its two newest (3 and 4); b untouched");
+        write_idempotency(&conn, &IdempotencyWrite::Expire { before: 4 })?;
+        let left: Vec<String> =
+            load_completed(&conn)?.into_iter().map(|r| r.message_id.as_str().to_owned()).collect();
+        assert_eq!(left, ["m2"]);
+        write_idempotency(&conn, &IdempotencyWrite::Trim { channel: a, keep: 0 })?;
+        assert!(load_completed(&conn)?.is_empty());
+        Ok(())
     }
 
     #[test]

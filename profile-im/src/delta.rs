@@ -9,8 +9,20 @@
 //!
 //! Order of calls for a final on the Connector: first [`crate::ReceiverIdempotency::begin`]
 //! (a repeated final is a `duplicate` and must not reach the target again), then `on_final`.
+//!
+//! Tombstones: a finished (or expired) message leaves a tombstone so a late delta for it is
+//! ignored ([`DeltaAction::Late`]) instead of starting a new stream, and an expired stream's
+//! target handle is still found by its final. The Profile asks only that delta state be
+//! bounded and cleared by the final; how long to remember finished ids is ours to choose. A
+//! late delta comes right after its final (deltas are not acked, nobody retransmits them
+//! hours later), so the assembler remembers the most recent finished ids over all channels
+//! ([`DeltaConfig::max_tombstones`], default 4,096), each as a 64-bit keyed hash of channel
+//! and id (about 40 bytes each), with the handle only for an expired stream. The memory stays
+//! flat however many messages finish; a delta older than that window with `sequence` 1 starts
+//! a new stream, with a later `sequence` it is refused as a gap.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 
 use xagent_protocol_types::{ChatMessageDelta, ConnectorChannelId, MessageId};
 
@@ -22,9 +34,9 @@ pub const DEFAULT_DELTA_TTL_MS: u64 = 10 * 60 * 1000;
 pub const DEFAULT_DELTA_MESSAGES_PER_CHANNEL: usize = 32;
 /// Default size limit of one message's assembled text.
 pub const DEFAULT_DELTA_MAX_TEXT_BYTES: usize = 1024 * 1024;
-/// Default number of finished or expired message ids remembered per channel to ignore late
-/// deltas and to find an expired stream's target message.
-pub const DEFAULT_DELTA_TOMBSTONES: usize = 256;
+/// Default number of finished or expired message ids remembered (over all channels) to ignore
+/// late deltas and to find an expired stream's target message.
+pub const DEFAULT_DELTA_TOMBSTONES: usize = 4_096;
 
 /// How the Connector shows deltas, chosen per target capability.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -50,19 +62,20 @@ pub struct DeltaConfig {
     pub max_messages_per_channel: usize,
     /// Maximum assembled text per message.
     pub max_text_bytes: usize,
-    /// Finished/expired ids remembered per channel.
-    pub tombstones_per_channel: usize,
+    /// Finished/expired ids remembered over all channels, the most recent first kept.
+    pub max_tombstones: usize,
 }
 
 impl Default for DeltaConfig {
-    /// Buffer strategy, TTL 10 min, 32 messages per channel, 1 MiB per message, 256 tombstones.
+    /// Buffer strategy, TTL 10 min, 32 messages per channel, 1 MiB per message, 4,096
+    /// tombstones.
     fn default() -> Self {
         Self {
             strategy: DeltaStrategy::default(),
             ttl_ms: DEFAULT_DELTA_TTL_MS,
             max_messages_per_channel: DEFAULT_DELTA_MESSAGES_PER_CHANNEL,
             max_text_bytes: DEFAULT_DELTA_MAX_TEXT_BYTES,
-            tombstones_per_channel: DEFAULT_DELTA_TOMBSTONES,
+            max_tombstones: DEFAULT_DELTA_TOMBSTONES,
         }
     }
 }
@@ -136,20 +149,38 @@ enum Tombstone {
 #[derive(Debug, Default)]
 struct ChannelDeltas {
     open: HashMap<MessageId, Assembly>,
-    tombstones: VecDeque<(MessageId, Tombstone)>,
 }
 
-impl ChannelDeltas {
-    fn tombstone(&self, id: &MessageId) -> Option<&Tombstone> {
-        self.tombstones.iter().rev().find(|(m, _)| m == id).map(|(_, t)| t)
+/// The most recent finished or expired messages of all channels, by a keyed 64-bit hash of
+/// `(channel, message_id)`; oldest first out, one lookup per delta.
+#[derive(Debug, Default)]
+struct Tombstones {
+    hasher: RandomState,
+    order: VecDeque<u64>,
+    by_key: HashMap<u64, Tombstone>,
+}
+
+impl Tombstones {
+    fn key(&self, channel: &ConnectorChannelId, id: &MessageId) -> u64 {
+        self.hasher.hash_one((channel.as_str(), id.as_str()))
     }
 
-    fn bury(&mut self, id: MessageId, t: Tombstone, cap: usize) {
-        self.tombstones.retain(|(m, _)| *m != id);
-        while self.tombstones.len() >= cap.max(1) {
-            self.tombstones.pop_front();
+    fn get(&self, channel: &ConnectorChannelId, id: &MessageId) -> Option<&Tombstone> {
+        self.by_key.get(&self.key(channel, id))
+    }
+
+    fn bury(&mut self, channel: &ConnectorChannelId, id: &MessageId, t: Tombstone, cap: usize) {
+        let key = self.key(channel, id);
+        if let Some(known) = self.by_key.get_mut(&key) {
+            *known = t;
+            return;
         }
-        self.tombstones.push_back((id, t));
+        self.by_key.insert(key, t);
+        self.order.push_back(key);
+        while self.by_key.len() > cap.max(1) {
+            let Some(oldest) = self.order.pop_front() else { break };
+            self.by_key.remove(&oldest);
+        }
     }
 }
 
@@ -175,13 +206,19 @@ pub struct DeltaStats {
 pub struct DeltaAssembler {
     config: DeltaConfig,
     channels: BTreeMap<ConnectorChannelId, ChannelDeltas>,
+    tombstones: Tombstones,
     stats: DeltaStats,
 }
 
 impl DeltaAssembler {
     /// An empty assembler.
     pub fn new(config: DeltaConfig) -> Self {
-        Self { config, channels: BTreeMap::new(), stats: DeltaStats::default() }
+        Self {
+            config,
+            channels: BTreeMap::new(),
+            tombstones: Tombstones::default(),
+            stats: DeltaStats::default(),
+        }
     }
 
     /// The policy in force.
@@ -199,10 +236,10 @@ impl DeltaAssembler {
     ) -> Result<DeltaAction, DeltaError> {
         self.expire_channel(channel, now);
         let config = self.config;
-        let ch = self.channels.entry(channel.clone()).or_default();
         let id = &delta.message_id;
-        let Some(assembly) = ch.open.get_mut(id) else {
-            if ch.tombstone(id).is_some() {
+        let open = self.channels.get_mut(channel).and_then(|ch| ch.open.get_mut(id));
+        let Some(assembly) = open else {
+            if self.tombstones.get(channel, id).is_some() {
                 return Ok(DeltaAction::Late);
             }
             if delta.sequence != 1 {
@@ -213,10 +250,6 @@ impl DeltaAssembler {
                     got: delta.sequence,
                 });
             }
-            if ch.open.len() >= config.max_messages_per_channel {
-                self.stats.refused += 1;
-                return Err(DeltaError::CapacityExceeded(channel.clone()));
-            }
             if delta.text.len() > config.max_text_bytes {
                 self.stats.refused += 1;
                 return Err(DeltaError::TooLarge {
@@ -225,6 +258,11 @@ impl DeltaAssembler {
                 });
             }
             let streamed = config.strategy == DeltaStrategy::StreamEdit;
+            let ch = self.channels.entry(channel.clone()).or_default();
+            if ch.open.len() >= config.max_messages_per_channel {
+                self.stats.refused += 1;
+                return Err(DeltaError::CapacityExceeded(channel.clone()));
+            }
             ch.open.insert(
                 id.clone(),
                 Assembly {
@@ -311,19 +349,22 @@ impl DeltaAssembler {
         channel: &ConnectorChannelId,
         message_id: &MessageId,
     ) -> FinalAction {
-        let cap = self.config.tombstones_per_channel;
-        let ch = self.channels.entry(channel.clone()).or_default();
-        let action = match ch.open.remove(message_id) {
+        let cap = self.config.max_tombstones;
+        let assembly = self.channels.get_mut(channel).and_then(|ch| ch.open.remove(message_id));
+        if self.channels.get(channel).is_some_and(|ch| ch.open.is_empty()) {
+            self.channels.remove(channel);
+        }
+        let action = match assembly {
             Some(a) if a.streamed => FinalAction::EditTarget { handle: a.handle },
             Some(_) => FinalAction::SendNew,
-            None => match ch.tombstone(message_id) {
+            None => match self.tombstones.get(channel, message_id) {
                 Some(Tombstone::Expired { streamed: true, handle }) => {
                     FinalAction::EditTarget { handle: handle.clone() }
                 }
                 _ => FinalAction::SendNew,
             },
         };
-        ch.bury(message_id.clone(), Tombstone::Finalized, cap);
+        self.tombstones.bury(channel, message_id, Tombstone::Finalized, cap);
         action
     }
 
@@ -337,11 +378,12 @@ impl DeltaAssembler {
                 out.push((id.clone(), m));
             }
         }
-        self.channels.retain(|_, ch| !ch.open.is_empty() || !ch.tombstones.is_empty());
+        self.channels.retain(|_, ch| !ch.open.is_empty());
         out
     }
 
-    /// The channel was deleted: forget its state.
+    /// The channel was deleted: forget its unfinished messages (its tombstones, being hashes,
+    /// leave with the oldest ones).
     pub fn remove_channel(&mut self, channel: &ConnectorChannelId) {
         self.channels.remove(channel);
     }
@@ -356,7 +398,7 @@ impl DeltaAssembler {
 
     fn expire_channel(&mut self, channel: &ConnectorChannelId, now: u64) -> Vec<MessageId> {
         let ttl = self.config.ttl_ms;
-        let cap = self.config.tombstones_per_channel;
+        let cap = self.config.max_tombstones;
         let Some(ch) = self.channels.get_mut(channel) else { return Vec::new() };
         let stale: Vec<MessageId> = ch
             .open
@@ -366,8 +408,9 @@ impl DeltaAssembler {
             .collect();
         for id in &stale {
             if let Some(a) = ch.open.remove(id) {
-                ch.bury(
-                    id.clone(),
+                self.tombstones.bury(
+                    channel,
+                    id,
                     Tombstone::Expired { streamed: a.streamed, handle: a.handle },
                     cap,
                 );
@@ -375,5 +418,61 @@ impl DeltaAssembler {
             }
         }
         stale
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta(id: &str, sequence: u64, text: &str) -> ChatMessageDelta {
+        ChatMessageDelta::new(id, sequence, text)
+    }
+
+    #[test]
+    fn im_v2_delta_rule_late_deltas_after_the_final_are_ignored_within_a_bounded_window() {
+        let config = DeltaConfig { max_tombstones: 8, ..DeltaConfig::default() };
+        let mut d = DeltaAssembler::new(config);
+        let (a, b) = (ConnectorChannelId::new("cch_a"), ConnectorChannelId::new("cch_b"));
+        for i in 0..100 {
+            let channel = if i % 2 == 0 { &a } else { &b };
+            d.on_delta(channel, &delta(&format!("m{i}"), 1, "hi"), 1).expect("first delta");
+            assert_eq!(d.on_final(channel, &MessageId::new(format!("m{i}"))), FinalAction::SendNew);
+        }
+        // Bounded over all channels, however many messages finished; no channel state left.
+        assert_eq!(d.tombstones.by_key.len(), 8);
+        assert_eq!(d.tombstones.order.len(), 8);
+        assert!(d.channels.is_empty(), "a finished message leaves no per-channel state");
+        // A late delta of a recent message (its channel's own id) is ignored, not a new stream.
+        assert_eq!(d.on_delta(&b, &delta("m99", 1, "hi"), 2), Ok(DeltaAction::Late));
+        assert_eq!(d.on_delta(&a, &delta("m98", 2, "there"), 2), Ok(DeltaAction::Late));
+        // Keyed by channel too: the same id on another channel is a different message.
+        assert_eq!(d.on_delta(&a, &delta("m99", 1, "hi"), 2), Ok(DeltaAction::Buffered));
+        // Beyond the window: a later sequence is a gap, refused.
+        assert!(matches!(
+            d.on_delta(&a, &delta("m0", 2, "x"), 2),
+            Err(DeltaError::SequenceGap { .. })
+        ));
+    }
+
+    #[test]
+    fn im_v2_delta_rule_an_expired_stream_keeps_its_handle_for_the_final() {
+        let config = DeltaConfig {
+            max_tombstones: 2,
+            ttl_ms: 10,
+            ..DeltaConfig::with_strategy(DeltaStrategy::StreamEdit)
+        };
+        let mut d = DeltaAssembler::new(config);
+        let a = ConnectorChannelId::new("cch_a");
+        d.on_delta(&a, &delta("s", 1, "he"), 0).expect("first delta");
+        d.set_target_handle(&a, &MessageId::new("s"), "h1");
+        assert_eq!(d.expire(10).len(), 1);
+        assert_eq!(
+            d.on_final(&a, &MessageId::new("s")),
+            FinalAction::EditTarget { handle: Some("h1".into()) }
+        );
+        // The final turned the expired tombstone into a finished one: one entry, not two.
+        assert_eq!(d.tombstones.by_key.len(), 1);
+        assert_eq!(d.on_delta(&a, &delta("s", 3, "x"), 11), Ok(DeltaAction::Late));
     }
 }

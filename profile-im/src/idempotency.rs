@@ -7,6 +7,17 @@
 //! calls [`ReceiverIdempotency::complete`], which records the id durably and returns the
 //! `accepted` ack. A failed effect is reported with [`ReceiverIdempotency::abandon`], which
 //! records nothing, so a retryable redelivery is processed again.
+//!
+//! Memory: the store ([`IdempotencyStore`]) is the authority for completed ids. In memory are
+//! only the admissions in progress (few), the completions whose write is not committed yet
+//! (a redelivery must find them before the store does), and a small cache of recent ids
+//! ([`IdempotencyConfig::cache_capacity`], over all channels). An id the cache does not hold
+//! is looked up in the store (an indexed point read in the SQLite stores). The bounds are
+//! applied in the store: every `capacity_per_channel / 16` completions of a channel add a
+//! [`IdempotencyWrite::Trim`] to the channel's newest `capacity_per_channel` ids (so a channel
+//! holds at most 1/16 more between trims), and [`ReceiverIdempotency::prune`] adds an
+//! [`IdempotencyWrite::Expire`] of the ids past `max_age_ms` at most once per
+//! `expire_interval_ms`. Memory therefore stays flat however many messages arrive.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -20,33 +31,54 @@ use xagent_protocol_types::{
 use crate::store::{CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore};
 use crate::{Fingerprint, IdempotencyError};
 
-/// Default number of completed ids remembered per channel.
+/// Default number of completed ids kept per channel (in the store).
 pub const DEFAULT_IDEMPOTENCY_CAPACITY: usize = 10_000;
 /// Default age after which a completed id is forgotten: 24 h, well beyond a sender's 1 h TTL
 /// plus backoff, so every redelivery a conforming sender can make is still recognised.
 pub const DEFAULT_IDEMPOTENCY_MAX_AGE_MS: u64 = 24 * 60 * 60 * 1000;
 /// Default time after which an admitted but never completed message is forgotten.
 pub const DEFAULT_IN_PROGRESS_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+/// Default number of recently completed ids cached in memory, over all channels.
+pub const DEFAULT_IDEMPOTENCY_CACHE: usize = 4_096;
+/// Default interval between two age expiries in the store.
+pub const DEFAULT_IDEMPOTENCY_EXPIRE_INTERVAL_MS: u64 = 60 * 1000;
 
 /// Bounds of the idempotency set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdempotencyConfig {
-    /// Completed ids per channel; the oldest is forgotten first.
+    /// Completed ids kept per channel in the store; the oldest are deleted first (by a trim
+    /// every `capacity_per_channel / 16` completions of the channel, so up to 1/16 more are
+    /// kept in between).
     pub capacity_per_channel: usize,
-    /// Age after which a completed id is forgotten.
+    /// Age after which a completed id is forgotten (no longer answered `duplicate`, and
+    /// deleted from the store by the next expiry).
     pub max_age_ms: u64,
     /// Age after which an unfinished admission is forgotten (the caller crashed or lost it).
     pub in_progress_timeout_ms: u64,
+    /// Recently completed ids held in memory over all channels (about 200 bytes each), so a
+    /// prompt redelivery is answered without reading the store. 0 reads the store every time.
+    pub cache_capacity: usize,
+    /// Least time between two age expiries in the store ([`ReceiverIdempotency::prune`]).
+    pub expire_interval_ms: u64,
 }
 
 impl Default for IdempotencyConfig {
-    /// 10,000 ids per channel, 24 h, 10 min.
+    /// 10,000 ids per channel, 24 h, 10 min, 4,096 cached ids, expiry once a minute.
     fn default() -> Self {
         Self {
             capacity_per_channel: DEFAULT_IDEMPOTENCY_CAPACITY,
             max_age_ms: DEFAULT_IDEMPOTENCY_MAX_AGE_MS,
             in_progress_timeout_ms: DEFAULT_IN_PROGRESS_TIMEOUT_MS,
+            cache_capacity: DEFAULT_IDEMPOTENCY_CACHE,
+            expire_interval_ms: DEFAULT_IDEMPOTENCY_EXPIRE_INTERVAL_MS,
         }
+    }
+}
+
+impl IdempotencyConfig {
+    /// Completions of a channel between two capacity trims in the store.
+    fn trim_every(&self) -> usize {
+        (self.capacity_per_channel / 16).max(1)
     }
 }
 
@@ -104,42 +136,63 @@ impl Digest {
     }
 }
 
-/// One channel's ids. A completed id is held once (`Arc<str>`, shared by the map key and the
-/// age queue), with its fingerprint as 32 bytes: about 140 bytes per remembered id instead
-/// of 250 (two `String` copies of the id and a hex `String` fingerprint).
+type Key = (ConnectorChannelId, MessageId);
+
+/// One channel's admissions in progress, and its completions since the last trim.
 #[derive(Debug, Default)]
-struct ChannelSet {
-    completed: HashMap<Arc<str>, (Digest, u64)>,
-    order: VecDeque<Arc<str>>,
+struct ChannelState {
     in_progress: HashMap<MessageId, (Digest, u64)>,
+    since_trim: usize,
 }
 
-impl ChannelSet {
-    /// Records a completed id (oldest first in `order`); false when it was already there.
-    fn remember(&mut self, message_id: &MessageId, digest: Digest, at: u64) -> bool {
-        if let Some(known) = self.completed.get_mut(message_id.as_str()) {
-            *known = (digest, at);
-            return false;
-        }
-        let id: Arc<str> = Arc::from(message_id.as_str());
-        self.completed.insert(Arc::clone(&id), (digest, at));
-        self.order.push_back(id);
-        true
+/// The recently completed ids, oldest first out; one allocation per id shared by the map
+/// and the order.
+#[derive(Debug, Default)]
+struct RecentCache {
+    map: HashMap<Arc<Key>, (Digest, u64)>,
+    order: VecDeque<Arc<Key>>,
+}
+
+impl RecentCache {
+    fn get(&self, key: &Key) -> Option<(Digest, u64)> {
+        self.map.get(key).copied()
     }
 
-    /// Forgets the oldest completed id; returns it.
-    fn forget_oldest(&mut self) -> Option<MessageId> {
-        let id = self.order.pop_front()?;
-        self.completed.remove(&id);
-        Some(MessageId::new(&*id))
+    /// Records `key`, forgetting the oldest entries beyond `capacity`; returns how many were
+    /// forgotten.
+    fn insert(&mut self, key: Key, value: (Digest, u64), capacity: usize) -> usize {
+        if let Some(known) = self.map.get_mut(&key) {
+            *known = value;
+            return 0;
+        }
+        if capacity == 0 {
+            return 0;
+        }
+        let key = Arc::new(key);
+        self.map.insert(Arc::clone(&key), value);
+        self.order.push_back(key);
+        let mut evicted = 0;
+        while self.map.len() > capacity {
+            let Some(oldest) = self.order.pop_front() else { break };
+            self.map.remove(&oldest);
+            evicted += 1;
+        }
+        evicted
+    }
+
+    fn remove_channel(&mut self, channel: &ConnectorChannelId) {
+        self.map.retain(|key, _| &key.0 != channel);
+        self.order.retain(|key| &key.0 != channel);
     }
 }
 
 /// Counters of the idempotency set.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IdempotencyStats {
-    /// Completed ids remembered over all channels.
+    /// Completed ids held in memory: the recent cache plus the completions not committed yet.
     pub remembered: usize,
+    /// Completions whose write the caller has not reported committed yet.
+    pub uncommitted: usize,
     /// Admissions in progress.
     pub in_progress: usize,
     /// Messages completed.
@@ -148,10 +201,14 @@ pub struct IdempotencyStats {
     pub duplicates: u64,
     /// Conflicts answered.
     pub conflicts: u64,
-    /// Ids forgotten because of the capacity bound.
-    pub evicted_capacity: u64,
-    /// Ids forgotten because of the age bound.
-    pub evicted_age: u64,
+    /// Ids the memory did not hold and the store was asked for.
+    pub store_lookups: u64,
+    /// Ids dropped from the recent cache (still in the store).
+    pub cache_evictions: u64,
+    /// Capacity trims handed to the store ([`IdempotencyWrite::Trim`]).
+    pub capacity_trims: u64,
+    /// Age expiries handed to the store ([`IdempotencyWrite::Expire`]).
+    pub age_expiries: u64,
 }
 
 /// The receiver-side idempotency set, persisted through an [`IdempotencyStore`].
@@ -159,28 +216,34 @@ pub struct IdempotencyStats {
 pub struct ReceiverIdempotency<S: IdempotencyStore = MemoryStore> {
     config: IdempotencyConfig,
     store: S,
-    channels: BTreeMap<ConnectorChannelId, ChannelSet>,
+    channels: BTreeMap<ConnectorChannelId, ChannelState>,
+    /// Completed, written (or handed out to be written), not yet reported committed: held
+    /// until [`ReceiverIdempotency::committed`], because the store may not show them yet.
+    uncommitted: HashMap<Key, (Digest, u64)>,
+    recent: RecentCache,
+    last_expiry: Option<u64>,
     stats: IdempotencyStats,
 }
 
 impl<S: IdempotencyStore> ReceiverIdempotency<S> {
-    /// Opens the set over a store, loading the completed ids (restart) and dropping those past
-    /// the age bound.
-    pub fn open(
-        config: IdempotencyConfig,
-        mut store: S,
-        now: u64,
-    ) -> Result<Self, IdempotencyError> {
-        let mut records = store.load_completed()?;
-        records.sort_by_key(|r| r.completed_at);
-        let mut set =
-            Self { config, store, channels: BTreeMap::new(), stats: IdempotencyStats::default() };
-        for r in records {
-            let ch = set.channels.entry(r.channel).or_default();
-            ch.remember(&r.message_id, Digest::of(&r.fingerprint), r.completed_at);
-        }
+    /// Opens the set over a store. Nothing is loaded (the store answers lookups); the ids
+    /// past the age bound are deleted from the store at once.
+    pub fn open(config: IdempotencyConfig, store: S, now: u64) -> Result<Self, IdempotencyError> {
+        let mut set = Self::with_store(config, store);
         set.prune(now)?;
         Ok(set)
+    }
+
+    fn with_store(config: IdempotencyConfig, store: S) -> Self {
+        Self {
+            config,
+            store,
+            channels: BTreeMap::new(),
+            uncommitted: HashMap::new(),
+            recent: RecentCache::default(),
+            last_expiry: None,
+            stats: IdempotencyStats::default(),
+        }
     }
 
     /// Admits a `chat.message` (see [`ReceiverIdempotency::begin`]).
@@ -195,7 +258,8 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
     }
 
     /// Admits a message by id and content fingerprint. Only `message_id` decides identity;
-    /// the fingerprint only separates a duplicate from a conflict.
+    /// the fingerprint only separates a duplicate from a conflict. An id not in memory is
+    /// looked up in the store (one point read).
     pub fn begin(
         &mut self,
         channel: &ConnectorChannelId,
@@ -203,13 +267,14 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         fingerprint: Fingerprint,
         now: u64,
     ) -> Result<Admission, IdempotencyError> {
-        self.prune_channel(channel, now)?;
-        let ch = self.channels.entry(channel.clone()).or_default();
+        self.expire_admissions(channel, now);
         let digest = Digest::of(&fingerprint);
-        let completed = ch.completed.get(message_id.as_str());
-        let known = completed.or_else(|| ch.in_progress.get(message_id));
-        if let Some((known_fp, _)) = known {
-            if *known_fp != digest {
+        let completed = self.completed_digest(channel, message_id, Some(now))?;
+        let in_progress =
+            || self.channels.get(channel).and_then(|c| c.in_progress.get(message_id)).map(|v| v.0);
+        let known = completed.or_else(in_progress);
+        if let Some(known_digest) = known {
+            if known_digest != digest {
                 self.stats.conflicts += 1;
                 return Ok(Admission::Conflict(ChatMessageAck::rejected(
                     message_id.clone(),
@@ -229,7 +294,8 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
                 true,
             )));
         }
-        ch.in_progress.insert(message_id.clone(), (digest, now));
+        let state = self.channels.entry(channel.clone()).or_default();
+        state.in_progress.insert(message_id.clone(), (digest, now));
         Ok(Admission::Process(Ticket {
             channel: channel.clone(),
             message_id: message_id.clone(),
@@ -237,8 +303,40 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         }))
     }
 
-    /// The side effect is done: records the id (store first, one batch with the ids it
-    /// evicts for capacity) and returns the `accepted` ack. If the store fails the id is still
+    /// The digest of a completed id: from the uncommitted completions, the recent cache or
+    /// the store (whose answer is then cached). With `now`, an id past the age bound counts
+    /// as unknown.
+    fn completed_digest(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+        now: Option<u64>,
+    ) -> Result<Option<Digest>, IdempotencyError> {
+        let max_age = self.config.max_age_ms;
+        let fresh = |at: u64| now.is_none_or(|now| now.saturating_sub(at) < max_age);
+        let key = (channel.clone(), message_id.clone());
+        if let Some((digest, _)) = self.uncommitted.get(&key) {
+            return Ok(Some(*digest));
+        }
+        if let Some((digest, at)) = self.recent.get(&key) {
+            return Ok(fresh(at).then_some(digest));
+        }
+        self.stats.store_lookups += 1;
+        let Some(record) = self.store.lookup_completed(channel, message_id)? else {
+            return Ok(None);
+        };
+        if !fresh(record.completed_at) {
+            return Ok(None);
+        }
+        let digest = Digest::of(&record.fingerprint);
+        self.stats.cache_evictions +=
+            self.recent.insert(key, (digest, record.completed_at), self.config.cache_capacity)
+                as u64;
+        Ok(Some(digest))
+    }
+
+    /// The side effect is done: records the id in the store (one batch, with a capacity trim
+    /// when one is due) and returns the `accepted` ack. If the store fails the id is still
     /// remembered in memory (the effect happened, a repeat in this process must stay a
     /// duplicate) and the error is returned for the caller to log; the caller should still
     /// send `accepted`.
@@ -247,38 +345,58 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         ticket: Ticket,
         now: u64,
     ) -> Result<ChatMessageAck, IdempotencyError> {
+        let (channel, message_id) = (ticket.channel.clone(), ticket.message_id.clone());
         let (ack, writes) = self.complete_deferred(ticket, now);
         self.store.apply(&writes)?;
+        self.committed(&channel, &message_id);
         Ok(ack)
     }
 
     /// [`ReceiverIdempotency::complete`] without touching the store: returns the ack and the
     /// writes that record it. The caller commits the writes (grouped with other work) and
     /// sends the ack only after that commit succeeded, so a crash never leaves an `accepted`
-    /// ack whose id the restarted receiver does not know.
+    /// ack whose id the restarted receiver does not know. Until the caller reports the
+    /// commit with [`ReceiverIdempotency::committed`] the id is held in memory (a redelivery
+    /// meanwhile is a `duplicate`, though the store does not show the id yet); after a failed
+    /// commit, do not report it: the id then stays in memory for the life of the process.
     pub fn complete_deferred(
         &mut self,
         ticket: Ticket,
         now: u64,
     ) -> (ChatMessageAck, Vec<IdempotencyWrite>) {
         let Ticket { channel, message_id, fingerprint } = ticket;
+        let digest = Digest::of(&fingerprint);
         let mut writes = vec![IdempotencyWrite::Save(CompletedRecord {
             channel: channel.clone(),
             message_id: message_id.clone(),
-            fingerprint: fingerprint.clone(),
+            fingerprint,
             completed_at: now,
         })];
-        let ch = self.channels.entry(channel.clone()).or_default();
-        ch.in_progress.remove(&message_id);
-        ch.remember(&message_id, Digest::of(&fingerprint), now);
-        self.stats.completed += 1;
-        let capacity = self.config.capacity_per_channel.max(1);
-        while ch.order.len() > capacity {
-            let Some(oldest) = ch.forget_oldest() else { break };
-            self.stats.evicted_capacity += 1;
-            writes.push(IdempotencyWrite::Delete(channel.clone(), oldest));
+        let trim_every = self.config.trim_every();
+        let state = self.channels.entry(channel.clone()).or_default();
+        state.in_progress.remove(&message_id);
+        state.since_trim += 1;
+        if state.since_trim >= trim_every {
+            state.since_trim = 0;
+            self.stats.capacity_trims += 1;
+            writes.push(IdempotencyWrite::Trim {
+                channel: channel.clone(),
+                keep: self.config.capacity_per_channel.max(1),
+            });
         }
+        self.stats.completed += 1;
+        self.uncommitted.insert((channel, message_id.clone()), (digest, now));
         (ChatMessageAck::accepted(message_id), writes)
+    }
+
+    /// The writes of [`ReceiverIdempotency::complete_deferred`] for this id are committed:
+    /// the store answers for it now, so it moves to the bounded recent cache.
+    pub fn committed(&mut self, channel: &ConnectorChannelId, message_id: &MessageId) {
+        let key = (channel.clone(), message_id.clone());
+        if let Some(value) = self.uncommitted.remove(&key) {
+            self.stats.cache_evictions +=
+                self.recent.insert(key, value, self.config.cache_capacity) as u64;
+        }
     }
 
     /// The side effect failed: nothing is recorded and the `rejected` ack is returned. Use
@@ -291,42 +409,63 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         message: impl Into<String>,
         retryable: bool,
     ) -> ChatMessageAck {
-        if let Some(ch) = self.channels.get_mut(&ticket.channel) {
-            ch.in_progress.remove(&ticket.message_id);
+        if let Some(state) = self.channels.get_mut(&ticket.channel) {
+            state.in_progress.remove(&ticket.message_id);
         }
         ChatMessageAck::rejected(ticket.message_id, code, message, retryable)
     }
 
-    /// True when the id is remembered as completed on the channel.
-    pub fn is_completed(&self, channel: &ConnectorChannelId, message_id: &MessageId) -> bool {
-        self.channels.get(channel).is_some_and(|ch| ch.completed.contains_key(message_id.as_str()))
+    /// True when the id is completed on the channel: held in memory or stored (regardless of
+    /// age until the store's next expiry).
+    pub fn is_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<bool, IdempotencyError> {
+        Ok(self.completed_digest(channel, message_id, None)?.is_some())
     }
 
-    /// Forgets completed ids past the age bound and stale admissions, on every channel.
+    /// Forgets stale admissions on every channel and, at most once per
+    /// `expire_interval_ms`, deletes the ids past the age bound from the store.
     pub fn prune(&mut self, now: u64) -> Result<(), IdempotencyError> {
-        let ids: Vec<ConnectorChannelId> = self.channels.keys().cloned().collect();
-        for id in ids {
-            self.prune_channel(&id, now)?;
-        }
+        let writes = self.prune_deferred(now);
+        self.store.apply(&writes)?;
         Ok(())
     }
 
-    /// The channel was permanently deleted: forget all its state.
-    pub fn remove_channel(&mut self, channel: &ConnectorChannelId) -> Result<(), IdempotencyError> {
-        if let Some(ch) = self.channels.get_mut(channel) {
-            while let Some(id) = ch.order.front() {
-                self.store.delete_completed(channel, &MessageId::new(&**id))?;
-                ch.forget_oldest();
-            }
+    /// [`ReceiverIdempotency::prune`] without touching the store: returns the expiry write
+    /// (if one is due) for the caller to commit with other work.
+    pub fn prune_deferred(&mut self, now: u64) -> Vec<IdempotencyWrite> {
+        let timeout = self.config.in_progress_timeout_ms;
+        self.channels.retain(|_, state| {
+            state.in_progress.retain(|_, (_, at)| now.saturating_sub(*at) < timeout);
+            !state.in_progress.is_empty() || state.since_trim > 0
+        });
+        let due = self
+            .last_expiry
+            .is_none_or(|at| now.saturating_sub(at) >= self.config.expire_interval_ms);
+        if !due {
+            return Vec::new();
         }
+        self.last_expiry = Some(now);
+        self.stats.age_expiries += 1;
+        vec![IdempotencyWrite::Expire { before: now.saturating_sub(self.config.max_age_ms) }]
+    }
+
+    /// The channel was permanently deleted: forget all its state, in memory and in the store.
+    pub fn remove_channel(&mut self, channel: &ConnectorChannelId) -> Result<(), IdempotencyError> {
         self.channels.remove(channel);
+        self.uncommitted.retain(|key, _| &key.0 != channel);
+        self.recent.remove_channel(channel);
+        self.store.apply(&[IdempotencyWrite::Trim { channel: channel.clone(), keep: 0 }])?;
         Ok(())
     }
 
     /// Counters.
     pub fn stats(&self) -> IdempotencyStats {
         IdempotencyStats {
-            remembered: self.channels.values().map(|c| c.completed.len()).sum(),
+            remembered: self.recent.map.len() + self.uncommitted.len(),
+            uncommitted: self.uncommitted.len(),
             in_progress: self.channels.values().map(|c| c.in_progress.len()).sum(),
             ..self.stats.clone()
         }
@@ -337,39 +476,18 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         &self.config
     }
 
-    fn prune_channel(
-        &mut self,
-        channel: &ConnectorChannelId,
-        now: u64,
-    ) -> Result<(), IdempotencyError> {
-        let Some(ch) = self.channels.get_mut(channel) else { return Ok(()) };
-        let max_age = self.config.max_age_ms;
-        while let Some(front) = ch.order.front() {
-            let old =
-                ch.completed.get(front).is_none_or(|(_, at)| now.saturating_sub(*at) >= max_age);
-            if !old {
-                break;
-            }
-            self.store.delete_completed(channel, &MessageId::new(&**front))?;
-            if ch.forget_oldest().is_some() {
-                self.stats.evicted_age += 1;
-            }
-        }
+    fn expire_admissions(&mut self, channel: &ConnectorChannelId, now: u64) {
         let timeout = self.config.in_progress_timeout_ms;
-        ch.in_progress.retain(|_, (_, at)| now.saturating_sub(*at) < timeout);
-        Ok(())
+        if let Some(state) = self.channels.get_mut(channel) {
+            state.in_progress.retain(|_, (_, at)| now.saturating_sub(*at) < timeout);
+        }
     }
 }
 
 impl ReceiverIdempotency<MemoryStore> {
     /// A set over a fresh in-memory store.
     pub fn in_memory(config: IdempotencyConfig) -> Self {
-        Self {
-            config,
-            store: MemoryStore::new(),
-            channels: BTreeMap::new(),
-            stats: IdempotencyStats::default(),
-        }
+        Self::with_store(config, MemoryStore::new())
     }
 }
 
@@ -398,22 +516,29 @@ mod tests {
         );
     }
 
+    fn admit(set: &mut ReceiverIdempotency, message: &ChatMessage, now: u64) -> Ticket {
+        match set.begin_chat(&ConnectorChannelId::new("cch_1"), message, now) {
+            Ok(Admission::Process(ticket)) => ticket,
+            other => panic!("expected a first admission, got {other:?}"),
+        }
+    }
+
     #[test]
-    fn a_completed_id_is_held_once_for_the_map_and_the_age_queue() {
-        let mut set = ReceiverIdempotency::in_memory(IdempotencyConfig::default());
-        let channel = ConnectorChannelId::new("cch_1");
-        let message = ChatMessage::text(MessageId::new("m_1"), "hi");
-        let Admission::Process(ticket) = set.begin_chat(&channel, &message, 1).expect("admits")
-        else {
-            panic!("a first message is processed");
-        };
-        set.complete(ticket, 2).expect("completes");
-        let ch = &set.channels[&channel];
-        let (key, _) = ch.completed.get_key_value("m_1").expect("remembered");
-        assert!(Arc::ptr_eq(key, &ch.order[0]), "one allocation for the id");
-        // Still a duplicate with the same content and a conflict with other content.
-        assert!(matches!(set.begin_chat(&channel, &message, 3), Ok(Admission::Duplicate(_))));
-        let other = ChatMessage::text(MessageId::new("m_1"), "changed");
-        assert!(matches!(set.begin_chat(&channel, &other, 3), Ok(Admission::Conflict(_))));
+    fn memory_holds_only_the_recent_cache_however_many_ids_complete() {
+        let config = IdempotencyConfig { cache_capacity: 8, ..IdempotencyConfig::default() };
+        let mut set = ReceiverIdempotency::in_memory(config);
+        for i in 0..100 {
+            let ticket = admit(&mut set, &ChatMessage::text(format!("m_{i}"), "hi"), 1);
+            set.complete(ticket, 1).expect("completes");
+        }
+        let stats = set.stats();
+        assert_eq!((stats.remembered, stats.uncommitted), (8, 0));
+        assert_eq!(stats.cache_evictions, 92);
+        assert_eq!(set.recent.order.len(), 8, "the order queue is bounded with the map");
+        let key = set.recent.order.back().expect("newest");
+        assert!(
+            Arc::ptr_eq(set.recent.map.get_key_value(&**key).expect("cached").0, key),
+            "one allocation per cached id"
+        );
     }
 }

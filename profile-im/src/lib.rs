@@ -50,8 +50,8 @@
 //! | cleanup interval | 60 s, and never more than TTL/2; expiry is also checked at startup, enqueue and every send | [`OutboxConfig::effective_cleanup_interval_ms`] |
 //! | backoff | 1 s, 2 s, 4 s, 8 s, 16 s, 32 s, then 60 s; no jitter; bounded by the TTL, not by a count | [`Backoff`] |
 //! | ack timeout | 30 s after the write | [`OutboxConfig::ack_timeout_ms`] |
-//! | idempotency set | 10,000 completed ids per channel, forgotten after 24 h (longer than any sender's 1 h TTL plus backoff); unfinished admissions forgotten after 10 min | [`IdempotencyConfig`] |
-//! | delta state | 10 min after the last delta; 32 unfinished messages per channel; 1 MiB of text per message; 256 finished ids remembered per channel to ignore late deltas | [`DeltaConfig`] |
+//! | idempotency set | 10,000 completed ids per channel in the store, forgotten after 24 h (longer than any sender's 1 h TTL plus backoff; expired in the store once a minute); in memory only 4,096 recent ids over all channels, plus uncommitted completions; unfinished admissions forgotten after 10 min | [`IdempotencyConfig`] |
+//! | delta state | 10 min after the last delta; 32 unfinished messages per channel; 1 MiB of text per message; the 4,096 most recently finished ids over all channels remembered (as hashes) to ignore late deltas | [`DeltaConfig`] |
 //! | delta strategy | buffer until the final (works on every target); `StreamEdit` for targets that can edit a message | [`DeltaStrategy`] |
 //! | activity timeout | 2 min without a new snapshot; typing-only targets by default | [`ActivityConfig`] |
 //!

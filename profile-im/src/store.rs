@@ -11,10 +11,16 @@
 //!   next_attempt_at INTEGER, last_error TEXT, PRIMARY KEY (channel, message_id));
 //! CREATE TABLE im_completed (channel TEXT, message_id TEXT, fingerprint TEXT,
 //!   completed_at INTEGER, PRIMARY KEY (channel, message_id));
+//! CREATE INDEX im_completed_age ON im_completed (completed_at);
 //! ```
 //!
 //! `save_*` is an upsert (`INSERT ... ON CONFLICT DO UPDATE`). Methods are synchronous because
 //! the machines are sans-I/O and an embedded database call is short.
+//!
+//! The receiver's completed ids are read back one at a time
+//! ([`IdempotencyStore::lookup_completed`], on every id its small in-memory cache does not
+//! hold), so a backend should answer that with an indexed point read; its bounds arrive as
+//! writes ([`IdempotencyWrite::Trim`] per channel, [`IdempotencyWrite::Expire`] by age).
 //!
 //! Batching: [`OutboxStore::apply`] takes several writes at once, and a backend makes them one
 //! transaction (all or none). The outbox hands every pass over its channels to the store as one
@@ -91,6 +97,21 @@ pub enum IdempotencyWrite {
     Save(CompletedRecord),
     /// Delete one record (a missing one is not an error).
     Delete(ConnectorChannelId, MessageId),
+    /// Keep only the channel's `keep` most recently completed records (latest `completed_at`
+    /// first); `keep: 0` forgets the channel's whole set. The capacity bound, applied in the
+    /// store.
+    Trim {
+        /// The channel.
+        channel: ConnectorChannelId,
+        /// How many of its newest records stay.
+        keep: usize,
+    },
+    /// Delete every record completed before `before` (Unix ms): the age bound, applied in the
+    /// store.
+    Expire {
+        /// Cut-off (exclusive).
+        before: u64,
+    },
 }
 
 /// Drops writes that a later write in the same batch makes pointless: an earlier save of a
@@ -149,6 +170,44 @@ pub trait IdempotencyStore {
     ) -> Result<(), StoreError>;
     /// Every stored record, in any order.
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError>;
+    /// The stored record of one `(channel, message_id)`, if any: the receiver asks on every
+    /// id its in-memory cache does not hold, so a backend answers with an indexed point read.
+    /// The default scans [`IdempotencyStore::load_completed`] (correct, but slow).
+    fn lookup_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StoreError> {
+        Ok(self
+            .load_completed()?
+            .into_iter()
+            .find(|r| &r.channel == channel && &r.message_id == message_id))
+    }
+    /// Keeps only the channel's `keep` newest records (see [`IdempotencyWrite::Trim`]). The
+    /// default works through [`IdempotencyStore::load_completed`] and single deletes.
+    fn trim_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        let mut records: Vec<CompletedRecord> =
+            self.load_completed()?.into_iter().filter(|r| &r.channel == channel).collect();
+        records.sort_by_key(|r| std::cmp::Reverse(r.completed_at));
+        for r in records.iter().skip(keep) {
+            self.delete_completed(&r.channel, &r.message_id)?;
+        }
+        Ok(())
+    }
+    /// Deletes every record completed before `before` (see [`IdempotencyWrite::Expire`]). The
+    /// default works through [`IdempotencyStore::load_completed`] and single deletes.
+    fn expire_completed(&mut self, before: u64) -> Result<(), StoreError> {
+        for r in self.load_completed()? {
+            if r.completed_at < before {
+                self.delete_completed(&r.channel, &r.message_id)?;
+            }
+        }
+        Ok(())
+    }
     /// Applies several writes in order, as one transaction where the backend has them (all
     /// or none). The default applies them one by one.
     fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
@@ -158,6 +217,8 @@ pub trait IdempotencyStore {
                 IdempotencyWrite::Delete(channel, message_id) => {
                     self.delete_completed(channel, message_id)?;
                 }
+                IdempotencyWrite::Trim { channel, keep } => self.trim_completed(channel, *keep)?,
+                IdempotencyWrite::Expire { before } => self.expire_completed(*before)?,
             }
         }
         Ok(())
@@ -199,6 +260,23 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Box<S> {
     }
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
         (**self).load_completed()
+    }
+    fn lookup_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StoreError> {
+        (**self).lookup_completed(channel, message_id)
+    }
+    fn trim_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        (**self).trim_completed(channel, keep)
+    }
+    fn expire_completed(&mut self, before: u64) -> Result<(), StoreError> {
+        (**self).expire_completed(before)
     }
     fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
         (**self).apply(writes)
@@ -345,6 +423,10 @@ impl IdempotencyStore for MemoryStore {
                 IdempotencyWrite::Delete(c, m) => {
                     t.completed.remove(&(c.clone(), m.clone()));
                 }
+                IdempotencyWrite::Trim { channel, keep } => t.trim(channel, *keep),
+                IdempotencyWrite::Expire { before } => {
+                    t.completed.retain(|_, r| r.completed_at >= *before);
+                }
             }
         }
         Ok(())
@@ -353,6 +435,47 @@ impl IdempotencyStore for MemoryStore {
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
         let t = self.check("load_completed")?;
         Ok(t.completed.values().cloned().collect())
+    }
+
+    /// From the map (no scan).
+    fn lookup_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StoreError> {
+        let t = self.check("lookup_completed")?;
+        Ok(t.completed.get(&(channel.clone(), message_id.clone())).cloned())
+    }
+
+    fn trim_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        IdempotencyStore::apply(self, &[IdempotencyWrite::Trim { channel: channel.clone(), keep }])
+    }
+
+    fn expire_completed(&mut self, before: u64) -> Result<(), StoreError> {
+        IdempotencyStore::apply(self, &[IdempotencyWrite::Expire { before }])
+    }
+}
+
+impl Tables {
+    /// Keeps the channel's `keep` newest completed records (latest `completed_at` first).
+    fn trim(&mut self, channel: &ConnectorChannelId, keep: usize) {
+        let mut ids: Vec<(u64, MessageId)> = self
+            .completed
+            .values()
+            .filter(|r| &r.channel == channel)
+            .map(|r| (r.completed_at, r.message_id.clone()))
+            .collect();
+        if ids.len() <= keep {
+            return;
+        }
+        ids.sort_by_key(|id| std::cmp::Reverse(id.0));
+        for (_, id) in ids.into_iter().skip(keep) {
+            self.completed.remove(&(channel.clone(), id));
+        }
     }
 }
 
@@ -386,5 +509,18 @@ impl IdempotencyStore for NoStore {
     }
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
         Ok(Vec::new())
+    }
+    fn lookup_completed(
+        &mut self,
+        _: &ConnectorChannelId,
+        _: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StoreError> {
+        Ok(None)
+    }
+    fn trim_completed(&mut self, _: &ConnectorChannelId, _: usize) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn expire_completed(&mut self, _: u64) -> Result<(), StoreError> {
+        Ok(())
     }
 }

@@ -73,12 +73,15 @@ fn two_phase_accepted_only_after_effect_and_in_progress_is_busy() {
     let mut set = ReceiverIdempotency::in_memory(IdempotencyConfig::default());
     let m = ChatMessage::text("m1", "hi");
     let Admission::Process(ticket) = set.begin_chat(&ch("a"), &m, T0).unwrap() else { panic!() };
-    assert!(!set.is_completed(&ch("a"), &MessageId::new("m1")), "not accepted before the effect");
+    assert!(
+        !set.is_completed(&ch("a"), &MessageId::new("m1")).unwrap(),
+        "not accepted before the effect"
+    );
     let Admission::InProgress(ack) = set.begin_chat(&ch("a"), &m, T0).unwrap() else { panic!() };
     assert_eq!((ack.code, ack.retryable), (Some(ErrorCode::ChannelBusy), Some(true)));
     let ack = set.complete(ticket, T0 + 5).unwrap();
     assert_eq!(ack.status, AckStatus::Accepted);
-    assert!(set.is_completed(&ch("a"), &MessageId::new("m1")));
+    assert!(set.is_completed(&ch("a"), &MessageId::new("m1")).unwrap());
 }
 
 #[test]
@@ -97,31 +100,37 @@ fn idempotency_set_is_bounded_by_size_and_age() {
         capacity_per_channel: 3,
         max_age_ms: 1_000,
         in_progress_timeout_ms: 500,
+        ..IdempotencyConfig::default()
     };
     let store = MemoryStore::new();
     let mut set = ReceiverIdempotency::open(config, store.clone(), T0).unwrap();
     for i in 0..5 {
         let Admission::Process(t) =
-            set.begin_chat(&ch("a"), &ChatMessage::text(format!("m{i}"), "x"), T0).unwrap()
+            set.begin_chat(&ch("a"), &ChatMessage::text(format!("m{i}"), "x"), T0 + i).unwrap()
         else {
             panic!()
         };
-        set.complete(t, T0).unwrap();
+        set.complete(t, T0 + i).unwrap();
     }
-    assert_eq!(set.stats().remembered, 3);
-    assert_eq!(set.stats().evicted_capacity, 2);
+    // The store keeps the channel's newest 3 (with capacity 3 the trim runs on every
+    // completion); the two oldest are gone from it.
+    assert_eq!(set.stats().capacity_trims, 5);
     assert_eq!(store.completed_len(), 3);
-    assert!(!set.is_completed(&ch("a"), &MessageId::new("m0")));
-    set.prune(T0 + 1_000).unwrap();
-    assert_eq!(set.stats().remembered, 0);
-    assert_eq!(set.stats().evicted_age, 3);
+    let mut fresh = ReceiverIdempotency::open(config, store.clone(), T0 + 5).unwrap();
+    assert!(!fresh.is_completed(&ch("a"), &MessageId::new("m0")).unwrap());
+    assert!(fresh.is_completed(&ch("a"), &MessageId::new("m2")).unwrap());
+    // Past the age bound an id is no longer a duplicate, and the expiry deletes it.
+    let m4 = ChatMessage::text("m4", "x");
+    assert!(matches!(set.begin_chat(&ch("a"), &m4, T0 + 1_003).unwrap(), Admission::Duplicate(_)));
+    assert!(matches!(set.begin_chat(&ch("a"), &m4, T0 + 1_004).unwrap(), Admission::Process(_)));
+    set.prune(T0 + 100_000).unwrap();
     assert_eq!(store.completed_len(), 0);
     // A lost ticket does not block its message forever.
     let m = ChatMessage::text("x", "y");
-    let Admission::Process(_lost) = set.begin_chat(&ch("a"), &m, T0 + 2_000).unwrap() else {
+    let Admission::Process(_lost) = set.begin_chat(&ch("a"), &m, T0 + 200_000).unwrap() else {
         panic!()
     };
-    assert!(matches!(set.begin_chat(&ch("a"), &m, T0 + 2_500).unwrap(), Admission::Process(_)));
+    assert!(matches!(set.begin_chat(&ch("a"), &m, T0 + 200_500).unwrap(), Admission::Process(_)));
 }
 
 #[test]
@@ -245,7 +254,7 @@ fn delta_state_is_bounded_by_ttl_and_capacity() {
         ttl_ms: 1_000,
         max_messages_per_channel: 2,
         max_text_bytes: 8,
-        tombstones_per_channel: 4,
+        max_tombstones: 4,
     };
     let mut d = DeltaAssembler::new(config);
     d.on_delta(&ch("a"), &delta("m1", 1, "a"), T0).unwrap();
@@ -274,24 +283,159 @@ fn deferred_completion_reaches_the_store_only_through_the_callers_commit() {
     let config = IdempotencyConfig { capacity_per_channel: 1, ..IdempotencyConfig::default() };
     let store = MemoryStore::new();
     let mut set = ReceiverIdempotency::open(config, store.clone(), T0).unwrap();
+    let opened = store.transactions();
     let mut commit = Vec::new();
     for i in 0..2 {
         let m = ChatMessage::text(format!("m{i}"), "x");
-        let Admission::Process(t) = set.begin_chat(&ch("a"), &m, T0).unwrap() else { panic!() };
-        let (ack, writes) = set.complete_deferred(t, T0);
+        let Admission::Process(t) = set.begin_chat(&ch("a"), &m, T0 + i).unwrap() else { panic!() };
+        let (ack, writes) = set.complete_deferred(t, T0 + i);
         assert_eq!(ack.status, AckStatus::Accepted);
         commit.extend(writes);
     }
     // Nothing written yet: the caller holds the acks until its commit.
-    assert_eq!(store.transactions(), 0);
+    assert_eq!(store.transactions(), opened);
     assert_eq!(
         commit.last(),
-        Some(&IdempotencyWrite::Delete(ch("a"), MessageId::new("m0"))),
-        "the capacity eviction travels in the same batch"
+        Some(&IdempotencyWrite::Trim { channel: ch("a"), keep: 1 }),
+        "the capacity trim travels in the same batch"
     );
     IdempotencyStore::apply(&mut store.clone(), &commit).unwrap();
-    assert_eq!(store.transactions(), 1);
-    let restarted = ReceiverIdempotency::open(config, store.clone(), T0).unwrap();
-    assert!(restarted.is_completed(&ch("a"), &MessageId::new("m1")));
-    assert!(!restarted.is_completed(&ch("a"), &MessageId::new("m0")));
+    assert_eq!(store.transactions(), opened + 1);
+    let mut restarted = ReceiverIdempotency::open(config, store.clone(), T0).unwrap();
+    assert!(restarted.is_completed(&ch("a"), &MessageId::new("m1")).unwrap());
+    assert!(!restarted.is_completed(&ch("a"), &MessageId::new("m0")).unwrap());
+}
+
+/// A small cache so that a few messages push an id out of memory.
+fn small_cache() -> IdempotencyConfig {
+    IdempotencyConfig { cache_capacity: 2, ..IdempotencyConfig::default() }
+}
+
+fn complete_all(set: &mut ReceiverIdempotency, channel: &str, ids: &[&str], now: u64) {
+    for id in ids {
+        let m = ChatMessage::text(*id, "filler");
+        let Admission::Process(t) = set.begin_chat(&ch(channel), &m, now).unwrap() else {
+            panic!("{id} is new")
+        };
+        set.complete(t, now).unwrap();
+    }
+}
+
+#[test]
+fn idempotency_rule_a_redelivery_after_cache_eviction_is_still_duplicate_from_the_store() {
+    let store = MemoryStore::new();
+    let mut set = ReceiverIdempotency::open(small_cache(), store.clone(), T0).unwrap();
+    let m = ChatMessage::text("m1", "hi");
+    assert_eq!(process(&mut set, "a", &m, T0), AckStatus::Accepted);
+    complete_all(&mut set, "b", &["x1", "x2", "x3"], T0);
+    assert_eq!(set.stats().remembered, 2, "m1 left the memory");
+    let lookups = set.stats().store_lookups;
+    assert_eq!(process(&mut set, "a", &m, T0 + 1), AckStatus::Duplicate);
+    assert_eq!(set.stats().store_lookups, lookups + 1, "answered by the store");
+    assert_eq!(set.stats().completed, 4, "no second side effect");
+}
+
+#[test]
+fn idempotency_rule_a_reused_id_with_other_content_is_a_conflict_after_cache_eviction() {
+    let store = MemoryStore::new();
+    let mut set = ReceiverIdempotency::open(small_cache(), store.clone(), T0).unwrap();
+    assert_eq!(process(&mut set, "a", &ChatMessage::text("m1", "hi"), T0), AckStatus::Accepted);
+    complete_all(&mut set, "a", &["x1", "x2", "x3"], T0);
+    let Admission::Conflict(ack) =
+        set.begin_chat(&ch("a"), &ChatMessage::text("m1", "other"), T0 + 1).unwrap()
+    else {
+        panic!("expected message_conflict")
+    };
+    assert_eq!((ack.code, ack.retryable), (Some(ErrorCode::MessageConflict), Some(false)));
+}
+
+#[test]
+fn idempotency_rule_duplicate_and_conflict_hold_across_a_restart_without_loading_the_set() {
+    let store = MemoryStore::new();
+    let m = ChatMessage::text("m1", "hi");
+    {
+        let mut set = ReceiverIdempotency::open(small_cache(), store.clone(), T0).unwrap();
+        assert_eq!(process(&mut set, "a", &m, T0), AckStatus::Accepted);
+    }
+    let mut set = ReceiverIdempotency::open(small_cache(), store.clone(), T0 + 60_000).unwrap();
+    assert_eq!(set.stats().remembered, 0, "nothing loaded into memory");
+    assert_eq!(process(&mut set, "a", &m, T0 + 60_000), AckStatus::Duplicate);
+    let other = ChatMessage::text("m1", "changed");
+    assert!(matches!(
+        set.begin_chat(&ch("a"), &other, T0 + 60_000).unwrap(),
+        Admission::Conflict(_)
+    ));
+}
+
+#[test]
+fn idempotency_rule_an_uncommitted_completion_is_found_by_a_redelivery_before_the_store_has_it() {
+    let store = MemoryStore::new();
+    let mut set = ReceiverIdempotency::open(small_cache(), store.clone(), T0).unwrap();
+    let m = ChatMessage::text("m1", "hi");
+    let Admission::Process(t) = set.begin_chat(&ch("a"), &m, T0).unwrap() else { panic!() };
+    let (_ack, writes) = set.complete_deferred(t, T0);
+    // Many other completions (committed) push everything committed out of the cache.
+    complete_all(&mut set, "b", &["x1", "x2", "x3", "x4"], T0);
+    assert_eq!(set.stats().uncommitted, 1);
+    // The store does not have m1 yet, but the redelivery is a duplicate, not a second effect.
+    assert_eq!(process(&mut set, "a", &m, T0 + 1), AckStatus::Duplicate);
+    assert!(matches!(
+        set.begin_chat(&ch("a"), &ChatMessage::text("m1", "changed"), T0 + 1).unwrap(),
+        Admission::Conflict(_)
+    ));
+    // The caller's commit lands; after that the store answers.
+    IdempotencyStore::apply(&mut store.clone(), &writes).unwrap();
+    set.committed(&ch("a"), &MessageId::new("m1"));
+    assert_eq!(set.stats().uncommitted, 0);
+    complete_all(&mut set, "b", &["y1", "y2"], T0 + 2);
+    assert_eq!(process(&mut set, "a", &m, T0 + 3), AckStatus::Duplicate);
+}
+
+#[test]
+fn idempotency_rule_a_failed_commit_keeps_the_id_in_memory_for_the_process() {
+    let store = MemoryStore::new();
+    let mut set = ReceiverIdempotency::open(small_cache(), store.clone(), T0).unwrap();
+    let m = ChatMessage::text("m1", "hi");
+    let Admission::Process(t) = set.begin_chat(&ch("a"), &m, T0).unwrap() else { panic!() };
+    store.set_failing(true);
+    assert!(set.complete(t, T0).is_err(), "the store error is reported");
+    store.set_failing(false);
+    complete_all(&mut set, "b", &["x1", "x2", "x3"], T0);
+    assert_eq!(process(&mut set, "a", &m, T0 + 1), AckStatus::Duplicate);
+}
+
+#[test]
+fn idempotency_rule_capacity_and_age_are_applied_in_the_store_not_in_memory() {
+    let config = IdempotencyConfig {
+        capacity_per_channel: 32,
+        cache_capacity: 4,
+        max_age_ms: 10_000,
+        expire_interval_ms: 1_000,
+        ..IdempotencyConfig::default()
+    };
+    let store = MemoryStore::new();
+    let mut set = ReceiverIdempotency::open(config, store.clone(), T0).unwrap();
+    let ids: Vec<String> = (0..40).map(|i| format!("m{i:02}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let at = T0 + i as u64;
+        let Admission::Process(t) =
+            set.begin_chat(&ch("a"), &ChatMessage::text(id.as_str(), "x"), at).unwrap()
+        else {
+            panic!()
+        };
+        set.complete(t, at).unwrap();
+    }
+    // A trim every 32 / 16 = 2 completions: 40 completions, the newest 32 kept.
+    assert_eq!(set.stats().capacity_trims, 20);
+    assert_eq!(store.completed_len(), 32);
+    assert!(!set.is_completed(&ch("a"), &MessageId::new("m07")).unwrap());
+    assert!(set.is_completed(&ch("a"), &MessageId::new("m08")).unwrap());
+    assert_eq!(set.stats().remembered, 4);
+    // Expiry: at most once per interval, deleting what is past the age bound.
+    set.prune(T0 + 10_020).unwrap();
+    assert_eq!(store.completed_len(), 20, "m20..m39 are not older than 10 s");
+    set.prune(T0 + 10_500).unwrap();
+    assert_eq!(store.completed_len(), 20, "not again within the interval");
+    set.prune(T0 + 11_020).unwrap();
+    assert_eq!(store.completed_len(), 0);
 }

@@ -547,8 +547,16 @@ impl ImState {
                 tracing::warn!(%error, "outbox maintenance failed");
             }
             Self::submit_in_background(shared, &mut inner);
-            if let Err(error) = inner.receiver.prune(now) {
-                tracing::warn!(%error, "idempotency pruning failed");
+            // The age expiry of completed ids (at most once a minute) is one statement in the
+            // store; it rides the group commit, nobody waits for it.
+            let expiry = inner.receiver.prune_deferred(now);
+            if !expiry.is_empty() {
+                let ticket = Self::submit(shared, &mut inner, expiry);
+                tokio::spawn(async move {
+                    if let Err(error) = ticket.committed().await {
+                        tracing::warn!(%error, "idempotency expiry failed");
+                    }
+                });
             }
             inner.deltas.expire(now);
         }

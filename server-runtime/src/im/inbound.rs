@@ -199,9 +199,15 @@ impl ImState {
                     let (ack, writes) = inner.receiver.complete_deferred(ticket, shared.now());
                     (ack, Self::submit(shared, &mut inner, writes))
                 };
-                if let Err(error) = commit.committed().await {
-                    // The effect happened: still `accepted` (this process remembers the id).
-                    tracing::error!(%error, "could not persist a completed message id");
+                match commit.committed().await {
+                    // Committed: the store answers for the id now; it leaves the memory (for
+                    // the bounded recent cache).
+                    Ok(()) => self.inner().receiver.committed(channel, &id),
+                    // The effect happened: still `accepted`; the id stays in this process's
+                    // memory, so a repeat is still a duplicate.
+                    Err(error) => {
+                        tracing::error!(%error, "could not persist a completed message id");
+                    }
                 }
                 ack
             }

@@ -56,6 +56,13 @@ pub struct SqliteOptions {
     pub group_commit: GroupCommitConfig,
 }
 
+/// Page cache of the reader connection, in KiB (SQLite's default is 2,000 KiB per
+/// connection). The reader serves point reads (the receiver's completed-id lookup on every new
+/// `chat.message`, tool-call records, meta) and the loads at startup: the upper levels of the
+/// B-trees stay cached, leaves come from the operating system's page cache. The default would
+/// fill with `im_completed` leaves as the id set grows and hold 2 MiB per process for nothing.
+pub(crate) const READER_CACHE_KIB: i64 = 512;
+
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "connector.sqlite3";
 
@@ -112,6 +119,9 @@ impl SqliteStorage {
         let path = dir.join(DATABASE_FILE);
         private_database_files(dir, &path).map_err(|e| StorageError::new("create state dir", e))?;
         let reader = group::open_connection(&path, options.synchronous)?;
+        reader
+            .pragma_update(None, "cache_size", -READER_CACHE_KIB)
+            .map_err(|e| StorageError::new("set reader cache size", e))?;
         let writer = group::open_connection(&path, options.synchronous)?;
         let group = GroupCommit::start(Arc::new(Mutex::new(writer)), options.group_commit)?;
         Ok(Self {

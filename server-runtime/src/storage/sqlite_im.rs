@@ -1,6 +1,6 @@
-//! `profile-im`'s outbox and receiver-idempotency stores on the SQLite storage: loads read
-//! the reader connection, writes go through the group-commit writer (a batch is one
-//! transaction).
+//! `profile-im`'s outbox and receiver-idempotency stores on the SQLite storage: loads and the
+//! receiver's point lookups read the reader connection, writes go through the group-commit
+//! writer (a batch is one transaction).
 
 use xagent_profile_im::{
     CompletedRecord, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite, PendingRecord,
@@ -63,5 +63,31 @@ impl IdempotencyStore for SqliteStorage {
 
     fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
         xagent_im_sqlite::load_completed(&self.lock()).map_err(store_err("load_completed"))
+    }
+
+    /// A point read on the reader connection (WAL: it never waits for the writer's commit).
+    /// What it sees is committed; a completion still in the writer's batch is held in memory
+    /// by the receiver until its commit (see `ReceiverIdempotency::committed`).
+    fn lookup_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StoreError> {
+        xagent_im_sqlite::lookup_completed(&self.lock(), channel, message_id)
+            .map_err(store_err("lookup_completed"))
+    }
+
+    /// One statement through the group-commit writer.
+    fn trim_completed(
+        &mut self,
+        channel: &ConnectorChannelId,
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        IdempotencyStore::apply(self, &[IdempotencyWrite::Trim { channel: channel.clone(), keep }])
+    }
+
+    /// One statement through the group-commit writer.
+    fn expire_completed(&mut self, before: u64) -> Result<(), StoreError> {
+        IdempotencyStore::apply(self, &[IdempotencyWrite::Expire { before }])
     }
 }

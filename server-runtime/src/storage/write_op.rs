@@ -72,6 +72,12 @@ impl std::fmt::Debug for WriteOp {
             Self::Idempotency(IdempotencyWrite::Delete(c, m)) => {
                 write!(f, "Idempotency::Delete({c}, {m})")
             }
+            Self::Idempotency(IdempotencyWrite::Trim { channel, keep }) => {
+                write!(f, "Idempotency::Trim({channel}, keep {keep})")
+            }
+            Self::Idempotency(IdempotencyWrite::Expire { before }) => {
+                write!(f, "Idempotency::Expire(before {before})")
+            }
             Self::ToolCall { channel, key, .. } => write!(f, "ToolCall({channel}, {key})"),
             Self::Channel { id, .. } => write!(f, "Channel({id})"),
             Self::DeleteChannel(id) => write!(f, "DeleteChannel({id})"),

@@ -105,3 +105,68 @@ fn prune_tool_calls_by_age() {
     assert!(store.load_tool_call(&id, "a").unwrap().is_none());
     assert!(store.load_tool_call(&id, "b").unwrap().is_some());
 }
+
+/// Receiver idempotency over the file database: ids live in `im_completed`, memory holds a
+/// small cache; a redelivery after the cache dropped the id, a conflict, and a restart are all
+/// answered from the store; a completion in the writer's queue but not committed is found by
+/// a redelivery (it is held in memory until its commit).
+#[tokio::test]
+async fn idempotency_rule_completed_ids_are_answered_from_sqlite_after_cache_eviction_and_restart()
+{
+    use xagent_profile_im::{Admission, IdempotencyConfig, ReceiverIdempotency};
+    use xagent_protocol_types::{AckStatus, ChatMessage};
+
+    let temp = tempfile::tempdir().unwrap();
+    let config = IdempotencyConfig { cache_capacity: 2, ..IdempotencyConfig::default() };
+    let a = ConnectorChannelId::new("cch_a");
+    let m1 = ChatMessage::text("m1", "hi");
+    let changed = ChatMessage::text("m1", "changed");
+    {
+        let storage = SqliteStorage::open(temp.path()).unwrap();
+        let mut set = ReceiverIdempotency::open(config, storage.idempotency_store(), 1).unwrap();
+        let Admission::Process(ticket) = set.begin_chat(&a, &m1, 1).unwrap() else { panic!() };
+        let (ack, writes) = set.complete_deferred(ticket, 1);
+        assert_eq!(ack.status, AckStatus::Accepted);
+        // Batched, not committed yet: the store does not have it, the memory does.
+        let commit = storage.commit_im(Vec::new(), writes);
+        assert!(matches!(set.begin_chat(&a, &m1, 2).unwrap(), Admission::Duplicate(_)));
+        commit.committed().await.unwrap();
+        set.committed(&a, &MessageId::new("m1"));
+        // Push m1 out of the two-entry cache with other channels' completions.
+        for i in 0..3 {
+            let other = ConnectorChannelId::new(format!("cch_{i}"));
+            let m = ChatMessage::text(format!("x{i}"), "filler");
+            let Admission::Process(t) = set.begin_chat(&other, &m, 3).unwrap() else { panic!() };
+            set.complete(t, 3).unwrap();
+        }
+        assert_eq!(set.stats().remembered, 2);
+        let lookups = set.stats().store_lookups;
+        assert!(matches!(set.begin_chat(&a, &m1, 4).unwrap(), Admission::Duplicate(_)));
+        assert_eq!(set.stats().store_lookups, lookups + 1, "answered by the point read");
+        for i in 0..3 {
+            let other = ConnectorChannelId::new(format!("cch_{i}"));
+            assert!(set.is_completed(&other, &MessageId::new(format!("x{i}"))).unwrap());
+        }
+        for id in ["y", "z"] {
+            let m = ChatMessage::text(id, "filler");
+            let Admission::Process(t) = set.begin_chat(&a, &m, 5).unwrap() else { panic!() };
+            set.complete(t, 5).unwrap();
+        }
+        assert!(matches!(set.begin_chat(&a, &changed, 6).unwrap(), Admission::Conflict(_)));
+    }
+    // Restart: nothing is loaded into memory, the store still answers both ways.
+    let storage = SqliteStorage::open(temp.path()).unwrap();
+    let mut set = ReceiverIdempotency::open(config, storage.idempotency_store(), 60_000).unwrap();
+    assert_eq!(set.stats().remembered, 0);
+    assert!(matches!(set.begin_chat(&a, &m1, 60_000).unwrap(), Admission::Duplicate(_)));
+    assert!(matches!(set.begin_chat(&a, &changed, 60_000).unwrap(), Admission::Conflict(_)));
+}
+
+#[test]
+fn the_reader_connection_keeps_a_small_page_cache() {
+    let temp = tempfile::tempdir().unwrap();
+    let storage = SqliteStorage::open(temp.path()).unwrap();
+    let size: i64 =
+        storage.lock().pragma_query_value(None, "cache_size", |row| row.get(0)).unwrap();
+    assert_eq!(size, -READER_CACHE_KIB, "KiB (negative), not SQLite's 2,000 KiB default");
+}
