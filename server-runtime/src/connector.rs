@@ -30,7 +30,9 @@ use crate::error::DefinitionError;
 /// [`Connector::builder`] and serve it with [`crate::ConnectorServer`].
 pub struct Connector {
     pub(crate) card: ConnectorCard,
-    pub(crate) tools: HashMap<ToolId, RegisteredTool>,
+    /// Looked up on every `tool.invoke` by the peer's Tool id: the seeded foldhash
+    /// (docs/DECISIONS.md, "Hashers of internal maps").
+    pub(crate) tools: HashMap<ToolId, RegisteredTool, foldhash::fast::RandomState>,
     pub(crate) auth: AuthCode,
     pub(crate) im: Option<ImCode>,
     pub(crate) device: Option<crate::device::DeviceDef>,

@@ -20,7 +20,7 @@ impl ConnectorBuilder {
         supports.user_channel_mode = self.user_channel_mode.clone();
         let mut card = ConnectorCard::new(self.card_id.clone(), self.build, self.info, supports);
         let default_profile = self.profiles.first().cloned();
-        let mut tools = HashMap::new();
+        let mut tools = HashMap::default();
         for mut tool in self.tools {
             if tool.card.profile.is_none() {
                 tool.card.profile = default_profile.clone();
