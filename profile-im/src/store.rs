@@ -163,32 +163,40 @@ pub fn coalesce_outbox_writes(writes: Vec<OutboxWrite>) -> Vec<OutboxWrite> {
     if writes.len() < 2 {
         return writes;
     }
-    let mut at: std::collections::HashMap<(ConnectorChannelId, MessageId), usize> =
+    // Per key: its last save or delete, and the last attempt update after that.
+    type Key<'a> = (&'a ConnectorChannelId, &'a MessageId);
+    let mut last: std::collections::HashMap<Key<'_>, (Option<usize>, Option<usize>)> =
         std::collections::HashMap::with_capacity(writes.len());
-    let mut out: Vec<Option<OutboxWrite>> = Vec::with_capacity(writes.len());
-    for write in writes {
-        let key = (write.key().0.clone(), write.key().1.clone());
-        if let Some(&index) = at.get(&key)
-            && let Some(earlier) = out.get_mut(index)
-        {
-            match (earlier.as_mut(), write) {
-                (Some(OutboxWrite::Save(record)), OutboxWrite::Attempt(update)) => {
-                    update.apply_to(record);
-                    continue;
-                }
-                (Some(OutboxWrite::Delete(..)), OutboxWrite::Attempt(_)) => continue,
-                (_, write) => {
-                    *earlier = None;
-                    at.insert(key, out.len());
-                    out.push(Some(write));
-                }
-            }
-        } else {
-            at.insert(key, out.len());
-            out.push(Some(write));
+    for (index, write) in writes.iter().enumerate() {
+        let slot = last.entry(write.key()).or_default();
+        match write {
+            OutboxWrite::Attempt(_) => slot.1 = Some(index),
+            OutboxWrite::Save(_) | OutboxWrite::Delete(..) => *slot = (Some(index), None),
         }
     }
-    out.into_iter().flatten().collect()
+    let mut keep = vec![false; writes.len()];
+    let mut folds = Vec::new();
+    for (anchor, attempt) in last.into_values() {
+        match (anchor, attempt) {
+            (Some(at), Some(update)) => {
+                keep[at] = true;
+                if matches!(writes[at], OutboxWrite::Save(_)) {
+                    folds.push((at, update));
+                }
+            }
+            (Some(at), None) | (None, Some(at)) => keep[at] = true,
+            (None, None) => {}
+        }
+    }
+    let mut slots: Vec<Option<OutboxWrite>> = writes.into_iter().map(Some).collect();
+    for (save, update) in folds {
+        if let Some(OutboxWrite::Attempt(update)) = slots[update].take()
+            && let Some(OutboxWrite::Save(record)) = slots[save].as_mut()
+        {
+            update.apply_to(record);
+        }
+    }
+    slots.into_iter().zip(keep).filter_map(|(w, keep)| if keep { w } else { None }).collect()
 }
 
 /// Storage of the sender's pending messages.
