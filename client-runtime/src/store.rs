@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, params};
 use xagent_profile_im::{
-    CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore, OutboxStore, OutboxWrite,
-    PendingRecord, StoreError,
+    AttemptUpdate, CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore, OutboxStore,
+    OutboxWrite, PendingRecord, StoreError,
 };
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
@@ -194,6 +194,11 @@ impl OutboxStore for SqliteXagentStore {
     fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
         in_transaction(&mut self.lock(), writes, xagent_im_sqlite::write_outbox)
             .map_err(err("apply outbox writes"))
+    }
+
+    /// One narrow `UPDATE` (the payload is not written again).
+    fn save_attempt(&mut self, update: &AttemptUpdate) -> Result<(), StoreError> {
+        xagent_im_sqlite::update_attempt(&self.lock(), update).map_err(err("save_attempt"))
     }
 }
 

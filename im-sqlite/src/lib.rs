@@ -26,7 +26,7 @@
 
 use rusqlite::{Connection, params};
 use xagent_profile_im::{
-    CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord,
+    AttemptUpdate, CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord,
 };
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
@@ -77,6 +77,23 @@ pub fn save_pending(conn: &Connection, r: &PendingRecord) -> rusqlite::Result<()
             to_i64(r.expires_at),
             to_i64(r.next_attempt_at),
             r.last_error
+        ],
+    )
+}
+
+/// Changes only the attempt bookkeeping of one pending message (the payload is not written
+/// again); a missing one is not an error.
+pub fn update_attempt(conn: &Connection, a: &AttemptUpdate) -> rusqlite::Result<()> {
+    exec(
+        conn,
+        "UPDATE im_pending SET attempts = ?1, next_attempt_at = ?2, last_error = ?3
+         WHERE channel = ?4 AND message_id = ?5",
+        params![
+            a.attempts,
+            to_i64(a.next_attempt_at),
+            a.last_error,
+            a.channel.as_str(),
+            a.message_id.as_str()
         ],
     )
 }
@@ -169,6 +186,7 @@ pub fn write_outbox(conn: &Connection, write: &OutboxWrite) -> rusqlite::Result<
     match write {
         OutboxWrite::Save(record) => save_pending(conn, record),
         OutboxWrite::Delete(channel, message_id) => delete_pending(conn, channel, message_id),
+        OutboxWrite::Attempt(update) => update_attempt(conn, update),
     }
 }
 
@@ -308,6 +326,38 @@ mod tests {
         let mut expected = pending("m_2");
         // Stored as i64::MAX, read back as that.
         expected.expires_at = i64::MAX as u64;
+        assert_eq!(load_pending(&conn)?, vec![expected]);
+        Ok(())
+    }
+
+    #[test]
+    fn attempt_update_changes_only_the_bookkeeping_and_survives_a_reopen() -> rusqlite::Result<()> {
+        let dir =
+            tempfile::tempdir().map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
+        let path = dir.path().join("state.db");
+        let update = AttemptUpdate {
+            channel: ConnectorChannelId::new("cch_1"),
+            message_id: MessageId::new("m_1"),
+            attempts: 5,
+            next_attempt_at: 99,
+            last_error: Some("ack timeout".into()),
+        };
+        {
+            let conn = Connection::open(&path)?;
+            conn.execute_batch(SCHEMA)?;
+            write_outbox(&conn, &OutboxWrite::Save(pending("m_1")))?;
+            write_outbox(&conn, &OutboxWrite::Attempt(update.clone()))?;
+            // A missing record is not an error and creates nothing.
+            let mut missing = update.clone();
+            missing.message_id = MessageId::new("m_gone");
+            write_outbox(&conn, &OutboxWrite::Attempt(missing))?;
+        }
+        let conn = Connection::open(&path)?;
+        let mut expected = pending("m_1");
+        expected.expires_at = i64::MAX as u64;
+        expected.attempts = 5;
+        expected.next_attempt_at = 99;
+        expected.last_error = Some("ack timeout".into());
         assert_eq!(load_pending(&conn)?, vec![expected]);
         Ok(())
     }

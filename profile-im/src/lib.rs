@@ -106,7 +106,7 @@ pub use idempotency::*;
 pub use outbox::*;
 pub use payload::*;
 pub use store::{
-    CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore, NoStore, OutboxStore,
-    OutboxWrite, PendingRecord, coalesce_outbox_writes,
+    AttemptUpdate, CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore, NoStore,
+    OutboxStore, OutboxWrite, PendingRecord, coalesce_outbox_writes,
 };
 pub use v1::*;

@@ -32,7 +32,9 @@ use xagent_protocol_types::{
     Packet, PacketBody, PacketId, Payload, Side,
 };
 
-use crate::store::{MemoryStore, OutboxStore, OutboxWrite, PendingRecord, coalesce_outbox_writes};
+use crate::store::{
+    AttemptUpdate, MemoryStore, OutboxStore, OutboxWrite, PendingRecord, coalesce_outbox_writes,
+};
 use crate::{OutboxError, PayloadError, StoreError, validate_chat_message, validate_message_push};
 
 /// Default TTL of a pending message: one hour from first responsibility.
@@ -910,10 +912,11 @@ impl<S: OutboxStore> Outbox<S> {
                     timers.push((entry.rec.next_attempt_at, id.clone()));
                     break;
                 }
-                // One copy of the record: the store's; the entry's count is bumped in place.
-                let mut rec = entry.rec.clone();
-                rec.attempts = rec.attempts.saturating_add(1);
-                writes.push(OutboxWrite::Save(rec));
+                // Only the attempt count is written (not the payload); the entry's count is bumped
+                // in place once the batch is stored.
+                let mut update = AttemptUpdate::of(&entry.rec);
+                update.attempts = update.attempts.saturating_add(1);
+                writes.push(OutboxWrite::Attempt(update));
                 due.push((id.clone(), index));
                 in_flight += 1;
                 index += 1;
@@ -944,7 +947,7 @@ impl<S: OutboxStore> Outbox<S> {
             &mut self.store,
             &mut self.writes,
             self.config.write_mode,
-            OutboxWrite::Save(rec.clone()),
+            OutboxWrite::Attempt(AttemptUpdate::of(&rec)),
         )?;
         entry.rec = rec;
         entry.state = State::Waiting;
@@ -1248,7 +1251,7 @@ impl<S: OutboxStore> Outbox<S> {
                     &mut self.store,
                     &mut self.writes,
                     self.config.write_mode,
-                    OutboxWrite::Save(rec.clone()),
+                    OutboxWrite::Attempt(AttemptUpdate::of(&rec)),
                 )?;
                 entry.rec = rec;
             }
@@ -1443,7 +1446,7 @@ impl<S: OutboxStore> Outbox<S> {
             &mut self.store,
             &mut self.writes,
             self.config.write_mode,
-            OutboxWrite::Save(rec.clone()),
+            OutboxWrite::Attempt(AttemptUpdate::of(&rec)),
         )?;
         let next_attempt_at = rec.next_attempt_at;
         entry.rec = rec;

@@ -78,6 +78,45 @@ pub enum OutboxWrite {
     Save(PendingRecord),
     /// Delete one record (a missing one is not an error).
     Delete(ConnectorChannelId, MessageId),
+    /// Change only the attempt bookkeeping of a stored record (a missing one is not an
+    /// error): the payload is not written again for every transmission.
+    Attempt(AttemptUpdate),
+}
+
+/// The attempt bookkeeping of one pending record, for [`OutboxWrite::Attempt`]: the columns of
+/// a [`PendingRecord`] that change while it is pending.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttemptUpdate {
+    /// The channel.
+    pub channel: ConnectorChannelId,
+    /// The business id.
+    pub message_id: MessageId,
+    /// Transmissions handed out so far.
+    pub attempts: u32,
+    /// Earliest time of the next transmission (Unix ms).
+    pub next_attempt_at: u64,
+    /// The most recent failure, for operators.
+    pub last_error: Option<String>,
+}
+
+impl AttemptUpdate {
+    /// The bookkeeping of `record`, as it is now.
+    pub fn of(record: &PendingRecord) -> Self {
+        Self {
+            channel: record.channel.clone(),
+            message_id: record.message_id.clone(),
+            attempts: record.attempts,
+            next_attempt_at: record.next_attempt_at,
+            last_error: record.last_error.clone(),
+        }
+    }
+
+    /// Copies the bookkeeping into `record` (the same key).
+    pub fn apply_to(&self, record: &mut PendingRecord) {
+        record.attempts = self.attempts;
+        record.next_attempt_at = self.next_attempt_at;
+        record.last_error.clone_from(&self.last_error);
+    }
 }
 
 impl OutboxWrite {
@@ -86,6 +125,7 @@ impl OutboxWrite {
         match self {
             Self::Save(r) => (&r.channel, &r.message_id),
             Self::Delete(c, m) => (c, m),
+            Self::Attempt(a) => (&a.channel, &a.message_id),
         }
     }
 }
@@ -114,21 +154,49 @@ pub enum IdempotencyWrite {
     },
 }
 
-/// Drops writes that a later write in the same batch makes pointless: an earlier save of a
-/// key that is saved again or deleted later. What is left has the same effect in the same
-/// order per key, with at most one write per key.
+/// Drops writes that a later write in the same batch makes pointless: an earlier write of a
+/// key that is saved again or deleted later, or an earlier attempt update followed by
+/// another. An attempt update after a save of the same key is folded into that save (the
+/// insert must not be lost); one after a delete is dropped (there is no row to update). What
+/// is left has the same effect per key, with at most one write per key.
 pub fn coalesce_outbox_writes(writes: Vec<OutboxWrite>) -> Vec<OutboxWrite> {
     if writes.len() < 2 {
         return writes;
     }
-    let mut last: std::collections::HashMap<(&ConnectorChannelId, &MessageId), usize> =
+    // Per key: its last save or delete, and the last attempt update after that.
+    type Key<'a> = (&'a ConnectorChannelId, &'a MessageId);
+    let mut last: std::collections::HashMap<Key<'_>, (Option<usize>, Option<usize>)> =
         std::collections::HashMap::with_capacity(writes.len());
     for (index, write) in writes.iter().enumerate() {
-        last.insert(write.key(), index);
+        let slot = last.entry(write.key()).or_default();
+        match write {
+            OutboxWrite::Attempt(_) => slot.1 = Some(index),
+            OutboxWrite::Save(_) | OutboxWrite::Delete(..) => *slot = (Some(index), None),
+        }
     }
-    let keep: Vec<bool> =
-        writes.iter().enumerate().map(|(index, w)| last.get(&w.key()) == Some(&index)).collect();
-    writes.into_iter().zip(keep).filter_map(|(w, keep)| keep.then_some(w)).collect()
+    let mut keep = vec![false; writes.len()];
+    let mut folds = Vec::new();
+    for (anchor, attempt) in last.into_values() {
+        match (anchor, attempt) {
+            (Some(at), Some(update)) => {
+                keep[at] = true;
+                if matches!(writes[at], OutboxWrite::Save(_)) {
+                    folds.push((at, update));
+                }
+            }
+            (Some(at), None) | (None, Some(at)) => keep[at] = true,
+            (None, None) => {}
+        }
+    }
+    let mut slots: Vec<Option<OutboxWrite>> = writes.into_iter().map(Some).collect();
+    for (save, update) in folds {
+        if let Some(OutboxWrite::Attempt(update)) = slots[update].take()
+            && let Some(OutboxWrite::Save(record)) = slots[save].as_mut()
+        {
+            update.apply_to(record);
+        }
+    }
+    slots.into_iter().zip(keep).filter_map(|(w, keep)| if keep { w } else { None }).collect()
 }
 
 /// Storage of the sender's pending messages.
@@ -152,9 +220,26 @@ pub trait OutboxStore {
                 OutboxWrite::Delete(channel, message_id) => {
                     self.delete_pending(channel, message_id)?;
                 }
+                OutboxWrite::Attempt(update) => self.save_attempt(update)?,
             }
         }
         Ok(())
+    }
+    /// Changes only the attempt bookkeeping of a stored record; a missing record is not an
+    /// error. The default reads the records back and saves the one it finds: a backend
+    /// should override it with a narrow update.
+    fn save_attempt(&mut self, update: &AttemptUpdate) -> Result<(), StoreError> {
+        let found = self
+            .load_pending()?
+            .into_iter()
+            .find(|r| r.channel == update.channel && r.message_id == update.message_id);
+        match found {
+            Some(mut record) => {
+                update.apply_to(&mut record);
+                self.save_pending(&record)
+            }
+            None => Ok(()),
+        }
     }
 }
 
@@ -243,6 +328,9 @@ impl<S: OutboxStore + ?Sized> OutboxStore for Box<S> {
     }
     fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
         (**self).apply(writes)
+    }
+    fn save_attempt(&mut self, update: &AttemptUpdate) -> Result<(), StoreError> {
+        (**self).save_attempt(update)
     }
 }
 
@@ -370,6 +458,10 @@ impl OutboxStore for MemoryStore {
         Ok(())
     }
 
+    fn save_attempt(&mut self, update: &AttemptUpdate) -> Result<(), StoreError> {
+        OutboxStore::apply(self, std::slice::from_ref(&OutboxWrite::Attempt(update.clone())))
+    }
+
     fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
         // All or none: the failing switch is checked once, before any change.
         let mut t = self.check("apply")?;
@@ -381,6 +473,11 @@ impl OutboxStore for MemoryStore {
                 }
                 OutboxWrite::Delete(c, m) => {
                     t.pending.remove(&(c.clone(), m.clone()));
+                }
+                OutboxWrite::Attempt(a) => {
+                    if let Some(r) = t.pending.get_mut(&(a.channel.clone(), a.message_id.clone())) {
+                        a.apply_to(r);
+                    }
                 }
             }
         }
@@ -493,6 +590,9 @@ impl OutboxStore for NoStore {
     }
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
         Ok(Vec::new())
+    }
+    fn save_attempt(&mut self, _: &AttemptUpdate) -> Result<(), StoreError> {
+        Ok(())
     }
 }
 

@@ -638,7 +638,7 @@ fn deferred_writes_coalesce_a_message_enqueued_and_acked_before_the_commit() {
     o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
     let sent = send_all(&mut o, T0);
     o.on_ack(&ch("a"), &ChatMessageAck::accepted("m1"), &sent[0].2, T0).unwrap();
-    // Save (enqueue), Save (attempt), Delete (ack): only the delete is left to commit.
+    // Save (enqueue), Attempt (send), Delete (ack): only the delete is left to commit.
     assert_eq!(o.take_writes(), vec![OutboxWrite::Delete(ch("a"), mid("m1"))]);
     assert!(!o.has_writes());
 }
@@ -823,4 +823,99 @@ fn enqueue_encoded_stores_the_given_encoding_and_behaves_like_enqueue() {
     assert_eq!(ready.len(), 1);
     assert_eq!(ready[0].payload, payload);
     assert_eq!(store.pending(&ch("a"), &mid("m1")).unwrap().attempts, 1);
+}
+
+#[test]
+fn attempt_bookkeeping_is_written_narrowly_and_a_restart_restores_it() {
+    let store = MemoryStore::new();
+    let mut o = deferred(&store);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    commit(&mut o, &store);
+    let sent = send_all(&mut o, T0);
+    assert_eq!(sent.len(), 1);
+    // The transmission changes only the attempt count: no second copy of the payload.
+    let writes = o.take_writes();
+    assert!(
+        matches!(writes.as_slice(), [OutboxWrite::Attempt(a)] if a.attempts == 1),
+        "{writes:?}"
+    );
+    OutboxStore::apply(&mut store.clone(), &writes).unwrap();
+    // No ack in time: redelivery after a backoff, with the reason kept.
+    assert!(o.on_timeout(&ch("a"), &mid("m1"), T0 + 1_000).unwrap().is_some());
+    let writes = o.take_writes();
+    assert!(matches!(writes.as_slice(), [OutboxWrite::Attempt(_)]), "{writes:?}");
+    OutboxStore::apply(&mut store.clone(), &writes).unwrap();
+    let before = o.record(&ch("a"), &mid("m1")).unwrap().clone();
+    assert!(before.next_attempt_at > T0 + 1_000);
+    drop(o);
+    let restarted = deferred(&store);
+    let after = restarted.record(&ch("a"), &mid("m1")).unwrap();
+    assert_eq!(after.attempts, 1);
+    assert_eq!(after.next_attempt_at, before.next_attempt_at);
+    assert_eq!(after.last_error.as_deref(), Some("ack timeout"));
+    assert_eq!(after.payload, before.payload);
+}
+
+#[test]
+fn an_attempt_in_the_same_batch_as_its_enqueue_keeps_the_insert() {
+    let store = MemoryStore::new();
+    let mut o = deferred(&store);
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    assert_eq!(send_all(&mut o, T0).len(), 1);
+    // Save (enqueue) then Attempt: one save that already holds the attempt.
+    let writes = o.take_writes();
+    assert!(matches!(writes.as_slice(), [OutboxWrite::Save(r)] if r.attempts == 1), "{writes:?}");
+    OutboxStore::apply(&mut store.clone(), &writes).unwrap();
+    drop(o);
+    let restarted = deferred(&store);
+    assert_eq!(restarted.record(&ch("a"), &mid("m1")).unwrap().attempts, 1);
+}
+
+#[test]
+fn attempt_writes_in_write_through_mode_reach_the_store() {
+    let store = MemoryStore::new();
+    let mut o = Outbox::open(OutboxConfig::new(Side::Connector), store.clone(), T0).unwrap();
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    assert_eq!(send_all(&mut o, T0).len(), 1);
+    assert_eq!(store.pending(&ch("a"), &mid("m1")).unwrap().attempts, 1);
+    o.on_timeout(&ch("a"), &mid("m1"), T0 + 1_000).unwrap();
+    let stored = store.pending(&ch("a"), &mid("m1")).unwrap();
+    assert_eq!(stored.last_error.as_deref(), Some("ack timeout"));
+    assert_eq!(stored.next_attempt_at, o.record(&ch("a"), &mid("m1")).unwrap().next_attempt_at);
+}
+
+#[test]
+fn coalescing_keeps_a_delete_over_a_later_attempt_and_a_save_over_an_earlier_one() {
+    use xagent_profile_im::{AttemptUpdate, PendingRecord, coalesce_outbox_writes};
+    let record = PendingRecord {
+        channel: ch("a"),
+        message_id: mid("m1"),
+        seq: 1,
+        payload: "{}".into(),
+        attempts: 0,
+        first_responsibility_at: T0,
+        expires_at: T0 + HOUR,
+        next_attempt_at: T0,
+        last_error: None,
+    };
+    let attempt = |n| {
+        let mut a = AttemptUpdate::of(&record);
+        a.attempts = n;
+        OutboxWrite::Attempt(a)
+    };
+    let delete = OutboxWrite::Delete(ch("a"), mid("m1"));
+    // An attempt after a delete has no row to change: the delete stays.
+    assert_eq!(coalesce_outbox_writes(vec![delete.clone(), attempt(1)]), vec![delete.clone()]);
+    // A save after attempts replaces them; the last of two attempts wins.
+    let save = OutboxWrite::Save(record.clone());
+    assert_eq!(coalesce_outbox_writes(vec![attempt(1), save.clone()]), vec![save.clone()]);
+    assert_eq!(coalesce_outbox_writes(vec![attempt(1), attempt(2)]), vec![attempt(2)]);
+    // Save, attempt, attempt: one save holding the last count; other keys keep their order.
+    let other = OutboxWrite::Delete(ch("b"), mid("m9"));
+    let mut folded = record.clone();
+    folded.attempts = 2;
+    assert_eq!(
+        coalesce_outbox_writes(vec![save, other.clone(), attempt(1), attempt(2)]),
+        vec![OutboxWrite::Save(folded), other]
+    );
 }

@@ -87,7 +87,19 @@ pub(crate) fn open_connection(
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(|e| StorageError::new("set busy timeout", e))?;
     create_schema(&conn).map_err(|e| StorageError::new("create schema", e))?;
+    // Room for every write statement plus the transaction's own (BEGIN, SAVEPOINT, ...), so
+    // the hot ones are never evicted and parsed again.
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
+}
+
+/// Prepared statements kept per connection (rusqlite's default is 16).
+const STATEMENT_CACHE: usize = 64;
+
+/// Runs one statement without parameters from the connection's statement cache: the
+/// transaction control of every batch is parsed once, not once per batch.
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 /// Creates every table of the runtime's database that is missing: its own and the IM stores'.
@@ -329,7 +341,7 @@ fn commit_batch(conn: &Connection, batch: &[Job], crash: bool) -> Vec<Result<(),
         let reason = e.to_string();
         batch.iter().map(|_| Err(StorageError::new(operation, reason.as_str()))).collect()
     };
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
         return all_failed("begin a transaction", e);
     }
     let mut results = Vec::with_capacity(batch.len());
@@ -346,20 +358,21 @@ fn commit_batch(conn: &Connection, batch: &[Job], crash: bool) -> Vec<Result<(),
         // Statements executed, transaction not committed: what a crash here leaves behind.
         std::process::abort();
     }
-    if let Err(e) = conn.execute_batch("COMMIT") {
-        let _ = conn.execute_batch("ROLLBACK");
+    if let Err(e) = run_cached(conn, "COMMIT") {
+        let _ = run_cached(conn, "ROLLBACK");
         return all_failed("commit", e);
     }
     results
 }
 
 fn run_in_savepoint(conn: &Connection, ops: &[WriteOp]) -> rusqlite::Result<()> {
-    conn.execute_batch("SAVEPOINT job")?;
+    run_cached(conn, "SAVEPOINT job")?;
     let result = ops.iter().try_for_each(|op| execute(conn, op));
     match result {
-        Ok(()) => conn.execute_batch("RELEASE job"),
+        Ok(()) => run_cached(conn, "RELEASE job"),
         Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK TO job; RELEASE job");
+            let _ = run_cached(conn, "ROLLBACK TO job");
+            let _ = run_cached(conn, "RELEASE job");
             Err(e)
         }
     }

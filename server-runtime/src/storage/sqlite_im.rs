@@ -3,8 +3,8 @@
 //! writer (a batch is one transaction).
 
 use xagent_profile_im::{
-    CompletedRecord, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite, PendingRecord,
-    StoreError,
+    AttemptUpdate, CompletedRecord, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite,
+    PendingRecord, StoreError,
 };
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
@@ -36,6 +36,11 @@ impl OutboxStore for SqliteStorage {
 
     fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
         xagent_im_sqlite::load_pending(&self.lock()).map_err(store_err("load_pending"))
+    }
+
+    /// A narrow `UPDATE` through the group-commit writer (the payload is not written again).
+    fn save_attempt(&mut self, update: &AttemptUpdate) -> Result<(), StoreError> {
+        OutboxStore::apply(self, &[OutboxWrite::Attempt(update.clone())])
     }
 }
 

@@ -66,6 +66,9 @@ impl std::fmt::Debug for WriteOp {
                 write!(f, "Outbox::Save({}, {})", r.channel, r.message_id)
             }
             Self::Outbox(OutboxWrite::Delete(c, m)) => write!(f, "Outbox::Delete({c}, {m})"),
+            Self::Outbox(OutboxWrite::Attempt(a)) => {
+                write!(f, "Outbox::Attempt({}, {})", a.channel, a.message_id)
+            }
             Self::Idempotency(IdempotencyWrite::Save(r)) => {
                 write!(f, "Idempotency::Save({}, {})", r.channel, r.message_id)
             }

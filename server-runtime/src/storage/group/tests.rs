@@ -255,3 +255,33 @@ fn crash_between_batching_and_commit_acknowledges_nothing() {
     assert_eq!(count(&conn, "im_pending"), 0);
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn an_attempt_update_after_its_insert_in_one_batch_lands_and_survives_a_reopen() {
+    use xagent_profile_im::AttemptUpdate;
+    let dir = temp_dir("attempt");
+    let group = writer_at(&dir, Synchronous::Full, GroupCommitConfig::default());
+    let update = AttemptUpdate {
+        channel: ConnectorChannelId::new("cch_1"),
+        message_id: MessageId::new("m1"),
+        attempts: 3,
+        next_attempt_at: 77,
+        last_error: Some("ack timeout".into()),
+    };
+    let attempt = WriteOp::Outbox(OutboxWrite::Attempt(update.clone()));
+    assert_eq!(format!("{attempt:?}"), "Outbox::Attempt(cch_1, m1)");
+    // Insert then update in one job (one transaction), then an update of a missing row.
+    group.write_blocking(vec![pending("cch_1", 1), attempt]).unwrap();
+    let mut missing = update;
+    missing.message_id = MessageId::new("m_gone");
+    group.write_blocking(vec![WriteOp::Outbox(OutboxWrite::Attempt(missing))]).unwrap();
+    group.shutdown();
+    let conn = open_connection(&dir.join("db.sqlite3"), Synchronous::Full).unwrap();
+    let rows = xagent_im_sqlite::load_pending(&conn).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].attempts, 3);
+    assert_eq!(rows[0].next_attempt_at, 77);
+    assert_eq!(rows[0].last_error.as_deref(), Some("ack timeout"));
+    assert_eq!(rows[0].payload, "{}");
+    std::fs::remove_dir_all(dir).ok();
+}
