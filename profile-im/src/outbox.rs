@@ -576,6 +576,22 @@ fn persist<S: OutboxStore>(
     }
 }
 
+/// Changes a record's attempt bookkeeping through `change`, stores that narrow write, and only
+/// then updates `record` (a failed write leaves it as it was); the payload is not copied.
+fn persist_attempt<S: OutboxStore>(
+    store: &mut S,
+    writes: &mut Vec<OutboxWrite>,
+    mode: WriteMode,
+    record: &mut PendingRecord,
+    change: impl FnOnce(&mut AttemptUpdate),
+) -> Result<(), StoreError> {
+    let mut update = AttemptUpdate::of(record);
+    change(&mut update);
+    persist(store, writes, mode, OutboxWrite::Attempt(update.clone()))?;
+    update.apply_to(record);
+    Ok(())
+}
+
 fn count(ch: &mut OutboxCounters, totals: &mut OutboxCounters, f: impl Fn(&mut OutboxCounters)) {
     f(ch);
     f(totals);
@@ -941,15 +957,13 @@ impl<S: OutboxStore> Outbox<S> {
         }) else {
             return Ok(false);
         };
-        let mut rec = entry.rec.clone();
-        rec.attempts = rec.attempts.saturating_sub(1);
-        persist(
+        persist_attempt(
             &mut self.store,
             &mut self.writes,
             self.config.write_mode,
-            OutboxWrite::Attempt(AttemptUpdate::of(&rec)),
+            &mut entry.rec,
+            |u| u.attempts = u.attempts.saturating_sub(1),
         )?;
-        entry.rec = rec;
         entry.state = State::Waiting;
         entry.early.clear();
         ch.counters.attempts = ch.counters.attempts.saturating_sub(1);
@@ -1245,15 +1259,13 @@ impl<S: OutboxStore> Outbox<S> {
         let Some(ch) = self.channels.get_mut(channel) else { return Ok(()) };
         for entry in ch.queue.iter_mut() {
             if entry.state == State::Waiting && entry.rec.next_attempt_at > now {
-                let mut rec = entry.rec.clone();
-                rec.next_attempt_at = now;
-                persist(
+                persist_attempt(
                     &mut self.store,
                     &mut self.writes,
                     self.config.write_mode,
-                    OutboxWrite::Attempt(AttemptUpdate::of(&rec)),
+                    &mut entry.rec,
+                    |u| u.next_attempt_at = now,
                 )?;
-                entry.rec = rec;
             }
         }
         self.dirty.insert(channel.clone());
@@ -1439,17 +1451,17 @@ impl<S: OutboxStore> Outbox<S> {
             self.expire_channel(channel, now)?;
             return Ok(RetryOutcome::Expired);
         }
-        let mut rec = entry.rec.clone();
-        rec.next_attempt_at = now.saturating_add(backoff.delay_ms(rec.attempts));
-        rec.last_error = Some(reason.clone());
-        persist(
+        persist_attempt(
             &mut self.store,
             &mut self.writes,
             self.config.write_mode,
-            OutboxWrite::Attempt(AttemptUpdate::of(&rec)),
+            &mut entry.rec,
+            |u| {
+                u.next_attempt_at = now.saturating_add(backoff.delay_ms(u.attempts));
+                u.last_error = Some(reason.clone());
+            },
         )?;
-        let next_attempt_at = rec.next_attempt_at;
-        entry.rec = rec;
+        let next_attempt_at = entry.rec.next_attempt_at;
         entry.state = State::Waiting;
         entry.early.clear();
         self.timers.insert((next_attempt_at, channel.clone()));
