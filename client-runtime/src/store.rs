@@ -290,6 +290,11 @@ mod tests {
         }
     }
 
+    fn pending_ids(store: &mut SqliteXagentStore) -> Vec<String> {
+        let records = store.load_pending().expect("loads");
+        records.into_iter().map(|r| r.message_id.as_str().to_owned()).collect()
+    }
+
     #[test]
     fn durable_state_rule_a_batch_of_outbox_writes_is_all_or_none() {
         let dir = std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>()));
@@ -300,13 +305,7 @@ mod tests {
             OutboxWrite::Delete(ConnectorChannelId::new("cch_1"), MessageId::new("m1")),
         ];
         OutboxStore::apply(&mut store, &batch).expect("applies");
-        let ids: Vec<String> = store
-            .load_pending()
-            .expect("loads")
-            .into_iter()
-            .map(|r| r.message_id.as_str().to_owned())
-            .collect();
-        assert_eq!(ids, vec!["m2".to_owned()], "applied in order");
+        assert_eq!(pending_ids(&mut store), ["m2"], "applied in order");
         // A batch whose last write fails leaves none of its writes behind.
         store
             .lock()
@@ -321,13 +320,7 @@ mod tests {
             OutboxWrite::Save(pending("bad")),
         ];
         assert!(OutboxStore::apply(&mut store, &failing).is_err());
-        let ids: Vec<String> = store
-            .load_pending()
-            .expect("loads")
-            .into_iter()
-            .map(|r| r.message_id.as_str().to_owned())
-            .collect();
-        assert_eq!(ids, vec!["m2".to_owned()], "the failed batch changed nothing");
+        assert_eq!(pending_ids(&mut store), ["m2"], "the failed batch changed nothing");
         drop(store);
         let _ = std::fs::remove_dir_all(&dir);
     }
