@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use xagent_profile_im::{
-    Admission, EnqueueOutcome, IdempotencyConfig, IdempotencyStore, Outbox, OutboxConfig,
+    Admission, Delivery, EnqueueOutcome, IdempotencyConfig, IdempotencyStore, Outbox, OutboxConfig,
     OutboxStats, OutboxStore, ReceiverIdempotency, validate_chat_message,
 };
 use xagent_protocol_types::{
@@ -99,18 +99,15 @@ pub(crate) async fn pump(shared: &Arc<Shared>) {
                 return;
             }
         };
-        for delivery in deliveries {
-            let channel = im.current(&delivery.channel);
+        for Delivery { channel, message_id, payload, .. } in deliveries {
+            let route = im.current(&channel);
             let packet_id = PacketId::new(ids::mint("pkt_"));
-            let packet =
-                Packet::new(packet_id.clone(), delivery.payload.to_body()).channel(channel);
-            if let Err(error) =
-                im.outbox.on_sent(&delivery.channel, &delivery.message_id, packet_id, now)
-            {
+            let packet = Packet::new(packet_id.clone(), payload.into_body()).channel(route);
+            if let Err(error) = im.outbox.on_sent(&channel, &message_id, packet_id, now) {
                 tracing::warn!(error = %error, "outbox bookkeeping failed");
                 continue;
             }
-            ready.push((delivery.channel, delivery.message_id, packet));
+            ready.push((channel, message_id, packet));
         }
     }
     for (channel, message_id, packet) in ready {
