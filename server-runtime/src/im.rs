@@ -474,11 +474,9 @@ impl ImState {
                 }
                 other => tracing::info!(event = ?other, "outbox event"),
             }
-            // Nobody listening is fine: the events are facts, not commands (and then there is
-            // nothing to copy them for).
-            if self.events.receiver_count() > 0 {
-                let _ = self.events.send(event);
-            }
+            // Nobody listening is fine: the events are facts, not commands (`send` then hands
+            // the event back, uncopied).
+            let _ = self.events.send(event);
         }
     }
 

@@ -27,11 +27,11 @@ impl ImState {
         let channel = packet.connector_channel_id.clone()?;
         if let PacketBody::ChatMessageAck(ack) = &packet.body {
             let reply_to = packet.reply_to.as_ref()?;
-            let outcome = {
+            let (outcome, events) = {
                 let mut inner = self.inner();
                 let outcome = inner.outbox.on_ack(&channel, ack, reply_to, shared.now());
                 Self::submit_in_background(shared, &mut inner);
-                outcome
+                (outcome, inner.outbox.drain_events())
             };
             match outcome {
                 Ok(AckOutcome::Failed { code, reason }) => {
@@ -40,7 +40,7 @@ impl ImState {
                 Ok(outcome) => tracing::debug!(%channel, ?outcome, "message ack"),
                 Err(error) => tracing::warn!(%error, "outbox ack failed"),
             }
-            self.log_events();
+            self.publish(events);
             self.pump(shared).await;
             return None;
         }
