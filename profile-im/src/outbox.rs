@@ -1386,16 +1386,13 @@ impl<S: OutboxStore> Outbox<S> {
             .channels
             .iter()
             .map(|(id, ch)| {
+                let in_flight = ch.queue.iter().filter(|e| e.state != State::Waiting).count();
                 (
                     id.clone(),
                     ChannelStats {
                         pending: ch.queue.len(),
-                        in_flight: ch.queue.iter().any(|e| e.state != State::Waiting),
-                        in_flight_count: ch
-                            .queue
-                            .iter()
-                            .filter(|e| e.state != State::Waiting)
-                            .count(),
+                        in_flight: in_flight > 0,
+                        in_flight_count: in_flight,
                         closed: ch.closed,
                         counters: ch.counters.clone(),
                     },
@@ -1504,20 +1501,14 @@ impl<S: OutboxStore> Outbox<S> {
         channel: &ConnectorChannelId,
         index: usize,
     ) -> Result<MessageId, OutboxError> {
-        let Some(ch) = self.channels.get_mut(channel) else {
+        let Some(ch) = self.channels.get_mut(channel).filter(|ch| index < ch.queue.len()) else {
             return Err(OutboxError::NotPending {
                 channel: channel.clone(),
                 message_id: MessageId::new(""),
                 expected: "pending",
             });
         };
-        let Some(entry) = ch.queue.get(index) else {
-            return Err(OutboxError::NotPending {
-                channel: channel.clone(),
-                message_id: MessageId::new(""),
-                expected: "pending",
-            });
-        };
+        let entry = &ch.queue[index];
         let (message_id, attempts, expires_at) =
             (entry.rec.message_id.clone(), entry.rec.attempts, entry.rec.expires_at);
         persist(
