@@ -21,12 +21,13 @@
 //! flat however many messages finish; a delta older than that window with `sequence` 1 starts
 //! a new stream, with a later `sequence` it is refused as a gap.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 
 use xagent_protocol_types::{ChatMessageDelta, ConnectorChannelId, MessageId};
 
 use crate::DeltaError;
+use crate::fifo::FifoMap;
 
 /// Default lifetime of an unfinished message's delta state, from its last delta.
 pub const DEFAULT_DELTA_TTL_MS: u64 = 10 * 60 * 1000;
@@ -156,8 +157,7 @@ struct ChannelDeltas {
 #[derive(Debug, Default)]
 struct Tombstones {
     hasher: RandomState,
-    order: VecDeque<u64>,
-    by_key: HashMap<u64, Tombstone>,
+    by_key: FifoMap<u64, Tombstone>,
 }
 
 impl Tombstones {
@@ -171,16 +171,7 @@ impl Tombstones {
 
     fn bury(&mut self, channel: &ConnectorChannelId, id: &MessageId, t: Tombstone, cap: usize) {
         let key = self.key(channel, id);
-        if let Some(known) = self.by_key.get_mut(&key) {
-            *known = t;
-            return;
-        }
-        self.by_key.insert(key, t);
-        self.order.push_back(key);
-        while self.by_key.len() > cap.max(1) {
-            let Some(oldest) = self.order.pop_front() else { break };
-            self.by_key.remove(&oldest);
-        }
+        self.by_key.insert(key, t, cap.max(1));
     }
 }
 
@@ -441,7 +432,7 @@ mod tests {
         }
         // Bounded over all channels, however many messages finished; no channel state left.
         assert_eq!(d.tombstones.by_key.len(), 8);
-        assert_eq!(d.tombstones.order.len(), 8);
+        assert_eq!(d.tombstones.by_key.order.len(), 8);
         assert!(d.channels.is_empty(), "a finished message leaves no per-channel state");
         // A late delta of a recent message (its channel's own id) is ignored, not a new stream.
         assert_eq!(d.on_delta(&b, &delta("m99", 1, "hi"), 2), Ok(DeltaAction::Late));

@@ -19,7 +19,7 @@
 //! [`IdempotencyWrite::Expire`] of the ids past `max_age_ms` at most once per
 //! `expire_interval_ms`. Memory therefore stays flat however many messages arrive.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
@@ -28,6 +28,7 @@ use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, MessageId,
 };
 
+use crate::fifo::FifoMap;
 use crate::store::{CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore};
 use crate::{Fingerprint, IdempotencyError};
 
@@ -147,44 +148,7 @@ struct ChannelState {
 
 /// The recently completed ids, oldest first out; one allocation per id shared by the map
 /// and the order.
-#[derive(Debug, Default)]
-struct RecentCache {
-    map: HashMap<Arc<Key>, (Digest, u64)>,
-    order: VecDeque<Arc<Key>>,
-}
-
-impl RecentCache {
-    fn get(&self, key: &Key) -> Option<(Digest, u64)> {
-        self.map.get(key).copied()
-    }
-
-    /// Records `key`, forgetting the oldest entries beyond `capacity`; returns how many were
-    /// forgotten.
-    fn insert(&mut self, key: Key, value: (Digest, u64), capacity: usize) -> usize {
-        if let Some(known) = self.map.get_mut(&key) {
-            *known = value;
-            return 0;
-        }
-        if capacity == 0 {
-            return 0;
-        }
-        let key = Arc::new(key);
-        self.map.insert(Arc::clone(&key), value);
-        self.order.push_back(key);
-        let mut evicted = 0;
-        while self.map.len() > capacity {
-            let Some(oldest) = self.order.pop_front() else { break };
-            self.map.remove(&oldest);
-            evicted += 1;
-        }
-        evicted
-    }
-
-    fn remove_channel(&mut self, channel: &ConnectorChannelId) {
-        self.map.retain(|key, _| &key.0 != channel);
-        self.order.retain(|key| &key.0 != channel);
-    }
-}
+type RecentCache = FifoMap<Arc<Key>, (Digest, u64)>;
 
 /// Counters of the idempotency set.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -318,7 +282,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         if let Some((digest, _)) = self.uncommitted.get(&key) {
             return Ok(Some(*digest));
         }
-        if let Some((digest, at)) = self.recent.get(&key) {
+        if let Some((digest, at)) = self.recent.get(&key).copied() {
             return Ok(fresh(at).then_some(digest));
         }
         self.stats.store_lookups += 1;
@@ -329,9 +293,11 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
             return Ok(None);
         }
         let digest = Digest::of(&record.fingerprint);
-        self.stats.cache_evictions +=
-            self.recent.insert(key, (digest, record.completed_at), self.config.cache_capacity)
-                as u64;
+        self.stats.cache_evictions += self.recent.insert(
+            Arc::new(key),
+            (digest, record.completed_at),
+            self.config.cache_capacity,
+        ) as u64;
         Ok(Some(digest))
     }
 
@@ -395,7 +361,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         let key = (channel.clone(), message_id.clone());
         if let Some(value) = self.uncommitted.remove(&key) {
             self.stats.cache_evictions +=
-                self.recent.insert(key, value, self.config.cache_capacity) as u64;
+                self.recent.insert(Arc::new(key), value, self.config.cache_capacity) as u64;
         }
     }
 
@@ -456,7 +422,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
     pub fn remove_channel(&mut self, channel: &ConnectorChannelId) -> Result<(), IdempotencyError> {
         self.channels.remove(channel);
         self.uncommitted.retain(|key, _| &key.0 != channel);
-        self.recent.remove_channel(channel);
+        self.recent.retain(|key| &key.0 != channel);
         self.store.apply(&[IdempotencyWrite::Trim { channel: channel.clone(), keep: 0 }])?;
         Ok(())
     }
@@ -464,7 +430,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
     /// Counters.
     pub fn stats(&self) -> IdempotencyStats {
         IdempotencyStats {
-            remembered: self.recent.map.len() + self.uncommitted.len(),
+            remembered: self.recent.len() + self.uncommitted.len(),
             uncommitted: self.uncommitted.len(),
             in_progress: self.channels.values().map(|c| c.in_progress.len()).sum(),
             ..self.stats.clone()

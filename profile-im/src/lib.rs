@@ -93,6 +93,7 @@
 mod activity;
 mod delta;
 mod error;
+mod fifo;
 mod idempotency;
 mod outbox;
 mod payload;
