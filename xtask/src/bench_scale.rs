@@ -33,7 +33,7 @@ use crate::bench_support::{
     API_KEY, Flags, PacketSocket, machine, print_table, rss_of, temp_dir, warn_if_debug,
 };
 use crate::chaos::{
-    build_examples, connector_pid, connector_wrap, spawn_connector, stop_connector,
+    build_examples, connector_pid, connector_wrap, free_port, spawn_connector, stop_connector,
 };
 
 /// Runs the benchmark.
@@ -53,7 +53,7 @@ pub fn run(root: &std::path::Path, args: &[String]) -> Result<std::process::Exit
     let bins = build_examples(root)?;
     let dir = temp_dir("bench-scale")?;
     let state = dir.join("connector");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = free_port()?;
     // The runtime's default channel limits (4,096 per socket, 16,384 in all) are raised to
     // the largest step: this benchmark opens every channel on one socket.
     let limit = steps.iter().copied().max().unwrap_or(0).max(16_384);

@@ -298,7 +298,7 @@ enum Victim {
 }
 
 /// A free loopback port (bound and released; the Connector rebinds it with SO_REUSEADDR).
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
