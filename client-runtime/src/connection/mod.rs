@@ -22,6 +22,7 @@ mod inbound;
 mod plane;
 mod reconnect;
 mod request;
+mod rules;
 mod shared;
 
 pub use config::{ClientConfig, PacketTap, TapDirection};

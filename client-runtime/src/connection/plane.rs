@@ -1,9 +1,10 @@
 //! The [`DataPlane`] handle the application holds.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::{Mutex, mpsc, watch};
+use xagent_connection::{Admission, CLOSE_NORMAL, Requests};
 use xagent_protocol_types::{
     ChannelOpen, ChannelOpenAck, ConnectorChannelId, ConnectorId, MessagePush, Packet, PacketBody,
     Payload, Request,
@@ -11,7 +12,7 @@ use xagent_protocol_types::{
 
 use super::reconnect::supervise;
 use super::request::{request_on, request_typed, send_on};
-use super::shared::{Outgoing, fail_pending};
+use super::shared::fail_pending;
 use super::{ClientConfig, ClientEvent, ConnectionState, Events, Shared, lock};
 use crate::ClientError;
 use crate::directory::ChannelDirectory;
@@ -63,11 +64,18 @@ impl DataPlane {
             }
         }
         let config_window = config.window;
+        let admission = Arc::new(Admission::from_parts(
+            config.connector_card_id.clone(),
+            config.supported_profiles.clone(),
+            config.card.clone(),
+            config.window,
+        ));
         let shared = Arc::new(Shared {
             im: Mutex::new(im),
             config,
             link: StdMutex::new(None),
-            pending: StdMutex::new(HashMap::new()),
+            pending: Requests::new(),
+            admission,
             channels: StdMutex::new(channels),
             directory: StdMutex::new(directory),
             state: state_sender,
@@ -173,7 +181,7 @@ impl DataPlane {
     /// Sends raw text, past the session (for conformance probes that need malformed input).
     pub async fn send_raw(&self, text: String) -> Result<(), ClientError> {
         let link = self.shared.link().ok_or(ClientError::NotConnected)?;
-        link.tx.send(Outgoing::Raw(text)).await.map_err(|_| ClientError::NotConnected)
+        link.raw(text).await.map_err(|_| ClientError::NotConnected)
     }
 
     /// Opens a channel (`existing` restores a persisted one) and returns its ack. The channel
@@ -244,7 +252,7 @@ impl DataPlane {
         self.task.abort();
         let link = lock(&self.shared.link).take();
         if let Some(link) = link {
-            let _ = link.tx.send(Outgoing::Close(1000, "closed".into())).await;
+            link.close(CLOSE_NORMAL, "closed").await;
         }
         self.shared.set_state(ConnectionState::Stopped { reason: "closed".into() });
         let _ = self.shared.events.try_send(ClientEvent::Stopped { reason: "closed".into() });
