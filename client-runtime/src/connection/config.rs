@@ -85,7 +85,7 @@ impl PacketTap {
         Self(Arc::new(tap))
     }
 
-    pub(super) fn see(&self, direction: TapDirection, text: &str) {
+    pub(crate) fn see(&self, direction: TapDirection, text: &str) {
         (self.0)(direction, text);
     }
 }

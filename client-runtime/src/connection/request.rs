@@ -66,14 +66,14 @@ pub(crate) async fn send_on(shared: &Shared, packet: &Packet) -> Result<(), Clie
 }
 
 /// Queues a packet without waiting for the write (replies from the reader).
-pub(super) async fn send_quietly(shared: &Shared, packet: Packet) {
+pub(crate) async fn send_quietly(shared: &Shared, packet: Packet) {
     if let Some(link) = shared.link() {
         link.push(packet).await;
     }
 }
 
 /// What the core's writer said about a packet, as this crate's error.
-pub(super) fn sent_error(error: SendError) -> ClientError {
+pub(crate) fn sent_error(error: SendError) -> ClientError {
     match error {
         SendError::Withheld(error) => ClientError::Withheld(error),
         SendError::Invalid(refusal) => {

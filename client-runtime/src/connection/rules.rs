@@ -13,7 +13,7 @@ use super::Shared;
 /// The one judgement of a packet (`text` is its JSON): the hot-path verdict runs first on the
 /// packet already decoded (no second decode, no `Value`); only a refused packet is parsed again
 /// for the report that names its rules.
-pub(super) fn judge_packet(
+pub(crate) fn judge_packet(
     validator: &Validator,
     admission: &Admission,
     packet: &Packet,
@@ -26,7 +26,7 @@ pub(super) fn judge_packet(
 }
 
 /// The validator's errors for a packet, rule ids first and joined, or `None` when it passes.
-pub(super) fn packet_problems(
+pub(crate) fn packet_problems(
     shared: &Shared,
     packet: &Packet,
     text: &str,
@@ -39,9 +39,9 @@ pub(super) fn packet_problems(
 
 /// The send rules the core's writer runs on every packet before it leaves: the receive rules
 /// of the Connector, applied here so a packet it would refuse never goes out.
-pub(super) struct SendRules {
-    pub(super) validator: Validator,
-    pub(super) admission: Arc<Admission>,
+pub(crate) struct SendRules {
+    pub(crate) validator: Validator,
+    pub(crate) admission: Arc<Admission>,
 }
 
 impl OutboundJudge for SendRules {

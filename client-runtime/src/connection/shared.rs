@@ -10,24 +10,24 @@ use xagent_protocol_types::{ConnectorChannelId, Packet};
 use super::{ClientConfig, ClientEvent, ConnectionState};
 use crate::ClientError;
 use crate::directory::ChannelDirectory;
-use crate::im::ImState;
+use crate::im_state::ImState;
 
 /// What an answer hands to the request's waiter.
-pub(super) type Answer = Result<Packet, ClientError>;
+pub(crate) type Answer = Result<Packet, ClientError>;
 
 pub(crate) struct Shared {
     pub(crate) config: ClientConfig,
     /// The current connection's outbound handle (write queue, session, clock).
-    pub(super) link: StdMutex<Option<Outbound>>,
+    pub(crate) link: StdMutex<Option<Outbound>>,
     /// The one request/ack correlation.
-    pub(super) pending: Requests<Answer>,
+    pub(crate) pending: Requests<Answer>,
     /// The one home of the admitted Card, the announced Profiles and the window, read at
     /// every connect and by the packet rules in both directions.
     pub(crate) admission: Arc<Admission>,
     /// Remembered channels: the id xAgent persisted -> the id currently open.
-    pub(super) channels: StdMutex<BTreeMap<ConnectorChannelId, ConnectorChannelId>>,
+    pub(crate) channels: StdMutex<BTreeMap<ConnectorChannelId, ConnectorChannelId>>,
     pub(crate) directory: StdMutex<ChannelDirectory>,
-    pub(super) state: watch::Sender<ConnectionState>,
+    pub(crate) state: watch::Sender<ConnectionState>,
     pub(crate) events: mpsc::Sender<ClientEvent>,
     pub(crate) im: Mutex<ImState>,
     pub(crate) files: StdMutex<Option<Arc<dyn crate::FileSource>>>,
@@ -35,8 +35,8 @@ pub(crate) struct Shared {
     /// The HTTP client of the control and transfer planes, made once per data plane (on first
     /// use) and shared by every download and upload: a `reqwest::Client` holds a connection
     /// pool, so one per file would open a new connection each time.
-    pub(super) control: std::sync::OnceLock<crate::ControlPlane>,
-    pub(super) validator: xagent_protocol_validate::Validator,
+    pub(crate) control: std::sync::OnceLock<crate::ControlPlane>,
+    pub(crate) validator: xagent_protocol_validate::Validator,
 }
 
 pub(crate) fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -64,18 +64,18 @@ impl Shared {
         lock(&self.directory).set_card(card);
     }
 
-    pub(super) fn link(&self) -> Option<Outbound> {
+    pub(crate) fn link(&self) -> Option<Outbound> {
         lock(&self.link).clone()
     }
 
-    pub(super) fn set_state(&self, state: ConnectionState) {
+    pub(crate) fn set_state(&self, state: ConnectionState) {
         self.state.send_replace(state.clone());
         // State changes are advisory: never block the driver on a slow reader.
         let _ = self.events.try_send(ClientEvent::State(state));
     }
 }
 
-pub(super) fn fail_pending(shared: &Shared) {
+pub(crate) fn fail_pending(shared: &Shared) {
     // Dropping the senders wakes every waiter with NotConnected.
     shared.pending.fail_all();
 }

@@ -1,20 +1,19 @@
-//! The reconnect driver: one connection's life, hello and its checks, reopening channels.
+//! The reconnect driver: one connection's life (hello, its checks in `hello`), reopening
+//! channels.
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use xagent_connection::{CLOSE_POLICY, Outbound, WriterOptions};
-use xagent_protocol_types::{
-    ChannelOpen, ConnectorChannelId, ConnectorHelloAck, ConnectorId, Packet, Payload, Side,
-};
-use xagent_protocol_validate::PacketContext;
+use xagent_protocol_types::{ChannelOpen, ConnectorChannelId, ConnectorId, Payload, Side};
 
 use super::frames::read_loop;
-use super::request::{request_on, request_typed};
-use super::rules::SendRules;
-use super::shared::fail_pending;
-use super::{ClientEvent, ConnectionState, Shared, TapDirection, emit, lock};
+use super::hello::check_hello_ack;
 use crate::ClientError;
+use crate::connection::{
+    ClientEvent, ConnectionState, SendRules, Shared, TapDirection, emit, fail_pending, lock,
+    request_on, request_typed,
+};
 use crate::transport::Transport;
 
 /// The reconnect loop: never gives up; the delay grows to the cap.
@@ -145,54 +144,6 @@ fn writer_options(shared: &Shared) -> WriterOptions {
         see
     });
     options
-}
-
-/// The checks on `connector.hello.ack` beyond the session's (which already checked the Card
-/// id, the version window and the pairing): the schema rules of the validator, and the Card.
-pub(super) fn check_hello_ack(
-    shared: &Shared,
-    packet: &Packet,
-) -> Result<ConnectorHelloAck, ClientError> {
-    if let Some(error) = &packet.error {
-        return Err(ClientError::Remote(error.clone()));
-    }
-    let value = packet.to_value().map_err(|e| ClientError::Protocol(e.to_string()))?;
-    let admitted = shared.admission.current();
-    let context = PacketContext { card: admitted.facts.as_deref(), sender: Some(Side::Connector) };
-    // The configured window, not the default one: the same validator as every other packet.
-    let report = shared.validator.packet(&value, context);
-    let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
-    if !errors.is_empty() {
-        return Err(ClientError::NotAdmissible(format!(
-            "connector.hello.ack refused: {}",
-            errors.join("; ")
-        )));
-    }
-    let Some(ack) = packet.payload::<ConnectorHelloAck>().cloned() else {
-        return Err(ClientError::Protocol(format!(
-            "expected connector.hello.ack, got {}",
-            packet.type_str()
-        )));
-    };
-    if ack.connector_card_id != admitted.card_id {
-        return Err(ClientError::NotAdmissible(format!(
-            "[hello_ack.card_id] connector.hello.ack names card {}, expected {}",
-            ack.connector_card_id, admitted.card_id
-        )));
-    }
-    admitted
-        .window
-        .admit(ack.protocol_version.as_deref())
-        .map_err(|e| ClientError::NotAdmissible(format!("[hello_ack.protocol_version] {e}")))?;
-    if let Some(card) = &admitted.card
-        && ack.protocol_version.as_deref() != Some(card.protocol_version.as_str())
-    {
-        return Err(ClientError::NotAdmissible(format!(
-            "[hello_ack.protocol_version] connector.hello.ack says protocol {:?}, the admitted Card says {}",
-            ack.protocol_version, card.protocol_version
-        )));
-    }
-    Ok(ack)
 }
 
 async fn reopen_channels(shared: Arc<Shared>, connector_id: ConnectorId) {

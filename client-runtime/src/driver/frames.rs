@@ -10,10 +10,10 @@ use xagent_connection::{
 use xagent_protocol_types::{Packet, PacketBody, Pong, Role, Side, WireError};
 use xagent_protocol_validate::{Accepted, RejectAction, Session};
 
-use super::reconnect::check_hello_ack;
-use super::request::send_quietly;
-use super::rules::packet_problems;
-use super::{ClientEvent, Shared, TapDirection, emit, lock};
+use super::hello::check_hello_ack;
+use crate::connection::{
+    ClientEvent, Shared, TapDirection, emit, lock, packet_problems, send_quietly,
+};
 use crate::transport::FrameStream;
 use crate::{ClientError, ids};
 
