@@ -660,12 +660,15 @@ impl DataPlane {
         self.request(existing, ChannelOpen::default()).await
     }
 
-    /// Opens a channel for an xAgent user, who then owns it in the channel directory.
+    /// Opens a channel for an xAgent user, who then owns it in the channel directory. The
+    /// Card's `user_channel_mode` is applied first: in `single` mode a user who has a channel
+    /// may only reopen it ([`ClientError::UserChannelLimit`] otherwise, nothing sent).
     pub async fn open_channel_for(
         &self,
         owner: &str,
         existing: Option<&ConnectorChannelId>,
     ) -> Result<ChannelOpenAck, ClientError> {
+        let _place = crate::directory::reserve_open(&self.shared.directory, owner, existing)?;
         let ack = self.open_channel(existing).await?;
         lock(&self.shared.directory).set_owner(&ack.connector_channel_id, owner);
         Ok(ack)

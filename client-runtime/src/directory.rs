@@ -3,12 +3,12 @@
 //! `connection.descriptor.push` after the Descriptor rules; and the channel resolution of
 //! protocol section 10.1 for Card Tool calls.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
 use xagent_protocol_types::{
     ConnectionDescriptor, ConnectionStatus, ConnectorCard, ConnectorCardId, ConnectorChannelId,
-    ErrorCode, PermissionState, ToolStatus, WireError,
+    ErrorCode, UserChannelMode, WireError,
 };
 use xagent_protocol_validate::{CardFacts, DescriptorContext};
 
@@ -59,22 +59,58 @@ impl ChannelEntry {
         )
     }
 
-    /// Whether a Card Tool can run here now: authenticated, `connected` (or `degraded` with the
-    /// Tool still available), the Descriptor lists the Tool `available`, and the target
-    /// permission does not deny it.
+    /// Whether a Card Tool can run here now: the Descriptor's availability rule
+    /// ([`ConnectionDescriptor::is_tool_available`]), the same one the Tool projection asks.
     pub fn tool_available(&self, tool_id: &str) -> bool {
-        let Some(descriptor) = &self.descriptor else { return false };
-        if !matches!(
-            descriptor.connection.status,
-            ConnectionStatus::Connected | ConnectionStatus::Degraded
-        ) {
-            return false;
-        }
-        descriptor.tool(tool_id).is_some_and(|tool| {
-            tool.status == ToolStatus::Available
-                && !matches!(tool.target_permission_state, Some(PermissionState::Denied))
-        })
+        self.descriptor.as_ref().is_some_and(|descriptor| descriptor.is_tool_available(tool_id))
     }
+}
+
+/// A `channel.open` the Card's `supports.user_channel_mode` does not allow: the mode is
+/// `single` (or omitted, which reads as `single`) and the user already has a channel.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "user {owner} already has {} and the Card's user_channel_mode is single: reopen that channel (pass it as the existing channel) to sign in again, or forget it before opening another",
+    match existing { Some(channel) => format!("channel {channel}"), None => "a channel being opened".to_owned() }
+)]
+pub struct UserChannelLimit {
+    /// The xAgent user.
+    pub owner: String,
+    /// The user's channel (`None`: another open for the user is still waiting for its ack).
+    pub existing: Option<ConnectorChannelId>,
+}
+
+/// Holds a user's place while a first `channel.open` is in flight in `single` mode, so two
+/// concurrent opens cannot both pass the check; released when dropped.
+pub(crate) struct OpenReservation<'a> {
+    directory: &'a Mutex<ChannelDirectory>,
+    owner: Option<String>,
+}
+
+impl Drop for OpenReservation<'_> {
+    fn drop(&mut self) {
+        if let Some(owner) = self.owner.take() {
+            let mut directory = self.directory.lock().unwrap_or_else(PoisonError::into_inner);
+            directory.opening.retain(|o| o != &owner);
+        }
+    }
+}
+
+/// Applies `supports.user_channel_mode` before a `channel.open` for `owner`
+/// ([`ChannelDirectory::check_user_channel_mode`]) and, for a new channel in `single` mode,
+/// reserves the user's one channel until the returned guard is dropped.
+pub(crate) fn reserve_open<'a>(
+    directory: &'a Mutex<ChannelDirectory>,
+    owner: &str,
+    existing: Option<&ConnectorChannelId>,
+) -> Result<OpenReservation<'a>, UserChannelLimit> {
+    let mut guard = directory.lock().unwrap_or_else(PoisonError::into_inner);
+    let reserve = guard.check_user_channel_mode(owner, existing)?;
+    let owner = reserve.then(|| {
+        guard.opening.push(owner.to_owned());
+        owner.to_owned()
+    });
+    Ok(OpenReservation { directory, owner })
 }
 
 /// Why a Descriptor was refused: the validator's rule ids and messages.
@@ -90,13 +126,15 @@ pub struct ChannelDirectory {
     /// plane through [`ChannelDirectory::card_facts`].
     facts: Option<Arc<CardFacts>>,
     entries: Vec<ChannelEntry>,
+    /// Users with a first `channel.open` in flight under `user_channel_mode: single`.
+    opening: Vec<String>,
 }
 
 impl ChannelDirectory {
     /// An empty directory checked against `card` (unchecked without one).
     pub fn new(card: Option<ConnectorCard>) -> Self {
         let facts = card.as_ref().map(|card| Arc::new(CardFacts::from_card(card)));
-        Self { card, facts, entries: Vec::new() }
+        Self { card, facts, entries: Vec::new(), opening: Vec::new() }
     }
 
     /// The admitted Card.
@@ -176,6 +214,37 @@ impl ChannelDirectory {
         if let Some(entry) = self.entries.iter_mut().find(|e| &e.connector_channel_id == previous) {
             entry.connector_channel_id = current.clone();
         }
+    }
+
+    /// `supports.user_channel_mode` (protocol 4.1), asked before `channel.open` for `owner`:
+    /// with `multiple`, or without an admitted Card, anything goes. Otherwise (`single`, also
+    /// when the Card leaves the mode out) a user who owns a channel may reopen only that one
+    /// (`existing`), and a user whose first open is still in flight may not start another.
+    /// `Ok(true)`: a new channel, whose place the caller holds until its open completes.
+    pub fn check_user_channel_mode(
+        &self,
+        owner: &str,
+        existing: Option<&ConnectorChannelId>,
+    ) -> Result<bool, UserChannelLimit> {
+        let Some(card) = &self.card else { return Ok(false) };
+        if card.supports.effective_user_channel_mode() == UserChannelMode::Multiple {
+            return Ok(false);
+        }
+        if let Some(other) =
+            self.owned_by(owner).find(|e| Some(&e.connector_channel_id) != existing)
+        {
+            return Err(UserChannelLimit {
+                owner: owner.to_owned(),
+                existing: Some(other.connector_channel_id.clone()),
+            });
+        }
+        if existing.is_some_and(|channel| self.owner(channel).as_deref() == Some(owner)) {
+            return Ok(false);
+        }
+        if self.opening.iter().any(|o| o == owner) {
+            return Err(UserChannelLimit { owner: owner.to_owned(), existing: None });
+        }
+        Ok(true)
     }
 
     /// Checks a Descriptor for `channel` against the Descriptor rules (identity, Profiles within
@@ -331,8 +400,8 @@ mod tests {
     use super::*;
     use serde_json::json;
     use xagent_protocol_types::{
-        BuildInfo, CardTool, Connection, ConnectorInfo, DescriptorTarget, DescriptorTool, Supports,
-        TargetType,
+        BuildInfo, CardTool, Connection, ConnectorInfo, DescriptorTarget, DescriptorTool,
+        PermissionState, Supports, TargetType, ToolStatus,
     };
 
     fn schema() -> serde_json::Map<String, serde_json::Value> {
@@ -497,6 +566,57 @@ mod tests {
         )]);
         assert_eq!(code(directory.resolve("alice", None, "send")), "connection_not_found");
         assert_eq!(code(directory.resolve("carol", None, "send")), "connection_not_found");
+    }
+
+    fn card_with_mode(mode: Option<UserChannelMode>) -> ConnectorCard {
+        let mut card = card();
+        card.supports.user_channel_mode = mode;
+        card
+    }
+
+    #[test]
+    fn user_channel_mode_rule_single_refuses_a_second_channel_before_channel_open() {
+        for mode in [None, Some(UserChannelMode::Single)] {
+            let mut directory = ChannelDirectory::new(Some(card_with_mode(mode.clone())));
+            let first = ConnectorChannelId::new("cch_a");
+            assert_eq!(directory.check_user_channel_mode("alice", None), Ok(true), "{mode:?}");
+            directory.set_owner(&first, "alice");
+            let refused =
+                directory.check_user_channel_mode("alice", None).expect_err("a second channel");
+            assert_eq!(refused.existing.as_ref(), Some(&first));
+            assert!(refused.to_string().contains("reopen that channel"), "{refused}");
+            // Reopening the user's own channel is not a second one; another user is not limited.
+            assert_eq!(directory.check_user_channel_mode("alice", Some(&first)), Ok(false));
+            assert_eq!(directory.check_user_channel_mode("bob", None), Ok(true));
+            // Restoring some other channel id would still be a second channel.
+            let other = ConnectorChannelId::new("cch_other");
+            assert!(directory.check_user_channel_mode("alice", Some(&other)).is_err());
+            // Once forgotten, the user may open a new one.
+            directory.forget(&first);
+            assert_eq!(directory.check_user_channel_mode("alice", None), Ok(true));
+        }
+    }
+
+    #[test]
+    fn user_channel_mode_rule_multiple_or_no_card_does_not_limit() {
+        let mut directory =
+            ChannelDirectory::new(Some(card_with_mode(Some(UserChannelMode::Multiple))));
+        directory.set_owner(&ConnectorChannelId::new("cch_a"), "alice");
+        assert_eq!(directory.check_user_channel_mode("alice", None), Ok(false));
+        let mut unchecked = ChannelDirectory::new(None);
+        unchecked.set_owner(&ConnectorChannelId::new("cch_a"), "alice");
+        assert_eq!(unchecked.check_user_channel_mode("alice", None), Ok(false));
+    }
+
+    #[test]
+    fn user_channel_mode_rule_single_holds_the_place_of_an_open_in_flight() {
+        let directory = Mutex::new(ChannelDirectory::new(Some(card_with_mode(None))));
+        let held = reserve_open(&directory, "alice", None).expect("the first open");
+        let refused = reserve_open(&directory, "alice", None).err().expect("a concurrent second");
+        assert_eq!(refused.existing, None);
+        assert!(refused.to_string().contains("a channel being opened"), "{refused}");
+        drop(held);
+        assert!(reserve_open(&directory, "alice", None).is_ok(), "released when the open ends");
     }
 
     #[test]

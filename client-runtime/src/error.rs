@@ -73,6 +73,29 @@ pub enum ClientError {
     /// The durable store failed.
     #[error(transparent)]
     Store(#[from] xagent_profile_im::StoreError),
+    /// A `chat.message.delta` was not sent: its `sequence` is not the next one of its message
+    /// (0, a gap, or a repeat with other text), or a per-message bound was reached; the same
+    /// verdict the Connector would give.
+    #[error("delta not sent: {0}")]
+    Delta(#[from] xagent_profile_im::DeltaError),
+    /// A delta for a message that is already final (its `chat.message` was queued) or whose
+    /// stream expired: the Connector would ignore it.
+    #[error(
+        "delta not sent: message {message_id} on channel {channel} is already final or its stream expired; stream a new message under a new message_id"
+    )]
+    StreamClosed {
+        /// The channel.
+        channel: xagent_protocol_types::ConnectorChannelId,
+        /// The message.
+        message_id: xagent_protocol_types::MessageId,
+    },
+    /// A file of an assistant message is not one this client uploaded on the message's
+    /// channel, or it expired.
+    #[error(transparent)]
+    OutboundFile(#[from] crate::OutboundFileError),
+    /// `supports.user_channel_mode` is `single` and the user already has a channel.
+    #[error(transparent)]
+    UserChannelLimit(#[from] crate::UserChannelLimit),
 }
 
 impl ClientError {
@@ -91,6 +114,10 @@ impl ClientError {
                 error.code.clone()
             }
             Self::Store(_) => ErrorCode::InternalError,
+            Self::Delta(error) => error.code(),
+            Self::StreamClosed { .. } => ErrorCode::SequenceConflict,
+            Self::OutboundFile(error) => error.code(),
+            Self::UserChannelLimit(_) => ErrorCode::CapacityExceeded,
         }
     }
 

@@ -33,8 +33,10 @@ mod ids;
 mod im;
 mod invoke;
 mod store;
+mod stream;
 mod tools;
 mod transport;
+mod uploads;
 
 pub use admission::*;
 pub use backoff::Backoff;
@@ -43,7 +45,9 @@ pub use connection::{
     ClientConfig, ClientEvent, ConnectionState, DataPlane, EventSource, Events, InboundMessage,
     PacketTap, TapDirection, Verdict, next_event_matching,
 };
-pub use directory::{ChannelDirectory, ChannelEntry, DescriptorRefused, SessionBinding};
+pub use directory::{
+    ChannelDirectory, ChannelEntry, DescriptorRefused, SessionBinding, UserChannelLimit,
+};
 pub use error::ClientError;
 pub use health::*;
 pub use http::{ControlPlane, Downloaded, SkillDocument};
@@ -53,7 +57,9 @@ pub use invoke::{
     upload_ref_properties,
 };
 pub use store::{RememberedChannel, SqliteXagentStore, XagentStore};
+pub use stream::MessageStream;
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{
     Frame, FrameSink, FrameStream, MemoryPeer, MemoryTransport, Transport, WsTransport,
 };
+pub use uploads::OutboundFileError;

@@ -324,6 +324,22 @@ impl DeltaAssembler {
         }
     }
 
+    /// The sequence the next delta of `message_id` must carry to be appended: 1 for a message
+    /// not seen yet, one past the last accepted delta otherwise, `None` once the message was
+    /// finalised or expired. A sender that numbers its own deltas asks this (and then
+    /// [`DeltaAssembler::on_delta`], which also applies the TTL) so it never sends 0 or a gap.
+    pub fn next_sequence(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Option<u64> {
+        match self.channels.get(channel).and_then(|ch| ch.open.get(message_id)) {
+            Some(assembly) => Some(assembly.fragments.len() as u64 + 1),
+            None if self.tombstones.get(channel, message_id).is_some() => None,
+            None => Some(1),
+        }
+    }
+
     /// The text assembled so far for an unfinished message.
     pub fn assembled_text(
         &self,
@@ -418,6 +434,19 @@ mod tests {
 
     fn delta(id: &str, sequence: u64, text: &str) -> ChatMessageDelta {
         ChatMessageDelta::new(id, sequence, text)
+    }
+
+    #[test]
+    fn im_v2_delta_rule_next_sequence_starts_at_1_follows_the_accepted_and_ends_at_the_final() {
+        let mut d = DeltaAssembler::new(DeltaConfig::default());
+        let (channel, id) = (ConnectorChannelId::new("cch_a"), MessageId::new("m1"));
+        assert_eq!(d.next_sequence(&channel, &id), Some(1));
+        d.on_delta(&channel, &delta("m1", 1, "a"), 1).expect("first");
+        assert_eq!(d.next_sequence(&channel, &id), Some(2));
+        assert!(d.on_delta(&channel, &delta("m1", 3, "c"), 1).is_err(), "a gap is refused");
+        assert_eq!(d.next_sequence(&channel, &id), Some(2), "a refused delta changes nothing");
+        d.on_final(&channel, &id);
+        assert_eq!(d.next_sequence(&channel, &id), None);
     }
 
     #[test]
