@@ -3,7 +3,7 @@
 //! `connection.descriptor.push` after the Descriptor rules; and the channel resolution of
 //! protocol section 10.1 for Card Tool calls.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use serde::Serialize;
 use xagent_protocol_types::{
@@ -11,6 +11,8 @@ use xagent_protocol_types::{
     ErrorCode, UserChannelMode, WireError,
 };
 use xagent_protocol_validate::{CardFacts, DescriptorContext};
+
+use crate::error::UserChannelLimit;
 
 /// A dedicated xAgent session's fixed binding to one channel of one Card (step 1 of 10.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,53 +68,6 @@ impl ChannelEntry {
     }
 }
 
-/// A `channel.open` the Card's `supports.user_channel_mode` does not allow: the mode is
-/// `single` (or omitted, which reads as `single`) and the user already has a channel.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "user {owner} already has {} and the Card's user_channel_mode is single: reopen that channel (pass it as the existing channel) to sign in again, or forget it before opening another",
-    match existing { Some(channel) => format!("channel {channel}"), None => "a channel being opened".to_owned() }
-)]
-pub struct UserChannelLimit {
-    /// The xAgent user.
-    pub owner: String,
-    /// The user's channel (`None`: another open for the user is still waiting for its ack).
-    pub existing: Option<ConnectorChannelId>,
-}
-
-/// Holds a user's place while a first `channel.open` is in flight in `single` mode, so two
-/// concurrent opens cannot both pass the check; released when dropped.
-pub(crate) struct OpenReservation<'a> {
-    directory: &'a Mutex<ChannelDirectory>,
-    owner: Option<String>,
-}
-
-impl Drop for OpenReservation<'_> {
-    fn drop(&mut self) {
-        if let Some(owner) = self.owner.take() {
-            let mut directory = self.directory.lock().unwrap_or_else(PoisonError::into_inner);
-            directory.opening.retain(|o| o != &owner);
-        }
-    }
-}
-
-/// Applies `supports.user_channel_mode` before a `channel.open` for `owner`
-/// ([`ChannelDirectory::check_user_channel_mode`]) and, for a new channel in `single` mode,
-/// reserves the user's one channel until the returned guard is dropped.
-pub(crate) fn reserve_open<'a>(
-    directory: &'a Mutex<ChannelDirectory>,
-    owner: &str,
-    existing: Option<&ConnectorChannelId>,
-) -> Result<OpenReservation<'a>, UserChannelLimit> {
-    let mut guard = directory.lock().unwrap_or_else(PoisonError::into_inner);
-    let reserve = guard.check_user_channel_mode(owner, existing)?;
-    let owner = reserve.then(|| {
-        guard.opening.push(owner.to_owned());
-        owner.to_owned()
-    });
-    Ok(OpenReservation { directory, owner })
-}
-
 /// Why a Descriptor was refused: the validator's rule ids and messages.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the Descriptor breaks the rules: {0}")]
@@ -126,8 +81,9 @@ pub struct ChannelDirectory {
     /// plane through [`ChannelDirectory::card_facts`].
     facts: Option<Arc<CardFacts>>,
     entries: Vec<ChannelEntry>,
-    /// Users with a first `channel.open` in flight under `user_channel_mode: single`.
-    opening: Vec<String>,
+    /// Users with a first `channel.open` in flight under `user_channel_mode: single`
+    /// (held by `crate::channel_mode`).
+    pub(crate) opening: Vec<String>,
 }
 
 impl ChannelDirectory {
@@ -566,57 +522,6 @@ mod tests {
         )]);
         assert_eq!(code(directory.resolve("alice", None, "send")), "connection_not_found");
         assert_eq!(code(directory.resolve("carol", None, "send")), "connection_not_found");
-    }
-
-    fn card_with_mode(mode: Option<UserChannelMode>) -> ConnectorCard {
-        let mut card = card();
-        card.supports.user_channel_mode = mode;
-        card
-    }
-
-    #[test]
-    fn user_channel_mode_rule_single_refuses_a_second_channel_before_channel_open() {
-        for mode in [None, Some(UserChannelMode::Single)] {
-            let mut directory = ChannelDirectory::new(Some(card_with_mode(mode.clone())));
-            let first = ConnectorChannelId::new("cch_a");
-            assert_eq!(directory.check_user_channel_mode("alice", None), Ok(true), "{mode:?}");
-            directory.set_owner(&first, "alice");
-            let refused =
-                directory.check_user_channel_mode("alice", None).expect_err("a second channel");
-            assert_eq!(refused.existing.as_ref(), Some(&first));
-            assert!(refused.to_string().contains("reopen that channel"), "{refused}");
-            // Reopening the user's own channel is not a second one; another user is not limited.
-            assert_eq!(directory.check_user_channel_mode("alice", Some(&first)), Ok(false));
-            assert_eq!(directory.check_user_channel_mode("bob", None), Ok(true));
-            // Restoring some other channel id would still be a second channel.
-            let other = ConnectorChannelId::new("cch_other");
-            assert!(directory.check_user_channel_mode("alice", Some(&other)).is_err());
-            // Once forgotten, the user may open a new one.
-            directory.forget(&first);
-            assert_eq!(directory.check_user_channel_mode("alice", None), Ok(true));
-        }
-    }
-
-    #[test]
-    fn user_channel_mode_rule_multiple_or_no_card_does_not_limit() {
-        let mut directory =
-            ChannelDirectory::new(Some(card_with_mode(Some(UserChannelMode::Multiple))));
-        directory.set_owner(&ConnectorChannelId::new("cch_a"), "alice");
-        assert_eq!(directory.check_user_channel_mode("alice", None), Ok(false));
-        let mut unchecked = ChannelDirectory::new(None);
-        unchecked.set_owner(&ConnectorChannelId::new("cch_a"), "alice");
-        assert_eq!(unchecked.check_user_channel_mode("alice", None), Ok(false));
-    }
-
-    #[test]
-    fn user_channel_mode_rule_single_holds_the_place_of_an_open_in_flight() {
-        let directory = Mutex::new(ChannelDirectory::new(Some(card_with_mode(None))));
-        let held = reserve_open(&directory, "alice", None).expect("the first open");
-        let refused = reserve_open(&directory, "alice", None).err().expect("a concurrent second");
-        assert_eq!(refused.existing, None);
-        assert!(refused.to_string().contains("a channel being opened"), "{refused}");
-        drop(held);
-        assert!(reserve_open(&directory, "alice", None).is_ok(), "released when the open ends");
     }
 
     #[test]

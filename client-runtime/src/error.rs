@@ -1,6 +1,6 @@
 //! Errors of the xAgent-side runtime, each with the protocol's stable code.
 
-use xagent_protocol_types::{ErrorCode, WireError};
+use xagent_protocol_types::{ConnectorChannelId, ErrorCode, FileRef, WireError};
 
 use crate::BaseUrlError;
 
@@ -70,6 +70,27 @@ pub enum ClientError {
     /// `connector.hello.ack`, or on a channel not open on this connection).
     #[error("not sent ({}): {}; wait until the connection and the channel are open", .0.code, .0.message())]
     Withheld(WireError),
+    /// This side refused to send a packet that breaks the rules the Connector applies on
+    /// receive (the same validator, with the admitted Card); nothing was sent. The rule ids
+    /// say what to fix.
+    #[error("not sent: {message}; fix the packet")]
+    Invalid {
+        /// The rule ids broken (for example `im.delta.sequence`).
+        rules: Vec<String>,
+        /// Every violation, rule id first.
+        message: String,
+    },
+    /// The packet is larger than the data plane takes (the outbound size rule); nothing was
+    /// sent.
+    #[error(
+        "not sent: the packet is {bytes} bytes and the data plane takes at most {limit}; send less, or a file through the Transfer Plane"
+    )]
+    TooLarge {
+        /// Its size as text.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The durable store failed.
     #[error(transparent)]
     Store(#[from] xagent_profile_im::StoreError),
@@ -85,26 +106,27 @@ pub enum ClientError {
     )]
     StreamClosed {
         /// The channel.
-        channel: xagent_protocol_types::ConnectorChannelId,
+        channel: ConnectorChannelId,
         /// The message.
         message_id: xagent_protocol_types::MessageId,
     },
     /// A file of an assistant message is not one this client uploaded on the message's
     /// channel, or it expired.
     #[error(transparent)]
-    OutboundFile(#[from] crate::OutboundFileError),
+    OutboundFile(#[from] OutboundFileError),
     /// `supports.user_channel_mode` is `single` and the user already has a channel.
     #[error(transparent)]
-    UserChannelLimit(#[from] crate::UserChannelLimit),
+    UserChannelLimit(#[from] UserChannelLimit),
 }
 
 impl ClientError {
     /// The stable code for this error.
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::BaseUrl(_) | Self::NotAdmissible(_) | Self::Protocol(_) => {
-                ErrorCode::InvalidPacket
-            }
+            Self::BaseUrl(_)
+            | Self::NotAdmissible(_)
+            | Self::Protocol(_)
+            | Self::Invalid { .. } => ErrorCode::InvalidPacket,
             Self::Transport { .. } | Self::Http { .. } | Self::NotConnected | Self::Closed => {
                 ErrorCode::ConnectorChannelUnavailable
             }
@@ -113,6 +135,7 @@ impl ClientError {
             Self::Remote(error) | Self::Refused(error) | Self::Withheld(error) => {
                 error.code.clone()
             }
+            Self::TooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::Store(_) => ErrorCode::InternalError,
             Self::Delta(error) => error.code(),
             Self::StreamClosed { .. } => ErrorCode::SequenceConflict,
@@ -131,5 +154,64 @@ impl ClientError {
                 | Self::Http { .. }
                 | Self::Withheld(_)
         )
+    }
+}
+
+/// A `channel.open` the Card's `supports.user_channel_mode` does not allow: the mode is
+/// `single` (or omitted, which reads as `single`) and the user already has a channel.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "user {owner} already has {} and the Card's user_channel_mode is single: reopen that channel (pass it as the existing channel) to sign in again, or forget it before opening another",
+    match existing { Some(channel) => format!("channel {channel}"), None => "a channel being opened".to_owned() }
+)]
+pub struct UserChannelLimit {
+    /// The xAgent user.
+    pub owner: String,
+    /// The user's channel (`None`: another open for the user is still waiting for its ack).
+    pub existing: Option<ConnectorChannelId>,
+}
+
+/// Why a file of an assistant message was refused before sending.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboundFileError {
+    /// This client did not upload the `file_ref` (or forgot it after it expired).
+    #[error(
+        "file_ref {file_ref} was not uploaded by this client; upload the file on channel {channel} with DataPlane::upload_message_file and put the file item it returns in the message"
+    )]
+    NotUploaded {
+        /// The reference.
+        file_ref: FileRef,
+        /// The message's channel.
+        channel: ConnectorChannelId,
+    },
+    /// The `file_ref` was uploaded on another channel; the Connector binds it to that one.
+    #[error(
+        "file_ref {file_ref} was uploaded on another channel, not {channel}; a file_ref belongs to the channel it was uploaded on: upload the file again on this channel"
+    )]
+    OtherChannel {
+        /// The reference.
+        file_ref: FileRef,
+        /// The message's channel.
+        channel: ConnectorChannelId,
+    },
+    /// The Connector's expiry of the `file_ref` has passed.
+    #[error("file_ref {file_ref} expired at {expired_at} (Unix ms); upload the file again")]
+    Expired {
+        /// The reference.
+        file_ref: FileRef,
+        /// When it expired (the upload answer's `expires_at`).
+        expired_at: u64,
+    },
+}
+
+impl OutboundFileError {
+    /// The Transfer Plane's code for the same case: `file_not_found` for an unknown or
+    /// expired reference, `forbidden` for one of another channel.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::NotUploaded { .. } | Self::Expired { .. } => ErrorCode::FileNotFound,
+            Self::OtherChannel { .. } => ErrorCode::Forbidden,
+        }
     }
 }

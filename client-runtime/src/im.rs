@@ -3,14 +3,11 @@
 //! `accepted` or `duplicate`, redelivered with the same `message_id`); deltas and activity sent
 //! as they come.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use xagent_profile_im::{
-    Admission, Delivery, DeltaAction, DeltaAssembler, DeltaConfig, EnqueueOutcome,
-    IdempotencyConfig, IdempotencyStore, Outbox, OutboxConfig, OutboxStats, OutboxStore,
-    ReceiverIdempotency, validate_chat_message,
+    Admission, Delivery, DeltaAction, EnqueueOutcome, OutboxStats, validate_chat_message,
 };
 use xagent_protocol_types::{
     ChatActivity, ChatFile, ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId,
@@ -18,82 +15,10 @@ use xagent_protocol_types::{
 };
 
 use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, lock, send_on};
-use crate::store::{XagentStore, memory_stores};
+use crate::im_state::ImState;
 use crate::stream::MessageStream;
-use crate::uploads::{UploadLedger, message_file};
+use crate::uploads::message_file;
 use crate::{ClientError, DataPlane, FileContent, ids};
-
-/// IM state of one client. Outbox entries are keyed by the channel id xAgent persisted, so a
-/// channel that comes back under a new id keeps its pending messages.
-pub(crate) struct ImState {
-    outbox: Outbox<Box<dyn OutboxStore + Send>>,
-    receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
-    /// current channel id -> persisted channel id
-    aliases: HashMap<ConnectorChannelId, ConnectorChannelId>,
-    /// The delta sequence of every assistant message being streamed (by persisted channel),
-    /// judged by the assembler the Connector runs: 1, 2, 3, ... until the final.
-    deltas: DeltaAssembler,
-    /// The `file_ref`s this client uploaded, per channel, until they expire.
-    uploads: UploadLedger,
-}
-
-impl ImState {
-    /// Opens the outbox and the idempotency set over the durable store (loading what a
-    /// previous process left), or over memory.
-    pub(crate) fn open(store: Option<Arc<dyn XagentStore>>, now: u64) -> Result<Self, ClientError> {
-        let (outbox_store, idempotency_store) = match &store {
-            Some(store) => (store.outbox_store(), store.idempotency_store()),
-            None => memory_stores(),
-        };
-        let outbox = Outbox::open(OutboxConfig::new(Side::Xagent), outbox_store, now)
-            .map_err(|e| ClientError::Protocol(format!("the outbox could not be loaded: {e}")))?;
-        let receiver =
-            ReceiverIdempotency::open(IdempotencyConfig::default(), idempotency_store, now)
-                .map_err(|e| {
-                    ClientError::Protocol(format!("the idempotency set could not be loaded: {e}"))
-                })?;
-        Ok(Self {
-            outbox,
-            receiver,
-            aliases: HashMap::new(),
-            deltas: DeltaAssembler::new(DeltaConfig::default()),
-            uploads: UploadLedger::default(),
-        })
-    }
-
-    fn persisted(&self, current: &ConnectorChannelId) -> ConnectorChannelId {
-        self.aliases.get(current).cloned().unwrap_or_else(|| current.clone())
-    }
-
-    fn current(&self, persisted: &ConnectorChannelId) -> ConnectorChannelId {
-        self.aliases
-            .iter()
-            .find(|(_, p)| *p == persisted)
-            .map(|(current, _)| current.clone())
-            .unwrap_or_else(|| persisted.clone())
-    }
-
-    pub(crate) fn on_disconnect(&mut self, now: u64) {
-        if let Err(error) = self.outbox.on_disconnect(now) {
-            tracing::warn!(error = %error, "outbox could not record the disconnect");
-        }
-    }
-
-    pub(crate) fn on_channel_reopened(
-        &mut self,
-        previous: &ConnectorChannelId,
-        current: &ConnectorChannelId,
-        now: u64,
-    ) {
-        let persisted = self.aliases.remove(previous).unwrap_or_else(|| previous.clone());
-        if current != &persisted {
-            self.aliases.insert(current.clone(), persisted.clone());
-        }
-        if let Err(error) = self.outbox.on_channel_reopened(&persisted, now) {
-            tracing::warn!(error = %error, "outbox could not reopen a channel");
-        }
-    }
-}
 
 /// Sends every outbox delivery that is due. Safe to call at any time. The IM lock is not held
 /// while packets are written: deliveries are marked sent first and marked failed if the write
@@ -304,21 +229,27 @@ pub(crate) async fn on_chat_message_ack(shared: &Arc<Shared>, packet: Packet) {
 }
 
 /// Judges a delta by the per-message sequence rule and records it: the next `sequence`, or
-/// an identical repeat of one already sent; 0, a gap or a changed repeat is refused, and so is
-/// any delta after the message's final.
+/// an identical repeat of one already sent; a gap or a changed repeat is refused, and so is
+/// any delta after the message's final. `Ok(true)` when it was recorded as a new delta (to be
+/// withdrawn if its write fails). A `sequence` of 0 is left to the payload rules the writer
+/// runs on every packet, which refuse it naming their rule.
 fn judge_delta(
     im: &mut ImState,
     channel: &ConnectorChannelId,
     delta: &ChatMessageDelta,
     now: u64,
-) -> Result<(), ClientError> {
+) -> Result<bool, ClientError> {
+    if delta.sequence == 0 {
+        return Ok(false);
+    }
     let persisted = im.persisted(channel);
     match im.deltas.on_delta(&persisted, delta, now) {
         Ok(DeltaAction::Late) => Err(ClientError::StreamClosed {
             channel: channel.clone(),
             message_id: delta.message_id.clone(),
         }),
-        Ok(_) => Ok(()),
+        Ok(DeltaAction::Replay) => Ok(false),
+        Ok(_) => Ok(true),
         Err(error) => Err(ClientError::Delta(error)),
     }
 }
@@ -365,20 +296,21 @@ impl DataPlane {
 
     /// Sends a text delta of an assistant message (no ack; the final message completes it).
     /// Its `sequence` must be the message's next one (1 for the first) or an identical repeat
-    /// of one already sent: anything else is refused here with the Connector's own verdict
-    /// ([`ClientError::Delta`], [`ClientError::StreamClosed`]) and not sent.
+    /// of one already sent: anything else is refused here with the Connector's own verdict and
+    /// not sent (0: [`ClientError::Invalid`] from the payload rules; a gap or a changed
+    /// repeat: [`ClientError::Delta`]; after the final: [`ClientError::StreamClosed`]).
     /// [`DataPlane::stream_message`] numbers the deltas itself.
     pub async fn send_delta(
         &self,
         channel: &ConnectorChannelId,
         delta: ChatMessageDelta,
     ) -> Result<(), ClientError> {
-        {
+        let recorded = {
             let now = self.shared().now();
             let mut im = self.shared().im.lock().await;
-            judge_delta(&mut im, channel, &delta, now)?;
-        }
-        self.write_delta(channel, delta).await
+            judge_delta(&mut im, channel, &delta, now)?
+        };
+        self.write_delta(channel, delta, recorded).await
     }
 
     /// Numbers and records the next delta of a streamed message.
@@ -402,13 +334,23 @@ impl DataPlane {
         Ok(delta)
     }
 
-    /// Writes a delta already judged.
+    /// Writes a judged delta. When the write fails (refused by the writer's rules, withheld,
+    /// not connected) the Connector never saw it: a delta `recorded` as new is withdrawn, so
+    /// its number is used again rather than leaving a gap.
     pub(crate) async fn write_delta(
         &self,
         channel: &ConnectorChannelId,
         delta: ChatMessageDelta,
+        recorded: bool,
     ) -> Result<(), ClientError> {
-        self.send_push(channel, delta).await
+        let (message_id, sequence) = (delta.message_id.clone(), delta.sequence);
+        let written = self.send_push(channel, delta).await;
+        if written.is_err() && recorded {
+            let mut im = self.shared().im.lock().await;
+            let persisted = im.persisted(channel);
+            im.deltas.withdraw(&persisted, &message_id, sequence);
+        }
+        written
     }
 
     /// Uploads a file for an assistant message on `channel` (`POST /files/uploads` with that

@@ -8,9 +8,7 @@
 //! final no delta of the message leaves.
 
 use xagent_profile_im::EnqueueOutcome;
-use xagent_protocol_types::{
-    ChatMessage, ChatMessageDelta, ConnectorChannelId, ErrorCode, MessageId, WireError,
-};
+use xagent_protocol_types::{ChatMessage, ConnectorChannelId, ErrorCode, MessageId, WireError};
 
 use crate::{ClientError, DataPlane};
 
@@ -20,8 +18,6 @@ pub struct MessageStream {
     plane: DataPlane,
     channel: ConnectorChannelId,
     message_id: MessageId,
-    /// A delta that was numbered but not written; sent again before the next one.
-    unsent: Option<ChatMessageDelta>,
 }
 
 impl MessageStream {
@@ -30,7 +26,7 @@ impl MessageStream {
         channel: ConnectorChannelId,
         message_id: MessageId,
     ) -> Self {
-        Self { plane, channel, message_id, unsent: None }
+        Self { plane, channel, message_id }
     }
 
     /// The channel the message goes to.
@@ -44,22 +40,12 @@ impl MessageStream {
     }
 
     /// Sends the next text fragment under the next `sequence` (1 for the first) and returns
-    /// that sequence. A fragment that could not be written is sent again, with its own number,
-    /// before the next one (an identical repeat is a no-op for the Connector), so the
-    /// Connector never sees a gap; on error `text` was neither numbered nor sent.
+    /// that sequence. When the write fails the number is taken back (the Connector never saw
+    /// the fragment), so the next call uses it again and the Connector never sees a gap.
     pub async fn delta(&mut self, text: impl Into<String>) -> Result<u64, ClientError> {
-        if let Some(unsent) = self.unsent.take()
-            && let Err(error) = self.plane.send_delta(&self.channel, unsent.clone()).await
-        {
-            self.unsent = Some(unsent);
-            return Err(error);
-        }
         let delta = self.plane.next_delta(&self.channel, &self.message_id, text.into()).await?;
         let sequence = delta.sequence;
-        if let Err(error) = self.plane.write_delta(&self.channel, delta.clone()).await {
-            self.unsent = Some(delta);
-            return Err(error);
-        }
+        self.plane.write_delta(&self.channel, delta, true).await?;
         Ok(sequence)
     }
 

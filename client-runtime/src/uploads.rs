@@ -10,55 +10,12 @@
 
 use std::collections::HashMap;
 
-use xagent_protocol_types::{ChatFile, ConnectorChannelId, ErrorCode, FileRef, UploadResponse};
+use xagent_protocol_types::{ChatFile, ConnectorChannelId, FileRef, UploadResponse};
+
+use crate::error::OutboundFileError;
 
 /// Most uploads remembered at once; expired ones go first, then the one expiring soonest.
 pub(crate) const MAX_RECORDED_UPLOADS: usize = 100_000;
-
-/// Why a file of an assistant message was refused before sending.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum OutboundFileError {
-    /// This client did not upload the `file_ref` (or forgot it after it expired).
-    #[error(
-        "file_ref {file_ref} was not uploaded by this client; upload the file on channel {channel} with DataPlane::upload_message_file and put the file item it returns in the message"
-    )]
-    NotUploaded {
-        /// The reference.
-        file_ref: FileRef,
-        /// The message's channel.
-        channel: ConnectorChannelId,
-    },
-    /// The `file_ref` was uploaded on another channel; the Connector binds it to that one.
-    #[error(
-        "file_ref {file_ref} was uploaded on another channel, not {channel}; a file_ref belongs to the channel it was uploaded on: upload the file again on this channel"
-    )]
-    OtherChannel {
-        /// The reference.
-        file_ref: FileRef,
-        /// The message's channel.
-        channel: ConnectorChannelId,
-    },
-    /// The Connector's expiry of the `file_ref` has passed.
-    #[error("file_ref {file_ref} expired at {expired_at} (Unix ms); upload the file again")]
-    Expired {
-        /// The reference.
-        file_ref: FileRef,
-        /// When it expired (the upload answer's `expires_at`).
-        expired_at: u64,
-    },
-}
-
-impl OutboundFileError {
-    /// The Transfer Plane's code for the same case: `file_not_found` for an unknown or
-    /// expired reference, `forbidden` for one of another channel.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            Self::NotUploaded { .. } | Self::Expired { .. } => ErrorCode::FileNotFound,
-            Self::OtherChannel { .. } => ErrorCode::Forbidden,
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Upload {
@@ -160,7 +117,7 @@ pub(crate) fn message_file(answer: &UploadResponse, mime_type: &str) -> ChatFile
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xagent_protocol_types::FileType;
+    use xagent_protocol_types::{ErrorCode, FileType};
 
     fn answer(file_ref: &str, expires_at: u64) -> UploadResponse {
         UploadResponse::new(file_ref.into(), FileType::File, "a.txt".into(), 2, expires_at)

@@ -192,13 +192,19 @@ async fn delta_sequence_rule_a_caller_cannot_send_0_or_a_gap() {
     let delta = |sequence, text: &str| {
         xagent_protocol_types::ChatMessageDelta::new("msg_raw", sequence, text)
     };
-    for refused in [delta(0, "zero"), delta(2, "gap")] {
-        match plane.send_delta(&channel, refused).await {
-            Err(error @ ClientError::Delta(_)) => {
-                assert_eq!(error.code(), ErrorCode::SequenceConflict);
-            }
-            other => panic!("expected a sequence refusal, got {other:?}"),
+    // 0 breaks the payload rule every packet is judged by before it leaves.
+    match plane.send_delta(&channel, delta(0, "zero")).await {
+        Err(ClientError::Invalid { rules, .. }) => {
+            assert!(rules.iter().any(|r| r == "chat_delta.sequence"), "{rules:?}");
         }
+        other => panic!("expected the payload rule to refuse sequence 0, got {other:?}"),
+    }
+    // A gap breaks the per-message sequence the runtime keeps.
+    match plane.send_delta(&channel, delta(2, "gap")).await {
+        Err(error @ ClientError::Delta(_)) => {
+            assert_eq!(error.code(), ErrorCode::SequenceConflict);
+        }
+        other => panic!("expected a sequence refusal, got {other:?}"),
     }
     assert_silent(&mut peer, "a delta with sequence 0 or a gap").await;
     plane.send_delta(&channel, delta(1, "one")).await.expect("the first");
@@ -245,4 +251,29 @@ async fn descriptor_v1_rule_a_v1_descriptor_in_channel_open_ack_is_accepted_and_
     assert_eq!(entry.owner.as_deref(), Some("alice"));
     assert!(entry.tool_available(TOOL), "the normalised Descriptor was recorded");
     assert_eq!(plane.model_tools("alice").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn delta_sequence_rule_a_delta_that_was_not_written_gives_its_number_back() {
+    let clock = ManualClock::new(1_000);
+    let (plane, _events, mut peers) = start(&card(None), &clock);
+    let mut peer = accept_hello(&mut peers).await;
+    plane.connected().await.expect("online");
+    open_for(&plane, &mut peer, "alice", "cch_1").await;
+    // Not written: the channel is not open on this connection.
+    let mut elsewhere = plane.stream_message(&"cch_closed".into(), "msg_w");
+    assert!(matches!(elsewhere.delta("lost").await, Err(ClientError::Withheld(_))));
+    assert_silent(&mut peer, "a delta on a channel that is not open").await;
+    let mut stream = plane.stream_message(&"cch_1".into(), "msg_w");
+    assert_eq!(stream.delta("first").await.expect("sent"), 1);
+    // Not written: over the packet size limit; the next fragment takes the same number.
+    let huge = "x".repeat(2 << 20);
+    assert!(stream.delta(huge).await.is_err(), "a packet over the limit is refused");
+    assert_eq!(peer.next_json().await.expect("delta 1")["payload"]["sequence"], 1);
+    assert_eq!(stream.delta("second").await.expect("sent"), 2);
+    let second = peer.next_json().await.expect("delta 2");
+    assert_eq!(
+        (second["payload"]["sequence"].clone(), second["payload"]["text"].clone()),
+        (json!(2), json!("second"))
+    );
 }
