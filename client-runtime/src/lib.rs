@@ -4,7 +4,9 @@
 //! `xagent-server-runtime`: Base URL rules, admission (Card, Skill, health, version window),
 //! the health monitor, a data-plane client with request/ack correlation, reconnect with
 //! jittered backoff and channel reopening, Tool projection, and IM v2 delivery in both
-//! directions through `xagent-profile-im`.
+//! directions through `xagent-profile-im` (assistant deltas numbered by the runtime, outbound
+//! files uploaded on and bound to their message's channel, `user_channel_mode` applied before
+//! `channel.open`).
 //!
 //! ```
 //! use xagent_client_runtime::{BaseUrl, ClientConfig};
