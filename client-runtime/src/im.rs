@@ -17,26 +17,26 @@ use xagent_protocol_types::{
 };
 
 use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, lock, send_on};
-use crate::store::{XagentStore, memory_stores};
+use crate::store::XagentStore;
 use crate::{ClientError, DataPlane, ids};
 
-/// IM state of one client. Outbox entries are keyed by the channel id xAgent persisted, so a
-/// channel that comes back under a new id keeps its pending messages.
+/// IM state of one client. Outbox and idempotency entries are keyed by the channel's id; a
+/// channel the Connector re-keys on reopen is renamed with them, in the store and here, so it
+/// keeps its pending messages across a restart too.
 pub(crate) struct ImState {
     outbox: Outbox<Box<dyn OutboxStore + Send>>,
     receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
-    /// current channel id -> persisted channel id
+    store: Arc<dyn XagentStore>,
+    /// current channel id -> stored channel id, only for a re-keyed channel whose rename the
+    /// store refused (it keeps working in this process under its stored id).
     aliases: HashMap<ConnectorChannelId, ConnectorChannelId>,
 }
 
 impl ImState {
-    /// Opens the outbox and the idempotency set over the durable store (loading what a
-    /// previous process left), or over memory.
-    pub(crate) fn open(store: Option<Arc<dyn XagentStore>>, now: u64) -> Result<Self, ClientError> {
-        let (outbox_store, idempotency_store) = match &store {
-            Some(store) => (store.outbox_store(), store.idempotency_store()),
-            None => memory_stores(),
-        };
+    /// Opens the outbox and the idempotency set over the store (loading what a previous
+    /// process left).
+    pub(crate) fn open(store: Arc<dyn XagentStore>, now: u64) -> Result<Self, ClientError> {
+        let (outbox_store, idempotency_store) = (store.outbox_store(), store.idempotency_store());
         let outbox = Outbox::open(OutboxConfig::new(Side::Xagent), outbox_store, now)
             .map_err(|e| ClientError::Protocol(format!("the outbox could not be loaded: {e}")))?;
         let receiver =
@@ -44,7 +44,7 @@ impl ImState {
                 .map_err(|e| {
                     ClientError::Protocol(format!("the idempotency set could not be loaded: {e}"))
                 })?;
-        Ok(Self { outbox, receiver, aliases: HashMap::new() })
+        Ok(Self { outbox, receiver, store, aliases: HashMap::new() })
     }
 
     fn persisted(&self, current: &ConnectorChannelId) -> ConnectorChannelId {
@@ -65,19 +65,46 @@ impl ImState {
         }
     }
 
+    /// A remembered channel was reopened as `current` (it was open as `previous`). A re-keyed
+    /// channel is renamed durably first ([`ImState::rename_channel`]); then its outbox resumes.
     pub(crate) fn on_channel_reopened(
         &mut self,
         previous: &ConnectorChannelId,
         current: &ConnectorChannelId,
         now: u64,
     ) {
-        let persisted = self.aliases.remove(previous).unwrap_or_else(|| previous.clone());
-        if current != &persisted {
-            self.aliases.insert(current.clone(), persisted.clone());
-        }
-        if let Err(error) = self.outbox.on_channel_reopened(&persisted, now) {
+        let stored = self.aliases.remove(previous).unwrap_or_else(|| previous.clone());
+        let key = match self.rename_channel(&stored, current) {
+            Ok(()) => current.clone(),
+            Err(error) => {
+                tracing::warn!(from = %stored, to = %current, %error, "a re-keyed channel could not be renamed in the store; it keeps its old id there, so a restart reopens the old id");
+                self.aliases.insert(current.clone(), stored.clone());
+                stored
+            }
+        };
+        if let Err(error) = self.outbox.on_channel_reopened(&key, now) {
             tracing::warn!(error = %error, "outbox could not reopen a channel");
         }
+    }
+
+    /// Renames a re-keyed channel everywhere it is kept: the store (channel, outbox and
+    /// idempotency entries in one transaction), then the outbox and the idempotency set in
+    /// memory. The caller holds the IM lock, so no outbox write falls between the two.
+    fn rename_channel(
+        &mut self,
+        from: &ConnectorChannelId,
+        to: &ConnectorChannelId,
+    ) -> Result<(), ClientError> {
+        if from == to {
+            return Ok(());
+        }
+        self.store.rename_channel(from, to).map_err(ClientError::Store)?;
+        self.receiver.on_channel_renamed(from, to);
+        // The store took the rename, which it refuses when `to` has messages: the in-memory
+        // queue cannot be taken either.
+        self.outbox
+            .on_channel_renamed(from, to)
+            .map_err(|e| ClientError::Protocol(format!("the outbox could not rename: {e}")))
     }
 }
 

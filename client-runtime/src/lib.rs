@@ -52,7 +52,7 @@ pub use invoke::{
     ToolOutcome, UPLOAD_REF_ANNOTATION, UploadRefProperty, builtin_tools, model_input_schema,
     upload_ref_properties,
 };
-pub use store::{RememberedChannel, SqliteXagentStore, XagentStore};
+pub use store::{MemoryXagentStore, RememberedChannel, SqliteXagentStore, XagentStore};
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{
     Frame, FrameSink, FrameStream, MemoryPeer, MemoryTransport, Transport, WsTransport,

@@ -418,6 +418,30 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         vec![IdempotencyWrite::Expire { before: now.saturating_sub(self.config.max_age_ms) }]
     }
 
+    /// The Connector re-keyed the channel (a new `connector_channel_id` on reopen): its
+    /// admissions and remembered ids move to `to`, in memory only. The caller renames the
+    /// stored rows first, in one transaction with the rest of the channel's state.
+    pub fn on_channel_renamed(&mut self, from: &ConnectorChannelId, to: &ConnectorChannelId) {
+        if from == to {
+            return;
+        }
+        if let Some(state) = self.channels.remove(from) {
+            let target = self.channels.entry(to.clone()).or_default();
+            target.in_progress.extend(state.in_progress);
+            target.since_trim += state.since_trim;
+        }
+        let moved: Vec<Key> =
+            self.uncommitted.keys().filter(|key| &key.0 == from).cloned().collect();
+        for key in moved {
+            if let Some(value) = self.uncommitted.remove(&key) {
+                self.uncommitted.insert((to.clone(), key.1), value);
+            }
+        }
+        self.recent.rekey(|key| {
+            (&key.0 == from).then(|| Arc::new((to.clone(), key.1.clone())))
+        });
+    }
+
     /// The channel was permanently deleted: forget all its state, in memory and in the store.
     pub fn remove_channel(&mut self, channel: &ConnectorChannelId) -> Result<(), IdempotencyError> {
         self.channels.remove(channel);
