@@ -28,7 +28,7 @@ use xagent_protocol_validate::{
 
 use crate::directory::ChannelDirectory;
 use crate::im::ImState;
-use crate::store::XagentStore;
+use crate::store::{MemoryXagentStore, XagentStore};
 use crate::transport::{Frame, FrameSink, FrameStream, Transport, WsTransport};
 use crate::{Backoff, BaseUrl, ClientError, ids};
 
@@ -413,12 +413,15 @@ type Waiter = oneshot::Sender<Result<Packet, ClientError>>;
 
 pub(crate) struct Shared {
     pub(crate) config: ClientConfig,
+    /// Where remembered channels and the `connector_id` live: the configured store, else one
+    /// in memory.
+    pub(crate) store: Arc<dyn XagentStore>,
     link: StdMutex<Option<Link>>,
     pending: StdMutex<HashMap<RequestId, Waiter>>,
-    /// Remembered channels: the id xAgent persisted -> the id currently open.
-    channels: StdMutex<BTreeMap<ConnectorChannelId, ConnectorChannelId>>,
+    /// Remembered channels: the id the application remembered it by -> the id currently open.
+    pub(crate) channels: StdMutex<BTreeMap<ConnectorChannelId, ConnectorChannelId>>,
     pub(crate) directory: StdMutex<ChannelDirectory>,
-    state: watch::Sender<ConnectionState>,
+    pub(crate) state: watch::Sender<ConnectionState>,
     pub(crate) events: mpsc::Sender<ClientEvent>,
     pub(crate) im: Mutex<ImState>,
     pub(crate) files: StdMutex<Option<Arc<dyn crate::FileSource>>>,
@@ -463,7 +466,7 @@ impl Shared {
         lock(&self.link).clone()
     }
 
-    fn set_state(&self, state: ConnectionState) {
+    pub(crate) fn set_state(&self, state: ConnectionState) {
         self.state.send_replace(state.clone());
         // State changes are advisory: never block the driver on a slow reader.
         let _ = self.events.try_send(ClientEvent::State(state));
@@ -527,19 +530,22 @@ impl DataPlane {
         let (events, receiver) = mpsc::channel(config.event_capacity.max(1));
         let (state_sender, state) = watch::channel(ConnectionState::Connecting { failures: 0 });
         let now = config.clock.now_millis();
-        let im = ImState::open(config.store.clone(), now)?;
+        let store: Arc<dyn XagentStore> = match &config.store {
+            Some(store) => store.clone(),
+            None => Arc::new(MemoryXagentStore::new()),
+        };
+        let im = ImState::open(store.clone(), now)?;
         let mut channels = BTreeMap::new();
         let mut directory = ChannelDirectory::new(config.card.clone());
-        if let Some(store) = &config.store {
-            for remembered in store.load_channels().map_err(ClientError::Store)? {
-                channels.insert(remembered.channel.clone(), remembered.channel.clone());
-                directory.remember(remembered.channel, remembered.owner);
-            }
+        for remembered in store.load_channels().map_err(ClientError::Store)? {
+            channels.insert(remembered.channel.clone(), remembered.channel.clone());
+            directory.remember(remembered.channel, remembered.owner);
         }
         let config_window = config.window;
         let shared = Arc::new(Shared {
             im: Mutex::new(im),
             config,
+            store,
             link: StdMutex::new(None),
             pending: StdMutex::new(HashMap::new()),
             channels: StdMutex::new(channels),
@@ -675,9 +681,7 @@ impl DataPlane {
     /// after a restart).
     pub async fn remember_channel(&self, channel: ConnectorChannelId) {
         let owner = lock(&self.shared.directory).owner(&channel);
-        if let Some(store) = &self.shared.config.store
-            && let Err(error) = store.save_channel(&channel, owner.as_deref())
-        {
+        if let Err(error) = self.shared.store.save_channel(&channel, owner.as_deref()) {
             tracing::warn!(%error, "could not persist a remembered channel");
         }
         lock(&self.shared.channels).insert(channel.clone(), channel);
@@ -685,14 +689,17 @@ impl DataPlane {
 
     /// Forgets a channel.
     pub async fn forget_channel(&self, channel: &ConnectorChannelId) {
-        if let Some(store) = &self.shared.config.store
-            && let Err(error) = store.delete_channel(channel)
-        {
-            tracing::warn!(%error, "could not forget a remembered channel");
+        // The channel may be known by the id it was remembered by or by its current id (it
+        // was re-keyed): both go.
+        let current = lock(&self.shared.channels).get(channel).cloned();
+        for id in std::iter::once(channel).chain(current.as_ref()) {
+            if let Err(error) = self.shared.store.delete_channel(id) {
+                tracing::warn!(%error, "could not forget a remembered channel");
+            }
+            lock(&self.shared.directory).forget(id);
         }
         lock(&self.shared.channels)
             .retain(|persisted, current| persisted != channel && current != channel);
-        lock(&self.shared.directory).forget(channel);
     }
 
     /// The current id of a remembered channel (it changes when the Connector did not
@@ -845,7 +852,7 @@ pub(crate) async fn emit(shared: &Shared, event: ClientEvent) {
 /// The reconnect loop: never gives up; the delay grows to the cap.
 async fn supervise(shared: Arc<Shared>, transport: Box<dyn Transport>) {
     let mut failures = 0u32;
-    let mut known_connector: Option<ConnectorId> = shared.config.connector_id.clone();
+    let mut known_connector = crate::reopen::known_connector_id(&shared.config);
     loop {
         if failures == 0 {
             shared.set_state(ConnectionState::Connecting { failures });
@@ -934,10 +941,9 @@ async fn run_connection(
         }
     };
     let connector_id = hello_ack.connector_id.clone();
-    let replaced = match known_connector.replace(connector_id.clone()) {
-        Some(previous) if previous != connector_id => Some(previous),
-        _ => None,
-    };
+    let known = known_connector.replace(connector_id.clone());
+    crate::reopen::store_connector_id(shared, known.as_ref(), &connector_id);
+    let replaced = known.filter(|previous| previous != &connector_id);
     match replaced {
         Some(previous) => {
             shared.set_state(ConnectionState::Replaced {
@@ -955,7 +961,7 @@ async fn run_connection(
     emit(shared, ClientEvent::Connected { connector_id: connector_id.clone() }).await;
 
     // Reopen remembered channels while the reader runs.
-    let reopen = tokio::spawn(reopen_channels(shared.clone(), connector_id));
+    let reopen = tokio::spawn(crate::reopen::reopen_channels(shared.clone(), connector_id));
     let reason = reader.await;
     reopen.abort();
     writer.abort();
@@ -1005,41 +1011,6 @@ fn check_hello_ack(shared: &Shared, packet: &Packet) -> Result<ConnectorHelloAck
         )));
     }
     Ok(ack)
-}
-
-async fn reopen_channels(shared: Arc<Shared>, connector_id: ConnectorId) {
-    let remembered: Vec<(ConnectorChannelId, ConnectorChannelId)> =
-        lock(&shared.channels).iter().map(|(a, b)| (a.clone(), b.clone())).collect();
-    for (persisted, current) in remembered {
-        match request_typed(&shared, Some(&current), ChannelOpen::default()).await {
-            Ok(ack) => {
-                let new_id = ack.connector_channel_id.clone();
-                lock(&shared.channels).insert(persisted.clone(), new_id.clone());
-                lock(&shared.directory).rename(&current, &new_id);
-                shared.im.lock().await.on_channel_reopened(&current, &new_id, shared.now());
-                emit(
-                    &shared,
-                    ClientEvent::ChannelReopened {
-                        previous: current,
-                        current: new_id,
-                        descriptor: Box::new(ack.connection_descriptor),
-                    },
-                )
-                .await;
-            }
-            Err(error) => {
-                emit(
-                    &shared,
-                    ClientEvent::ChannelReopenFailed { channel: current, error: error.to_string() },
-                )
-                .await;
-            }
-        }
-    }
-    if matches!(*shared.state.borrow(), ConnectionState::Replaced { .. }) {
-        shared.set_state(ConnectionState::Online { connector_id });
-    }
-    crate::im::pump(&shared).await;
 }
 
 /// The writer: judges each packet with the session (no lock held while writing), then writes.

@@ -32,6 +32,7 @@ mod http;
 mod ids;
 mod im;
 mod invoke;
+mod reopen;
 mod store;
 mod tools;
 mod transport;
@@ -52,6 +53,7 @@ pub use invoke::{
     ToolOutcome, UPLOAD_REF_ANNOTATION, UploadRefProperty, builtin_tools, model_input_schema,
     upload_ref_properties,
 };
+pub use reopen::REOPEN_CONCURRENCY;
 pub use store::{MemoryXagentStore, RememberedChannel, SqliteXagentStore, XagentStore};
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{
