@@ -167,9 +167,7 @@ fn check_rename(
     if from != to && to_known {
         return Err(StoreError::new(
             "rename_channel",
-            format!(
-                "channel {to} is already remembered; forget it before {from} can take its id"
-            ),
+            format!("channel {to} is already remembered; forget it before {from} can take its id"),
         ));
     }
     Ok(())
@@ -315,8 +313,11 @@ impl XagentStore for SqliteXagentStore {
         if from == to {
             return Ok(());
         }
-        tx.execute("UPDATE channels SET id = ?1 WHERE id = ?2", params![to.as_str(), from.as_str()])
-            .map_err(err("rename_channel"))?;
+        tx.execute(
+            "UPDATE channels SET id = ?1 WHERE id = ?2",
+            params![to.as_str(), from.as_str()],
+        )
+        .map_err(err("rename_channel"))?;
         xagent_im_sqlite::rename_channel(&tx, from, to).map_err(err("rename_channel"))?;
         tx.commit().map_err(err("rename_channel"))
     }
@@ -326,8 +327,7 @@ impl XagentStore for SqliteXagentStore {
         self.lock()
             .prepare_cached("SELECT value FROM xagent_meta WHERE key = ?1")
             .and_then(|mut stmt| {
-                stmt.query_row(params![META_CONNECTOR_ID], |row| row.get::<_, String>(0))
-                    .optional()
+                stmt.query_row(params![META_CONNECTOR_ID], |row| row.get::<_, String>(0)).optional()
             })
             .map(|id| id.map(ConnectorId::new))
             .map_err(err("load_connector_id"))
@@ -567,7 +567,9 @@ mod tests {
     }
 
     /// The channel, its pending messages and its completed ids, as the store holds them.
-    fn snapshot(store: &mut SqliteXagentStore) -> (Vec<RememberedChannel>, Vec<String>, Vec<String>) {
+    fn snapshot(
+        store: &mut SqliteXagentStore,
+    ) -> (Vec<RememberedChannel>, Vec<String>, Vec<String>) {
         let channels = store.load_channels().expect("loads");
         let mut pending: Vec<String> = store
             .load_pending()
@@ -595,7 +597,10 @@ mod tests {
             store.save_pending(&pending("m1")).expect("saves");
             store.save_completed(&completed("cch_1", "in_1")).expect("saves");
             store
-                .rename_channel(&ConnectorChannelId::new("cch_1"), &ConnectorChannelId::new("cch_9"))
+                .rename_channel(
+                    &ConnectorChannelId::new("cch_1"),
+                    &ConnectorChannelId::new("cch_9"),
+                )
                 .expect("renames");
         }
         let mut store = SqliteXagentStore::open(dir.path()).expect("reopens");
@@ -638,12 +643,18 @@ mod tests {
         memory.save_channel(&ConnectorChannelId::new("cch_2"), None).expect("saves");
         assert!(
             memory
-                .rename_channel(&ConnectorChannelId::new("cch_1"), &ConnectorChannelId::new("cch_2"))
+                .rename_channel(
+                    &ConnectorChannelId::new("cch_1"),
+                    &ConnectorChannelId::new("cch_2")
+                )
                 .is_err()
         );
         assert!(
             memory
-                .rename_channel(&ConnectorChannelId::new("cch_7"), &ConnectorChannelId::new("cch_8"))
+                .rename_channel(
+                    &ConnectorChannelId::new("cch_7"),
+                    &ConnectorChannelId::new("cch_8")
+                )
                 .is_err()
         );
         memory

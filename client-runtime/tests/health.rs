@@ -273,8 +273,11 @@ mod readmission {
                 .expect("starts");
         let mut peer = peers.recv().await.expect("a connection");
         let hello = next_packet(&mut peer, "connector.hello").await;
-        send(&peer, Packet::with_payload("pkt_h", ConnectorHelloAck::new(CARD, "conn_1")).answering(&hello))
-            .await;
+        send(
+            &peer,
+            Packet::with_payload("pkt_h", ConnectorHelloAck::new(CARD, "conn_1")).answering(&hello),
+        )
+        .await;
         plane.connected().await.expect("online");
         let opening = tokio::spawn({
             let plane = plane.clone();
@@ -299,7 +302,8 @@ mod readmission {
         );
         let mut refreshed = monitor.refreshed();
         // The Connector is upgraded: a new build with a second Tool.
-        let mut upgraded = card("1.1.0").with_tool(tool("flaky_send")).with_tool(tool("flaky_history"));
+        let mut upgraded =
+            card("1.1.0").with_tool(tool("flaky_send")).with_tool(tool("flaky_history"));
         upgraded.build = BuildInfo::new("2612010000");
         rolling.serve_card(&upgraded);
         rolling.serve_health(HealthResponse::for_card(&upgraded));

@@ -242,7 +242,10 @@ async fn identity_rule_a_rebuilt_connector_is_reported_as_replaced_after_a_resta
     plane.close().await;
     // The new id is stored in turn.
     let store = SqliteXagentStore::open(&dir).expect("reopens");
-    assert_eq!(store.load_connector_id().expect("loads").map(|c| c.to_string()).as_deref(), Some("conn_2"));
+    assert_eq!(
+        store.load_connector_id().expect("loads").map(|c| c.to_string()).as_deref(),
+        Some("conn_2")
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -276,9 +279,8 @@ async fn reopen_rule_500_remembered_channels_are_reopened_concurrently_within_th
                     tokio::time::sleep(ACK_DELAY).await;
                     let channel = open.connector_channel_id.clone().expect("a channel");
                     let ack = ChannelOpenAck::new(channel.clone(), descriptor(channel.as_str()));
-                    let answer = Packet::with_payload("pkt_open_ack", ack)
-                        .answering(&open)
-                        .channel(channel);
+                    let answer =
+                        Packet::with_payload("pkt_open_ack", ack).answering(&open).channel(channel);
                     waiting.fetch_sub(1, Ordering::SeqCst);
                     let text = answer.to_value().expect("encodes").to_string();
                     let _ = to_client.send(xagent_client_runtime::Frame::Text(text)).await;
@@ -290,7 +292,10 @@ async fn reopen_rule_500_remembered_channels_are_reopened_concurrently_within_th
     let mut reopened = 0;
     while reopened < CHANNELS {
         let event = next_event_matching(&mut events, Duration::from_secs(30), |e| {
-            matches!(e, ClientEvent::ChannelReopened { .. } | ClientEvent::ChannelReopenFailed { .. })
+            matches!(
+                e,
+                ClientEvent::ChannelReopened { .. } | ClientEvent::ChannelReopenFailed { .. }
+            )
         })
         .await;
         match event {
@@ -301,7 +306,9 @@ async fn reopen_rule_500_remembered_channels_are_reopened_concurrently_within_th
     let elapsed = started.elapsed();
     let _peer = connector.await.expect("joins");
     let most = most.load(Ordering::SeqCst);
-    println!("{CHANNELS} channels reopened in {elapsed:?} of simulated time, {most} in flight at most");
+    println!(
+        "{CHANNELS} channels reopened in {elapsed:?} of simulated time, {most} in flight at most"
+    );
     assert!(elapsed < Duration::from_secs(1), "one after another would take 25 s: {elapsed:?}");
     assert!(most <= REOPEN_CONCURRENCY, "at most {REOPEN_CONCURRENCY} in flight, saw {most}");
     assert!(most > 1, "reopened concurrently");

@@ -193,11 +193,12 @@ pub fn rename_channel(
     if from == to {
         return Ok(());
     }
-    let taken: bool = conn.prepare_cached(
-        "SELECT EXISTS (SELECT 1 FROM im_pending WHERE channel = ?1)
+    let taken: bool = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM im_pending WHERE channel = ?1)
              OR EXISTS (SELECT 1 FROM im_completed WHERE channel = ?1)",
-    )?
-    .query_row(params![to.as_str()], |row| row.get(0))?;
+        )?
+        .query_row(params![to.as_str()], |row| row.get(0))?;
     if taken {
         return Err(rusqlite::Error::SqliteFailure(
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT),

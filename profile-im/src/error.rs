@@ -206,9 +206,7 @@ impl OutboxError {
             Self::MessageConflict { .. } => ErrorCode::MessageConflict,
             Self::NotPending { .. } => ErrorCode::InvalidPacket,
             Self::Store(e) => e.code(),
-            Self::CorruptRecord { .. } | Self::RenameTargetTaken { .. } => {
-                ErrorCode::InternalError
-            }
+            Self::CorruptRecord { .. } | Self::RenameTargetTaken { .. } => ErrorCode::InternalError,
         }
     }
 }

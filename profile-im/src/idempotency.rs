@@ -437,9 +437,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
                 self.uncommitted.insert((to.clone(), key.1), value);
             }
         }
-        self.recent.rekey(|key| {
-            (&key.0 == from).then(|| Arc::new((to.clone(), key.1.clone())))
-        });
+        self.recent.rekey(|key| (&key.0 == from).then(|| Arc::new((to.clone(), key.1.clone()))));
     }
 
     /// The channel was permanently deleted: forget all its state, in memory and in the store.
