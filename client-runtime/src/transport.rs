@@ -1,6 +1,6 @@
 //! The byte-level edge of the data plane: one [`Frame`] stream and sink per connection attempt.
 //!
-//! The driver in `connection.rs` only sees a `Stream`/`Sink` of frames, so the same code runs
+//! The driver in `connection/` only sees a `Stream`/`Sink` of frames, so the same code runs
 //! over a real WebSocket ([`WsTransport`], tokio-tungstenite) and over in-memory channels
 //! ([`MemoryTransport`]) in tests, where a test plays the Connector frame by frame.
 

@@ -1,0 +1,276 @@
+//! The [`DataPlane`] handle the application holds.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex as StdMutex};
+
+use tokio::sync::{Mutex, mpsc, watch};
+use xagent_protocol_types::{
+    ChannelOpen, ChannelOpenAck, ConnectorChannelId, ConnectorId, MessagePush, Packet, PacketBody,
+    Payload, Request,
+};
+
+use super::reconnect::supervise;
+use super::request::{request_on, request_typed, send_on};
+use super::shared::{Outgoing, fail_pending};
+use super::{ClientConfig, ClientEvent, ConnectionState, Events, Shared, lock};
+use crate::ClientError;
+use crate::directory::ChannelDirectory;
+use crate::im::ImState;
+use crate::store::{MemoryXagentStore, XagentStore};
+use crate::transport::{Transport, WsTransport};
+
+/// A handle to the data plane; clones share one connection.
+#[derive(Clone)]
+pub struct DataPlane {
+    shared: Arc<Shared>,
+    state: watch::Receiver<ConnectionState>,
+    task: Arc<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for DataPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataPlane").field("state", &*self.state.borrow()).finish()
+    }
+}
+
+impl DataPlane {
+    /// Starts connecting over WebSocket in the background and returns the handle and the
+    /// bounded event stream. Wait for `online` with [`DataPlane::connected`].
+    pub fn connect(config: ClientConfig) -> Result<(Self, Events), ClientError> {
+        let transport = WsTransport::new(
+            config.base_url.clone(),
+            config.api_key.clone(),
+            config.max_frame_bytes,
+        );
+        Self::connect_with(config, transport)
+    }
+
+    /// Like [`DataPlane::connect`] over any transport (in-memory in tests). Fails only when the
+    /// durable store cannot be read.
+    pub fn connect_with(
+        config: ClientConfig,
+        transport: impl Transport,
+    ) -> Result<(Self, Events), ClientError> {
+        let (events, receiver) = mpsc::channel(config.event_capacity.max(1));
+        let (state_sender, state) = watch::channel(ConnectionState::Connecting { failures: 0 });
+        let now = config.clock.now_millis();
+        let store: Arc<dyn XagentStore> = match &config.store {
+            Some(store) => store.clone(),
+            None => Arc::new(MemoryXagentStore::new()),
+        };
+        let im = ImState::open(store.clone(), now)?;
+        let mut channels = BTreeMap::new();
+        let mut directory = ChannelDirectory::new(config.card.clone());
+        for remembered in store.load_channels().map_err(ClientError::Store)? {
+            channels.insert(remembered.channel.clone(), remembered.channel.clone());
+            directory.remember(remembered.channel, remembered.owner);
+        }
+        let config_window = config.window;
+        let shared = Arc::new(Shared {
+            im: Mutex::new(im),
+            config,
+            store,
+            link: StdMutex::new(None),
+            pending: StdMutex::new(HashMap::new()),
+            channels: StdMutex::new(channels),
+            directory: StdMutex::new(directory),
+            state: state_sender,
+            events,
+            files: StdMutex::new(None),
+            sink: StdMutex::new(None),
+            control: std::sync::OnceLock::new(),
+            validator: xagent_protocol_validate::Validator::new().with_window(config_window),
+        });
+        let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
+        let supervisor = shared.clone();
+        let task = tokio::spawn(async move {
+            supervise(supervisor, Box::new(transport)).await;
+            pump.abort();
+        });
+        Ok((Self { shared, state, task: Arc::new(task) }, receiver))
+    }
+
+    /// Starts connecting with an in-memory store and returns the handle and an unbounded relay
+    /// of the bounded event stream (kept for callers written before [`DataPlane::connect`]).
+    pub fn start(config: ClientConfig) -> (Self, mpsc::UnboundedReceiver<ClientEvent>) {
+        let config = ClientConfig { store: None, ..config };
+        let transport = WsTransport::new(
+            config.base_url.clone(),
+            config.api_key.clone(),
+            config.max_frame_bytes,
+        );
+        let (relay, receiver) = mpsc::unbounded_channel();
+        match Self::connect_with(config, transport) {
+            Ok((plane, mut events)) => {
+                tokio::spawn(async move {
+                    while let Some(event) = events.recv().await {
+                        if relay.send(event).is_err() {
+                            break;
+                        }
+                    }
+                });
+                (plane, receiver)
+            }
+            // Unreachable: without a store there is nothing to read.
+            Err(error) => unreachable!("an in-memory data plane cannot fail to start: {error}"),
+        }
+    }
+
+    /// The current connection state.
+    pub fn state(&self) -> ConnectionState {
+        self.state.borrow().clone()
+    }
+
+    /// A receiver that sees every state change.
+    pub fn watch_state(&self) -> watch::Receiver<ConnectionState> {
+        self.state.clone()
+    }
+
+    /// Waits until hello has completed and returns the connector id. Fails when the client
+    /// was closed or the Connector refused the API key.
+    pub async fn connected(&self) -> Result<ConnectorId, ClientError> {
+        let mut state = self.state.clone();
+        loop {
+            match &*state.borrow_and_update() {
+                ConnectionState::Online { connector_id } => return Ok(connector_id.clone()),
+                ConnectionState::Stopped { .. } => return Err(ClientError::Closed),
+                ConnectionState::AuthFailed { reason } => {
+                    return Err(ClientError::Unauthorized {
+                        endpoint: format!("{} ({reason})", self.shared.config.base_url.ws_url()),
+                        status: 401,
+                    });
+                }
+                _ => {}
+            }
+            state.changed().await.map_err(|_| ClientError::Closed)?;
+        }
+    }
+
+    /// Sends a request and waits for its ack, returning the typed ack payload. An ack that
+    /// carries an `error`, or an `error` packet answering the request, becomes
+    /// [`ClientError::Remote`].
+    pub async fn request<R: Request>(
+        &self,
+        channel: Option<&ConnectorChannelId>,
+        payload: R,
+    ) -> Result<R::Ack, ClientError>
+    where
+        R::Ack: Clone,
+    {
+        request_typed(&self.shared, channel, payload).await
+    }
+
+    /// Sends a request body and returns the answering packet as it arrived.
+    pub async fn request_packet(
+        &self,
+        channel: Option<&ConnectorChannelId>,
+        body: PacketBody,
+    ) -> Result<Packet, ClientError> {
+        request_on(&self.shared, channel, body).await
+    }
+
+    /// Sends one packet as it is (after the session allowed it).
+    pub async fn send(&self, packet: &Packet) -> Result<(), ClientError> {
+        send_on(&self.shared, packet).await
+    }
+
+    /// Sends raw text, past the session (for conformance probes that need malformed input).
+    pub async fn send_raw(&self, text: String) -> Result<(), ClientError> {
+        let link = self.shared.link().ok_or(ClientError::NotConnected)?;
+        link.tx.send(Outgoing::Raw(text)).await.map_err(|_| ClientError::NotConnected)
+    }
+
+    /// Opens a channel (`existing` restores a persisted one) and returns its ack. The channel
+    /// is not remembered until [`DataPlane::remember_channel`] is called (xAgent persists a
+    /// channel only after authentication succeeded).
+    pub async fn open_channel(
+        &self,
+        existing: Option<&ConnectorChannelId>,
+    ) -> Result<ChannelOpenAck, ClientError> {
+        self.request(existing, ChannelOpen::default()).await
+    }
+
+    /// Opens a channel for an xAgent user, who then owns it in the channel directory.
+    pub async fn open_channel_for(
+        &self,
+        owner: &str,
+        existing: Option<&ConnectorChannelId>,
+    ) -> Result<ChannelOpenAck, ClientError> {
+        let ack = self.open_channel(existing).await?;
+        lock(&self.shared.directory).set_owner(&ack.connector_channel_id, owner);
+        Ok(ack)
+    }
+
+    /// Remembers a channel so it is reopened after every reconnect (and, with a durable store,
+    /// after a restart).
+    pub async fn remember_channel(&self, channel: ConnectorChannelId) {
+        let owner = lock(&self.shared.directory).owner(&channel);
+        if let Err(error) = self.shared.store.save_channel(&channel, owner.as_deref()) {
+            tracing::warn!(%error, "could not persist a remembered channel");
+        }
+        lock(&self.shared.channels).insert(channel.clone(), channel);
+    }
+
+    /// Forgets a channel.
+    pub async fn forget_channel(&self, channel: &ConnectorChannelId) {
+        // The channel may be known by the id it was remembered by or by its current id (it
+        // was re-keyed): both go.
+        let current = lock(&self.shared.channels).get(channel).cloned();
+        for id in std::iter::once(channel).chain(current.as_ref()) {
+            if let Err(error) = self.shared.store.delete_channel(id) {
+                tracing::warn!(%error, "could not forget a remembered channel");
+            }
+            lock(&self.shared.directory).forget(id);
+        }
+        lock(&self.shared.channels)
+            .retain(|persisted, current| persisted != channel && current != channel);
+    }
+
+    /// The current id of a remembered channel (it changes when the Connector did not
+    /// recognise the old one on reopen).
+    pub async fn current_channel(
+        &self,
+        persisted: &ConnectorChannelId,
+    ) -> Option<ConnectorChannelId> {
+        lock(&self.shared.channels).get(persisted).cloned()
+    }
+
+    /// Remembered channels as (persisted id, current id).
+    pub async fn channels(&self) -> Vec<(ConnectorChannelId, ConnectorChannelId)> {
+        lock(&self.shared.channels).iter().map(|(a, b)| (a.clone(), b.clone())).collect()
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Stops the client: closes the socket and ends reconnecting.
+    pub async fn close(&self) {
+        self.task.abort();
+        let link = lock(&self.shared.link).take();
+        if let Some(link) = link {
+            let _ = link.tx.send(Outgoing::Close(1000, "closed".into())).await;
+        }
+        self.shared.set_state(ConnectionState::Stopped { reason: "closed".into() });
+        let _ = self.shared.events.try_send(ClientEvent::Stopped { reason: "closed".into() });
+        fail_pending(&self.shared);
+    }
+
+    /// Sends a `ping` and waits for the `pong`.
+    pub async fn ping(&self) -> Result<(), ClientError> {
+        let answer =
+            self.request_packet(None, xagent_protocol_types::Ping::default().into_body()).await?;
+        match (answer.error.clone(), answer.type_str()) {
+            (Some(error), _) => Err(ClientError::Remote(error)),
+            (None, "pong") => Ok(()),
+            (None, other) => Err(ClientError::Protocol(format!("expected pong, got {other}"))),
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn assert_send() {
+    fn is_send<T: Send>() {}
+    is_send::<DataPlane>();
+    is_send::<MessagePush>();
+}
