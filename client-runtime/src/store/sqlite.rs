@@ -1,177 +1,16 @@
-//! Durable xAgent-side state behind one trait, with an embedded SQLite default: remembered
-//! channels and their owners, the `connector_id` of the last hello, the receiver idempotency
-//! set of inbound messages and the outbox of assistant messages (the last two through
-//! `profile-im`'s store traits). Killing the process loses nothing the runtime took
-//! responsibility for and accepts nothing twice, also across a channel the Connector re-keyed:
-//! [`XagentStore::rename_channel`] moves the channel with its outbox and idempotency entries
-//! in one transaction.
+//! The default store: SQLite, one file under the state directory.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, params};
 use xagent_profile_im::{
-    AttemptUpdate, CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore, OutboxStore,
-    OutboxWrite, PendingRecord, StoreError,
+    AttemptUpdate, CompletedRecord, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite,
+    PendingRecord, StoreError,
 };
 use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 
-/// A channel xAgent remembers across restarts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RememberedChannel {
-    /// The channel id.
-    pub channel: ConnectorChannelId,
-    /// The xAgent user who owns it.
-    pub owner: Option<String>,
-}
-
-/// Where xAgent-side state lives.
-pub trait XagentStore: Send + Sync + 'static {
-    /// Every remembered channel.
-    fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError>;
-    /// Remembers (or updates) a channel.
-    fn save_channel(
-        &self,
-        channel: &ConnectorChannelId,
-        owner: Option<&str>,
-    ) -> Result<(), StoreError>;
-    /// Forgets a channel.
-    fn delete_channel(&self, channel: &ConnectorChannelId) -> Result<(), StoreError>;
-    /// Renames a remembered channel the Connector re-keyed on reopen: the channel (its owner
-    /// kept), its outbox entries and its receiver idempotency entries move to `to`, all or
-    /// none. Fails, changing nothing, when `from` is not remembered, or `to` already is or
-    /// already has stored messages.
-    fn rename_channel(
-        &self,
-        from: &ConnectorChannelId,
-        to: &ConnectorChannelId,
-    ) -> Result<(), StoreError>;
-    /// The `connector_id` of the last accepted `hello.ack`, if one was stored.
-    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError>;
-    /// Stores the `connector_id` of an accepted `hello.ack`, so a restarted client can tell a
-    /// rebuilt Connector (another id) from the one it knew.
-    fn save_connector_id(&self, connector_id: &ConnectorId) -> Result<(), StoreError>;
-    /// The outbox's store (shares the backend).
-    fn outbox_store(&self) -> Box<dyn OutboxStore + Send>;
-    /// The receiver idempotency store (shares the backend).
-    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send>;
-}
-
-/// The store of a client without durable state: the same rules as the SQLite store, kept in
-/// memory (what a restart forgets). Clones share the state.
-#[derive(Clone, Debug, Default)]
-pub struct MemoryXagentStore {
-    im: MemoryStore,
-    state: Arc<Mutex<MemoryState>>,
-}
-
-#[derive(Debug, Default)]
-struct MemoryState {
-    channels: Vec<RememberedChannel>,
-    connector_id: Option<ConnectorId>,
-}
-
-impl MemoryXagentStore {
-    /// An empty store.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn state(&self) -> MutexGuard<'_, MemoryState> {
-        // Every operation is one change to the lists: a poisoned lock leaves them consistent.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl XagentStore for MemoryXagentStore {
-    fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError> {
-        Ok(self.state().channels.clone())
-    }
-
-    fn save_channel(
-        &self,
-        channel: &ConnectorChannelId,
-        owner: Option<&str>,
-    ) -> Result<(), StoreError> {
-        let mut state = self.state();
-        match state.channels.iter_mut().find(|c| &c.channel == channel) {
-            Some(known) => {
-                if let Some(owner) = owner {
-                    known.owner = Some(owner.to_owned());
-                }
-            }
-            None => state.channels.push(RememberedChannel {
-                channel: channel.clone(),
-                owner: owner.map(str::to_owned),
-            }),
-        }
-        Ok(())
-    }
-
-    fn delete_channel(&self, channel: &ConnectorChannelId) -> Result<(), StoreError> {
-        self.state().channels.retain(|c| &c.channel != channel);
-        Ok(())
-    }
-
-    fn rename_channel(
-        &self,
-        from: &ConnectorChannelId,
-        to: &ConnectorChannelId,
-    ) -> Result<(), StoreError> {
-        let mut state = self.state();
-        check_rename(
-            from,
-            to,
-            state.channels.iter().any(|c| &c.channel == from),
-            state.channels.iter().any(|c| &c.channel == to),
-        )?;
-        // The messages first: a refusal there leaves the channel list untouched.
-        self.im.rename_channel(from, to)?;
-        if let Some(known) = state.channels.iter_mut().find(|c| &c.channel == from) {
-            known.channel = to.clone();
-        }
-        Ok(())
-    }
-
-    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError> {
-        Ok(self.state().connector_id.clone())
-    }
-
-    fn save_connector_id(&self, connector_id: &ConnectorId) -> Result<(), StoreError> {
-        self.state().connector_id = Some(connector_id.clone());
-        Ok(())
-    }
-
-    fn outbox_store(&self) -> Box<dyn OutboxStore + Send> {
-        Box::new(self.im.clone())
-    }
-
-    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send> {
-        Box::new(self.im.clone())
-    }
-}
-
-/// The rename rule both stores apply: `from` must be remembered and `to` must not be.
-fn check_rename(
-    from: &ConnectorChannelId,
-    to: &ConnectorChannelId,
-    from_known: bool,
-    to_known: bool,
-) -> Result<(), StoreError> {
-    if !from_known {
-        return Err(StoreError::new(
-            "rename_channel",
-            format!("channel {from} is not remembered; remember it before renaming it"),
-        ));
-    }
-    if from != to && to_known {
-        return Err(StoreError::new(
-            "rename_channel",
-            format!("channel {to} is already remembered; forget it before {from} can take its id"),
-        ));
-    }
-    Ok(())
-}
+use super::{RememberedChannel, XagentStore, check_rename};
 
 const DATABASE_FILE: &str = "xagent.sqlite3";
 
@@ -454,6 +293,7 @@ fn in_transaction<W>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MemoryXagentStore;
 
     fn pending(id: &str) -> PendingRecord {
         PendingRecord {
