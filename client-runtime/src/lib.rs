@@ -2,9 +2,12 @@
 //!
 //! The xAgent side of the **xAgent Connector Protocol 3.0**, the counterpart of
 //! `xagent-server-runtime`: Base URL rules, admission (Card, Skill, health, version window),
-//! the health monitor, a data-plane client with request/ack correlation, reconnect with
-//! jittered backoff and channel reopening, Tool projection, and IM v2 delivery in both
-//! directions through `xagent-profile-im`.
+//! the health monitor (an incompatible Connector stays offline until `/health` agrees with the
+//! Card), a data-plane client with request/ack correlation, reconnect with jittered backoff
+//! and concurrent channel reopening, Tool projection, and IM v2 delivery in both directions
+//! through `xagent-profile-im`. Durable state ([`SqliteXagentStore`]) keeps a channel the
+//! Connector re-keyed under its new id, with its outbox and idempotency entries, and the
+//! `connector_id`, so a restart loses nothing and recognises a rebuilt Connector.
 //!
 //! ```
 //! use xagent_client_runtime::{BaseUrl, ClientConfig};
