@@ -65,23 +65,25 @@ impl ImState {
         }
     }
 
-    /// A remembered channel was reopened as `current` (it was open as `previous`). A re-keyed
-    /// channel is renamed durably first ([`ImState::rename_channel`]); then its outbox resumes.
-    pub(crate) fn on_channel_reopened(
+    /// A remembered channel open as `previous` came back as `current` (the Connector re-keyed
+    /// it): renamed durably ([`ImState::rename_channel`]); when the store refuses, it keeps
+    /// working in this process under its stored id (an alias).
+    pub(crate) fn on_channel_rekeyed(
         &mut self,
         previous: &ConnectorChannelId,
         current: &ConnectorChannelId,
-        now: u64,
     ) {
         let stored = self.aliases.remove(previous).unwrap_or_else(|| previous.clone());
-        let key = match self.rename_channel(&stored, current) {
-            Ok(()) => current.clone(),
-            Err(error) => {
-                tracing::warn!(from = %stored, to = %current, %error, "a re-keyed channel could not be renamed in the store; it keeps its old id there, so a restart reopens the old id");
-                self.aliases.insert(current.clone(), stored.clone());
-                stored
-            }
-        };
+        if let Err(error) = self.rename_channel(&stored, current) {
+            tracing::warn!(from = %stored, to = %current, %error, "a re-keyed channel could not be renamed in the store; it keeps its old id there, so a restart reopens the old id");
+            self.aliases.insert(current.clone(), stored);
+        }
+    }
+
+    /// A remembered channel is open again (as `channel`, already renamed if it was re-keyed):
+    /// its outbox resumes.
+    pub(crate) fn on_channel_reopened(&mut self, channel: &ConnectorChannelId, now: u64) {
+        let key = self.persisted(channel);
         if let Err(error) = self.outbox.on_channel_reopened(&key, now) {
             tracing::warn!(error = %error, "outbox could not reopen a channel");
         }

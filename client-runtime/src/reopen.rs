@@ -35,8 +35,8 @@ pub(crate) async fn reopen_channels(shared: Arc<Shared>, connector_id: Connector
 }
 
 /// Reopens one channel (`current` is its id now; `remembered` the id the application
-/// remembered it by in this process). A new id in the ack renames the channel in the store
-/// and in memory before its outbox moves again.
+/// remembered it by in this process). A new id in the ack has renamed the channel in the
+/// store and in memory ([`on_rekeyed`]) before its outbox moves again.
 async fn reopen_channel(
     shared: &Arc<Shared>,
     remembered: ConnectorChannelId,
@@ -44,10 +44,10 @@ async fn reopen_channel(
 ) {
     match crate::connection::request_typed(shared, Some(&current), ChannelOpen::default()).await {
         Ok(ack) => {
+            // A new id was already renamed by the reader ([`on_rekeyed`]).
             let new_id = ack.connector_channel_id.clone();
             lock(&shared.channels).insert(remembered, new_id.clone());
-            lock(&shared.directory).rename(&current, &new_id);
-            shared.im.lock().await.on_channel_reopened(&current, &new_id, shared.now());
+            shared.im.lock().await.on_channel_reopened(&new_id, shared.now());
             emit(
                 shared,
                 ClientEvent::ChannelReopened {
@@ -68,6 +68,35 @@ async fn reopen_channel(
             .await;
         }
     }
+}
+
+/// A `channel.open.ack` named `given` for a `channel.open` of `requested`: when `requested` is
+/// a remembered channel, it is renamed everywhere (remembered ids, directory, store with its
+/// outbox and idempotency entries, IM state). The reader calls this before it reads the next
+/// frame, so a message the Connector sends on the new id right after the ack already finds
+/// the channel's idempotency entries there.
+pub(crate) async fn on_rekeyed(
+    shared: &Shared,
+    requested: &ConnectorChannelId,
+    given: &ConnectorChannelId,
+) {
+    if requested == given {
+        return;
+    }
+    let remembered = {
+        let mut channels = lock(&shared.channels);
+        let mut found = false;
+        for current in channels.values_mut().filter(|current| *current == requested) {
+            *current = given.clone();
+            found = true;
+        }
+        found
+    };
+    if !remembered {
+        return;
+    }
+    lock(&shared.directory).rename(requested, given);
+    shared.im.lock().await.on_channel_rekeyed(requested, given);
 }
 
 /// The `connector_id` to resume with: the configured one, else the one stored by the last

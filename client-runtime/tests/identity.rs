@@ -164,8 +164,28 @@ async fn rekey_rule_a_channel_rekeyed_on_reopen_keeps_its_new_id_outbox_and_idem
         let reopen = next_of(&mut peer, "channel.open").await;
         assert_eq!(reopen.connector_channel_id.as_ref().map(|c| c.as_str()), Some("cch_1"));
         answer_open(&peer, &reopen, "cch_2").await;
-        let again = next_of(&mut peer, "chat.message").await;
+        // Right behind the ack, the Connector redelivers the inbound message on the new id: it
+        // is already known there (the rename happened before the next frame was read).
+        assert!(peer.send_json(inbound("cch_2")).await);
+        let (mut again, mut ack) = (None, None);
+        let both = tokio::time::timeout(Duration::from_secs(10), async {
+            while again.is_none() || ack.is_none() {
+                let next = packet(&peer.next_json().await.expect("the client is connected"));
+                match next.type_str() {
+                    "chat.message" => again = Some(next),
+                    "chat.message.ack" => ack = Some(next),
+                    _ => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            both.is_ok(),
+            "the redelivered message is answered at once, not handed to the application again"
+        );
+        let again = again.expect("redelivered");
         assert_eq!(again.connector_channel_id.as_ref().map(|c| c.as_str()), Some("cch_2"));
+        assert_eq!(ack.as_ref().and_then(ack_status).as_deref(), Some("duplicate"));
         plane.close().await;
     }
     // A new process on the same state.

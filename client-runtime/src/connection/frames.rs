@@ -240,6 +240,12 @@ async fn dispatch(shared: &Arc<Shared>, packet: Packet, accepted: Accepted) {
             tracing::warn!(%channel, %error, "a Descriptor in an ack was refused");
         }
     }
+    // A remembered channel the Connector re-keyed is renamed before the next frame is read.
+    if let Accepted::ChannelOpened { channel, request } = &accepted
+        && let Some(requested) = &request.channel
+    {
+        crate::reopen::on_rekeyed(shared, requested, channel).await;
+    }
     if answers {
         if let Some(request_id) = &packet.request_id
             && let Some(waiter) = lock(&shared.pending).remove(request_id)
