@@ -4,7 +4,7 @@
 //! refetch. An incompatible Connector cannot stay online: while `/health`'s protocol version or
 //! build differs from the admitted Card, also after the refetch, the status is `offline` with
 //! that reason, until the two agree. A re-admitted Card goes to the data plane
-//! ([`HealthMonitor::spawn_for`]), so the next hello and the Tool projection use it.
+//! ([`HealthMonitor::spawn_feeding`]), so the next hello and the Tool projection use it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +12,10 @@ use std::time::Duration;
 use tokio::sync::{RwLock, watch};
 use xagent_protocol_types::{ConnectorCard, HealthResponse};
 
-use crate::{ClientError, ControlPlane, DataPlane};
+use crate::{ClientError, ControlPlane};
+
+/// Where a re-admitted Card goes (the data plane's `set_card`).
+type CardHook = Box<dyn Fn(ConnectorCard) + Send + Sync>;
 
 /// Consecutive failures from which the Connector is `offline`.
 pub const OFFLINE_AFTER_FAILURES: u32 = 3;
@@ -240,23 +243,25 @@ impl HealthMonitor {
         Self::start(control, card, interval, readmit, None)
     }
 
-    /// Like [`HealthMonitor::spawn`], and every re-admitted Card also goes to `plane`
-    /// ([`DataPlane::set_card`]) before [`HealthMonitor::refreshed`] changes: the next hello,
-    /// the packet rules and the Tool projection read the new Card.
-    pub fn spawn_for<F>(
-        plane: &DataPlane,
+    /// Like [`HealthMonitor::spawn`], and every re-admitted Card also goes to `on_card` before
+    /// [`HealthMonitor::refreshed`] changes. Give it the data plane's
+    /// [`crate::DataPlane::set_card`], so the next hello, the packet rules and the Tool
+    /// projection read the new Card.
+    pub fn spawn_feeding<F, C>(
         control: ControlPlane,
         card: Arc<RwLock<ConnectorCard>>,
         interval: Duration,
         readmit: F,
+        on_card: C,
     ) -> Self
     where
         F: Fn(&serde_json::Value, &crate::SkillDocument) -> Result<ConnectorCard, String>
             + Send
             + Sync
             + 'static,
+        C: Fn(ConnectorCard) + Send + Sync + 'static,
     {
-        Self::start(control, card, interval, readmit, Some(plane.clone()))
+        Self::start(control, card, interval, readmit, Some(Box::new(on_card)))
     }
 
     fn start<F>(
@@ -264,7 +269,7 @@ impl HealthMonitor {
         card: Arc<RwLock<ConnectorCard>>,
         interval: Duration,
         readmit: F,
-        plane: Option<DataPlane>,
+        on_card: Option<CardHook>,
     ) -> Self
     where
         F: Fn(&serde_json::Value, &crate::SkillDocument) -> Result<ConnectorCard, String>
@@ -309,8 +314,8 @@ impl HealthMonitor {
                                 tracing::info!(card = %new_card.connector_card_id, version = %new_card.connector.version, "Card refetched after a health change");
                                 *card.write().await = new_card.clone();
                                 *kept_skill.write().await = new_skill;
-                                if let Some(plane) = &plane {
-                                    plane.set_card(new_card.clone());
+                                if let Some(on_card) = &on_card {
+                                    on_card(new_card.clone());
                                 }
                                 refresh.send_modify(|generation| *generation += 1);
                             }
@@ -331,8 +336,8 @@ impl HealthMonitor {
     }
 
     /// Changes each time a refetch admitted a changed Card or Skill: the application refreshes
-    /// the model's Tool list (a monitor started with [`HealthMonitor::spawn_for`] has already
-    /// given the Card to the data plane; otherwise hand it to [`DataPlane::set_card`]).
+    /// the model's Tool list (a monitor started with [`HealthMonitor::spawn_feeding`] has
+    /// already handed the Card on; otherwise give it to [`crate::DataPlane::set_card`]).
     pub fn refreshed(&self) -> watch::Receiver<u64> {
         self.refreshed.clone()
     }

@@ -293,12 +293,13 @@ mod readmission {
         assert_eq!(names(&plane), ["flaky_send"]);
 
         let cached = Arc::new(RwLock::new(first.clone()));
-        let monitor = HealthMonitor::spawn_for(
-            &plane,
+        let feeding = plane.clone();
+        let monitor = HealthMonitor::spawn_feeding(
             control,
             cached,
             Duration::from_millis(10),
             |json, _| parse_card(json),
+            move |card| feeding.set_card(card),
         );
         let mut refreshed = monitor.refreshed();
         // The Connector is upgraded: a new build with a second Tool.

@@ -35,6 +35,9 @@ pub struct ClientConfig {
     pub backoff: Backoff,
     /// Largest text frame accepted from the Connector.
     pub max_frame_bytes: usize,
+    /// Largest packet sent to the Connector (its packet limit; the outbound size rule): a
+    /// larger one is refused locally with [`crate::ClientError::TooLarge`].
+    pub max_packet_bytes: usize,
     /// Events buffered for the application before the reader waits for it.
     pub event_capacity: usize,
     /// Sees every text frame in both directions (for tools that print the traffic).
@@ -82,7 +85,7 @@ impl PacketTap {
         Self(Arc::new(tap))
     }
 
-    pub(super) fn see(&self, direction: TapDirection, text: &str) {
+    pub(crate) fn see(&self, direction: TapDirection, text: &str) {
         (self.0)(direction, text);
     }
 }
@@ -94,7 +97,7 @@ impl std::fmt::Debug for PacketTap {
 }
 
 impl ClientConfig {
-    /// Defaults for a Connector: 10 s request timeout, default backoff, 1 MiB frames, 1024
+    /// Defaults for a Connector: 10 s request timeout, default backoff, 1 MiB frames both ways, 1024
     /// buffered events, the system clock, state in memory.
     pub fn new(
         base_url: BaseUrl,
@@ -112,6 +115,7 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(10),
             backoff: Backoff::default(),
             max_frame_bytes: 1 << 20,
+            max_packet_bytes: 1 << 20,
             event_capacity: 1024,
             tap: None,
             clock: Arc::new(SystemClock),

@@ -1,30 +1,26 @@
-//! The [`DataPlane`] handle the application holds.
+//! The [`DataPlane`] handle the application holds (started by `crate::driver`).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 
-use tokio::sync::{Mutex, mpsc, watch};
+use tokio::sync::watch;
+use xagent_connection::CLOSE_NORMAL;
 use xagent_protocol_types::{
     ChannelOpen, ChannelOpenAck, ConnectorChannelId, ConnectorId, MessagePush, Packet, PacketBody,
     Payload, Request,
 };
 
-use super::reconnect::supervise;
 use super::request::{request_on, request_typed, send_on};
-use super::shared::{Outgoing, fail_pending};
-use super::{ClientConfig, ClientEvent, ConnectionState, Events, Shared, lock};
+use super::shared::fail_pending;
+use super::{ClientEvent, ConnectionState, Shared, lock};
 use crate::ClientError;
-use crate::directory::ChannelDirectory;
-use crate::im::ImState;
-use crate::store::{MemoryXagentStore, XagentStore};
-use crate::transport::{Transport, WsTransport};
 
 /// A handle to the data plane; clones share one connection.
 #[derive(Clone)]
 pub struct DataPlane {
-    shared: Arc<Shared>,
-    state: watch::Receiver<ConnectionState>,
-    task: Arc<tokio::task::JoinHandle<()>>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) state: watch::Receiver<ConnectionState>,
+    /// The driver task (`crate::driver`), aborted by [`DataPlane::close`].
+    pub(crate) task: Arc<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for DataPlane {
@@ -34,88 +30,6 @@ impl std::fmt::Debug for DataPlane {
 }
 
 impl DataPlane {
-    /// Starts connecting over WebSocket in the background and returns the handle and the
-    /// bounded event stream. Wait for `online` with [`DataPlane::connected`].
-    pub fn connect(config: ClientConfig) -> Result<(Self, Events), ClientError> {
-        let transport = WsTransport::new(
-            config.base_url.clone(),
-            config.api_key.clone(),
-            config.max_frame_bytes,
-        );
-        Self::connect_with(config, transport)
-    }
-
-    /// Like [`DataPlane::connect`] over any transport (in-memory in tests). Fails only when the
-    /// durable store cannot be read.
-    pub fn connect_with(
-        config: ClientConfig,
-        transport: impl Transport,
-    ) -> Result<(Self, Events), ClientError> {
-        let (events, receiver) = mpsc::channel(config.event_capacity.max(1));
-        let (state_sender, state) = watch::channel(ConnectionState::Connecting { failures: 0 });
-        let now = config.clock.now_millis();
-        let store: Arc<dyn XagentStore> = match &config.store {
-            Some(store) => store.clone(),
-            None => Arc::new(MemoryXagentStore::new()),
-        };
-        let im = ImState::open(store.clone(), now)?;
-        let mut channels = BTreeMap::new();
-        let mut directory = ChannelDirectory::new(config.card.clone());
-        for remembered in store.load_channels().map_err(ClientError::Store)? {
-            channels.insert(remembered.channel.clone(), remembered.channel.clone());
-            directory.remember(remembered.channel, remembered.owner);
-        }
-        let config_window = config.window;
-        let shared = Arc::new(Shared {
-            im: Mutex::new(im),
-            config,
-            store,
-            link: StdMutex::new(None),
-            pending: StdMutex::new(HashMap::new()),
-            channels: StdMutex::new(channels),
-            directory: StdMutex::new(directory),
-            state: state_sender,
-            events,
-            files: StdMutex::new(None),
-            sink: StdMutex::new(None),
-            control: std::sync::OnceLock::new(),
-            validator: xagent_protocol_validate::Validator::new().with_window(config_window),
-        });
-        let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
-        let supervisor = shared.clone();
-        let task = tokio::spawn(async move {
-            supervise(supervisor, Box::new(transport)).await;
-            pump.abort();
-        });
-        Ok((Self { shared, state, task: Arc::new(task) }, receiver))
-    }
-
-    /// Starts connecting with an in-memory store and returns the handle and an unbounded relay
-    /// of the bounded event stream (kept for callers written before [`DataPlane::connect`]).
-    pub fn start(config: ClientConfig) -> (Self, mpsc::UnboundedReceiver<ClientEvent>) {
-        let config = ClientConfig { store: None, ..config };
-        let transport = WsTransport::new(
-            config.base_url.clone(),
-            config.api_key.clone(),
-            config.max_frame_bytes,
-        );
-        let (relay, receiver) = mpsc::unbounded_channel();
-        match Self::connect_with(config, transport) {
-            Ok((plane, mut events)) => {
-                tokio::spawn(async move {
-                    while let Some(event) = events.recv().await {
-                        if relay.send(event).is_err() {
-                            break;
-                        }
-                    }
-                });
-                (plane, receiver)
-            }
-            // Unreachable: without a store there is nothing to read.
-            Err(error) => unreachable!("an in-memory data plane cannot fail to start: {error}"),
-        }
-    }
-
     /// The current connection state.
     pub fn state(&self) -> ConnectionState {
         self.state.borrow().clone()
@@ -177,7 +91,7 @@ impl DataPlane {
     /// Sends raw text, past the session (for conformance probes that need malformed input).
     pub async fn send_raw(&self, text: String) -> Result<(), ClientError> {
         let link = self.shared.link().ok_or(ClientError::NotConnected)?;
-        link.tx.send(Outgoing::Raw(text)).await.map_err(|_| ClientError::NotConnected)
+        link.raw(text).await.map_err(|_| ClientError::NotConnected)
     }
 
     /// Opens a channel (`existing` restores a persisted one) and returns its ack. The channel
@@ -249,7 +163,7 @@ impl DataPlane {
         self.task.abort();
         let link = lock(&self.shared.link).take();
         if let Some(link) = link {
-            let _ = link.tx.send(Outgoing::Close(1000, "closed".into())).await;
+            link.close(CLOSE_NORMAL, "closed").await;
         }
         self.shared.set_state(ConnectionState::Stopped { reason: "closed".into() });
         let _ = self.shared.events.try_send(ClientEvent::Stopped { reason: "closed".into() });

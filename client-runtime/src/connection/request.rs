@@ -1,12 +1,12 @@
-//! The one request/ack path and the write queue's entry points.
+//! The one request/ack path and the write queue's entry points, on the connection core's
+//! [`xagent_connection::Requests`] and [`xagent_connection::Outbound`].
 
-use tokio::sync::oneshot;
+use xagent_connection::{RequestError, SendError};
 use xagent_protocol_types::{
-    ConnectorChannelId, Packet, PacketBody, Payload, Request, RequestId, Role, Side,
+    ConnectorChannelId, Packet, PacketBody, Payload, Request, RequestId, Role,
 };
 
-use super::shared::Outgoing;
-use super::{Shared, lock};
+use super::Shared;
 use crate::{ClientError, ids};
 
 /// The one request/ack path: every request type (hello included) is registered by
@@ -21,24 +21,15 @@ pub(crate) async fn request_on(
         _ => return Err(ClientError::Protocol(format!("{} is not a request", body.type_str()))),
     };
     let request_id = RequestId::new(ids::mint("req_"));
-    let packet = Packet::new(ids::mint("pkt_"), body)
-        .request_id(request_id.clone())
-        .maybe_channel(channel.cloned());
-    let (sender, receiver) = oneshot::channel();
-    lock(&shared.pending).insert(request_id.clone(), sender);
-    if let Err(error) = send_on(shared, &packet).await {
-        lock(&shared.pending).remove(&request_id);
-        return Err(error);
-    }
+    let packet =
+        Packet::new(ids::mint("pkt_"), body).request_id(request_id).maybe_channel(channel.cloned());
+    let link = shared.link().ok_or(ClientError::NotConnected)?;
     let timeout = shared.config.request_timeout;
-    match tokio::time::timeout(timeout, receiver).await {
-        Ok(Ok(answer)) => answer,
-        Ok(Err(_)) => Err(ClientError::NotConnected),
-        Err(_) => {
-            lock(&shared.pending).remove(&request_id);
-            if let Some(link) = shared.link() {
-                lock(&link.session).forget_request(Side::Xagent, &request_id);
-            }
+    match shared.pending.request(&link, packet, timeout).await {
+        Ok(answer) => answer,
+        Err(RequestError::Send(error)) => Err(sent_error(error)),
+        Err(RequestError::Closed) => Err(ClientError::NotConnected),
+        Err(RequestError::TimedOut(_)) => {
             Err(ClientError::Timeout { expected, millis: timeout.as_millis() as u64 })
         }
     }
@@ -67,21 +58,29 @@ where
     }
 }
 
-/// Queues a packet and waits until the writer wrote it, or the session withheld it.
+/// Queues a packet and waits until the writer wrote it, or refused it (the send rules, the
+/// session, the size rule).
 pub(crate) async fn send_on(shared: &Shared, packet: &Packet) -> Result<(), ClientError> {
     let link = shared.link().ok_or(ClientError::NotConnected)?;
-    let packet = packet.clone().time(shared.now());
-    let (done, written) = oneshot::channel();
-    link.tx
-        .send(Outgoing::Packet(Box::new(packet), Some(done)))
-        .await
-        .map_err(|_| ClientError::NotConnected)?;
-    written.await.unwrap_or(Err(ClientError::NotConnected))
+    link.send(packet.clone()).await.map_err(sent_error)
 }
 
 /// Queues a packet without waiting for the write (replies from the reader).
-pub(super) async fn send_quietly(shared: &Shared, packet: Packet) {
+pub(crate) async fn send_quietly(shared: &Shared, packet: Packet) {
     if let Some(link) = shared.link() {
-        let _ = link.tx.send(Outgoing::Packet(Box::new(packet.time(shared.now())), None)).await;
+        link.push(packet).await;
+    }
+}
+
+/// What the core's writer said about a packet, as this crate's error.
+pub(crate) fn sent_error(error: SendError) -> ClientError {
+    match error {
+        SendError::Withheld(error) => ClientError::Withheld(error),
+        SendError::Invalid(refusal) => {
+            ClientError::Invalid { rules: refusal.rules, message: refusal.message }
+        }
+        SendError::TooLarge { bytes, limit } => ClientError::TooLarge { bytes, limit },
+        SendError::Encode(reason) => ClientError::Protocol(reason),
+        _ => ClientError::NotConnected,
     }
 }

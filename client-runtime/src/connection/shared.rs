@@ -1,43 +1,32 @@
 //! The state one data plane shares between its handle, its reader, writer and driver.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex};
 
-use tokio::sync::{Mutex, mpsc, oneshot, watch};
-use xagent_protocol_types::{ConnectorChannelId, Packet, RequestId};
-use xagent_protocol_validate::{CardFacts, Session};
+use tokio::sync::{Mutex, mpsc, watch};
+use xagent_connection::{Admission, Outbound, Requests};
+use xagent_protocol_types::{ConnectorChannelId, Packet};
 
 use super::{ClientConfig, ClientEvent, ConnectionState};
 use crate::ClientError;
 use crate::directory::ChannelDirectory;
-use crate::im::ImState;
+use crate::im_state::ImState;
 
-/// What the writer task writes.
-pub(super) enum Outgoing {
-    /// A packet, judged by the session first; `done` learns whether it was written.
-    Packet(Box<Packet>, Option<oneshot::Sender<Result<(), ClientError>>>),
-    /// Raw text (conformance probes), written as it is.
-    Raw(String),
-    /// A close frame; the writer stops after it.
-    Close(u16, String),
-}
-
-/// The current connection: its write queue and its sequencing session.
-#[derive(Clone)]
-pub(super) struct Link {
-    pub(super) tx: mpsc::Sender<Outgoing>,
-    pub(super) session: Arc<StdMutex<Session>>,
-}
-
-pub(super) type Waiter = oneshot::Sender<Result<Packet, ClientError>>;
+/// What an answer hands to the request's waiter.
+pub(crate) type Answer = Result<Packet, ClientError>;
 
 pub(crate) struct Shared {
     pub(crate) config: ClientConfig,
+    /// The current connection's outbound handle (write queue, session, clock).
+    pub(crate) link: StdMutex<Option<Outbound>>,
+    /// The one request/ack correlation.
+    pub(crate) pending: Requests<Answer>,
+    /// The one home of the admitted Card, the announced Profiles and the window, read at
+    /// every connect and by the packet rules in both directions.
+    pub(crate) admission: Arc<Admission>,
     /// Where remembered channels and the `connector_id` live: the configured store, else one
     /// in memory.
     pub(crate) store: Arc<dyn crate::XagentStore>,
-    pub(super) link: StdMutex<Option<Link>>,
-    pub(super) pending: StdMutex<HashMap<RequestId, Waiter>>,
     /// Remembered channels: the id the application remembered it by -> the id currently open.
     pub(crate) channels: StdMutex<BTreeMap<ConnectorChannelId, ConnectorChannelId>>,
     pub(crate) directory: StdMutex<ChannelDirectory>,
@@ -49,8 +38,8 @@ pub(crate) struct Shared {
     /// The HTTP client of the control and transfer planes, made once per data plane (on first
     /// use) and shared by every download and upload: a `reqwest::Client` holds a connection
     /// pool, so one per file would open a new connection each time.
-    pub(super) control: std::sync::OnceLock<crate::ControlPlane>,
-    pub(super) validator: xagent_protocol_validate::Validator,
+    pub(crate) control: std::sync::OnceLock<crate::ControlPlane>,
+    pub(crate) validator: xagent_protocol_validate::Validator,
 }
 
 pub(crate) fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -71,18 +60,17 @@ impl Shared {
             .clone()
     }
 
-    /// The admitted Card's facts the packet rules judge by (the current Card after a refetch):
-    /// the directory's copy, so the packet rules and the Descriptor rules share one.
-    pub(crate) fn card_facts(&self) -> Option<Arc<CardFacts>> {
-        lock(&self.directory).card_facts()
-    }
-
-    /// Replaces the admitted Card everywhere it is judged: the packet rules and the directory.
+    /// Replaces the admitted Card everywhere it is judged: the admission (packet rules, the
+    /// next hello and its ack's checks) and the directory (Descriptor rules).
     pub(crate) fn set_card(&self, card: xagent_protocol_types::ConnectorCard) {
-        lock(&self.directory).set_card(card);
+        self.admission.set_card(card.clone());
+        match self.admission.facts() {
+            Some(facts) => lock(&self.directory).set_admitted(card, facts),
+            None => lock(&self.directory).set_card(card),
+        }
     }
 
-    pub(super) fn link(&self) -> Option<Link> {
+    pub(crate) fn link(&self) -> Option<Outbound> {
         lock(&self.link).clone()
     }
 
@@ -93,9 +81,9 @@ impl Shared {
     }
 }
 
-pub(super) fn fail_pending(shared: &Shared) {
+pub(crate) fn fail_pending(shared: &Shared) {
     // Dropping the senders wakes every waiter with NotConnected.
-    lock(&shared.pending).clear();
+    shared.pending.fail_all();
 }
 
 pub(crate) async fn emit(shared: &Shared, event: ClientEvent) {
