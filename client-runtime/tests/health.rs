@@ -306,6 +306,7 @@ mod readmission {
         let mut upgraded =
             card("1.1.0").with_tool(tool("flaky_send")).with_tool(tool("flaky_history"));
         upgraded.build = BuildInfo::new("2612010000");
+        upgraded.supports.profiles.push("xagent.im.v1".into());
         rolling.serve_card(&upgraded);
         rolling.serve_health(HealthResponse::for_card(&upgraded));
         tokio::time::timeout(Duration::from_secs(10), refreshed.changed())
@@ -327,6 +328,12 @@ mod readmission {
         .await;
         assert!(pushed.is_some(), "the Descriptor was judged by the new Card");
         assert_eq!(names(&plane), ["flaky_send", "flaky_history"]);
+        // The next hello announces the re-admitted Card's Profiles.
+        drop(peer);
+        let mut peer = peers.recv().await.expect("a reconnect");
+        let hello = next_packet(&mut peer, "connector.hello").await;
+        let announced = hello.to_value().expect("encodes")["payload"]["supported_profiles"].clone();
+        assert_eq!(announced, json!(["xagent.im.v2", "xagent.im.v1"]), "{announced}");
         monitor.stop();
         plane.close().await;
     }
