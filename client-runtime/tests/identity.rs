@@ -333,3 +333,45 @@ async fn reopen_rule_500_remembered_channels_are_reopened_concurrently_within_th
     assert!(most <= REOPEN_CONCURRENCY, "at most {REOPEN_CONCURRENCY} in flight, saw {most}");
     assert!(most > 1, "reopened concurrently");
 }
+
+#[tokio::test(start_paused = true)]
+async fn rekey_rule_a_refused_rename_changes_nothing_stored_and_the_channel_keeps_working() {
+    let clock = ManualClock::new(1_000);
+    let store = SqliteXagentStore::in_memory().expect("opens");
+    store.save_channel(&"cch_1".into(), Some("alice")).expect("saves");
+    // The id the Connector will hand out already has messages of a forgotten channel.
+    let mut stored = store.clone();
+    xagent_profile_im::IdempotencyStore::save_completed(
+        &mut stored,
+        &xagent_profile_im::CompletedRecord {
+            channel: "cch_9".into(),
+            message_id: "msg_old".into(),
+            fingerprint: xagent_profile_im::Fingerprint::from_hex("ab"),
+            completed_at: 1_000,
+        },
+    )
+    .expect("saves");
+    let (plane, mut events, _transport, mut peers) =
+        start(config(&clock).with_store(Arc::new(store.clone())));
+    let (mut peer, _) = accept_hello_as(&mut peers, "conn_1").await;
+    let reopen = next_of(&mut peer, "channel.open").await;
+    answer_open(&peer, &reopen, "cch_9").await;
+    let reopened = next_event_matching(&mut events, Duration::from_secs(5), |e| {
+        matches!(e, ClientEvent::ChannelReopened { .. })
+    })
+    .await;
+    assert!(reopened.is_some(), "the channel is open again");
+    // The store refused the merge: the channel is still remembered by its old id...
+    let remembered: Vec<ConnectorChannelId> =
+        store.load_channels().expect("loads").into_iter().map(|c| c.channel).collect();
+    assert_eq!(remembered, vec![ConnectorChannelId::new("cch_1")]);
+    // ...and in this process it works under the new one.
+    assert_eq!(plane.current_channel(&"cch_1".into()).await, Some("cch_9".into()));
+    plane
+        .send_chat_message(&"cch_9".into(), ChatMessage::text("msg_out", "reply"))
+        .await
+        .expect("queued");
+    let sent = next_of(&mut peer, "chat.message").await;
+    assert_eq!(sent.connector_channel_id.as_ref().map(|c| c.as_str()), Some("cch_9"));
+    plane.close().await;
+}
