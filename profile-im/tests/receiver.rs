@@ -471,3 +471,25 @@ fn rekey_rule_the_store_refuses_to_merge_two_channels_completed_ids() {
     assert!(set.is_completed(&ch("a"), &MessageId::new("m1")).unwrap());
     assert_eq!(store.completed_len(), 2);
 }
+
+#[test]
+fn rekey_rule_a_message_in_progress_during_the_rename_is_recorded_under_the_new_id() {
+    let store = MemoryStore::new();
+    let mut set =
+        ReceiverIdempotency::open(IdempotencyConfig::default(), store.clone(), T0).unwrap();
+    let m = ChatMessage::text("m1", "hi");
+    let ticket = match set.begin_chat(&ch("a"), &m, T0).unwrap() {
+        Admission::Process(ticket) => ticket,
+        other => panic!("expected a first admission, got {other:?}"),
+    };
+    store.rename_channel(&ch("a"), &ch("b")).unwrap();
+    set.on_channel_renamed(&ch("a"), &ch("b"));
+    // While the effect runs, a redelivery on the new id is in progress, not a new message.
+    let during = set.begin_chat(&ch("b"), &m, T0).unwrap();
+    assert!(matches!(during, Admission::InProgress(_)), "{during:?}");
+    assert_eq!(set.complete(ticket, T0).unwrap().status, AckStatus::Accepted);
+    let mut restarted =
+        ReceiverIdempotency::open(IdempotencyConfig::default(), store.clone(), T0).unwrap();
+    assert!(restarted.is_completed(&ch("b"), &MessageId::new("m1")).unwrap());
+    assert!(!restarted.is_completed(&ch("a"), &MessageId::new("m1")).unwrap());
+}
