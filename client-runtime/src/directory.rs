@@ -169,13 +169,21 @@ impl ChannelDirectory {
         self.entries.retain(|e| &e.connector_channel_id != channel);
     }
 
-    /// A reopened channel came back under a new id.
+    /// A reopened channel came back under a new id. The reopen's ack may already have recorded
+    /// its Descriptor under the new id: the two entries become one (that Descriptor, the
+    /// earlier owner), never two entries with one id.
     pub fn rename(&mut self, previous: &ConnectorChannelId, current: &ConnectorChannelId) {
         if previous == current {
             return;
         }
-        if let Some(entry) = self.entries.iter_mut().find(|e| &e.connector_channel_id == previous) {
-            entry.connector_channel_id = current.clone();
+        let Some(index) = self.entries.iter().position(|e| &e.connector_channel_id == previous)
+        else {
+            return;
+        };
+        let old = self.entries.remove(index);
+        let entry = self.entry_mut(current);
+        if entry.owner.is_none() {
+            entry.owner = old.owner;
         }
     }
 

@@ -2,11 +2,14 @@
 //!
 //! The xAgent side of the **xAgent Connector Protocol 3.0**, the counterpart of
 //! `xagent-server-runtime`: Base URL rules, admission (Card, Skill, health, version window),
-//! the health monitor, a data-plane client with request/ack correlation, reconnect with
-//! jittered backoff and channel reopening, Tool projection, and IM v2 delivery in both
-//! directions through `xagent-profile-im` (assistant deltas numbered by the runtime, outbound
-//! files uploaded on and bound to their message's channel, `user_channel_mode` applied before
-//! `channel.open`).
+//! the health monitor (an incompatible Connector stays offline until `/health` agrees with the
+//! Card), a data-plane client with request/ack correlation, reconnect with jittered backoff
+//! and concurrent channel reopening, Tool projection, and IM v2 delivery in both directions
+//! through `xagent-profile-im` (assistant deltas numbered by the runtime, outbound files
+//! uploaded on and bound to their message's channel, `user_channel_mode` applied before
+//! `channel.open`). Durable state ([`SqliteXagentStore`]) keeps a channel the Connector
+//! re-keyed under its new id, with its outbox and idempotency entries, and the
+//! `connector_id`, so a restart loses nothing and recognises a rebuilt Connector.
 //!
 //! ```
 //! use xagent_client_runtime::{BaseUrl, ClientConfig};
@@ -91,6 +94,7 @@ pub use connection::{
     PacketTap, TapDirection, Verdict, next_event_matching,
 };
 pub use directory::{ChannelDirectory, ChannelEntry, DescriptorRefused, SessionBinding};
+pub use driver::REOPEN_CONCURRENCY;
 pub use error::{ClientError, OutboundFileError, UserChannelLimit};
 pub use files::{FileContent, FileSink, FileSource};
 pub use health::*;
@@ -98,7 +102,7 @@ pub use http::{ControlPlane, Downloaded, SkillDocument};
 pub use invoke::{
     CHANNELS_LIST_TOOL, MESSAGE_SEND_TOOL, ToolCallOptions, ToolOutcome, builtin_tools,
 };
-pub use store::{RememberedChannel, SqliteXagentStore, XagentStore};
+pub use store::{MemoryXagentStore, RememberedChannel, SqliteXagentStore, XagentStore};
 pub use stream::MessageStream;
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{
