@@ -428,6 +428,8 @@ pub(crate) struct Shared {
     /// pool, so one per file would open a new connection each time.
     control: std::sync::OnceLock<crate::ControlPlane>,
     validator: xagent_protocol_validate::Validator,
+    /// Acks that ended an assistant message's delivery, for [`DataPlane::settled_ack`].
+    pub(crate) settled: crate::acks::SettledAcks,
 }
 
 pub(crate) fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -550,6 +552,7 @@ impl DataPlane {
             sink: StdMutex::new(None),
             control: std::sync::OnceLock::new(),
             validator: xagent_protocol_validate::Validator::new().with_window(config_window),
+            settled: crate::acks::SettledAcks::default(),
         });
         let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
         let supervisor = shared.clone();

@@ -21,6 +21,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod acks;
 mod admission;
 mod backoff;
 mod base_url;
@@ -32,6 +33,9 @@ mod http;
 mod ids;
 mod im;
 mod invoke;
+mod model_args;
+mod readmit;
+mod sign_in;
 mod store;
 mod tools;
 mod transport;
@@ -51,6 +55,11 @@ pub use invoke::{
     CHANNELS_LIST_TOOL, FileContent, FileSink, FileSource, MESSAGE_SEND_TOOL, ToolCallOptions,
     ToolOutcome, UPLOAD_REF_ANNOTATION, UploadRefProperty, builtin_tools, model_input_schema,
     upload_ref_properties,
+};
+pub use acks::RECENT_SETTLED_ACKS;
+pub use model_args::{CHANNEL_ARGUMENT, fill_channel_argument};
+pub use sign_in::{
+    DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,
 };
 pub use store::{RememberedChannel, SqliteXagentStore, XagentStore};
 pub use tools::{FunctionDeclaration, declaration, project_tools};
