@@ -152,7 +152,8 @@ mod tests {
             })
         };
         tokio::task::yield_now().await;
-        let rejected = ChatMessageAck::rejected("msg_2", ErrorCode::TargetDeliveryFailed, "no", false);
+        let rejected =
+            ChatMessageAck::rejected("msg_2", ErrorCode::TargetDeliveryFailed, "no", false);
         acks.settle(&channel(), &rejected);
         let heard = waiting.await.ok().flatten();
         assert_eq!(heard.and_then(|a| a.code), Some(ErrorCode::TargetDeliveryFailed));

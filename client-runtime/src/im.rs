@@ -47,7 +47,7 @@ impl ImState {
         Ok(Self { outbox, receiver, aliases: HashMap::new() })
     }
 
-    fn persisted(&self, current: &ConnectorChannelId) -> ConnectorChannelId {
+    pub(crate) fn persisted(&self, current: &ConnectorChannelId) -> ConnectorChannelId {
         self.aliases.get(current).cloned().unwrap_or_else(|| current.clone())
     }
 

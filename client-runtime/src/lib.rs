@@ -40,6 +40,7 @@ mod store;
 mod tools;
 mod transport;
 
+pub use acks::RECENT_SETTLED_ACKS;
 pub use admission::*;
 pub use backoff::Backoff;
 pub use base_url::{BaseUrl, BaseUrlError};
@@ -56,7 +57,6 @@ pub use invoke::{
     ToolOutcome, UPLOAD_REF_ANNOTATION, UploadRefProperty, builtin_tools, model_input_schema,
     upload_ref_properties,
 };
-pub use acks::RECENT_SETTLED_ACKS;
 pub use model_args::{CHANNEL_ARGUMENT, fill_channel_argument};
 pub use sign_in::{
     DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,

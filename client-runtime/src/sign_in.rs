@@ -154,13 +154,14 @@ impl DataPlane {
         let follow = !progress.status.is_final() && progress.auth_session_id.is_some();
         let (sender, receiver) = watch::channel(progress);
         let task = follow.then(|| {
-            tokio::spawn(self.clone().follow_sign_in(
-                channel.clone(),
-                flow_id.to_owned(),
-                sender,
-            ))
+            tokio::spawn(self.clone().follow_sign_in(channel.clone(), flow_id.to_owned(), sender))
         });
-        Ok(SignIn { channel: channel.clone(), flow_id: flow_id.to_owned(), progress: receiver, task })
+        Ok(SignIn {
+            channel: channel.clone(),
+            flow_id: flow_id.to_owned(),
+            progress: receiver,
+            task,
+        })
     }
 
     async fn follow_sign_in(

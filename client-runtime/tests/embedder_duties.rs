@@ -13,7 +13,7 @@ use xagent_client_runtime::{
 };
 use xagent_protocol_types::{
     AuthFlow, AuthInput, AuthProgress, AuthStartAck, AuthStatus, AuthStatusAck, BuildInfo,
-    CardTool, ChannelOpenAck, ChatMessage, ChatMessageAck, Connection, ConnectionDescriptor,
+    CardTool, ChannelOpenAck, ChatMessage, ChatMessageAck, Clock, Connection, ConnectionDescriptor,
     ConnectionStatus, ConnectorCard, ConnectorChannelId, ConnectorHelloAck, ConnectorInfo,
     DescriptorTarget, DescriptorTool, ErrorCode, ManualClock, Packet, Supports, TargetType,
     ToolInvokeAck,
@@ -36,9 +36,12 @@ fn card() -> ConnectorCard {
 }
 
 fn start() -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
+    start_at(&ManualClock::new(1_000))
+}
+
+fn start_at(clock: &ManualClock) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
     let base = BaseUrl::parse("http://memory.invalid").expect("valid");
-    let mut config = ClientConfig::for_card(base, &card())
-        .with_clock(Arc::new(ManualClock::new(1_000)));
+    let mut config = ClientConfig::for_card(base, &card()).with_clock(Arc::new(clock.clone()));
     config.request_timeout = Duration::from_secs(5);
     let (transport, peers) = MemoryTransport::new();
     let (plane, events) = DataPlane::connect_with(config, transport).expect("starts");
@@ -88,8 +91,12 @@ async fn online_with_channel(
 ) -> MemoryPeer {
     let mut peer = peers.recv().await.expect("a connection attempt");
     let hello = next(&mut peer, "connector.hello").await;
-    send(&peer, Packet::with_payload("pkt_hello_ack", ConnectorHelloAck::new(CARD, "conn_1")).answering(&hello))
-        .await;
+    send(
+        &peer,
+        Packet::with_payload("pkt_hello_ack", ConnectorHelloAck::new(CARD, "conn_1"))
+            .answering(&hello),
+    )
+    .await;
     plane.connected().await.expect("online");
     let opening = {
         let plane = plane.clone();
@@ -157,8 +164,11 @@ async fn sign_in_rule_a_qr_flow_is_polled_at_its_pace_refreshed_and_remembered()
     assert_eq!(payload(&poll)["refresh"], Value::Null);
     let mut done = qr(AuthStatus::Authenticated, "https://mem.invalid/pair/2");
     done.connection_descriptor = Some(descriptor("cch_qr", ConnectionStatus::Connected));
-    send(&peer, Packet::with_payload("pkt_p3", AuthStatusAck(done)).answering(&poll).channel("cch_qr"))
-        .await;
+    send(
+        &peer,
+        Packet::with_payload("pkt_p3", AuthStatusAck(done)).answering(&poll).channel("cch_qr"),
+    )
+    .await;
     let end = driver.finished().await.expect("the flow ends");
     assert_eq!(end.status, AuthStatus::Authenticated);
     let remembered: Vec<ConnectorChannelId> =
@@ -184,7 +194,8 @@ async fn sign_in_rule_a_flow_the_card_does_not_declare_is_refused_locally() {
 
 #[tokio::test(start_paused = true)]
 async fn settled_ack_rule_the_ack_that_ends_delivery_is_reported_not_a_retryable_one() {
-    let (plane, _events, mut peers) = start();
+    let clock = ManualClock::new(1_000);
+    let (plane, _events, mut peers) = start_at(&clock);
     let mut peer =
         online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
     let channel = ConnectorChannelId::new("cch_1");
@@ -196,9 +207,17 @@ async fn settled_ack_rule_the_ack_that_ends_delivery_is_reported_not_a_retryable
     let waited = plane.settled_ack(&channel, &"msg_out_1".into(), Duration::from_millis(100)).await;
     assert!(waited.is_none(), "a retryable rejection settles nothing: {waited:?}");
 
-    // The outbox delivers it again; this time it is accepted, and a caller asking after the
-    // ack arrived still learns it.
-    let again = next(&mut peer, "chat.message").await;
+    // The outbox delivers it again once its backoff (on the data plane's clock) has passed;
+    // this time it is accepted, and a caller asking after the ack arrived still learns it.
+    let again = loop {
+        clock.advance(1_000);
+        match tokio::time::timeout(Duration::from_millis(500), peer.next_json()).await {
+            Ok(Some(value)) => break packet(&value),
+            Ok(None) => panic!("the client closed the connection"),
+            Err(_) => assert!(clock.now_millis() < 120_000, "the message was never redelivered"),
+        }
+    };
+    assert_eq!(again.type_str(), "chat.message");
     let accepted = ChatMessageAck::accepted("msg_out_1");
     send(&peer, Packet::with_payload("pkt_a2", accepted).answering(&again).channel("cch_1")).await;
     tokio::time::sleep(Duration::from_millis(200)).await;

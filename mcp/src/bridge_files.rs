@@ -105,4 +105,3 @@ fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     }
     Ok(())
 }
-

@@ -26,11 +26,11 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, watch};
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, Events,
-    FunctionDeclaration, HealthMonitor, InboundMessage, SignIn as Flow,
-    SqliteXagentStore, ToolCallOptions, admit, builtin_tools,
+    FunctionDeclaration, HealthMonitor, InboundMessage, SignIn as Flow, SqliteXagentStore,
+    ToolCallOptions, admit, builtin_tools,
 };
 use xagent_protocol_types::{
-    AckStatus, AuthInput, AuthProgress, AuthStatus, ChatFile, ChatMessageAck, ConnectorCard,
+    AckStatus, AuthInput, AuthProgress, AuthStatus, ChatMessageAck, ConnectorCard,
     ConnectorChannelId, ConnectorId, ErrorCode, MessageId, Secret, ToolProgressPush, WireError,
 };
 use xagent_protocol_validate::AdmissionWindow;

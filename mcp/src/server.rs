@@ -450,14 +450,11 @@ impl ServerHandler for McpBridge {
     ) -> Result<GetPromptResponse, McpError> {
         let name = self.link.card().map(|card| card.primary_skill_name().to_string());
         match self.link.skill() {
-            Some(skill) if name.as_deref() == Some(request.name.as_str()) => {
-                Ok(GetPromptResult::new(vec![PromptMessage::new_text(
-                    Role::User,
-                    skill.to_owned(),
-                )])
-                .with_description("The Connector's Skill")
-                .into())
-            }
+            Some(skill) if name.as_deref() == Some(request.name.as_str()) => Ok(
+                GetPromptResult::new(vec![PromptMessage::new_text(Role::User, skill.to_owned())])
+                    .with_description("The Connector's Skill")
+                    .into(),
+            ),
             _ => Err(McpError::invalid_params(format!("no prompt {}", request.name), None)),
         }
     }

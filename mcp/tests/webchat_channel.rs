@@ -107,14 +107,17 @@ async fn wait_in_room(base: &str, text: &str) {
         if texts.iter().any(|t| t == text) {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "{text:?} never reached the room: {texts:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{text:?} never reached the room: {texts:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 async fn call(setup: &Setup, arguments: Value) -> rmcp::model::CallToolResult {
-    let request = CallToolRequestParams::new(TOOL_MESSAGE_SEND)
-        .with_arguments(self::arguments(arguments));
+    let request =
+        CallToolRequestParams::new(TOOL_MESSAGE_SEND).with_arguments(self::arguments(arguments));
     setup.client.call_tool(request).await.unwrap_or_else(|e| panic!("tools/call: {e}"))
 }
 
