@@ -1,7 +1,7 @@
 //! The data plane's admitted Card as an application reads it, and the health monitor wired to
-//! it: a Card the monitor refetches and re-admits goes straight into the data plane (the one
-//! place the packet rules, the Descriptor rules, Tool resolution and projection read it), so
-//! an application keeps no Card of its own.
+//! it: a Card the monitor refetches and re-admits goes straight into the data plane's one home
+//! of the admission (what the packet rules, the next hello, the Descriptor rules, Tool
+//! resolution and projection read), so an application keeps no Card of its own.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +14,8 @@ impl DataPlane {
     /// The admitted Card this data plane judges by: the one it started with, or the latest
     /// one re-admitted since ([`DataPlane::set_card`], [`DataPlane::monitor_health`]). `None`
     /// for a data plane started without a Card.
-    pub fn card(&self) -> Option<ConnectorCard> {
-        self.directory().card().cloned()
+    pub fn card(&self) -> Option<Arc<ConnectorCard>> {
+        self.shared().admission.card()
     }
 
     /// Starts the health monitor for this data plane's Connector: `/health` every
@@ -24,13 +24,13 @@ impl DataPlane {
     /// the Card handed to this data plane before [`HealthMonitor::refreshed`] changes, so a
     /// listener reads the new Card from [`DataPlane::card`]. Fails without an admitted Card.
     pub fn monitor_health(&self, interval: Duration) -> Result<HealthMonitor, ClientError> {
-        let card = self.card().ok_or_else(|| {
+        let card = self.card().map(|card| (*card).clone()).ok_or_else(|| {
             ClientError::NotAdmissible(
                 "the data plane has no admitted Card to monitor; start it with ClientConfig::for_card".into(),
             )
         })?;
         let expected = card.connector_card_id.to_string();
-        let window = self.shared().config.window;
+        let window = self.shared().admission.window();
         let plane = self.clone();
         let readmit = move |json: &serde_json::Value, skill: &crate::SkillDocument| {
             let card = check_card(json, skill, &window, Some(expected.as_str()))?;

@@ -33,8 +33,9 @@
 //!
 //! ## Modules and which way they depend
 //!
-//! A module imports only modules of the rows below its own; no two files import each other in
-//! a circle (`tests/module_layers.rs` reads the sources and this table).
+//! A module imports only modules of its own row or of rows below it, and no two files import
+//! each other in a circle (`tests/module_layers.rs` checks both, with the workspace's one
+//! checker in `xagent-testkit`).
 //!
 //! | module | holds |
 //! |---|---|

@@ -156,7 +156,7 @@ pub struct Link {
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let card = self.card().map(|card| card.connector_card_id);
+        let card = self.card().map(|card| card.connector_card_id.clone());
         f.debug_struct("Link").field("card", &card).finish()
     }
 }
@@ -240,7 +240,7 @@ impl Link {
 
     /// The admitted Card: the data plane's (the latest one the health monitor re-admitted).
     /// `None` only if the runtime lost it, which a bridge started by [`Link::start`] never does.
-    pub fn card(&self) -> Option<ConnectorCard> {
+    pub fn card(&self) -> Option<Arc<ConnectorCard>> {
         self.plane.card()
     }
 
@@ -261,7 +261,7 @@ impl Link {
                         return;
                     }
                     let skill = self.health.refetched_skill().await;
-                    let version = self.card().map(|card| card.connector.version);
+                    let version = self.card().map(|card| card.connector.version.clone());
                     tracing::info!(?version, "the Connector changed; its Card and Skill were re-admitted");
                     *self.skill.write().unwrap_or_else(std::sync::PoisonError::into_inner) = skill;
                     // A Descriptor that arrived before the new Card was judged against the old

@@ -370,7 +370,7 @@ async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     let (upgraded, _task) = serve_at(versioned_connector("1.0.1", true), &state, addr).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let version = || link.card().map(|card| card.connector.version).unwrap_or_default();
+    let version = || link.card().map(|card| card.connector.version.clone()).unwrap_or_default();
     while version() != "1.0.1"
         || handler.prompts_changed.load(std::sync::atomic::Ordering::SeqCst) == 0
     {
