@@ -29,4 +29,3 @@ impl DataPlane {
         self.shared().settled.wait(&persisted, message_id, within).await
     }
 }
-

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use xagent_protocol_types::ConnectorCard;
 
-use crate::{ClientError, DataPlane, HealthMonitor, check_card};
+use crate::admission::check_card;
+use crate::health::HealthMonitor;
+use crate::{ClientError, DataPlane};
 
 impl DataPlane {
     /// The admitted Card this data plane judges by: the one it started with, or the latest
