@@ -220,7 +220,16 @@ pub(crate) async fn on_chat_message_ack(shared: &Arc<Shared>, packet: Packet) {
         let mut im = shared.im.lock().await;
         let persisted = im.persisted(&channel);
         match im.outbox.on_ack(&persisted, &ack, &reply_to, shared.now()) {
-            Ok(outcome) => tracing::debug!(?outcome, "chat.message.ack applied"),
+            Ok(outcome) => {
+                if matches!(
+                    outcome,
+                    xagent_profile_im::AckOutcome::Delivered { .. }
+                        | xagent_profile_im::AckOutcome::Failed { .. }
+                ) {
+                    shared.settled.settle(&persisted, &ack);
+                }
+                tracing::debug!(?outcome, "chat.message.ack applied");
+            }
             Err(error) => tracing::warn!(error = %error, "chat.message.ack not applied"),
         }
     }

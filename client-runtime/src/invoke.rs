@@ -55,6 +55,11 @@ pub struct ToolCallOptions {
     pub tool_call_id: Option<String>,
     /// The xAgent session (opaque to the Connector).
     pub session_id: Option<String>,
+    /// The caller stands in for a model that may leave out the redundant
+    /// `connector_channel_id` argument: the resolved channel is written there when it is
+    /// missing ([`crate::fill_channel_argument`]). A value present is passed on unchanged and
+    /// never selects the channel (section 10.1).
+    pub fill_channel_argument: bool,
 }
 
 /// What [`DataPlane::invoke_tool`] did.
@@ -151,6 +156,9 @@ impl DataPlane {
                 .unwrap_or_default();
             (channel, upload_refs)
         };
+        if options.fill_channel_argument {
+            crate::model_args::fill_channel_argument(&mut arguments, &channel);
+        }
         if !upload_refs.is_empty() {
             self.substitute_uploads(&channel, &upload_refs, &mut arguments).await?;
         }

@@ -44,6 +44,7 @@
 //! |---|---|
 //! | `im`, `invoke` | IM v2 in both directions; Tool calls, uploads and built-in Tools |
 //! | `stream` | an assistant message streamed as deltas numbered by the runtime |
+//! | `sign_in`, `acks`, `readmit` | the sign-in driver (`auth.start`, then `auth.status` until the flow ends); the settling ack of a sent message; the admitted Card and the health monitor wired to it |
 //! | `tools` | the Tool projection the model sees |
 //!
 //! **Data plane state**: below the features that use it.
@@ -51,7 +52,7 @@
 //! | Modules | What |
 //! |---|---|
 //! | `connection` | config, events, the shared state, the `DataPlane` handle, requests, packet rules |
-//! | `im_state`, `files`, `upload_refs` | the IM state, the file hooks, upload-reference schemas |
+//! | `im_state`, `files`, `upload_refs`, `settled` | the IM state, the file hooks, upload-reference schemas, the book of settled acks |
 //! | `uploads` | which channel each uploaded `file_ref` belongs to, and until when |
 //!
 //! **Foundations**: the control plane and the building blocks.
@@ -62,8 +63,9 @@
 //! | `http`, `transport` | the control and transfer planes; the frame transports |
 //! | `store`, `directory`, `channel_mode`, `backoff` | durable state; the channel directory and its `user_channel_mode` hold; reconnect delays |
 //! | `error` | `ClientError` |
-//! | `base_url`, `ids` | Base URL rules; identifiers |
+//! | `base_url`, `ids`, `model_args` | Base URL rules; identifiers; the model's redundant `connector_channel_id` |
 
+mod acks;
 mod admission;
 mod backoff;
 mod base_url;
@@ -79,6 +81,10 @@ mod ids;
 mod im;
 mod im_state;
 mod invoke;
+mod model_args;
+mod readmit;
+mod settled;
+mod sign_in;
 mod store;
 mod stream;
 mod tools;
@@ -101,6 +107,11 @@ pub use health::*;
 pub use http::{ControlPlane, Downloaded, SkillDocument};
 pub use invoke::{
     CHANNELS_LIST_TOOL, MESSAGE_SEND_TOOL, ToolCallOptions, ToolOutcome, builtin_tools,
+};
+pub use model_args::{CHANNEL_ARGUMENT, fill_channel_argument};
+pub use settled::RECENT_SETTLED_ACKS;
+pub use sign_in::{
+    DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,
 };
 pub use store::{MemoryXagentStore, RememberedChannel, SqliteXagentStore, XagentStore};
 pub use stream::MessageStream;

@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     /// pool, so one per file would open a new connection each time.
     pub(crate) control: std::sync::OnceLock<crate::ControlPlane>,
     pub(crate) validator: xagent_protocol_validate::Validator,
+    /// Acks that ended an assistant message's delivery, for [`crate::DataPlane::settled_ack`].
+    pub(crate) settled: crate::settled::SettledAcks,
 }
 
 pub(crate) fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -71,6 +71,7 @@ impl DataPlane {
             sink: StdMutex::new(None),
             control: std::sync::OnceLock::new(),
             validator: xagent_protocol_validate::Validator::new().with_window(config_window),
+            settled: crate::settled::SettledAcks::default(),
         });
         let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
         let supervisor = shared.clone();
