@@ -1146,9 +1146,11 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
             return None;
         }
     };
-    // Nothing the validator rejects is accepted. A `chat.message` is judged by the IM v2
-    // payload rules instead, which answer with a `rejected` ack as the Profile says.
-    if !matches!(packet.body, PacketBody::ChatMessage(_))
+    // Nothing the validator rejects is accepted. A `chat.message` it refuses is answered with
+    // a `rejected` ack once the session has paired it, as the Profile says.
+    let is_message = matches!(packet.body, PacketBody::ChatMessage(_));
+    let refused_message = if is_message { validation_errors(shared, &packet, text) } else { None };
+    if !is_message
         && let Some(problems) = validation_errors(shared, &packet, text)
     {
         tracing::warn!(packet_type = packet.type_str(), %problems, "packet breaks the protocol");
@@ -1227,6 +1229,11 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
             };
         }
     };
+    if let Some(problems) = refused_message {
+        tracing::warn!(%problems, "chat.message breaks the protocol");
+        crate::im::refuse_chat_message(shared, &packet, &problems).await;
+        return None;
+    }
     dispatch(shared, packet, accepted).await;
     None
 }

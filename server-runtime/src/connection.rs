@@ -68,6 +68,8 @@ pub(crate) struct Conn {
     /// What the hello negotiated, shared with the request tasks (a clone per task is one
     /// reference count, not a copy of the Profile lists).
     pub(crate) negotiated: Option<Arc<Negotiated>>,
+    /// The rules judgement of received packets (one per connection: the Card's facts).
+    pub(crate) judge: Arc<crate::judge::InboundJudge>,
 }
 
 /// Detaches a connection from the state when dropped: its routes are removed and, when it was
@@ -142,6 +144,7 @@ where
             shared.config.max_in_flight_requests.max(1),
         )),
         negotiated: None,
+        judge: Arc::new(crate::judge::InboundJudge::new(&shared.def.card, shared.config.admission)),
     };
     tracing::debug!(socket, "data plane connection opened");
     let close = loop {
@@ -352,7 +355,6 @@ impl Conn {
                 return Flow::Continue;
             }
         };
-        drop(text);
         // One hold of the sequencing lock per packet: the Profile check, then the verdict.
         let verdict = {
             let mut proto = self.proto.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -392,6 +394,16 @@ impl Conn {
                 }
             }
             Ok(accepted) => {
+                // The rules every judge applies (`check packet --sender xagent`, the C ABI). The
+                // hello was judged by the session's hello rules, which answer it.
+                let hello = matches!(packet.body, PacketBody::ConnectorHello(_));
+                if !hello && let Err(report) = self.judge.judge_decoded(&packet, &text) {
+                    if let Some(answer) = crate::judge::refusal(&packet, &report) {
+                        self.send(answer).await;
+                    }
+                    return Flow::Continue;
+                }
+                drop(text);
                 self.dispatch(packet, accepted).await;
                 Flow::Continue
             }
@@ -474,6 +486,7 @@ impl Conn {
             tasks: self.tasks.clone(),
             in_flight: Arc::clone(&self.in_flight),
             negotiated: self.negotiated.clone(),
+            judge: Arc::clone(&self.judge),
         }
     }
 

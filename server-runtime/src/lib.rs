@@ -148,6 +148,7 @@ mod handlers;
 mod http;
 mod ids;
 mod im;
+mod judge;
 mod lanes;
 mod listen;
 mod server;
@@ -172,6 +173,7 @@ pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
 pub use handle::{ConnectorHandle, StopFn};
+pub use judge::InboundJudge;
 pub use http::error_response;
 pub use listen::{ServeLimits, peer_ip, stop_signal};
 pub use server::{
