@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 use xagent_protocol_types::{
     ConnectorChannelId, ErrorCode, Packet, PacketBody, Payload, Pong, ProfileId, Side, WireError,
 };
+use crate::judge::Refusal;
 use xagent_protocol_validate::{
     Accepted, ChannelOwner, Negotiated, Permission, RejectAction, Rejection, Session,
 };
@@ -398,8 +399,10 @@ impl Conn {
                 // hello was judged by the session's hello rules, which answer it.
                 let hello = matches!(packet.body, PacketBody::ConnectorHello(_));
                 if !hello && let Err(report) = self.judge.judge_decoded(&packet, &text) {
-                    if let Some(answer) = crate::judge::refusal(&packet, &report) {
-                        self.send(answer).await;
+                    match crate::judge::refusal(&packet, &report) {
+                        Some(Refusal::Send(answer)) => self.send(answer).await,
+                        Some(Refusal::ErrorAck(error)) => self.reply_error(&packet, error).await,
+                        None => {}
                     }
                     return Flow::Continue;
                 }

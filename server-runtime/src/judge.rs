@@ -38,10 +38,18 @@ impl InboundJudge {
     }
 }
 
+/// How a refused packet is answered.
+pub(crate) enum Refusal {
+    /// Send this packet.
+    Send(Packet),
+    /// Answer the request with its ack carrying this error.
+    ErrorAck(xagent_protocol_types::WireError),
+}
+
 /// The answer to a packet the judge refused, if it gets one: a `rejected` ack for a
 /// `chat.message` (IM v2 §7), the error ack for a request, an `error` packet for anything else
 /// except an `error` (never answered, so two peers cannot loop).
-pub(crate) fn refusal(packet: &Packet, report: &Report) -> Option<Packet> {
+pub(crate) fn refusal(packet: &Packet, report: &Report) -> Option<Refusal> {
     let problems: Vec<String> = report.errors().map(ToString::to_string).collect();
     let error = xagent_protocol_types::WireError::new(
         report.error_code(),
@@ -57,11 +65,11 @@ pub(crate) fn refusal(packet: &Packet, report: &Report) -> Option<Packet> {
                 error.message().to_owned(),
                 false,
             );
-            Some(Packet::with_payload(crate::ids::packet_id(), ack).answering(packet))
+            Some(Refusal::Send(Packet::with_payload(crate::ids::packet_id(), ack).answering(packet)))
         }
         _ if matches!(packet.packet_type().spec().map(|s| s.role), Some(Role::Request { .. })) => {
-            Some(crate::connection::error_ack(packet, error))
+            Some(Refusal::ErrorAck(error))
         }
-        _ => Some(Packet::error(crate::ids::packet_id(), error).answering(packet)),
+        _ => Some(Refusal::Send(Packet::error(crate::ids::packet_id(), error).answering(packet))),
     }
 }

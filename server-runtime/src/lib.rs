@@ -82,6 +82,7 @@
 //! | module | holds |
 //! |---|---|
 //! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
+//! | `judge` | [`InboundJudge`]: the validator's rules on every received packet, and the answer to a refused one |
 //! | `error` | errors with the one map to wire codes and HTTP statuses |
 //! | `storage` | the [`Storage`] trait, SQLite, its group commit and the IM stores on it |
 //! | `binding` | [`Binding`], what is kept for a signed-in channel |
