@@ -3,6 +3,8 @@
 //! ABI apply), run on every packet the sequencing session accepted, so a packet that breaks a
 //! rule is refused here exactly as the other judges refuse it, with the same rule ids.
 
+use std::sync::Arc;
+
 use xagent_protocol_types::{ChatMessageAck, ConnectorCard, Packet, PacketBody, Role, Side};
 use xagent_protocol_validate::{AdmissionWindow, CardFacts, PacketContext, Report, Validator};
 
@@ -10,17 +12,26 @@ use xagent_protocol_validate::{AdmissionWindow, CardFacts, PacketContext, Report
 #[derive(Clone, Debug)]
 pub struct InboundJudge {
     validator: Validator,
-    card: CardFacts,
+    card: Option<Arc<CardFacts>>,
 }
 
 impl InboundJudge {
     /// A judge for the Connector with this Card and hello admission window.
     pub fn new(card: &ConnectorCard, window: AdmissionWindow) -> Self {
-        Self { validator: Validator::new().with_window(window), card: CardFacts::from_card(card) }
+        Self {
+            validator: Validator::new().with_window(window),
+            card: Some(Arc::new(CardFacts::from_card(card))),
+        }
+    }
+
+    /// A judge over the connection core's admitted Card and window (read at every connect),
+    /// the one home of those facts.
+    pub(crate) fn from_admission(admission: &xagent_connection::Admission) -> Self {
+        Self { validator: Validator::new().with_window(admission.window()), card: admission.facts() }
     }
 
     fn context(&self) -> PacketContext<'_> {
-        PacketContext { card: Some(&self.card), sender: Some(Side::Xagent) }
+        PacketContext { card: self.card.as_deref(), sender: Some(Side::Xagent) }
     }
 
     /// The verdict on one packet as received from xAgent (the text of one frame): the typed
