@@ -219,7 +219,8 @@ fn rule_chat_message_download_url_check_packet_sender() {
     assert_eq!(rules(&report), vec!["chat_message.download_url"]);
     assert_eq!(report["violations"][0]["sender"], "connector");
 
-    let output = run(&["check", "packet", path(&file), "--sender", "connector", "--format", "json"]);
+    let output =
+        run(&["check", "packet", path(&file), "--sender", "connector", "--format", "json"]);
     assert_eq!(output.status.code(), Some(1));
     let report = json_report(&output);
     assert_eq!(rules(&report), vec!["chat_message.download_url"]);

@@ -88,9 +88,17 @@ fn assert_judges_agree(name: &str, text: &str, sender: Side) -> bool {
     let what = |judge: &str| format!("{name} (sent by {sender:?}): {judge} disagrees with check");
 
     // The C ABI: the same report, byte for byte, and the hot-path verdict.
-    let ffi = packet_report_from(text.as_bytes(), Some(judges.card_text.as_bytes()), c_sender(Some(sender)));
+    let ffi = packet_report_from(
+        text.as_bytes(),
+        Some(judges.card_text.as_bytes()),
+        c_sender(Some(sender)),
+    );
     assert_eq!(ffi, cli.to_json(), "{}", what("the C ABI report"));
-    let hot = packet_is_valid_from(text.as_bytes(), Some(judges.card_text.as_bytes()), c_sender(Some(sender)));
+    let hot = packet_is_valid_from(
+        text.as_bytes(),
+        Some(judges.card_text.as_bytes()),
+        c_sender(Some(sender)),
+    );
     assert_eq!(hot, Some(cli.valid), "{}", what("xagent_packet_is_valid"));
 
     // The runtimes: the server on receive (from xAgent), the client on receive (from the
@@ -99,7 +107,10 @@ fn assert_judges_agree(name: &str, text: &str, sender: Side) -> bool {
     match sender {
         Side::Xagent => {
             runtimes.push(("server-runtime on receive", judges.server.judge(text).map(drop)));
-            runtimes.push(("client-runtime on send", runtime_verdict(text, &judges.typed_facts, Side::Xagent)));
+            runtimes.push((
+                "client-runtime on send",
+                runtime_verdict(text, &judges.typed_facts, Side::Xagent),
+            ));
         }
         Side::Connector => {
             runtimes.push((
@@ -115,21 +126,36 @@ fn assert_judges_agree(name: &str, text: &str, sender: Side) -> bool {
         }
     }
 
-    // The typed IM check both runtimes apply to a chat.message: it refuses exactly when check
-    // reports a rule of the IM payload, and names one of those rules.
-    if let Ok(packet) = Packet::decode_str(text)
-        && let PacketBody::ChatMessage(message) = &packet.body
-    {
-        let im_rules: Vec<&String> = expected
-            .iter()
-            .filter(|r| xagent_protocol_validate::rules::by_id(r).is_some_and(|rule| {
-                rule.section.starts_with("IM v2") || rule.section.starts_with("IM v1")
-            }))
-            .collect();
-        match xagent_profile_im::validate_chat_message(message, sender) {
-            Ok(()) => assert!(im_rules.is_empty(), "{}: {im_rules:?}", what("validate_chat_message")),
+    // The typed IM checks the runtimes apply to a chat.message (both) and a message.push (the
+    // Connector's outbox): they refuse exactly when check reports an IM payload rule, and
+    // name one of those rules.
+    let im_rules: Vec<&String> = expected
+        .iter()
+        .filter(|r| {
+            xagent_protocol_validate::rules::by_id(r).is_some_and(|rule| {
+                rule.id.starts_with("im")
+                    || rule.id.starts_with("chat_")
+                    || rule.id.starts_with("message_push.")
+            })
+        })
+        .collect();
+    // (A push's error shares its variants with IM v2, so only its verdict is compared.)
+    let typed = Packet::decode_str(text).ok().and_then(|packet| match packet.body {
+        PacketBody::ChatMessage(message) => {
+            Some((xagent_profile_im::validate_chat_message(&message, sender), true))
+        }
+        PacketBody::MessagePush(push) => {
+            Some((xagent_profile_im::validate_message_push(&push), false))
+        }
+        _ => None,
+    });
+    if let Some((typed, same_rule)) = typed {
+        match typed {
+            Ok(()) => {
+                assert!(im_rules.is_empty(), "{}: {im_rules:?}", what("validate_chat_message"))
+            }
             Err(error) => assert!(
-                im_rules.iter().any(|r| *r == error.rule()),
+                !im_rules.is_empty() && (!same_rule || im_rules.iter().any(|r| *r == error.rule())),
                 "{}: {error:?} ({}) vs {im_rules:?}",
                 what("validate_chat_message"),
                 error.rule()
@@ -145,7 +171,11 @@ fn assert_no_sender_agrees(name: &str, text: &str, from_connector: bool, from_xa
     let judges = judges();
     let report = check_text_from(DocumentKind::Packet, text, Some(&judges.facts), None);
     assert_eq!(report.valid, from_connector && from_xagent, "{name}: without a sender {report:?}");
-    let ffi = packet_report_from(text.as_bytes(), Some(judges.card_text.as_bytes()), XAGENT_SENDER_UNKNOWN);
+    let ffi = packet_report_from(
+        text.as_bytes(),
+        Some(judges.card_text.as_bytes()),
+        XAGENT_SENDER_UNKNOWN,
+    );
     assert_eq!(ffi, report.to_json(), "{name}: the C ABI without a sender");
 }
 
@@ -176,9 +206,11 @@ fn check_packet_binary_agrees_with_its_library_function_on_every_fixture() {
     for (i, (name, value)) in corpus::fixtures().iter().enumerate() {
         let file = dir.join(format!("packet-{i}.json"));
         std::fs::write(&file, value.to_string()).expect("write");
-        for (flag, sender) in
-            [(Some("connector"), Some(Side::Connector)), (Some("xagent"), Some(Side::Xagent)), (None, None)]
-        {
+        for (flag, sender) in [
+            (Some("connector"), Some(Side::Connector)),
+            (Some("xagent"), Some(Side::Xagent)),
+            (None, None),
+        ] {
             let mut command = Command::new(env!("CARGO_BIN_EXE_xagent-connector"));
             command.args(["check", "packet", "--format", "json", "--card"]).arg(&card).arg(&file);
             if let Some(flag) = flag {

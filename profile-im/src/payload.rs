@@ -20,7 +20,7 @@ pub const FORBIDDEN_IDENTITY_FIELDS: &[&str] = im::FORBIDDEN_IDENTITY_FIELDS;
 pub const FORBIDDEN_BYTE_FIELDS: &[&str] = im::FORBIDDEN_BYTE_FIELDS;
 
 /// Maximum size of `chat.activity.tool_name` in bytes.
-pub const TOOL_NAME_MAX_BYTES: usize = 256;
+pub const TOOL_NAME_MAX_BYTES: usize = xagent_protocol_types::ACTIVITY_TOOL_NAME_MAX_BYTES;
 
 /// The first error a shared rule walk of `xagent_protocol_validate::im` reports, as the
 /// [`PayloadError`] that names it (`file_ref` gives the reference of the file at an index).
@@ -46,7 +46,9 @@ fn to_error(b: &im::Break<'_>, file_ref: &dyn Fn(usize) -> String) -> PayloadErr
     let file = || b.place.file().map(file_ref).unwrap_or_default();
     match b.rule.id {
         id if id == rules::IM_V2_MESSAGE_ID.id => PayloadError::MissingMessageId,
-        id if id == rules::CHAT_MESSAGE_CONTENT.id => PayloadError::EmptyMessage(MessageId::new(key)),
+        id if id == rules::CHAT_MESSAGE_CONTENT.id => {
+            PayloadError::EmptyMessage(MessageId::new(key))
+        }
         id if id == rules::IM_FILE_REF.id => match file() {
             r if r.is_empty() => PayloadError::EmptyFileRef,
             r => PayloadError::DuplicateFileRef(r),
@@ -60,10 +62,28 @@ fn to_error(b: &im::Break<'_>, file_ref: &dyn Fn(usize) -> String) -> PayloadErr
         id if id == rules::IM_V1_FORBIDDEN_FIELD.id || id == rules::IM_V2_FORBIDDEN_FIELD.id => {
             PayloadError::InternalIdentityForbidden(key)
         }
-        id if id == rules::CHAT_ACTIVITY_STATUS.id => PayloadError::UnknownActivityStatus(String::new()),
+        id if id == rules::CHAT_ACTIVITY_STATUS.id => {
+            PayloadError::UnknownActivityStatus(String::new())
+        }
         id if id == rules::CHAT_ACTIVITY_TOOL_NAME.id => PayloadError::ToolNameForbidden,
+        id if id == rules::MESSAGE_PUSH_REQUIRED_FIELD.id => match push_field(&key) {
+            Some("message_id") => PayloadError::MissingMessageId,
+            Some(name) => PayloadError::MissingPushField(name),
+            None => PayloadError::Rule { rule: b.rule.id, place: b.place.pointer(), hint: b.hint },
+        },
+        id if id == rules::MESSAGE_PUSH_PROFILE.id => PayloadError::MissingPushField("profile"),
+        id if id == rules::MESSAGE_PUSH_TARGET_SESSION.id => {
+            PayloadError::MissingPushField("at most one target session reference")
+        }
         _ => PayloadError::Rule { rule: b.rule.id, place: b.place.pointer(), hint: b.hint },
     }
+}
+
+/// The static name of a Must field of `message.push` (for [`PayloadError::MissingPushField`]).
+fn push_field(key: &str) -> Option<&'static str> {
+    ["provider", "event_kind", "message_id", "sender_id", "message_type", "raw_text", "text"]
+        .into_iter()
+        .find(|name| *name == key)
 }
 
 /// Checks a `chat.message` against the IM v2 payload rules for the given sender: the shared
@@ -412,8 +432,8 @@ mod tests {
         bad.push(with_role);
         for message in bad {
             let error = validate_chat_message(&message, Side::Connector).unwrap_err();
-            let packet = xagent_protocol_types::Packet::with_payload("p", message.clone())
-                .channel("cch_1");
+            let packet =
+                xagent_protocol_types::Packet::with_payload("p", message.clone()).channel("cch_1");
             let value = packet.to_value().unwrap();
             let context = PacketContext { card: None, sender: Some(Side::Connector) };
             let report = Validator::default().packet(&value, context);

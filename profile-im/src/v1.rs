@@ -9,7 +9,7 @@
 //! `message_id`, so a v1 receiver should deduplicate by `message_id` (e.g. with
 //! [`crate::ReceiverIdempotency`] and [`Fingerprint::of_message_push`]).
 
-use xagent_protocol_types::{MessageId, MessagePush, PushFile, ReplyHint, Side, SkillHint};
+use xagent_protocol_types::{MessageId, MessagePush, PushFile, ReplyHint, SkillHint};
 use xagent_protocol_validate::im;
 
 use crate::payload::first_error;
@@ -24,41 +24,10 @@ pub const EVENT_MESSAGE_RECEIVED: &str = "im.message.received";
 /// `xagent.im.v1`, every file has a non-empty unique `file_ref` and a download URL, at most one
 /// target-Session reference is set, and no internal identity or byte field is present.
 pub fn validate_message_push(push: &MessagePush) -> Result<(), PayloadError> {
-    fn present(v: &Option<String>, name: &'static str) -> Result<(), PayloadError> {
-        match v {
-            Some(s) if !s.is_empty() => Ok(()),
-            _ => Err(PayloadError::MissingPushField(name)),
-        }
-    }
-    present(&push.provider, "provider")?;
-    if push.profile.as_deref() != Some(IM_V1_PROFILE) {
-        return Err(PayloadError::MissingPushField("profile"));
-    }
-    present(&push.event_kind, "event_kind")?;
-    match &push.message_id {
-        Some(id) if !id.is_empty() => {}
-        _ => return Err(PayloadError::MissingMessageId),
-    }
-    present(&push.sender_id, "sender_id")?;
-    present(&push.message_type, "message_type")?;
-    if push.raw_text.is_none() {
-        return Err(PayloadError::MissingPushField("raw_text"));
-    }
-    let visible = [&push.text, &push.content, &push.message];
-    if !visible.iter().any(|v| v.as_deref().is_some_and(|t| !t.is_empty())) {
-        return Err(PayloadError::MissingPushField("text"));
-    }
-    let session_refs = [&push.target_session_ref, &push.session_ref, &push.target_session_id];
-    if session_refs.iter().filter(|r| r.is_some()).count() > 1 {
-        return Err(PayloadError::MissingPushField("at most one target session reference"));
-    }
-    // The identity, byte and file rules are the shared ones (`im.file_url` is a warning: a
-    // file without any URL is allowed, as `xagent-connector check` says).
+    // Every rule is the shared one (`im.file_url` is a warning: a file without any URL is
+    // allowed, as `xagent-connector check` says).
     first_error(
-        |visit| {
-            im::check_push_keys(&push.extra, visit)?;
-            im::check_files(&push.files, im::Profile::V1, Some(Side::Connector), visit)
-        },
+        |visit| im::check_typed_push(push, visit),
         |i| push.files.get(i).map(|f| f.file_ref.to_string()).unwrap_or_default(),
     )
     .map_err(|error| match error {

@@ -28,7 +28,7 @@ use std::ops::ControlFlow;
 use serde_json::Value;
 use xagent_protocol_types::{
     AckStatus, ActivityStatus, ChatActivity, ChatFile, ChatMessage, ChatMessageAck,
-    ChatMessageDelta, Extra, FileType, PushFile, Side,
+    ChatMessageDelta, FileType, MessageId, MessagePush, PushFile, Side,
 };
 
 use crate::report::{Rule, Severity};
@@ -83,7 +83,6 @@ fn scheme_of(url: &str) -> Option<&str> {
         && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')))
     .then_some(candidate)
 }
-
 
 /// Where a broken rule sits in a packet, relative to its payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,15 +153,17 @@ impl Break<'_> {
 /// form).
 pub type Visit<'v> = dyn FnMut(Break<'_>) -> ControlFlow<()> + 'v;
 
-/// A JSON field as the rules see it: absent, a string, or present with another JSON type
-/// (including `null`).
+/// A JSON field as the rules see it: absent, `null`, a string, or present with another JSON
+/// type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Field<'a> {
     /// Not there.
     Absent,
+    /// An explicit `null`.
+    Null,
     /// A string.
     Text(&'a str),
-    /// Present but not a string.
+    /// Present, neither a string nor `null`.
     Other,
 }
 
@@ -171,6 +172,7 @@ impl<'a> Field<'a> {
     pub fn of(value: Option<&'a Value>) -> Self {
         match value {
             None => Self::Absent,
+            Some(Value::Null) => Self::Null,
             Some(Value::String(s)) => Self::Text(s),
             Some(_) => Self::Other,
         }
@@ -263,7 +265,12 @@ impl Profile {
 }
 
 /// Reports `rule` at `place` and returns whether to go on.
-fn report(visit: &mut Visit<'_>, rule: &'static Rule, place: Place<'_>, hint: &'static str) -> ControlFlow<()> {
+fn report(
+    visit: &mut Visit<'_>,
+    rule: &'static Rule,
+    place: Place<'_>,
+    hint: &'static str,
+) -> ControlFlow<()> {
     visit(Break { rule, place, hint, sender: None })
 }
 
@@ -407,7 +414,12 @@ pub fn check_chat_message<'a, F: FileItem, K: Iterator<Item = &'a str>>(
     let has_text = message.text.non_empty().is_some();
     let has_files = message.files.is_some_and(|f| !f.is_empty());
     if !has_text && !has_files {
-        report(visit, &CHAT_MESSAGE_CONTENT, Place::Payload, "a chat.message needs non-empty text or files")?;
+        report(
+            visit,
+            &CHAT_MESSAGE_CONTENT,
+            Place::Payload,
+            "a chat.message needs non-empty text or files",
+        )?;
     }
     match message.files {
         Some(files) => check_files(files, Profile::V2, sender, visit),
@@ -436,7 +448,12 @@ pub fn check_typed_chat_message(
 /// `im_v2.message_id`: a non-empty string.
 pub fn check_message_id(message_id: Field<'_>, visit: &mut Visit<'_>) -> ControlFlow<()> {
     if message_id.non_empty().is_none() {
-        report(visit, &IM_V2_MESSAGE_ID, Place::Field("message_id"), "message_id must be a non-empty string")?;
+        report(
+            visit,
+            &IM_V2_MESSAGE_ID,
+            Place::Field("message_id"),
+            "message_id must be a non-empty string",
+        )?;
     }
     ControlFlow::Continue(())
 }
@@ -456,13 +473,28 @@ pub fn check_delta<'k>(
     check_keys(keys, Profile::V2, false, None, visit)?;
     check_message_id(message_id, visit)?;
     if sequence.is_none_or(|s| s < 1) {
-        report(visit, &CHAT_DELTA_SEQUENCE, Place::Field("sequence"), "sequence must be an integer starting at 1")?;
+        report(
+            visit,
+            &CHAT_DELTA_SEQUENCE,
+            Place::Field("sequence"),
+            "sequence must be an integer starting at 1",
+        )?;
     }
     if !text_is_string {
-        report(visit, &CHAT_DELTA_TEXT, Place::Field("text"), "a delta carries its text as a string")?;
+        report(
+            visit,
+            &CHAT_DELTA_TEXT,
+            Place::Field("text"),
+            "a delta carries its text as a string",
+        )?;
     }
     if has_files {
-        report(visit, &CHAT_DELTA_FILES, Place::Field("files"), "files belong in the final chat.message, not in a delta")?;
+        report(
+            visit,
+            &CHAT_DELTA_FILES,
+            Place::Field("files"),
+            "files belong in the final chat.message, not in a delta",
+        )?;
     }
     ControlFlow::Continue(())
 }
@@ -496,14 +528,29 @@ pub fn check_ack<'k>(
         _ => None,
     };
     if !status.as_ref().is_some_and(AckStatus::is_known) {
-        report(visit, &CHAT_ACK_STATUS, Place::Field("status"), "status must be accepted, duplicate or rejected")?;
+        report(
+            visit,
+            &CHAT_ACK_STATUS,
+            Place::Field("status"),
+            "status must be accepted, duplicate or rejected",
+        )?;
     }
     if status == Some(AckStatus::Rejected) {
         if code.non_empty().is_none() {
-            report(visit, &CHAT_ACK_REJECTED, Place::Field("code"), "a rejected ack gives a stable code")?;
+            report(
+                visit,
+                &CHAT_ACK_REJECTED,
+                Place::Field("code"),
+                "a rejected ack gives a stable code",
+            )?;
         }
         if !retryable_is_bool {
-            report(visit, &CHAT_ACK_REJECTED, Place::Field("retryable"), "a rejected ack gives a Boolean retryable")?;
+            report(
+                visit,
+                &CHAT_ACK_REJECTED,
+                Place::Field("retryable"),
+                "a rejected ack gives a Boolean retryable",
+            )?;
         }
     }
     ControlFlow::Continue(())
@@ -535,7 +582,12 @@ pub fn check_activity<'k>(
         _ => None,
     };
     if !status.as_ref().is_some_and(ActivityStatus::is_known) {
-        report(visit, &CHAT_ACTIVITY_STATUS, Place::Field("status"), "status must be thinking, tool or idle")?;
+        report(
+            visit,
+            &CHAT_ACTIVITY_STATUS,
+            Place::Field("status"),
+            "status must be thinking, tool or idle",
+        )?;
     }
     let is_tool = status == Some(ActivityStatus::Tool);
     let name_ok = |name: &str| {
@@ -570,15 +622,130 @@ pub fn check_typed_activity(activity: &ChatActivity, visit: &mut Visit<'_>) -> C
     )
 }
 
-/// The identity and byte rules on the extra fields of an IM v1 `message.push` payload.
-pub fn check_push_keys(extra: &Extra, visit: &mut Visit<'_>) -> ControlFlow<()> {
-    check_keys(extra.keys().map(String::as_str), Profile::V1, true, None, visit)
+/// The `message.push` rules (IM v1 §5, §9, §10; protocol 8.21): the Must fields
+/// (`message_push.required_field`), `message_push.profile`, the Should fields (warnings),
+/// at most one target Session reference, then the identity and byte rules and the v1 file
+/// rules. `get` reads a payload field by name.
+pub fn check_push<'a, F: FileItem, K: Iterator<Item = &'a str>>(
+    get: impl Fn(&str) -> Field<'a>,
+    files: Option<&'a [F]>,
+    extra_keys: K,
+    visit: &mut Visit<'_>,
+) -> ControlFlow<()> {
+    use crate::rules::{
+        MESSAGE_PUSH_PROFILE, MESSAGE_PUSH_RECOMMENDED_FIELD, MESSAGE_PUSH_REQUIRED_FIELD,
+        MESSAGE_PUSH_TARGET_SESSION,
+    };
+    for key in ["provider", "event_kind", "message_id", "sender_id", "message_type"] {
+        if get(key).non_empty().is_none() {
+            report(
+                visit,
+                &MESSAGE_PUSH_REQUIRED_FIELD,
+                Place::Field(key),
+                "a Must field of IM v1: a non-empty string",
+            )?;
+        }
+    }
+    if !matches!(get("raw_text"), Field::Text(_)) {
+        report(
+            visit,
+            &MESSAGE_PUSH_REQUIRED_FIELD,
+            Place::Field("raw_text"),
+            "raw_text is required (empty string when there is no text)",
+        )?;
+    }
+    if ["text", "content", "message"].iter().all(|k| get(k).non_empty().is_none()) {
+        report(
+            visit,
+            &MESSAGE_PUSH_REQUIRED_FIELD,
+            Place::Field("text"),
+            "text (or content) with the user-visible message is required",
+        )?;
+    }
+    if get("profile") != Field::Text(xagent_protocol_types::PROFILE_IM_V1) {
+        report(
+            visit,
+            &MESSAGE_PUSH_PROFILE,
+            Place::Field("profile"),
+            "profile must be \"xagent.im.v1\"",
+        )?;
+    }
+    if ["sender_name", "display_name"].iter().all(|k| get(k).non_empty().is_none()) {
+        report(
+            visit,
+            &MESSAGE_PUSH_RECOMMENDED_FIELD,
+            Place::Field("display_name"),
+            "a sender_name or display_name should be given",
+        )?;
+    }
+    for key in ["chat_type", "activation_message", "reply", "skill"] {
+        if get(key) == Field::Absent {
+            report(
+                visit,
+                &MESSAGE_PUSH_RECOMMENDED_FIELD,
+                Place::Field(key),
+                "a Should field of IM v1",
+            )?;
+        }
+    }
+    let targets = ["target_session_ref", "session_ref", "target_session_id"]
+        .iter()
+        .filter(|k| !matches!(get(k), Field::Absent | Field::Null))
+        .count();
+    if targets > 1 {
+        report(
+            visit,
+            &MESSAGE_PUSH_TARGET_SESSION,
+            Place::Payload,
+            "give at most one target Session reference",
+        )?;
+    }
+    check_keys(extra_keys, Profile::V1, true, None, visit)?;
+    match files {
+        Some(files) => check_files(files, Profile::V1, None, visit),
+        None => ControlFlow::Continue(()),
+    }
+}
+
+/// `message.push` rules on the typed push.
+pub fn check_typed_push(push: &MessagePush, visit: &mut Visit<'_>) -> ControlFlow<()> {
+    let get = |key: &str| -> Field<'_> {
+        fn text(v: &Option<String>) -> Field<'_> {
+            Field::opt(v.as_deref())
+        }
+        let some = |present: bool| if present { Field::Other } else { Field::Absent };
+        match key {
+            "provider" => text(&push.provider),
+            "profile" => text(&push.profile),
+            "event_kind" => text(&push.event_kind),
+            "message_id" => Field::opt(push.message_id.as_ref().map(MessageId::as_str)),
+            "sender_id" => text(&push.sender_id),
+            "sender_name" => text(&push.sender_name),
+            "display_name" => text(&push.display_name),
+            "chat_type" => text(&push.chat_type),
+            "message_type" => text(&push.message_type),
+            "raw_text" => text(&push.raw_text),
+            "text" => text(&push.text),
+            "content" => text(&push.content),
+            "message" => text(&push.message),
+            "activation_message" => text(&push.activation_message),
+            "reply" => some(push.reply.is_some()),
+            "skill" => some(push.skill.is_some()),
+            "target_session_ref" => text(&push.target_session_ref),
+            "session_ref" => text(&push.session_ref),
+            "target_session_id" => text(&push.target_session_id),
+            other => Field::of(push.extra.get(other)),
+        }
+    };
+    check_push(get, Some(&push.files), push.extra.keys().map(String::as_str), visit)
 }
 
 /// True when `visit`-style walking of `walk` finds no error: the verdict alone, stopping at
 /// the first error (the single-pass form).
 pub fn passes(walk: impl FnOnce(&mut Visit<'_>) -> ControlFlow<()>) -> bool {
-    let mut visit = |b: Break<'_>| if b.is_error() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
+    let mut visit = |b: Break<'_>| {
+        if b.is_error() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+    };
     walk(&mut visit).is_continue()
 }
 

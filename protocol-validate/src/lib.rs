@@ -93,10 +93,10 @@ pub use fast::Checked;
 pub use report::{Report, Rule, Severity, Violation, side_name};
 pub use secrets::{Leak, LeakKind, SecretScanner};
 pub use validate::{
-    CardFacts, DescriptorContext, DocumentKind, PacketContext, Validator, check_text, check_text_from,
-    is_valid_tool_id, parse_document, skill_front_matter_name, skill_name_matches_card,
-    validate_base_url, validate_card, validate_descriptor, validate_health, validate_packet,
-    validate_skill,
+    CardFacts, DescriptorContext, DocumentKind, PacketContext, Validator, check_text,
+    check_text_from, is_valid_tool_id, parse_document, skill_front_matter_name,
+    skill_name_matches_card, validate_base_url, validate_card, validate_descriptor,
+    validate_health, validate_packet, validate_skill,
 };
 
 pub use catalog::{ChannelProfiles, Negotiated, Permission, ProfileSpec};

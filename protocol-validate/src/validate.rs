@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 use xagent_protocol_types::{
     AuthFlowType, AuthStatus, CARD_SCHEMA as CARD_SCHEMA_ID, CHANNEL_ARGUMENT, ConnectionStatus,
     ConnectorCard, DESCRIPTOR_SCHEMA as DESCRIPTOR_SCHEMA_ID, DESCRIPTOR_SCHEMA_V1, Direction,
-    InputType, PACKET_SCHEMA as PACKET_SCHEMA_ID, PROFILE_IM_V1, Packet, PacketType,
-    PermissionState, Role, Routing, Side, TargetType, ToolStatus, TrustLevel, primary_skill_name,
+    InputType, PACKET_SCHEMA as PACKET_SCHEMA_ID, Packet, PacketType, PermissionState, Role,
+    Routing, Side, TargetType, ToolStatus, TrustLevel, primary_skill_name,
 };
 
 use crate::catalog;
@@ -1220,7 +1220,8 @@ impl Validator {
             return sink.finish();
         };
         // A packet type only one side sends is judged as sent by that side.
-        let context = PacketContext { sender: context.sender.or(only_sender(spec.direction)), ..context };
+        let context =
+            PacketContext { sender: context.sender.or(only_sender(spec.direction)), ..context };
         let has_request_id = non_empty_str(root.get("request_id")).is_some();
         let is_request_or_ack = matches!(spec.role, Role::Request { .. } | Role::Ack { .. });
         if is_request_or_ack && spec.routing != Routing::Either && !has_request_id {
@@ -1511,61 +1512,9 @@ fn keys(body: &Map<String, Value>) -> impl Iterator<Item = &str> {
 }
 
 fn message_push(sink: &mut Sink, body: &Map<String, Value>) {
-    for key in ["provider", "event_kind", "message_id", "sender_id", "message_type"] {
-        require_str(sink, &MESSAGE_PUSH_REQUIRED_FIELD, body, key, "/payload");
-    }
-    if !body.get("raw_text").is_some_and(Value::is_string) {
-        sink.push(
-            &MESSAGE_PUSH_REQUIRED_FIELD,
-            "/payload/raw_text",
-            "raw_text is required (empty string when there is no text)",
-        );
-    }
-    if ["text", "content", "message"].iter().all(|k| non_empty_str(body.get(*k)).is_none()) {
-        sink.push(
-            &MESSAGE_PUSH_REQUIRED_FIELD,
-            "/payload/text",
-            "text (or content) with the user-visible message is required",
-        );
-    }
-    if body.get("profile").and_then(Value::as_str) != Some(PROFILE_IM_V1) {
-        sink.push(
-            &MESSAGE_PUSH_PROFILE,
-            "/payload/profile",
-            format!("profile must be \"{PROFILE_IM_V1}\""),
-        );
-    }
-    if ["sender_name", "display_name"].iter().all(|k| non_empty_str(body.get(*k)).is_none()) {
-        sink.push(
-            &MESSAGE_PUSH_RECOMMENDED_FIELD,
-            "/payload/display_name",
-            "a sender_name or display_name should be given",
-        );
-    }
-    for key in ["chat_type", "activation_message", "reply", "skill"] {
-        if !body.contains_key(key) {
-            sink.push(
-                &MESSAGE_PUSH_RECOMMENDED_FIELD,
-                child("/payload", key),
-                format!("{key} should be given"),
-            );
-        }
-    }
-    let targets = ["target_session_ref", "session_ref", "target_session_id"]
-        .iter()
-        .filter(|k| body.get(**k).is_some_and(|v| !v.is_null()))
-        .count();
-    if targets > 1 {
-        sink.push(
-            &MESSAGE_PUSH_TARGET_SESSION,
-            "/payload",
-            "give at most one target Session reference",
-        );
-    }
     let files = body.get("files").and_then(Value::as_array).map(Vec::as_slice);
     walk(sink, |visit| {
-        im::check_keys(keys(body), im::Profile::V1, true, None, visit)?;
-        im::check_files(files.unwrap_or_default(), im::Profile::V1, None, visit)
+        im::check_push(|key| im::Field::of(body.get(key)), files, keys(body), visit)
     });
 }
 

@@ -66,8 +66,9 @@ fn rule_im_v2_forbidden_field_in_a_file_item() {
     });
     let report = Validator::default().packet(&push, PacketContext::default());
     assert!(
-        report.errors().any(|v| v.rule == "im_v1.forbidden_field"
-            && v.path == "/payload/files/0/session_id"),
+        report
+            .errors()
+            .any(|v| v.rule == "im_v1.forbidden_field" && v.path == "/payload/files/0/session_id"),
         "{report:?}"
     );
 }

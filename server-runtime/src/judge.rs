@@ -27,7 +27,10 @@ impl InboundJudge {
     /// A judge over the connection core's admitted Card and window (read at every connect),
     /// the one home of those facts.
     pub(crate) fn from_admission(admission: &xagent_connection::Admission) -> Self {
-        Self { validator: Validator::new().with_window(admission.window()), card: admission.facts() }
+        Self {
+            validator: Validator::new().with_window(admission.window()),
+            card: admission.facts(),
+        }
     }
 
     fn context(&self) -> PacketContext<'_> {
@@ -76,7 +79,9 @@ pub(crate) fn refusal(packet: &Packet, report: &Report) -> Option<Refusal> {
                 error.message().to_owned(),
                 false,
             );
-            Some(Refusal::Send(Packet::with_payload(crate::ids::packet_id(), ack).answering(packet)))
+            Some(Refusal::Send(
+                Packet::with_payload(crate::ids::packet_id(), ack).answering(packet),
+            ))
         }
         _ if matches!(packet.packet_type().spec().map(|s| s.role), Some(Role::Request { .. })) => {
             Some(Refusal::ErrorAck(error))

@@ -174,8 +174,8 @@ pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
 pub use handle::{ConnectorHandle, StopFn};
-pub use judge::InboundJudge;
 pub use http::error_response;
+pub use judge::InboundJudge;
 pub use listen::{ServeLimits, peer_ip, stop_signal};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,

@@ -70,8 +70,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use xagent_protocol_validate::rules::{DOCUMENT_NOT_JSON, DOCUMENT_NOT_OBJECT};
 use xagent_protocol_types::Side;
+use xagent_protocol_validate::rules::{DOCUMENT_NOT_JSON, DOCUMENT_NOT_OBJECT};
 use xagent_protocol_validate::{
     CardFacts, DocumentKind, Report, Severity, Violation, check_text_from,
 };
@@ -333,7 +333,9 @@ pub unsafe extern "C" fn xagent_validate_skill(
     card_len: usize,
 ) -> *mut c_char {
     // SAFETY: the caller's contract on both pointers is this function's contract.
-    guarded(|| unsafe { validate(DocumentKind::Skill, (skill, skill_len), Some((card, card_len)), None) })
+    guarded(|| unsafe {
+        validate(DocumentKind::Skill, (skill, skill_len), Some((card, card_len)), None)
+    })
 }
 
 /// A packet validator kept across calls, bound to a Card or to none: the hot-path form of the
@@ -449,7 +451,9 @@ pub unsafe extern "C" fn xagent_packet_is_valid(
 pub fn packet_report_from(json: &[u8], card: Option<&[u8]>, sender: i32) -> String {
     let (card_ptr, card_len) = card.map_or((std::ptr::null(), 0), |c| (c.as_ptr(), c.len()));
     // SAFETY: the pointers and lengths describe the borrowed slices, valid for the call.
-    let report = unsafe { xagent_validate_packet_from(json.as_ptr(), json.len(), card_ptr, card_len, sender) };
+    let report = unsafe {
+        xagent_validate_packet_from(json.as_ptr(), json.len(), card_ptr, card_len, sender)
+    };
     // SAFETY: the library returns a NUL-terminated string, never NULL.
     let text = unsafe { std::ffi::CStr::from_ptr(report) }.to_string_lossy().into_owned();
     // SAFETY: `report` came from the library and is released once.
