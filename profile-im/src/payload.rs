@@ -409,21 +409,18 @@ mod tests {
     #[test]
     fn payload_errors_name_the_rule_the_validator_reports() {
         use xagent_protocol_validate::{PacketContext, Validator};
-        let mut bad = Vec::new();
-        bad.push(ChatMessage::text("", "x"));
-        bad.push(ChatMessage::with_files("m", None, vec![]));
-        bad.push(ChatMessage::with_files("m", None, vec![inbound_file("f"), inbound_file("f")]));
-        bad.push(ChatMessage::with_files("m", None, vec![ChatFile::new(FileType::Image, "f")]));
-        bad.push(ChatMessage::with_files(
-            "m",
-            None,
-            vec![ChatFile::new(FileType::parse("doc"), "f").with_download_url("/f")],
-        ));
-        bad.push(ChatMessage::with_files(
-            "m",
-            None,
-            vec![inbound_file("f").with_download_url("data:x")],
-        ));
+        let mut bad = vec![
+            ChatMessage::text("", "x"),
+            ChatMessage::with_files("m", None, vec![]),
+            ChatMessage::with_files("m", None, vec![inbound_file("f"), inbound_file("f")]),
+            ChatMessage::with_files("m", None, vec![ChatFile::new(FileType::Image, "f")]),
+            ChatMessage::with_files(
+                "m",
+                None,
+                vec![ChatFile::new(FileType::parse("doc"), "f").with_download_url("/f")],
+            ),
+            ChatMessage::with_files("m", None, vec![inbound_file("f").with_download_url("data:x")]),
+        ];
         let mut with_bytes = inbound_file("f");
         with_bytes.extra.insert("base64".into(), json!("AA"));
         bad.push(ChatMessage::with_files("m", None, vec![with_bytes]));
