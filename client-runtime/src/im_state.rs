@@ -1,17 +1,19 @@
 //! The IM state of one client, kept by the data plane's shared state (`crate::connection`):
 //! the outbox of assistant messages and the receiver idempotency set, over the durable store or
-//! memory. What is done with it (delivery, inbound messages) is `crate::im`, above.
+//! memory, the delta sequence of messages being streamed and the uploads of this client. What is done with it (delivery, inbound messages) is `crate::im`, above.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use xagent_profile_im::{
-    IdempotencyConfig, IdempotencyStore, Outbox, OutboxConfig, OutboxStore, ReceiverIdempotency,
+    DeltaAssembler, DeltaConfig, IdempotencyConfig, IdempotencyStore, Outbox, OutboxConfig,
+    OutboxStore, ReceiverIdempotency,
 };
 use xagent_protocol_types::{ConnectorChannelId, Side};
 
 use crate::ClientError;
 use crate::store::{XagentStore, memory_stores};
+use crate::uploads::UploadLedger;
 
 /// IM state of one client. Outbox entries are keyed by the channel id xAgent persisted, so a
 /// channel that comes back under a new id keeps its pending messages.
@@ -20,6 +22,11 @@ pub(crate) struct ImState {
     pub(crate) receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
     /// current channel id -> persisted channel id
     pub(crate) aliases: HashMap<ConnectorChannelId, ConnectorChannelId>,
+    /// The delta sequence of every assistant message being streamed (by persisted channel),
+    /// judged by the assembler the Connector runs: 1, 2, 3, ... until the final.
+    pub(crate) deltas: DeltaAssembler,
+    /// The `file_ref`s this client uploaded, per channel, until they expire.
+    pub(crate) uploads: UploadLedger,
 }
 
 impl ImState {
@@ -37,7 +44,13 @@ impl ImState {
                 .map_err(|e| {
                     ClientError::Protocol(format!("the idempotency set could not be loaded: {e}"))
                 })?;
-        Ok(Self { outbox, receiver, aliases: HashMap::new() })
+        Ok(Self {
+            outbox,
+            receiver,
+            aliases: HashMap::new(),
+            deltas: DeltaAssembler::new(DeltaConfig::default()),
+            uploads: UploadLedger::default(),
+        })
     }
 
     pub(crate) fn persisted(&self, current: &ConnectorChannelId) -> ConnectorChannelId {

@@ -177,7 +177,6 @@ impl DataPlane {
                 "this Tool takes a file, but no file source is configured",
             ))
         })?;
-        let control = self.control();
         for property in properties {
             let Some(value) = arguments.get_mut(&property.name) else { continue };
             if property.array {
@@ -185,12 +184,11 @@ impl DataPlane {
                     return Err(invalid(&property.name, "a list of file references"));
                 };
                 for item in items {
-                    *item = upload_one(&control, source.as_ref(), channel, item, &property.name)
-                        .await?;
+                    *item =
+                        upload_one(self, source.as_ref(), channel, item, &property.name).await?;
                 }
             } else {
-                *value =
-                    upload_one(&control, source.as_ref(), channel, value, &property.name).await?;
+                *value = upload_one(self, source.as_ref(), channel, value, &property.name).await?;
             }
         }
         Ok(())
@@ -286,7 +284,7 @@ fn invalid(property: &str, expected: &str) -> ClientError {
 }
 
 async fn upload_one(
-    control: &ControlPlane,
+    plane: &DataPlane,
     source: &dyn FileSource,
     channel: &ConnectorChannelId,
     reference: &Value,
@@ -302,7 +300,7 @@ async fn upload_one(
             format!("{property}: the file could not be opened: {reason}"),
         ))
     })?;
-    let uploaded = control.upload(channel, &file.filename, &file.mime_type, file.bytes).await?;
+    let uploaded = plane.upload_on(channel, file).await?;
     Ok(Value::String(uploaded.file_ref.to_string()))
 }
 

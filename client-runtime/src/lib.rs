@@ -4,7 +4,9 @@
 //! `xagent-server-runtime`: Base URL rules, admission (Card, Skill, health, version window),
 //! the health monitor, a data-plane client with request/ack correlation, reconnect with
 //! jittered backoff and channel reopening, Tool projection, and IM v2 delivery in both
-//! directions through `xagent-profile-im`.
+//! directions through `xagent-profile-im` (assistant deltas numbered by the runtime, outbound
+//! files uploaded on and bound to their message's channel, `user_channel_mode` applied before
+//! `channel.open`).
 //!
 //! ```
 //! use xagent_client_runtime::{BaseUrl, ClientConfig};
@@ -38,6 +40,7 @@
 //! | Modules | What |
 //! |---|---|
 //! | `im`, `invoke` | IM v2 in both directions; Tool calls, uploads and built-in Tools |
+//! | `stream` | an assistant message streamed as deltas numbered by the runtime |
 //! | `tools` | the Tool projection the model sees |
 //!
 //! **Data plane state**: below the features that use it.
@@ -46,6 +49,7 @@
 //! |---|---|
 //! | `connection` | config, events, the shared state, the `DataPlane` handle, requests, packet rules |
 //! | `im_state`, `files`, `upload_refs` | the IM state, the file hooks, upload-reference schemas |
+//! | `uploads` | which channel each uploaded `file_ref` belongs to, and until when |
 //!
 //! **Foundations**: the control plane and the building blocks.
 //!
@@ -53,13 +57,14 @@
 //! |---|---|
 //! | `health`, `admission` | the health monitor; Card, Skill and version admission |
 //! | `http`, `transport` | the control and transfer planes; the frame transports |
-//! | `store`, `directory`, `backoff` | durable state; the channel directory; reconnect delays |
+//! | `store`, `directory`, `channel_mode`, `backoff` | durable state; the channel directory and its `user_channel_mode` hold; reconnect delays |
 //! | `error` | `ClientError` |
 //! | `base_url`, `ids` | Base URL rules; identifiers |
 
 mod admission;
 mod backoff;
 mod base_url;
+mod channel_mode;
 mod connection;
 mod directory;
 mod driver;
@@ -72,9 +77,11 @@ mod im;
 mod im_state;
 mod invoke;
 mod store;
+mod stream;
 mod tools;
 mod transport;
 mod upload_refs;
+mod uploads;
 
 pub use admission::*;
 pub use backoff::Backoff;
@@ -84,7 +91,7 @@ pub use connection::{
     PacketTap, TapDirection, Verdict, next_event_matching,
 };
 pub use directory::{ChannelDirectory, ChannelEntry, DescriptorRefused, SessionBinding};
-pub use error::ClientError;
+pub use error::{ClientError, OutboundFileError, UserChannelLimit};
 pub use files::{FileContent, FileSink, FileSource};
 pub use health::*;
 pub use http::{ControlPlane, Downloaded, SkillDocument};
@@ -92,6 +99,7 @@ pub use invoke::{
     CHANNELS_LIST_TOOL, MESSAGE_SEND_TOOL, ToolCallOptions, ToolOutcome, builtin_tools,
 };
 pub use store::{RememberedChannel, SqliteXagentStore, XagentStore};
+pub use stream::MessageStream;
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{
     Frame, FrameSink, FrameStream, MemoryPeer, MemoryTransport, Transport, WsTransport,

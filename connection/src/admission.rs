@@ -72,8 +72,7 @@ impl Admission {
         let facts = Arc::new(CardFacts::from_card(&card));
         let mut inner = self.inner.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         inner.card_id = card.connector_card_id.clone();
-        if inner.follows_card || inner.card.is_none() {
-            inner.follows_card = true;
+        if inner.follows_card {
             inner.profiles = card.supports.profiles.clone();
         }
         inner.facts = Some(facts);
@@ -121,5 +120,52 @@ impl Admitted {
             hello = hello.with_connector_id(id.clone());
         }
         hello
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use xagent_protocol_types::{BuildInfo, ConnectorInfo, Supports, TargetType};
+    use xagent_protocol_validate::ProtocolVersion;
+
+    use super::*;
+
+    fn card(profiles: &[&str]) -> ConnectorCard {
+        ConnectorCard::new(
+            "im.adm",
+            BuildInfo::new("1"),
+            ConnectorInfo::new("Adm", "1.0.0"),
+            Supports::new(vec![TargetType::Im], profiles.iter().map(|p| (*p).into()).collect()),
+        )
+    }
+
+    #[test]
+    fn readmission_rule_the_hello_follows_a_readmitted_card_and_announces_the_window() {
+        let window = AdmissionWindow::new(ProtocolVersion::new(3, 0), ProtocolVersion::new(3, 1));
+        let admission = Admission::for_card(card(&["xagent.im.v2"]), window);
+        admission.set_card(card(&["xagent.im.v2", "xagent.im.v1"]));
+        let hello = admission.current().hello(Some(&"conn_1".into()));
+        let profiles: Vec<String> = hello
+            .supported_profiles
+            .unwrap_or_default()
+            .iter()
+            .map(|p| p.as_str().to_owned())
+            .collect();
+        assert_eq!(profiles, ["xagent.im.v2", "xagent.im.v1"]);
+        assert_eq!(hello.protocol_version.as_deref(), Some("3.1"));
+        assert_eq!(hello.connector_id.as_ref().map(|c| c.as_str()), Some("conn_1"));
+        assert!(admission.facts().is_some_and(|f| f.profiles.len() == 2), "the facts follow too");
+    }
+
+    #[test]
+    fn readmission_rule_an_explicit_profile_list_is_kept_when_the_card_changes() {
+        let admission = Admission::from_parts(
+            "im.adm".into(),
+            vec!["xagent.im.v2".into()],
+            Some(card(&["xagent.im.v2", "xagent.im.v1"])),
+            AdmissionWindow::default(),
+        );
+        admission.set_card(card(&["xagent.im.v2", "xagent.im.v1", "xagent.device.v1"]));
+        assert_eq!(admission.current().profiles, vec![ProfileId::from("xagent.im.v2")]);
     }
 }

@@ -170,3 +170,96 @@ impl<T> Requests<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use xagent_protocol_types::{
+        ConnectorHello, ConnectorHelloAck, ManualClock, Ping, ProfileId, RequestId, Side,
+    };
+    use xagent_protocol_validate::AdmissionWindow;
+
+    use super::*;
+    use crate::{Admission, OutboundJudge, OutboundRefusal};
+
+    struct RefuseAll;
+
+    impl OutboundJudge for RefuseAll {
+        fn judge(&self, _: &Packet, _: &str) -> Result<(), OutboundRefusal> {
+            Err(OutboundRefusal {
+                rules: vec!["test.rule".into()],
+                message: "test.rule: no".into(),
+            })
+        }
+    }
+
+    /// An xAgent session past hello, and a sink that collects what is written.
+    fn established()
+    -> (Arc<Mutex<Session>>, impl Sink<Frame> + Send + Unpin + 'static, mpsc::Receiver<Frame>) {
+        let admission = Admission::from_parts(
+            "im.out".into(),
+            vec![ProfileId::from("xagent.im.v2")],
+            None,
+            AdmissionWindow::default(),
+        );
+        let mut session = admission.current().session(Side::Xagent);
+        let hello = Packet::with_payload(
+            "pkt_h",
+            ConnectorHello::new("im.out", vec!["xagent.im.v2".into()]),
+        )
+        .request_id(RequestId::from("req_h"));
+        session.on_sent(&hello).expect("hello");
+        let ack = Packet::with_payload("pkt_a", ConnectorHelloAck::new("im.out", "conn_1"))
+            .answering(&hello);
+        session.on_received(&ack).expect("ack");
+        let (tx, rx) = mpsc::channel(16);
+        let sink = Box::pin(futures_util::sink::unfold(tx, |tx, frame: Frame| async move {
+            tx.send(frame).await.map_err(|_| ())?;
+            Ok::<_, ()>(tx)
+        }));
+        (Arc::new(Mutex::new(session)), sink, rx)
+    }
+
+    fn ping(id: &str) -> Packet {
+        Packet::with_payload(format!("pkt_{id}"), Ping::default()).request_id(RequestId::from(id))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn send_rule_a_packet_the_judge_refuses_never_leaves_and_is_forgotten_by_the_session() {
+        let (session, sink, mut written) = established();
+        let mut options = WriterOptions::new(1 << 20);
+        options.judge = Some(Arc::new(RefuseAll));
+        let clock = Arc::new(ManualClock::new(7));
+        let (outbound, _writer) = Outbound::open(Arc::clone(&session), sink, options, 8, clock);
+        let requests: Requests<Packet> = Requests::new();
+        let answer = requests.request(&outbound, ping("req_1"), Duration::from_secs(5)).await;
+        match answer {
+            Err(RequestError::Send(SendError::Invalid(refusal))) => {
+                assert_eq!(refusal.rules, ["test.rule"]);
+            }
+            other => panic!("expected a local refusal, got {other:?}"),
+        }
+        assert!(!requests.is_pending(&RequestId::from("req_1")));
+        assert_eq!(lock(&session).pending_requests().count(), 0, "the session forgot it");
+        assert!(written.try_recv().is_err(), "no byte left");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn request_rule_a_timed_out_request_is_forgotten_here_and_by_the_session() {
+        let (session, sink, mut written) = established();
+        let clock = Arc::new(ManualClock::new(7));
+        let options = WriterOptions::new(1 << 20);
+        let (outbound, _writer) = Outbound::open(Arc::clone(&session), sink, options, 8, clock);
+        let requests: Requests<Packet> = Requests::new();
+        let answer = requests.request(&outbound, ping("req_2"), Duration::from_secs(3)).await;
+        assert_eq!(answer, Err(RequestError::TimedOut(Duration::from_secs(3))));
+        assert!(!requests.is_pending(&RequestId::from("req_2")));
+        assert_eq!(lock(&session).pending_requests().count(), 0);
+        match written.recv().await {
+            Some(Frame::Text(text)) => {
+                let sent = Packet::decode_str(&text).expect("a packet");
+                assert_eq!(sent.time, Some(7), "stamped by the injected clock");
+            }
+            other => panic!("expected the ping, got {other:?}"),
+        }
+    }
+}

@@ -110,6 +110,7 @@ impl DataPlane {
         owner: &str,
         existing: Option<&ConnectorChannelId>,
     ) -> Result<ChannelOpenAck, ClientError> {
+        let _place = crate::channel_mode::reserve_open(&self.shared.directory, owner, existing)?;
         let ack = self.open_channel(existing).await?;
         lock(&self.shared.directory).set_owner(&ack.connector_channel_id, owner);
         Ok(ack)

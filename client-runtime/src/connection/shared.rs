@@ -61,7 +61,10 @@ impl Shared {
     /// next hello and its ack's checks) and the directory (Descriptor rules).
     pub(crate) fn set_card(&self, card: xagent_protocol_types::ConnectorCard) {
         self.admission.set_card(card.clone());
-        lock(&self.directory).set_card(card);
+        match self.admission.facts() {
+            Some(facts) => lock(&self.directory).set_admitted(card, facts),
+            None => lock(&self.directory).set_card(card),
+        }
     }
 
     pub(crate) fn link(&self) -> Option<Outbound> {

@@ -35,8 +35,17 @@ impl DataPlane {
         let (state_sender, state) = watch::channel(ConnectionState::Connecting { failures: 0 });
         let now = config.clock.now_millis();
         let im = ImState::open(config.store.clone(), now)?;
+        let admission = Arc::new(Admission::from_parts(
+            config.connector_card_id.clone(),
+            config.supported_profiles.clone(),
+            config.card.clone(),
+            config.window,
+        ));
         let mut channels = BTreeMap::new();
-        let mut directory = ChannelDirectory::new(config.card.clone());
+        let mut directory = ChannelDirectory::new(None);
+        if let (Some(card), Some(facts)) = (config.card.clone(), admission.facts()) {
+            directory.set_admitted(card, facts);
+        }
         if let Some(store) = &config.store {
             for remembered in store.load_channels().map_err(ClientError::Store)? {
                 channels.insert(remembered.channel.clone(), remembered.channel.clone());
@@ -44,12 +53,6 @@ impl DataPlane {
             }
         }
         let config_window = config.window;
-        let admission = Arc::new(Admission::from_parts(
-            config.connector_card_id.clone(),
-            config.supported_profiles.clone(),
-            config.card.clone(),
-            config.window,
-        ));
         let shared = Arc::new(Shared {
             im: Mutex::new(im),
             config,
