@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand, ValueEnum};
-use xagent_protocol_validate::{CardFacts, DocumentKind, Report, Severity, check_text};
+use xagent_protocol_types::Side;
+use xagent_protocol_validate::{CardFacts, DocumentKind, Report, Severity, check_text_from};
 
 use crate::EXIT_USAGE;
 
@@ -27,6 +28,24 @@ enum Format {
     Text,
     /// `{"valid": bool, "violations": [{"rule", "severity", "path", "message"}]}`.
     Json,
+}
+
+/// The sending side of a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Sender {
+    /// The Connector sent it.
+    Connector,
+    /// xAgent sent it.
+    Xagent,
+}
+
+impl From<Sender> for Side {
+    fn from(sender: Sender) -> Self {
+        match sender {
+            Sender::Connector => Side::Connector,
+            Sender::Xagent => Side::Xagent,
+        }
+    }
 }
 
 /// What to check.
@@ -52,6 +71,11 @@ enum Target {
         /// The Connector Card to check against.
         #[arg(long)]
         card: Option<PathBuf>,
+        /// Who sends the packet: applies the rules that depend on the direction. Without it a
+        /// packet type one side sends is judged as sent by that side, and one both sides send
+        /// is judged for both (each such violation names its sender).
+        #[arg(long, value_enum)]
+        sender: Option<Sender>,
     },
     /// A `SKILL.md`, against the Card whose Skill it is.
     Skill {
@@ -101,18 +125,20 @@ fn read_card(path: &Path) -> Result<CardFacts, UsageError> {
 }
 
 fn evaluate(target: &Target) -> Result<Report, UsageError> {
-    let (kind, file, card) = match target {
-        Target::Card { file } => (DocumentKind::Card, file, None),
-        Target::Descriptor { file, card } => (DocumentKind::Descriptor, file, card.as_ref()),
-        Target::Packet { file, card } => (DocumentKind::Packet, file, card.as_ref()),
-        Target::Skill { file, card } => (DocumentKind::Skill, file, Some(card)),
+    let (kind, file, card, sender) = match target {
+        Target::Card { file } => (DocumentKind::Card, file, None, None),
+        Target::Descriptor { file, card } => (DocumentKind::Descriptor, file, card.as_ref(), None),
+        Target::Packet { file, card, sender } => {
+            (DocumentKind::Packet, file, card.as_ref(), sender.map(Side::from))
+        }
+        Target::Skill { file, card } => (DocumentKind::Skill, file, Some(card), None),
     };
     if card.is_some_and(|c| is_stdin(c)) && is_stdin(file) {
         return Err(UsageError("FILE and --card cannot both be standard input".into()));
     }
     let card = card.map(|c| read_card(c)).transpose()?;
     let text = read_input(file)?;
-    Ok(check_text(kind, &text, card.as_ref()))
+    Ok(check_text_from(kind, &text, card.as_ref(), sender))
 }
 
 /// Runs `check` and returns the exit status.

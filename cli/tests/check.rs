@@ -200,3 +200,35 @@ fn valid_json_report_shape() {
     assert_eq!(report["valid"], true);
     assert!(report["violations"].is_array());
 }
+
+/// Issue 22: `check packet` judged with no sender, so a Connector-sent `chat.message` file
+/// without `download_url` was reported valid while `client-runtime` refuses it. Without
+/// `--sender` the packet is judged for both directions (the violation names the Connector);
+/// `--sender connector` refuses it, `--sender xagent` accepts it.
+#[test]
+fn rule_chat_message_download_url_check_packet_sender() {
+    let packet = json!({
+        "schema": "xagent.connector.packet/v1", "packet_id": "pkt_1", "type": "chat.message",
+        "connector_channel_id": "cch_1", "time": 1790000000000u64,
+        "payload": {"message_id": "m1", "files": [{"type": "image", "file_ref": "f1"}]}
+    });
+    let file = temp_file("sender", "message.json", &packet.to_string());
+    let output = run(&["check", "packet", path(&file), "--format", "json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let report = json_report(&output);
+    assert_eq!(rules(&report), vec!["chat_message.download_url"]);
+    assert_eq!(report["violations"][0]["sender"], "connector");
+
+    let output =
+        run(&["check", "packet", path(&file), "--sender", "connector", "--format", "json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let report = json_report(&output);
+    assert_eq!(rules(&report), vec!["chat_message.download_url"]);
+    assert!(report["violations"][0].get("sender").is_none(), "{report}");
+
+    let output = run(&["check", "packet", path(&file), "--sender", "xagent"]);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stdout));
+
+    let output = run(&["check", "packet", path(&file), "--sender", "model"]);
+    assert_eq!(output.status.code(), Some(2), "an unknown sender is a usage error");
+}

@@ -201,6 +201,19 @@ async fn finish(
     send_ack(&shared, &packet, ack).await;
 }
 
+/// Answers a `chat.message` the validator refused (`problems`: its rule ids and places) with a
+/// `rejected` ack, not retryable: the same message would be refused again (IM v2 §7).
+pub(crate) async fn refuse_chat_message(shared: &Shared, packet: &Packet, problems: &str) {
+    let Some(message) = packet.payload::<ChatMessage>() else { return };
+    let ack = ChatMessageAck::rejected(
+        message.message_id.clone(),
+        ErrorCode::InvalidPacket,
+        format!("the message breaks the protocol: {problems}"),
+        false,
+    );
+    send_ack(shared, packet, ack).await;
+}
+
 async fn send_ack(shared: &Shared, message: &Packet, ack: ChatMessageAck) {
     let packet = Packet::with_payload(ids::mint("pkt_"), ack).answering(message);
     if let Err(error) = send_on(shared, &packet).await {

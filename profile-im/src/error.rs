@@ -63,12 +63,45 @@ pub enum PayloadError {
     /// A required IM v1 `message.push` field is missing.
     #[error("message.push field {0} is required by IM v1")]
     MissingPushField(&'static str),
+    /// Another rule of `xagent_protocol_validate::rules` (named by its id) is broken at `place`
+    /// (a JSON pointer).
+    #[error("[{rule}] {place}: {hint}")]
+    Rule {
+        /// The rule id.
+        rule: &'static str,
+        /// Where, as a JSON pointer into the packet.
+        place: String,
+        /// What is wrong and what to do.
+        hint: &'static str,
+    },
 }
 
 impl PayloadError {
     /// The wire code for this rejection (`invalid_packet`).
     pub fn code(&self) -> ErrorCode {
         ErrorCode::InvalidPacket
+    }
+
+    /// The id of the rule (`xagent_protocol_validate::rules`) this error breaks: the id
+    /// `xagent-connector check` reports for the same payload.
+    pub fn rule(&self) -> &'static str {
+        use xagent_protocol_validate::rules as r;
+        match self {
+            Self::EmptyMessage(_) => r::CHAT_MESSAGE_CONTENT.id,
+            Self::MissingMessageId => r::IM_V2_MESSAGE_ID.id,
+            Self::UnknownFileType { .. } => r::IM_FILE_TYPE.id,
+            Self::EmptyFileRef | Self::DuplicateFileRef(_) => r::IM_FILE_REF.id,
+            Self::MissingDownloadUrl(_) => r::CHAT_MESSAGE_DOWNLOAD_URL.id,
+            Self::BadDownloadUrl(_) => r::IM_DOWNLOAD_URL_SCHEME.id,
+            Self::FileBytesForbidden(_) => r::IM_FILE_BYTES.id,
+            Self::InternalIdentityForbidden(_) => r::IM_V2_FORBIDDEN_FIELD.id,
+            Self::ToolNameRequired | Self::ToolNameForbidden | Self::ToolNameLength(_) => {
+                r::CHAT_ACTIVITY_TOOL_NAME.id
+            }
+            Self::UnknownActivityStatus(_) => r::CHAT_ACTIVITY_STATUS.id,
+            Self::MissingPushField(_) => r::MESSAGE_PUSH_REQUIRED_FIELD.id,
+            Self::Rule { rule, .. } => rule,
+        }
     }
 }
 

@@ -1,15 +1,13 @@
 //! IM payload rules checked before a payload is queued or sent, and the content fingerprint the
 //! receiver uses to tell a duplicate from a conflict.
 
-use std::collections::HashSet;
+use std::ops::ControlFlow;
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
-use xagent_protocol_types::{
-    ActivityStatus, ChatActivity, ChatFile, ChatMessage, Extra, MessageId, Side,
-};
+use xagent_protocol_types::{ActivityStatus, ChatActivity, ChatFile, ChatMessage, MessageId, Side};
 
-use xagent_protocol_validate::im;
+use xagent_protocol_validate::{im, rules};
 
 use crate::PayloadError;
 
@@ -22,95 +20,115 @@ pub const FORBIDDEN_IDENTITY_FIELDS: &[&str] = im::FORBIDDEN_IDENTITY_FIELDS;
 pub const FORBIDDEN_BYTE_FIELDS: &[&str] = im::FORBIDDEN_BYTE_FIELDS;
 
 /// Maximum size of `chat.activity.tool_name` in bytes.
-pub const TOOL_NAME_MAX_BYTES: usize = 256;
+pub const TOOL_NAME_MAX_BYTES: usize = xagent_protocol_types::ACTIVITY_TOOL_NAME_MAX_BYTES;
 
-/// Checks unknown fields for internal identities and byte-carrying names.
-pub(crate) fn check_extra(extra: &Extra) -> Result<(), PayloadError> {
-    for key in extra.keys() {
-        if im::is_forbidden_identity_field(key) {
-            return Err(PayloadError::InternalIdentityForbidden(key.clone()));
+/// The first error a shared rule walk of `xagent_protocol_validate::im` reports, as the
+/// [`PayloadError`] that names it (`file_ref` gives the reference of the file at an index).
+pub(crate) fn first_error(
+    walk: impl FnOnce(&mut im::Visit<'_>) -> ControlFlow<()>,
+    file_ref: impl Fn(usize) -> String,
+) -> Result<(), PayloadError> {
+    let mut found = None;
+    let mut visit = |b: im::Break<'_>| {
+        if !b.is_error() {
+            return ControlFlow::Continue(());
         }
-        if im::is_forbidden_byte_field(key) {
-            return Err(PayloadError::FileBytesForbidden(key.clone()));
-        }
-    }
-    Ok(())
+        found = Some(to_error(&b, &file_ref));
+        ControlFlow::Break(())
+    };
+    let _ = walk(&mut visit);
+    found.map_or(Ok(()), Err)
 }
 
-/// A download URL must be HTTP(S) or a relative Connector URI: never `data:`, `file:`, another
-/// scheme or a Windows/UNC path that would leak a local file. The rule is the validator's
-/// ([`im::download_url_allowed`]).
-pub(crate) fn check_download_url(file_ref: &str, url: &str) -> Result<(), PayloadError> {
-    if im::download_url_allowed(url) {
-        Ok(())
-    } else {
-        Err(PayloadError::BadDownloadUrl(file_ref.to_owned()))
-    }
-}
-
-fn check_file(file: &ChatFile, sender: Side) -> Result<(), PayloadError> {
-    if file.file_ref.is_empty() {
-        return Err(PayloadError::EmptyFileRef);
-    }
-    if !file.file_type.is_known() {
-        return Err(PayloadError::UnknownFileType {
-            file_ref: file.file_ref.to_string(),
-            file_type: file.file_type.to_string(),
-        });
-    }
-    check_extra(&file.extra)?;
-    match (&file.download_url, sender) {
-        (Some(url), _) => check_download_url(file.file_ref.as_str(), url)?,
-        (None, Side::Connector) => {
-            return Err(PayloadError::MissingDownloadUrl(file.file_ref.to_string()));
+/// The typed error of one broken shared rule.
+fn to_error(b: &im::Break<'_>, file_ref: &dyn Fn(usize) -> String) -> PayloadError {
+    let key = b.place.key().unwrap_or_default().to_owned();
+    let file = || b.place.file().map(file_ref).unwrap_or_default();
+    match b.rule.id {
+        id if id == rules::IM_V2_MESSAGE_ID.id => PayloadError::MissingMessageId,
+        id if id == rules::CHAT_MESSAGE_CONTENT.id => {
+            PayloadError::EmptyMessage(MessageId::new(key))
         }
-        (None, Side::Xagent) => {}
+        id if id == rules::IM_FILE_REF.id => match file() {
+            r if r.is_empty() => PayloadError::EmptyFileRef,
+            r => PayloadError::DuplicateFileRef(r),
+        },
+        id if id == rules::IM_FILE_TYPE.id => {
+            PayloadError::UnknownFileType { file_ref: file(), file_type: String::new() }
+        }
+        id if id == rules::CHAT_MESSAGE_DOWNLOAD_URL.id => PayloadError::MissingDownloadUrl(file()),
+        id if id == rules::IM_DOWNLOAD_URL_SCHEME.id => PayloadError::BadDownloadUrl(file()),
+        id if id == rules::IM_FILE_BYTES.id => PayloadError::FileBytesForbidden(key),
+        id if id == rules::IM_V1_FORBIDDEN_FIELD.id || id == rules::IM_V2_FORBIDDEN_FIELD.id => {
+            PayloadError::InternalIdentityForbidden(key)
+        }
+        id if id == rules::CHAT_ACTIVITY_STATUS.id => {
+            PayloadError::UnknownActivityStatus(String::new())
+        }
+        id if id == rules::CHAT_ACTIVITY_TOOL_NAME.id => PayloadError::ToolNameForbidden,
+        id if id == rules::MESSAGE_PUSH_REQUIRED_FIELD.id => match push_field(&key) {
+            Some("message_id") => PayloadError::MissingMessageId,
+            Some(name) => PayloadError::MissingPushField(name),
+            None => PayloadError::Rule { rule: b.rule.id, place: b.place.pointer(), hint: b.hint },
+        },
+        id if id == rules::MESSAGE_PUSH_PROFILE.id => PayloadError::MissingPushField("profile"),
+        id if id == rules::MESSAGE_PUSH_TARGET_SESSION.id => {
+            PayloadError::MissingPushField("at most one target session reference")
+        }
+        _ => PayloadError::Rule { rule: b.rule.id, place: b.place.pointer(), hint: b.hint },
     }
-    Ok(())
 }
 
-/// Checks a `chat.message` against the IM v2 payload rules for the given sender: a non-empty
-/// `message_id`; text or files; known file types; a unique, non-empty `file_ref` per file;
-/// `download_url` on every Connector -> xAgent file; no bytes, local paths or internal
-/// identities.
+/// The static name of a Must field of `message.push` (for [`PayloadError::MissingPushField`]).
+fn push_field(key: &str) -> Option<&'static str> {
+    ["provider", "event_kind", "message_id", "sender_id", "message_type", "raw_text", "text"]
+        .into_iter()
+        .find(|name| *name == key)
+}
+
+/// Checks a `chat.message` against the IM v2 payload rules for the given sender: the shared
+/// rules of `xagent_protocol_validate::im` (the ones `xagent-connector check` applies), so a
+/// non-empty `message_id`; text or files; known file types; a unique, non-empty `file_ref` per
+/// file; `download_url` on every Connector -> xAgent file; `http(s)` or relative URLs in
+/// `download_url` and `url`; no bytes, local paths or internal identities in the message or its
+/// files.
 pub fn validate_chat_message(message: &ChatMessage, sender: Side) -> Result<(), PayloadError> {
-    if message.message_id.is_empty() {
-        return Err(PayloadError::MissingMessageId);
-    }
-    let has_text = message.text.as_deref().is_some_and(|t| !t.is_empty());
-    if !has_text && message.files.is_empty() {
-        return Err(PayloadError::EmptyMessage(message.message_id.clone()));
-    }
-    check_extra(&message.extra)?;
-    let mut seen = HashSet::new();
-    for file in &message.files {
-        check_file(file, sender)?;
-        if !seen.insert(file.file_ref.as_str()) {
-            return Err(PayloadError::DuplicateFileRef(file.file_ref.to_string()));
+    first_error(
+        |visit| im::check_typed_chat_message(message, Some(sender), visit),
+        |i| message.files.get(i).map(|f| f.file_ref.to_string()).unwrap_or_default(),
+    )
+    .map_err(|error| match error {
+        PayloadError::EmptyMessage(_) => PayloadError::EmptyMessage(message.message_id.clone()),
+        PayloadError::UnknownFileType { file_ref, .. } => {
+            let file_type = message
+                .files
+                .iter()
+                .find(|f| f.file_ref.as_str() == file_ref)
+                .map(|f| f.file_type.to_string())
+                .unwrap_or_default();
+            PayloadError::UnknownFileType { file_ref, file_type }
         }
-    }
-    Ok(())
+        other => other,
+    })
 }
 
-/// Checks a `chat.activity`: a known status; `tool_name` (1..=256 bytes) exactly when the status
-/// is `tool`; no internal identities or other detail fields.
+/// Checks a `chat.activity` with the shared rules: a known status; `tool_name` (1..=256 bytes)
+/// exactly when the status is `tool`; no internal identities or byte fields.
 pub fn validate_activity(activity: &ChatActivity) -> Result<(), PayloadError> {
-    if !activity.status.is_known() {
-        return Err(PayloadError::UnknownActivityStatus(activity.status.to_string()));
-    }
-    check_extra(&activity.extra)?;
-    match (&activity.status, &activity.tool_name) {
-        (ActivityStatus::Tool, None) => Err(PayloadError::ToolNameRequired),
-        (ActivityStatus::Tool, Some(name)) => {
-            if name.is_empty() || name.len() > TOOL_NAME_MAX_BYTES {
-                Err(PayloadError::ToolNameLength(name.len()))
-            } else {
-                Ok(())
+    first_error(|visit| im::check_typed_activity(activity, visit), |_| String::new()).map_err(
+        |error| match (error, &activity.status, &activity.tool_name) {
+            (PayloadError::UnknownActivityStatus(_), status, _) => {
+                PayloadError::UnknownActivityStatus(status.to_string())
             }
-        }
-        (_, Some(_)) => Err(PayloadError::ToolNameForbidden),
-        (_, None) => Ok(()),
-    }
+            (PayloadError::ToolNameForbidden, ActivityStatus::Tool, None) => {
+                PayloadError::ToolNameRequired
+            }
+            (PayloadError::ToolNameForbidden, ActivityStatus::Tool, Some(name)) => {
+                PayloadError::ToolNameLength(name.len())
+            }
+            (other, _, _) => other,
+        },
+    )
 }
 
 /// Builds a `chat.message` that passes [`validate_chat_message`] for its sender, so an invalid
@@ -358,6 +376,66 @@ mod tests {
             let mut a = ChatActivity::thinking();
             a.extra.insert((*field).into(), json!("v"));
             assert!(validate_activity(&a).is_err());
+        }
+    }
+
+    /// Issue 22: a file item's `url` obeys the download URL rule here as in
+    /// `xagent-connector check` (the runtimes accepted `file:///etc/passwd` before).
+    #[test]
+    fn rule_im_download_url_scheme_covers_a_file_items_url() {
+        let mut f = inbound_file("f1");
+        f.extra.insert("url".into(), json!("file:///etc/passwd"));
+        let m = ChatMessage::with_files("m", None, vec![f]);
+        for sender in [Side::Connector, Side::Xagent] {
+            let error = validate_chat_message(&m, sender).unwrap_err();
+            assert_eq!(error, PayloadError::BadDownloadUrl("f1".into()));
+            assert_eq!(error.rule(), "im.download_url_scheme");
+        }
+    }
+
+    /// Issue 22: an internal identity in a file item is refused by every judge (IM v2 §3: the
+    /// payload, file items included).
+    #[test]
+    fn rule_im_v2_forbidden_field_in_a_file_item() {
+        let mut f = inbound_file("f1");
+        f.extra.insert("user_id".into(), json!("u1"));
+        let m = ChatMessage::with_files("m", None, vec![f]);
+        let error = validate_chat_message(&m, Side::Connector).unwrap_err();
+        assert_eq!(error, PayloadError::InternalIdentityForbidden("user_id".into()));
+        assert_eq!(error.rule(), "im_v2.forbidden_field");
+    }
+
+    /// Every payload error names the rule id the validator reports for the same payload.
+    #[test]
+    fn payload_errors_name_the_rule_the_validator_reports() {
+        use xagent_protocol_validate::{PacketContext, Validator};
+        let mut bad = vec![
+            ChatMessage::text("", "x"),
+            ChatMessage::with_files("m", None, vec![]),
+            ChatMessage::with_files("m", None, vec![inbound_file("f"), inbound_file("f")]),
+            ChatMessage::with_files("m", None, vec![ChatFile::new(FileType::Image, "f")]),
+            ChatMessage::with_files(
+                "m",
+                None,
+                vec![ChatFile::new(FileType::parse("doc"), "f").with_download_url("/f")],
+            ),
+            ChatMessage::with_files("m", None, vec![inbound_file("f").with_download_url("data:x")]),
+        ];
+        let mut with_bytes = inbound_file("f");
+        with_bytes.extra.insert("base64".into(), json!("AA"));
+        bad.push(ChatMessage::with_files("m", None, vec![with_bytes]));
+        let mut with_role = ChatMessage::text("m", "x");
+        with_role.extra.insert("role".into(), json!("user"));
+        bad.push(with_role);
+        for message in bad {
+            let error = validate_chat_message(&message, Side::Connector).unwrap_err();
+            let packet =
+                xagent_protocol_types::Packet::with_payload("p", message.clone()).channel("cch_1");
+            let value = packet.to_value().unwrap();
+            let context = PacketContext { card: None, sender: Some(Side::Connector) };
+            let report = Validator::default().packet(&value, context);
+            assert!(!report.valid, "{message:?}");
+            assert!(report.has(error.rule()), "{error:?} vs {report:?}");
         }
     }
 

@@ -9,11 +9,10 @@
 //! `message_id`, so a v1 receiver should deduplicate by `message_id` (e.g. with
 //! [`crate::ReceiverIdempotency`] and [`Fingerprint::of_message_push`]).
 
-use std::collections::HashSet;
-
 use xagent_protocol_types::{MessageId, MessagePush, PushFile, ReplyHint, SkillHint};
+use xagent_protocol_validate::im;
 
-use crate::payload::{check_download_url, check_extra};
+use crate::payload::first_error;
 use crate::{Fingerprint, PayloadError};
 
 /// The fixed `profile` value of a v1 push.
@@ -25,62 +24,25 @@ pub const EVENT_MESSAGE_RECEIVED: &str = "im.message.received";
 /// `xagent.im.v1`, every file has a non-empty unique `file_ref` and a download URL, at most one
 /// target-Session reference is set, and no internal identity or byte field is present.
 pub fn validate_message_push(push: &MessagePush) -> Result<(), PayloadError> {
-    fn present(v: &Option<String>, name: &'static str) -> Result<(), PayloadError> {
-        match v {
-            Some(s) if !s.is_empty() => Ok(()),
-            _ => Err(PayloadError::MissingPushField(name)),
+    // Every rule is the shared one (`im.file_url` is a warning: a file without any URL is
+    // allowed, as `xagent-connector check` says).
+    first_error(
+        |visit| im::check_typed_push(push, visit),
+        |i| push.files.get(i).map(|f| f.file_ref.to_string()).unwrap_or_default(),
+    )
+    .map_err(|error| match error {
+        PayloadError::UnknownFileType { file_ref, .. } => {
+            let file_type = push
+                .files
+                .iter()
+                .find(|f| f.file_ref.as_str() == file_ref)
+                .and_then(|f| f.file_type.as_ref())
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            PayloadError::UnknownFileType { file_ref, file_type }
         }
-    }
-    present(&push.provider, "provider")?;
-    if push.profile.as_deref() != Some(IM_V1_PROFILE) {
-        return Err(PayloadError::MissingPushField("profile"));
-    }
-    present(&push.event_kind, "event_kind")?;
-    match &push.message_id {
-        Some(id) if !id.is_empty() => {}
-        _ => return Err(PayloadError::MissingMessageId),
-    }
-    present(&push.sender_id, "sender_id")?;
-    present(&push.message_type, "message_type")?;
-    if push.raw_text.is_none() {
-        return Err(PayloadError::MissingPushField("raw_text"));
-    }
-    let visible = [&push.text, &push.content, &push.message];
-    if !visible.iter().any(|v| v.as_deref().is_some_and(|t| !t.is_empty())) {
-        return Err(PayloadError::MissingPushField("text"));
-    }
-    let session_refs = [&push.target_session_ref, &push.session_ref, &push.target_session_id];
-    if session_refs.iter().filter(|r| r.is_some()).count() > 1 {
-        return Err(PayloadError::MissingPushField("at most one target session reference"));
-    }
-    check_extra(&push.extra)?;
-    let mut seen = HashSet::new();
-    for file in &push.files {
-        check_push_file(file)?;
-        if !seen.insert(file.file_ref.as_str()) {
-            return Err(PayloadError::DuplicateFileRef(file.file_ref.to_string()));
-        }
-    }
-    Ok(())
-}
-
-fn check_push_file(file: &PushFile) -> Result<(), PayloadError> {
-    if file.file_ref.is_empty() {
-        return Err(PayloadError::EmptyFileRef);
-    }
-    if let Some(t) = &file.file_type
-        && !t.is_known()
-    {
-        return Err(PayloadError::UnknownFileType {
-            file_ref: file.file_ref.to_string(),
-            file_type: t.to_string(),
-        });
-    }
-    check_extra(&file.extra)?;
-    match file.download_url.as_ref().or(file.url.as_ref()) {
-        Some(url) => check_download_url(file.file_ref.as_str(), url),
-        None => Err(PayloadError::MissingDownloadUrl(file.file_ref.to_string())),
-    }
+        other => other,
+    })
 }
 
 impl Fingerprint {
@@ -288,12 +250,16 @@ mod tests {
         assert!(push.text.unwrap().contains("Sender: Ann\n"));
     }
 
+    /// `im.file_url` is a Should of IM v1 (a warning of `xagent-connector check`): a push file
+    /// without any URL builds, as the shared rule says; a bad URL in `url` does not.
     #[test]
-    fn rule_push_files_need_download_url() {
+    fn rule_im_file_url_is_a_warning_for_push_files() {
         let mut f = file("f1");
         f.download_url = None;
+        MessagePushBuilder::new("x", "m", "u", "file").file(f.clone()).build().unwrap();
+        f.url = Some("file:///etc/passwd".into());
         let err = MessagePushBuilder::new("x", "m", "u", "file").file(f.clone()).build();
-        assert_eq!(err, Err(PayloadError::MissingDownloadUrl("f1".into())));
+        assert_eq!(err, Err(PayloadError::BadDownloadUrl("f1".into())));
         f.url = Some("https://cdn/x".into());
         MessagePushBuilder::new("x", "m", "u", "file").file(f).build().unwrap();
     }

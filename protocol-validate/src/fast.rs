@@ -24,10 +24,7 @@
 //! The per-message set (`tool.invoke`, `tool.invoke.ack`, `tool.progress.push`, `chat.*`,
 //! `ping`, `pong`, `error`) is checked with every rule of the report form.
 
-use serde_json::Value;
-use xagent_protocol_types::{
-    AckStatus, ActivityStatus, ChatFile, Extra, Packet, PacketBody, PacketType, Role, Routing, Side,
-};
+use xagent_protocol_types::{Packet, PacketBody, PacketType, Role, Routing};
 
 use crate::catalog;
 use crate::im;
@@ -105,6 +102,11 @@ impl Validator {
         let Some(spec) = PacketType::spec_of(packet.type_str()) else {
             return false;
         };
+        // A packet type only one side sends is judged as sent by that side (as the report form).
+        let context = PacketContext {
+            sender: context.sender.or(crate::validate::only_sender(spec.direction)),
+            ..context
+        };
         // Envelope rules the typed decode does not already enforce.
         if let Some(error) = &packet.error
             && error.code.as_str().is_empty()
@@ -155,8 +157,9 @@ impl Validator {
     }
 }
 
-/// The payload rules of the per-message packet types, on the typed payload. `false` for a
-/// violation or a type this form leaves to the report form.
+/// The payload rules of the per-message packet types, on the typed payload: the shared rule
+/// functions of [`im`] for the IM packets. `false` for a violation or a type this form leaves
+/// to the report form.
 fn payload_ok(packet: &Packet, context: PacketContext<'_>) -> bool {
     let failed = packet.error.is_some();
     match &packet.body {
@@ -177,80 +180,18 @@ fn payload_ok(packet: &Packet, context: PacketContext<'_>) -> bool {
             !push.tool_id.is_empty() && push.progress.is_none_or(|p| (0.0..=1.0).contains(&p))
         }
         PacketBody::ChatMessage(message) => {
-            no_identity(&message.extra)
-                && no_bytes(&message.extra)
-                && !message.message_id.is_empty()
-                && (message.text.as_deref().is_some_and(|t| !t.is_empty())
-                    || !message.files.is_empty())
-                && files_ok(&message.files, context.sender)
+            im::passes(|visit| im::check_typed_chat_message(message, context.sender, visit))
         }
         PacketBody::ChatMessageDelta(delta) => {
-            no_identity(&delta.extra)
-                && !delta.message_id.is_empty()
-                && delta.sequence >= 1
-                && !delta.extra.contains_key("files")
+            im::passes(|visit| im::check_typed_delta(delta, visit))
         }
-        PacketBody::ChatMessageAck(ack) => {
-            no_identity(&ack.extra)
-                && !ack.message_id.is_empty()
-                && ack.status.is_known()
-                && (ack.status != AckStatus::Rejected
-                    || (ack.code.as_ref().is_some_and(|c| !c.as_str().is_empty())
-                        && ack.retryable.is_some()))
-        }
+        PacketBody::ChatMessageAck(ack) => im::passes(|visit| im::check_typed_ack(ack, visit)),
         PacketBody::ChatActivity(activity) => {
-            let tool_name_ok = match (&activity.status, &activity.tool_name) {
-                (ActivityStatus::Tool, Some(name)) => {
-                    !name.is_empty()
-                        && name.len() <= xagent_protocol_types::ACTIVITY_TOOL_NAME_MAX_BYTES
-                }
-                (ActivityStatus::Tool, None) => false,
-                (_, Some(_)) => false,
-                (_, None) => true,
-            };
-            no_identity(&activity.extra)
-                && no_bytes(&activity.extra)
-                && activity.status.is_known()
-                && tool_name_ok
+            im::passes(|visit| im::check_typed_activity(activity, visit))
         }
         // Control, Descriptor-carrying and legacy packets: the report form decides.
         _ => false,
     }
-}
-
-fn no_identity(extra: &Extra) -> bool {
-    !extra.keys().any(|k| im::is_forbidden_identity_field(k))
-}
-
-fn no_bytes(extra: &Extra) -> bool {
-    !extra.keys().any(|k| im::is_forbidden_byte_field(k))
-}
-
-fn files_ok(files: &[ChatFile], sender: Option<Side>) -> bool {
-    for (i, file) in files.iter().enumerate() {
-        if file.file_ref.is_empty()
-            || files[..i].iter().any(|f| f.file_ref == file.file_ref)
-            || !file.file_type.is_known()
-            || !no_bytes(&file.extra)
-        {
-            return false;
-        }
-        if let Some(url) = &file.download_url
-            && !im::download_url_allowed(url)
-        {
-            return false;
-        }
-        if let Some(Value::String(url)) = file.extra.get("url")
-            && !im::download_url_allowed(url)
-        {
-            return false;
-        }
-        let has_url = file.download_url.as_deref().is_some_and(|u| !u.is_empty());
-        if sender == Some(Side::Connector) && !has_url {
-            return false;
-        }
-    }
-    true
 }
 
 /// What the lexical scan of the packet text found.

@@ -67,8 +67,14 @@
 //! - A `SKILL.md` that starts with a UTF-8 byte-order mark is read as if it had none (the
 //!   texts say only "Markdown text"; tolerant on read) and `check` warns
 //!   (`skill.byte_order_mark`). Admission reads the name with [`skill_front_matter_name`] too.
-//! - IM file items: the one home of the `download_url` and no-bytes rules is [`im`]; the
-//!   typed IM checks of `xagent-profile-im` call it.
+//! - IM payloads: the one home of the IM v1 file rules and the IM v2 `chat.*` payload rules is
+//!   [`im`]; the report form, the single-pass form and the typed IM checks of
+//!   `xagent-profile-im` all call its rule functions. xAgent-internal identities are refused in
+//!   file items too (a file item is part of the payload), and a file item's `url` obeys the
+//!   `download_url` rule wherever it appears.
+//! - Direction: a packet judged without a sender ([`PacketContext::sender`] `None`) is judged as
+//!   sent by the one side that sends its type; a type both sides send is judged for both, and a
+//!   violation that holds for one sender only names it ([`Violation::sender`]).
 //!
 #![doc = include_str!("../RULES.md")]
 
@@ -84,13 +90,13 @@ mod validate;
 pub mod version;
 
 pub use fast::Checked;
-pub use report::{Report, Rule, Severity, Violation};
+pub use report::{Report, Rule, Severity, Violation, side_name};
 pub use secrets::{Leak, LeakKind, SecretScanner};
 pub use validate::{
     CardFacts, DescriptorContext, DocumentKind, PacketContext, Validator, check_text,
-    is_valid_tool_id, parse_document, skill_front_matter_name, skill_name_matches_card,
-    validate_base_url, validate_card, validate_descriptor, validate_health, validate_packet,
-    validate_skill,
+    check_text_from, is_valid_tool_id, parse_document, skill_front_matter_name,
+    skill_name_matches_card, validate_base_url, validate_card, validate_descriptor,
+    validate_health, validate_packet, validate_skill,
 };
 
 pub use catalog::{ChannelProfiles, Negotiated, Permission, ProfileSpec};

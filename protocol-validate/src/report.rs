@@ -50,6 +50,7 @@ impl Rule {
             severity: self.severity,
             path: path.into(),
             message: message.into(),
+            sender: None,
         }
     }
 }
@@ -65,6 +66,18 @@ pub struct Violation {
     pub path: String,
     /// What is wrong and what to do; never contains a secret.
     pub message: String,
+    /// For a packet judged without a sender, when the rule depends on who sends the packet:
+    /// the sender it holds for (`connector` or `xagent`). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<String>,
+}
+
+/// The name of a side as a violation's `sender` and the `--sender` option spell it.
+pub fn side_name(side: xagent_protocol_types::Side) -> &'static str {
+    match side {
+        xagent_protocol_types::Side::Connector => "connector",
+        xagent_protocol_types::Side::Xagent => "xagent",
+    }
 }
 
 impl std::fmt::Display for Violation {
@@ -110,6 +123,20 @@ impl Report {
     pub fn merge(&mut self, other: Report) {
         self.violations.extend(other.violations);
         self.valid = !self.violations.iter().any(|v| v.severity == Severity::Error);
+    }
+
+    /// The wire error code a runtime answers a refused packet with: the most specific code
+    /// the protocol has for its first error (`tool_not_found` for an undeclared Tool,
+    /// `connector_channel_id_required` for a missing channel), else `invalid_packet`.
+    pub fn error_code(&self) -> xagent_protocol_types::ErrorCode {
+        use xagent_protocol_types::ErrorCode;
+        match self.errors().next().map(|v| v.rule.as_str()) {
+            Some(id) if id == crate::rules::TOOL_INVOKE_TOOL_ID.id => ErrorCode::ToolNotFound,
+            Some(id) if id == crate::rules::PACKET_CHANNEL_REQUIRED.id => {
+                ErrorCode::ConnectorChannelIdRequired
+            }
+            _ => ErrorCode::InvalidPacket,
+        }
     }
 
     /// The report as compact JSON.

@@ -1,12 +1,14 @@
 //! The document validators. They work on `serde_json::Value`, so one bad field never hides
 //! the others, and return every violation found.
 
+use std::ops::ControlFlow;
+
 use serde_json::{Map, Value};
 use xagent_protocol_types::{
     AuthFlowType, AuthStatus, CARD_SCHEMA as CARD_SCHEMA_ID, CHANNEL_ARGUMENT, ConnectionStatus,
-    ConnectorCard, DESCRIPTOR_SCHEMA as DESCRIPTOR_SCHEMA_ID, DESCRIPTOR_SCHEMA_V1, FileType,
-    InputType, PACKET_SCHEMA as PACKET_SCHEMA_ID, PROFILE_IM_V1, Packet, PacketType,
-    PermissionState, Role, Routing, Side, TargetType, ToolStatus, TrustLevel, primary_skill_name,
+    ConnectorCard, DESCRIPTOR_SCHEMA as DESCRIPTOR_SCHEMA_ID, DESCRIPTOR_SCHEMA_V1, Direction,
+    InputType, PACKET_SCHEMA as PACKET_SCHEMA_ID, Packet, PacketType, PermissionState, Role,
+    Routing, Side, TargetType, ToolStatus, TrustLevel, primary_skill_name,
 };
 
 use crate::catalog;
@@ -121,6 +123,15 @@ impl<'a> PacketContext<'a> {
     /// A context with a Card.
     pub fn with_card(card: &'a CardFacts) -> Self {
         Self { card: Some(card), sender: None }
+    }
+}
+
+/// The one side that may send a packet of this direction, or `None` when both may.
+pub(crate) fn only_sender(direction: Direction) -> Option<Side> {
+    match direction {
+        Direction::XagentToConnector => Some(Side::Xagent),
+        Direction::ConnectorToXagent => Some(Side::Connector),
+        Direction::Both => None,
     }
 }
 
@@ -1208,6 +1219,9 @@ impl Validator {
             self.scan(&mut sink, &PACKET_SECRET_LEAK, packet, "", "the packet");
             return sink.finish();
         };
+        // A packet type only one side sends is judged as sent by that side.
+        let context =
+            PacketContext { sender: context.sender.or(only_sender(spec.direction)), ..context };
         let has_request_id = non_empty_str(root.get("request_id")).is_some();
         let is_request_or_ack = matches!(spec.role, Role::Request { .. } | Role::Ack { .. });
         if is_request_or_ack && spec.routing != Routing::Either && !has_request_id {
@@ -1400,89 +1414,33 @@ impl Validator {
             }
             "message.push" => message_push(sink, body),
             "chat.message" => chat_message(sink, body, context.sender),
-            "chat.message.delta" => {
-                forbidden_fields(sink, body);
-                message_id(sink, body);
-                if body.get("sequence").and_then(Value::as_u64).is_none_or(|s| s < 1) {
-                    sink.push(
-                        &CHAT_DELTA_SEQUENCE,
-                        "/payload/sequence",
-                        "sequence must be an integer starting at 1",
-                    );
-                }
-                if !body.get("text").is_some_and(Value::is_string) {
-                    sink.push(
-                        &CHAT_DELTA_TEXT,
-                        "/payload/text",
-                        "a delta carries its text as a string",
-                    );
-                }
-                if body.contains_key("files") {
-                    sink.push(
-                        &CHAT_DELTA_FILES,
-                        "/payload/files",
-                        "files belong in the final chat.message, not in a delta",
-                    );
-                }
-            }
-            "chat.message.ack" => {
-                forbidden_fields(sink, body);
-                message_id(sink, body);
-                let status = body.get("status").and_then(Value::as_str);
-                if !matches!(status, Some("accepted" | "duplicate" | "rejected")) {
-                    sink.push(
-                        &CHAT_ACK_STATUS,
-                        "/payload/status",
-                        "status must be accepted, duplicate or rejected",
-                    );
-                }
-                if status == Some("rejected") {
-                    if non_empty_str(body.get("code")).is_none() {
-                        sink.push(
-                            &CHAT_ACK_REJECTED,
-                            "/payload/code",
-                            "a rejected ack gives a stable code",
-                        );
-                    }
-                    if !body.get("retryable").is_some_and(Value::is_boolean) {
-                        sink.push(
-                            &CHAT_ACK_REJECTED,
-                            "/payload/retryable",
-                            "a rejected ack gives a Boolean retryable",
-                        );
-                    }
-                }
-            }
-            "chat.activity" => {
-                forbidden_fields(sink, body);
-                byte_fields(sink, body, "/payload");
-                let status = body.get("status").and_then(Value::as_str);
-                if !matches!(status, Some("thinking" | "tool" | "idle")) {
-                    sink.push(
-                        &CHAT_ACTIVITY_STATUS,
-                        "/payload/status",
-                        "status must be thinking, tool or idle",
-                    );
-                }
-                let tool_name = body.get("tool_name");
-                match (status, tool_name) {
-                    (Some("tool"), Some(Value::String(name)))
-                        if !name.is_empty()
-                            && name.len()
-                                <= xagent_protocol_types::ACTIVITY_TOOL_NAME_MAX_BYTES => {}
-                    (Some("tool"), _) => sink.push(
-                        &CHAT_ACTIVITY_TOOL_NAME,
-                        "/payload/tool_name",
-                        "status tool needs a tool_name of 1 to 256 bytes",
-                    ),
-                    (_, Some(_)) => sink.push(
-                        &CHAT_ACTIVITY_TOOL_NAME,
-                        "/payload/tool_name",
-                        "tool_name is allowed only with status tool",
-                    ),
-                    _ => {}
-                }
-            }
+            "chat.message.delta" => walk(sink, |visit| {
+                im::check_delta(
+                    im::Field::of(body.get("message_id")),
+                    body.get("sequence").and_then(Value::as_u64),
+                    body.get("text").is_some_and(Value::is_string),
+                    keys(body),
+                    visit,
+                )
+            }),
+            "chat.message.ack" => walk(sink, |visit| {
+                im::check_ack(
+                    im::Field::of(body.get("message_id")),
+                    im::Field::of(body.get("status")),
+                    im::Field::of(body.get("code")),
+                    body.get("retryable").is_some_and(Value::is_boolean),
+                    keys(body),
+                    visit,
+                )
+            }),
+            "chat.activity" => walk(sink, |visit| {
+                im::check_activity(
+                    im::Field::of(body.get("status")),
+                    im::Field::of(body.get("tool_name")),
+                    keys(body),
+                    visit,
+                )
+            }),
             _ => {}
         }
     }
@@ -1528,160 +1486,46 @@ fn status(sink: &mut Sink, body: &Map<String, Value>, allowed: &[&str]) {
     }
 }
 
-fn forbidden_fields(sink: &mut Sink, body: &Map<String, Value>) {
-    identity_fields(sink, body, &IM_V2_FORBIDDEN_FIELD);
-}
-
-fn identity_fields(sink: &mut Sink, body: &Map<String, Value>, rule: &Rule) {
-    for key in body.keys().filter(|k| im::is_forbidden_identity_field(k)) {
-        sink.push(
-            rule,
-            child("/payload", key),
-            format!("{key} is an internal identity and must not appear in an IM payload"),
-        );
+/// Records a break of one of the shared IM rules ([`im`]) as a violation with its pointer; a
+/// break that holds for one sender only names it.
+fn push_break(sink: &mut Sink, b: im::Break<'_>) -> ControlFlow<()> {
+    let mut violation = b.rule.at(b.place.pointer(), b.hint);
+    if let Some(side) = b.sender {
+        violation.message.push_str(match side {
+            Side::Connector => " (when the Connector sends it)",
+            Side::Xagent => " (when xAgent sends it)",
+        });
+        violation.sender = Some(crate::report::side_name(side).to_owned());
     }
+    sink.violations.push(violation);
+    ControlFlow::Continue(())
 }
 
-/// `im.file_bytes` on a message or file item at `path`.
-fn byte_fields(sink: &mut Sink, object: &Map<String, Value>, path: &str) {
-    for key in object.keys().filter(|k| im::is_forbidden_byte_field(k)) {
-        sink.push(
-            &IM_FILE_BYTES,
-            child(path, key),
-            format!("{key} would carry file bytes or a local path; upload the file and send its file_ref"),
-        );
-    }
+/// Runs one of the shared IM rule walks, collecting every break.
+fn walk(sink: &mut Sink, f: impl FnOnce(&mut im::Visit<'_>) -> ControlFlow<()>) {
+    let mut visit = |b: im::Break<'_>| push_break(sink, b);
+    let _ = f(&mut visit);
 }
 
-fn message_id(sink: &mut Sink, body: &Map<String, Value>) {
-    require_str(sink, &IM_V2_MESSAGE_ID, body, "message_id", "/payload");
+fn keys(body: &Map<String, Value>) -> impl Iterator<Item = &str> {
+    body.keys().map(String::as_str)
 }
 
 fn message_push(sink: &mut Sink, body: &Map<String, Value>) {
-    for key in ["provider", "event_kind", "message_id", "sender_id", "message_type"] {
-        require_str(sink, &MESSAGE_PUSH_REQUIRED_FIELD, body, key, "/payload");
-    }
-    if !body.get("raw_text").is_some_and(Value::is_string) {
-        sink.push(
-            &MESSAGE_PUSH_REQUIRED_FIELD,
-            "/payload/raw_text",
-            "raw_text is required (empty string when there is no text)",
-        );
-    }
-    if ["text", "content", "message"].iter().all(|k| non_empty_str(body.get(*k)).is_none()) {
-        sink.push(
-            &MESSAGE_PUSH_REQUIRED_FIELD,
-            "/payload/text",
-            "text (or content) with the user-visible message is required",
-        );
-    }
-    if body.get("profile").and_then(Value::as_str) != Some(PROFILE_IM_V1) {
-        sink.push(
-            &MESSAGE_PUSH_PROFILE,
-            "/payload/profile",
-            format!("profile must be \"{PROFILE_IM_V1}\""),
-        );
-    }
-    if ["sender_name", "display_name"].iter().all(|k| non_empty_str(body.get(*k)).is_none()) {
-        sink.push(
-            &MESSAGE_PUSH_RECOMMENDED_FIELD,
-            "/payload/display_name",
-            "a sender_name or display_name should be given",
-        );
-    }
-    for key in ["chat_type", "activation_message", "reply", "skill"] {
-        if !body.contains_key(key) {
-            sink.push(
-                &MESSAGE_PUSH_RECOMMENDED_FIELD,
-                child("/payload", key),
-                format!("{key} should be given"),
-            );
-        }
-    }
-    let targets = ["target_session_ref", "session_ref", "target_session_id"]
-        .iter()
-        .filter(|k| body.get(**k).is_some_and(|v| !v.is_null()))
-        .count();
-    if targets > 1 {
-        sink.push(
-            &MESSAGE_PUSH_TARGET_SESSION,
-            "/payload",
-            "give at most one target Session reference",
-        );
-    }
-    identity_fields(sink, body, &IM_V1_FORBIDDEN_FIELD);
-    byte_fields(sink, body, "/payload");
-    files(sink, body, false, None);
+    let files = body.get("files").and_then(Value::as_array).map(Vec::as_slice);
+    walk(sink, |visit| {
+        im::check_push(|key| im::Field::of(body.get(key)), files, keys(body), visit)
+    });
 }
 
 fn chat_message(sink: &mut Sink, body: &Map<String, Value>, sender: Option<Side>) {
-    forbidden_fields(sink, body);
-    byte_fields(sink, body, "/payload");
-    message_id(sink, body);
-    let has_text = non_empty_str(body.get("text")).is_some();
-    let has_files = body.get("files").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
-    if !has_text && !has_files {
-        sink.push(
-            &CHAT_MESSAGE_CONTENT,
-            "/payload",
-            "a chat.message needs non-empty text or files",
-        );
-    }
-    files(sink, body, true, sender);
-}
-
-fn files(sink: &mut Sink, body: &Map<String, Value>, v2: bool, sender: Option<Side>) {
-    let Some(items) = body.get("files").and_then(Value::as_array) else { return };
-    let mut refs: Vec<&str> = Vec::new();
-    let empty = Map::new();
-    for (i, item) in items.iter().enumerate() {
-        let p = index("/payload/files", i);
-        let file = item.as_object().unwrap_or(&empty);
-        if let Some(file_ref) = require_str(sink, &IM_FILE_REF, file, "file_ref", &p) {
-            if refs.contains(&file_ref) {
-                sink.push(
-                    &IM_FILE_REF,
-                    child(&p, "file_ref"),
-                    "file_ref must be unique within the message",
-                );
-            }
-            refs.push(file_ref);
-        }
-        byte_fields(sink, file, &p);
-        for key in ["download_url", "url"] {
-            if let Some(url) = file.get(key).and_then(Value::as_str)
-                && !im::download_url_allowed(url)
-            {
-                sink.push(
-                    &IM_DOWNLOAD_URL_SCHEME,
-                    child(&p, key),
-                    format!("{key} must be an http(s) URL or a relative Connector URI, never a file:, data: or other scheme or a local path"),
-                );
-            }
-        }
-        let file_type = file.get("type");
-        let type_ok =
-            file_type.and_then(Value::as_str).is_some_and(|t| FileType::parse(t).is_known());
-        if (v2 || file_type.is_some()) && !type_ok {
-            sink.push(&IM_FILE_TYPE, child(&p, "type"), "type must be image, video, audio or file");
-        }
-        let has_url = non_empty_str(file.get("download_url")).is_some();
-        if v2 {
-            if sender == Some(Side::Connector) && !has_url {
-                sink.push(
-                    &CHAT_MESSAGE_DOWNLOAD_URL,
-                    child(&p, "download_url"),
-                    "a Connector-to-xAgent file needs download_url",
-                );
-            }
-        } else if !has_url && non_empty_str(file.get("url")).is_none() {
-            sink.push(
-                &IM_FILE_URL,
-                child(&p, "download_url"),
-                "xAgent reads files through download_url (or url)",
-            );
-        }
-    }
+    let message = im::MessageView {
+        message_id: im::Field::of(body.get("message_id")),
+        text: im::Field::of(body.get("text")),
+        files: body.get("files").and_then(Value::as_array).map(Vec::as_slice),
+        extra_keys: keys(body),
+    };
+    walk(sink, |visit| im::check_chat_message(message, sender, visit));
 }
 
 /// The UTF-8 byte-order mark a `SKILL.md` may start with.
@@ -1902,6 +1746,20 @@ pub fn parse_document(text: &str) -> Result<Value, Report> {
 /// `xagent-connector check`. Non-JSON input yields `document.not_json`, a non-object
 /// `document.not_object`.
 pub fn check_text(kind: DocumentKind, text: &str, card: Option<&CardFacts>) -> Report {
+    check_text_from(kind, text, card, None)
+}
+
+/// [`check_text`] for a packet sent by `sender` (`xagent-connector check packet --sender`):
+/// the direction-dependent rules are applied for that sender. With `None`, a packet type only
+/// one side sends is judged as sent by it, and one both sides send is judged for both (each
+/// violation of a rule that holds for one sender only names it in `sender`). Other kinds of
+/// document ignore `sender`.
+pub fn check_text_from(
+    kind: DocumentKind,
+    text: &str,
+    card: Option<&CardFacts>,
+    sender: Option<Side>,
+) -> Report {
     let validator = Validator::default();
     if kind == DocumentKind::Skill {
         let facts = card.cloned().unwrap_or_default();
@@ -1917,7 +1775,7 @@ pub fn check_text(kind: DocumentKind, text: &str, card: Option<&CardFacts>) -> R
             validator.descriptor(&value, DescriptorContext { card, channel: None })
         }
         DocumentKind::Packet | DocumentKind::Skill => {
-            validator.packet(&value, PacketContext { card, sender: None })
+            validator.packet(&value, PacketContext { card, sender })
         }
     }
 }

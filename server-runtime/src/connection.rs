@@ -23,6 +23,7 @@ use xagent_protocol_validate::{
 };
 
 use crate::ids;
+use crate::judge::Refusal;
 use crate::state::{Outgoing, Shared};
 
 pub use xagent_connection::{
@@ -41,6 +42,8 @@ pub(crate) struct Conn {
     /// What the hello negotiated, shared with the request tasks (a clone per task is one
     /// reference count, not a copy of the Profile lists).
     pub(crate) negotiated: Option<Arc<Negotiated>>,
+    /// The rules judgement of received packets (one per connection: the Card's facts).
+    pub(crate) judge: Arc<crate::judge::InboundJudge>,
 }
 
 /// Detaches a connection from the state when dropped: its routes are removed and, when it was
@@ -115,6 +118,7 @@ where
             shared.config.max_in_flight_requests.max(1),
         )),
         negotiated: None,
+        judge: Arc::new(crate::judge::InboundJudge::from_admission(&shared.admission)),
     };
     tracing::debug!(socket, "data plane connection opened");
     let driver = Driver::<ConnectorEnd>::new(shared.config.max_packet_bytes);
@@ -192,12 +196,23 @@ impl Conn {
                 return Flow::Continue;
             }
         };
-        drop(text);
         // One hold of the sequencing lock per packet: the core drops a packet of a Profile
         // not in effect (not negotiated, or not enabled on its channel) without an answer,
-        // then the session decides. The payload rules are the handlers'.
+        // then the session decides. The rules every judge applies (`check packet --sender
+        // xagent`, the C ABI) run on what the session accepted, so a refusal is answered as a
+        // paired ack; the hello was judged by the session's hello rules, which answer it.
         match judge_received(&self.proto, &packet, |_| None) {
             Received::Accepted(accepted) => {
+                let hello = matches!(packet.body, PacketBody::ConnectorHello(_));
+                if !hello && let Err(report) = self.judge.judge_decoded(&packet, &text) {
+                    match crate::judge::refusal(&packet, &report) {
+                        Some(Refusal::Send(answer)) => self.send(answer).await,
+                        Some(Refusal::ErrorAck(error)) => self.reply_error(&packet, error).await,
+                        None => {}
+                    }
+                    return Flow::Continue;
+                }
+                drop(text);
                 self.dispatch(packet, accepted).await;
                 Flow::Continue
             }
@@ -295,6 +310,7 @@ impl Conn {
             tasks: self.tasks.clone(),
             in_flight: Arc::clone(&self.in_flight),
             negotiated: self.negotiated.clone(),
+            judge: Arc::clone(&self.judge),
         }
     }
 

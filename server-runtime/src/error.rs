@@ -221,6 +221,7 @@ mod tests {
             severity: Severity::Error,
             path: path.into(),
             message: "what to do".into(),
+            sender: None,
         };
         let error = DefinitionError::CardViolations(vec![
             violation("card.a", "/tools/0"),

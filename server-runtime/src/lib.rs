@@ -82,6 +82,7 @@
 //! | module | holds |
 //! |---|---|
 //! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
+//! | `judge` | [`InboundJudge`]: the validator's rules on every received packet, and the answer to a refused one |
 //! | `error` | errors with the one map to wire codes and HTTP statuses |
 //! | `storage` | the [`Storage`] trait, SQLite, its group commit and the IM stores on it |
 //! | `binding` | [`Binding`], what is kept for a signed-in channel |
@@ -148,6 +149,7 @@ mod handlers;
 mod http;
 mod ids;
 mod im;
+mod judge;
 mod lanes;
 mod listen;
 mod server;
@@ -173,6 +175,7 @@ pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
 pub use handle::{ConnectorHandle, StopFn};
 pub use http::error_response;
+pub use judge::InboundJudge;
 pub use listen::{ServeLimits, peer_ip, stop_signal};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,

@@ -14,17 +14,20 @@
 #define XAGENT_VALIDATE_ABI_VERSION 1
 
 /*
- `sender` value of `xagent_packet_is_valid`: the sender is not known.
+ `sender` value of `xagent_packet_is_valid` and `xagent_validate_packet_from`: the sender is
+ not known.
  */
 #define XAGENT_SENDER_UNKNOWN 0
 
 /*
- `sender` value of `xagent_packet_is_valid`: xAgent sent the packet.
+ `sender` value of `xagent_packet_is_valid` and `xagent_validate_packet_from`: xAgent sent
+ the packet.
  */
 #define XAGENT_SENDER_XAGENT 1
 
 /*
- `sender` value of `xagent_packet_is_valid`: the Connector sent the packet.
+ `sender` value of `xagent_packet_is_valid` and `xagent_validate_packet_from`: the Connector
+ sent the packet.
  */
 #define XAGENT_SENDER_CONNECTOR 2
 
@@ -80,6 +83,25 @@ char *xagent_validate_packet(const uint8_t *json,
                              size_t json_len,
                              const uint8_t *card,
                              size_t card_len);
+
+/*
+ Validates one data-plane packet sent by `sender`, against a Card when `card` is not NULL:
+ the rules that depend on the direction are applied for that sender (e.g. a Connector-sent
+ `chat.message` file needs `download_url`). `sender` is `XAGENT_SENDER_XAGENT`,
+ `XAGENT_SENDER_CONNECTOR` or `XAGENT_SENDER_UNKNOWN` (any other value counts as unknown),
+ which judges as `xagent_validate_packet` does: a type one side sends as sent by it, a type
+ both sides send for both, each violation that holds for one sender naming it in `sender`.
+ Returns the JSON report (release it with `xagent_validate_free`). Never returns NULL.
+
+ # Safety
+ `json` and `card` must each be NULL or point to their length in readable bytes that stay
+ valid for the call.
+ */
+char *xagent_validate_packet_from(const uint8_t *json,
+                                  size_t json_len,
+                                  const uint8_t *card,
+                                  size_t card_len,
+                                  int32_t sender);
 
 /*
  Validates a `SKILL.md` (UTF-8 Markdown) against the Card (UTF-8 JSON) whose Skill it is.

@@ -56,6 +56,9 @@
 //!   valid / not valid, so a backend pays for a report only for the packets it refuses; a
 //!   validator holds the parsed Card so it is not parsed again per packet. Adding these
 //!   functions left the existing ones unchanged, so the ABI version stays 1.
+//! - [`xagent_validate_packet_from`] is `xagent_validate_packet` with a sender (the
+//!   `XAGENT_SENDER_*` values of the hot path); added beside it, so the ABI version stays 1. A
+//!   violation that holds for one sender only carries a `sender` member in the report.
 
 // The crate exists to be called through a C ABI: raw pointers cross the boundary, so
 // `unsafe` is unavoidable here (and only here). Each unsafe block is a single pointer
@@ -67,8 +70,11 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
 
 use serde_json::Value;
+use xagent_protocol_types::Side;
 use xagent_protocol_validate::rules::{DOCUMENT_NOT_JSON, DOCUMENT_NOT_OBJECT};
-use xagent_protocol_validate::{CardFacts, DocumentKind, Report, Severity, Violation, check_text};
+use xagent_protocol_validate::{
+    CardFacts, DocumentKind, Report, Severity, Violation, check_text_from,
+};
 
 /// Version of this C ABI. It changes only when a function's signature or meaning changes.
 pub const XAGENT_VALIDATE_ABI_VERSION: u32 = 1;
@@ -169,6 +175,7 @@ unsafe fn validate(
     kind: DocumentKind,
     document: (*const u8, usize),
     card: Option<(*const u8, usize)>,
+    sender: Option<Side>,
 ) -> Report {
     // SAFETY: forwarded from the caller's contract on `document`.
     let text = match unsafe { text_from(document.0, document.1, Input::Document) } {
@@ -189,7 +196,7 @@ unsafe fn validate(
             }
         }
     };
-    check_text(kind, text, facts.as_ref())
+    check_text_from(kind, text, facts.as_ref(), sender)
 }
 
 fn internal_error() -> Report {
@@ -200,6 +207,7 @@ fn internal_error() -> Report {
         message: "the validator failed internally; please report this input to the toolkit's \
                   maintainers"
             .to_owned(),
+        sender: None,
     }])
 }
 
@@ -232,7 +240,7 @@ fn optional_card(ptr: *const u8, len: usize) -> Option<(*const u8, usize)> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn xagent_validate_card(json: *const u8, json_len: usize) -> *mut c_char {
     // SAFETY: the caller's contract on `json` is this function's contract.
-    guarded(|| unsafe { validate(DocumentKind::Card, (json, json_len), None) })
+    guarded(|| unsafe { validate(DocumentKind::Card, (json, json_len), None, None) })
 }
 
 /// Validates a Connection Descriptor, against a Card when `card` is not NULL.
@@ -252,7 +260,7 @@ pub unsafe extern "C" fn xagent_validate_descriptor(
 ) -> *mut c_char {
     let card = optional_card(card, card_len);
     // SAFETY: the caller's contract on both pointers is this function's contract.
-    guarded(|| unsafe { validate(DocumentKind::Descriptor, (json, json_len), card) })
+    guarded(|| unsafe { validate(DocumentKind::Descriptor, (json, json_len), card, None) })
 }
 
 /// Validates one data-plane packet, against a Card when `card` is not NULL.
@@ -272,7 +280,41 @@ pub unsafe extern "C" fn xagent_validate_packet(
 ) -> *mut c_char {
     let card = optional_card(card, card_len);
     // SAFETY: the caller's contract on both pointers is this function's contract.
-    guarded(|| unsafe { validate(DocumentKind::Packet, (json, json_len), card) })
+    guarded(|| unsafe { validate(DocumentKind::Packet, (json, json_len), card, None) })
+}
+
+/// Validates one data-plane packet sent by `sender`, against a Card when `card` is not NULL:
+/// the rules that depend on the direction are applied for that sender (e.g. a Connector-sent
+/// `chat.message` file needs `download_url`). `sender` is `XAGENT_SENDER_XAGENT`,
+/// `XAGENT_SENDER_CONNECTOR` or `XAGENT_SENDER_UNKNOWN` (any other value counts as unknown),
+/// which judges as `xagent_validate_packet` does: a type one side sends as sent by it, a type
+/// both sides send for both, each violation that holds for one sender naming it in `sender`.
+/// Returns the JSON report (release it with `xagent_validate_free`). Never returns NULL.
+///
+/// # Safety
+/// `json` and `card` must each be NULL or point to their length in readable bytes that stay
+/// valid for the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn xagent_validate_packet_from(
+    json: *const u8,
+    json_len: usize,
+    card: *const u8,
+    card_len: usize,
+    sender: i32,
+) -> *mut c_char {
+    let card = optional_card(card, card_len);
+    let sender = side_of(sender);
+    // SAFETY: the caller's contract on both pointers is this function's contract.
+    guarded(|| unsafe { validate(DocumentKind::Packet, (json, json_len), card, sender) })
+}
+
+/// The side a C `sender` value names (`XAGENT_SENDER_*`); unknown values mean no sender.
+fn side_of(sender: i32) -> Option<Side> {
+    match sender {
+        XAGENT_SENDER_XAGENT => Some(Side::Xagent),
+        XAGENT_SENDER_CONNECTOR => Some(Side::Connector),
+        _ => None,
+    }
 }
 
 /// Validates a `SKILL.md` (UTF-8 Markdown) against the Card (UTF-8 JSON) whose Skill it is.
@@ -291,7 +333,9 @@ pub unsafe extern "C" fn xagent_validate_skill(
     card_len: usize,
 ) -> *mut c_char {
     // SAFETY: the caller's contract on both pointers is this function's contract.
-    guarded(|| unsafe { validate(DocumentKind::Skill, (skill, skill_len), Some((card, card_len))) })
+    guarded(|| unsafe {
+        validate(DocumentKind::Skill, (skill, skill_len), Some((card, card_len)), None)
+    })
 }
 
 /// A packet validator kept across calls, bound to a Card or to none: the hot-path form of the
@@ -303,11 +347,14 @@ pub struct XagentPacketValidator {
     card: Option<CardFacts>,
 }
 
-/// `sender` value of `xagent_packet_is_valid`: the sender is not known.
+/// `sender` value of `xagent_packet_is_valid` and `xagent_validate_packet_from`: the sender is
+/// not known.
 pub const XAGENT_SENDER_UNKNOWN: i32 = 0;
-/// `sender` value of `xagent_packet_is_valid`: xAgent sent the packet.
+/// `sender` value of `xagent_packet_is_valid` and `xagent_validate_packet_from`: xAgent sent
+/// the packet.
 pub const XAGENT_SENDER_XAGENT: i32 = 1;
-/// `sender` value of `xagent_packet_is_valid`: the Connector sent the packet.
+/// `sender` value of `xagent_packet_is_valid` and `xagent_validate_packet_from`: the Connector
+/// sent the packet.
 pub const XAGENT_SENDER_CONNECTOR: i32 = 2;
 
 /// Creates a packet validator, checking packets against the Card in `card` (UTF-8 JSON), or
@@ -381,11 +428,7 @@ pub unsafe extern "C" fn xagent_packet_is_valid(
             // the call; it is non-NULL, `u8` has no alignment requirement, `len` fits `isize`.
             unsafe { std::slice::from_raw_parts(json, json_len) }
         };
-        let sender = match sender {
-            XAGENT_SENDER_XAGENT => Some(xagent_protocol_types::Side::Xagent),
-            XAGENT_SENDER_CONNECTOR => Some(xagent_protocol_types::Side::Connector),
-            _ => None,
-        };
+        let sender = side_of(sender);
         let fallback;
         let validator = if validator.is_null() {
             fallback = XagentPacketValidator { validator: Default::default(), card: None };
@@ -399,6 +442,40 @@ pub unsafe extern "C" fn xagent_packet_is_valid(
         validator.validator.packet_is_valid(bytes, context)
     }));
     i32::from(verdict.unwrap_or(false))
+}
+
+/// The report `xagent_validate_packet_from` returns for `json` (against `card` when given) sent
+/// by `sender` (`XAGENT_SENDER_*`), for Rust callers: the C function itself, called with
+/// pointers to the slices, its string copied and released. What the all-judges test of the
+/// workspace compares with the other judges.
+pub fn packet_report_from(json: &[u8], card: Option<&[u8]>, sender: i32) -> String {
+    let (card_ptr, card_len) = card.map_or((std::ptr::null(), 0), |c| (c.as_ptr(), c.len()));
+    // SAFETY: the pointers and lengths describe the borrowed slices, valid for the call.
+    let report = unsafe {
+        xagent_validate_packet_from(json.as_ptr(), json.len(), card_ptr, card_len, sender)
+    };
+    // SAFETY: the library returns a NUL-terminated string, never NULL.
+    let text = unsafe { std::ffi::CStr::from_ptr(report) }.to_string_lossy().into_owned();
+    // SAFETY: `report` came from the library and is released once.
+    unsafe { xagent_validate_free(report) };
+    text
+}
+
+/// The verdict `xagent_packet_is_valid` gives `json` sent by `sender`, on a validator made by
+/// `xagent_packet_validator_new` with `card` (or none), for Rust callers; `None` when the
+/// library refused the Card.
+pub fn packet_is_valid_from(json: &[u8], card: Option<&[u8]>, sender: i32) -> Option<bool> {
+    let (card_ptr, card_len) = card.map_or((std::ptr::null(), 0), |c| (c.as_ptr(), c.len()));
+    // SAFETY: the pointer and length describe the borrowed Card slice, valid for the call.
+    let validator = unsafe { xagent_packet_validator_new(card_ptr, card_len) };
+    if card.is_some() && validator.is_null() {
+        return None;
+    }
+    // SAFETY: `validator` is NULL or live; the pointer and length describe `json`.
+    let verdict = unsafe { xagent_packet_is_valid(validator, json.as_ptr(), json.len(), sender) };
+    // SAFETY: `validator` came from `xagent_packet_validator_new` (or is NULL) and is freed once.
+    unsafe { xagent_packet_validator_free(validator) };
+    Some(verdict == 1)
 }
 
 /// Releases a report returned by one of the `xagent_validate_*` functions. NULL is ignored.
@@ -506,6 +583,36 @@ mod tests {
         assert_eq!(value["protocol"], xagent_protocol_types::PROTOCOL_VERSION);
         assert_eq!(value["library"], env!("CARGO_PKG_VERSION"));
         assert_eq!(value["abi"], XAGENT_VALIDATE_ABI_VERSION);
+    }
+
+    /// Issue 22: the C ABI judged packets with no sender, so a Connector-sent `chat.message`
+    /// file without `download_url` was reported valid. `xagent_validate_packet` now judges a
+    /// two-way type for both senders (the violation names the Connector), and
+    /// `xagent_validate_packet_from` applies the rules for the sender given.
+    #[test]
+    fn rule_chat_message_download_url_through_the_c_abi() {
+        let packet = br#"{"schema":"xagent.connector.packet/v1","packet_id":"p","type":"chat.message","connector_channel_id":"c","time":1,"payload":{"message_id":"m","files":[{"type":"image","file_ref":"f"}]}}"#;
+        let (ptr, len) = (packet.as_ptr(), packet.len());
+        // SAFETY: pointer and length describe `packet`; a NULL Card means none.
+        let none = call(|| unsafe { xagent_validate_packet(ptr, len, std::ptr::null(), 0) });
+        assert_eq!(none["valid"], false);
+        assert_eq!(rules(&none), vec!["chat_message.download_url"]);
+        assert_eq!(none["violations"][0]["sender"], "connector");
+        for (sender, valid) in [
+            (XAGENT_SENDER_CONNECTOR, false),
+            (XAGENT_SENDER_XAGENT, true),
+            (XAGENT_SENDER_UNKNOWN, false),
+            (7, false),
+        ] {
+            // SAFETY: as above.
+            let report = call(|| unsafe {
+                xagent_validate_packet_from(ptr, len, std::ptr::null(), 0, sender)
+            });
+            assert_eq!(report["valid"], valid, "sender {sender}: {report}");
+            // SAFETY: a NULL validator means no Card; pointer and length describe `packet`.
+            let verdict = unsafe { xagent_packet_is_valid(std::ptr::null(), ptr, len, sender) };
+            assert_eq!(verdict == 1, valid, "hot path, sender {sender}");
+        }
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! run, and runs it over every document fixture of the workspace. Each report returned through
 //! the C ABI must equal, byte for byte, the report Rust's `check_text` gives for the same
 //! input, and the hot-path verdict `xagent_packet_is_valid` must equal the report's `valid`.
+//! Packets also go through `xagent_validate_packet_from` with each sender, against Rust's
+//! `check_text_from` with that sender.
 //! Skipped, with the reason printed, when `go` is not installed, unless `XAGENT_REQUIRE_GO`
 //! is set (`.ci/run` installs `golang-go` and sets it).
 
@@ -10,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::{Value, json};
-use xagent_protocol_types::{PacketType, Role, Routing};
-use xagent_protocol_validate::{CardFacts, DocumentKind, check_text};
+use xagent_protocol_types::{PacketType, Role, Routing, Side};
+use xagent_protocol_validate::{CardFacts, DocumentKind, check_text_from};
 
 fn library_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -95,6 +97,9 @@ fn cases(work: &Path) -> Vec<Case> {
                 out.push(Case { kind: "descriptor", document: path, card: Some(card.clone()) });
             } else if schema == "xagent.connector.packet/v1" {
                 out.push(Case { kind: "packet", document: path.clone(), card: None });
+                for kind in ["packet@connector", "packet@xagent"] {
+                    out.push(Case { kind, document: path.clone(), card: None });
+                }
                 out.push(Case { kind: "packet", document: path, card: Some(card.clone()) });
             } else if let Some(packet_type) =
                 name.strip_prefix("payload--").and_then(|n| n.strip_suffix(".json"))
@@ -103,6 +108,9 @@ fn cases(work: &Path) -> Vec<Case> {
                 let text = serde_json::to_string_pretty(&envelope(packet_type, value)).unwrap();
                 std::fs::write(&wrapped, text).unwrap();
                 out.push(Case { kind: "packet", document: wrapped.clone(), card: None });
+                for kind in ["packet@connector", "packet@xagent"] {
+                    out.push(Case { kind, document: wrapped.clone(), card: None });
+                }
                 out.push(Case { kind: "packet", document: wrapped, card: Some(card.clone()) });
             }
         }
@@ -116,13 +124,15 @@ fn rust_report(case: &Case) -> String {
         let value: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         CardFacts::from_value(&value)
     });
-    let kind = match case.kind {
-        "card" => DocumentKind::Card,
-        "descriptor" => DocumentKind::Descriptor,
-        "packet" => DocumentKind::Packet,
-        _ => DocumentKind::Skill,
+    let (kind, sender) = match case.kind {
+        "card" => (DocumentKind::Card, None),
+        "descriptor" => (DocumentKind::Descriptor, None),
+        "packet" => (DocumentKind::Packet, None),
+        "packet@connector" => (DocumentKind::Packet, Some(Side::Connector)),
+        "packet@xagent" => (DocumentKind::Packet, Some(Side::Xagent)),
+        _ => (DocumentKind::Skill, None),
     };
-    check_text(kind, &text, card.as_ref()).to_json()
+    check_text_from(kind, &text, card.as_ref(), sender).to_json()
 }
 
 /// Builds the Go program against the cdylib in `lib`; returns the binary path.

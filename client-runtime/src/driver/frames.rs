@@ -88,13 +88,17 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
     };
     // The core's verdict, the same as the Connector side's: a packet of a Profile not in
     // effect is dropped without an answer; then nothing the validator rejects is accepted (a
-    // `chat.message` is judged by the IM v2 payload rules instead, which answer with a
-    // `rejected` ack as the Profile says); then the session decides.
+    // `chat.message` it refuses is answered with a `rejected` ack once the session has paired
+    // it, as the Profile says); then the session decides.
+    let is_message = matches!(packet.body, PacketBody::ChatMessage(_));
+    let mut refused_message = None;
     let verdict = judge_received(session, &packet, |packet| {
-        if matches!(packet.body, PacketBody::ChatMessage(_)) {
+        let problems = packet_problems(shared, packet, text, Side::Connector);
+        if is_message {
+            refused_message = problems;
             return None;
         }
-        packet_problems(shared, packet, text, Side::Connector)
+        problems
     });
     let accepted = match verdict {
         Received::Accepted(accepted) => accepted,
@@ -129,6 +133,11 @@ async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) 
             };
         }
     };
+    if let Some(problems) = refused_message {
+        tracing::warn!(%problems, "chat.message breaks the protocol");
+        crate::im::refuse_chat_message(shared, &packet, &problems).await;
+        return None;
+    }
     dispatch(shared, packet, accepted).await;
     None
 }

@@ -5,6 +5,8 @@
 //	                                 expected report file, tab-separated; the report returned
 //	                                 through the C ABI must equal the expected bytes, and for
 //	                                 packets xagent_packet_is_valid must give its verdict.
+//	                                 Kinds packet@connector and packet@xagent go through
+//	                                 xagent_validate_packet_from with that sender.
 //	validatecheck bench <packet> <ms> [rounds]  calls xagent_packet_is_valid on one packet
 //	                                 for about <ms> milliseconds a round, best of [rounds]
 //	                                 (default 5), prints {"ns_per_call": N}.
@@ -51,6 +53,10 @@ func report(kind string, doc, card []byte) (string, error) {
 		out = C.xagent_validate_packet(d, dl, c, cl)
 	case "skill":
 		out = C.xagent_validate_skill(d, dl, c, cl)
+	case "packet@connector":
+		out = C.xagent_validate_packet_from(d, dl, c, cl, C.XAGENT_SENDER_CONNECTOR)
+	case "packet@xagent":
+		out = C.xagent_validate_packet_from(d, dl, c, cl, C.XAGENT_SENDER_XAGENT)
 	default:
 		return "", fmt.Errorf("unknown kind %q", kind)
 	}
@@ -58,8 +64,19 @@ func report(kind string, doc, card []byte) (string, error) {
 	return C.GoString(out), nil
 }
 
+// senderOf is the C sender value of a packet kind ("packet", "packet@connector", ...).
+func senderOf(kind string) C.int32_t {
+	switch kind {
+	case "packet@connector":
+		return C.XAGENT_SENDER_CONNECTOR
+	case "packet@xagent":
+		return C.XAGENT_SENDER_XAGENT
+	}
+	return C.XAGENT_SENDER_UNKNOWN
+}
+
 // verdict runs the hot path: 1 valid, 0 not.
-func verdict(card, packet []byte) (bool, error) {
+func verdict(card, packet []byte, sender C.int32_t) (bool, error) {
 	c, cl := ptr(card)
 	v := C.xagent_packet_validator_new(c, cl)
 	if card != nil && v == nil {
@@ -67,7 +84,7 @@ func verdict(card, packet []byte) (bool, error) {
 	}
 	defer C.xagent_packet_validator_free(v)
 	p, pl := ptr(packet)
-	return C.xagent_packet_is_valid(v, p, pl, C.XAGENT_SENDER_UNKNOWN) == 1, nil
+	return C.xagent_packet_is_valid(v, p, pl, sender) == 1, nil
 }
 
 func check(manifest string) int {
@@ -104,8 +121,8 @@ func check(manifest string) int {
 			failures++
 			continue
 		}
-		if kind == "packet" {
-			valid, err := verdict(card, doc)
+		if strings.HasPrefix(kind, "packet") {
+			valid, err := verdict(card, doc, senderOf(kind))
 			want := bytes.Contains(expected, []byte(`"valid":true`))
 			if err != nil || valid != want {
 				fmt.Printf("FAIL %s %s: xagent_packet_is_valid says %v, the report %v (%v)\n", kind, docPath, valid, want, err)

@@ -1,0 +1,251 @@
+//! The all-judges agreement test (issue 22): every packet fixture of the workspace and every
+//! mutation of the validator's mutation set goes through every judge, and all give the same
+//! verdict and the same rule ids:
+//!
+//! - `xagent-connector check packet --card --sender` (the real binary on every fixture; its
+//!   library function `check_text_from` on the mutations);
+//! - the C ABI (`xagent_validate_packet_from` for the report, `xagent_packet_is_valid` for the
+//!   hot-path verdict);
+//! - `server-runtime` on receive (`InboundJudge`, what its connection loop calls);
+//! - `client-runtime` on receive and on send: `Validator::check_decoded` on the decoded packet
+//!   with the Connector (receive) or xAgent (send) as sender, the entry point its receive path
+//!   calls, and which the xAgent send path of the connection core calls with sender = xAgent;
+//!   plus, for a `chat.message`, the typed IM check (`validate_chat_message`) both runtimes
+//!   apply before handing a message on.
+//!
+//! Judged without a sender, the report must be valid exactly when it is valid for both senders.
+
+#[path = "../../protocol-validate/tests/support/corpus.rs"]
+mod corpus;
+
+use std::process::Command;
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use serde_json::Value;
+use xagent_protocol_types::{ConnectorCard, Packet, PacketBody, Side};
+use xagent_protocol_validate::{
+    AdmissionWindow, CardFacts, DocumentKind, PacketContext, Report, Validator, check_text_from,
+};
+use xagent_server_runtime::InboundJudge;
+use xagent_validate_ffi::{
+    XAGENT_SENDER_CONNECTOR, XAGENT_SENDER_UNKNOWN, XAGENT_SENDER_XAGENT, packet_is_valid_from,
+    packet_report_from,
+};
+
+struct Judges {
+    card_text: String,
+    facts: CardFacts,
+    typed_facts: CardFacts,
+    server: InboundJudge,
+    validator: Validator,
+}
+
+fn judges() -> &'static Judges {
+    static JUDGES: OnceLock<Judges> = OnceLock::new();
+    JUDGES.get_or_init(|| {
+        let card_text = std::fs::read_to_string(corpus::card_path()).expect("card fixture");
+        let card: ConnectorCard = serde_json::from_str(&card_text).expect("a typed Card");
+        Judges {
+            facts: corpus::card(),
+            typed_facts: CardFacts::from_card(&card),
+            server: InboundJudge::new(&card, AdmissionWindow::default()),
+            validator: Validator::new().with_window(AdmissionWindow::default()),
+            card_text,
+        }
+    })
+}
+
+fn rule_ids(report: &Report) -> Vec<String> {
+    report.errors().map(|v| v.rule.clone()).collect()
+}
+
+fn c_sender(sender: Option<Side>) -> i32 {
+    match sender {
+        Some(Side::Connector) => XAGENT_SENDER_CONNECTOR,
+        Some(Side::Xagent) => XAGENT_SENDER_XAGENT,
+        None => XAGENT_SENDER_UNKNOWN,
+    }
+}
+
+/// What a runtime's receive or send path decides: decode, then the typed rules (the report
+/// when they refuse); a packet the decoder refuses gets the report form's report.
+fn runtime_verdict(text: &str, facts: &CardFacts, sender: Side) -> Result<(), Report> {
+    let validator = &judges().validator;
+    let context = PacketContext { card: Some(facts), sender: Some(sender) };
+    match Packet::decode_str(text) {
+        Ok(packet) => validator.check_decoded(&packet, text.as_bytes(), context),
+        Err(_) => Err(validator.packet_bytes(text.as_bytes(), context)),
+    }
+}
+
+/// Runs `text` through every judge for `sender` and asserts they agree; returns the verdict.
+#[track_caller]
+fn assert_judges_agree(name: &str, text: &str, sender: Side) -> bool {
+    let judges = judges();
+    let cli = check_text_from(DocumentKind::Packet, text, Some(&judges.facts), Some(sender));
+    let expected = rule_ids(&cli);
+    let what = |judge: &str| format!("{name} (sent by {sender:?}): {judge} disagrees with check");
+
+    // The C ABI: the same report, byte for byte, and the hot-path verdict.
+    let ffi = packet_report_from(
+        text.as_bytes(),
+        Some(judges.card_text.as_bytes()),
+        c_sender(Some(sender)),
+    );
+    assert_eq!(ffi, cli.to_json(), "{}", what("the C ABI report"));
+    let hot = packet_is_valid_from(
+        text.as_bytes(),
+        Some(judges.card_text.as_bytes()),
+        c_sender(Some(sender)),
+    );
+    assert_eq!(hot, Some(cli.valid), "{}", what("xagent_packet_is_valid"));
+
+    // The runtimes: the server on receive (from xAgent), the client on receive (from the
+    // Connector) and on send (as xAgent). Each with the Card's facts as it builds them.
+    let mut runtimes: Vec<(&str, Result<(), Report>)> = Vec::new();
+    match sender {
+        Side::Xagent => {
+            runtimes.push(("server-runtime on receive", judges.server.judge(text).map(drop)));
+            runtimes.push((
+                "client-runtime on send",
+                runtime_verdict(text, &judges.typed_facts, Side::Xagent),
+            ));
+        }
+        Side::Connector => {
+            runtimes.push((
+                "client-runtime on receive",
+                runtime_verdict(text, &judges.typed_facts, Side::Connector),
+            ));
+        }
+    }
+    for (judge, verdict) in runtimes {
+        assert_eq!(verdict.is_ok(), cli.valid, "{}: {verdict:?} vs {cli:?}", what(judge));
+        if let Err(report) = verdict {
+            assert_eq!(rule_ids(&report), expected, "{}", what(judge));
+        }
+    }
+
+    // The typed IM checks the runtimes apply to a chat.message (both) and a message.push (the
+    // Connector's outbox): they refuse exactly when check reports an IM payload rule, and
+    // name one of those rules.
+    let im_rules: Vec<&String> = expected
+        .iter()
+        .filter(|r| {
+            xagent_protocol_validate::rules::by_id(r).is_some_and(|rule| {
+                rule.id.starts_with("im")
+                    || rule.id.starts_with("chat_")
+                    || rule.id.starts_with("message_push.")
+            })
+        })
+        .collect();
+    // (A push's error shares its variants with IM v2, so only its verdict is compared.)
+    let typed = Packet::decode_str(text).ok().and_then(|packet| match packet.body {
+        PacketBody::ChatMessage(message) => {
+            Some((xagent_profile_im::validate_chat_message(&message, sender), true))
+        }
+        PacketBody::MessagePush(push) => {
+            Some((xagent_profile_im::validate_message_push(&push), false))
+        }
+        _ => None,
+    });
+    if let Some((typed, same_rule)) = typed {
+        match typed {
+            Ok(()) => {
+                assert!(im_rules.is_empty(), "{}: {im_rules:?}", what("validate_chat_message"))
+            }
+            Err(error) => assert!(
+                !im_rules.is_empty() && (!same_rule || im_rules.iter().any(|r| *r == error.rule())),
+                "{}: {error:?} ({}) vs {im_rules:?}",
+                what("validate_chat_message"),
+                error.rule()
+            ),
+        }
+    }
+    cli.valid
+}
+
+/// Judged without a sender: valid exactly when valid from both senders, and the C ABI agrees.
+#[track_caller]
+fn assert_no_sender_agrees(name: &str, text: &str, from_connector: bool, from_xagent: bool) {
+    let judges = judges();
+    let report = check_text_from(DocumentKind::Packet, text, Some(&judges.facts), None);
+    assert_eq!(report.valid, from_connector && from_xagent, "{name}: without a sender {report:?}");
+    let ffi = packet_report_from(
+        text.as_bytes(),
+        Some(judges.card_text.as_bytes()),
+        XAGENT_SENDER_UNKNOWN,
+    );
+    assert_eq!(ffi, report.to_json(), "{name}: the C ABI without a sender");
+}
+
+fn judge_everywhere(name: &str, value: &Value) {
+    let text = value.to_string();
+    let from_connector = assert_judges_agree(name, &text, Side::Connector);
+    let from_xagent = assert_judges_agree(name, &text, Side::Xagent);
+    assert_no_sender_agrees(name, &text, from_connector, from_xagent);
+}
+
+#[test]
+fn every_judge_agrees_on_every_packet_fixture() {
+    let fixtures = corpus::fixtures();
+    for (name, value) in &fixtures {
+        judge_everywhere(name, value);
+    }
+    for (name, value) in corpus::bases().iter().enumerate() {
+        judge_everywhere(&format!("base {name}"), value);
+    }
+}
+
+/// The real binary on every fixture: the same report as its library function.
+#[test]
+fn check_packet_binary_agrees_with_its_library_function_on_every_fixture() {
+    let dir = std::env::temp_dir().join(format!("xagent-judges-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let card = corpus::card_path();
+    for (i, (name, value)) in corpus::fixtures().iter().enumerate() {
+        let file = dir.join(format!("packet-{i}.json"));
+        std::fs::write(&file, value.to_string()).expect("write");
+        for (flag, sender) in [
+            (Some("connector"), Some(Side::Connector)),
+            (Some("xagent"), Some(Side::Xagent)),
+            (None, None),
+        ] {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_xagent-connector"));
+            command.args(["check", "packet", "--format", "json", "--card"]).arg(&card).arg(&file);
+            if let Some(flag) = flag {
+                command.args(["--sender", flag]);
+            }
+            let output = command.output().expect("runs");
+            let report: Report = serde_json::from_slice(&output.stdout).expect("a JSON report");
+            let library = check_text_from(
+                DocumentKind::Packet,
+                &value.to_string(),
+                Some(&judges().facts),
+                sender,
+            );
+            assert_eq!(report, library, "{name} (--sender {flag:?})");
+            assert_eq!(output.status.code(), Some(if library.valid { 0 } else { 1 }), "{name}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(384))]
+
+    #[test]
+    fn every_judge_agrees_on_mutated_packets(
+        base in 0usize..9,
+        first in (0usize..4, 0usize..64, 0usize..3, 0usize..32),
+        second in proptest::option::of((0usize..4, 0usize..64, 0usize..3, 0usize..32)),
+    ) {
+        let bases = corpus::bases();
+        let start = &bases[base % bases.len()];
+        let mut value = corpus::mutate(start, first.0, first.1, first.2, first.3);
+        if let Some((a, k, o, v)) = second {
+            value = corpus::mutate(&value, a, k, o, v);
+        }
+        judge_everywhere(&format!("mutation of base {base}: {value}"), &value);
+    }
+}
