@@ -9,10 +9,10 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Args;
+use serde_json::{Map, Value};
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, PacketTap, TapDirection, admit,
 };
-use serde_json::{Map, Value};
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStartAck, CHANNEL_ARGUMENT, ProfileId, Secret,
 };

@@ -4,6 +4,7 @@
 //! for it, every Descriptor passes the validator, and `client-runtime` resolves a Tool on each
 //! kind of channel.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 use xagent_client_runtime::{BaseUrl, ClientConfig, ControlPlane, DataPlane, admit};
@@ -12,8 +13,9 @@ use xagent_protocol_types::{
     DescriptorTarget, PROFILE_DEVICE_V1, PROFILE_IM_V2, ProfileId, Secret, TargetDeclaration,
     TargetType, ToolStatus,
 };
-use xagent_protocol_validate::{AdmissionWindow, CardFacts, DescriptorContext, validate_descriptor};
-use schemars::JsonSchema;
+use xagent_protocol_validate::{
+    AdmissionWindow, CardFacts, DescriptorContext, validate_descriptor,
+};
 use xagent_server_runtime::{
     AuthStep, Binding, ChannelContext, Connector, ConnectorServer, DeviceConfig, DeviceStatus,
     DeviceTarget, FlowSpec, RiskLevel, ToolCategory, ToolError, ToolSpec,
@@ -80,9 +82,10 @@ fn connector() -> Connector {
             },
         )
         .device_target(Lab, DeviceConfig::default())
-        .tool(ToolSpec::new("lab_chat_echo", "Echo\nReturns its text."), |_ctx, a: Text| async move {
-            Ok::<_, ToolError>(json!({ "text": a.text }))
-        })
+        .tool(
+            ToolSpec::new("lab_chat_echo", "Echo\nReturns its text."),
+            |_ctx, a: Text| async move { Ok::<_, ToolError>(json!({ "text": a.text })) },
+        )
         .device_tool(
             ToolSpec::new("lab_read", "Read\nReads the lab device."),
             ToolCategory::Observation,

@@ -234,7 +234,12 @@ impl<'a> Walk<'a> {
 
     /// Whether `node` accepts a string no `enum`/`const` (and, when `pattern_narrows`, no
     /// `pattern`) narrows, directly or as an array's items.
-    fn free_string(&mut self, node: &'a Map<String, Value>, pattern_narrows: bool, depth: usize) -> bool {
+    fn free_string(
+        &mut self,
+        node: &'a Map<String, Value>,
+        pattern_narrows: bool,
+        depth: usize,
+    ) -> bool {
         if depth > MAX_DEPTH {
             return false;
         }
@@ -302,7 +307,9 @@ mod tests {
         assert!(is_command_name("cmd") && is_command_name("run_command"));
         assert!(!is_command_name("commander_name") && !is_command_name("description"));
         assert!(is_bytes_name("image_base64") && is_bytes_name("fileBytes"));
-        assert!(is_bytes_name("image_data") && !is_bytes_name("data") && !is_bytes_name("metadata"));
+        assert!(
+            is_bytes_name("image_data") && !is_bytes_name("data") && !is_bytes_name("metadata")
+        );
     }
 
     #[test]

@@ -81,11 +81,7 @@ pub fn channel_target_type(
 /// standard Profile whose catalog target types include it, and every Profile the catalog does
 /// not know (a Connector-defined one is the Connector's to scope).
 pub fn profiles_for_target_type(target_type: &TargetType, offered: &[ProfileId]) -> Vec<ProfileId> {
-    offered
-        .iter()
-        .filter(|id| profile_allows_target_type(id, target_type))
-        .cloned()
-        .collect()
+    offered.iter().filter(|id| profile_allows_target_type(id, target_type)).cloned().collect()
 }
 
 /// Whether a Profile may be enabled on a channel of `target_type` (a Profile the catalog does

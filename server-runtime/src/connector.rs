@@ -11,8 +11,8 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use xagent_protocol_types::{
-    AuthFlow, BuildInfo, ConnectorCard, ConnectorInfo, DescriptorTarget, FlowId,
-    PROFILE_DEVICE_V1, ProfileId, Security, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
+    AuthFlow, BuildInfo, ConnectorCard, ConnectorInfo, DescriptorTarget, FlowId, PROFILE_DEVICE_V1,
+    ProfileId, Security, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
 };
 
 use crate::author::auth::form_fields;
@@ -351,8 +351,7 @@ impl ConnectorBuilder {
         property: impl Into<String>,
     ) -> Self {
         let property = property.into();
-        let pointer =
-            if property.starts_with('/') { property } else { format!("/{property}") };
+        let pointer = if property.starts_with('/') { property } else { format!("/{property}") };
         self.unconstrained.push((tool.into(), pointer));
         self
     }

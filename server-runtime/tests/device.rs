@@ -383,7 +383,9 @@ struct KeyArgs {
     command: Key,
 }
 
-fn exec(builder: xagent_server_runtime::ConnectorBuilder) -> xagent_server_runtime::ConnectorBuilder {
+fn exec(
+    builder: xagent_server_runtime::ConnectorBuilder,
+) -> xagent_server_runtime::ConnectorBuilder {
     builder.device_tool(
         ToolSpec::new("lab_exec", "Exec\nRuns a command on the device."),
         ToolCategory::Control,
@@ -420,7 +422,13 @@ fn rule_device_no_unconstrained_command_is_refused_at_build() {
             ToolSpec::new("lab_key", "Key\nPresses a key."),
             ToolCategory::Control,
             RiskLevel::Low,
-            |_ctx, _args: KeyArgs| async { Ok::<_, ToolError>(json!({"pressed": true})) },
+            |_ctx, args: KeyArgs| async move {
+                let key = match args.command {
+                    Key::Home => "home",
+                    Key::Back => "back",
+                };
+                Ok::<_, ToolError>(json!({ "pressed": key }))
+            },
         )
         .build();
     assert!(keys.is_ok(), "{:?}", keys.err());
@@ -434,7 +442,9 @@ fn rule_device_no_bytes_in_arguments_is_refused_at_build() {
             ToolSpec::new("lab_upload", "Upload\nPuts a picture on the device."),
             ToolCategory::Media,
             RiskLevel::Low,
-            |_ctx, _args: UploadArgs| async { Ok::<_, ToolError>(json!({"stored": true})) },
+            |_ctx, args: UploadArgs| async move {
+                Ok::<_, ToolError>(json!({"stored": args.image_base64.len()}))
+            },
         )
         .build()
         .expect_err("bytes in an argument");

@@ -27,9 +27,10 @@ fn connector() -> Connector {
         .target(TargetDeclaration::new(TargetType::Im, "model_args", "Model arguments"))
         .profile(PROFILE_IM_V2)
         .on_message(|_, _| async {})
-        .tool(ToolSpec::new("model_args_echo", "Echo\n\nReturns its text."), |ctx, a: Text| {
-            async move { Ok(json!({ "text": a.text, "channel": ctx.channel })) }
-        })
+        .tool(
+            ToolSpec::new("model_args_echo", "Echo\n\nReturns its text."),
+            |ctx, a: Text| async move { Ok(json!({ "text": a.text, "channel": ctx.channel })) },
+        )
         .build()
         .expect("builds")
 }
@@ -54,7 +55,9 @@ async fn rule_the_channel_argument_is_neither_required_nor_type_checked() {
     let schema = &connector.card().tools[0].input_schema;
     assert_eq!(schema["properties"]["connector_channel_id"]["type"], "string", "still published");
     assert!(
-        schema["required"].as_array().is_some_and(|r| r.iter().any(|v| v == "connector_channel_id")),
+        schema["required"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|v| v == "connector_channel_id")),
         "still required in the published schema, as the protocol asks: {schema:?}"
     );
     let server = support::serve_custom(connector, RuntimeConfig::default(), None).await;

@@ -210,21 +210,19 @@ where
     let schema = xagent_protocol_validate::with_connector_channel_id(&schema)
         .map_err(|error| schema_error(error.to_string()))?;
     let handler = Arc::new(handler);
-    let call: Arc<ToolCall> =
-        Arc::new(move |ctx: ToolContext, arguments: Map<String, Value>| {
-            let handler = Arc::clone(&handler);
-            Box::pin(async move {
-                let args: Args =
-                    serde_json::from_value(Value::Object(arguments)).map_err(|error| {
-                        ToolError::new(
-                            ErrorCode::InvalidArguments,
-                            format!("the arguments do not match the tool's input schema: {error}"),
-                        )
-                    })?;
-                let out = handler(ctx, args).await?;
-                serde_json::to_value(out).map_err(ToolError::internal)
-            }) as BoxFut<'static, Result<Value, ToolError>>
-        });
+    let call: Arc<ToolCall> = Arc::new(move |ctx: ToolContext, arguments: Map<String, Value>| {
+        let handler = Arc::clone(&handler);
+        Box::pin(async move {
+            let args: Args = serde_json::from_value(Value::Object(arguments)).map_err(|error| {
+                ToolError::new(
+                    ErrorCode::InvalidArguments,
+                    format!("the arguments do not match the tool's input schema: {error}"),
+                )
+            })?;
+            let out = handler(ctx, args).await?;
+            serde_json::to_value(out).map_err(ToolError::internal)
+        }) as BoxFut<'static, Result<Value, ToolError>>
+    });
     let mut card = CardTool::new(tool_id.as_str(), schema)
         .with_title(spec.title())
         .with_description(spec.description());

@@ -120,8 +120,9 @@ fn check_device_arguments(
     };
     for tool in card.tools.iter().filter(|t| is_device_tool(t)) {
         for finding in unsafe_arguments(&tool.tool_id, &tool.input_schema) {
-            let opted_out =
-                allowed.iter().any(|(id, property)| id == &finding.tool && property == &finding.property);
+            let opted_out = allowed
+                .iter()
+                .any(|(id, property)| id == &finding.tool && property == &finding.property);
             if !opted_out {
                 return Err(DefinitionError::UnsafeDeviceArgument(finding));
             }

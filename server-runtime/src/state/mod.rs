@@ -260,10 +260,16 @@ impl Shared {
             .filter(|target_type| declared.contains(target_type));
         let negotiated = || {
             declared.iter().find(|target_type| {
-                offered.iter().any(|p| xagent_profile_device::profile_allows_target_type(p, target_type))
+                offered
+                    .iter()
+                    .any(|p| xagent_profile_device::profile_allows_target_type(p, target_type))
             })
         };
-        signed_in.or_else(negotiated).or_else(|| declared.first()).cloned().unwrap_or(TargetType::Im)
+        signed_in
+            .or_else(negotiated)
+            .or_else(|| declared.first())
+            .cloned()
+            .unwrap_or(TargetType::Im)
     }
 
     /// The Profiles a channel of `target_type` enables out of the negotiated `offered` ones:
@@ -310,13 +316,13 @@ impl Shared {
             .iter()
             .map(|tool| match self.tool_view(record, &target_type, &tool.tool_id) {
                 ToolView::Reported(reported) => reported.clone(),
-                ToolView::OtherTargetType(profile) => {
-                    DescriptorTool::new(tool.tool_id.clone(), ToolStatus::NotSupported).with_reason(
-                        format!(
-                            "this Tool belongs to {profile}, which a {target_type} channel does not enable"
-                        ),
-                    )
-                }
+                ToolView::OtherTargetType(profile) => DescriptorTool::new(
+                    tool.tool_id.clone(),
+                    ToolStatus::NotSupported,
+                )
+                .with_reason(format!(
+                    "this Tool belongs to {profile}, which a {target_type} channel does not enable"
+                )),
                 ToolView::Unusable { signed_in } => {
                     let reason = if signed_in {
                         "the channel is not connected"
@@ -347,12 +353,10 @@ impl Shared {
         target_type: &TargetType,
         tool_id: &ToolId,
     ) -> ToolView<'a> {
-        let profile = self
-            .def
-            .tools
-            .get(tool_id)
-            .and_then(|tool| tool.card.profile.as_ref())
-            .filter(|profile| !xagent_profile_device::profile_allows_target_type(profile, target_type));
+        let profile =
+            self.def.tools.get(tool_id).and_then(|tool| tool.card.profile.as_ref()).filter(
+                |profile| !xagent_profile_device::profile_allows_target_type(profile, target_type),
+            );
         if let Some(profile) = profile {
             return ToolView::OtherTargetType(profile);
         }
