@@ -102,11 +102,9 @@ impl Connector {
                 self.card.connector.name.clone(),
             ),
         };
-        let binding = Binding::new(target);
-        match self.card.supports.target_types.first() {
-            Some(target_type) => binding.with_target_type(target_type.clone()),
-            None => binding,
-        }
+        // No flow chose a target type: the negotiated Profiles decide it
+        // (`Shared::channel_target_type`).
+        Binding::new(target)
     }
 }
 
