@@ -185,3 +185,37 @@ async fn rule_a_channel_has_the_target_type_of_its_flow_and_only_its_profiles() 
     plane.close().await;
     serving.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_a_flow_for_a_target_type_without_a_negotiated_profile_is_refused() {
+    let server = ConnectorServer::builder(connector())
+        .api_key(Secret::new(KEY))
+        .build()
+        .await
+        .expect("serves");
+    let listener = bind_local(None).await.expect("binds");
+    let base = format!("http://{}", listener.local_addr().expect("address"));
+    let running = server.clone();
+    let serving = Serving::spawn(listener, |listener, shutdown| async move {
+        let _ = running.serve(listener, shutdown).await;
+    });
+    let base_url = BaseUrl::parse(&base).expect("base");
+    let control = ControlPlane::new(base_url.clone(), Some(Secret::new(KEY)));
+    let admitted = admit(&control, &AdmissionWindow::default(), None).await.expect("admitted");
+    let mut config =
+        ClientConfig::for_card(base_url, &admitted.card).with_api_key(Secret::new(KEY));
+    config.supported_profiles = vec![ProfileId::new(PROFILE_IM_V2)];
+    let (plane, _events) = DataPlane::connect(config).expect("starts");
+    plane.connected().await.expect("online");
+    let channel = plane.open_channel_for("alice", None).await.expect("opens");
+    assert_eq!(channel.connection_descriptor.connection.target_type, TargetType::Im);
+    assert_eq!(channel.connection_descriptor.connection.profiles, [ProfileId::new(PROFILE_IM_V2)]);
+    let start = AuthStart::new("lab_bind").with_input(AuthInput::default().with("device", "d"));
+    let refused = plane
+        .request::<AuthStart>(Some(&channel.connector_channel_id), start)
+        .await
+        .expect_err("an IM-only xAgent cannot sign in a device channel");
+    assert_eq!(refused.code().to_string(), "invalid_packet", "{refused}");
+    plane.close().await;
+    serving.stop().await;
+}

@@ -51,6 +51,22 @@ impl Conn {
             ));
             return self.reply_error(packet, error).await;
         };
+        // One target type per channel: a flow whose target type none of the negotiated
+        // Profiles is for would sign in a channel this xAgent cannot use.
+        let negotiated = self.profiles();
+        if !negotiated.is_empty()
+            && xagent_profile_device::profiles_for_target_type(&flow.target_type, &negotiated)
+                .is_empty()
+        {
+            let error = WireError::invalid_packet(format!(
+                "flow {:?} signs in a {} channel, and no Profile negotiated on this connection \
+                 is for {}: announce one in connector.hello or use another flow",
+                flow.id.as_str(),
+                flow.target_type,
+                flow.target_type
+            ));
+            return self.reply_error(packet, error).await;
+        }
         let values = AuthValues::from_input(start.input.as_ref());
         if let Some(missing) = flow.fields.iter().find(|f| f.is_required() && !values.has(&f.name))
         {
