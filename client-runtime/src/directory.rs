@@ -115,6 +115,13 @@ impl ChannelDirectory {
         self.card = Some(card);
     }
 
+    /// Replaces the Card with the facts the data plane's admission already derived from it
+    /// (one copy shared by the packet rules and the Descriptor rules).
+    pub(crate) fn set_admitted(&mut self, card: ConnectorCard, facts: Arc<CardFacts>) {
+        self.facts = Some(facts);
+        self.card = Some(card);
+    }
+
     fn entry_mut(&mut self, channel: &ConnectorChannelId) -> &mut ChannelEntry {
         let index = match self.entries.iter().position(|e| &e.connector_channel_id == channel) {
             Some(index) => index,

@@ -70,6 +70,27 @@ pub enum ClientError {
     /// `connector.hello.ack`, or on a channel not open on this connection).
     #[error("not sent ({}): {}; wait until the connection and the channel are open", .0.code, .0.message())]
     Withheld(WireError),
+    /// This side refused to send a packet that breaks the rules the Connector applies on
+    /// receive (the same validator, with the admitted Card); nothing was sent. The rule ids
+    /// say what to fix.
+    #[error("not sent: {message}; fix the packet")]
+    Invalid {
+        /// The rule ids broken (for example `im.delta.sequence`).
+        rules: Vec<String>,
+        /// Every violation, rule id first.
+        message: String,
+    },
+    /// The packet is larger than the data plane takes (the outbound size rule); nothing was
+    /// sent.
+    #[error(
+        "not sent: the packet is {bytes} bytes and the data plane takes at most {limit}; send less, or a file through the Transfer Plane"
+    )]
+    TooLarge {
+        /// Its size as text.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The durable store failed.
     #[error(transparent)]
     Store(#[from] xagent_profile_im::StoreError),
@@ -79,9 +100,10 @@ impl ClientError {
     /// The stable code for this error.
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::BaseUrl(_) | Self::NotAdmissible(_) | Self::Protocol(_) => {
-                ErrorCode::InvalidPacket
-            }
+            Self::BaseUrl(_)
+            | Self::NotAdmissible(_)
+            | Self::Protocol(_)
+            | Self::Invalid { .. } => ErrorCode::InvalidPacket,
             Self::Transport { .. } | Self::Http { .. } | Self::NotConnected | Self::Closed => {
                 ErrorCode::ConnectorChannelUnavailable
             }
@@ -90,6 +112,7 @@ impl ClientError {
             Self::Remote(error) | Self::Refused(error) | Self::Withheld(error) => {
                 error.code.clone()
             }
+            Self::TooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::Store(_) => ErrorCode::InternalError,
         }
     }

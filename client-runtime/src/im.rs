@@ -3,83 +3,17 @@
 //! `accepted` or `duplicate`, redelivered with the same `message_id`); deltas and activity sent
 //! as they come.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
-use xagent_profile_im::{
-    Admission, Delivery, EnqueueOutcome, IdempotencyConfig, IdempotencyStore, Outbox, OutboxConfig,
-    OutboxStats, OutboxStore, ReceiverIdempotency, validate_chat_message,
-};
+use xagent_profile_im::{Admission, Delivery, EnqueueOutcome, OutboxStats, validate_chat_message};
 use xagent_protocol_types::{
     ChatActivity, ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId, ErrorCode,
     MessageId, Packet, PacketBody, PacketId, Payload, Side,
 };
 
 use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, lock, send_on};
-use crate::store::{XagentStore, memory_stores};
 use crate::{ClientError, DataPlane, ids};
-
-/// IM state of one client. Outbox entries are keyed by the channel id xAgent persisted, so a
-/// channel that comes back under a new id keeps its pending messages.
-pub(crate) struct ImState {
-    outbox: Outbox<Box<dyn OutboxStore + Send>>,
-    receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
-    /// current channel id -> persisted channel id
-    aliases: HashMap<ConnectorChannelId, ConnectorChannelId>,
-}
-
-impl ImState {
-    /// Opens the outbox and the idempotency set over the durable store (loading what a
-    /// previous process left), or over memory.
-    pub(crate) fn open(store: Option<Arc<dyn XagentStore>>, now: u64) -> Result<Self, ClientError> {
-        let (outbox_store, idempotency_store) = match &store {
-            Some(store) => (store.outbox_store(), store.idempotency_store()),
-            None => memory_stores(),
-        };
-        let outbox = Outbox::open(OutboxConfig::new(Side::Xagent), outbox_store, now)
-            .map_err(|e| ClientError::Protocol(format!("the outbox could not be loaded: {e}")))?;
-        let receiver =
-            ReceiverIdempotency::open(IdempotencyConfig::default(), idempotency_store, now)
-                .map_err(|e| {
-                    ClientError::Protocol(format!("the idempotency set could not be loaded: {e}"))
-                })?;
-        Ok(Self { outbox, receiver, aliases: HashMap::new() })
-    }
-
-    fn persisted(&self, current: &ConnectorChannelId) -> ConnectorChannelId {
-        self.aliases.get(current).cloned().unwrap_or_else(|| current.clone())
-    }
-
-    fn current(&self, persisted: &ConnectorChannelId) -> ConnectorChannelId {
-        self.aliases
-            .iter()
-            .find(|(_, p)| *p == persisted)
-            .map(|(current, _)| current.clone())
-            .unwrap_or_else(|| persisted.clone())
-    }
-
-    pub(crate) fn on_disconnect(&mut self, now: u64) {
-        if let Err(error) = self.outbox.on_disconnect(now) {
-            tracing::warn!(error = %error, "outbox could not record the disconnect");
-        }
-    }
-
-    pub(crate) fn on_channel_reopened(
-        &mut self,
-        previous: &ConnectorChannelId,
-        current: &ConnectorChannelId,
-        now: u64,
-    ) {
-        let persisted = self.aliases.remove(previous).unwrap_or_else(|| previous.clone());
-        if current != &persisted {
-            self.aliases.insert(current.clone(), persisted.clone());
-        }
-        if let Err(error) = self.outbox.on_channel_reopened(&persisted, now) {
-            tracing::warn!(error = %error, "outbox could not reopen a channel");
-        }
-    }
-}
 
 /// Sends every outbox delivery that is due. Safe to call at any time. The IM lock is not held
 /// while packets are written: deliveries are marked sent first and marked failed if the write

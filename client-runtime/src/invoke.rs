@@ -6,115 +6,22 @@
 
 use std::sync::Arc;
 
-use futures_util::future::BoxFuture;
 use serde_json::{Map, Value, json};
 use xagent_profile_im::ChatMessageBuilder;
 use xagent_protocol_types::{
-    ChatFile, ConnectorChannelId, ErrorCode, ProfileId, Side, ToolInvoke, ToolInvokeAck,
-    ToolInvokeContext, ToolProgressPush, WireError,
+    ConnectorChannelId, ErrorCode, ProfileId, Side, ToolInvoke, ToolInvokeAck, ToolInvokeContext,
+    ToolProgressPush, WireError,
 };
 
 use crate::connection::{Shared, lock, request_typed};
+use crate::files::{FileSink, FileSource};
+use crate::upload_refs::{UploadRefProperty, upload_ref_properties};
 use crate::{ClientError, ControlPlane, DataPlane, FunctionDeclaration, SessionBinding};
-
-/// The annotation that marks a Card Tool property as an internal upload reference
-/// (SPEC-NOTES, "Upload-reference arguments").
-pub const UPLOAD_REF_ANNOTATION: &str = "x-xagent-upload-ref";
 
 /// The name of the built-in Tool listing the user's channels.
 pub const CHANNELS_LIST_TOOL: &str = "connector_channels_list";
 /// The name of the built-in Tool sending text to an explicit channel.
 pub const MESSAGE_SEND_TOOL: &str = "connector_message_send";
-
-/// A file opened by the application for an upload.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileContent {
-    /// File name shown to the target system.
-    pub filename: String,
-    /// MIME type.
-    pub mime_type: String,
-    /// The bytes.
-    pub bytes: Vec<u8>,
-}
-
-/// Where files named by the model come from: the application resolves its own unified file
-/// reference (a conversation file id, a path it allows) to bytes.
-pub trait FileSource: Send + Sync + 'static {
-    /// Opens the file the model referred to; the error is shown to the model.
-    fn open(&self, reference: &str) -> BoxFuture<'_, Result<FileContent, String>>;
-}
-
-/// Where inbound files go: the application stores them and returns its own reference.
-pub trait FileSink: Send + Sync + 'static {
-    /// Stores one downloaded file of an inbound message.
-    fn save(
-        &self,
-        channel: &ConnectorChannelId,
-        file: &ChatFile,
-        bytes: Vec<u8>,
-    ) -> BoxFuture<'_, Result<String, String>>;
-}
-
-/// Where each upload-reference argument of a Tool is: a property, or the items of an array
-/// property.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UploadRefProperty {
-    /// The property name.
-    pub name: String,
-    /// True when the property is an array of references.
-    pub array: bool,
-}
-
-fn is_upload_ref(schema: &Value) -> bool {
-    schema.get(UPLOAD_REF_ANNOTATION).and_then(Value::as_bool) == Some(true)
-}
-
-/// The upload-reference properties of a Tool's `input_schema`.
-pub fn upload_ref_properties(input_schema: &Map<String, Value>) -> Vec<UploadRefProperty> {
-    let Some(properties) = input_schema.get("properties").and_then(Value::as_object) else {
-        return Vec::new();
-    };
-    properties
-        .iter()
-        .filter_map(|(name, schema)| {
-            if is_upload_ref(schema) {
-                Some(UploadRefProperty { name: name.clone(), array: false })
-            } else if schema.get("items").is_some_and(is_upload_ref) {
-                Some(UploadRefProperty { name: name.clone(), array: true })
-            } else {
-                None
-            }
-        })
-        .collect()
-}
-
-/// The model's view of an upload reference. The Card's own description is not kept: it is
-/// written for the Connector's internal reference and may mention the Transfer Plane.
-fn unified_file_ref() -> Value {
-    json!({
-        "type": "string",
-        "description": "A file from the conversation: pass its file reference unchanged.",
-    })
-}
-
-/// The model-facing schema of a Card Tool: every upload-reference property (or array items)
-/// becomes a unified file reference without the annotation; everything else is unchanged.
-pub fn model_input_schema(input_schema: &Map<String, Value>) -> Map<String, Value> {
-    let mut projected = input_schema.clone();
-    let Some(properties) = projected.get_mut("properties").and_then(Value::as_object_mut) else {
-        return projected;
-    };
-    for schema in properties.values_mut() {
-        if is_upload_ref(schema) {
-            *schema = unified_file_ref();
-        } else if let Some(items) = schema.get_mut("items")
-            && is_upload_ref(items)
-        {
-            *items = unified_file_ref();
-        }
-    }
-    projected
-}
 
 /// The built-in model Tools, with their schemas.
 pub fn builtin_tools() -> Vec<FunctionDeclaration> {
@@ -402,6 +309,7 @@ async fn upload_one(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upload_refs::{UPLOAD_REF_ANNOTATION, model_input_schema};
 
     fn send_file_schema() -> Map<String, Value> {
         json!({

@@ -43,7 +43,7 @@ pub fn declaration(tool: &CardTool) -> FunctionDeclaration {
             .clone()
             .or_else(|| tool.title.clone())
             .unwrap_or_else(|| tool.tool_id.to_string()),
-        parameters: crate::invoke::model_input_schema(&tool.input_schema),
+        parameters: crate::upload_refs::model_input_schema(&tool.input_schema),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The byte-level edge of the data plane: one [`Frame`] stream and sink per connection attempt.
 //!
-//! The driver in `connection.rs` only sees a `Stream`/`Sink` of frames, so the same code runs
+//! The driver in `connection/` only sees a `Stream`/`Sink` of frames, so the same code runs
 //! over a real WebSocket ([`WsTransport`], tokio-tungstenite) and over in-memory channels
 //! ([`MemoryTransport`]) in tests, where a test plays the Connector frame by frame.
 
@@ -17,16 +17,8 @@ use xagent_protocol_types::{SUBPROTOCOL, Secret};
 
 use crate::{BaseUrl, ClientError};
 
-/// One data-plane frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Frame {
-    /// A text frame: one JSON packet.
-    Text(String),
-    /// A binary frame (not part of the protocol; the driver ignores it).
-    Binary(Vec<u8>),
-    /// A close frame with an optional code and reason.
-    Close(Option<(u16, String)>),
-}
+/// One data-plane frame: the connection core's, the same type the Connector side reads.
+pub use xagent_connection::Frame;
 
 /// The sending half of one connection.
 pub type FrameSink = Pin<Box<dyn Sink<Frame, Error = ClientError> + Send>>;
@@ -102,6 +94,8 @@ impl WsTransport {
                 Ok::<_, tokio_tungstenite::tungstenite::Error>(match frame {
                     Frame::Text(text) => Message::Text(text.into()),
                     Frame::Binary(bytes) => Message::Binary(bytes.into()),
+                    Frame::Ping(bytes) => Message::Ping(bytes.into()),
+                    Frame::Pong(bytes) => Message::Pong(bytes.into()),
                     Frame::Close(close) => Message::Close(close.map(|(code, reason)| {
                         tokio_tungstenite::tungstenite::protocol::CloseFrame {
                             code: code.into(),
@@ -158,7 +152,7 @@ impl MemoryPeer {
             match self.from_client.recv().await? {
                 Frame::Text(text) => return serde_json::from_str(&text).ok(),
                 Frame::Close(_) => return None,
-                Frame::Binary(_) => {}
+                _ => {}
             }
         }
     }

@@ -90,7 +90,7 @@ pub(crate) trait ImHost: Send + Sync + 'static {
 /// The outcome of queueing a packet on a route without waiting.
 pub(crate) enum TryQueue {
     /// Queued; the receiver says whether the write succeeded.
-    Queued(tokio::sync::oneshot::Receiver<bool>),
+    Queued(tokio::sync::oneshot::Receiver<Result<(), xagent_connection::SendError>>),
     /// The route's write queue is full.
     Full,
     /// The channel has no route.
@@ -374,7 +374,7 @@ impl ImState {
                     TryQueue::Queued(written) => {
                         let shared = shared.clone();
                         tokio::spawn(async move {
-                            let written = written.await.unwrap_or(false);
+                            let written = matches!(written.await, Ok(Ok(())));
                             let Some(im) = shared.im() else { return };
                             // Pump again when the bookkeeping freed a place: an ack that
                             // overtook it was applied just now (the outbox keeps early acks;

@@ -195,7 +195,10 @@ impl ServerBuilder {
                 }
             }
         }
+        let admission =
+            xagent_connection::Admission::for_card(connector.card.clone(), self.config.admission);
         let shared = Arc::new(Shared {
+            admission,
             def: connector,
             device,
             config: self.config,

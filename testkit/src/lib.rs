@@ -7,7 +7,10 @@
 //! private temporary state directories made with `tempfile`, and helpers for tests that run
 //! the real binaries (their printed address, SIGTERM) or read a page's event stream. Used by
 //! `server-runtime`'s integration tests, `client-runtime`, the cli, `im.webchat`'s tests and
-//! xtask.
+//! xtask. [`module_layers`] is the one module-layer checker of the crates that keep their
+//! modules layered.
+
+pub mod module_layers;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

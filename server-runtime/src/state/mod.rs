@@ -36,16 +36,8 @@ use crate::ids;
 use crate::im::TryQueue;
 use crate::storage::{ChannelRecord, Storage, StorageError};
 
-/// Something to write on a socket.
-#[derive(Debug)]
-pub(crate) enum Outgoing {
-    /// A packet.
-    Packet(Packet),
-    /// A packet whose successful write is reported.
-    Tracked(Packet, tokio::sync::oneshot::Sender<bool>),
-    /// Close the socket with a code and reason.
-    Close(u16, String),
-}
+/// Something to write on a socket: the connection core's queue item.
+pub(crate) use xagent_connection::Outgoing;
 
 /// Where a channel's packets go right now: a socket, through that socket's [`Link`] (one
 /// shared value for every channel routed on the socket, not a copy per channel).
@@ -231,6 +223,9 @@ pub(crate) struct Shared {
     pub(crate) tool_calls: crate::tool_calls::ToolCalls,
     pub(crate) files: Option<xagent_file_transfer::FileStore>,
     pub(crate) files_upload_limit: u64,
+    /// The Card and version window every connection's session is judged by (the connection
+    /// core's one home of them), read when a connection starts.
+    pub(crate) admission: xagent_connection::Admission,
 }
 
 impl Shared {

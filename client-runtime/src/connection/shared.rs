@@ -1,0 +1,88 @@
+//! The state one data plane shares between its handle, its reader, writer and driver.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use tokio::sync::{Mutex, mpsc, watch};
+use xagent_connection::{Admission, Outbound, Requests};
+use xagent_protocol_types::{ConnectorChannelId, Packet};
+
+use super::{ClientConfig, ClientEvent, ConnectionState};
+use crate::ClientError;
+use crate::directory::ChannelDirectory;
+use crate::im_state::ImState;
+
+/// What an answer hands to the request's waiter.
+pub(crate) type Answer = Result<Packet, ClientError>;
+
+pub(crate) struct Shared {
+    pub(crate) config: ClientConfig,
+    /// The current connection's outbound handle (write queue, session, clock).
+    pub(crate) link: StdMutex<Option<Outbound>>,
+    /// The one request/ack correlation.
+    pub(crate) pending: Requests<Answer>,
+    /// The one home of the admitted Card, the announced Profiles and the window, read at
+    /// every connect and by the packet rules in both directions.
+    pub(crate) admission: Arc<Admission>,
+    /// Remembered channels: the id xAgent persisted -> the id currently open.
+    pub(crate) channels: StdMutex<BTreeMap<ConnectorChannelId, ConnectorChannelId>>,
+    pub(crate) directory: StdMutex<ChannelDirectory>,
+    pub(crate) state: watch::Sender<ConnectionState>,
+    pub(crate) events: mpsc::Sender<ClientEvent>,
+    pub(crate) im: Mutex<ImState>,
+    pub(crate) files: StdMutex<Option<Arc<dyn crate::FileSource>>>,
+    pub(crate) sink: StdMutex<Option<Arc<dyn crate::FileSink>>>,
+    /// The HTTP client of the control and transfer planes, made once per data plane (on first
+    /// use) and shared by every download and upload: a `reqwest::Client` holds a connection
+    /// pool, so one per file would open a new connection each time.
+    pub(crate) control: std::sync::OnceLock<crate::ControlPlane>,
+    pub(crate) validator: xagent_protocol_validate::Validator,
+}
+
+pub(crate) fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    pub(crate) fn now(&self) -> u64 {
+        self.config.clock.now_millis()
+    }
+
+    /// The control and transfer planes of this Connector (one client per data plane).
+    pub(crate) fn control(&self) -> crate::ControlPlane {
+        self.control
+            .get_or_init(|| {
+                crate::ControlPlane::new(self.config.base_url.clone(), self.config.api_key.clone())
+            })
+            .clone()
+    }
+
+    /// Replaces the admitted Card everywhere it is judged: the admission (packet rules, the
+    /// next hello and its ack's checks) and the directory (Descriptor rules).
+    pub(crate) fn set_card(&self, card: xagent_protocol_types::ConnectorCard) {
+        self.admission.set_card(card.clone());
+        match self.admission.facts() {
+            Some(facts) => lock(&self.directory).set_admitted(card, facts),
+            None => lock(&self.directory).set_card(card),
+        }
+    }
+
+    pub(crate) fn link(&self) -> Option<Outbound> {
+        lock(&self.link).clone()
+    }
+
+    pub(crate) fn set_state(&self, state: ConnectionState) {
+        self.state.send_replace(state.clone());
+        // State changes are advisory: never block the driver on a slow reader.
+        let _ = self.events.try_send(ClientEvent::State(state));
+    }
+}
+
+pub(crate) fn fail_pending(shared: &Shared) {
+    // Dropping the senders wakes every waiter with NotConnected.
+    shared.pending.fail_all();
+}
+
+pub(crate) async fn emit(shared: &Shared, event: ClientEvent) {
+    let _ = shared.events.send(event).await;
+}

@@ -1,0 +1,182 @@
+//! The reconnect driver: one connection's life (hello, its checks in `hello`), reopening
+//! channels.
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use xagent_connection::{CLOSE_POLICY, Outbound, WriterOptions};
+use xagent_protocol_types::{ChannelOpen, ConnectorChannelId, ConnectorId, Payload, Side};
+
+use super::frames::read_loop;
+use super::hello::check_hello_ack;
+use crate::ClientError;
+use crate::connection::{
+    ClientEvent, ConnectionState, SendRules, Shared, TapDirection, emit, fail_pending, lock,
+    request_on, request_typed,
+};
+use crate::transport::Transport;
+
+/// The reconnect loop: never gives up; the delay grows to the cap.
+pub(super) async fn supervise(shared: Arc<Shared>, transport: Box<dyn Transport>) {
+    let mut failures = 0u32;
+    let mut known_connector: Option<ConnectorId> = shared.config.connector_id.clone();
+    loop {
+        if failures == 0 {
+            shared.set_state(ConnectionState::Connecting { failures });
+        }
+        let outcome = run_connection(&shared, transport.as_ref(), &mut known_connector).await;
+        *lock(&shared.link) = None;
+        fail_pending(&shared);
+        shared.im.lock().await.on_disconnect(shared.now());
+        match outcome {
+            Ok(reason) => {
+                failures = 0;
+                emit(&shared, ClientEvent::Disconnected { reason }).await;
+            }
+            Err(error) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(failures, error = %error, "data-plane connection failed");
+                let reason = error.to_string();
+                let state = match &error {
+                    ClientError::Unauthorized { .. } => {
+                        ConnectionState::AuthFailed { reason: reason.clone() }
+                    }
+                    _ if shared.config.backoff.exhausted(failures) => {
+                        ConnectionState::Offline { failures, reason: reason.clone() }
+                    }
+                    _ => ConnectionState::Degraded { failures, reason: reason.clone() },
+                };
+                shared.set_state(state);
+                emit(&shared, ClientEvent::Disconnected { reason }).await;
+            }
+        }
+        let delay = shared.config.backoff.delay(failures.max(1));
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// One connection's life: connect, hello, reopen channels, read until it closes. Returns `Ok`
+/// with the close reason when hello had completed, `Err` otherwise.
+async fn run_connection(
+    shared: &Arc<Shared>,
+    transport: &dyn Transport,
+    known_connector: &mut Option<ConnectorId>,
+) -> Result<String, ClientError> {
+    let config = &shared.config;
+    let (sink, stream) = transport.connect().await?;
+    // What was admitted, read now: a Card re-admitted since the last connection reaches
+    // this session and this hello.
+    let admitted = shared.admission.current();
+    let session = Arc::new(StdMutex::new(admitted.session(Side::Xagent)));
+    let (link, writer) = Outbound::open(
+        Arc::clone(&session),
+        sink,
+        writer_options(shared),
+        256,
+        Arc::clone(&config.clock),
+    );
+    *lock(&shared.link) = Some(link);
+    let mut reader = Box::pin(read_loop(shared.clone(), session.clone(), stream));
+
+    // Hello, through the same request path as every other request.
+    let hello = admitted.hello(known_connector.as_ref());
+    let hello_answer = tokio::select! {
+        biased;
+        answer = request_on(shared, None, hello.into_body()) => answer,
+        reason = &mut reader => {
+            writer.abort();
+            return Err(ClientError::Transport {
+                endpoint: config.base_url.ws_url(),
+                reason: format!("closed before connector.hello.ack: {reason}"),
+            });
+        }
+    };
+    let hello_ack = match hello_answer.and_then(|packet| check_hello_ack(shared, &packet)) {
+        Ok(ack) => ack,
+        Err(error) => {
+            if let Some(link) = shared.link() {
+                link.close(CLOSE_POLICY, "connector.hello.ack refused").await;
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
+            return Err(error);
+        }
+    };
+    let connector_id = hello_ack.connector_id.clone();
+    let replaced = match known_connector.replace(connector_id.clone()) {
+        Some(previous) if previous != connector_id => Some(previous),
+        _ => None,
+    };
+    match replaced {
+        Some(previous) => {
+            shared.set_state(ConnectionState::Replaced {
+                previous: previous.clone(),
+                current: connector_id.clone(),
+            });
+            emit(
+                shared,
+                ClientEvent::ConnectorReplaced { previous, current: connector_id.clone() },
+            )
+            .await;
+        }
+        None => shared.set_state(ConnectionState::Online { connector_id: connector_id.clone() }),
+    }
+    emit(shared, ClientEvent::Connected { connector_id: connector_id.clone() }).await;
+
+    // Reopen remembered channels while the reader runs.
+    let reopen = tokio::spawn(reopen_channels(shared.clone(), connector_id));
+    let reason = reader.await;
+    reopen.abort();
+    writer.abort();
+    Ok(reason)
+}
+
+/// How this side's writer treats what it sends: the outbound size rule, the send rules (the
+/// Connector's receive rules, with the admitted Card), and the tap.
+fn writer_options(shared: &Shared) -> WriterOptions {
+    let mut options = WriterOptions::new(shared.config.max_packet_bytes);
+    options.judge = Some(Arc::new(SendRules {
+        validator: shared.validator.clone(),
+        admission: Arc::clone(&shared.admission),
+    }));
+    options.tap = shared.config.tap.clone().map(|tap| {
+        let see: xagent_connection::WriteTap =
+            Arc::new(move |text: &str| tap.see(TapDirection::Sent, text));
+        see
+    });
+    options
+}
+
+async fn reopen_channels(shared: Arc<Shared>, connector_id: ConnectorId) {
+    let remembered: Vec<(ConnectorChannelId, ConnectorChannelId)> =
+        lock(&shared.channels).iter().map(|(a, b)| (a.clone(), b.clone())).collect();
+    for (persisted, current) in remembered {
+        match request_typed(&shared, Some(&current), ChannelOpen::default()).await {
+            Ok(ack) => {
+                let new_id = ack.connector_channel_id.clone();
+                lock(&shared.channels).insert(persisted.clone(), new_id.clone());
+                lock(&shared.directory).rename(&current, &new_id);
+                shared.im.lock().await.on_channel_reopened(&current, &new_id, shared.now());
+                emit(
+                    &shared,
+                    ClientEvent::ChannelReopened {
+                        previous: current,
+                        current: new_id,
+                        descriptor: Box::new(ack.connection_descriptor),
+                    },
+                )
+                .await;
+            }
+            Err(error) => {
+                emit(
+                    &shared,
+                    ClientEvent::ChannelReopenFailed { channel: current, error: error.to_string() },
+                )
+                .await;
+            }
+        }
+    }
+    if matches!(*shared.state.borrow(), ConnectionState::Replaced { .. }) {
+        shared.set_state(ConnectionState::Online { connector_id });
+    }
+    crate::im::pump(&shared).await;
+}

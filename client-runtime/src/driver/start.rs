@@ -1,0 +1,105 @@
+//! Starting a data plane: the shared state, the IM pump and the reconnect driver.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use tokio::sync::{Mutex, mpsc, watch};
+use xagent_connection::{Admission, Requests};
+
+use super::reconnect::supervise;
+use crate::connection::{ClientConfig, ClientEvent, ConnectionState, Events, Shared};
+use crate::directory::ChannelDirectory;
+use crate::im_state::ImState;
+use crate::transport::{Transport, WsTransport};
+use crate::{ClientError, DataPlane};
+
+impl DataPlane {
+    /// Starts connecting over WebSocket in the background and returns the handle and the
+    /// bounded event stream. Wait for `online` with [`DataPlane::connected`].
+    pub fn connect(config: ClientConfig) -> Result<(Self, Events), ClientError> {
+        let transport = WsTransport::new(
+            config.base_url.clone(),
+            config.api_key.clone(),
+            config.max_frame_bytes,
+        );
+        Self::connect_with(config, transport)
+    }
+
+    /// Like [`DataPlane::connect`] over any transport (in-memory in tests). Fails only when the
+    /// durable store cannot be read.
+    pub fn connect_with(
+        config: ClientConfig,
+        transport: impl Transport,
+    ) -> Result<(Self, Events), ClientError> {
+        let (events, receiver) = mpsc::channel(config.event_capacity.max(1));
+        let (state_sender, state) = watch::channel(ConnectionState::Connecting { failures: 0 });
+        let now = config.clock.now_millis();
+        let im = ImState::open(config.store.clone(), now)?;
+        let admission = Arc::new(Admission::from_parts(
+            config.connector_card_id.clone(),
+            config.supported_profiles.clone(),
+            config.card.clone(),
+            config.window,
+        ));
+        let mut channels = BTreeMap::new();
+        let mut directory = ChannelDirectory::new(None);
+        if let (Some(card), Some(facts)) = (config.card.clone(), admission.facts()) {
+            directory.set_admitted(card, facts);
+        }
+        if let Some(store) = &config.store {
+            for remembered in store.load_channels().map_err(ClientError::Store)? {
+                channels.insert(remembered.channel.clone(), remembered.channel.clone());
+                directory.remember(remembered.channel, remembered.owner);
+            }
+        }
+        let config_window = config.window;
+        let shared = Arc::new(Shared {
+            im: Mutex::new(im),
+            config,
+            link: StdMutex::new(None),
+            pending: Requests::new(),
+            admission,
+            channels: StdMutex::new(channels),
+            directory: StdMutex::new(directory),
+            state: state_sender,
+            events,
+            files: StdMutex::new(None),
+            sink: StdMutex::new(None),
+            control: std::sync::OnceLock::new(),
+            validator: xagent_protocol_validate::Validator::new().with_window(config_window),
+        });
+        let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
+        let supervisor = shared.clone();
+        let task = tokio::spawn(async move {
+            supervise(supervisor, Box::new(transport)).await;
+            pump.abort();
+        });
+        Ok((Self { shared, state, task: Arc::new(task) }, receiver))
+    }
+
+    /// Starts connecting with an in-memory store and returns the handle and an unbounded relay
+    /// of the bounded event stream (kept for callers written before [`DataPlane::connect`]).
+    pub fn start(config: ClientConfig) -> (Self, mpsc::UnboundedReceiver<ClientEvent>) {
+        let config = ClientConfig { store: None, ..config };
+        let transport = WsTransport::new(
+            config.base_url.clone(),
+            config.api_key.clone(),
+            config.max_frame_bytes,
+        );
+        let (relay, receiver) = mpsc::unbounded_channel();
+        match Self::connect_with(config, transport) {
+            Ok((plane, mut events)) => {
+                tokio::spawn(async move {
+                    while let Some(event) = events.recv().await {
+                        if relay.send(event).is_err() {
+                            break;
+                        }
+                    }
+                });
+                (plane, receiver)
+            }
+            // Unreachable: without a store there is nothing to read.
+            Err(error) => unreachable!("an in-memory data plane cannot fail to start: {error}"),
+        }
+    }
+}

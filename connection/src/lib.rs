@@ -1,0 +1,63 @@
+//! # xagent-connection
+//!
+//! The connection core of the **xAgent Connector Protocol 3.0**: what a data-plane connection
+//! is, written once and run by both sides (`xagent-server-runtime` on the Connector side,
+//! `xagent-client-runtime` on the xAgent side). No WebSocket library is in here: a connection
+//! is a `Stream`/`Sink` of [`Frame`]s, so it runs over axum, tungstenite or in-memory channels.
+//!
+//! - [`Driver`]: the read loop, generic over the frame stream and over the side
+//!   ([`Endpoint`]: [`ConnectorEnd`], [`XagentEnd`]); the frame rules (size limit with close
+//!   1009, invalid UTF-8 with close 1007); [`judge_received`] gives both sides one verdict on a
+//!   decoded packet (a Profile not in effect is dropped, then `protocol-validate`'s `Session`
+//!   decides).
+//! - [`write_loop`] and [`Outbound`]: one bounded writer per connection; every packet passes the
+//!   optional [`OutboundJudge`], `Session::on_sent` and the outbound size rule
+//!   ([`within_limit`]) before a byte leaves; packets are stamped with the injected clock.
+//! - [`Requests`]: the one request/ack correlation, keyed by `request_id`, with timeouts that
+//!   make the session forget the request.
+//! - [`Admission`]: the one home of the admitted Card's facts, the announced Profiles and the
+//!   version window; every connection reads it when it starts.
+//!
+//! ```
+//! use xagent_connection::{Admission, XagentEnd, Endpoint};
+//! use xagent_protocol_types::Side;
+//! use xagent_protocol_validate::AdmissionWindow;
+//!
+//! let admission =
+//!     Admission::from_parts("im.example".into(), vec!["xagent.im.v2".into()], None, AdmissionWindow::default());
+//! let hello = admission.current().hello(None);
+//! assert_eq!(hello.supported_profiles.as_deref().map(<[_]>::len), Some(1));
+//! assert_eq!(XagentEnd::REMOTE, Side::Connector);
+//! ```
+
+mod admission;
+mod driver;
+mod frame;
+mod outbound;
+mod writer;
+
+pub use admission::{Admission, Admitted};
+pub use driver::{
+    ConnectorEnd, Driver, Ended, Endpoint, Flow, FrameHandler, Received, XagentEnd, judge_received,
+    profile_not_in_effect,
+};
+pub use frame::{
+    CLOSE_GOING_AWAY, CLOSE_INVALID_DATA, CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TOO_BIG, Frame,
+    FrameError,
+};
+pub use outbound::{Outbound, RequestError, Requests};
+pub use writer::{
+    OutboundJudge, OutboundRefusal, Outgoing, SendError, WriteTap, WriterOptions, encode_outgoing,
+    within_limit, write_loop,
+};
+
+/// Locks a mutex, taking the value of a poisoned one (a panicked holder leaves consistent
+/// state behind in every lock of this crate: each update is one assignment).
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A fresh `packet_id` for packets the core makes itself (a substituted oversized ack).
+pub(crate) fn packet_id() -> xagent_protocol_types::PacketId {
+    xagent_protocol_types::PacketId::new(xagent_protocol_types::IdKind::Packet.mint(rand::random()))
+}
