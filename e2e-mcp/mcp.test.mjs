@@ -4,7 +4,9 @@
 // stdio (API key in the environment, never on the command line) and, acting as the agent:
 //   1. lists the Tools (the Connector's, projected, plus the built-ins), the Skill prompt and
 //      the server instructions;
-//   2. calls webchat_message_send and finds the text on the page through the visitor API;
+//   2. calls webchat_message_send and finds the text on the page through the visitor API, once
+//      without connector_channel_id and once with a made-up one (section 10.1: it selects
+//      nothing, the call runs on the signed-in channel);
 //   3. subscribes to the channel's messages resource; a visitor message arrives through
 //      notifications/resources/updated and the resource (once), and through
 //      connector_message_wait exactly once;
@@ -219,7 +221,14 @@ async function main() {
     const sent = structured(await call(client, 'webchat_message_send', { text: 'hello from an MCP agent' }));
     assert.equal(sent.status, 'sent');
     await until(async () => (await visitor.agentMessages()).some((m) => m.text === 'hello from an MCP agent'), 'the message on the page');
-    log('ok 2 - webchat_message_send reaches the page');
+    // Section 10.1: the model's connector_channel_id selects nothing. A made-up one still runs
+    // on the bridge's signed-in channel (the schema does not even offer the argument).
+    const sendTool = tools.find((t) => t.name === 'webchat_message_send');
+    assert.ok(!('connector_channel_id' in (sendTool.inputSchema.properties ?? {})), 'the channel is not a choice');
+    const madeUp = structured(await call(client, 'webchat_message_send', { connector_channel_id: 'cch_made_up_by_the_model', text: 'via a made-up channel id' }));
+    assert.equal(madeUp.status, 'sent');
+    await until(async () => (await visitor.agentMessages()).some((m) => m.text === 'via a made-up channel id'), 'the made-up-channel message on the page');
+    log('ok 2 - webchat_message_send reaches the page, with or without a (made-up) connector_channel_id');
 
     // 3. A visitor message: resource subscription and waiting Tool, exactly once.
     const resourceUri = channel.messages_resource;

@@ -17,14 +17,14 @@ use std::time::Duration;
 
 use clap::Args;
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, InboundMessage, admit,
+    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, FileContent, InboundMessage, admit,
 };
 use xagent_connector_webchat::{
     CARD_ID, QR_FLOW, ROOM_FLOW, Webchat, WebchatOptions, room_id_from_name,
 };
 use xagent_protocol_types::{
-    AuthInput, AuthStart, AuthStatus, AuthStatusRequest, ChatActivity, ChatFile, ChatMessage,
-    ChatMessageDelta, ConnectionStatus, ConnectorChannelId, ErrorCode, Secret,
+    AuthInput, AuthStart, AuthStatus, AuthStatusRequest, ChatActivity, ChatMessage,
+    ConnectionStatus, ConnectorChannelId, ErrorCode, Secret,
 };
 use xagent_protocol_validate::AdmissionWindow;
 
@@ -374,15 +374,11 @@ async fn answer(
                     .or(download.content_type.clone())
                     .unwrap_or_else(|| "application/octet-stream".into());
                 let size = download.bytes.len();
-                match control.upload(&channel, &name, &mime, download.bytes).await {
-                    Ok(upload) => {
-                        let file_type = file.file_type.clone();
-                        returned.push(
-                            ChatFile::new(file_type, upload.file_ref)
-                                .with_filename(name.clone())
-                                .with_mime_type(mime)
-                                .with_byte_size(size as u64),
-                        );
+                let content =
+                    FileContent { filename: name.clone(), mime_type: mime, bytes: download.bytes };
+                match plane.upload_message_file(&channel, content).await {
+                    Ok(uploaded) => {
+                        returned.push(uploaded);
                         notes.push(format!("{name} ({size} bytes)"));
                     }
                     Err(error) => notes.push(format!("{name} (could not send it back: {error})")),
@@ -394,9 +390,10 @@ async fn answer(
     let reply = compose(&text, &notes);
     let message_id = format!("msg_demo_{}", random_hex(12));
     let words: Vec<&str> = reply.split_inclusive(' ').collect();
-    for (index, chunk) in words.chunks(3).enumerate() {
-        let delta = ChatMessageDelta::new(message_id.clone(), index as u64 + 1, chunk.concat());
-        if plane.send_delta(&channel, delta).await.is_err() {
+    // The runtime numbers the deltas (1, 2, 3, ...); the final message closes the stream.
+    let mut stream = plane.stream_message(&channel, message_id.as_str());
+    for chunk in words.chunks(3) {
+        if stream.delta(chunk.concat()).await.is_err() {
             break;
         }
         tokio::time::sleep(interval).await;
@@ -410,7 +407,7 @@ async fn answer(
         ChatMessage::with_files(message_id, Some(reply), returned)
     }
     .created_at(now);
-    if let Err(error) = plane.send_chat_message(&channel, final_message).await {
+    if let Err(error) = stream.finish(final_message).await {
         eprintln!("the stand-in could not send its reply: {error}");
     }
 }

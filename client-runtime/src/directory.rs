@@ -8,9 +8,11 @@ use std::sync::Arc;
 use serde::Serialize;
 use xagent_protocol_types::{
     ConnectionDescriptor, ConnectionStatus, ConnectorCard, ConnectorCardId, ConnectorChannelId,
-    ErrorCode, PermissionState, ToolStatus, WireError,
+    ErrorCode, UserChannelMode, WireError,
 };
 use xagent_protocol_validate::{CardFacts, DescriptorContext};
+
+use crate::error::UserChannelLimit;
 
 /// A dedicated xAgent session's fixed binding to one channel of one Card (step 1 of 10.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,21 +61,10 @@ impl ChannelEntry {
         )
     }
 
-    /// Whether a Card Tool can run here now: authenticated, `connected` (or `degraded` with the
-    /// Tool still available), the Descriptor lists the Tool `available`, and the target
-    /// permission does not deny it.
+    /// Whether a Card Tool can run here now: the Descriptor's availability rule
+    /// ([`ConnectionDescriptor::is_tool_available`]), the same one the Tool projection asks.
     pub fn tool_available(&self, tool_id: &str) -> bool {
-        let Some(descriptor) = &self.descriptor else { return false };
-        if !matches!(
-            descriptor.connection.status,
-            ConnectionStatus::Connected | ConnectionStatus::Degraded
-        ) {
-            return false;
-        }
-        descriptor.tool(tool_id).is_some_and(|tool| {
-            tool.status == ToolStatus::Available
-                && !matches!(tool.target_permission_state, Some(PermissionState::Denied))
-        })
+        self.descriptor.as_ref().is_some_and(|descriptor| descriptor.is_tool_available(tool_id))
     }
 }
 
@@ -90,13 +81,16 @@ pub struct ChannelDirectory {
     /// plane through [`ChannelDirectory::card_facts`].
     facts: Option<Arc<CardFacts>>,
     entries: Vec<ChannelEntry>,
+    /// Users with a first `channel.open` in flight under `user_channel_mode: single`
+    /// (held by `crate::channel_mode`).
+    pub(crate) opening: Vec<String>,
 }
 
 impl ChannelDirectory {
     /// An empty directory checked against `card` (unchecked without one).
     pub fn new(card: Option<ConnectorCard>) -> Self {
         let facts = card.as_ref().map(|card| Arc::new(CardFacts::from_card(card)));
-        Self { card, facts, entries: Vec::new() }
+        Self { card, facts, entries: Vec::new(), opening: Vec::new() }
     }
 
     /// The admitted Card.
@@ -175,14 +169,53 @@ impl ChannelDirectory {
         self.entries.retain(|e| &e.connector_channel_id != channel);
     }
 
-    /// A reopened channel came back under a new id.
+    /// A reopened channel came back under a new id. The reopen's ack may already have recorded
+    /// its Descriptor under the new id: the two entries become one (that Descriptor, the
+    /// earlier owner), never two entries with one id.
     pub fn rename(&mut self, previous: &ConnectorChannelId, current: &ConnectorChannelId) {
         if previous == current {
             return;
         }
-        if let Some(entry) = self.entries.iter_mut().find(|e| &e.connector_channel_id == previous) {
-            entry.connector_channel_id = current.clone();
+        let Some(index) = self.entries.iter().position(|e| &e.connector_channel_id == previous)
+        else {
+            return;
+        };
+        let old = self.entries.remove(index);
+        let entry = self.entry_mut(current);
+        if entry.owner.is_none() {
+            entry.owner = old.owner;
         }
+    }
+
+    /// `supports.user_channel_mode` (protocol 4.1), asked before `channel.open` for `owner`:
+    /// with `multiple`, or without an admitted Card, anything goes. Otherwise (`single`, also
+    /// when the Card leaves the mode out) a user who owns a channel may reopen only that one
+    /// (`existing`), and a user whose first open is still in flight may not start another.
+    /// `Ok(true)`: a new channel, whose place the caller holds until its open completes.
+    pub fn check_user_channel_mode(
+        &self,
+        owner: &str,
+        existing: Option<&ConnectorChannelId>,
+    ) -> Result<bool, UserChannelLimit> {
+        let Some(card) = &self.card else { return Ok(false) };
+        if card.supports.effective_user_channel_mode() == UserChannelMode::Multiple {
+            return Ok(false);
+        }
+        if let Some(other) =
+            self.owned_by(owner).find(|e| Some(&e.connector_channel_id) != existing)
+        {
+            return Err(UserChannelLimit {
+                owner: owner.to_owned(),
+                existing: Some(other.connector_channel_id.clone()),
+            });
+        }
+        if existing.is_some_and(|channel| self.owner(channel).as_deref() == Some(owner)) {
+            return Ok(false);
+        }
+        if self.opening.iter().any(|o| o == owner) {
+            return Err(UserChannelLimit { owner: owner.to_owned(), existing: None });
+        }
+        Ok(true)
     }
 
     /// Checks a Descriptor for `channel` against the Descriptor rules (identity, Profiles within
@@ -338,8 +371,8 @@ mod tests {
     use super::*;
     use serde_json::json;
     use xagent_protocol_types::{
-        BuildInfo, CardTool, Connection, ConnectorInfo, DescriptorTarget, DescriptorTool, Supports,
-        TargetType,
+        BuildInfo, CardTool, Connection, ConnectorInfo, DescriptorTarget, DescriptorTool,
+        PermissionState, Supports, TargetType, ToolStatus,
     };
 
     fn schema() -> serde_json::Map<String, serde_json::Value> {

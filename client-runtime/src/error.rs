@@ -1,6 +1,6 @@
 //! Errors of the xAgent-side runtime, each with the protocol's stable code.
 
-use xagent_protocol_types::{ErrorCode, WireError};
+use xagent_protocol_types::{ConnectorChannelId, ErrorCode, FileRef, WireError};
 
 use crate::BaseUrlError;
 
@@ -94,6 +94,29 @@ pub enum ClientError {
     /// The durable store failed.
     #[error(transparent)]
     Store(#[from] xagent_profile_im::StoreError),
+    /// A `chat.message.delta` was not sent: its `sequence` is not the next one of its message
+    /// (0, a gap, or a repeat with other text), or a per-message bound was reached; the same
+    /// verdict the Connector would give.
+    #[error("delta not sent: {0}")]
+    Delta(#[from] xagent_profile_im::DeltaError),
+    /// A delta for a message that is already final (its `chat.message` was queued) or whose
+    /// stream expired: the Connector would ignore it.
+    #[error(
+        "delta not sent: message {message_id} on channel {channel} is already final or its stream expired; stream a new message under a new message_id"
+    )]
+    StreamClosed {
+        /// The channel.
+        channel: ConnectorChannelId,
+        /// The message.
+        message_id: xagent_protocol_types::MessageId,
+    },
+    /// A file of an assistant message is not one this client uploaded on the message's
+    /// channel, or it expired.
+    #[error(transparent)]
+    OutboundFile(#[from] OutboundFileError),
+    /// `supports.user_channel_mode` is `single` and the user already has a channel.
+    #[error(transparent)]
+    UserChannelLimit(#[from] UserChannelLimit),
 }
 
 impl ClientError {
@@ -114,6 +137,10 @@ impl ClientError {
             }
             Self::TooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::Store(_) => ErrorCode::InternalError,
+            Self::Delta(error) => error.code(),
+            Self::StreamClosed { .. } => ErrorCode::SequenceConflict,
+            Self::OutboundFile(error) => error.code(),
+            Self::UserChannelLimit(_) => ErrorCode::CapacityExceeded,
         }
     }
 
@@ -127,5 +154,64 @@ impl ClientError {
                 | Self::Http { .. }
                 | Self::Withheld(_)
         )
+    }
+}
+
+/// A `channel.open` the Card's `supports.user_channel_mode` does not allow: the mode is
+/// `single` (or omitted, which reads as `single`) and the user already has a channel.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "user {owner} already has {} and the Card's user_channel_mode is single: reopen that channel (pass it as the existing channel) to sign in again, or forget it before opening another",
+    match existing { Some(channel) => format!("channel {channel}"), None => "a channel being opened".to_owned() }
+)]
+pub struct UserChannelLimit {
+    /// The xAgent user.
+    pub owner: String,
+    /// The user's channel (`None`: another open for the user is still waiting for its ack).
+    pub existing: Option<ConnectorChannelId>,
+}
+
+/// Why a file of an assistant message was refused before sending.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboundFileError {
+    /// This client did not upload the `file_ref` (or forgot it after it expired).
+    #[error(
+        "file_ref {file_ref} was not uploaded by this client; upload the file on channel {channel} with DataPlane::upload_message_file and put the file item it returns in the message"
+    )]
+    NotUploaded {
+        /// The reference.
+        file_ref: FileRef,
+        /// The message's channel.
+        channel: ConnectorChannelId,
+    },
+    /// The `file_ref` was uploaded on another channel; the Connector binds it to that one.
+    #[error(
+        "file_ref {file_ref} was uploaded on another channel, not {channel}; a file_ref belongs to the channel it was uploaded on: upload the file again on this channel"
+    )]
+    OtherChannel {
+        /// The reference.
+        file_ref: FileRef,
+        /// The message's channel.
+        channel: ConnectorChannelId,
+    },
+    /// The Connector's expiry of the `file_ref` has passed.
+    #[error("file_ref {file_ref} expired at {expired_at} (Unix ms); upload the file again")]
+    Expired {
+        /// The reference.
+        file_ref: FileRef,
+        /// When it expired (the upload answer's `expires_at`).
+        expired_at: u64,
+    },
+}
+
+impl OutboundFileError {
+    /// The Transfer Plane's code for the same case: `file_not_found` for an unknown or
+    /// expired reference, `forbidden` for one of another channel.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::NotUploaded { .. } | Self::Expired { .. } => ErrorCode::FileNotFound,
+            Self::OtherChannel { .. } => ErrorCode::Forbidden,
+        }
     }
 }

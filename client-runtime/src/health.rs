@@ -1,7 +1,10 @@
 //! Health monitoring: `/health` only, periodically. 401/403 is an authentication failure; other
 //! failures count, one or two in a row give `degraded`, three or more `offline`; a success
 //! resets. A change of connector version, protocol version or build asks for a Card and Skill
-//! refetch.
+//! refetch. An incompatible Connector cannot stay online: while `/health`'s protocol version or
+//! build differs from the admitted Card, also after the refetch, the status is `offline` with
+//! that reason, until the two agree. A re-admitted Card goes to the data plane
+//! ([`HealthMonitor::spawn_feeding`]), so the next hello and the Tool projection use it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +13,9 @@ use tokio::sync::{RwLock, watch};
 use xagent_protocol_types::{ConnectorCard, HealthResponse};
 
 use crate::{ClientError, ControlPlane};
+
+/// Where a re-admitted Card goes (the data plane's `set_card`).
+type CardHook = Box<dyn Fn(ConnectorCard) + Send + Sync>;
 
 /// Consecutive failures from which the Connector is `offline`.
 pub const OFFLINE_AFTER_FAILURES: u32 = 3;
@@ -119,19 +125,14 @@ impl HealthTracker {
                             card.connector_card_id
                         ),
                     };
-                } else if health.protocol_version != card.protocol_version
-                    || health.build != card.build
-                {
+                } else if let Some(reason) = card_disagreement(&health, card) {
                     // The running Connector is not the admitted one: offline until a refetch
-                    // re-admits it.
+                    // brings a Card that agrees with it.
                     refetch_card = true;
                     self.failures = 0;
                     self.status = HealthStatus::Offline {
                         failures: 0,
-                        reason: format!(
-                            "/health reports protocol {} and another build than the admitted Card (protocol {}); refetching the Card",
-                            health.protocol_version, card.protocol_version
-                        ),
+                        reason: format!("{reason}; refetching the Card"),
                     };
                 } else {
                     refetch_card = health
@@ -146,11 +147,19 @@ impl HealthTracker {
         HealthUpdate { changed: self.status != before, status: self.status.clone(), refetch_card }
     }
 
-    /// A refetched Card was admitted again: the Connector is online.
-    pub fn readmitted(&mut self) -> HealthUpdate {
+    /// A refetched Card was admitted again: the Connector is online when the `/health` that
+    /// asked for the refetch agrees with it, and stays offline (with the reason) when its
+    /// protocol version or build still differs.
+    pub fn readmitted(&mut self, health: &HealthResponse, card: &ConnectorCard) -> HealthUpdate {
         let before = self.status.clone();
         self.failures = 0;
-        self.status = HealthStatus::Online;
+        self.status = match card_disagreement(health, card) {
+            None => HealthStatus::Online,
+            Some(reason) => HealthStatus::Offline {
+                failures: 0,
+                reason: format!("{reason}, also after the refetch; offline until they agree"),
+            },
+        };
         HealthUpdate {
             changed: self.status != before,
             status: self.status.clone(),
@@ -180,6 +189,32 @@ impl HealthTracker {
     }
 }
 
+/// The health rule's one home: `/health` must report the admitted Card's protocol version and
+/// build. `Some(reason)` when it does not.
+fn card_disagreement(health: &HealthResponse, card: &ConnectorCard) -> Option<String> {
+    let protocol = health.protocol_version != card.protocol_version;
+    let build = health.build != card.build;
+    let what = match (protocol, build) {
+        (false, false) => return None,
+        (true, false) => format!(
+            "protocol {} (the admitted Card says {})",
+            health.protocol_version, card.protocol_version
+        ),
+        (false, true) => format!(
+            "build {} (the admitted Card says {})",
+            health.build.build_time, card.build.build_time
+        ),
+        (true, true) => format!(
+            "protocol {} and build {} (the admitted Card says {} and {})",
+            health.protocol_version,
+            health.build.build_time,
+            card.protocol_version,
+            card.build.build_time
+        ),
+    };
+    Some(format!("/health reports {what}"))
+}
+
 /// A running health monitor: probes `/health` every `interval`, refetches and re-admits the
 /// Card when the health document says it changed, and publishes the status.
 #[derive(Debug)]
@@ -205,6 +240,43 @@ impl HealthMonitor {
             + Sync
             + 'static,
     {
+        Self::start(control, card, interval, readmit, None)
+    }
+
+    /// Like [`HealthMonitor::spawn`], and every re-admitted Card also goes to `on_card` before
+    /// [`HealthMonitor::refreshed`] changes. Give it the data plane's
+    /// [`crate::DataPlane::set_card`], so the next hello, the packet rules and the Tool
+    /// projection read the new Card.
+    pub fn spawn_feeding<F, C>(
+        control: ControlPlane,
+        card: Arc<RwLock<ConnectorCard>>,
+        interval: Duration,
+        readmit: F,
+        on_card: C,
+    ) -> Self
+    where
+        F: Fn(&serde_json::Value, &crate::SkillDocument) -> Result<ConnectorCard, String>
+            + Send
+            + Sync
+            + 'static,
+        C: Fn(ConnectorCard) + Send + Sync + 'static,
+    {
+        Self::start(control, card, interval, readmit, Some(Box::new(on_card)))
+    }
+
+    fn start<F>(
+        control: ControlPlane,
+        card: Arc<RwLock<ConnectorCard>>,
+        interval: Duration,
+        readmit: F,
+        on_card: Option<CardHook>,
+    ) -> Self
+    where
+        F: Fn(&serde_json::Value, &crate::SkillDocument) -> Result<ConnectorCard, String>
+            + Send
+            + Sync
+            + 'static,
+    {
         let (sender, status) = watch::channel(HealthStatus::Unknown);
         let (refresh, refreshed) = watch::channel(0u64);
         let skill: Arc<RwLock<Option<String>>> = Arc::default();
@@ -215,10 +287,15 @@ impl HealthMonitor {
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticker.tick().await;
+                let before = tracker.status().clone();
                 let outcome = ProbeOutcome::from(control.health().await);
+                let probed = match &outcome {
+                    ProbeOutcome::Healthy(health) => Some(health.clone()),
+                    _ => None,
+                };
                 let current = card.read().await.clone();
                 let mut update = tracker.record(outcome, &current);
-                if update.refetch_card {
+                if let (true, Some(health)) = (update.refetch_card, probed) {
                     let refetched = async {
                         let json = control.card_json().await.map_err(|e| e.to_string())?;
                         let skill = control.skill().await.map_err(|e| e.to_string())?;
@@ -227,21 +304,27 @@ impl HealthMonitor {
                     .await;
                     match refetched {
                         Ok((new_card, new_skill)) => {
-                            tracing::info!(card = %new_card.connector_card_id, version = %new_card.connector.version, "Card refetched after a health change");
-                            *card.write().await = new_card;
-                            *kept_skill.write().await = match new_skill {
+                            let new_skill = match new_skill {
                                 crate::SkillDocument::Present(text) => Some(text),
                                 crate::SkillDocument::Absent => None,
                             };
-                            if matches!(update.status, HealthStatus::Offline { .. }) {
-                                update = tracker.readmitted();
+                            let skill_changed = *kept_skill.read().await != new_skill;
+                            let card_changed = new_card != current;
+                            if card_changed || skill_changed {
+                                tracing::info!(card = %new_card.connector_card_id, version = %new_card.connector.version, "Card refetched after a health change");
+                                *card.write().await = new_card.clone();
+                                *kept_skill.write().await = new_skill;
+                                if let Some(on_card) = &on_card {
+                                    on_card(new_card.clone());
+                                }
+                                refresh.send_modify(|generation| *generation += 1);
                             }
-                            refresh.send_modify(|generation| *generation += 1);
+                            update = tracker.readmitted(&health, &new_card);
                         }
                         Err(reason) => update = tracker.incompatible(reason),
                     }
                 }
-                if update.changed {
+                if update.status != before {
                     tracing::info!(status = ?update.status, "Connector health changed");
                 }
                 if sender.send(update.status).is_err() {
@@ -252,8 +335,9 @@ impl HealthMonitor {
         Self { status, refreshed, skill, task }
     }
 
-    /// Changes each time a refetch admitted a new Card and Skill: the application refreshes
-    /// the model's Tool list (and gives the Card to [`crate::DataPlane::set_card`]).
+    /// Changes each time a refetch admitted a changed Card or Skill: the application refreshes
+    /// the model's Tool list (a monitor started with [`HealthMonitor::spawn_feeding`] has
+    /// already handed the Card on; otherwise give it to [`crate::DataPlane::set_card`]).
     pub fn refreshed(&self) -> watch::Receiver<u64> {
         self.refreshed.clone()
     }
@@ -357,13 +441,40 @@ mod tests {
         let update = tracker.record(ProbeOutcome::Healthy(Box::new(rebuilt)), &card);
         assert!(matches!(update.status, HealthStatus::Offline { .. }), "{update:?}");
         assert!(update.refetch_card);
-        assert_eq!(tracker.readmitted().status, HealthStatus::Online);
+        // The refetch brought a Card that agrees with /health: online again.
+        let mut readmitted = card.clone();
+        readmitted.build = BuildInfo::new("2612010000");
+        let agreeing = HealthResponse::for_card(&readmitted);
+        assert_eq!(tracker.readmitted(&agreeing, &readmitted).status, HealthStatus::Online);
+        let card = readmitted;
         // A newer connector.version alone refetches but stays online.
         let mut newer = HealthResponse::for_card(&card);
         newer.connector_card_version = Some("1.1.0".into());
         let update = tracker.record(ProbeOutcome::Healthy(Box::new(newer)), &card);
         assert_eq!(update.status, HealthStatus::Online);
         assert!(update.refetch_card);
+    }
+
+    #[test]
+    fn health_rule_an_incompatible_connector_stays_offline_when_the_refetched_card_still_differs() {
+        let card = card();
+        let mut tracker = HealthTracker::new();
+        let mut other_protocol = HealthResponse::for_card(&card);
+        other_protocol.protocol_version = "3.1".into();
+        for _ in 0..3 {
+            let update =
+                tracker.record(ProbeOutcome::Healthy(Box::new(other_protocol.clone())), &card);
+            assert!(update.refetch_card);
+            // The refetch brought the same Card again: it still disagrees.
+            let after = tracker.readmitted(&other_protocol, &card);
+            match &after.status {
+                HealthStatus::Offline { reason, .. } => {
+                    assert!(reason.contains("protocol 3.1"), "{reason}");
+                    assert!(reason.contains("after the refetch"), "{reason}");
+                }
+                other => panic!("an incompatible Connector cannot be online: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -6,14 +6,19 @@
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
-use xagent_profile_im::{Admission, Delivery, EnqueueOutcome, OutboxStats, validate_chat_message};
+use xagent_profile_im::{
+    Admission, Delivery, DeltaAction, EnqueueOutcome, OutboxStats, validate_chat_message,
+};
 use xagent_protocol_types::{
-    ChatActivity, ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId, ErrorCode,
-    MessageId, Packet, PacketBody, PacketId, Payload, Side,
+    ChatActivity, ChatFile, ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId,
+    ErrorCode, MessageId, Packet, PacketBody, PacketId, Payload, Side, UploadResponse,
 };
 
 use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, lock, send_on};
-use crate::{ClientError, DataPlane, ids};
+use crate::im_state::ImState;
+use crate::stream::MessageStream;
+use crate::uploads::message_file;
+use crate::{ClientError, DataPlane, FileContent, ids};
 
 /// Sends every outbox delivery that is due. Safe to call at any time. The IM lock is not held
 /// while packets are written: deliveries are marked sent first and marked failed if the write
@@ -215,7 +220,16 @@ pub(crate) async fn on_chat_message_ack(shared: &Arc<Shared>, packet: Packet) {
         let mut im = shared.im.lock().await;
         let persisted = im.persisted(&channel);
         match im.outbox.on_ack(&persisted, &ack, &reply_to, shared.now()) {
-            Ok(outcome) => tracing::debug!(?outcome, "chat.message.ack applied"),
+            Ok(outcome) => {
+                if matches!(
+                    outcome,
+                    xagent_profile_im::AckOutcome::Delivered { .. }
+                        | xagent_profile_im::AckOutcome::Failed { .. }
+                ) {
+                    shared.settled.settle(&persisted, &ack);
+                }
+                tracing::debug!(?outcome, "chat.message.ack applied");
+            }
             Err(error) => tracing::warn!(error = %error, "chat.message.ack not applied"),
         }
     }
@@ -223,33 +237,157 @@ pub(crate) async fn on_chat_message_ack(shared: &Arc<Shared>, packet: Packet) {
     pump(shared).await;
 }
 
+/// Judges a delta by the per-message sequence rule and records it: the next `sequence`, or
+/// an identical repeat of one already sent; a gap or a changed repeat is refused, and so is
+/// any delta after the message's final. `Ok(true)` when it was recorded as a new delta (to be
+/// withdrawn if its write fails). A `sequence` of 0 is left to the payload rules the writer
+/// runs on every packet, which refuse it naming their rule.
+fn judge_delta(
+    im: &mut ImState,
+    channel: &ConnectorChannelId,
+    delta: &ChatMessageDelta,
+    now: u64,
+) -> Result<bool, ClientError> {
+    if delta.sequence == 0 {
+        return Ok(false);
+    }
+    let persisted = im.persisted(channel);
+    match im.deltas.on_delta(&persisted, delta, now) {
+        Ok(DeltaAction::Late) => Err(ClientError::StreamClosed {
+            channel: channel.clone(),
+            message_id: delta.message_id.clone(),
+        }),
+        Ok(DeltaAction::Replay) => Ok(false),
+        Ok(_) => Ok(true),
+        Err(error) => Err(ClientError::Delta(error)),
+    }
+}
+
 impl DataPlane {
     /// Queues a complete assistant message for a channel. It stays pending until the Connector
     /// acks `accepted` or `duplicate`, and is redelivered with the same `message_id` after
-    /// timeouts, disconnects and retryable rejections, until it expires.
+    /// timeouts, disconnects and retryable rejections, until it expires. Every file must be
+    /// one [`DataPlane::upload_message_file`] uploaded on this channel and not yet expired
+    /// ([`crate::OutboundFileError`] otherwise, nothing queued). The message closes its delta
+    /// stream: later deltas of the same `message_id` are refused.
     pub async fn send_chat_message(
         &self,
         channel: &ConnectorChannelId,
         message: ChatMessage,
     ) -> Result<EnqueueOutcome, ClientError> {
         let outcome = {
+            let now = self.shared().now();
             let mut im = self.shared().im.lock().await;
+            im.uploads.check(channel, &message.files, now)?;
             let persisted = im.persisted(channel);
-            im.outbox
-                .enqueue(&persisted, message, self.shared().now())
-                .map_err(|e| ClientError::Protocol(e.to_string()))?
+            let message_id = message.message_id.clone();
+            let outcome = im
+                .outbox
+                .enqueue(&persisted, message, now)
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            im.deltas.on_final(&persisted, &message_id);
+            outcome
         };
         pump(self.shared()).await;
         Ok(outcome)
     }
 
+    /// Starts streaming an assistant message on `channel`: the runtime numbers its deltas from
+    /// 1 ([`MessageStream::delta`]) and its final message closes it
+    /// ([`MessageStream::finish`]).
+    pub fn stream_message(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: impl Into<MessageId>,
+    ) -> MessageStream {
+        MessageStream::new(self.clone(), channel.clone(), message_id.into())
+    }
+
     /// Sends a text delta of an assistant message (no ack; the final message completes it).
+    /// Its `sequence` must be the message's next one (1 for the first) or an identical repeat
+    /// of one already sent: anything else is refused here with the Connector's own verdict and
+    /// not sent (0: [`ClientError::Invalid`] from the payload rules; a gap or a changed
+    /// repeat: [`ClientError::Delta`]; after the final: [`ClientError::StreamClosed`]).
+    /// [`DataPlane::stream_message`] numbers the deltas itself.
     pub async fn send_delta(
         &self,
         channel: &ConnectorChannelId,
         delta: ChatMessageDelta,
     ) -> Result<(), ClientError> {
-        self.send_push(channel, delta).await
+        let recorded = {
+            let now = self.shared().now();
+            let mut im = self.shared().im.lock().await;
+            judge_delta(&mut im, channel, &delta, now)?
+        };
+        self.write_delta(channel, delta, recorded).await
+    }
+
+    /// Numbers and records the next delta of a streamed message.
+    pub(crate) async fn next_delta(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+        text: String,
+    ) -> Result<ChatMessageDelta, ClientError> {
+        let now = self.shared().now();
+        let mut im = self.shared().im.lock().await;
+        let persisted = im.persisted(channel);
+        let Some(sequence) = im.deltas.next_sequence(&persisted, message_id) else {
+            return Err(ClientError::StreamClosed {
+                channel: channel.clone(),
+                message_id: message_id.clone(),
+            });
+        };
+        let delta = ChatMessageDelta::new(message_id.clone(), sequence, text);
+        judge_delta(&mut im, channel, &delta, now)?;
+        Ok(delta)
+    }
+
+    /// Writes a judged delta. When the write fails (refused by the writer's rules, withheld,
+    /// not connected) the Connector never saw it: a delta `recorded` as new is withdrawn, so
+    /// its number is used again rather than leaving a gap.
+    pub(crate) async fn write_delta(
+        &self,
+        channel: &ConnectorChannelId,
+        delta: ChatMessageDelta,
+        recorded: bool,
+    ) -> Result<(), ClientError> {
+        let (message_id, sequence) = (delta.message_id.clone(), delta.sequence);
+        let written = self.send_push(channel, delta).await;
+        if written.is_err() && recorded {
+            let mut im = self.shared().im.lock().await;
+            let persisted = im.persisted(channel);
+            im.deltas.withdraw(&persisted, &message_id, sequence);
+        }
+        written
+    }
+
+    /// Uploads a file for an assistant message on `channel` (`POST /files/uploads` with that
+    /// channel) and returns the file item to put in the message's `files`. The client
+    /// remembers the `file_ref` for this channel until the Connector's `expires_at`, which
+    /// [`DataPlane::send_chat_message`] checks.
+    pub async fn upload_message_file(
+        &self,
+        channel: &ConnectorChannelId,
+        file: FileContent,
+    ) -> Result<ChatFile, ClientError> {
+        let mime_type = file.mime_type.clone();
+        let answer = self.upload_on(channel, file).await?;
+        Ok(message_file(&answer, &mime_type))
+    }
+
+    /// The one upload path (message files and Tool upload references): uploads on `channel`
+    /// and records the answer.
+    pub(crate) async fn upload_on(
+        &self,
+        channel: &ConnectorChannelId,
+        file: FileContent,
+    ) -> Result<UploadResponse, ClientError> {
+        let answer =
+            self.control().upload(channel, &file.filename, &file.mime_type, file.bytes).await?;
+        let now = self.shared().now();
+        self.shared().im.lock().await.uploads.record(channel, &answer, now);
+        Ok(answer)
     }
 
     /// Sends an activity snapshot (no ack, not persisted).

@@ -55,6 +55,11 @@ pub struct ToolCallOptions {
     pub tool_call_id: Option<String>,
     /// The xAgent session (opaque to the Connector).
     pub session_id: Option<String>,
+    /// The caller stands in for a model that may leave out the redundant
+    /// `connector_channel_id` argument: the resolved channel is written there when it is
+    /// missing ([`crate::fill_channel_argument`]). A value present is passed on unchanged and
+    /// never selects the channel (section 10.1).
+    pub fill_channel_argument: bool,
 }
 
 /// What [`DataPlane::invoke_tool`] did.
@@ -151,6 +156,9 @@ impl DataPlane {
                 .unwrap_or_default();
             (channel, upload_refs)
         };
+        if options.fill_channel_argument {
+            crate::model_args::fill_channel_argument(&mut arguments, &channel);
+        }
         if !upload_refs.is_empty() {
             self.substitute_uploads(&channel, &upload_refs, &mut arguments).await?;
         }
@@ -177,7 +185,6 @@ impl DataPlane {
                 "this Tool takes a file, but no file source is configured",
             ))
         })?;
-        let control = self.control();
         for property in properties {
             let Some(value) = arguments.get_mut(&property.name) else { continue };
             if property.array {
@@ -185,12 +192,11 @@ impl DataPlane {
                     return Err(invalid(&property.name, "a list of file references"));
                 };
                 for item in items {
-                    *item = upload_one(&control, source.as_ref(), channel, item, &property.name)
-                        .await?;
+                    *item =
+                        upload_one(self, source.as_ref(), channel, item, &property.name).await?;
                 }
             } else {
-                *value =
-                    upload_one(&control, source.as_ref(), channel, value, &property.name).await?;
+                *value = upload_one(self, source.as_ref(), channel, value, &property.name).await?;
             }
         }
         Ok(())
@@ -286,7 +292,7 @@ fn invalid(property: &str, expected: &str) -> ClientError {
 }
 
 async fn upload_one(
-    control: &ControlPlane,
+    plane: &DataPlane,
     source: &dyn FileSource,
     channel: &ConnectorChannelId,
     reference: &Value,
@@ -302,7 +308,7 @@ async fn upload_one(
             format!("{property}: the file could not be opened: {reason}"),
         ))
     })?;
-    let uploaded = control.upload(channel, &file.filename, &file.mime_type, file.bytes).await?;
+    let uploaded = plane.upload_on(channel, file).await?;
     Ok(Value::String(uploaded.file_ref.to_string()))
 }
 

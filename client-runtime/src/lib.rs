@@ -2,9 +2,14 @@
 //!
 //! The xAgent side of the **xAgent Connector Protocol 3.0**, the counterpart of
 //! `xagent-server-runtime`: Base URL rules, admission (Card, Skill, health, version window),
-//! the health monitor, a data-plane client with request/ack correlation, reconnect with
-//! jittered backoff and channel reopening, Tool projection, and IM v2 delivery in both
-//! directions through `xagent-profile-im`.
+//! the health monitor (an incompatible Connector stays offline until `/health` agrees with the
+//! Card), a data-plane client with request/ack correlation, reconnect with jittered backoff
+//! and concurrent channel reopening, Tool projection, and IM v2 delivery in both directions
+//! through `xagent-profile-im` (assistant deltas numbered by the runtime, outbound files
+//! uploaded on and bound to their message's channel, `user_channel_mode` applied before
+//! `channel.open`). Durable state ([`SqliteXagentStore`]) keeps a channel the Connector
+//! re-keyed under its new id, with its outbox and idempotency entries, and the
+//! `connector_id`, so a restart loses nothing and recognises a rebuilt Connector.
 //!
 //! ```
 //! use xagent_client_runtime::{BaseUrl, ClientConfig};
@@ -38,6 +43,8 @@
 //! | Modules | What |
 //! |---|---|
 //! | `im`, `invoke` | IM v2 in both directions; Tool calls, uploads and built-in Tools |
+//! | `stream` | an assistant message streamed as deltas numbered by the runtime |
+//! | `sign_in`, `acks`, `readmit` | the sign-in driver (`auth.start`, then `auth.status` until the flow ends); the settling ack of a sent message; the admitted Card and the health monitor wired to it |
 //! | `tools` | the Tool projection the model sees |
 //!
 //! **Data plane state**: below the features that use it.
@@ -45,7 +52,8 @@
 //! | Modules | What |
 //! |---|---|
 //! | `connection` | config, events, the shared state, the `DataPlane` handle, requests, packet rules |
-//! | `im_state`, `files`, `upload_refs` | the IM state, the file hooks, upload-reference schemas |
+//! | `im_state`, `files`, `upload_refs`, `settled` | the IM state, the file hooks, upload-reference schemas, the book of settled acks |
+//! | `uploads` | which channel each uploaded `file_ref` belongs to, and until when |
 //!
 //! **Foundations**: the control plane and the building blocks.
 //!
@@ -53,13 +61,15 @@
 //! |---|---|
 //! | `health`, `admission` | the health monitor; Card, Skill and version admission |
 //! | `http`, `transport` | the control and transfer planes; the frame transports |
-//! | `store`, `directory`, `backoff` | durable state; the channel directory; reconnect delays |
+//! | `store`, `directory`, `channel_mode`, `backoff` | durable state; the channel directory and its `user_channel_mode` hold; reconnect delays |
 //! | `error` | `ClientError` |
-//! | `base_url`, `ids` | Base URL rules; identifiers |
+//! | `base_url`, `ids`, `model_args` | Base URL rules; identifiers; the model's redundant `connector_channel_id` |
 
+mod acks;
 mod admission;
 mod backoff;
 mod base_url;
+mod channel_mode;
 mod connection;
 mod directory;
 mod driver;
@@ -71,10 +81,16 @@ mod ids;
 mod im;
 mod im_state;
 mod invoke;
+mod model_args;
+mod readmit;
+mod settled;
+mod sign_in;
 mod store;
+mod stream;
 mod tools;
 mod transport;
 mod upload_refs;
+mod uploads;
 
 pub use admission::*;
 pub use backoff::Backoff;
@@ -84,14 +100,21 @@ pub use connection::{
     PacketTap, TapDirection, Verdict, next_event_matching,
 };
 pub use directory::{ChannelDirectory, ChannelEntry, DescriptorRefused, SessionBinding};
-pub use error::ClientError;
+pub use driver::REOPEN_CONCURRENCY;
+pub use error::{ClientError, OutboundFileError, UserChannelLimit};
 pub use files::{FileContent, FileSink, FileSource};
 pub use health::*;
 pub use http::{ControlPlane, Downloaded, SkillDocument};
 pub use invoke::{
     CHANNELS_LIST_TOOL, MESSAGE_SEND_TOOL, ToolCallOptions, ToolOutcome, builtin_tools,
 };
-pub use store::{RememberedChannel, SqliteXagentStore, XagentStore};
+pub use model_args::{CHANNEL_ARGUMENT, fill_channel_argument};
+pub use settled::RECENT_SETTLED_ACKS;
+pub use sign_in::{
+    DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,
+};
+pub use store::{MemoryXagentStore, RememberedChannel, SqliteXagentStore, XagentStore};
+pub use stream::MessageStream;
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{
     Frame, FrameSink, FrameStream, MemoryPeer, MemoryTransport, Transport, WsTransport,

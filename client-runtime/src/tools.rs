@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 use serde_json::{Map, Value};
-use xagent_protocol_types::{CardTool, ConnectionDescriptor, ConnectorCard, ToolId, ToolStatus};
+use xagent_protocol_types::{CardTool, ConnectionDescriptor, ConnectorCard, ToolId};
 
 /// A model-visible function: a Card Tool that the channel's Descriptor lists as available.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -15,20 +15,18 @@ pub struct FunctionDeclaration {
     pub parameters: Map<String, Value>,
 }
 
-/// Intersects the Card's Tools with the Descriptor's available Tools. A Tool the Descriptor
-/// does not list, lists with another status, or that the Card does not declare, is not
-/// projected; Card order is kept.
+/// The Card's Tools that can be called on the channel now, by the same availability rule
+/// that [`crate::DataPlane::invoke_tool`] resolves with
+/// ([`ConnectionDescriptor::is_tool_available`]): nothing on a channel that is not active,
+/// nothing the Descriptor does not list `available` or whose permission the target denies,
+/// nothing the Card does not declare. Card order is kept.
 pub fn project_tools(
     card: &ConnectorCard,
     descriptor: &ConnectionDescriptor,
 ) -> Vec<FunctionDeclaration> {
     card.tools
         .iter()
-        .filter(|tool| {
-            descriptor
-                .tool(tool.tool_id.as_str())
-                .is_some_and(|entry| entry.status == ToolStatus::Available)
-        })
+        .filter(|tool| descriptor.is_tool_available(tool.tool_id.as_str()))
         .map(declaration)
         .collect()
 }
@@ -52,9 +50,12 @@ mod tests {
     use super::*;
     use serde_json::json;
     use xagent_protocol_types::{
-        BuildInfo, Connection, ConnectionStatus, ConnectorInfo, DescriptorTarget, DescriptorTool,
-        Supports, TargetType,
+        BuildInfo, Connection, ConnectionStatus, ConnectorChannelId, ConnectorInfo,
+        DescriptorTarget, DescriptorTool, ErrorCode, PermissionState, Supports, TargetType,
+        ToolStatus,
     };
+
+    use crate::{ChannelDirectory, SessionBinding};
 
     fn schema() -> Map<String, Value> {
         json!({"type": "object", "required": ["connector_channel_id"],
@@ -95,5 +96,76 @@ mod tests {
         assert_eq!(names, vec!["send", "file"]);
         assert_eq!(projected[0].description, "Send text");
         assert_eq!(projected[1].description, "Send a file");
+    }
+
+    /// Every connection status, Tool status and permission state (and a Tool the Descriptor
+    /// leaves out): the projection offers the Tool exactly when a call bound to that channel
+    /// resolves, and refuses it with `connector_channel_unavailable` otherwise.
+    #[test]
+    fn availability_rule_projection_offers_a_tool_iff_invoke_accepts_it() {
+        let card = ConnectorCard::new(
+            "im.x",
+            BuildInfo::new("1"),
+            ConnectorInfo::new("X", "1"),
+            Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]),
+        )
+        .with_tool(CardTool::new("send", schema()));
+        let statuses = ConnectionStatus::KNOWN.iter().map(|s| ConnectionStatus::parse(s));
+        let tool_states: Vec<Option<ToolStatus>> = std::iter::once(None)
+            .chain(ToolStatus::KNOWN.iter().map(|s| Some(ToolStatus::parse(s))))
+            .collect();
+        let permissions: Vec<Option<PermissionState>> = std::iter::once(None)
+            .chain(PermissionState::KNOWN.iter().map(|s| Some(PermissionState::parse(s))))
+            .collect();
+        let mut combinations = 0;
+        for status in statuses {
+            for tool_state in &tool_states {
+                for permission in &permissions {
+                    let mut descriptor = ConnectionDescriptor::new(
+                        Connection::new(
+                            "im.x",
+                            "conn_1",
+                            "cch_1",
+                            TargetType::Im,
+                            vec!["xagent.im.v2".into()],
+                            status.clone(),
+                        ),
+                        DescriptorTarget::new("x", "X"),
+                    );
+                    if let Some(tool_state) = tool_state {
+                        let mut tool = DescriptorTool::new("send", tool_state.clone());
+                        tool.target_permission_state = permission.clone();
+                        descriptor = descriptor.with_tool(tool);
+                    }
+                    let channel = ConnectorChannelId::new("cch_1");
+                    let mut directory = ChannelDirectory::new(Some(card.clone()));
+                    directory.set_owner(&channel, "alice");
+                    if let Err(refused) = directory.apply_descriptor(&channel, &descriptor) {
+                        panic!("a valid Descriptor was refused: {refused}");
+                    }
+                    let offered =
+                        project_tools(&card, &descriptor).iter().any(|f| f.name == "send");
+                    let binding = SessionBinding::new("im.x", "cch_1");
+                    let resolved = directory.resolve("alice", Some(&binding), "send");
+                    let case = format!("{status} / {tool_state:?} / {permission:?}");
+                    match resolved {
+                        Ok(resolved) => {
+                            assert!(offered, "invoke accepts but projection hides: {case}");
+                            assert_eq!(resolved, channel);
+                        }
+                        Err(error) => {
+                            assert!(!offered, "projection offers but invoke refuses: {case}");
+                            assert_eq!(
+                                error.code,
+                                ErrorCode::ConnectorChannelUnavailable,
+                                "{case}"
+                            );
+                        }
+                    }
+                    combinations += 1;
+                }
+            }
+        }
+        assert_eq!(combinations, 8 * 6 * 5, "every combination was judged");
     }
 }

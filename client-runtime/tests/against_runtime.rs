@@ -238,16 +238,14 @@ async fn files_both_ways_through_the_transfer_plane() {
     inbound.accept();
 
     // xAgent -> Connector: upload first, then reference the file_ref in the final message.
-    let upload =
-        control.upload(&channel, "answer.txt", "text/plain", b"42".to_vec()).await.expect("upload");
-    let reply = ChatMessage::with_files(
-        "out_file",
-        Some("here is the file".into()),
-        vec![xagent_protocol_types::ChatFile::new(
-            upload.file_type.clone(),
-            upload.file_ref.clone(),
-        )],
-    );
+    let answer = xagent_client_runtime::FileContent {
+        filename: "answer.txt".into(),
+        mime_type: "text/plain".into(),
+        bytes: b"42".to_vec(),
+    };
+    let upload = plane.upload_message_file(&channel, answer).await.expect("upload");
+    let reply =
+        ChatMessage::with_files("out_file", Some("here is the file".into()), vec![upload.clone()]);
     plane.send_chat_message(&channel, reply).await.expect("queued");
     let acked =
         next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessageAcked { .. })).await;

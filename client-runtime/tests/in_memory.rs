@@ -115,7 +115,7 @@ async fn channel_rule_nothing_channel_scoped_before_the_channel_is_open() {
     let (plane, _events, _transport, mut peers) = start(config(&clock));
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
-    let delta = xagent_protocol_types::ChatMessageDelta::new("msg_1", 0, "hi");
+    let delta = xagent_protocol_types::ChatMessageDelta::new("msg_1", 1, "hi");
     match plane.send_delta(&"cch_closed".into(), delta).await {
         Err(ClientError::Withheld(error)) => assert_eq!(error.code.to_string(), "channel_not_open"),
         other => panic!("expected channel_not_open, got {other:?}"),

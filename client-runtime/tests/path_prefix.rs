@@ -13,7 +13,7 @@ use xagent_client_runtime::{
 };
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStartAck, AuthStatus, ChatFile, ChatMessage, ConnectorChannelId,
-    FileType, Secret,
+    Secret,
 };
 use xagent_protocol_validate::AdmissionWindow;
 use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
@@ -115,16 +115,13 @@ async fn download_url_rule_a_prefixed_base_url_moves_a_file_both_ways() {
     assert_eq!(stored, vec![("in.txt".to_owned(), b"from the target".to_vec())]);
 
     // xAgent -> Connector: upload on the channel, send it, the author reads the same bytes.
-    let uploaded = plane
-        .control()
-        .upload(&channel, "out.txt", "text/plain", b"from the agent".to_vec())
-        .await
-        .expect("uploaded");
-    let outbound = ChatMessage::with_files(
-        "out_file_1",
-        None,
-        vec![ChatFile::new(FileType::File, uploaded.file_ref.clone())],
-    );
+    let content = xagent_client_runtime::FileContent {
+        filename: "out.txt".into(),
+        mime_type: "text/plain".into(),
+        bytes: b"from the agent".to_vec(),
+    };
+    let uploaded = plane.upload_message_file(&channel, content).await.expect("uploaded");
+    let outbound = ChatMessage::with_files("out_file_1", None, vec![uploaded.clone()]);
     plane.send_chat_message(&channel, outbound).await.expect("queued");
     let acked = next_event_matching(&mut events, Duration::from_secs(10), |e| {
         matches!(e, ClientEvent::ChatMessageAcked { .. })

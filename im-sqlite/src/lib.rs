@@ -181,6 +181,35 @@ pub fn lookup_completed(
     .optional()
 }
 
+/// Moves every pending and completed row of channel `from` to `to` (the Connector re-keyed
+/// it). Run it inside the transaction that renames the rest of the channel's state. Refused
+/// with a constraint error, changing nothing, when `to` already has rows of its own (two
+/// channels' messages are never merged).
+pub fn rename_channel(
+    conn: &Connection,
+    from: &ConnectorChannelId,
+    to: &ConnectorChannelId,
+) -> rusqlite::Result<()> {
+    if from == to {
+        return Ok(());
+    }
+    let taken: bool = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM im_pending WHERE channel = ?1)
+             OR EXISTS (SELECT 1 FROM im_completed WHERE channel = ?1)",
+        )?
+        .query_row(params![to.as_str()], |row| row.get(0))?;
+    if taken {
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT),
+            Some(format!("channel {to} already has stored messages; {from} cannot take its id")),
+        ));
+    }
+    let ids = params![to.as_str(), from.as_str()];
+    exec(conn, "UPDATE im_pending SET channel = ?1 WHERE channel = ?2", ids)?;
+    exec(conn, "UPDATE im_completed SET channel = ?1 WHERE channel = ?2", ids)
+}
+
 /// One write of the outbox.
 pub fn write_outbox(conn: &Connection, write: &OutboxWrite) -> rusqlite::Result<()> {
     match write {
@@ -359,6 +388,32 @@ mod tests {
         expected.next_attempt_at = 99;
         expected.last_error = Some("ack timeout".into());
         assert_eq!(load_pending(&conn)?, vec![expected]);
+        Ok(())
+    }
+
+    #[test]
+    fn rename_moves_both_tables_and_refuses_a_target_with_rows() -> rusqlite::Result<()> {
+        let conn = Connection::open_in_memory()?;
+        conn.execute_batch(SCHEMA)?;
+        write_outbox(&conn, &OutboxWrite::Save(pending("m_1")))?;
+        write_idempotency(&conn, &IdempotencyWrite::Save(completed("cch_1", "in_1", 5)))?;
+        write_idempotency(&conn, &IdempotencyWrite::Save(completed("cch_3", "in_3", 5)))?;
+        let (old, new) = (ConnectorChannelId::new("cch_1"), ConnectorChannelId::new("cch_2"));
+        rename_channel(&conn, &old, &new)?;
+        let pending_channels: Vec<String> =
+            load_pending(&conn)?.into_iter().map(|r| r.channel.as_str().to_owned()).collect();
+        assert_eq!(pending_channels, ["cch_2"]);
+        assert!(lookup_completed(&conn, &new, &MessageId::new("in_1"))?.is_some());
+        assert!(lookup_completed(&conn, &old, &MessageId::new("in_1"))?.is_none());
+        // Onto a channel that has rows of its own: refused, nothing moved.
+        let third = ConnectorChannelId::new("cch_3");
+        let refused = rename_channel(&conn, &new, &third);
+        assert!(
+            matches!(&refused, Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation),
+            "{refused:?}"
+        );
+        assert!(lookup_completed(&conn, &new, &MessageId::new("in_1"))?.is_some());
+        assert_eq!(load_pending(&conn)?.len(), 1);
         Ok(())
     }
 }

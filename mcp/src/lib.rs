@@ -18,6 +18,32 @@
 //! Inbound messages are acked `accepted` only after [`inbox::Inbox`] stored them (SQLite in the
 //! state directory) and are handed to the agent once, across restarts too.
 //!
+//! ## Which channel a Tool call runs on
+//!
+//! The bridge is one xAgent user of `xagent-client-runtime` and calls Card Tools the way every
+//! other caller does, through the runtime's section 10.1 resolution: without a session binding,
+//! the first of the user's channels that is signed in, connected (or degraded), lists the Tool
+//! `available` and whose target permission does not deny it. The runtime writes that channel
+//! into the `tool.invoke` envelope, which is all the Connector routes by. The model's
+//! `connector_channel_id` argument is not a choice: the MCP schema leaves it out, a value an
+//! MCP client sends anyway is passed on unchanged and selects nothing, and a missing one is
+//! filled in with the resolved channel (as a model following the Card's schema would), so a
+//! Connector that checks its schema accepts the call. To send on a channel the agent picked,
+//! it calls `connector_message_send`, which checks that explicit channel (owned, signed in).
+//!
+//! ## Modules and which way they depend
+//!
+//! A module imports only modules of its own row or of rows below it, and no two files import
+//! each other in a circle (`tests/module_layers.rs` checks both, with the workspace's one
+//! checker in `xagent-testkit`).
+//!
+//! | module | holds |
+//! |---|---|
+//! | `server` | the MCP face: rmcp's `ServerHandler`, Tools, prompt, resources, notifications |
+//! | `link` | the one module that talks to the runtime: admission, the channel, sign-in, calls, events |
+//! | `bridge_files` | the runtime's file source and sink for the bridge |
+//! | `inbox`, `files`, `projection`, `uris` | the inbox, file references, the MCP view of a Card Tool's schema, resource URIs |
+//!
 //! ```
 //! use xagent_client_runtime::model_input_schema;
 //! use xagent_mcp::projection::mcp_schema;
@@ -32,16 +58,20 @@
 //! });
 //! let card_schema = card_schema.as_object().cloned().unwrap_or_default();
 //! let shown = mcp_schema(&model_input_schema(&card_schema), &card_schema);
-//! // The bridge resolves the channel, and the agent passes a file, not a Connector file_ref.
+//! // The runtime resolves the channel (section 10.1), so the agent is not asked for one; and it
+//! // passes a file, not a Connector file_ref.
 //! assert_eq!(shown["required"], serde_json::json!(["file_ref"]));
+//! assert!(shown["properties"].get("connector_channel_id").is_none());
 //! assert!(shown["properties"]["file_ref"].get("x-xagent-upload-ref").is_none());
 //! ```
 
+mod bridge_files;
 pub mod files;
 pub mod inbox;
 pub mod link;
 pub mod projection;
 pub mod server;
+pub mod uris;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,37 +1,46 @@
 //! The one module that talks to `xagent-client-runtime`: admission, the data plane with the
 //! runtime's durable store, the bridge's channel (opened for the bridge's one xAgent user,
-//! remembered by the runtime, signed in with the given flow), Tool calls through the runtime's
-//! section 10.1 resolution and upload-reference substitution, the built-in channel Tools, the
-//! file source and sink the runtime calls, and the runtime's events turned into [`Notice`]s for
-//! the MCP side. Everything MCP-specific lives elsewhere.
+//! remembered by the runtime, signed in with the runtime's sign-in driver), Tool calls through
+//! the runtime's section 10.1 resolution and upload-reference substitution, the built-in
+//! channel Tools, the file source and sink the runtime calls, and the runtime's events turned
+//! into [`Notice`]s for the MCP side. Everything MCP-specific lives elsewhere.
+//!
+//! The bridge keeps none of the runtime's facts: the admitted Card is the data plane's
+//! ([`DataPlane::card`], re-admitted by [`DataPlane::monitor_health`]), a QR sign-in is
+//! followed by [`DataPlane::sign_in`], and a sent message's ack is asked of
+//! [`DataPlane::settled_ack`].
+//!
+//! **Which channel a Card Tool runs on**: the one section 10.1 resolves for the bridge's user
+//! (no session binding: the first channel of the user where the Tool is available now). The
+//! model's `connector_channel_id` argument selects nothing; a value the model gives is passed
+//! on unchanged, and a missing one is filled with the resolved channel (as a model following
+//! the Card's schema would pass it). To act on a channel the agent chose, it calls
+//! `connector_message_send`, which checks the explicit channel.
 
-use std::collections::{HashMap, VecDeque};
-use std::future::Future;
+use std::collections::HashMap;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, Events, FileContent,
-    FileSink, FileSource, FunctionDeclaration, HealthMonitor, InboundMessage, SessionBinding,
-    SqliteXagentStore, ToolCallOptions, admit, builtin_tools, check_card,
+    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, Events,
+    FunctionDeclaration, HealthMonitor, InboundMessage, SignIn as Flow, SqliteXagentStore,
+    ToolCallOptions, admit, builtin_tools,
 };
 use xagent_protocol_types::{
-    AckStatus, AuthFlowType, AuthInput, AuthProgress, AuthStart, AuthStartAck, AuthStatus,
-    AuthStatusAck, AuthStatusRequest, ChatFile, ChatMessageAck, ConnectorCard, ConnectorChannelId,
-    ConnectorId, ErrorCode, Secret, ToolProgressPush, WireError,
+    AckStatus, AuthInput, AuthProgress, AuthStatus, ChatMessageAck, ConnectorCard,
+    ConnectorChannelId, ConnectorId, ErrorCode, MessageId, Secret, ToolProgressPush, WireError,
 };
 use xagent_protocol_validate::AdmissionWindow;
 
-use crate::files::{AllowedDirs, FileSource as Reference, MAX_UPLOAD_BYTES, safe_filename};
+use crate::bridge_files::BridgeFiles;
+use crate::files::{AllowedDirs, safe_filename};
 use crate::inbox::{Inbox, NewMessage, StoredFile};
-use crate::projection::CHANNEL_ARG;
+use crate::uris::{SIGN_IN_URI, channel_uri};
 
-/// Largest inbound file the bridge keeps (32 MiB); larger ones are refused retryably.
-pub const MAX_DOWNLOAD_BYTES: usize = 32 * 1024 * 1024;
+pub use crate::bridge_files::MAX_DOWNLOAD_BYTES;
 
 /// Messages the inbox holds for the agent before it refuses more (retryably: the Connector
 /// keeps them and delivers them later).
@@ -125,20 +134,11 @@ pub struct SignIn {
 
 type ProgressSink = mpsc::UnboundedSender<ToolProgressPush>;
 
-/// Acks of assistant messages, kept briefly so a send can learn its fate even when the ack
-/// arrived before the sender started waiting.
-#[derive(Default)]
-struct Acks {
-    recent: VecDeque<ChatMessageAck>,
-    waiting: HashMap<String, oneshot::Sender<ChatMessageAck>>,
-}
-
 /// The bridge's connection to one Connector.
 pub struct Link {
     plane: DataPlane,
-    /// The admitted Card; replaced when the health monitor re-admits a changed one.
-    card: std::sync::RwLock<ConnectorCard>,
-    /// The Connector's primary Skill, likewise.
+    /// The Connector's primary Skill; replaced when the health monitor re-admits a changed
+    /// Connector (the Card itself is the data plane's).
     skill: std::sync::RwLock<Option<String>>,
     health: HealthMonitor,
     inbox: Arc<Inbox>,
@@ -147,15 +147,17 @@ pub struct Link {
     sign_in: Mutex<SignIn>,
     notices: broadcast::Sender<Notice>,
     arrivals: watch::Sender<u64>,
-    progress: Mutex<HashMap<(String, String), ProgressSink>>,
-    acks: Mutex<Acks>,
+    /// Progress sinks of running Tool calls, by `tool_id` (a push names its Tool, and the
+    /// bridge's user signs in one channel).
+    progress: Mutex<HashMap<String, ProgressSink>>,
     /// The Tool names last announced to MCP clients.
     announced: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Link").field("card", &self.card().connector_card_id).finish()
+        let card = self.card().map(|card| card.connector_card_id.clone());
+        f.debug_struct("Link").field("card", &card).finish()
     }
 }
 
@@ -176,73 +178,6 @@ pub enum LinkError {
     /// Bad configuration.
     #[error("{0}")]
     Config(String),
-}
-
-/// What the runtime calls to read a file the agent named: an inbox resource or a path under an
-/// allowed directory ([`AllowedDirs`]).
-struct BridgeFiles {
-    allowed: AllowedDirs,
-    inbox: Arc<Inbox>,
-}
-
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-impl FileSource for BridgeFiles {
-    fn open(&self, reference: &str) -> BoxFuture<'_, Result<FileContent, String>> {
-        let resolved = self.allowed.resolve(reference).map_err(|e| e.to_string());
-        Box::pin(async move {
-            let (filename, mime_type, path) = match resolved? {
-                Reference::Inbox(id) => {
-                    let file =
-                        self.inbox.file(&id).ok().flatten().ok_or_else(|| {
-                            "no such file resource; see resources/list".to_owned()
-                        })?;
-                    (file.filename, file.mime_type, self.inbox.file_path(&file.id))
-                }
-                Reference::Disk(path) => {
-                    let name = path
-                        .file_name()
-                        .map(|n| safe_filename(&n.to_string_lossy()))
-                        .unwrap_or_else(|| "file".into());
-                    let mime = mime_guess::from_path(&path).first_or_octet_stream().to_string();
-                    (name, mime, path)
-                }
-            };
-            let bytes = tokio::fs::read(&path).await.map_err(|_| "the file cannot be read")?;
-            if bytes.len() as u64 > MAX_UPLOAD_BYTES {
-                return Err(format!("the file is larger than {MAX_UPLOAD_BYTES} bytes"));
-            }
-            Ok(FileContent { filename, mime_type, bytes })
-        })
-    }
-}
-
-/// What the runtime calls with each inbound file it downloaded: written (and synced) into the
-/// inbox's files directory before the message reaches the bridge.
-impl FileSink for BridgeFiles {
-    fn save(
-        &self,
-        channel: &ConnectorChannelId,
-        file: &ChatFile,
-        bytes: Vec<u8>,
-    ) -> BoxFuture<'_, Result<String, String>> {
-        use sha2::{Digest, Sha256};
-        let digest = Sha256::digest(format!("{channel}\n{}", file.file_ref));
-        let id = format!("f_{}", hex::encode(&digest[..12]));
-        let path = self.inbox.file_path(&id);
-        Box::pin(async move {
-            if bytes.len() > MAX_DOWNLOAD_BYTES {
-                return Err(format!(
-                    "the file is larger than the bridge keeps ({MAX_DOWNLOAD_BYTES} bytes)"
-                ));
-            }
-            tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("could not write the file: {e}"))?;
-            Ok(id)
-        })
-    }
 }
 
 impl Link {
@@ -282,19 +217,9 @@ impl Link {
         inbox.set_meta(META_CONNECTOR_ID, connector_id.as_str())?;
         let (notices, _) = broadcast::channel(256);
         let (arrivals, _) = watch::channel(0);
-        let shared_card = Arc::new(tokio::sync::RwLock::new(admitted.card.clone()));
-        let expected = admitted.card.connector_card_id.to_string();
-        let health = HealthMonitor::spawn(
-            control,
-            Arc::clone(&shared_card),
-            config.health_interval,
-            move |json, skill| {
-                check_card(json, skill, &AdmissionWindow::default(), Some(expected.as_str()))
-            },
-        );
+        let health = plane.monitor_health(config.health_interval)?;
         let link = Arc::new(Self {
             plane,
-            card: std::sync::RwLock::new(admitted.card),
             skill: std::sync::RwLock::new(admitted.skill),
             health,
             inbox,
@@ -303,20 +228,20 @@ impl Link {
             notices,
             arrivals,
             progress: Mutex::new(HashMap::new()),
-            acks: Mutex::new(Acks::default()),
             announced: Mutex::new(Vec::new()),
         });
         let (inbound_tx, inbound_rx) = mpsc::channel(64);
         tokio::spawn(Arc::clone(&link).run_events(events, inbound_tx));
         tokio::spawn(Arc::clone(&link).run_inbound(inbound_rx));
-        tokio::spawn(Arc::clone(&link).run_health(shared_card));
+        tokio::spawn(Arc::clone(&link).run_health());
         link.open_channel(&config).await?;
         Ok(link)
     }
 
-    /// The admitted Card (the latest one the health monitor re-admitted).
-    pub fn card(&self) -> ConnectorCard {
-        self.card.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    /// The admitted Card: the data plane's (the latest one the health monitor re-admitted).
+    /// `None` only if the runtime lost it, which a bridge started by [`Link::start`] never does.
+    pub fn card(&self) -> Option<Arc<ConnectorCard>> {
+        self.plane.card()
     }
 
     /// The Connector's primary Skill, if it has one.
@@ -324,9 +249,9 @@ impl Link {
         self.skill.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    /// Follows the health monitor: when it re-admitted a changed Card and Skill, the runtime
-    /// gets the Card and MCP clients hear that the Tools and the prompt changed.
-    async fn run_health(self: Arc<Self>, shared_card: Arc<tokio::sync::RwLock<ConnectorCard>>) {
+    /// Follows the health monitor: when it re-admitted a changed Card (already in the data
+    /// plane) and Skill, MCP clients hear that the Tools and the prompt changed.
+    async fn run_health(self: Arc<Self>) {
         let mut refreshed = self.health.refreshed();
         let mut status = self.health.subscribe();
         loop {
@@ -335,11 +260,9 @@ impl Link {
                     if changed.is_err() {
                         return;
                     }
-                    let card = shared_card.read().await.clone();
                     let skill = self.health.refetched_skill().await;
-                    tracing::info!(version = %card.connector.version, "the Connector changed; its Card and Skill were re-admitted");
-                    self.plane.set_card(card.clone());
-                    *self.card.write().unwrap_or_else(std::sync::PoisonError::into_inner) = card;
+                    let version = self.card().map(|card| card.connector.version.clone());
+                    tracing::info!(?version, "the Connector changed; its Card and Skill were re-admitted");
                     *self.skill.write().unwrap_or_else(std::sync::PoisonError::into_inner) = skill;
                     // A Descriptor that arrived before the new Card was judged against the old
                     // one (a new Tool is not in it): read the channel's Descriptor again.
@@ -480,37 +403,25 @@ impl Link {
         }
     }
 
+    /// Signs the channel in with the runtime's driver. A flow the Connector leaves pending (a
+    /// QR code to scan) is followed in the background: each step updates [`Link::sign_in`]
+    /// and the resources; the Tools are announced once it is authenticated.
     async fn run_flow(
         self: &Arc<Self>,
         channel: &ConnectorChannelId,
         flow: &str,
         inputs: &AuthInput,
     ) -> Result<(), LinkError> {
-        let card = self.card();
-        let Some(declared) = card.auth_flow(flow) else {
-            let known: Vec<&str> = card.auth_flows.iter().map(|f| f.id.as_str()).collect();
-            return Err(LinkError::Config(format!(
-                "the Card has no auth flow {flow:?}; it declares {known:?}"
-            )));
-        };
-        let qr = declared.flow_type == AuthFlowType::QrLogin;
-        let mut start = AuthStart::new(flow);
-        if !inputs.0.is_empty() {
-            start = start.with_input(inputs.clone());
-        }
-        let AuthStartAck(progress) = self.plane.request(Some(channel), start).await?;
-        self.apply_auth(channel, flow, &progress).await;
+        let driver = self.plane.sign_in(channel, flow, inputs.clone()).await?;
+        let progress = driver.progress();
+        self.apply_auth(flow, &progress);
         match progress.status {
             AuthStatus::Authenticated => Ok(()),
-            AuthStatus::Pending | AuthStatus::Scanned if qr => {
+            _ if driver.is_following() => {
                 if let Some(link) = &progress.qr_code_text {
                     tracing::info!(%link, "open this link (or scan the QR code) to finish signing in; MCP clients find it in the sign-in resource and in connector_channels_list");
                 }
-                tokio::spawn(Arc::clone(self).poll_auth(
-                    channel.clone(),
-                    flow.to_owned(),
-                    progress,
-                ));
+                tokio::spawn(Arc::clone(self).follow_flow(driver));
                 Ok(())
             }
             other => Err(LinkError::Config(format!(
@@ -520,58 +431,45 @@ impl Link {
         }
     }
 
-    async fn apply_auth(&self, channel: &ConnectorChannelId, flow: &str, progress: &AuthProgress) {
-        *lock(&self.sign_in) = SignIn {
+    /// Shows each step of a followed sign-in until it ends.
+    async fn follow_flow(self: Arc<Self>, driver: Flow) {
+        let flow = driver.flow_id().to_owned();
+        let mut steps = driver.watch();
+        let ended = async {
+            while steps.changed().await.is_ok() {
+                let progress = steps.borrow_and_update().clone();
+                self.apply_auth(&flow, &progress);
+            }
+        };
+        // The watch ends when the driver does; its outcome says how.
+        let (outcome, ()) = tokio::join!(driver.finished(), ended);
+        match outcome {
+            Ok(progress) => {
+                self.apply_auth(&flow, &progress);
+                tracing::info!(status = %progress.status, "sign-in ended");
+            }
+            Err(error) => tracing::warn!(%error, "the sign-in could not be followed to its end"),
+        }
+    }
+
+    fn apply_auth(&self, flow: &str, progress: &AuthProgress) {
+        let shown = SignIn {
             status: Some(progress.status.clone()),
             flow: Some(flow.to_owned()),
             qr_code_text: progress.qr_code_text.clone(),
             qr_code_image: progress.qr_code_image.clone(),
             message: progress.message.clone(),
         };
-        if progress.status == AuthStatus::Authenticated {
-            // The runtime persists a channel once it is signed in.
-            self.plane.remember_channel(channel.clone()).await;
+        {
+            let mut current = lock(&self.sign_in);
+            if *current == shown {
+                return;
+            }
+            *current = shown;
         }
         self.notify(Notice::ResourcesChanged);
-        self.notify(Notice::ResourceUpdated(crate::server::SIGN_IN_URI.to_owned()));
+        self.notify(Notice::ResourceUpdated(SIGN_IN_URI.to_owned()));
         self.tools_maybe_changed();
-    }
-
-    /// Polls a QR flow until it ends (refreshing an expired code), as the Connector's
-    /// `poll_interval_millis` asks.
-    async fn poll_auth(
-        self: Arc<Self>,
-        channel: ConnectorChannelId,
-        flow: String,
-        mut progress: AuthProgress,
-    ) {
-        let Some(session) = progress.auth_session_id.clone() else {
-            tracing::warn!("the QR flow returned no auth_session_id; cannot follow it");
-            return;
-        };
-        loop {
-            let wait = progress.poll_interval_millis.unwrap_or(2_000).clamp(500, 10_000);
-            tokio::time::sleep(Duration::from_millis(wait)).await;
-            let mut request = AuthStatusRequest::new(session.clone()).with_flow_id(flow.as_str());
-            if progress.status == AuthStatus::QrRefreshRequired {
-                request = request.refresh();
-            }
-            match self.plane.request(Some(&channel), request).await {
-                Ok(AuthStatusAck(next)) => {
-                    let changed = next.status != progress.status
-                        || next.qr_code_text != progress.qr_code_text;
-                    progress = next;
-                    if changed {
-                        self.apply_auth(&channel, &flow, &progress).await;
-                        tracing::info!(status = %progress.status, "sign-in progressed");
-                    }
-                    if progress.status.is_final() {
-                        return;
-                    }
-                }
-                Err(error) => tracing::warn!(%error, "auth.status failed; trying again"),
-            }
-        }
     }
 
     /// The Card Tools the bridge's user can call now, as the runtime projects them for a
@@ -612,7 +510,7 @@ impl Link {
                     "pending_messages".into(),
                     json!(self.inbox.pending(Some(&id)).unwrap_or(0)),
                 );
-                object.insert("messages_resource".into(), json!(crate::server::channel_uri(&id)));
+                object.insert("messages_resource".into(), json!(channel_uri(&id)));
                 object.insert(
                     "sign_in".into(),
                     json!({
@@ -627,39 +525,35 @@ impl Link {
         Ok(listed)
     }
 
-    /// Calls a Card Tool with the model's arguments through the runtime: the runtime resolves
-    /// the channel (section 10.1; an explicit `connector_channel_id` becomes the session's
-    /// binding), uploads file references on it and returns the result. When the model left the
-    /// channel out, the resolved one is filled in, since the Card's schema asks for it. Progress
-    /// pushes go to `progress` while the call runs.
+    /// Calls a Card Tool with the model's arguments through the runtime, which resolves the
+    /// channel by section 10.1 (the bridge's user has no session binding: the first of its
+    /// channels where the Tool is available), uploads file references on it and returns the
+    /// result. The model's `connector_channel_id` selects nothing: a value given is passed on
+    /// unchanged, a missing one is filled with the resolved channel, since the Card's schema
+    /// asks for it. Progress pushes go to `progress` while the call runs.
     pub async fn invoke(
         &self,
         tool_id: &str,
-        mut arguments: Map<String, Value>,
+        arguments: Map<String, Value>,
         progress: Option<ProgressSink>,
     ) -> Result<Value, ToolFailure> {
-        let binding = arguments
-            .get(CHANNEL_ARG)
-            .and_then(Value::as_str)
-            .map(|channel| SessionBinding::new(self.card().connector_card_id.clone(), channel));
-        let channel = self.plane.directory().resolve(OWNER, binding.as_ref(), tool_id)?;
-        arguments.entry(CHANNEL_ARG).or_insert_with(|| Value::String(channel.to_string()));
-        let key = (channel.to_string(), tool_id.to_owned());
         if let Some(sink) = progress {
-            lock(&self.progress).insert(key.clone(), sink);
+            lock(&self.progress).insert(tool_id.to_owned(), sink);
         }
         let options = ToolCallOptions {
             tool_call_id: Some(xagent_protocol_types::mint_prefixed("call_mcp_", rand::random())),
+            fill_channel_argument: true,
             ..ToolCallOptions::default()
         };
-        let outcome =
-            self.plane.invoke_tool_with(OWNER, binding.as_ref(), tool_id, arguments, options).await;
-        lock(&self.progress).remove(&key);
-        Ok(outcome?.ack.result.unwrap_or(Value::Null))
+        let outcome = self.plane.invoke_tool_with(OWNER, None, tool_id, arguments, options).await;
+        lock(&self.progress).remove(tool_id);
+        let outcome = outcome?;
+        tracing::debug!(tool = tool_id, channel = %outcome.channel, "tool call answered");
+        Ok(outcome.ack.result.unwrap_or(Value::Null))
     }
 
     /// `connector_message_send` through the runtime (ownership checked there, outbox until
-    /// acked), then up to `wait` for the Connector's ack.
+    /// acked), then up to `wait` for the ack that settles it.
     pub async fn send_message(
         &self,
         arguments: &Map<String, Value>,
@@ -667,23 +561,16 @@ impl Link {
     ) -> Result<Value, ToolFailure> {
         let mut queued =
             self.plane.call_builtin(OWNER, "connector_message_send", arguments).await?;
-        let Some(message_id) = queued.get("message_id").and_then(Value::as_str).map(str::to_owned)
-        else {
+        let channel = arguments.get("connector_channel_id").and_then(Value::as_str);
+        let message_id = queued.get("message_id").and_then(Value::as_str);
+        let (Some(channel), Some(message_id)) = (channel, message_id) else {
             return Ok(queued);
         };
-        let receiver = {
-            let mut acks = lock(&self.acks);
-            if let Some(ack) = acks.recent.iter().find(|a| a.message_id.as_str() == message_id) {
-                return ack_result(ack.clone(), queued);
-            }
-            let (sender, receiver) = oneshot::channel();
-            acks.waiting.insert(message_id.clone(), sender);
-            receiver
-        };
-        match tokio::time::timeout(wait, receiver).await {
-            Ok(Ok(ack)) => ack_result(ack, queued),
-            _ => {
-                lock(&self.acks).waiting.remove(&message_id);
+        let channel = ConnectorChannelId::new(channel);
+        let message_id = MessageId::new(message_id);
+        match self.plane.settled_ack(&channel, &message_id, wait).await {
+            Some(ack) => ack_result(ack, queued),
+            None => {
                 if let Some(object) = queued.as_object_mut() {
                     object.insert(
                         "note".into(),
@@ -716,21 +603,14 @@ impl Link {
                     // The inbound task is gone only when the link is shutting down.
                     let Ok(()) = inbound.send(message).await else { return };
                 }
-                ClientEvent::ChatMessageAcked { ack, .. } => {
-                    let mut acks = lock(&self.acks);
-                    if let Some(waiter) = acks.waiting.remove(ack.message_id.as_str()) {
-                        let _ = waiter.send(ack);
-                    } else {
-                        acks.recent.push_back(ack);
-                        if acks.recent.len() > 256 {
-                            acks.recent.pop_front();
-                        }
-                    }
-                }
                 ClientEvent::ToolProgress { channel, progress } => {
-                    let Some(channel) = channel else { continue };
-                    let key = (channel.to_string(), progress.tool_id.to_string());
-                    if let Some(sink) = lock(&self.progress).get(&key) {
+                    let owned = channel.as_ref().is_some_and(|channel| {
+                        self.plane.directory().owner(channel).as_deref() == Some(OWNER)
+                    });
+                    if !owned {
+                        continue;
+                    }
+                    if let Some(sink) = lock(&self.progress).get(progress.tool_id.as_str()) {
                         let _ = sink.send(progress);
                     }
                 }
@@ -840,7 +720,7 @@ impl Link {
                 inbound.accept();
                 tracing::info!(%message_id, files = files.len(), "inbound message stored");
                 self.arrivals.send_modify(|n| *n += 1);
-                self.notify(Notice::ResourceUpdated(crate::server::channel_uri(&channel)));
+                self.notify(Notice::ResourceUpdated(channel_uri(&channel)));
                 if !files.is_empty() {
                     self.notify(Notice::ResourcesChanged);
                 }
@@ -863,29 +743,6 @@ fn ack_result(ack: ChatMessageAck, queued: Value) -> Result<Value, ToolFailure> 
             ack.message.unwrap_or_else(|| "the Connector rejected the message".into()),
         )),
     }
-}
-
-/// Writes a file and syncs it (and its directory) before returning.
-fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let temporary = path.with_extension("partial");
-    {
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.mode(0o600);
-        }
-        let mut file = options.open(&temporary)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&temporary, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 fn now_millis() -> u64 {

@@ -1,14 +1,15 @@
 //! What the MCP client sees of a Card Tool. The runtime's projection
 //! ([`xagent_client_runtime::model_input_schema`]) already shows each upload-reference argument
-//! as a file reference; the bridge adds two MCP-specific touches: `connector_channel_id`
-//! becomes optional (the bridge resolves the channel), and a file reference says which files
-//! this bridge can read (its file resources, or paths under `--allow-dir`).
+//! as a file reference; the bridge adds two MCP-specific touches: `connector_channel_id` is not
+//! shown (it selects nothing: the runtime resolves the channel by section 10.1, and the bridge
+//! fills the argument in for the Connector), and a file reference says which files this bridge
+//! can read (its file resources, or paths under `--allow-dir`).
 
 use serde_json::{Map, Value, json};
 use xagent_client_runtime::upload_ref_properties;
 
-/// The argument every Card Tool declares for the channel.
-pub const CHANNEL_ARG: &str = "connector_channel_id";
+/// The argument every Card Tool declares for the channel (the runtime's name for it).
+pub const CHANNEL_ARG: &str = xagent_client_runtime::CHANNEL_ARGUMENT;
 
 const FILES_HERE: &str = "Here: the URI of a file resource this server offers (xagent-connector://files/...) or a path under a directory the bridge was started with (--allow-dir).";
 
@@ -38,12 +39,7 @@ pub fn mcp_schema(
                 explain_file(property);
             }
         }
-        if let Some(channel) = properties.get_mut(CHANNEL_ARG) {
-            *channel = json!({
-                "type": "string",
-                "description": "Optional: a channel from connector_channels_list; by default the bridge picks the first channel where this tool is available."
-            });
-        }
+        properties.remove(CHANNEL_ARG);
     }
     if let Some(required) = schema.get_mut("required").and_then(Value::as_array_mut) {
         required.retain(|name| name.as_str() != Some(CHANNEL_ARG));
@@ -114,10 +110,10 @@ mod tests {
     }
 
     #[test]
-    fn the_channel_argument_becomes_optional() {
+    fn resolution_10_1_the_channel_argument_is_not_offered_as_a_choice() {
         let card = card_schema();
         let shown = mcp_schema(&model_input_schema(&card), &card);
         assert_eq!(shown["required"], json!(["file_ref"]));
-        assert!(shown["properties"][CHANNEL_ARG].is_object());
+        assert!(shown["properties"].get(CHANNEL_ARG).is_none(), "{shown:?}");
     }
 }

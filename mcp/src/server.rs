@@ -24,6 +24,7 @@ use xagent_protocol_types::ToolProgressPush;
 use crate::files::FILE_URI_PREFIX;
 use crate::link::{Link, Notice, ToolFailure};
 use crate::projection::{mcp_schema, message_wait_schema};
+pub use crate::uris::{SIGN_IN_URI, channel_uri};
 
 /// Built-in Tool (the runtime's): the bridge's channels.
 pub const TOOL_CHANNELS_LIST: &str = xagent_client_runtime::CHANNELS_LIST_TOOL;
@@ -33,18 +34,8 @@ pub const TOOL_MESSAGE_SEND: &str = xagent_client_runtime::MESSAGE_SEND_TOOL;
 pub const TOOL_MESSAGE_WAIT: &str = "connector_message_wait";
 /// Longest wait `connector_message_wait` accepts.
 pub const MAX_WAIT_SECONDS: u64 = 300;
-/// Resource that shows a pending sign-in (a QR flow's link and image).
-pub const SIGN_IN_URI: &str = "xagent-connector://sign-in";
 /// How many messages a channel resource shows.
 pub const CHANNEL_RESOURCE_MESSAGES: usize = 100;
-
-const CHANNEL_URI_PREFIX: &str = "xagent-connector://channels/";
-const CHANNEL_URI_SUFFIX: &str = "/messages";
-
-/// The resource URI of a channel's messages.
-pub fn channel_uri(channel: &str) -> String {
-    format!("{CHANNEL_URI_PREFIX}{channel}{CHANNEL_URI_SUFFIX}")
-}
 
 /// One MCP session's handler; clones share the session's resource subscriptions.
 #[derive(Clone)]
@@ -105,7 +96,9 @@ impl McpBridge {
     }
 
     fn instructions(&self) -> String {
-        let card = self.link.card();
+        let Some(card) = self.link.card() else {
+            return "The Connector's Card is not available; its Tools cannot be listed.".into();
+        };
         let mut text = format!(
             "This server puts the xAgent Connector {} ({}) in front of you. Call its Tools to act on the connected {} target. \
              Inbound messages: call {TOOL_MESSAGE_WAIT} to take the next one (each is handed to you once), or read and subscribe to the channel's messages resource. \
@@ -129,7 +122,7 @@ impl McpBridge {
             .model_tools()
             .into_iter()
             .map(|declaration| {
-                let card_tool = card.tool(declaration.name.as_str());
+                let card_tool = card.as_ref().and_then(|c| c.tool(declaration.name.as_str()));
                 let schema = match card_tool {
                     Some(tool) => mcp_schema(&declaration.parameters, &tool.input_schema),
                     None => declaration.parameters.clone(),
@@ -263,8 +256,8 @@ impl McpBridge {
 
     async fn read(&self, uri: &str) -> Result<Vec<ResourceContents>, McpError> {
         let not_found = || McpError::resource_not_found(format!("no resource {uri}"), None);
-        if let Some(rest) = uri.strip_prefix(CHANNEL_URI_PREFIX) {
-            let channel = rest.strip_suffix(CHANNEL_URI_SUFFIX).ok_or_else(not_found)?;
+        if uri.starts_with(crate::uris::CHANNEL_URI_PREFIX) {
+            let channel = crate::uris::channel_of(uri).ok_or_else(not_found)?;
             if self.link.channel_id().is_none_or(|c| c.as_str() != channel) {
                 return Err(not_found());
             }
@@ -392,7 +385,8 @@ impl ServerHandler for McpBridge {
         let mut implementation = Implementation::default();
         implementation.name = "xagent-connector-mcp".into();
         implementation.version = env!("CARGO_PKG_VERSION").into();
-        implementation.title = Some(format!("{} via xagent-connector", card.connector.name));
+        implementation.title =
+            card.map(|card| format!("{} via xagent-connector", card.connector.name));
         ServerConfig::new(capabilities)
             .with_server_info(implementation)
             .with_instructions(self.instructions())
@@ -417,8 +411,8 @@ impl ServerHandler for McpBridge {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
-        let known =
-            self.tools().iter().any(|t| t.name == name) || self.link.card().tool(&name).is_some();
+        let known = self.tools().iter().any(|t| t.name == name)
+            || self.link.card().is_some_and(|card| card.tool(&name).is_some());
         if !known {
             return Err(McpError::invalid_params(format!("unknown tool {name}"), None));
         }
@@ -438,13 +432,13 @@ impl ServerHandler for McpBridge {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        let prompts = match self.link.skill() {
-            Some(_) => vec![Prompt::new(
-                self.link.card().primary_skill_name().to_string(),
+        let prompts = match (self.link.skill(), self.link.card()) {
+            (Some(_), Some(card)) => vec![Prompt::new(
+                card.primary_skill_name().to_string(),
                 Some("How to use this Connector's Tools (its Skill)"),
                 None,
             )],
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         Ok(ListPromptsResult::with_all_items(prompts))
     }
@@ -454,16 +448,13 @@ impl ServerHandler for McpBridge {
         request: GetPromptRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
-        let name = self.link.card().primary_skill_name().to_string();
+        let name = self.link.card().map(|card| card.primary_skill_name().to_string());
         match self.link.skill() {
-            Some(skill) if request.name == name => {
-                Ok(GetPromptResult::new(vec![PromptMessage::new_text(
-                    Role::User,
-                    skill.to_owned(),
-                )])
-                .with_description("The Connector's Skill")
-                .into())
-            }
+            Some(skill) if name.as_deref() == Some(request.name.as_str()) => Ok(
+                GetPromptResult::new(vec![PromptMessage::new_text(Role::User, skill.to_owned())])
+                    .with_description("The Connector's Skill")
+                    .into(),
+            ),
             _ => Err(McpError::invalid_params(format!("no prompt {}", request.name), None)),
         }
     }
@@ -586,10 +577,5 @@ mod tests {
         let third = progress_param(token, &plain, 3, &mut 0.0);
         assert_eq!((third.progress, third.total), (3.0, None));
         assert_eq!(third.message.as_deref(), Some("running"));
-    }
-
-    #[test]
-    fn channel_uris_name_the_channel() {
-        assert_eq!(channel_uri("cch_1"), "xagent-connector://channels/cch_1/messages");
     }
 }

@@ -370,13 +370,14 @@ async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     let (upgraded, _task) = serve_at(versioned_connector("1.0.1", true), &state, addr).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while link.card().connector.version != "1.0.1"
+    let version = || link.card().map(|card| card.connector.version.clone()).unwrap_or_default();
+    while version() != "1.0.1"
         || handler.prompts_changed.load(std::sync::atomic::Ordering::SeqCst) == 0
     {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the upgraded Card was not re-admitted and announced (card {})",
-            link.card().connector.version
+            version()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -324,6 +324,49 @@ impl DeltaAssembler {
         }
     }
 
+    /// The sequence the next delta of `message_id` must carry to be appended: 1 for a message
+    /// not seen yet, one past the last accepted delta otherwise, `None` once the message was
+    /// finalised or expired. A sender that numbers its own deltas asks this (and then
+    /// [`DeltaAssembler::on_delta`], which also applies the TTL) so it never sends 0 or a gap.
+    pub fn next_sequence(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Option<u64> {
+        match self.channels.get(channel).and_then(|ch| ch.open.get(message_id)) {
+            Some(assembly) => Some(assembly.fragments.len() as u64 + 1),
+            None if self.tombstones.get(channel, message_id).is_some() => None,
+            None => Some(1),
+        }
+    }
+
+    /// Takes back the last delta of `message_id` if it carried `sequence`, as if it had never
+    /// been accepted: for a sender whose write of that delta failed, so the receiver never saw
+    /// it and the same number must be used again. Returns whether it was taken back.
+    pub fn withdraw(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+        sequence: u64,
+    ) -> bool {
+        let Some(ch) = self.channels.get_mut(channel) else { return false };
+        let Some(assembly) = ch.open.get_mut(message_id) else { return false };
+        if assembly.fragments.len() as u64 != sequence {
+            return false;
+        }
+        if let Some(fragment) = assembly.fragments.pop() {
+            assembly.bytes = assembly.bytes.saturating_sub(fragment.len());
+        }
+        if assembly.fragments.is_empty() {
+            ch.open.remove(message_id);
+        }
+        if ch.open.is_empty() {
+            self.channels.remove(channel);
+        }
+        self.stats.appended = self.stats.appended.saturating_sub(1);
+        true
+    }
+
     /// The text assembled so far for an unfinished message.
     pub fn assembled_text(
         &self,
@@ -418,6 +461,28 @@ mod tests {
 
     fn delta(id: &str, sequence: u64, text: &str) -> ChatMessageDelta {
         ChatMessageDelta::new(id, sequence, text)
+    }
+
+    #[test]
+    fn im_v2_delta_rule_next_sequence_follows_the_accepted_deltas_withdrawals_and_the_final() {
+        let mut d = DeltaAssembler::new(DeltaConfig::default());
+        let (channel, id) = (ConnectorChannelId::new("cch_a"), MessageId::new("m1"));
+        assert_eq!(d.next_sequence(&channel, &id), Some(1));
+        d.on_delta(&channel, &delta("m1", 1, "a"), 1).expect("first");
+        assert_eq!(d.next_sequence(&channel, &id), Some(2));
+        assert!(d.on_delta(&channel, &delta("m1", 3, "c"), 1).is_err(), "a gap is refused");
+        assert_eq!(d.next_sequence(&channel, &id), Some(2), "a refused delta changes nothing");
+        assert!(!d.withdraw(&channel, &id, 3), "only the last accepted delta is taken back");
+        d.on_delta(&channel, &delta("m1", 2, "b"), 1).expect("second");
+        assert!(d.withdraw(&channel, &id, 2));
+        assert_eq!(d.next_sequence(&channel, &id), Some(2), "its number is free again");
+        assert_eq!(d.assembled_text(&channel, &id).as_deref(), Some("a"));
+        assert!(d.withdraw(&channel, &id, 1));
+        assert!(d.channels.is_empty(), "a message with nothing left leaves no state");
+        assert_eq!(d.next_sequence(&channel, &id), Some(1));
+        d.on_delta(&channel, &delta("m1", 1, "a"), 1).expect("first again");
+        d.on_final(&channel, &id);
+        assert_eq!(d.next_sequence(&channel, &id), None);
     }
 
     #[test]

@@ -175,6 +175,16 @@ pub enum OutboxError {
     /// The storage backend failed; the in-memory state was not changed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A channel cannot take another's id: the new id already has messages of its own.
+    #[error(
+        "channel {from} cannot be renamed to {to}: {to} already has pending messages; forget one of the two channels first"
+    )]
+    RenameTargetTaken {
+        /// The id the channel had.
+        from: ConnectorChannelId,
+        /// The id it was to get.
+        to: ConnectorChannelId,
+    },
     /// A stored record could not be decoded at startup.
     #[error("stored message {message_id} on channel {channel} cannot be decoded: {reason}")]
     CorruptRecord {
@@ -196,7 +206,7 @@ impl OutboxError {
             Self::MessageConflict { .. } => ErrorCode::MessageConflict,
             Self::NotPending { .. } => ErrorCode::InvalidPacket,
             Self::Store(e) => e.code(),
-            Self::CorruptRecord { .. } => ErrorCode::InternalError,
+            Self::CorruptRecord { .. } | Self::RenameTargetTaken { .. } => ErrorCode::InternalError,
         }
     }
 }

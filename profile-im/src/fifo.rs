@@ -58,4 +58,17 @@ impl<K: Hash + Eq + Clone, V> FifoMap<K, V> {
         self.map.retain(|key, _| keep(key));
         self.order.retain(|key| keep(key));
     }
+
+    /// Gives the entries whose key `rename` maps a new key, in place: their age (position in
+    /// the order) and value are kept. The new keys must not be in the map already.
+    pub(crate) fn rekey(&mut self, rename: impl Fn(&K) -> Option<K>) {
+        for key in self.order.iter_mut() {
+            if let Some(new_key) = rename(key)
+                && let Some(value) = self.map.remove(key)
+            {
+                self.map.insert(new_key.clone(), value);
+                *key = new_key;
+            }
+        }
+    }
 }

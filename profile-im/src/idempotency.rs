@@ -185,6 +185,9 @@ pub struct ReceiverIdempotency<S: IdempotencyStore = MemoryStore> {
     /// until [`ReceiverIdempotency::committed`], because the store may not show them yet.
     uncommitted: HashMap<Key, (Digest, u64)>,
     recent: RecentCache,
+    /// Admissions in progress when their channel was renamed: the ticket still names the old
+    /// id, its completion is recorded under the new one.
+    moved_tickets: HashMap<Key, ConnectorChannelId>,
     last_expiry: Option<u64>,
     stats: IdempotencyStats,
 }
@@ -205,6 +208,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
             channels: BTreeMap::new(),
             uncommitted: HashMap::new(),
             recent: RecentCache::default(),
+            moved_tickets: HashMap::new(),
             last_expiry: None,
             stats: IdempotencyStats::default(),
         }
@@ -331,6 +335,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         now: u64,
     ) -> (ChatMessageAck, Vec<IdempotencyWrite>) {
         let Ticket { channel, message_id, fingerprint } = ticket;
+        let channel = self.ticket_channel(channel, &message_id);
         let digest = Digest::of(&fingerprint);
         let mut writes = vec![IdempotencyWrite::Save(CompletedRecord {
             channel: channel.clone(),
@@ -375,7 +380,8 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         message: impl Into<String>,
         retryable: bool,
     ) -> ChatMessageAck {
-        if let Some(state) = self.channels.get_mut(&ticket.channel) {
+        let channel = self.ticket_channel(ticket.channel, &ticket.message_id);
+        if let Some(state) = self.channels.get_mut(&channel) {
             state.in_progress.remove(&ticket.message_id);
         }
         ChatMessageAck::rejected(ticket.message_id, code, message, retryable)
@@ -407,6 +413,10 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
             state.in_progress.retain(|_, (_, at)| now.saturating_sub(*at) < timeout);
             !state.in_progress.is_empty() || state.since_trim > 0
         });
+        let channels = &self.channels;
+        self.moved_tickets.retain(|(_, message_id), to| {
+            channels.get(to).is_some_and(|state| state.in_progress.contains_key(message_id))
+        });
         let due = self
             .last_expiry
             .is_none_or(|at| now.saturating_sub(at) >= self.config.expire_interval_ms);
@@ -416,6 +426,51 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         self.last_expiry = Some(now);
         self.stats.age_expiries += 1;
         vec![IdempotencyWrite::Expire { before: now.saturating_sub(self.config.max_age_ms) }]
+    }
+
+    /// The Connector re-keyed the channel (a new `connector_channel_id` on reopen): its
+    /// admissions and remembered ids move to `to`, in memory only. The caller renames the
+    /// stored rows first, in one transaction with the rest of the channel's state.
+    pub fn on_channel_renamed(&mut self, from: &ConnectorChannelId, to: &ConnectorChannelId) {
+        if from == to {
+            return;
+        }
+        if let Some(state) = self.channels.remove(from) {
+            for message_id in state.in_progress.keys() {
+                self.moved_tickets.insert((from.clone(), message_id.clone()), to.clone());
+            }
+            for target in self.moved_tickets.values_mut().filter(|c| *c == from) {
+                *target = to.clone();
+            }
+            let target = self.channels.entry(to.clone()).or_default();
+            target.in_progress.extend(state.in_progress);
+            target.since_trim += state.since_trim;
+        }
+        let moved: Vec<Key> =
+            self.uncommitted.keys().filter(|key| &key.0 == from).cloned().collect();
+        for key in moved {
+            if let Some(value) = self.uncommitted.remove(&key) {
+                self.uncommitted.insert((to.clone(), key.1), value);
+            }
+        }
+        self.recent.rekey(|key| (&key.0 == from).then(|| Arc::new((to.clone(), key.1.clone()))));
+    }
+
+    /// The channel a ticket's outcome belongs to: its own, or the one its channel was renamed
+    /// to while it was in progress.
+    fn ticket_channel(
+        &mut self,
+        channel: ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> ConnectorChannelId {
+        if self.moved_tickets.is_empty() {
+            return channel;
+        }
+        let key = (channel, message_id.clone());
+        match self.moved_tickets.remove(&key) {
+            Some(moved) => moved,
+            None => key.0,
+        }
     }
 
     /// The channel was permanently deleted: forget all its state, in memory and in the store.

@@ -1273,6 +1273,38 @@ impl<S: OutboxStore> Outbox<S> {
         Ok(())
     }
 
+    /// The Connector re-keyed the channel (a new `connector_channel_id` on reopen): its queue,
+    /// counters and timers move to `to`, in memory only. The caller renames the stored rows
+    /// first, in the same transaction as the rest of the channel's state (the records' channel
+    /// is rewritten here to match). Refused, changing nothing, when `to` already has messages.
+    pub fn on_channel_renamed(
+        &mut self,
+        from: &ConnectorChannelId,
+        to: &ConnectorChannelId,
+    ) -> Result<(), OutboxError> {
+        if from == to {
+            return Ok(());
+        }
+        if self.channels.get(to).is_some_and(|ch| !ch.queue.is_empty()) {
+            return Err(OutboxError::RenameTargetTaken { from: from.clone(), to: to.clone() });
+        }
+        let Some(mut ch) = self.channels.remove(from) else { return Ok(()) };
+        for entry in ch.queue.iter_mut() {
+            entry.rec.channel = to.clone();
+        }
+        self.channels.insert(to.clone(), ch);
+        if self.dirty.remove(from) {
+            self.dirty.insert(to.clone());
+        }
+        let moved: Vec<u64> =
+            self.timers.iter().filter(|(_, id)| id == from).map(|(at, _)| *at).collect();
+        for at in moved {
+            self.timers.remove(&(at, from.clone()));
+            self.timers.insert((at, to.clone()));
+        }
+        Ok(())
+    }
+
     /// The channel was permanently deleted: its pending messages are dropped (recorded as
     /// discarded, never as delivered) and its state forgotten.
     pub fn remove_channel(&mut self, channel: &ConnectorChannelId) -> Result<(), OutboxError> {

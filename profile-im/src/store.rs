@@ -430,12 +430,53 @@ impl MemoryStore {
         self.tables().pending.get(&(channel.clone(), message_id.clone())).cloned()
     }
 
+    /// Moves every pending and completed record of channel `from` to `to` (the Connector
+    /// re-keyed it), all or none: refused, changing nothing, when `to` already has records.
+    pub fn rename_channel(
+        &self,
+        from: &ConnectorChannelId,
+        to: &ConnectorChannelId,
+    ) -> Result<(), StoreError> {
+        let mut t = self.check("rename_channel")?;
+        if from == to {
+            return Ok(());
+        }
+        let taken = t.pending.keys().chain(t.completed.keys()).any(|(channel, _)| channel == to);
+        if taken {
+            return Err(StoreError::new(
+                "rename_channel",
+                format!("channel {to} already has stored messages; {from} cannot take its id"),
+            ));
+        }
+        t.transactions += 1;
+        let tables = &mut *t;
+        rename_keys(&mut tables.pending, from, to, |r| r.channel = to.clone());
+        rename_keys(&mut tables.completed, from, to, |r| r.channel = to.clone());
+        Ok(())
+    }
+
     fn check(&self, operation: &'static str) -> Result<MutexGuard<'_, Tables>, StoreError> {
         let tables = self.tables();
         if tables.failing {
             return Err(StoreError::new(operation, "the memory store is set to fail"));
         }
         Ok(tables)
+    }
+}
+
+/// Moves the records of channel `from` to `to` in one table, rewriting each record's channel.
+fn rename_keys<R>(
+    table: &mut BTreeMap<Key, R>,
+    from: &ConnectorChannelId,
+    to: &ConnectorChannelId,
+    retag: impl Fn(&mut R),
+) {
+    let keys: Vec<Key> = table.keys().filter(|(channel, _)| channel == from).cloned().collect();
+    for key in keys {
+        if let Some(mut record) = table.remove(&key) {
+            retag(&mut record);
+            table.insert((to.clone(), key.1), record);
+        }
     }
 }
 

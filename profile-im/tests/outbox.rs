@@ -919,3 +919,48 @@ fn coalescing_keeps_a_delete_over_a_later_attempt_and_a_save_over_an_earlier_one
         vec![OutboxWrite::Save(folded), other]
     );
 }
+
+#[test]
+fn rekey_rule_a_renamed_channel_keeps_its_queue_in_flight_state_and_acks() {
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::new();
+    let mut o = Outbox::open(OutboxConfig::new(Side::Xagent), store.clone(), T0).unwrap();
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    o.enqueue(&ch("a"), msg("m2"), T0).unwrap();
+    let sent = send_all(&mut o, clock.now_millis());
+    assert_eq!(sent.len(), 1, "one in flight per channel");
+    // The Connector re-keyed `a` as `b`: the store moves the rows, then the outbox its queue.
+    store.rename_channel(&ch("a"), &ch("b")).unwrap();
+    o.on_channel_renamed(&ch("a"), &ch("b")).unwrap();
+    assert!(o.pending_ids(&ch("a")).is_empty());
+    assert_eq!(o.pending_ids(&ch("b")), vec![mid("m1"), mid("m2")], "order kept");
+    assert!(store.pending(&ch("b"), &mid("m1")).is_some());
+    assert!(store.pending(&ch("a"), &mid("m1")).is_none());
+    // The ack of the transmission made before the rename arrives on the new id.
+    let out = o.on_ack(&ch("b"), &ChatMessageAck::accepted("m1"), &sent[0].2, T0).unwrap();
+    assert_eq!(out, AckOutcome::Delivered { status: AckStatus::Accepted });
+    let next = send_all(&mut o, T0);
+    assert_eq!(next.iter().map(|s| (&s.0, &s.1)).collect::<Vec<_>>(), vec![(&ch("b"), &mid("m2"))]);
+    // A restart over the same store finds the message under the new id.
+    drop(o);
+    let mut o = Outbox::open(OutboxConfig::new(Side::Xagent), store, T0).unwrap();
+    assert_eq!(o.pending_ids(&ch("b")), vec![mid("m2")]);
+    assert!(send_all(&mut o, T0).iter().all(|s| s.0 == ch("b")));
+}
+
+#[test]
+fn rekey_rule_renaming_onto_a_channel_with_messages_is_refused_and_changes_nothing() {
+    let store = MemoryStore::new();
+    let mut o = Outbox::open(OutboxConfig::new(Side::Xagent), store.clone(), T0).unwrap();
+    o.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    o.enqueue(&ch("b"), msg("m2"), T0).unwrap();
+    assert!(store.rename_channel(&ch("a"), &ch("b")).is_err(), "the store refuses a merge");
+    let refused = o.on_channel_renamed(&ch("a"), &ch("b"));
+    assert!(matches!(refused, Err(OutboxError::RenameTargetTaken { .. })), "{refused:?}");
+    assert_eq!(o.pending_ids(&ch("a")), vec![mid("m1")]);
+    assert_eq!(o.pending_ids(&ch("b")), vec![mid("m2")]);
+    assert!(store.pending(&ch("a"), &mid("m1")).is_some());
+    // Renaming an unknown channel moves nothing and is no error for the outbox.
+    o.on_channel_renamed(&ch("zz"), &ch("yy")).unwrap();
+    assert!(o.pending_ids(&ch("yy")).is_empty());
+}

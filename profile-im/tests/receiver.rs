@@ -439,3 +439,57 @@ fn idempotency_rule_capacity_and_age_are_applied_in_the_store_not_in_memory() {
     set.prune(T0 + 11_020).unwrap();
     assert_eq!(store.completed_len(), 0);
 }
+
+#[test]
+fn rekey_rule_a_renamed_channel_keeps_its_completed_ids_in_memory_and_in_the_store() {
+    let store = MemoryStore::new();
+    let mut set =
+        ReceiverIdempotency::open(IdempotencyConfig::default(), store.clone(), T0).unwrap();
+    let m = ChatMessage::text("m1", "hi");
+    assert_eq!(process(&mut set, "a", &m, T0), AckStatus::Accepted);
+    store.rename_channel(&ch("a"), &ch("b")).unwrap();
+    set.on_channel_renamed(&ch("a"), &ch("b"));
+    // From the recent cache: the id moved with the channel.
+    assert_eq!(process(&mut set, "b", &m, T0), AckStatus::Duplicate);
+    // From the store, after a restart: the row moved too.
+    let mut restarted =
+        ReceiverIdempotency::open(IdempotencyConfig::default(), store.clone(), T0).unwrap();
+    assert_eq!(process(&mut restarted, "b", &m, T0), AckStatus::Duplicate);
+    assert!(!restarted.is_completed(&ch("a"), &MessageId::new("m1")).unwrap());
+    // The old id is a channel of its own again (a new message there is processed).
+    assert_eq!(process(&mut set, "a", &m, T0), AckStatus::Accepted);
+}
+
+#[test]
+fn rekey_rule_the_store_refuses_to_merge_two_channels_completed_ids() {
+    let store = MemoryStore::new();
+    let mut set =
+        ReceiverIdempotency::open(IdempotencyConfig::default(), store.clone(), T0).unwrap();
+    process(&mut set, "a", &ChatMessage::text("m1", "hi"), T0);
+    process(&mut set, "b", &ChatMessage::text("m2", "hi"), T0);
+    assert!(store.rename_channel(&ch("a"), &ch("b")).is_err());
+    assert!(set.is_completed(&ch("a"), &MessageId::new("m1")).unwrap());
+    assert_eq!(store.completed_len(), 2);
+}
+
+#[test]
+fn rekey_rule_a_message_in_progress_during_the_rename_is_recorded_under_the_new_id() {
+    let store = MemoryStore::new();
+    let mut set =
+        ReceiverIdempotency::open(IdempotencyConfig::default(), store.clone(), T0).unwrap();
+    let m = ChatMessage::text("m1", "hi");
+    let ticket = match set.begin_chat(&ch("a"), &m, T0).unwrap() {
+        Admission::Process(ticket) => ticket,
+        other => panic!("expected a first admission, got {other:?}"),
+    };
+    store.rename_channel(&ch("a"), &ch("b")).unwrap();
+    set.on_channel_renamed(&ch("a"), &ch("b"));
+    // While the effect runs, a redelivery on the new id is in progress, not a new message.
+    let during = set.begin_chat(&ch("b"), &m, T0).unwrap();
+    assert!(matches!(during, Admission::InProgress(_)), "{during:?}");
+    assert_eq!(set.complete(ticket, T0).unwrap().status, AckStatus::Accepted);
+    let mut restarted =
+        ReceiverIdempotency::open(IdempotencyConfig::default(), store.clone(), T0).unwrap();
+    assert!(restarted.is_completed(&ch("b"), &MessageId::new("m1")).unwrap());
+    assert!(!restarted.is_completed(&ch("a"), &MessageId::new("m1")).unwrap());
+}

@@ -1,7 +1,7 @@
 //! The Connection Descriptor (`xagent.connection/v2`): the runtime state of one channel.
 
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use crate::{
@@ -14,8 +14,11 @@ const_str!(
     DescriptorSchema = "xagent.connection/v2"
 );
 
-/// A Connection Descriptor. Unknown fields are kept in `extra` and written back.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// A Connection Descriptor. Unknown fields are kept in `extra` and written back. Reading
+/// accepts a `xagent.connection/v1` document too and normalises it at once (its singular
+/// `connection.profile` becomes `connection.profiles`), wherever the Descriptor sits (an ack,
+/// a push, a file); writing always produces v2.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[non_exhaustive]
 #[schemars(title = "xAgent Connection Descriptor v2")]
 pub struct ConnectionDescriptor {
@@ -64,31 +67,62 @@ impl ConnectionDescriptor {
         self.tools.iter().find(|tool| tool.tool_id.as_str() == tool_id)
     }
 
-    /// True when the Tool is listed with status `available`.
+    /// Whether the Tool can be called on this channel now: the one availability rule that the
+    /// xAgent side's projection and its `tool.invoke` resolution both ask. The channel is
+    /// signed in and active (`connected`, or `degraded` with the Tool still listed
+    /// `available`), the Tool is listed `available`, and the target does not deny permission.
     pub fn is_tool_available(&self, tool_id: &str) -> bool {
-        self.tool(tool_id).is_some_and(|tool| tool.status == ToolStatus::Available)
+        matches!(self.connection.status, ConnectionStatus::Connected | ConnectionStatus::Degraded)
+            && self.tool(tool_id).is_some_and(|tool| {
+                tool.status == ToolStatus::Available
+                    && tool.target_permission_state != Some(PermissionState::Denied)
+            })
     }
 
-    /// Reads a Descriptor of either wire version. A `xagent.connection/v1` document has a
-    /// singular `connection.profile`, which becomes `connection.profiles`; the result is always
-    /// the current model (we never emit v1).
-    pub fn from_wire(mut value: Value) -> Result<Self, serde_json::Error> {
-        let is_v1 =
-            value.get("schema").and_then(Value::as_str) == Some(crate::DESCRIPTOR_SCHEMA_V1);
-        if is_v1 && let Some(object) = value.as_object_mut() {
-            object.insert("schema".into(), Value::String(crate::DESCRIPTOR_SCHEMA.into()));
-            if let Some(connection) = object.get_mut("connection").and_then(Value::as_object_mut)
-                && !connection.contains_key("profiles")
-                && let Some(profile) = connection.remove("profile")
-            {
-                let profiles = match profile {
-                    Value::Null => Vec::new(),
-                    other => vec![other],
-                };
-                connection.insert("profiles".into(), Value::Array(profiles));
-            }
-        }
+    /// Reads a Descriptor of either wire version (what `Deserialize` does too): the result is
+    /// always the current model (we never emit v1).
+    pub fn from_wire(value: Value) -> Result<Self, serde_json::Error> {
         serde_json::from_value(value)
+    }
+}
+
+/// Section 12: a `xagent.connection/v1` document becomes the current model before it is
+/// read: the schema is v2, and a singular `connection.profile` becomes `connection.profiles`.
+fn normalise_v1(value: &mut Value) {
+    let is_v1 = value.get("schema").and_then(Value::as_str) == Some(crate::DESCRIPTOR_SCHEMA_V1);
+    let Some(object) = value.as_object_mut().filter(|_| is_v1) else { return };
+    object.insert("schema".into(), Value::String(crate::DESCRIPTOR_SCHEMA.into()));
+    if let Some(connection) = object.get_mut("connection").and_then(Value::as_object_mut)
+        && !connection.contains_key("profiles")
+        && let Some(profile) = connection.remove("profile")
+    {
+        let profiles = match profile {
+            Value::Null => Vec::new(),
+            other => vec![other],
+        };
+        connection.insert("profiles".into(), Value::Array(profiles));
+    }
+}
+
+/// The fields of a current Descriptor as read, after [`normalise_v1`].
+#[derive(Deserialize)]
+struct CurrentDescriptor {
+    schema: DescriptorSchema,
+    connection: Connection,
+    target: DescriptorTarget,
+    #[serde(default)]
+    tools: Vec<DescriptorTool>,
+    #[serde(flatten)]
+    extra: Extra,
+}
+
+impl<'de> Deserialize<'de> for ConnectionDescriptor {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut value = Value::deserialize(deserializer)?;
+        normalise_v1(&mut value);
+        let CurrentDescriptor { schema, connection, target, tools, extra } =
+            CurrentDescriptor::deserialize(value).map_err(serde::de::Error::custom)?;
+        Ok(Self { schema, connection, target, tools, extra })
     }
 }
 
@@ -291,5 +325,32 @@ mod tests {
         assert!(descriptor.is_tool_available("send"));
         assert!(!descriptor.is_tool_available("file"));
         assert!(!descriptor.is_tool_available("absent"));
+    }
+
+    #[test]
+    fn availability_rule_needs_an_active_channel_and_no_denied_permission() {
+        let listed = |status: ConnectionStatus, tool: DescriptorTool| {
+            let mut descriptor = ConnectionDescriptor::from_wire(v1()).expect("reads");
+            descriptor.connection.status = status;
+            descriptor.with_tool(tool)
+        };
+        for status in [ConnectionStatus::Connected, ConnectionStatus::Degraded] {
+            assert!(listed(status, DescriptorTool::available("send")).is_tool_available("send"));
+        }
+        for status in [
+            ConnectionStatus::Created,
+            ConnectionStatus::Authenticating,
+            ConnectionStatus::Offline,
+            ConnectionStatus::Expired,
+            ConnectionStatus::Revoked,
+            ConnectionStatus::Error,
+        ] {
+            let descriptor = listed(status.clone(), DescriptorTool::available("send"));
+            assert!(!descriptor.is_tool_available("send"), "{status}");
+        }
+        let denied = DescriptorTool::available("send").with_permission(PermissionState::Denied);
+        assert!(!listed(ConnectionStatus::Connected, denied).is_tool_available("send"));
+        let unknown = DescriptorTool::available("send").with_permission(PermissionState::Unknown);
+        assert!(listed(ConnectionStatus::Connected, unknown).is_tool_available("send"));
     }
 }

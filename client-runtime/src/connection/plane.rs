@@ -110,6 +110,7 @@ impl DataPlane {
         owner: &str,
         existing: Option<&ConnectorChannelId>,
     ) -> Result<ChannelOpenAck, ClientError> {
+        let _place = crate::channel_mode::reserve_open(&self.shared.directory, owner, existing)?;
         let ack = self.open_channel(existing).await?;
         lock(&self.shared.directory).set_owner(&ack.connector_channel_id, owner);
         Ok(ack)
@@ -119,9 +120,7 @@ impl DataPlane {
     /// after a restart).
     pub async fn remember_channel(&self, channel: ConnectorChannelId) {
         let owner = lock(&self.shared.directory).owner(&channel);
-        if let Some(store) = &self.shared.config.store
-            && let Err(error) = store.save_channel(&channel, owner.as_deref())
-        {
+        if let Err(error) = self.shared.store.save_channel(&channel, owner.as_deref()) {
             tracing::warn!(%error, "could not persist a remembered channel");
         }
         lock(&self.shared.channels).insert(channel.clone(), channel);
@@ -129,14 +128,17 @@ impl DataPlane {
 
     /// Forgets a channel.
     pub async fn forget_channel(&self, channel: &ConnectorChannelId) {
-        if let Some(store) = &self.shared.config.store
-            && let Err(error) = store.delete_channel(channel)
-        {
-            tracing::warn!(%error, "could not forget a remembered channel");
+        // The channel may be known by the id it was remembered by or by its current id (it
+        // was re-keyed): both go.
+        let current = lock(&self.shared.channels).get(channel).cloned();
+        for id in std::iter::once(channel).chain(current.as_ref()) {
+            if let Err(error) = self.shared.store.delete_channel(id) {
+                tracing::warn!(%error, "could not forget a remembered channel");
+            }
+            lock(&self.shared.directory).forget(id);
         }
         lock(&self.shared.channels)
             .retain(|persisted, current| persisted != channel && current != channel);
-        lock(&self.shared.directory).forget(channel);
     }
 
     /// The current id of a remembered channel (it changes when the Connector did not

@@ -24,7 +24,10 @@ pub(crate) struct Shared {
     /// The one home of the admitted Card, the announced Profiles and the window, read at
     /// every connect and by the packet rules in both directions.
     pub(crate) admission: Arc<Admission>,
-    /// Remembered channels: the id xAgent persisted -> the id currently open.
+    /// Where remembered channels and the `connector_id` live: the configured store, else one
+    /// in memory.
+    pub(crate) store: Arc<dyn crate::XagentStore>,
+    /// Remembered channels: the id the application remembered it by -> the id currently open.
     pub(crate) channels: StdMutex<BTreeMap<ConnectorChannelId, ConnectorChannelId>>,
     pub(crate) directory: StdMutex<ChannelDirectory>,
     pub(crate) state: watch::Sender<ConnectionState>,
@@ -37,6 +40,8 @@ pub(crate) struct Shared {
     /// pool, so one per file would open a new connection each time.
     pub(crate) control: std::sync::OnceLock<crate::ControlPlane>,
     pub(crate) validator: xagent_protocol_validate::Validator,
+    /// Acks that ended an assistant message's delivery, for [`crate::DataPlane::settled_ack`].
+    pub(crate) settled: crate::settled::SettledAcks,
 }
 
 pub(crate) fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {

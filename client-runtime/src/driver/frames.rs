@@ -184,6 +184,12 @@ async fn dispatch(shared: &Arc<Shared>, packet: Packet, accepted: Accepted) {
             tracing::warn!(%channel, %error, "a Descriptor in an ack was refused");
         }
     }
+    // A remembered channel the Connector re-keyed is renamed before the next frame is read.
+    if let Accepted::ChannelOpened { channel, request } = &accepted
+        && let Some(requested) = &request.channel
+    {
+        super::reopen::on_rekeyed(shared, requested, channel).await;
+    }
     if answers {
         if let Some(request_id) = packet.request_id.clone() {
             shared.pending.resolve(&request_id, Ok(packet));

@@ -6,4 +6,6 @@
 mod frames;
 mod hello;
 mod reconnect;
+mod reopen;
 mod start;
+pub use reopen::REOPEN_CONCURRENCY;

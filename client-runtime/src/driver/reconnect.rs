@@ -5,21 +5,21 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use xagent_connection::{CLOSE_POLICY, Outbound, WriterOptions};
-use xagent_protocol_types::{ChannelOpen, ConnectorChannelId, ConnectorId, Payload, Side};
+use xagent_protocol_types::{ConnectorId, Payload, Side};
 
 use super::frames::read_loop;
 use super::hello::check_hello_ack;
 use crate::ClientError;
 use crate::connection::{
     ClientEvent, ConnectionState, SendRules, Shared, TapDirection, emit, fail_pending, lock,
-    request_on, request_typed,
+    request_on,
 };
 use crate::transport::Transport;
 
 /// The reconnect loop: never gives up; the delay grows to the cap.
 pub(super) async fn supervise(shared: Arc<Shared>, transport: Box<dyn Transport>) {
     let mut failures = 0u32;
-    let mut known_connector: Option<ConnectorId> = shared.config.connector_id.clone();
+    let mut known_connector = super::reopen::known_connector_id(&shared.config);
     loop {
         if failures == 0 {
             shared.set_state(ConnectionState::Connecting { failures });
@@ -102,10 +102,9 @@ async fn run_connection(
         }
     };
     let connector_id = hello_ack.connector_id.clone();
-    let replaced = match known_connector.replace(connector_id.clone()) {
-        Some(previous) if previous != connector_id => Some(previous),
-        _ => None,
-    };
+    let known = known_connector.replace(connector_id.clone());
+    super::reopen::store_connector_id(shared, known.as_ref(), &connector_id);
+    let replaced = known.filter(|previous| previous != &connector_id);
     match replaced {
         Some(previous) => {
             shared.set_state(ConnectionState::Replaced {
@@ -123,7 +122,7 @@ async fn run_connection(
     emit(shared, ClientEvent::Connected { connector_id: connector_id.clone() }).await;
 
     // Reopen remembered channels while the reader runs.
-    let reopen = tokio::spawn(reopen_channels(shared.clone(), connector_id));
+    let reopen = tokio::spawn(super::reopen::reopen_channels(shared.clone(), connector_id));
     let reason = reader.await;
     reopen.abort();
     writer.abort();
@@ -144,39 +143,4 @@ fn writer_options(shared: &Shared) -> WriterOptions {
         see
     });
     options
-}
-
-async fn reopen_channels(shared: Arc<Shared>, connector_id: ConnectorId) {
-    let remembered: Vec<(ConnectorChannelId, ConnectorChannelId)> =
-        lock(&shared.channels).iter().map(|(a, b)| (a.clone(), b.clone())).collect();
-    for (persisted, current) in remembered {
-        match request_typed(&shared, Some(&current), ChannelOpen::default()).await {
-            Ok(ack) => {
-                let new_id = ack.connector_channel_id.clone();
-                lock(&shared.channels).insert(persisted.clone(), new_id.clone());
-                lock(&shared.directory).rename(&current, &new_id);
-                shared.im.lock().await.on_channel_reopened(&current, &new_id, shared.now());
-                emit(
-                    &shared,
-                    ClientEvent::ChannelReopened {
-                        previous: current,
-                        current: new_id,
-                        descriptor: Box::new(ack.connection_descriptor),
-                    },
-                )
-                .await;
-            }
-            Err(error) => {
-                emit(
-                    &shared,
-                    ClientEvent::ChannelReopenFailed { channel: current, error: error.to_string() },
-                )
-                .await;
-            }
-        }
-    }
-    if matches!(*shared.state.borrow(), ConnectionState::Replaced { .. }) {
-        shared.set_state(ConnectionState::Online { connector_id });
-    }
-    crate::im::pump(&shared).await;
 }

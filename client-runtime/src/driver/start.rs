@@ -10,6 +10,7 @@ use super::reconnect::supervise;
 use crate::connection::{ClientConfig, ClientEvent, ConnectionState, Events, Shared};
 use crate::directory::ChannelDirectory;
 use crate::im_state::ImState;
+use crate::store::{MemoryXagentStore, XagentStore};
 use crate::transport::{Transport, WsTransport};
 use crate::{ClientError, DataPlane};
 
@@ -34,7 +35,11 @@ impl DataPlane {
         let (events, receiver) = mpsc::channel(config.event_capacity.max(1));
         let (state_sender, state) = watch::channel(ConnectionState::Connecting { failures: 0 });
         let now = config.clock.now_millis();
-        let im = ImState::open(config.store.clone(), now)?;
+        let store: Arc<dyn XagentStore> = match &config.store {
+            Some(store) => store.clone(),
+            None => Arc::new(MemoryXagentStore::new()),
+        };
+        let im = ImState::open(store.clone(), now)?;
         let admission = Arc::new(Admission::from_parts(
             config.connector_card_id.clone(),
             config.supported_profiles.clone(),
@@ -46,16 +51,15 @@ impl DataPlane {
         if let (Some(card), Some(facts)) = (config.card.clone(), admission.facts()) {
             directory.set_admitted(card, facts);
         }
-        if let Some(store) = &config.store {
-            for remembered in store.load_channels().map_err(ClientError::Store)? {
-                channels.insert(remembered.channel.clone(), remembered.channel.clone());
-                directory.remember(remembered.channel, remembered.owner);
-            }
+        for remembered in store.load_channels().map_err(ClientError::Store)? {
+            channels.insert(remembered.channel.clone(), remembered.channel.clone());
+            directory.remember(remembered.channel, remembered.owner);
         }
         let config_window = config.window;
         let shared = Arc::new(Shared {
             im: Mutex::new(im),
             config,
+            store,
             link: StdMutex::new(None),
             pending: Requests::new(),
             admission,
@@ -67,6 +71,7 @@ impl DataPlane {
             sink: StdMutex::new(None),
             control: std::sync::OnceLock::new(),
             validator: xagent_protocol_validate::Validator::new().with_window(config_window),
+            settled: crate::settled::SettledAcks::default(),
         });
         let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
         let supervisor = shared.clone();

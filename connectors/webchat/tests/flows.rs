@@ -347,18 +347,14 @@ async fn files_travel_both_ways() {
     inbound.accept();
 
     // xAgent -> visitor: an uploaded file_ref in the final message, served on the room.
-    let upload = control
-        .upload(&channel, "report.txt", "text/plain", b"the report".to_vec())
-        .await
-        .expect("upload");
-    let final_message = ChatMessage::with_files(
-        "msg_file_1",
-        Some("here you go".into()),
-        vec![
-            xagent_protocol_types::ChatFile::new(FileType::File, upload.file_ref.clone())
-                .with_filename("report.txt"),
-        ],
-    );
+    let report = xagent_client_runtime::FileContent {
+        filename: "report.txt".into(),
+        mime_type: "text/plain".into(),
+        bytes: b"the report".to_vec(),
+    };
+    let upload = plane.upload_message_file(&channel, report).await.expect("upload");
+    let final_message =
+        ChatMessage::with_files("msg_file_1", Some("here you go".into()), vec![upload.clone()]);
     plane.send_chat_message(&channel, final_message).await.expect("final");
     visitor
         .eventually(|s| {

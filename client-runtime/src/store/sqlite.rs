@@ -1,57 +1,28 @@
-//! Durable xAgent-side state behind one trait, with an embedded SQLite default: remembered
-//! channels and their owners, the receiver idempotency set of inbound messages and the outbox
-//! of assistant messages (the last two through `profile-im`'s store traits). Killing the
-//! process loses nothing the runtime took responsibility for and accepts nothing twice.
+//! The default store: SQLite, one file under the state directory.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, params};
 use xagent_profile_im::{
-    AttemptUpdate, CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore, OutboxStore,
-    OutboxWrite, PendingRecord, StoreError,
+    AttemptUpdate, CompletedRecord, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite,
+    PendingRecord, StoreError,
 };
-use xagent_protocol_types::{ConnectorChannelId, MessageId};
+use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 
-/// A channel xAgent remembers across restarts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RememberedChannel {
-    /// The channel id.
-    pub channel: ConnectorChannelId,
-    /// The xAgent user who owns it.
-    pub owner: Option<String>,
-}
-
-/// Where xAgent-side state lives.
-pub trait XagentStore: Send + Sync + 'static {
-    /// Every remembered channel.
-    fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError>;
-    /// Remembers (or updates) a channel.
-    fn save_channel(
-        &self,
-        channel: &ConnectorChannelId,
-        owner: Option<&str>,
-    ) -> Result<(), StoreError>;
-    /// Forgets a channel.
-    fn delete_channel(&self, channel: &ConnectorChannelId) -> Result<(), StoreError>;
-    /// The outbox's store (shares the backend).
-    fn outbox_store(&self) -> Box<dyn OutboxStore + Send>;
-    /// The receiver idempotency store (shares the backend).
-    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send>;
-}
-
-/// In-memory stores for a client without durable state.
-pub(crate) fn memory_stores() -> (Box<dyn OutboxStore + Send>, Box<dyn IdempotencyStore + Send>) {
-    let store = MemoryStore::new();
-    (Box::new(store.clone()), Box::new(store))
-}
+use super::{RememberedChannel, XagentStore, check_rename};
 
 const DATABASE_FILE: &str = "xagent.sqlite3";
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS channels (
   id TEXT PRIMARY KEY, owner TEXT);
+CREATE TABLE IF NOT EXISTS xagent_meta (
+  key TEXT PRIMARY KEY, value TEXT NOT NULL);
 ";
+
+/// The `xagent_meta` key of the last accepted `connector_id`.
+const META_CONNECTOR_ID: &str = "connector_id";
 
 /// The default store: one SQLite file (WAL, synchronous commits) under a state directory
 /// readable only by its owner. Clones share one connection.
@@ -161,6 +132,55 @@ impl XagentStore for SqliteXagentStore {
             .and_then(|mut stmt| stmt.execute(params![channel.as_str()]))
             .map(|_| ())
             .map_err(err("delete_channel"))
+    }
+
+    /// One transaction over the three tables: the channel row, its pending messages and its
+    /// completed ids move together or not at all.
+    fn rename_channel(
+        &self,
+        from: &ConnectorChannelId,
+        to: &ConnectorChannelId,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction().map_err(err("rename_channel"))?;
+        let known = |id: &ConnectorChannelId| -> Result<bool, StoreError> {
+            tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM channels WHERE id = ?1)")
+                .and_then(|mut stmt| stmt.query_row(params![id.as_str()], |row| row.get(0)))
+                .map_err(err("rename_channel"))
+        };
+        check_rename(from, to, known(from)?, known(to)?)?;
+        if from == to {
+            return Ok(());
+        }
+        tx.execute(
+            "UPDATE channels SET id = ?1 WHERE id = ?2",
+            params![to.as_str(), from.as_str()],
+        )
+        .map_err(err("rename_channel"))?;
+        xagent_im_sqlite::rename_channel(&tx, from, to).map_err(err("rename_channel"))?;
+        tx.commit().map_err(err("rename_channel"))
+    }
+
+    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError> {
+        use rusqlite::OptionalExtension as _;
+        self.lock()
+            .prepare_cached("SELECT value FROM xagent_meta WHERE key = ?1")
+            .and_then(|mut stmt| {
+                stmt.query_row(params![META_CONNECTOR_ID], |row| row.get::<_, String>(0)).optional()
+            })
+            .map(|id| id.map(ConnectorId::new))
+            .map_err(err("load_connector_id"))
+    }
+
+    fn save_connector_id(&self, connector_id: &ConnectorId) -> Result<(), StoreError> {
+        self.lock()
+            .prepare_cached(
+                "INSERT INTO xagent_meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            )
+            .and_then(|mut stmt| stmt.execute(params![META_CONNECTOR_ID, connector_id.as_str()]))
+            .map(|_| ())
+            .map_err(err("save_connector_id"))
     }
 
     fn outbox_store(&self) -> Box<dyn OutboxStore + Send> {
@@ -273,6 +293,7 @@ fn in_transaction<W>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MemoryXagentStore;
 
     fn pending(id: &str) -> PendingRecord {
         PendingRecord {
@@ -355,5 +376,149 @@ mod tests {
             assert_eq!(mode, 0o700, "state readable only by its owner");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A fresh state directory, removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new() -> Self {
+            Self(std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>())))
+        }
+
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn completed(channel: &str, id: &str) -> CompletedRecord {
+        CompletedRecord {
+            channel: ConnectorChannelId::new(channel),
+            message_id: MessageId::new(id),
+            fingerprint: xagent_profile_im::Fingerprint::from_hex("ab"),
+            completed_at: 1,
+        }
+    }
+
+    /// The channel, its pending messages and its completed ids, as the store holds them.
+    fn snapshot(
+        store: &mut SqliteXagentStore,
+    ) -> (Vec<RememberedChannel>, Vec<String>, Vec<String>) {
+        let channels = store.load_channels().expect("loads");
+        let mut pending: Vec<String> = store
+            .load_pending()
+            .expect("loads")
+            .into_iter()
+            .map(|r| format!("{}/{}", r.channel, r.message_id))
+            .collect();
+        pending.sort();
+        let mut done: Vec<String> = store
+            .load_completed()
+            .expect("loads")
+            .into_iter()
+            .map(|r| format!("{}/{}", r.channel, r.message_id))
+            .collect();
+        done.sort();
+        (channels, pending, done)
+    }
+
+    #[test]
+    fn rekey_rule_a_rename_moves_the_channel_its_outbox_and_idempotency_entries_durably() {
+        let dir = TempDir::new();
+        {
+            let mut store = SqliteXagentStore::open(dir.path()).expect("opens");
+            store.save_channel(&ConnectorChannelId::new("cch_1"), Some("alice")).expect("saves");
+            store.save_pending(&pending("m1")).expect("saves");
+            store.save_completed(&completed("cch_1", "in_1")).expect("saves");
+            store
+                .rename_channel(
+                    &ConnectorChannelId::new("cch_1"),
+                    &ConnectorChannelId::new("cch_9"),
+                )
+                .expect("renames");
+        }
+        let mut store = SqliteXagentStore::open(dir.path()).expect("reopens");
+        let (channels, pending, done) = snapshot(&mut store);
+        assert_eq!(
+            channels,
+            vec![RememberedChannel {
+                channel: ConnectorChannelId::new("cch_9"),
+                owner: Some("alice".into())
+            }],
+            "the owner moves with the channel"
+        );
+        assert_eq!(pending, ["cch_9/m1"]);
+        assert_eq!(done, ["cch_9/in_1"]);
+    }
+
+    #[test]
+    fn rekey_rule_renaming_onto_a_remembered_id_or_an_unknown_id_is_refused_and_changes_nothing() {
+        let mut store = SqliteXagentStore::in_memory().expect("opens");
+        store.save_channel(&ConnectorChannelId::new("cch_1"), Some("alice")).expect("saves");
+        store.save_channel(&ConnectorChannelId::new("cch_2"), Some("bob")).expect("saves");
+        store.save_pending(&pending("m1")).expect("saves");
+        store.save_completed(&completed("cch_1", "in_1")).expect("saves");
+        // Messages stored under an id nobody remembers (a channel forgotten mid-flight).
+        store.save_completed(&completed("cch_3", "in_3")).expect("saves");
+        let before = snapshot(&mut store);
+        let onto_remembered = store
+            .rename_channel(&ConnectorChannelId::new("cch_1"), &ConnectorChannelId::new("cch_2"));
+        assert!(onto_remembered.is_err_and(|e| e.reason().contains("already remembered")));
+        let unknown = store
+            .rename_channel(&ConnectorChannelId::new("cch_404"), &ConnectorChannelId::new("cch_5"));
+        assert!(unknown.is_err_and(|e| e.reason().contains("not remembered")));
+        let onto_messages = store
+            .rename_channel(&ConnectorChannelId::new("cch_1"), &ConnectorChannelId::new("cch_3"));
+        assert!(onto_messages.is_err(), "the transaction is rolled back as a whole");
+        assert_eq!(snapshot(&mut store), before, "nothing changed");
+        // The memory store applies the same rule.
+        let memory = MemoryXagentStore::new();
+        memory.save_channel(&ConnectorChannelId::new("cch_1"), None).expect("saves");
+        memory.save_channel(&ConnectorChannelId::new("cch_2"), None).expect("saves");
+        assert!(
+            memory
+                .rename_channel(
+                    &ConnectorChannelId::new("cch_1"),
+                    &ConnectorChannelId::new("cch_2")
+                )
+                .is_err()
+        );
+        assert!(
+            memory
+                .rename_channel(
+                    &ConnectorChannelId::new("cch_7"),
+                    &ConnectorChannelId::new("cch_8")
+                )
+                .is_err()
+        );
+        memory
+            .rename_channel(&ConnectorChannelId::new("cch_1"), &ConnectorChannelId::new("cch_3"))
+            .expect("renames");
+        let ids: Vec<String> = memory
+            .load_channels()
+            .expect("loads")
+            .into_iter()
+            .map(|c| c.channel.as_str().to_owned())
+            .collect();
+        assert_eq!(ids, ["cch_3", "cch_2"]);
+    }
+
+    #[test]
+    fn identity_rule_the_connector_id_survives_a_reopen() {
+        let dir = TempDir::new();
+        {
+            let store = SqliteXagentStore::open(dir.path()).expect("opens");
+            assert_eq!(store.load_connector_id().expect("loads"), None);
+            store.save_connector_id(&ConnectorId::new("conn_1")).expect("saves");
+            store.save_connector_id(&ConnectorId::new("conn_2")).expect("replaces");
+        }
+        let store = SqliteXagentStore::open(dir.path()).expect("reopens");
+        assert_eq!(store.load_connector_id().expect("loads"), Some(ConnectorId::new("conn_2")));
     }
 }

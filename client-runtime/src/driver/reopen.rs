@@ -1,0 +1,127 @@
+//! What must survive a reconnect and a restart: the remembered channels, reopened after every
+//! hello (concurrently, within [`REOPEN_CONCURRENCY`]), renamed durably when the Connector
+//! re-keys one; and the Connector's `connector_id`, stored so a restarted client tells a
+//! rebuilt Connector (reported as `ConnectorReplaced`) from the one it knew.
+//!
+//! Each channel keeps its own order: nothing channel-scoped leaves before that channel's
+//! `channel.open.ack` on the current connection (the session withholds it), and its outbox
+//! resumes only once the channel is reopened and, if re-keyed, renamed.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use xagent_protocol_types::{ChannelOpen, ConnectorChannelId, ConnectorId};
+
+use crate::connection::{ClientConfig, ClientEvent, ConnectionState, Shared, emit, lock};
+
+/// How many remembered channels are reopened at once after a reconnect: enough that a few
+/// hundred channels are back within a few round trips, few enough not to flood the Connector.
+pub const REOPEN_CONCURRENCY: usize = 32;
+
+/// Reopens every remembered channel, at most [`REOPEN_CONCURRENCY`] at a time, then reports
+/// the Connector online (after a `Replaced`) and moves what is due in the outbox.
+pub(crate) async fn reopen_channels(shared: Arc<Shared>, connector_id: ConnectorId) {
+    let remembered: Vec<(ConnectorChannelId, ConnectorChannelId)> =
+        lock(&shared.channels).iter().map(|(a, b)| (a.clone(), b.clone())).collect();
+    futures_util::stream::iter(remembered)
+        .for_each_concurrent(REOPEN_CONCURRENCY, |(remembered, current)| {
+            reopen_channel(&shared, remembered, current)
+        })
+        .await;
+    if matches!(*shared.state.borrow(), ConnectionState::Replaced { .. }) {
+        shared.set_state(ConnectionState::Online { connector_id });
+    }
+    crate::im::pump(&shared).await;
+}
+
+/// Reopens one channel (`current` is its id now; `remembered` the id the application
+/// remembered it by in this process). A new id in the ack has renamed the channel in the
+/// store and in memory ([`on_rekeyed`]) before its outbox moves again.
+async fn reopen_channel(
+    shared: &Arc<Shared>,
+    remembered: ConnectorChannelId,
+    current: ConnectorChannelId,
+) {
+    match crate::connection::request_typed(shared, Some(&current), ChannelOpen::default()).await {
+        Ok(ack) => {
+            // A new id was already renamed by the reader ([`on_rekeyed`]).
+            let new_id = ack.connector_channel_id.clone();
+            lock(&shared.channels).insert(remembered, new_id.clone());
+            shared.im.lock().await.on_channel_reopened(&new_id, shared.now());
+            emit(
+                shared,
+                ClientEvent::ChannelReopened {
+                    previous: current,
+                    current: new_id,
+                    descriptor: Box::new(ack.connection_descriptor),
+                },
+            )
+            .await;
+            // This channel's backlog moves now, not after the last channel is back.
+            crate::im::pump(shared).await;
+        }
+        Err(error) => {
+            emit(
+                shared,
+                ClientEvent::ChannelReopenFailed { channel: current, error: error.to_string() },
+            )
+            .await;
+        }
+    }
+}
+
+/// A `channel.open.ack` named `given` for a `channel.open` of `requested`: when `requested` is
+/// a remembered channel, it is renamed everywhere (remembered ids, directory, store with its
+/// outbox and idempotency entries, IM state). The reader calls this before it reads the next
+/// frame, so a message the Connector sends on the new id right after the ack already finds
+/// the channel's idempotency entries there.
+pub(crate) async fn on_rekeyed(
+    shared: &Shared,
+    requested: &ConnectorChannelId,
+    given: &ConnectorChannelId,
+) {
+    if requested == given {
+        return;
+    }
+    let remembered = {
+        let mut channels = lock(&shared.channels);
+        let mut found = false;
+        for current in channels.values_mut().filter(|current| *current == requested) {
+            *current = given.clone();
+            found = true;
+        }
+        found
+    };
+    if !remembered {
+        return;
+    }
+    lock(&shared.directory).rename(requested, given);
+    shared.im.lock().await.on_channel_rekeyed(requested, given);
+}
+
+/// The `connector_id` to resume with: the configured one, else the one stored by the last
+/// accepted `hello.ack` (an unreadable store is logged and treated as a first hello).
+pub(crate) fn known_connector_id(config: &ClientConfig) -> Option<ConnectorId> {
+    if config.connector_id.is_some() {
+        return config.connector_id.clone();
+    }
+    let store = config.store.as_ref()?;
+    store.load_connector_id().unwrap_or_else(|error| {
+        tracing::warn!(%error, "the stored connector_id could not be read");
+        None
+    })
+}
+
+/// Stores the `connector_id` of an accepted `hello.ack` when it is not the one already known.
+pub(crate) fn store_connector_id(
+    shared: &Shared,
+    previous: Option<&ConnectorId>,
+    current: &ConnectorId,
+) {
+    if previous == Some(current) {
+        return;
+    }
+    if let Err(error) = shared.store.save_connector_id(current) {
+        tracing::warn!(%error, "the connector_id could not be stored; a restart cannot tell a rebuilt Connector");
+    }
+}

@@ -1,0 +1,148 @@
+//! Assistant file messages against the server-runtime echo connector over real sockets on
+//! 127.0.0.1: the runtime uploads a message's file on the message's channel, and refuses a
+//! `file_ref` it did not upload on that channel, or one that expired, before anything is
+//! queued.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use xagent_client_runtime::{
+    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, FileContent,
+    OutboundFileError,
+};
+use xagent_protocol_types::{
+    AckStatus, AuthInput, AuthStart, AuthStartAck, AuthStatus, ChatMessage, Clock,
+    ConnectorChannelId, ErrorCode, ManualClock, PROFILE_IM_V2, Secret, SystemClock,
+};
+use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, EchoServer, temp_state_dir};
+
+const API_KEY: &str = "sk-outbound-files-5c2e9a";
+
+fn config(server: &EchoServer, clock: &ManualClock) -> ClientConfig {
+    let base = BaseUrl::parse(&server.base_url()).expect("base url");
+    let mut config = ClientConfig::new(base, ECHO_CARD_ID, vec![PROFILE_IM_V2.into()])
+        .with_api_key(Secret::new(API_KEY))
+        .with_clock(Arc::new(clock.clone()));
+    config.request_timeout = Duration::from_secs(5);
+    config
+}
+
+async fn signed_in_channel(plane: &DataPlane) -> ConnectorChannelId {
+    let opened = plane.open_channel(None).await.expect("channel.open");
+    let channel = opened.connector_channel_id.clone();
+    let ack: AuthStartAck = plane
+        .request(
+            Some(&channel),
+            AuthStart::new(ECHO_FLOW).with_input(AuthInput::default().with("token", "tok-1")),
+        )
+        .await
+        .expect("auth.start");
+    assert_eq!(ack.0.status, AuthStatus::Authenticated);
+    channel
+}
+
+fn report() -> FileContent {
+    FileContent {
+        filename: "report.txt".into(),
+        mime_type: "text/plain".into(),
+        bytes: b"forty-two".to_vec(),
+    }
+}
+
+async fn setup(name: &str) -> (EchoServer, ManualClock, DataPlane, UnboundedReceiver<ClientEvent>) {
+    let server = EchoServer::start(&temp_state_dir(name), API_KEY, None).await.expect("starts");
+    // The client's clock starts at the server's time; tests move it on.
+    let clock = ManualClock::new(SystemClock.now_millis());
+    let (plane, events) = DataPlane::start(config(&server, &clock));
+    plane.connected().await.expect("connected");
+    (server, clock, plane, events)
+}
+
+fn outbound(error: Result<impl std::fmt::Debug, ClientError>) -> OutboundFileError {
+    match error {
+        Err(ClientError::OutboundFile(error)) => error,
+        other => panic!("expected an outbound file refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn outbound_file_rule_a_message_file_is_uploaded_on_its_channel_and_delivered() {
+    let (server, _clock, plane, mut events) = setup("outbound-ok").await;
+    let channel = signed_in_channel(&plane).await;
+    let file = plane.upload_message_file(&channel, report()).await.expect("uploaded");
+    assert_eq!(file.filename.as_deref(), Some("report.txt"));
+    assert_eq!(file.byte_size, Some(9));
+    assert!(file.expires_at.is_some() && file.download_url.is_none(), "{file:?}");
+    let reply = ChatMessage::with_files("out_file", Some("the report".into()), vec![file.clone()]);
+    plane.send_chat_message(&channel, reply).await.expect("queued");
+    let acked =
+        xagent_client_runtime::next_event_matching(&mut events, Duration::from_secs(15), |e| {
+            matches!(e, ClientEvent::ChatMessageAcked { .. })
+        })
+        .await;
+    let Some(ClientEvent::ChatMessageAcked { ack, .. }) = acked else {
+        panic!("no ack within 15 s")
+    };
+    assert_eq!(ack.status, AckStatus::Accepted);
+    {
+        let log = server.echo.log();
+        let (delivered_on, message, _) = log
+            .delivered
+            .iter()
+            .find(|(_, m, _)| m.message_id == "out_file")
+            .expect("delivered to the target");
+        assert_eq!(delivered_on, &channel);
+        assert_eq!(message.files[0].file_ref, file.file_ref);
+    }
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn outbound_file_rule_a_file_ref_uploaded_on_another_channel_is_refused() {
+    let (server, _clock, plane, _events) = setup("outbound-other").await;
+    let first = signed_in_channel(&plane).await;
+    let second = signed_in_channel(&plane).await;
+    let file = plane.upload_message_file(&first, report()).await.expect("uploaded");
+    let message = ChatMessage::with_files("out_cross", None, vec![file]);
+    let refused = outbound(plane.send_chat_message(&second, message).await);
+    assert!(matches!(refused, OutboundFileError::OtherChannel { .. }), "{refused}");
+    assert_eq!(refused.code(), ErrorCode::Forbidden);
+    assert!(!plane.is_pending(&second, &"out_cross".into()).await, "nothing was queued");
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn outbound_file_rule_a_file_ref_this_client_did_not_upload_is_refused() {
+    let (server, _clock, plane, _events) = setup("outbound-unknown").await;
+    let channel = signed_in_channel(&plane).await;
+    // Uploaded past the runtime: it cannot know the reference's channel or expiry.
+    let control = ControlPlane::new(plane.control().base().clone(), Some(Secret::new(API_KEY)));
+    let answer = control.upload(&channel, "x.txt", "text/plain", b"x".to_vec()).await.expect("up");
+    let file = xagent_protocol_types::ChatFile::new(answer.file_type, answer.file_ref);
+    let refused = outbound(
+        plane.send_chat_message(&channel, ChatMessage::with_files("out_x", None, vec![file])).await,
+    );
+    assert!(matches!(refused, OutboundFileError::NotUploaded { .. }), "{refused}");
+    assert_eq!(refused.code(), ErrorCode::FileNotFound);
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn outbound_file_rule_an_expired_file_ref_is_refused() {
+    let (server, clock, plane, _events) = setup("outbound-expired").await;
+    let channel = signed_in_channel(&plane).await;
+    let file = plane.upload_message_file(&channel, report()).await.expect("uploaded");
+    let expires_at = file.expires_at.expect("the Connector's expiry");
+    let file_ref = file.file_ref.clone();
+    clock.set(expires_at);
+    let message = ChatMessage::with_files("out_late", None, vec![file]);
+    let refused = outbound(plane.send_chat_message(&channel, message).await);
+    assert_eq!(refused, OutboundFileError::Expired { file_ref, expired_at: expires_at });
+    assert_eq!(refused.code(), ErrorCode::FileNotFound);
+    plane.close().await;
+    server.stop().await;
+}

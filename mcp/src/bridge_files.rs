@@ -1,0 +1,107 @@
+//! The file source and sink the runtime calls for the bridge: a file the agent names (an inbox
+//! resource or a path under an allowed directory) read for an upload, and each inbound file
+//! the runtime downloaded written durably into the inbox's files directory.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use xagent_client_runtime::{FileContent, FileSink, FileSource};
+use xagent_protocol_types::{ChatFile, ConnectorChannelId};
+
+use crate::files::{AllowedDirs, FileSource as Reference, MAX_UPLOAD_BYTES, safe_filename};
+use crate::inbox::Inbox;
+
+/// Largest inbound file the bridge keeps (32 MiB); larger ones are refused retryably.
+pub const MAX_DOWNLOAD_BYTES: usize = 32 * 1024 * 1024;
+
+/// What the runtime calls to read a file the agent named: an inbox resource or a path under an
+/// allowed directory ([`AllowedDirs`]).
+pub(crate) struct BridgeFiles {
+    pub(crate) allowed: AllowedDirs,
+    pub(crate) inbox: Arc<Inbox>,
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+impl FileSource for BridgeFiles {
+    fn open(&self, reference: &str) -> BoxFuture<'_, Result<FileContent, String>> {
+        let resolved = self.allowed.resolve(reference).map_err(|e| e.to_string());
+        Box::pin(async move {
+            let (filename, mime_type, path) = match resolved? {
+                Reference::Inbox(id) => {
+                    let file =
+                        self.inbox.file(&id).ok().flatten().ok_or_else(|| {
+                            "no such file resource; see resources/list".to_owned()
+                        })?;
+                    (file.filename, file.mime_type, self.inbox.file_path(&file.id))
+                }
+                Reference::Disk(path) => {
+                    let name = path
+                        .file_name()
+                        .map(|n| safe_filename(&n.to_string_lossy()))
+                        .unwrap_or_else(|| "file".into());
+                    let mime = mime_guess::from_path(&path).first_or_octet_stream().to_string();
+                    (name, mime, path)
+                }
+            };
+            let bytes = tokio::fs::read(&path).await.map_err(|_| "the file cannot be read")?;
+            if bytes.len() as u64 > MAX_UPLOAD_BYTES {
+                return Err(format!("the file is larger than {MAX_UPLOAD_BYTES} bytes"));
+            }
+            Ok(FileContent { filename, mime_type, bytes })
+        })
+    }
+}
+
+/// What the runtime calls with each inbound file it downloaded: written (and synced) into the
+/// inbox's files directory before the message reaches the bridge.
+impl FileSink for BridgeFiles {
+    fn save(
+        &self,
+        channel: &ConnectorChannelId,
+        file: &ChatFile,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'_, Result<String, String>> {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(format!("{channel}\n{}", file.file_ref));
+        let id = format!("f_{}", hex::encode(&digest[..12]));
+        let path = self.inbox.file_path(&id);
+        Box::pin(async move {
+            if bytes.len() > MAX_DOWNLOAD_BYTES {
+                return Err(format!(
+                    "the file is larger than the bridge keeps ({MAX_DOWNLOAD_BYTES} bytes)"
+                ));
+            }
+            tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("could not write the file: {e}"))?;
+            Ok(id)
+        })
+    }
+}
+
+/// Writes a file and syncs it (and its directory) before returning.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let temporary = path.with_extension("partial");
+    {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        let mut file = options.open(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&temporary, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
