@@ -13,9 +13,8 @@ use serde_json::{Map, Value};
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, PacketTap, TapDirection, admit,
 };
-use xagent_protocol_types::{
-    AuthInput, AuthStart, AuthStartAck, CHANNEL_ARGUMENT, ProfileId, Secret,
-};
+use xagent_client_runtime::{CHANNEL_ARGUMENT, fill_channel_argument};
+use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, ProfileId, Secret};
 use xagent_protocol_validate::AdmissionWindow;
 
 /// Options of `mock-xagent`.
@@ -196,7 +195,7 @@ fn as_a_model_would(
     if !arguments.contains_key(CHANNEL_ARGUMENT)
         && let Ok(channel) = plane.directory().resolve(MOCK_USER, None, tool)
     {
-        arguments.insert(CHANNEL_ARGUMENT.to_owned(), Value::String(channel.as_str().to_owned()));
+        fill_channel_argument(&mut arguments, &channel);
     }
     arguments
 }

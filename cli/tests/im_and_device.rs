@@ -11,7 +11,7 @@ use xagent_client_runtime::{BaseUrl, ClientConfig, ControlPlane, DataPlane, admi
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStartAck, AuthStatus, ConnectionDescriptor, ConnectorChannelId,
     DescriptorTarget, PROFILE_DEVICE_V1, PROFILE_IM_V2, ProfileId, Secret, TargetDeclaration,
-    TargetType, ToolStatus,
+    TargetType, ToolStatus, UserChannelMode,
 };
 use xagent_protocol_validate::{
     AdmissionWindow, CardFacts, DescriptorContext, validate_descriptor,
@@ -65,6 +65,7 @@ fn connector() -> Connector {
         .target(TargetDeclaration::new(TargetType::Device, "lab", "Lab device"))
         .profile(PROFILE_IM_V2)
         .profile(PROFILE_DEVICE_V1)
+        .user_channel_mode(UserChannelMode::Multiple)
         .on_message(|_, _| async {})
         .form_flow(
             FlowSpec::new("lab_chat", "Join a lab room").target_type(TargetType::Im),

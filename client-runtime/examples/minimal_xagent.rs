@@ -10,9 +10,10 @@
 
 use serde_json::{Map, Value};
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, Events, ToolOutcome, admit,
+    BaseUrl, CHANNEL_ARGUMENT, ClientConfig, ClientEvent, ControlPlane, DataPlane, Events,
+    ToolOutcome, admit, fill_channel_argument,
 };
-use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, CHANNEL_ARGUMENT, Secret};
+use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, Secret};
 use xagent_protocol_validate::AdmissionWindow;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -75,7 +76,7 @@ pub async fn sign_in_and_call(args: Args) -> Result<(DataPlane, Events, ToolOutc
     let mut arguments = args.arguments;
     if !arguments.contains_key(CHANNEL_ARGUMENT) {
         let channel = plane.directory().resolve("alice", None, &args.tool)?;
-        arguments.insert(CHANNEL_ARGUMENT.into(), Value::String(channel.as_str().into()));
+        fill_channel_argument(&mut arguments, &channel);
     }
     let outcome = plane.invoke_tool("alice", None, &args.tool, arguments).await?;
     println!("{} on {}: {:?}", args.tool, outcome.channel, outcome.ack.result);
