@@ -9,9 +9,11 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Args;
+use serde_json::{Map, Value};
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, PacketTap, TapDirection, admit,
 };
+use xagent_client_runtime::{CHANNEL_ARGUMENT, fill_channel_argument};
 use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, ProfileId, Secret};
 use xagent_protocol_validate::AdmissionWindow;
 
@@ -147,6 +149,7 @@ async fn session(base: BaseUrl, args: MockXagentArgs, inputs: AuthInput) -> Exit
                 plane.remember_channel(channel).await;
                 let calls = crate::tool_calls(&args.tools, &args.tool_args).unwrap_or_default();
                 for (tool, arguments) in calls {
+                    let arguments = as_a_model_would(&plane, &tool, arguments);
                     match plane.invoke_tool(MOCK_USER, None, &tool, arguments).await {
                         Ok(outcome) => println!(
                             "{} {tool} on {}: {}",
@@ -178,6 +181,23 @@ async fn session(base: BaseUrl, args: MockXagentArgs, inputs: AuthInput) -> Exit
         }
     }
     ExitCode::SUCCESS
+}
+
+/// The arguments as a model following the Card's `input_schema` would send them: with the
+/// redundant `connector_channel_id` filled in (the channel section 10.1 resolves the call to)
+/// when `--args` left it out, so the mock also works against a Connector that requires it.
+/// Routing stays the runtime's: the envelope carries the resolved channel either way.
+fn as_a_model_would(
+    plane: &DataPlane,
+    tool: &str,
+    mut arguments: Map<String, Value>,
+) -> Map<String, Value> {
+    if !arguments.contains_key(CHANNEL_ARGUMENT)
+        && let Ok(channel) = plane.directory().resolve(MOCK_USER, None, tool)
+    {
+        fill_channel_argument(&mut arguments, &channel);
+    }
+    arguments
 }
 
 /// Form values sent with `auth.start` may be secrets (tokens, passwords): print their names only.

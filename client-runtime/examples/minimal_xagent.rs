@@ -1,22 +1,59 @@
-//! The smallest xAgent side: admit a Connector, connect, open and sign in a channel, invoke a
-//! Card Tool (section 10.1 picks the channel), then receive messages.
+//! The smallest xAgent side: admit a Connector, connect, open and sign in a channel (a flow
+//! with any number of form fields), invoke a Card Tool (section 10.1 picks the channel), then
+//! receive messages.
 //!
 //! ```text
 //! cargo run -p xagent-client-runtime --example minimal_xagent -- \
-//!     http://127.0.0.1:8080 KEY FLOW_ID field=value TOOL_ID '{"text":"hi"}'
+//!     http://127.0.0.1:8080 KEY webchat_room room_name=Lobby access_code=code-1234 \
+//!     webchat_message_send '{"text":"hi"}'
 //! ```
 
-use xagent_client_runtime::{BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, admit};
+use serde_json::{Map, Value};
+use xagent_client_runtime::{
+    BaseUrl, CHANNEL_ARGUMENT, ClientConfig, ClientEvent, ControlPlane, DataPlane, Events,
+    ToolOutcome, admit, fill_channel_argument,
+};
 use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, Secret};
 use xagent_protocol_validate::AdmissionWindow;
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let [url, key, flow, field, tool, arguments] = args.as_slice() else {
-        return Err("usage: minimal_xagent URL KEY FLOW NAME=VALUE TOOL ARGS_JSON".into());
-    };
-    let (base, key) = (BaseUrl::parse(url)?, Secret::new(key.as_str()));
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the command line asks for: `URL KEY FLOW [NAME=VALUE ...] TOOL ARGS_JSON`.
+pub struct Args {
+    url: String,
+    key: String,
+    flow: String,
+    input: AuthInput,
+    tool: String,
+    arguments: Map<String, Value>,
+}
+
+/// Reads the command line (without the program name).
+pub fn parse(args: &[String]) -> Result<Args, Error> {
+    let usage = "usage: minimal_xagent URL KEY FLOW [NAME=VALUE ...] TOOL ARGS_JSON";
+    let [url, key, flow, rest @ ..] = args else { return Err(usage.into()) };
+    let [fields @ .., tool, arguments] = rest else { return Err(usage.into()) };
+    let mut input = AuthInput::default();
+    for field in fields {
+        let (name, value) = field.split_once('=').ok_or("form inputs are NAME=VALUE")?;
+        input = input.with(name, value);
+    }
+    let arguments: Value = serde_json::from_str(arguments)?;
+    let Value::Object(arguments) = arguments else { return Err("ARGS_JSON is an object".into()) };
+    Ok(Args {
+        url: url.clone(),
+        key: key.clone(),
+        flow: flow.clone(),
+        input,
+        tool: tool.clone(),
+        arguments,
+    })
+}
+
+/// Admits, connects, signs a channel in and calls the Tool once; returns the data plane, its
+/// events and the call's outcome.
+pub async fn sign_in_and_call(args: Args) -> Result<(DataPlane, Events, ToolOutcome), Error> {
+    let (base, key) = (BaseUrl::parse(&args.url)?, Secret::new(args.key.as_str()));
 
     // Admission: Card, Skill and /health checked against each other and the version window.
     let control = ControlPlane::new(base.clone(), Some(key.clone()));
@@ -24,23 +61,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The data plane: hello, reconnect forever, every packet judged by the session.
     let config = ClientConfig::for_card(base, &admitted.card).with_api_key(key);
-    let (plane, mut events) = DataPlane::connect(config)?;
+    let (plane, events) = DataPlane::connect(config)?;
     plane.connected().await?;
 
-    // A channel for the user "alice", signed in with a form flow.
+    // A channel for the user "alice", signed in with the flow's form fields.
     let channel = plane.open_channel_for("alice", None).await?.connector_channel_id;
-    let (name, value) = field.split_once('=').ok_or("NAME=VALUE")?;
-    let input = AuthInput::default().with(name, value);
-    let signed: AuthStartAck =
-        plane.request(Some(&channel), AuthStart::new(flow.as_str()).with_input(input)).await?;
+    let start = AuthStart::new(args.flow.as_str()).with_input(args.input);
+    let signed: AuthStartAck = plane.request(Some(&channel), start).await?;
     println!("auth: {}", signed.0.status);
     plane.remember_channel(channel).await;
 
-    // A Card Tool as the model would call it.
-    let arguments: serde_json::Value = serde_json::from_str(arguments)?;
-    let arguments = arguments.as_object().cloned().unwrap_or_default();
-    let outcome = plane.invoke_tool("alice", None, tool, arguments).await?;
-    println!("{tool} on {}: {:?}", outcome.channel, outcome.ack.result);
+    // A Card Tool as a model following its input_schema would call it: the schema asks for
+    // the channel the call runs on, so fill it in (the runtime routes by the envelope anyway).
+    let mut arguments = args.arguments;
+    if !arguments.contains_key(CHANNEL_ARGUMENT) {
+        let channel = plane.directory().resolve("alice", None, &args.tool)?;
+        fill_channel_argument(&mut arguments, &channel);
+    }
+    let outcome = plane.invoke_tool("alice", None, &args.tool, arguments).await?;
+    println!("{} on {}: {:?}", args.tool, outcome.channel, outcome.ack.result);
+    Ok((plane, events, outcome))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (_plane, mut events, _outcome) = sign_in_and_call(parse(&args)?).await?;
 
     // Inbound messages, already checked against the Profile rules.
     while let Some(event) = events.recv().await {

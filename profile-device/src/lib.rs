@@ -11,11 +11,14 @@
 //! This crate is the one home of the device rules: a Connector runtime holds one
 //! [`DeviceGate`] (declared Tools with category and risk, bindings and their Descriptor
 //! projection, confirmations, the per-channel scheduler, result checks) and asks
-//! [`channel_target_type`] for a channel's Descriptor `target_type`. Declarations that let the
-//! model supply a device fact (serial, address, platform account) are refused when the
-//! Connector is built ([`DeviceTool::new`], [`DeviceTool::from_schema`],
-//! [`check_input_schema`]). Repeated calls are not decided here: the runtime's one
-//! repeated-call registry (24 h window, `xagent-server-runtime`) answers them before the gate
+//! [`profiles_for_target_type`] for the Profiles a channel of a target type enables.
+//! Declarations that let the model supply a device fact (serial, address, platform account)
+//! are refused when the Connector is built ([`DeviceTool::new`], [`DeviceTool::from_schema`],
+//! [`check_input_schema`]); so are argument schemas that would let the model pass an
+//! unconstrained command or file bytes ([`unsafe_arguments`], Device v1 sections 6 and 7),
+//! unless the operator opts out for that Tool and property. Repeated calls are not decided
+//! here: the runtime's one repeated-call registry (24 h window, `xagent-server-runtime`)
+//! answers them before the gate
 //! is asked, for device Tools like for every other side-effecting Tool.
 //!
 //! One `tool.invoke` of a control Tool, as the runtime (`xagent-server-runtime`) runs it:
@@ -95,6 +98,7 @@
 //!   length-bounded, and parameters that would let the model address a device (`serial`,
 //!   `device_id`, `ip`, `host`, ...) cannot be declared.
 
+mod arguments;
 mod binding;
 mod error;
 mod executor;
@@ -103,6 +107,7 @@ mod media;
 mod target;
 mod tools;
 
+pub use arguments::*;
 pub use binding::*;
 pub use error::*;
 pub use executor::*;

@@ -1,7 +1,10 @@
-//! The Descriptor's `connection.target_type` for a channel: it follows the Profiles enabled on
-//! that channel, not the order of the Card's `supports.target_types`. A Card that declares both
-//! `im` and `device` and enables `xagent.device.v1` on a channel gets `target_type: device` on
-//! that channel, as the Device Profile requires.
+//! One target type per channel. A channel's `connection.target_type` is the one of the auth
+//! flow it signed in with (`auth_flows[].target_type`); the channel then enables only the
+//! negotiated Profiles allowed for that target type ([`profiles_for_target_type`]). A Card that
+//! declares both `im` and `device` thus gets `target_type: device` with `xagent.device.v1` on a
+//! channel signed in through its device flow, and `im` with the IM Profiles on the others.
+//! [`channel_target_type`] answers the converse question: which target type a set of enabled
+//! Profiles implies.
 //!
 //! Which target types a standard Profile may be used with comes from the validator's Profile
 //! catalog ([`xagent_protocol_validate::catalog::profile`]), the one place that knows it.
@@ -74,6 +77,19 @@ pub fn channel_target_type(
     Ok((*first).clone())
 }
 
+/// The Profiles a channel of `target_type` enables out of `offered` (in their order): every
+/// standard Profile whose catalog target types include it, and every Profile the catalog does
+/// not know (a Connector-defined one is the Connector's to scope).
+pub fn profiles_for_target_type(target_type: &TargetType, offered: &[ProfileId]) -> Vec<ProfileId> {
+    offered.iter().filter(|id| profile_allows_target_type(id, target_type)).cloned().collect()
+}
+
+/// Whether a Profile may be enabled on a channel of `target_type` (a Profile the catalog does
+/// not know always may).
+pub fn profile_allows_target_type(id: &ProfileId, target_type: &TargetType) -> bool {
+    profile(id.as_str()).is_none_or(|spec| spec.allows_target_type(target_type))
+}
+
 fn join<'a>(items: impl Iterator<Item = &'a str>) -> String {
     items.collect::<Vec<_>>().join(", ")
 }
@@ -131,6 +147,20 @@ mod tests {
             channel_target_type(&p(&["acme.tickets.v1", PROFILE_IM_V2]), &card).unwrap(),
             TargetType::Im
         );
+    }
+
+    #[test]
+    fn rule_a_channel_enables_only_the_profiles_of_its_target_type() {
+        let offered = p(&[PROFILE_IM_V2, PROFILE_DEVICE_V1, PROFILE_IM_V1, "acme.extra.v1"]);
+        assert_eq!(
+            profiles_for_target_type(&TargetType::Im, &offered),
+            p(&[PROFILE_IM_V2, PROFILE_IM_V1, "acme.extra.v1"])
+        );
+        assert_eq!(
+            profiles_for_target_type(&TargetType::Device, &offered),
+            p(&[PROFILE_DEVICE_V1, "acme.extra.v1"])
+        );
+        assert!(profiles_for_target_type(&TargetType::Device, &p(&[PROFILE_IM_V2])).is_empty());
     }
 
     #[test]

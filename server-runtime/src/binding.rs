@@ -1,7 +1,7 @@
 //! [`Binding`]: what the runtime keeps about a signed-in channel. A plain value with no runtime
 //! parts, so storage can persist it without knowing the author API.
 
-use xagent_protocol_types::{DescriptorTarget, Secret};
+use xagent_protocol_types::{DescriptorTarget, Secret, TargetType};
 
 /// What the runtime keeps about a signed-in channel: display-level target facts (they go into
 /// the Descriptor) and private material (tokens, cursors) that never leaves the Connector.
@@ -13,12 +13,29 @@ pub struct Binding {
     /// Sorted by name. A boxed slice, not a map: a signed-in channel usually holds one or two
     /// secrets, and a `BTreeMap` node would cost about half a kilobyte per channel.
     secrets: Box<[(String, Secret)]>,
+    /// The target type of the flow the channel signed in with (`auth_flows[].target_type`),
+    /// stamped by the runtime: the channel's `connection.target_type`.
+    target_type: Option<TargetType>,
 }
 
 impl Binding {
     /// A binding with its Descriptor target and no private material.
     pub fn new(target: DescriptorTarget) -> Self {
-        Self { target, secrets: Box::default() }
+        Self { target, secrets: Box::default(), target_type: None }
+    }
+
+    /// The binding with the target type of the flow it came from (the runtime sets it at
+    /// sign-in; a [`crate::Storage`] sets it when it restores a binding).
+    #[must_use]
+    pub fn with_target_type(mut self, target_type: TargetType) -> Self {
+        self.target_type = Some(target_type);
+        self
+    }
+
+    /// The target type of the flow the channel signed in with, when known: the channel's
+    /// `connection.target_type`.
+    pub fn target_type(&self) -> Option<&TargetType> {
+        self.target_type.as_ref()
     }
 
     /// Adds a private value (a target token, a cursor): persisted, never shown.
@@ -51,6 +68,7 @@ impl std::fmt::Debug for Binding {
         f.debug_struct("Binding")
             .field("target", &self.target)
             .field("secrets", &self.secrets.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .field("target_type", &self.target_type)
             .finish()
     }
 }

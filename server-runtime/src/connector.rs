@@ -11,8 +11,8 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use xagent_protocol_types::{
-    AuthFlow, BuildInfo, ConnectorCard, ConnectorInfo, DescriptorTarget, FlowId, ProfileId,
-    Security, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
+    AuthFlow, BuildInfo, ConnectorCard, ConnectorInfo, DescriptorTarget, FlowId, PROFILE_DEVICE_V1,
+    ProfileId, Security, TargetDeclaration, TargetType, ToolId, UiHints, UserChannelMode,
 };
 
 use crate::author::auth::form_fields;
@@ -78,6 +78,7 @@ impl Connector {
             im: None,
             device: None,
             device_tools: Vec::new(),
+            unconstrained: Vec::new(),
         }
     }
 
@@ -101,6 +102,8 @@ impl Connector {
                 self.card.connector.name.clone(),
             ),
         };
+        // No flow chose a target type: the negotiated Profiles decide it
+        // (`Shared::channel_target_type`).
         Binding::new(target)
     }
 }
@@ -131,6 +134,9 @@ pub struct ConnectorBuilder {
     im: Option<ImCode>,
     device: Option<(DeviceCode, DeviceConfig)>,
     device_tools: Vec<(ToolId, ToolCategory, RiskLevel)>,
+    /// Device Tool arguments the operator explicitly allowed to stay unconstrained
+    /// (Tool id, JSON pointer of the property).
+    unconstrained: Vec<(ToolId, String)>,
 }
 
 impl ConnectorBuilder {
@@ -321,11 +327,31 @@ impl ConnectorBuilder {
         Fut: Future<Output = Result<Out, ToolError>> + Send + 'static,
     {
         let spec = if category == ToolCategory::Control { spec } else { spec.read_only() };
+        // A device Tool belongs to the Device Profile unless its spec says otherwise (not to
+        // the Card's first Profile, which may be an IM one on a Card declaring both).
+        let spec = if spec.has_profile() { spec } else { spec.profile(PROFILE_DEVICE_V1) };
         let registered = register(spec, handler);
         if let Ok(tool) = &registered {
             self.device_tools.push((tool.card.tool_id.clone(), category, risk));
         }
         self.add_tool(registered)
+    }
+
+    /// The operator's explicit opt-out of a Device v1 safety rule for one argument: the build
+    /// otherwise refuses a device Tool whose `property` (a name like `command`, or a JSON
+    /// pointer like `/steps/command` for a nested one) accepts a free-form command or file
+    /// bytes. The model can then send anything there: use it only for a device you would give
+    /// a shell to anyway, and say so in the Connector's docs (docs/DEVICE.md).
+    #[must_use]
+    pub fn allow_unconstrained_device_argument(
+        mut self,
+        tool: impl Into<ToolId>,
+        property: impl Into<String>,
+    ) -> Self {
+        let property = property.into();
+        let pointer = if property.starts_with('/') { property } else { format!("/{property}") };
+        self.unconstrained.push((tool.into(), pointer));
+        self
     }
 
     /// Sets the security declarations.

@@ -45,6 +45,22 @@ struct Inner {
     waiting: HashMap<OpId, Started>,
 }
 
+/// The media check every Tool result of a device Connector passes on its way out (device Tool
+/// or not): media only as a Transfer Plane `file_ref`, never bytes, base64 or `data:` URLs.
+pub(crate) fn checked_result(
+    channel: &ConnectorChannelId,
+    tool_id: &ToolId,
+    value: Value,
+) -> ToolOutcome {
+    match xagent_profile_device::check_result(&value) {
+        Ok(()) => Ok(value),
+        Err(e) => {
+            tracing::error!(%channel, %tool_id, error = %e, "tool result of a device Connector refused");
+            Err(wire(&e))
+        }
+    }
+}
+
 /// The device rules of a running Connector.
 pub(crate) struct DeviceRuntime {
     pub(crate) code: DeviceCode,
@@ -132,16 +148,7 @@ impl DeviceRuntime {
         let outcome = match tokio::time::timeout(millis(config.executor.command_timeout_ms), call)
             .await
         {
-            Ok(Ok(value)) => {
-                let inner = self.lock();
-                match inner.gate.check_result(&value) {
-                    Ok(()) => Ok(value),
-                    Err(e) => {
-                        tracing::error!(%channel, %tool_id, error = %e, "device tool result refused");
-                        Err(wire(&e))
-                    }
-                }
-            }
+            Ok(Ok(value)) => checked_result(channel, tool_id, value),
             Ok(Err(error)) => Err((error.code, error.message)),
             Err(_) => Err(wire(&DeviceError::CommandTimeout(config.executor.command_timeout_ms))),
         };

@@ -78,6 +78,16 @@ pub enum DefinitionError {
     /// supply a device fact).
     #[error("device declaration: {0}")]
     Device(#[from] DeviceError),
+    /// A device Tool's argument schema would let the model pass an unconstrained command or
+    /// file bytes (Device v1 sections 7 and 6): refused unless the operator opted out for that
+    /// Tool and property.
+    #[error(
+        "{0}; only if you really want the model to pass this, opt out for it with \
+         .allow_unconstrained_device_argument({tool:?}, {property:?}) (docs/DEVICE.md)",
+        tool = .0.tool.as_str(),
+        property = .0.property
+    )]
+    UnsafeDeviceArgument(xagent_profile_device::UnsafeArgument),
     /// Device Tools are declared but no device target handles them.
     #[error("device tools are declared but no device target; call .device_target(..)")]
     MissingDeviceTarget,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use xagent_protocol_types::{Clock, Secret, SystemClock};
+use xagent_protocol_types::{Clock, Secret, SystemClock, TargetType};
 
 use crate::author::call::BoxFut;
 use crate::author::{BoundReason, ChannelContext};
@@ -183,7 +183,12 @@ impl ServerBuilder {
         // Restored device bindings are not connected until their device answers.
         if let Some(device) = &device {
             for record in state.channels.values_mut() {
-                let key = record.binding.as_ref().and_then(|b| device.code.device_key(b));
+                // Only device channels have a device (an IM channel of a Card with both has none).
+                let key = record
+                    .binding
+                    .as_ref()
+                    .filter(|b| b.target_type().is_none_or(|t| *t == TargetType::Device))
+                    .and_then(|b| device.code.device_key(b));
                 if let Some(key) = key {
                     let correction = device.restore(&record.id, &key);
                     device.project(record, &correction);

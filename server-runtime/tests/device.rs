@@ -357,3 +357,146 @@ async fn rule_target_type_follows_the_enabled_profiles_for_an_im_and_device_card
     }
     let _ = lane.stop.send(());
 }
+
+#[derive(Deserialize, JsonSchema)]
+struct ExecArgs {
+    /// Any shell command: refused at build unless the operator opts out.
+    command: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct UploadArgs {
+    /// A picture's bytes: refused at build unless the operator opts out.
+    image_base64: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum Key {
+    Home,
+    Back,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct KeyArgs {
+    /// One of the keys the device offers: an enum, so allowed.
+    command: Key,
+}
+
+fn exec(
+    builder: xagent_server_runtime::ConnectorBuilder,
+) -> xagent_server_runtime::ConnectorBuilder {
+    builder.device_tool(
+        ToolSpec::new("lab_exec", "Exec\nRuns a command on the device."),
+        ToolCategory::Control,
+        RiskLevel::High,
+        |_ctx, args: ExecArgs| async move { Ok::<_, ToolError>(json!({"ran": args.command})) },
+    )
+}
+
+#[test]
+fn rule_device_no_unconstrained_command_is_refused_at_build() {
+    let lab = Lab::default();
+    let error = exec(builder(&lab, "device.lab")).build().expect_err("a free-form command");
+    let DefinitionError::UnsafeDeviceArgument(finding) = &error else {
+        panic!("expected UnsafeDeviceArgument, got {error}");
+    };
+    assert_eq!(finding.tool.as_str(), "lab_exec");
+    assert_eq!(finding.property, "/command");
+    assert_eq!(finding.rule.id(), "device.no_unconstrained_command");
+    let text = error.to_string();
+    for part in ["lab_exec", "/command", "Device v1", "allow_unconstrained_device_argument"] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    // A Tool of the Device Profile registered with `.tool` is a device Tool too.
+    let plain = builder(&lab, "device.lab")
+        .tool(
+            ToolSpec::new("lab_shell", "Shell\nRuns a shell line.").profile(PROFILE_DEVICE_V1),
+            |_ctx, args: ExecArgs| async move { Ok::<_, ToolError>(json!({"ran": args.command})) },
+        )
+        .build();
+    assert!(matches!(plain, Err(DefinitionError::UnsafeDeviceArgument(_))), "{plain:?}");
+    // A command narrowed to an enum is fine.
+    let keys = builder(&lab, "device.lab")
+        .device_tool(
+            ToolSpec::new("lab_key", "Key\nPresses a key."),
+            ToolCategory::Control,
+            RiskLevel::Low,
+            |_ctx, args: KeyArgs| async move {
+                let key = match args.command {
+                    Key::Home => "home",
+                    Key::Back => "back",
+                };
+                Ok::<_, ToolError>(json!({ "pressed": key }))
+            },
+        )
+        .build();
+    assert!(keys.is_ok(), "{:?}", keys.err());
+}
+
+#[test]
+fn rule_device_no_bytes_in_arguments_is_refused_at_build() {
+    let lab = Lab::default();
+    let error = builder(&lab, "device.lab")
+        .device_tool(
+            ToolSpec::new("lab_upload", "Upload\nPuts a picture on the device."),
+            ToolCategory::Media,
+            RiskLevel::Low,
+            |_ctx, args: UploadArgs| async move {
+                Ok::<_, ToolError>(json!({"stored": args.image_base64.len()}))
+            },
+        )
+        .build()
+        .expect_err("bytes in an argument");
+    let DefinitionError::UnsafeDeviceArgument(finding) = &error else {
+        panic!("expected UnsafeDeviceArgument, got {error}");
+    };
+    assert_eq!((finding.tool.as_str(), finding.property.as_str()), ("lab_upload", "/image_base64"));
+    assert_eq!(finding.rule.id(), "device.no_bytes_in_arguments");
+}
+
+#[tokio::test]
+async fn an_operator_may_opt_out_of_the_command_rule_for_one_tool_and_property() {
+    let lab = Lab::default();
+    // Opting out for another property or Tool does not help.
+    let elsewhere =
+        exec(builder(&lab, "device.lab")).allow_unconstrained_device_argument("lab_exec", "script");
+    assert!(matches!(elsewhere.build(), Err(DefinitionError::UnsafeDeviceArgument(_))));
+    let connector = exec(builder(&lab, "device.lab"))
+        .allow_unconstrained_device_argument("lab_exec", "command")
+        .build()
+        .expect("the operator chose to allow it");
+    assert!(connector.card().tools.iter().any(|t| t.tool_id.as_str() == "lab_exec"));
+}
+
+#[tokio::test]
+async fn rule_media_check_covers_every_tool_result_of_a_device_connector() {
+    let lab = Lab::default();
+    let connector = builder(&lab, "device.lab")
+        .tool(
+            ToolSpec::new("lab_export", "Export\nExports the device log.")
+                .profile(PROFILE_DEVICE_V1)
+                .read_only(),
+            |_ctx, _args: NoArgs| async {
+                Ok::<_, ToolError>(json!({"log": {"base64": "iVBORw0KGgo="}}))
+            },
+        )
+        .tool(
+            ToolSpec::new("lab_note", "Note\nA plain answer.").profile(PROFILE_DEVICE_V1),
+            |_ctx, _args: NoArgs| async { Ok::<_, ToolError>(json!({"note": "all good"})) },
+        )
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let lane = serve(connector, dir.path(), &clock).await;
+    let mut c = client(&lane.base, "device.lab", &[PROFILE_DEVICE_V1]).await;
+    let (channel, _) = open_and_bind(&mut c, "dev-1").await;
+    let leak = invoke(&mut c, &channel, "lab_export", json!({}), "e1").await;
+    assert_eq!(code(&leak), Some(ErrorCode::ToolInvokeFailed), "{leak:?}");
+    assert!(!serde_json::to_string(&leak).unwrap().contains("iVBORw0KGgo"));
+    let fine = invoke(&mut c, &channel, "lab_note", json!({}), "n1").await;
+    assert!(fine.error.is_none(), "{fine:?}");
+    assert_eq!(payload_json(&fine)["result"], json!({"note": "all good"}));
+    let _ = lane.stop.send(());
+}

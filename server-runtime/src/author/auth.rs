@@ -101,18 +101,29 @@ pub trait FlowHandler: Send + Sync + 'static {
     }
 }
 
-/// How a flow is named in the Card: id, title and optional description.
+/// How a flow is named in the Card: id, title, optional description and the target type of
+/// the channels it signs in.
 #[derive(Clone, Debug)]
 pub struct FlowSpec {
     pub(crate) id: FlowId,
     pub(crate) title: String,
     pub(crate) description: Option<String>,
+    pub(crate) target_type: Option<TargetType>,
 }
 
 impl FlowSpec {
     /// A flow with its stable id and the title shown to the user.
     pub fn new(id: impl Into<FlowId>, title: impl Into<String>) -> Self {
-        Self { id: id.into(), title: title.into(), description: None }
+        Self { id: id.into(), title: title.into(), description: None, target_type: None }
+    }
+
+    /// Sets the flow's `target_type` (default: the Card's first target type). A channel
+    /// signed in with this flow has this target type and enables only the Profiles allowed
+    /// for it: on a Card declaring `im` and `device`, give each flow its own.
+    #[must_use]
+    pub fn target_type(mut self, target_type: TargetType) -> Self {
+        self.target_type = Some(target_type);
+        self
     }
 
     /// Sets the guidance shown with the flow.

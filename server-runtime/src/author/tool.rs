@@ -54,6 +54,11 @@ impl ToolSpec {
         self
     }
 
+    /// Whether a Profile was set with [`ToolSpec::profile`].
+    pub(crate) fn has_profile(&self) -> bool {
+        self.profile.is_some()
+    }
+
     /// A Skill recommended when using this Tool.
     #[must_use]
     pub fn related_skill(mut self, skill: impl Into<SkillId>) -> Self {
@@ -118,11 +123,44 @@ pub(crate) type ToolCall = dyn Fn(ToolContext, Map<String, Value>) -> BoxFut<'st
 /// One registered Tool: its Card declaration, the compiled argument schema and the handler.
 pub(crate) struct RegisteredTool {
     pub(crate) card: CardTool,
-    pub(crate) validator: jsonschema::Validator,
+    /// The author's argument schema compiled (without the injected `connector_channel_id`).
+    validator: jsonschema::Validator,
     pub(crate) call: Arc<ToolCall>,
     /// False for read-only Tools: no durable repeated-call record (concurrent repeats still
     /// share one run).
     pub(crate) records_calls: bool,
+}
+
+impl RegisteredTool {
+    /// The arguments as the handler may see them: the model's redundant `connector_channel_id`
+    /// removed (routing is by the envelope only, so it is neither required nor type-checked,
+    /// whatever the model sent), the rest checked against the Tool's argument schema. The one
+    /// place a call's arguments are admitted.
+    pub(crate) fn admit_arguments(
+        &self,
+        mut arguments: Map<String, Value>,
+    ) -> Result<Map<String, Value>, (ErrorCode, String)> {
+        arguments.remove(xagent_protocol_types::CHANNEL_ARGUMENT);
+        let arguments = Value::Object(arguments);
+        if !self.validator.is_valid(&arguments) {
+            let problems: Vec<String> = self
+                .validator
+                .iter_errors(&arguments)
+                .take(5)
+                .map(|e| {
+                    let path = e.instance_path().to_string();
+                    if path.is_empty() { e.to_string() } else { format!("{path}: {e}") }
+                })
+                .collect();
+            let message =
+                format!("the arguments do not match the input schema: {}", problems.join("; "));
+            return Err((ErrorCode::InvalidArguments, message));
+        }
+        match arguments {
+            Value::Object(arguments) => Ok(arguments),
+            _ => Ok(Map::new()),
+        }
+    }
 }
 
 /// The JSON Schema of `T` as a bare object map (no `$schema`, no `title`); `None` when it
@@ -164,29 +202,27 @@ where
         .ok_or_else(|| {
             schema_error("the argument type must be a struct (an object schema)".into())
         })?;
-    let schema = xagent_protocol_validate::with_connector_channel_id(&schema)
-        .map_err(|error| schema_error(error.to_string()))?;
+    // The arguments are checked against the author's own schema: the model's copy of the
+    // channel is removed before the check (`RegisteredTool::admit_arguments`), so it is
+    // published in the Card but never required nor type-checked.
     let validator = jsonschema::validator_for(&Value::Object(schema.clone()))
         .map_err(|error| schema_error(format!("the input schema does not compile: {error}")))?;
+    let schema = xagent_protocol_validate::with_connector_channel_id(&schema)
+        .map_err(|error| schema_error(error.to_string()))?;
     let handler = Arc::new(handler);
-    let call: Arc<ToolCall> =
-        Arc::new(move |ctx: ToolContext, mut arguments: Map<String, Value>| {
-            let handler = Arc::clone(&handler);
-            // The model's copy of the channel is forwarded but never consumed: routing uses the
-            // envelope only.
-            arguments.remove(xagent_protocol_types::CHANNEL_ARGUMENT);
-            Box::pin(async move {
-                let args: Args =
-                    serde_json::from_value(Value::Object(arguments)).map_err(|error| {
-                        ToolError::new(
-                            ErrorCode::InvalidArguments,
-                            format!("the arguments do not match the tool's input schema: {error}"),
-                        )
-                    })?;
-                let out = handler(ctx, args).await?;
-                serde_json::to_value(out).map_err(ToolError::internal)
-            }) as BoxFut<'static, Result<Value, ToolError>>
-        });
+    let call: Arc<ToolCall> = Arc::new(move |ctx: ToolContext, arguments: Map<String, Value>| {
+        let handler = Arc::clone(&handler);
+        Box::pin(async move {
+            let args: Args = serde_json::from_value(Value::Object(arguments)).map_err(|error| {
+                ToolError::new(
+                    ErrorCode::InvalidArguments,
+                    format!("the arguments do not match the tool's input schema: {error}"),
+                )
+            })?;
+            let out = handler(ctx, args).await?;
+            serde_json::to_value(out).map_err(ToolError::internal)
+        }) as BoxFut<'static, Result<Value, ToolError>>
+    });
     let mut card = CardTool::new(tool_id.as_str(), schema)
         .with_title(spec.title())
         .with_description(spec.description());

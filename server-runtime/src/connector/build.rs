@@ -3,8 +3,11 @@
 
 use std::collections::HashMap;
 
-use xagent_profile_device::DeviceTool;
-use xagent_protocol_types::{AuthFlow, ConnectorCard, DescriptorTarget, Supports, TargetType};
+use xagent_profile_device::{DeviceTool, RiskLevel, ToolCategory, unsafe_arguments};
+use xagent_protocol_types::{
+    AuthFlow, CardTool, ConnectorCard, DescriptorTarget, PROFILE_DEVICE_V1, Supports, TargetType,
+    ToolId,
+};
 
 use super::{Connector, ConnectorBuilder, PendingFlow};
 use crate::error::DefinitionError;
@@ -34,10 +37,13 @@ impl ConnectorBuilder {
             .into_iter()
             .map(|flow| match flow {
                 PendingFlow::Declared(flow) => *flow,
-                PendingFlow::Qr(spec) => spec.qr(target_type.clone()),
+                PendingFlow::Qr(spec) => {
+                    let target_type = spec.target_type.clone().unwrap_or(target_type.clone());
+                    spec.qr(target_type)
+                }
                 PendingFlow::Form(spec, fields) => spec.declare(AuthFlow::form(
                     spec.id.clone(),
-                    target_type.clone(),
+                    spec.target_type.clone().unwrap_or(target_type.clone()),
                     spec.title.clone(),
                     fields,
                 )),
@@ -68,6 +74,7 @@ impl ConnectorBuilder {
         if let Some(skill) = &self.skill {
             check_skill(skill, &card_value)?;
         }
+        check_device_arguments(&card, &self.device_tools, &self.unconstrained)?;
         let device = match (self.device, self.device_tools.is_empty()) {
             (None, true) => None,
             (None, false) => {
@@ -96,6 +103,38 @@ impl ConnectorBuilder {
             unbound_target,
         })
     }
+}
+
+/// Device v1 on argument schemas: no device Tool (declared with
+/// [`ConnectorBuilder::device_tool`], or any Tool of the `xagent.device.v1` Profile) may let
+/// the model pass an unconstrained command or file bytes, except where the operator opted out
+/// for that Tool and property ([`ConnectorBuilder::allow_unconstrained_device_argument`]).
+fn check_device_arguments(
+    card: &ConnectorCard,
+    device_tools: &[(ToolId, ToolCategory, RiskLevel)],
+    allowed: &[(ToolId, String)],
+) -> Result<(), DefinitionError> {
+    let is_device_tool = |tool: &CardTool| {
+        device_tools.iter().any(|(id, _, _)| id == &tool.tool_id)
+            || tool.profile.as_ref().is_some_and(|p| p.as_str() == PROFILE_DEVICE_V1)
+    };
+    for tool in card.tools.iter().filter(|t| is_device_tool(t)) {
+        for finding in unsafe_arguments(&tool.tool_id, &tool.input_schema) {
+            let opted_out = allowed
+                .iter()
+                .any(|(id, property)| id == &finding.tool && property == &finding.property);
+            if !opted_out {
+                return Err(DefinitionError::UnsafeDeviceArgument(finding));
+            }
+            tracing::warn!(
+                tool = %finding.tool,
+                property = %finding.property,
+                rule = finding.rule.id(),
+                "the operator allowed an unconstrained device Tool argument"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Runs the protocol's Card validator on the serialised Card: every `error` violation refuses

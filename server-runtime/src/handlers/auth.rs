@@ -4,7 +4,7 @@
 use xagent_protocol_types::{
     AuthCancelAck, AuthProgress, AuthSessionId, AuthStartAck, AuthStatus, AuthStatusAck,
     CancelStatus, ConnectionStatus, ConnectorChannelId, ErrorCode, FlowId, Packet, PacketBody,
-    WireError,
+    TargetType, WireError,
 };
 
 use crate::author::{AuthContext, AuthStep, AuthValues, BoundReason, ChannelContext};
@@ -51,6 +51,22 @@ impl Conn {
             ));
             return self.reply_error(packet, error).await;
         };
+        // One target type per channel: a flow whose target type none of the negotiated
+        // Profiles is for would sign in a channel this xAgent cannot use.
+        let negotiated = self.profiles();
+        if !negotiated.is_empty()
+            && xagent_profile_device::profiles_for_target_type(&flow.target_type, &negotiated)
+                .is_empty()
+        {
+            let error = WireError::invalid_packet(format!(
+                "flow {:?} signs in a {} channel, and no Profile negotiated on this connection \
+                 is for {}: announce one in connector.hello or use another flow",
+                flow.id.as_str(),
+                flow.target_type,
+                flow.target_type
+            ));
+            return self.reply_error(packet, error).await;
+        }
         let values = AuthValues::from_input(start.input.as_ref());
         if let Some(missing) = flow.fields.iter().find(|f| f.is_required() && !values.has(&f.name))
         {
@@ -115,9 +131,16 @@ impl Conn {
             }
             Ok(AuthStep::Failed(message)) => (AuthStatus::Failed, None, Some(message)),
             Ok(AuthStep::Authenticated(binding)) => {
-                // Device Connectors: the author's sign-in checked the device; the device rules
-                // keep it to one channel (exclusive devices) before anything is stored.
-                let correction = match &self.shared.device {
+                // The flow's target type becomes the channel's (one target type per channel).
+                let binding = match self.shared.def.card.auth_flow(flow_id.as_str()) {
+                    Some(flow) => binding.with_target_type(flow.target_type.clone()),
+                    None => binding,
+                };
+                // Device channels: the author's sign-in checked the device; the device rules
+                // keep it to one channel (exclusive devices) before anything is stored. A
+                // channel of another target type (an IM flow of a Card with both) has none.
+                let device_channel = binding.target_type() == Some(&TargetType::Device);
+                let correction = match self.shared.device.as_ref().filter(|_| device_channel) {
                     None => None,
                     Some(device) => {
                         let bound = match device.code.device_key(&binding) {

@@ -61,7 +61,8 @@ impl Conn {
 
     /// The checks of a call, in the order their errors take precedence: the Tool exists, the
     /// channel is this runtime's and signed in, the Tool is available on it, the arguments
-    /// match the input schema. Then the repeated-call key and the fingerprint.
+    /// (without the model's redundant `connector_channel_id`) match the argument schema. Then
+    /// the repeated-call key and the fingerprint (of the admitted arguments).
     fn admit_tool(
         &self,
         packet: &Packet,
@@ -87,7 +88,9 @@ impl Conn {
                 };
                 // A device Tool's availability follows its device: the device gate answers with
                 // the precise code (`device_offline`, `permission_denied`) instead.
-                if !device_tool && !shared.is_tool_available(record, tool_id) {
+                // Not even a device Tool is offered on a channel of another target type.
+                let offered = !device_tool || shared.tool_fits_channel(record, tool_id);
+                if !offered || (!device_tool && !shared.is_tool_available(record, tool_id)) {
                     return Err(WireError::connector_channel_unavailable(format!(
                         "tool {:?} is not available on this channel now",
                         tool_id.as_str()
@@ -96,28 +99,15 @@ impl Conn {
                 Ok((record.id.clone(), binding))
             })
             .map_err(wire)?;
-        let arguments = Value::Object(arguments);
-        if !tool.validator.is_valid(&arguments) {
-            let problems: Vec<String> = tool
-                .validator
-                .iter_errors(&arguments)
-                .take(5)
-                .map(|e| {
-                    let path = e.instance_path().to_string();
-                    if path.is_empty() { e.to_string() } else { format!("{path}: {e}") }
-                })
-                .collect();
-            let message =
-                format!("the arguments do not match the input schema: {}", problems.join("; "));
-            return Err((ErrorCode::InvalidArguments, message));
-        }
+        let arguments = tool.admit_arguments(arguments)?;
         let invoke = packet.payload::<ToolInvoke>();
         let key = call_key(
             invoke.and_then(|i| i.tool_call_id()).map(|id| id.as_str()),
             packet.request_id.as_ref().map(|id| id.as_str()),
             packet.packet_id.as_str(),
         );
-        let (fingerprint, arguments) = fingerprint(tool_id, arguments, tool.records_calls);
+        let (fingerprint, arguments) =
+            fingerprint(tool_id, Value::Object(arguments), tool.records_calls);
         Ok(Admitted { tool, channel, binding, key, fingerprint, arguments, device_tool })
     }
 
@@ -176,10 +166,21 @@ impl Conn {
                         device.run(&channel, &tool_id, &arguments, now, call).await
                     })
                 }
+                // Any other Tool; on a device Connector its result still passes the media check.
                 None => {
                     let call = call_tool(tool, ctx, arguments);
+                    // Copied only on a device Connector (for the refusal's log line).
+                    let media_checked =
+                        shared.device.is_some().then(|| (channel.clone(), tool_id.clone()));
                     Box::pin(async move {
-                        (call.await.map_err(|error| (error.code, error.message)), true)
+                        let outcome = call.await.map_err(|error| (error.code, error.message));
+                        let outcome = match (outcome, media_checked) {
+                            (Ok(value), Some((channel, tool_id))) => {
+                                crate::device::checked_result(&channel, &tool_id, value)
+                            }
+                            (outcome, _) => outcome,
+                        };
+                        (outcome, true)
                     })
                 }
             };

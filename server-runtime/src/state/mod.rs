@@ -204,6 +204,9 @@ enum ToolView<'a> {
     },
     /// Available (signed in and connected, nothing reported).
     Available,
+    /// The Tool's Profile is not allowed on the channel's target type (a device Tool on an IM
+    /// channel of a Card declaring both).
+    OtherTargetType(&'a ProfileId),
 }
 
 pub(crate) struct Shared {
@@ -234,14 +237,50 @@ impl Shared {
         self.clock.now_millis()
     }
 
-    /// The `target_type` of a channel with `profiles` enabled: the target type of those
-    /// Profiles (Device Profile rule, for every Card shape), else the Card's first.
-    pub(crate) fn target_type(&self, profiles: &[ProfileId]) -> TargetType {
+    /// The channel's one target type: the one of the flow it signed in with (kept with its
+    /// binding). A channel not signed in yet gets the first Card target type some `offered`
+    /// (negotiated) Profile allows, else the Card's first. A flow target type the Card does not
+    /// declare (the Card validator warns about it) is passed over the same way, since xAgent
+    /// refuses a Descriptor whose target type is not the Card's.
+    pub(crate) fn channel_target_type(
+        &self,
+        record: &ChannelRecord,
+        offered: &[ProfileId],
+    ) -> TargetType {
         let declared = &self.def.card.supports.target_types;
-        xagent_profile_device::channel_target_type(profiles, declared).unwrap_or_else(|error| {
-            tracing::warn!(%error, "no target type fits the channel's Profiles; using the Card's first");
-            declared.first().cloned().unwrap_or(TargetType::Im)
-        })
+        let signed_in = record
+            .binding
+            .as_ref()
+            .and_then(|binding| binding.target_type())
+            .filter(|target_type| declared.contains(target_type));
+        let negotiated = || {
+            declared.iter().find(|target_type| {
+                offered
+                    .iter()
+                    .any(|p| xagent_profile_device::profile_allows_target_type(p, target_type))
+            })
+        };
+        signed_in
+            .or_else(negotiated)
+            .or_else(|| declared.first())
+            .cloned()
+            .unwrap_or(TargetType::Im)
+    }
+
+    /// The Profiles a channel of `target_type` enables out of the negotiated `offered` ones:
+    /// those allowed for its target type. When none of them is (the xAgent did not negotiate
+    /// this channel's Profile), the Card's own Profiles for that target type, so the Descriptor
+    /// still describes one target type.
+    fn channel_profiles(&self, target_type: &TargetType, offered: &[ProfileId]) -> Vec<ProfileId> {
+        let enabled = xagent_profile_device::profiles_for_target_type(target_type, offered);
+        if enabled.is_empty() {
+            xagent_profile_device::profiles_for_target_type(
+                target_type,
+                &self.def.card.supports.profiles,
+            )
+        } else {
+            enabled
+        }
     }
 
     /// The Descriptor of a channel as seen with `profiles` enabled.
@@ -254,16 +293,14 @@ impl Shared {
             .binding
             .as_ref()
             .map_or_else(|| self.def.unbound_target.clone(), |b| b.target.clone());
-        let profiles = if profiles.is_empty() {
-            self.def.card.supports.profiles.clone()
-        } else {
-            profiles.to_vec()
-        };
+        let offered = if profiles.is_empty() { &self.def.card.supports.profiles } else { profiles };
+        let target_type = self.channel_target_type(record, offered);
+        let profiles = self.channel_profiles(&target_type, offered);
         let connection = Connection::new(
             self.def.card.connector_card_id.clone(),
             record.connector_id.clone(),
             record.id.clone(),
-            self.target_type(&profiles),
+            target_type.clone(),
             profiles,
             record.status.clone(),
         );
@@ -272,8 +309,15 @@ impl Shared {
             .card
             .tools
             .iter()
-            .map(|tool| match self.tool_view(record, &tool.tool_id) {
+            .map(|tool| match self.tool_view(record, &target_type, &tool.tool_id) {
                 ToolView::Reported(reported) => reported.clone(),
+                ToolView::OtherTargetType(profile) => DescriptorTool::new(
+                    tool.tool_id.clone(),
+                    ToolStatus::NotSupported,
+                )
+                .with_reason(format!(
+                    "this Tool belongs to {profile}, which a {target_type} channel does not enable"
+                )),
                 ToolView::Unusable { signed_in } => {
                     let reason = if signed_in {
                         "the channel is not connected"
@@ -296,8 +340,21 @@ impl Shared {
     }
 
     /// How a Card Tool shows in a channel's Descriptor: the one rule behind
-    /// [`Shared::descriptor_for`] and [`Shared::is_tool_available`].
-    fn tool_view<'a>(&self, record: &'a ChannelRecord, tool_id: &ToolId) -> ToolView<'a> {
+    /// [`Shared::descriptor_for`] and [`Shared::is_tool_available`]. A Tool of a Profile the
+    /// channel's target type does not allow is never offered there.
+    fn tool_view<'a>(
+        &'a self,
+        record: &'a ChannelRecord,
+        target_type: &TargetType,
+        tool_id: &ToolId,
+    ) -> ToolView<'a> {
+        let profile =
+            self.def.tools.get(tool_id).and_then(|tool| tool.card.profile.as_ref()).filter(
+                |profile| !xagent_profile_device::profile_allows_target_type(profile, target_type),
+            );
+        if let Some(profile) = profile {
+            return ToolView::OtherTargetType(profile);
+        }
         let signed_in = record.binding.is_some();
         let usable = signed_in
             && matches!(record.status, ConnectionStatus::Connected | ConnectionStatus::Degraded);
@@ -339,11 +396,24 @@ impl Shared {
     /// building the Descriptor (the per-call check of `tool.invoke`).
     pub(crate) fn is_tool_available(&self, record: &ChannelRecord, tool_id: &ToolId) -> bool {
         self.def.card.tools.iter().any(|tool| &tool.tool_id == tool_id)
-            && match self.tool_view(record, tool_id) {
+            && match self.tool_view(record, &self.bound_target_type(record), tool_id) {
                 ToolView::Reported(reported) => reported.status == ToolStatus::Available,
-                ToolView::Unusable { .. } => false,
+                ToolView::Unusable { .. } | ToolView::OtherTargetType(_) => false,
                 ToolView::Available => true,
             }
+    }
+
+    /// Whether a Card Tool's Profile is allowed on the channel's target type (a device Tool is
+    /// not offered on an IM channel of a Card declaring both).
+    pub(crate) fn tool_fits_channel(&self, record: &ChannelRecord, tool_id: &ToolId) -> bool {
+        let target_type = self.bound_target_type(record);
+        !matches!(self.tool_view(record, &target_type, tool_id), ToolView::OtherTargetType(_))
+    }
+
+    /// The target type of a channel as a Tool call sees it (calls need a signed-in channel,
+    /// whose binding decides; the Card's Profiles stand in for the negotiated ones).
+    fn bound_target_type(&self, record: &ChannelRecord) -> TargetType {
+        self.channel_target_type(record, &self.def.card.supports.profiles)
     }
 
     /// The Descriptor of a channel with the Profiles of its current route (or the Card's).

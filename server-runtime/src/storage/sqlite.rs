@@ -11,6 +11,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use xagent_profile_im::{IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite};
 use xagent_protocol_types::{
     ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, Secret,
+    TargetType,
 };
 
 use super::group::{self, CommitTicket, GroupCommit, GroupCommitConfig, Synchronous};
@@ -221,8 +222,11 @@ fn query_row<T, P: rusqlite::Params>(
 
 fn binding_to_json(binding: &Binding) -> Result<String, StorageError> {
     let secrets: BTreeMap<&str, &str> = binding.secrets().map(|(k, v)| (k, v.expose())).collect();
-    serde_json::to_string(&serde_json::json!({ "target": binding.target, "secrets": secrets }))
-        .map_err(|e| StorageError::new("encode binding", e))
+    let mut stored = serde_json::json!({ "target": binding.target, "secrets": secrets });
+    if let Some(target_type) = binding.target_type() {
+        stored["target_type"] = serde_json::json!(target_type);
+    }
+    serde_json::to_string(&stored).map_err(|e| StorageError::new("encode binding", e))
 }
 
 fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
@@ -231,10 +235,16 @@ fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
         target: DescriptorTarget,
         #[serde(default)]
         secrets: BTreeMap<String, String>,
+        /// Absent in bindings stored before channels kept their flow's target type.
+        #[serde(default)]
+        target_type: Option<TargetType>,
     }
     let stored: Stored =
         serde_json::from_str(text).map_err(|e| StorageError::new("decode binding", e))?;
     let mut binding = Binding::new(stored.target);
+    if let Some(target_type) = stored.target_type {
+        binding = binding.with_target_type(target_type);
+    }
     for (name, value) in stored.secrets {
         binding = binding.with_secret(name, Secret::new(value));
     }

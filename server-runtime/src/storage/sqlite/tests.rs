@@ -170,3 +170,18 @@ fn the_reader_connection_keeps_a_small_page_cache() {
         storage.lock().pragma_query_value(None, "cache_size", |row| row.get(0)).unwrap();
     assert_eq!(size, -READER_CACHE_KIB, "KiB (negative), not SQLite's 2,000 KiB default");
 }
+
+#[test]
+fn a_binding_keeps_the_target_type_of_its_flow_and_older_bindings_read_without_one() {
+    let binding = Binding::new(DescriptorTarget::new("lab", "Lab device"))
+        .with_secret("device", Secret::new("dev-1"))
+        .with_target_type(TargetType::Device);
+    let text = binding_to_json(&binding).expect("encodes");
+    let back = binding_from_json(&text).expect("decodes");
+    assert_eq!(back, binding);
+    assert_eq!(back.target_type(), Some(&TargetType::Device));
+    let older = r#"{"target":{"provider":"lab","display_name":"Lab"},"secrets":{"device":"d"}}"#;
+    let older = binding_from_json(older).expect("a binding stored before decodes");
+    assert_eq!(older.target_type(), None);
+    assert_eq!(older.secret("device").map(|s| s.expose().to_owned()).as_deref(), Some("d"));
+}
