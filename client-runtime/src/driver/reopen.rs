@@ -16,7 +16,7 @@ use crate::connection::{ClientConfig, ClientEvent, ConnectionState, Shared, emit
 
 /// How many remembered channels are reopened at once after a reconnect: enough that a few
 /// hundred channels are back within a few round trips, few enough not to flood the Connector.
-pub const REOPEN_CONCURRENCY: usize = 32;
+pub const REOPEN_CONCURRENCY: usize = 64;
 
 /// Reopens every remembered channel, at most [`REOPEN_CONCURRENCY`] at a time, then reports
 /// the Connector online (after a `Replaced`) and moves what is due in the outbox.
