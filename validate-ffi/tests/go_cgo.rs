@@ -196,7 +196,15 @@ fn go_program_gets_the_rust_reports_byte_for_byte_through_cgo() {
     let manifest_path = work.join("manifest.tsv");
     std::fs::write(&manifest_path, manifest).unwrap();
     let binary = build_go(&lib, &work);
-    let output = Command::new(&binary).arg("check").arg(&manifest_path).output().expect("runs");
+    // The cdylib of this test run, not an older copy elsewhere on the loader's path: cargo puts
+    // target/debug (where `cargo build` leaves its own copy) on LD_LIBRARY_PATH, which the
+    // loader searches before the binary's run path.
+    let output = Command::new(&binary)
+        .arg("check")
+        .arg(&manifest_path)
+        .env("LD_LIBRARY_PATH", &lib)
+        .output()
+        .expect("runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let _ = std::fs::remove_dir_all(&work);
     println!("{stdout}");
