@@ -536,22 +536,6 @@ impl ModuleGraph {
     }
 }
 
-/// Asserts the three rules on the crate under `src`: every path resolves, the files import
-/// each other without a cycle, and only downwards through the layer table of `src/lib.rs`.
-pub fn assert_module_layers(src: &Path, name: &str) {
-    let graph = ModuleGraph::read(src, name);
-    assert!(graph.unresolved().is_empty(), "unresolved paths:\n{}", graph.unresolved().join("\n"));
-    if let Some(cycle) = graph.cycle() {
-        panic!("{cycle}");
-    }
-    let violations = graph.layer_violations();
-    assert!(
-        violations.is_empty(),
-        "imports against the layer table in lib.rs:\n{}",
-        violations.join("\n")
-    );
-}
-
 /// A cycle in the graph, if any, as the list of its modules (first repeated at the end).
 fn find_cycle(edges: &BTreeMap<ModPath, BTreeSet<ModPath>>) -> Option<Vec<ModPath>> {
     #[derive(Clone, Copy, PartialEq)]
