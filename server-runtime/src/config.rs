@@ -43,7 +43,8 @@ pub struct RuntimeConfig {
     /// returns after this grace period anyway.
     pub shutdown_grace: Duration,
     /// Limits of the HTTP listener [`ConnectorServer::serve`] runs: header-read and idle
-    /// timeouts and the connection cap (defaults 10 s, 60 s, 1,024).
+    /// timeouts, the connection cap (defaults 10 s, 60 s, 1,024), the per-address caps and
+    /// rates, the data plane's reserved slots and the trusted proxies ([`crate::ServeLimits`]).
     pub listener: crate::listen::ServeLimits,
     /// Channels one data-plane socket may have open (default 4,096); `channel.open` beyond it
     /// is refused with `capacity_exceeded`.

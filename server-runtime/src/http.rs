@@ -139,11 +139,15 @@ async fn ws(
         Err(rejection) => return rejection.into_response(),
     };
     let limit = shared.config.max_packet_bytes;
-    upgrade
+    let mut response = upgrade
         .protocols([SUBPROTOCOL])
         .max_message_size(limit)
         .max_frame_size(limit)
-        .on_upgrade(move |socket| serve_socket(shared, socket))
+        .on_upgrade(move |socket| serve_socket(shared, socket));
+    // The API key layer let it through: the listener moves the connection into the slots
+    // reserved for xAgent's data plane.
+    response.extensions_mut().insert(crate::listen::DataPlaneUpgrade);
+    response
 }
 
 async fn serve_socket(shared: Arc<Shared>, socket: WebSocket) {

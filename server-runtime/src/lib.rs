@@ -87,7 +87,7 @@
 //! | `storage` | the [`Storage`] trait, SQLite, its group commit and the IM stores on it |
 //! | `binding` | [`Binding`], what is kept for a signed-in channel |
 //! | `config` | [`RuntimeConfig`], the tunables |
-//! | `listen` | the accept loop with its connection limits ([`ServeLimits`]), the stop signal |
+//! | `listen` | the accept loop with its connection limits ([`ServeLimits`]; `admission`: per-address caps and rates, the data plane's reserved slots, eviction), the stop signal |
 //! | `lanes`, `ids`, `build_info` | per-key ordered task lanes; id minting (through `protocol-types`); build stamps |
 //!
 //! Decisions where the protocol texts are silent (also in the item docs):
@@ -176,7 +176,7 @@ pub use files::FilesConfig;
 pub use handle::{ConnectorHandle, StopFn};
 pub use http::error_response;
 pub use judge::InboundJudge;
-pub use listen::{ServeLimits, peer_ip, stop_signal};
+pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
 };

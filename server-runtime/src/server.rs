@@ -386,7 +386,7 @@ impl ConnectorServer {
             server_token.cancel();
         });
         let graceful = token.clone();
-        crate::listen::serve(listener, router, self.shared.config.listener, async move {
+        crate::listen::serve(listener, router, self.shared.config.listener.clone(), async move {
             graceful.cancelled().await
         })
         .await?;
