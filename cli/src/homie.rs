@@ -33,6 +33,9 @@ pub struct HomieArgs {
     /// A file of pairing codes: one DEVICE_ID=CODE per line, '#' comments.
     #[arg(long, value_name = "FILE")]
     pairing_file: Option<PathBuf>,
+    /// The listener's connection limits.
+    #[command(flatten)]
+    listener: crate::listen_args::ListenArgs,
 }
 
 fn usage(message: impl std::fmt::Display) -> ExitCode {
@@ -44,6 +47,10 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
     if args.api_key.trim().is_empty() {
         return usage("the API key must not be empty");
     }
+    let limits = match args.listener.limits() {
+        Ok(limits) => limits,
+        Err(message) => return usage(message),
+    };
     let mqtt = match MqttUrl::parse(&args.mqtt_url) {
         Ok(url) => url,
         Err(error) => return usage(error),
@@ -83,6 +90,7 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
         };
         let mut options = HomieOptions::new(mqtt.clone(), pairing, &args.state_dir);
         options.api_key = Some(Secret::new(args.api_key));
+        options.listener = limits;
         let homie = match Homie::open(options).await {
             Ok(homie) => homie,
             Err(error) => {

@@ -13,6 +13,7 @@ mod check;
 mod conformance;
 mod demo;
 mod homie;
+mod listen_args;
 mod mcp;
 mod mock_xagent;
 mod webchat;

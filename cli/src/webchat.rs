@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use xagent_connector_webchat::{Webchat, WebchatOptions};
 use xagent_protocol_types::Secret;
+use xagent_server_runtime::RuntimeConfig;
 
 use crate::EXIT_USAGE;
 
@@ -32,6 +33,9 @@ pub struct WebchatArgs {
     /// http://<listen address>.
     #[arg(long)]
     public_url: Option<String>,
+    /// The listener's connection limits.
+    #[command(flatten)]
+    listener: crate::listen_args::ListenArgs,
 }
 
 /// Binds `listen` and returns the listener and the URL a local browser reaches it at.
@@ -91,6 +95,10 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         Ok(key) => key,
         Err(message) => return crate::usage("webchat", message),
     };
+    let limits = match args.listener.limits() {
+        Ok(limits) => limits,
+        Err(message) => return crate::usage("webchat", message),
+    };
     init_logs("info,tower_http=warn");
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -108,7 +116,8 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         };
         let public_url = args.public_url.unwrap_or_else(|| local_url.clone());
         let options = WebchatOptions::new(&args.state_dir, public_url.clone())
-            .with_api_key(Secret::new(api_key));
+            .with_api_key(Secret::new(api_key))
+            .with_config(RuntimeConfig::default().with_listener(limits));
         let webchat = match Webchat::open(options).await {
             Ok(webchat) => webchat,
             Err(error) => {

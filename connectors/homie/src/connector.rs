@@ -16,8 +16,8 @@ use xagent_protocol_types::{
 };
 use xagent_server_runtime::{
     AuthContext, AuthError, AuthStep, Binding, ChannelContext, Connector, ConnectorHandle,
-    ConnectorServer, DeviceConfig, DeviceStatus, DeviceTarget, FlowSpec, RiskLevel, ServerError,
-    ToolCategory, ToolContext, ToolError, ToolSpec,
+    ConnectorServer, DeviceConfig, DeviceStatus, DeviceTarget, FlowSpec, RiskLevel, RuntimeConfig,
+    ServeLimits, ServerError, ToolCategory, ToolContext, ToolError, ToolSpec,
 };
 
 use crate::HomieError;
@@ -114,6 +114,9 @@ pub struct HomieOptions {
     pub device: DeviceConfig,
     /// How long binding waits for the device to answer.
     pub bind_timeout: Duration,
+    /// The HTTP listener's connection limits (per-address caps and rates, the data plane's
+    /// reserved slots, trusted proxies; SECURITY.md, "The listener").
+    pub listener: ServeLimits,
 }
 
 impl HomieOptions {
@@ -127,6 +130,7 @@ impl HomieOptions {
             api_key: None,
             device: DeviceConfig::default(),
             bind_timeout: DEFAULT_BIND_TIMEOUT,
+            listener: ServeLimits::default(),
         }
     }
 }
@@ -414,6 +418,7 @@ impl Homie {
         let connector = build(&app, options.device)?;
         let follow_app = app.clone();
         let mut builder = ConnectorServer::builder(connector)
+            .config(RuntimeConfig::default().with_listener(options.listener))
             .state_dir(&options.state_dir)?
             .task(move |handle, shutdown| follow(follow_app, handle, shutdown));
         if let Some(key) = options.api_key {
