@@ -230,9 +230,16 @@ pub(crate) async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let exempt = Arc::new(AtomicBool::new(false));
-        let io = TokioIo::new(IdleTimeout::new(stream, limits.idle_timeout, Arc::clone(&exempt)));
         let evicted = ticket.evicted();
         let ticket = Arc::new(ticket);
+        // The socket holds the slot: an upgrade hands it on to the WebSocket, which keeps the
+        // slot until it closes (the HTTP task ends right after the upgrade).
+        let io = TokioIo::new(IdleTimeout::new(
+            stream,
+            limits.idle_timeout,
+            Arc::clone(&exempt),
+            Arc::clone(&ticket),
+        ));
         let trusted_peer = admission.trusted(peer.ip());
         let service = {
             let (router, limits) = (router.clone(), Arc::clone(&limits));
@@ -354,17 +361,20 @@ impl hyper::body::Body for DoneOnDrop {
 }
 
 /// A socket that fails with `TimedOut` after `timeout` without a byte read or written,
-/// unless `exempt` was set (an upgraded WebSocket).
+/// unless `exempt` was set (an upgraded WebSocket). It holds the connection's slot until it
+/// is dropped.
 struct IdleTimeout<S> {
     inner: S,
     timeout: Duration,
     deadline: Pin<Box<Sleep>>,
     exempt: Arc<AtomicBool>,
+    _slot: Arc<Ticket>,
 }
 
 impl<S> IdleTimeout<S> {
-    fn new(inner: S, timeout: Duration, exempt: Arc<AtomicBool>) -> Self {
-        Self { inner, timeout, deadline: Box::pin(tokio::time::sleep(timeout)), exempt }
+    fn new(inner: S, timeout: Duration, exempt: Arc<AtomicBool>, slot: Arc<Ticket>) -> Self {
+        let deadline = Box::pin(tokio::time::sleep(timeout));
+        Self { inner, timeout, deadline, exempt, _slot: slot }
     }
 
     fn progressed(&mut self) {

@@ -133,3 +133,17 @@ async fn an_authenticated_data_plane_survives_a_flood_from_many_addresses() {
     drop(held);
     harness.stop().await;
 }
+
+#[tokio::test]
+async fn a_websocket_keeps_its_connection_slot_until_it_closes() {
+    let config = RuntimeConfig::default().with_listener(limits(16, 2));
+    let harness = start(temp_dir("listener-slot"), ManualClock::new(START), config).await;
+    let first = hello(harness.addr).await.expect("a first data plane");
+    let _second = hello(harness.addr).await.expect("a second data plane");
+    // Both upgraded sockets still count against 127.0.0.1's two slots.
+    assert!(page(harness.addr).await.is_err(), "a third connection of the address got in");
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(page(harness.addr).await, Ok(200), "a closed WebSocket frees its slot");
+    harness.stop().await;
+}
