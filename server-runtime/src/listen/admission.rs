@@ -459,13 +459,14 @@ mod tests {
         burst: u32,
         reserved: usize,
     ) -> ServeLimits {
-        let mut limits = ServeLimits::default();
-        limits.max_connections = max;
-        limits.max_connections_per_address = per_address;
-        limits.new_connections_per_address_per_second = rate;
-        limits.new_connection_burst_per_address = burst;
-        limits.reserved_data_plane_connections = reserved;
-        limits
+        ServeLimits {
+            max_connections: max,
+            max_connections_per_address: per_address,
+            new_connections_per_address_per_second: rate,
+            new_connection_burst_per_address: burst,
+            reserved_data_plane_connections: reserved,
+            ..ServeLimits::default()
+        }
     }
 
     fn ip(text: &str) -> IpAddr {

@@ -154,11 +154,11 @@ async fn hello_probe(target: &Target) -> Result<()> {
         .request_id(xagent_protocol_types::RequestId::new("req_f1_hello"));
         socket.send(Message::Text(hello.to_json()?.into())).await?;
         while let Some(message) = socket.next().await {
-            if let Message::Text(text) = message? {
-                if text.contains("connector.hello.ack") {
-                    let _ = socket.close(None).await;
-                    return Ok(());
-                }
+            if let Message::Text(text) = message?
+                && text.contains("connector.hello.ack")
+            {
+                let _ = socket.close(None).await;
+                return Ok(());
             }
         }
         bail!("the socket closed before connector.hello.ack")
