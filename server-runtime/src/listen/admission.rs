@@ -158,6 +158,8 @@ struct State {
     last_sweep: Instant,
     counts: Counts,
     last_report: Instant,
+    /// Summaries logged so far.
+    reports: u64,
 }
 
 /// The admission state of one listener.
@@ -188,6 +190,7 @@ impl Admission {
                 last_sweep: now,
                 counts: Counts::default(),
                 last_report: now,
+                reports: 0,
             }),
         })
     }
@@ -314,6 +317,7 @@ impl Admission {
         let counts = std::mem::take(&mut state.counts);
         let seconds = now.saturating_duration_since(state.last_report).as_secs();
         state.last_report = now;
+        state.reports += 1;
         tracing::warn!(
             over_address_cap = counts.address_cap,
             over_address_rate = counts.address_rate,
@@ -621,6 +625,23 @@ mod tests {
         let _c = admission.admit(ip("192.0.2.3"), now).unwrap();
         assert!(a.evict.is_cancelled(), "the idle keep-alive made room");
         assert!(!b.evict.is_cancelled());
+    }
+
+    #[test]
+    fn refusals_are_summarised_at_most_once_per_report_interval() {
+        let start = Instant::now();
+        let admission = Admission::new(limits(10, 1, 100, 100, 0), start);
+        let _held = admission.admit(ip("127.0.0.2"), start).unwrap();
+        for n in 0..1_000u64 {
+            let now = start + Duration::from_millis(n * 5);
+            assert_eq!(admission.admit(ip("127.0.0.2"), now).err(), Some(Refusal::AddressCap));
+        }
+        assert_eq!(admission.lock().reports, 0, "5 s of refusals: not yet reported");
+        let later = start + REPORT_EVERY;
+        assert!(admission.admit(ip("127.0.0.2"), later).is_err());
+        assert_eq!(admission.lock().reports, 1, "one summary for 1,001 refusals");
+        assert!(admission.admit(ip("127.0.0.2"), later + Duration::from_secs(1)).is_err());
+        assert_eq!(admission.lock().reports, 1);
     }
 
     #[test]
