@@ -241,6 +241,7 @@ pub(crate) async fn serve(
             Arc::clone(&ticket),
         ));
         let trusted_peer = admission.trusted(peer.ip());
+        let slot = Arc::clone(&ticket);
         let service = {
             let (router, limits) = (router.clone(), Arc::clone(&limits));
             hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
@@ -268,6 +269,10 @@ pub(crate) async fn serve(
                 // Its slot went to a newer connection: it was only waiting, so nothing is lost.
                 () = evicted => {}
                 () = stopping.cancelled() => {
+                    // Nothing in progress (a silent or half-sent connection): nothing to finish.
+                    if slot.is_waiting() {
+                        return;
+                    }
                     connection.as_mut().graceful_shutdown();
                     let _ = connection.await;
                 }
@@ -634,6 +639,25 @@ mod tests {
         let garbage = "X-Forwarded-For: 203.0.113.9, not-an-ip\r\n";
         assert_eq!(client_of(trusted.clone(), garbage).await, "127.0.0.1");
         assert_eq!(client_of(trusted, "").await, "127.0.0.1");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_does_not_wait_for_connections_that_never_sent_a_request() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/", get(|| async { "ok" }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(serve(listener, router, ServeLimits::default(), async move {
+            let _ = stopped.await;
+        }));
+        let _silent = TcpStream::connect(addr).await.unwrap();
+        let mut half = TcpStream::connect(addr).await.unwrap();
+        half.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let started = Instant::now();
+        let _ = stop.send(());
+        served.await.unwrap().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1), "waited {:?}", started.elapsed());
     }
 
     #[test]

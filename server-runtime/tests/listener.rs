@@ -147,3 +147,21 @@ async fn a_websocket_keeps_its_connection_slot_until_it_closes() {
     assert_eq!(page(harness.addr).await, Ok(200), "a closed WebSocket frees its slot");
     harness.stop().await;
 }
+
+#[tokio::test]
+async fn a_trusted_proxy_is_exempt_from_the_per_address_limits() {
+    let proxy = Ipv4Addr::new(127, 0, 0, 3);
+    let trusted = limits(64, 4).with_trusted_proxies(vec![
+        xagent_server_runtime::parse_trusted_proxy("127.0.0.3").unwrap(),
+    ]);
+    let config = RuntimeConfig::default().with_listener(trusted);
+    let harness = start(temp_dir("listener-proxy"), ManualClock::new(START), config).await;
+    // Every client behind the proxy arrives from its address: 20 connections stay open.
+    let mut through_proxy = flood(proxy, harness.addr, 20).await;
+    assert_eq!(still_open(&mut through_proxy).await, 20);
+    // An address nobody named still gets its 4.
+    let mut other = flood(Ipv4Addr::new(127, 0, 0, 4), harness.addr, 20).await;
+    assert_eq!(still_open(&mut other).await, 4);
+    drop((through_proxy, other));
+    harness.stop().await;
+}

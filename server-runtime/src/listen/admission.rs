@@ -382,6 +382,12 @@ impl Ticket {
         state.conns.get(&self.id).is_some_and(|c| c.budget == Budget::Probation)
     }
 
+    /// True while the connection waits: no request in progress, not upgraded.
+    pub(crate) fn is_waiting(&self) -> bool {
+        let state = self.admission.lock();
+        state.conns.get(&self.id).is_some_and(|c| c.waiting_since.is_some())
+    }
+
     /// A request started: the connection is not waiting (not evictable) until it ends.
     pub(crate) fn busy(&self) {
         let mut state = self.admission.lock();
