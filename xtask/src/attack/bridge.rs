@@ -415,7 +415,12 @@ async fn f20(
         "--allow-dir tells outside files apart; a hard link uploads an outside file",
         alike && !hard_link_uploaded,
         format!(
-            "outside-existing answered {existing:?}, outside-absent {absent:?}; hard link to an outside file {}",
+            "{}; hard link to an outside file {}",
+            if alike {
+                format!("outside-existing and outside-absent both answered {existing:?}")
+            } else {
+                format!("outside-existing answered {existing:?}, outside-absent {absent:?}")
+            },
             if hard_link_uploaded { "uploaded" } else { "refused" }
         ),
     )
