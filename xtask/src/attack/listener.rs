@@ -77,7 +77,7 @@ async fn f1(target: &Target, sizes: &Sizes) -> Result<Outcome> {
         "one address holds the listener's connections",
         defended,
         format!(
-            "127.0.0.2 tried to hold {held_target} connections ({held_at_start} open at the start, {held_at_end} at the end, {} opened in all); from 127.0.0.1 the chat page answered {page_ok} of {probes} probes ({page_rate:.0} %), the /ws hello {ws_ok} of {probes} ({ws_rate:.0} %) over {seconds:.0} s",
+            "127.0.0.2 tried to hold {held_target} connections ({held_at_start} held at the start, {held_at_end} at the end, as the attacker counts them; {} opened in all); from 127.0.0.1 the chat page answered {page_ok} of {probes} probes ({page_rate:.0} %), the /ws hello {ws_ok} of {probes} ({ws_rate:.0} %) over {seconds:.0} s",
             opened.load(Ordering::Relaxed)
         ),
     )
