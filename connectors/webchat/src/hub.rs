@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use crate::store::ChatEntry;
 
@@ -92,6 +93,36 @@ struct StreamCounts {
     total: usize,
     rooms: HashMap<String, usize>,
     tokens: HashMap<String, usize>,
+    /// The sessions with open streams (F4): ending one cancels every stream it holds.
+    sessions: HashMap<String, LiveSession>,
+}
+
+/// A visitor session with open streams: its room and the signal that ends them.
+#[derive(Debug)]
+struct LiveSession {
+    room: String,
+    ended: CancellationToken,
+}
+
+impl StreamCounts {
+    /// The end signal of `token_key`'s streams in `room` (registered with its first stream).
+    fn session_signal(&mut self, room: &str, token_key: &str) -> CancellationToken {
+        self.sessions
+            .entry(token_key.to_owned())
+            .or_insert_with(|| LiveSession {
+                room: room.to_owned(),
+                ended: CancellationToken::new(),
+            })
+            .ended
+            .clone()
+    }
+
+    /// Forgets `token_key`'s signal once its last stream is gone.
+    fn release_session(&mut self, token_key: &str) {
+        if !self.tokens.contains_key(token_key) {
+            self.sessions.remove(token_key);
+        }
+    }
 }
 
 fn decrement(map: &mut HashMap<String, usize>, key: &str) {
@@ -131,6 +162,15 @@ pub struct StreamGuard {
     counts: Arc<Mutex<StreamCounts>>,
     room: String,
     token: String,
+    ended: CancellationToken,
+}
+
+impl StreamGuard {
+    /// Cancelled the moment the stream's session ends (leave, code change): the stream
+    /// selects on it and ends at once (F4).
+    pub fn session_ended(&self) -> CancellationToken {
+        self.ended.clone()
+    }
 }
 
 impl Drop for StreamGuard {
@@ -139,6 +179,7 @@ impl Drop for StreamGuard {
         counts.total = counts.total.saturating_sub(1);
         decrement(&mut counts.rooms, &self.room);
         decrement(&mut counts.tokens, &self.token);
+        counts.release_session(&self.token);
     }
 }
 
@@ -171,11 +212,30 @@ impl Hub {
         counts.total += 1;
         *counts.rooms.entry(room.to_owned()).or_default() += 1;
         *counts.tokens.entry(token_key.to_owned()).or_default() += 1;
+        let ended = counts.session_signal(room, token_key);
         Ok(StreamGuard {
             counts: Arc::clone(&self.streams),
             room: room.to_owned(),
             token: token_key.to_owned(),
+            ended,
         })
+    }
+
+    /// The visitor session `token_key` ended: every stream it holds ends now (F4).
+    pub fn end_session(&self, token_key: &str) {
+        let counts = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(session) = counts.sessions.get(token_key) {
+            session.ended.cancel();
+        }
+    }
+
+    /// Every visitor session of `room` ended (its access code changed): all their streams
+    /// end now (F4).
+    pub fn end_room_sessions(&self, room: &str) {
+        let counts = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for session in counts.sessions.values().filter(|s| s.room == room) {
+            session.ended.cancel();
+        }
     }
 
     /// Open event streams in total.
@@ -334,6 +394,28 @@ mod tests {
         drop(a1);
         assert_eq!(hub.open_streams(), 3);
         assert!(hub.open_stream("r1", "ta", caps).is_ok());
+    }
+
+    #[test]
+    fn ending_a_session_signals_its_streams_and_a_room_change_signals_all_of_the_room() {
+        let hub = Hub::default();
+        let caps = StreamCaps { per_token: 4, per_room: 8, total: 16 };
+        let (a1, a2) = (
+            hub.open_stream("r1", "ta", caps).unwrap(),
+            hub.open_stream("r1", "ta", caps).unwrap(),
+        );
+        let b = hub.open_stream("r1", "tb", caps).unwrap();
+        let c = hub.open_stream("r2", "tc", caps).unwrap();
+        hub.end_session("ta");
+        assert!(a1.session_ended().is_cancelled() && a2.session_ended().is_cancelled());
+        assert!(!b.session_ended().is_cancelled());
+        hub.end_room_sessions("r1");
+        assert!(b.session_ended().is_cancelled());
+        assert!(!c.session_ended().is_cancelled(), "another room's sessions go on");
+        drop((a1, a2, b));
+        // The signal is forgotten with the last stream: a later stream starts fresh.
+        let again = hub.open_stream("r1", "tb", caps).unwrap();
+        assert!(!again.session_ended().is_cancelled());
     }
 
     #[test]

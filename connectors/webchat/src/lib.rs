@@ -65,6 +65,7 @@
 
 mod connector;
 mod error;
+mod guess;
 mod hub;
 mod pairing;
 mod qr;
@@ -85,6 +86,7 @@ pub use connector::{
     TOOL_MESSAGE_SEND,
 };
 pub use error::WebchatError;
+pub use guess::{GuessPolicy, Refused};
 pub use hub::{Activity, Draft, RoomEvent};
 pub use pairing::{PAIRING_LINK_TTL_MILLIS, PairingError};
 pub use qr::{qr_data_url, qr_png};
@@ -114,6 +116,9 @@ pub struct WebchatOptions {
     pub config: RuntimeConfig,
     /// What one visitor, address or room may cost (SECURITY.md lists every limit).
     pub visitor_limits: VisitorLimits,
+    /// Wrong codes tolerated through `auth.start` per channel and per room (F21; default
+    /// [`GuessPolicy::sign_in`]).
+    pub sign_in_limits: GuessPolicy,
 }
 
 impl std::fmt::Debug for WebchatOptions {
@@ -136,7 +141,15 @@ impl WebchatOptions {
             clock: Arc::new(SystemClock),
             config: RuntimeConfig::default(),
             visitor_limits: VisitorLimits::default(),
+            sign_in_limits: GuessPolicy::sign_in(),
         }
+    }
+
+    /// Sets the limits on wrong codes through `auth.start` (F21).
+    #[must_use]
+    pub fn with_sign_in_limits(mut self, limits: GuessPolicy) -> Self {
+        self.sign_in_limits = limits;
+        self
     }
 
     /// Sets the visitor limits.
@@ -189,6 +202,7 @@ impl Webchat {
             store,
             hub: hub::Hub::default(),
             pairings: Mutex::new(pairing::Pairings::default()),
+            sign_ins: Mutex::new(guess::GuessLimiter::new(options.sign_in_limits)),
             public_url: options.public_url.clone(),
         });
         let connector = connector::build(Arc::clone(&app))?;
