@@ -161,9 +161,9 @@ pub struct RoomForm {
     /// Visitors enter this code to join the room (at least 8 characters for a new room).
     pub access_code: Secret,
     /// Owner code
-    /// Yours, not the visitors': creating a room needs it, and it moves the room to another
+    /// Yours, not the visitors': a new room needs it (F7), and it moves the room to another
     /// channel or changes its access code (at least 8 characters, not the access code).
-    pub owner_code: Secret,
+    pub owner_code: Option<Secret>,
 }
 
 /// `webchat_room`: creates the room, or signs the channel in to it (M9: moving a room another
@@ -176,7 +176,7 @@ async fn room_sign_in(
     if form.access_code.expose().chars().count() < 4 {
         return Ok(AuthStep::Failed("the access code needs at least 4 characters".into()));
     }
-    let owner = Some(form.owner_code.expose()).filter(|o| !o.is_empty());
+    let owner = form.owner_code.as_ref().map(|o| o.expose()).filter(|o| !o.is_empty());
     let claim = match checked_sign_in(&app, &ctx, &form, owner) {
         Ok(claim) => claim,
         Err(refused) => {
