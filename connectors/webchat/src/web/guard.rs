@@ -179,8 +179,7 @@ mod tests {
 
     #[test]
     fn a_right_code_clears_the_address_per_64_but_not_the_room() {
-        let mut limits = VisitorLimits::default();
-        limits.join_room_burst = 3;
+        let limits = VisitorLimits { join_room_burst: 3, ..VisitorLimits::default() };
         let mut throttle = JoinThrottle::new(&limits);
         for host in ["2001:db8::1", "2001:db8:1::1", "2001:db8:2::1"] {
             assert!(throttle.admit("lobby", addr(host), 0).is_ok());
