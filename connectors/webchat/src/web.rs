@@ -649,12 +649,24 @@ impl Drop for QuotaHold {
     }
 }
 
-/// Reserves a file and up to [`VisitorLimits::max_upload_bytes`] of the room's and everybody's
-/// daily allowance (M3, F13: a room has at most its share), atomically with the check (F14).
-/// 507 when either is used up.
-fn reserve_upload(web: &Web, room_id: &str, now: u64) -> Result<QuotaHold, WebchatError> {
+/// Reserves a file and up to [`VisitorLimits::max_upload_bytes`] (less when the request's
+/// `Content-Length` says the body is smaller) of the room's and everybody's daily allowance
+/// (M3, F13: a room has at most its share), atomically with the check (F14). 507 when either
+/// is used up.
+fn reserve_upload(
+    web: &Web,
+    room_id: &str,
+    headers: &HeaderMap,
+    now: u64,
+) -> Result<QuotaHold, WebchatError> {
     let quota = web.limits.upload_quota();
-    match web.app.store.reserve_upload(room_id, web.limits.max_upload_bytes, &quota, now)? {
+    // The file is never larger than the whole body, so a declared length bounds it.
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let want = declared.map_or(web.limits.max_upload_bytes, |n| n.min(web.limits.max_upload_bytes));
+    match web.app.store.reserve_upload(room_id, want, &quota, now)? {
         Ok(reservation) => Ok(QuotaHold { app: Arc::clone(&web.app), reservation, settled: false }),
         Err(QuotaRefusal::Room) => Err(WebchatError::StoreFull(
             "this room's upload allowance for today is used up; try again tomorrow".into(),
@@ -708,7 +720,7 @@ async fn send_file(
                 let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
                 let channel = room.channel.ok_or(WebchatError::NoAgent)?;
                 let now = web.now();
-                let hold = reserve_upload(&web, &room_id, now)?;
+                let hold = reserve_upload(&web, &room_id, &headers, now)?;
                 let filename: String =
                     field.file_name().unwrap_or("file").chars().take(255).collect();
                 let mime = field
