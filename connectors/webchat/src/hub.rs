@@ -4,6 +4,7 @@
 //! gets a fresh snapshot.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Serialize;
@@ -87,12 +88,13 @@ impl RoomLive {
     }
 }
 
-/// Open event streams, counted per visitor token, per room and in total.
+/// Open event streams, counted per visitor token, per visitor address, per room and in total.
 #[derive(Debug, Default)]
 struct StreamCounts {
     total: usize,
     rooms: HashMap<String, usize>,
     tokens: HashMap<String, usize>,
+    addresses: HashMap<IpAddr, usize>,
     /// The sessions with open streams (F4): ending one cancels every stream it holds.
     sessions: HashMap<String, LiveSession>,
 }
@@ -125,7 +127,11 @@ impl StreamCounts {
     }
 }
 
-fn decrement(map: &mut HashMap<String, usize>, key: &str) {
+fn decrement<K, Q>(map: &mut HashMap<K, usize>, key: &Q)
+where
+    K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
+    Q: std::hash::Hash + Eq + ?Sized,
+{
     if let Some(count) = map.get_mut(key) {
         *count = count.saturating_sub(1);
         if *count == 0 {
@@ -139,17 +145,21 @@ fn decrement(map: &mut HashMap<String, usize>, key: &str) {
 pub enum StreamLimit {
     /// The visitor token holds its maximum of streams.
     Token,
+    /// The visitor's address holds its maximum of streams (over all its sessions and rooms).
+    Address,
     /// The room has its maximum of streams.
     Room,
     /// The Connector has its maximum of streams.
     Total,
 }
 
-/// The most streams a token, a room and the Connector may hold.
+/// The most streams a token, an address, a room and the Connector may hold.
 #[derive(Clone, Copy, Debug)]
 pub struct StreamCaps {
     /// Per visitor token.
     pub per_token: usize,
+    /// Per visitor address (IPv6 per /64), whatever the session and the room.
+    pub per_address: usize,
     /// Per room.
     pub per_room: usize,
     /// In total.
@@ -162,6 +172,7 @@ pub struct StreamGuard {
     counts: Arc<Mutex<StreamCounts>>,
     room: String,
     token: String,
+    address: Option<IpAddr>,
     ended: CancellationToken,
 }
 
@@ -177,8 +188,11 @@ impl Drop for StreamGuard {
     fn drop(&mut self) {
         let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         counts.total = counts.total.saturating_sub(1);
-        decrement(&mut counts.rooms, &self.room);
-        decrement(&mut counts.tokens, &self.token);
+        decrement(&mut counts.rooms, self.room.as_str());
+        decrement(&mut counts.tokens, self.token.as_str());
+        if let Some(address) = &self.address {
+            decrement(&mut counts.addresses, address);
+        }
         counts.release_session(&self.token);
     }
 }
@@ -192,16 +206,23 @@ pub struct Hub {
 
 impl Hub {
     /// Takes a place for a new event stream of `token_key` (a hash of the visitor token) in
-    /// `room`, or says which cap is reached.
+    /// `room`, from `address` (the visitor's, already reduced to its /64 for IPv6), or says
+    /// which cap is reached.
     pub fn open_stream(
         &self,
         room: &str,
         token_key: &str,
+        address: Option<IpAddr>,
         caps: StreamCaps,
     ) -> Result<StreamGuard, StreamLimit> {
         let mut counts = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if counts.tokens.get(token_key).copied().unwrap_or(0) >= caps.per_token {
             return Err(StreamLimit::Token);
+        }
+        if let Some(address) = &address
+            && counts.addresses.get(address).copied().unwrap_or(0) >= caps.per_address
+        {
+            return Err(StreamLimit::Address);
         }
         if counts.rooms.get(room).copied().unwrap_or(0) >= caps.per_room {
             return Err(StreamLimit::Room);
@@ -212,11 +233,15 @@ impl Hub {
         counts.total += 1;
         *counts.rooms.entry(room.to_owned()).or_default() += 1;
         *counts.tokens.entry(token_key.to_owned()).or_default() += 1;
+        if let Some(address) = address {
+            *counts.addresses.entry(address).or_default() += 1;
+        }
         let ended = counts.session_signal(room, token_key);
         Ok(StreamGuard {
             counts: Arc::clone(&self.streams),
             room: room.to_owned(),
             token: token_key.to_owned(),
+            address,
             ended,
         })
     }
@@ -383,29 +408,46 @@ mod tests {
     #[test]
     fn h5_streams_are_capped_per_token_per_room_and_in_total_and_freed_on_drop() {
         let hub = Hub::default();
-        let caps = StreamCaps { per_token: 2, per_room: 3, total: 4 };
-        let a1 = hub.open_stream("r1", "ta", caps).unwrap();
-        let _a2 = hub.open_stream("r1", "ta", caps).unwrap();
-        assert_eq!(hub.open_stream("r1", "ta", caps).unwrap_err(), StreamLimit::Token);
-        let _b1 = hub.open_stream("r1", "tb", caps).unwrap();
-        assert_eq!(hub.open_stream("r1", "tc", caps).unwrap_err(), StreamLimit::Room);
-        let _c1 = hub.open_stream("r2", "tc", caps).unwrap();
-        assert_eq!(hub.open_stream("r3", "td", caps).unwrap_err(), StreamLimit::Total);
+        let caps = StreamCaps { per_token: 2, per_address: 10, per_room: 3, total: 4 };
+        let a1 = hub.open_stream("r1", "ta", None, caps).unwrap();
+        let _a2 = hub.open_stream("r1", "ta", None, caps).unwrap();
+        assert_eq!(hub.open_stream("r1", "ta", None, caps).unwrap_err(), StreamLimit::Token);
+        let _b1 = hub.open_stream("r1", "tb", None, caps).unwrap();
+        assert_eq!(hub.open_stream("r1", "tc", None, caps).unwrap_err(), StreamLimit::Room);
+        let _c1 = hub.open_stream("r2", "tc", None, caps).unwrap();
+        assert_eq!(hub.open_stream("r3", "td", None, caps).unwrap_err(), StreamLimit::Total);
         drop(a1);
         assert_eq!(hub.open_streams(), 3);
-        assert!(hub.open_stream("r1", "ta", caps).is_ok());
+        assert!(hub.open_stream("r1", "ta", None, caps).is_ok());
+    }
+
+    #[test]
+    fn streams_are_capped_per_address_over_every_session_and_room() {
+        let hub = Hub::default();
+        let caps = StreamCaps { per_token: 4, per_address: 3, per_room: 64, total: 512 };
+        let (attacker, visitor) =
+            (Some("192.0.2.1".parse().unwrap()), Some("192.0.2.2".parse().unwrap()));
+        let held: Vec<_> = ["t1", "t2", "t3"]
+            .iter()
+            .map(|token| hub.open_stream("r1", token, attacker, caps).unwrap())
+            .collect();
+        assert_eq!(hub.open_stream("r1", "t4", attacker, caps).unwrap_err(), StreamLimit::Address);
+        assert_eq!(hub.open_stream("r2", "t5", attacker, caps).unwrap_err(), StreamLimit::Address);
+        assert!(hub.open_stream("r1", "v1", visitor, caps).is_ok());
+        drop(held);
+        assert!(hub.open_stream("r1", "t4", attacker, caps).is_ok());
     }
 
     #[test]
     fn ending_a_session_signals_its_streams_and_a_room_change_signals_all_of_the_room() {
         let hub = Hub::default();
-        let caps = StreamCaps { per_token: 4, per_room: 8, total: 16 };
+        let caps = StreamCaps { per_token: 4, per_address: 16, per_room: 8, total: 16 };
         let (a1, a2) = (
-            hub.open_stream("r1", "ta", caps).unwrap(),
-            hub.open_stream("r1", "ta", caps).unwrap(),
+            hub.open_stream("r1", "ta", None, caps).unwrap(),
+            hub.open_stream("r1", "ta", None, caps).unwrap(),
         );
-        let b = hub.open_stream("r1", "tb", caps).unwrap();
-        let c = hub.open_stream("r2", "tc", caps).unwrap();
+        let b = hub.open_stream("r1", "tb", None, caps).unwrap();
+        let c = hub.open_stream("r2", "tc", None, caps).unwrap();
         hub.end_session("ta");
         assert!(a1.session_ended().is_cancelled() && a2.session_ended().is_cancelled());
         assert!(!b.session_ended().is_cancelled());
@@ -414,7 +456,7 @@ mod tests {
         assert!(!c.session_ended().is_cancelled(), "another room's sessions go on");
         drop((a1, a2, b));
         // The signal is forgotten with the last stream: a later stream starts fresh.
-        let again = hub.open_stream("r1", "tb", caps).unwrap();
+        let again = hub.open_stream("r1", "tb", None, caps).unwrap();
         assert!(!again.session_ended().is_cancelled());
     }
 

@@ -99,7 +99,7 @@ pub use store::{
     Author, ChatEntry, EntryFile, EntryStatus, HISTORY_LIMIT, WEBCHAT_DATABASE_FILE,
     room_id_from_name,
 };
-pub use web::{MAX_PAGE_UPLOAD_BYTES, MAX_TEXT_CHARS, VisitorLimits};
+pub use web::{MAX_PAGE_UPLOAD_BYTES, MAX_TEXT_CHARS, UploadQuota, VisitorLimits};
 
 use connector::App;
 use store::Store;

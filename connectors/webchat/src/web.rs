@@ -20,6 +20,7 @@
 //! `SameSite=Strict` cookie `wcv` scoped to the room's API path (the page, `EventSource`,
 //! `<img>`); never in a URL. Every limit is a field of [`VisitorLimits`].
 
+mod admission;
 mod guard;
 
 use std::convert::Infallible;
@@ -50,8 +51,10 @@ use crate::error::WebchatError;
 use crate::guess::Refused;
 use crate::hub::{RoomEvent, StreamCaps, StreamLimit};
 use crate::store::{
-    Author, ChatEntry, EntryFile, EntryStatus, Inserted, RoomClaim, hash_token, random_hex,
+    Author, ChatEntry, EntryFile, EntryStatus, Inserted, QuotaRefusal, RoomClaim,
+    UploadReservation, hash_token, random_hex,
 };
+pub use admission::{JoinRate, UploadQuota};
 pub use guard::{JoinThrottle, VisitorLimits};
 
 /// Largest file a visitor can upload from the page (25 MiB, [`VisitorLimits::max_upload_bytes`]).
@@ -80,6 +83,8 @@ struct Web {
     shutdown: CancellationToken,
     limits: Arc<VisitorLimits>,
     throttle: Arc<Mutex<JoinThrottle>>,
+    /// Visitor sessions started per address (F12).
+    join_rate: Arc<Mutex<JoinRate>>,
     uploads: Arc<Semaphore>,
     /// `Secure` on the session cookie (the public URL is https).
     secure_cookie: bool,
@@ -96,6 +101,10 @@ impl Web {
 
     fn throttle(&self) -> MutexGuard<'_, JoinThrottle> {
         self.throttle.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn join_rate(&self) -> MutexGuard<'_, JoinRate> {
+        self.join_rate.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -121,6 +130,7 @@ pub(crate) fn router(
         uploads: Arc::new(Semaphore::new(limits.concurrent_uploads.max(1))),
         limits: Arc::new(limits),
         throttle,
+        join_rate: Arc::new(Mutex::new(JoinRate::default())),
         secure_cookie,
     };
     Router::new()
@@ -265,6 +275,19 @@ fn throttled(refused: Refused) -> WebchatError {
     WebchatError::TooManyRequests { message, retry_after_secs: secs }
 }
 
+/// Takes one of the address's joins (F12): a new visitor session costs a database row, so an
+/// address may start [`VisitorLimits::joins_per_address_burst`] at once and then
+/// [`VisitorLimits::joins_per_address_per_minute`]; beyond that 429 with `Retry-After`.
+fn take_join(web: &Web, peer: Option<IpAddr>, now: u64) -> Result<(), WebchatError> {
+    web.join_rate().take(peer, now, &web.limits).map_err(|wait_millis| {
+        let secs = wait_millis.div_ceil(1_000).max(1);
+        WebchatError::TooManyRequests {
+            message: format!("too many new chat sessions from your address; try again in {secs} s"),
+            retry_after_secs: secs,
+        }
+    })
+}
+
 #[derive(Deserialize)]
 struct JoinBody {
     access_code: String,
@@ -278,7 +301,12 @@ async fn join(
 ) -> Result<Response, WebchatError> {
     let now = web.now();
     let peer: Option<IpAddr> = xagent_server_runtime::peer_ip(&extensions);
-    check_join_code(&web, &room_id, peer, &body.access_code, now)?;
+    take_join(&web, peer, now)?;
+    if let Err(error) = check_join_code(&web, &room_id, peer, &body.access_code, now) {
+        // A wrong or refused code starts no session: the join throttle counts it instead.
+        web.join_rate().refund(peer, now, &web.limits);
+        return Err(error);
+    }
     let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
     let expires_at = now.saturating_add(web.limits.token_lifetime_millis);
     let token = web.app.store.add_visitor(&room_id, now, expires_at)?;
@@ -380,6 +408,16 @@ struct Live {
     _place: crate::hub::StreamGuard,
 }
 
+/// The stream caps of [`VisitorLimits`] as the hub takes them.
+fn stream_caps(limits: &VisitorLimits) -> StreamCaps {
+    StreamCaps {
+        per_token: limits.streams_per_token,
+        per_address: limits.streams_per_address,
+        per_room: limits.streams_per_room,
+        total: limits.streams_total,
+    }
+}
+
 impl Live {
     /// Whether the session may still see events: checked before each one (F4).
     fn session_open(&self) -> bool {
@@ -429,16 +467,19 @@ async fn events(
     State(web): State<Web>,
     Path(room_id): Path<String>,
     headers: HeaderMap,
+    extensions: Extensions,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, WebchatError> {
     let token = visitor(&web, &room_id, &headers)?;
-    let caps = StreamCaps {
-        per_token: web.limits.streams_per_token,
-        per_room: web.limits.streams_per_room,
-        total: web.limits.streams_total,
-    };
-    let place = web.app.hub.open_stream(&room_id, &hash_token(&token), caps).map_err(|limit| {
+    // Counted per address too (F6), so one address never holds a room's streams.
+    let address = xagent_server_runtime::peer_ip(&extensions).map(guard::addr_key);
+    let caps = stream_caps(&web.limits);
+    let opened = web.app.hub.open_stream(&room_id, &hash_token(&token), address, caps);
+    let place = opened.map_err(|limit| {
         let message = match limit {
             StreamLimit::Token => "this session has too many open pages; close one",
+            StreamLimit::Address => {
+                "too many chat pages are open from your address; close one and try again"
+            }
             StreamLimit::Room => "this room has too many open pages right now; try again later",
             StreamLimit::Total => "the chat is too busy right now; try again later",
         };
@@ -642,24 +683,64 @@ async fn small_field(
     String::from_utf8(bytes).map_err(|_| WebchatError::InvalidInput("text must be UTF-8".into()))
 }
 
-/// How many bytes a visitor may still upload to the room today (M3): the smaller of the
-/// room's and all visitors' remaining daily allowance. 507 when either is used up.
-fn upload_allowance(web: &Web, room_id: &str, now: u64) -> Result<u64, WebchatError> {
-    let usage = web.app.store.upload_usage(room_id, now)?;
-    let limits = &web.limits;
-    let room_left = limits.room_upload_bytes_per_day.saturating_sub(usage.room_bytes);
-    if room_left == 0 || usage.room_files >= limits.room_upload_files_per_day {
-        return Err(WebchatError::StoreFull(
+/// An upload's hold on the day's visitor quota (F14): taken before the first byte is stored,
+/// settled to the real size once the file is in the store, and given back when the upload
+/// fails or is abandoned (the request dropped half-way drops the hold).
+struct QuotaHold {
+    app: Arc<App>,
+    reservation: UploadReservation,
+    settled: bool,
+}
+
+impl QuotaHold {
+    /// The most bytes the upload may store.
+    fn bytes(&self) -> u64 {
+        self.reservation.bytes
+    }
+
+    /// The upload is stored with `bytes`: only those stay counted.
+    fn settle(mut self, bytes: u64) -> Result<(), WebchatError> {
+        self.settled = true;
+        self.app.store.settle_upload(self.reservation.id, bytes)
+    }
+}
+
+impl Drop for QuotaHold {
+    fn drop(&mut self) {
+        if !self.settled
+            && let Err(error) = self.app.store.release_upload(self.reservation.id)
+        {
+            tracing::warn!(%error, "an unfinished upload's quota could not be given back");
+        }
+    }
+}
+
+/// Reserves a file and up to [`VisitorLimits::max_upload_bytes`] (less when the request's
+/// `Content-Length` says the body is smaller) of the room's and everybody's daily allowance
+/// (M3, F13: a room has at most its share), atomically with the check (F14). 507 when either
+/// is used up.
+fn reserve_upload(
+    web: &Web,
+    room_id: &str,
+    headers: &HeaderMap,
+    now: u64,
+) -> Result<QuotaHold, WebchatError> {
+    let quota = web.limits.upload_quota();
+    // The file is never larger than the whole body, so a declared length bounds it.
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let want = declared.map_or(web.limits.max_upload_bytes, |n| n.min(web.limits.max_upload_bytes));
+    match web.app.store.reserve_upload(room_id, want, &quota, now)? {
+        Ok(reservation) => Ok(QuotaHold { app: Arc::clone(&web.app), reservation, settled: false }),
+        Err(QuotaRefusal::Room) => Err(WebchatError::StoreFull(
             "this room's upload allowance for today is used up; try again tomorrow".into(),
-        ));
-    }
-    let all_left = limits.visitor_upload_bytes_per_day.saturating_sub(usage.all_bytes);
-    if all_left == 0 || usage.all_files >= limits.visitor_upload_files_per_day {
-        return Err(WebchatError::StoreFull(
+        )),
+        Err(QuotaRefusal::Everybody) => Err(WebchatError::StoreFull(
             "the chat takes no more files today; try again later".into(),
-        ));
+        )),
     }
-    Ok(room_left.min(all_left))
 }
 
 /// The stored message of a repeated send (same `client_id`), queued again if it never
@@ -705,7 +786,7 @@ async fn send_file(
                 let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
                 let channel = room.channel.ok_or(WebchatError::NoAgent)?;
                 let now = web.now();
-                let allowance = upload_allowance(&web, &room_id, now)?;
+                let hold = reserve_upload(&web, &room_id, &headers, now)?;
                 let filename: String =
                     field.file_name().unwrap_or("file").chars().take(255).collect();
                 let mime = field
@@ -713,15 +794,16 @@ async fn send_file(
                     .map(|m| m.chars().take(255).collect::<String>())
                     .filter(|m| m != "application/octet-stream")
                     .or_else(|| mime_guess::from_path(&filename).first().map(|m| m.to_string()));
-                let limit = allowance.min(limits.max_upload_bytes);
-                // Streamed into the file store as it arrives, never held whole (M2).
+                let limit = hold.bytes().min(limits.max_upload_bytes);
+                // Streamed into the file store as it arrives, never held whole (M2); a
+                // failure gives the reservation back (the hold is dropped).
                 let chat_file = web
                     .handle
                     .register_file_stream(&channel, &filename, mime.as_deref(), limit, field)
                     .await
                     .map_err(|e| upload_error(e, limit < limits.max_upload_bytes, &limits))?;
                 let size = chat_file.byte_size.unwrap_or(0);
-                web.app.store.record_upload(&room_id, size, now)?;
+                hold.settle(size)?;
                 if size == 0 {
                     return Err(WebchatError::InvalidInput("the file is empty".into()));
                 }
@@ -826,7 +908,9 @@ async fn file(
         headers.insert(header::CONTENT_DISPOSITION, value);
     }
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(record.byte_size));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, max-age=3600"));
+    // Never kept by the browser or a proxy: a visitor's file must not outlive the session in a
+    // cache (issue 23, X1).
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(
         header::CONTENT_SECURITY_POLICY,

@@ -44,6 +44,20 @@ pub struct VisitorLimits {
     pub streams_per_room: usize,
     /// Live event streams over the whole Connector (512).
     pub streams_total: usize,
+    /// Live event streams one visitor address may hold over all its sessions and rooms (16;
+    /// IPv6 per /64), so one address never holds a room's or the Connector's streams (F6).
+    pub streams_per_address: usize,
+    /// Visitor sessions one address may start at once before the rate below applies (60).
+    pub joins_per_address_burst: u32,
+    /// Visitor sessions one address may start per minute once its burst is spent (60); a
+    /// join beyond it gets 429 with `Retry-After` (F12). 0 turns the limit off.
+    pub joins_per_address_per_minute: u32,
+    /// The most one room may use of the daily visitor upload quota, in percent of
+    /// [`VisitorLimits::visitor_upload_bytes_per_day`] and of
+    /// [`VisitorLimits::visitor_upload_files_per_day`] (5 %: with the defaults 100 files and
+    /// about 102 MiB), so a few rooms cannot use it up for everyone (F13). The room limits
+    /// above still apply when they are smaller.
+    pub room_upload_share_percent: u8,
     /// Largest snapshot a page receives on (re)connecting (256 KiB of JSON): the oldest
     /// messages are left out beyond it.
     pub snapshot_bytes: usize,
@@ -86,6 +100,10 @@ impl Default for VisitorLimits {
             streams_per_token: 4,
             streams_per_room: 64,
             streams_total: 512,
+            streams_per_address: 16,
+            joins_per_address_burst: 60,
+            joins_per_address_per_minute: 60,
+            room_upload_share_percent: 5,
             snapshot_bytes: 256 * 1024,
             token_lifetime_millis: 7 * 24 * 60 * 60 * 1_000,
         }
@@ -125,7 +143,7 @@ impl JoinThrottle {
 }
 
 /// IPv6 addresses are counted per /64 (one subscriber usually holds a whole /64).
-fn addr_key(addr: IpAddr) -> IpAddr {
+pub(crate) fn addr_key(addr: IpAddr) -> IpAddr {
     match addr {
         IpAddr::V6(v6) => {
             let mut octets = v6.octets();
