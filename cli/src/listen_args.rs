@@ -6,6 +6,7 @@ use xagent_server_runtime::{IpNet, ServeLimits, parse_trusted_proxy};
 
 /// Connection limits of the HTTP listener (SECURITY.md, "The listener").
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Listener connection limits")]
 pub struct ListenArgs {
     /// Connections open at once; beyond it the longest-waiting idle or half-sent connection
     /// makes room, else a new one is closed at once.
