@@ -15,6 +15,7 @@ mod demo;
 mod homie;
 mod mcp;
 mod mock_xagent;
+mod secrets;
 mod webchat;
 
 /// Command-line tool of the xAgent Connector Protocol 3.0 toolkit.

@@ -39,7 +39,11 @@ async fn start_connector(broker: &Mosquitto, state: &std::path::Path, device: &s
     pairing.add_entry(&format!("{device}={CODE}"), "test").unwrap();
     let mut options = HomieOptions::new(broker.mqtt_url(), pairing, state);
     options.api_key = Some(Secret::new(KEY));
-    options.link = LinkConfig { set_timeout: Duration::from_millis(800), ..LinkConfig::default() };
+    options.link = LinkConfig {
+        set_timeout: Duration::from_millis(800),
+        lost_grace: Duration::from_millis(500),
+        ..LinkConfig::default()
+    };
     let homie = Homie::open(options).await.unwrap();
     let link = homie.link().clone();
     let serving =

@@ -37,7 +37,10 @@ async fn next_offline(events: &mut Receiver<DeviceEvent>) -> String {
 #[tokio::test]
 async fn simulated_device_process_can_be_stopped_killed_and_restarted() {
     let broker = Mosquitto::start().expect("mosquitto starts (apt-get install mosquitto)");
-    let (link, _task) = HomieLink::start(&broker.mqtt_url(), LinkConfig::default());
+    let (link, _task) = HomieLink::start(
+        &broker.mqtt_url(),
+        LinkConfig { lost_grace: Duration::from_millis(500), ..LinkConfig::default() },
+    );
     link.watch("sim-proc").unwrap();
 
     let mut child = spawn(&broker, "sim-proc");
