@@ -87,7 +87,7 @@ fn mqtt_url(args: &HomieArgs) -> Result<MqttUrl, String> {
         None => std::env::var(MQTT_PASSWORD_ENV).ok().filter(|p| !p.is_empty()),
     };
     match password {
-        Some(password) if !url.has_user() => Err(format!(
+        Some(_) if !url.has_user() => Err(format!(
             "a broker password was given but --mqtt-url names no user: use mqtt://USER@{}:{}",
             url.host, url.port
         )),
