@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
-use sha2::{Digest, Sha256};
 use xagent_protocol_types::{ConnectorChannelId, FileRef, FileType, ToolId};
 
 use crate::DeviceError;
@@ -190,43 +189,14 @@ pub const DEFAULT_CONFIRMATION_TTL_MS: u64 = 5 * 60 * 1000;
 /// Most grants waiting on one channel (a Connector granting in a loop cannot grow the ledger).
 pub const MAX_GRANTS_PER_CHANNEL: usize = 64;
 
-/// The digest a grant is bound to: SHA-256 of the arguments' canonical JSON (object keys
-/// sorted at every level, no whitespace), so a grant confirms exactly one call's arguments.
-pub fn arguments_digest(arguments: &Map<String, Value>) -> [u8; 32] {
-    fn write(value: &Value, out: &mut String) {
-        match value {
-            Value::Object(map) => {
-                let mut keys: Vec<&String> = map.keys().collect();
-                keys.sort();
-                out.push('{');
-                for (i, k) in keys.into_iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&Value::String(k.clone()).to_string());
-                    out.push(':');
-                    if let Some(v) = map.get(k) {
-                        write(v, out);
-                    }
-                }
-                out.push('}');
-            }
-            Value::Array(items) => {
-                out.push('[');
-                for (i, v) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    write(v, out);
-                }
-                out.push(']');
-            }
-            other => out.push_str(&other.to_string()),
-        }
-    }
-    let mut text = String::new();
-    write(&Value::Object(arguments.clone()), &mut text);
-    Sha256::digest(text.as_bytes()).into()
+/// What a grant is bound to: the fingerprint of the arguments (SHA-256 of their canonical
+/// JSON, the runtime's one definition of "the same arguments", the one repeated calls use),
+/// without the channel argument the runtime removes before a call is admitted. A grant thus
+/// confirms exactly one call's arguments, whatever the order of their keys.
+pub fn arguments_digest(arguments: &Map<String, Value>) -> String {
+    let mut arguments = arguments.clone();
+    arguments.remove(xagent_protocol_types::CHANNEL_ARGUMENT);
+    xagent_profile_im::Fingerprint::of_value(&Value::Object(arguments)).as_str().to_owned()
 }
 
 /// One-shot confirmations of high-risk Tools, granted by the user out of band (a prompt on
@@ -236,7 +206,7 @@ pub fn arguments_digest(arguments: &Map<String, Value>) -> [u8; 32] {
 #[derive(Debug)]
 pub struct ConfirmationLedger {
     ttl_ms: u64,
-    grants: BTreeMap<(ConnectorChannelId, ToolId, [u8; 32]), u64>,
+    grants: BTreeMap<(ConnectorChannelId, ToolId, String), u64>,
 }
 
 impl ConfirmationLedger {
@@ -387,6 +357,11 @@ mod tests {
         assert_ne!(
             arguments_digest(&args(json!({"a": [1, 2]}))),
             arguments_digest(&args(json!({"a": [2, 1]})))
+        );
+        // The channel argument is not part of what was confirmed.
+        assert_eq!(
+            arguments_digest(&args(json!({"door": "front", "connector_channel_id": "cch_1"}))),
+            arguments_digest(&args(json!({"door": "front"})))
         );
     }
 
