@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use serde_json::json;
 use xagent_connector_homie::HomieError;
+use xagent_connector_homie::link::MqttUrl;
 use xagent_connector_homie::link::{Availability, DeviceEvent, HomieLink, LinkConfig};
 use xagent_connector_homie::pin::Pinned;
 use xagent_connector_homie::sim::{SimConfig, SimDevice};
 use xagent_connector_homie::testing::Mosquitto;
 use xagent_protocol_types::ErrorCode;
+use xagent_protocol_types::Secret;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -350,4 +352,50 @@ async fn snapshot_of_a_non_image_type_is_refused() {
     assert_eq!(sim.snapshots_taken(), 0, "nothing was asked of the device");
     let d = link.describe("cam-html", &pin).unwrap();
     assert_eq!(d["nodes"][2]["snapshot"], false, "{d}");
+}
+
+#[tokio::test]
+async fn documented_acl_keeps_others_out_of_a_device_tree() {
+    let acl = include_str!("../assets/mosquitto.acl");
+    let users = [
+        ("xagent-homie", "pw-connector-1"),
+        ("thermo-acl", "pw-device-1"),
+        ("other", "pw-other-1"),
+    ];
+    let broker = Mosquitto::start_secured(&users, Some(acl)).expect("mosquitto starts");
+    let url = |user: &str, password: &str| {
+        MqttUrl::parse(&format!("mqtt://{user}@127.0.0.1:{}", broker.port()))
+            .unwrap()
+            .with_password(Secret::new(password))
+    };
+    let (link, _task) =
+        HomieLink::start(&url("xagent-homie", "pw-connector-1"), LinkConfig::default());
+    let mut sim =
+        SimDevice::new(SimConfig::new(url("thermo-acl", "pw-device-1"), "thermo-acl")).unwrap();
+    sim.start().await.unwrap();
+    link.watch("thermo-acl").unwrap();
+    link.wait_online("thermo-acl", WAIT).await.unwrap_or_else(|e| panic!("{e}\n{}", broker.log()));
+    let pin = link.pin("thermo-acl").unwrap();
+    // Another client of the broker tries to rewrite the device's tree.
+    let mut options = rumqttc::MqttOptions::new("other-client", "127.0.0.1", broker.port());
+    options.set_credentials("other", "pw-other-1");
+    let (other, mut eventloop) = rumqttc::AsyncClient::new(options, 16);
+    tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+    retain(&other, "homie/thermo-acl/$state", "lost").await;
+    retain(&other, "homie/thermo-acl/thermostat/target-temperature/$format", "0:200").await;
+    tokio::time::timeout(WAIT, async {
+        while broker.log().matches("Denied PUBLISH from other-client").count() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the broker refused both:\n{}", broker.log()));
+    let live = link.live_description("thermo-acl").unwrap();
+    assert_eq!(live.state, xagent_connector_homie::model::DeviceState::Ready);
+    assert_eq!(
+        spec_of(&live, "thermostat", "target-temperature").format_text.as_deref(),
+        Some("10:30")
+    );
+    // The Connector's own commands still get through.
+    link.set("thermo-acl", &pin, "thermostat", "mode", &json!("auto")).await.unwrap();
 }

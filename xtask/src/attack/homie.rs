@@ -280,14 +280,15 @@ async fn f10_scenario(x: &HomieXagent, evil: &Attacker, device: &SimDevice) -> R
     evil.retain("homie/f10-dev/sensor/door/$settable", "true").await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = device.sets_received();
-    let wide = x
+    // Their answers do not matter: what counts is whether a set reached the broker.
+    let _ = x
         .invoke(
             &channel,
             "homie_property_set",
             json!({"node": "thermostat", "property": "target-temperature", "value": 150}),
         )
         .await;
-    let read_only = x
+    let _ = x
         .invoke(
             &channel,
             "homie_property_set",
@@ -313,6 +314,11 @@ async fn f10_scenario(x: &HomieXagent, evil: &Attacker, device: &SimDevice) -> R
     let _ = answer.await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let published = evil.sets_for("f10-dev");
+    let sent = |topic: &str| {
+        published.iter().any(|p| p.starts_with(&format!("homie/f10-dev/{topic}/set=")))
+    };
+    let (wide_sent, read_only_sent, fake_sent) =
+        (sent("thermostat/target-temperature"), sent("sensor/temperature"), sent("sensor/door"));
     let device_sets = device.sets_received() - before;
     let confirmed = |r: &std::result::Result<Value, String>| {
         r.as_ref().is_ok_and(|v| v["confirmed"] == json!(true))
@@ -328,17 +334,16 @@ async fn f10_scenario(x: &HomieXagent, evil: &Attacker, device: &SimDevice) -> R
         "ranges and $settable taken from what is retained on the broker",
         defended,
         format!(
-            "{} set(s) published after the broker's description was rewritten (out of range 150 for 10:30: {}; read-only sensor: {}; fake property confirmed: {fake_confirmed})",
+            "{} of 3 sets published after the broker's description was rewritten (150 for a 10:30 range: {wide_sent}; to a read-only sensor: {read_only_sent}; to a property the attacker added: {fake_sent}, confirmed: {fake_confirmed})",
             published.len(),
-            wide.is_ok(),
-            read_only.is_ok(),
         ),
     )
     .with(json!({
         "sets_published": published.len(),
         "device_sets": device_sets,
-        "out_of_range_accepted": wide.is_ok(),
-        "read_only_accepted": read_only.is_ok(),
+        "out_of_range_published": wide_sent,
+        "read_only_published": read_only_sent,
+        "fake_property_published": fake_sent,
         "fake_property_confirmed": fake_confirmed,
     })))
 }
@@ -554,9 +559,8 @@ async fn f19_scenario(bin: &Path) -> Result<Outcome> {
     let _ = child.kill().await;
     // A password in the URL is refused outright.
     let refused = tokio::process::Command::new(bin)
-        .env_remove("XAGENT_CONNECTOR_API_KEY")
-        .args(["homie", "--listen", "127.0.0.1:0", "--api-key-file"])
-        .arg(&key_file)
+        .env("XAGENT_CONNECTOR_API_KEY", API_KEY)
+        .args(["homie", "--listen", "127.0.0.1:0"])
         .args(["--mqtt-url", &format!("mqtt://{BROKER_USER}:{BROKER_PASSWORD}@127.0.0.1:1")])
         .arg("--state-dir")
         .arg(dir.join("state-refused"))
@@ -564,7 +568,8 @@ async fn f19_scenario(bin: &Path) -> Result<Outcome> {
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .status();
-    let url_password_refused = tokio::time::timeout(Duration::from_secs(10), refused)
+    // A build that accepts it keeps running (retrying the broker); one that refuses exits 2.
+    let url_password_refused = tokio::time::timeout(Duration::from_secs(5), refused)
         .await
         .ok()
         .and_then(std::result::Result::ok)
