@@ -46,8 +46,10 @@
 //! let (link, _task) = HomieLink::start(&url, LinkConfig::default());
 //! link.watch("thermostat-1")?;
 //! link.wait_online("thermostat-1", std::time::Duration::from_secs(5)).await?;
+//! // What the device describes now: every call is judged against it.
+//! let pinned = link.pin("thermostat-1")?;
 //! let set = link
-//!     .set("thermostat-1", "thermostat", "target-temperature", &serde_json::json!(22.5))
+//!     .set("thermostat-1", &pinned, "thermostat", "target-temperature", &serde_json::json!(22.5))
 //!     .await?;
 //! assert_eq!(set["confirmed"], true);
 //! # Ok(()) }
