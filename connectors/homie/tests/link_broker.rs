@@ -399,3 +399,27 @@ async fn documented_acl_keeps_others_out_of_a_device_tree() {
     // The Connector's own commands still get through.
     link.set("thermo-acl", &pin, "thermostat", "mode", &json!("auto")).await.unwrap();
 }
+
+#[tokio::test]
+async fn availability_flaps_on_the_broker_are_debounced() {
+    let s = setup("thermo-flap").await;
+    // Past the debounce window of the first report.
+    tokio::time::sleep(s.link.config().availability_debounce).await;
+    let mut events = s.link.subscribe();
+    let evil = attacker(&s.broker).await;
+    for i in 0..2_000 {
+        let state = if i % 2 == 0 { "disconnected" } else { "ready" };
+        evil.publish("homie/thermo-flap/$state", rumqttc::QoS::AtMostOnce, true, state)
+            .await
+            .unwrap();
+    }
+    // Let every flip arrive and the window close.
+    tokio::time::sleep(s.link.config().availability_debounce * 2).await;
+    let mut reports = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        reports.push(e.availability);
+    }
+    // The first change at once, then at most one per window while flips still arrive.
+    assert!(reports.len() <= 3, "{} reports: {reports:?}", reports.len());
+    assert_eq!(s.link.availability("thermo-flap"), Availability::Online);
+}
