@@ -48,6 +48,7 @@ async fn setup() -> Setup {
             inputs: AuthInput::default().with("room_name", ROOM).with("access_code", ACCESS_CODE),
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_secs(30),
+            download: Default::default(),
         },
         state_dir: dir.path().join("bridge"),
     })
