@@ -60,11 +60,9 @@ pub(crate) fn usage(command: &str, message: impl std::fmt::Display) -> ExitCode 
 pub(crate) fn download_policy(
     origins: &[String],
 ) -> Result<xagent_client_runtime::DownloadPolicy, xagent_client_runtime::OriginError> {
-    origins
-        .iter()
-        .try_fold(xagent_client_runtime::DownloadPolicy::default(), |policy, origin| {
-            policy.allow_origin(origin)
-        })
+    origins.iter().try_fold(xagent_client_runtime::DownloadPolicy::default(), |policy, origin| {
+        policy.allow_origin(origin)
+    })
 }
 
 /// Reads repeated `--input NAME=VALUE` flags into authentication form values.

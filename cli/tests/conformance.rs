@@ -152,8 +152,11 @@ async fn mock_xagent_log_redacts_signed_urls() {
         .expect("registered");
     let url = file.download_url.clone().expect("a signed download_url");
     let query = url.split_once('?').map(|(_, q)| q.to_owned()).expect("a signature");
-    let message =
-        xagent_protocol_types::ChatMessage::with_files("in_signed_1", Some("hi".into()), vec![file]);
+    let message = xagent_protocol_types::ChatMessage::with_files(
+        "in_signed_1",
+        Some("hi".into()),
+        vec![file],
+    );
     handle.send_message(&channel, message).await.expect("sent");
     let acked = tokio::time::timeout(Duration::from_secs(20), async {
         while let Ok(Some(line)) = lines.next_line().await {

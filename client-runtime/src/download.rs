@@ -233,9 +233,7 @@ impl Gate {
             _ => None,
         };
         match literal {
-            Some(ip) if !is_public(ip) => {
-                Err(Refusal(format!("{ip} is not a public address")))
-            }
+            Some(ip) if !is_public(ip) => Err(Refusal(format!("{ip} is not a public address"))),
             _ => Ok(()),
         }
     }
@@ -259,7 +257,8 @@ impl reqwest::dns::Resolve for GuardedResolver {
         let name = name.as_str().to_ascii_lowercase();
         Box::pin(async move {
             let found = tokio::net::lookup_host((name.as_str(), 0)).await?;
-            let kept: Vec<SocketAddr> = found.filter(|addr| gate.admits(&name, addr.ip())).collect();
+            let kept: Vec<SocketAddr> =
+                found.filter(|addr| gate.admits(&name, addr.ip())).collect();
             if kept.is_empty() {
                 return Err(Box::new(Refusal(format!(
                     "{name} resolves to no address the policy admits"
@@ -297,10 +296,8 @@ impl Downloader {
         let hops = gate.clone();
         let redirects = reqwest::redirect::Policy::custom(move |attempt| {
             if attempt.previous().len() > hops.max_redirects {
-                return attempt.error(Refusal(format!(
-                    "more than {} redirects",
-                    hops.max_redirects
-                )));
+                return attempt
+                    .error(Refusal(format!("more than {} redirects", hops.max_redirects)));
             }
             match hops.check(attempt.url()) {
                 Ok(()) => attempt.follow(),
@@ -321,10 +318,8 @@ impl Downloader {
 
     /// Downloads `download_url` (relative ones resolve under the Base URL) under the policy.
     pub(crate) async fn fetch(&self, download_url: &str) -> Result<Downloaded, DownloadError> {
-        let resolved = self
-            .base
-            .resolve(download_url)
-            .map_err(|e| DownloadError::Refused(e.to_string()))?;
+        let resolved =
+            self.base.resolve(download_url).map_err(|e| DownloadError::Refused(e.to_string()))?;
         let url = Url::parse(&resolved).map_err(|e| DownloadError::Refused(e.to_string()))?;
         self.gate.check(&url).map_err(|r| DownloadError::Refused(r.0))?;
         let http = self.http.as_ref().map_err(|e| DownloadError::Failed(e.clone()))?;
@@ -436,7 +431,8 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
 /// (2002::/16) address.
 fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     let s = ip.segments();
-    let low = |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
+    let low =
+        |hi: u16, lo: u16| Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8);
     if let Some(v4) = ip.to_ipv4_mapped() {
         return Some(v4);
     }
@@ -557,9 +553,14 @@ mod tests {
     fn allowed_origins_are_origins_only() {
         assert!(parse_origin("https://files.example").is_ok());
         assert!(parse_origin("https://files.example:8443/").is_ok());
-        for bad in ["files.example", "ftp://files.example", "https://files.example/path",
-            "https://files.example/?q=1", "https://u@files.example", "https://"]
-        {
+        for bad in [
+            "files.example",
+            "ftp://files.example",
+            "https://files.example/path",
+            "https://files.example/?q=1",
+            "https://u@files.example",
+            "https://",
+        ] {
             assert!(parse_origin(bad).is_err(), "{bad}");
         }
     }

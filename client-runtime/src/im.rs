@@ -195,7 +195,10 @@ async fn save_files(
     let mut saved = Vec::with_capacity(message.files.len());
     for file in &message.files {
         let Some(url) = &file.download_url else {
-            return Err(DownloadError::Refused(format!("file {} has no download_url", file.file_ref)));
+            return Err(DownloadError::Refused(format!(
+                "file {} has no download_url",
+                file.file_ref
+            )));
         };
         let downloaded = control.download(url).await.map_err(|error| {
             tracing::debug!(url = %loggable_url(url), file_ref = %file.file_ref, "download not taken");

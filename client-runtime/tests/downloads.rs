@@ -344,11 +344,17 @@ async fn oversized_body_is_refused_while_streaming() {
     let mut rig = Rig::start().await;
     // Declared too large: refused before the body is read.
     let seen = rig.offer(&rig.own("/big-sized")).await;
-    assert!(matches!(&seen, Seen::Final(reason) if reason.contains("payload_too_large")), "{seen:?}");
+    assert!(
+        matches!(&seen, Seen::Final(reason) if reason.contains("payload_too_large")),
+        "{seen:?}"
+    );
     // Not declared: reading stops once the limit is passed (a few socket buffers later).
     let before = rig.routes.produced.load(Ordering::SeqCst);
     let seen = rig.offer(&rig.own("/big-chunked")).await;
-    assert!(matches!(&seen, Seen::Final(reason) if reason.contains("payload_too_large")), "{seen:?}");
+    assert!(
+        matches!(&seen, Seen::Final(reason) if reason.contains("payload_too_large")),
+        "{seen:?}"
+    );
     let produced = rig.routes.produced.load(Ordering::SeqCst) - before;
     assert!(produced < 48 * 1024 * 1024, "the Connector produced {produced} bytes of 200 MiB");
     assert_eq!(rig.sink.0.load(Ordering::SeqCst), 0, "nothing reached the sink");
@@ -367,7 +373,9 @@ async fn ack_does_not_reveal_why_a_download_failed() {
     // A failure on the Connector's own origin (an unknown file, a dead port on its host is
     // another origin) says only that the download failed.
     let missing = rig.offer(&rig.own("/files/refs/file_unknown?exp=1&sig=00")).await;
-    let Seen::Retry(reason) = &missing else { panic!("a failed download is retryable: {missing:?}") };
+    let Seen::Retry(reason) = &missing else {
+        panic!("a failed download is retryable: {missing:?}")
+    };
     assert!(reason.contains("download failed"), "{reason}");
     for detail in ["404", "HTTP", "error sending", "refused", "127.0.0.1", "sig="] {
         assert!(!reason.contains(detail), "the ack reveals {detail:?}: {reason}");

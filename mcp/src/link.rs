@@ -25,8 +25,8 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, watch};
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, DownloadPolicy, Events,
-    FunctionDeclaration, HealthMonitor, InboundMessage, SignIn as Flow, SqliteXagentStore,
+    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, DownloadPolicy,
+    Events, FunctionDeclaration, HealthMonitor, InboundMessage, SignIn as Flow, SqliteXagentStore,
     ToolCallOptions, admit, builtin_tools,
 };
 use xagent_protocol_types::{

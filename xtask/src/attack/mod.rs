@@ -20,6 +20,7 @@ use xagent_protocol_types::{
 };
 
 mod round_one;
+mod xagent_side;
 
 const API_KEY: &str = "sk-attack-run-5d1c9e0b7a";
 const CARD_ID: &str = "im.webchat";
@@ -329,6 +330,7 @@ impl Target {
 async fn attack_all(bin: &Path, sizes: &Sizes) -> Result<Vec<Outcome>> {
     let mut outcomes = round_one::run(bin, sizes).await?;
     // Round two (issue 23): each surface's module appends its scenarios here.
+    outcomes.extend(xagent_side::run(bin, sizes).await?);
     outcomes.sort_by_key(|o| order(o.id));
     Ok(outcomes)
 }
