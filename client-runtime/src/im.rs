@@ -200,9 +200,8 @@ async fn save_files(
                 file.file_ref
             )));
         };
-        let downloaded = control.download(url).await.map_err(|error| {
+        let downloaded = control.download(url).await.inspect_err(|_| {
             tracing::debug!(url = %loggable_url(url), file_ref = %file.file_ref, "download not taken");
-            error
         })?;
         let reference = sink
             .save(channel, file, downloaded.bytes)
