@@ -19,6 +19,7 @@ use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStatus, ConnectorChannelId, PROFILE_IM_V2, Secret,
 };
 
+mod bridge;
 mod round_one;
 mod xagent_side;
 
@@ -331,6 +332,7 @@ async fn attack_all(bin: &Path, sizes: &Sizes) -> Result<Vec<Outcome>> {
     let mut outcomes = round_one::run(bin, sizes).await?;
     // Round two (issue 23): each surface's module appends its scenarios here.
     outcomes.extend(xagent_side::run(bin, sizes).await?);
+    outcomes.extend(bridge::run(bin, sizes).await?);
     outcomes.sort_by_key(|o| order(o.id));
     Ok(outcomes)
 }
