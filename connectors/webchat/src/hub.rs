@@ -4,10 +4,12 @@
 //! gets a fresh snapshot.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use crate::store::ChatEntry;
 
@@ -86,15 +88,50 @@ impl RoomLive {
     }
 }
 
-/// Open event streams, counted per visitor token, per room and in total.
+/// Open event streams, counted per visitor token, per visitor address, per room and in total.
 #[derive(Debug, Default)]
 struct StreamCounts {
     total: usize,
     rooms: HashMap<String, usize>,
     tokens: HashMap<String, usize>,
+    addresses: HashMap<IpAddr, usize>,
+    /// The sessions with open streams (F4): ending one cancels every stream it holds.
+    sessions: HashMap<String, LiveSession>,
 }
 
-fn decrement(map: &mut HashMap<String, usize>, key: &str) {
+/// A visitor session with open streams: its room and the signal that ends them.
+#[derive(Debug)]
+struct LiveSession {
+    room: String,
+    ended: CancellationToken,
+}
+
+impl StreamCounts {
+    /// The end signal of `token_key`'s streams in `room` (registered with its first stream).
+    fn session_signal(&mut self, room: &str, token_key: &str) -> CancellationToken {
+        self.sessions
+            .entry(token_key.to_owned())
+            .or_insert_with(|| LiveSession {
+                room: room.to_owned(),
+                ended: CancellationToken::new(),
+            })
+            .ended
+            .clone()
+    }
+
+    /// Forgets `token_key`'s signal once its last stream is gone.
+    fn release_session(&mut self, token_key: &str) {
+        if !self.tokens.contains_key(token_key) {
+            self.sessions.remove(token_key);
+        }
+    }
+}
+
+fn decrement<K, Q>(map: &mut HashMap<K, usize>, key: &Q)
+where
+    K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
+    Q: std::hash::Hash + Eq + ?Sized,
+{
     if let Some(count) = map.get_mut(key) {
         *count = count.saturating_sub(1);
         if *count == 0 {
@@ -108,17 +145,21 @@ fn decrement(map: &mut HashMap<String, usize>, key: &str) {
 pub enum StreamLimit {
     /// The visitor token holds its maximum of streams.
     Token,
+    /// The visitor's address holds its maximum of streams (over all its sessions and rooms).
+    Address,
     /// The room has its maximum of streams.
     Room,
     /// The Connector has its maximum of streams.
     Total,
 }
 
-/// The most streams a token, a room and the Connector may hold.
+/// The most streams a token, an address, a room and the Connector may hold.
 #[derive(Clone, Copy, Debug)]
 pub struct StreamCaps {
     /// Per visitor token.
     pub per_token: usize,
+    /// Per visitor address (IPv6 per /64), whatever the session and the room.
+    pub per_address: usize,
     /// Per room.
     pub per_room: usize,
     /// In total.
@@ -131,14 +172,28 @@ pub struct StreamGuard {
     counts: Arc<Mutex<StreamCounts>>,
     room: String,
     token: String,
+    address: Option<IpAddr>,
+    ended: CancellationToken,
+}
+
+impl StreamGuard {
+    /// Cancelled the moment the stream's session ends (leave, code change): the stream
+    /// selects on it and ends at once (F4).
+    pub fn session_ended(&self) -> CancellationToken {
+        self.ended.clone()
+    }
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         let mut counts = self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         counts.total = counts.total.saturating_sub(1);
-        decrement(&mut counts.rooms, &self.room);
-        decrement(&mut counts.tokens, &self.token);
+        decrement(&mut counts.rooms, self.room.as_str());
+        decrement(&mut counts.tokens, self.token.as_str());
+        if let Some(address) = &self.address {
+            decrement(&mut counts.addresses, address);
+        }
+        counts.release_session(&self.token);
     }
 }
 
@@ -151,16 +206,23 @@ pub struct Hub {
 
 impl Hub {
     /// Takes a place for a new event stream of `token_key` (a hash of the visitor token) in
-    /// `room`, or says which cap is reached.
+    /// `room`, from `address` (the visitor's, already reduced to its /64 for IPv6), or says
+    /// which cap is reached.
     pub fn open_stream(
         &self,
         room: &str,
         token_key: &str,
+        address: Option<IpAddr>,
         caps: StreamCaps,
     ) -> Result<StreamGuard, StreamLimit> {
         let mut counts = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if counts.tokens.get(token_key).copied().unwrap_or(0) >= caps.per_token {
             return Err(StreamLimit::Token);
+        }
+        if let Some(address) = &address
+            && counts.addresses.get(address).copied().unwrap_or(0) >= caps.per_address
+        {
+            return Err(StreamLimit::Address);
         }
         if counts.rooms.get(room).copied().unwrap_or(0) >= caps.per_room {
             return Err(StreamLimit::Room);
@@ -171,11 +233,34 @@ impl Hub {
         counts.total += 1;
         *counts.rooms.entry(room.to_owned()).or_default() += 1;
         *counts.tokens.entry(token_key.to_owned()).or_default() += 1;
+        if let Some(address) = address {
+            *counts.addresses.entry(address).or_default() += 1;
+        }
+        let ended = counts.session_signal(room, token_key);
         Ok(StreamGuard {
             counts: Arc::clone(&self.streams),
             room: room.to_owned(),
             token: token_key.to_owned(),
+            address,
+            ended,
         })
+    }
+
+    /// The visitor session `token_key` ended: every stream it holds ends now (F4).
+    pub fn end_session(&self, token_key: &str) {
+        let counts = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(session) = counts.sessions.get(token_key) {
+            session.ended.cancel();
+        }
+    }
+
+    /// Every visitor session of `room` ended (its access code changed): all their streams
+    /// end now (F4).
+    pub fn end_room_sessions(&self, room: &str) {
+        let counts = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for session in counts.sessions.values().filter(|s| s.room == room) {
+            session.ended.cancel();
+        }
     }
 
     /// Open event streams in total.
@@ -323,17 +408,56 @@ mod tests {
     #[test]
     fn h5_streams_are_capped_per_token_per_room_and_in_total_and_freed_on_drop() {
         let hub = Hub::default();
-        let caps = StreamCaps { per_token: 2, per_room: 3, total: 4 };
-        let a1 = hub.open_stream("r1", "ta", caps).unwrap();
-        let _a2 = hub.open_stream("r1", "ta", caps).unwrap();
-        assert_eq!(hub.open_stream("r1", "ta", caps).unwrap_err(), StreamLimit::Token);
-        let _b1 = hub.open_stream("r1", "tb", caps).unwrap();
-        assert_eq!(hub.open_stream("r1", "tc", caps).unwrap_err(), StreamLimit::Room);
-        let _c1 = hub.open_stream("r2", "tc", caps).unwrap();
-        assert_eq!(hub.open_stream("r3", "td", caps).unwrap_err(), StreamLimit::Total);
+        let caps = StreamCaps { per_token: 2, per_address: 10, per_room: 3, total: 4 };
+        let a1 = hub.open_stream("r1", "ta", None, caps).unwrap();
+        let _a2 = hub.open_stream("r1", "ta", None, caps).unwrap();
+        assert_eq!(hub.open_stream("r1", "ta", None, caps).unwrap_err(), StreamLimit::Token);
+        let _b1 = hub.open_stream("r1", "tb", None, caps).unwrap();
+        assert_eq!(hub.open_stream("r1", "tc", None, caps).unwrap_err(), StreamLimit::Room);
+        let _c1 = hub.open_stream("r2", "tc", None, caps).unwrap();
+        assert_eq!(hub.open_stream("r3", "td", None, caps).unwrap_err(), StreamLimit::Total);
         drop(a1);
         assert_eq!(hub.open_streams(), 3);
-        assert!(hub.open_stream("r1", "ta", caps).is_ok());
+        assert!(hub.open_stream("r1", "ta", None, caps).is_ok());
+    }
+
+    #[test]
+    fn streams_are_capped_per_address_over_every_session_and_room() {
+        let hub = Hub::default();
+        let caps = StreamCaps { per_token: 4, per_address: 3, per_room: 64, total: 512 };
+        let (attacker, visitor) =
+            (Some("192.0.2.1".parse().unwrap()), Some("192.0.2.2".parse().unwrap()));
+        let held: Vec<_> = ["t1", "t2", "t3"]
+            .iter()
+            .map(|token| hub.open_stream("r1", token, attacker, caps).unwrap())
+            .collect();
+        assert_eq!(hub.open_stream("r1", "t4", attacker, caps).unwrap_err(), StreamLimit::Address);
+        assert_eq!(hub.open_stream("r2", "t5", attacker, caps).unwrap_err(), StreamLimit::Address);
+        assert!(hub.open_stream("r1", "v1", visitor, caps).is_ok());
+        drop(held);
+        assert!(hub.open_stream("r1", "t4", attacker, caps).is_ok());
+    }
+
+    #[test]
+    fn ending_a_session_signals_its_streams_and_a_room_change_signals_all_of_the_room() {
+        let hub = Hub::default();
+        let caps = StreamCaps { per_token: 4, per_address: 16, per_room: 8, total: 16 };
+        let (a1, a2) = (
+            hub.open_stream("r1", "ta", None, caps).unwrap(),
+            hub.open_stream("r1", "ta", None, caps).unwrap(),
+        );
+        let b = hub.open_stream("r1", "tb", None, caps).unwrap();
+        let c = hub.open_stream("r2", "tc", None, caps).unwrap();
+        hub.end_session("ta");
+        assert!(a1.session_ended().is_cancelled() && a2.session_ended().is_cancelled());
+        assert!(!b.session_ended().is_cancelled());
+        hub.end_room_sessions("r1");
+        assert!(b.session_ended().is_cancelled());
+        assert!(!c.session_ended().is_cancelled(), "another room's sessions go on");
+        drop((a1, a2, b));
+        // The signal is forgotten with the last stream: a later stream starts fresh.
+        let again = hub.open_stream("r1", "tb", None, caps).unwrap();
+        assert!(!again.session_ended().is_cancelled());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -38,6 +38,25 @@ pub struct UploadUsage {
     pub all_bytes: u64,
     /// Files uploaded by all visitors.
     pub all_files: u64,
+}
+
+/// Bytes and a file of the day's visitor quota held for one upload (see
+/// [`Store::reserve_upload`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UploadReservation {
+    /// The reservation's row.
+    pub id: i64,
+    /// Bytes reserved: the most the upload may store.
+    pub bytes: u64,
+}
+
+/// Whose daily upload allowance is used up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuotaRefusal {
+    /// The room's (its own limits or its share of everybody's).
+    Room,
+    /// All visitors' together.
+    Everybody,
 }
 
 /// Who wrote a message in a room.
@@ -169,8 +188,19 @@ pub enum SignIn {
     /// The owner code is wrong.
     WrongOwner,
     /// Another channel serves the room, or the room has an owner code: only the owner code
-    /// moves it.
+    /// moves it. A room without an owner code stays with the channel holding it (F7).
     OwnerRequired,
+    /// A new room needs an owner code (F7).
+    OwnerCodeNeeded,
+}
+
+/// A valid visitor session: its room and when it ends (Unix ms).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VisitorSession {
+    /// The room it opens.
+    pub room_id: String,
+    /// When it expires, unless revoked earlier.
+    pub expires_at: u64,
 }
 
 /// Whether an insert created a message or found the earlier one.
@@ -253,6 +283,9 @@ struct RoomRow {
     channel: Option<String>,
     /// The owner code's salt and hash, when the room has one.
     owner: Option<(String, String)>,
+    /// The channel that holds the room (F7): the one that created, paired or last moved it,
+    /// kept when it signs out.
+    holder: Option<String>,
 }
 
 impl RoomRow {
@@ -261,9 +294,20 @@ impl RoomRow {
     }
 }
 
+/// Deletes at most `batch` expired and at most `batch` revoked visitor sessions, both found
+/// through their index (F12: never a scan of the whole table). Returns how many went.
+fn prune_sessions(conn: &Connection, now: u64, batch: usize) -> Result<usize, WebchatError> {
+    let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+    let expired = conn
+        .execute(PRUNE_EXPIRED_SQL, params![i64::try_from(now).unwrap_or(i64::MAX), batch])
+        .map_err(db)?;
+    let revoked = conn.execute(PRUNE_REVOKED_SQL, params![batch]).map_err(db)?;
+    Ok(expired + revoked)
+}
+
 fn room_row(conn: &Connection, room_id: &str) -> Result<Option<RoomRow>, WebchatError> {
     conn.query_row(
-        "SELECT name, code_salt, code_hash, channel, owner_salt, owner_hash FROM rooms WHERE room_id = ?1",
+        "SELECT name, code_salt, code_hash, channel, owner_salt, owner_hash, holder FROM rooms WHERE room_id = ?1",
         params![room_id],
         |r| {
             let owner: (Option<String>, Option<String>) = (r.get(4)?, r.get(5)?);
@@ -273,6 +317,7 @@ fn room_row(conn: &Connection, room_id: &str) -> Result<Option<RoomRow>, Webchat
                 code_hash: r.get(2)?,
                 channel: r.get(3)?,
                 owner: owner.0.zip(owner.1),
+                holder: r.get(6)?,
             })
         },
     )
@@ -338,6 +383,26 @@ CREATE UNIQUE INDEX IF NOT EXISTS messages_client ON messages(room_id, client_id
 CREATE INDEX IF NOT EXISTS messages_room ON messages(room_id, seq);
 ";
 
+/// The indexes of the visitor sessions (F12): expiry and revocation for the pruning below,
+/// the room for revoking a room's sessions. Created after the migrations add their columns.
+const SESSION_INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS visitors_expiry ON visitors(expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS visitors_revoked ON visitors(revoked) WHERE revoked = 1;
+CREATE INDEX IF NOT EXISTS visitors_room ON visitors(room_id);
+";
+
+/// Most expired or revoked sessions one prune deletes (each join runs one, so a join's cost
+/// stays bounded however many sessions ended meanwhile).
+pub(crate) const SESSION_PRUNE_BATCH: usize = 64;
+
+/// Deletes up to `?2` sessions that expired by `?1` (through `visitors_expiry`).
+const PRUNE_EXPIRED_SQL: &str = "DELETE FROM visitors WHERE rowid IN (
+  SELECT rowid FROM visitors WHERE expires_at IS NOT NULL AND expires_at <= ?1 LIMIT ?2)";
+
+/// Deletes up to `?1` revoked sessions (through `visitors_revoked`).
+const PRUNE_REVOKED_SQL: &str = "DELETE FROM visitors WHERE rowid IN (
+  SELECT rowid FROM visitors WHERE revoked = 1 LIMIT ?1)";
+
 impl Store {
     /// Opens (or creates) `<dir>/webchat.sqlite3`. The directory is made 0700 and the
     /// database 0600 (SQLite gives its `-wal` and `-shm` files the database's mode).
@@ -365,6 +430,18 @@ impl Store {
         add_column(&conn, "messages", "outbound", "TEXT")?;
         add_column(&conn, "rooms", "owner_salt", "TEXT")?;
         add_column(&conn, "rooms", "owner_hash", "TEXT")?;
+        add_column(&conn, "rooms", "holder", "TEXT")?;
+        // F7: rooms from before holders existed are held by the channel serving them now.
+        conn.execute(
+            "UPDATE rooms SET holder = channel WHERE holder IS NULL AND channel IS NOT NULL",
+            [],
+        )
+        .map_err(db)?;
+        add_column(&conn, "visitor_uploads", "pending", "INTEGER NOT NULL DEFAULT 0")?;
+        // After the columns they cover (older databases get them here too).
+        conn.execute_batch(SESSION_INDEXES).map_err(db)?;
+        // Reservations of uploads that never finished (the process stopped meanwhile).
+        conn.execute("DELETE FROM visitor_uploads WHERE pending = 1", []).map_err(db)?;
         Ok(Self { conn: Mutex::new(conn) })
     }
 
@@ -385,13 +462,14 @@ impl Store {
         }
     }
 
-    /// The form flow's sign-in of `channel` to the room `name` (M9). The access code is the
-    /// visitors' secret; the optional owner code is xAgent's. A new room stores both (hashed).
-    /// An existing room is served by `channel` when: the owner code is right (a different access
-    /// code then replaces the old one and ends every visitor session), or the access code is
-    /// right and the room has no owner code and no other channel serving it, or `channel` already
-    /// serves it. A room without an owner code gets the one presented by a channel allowed to
-    /// serve it.
+    /// The form flow's sign-in of `channel` to the room `name` (M9, F7). The access code is
+    /// the visitors' secret; the owner code is xAgent's. A new room needs both and stores them
+    /// hashed. An existing room is served by `channel` when: the owner code is right (a
+    /// different access code then replaces the old one and ends every visitor session), or the
+    /// access code is right and `channel` holds the room (serves it, or created, paired or
+    /// last moved it). A room without an owner code (paired, or from an older release) never
+    /// changes hands: it gets the owner code its holder brings, and one that no channel ever
+    /// held is claimed only together with an owner code.
     pub fn sign_in_room(
         &self,
         name: &str,
@@ -410,7 +488,9 @@ impl Store {
         }
         let conn = self.conn();
         let Some(row) = room_row(&conn, &room_id)? else {
-            let room = insert_room(&conn, room_id, name, access_code, owner_code, now)?;
+            // F7: a room without an owner code could change hands; new ones need one.
+            let Some(owner) = owner_code else { return Ok(SignIn::OwnerCodeNeeded) };
+            let room = insert_room(&conn, room_id, name, access_code, Some(owner), now)?;
             return Ok(SignIn::Created(room));
         };
         drop(conn);
@@ -420,7 +500,9 @@ impl Store {
             _ => None,
         };
         let serves = row.channel.as_deref() == Some(channel.as_str());
-        let (has_owner, unbound) = (row.owner.is_some(), row.channel.is_none());
+        let holds = serves || row.holder.as_deref() == Some(channel.as_str());
+        let (has_owner, unclaimed) =
+            (row.owner.is_some(), row.channel.is_none() && row.holder.is_none());
         let room = row.room(room_id.clone());
         match owner_right {
             Some(false) => Ok(SignIn::WrongOwner),
@@ -442,8 +524,18 @@ impl Store {
                 Ok(SignIn::Rotated { room, revoked })
             }
             None if !code_right => Ok(SignIn::WrongCode),
-            None if serves || (!has_owner && unbound) => {
+            // The channel holding the room comes back; a room without an owner code gets
+            // the one it brings.
+            None if holds => {
                 if let (false, Some(owner)) = (has_owner, owner_code) {
+                    self.set_owner(&room_id, owner)?;
+                }
+                Ok(SignIn::Matched(room))
+            }
+            // F7: a room without an owner code never changes hands. Only one no channel
+            // ever held (an older database) is claimed, and only with an owner code.
+            None if !has_owner && unclaimed && owner_code.is_some() => {
+                if let Some(owner) = owner_code {
                     self.set_owner(&room_id, owner)?;
                 }
                 Ok(SignIn::Matched(room))
@@ -515,6 +607,14 @@ impl Store {
             params![room_id, channel.map(|c| c.as_str().to_owned())],
         )
         .map_err(db)?;
+        if let Some(channel) = channel {
+            // F7: the channel a room is bound to holds it, also after it signs out.
+            conn.execute(
+                "UPDATE rooms SET holder = ?2 WHERE room_id = ?1",
+                params![room_id, channel.as_str()],
+            )
+            .map_err(db)?;
+        }
         Ok(previous.flatten().map(ConnectorChannelId::new))
     }
 
@@ -579,12 +679,8 @@ impl Store {
             params![hash_token(&token), room_id, now as i64, expires_at as i64],
         )
         .map_err(db)?;
-        // Expired and revoked sessions are of no use to anybody.
-        conn.execute(
-            "DELETE FROM visitors WHERE revoked = 1 OR (expires_at IS NOT NULL AND expires_at <= ?1)",
-            params![now as i64],
-        )
-        .map_err(db)?;
+        // Expired and revoked sessions are of no use to anybody: one bounded batch per join.
+        prune_sessions(&conn, now, SESSION_PRUNE_BATCH)?;
         Ok(token)
     }
 
@@ -597,6 +693,17 @@ impl Store {
         now: u64,
         legacy_lifetime: u64,
     ) -> Result<Option<String>, WebchatError> {
+        Ok(self.visitor_session(token, now, legacy_lifetime)?.map(|session| session.room_id))
+    }
+
+    /// [`Store::visitor_room`] with the session's end: what a live stream needs to end with
+    /// its session (F4).
+    pub fn visitor_session(
+        &self,
+        token: &str,
+        now: u64,
+        legacy_lifetime: u64,
+    ) -> Result<Option<VisitorSession>, WebchatError> {
         let row: Option<(String, i64, Option<i64>, i64)> = self
             .conn()
             .query_row(
@@ -611,7 +718,8 @@ impl Store {
                 || u64::try_from(created_at).unwrap_or(0).saturating_add(legacy_lifetime),
                 |at| u64::try_from(at).unwrap_or(0),
             );
-            (revoked == 0 && now < expires_at).then_some(room)
+            (revoked == 0 && now < expires_at)
+                .then_some(VisitorSession { room_id: room, expires_at })
         }))
     }
 
@@ -627,42 +735,94 @@ impl Store {
         Ok(changed > 0)
     }
 
-    /// Visitor uploads of the last day (for the room and for everybody).
+    /// Visitor uploads of the last day (for the room and for everybody), reservations of
+    /// uploads still being written included.
+    #[cfg(test)]
     pub fn upload_usage(&self, room_id: &str, now: u64) -> Result<UploadUsage, WebchatError> {
-        let conn = self.conn();
-        let since = now.saturating_sub(DAY_MILLIS) as i64;
-        conn.execute("DELETE FROM visitor_uploads WHERE created_at < ?1", params![since])
-            .map_err(db)?;
-        let (room_bytes, room_files, all_bytes, all_files): (i64, i64, i64, i64) = conn
-            .query_row(
-                "SELECT COALESCE(SUM(CASE WHEN room_id = ?1 THEN bytes END), 0),
-                        COALESCE(SUM(CASE WHEN room_id = ?1 THEN 1 END), 0),
-                        COALESCE(SUM(bytes), 0), COUNT(*)
-                 FROM visitor_uploads",
-                params![room_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )
-            .map_err(db)?;
-        let n = |v: i64| u64::try_from(v).unwrap_or(0);
-        Ok(UploadUsage {
-            room_bytes: n(room_bytes),
-            room_files: n(room_files),
-            all_bytes: n(all_bytes),
-            all_files: n(all_files),
-        })
+        upload_usage(&self.conn(), room_id, now)
     }
 
-    /// Counts a visitor upload against the quotas.
-    pub fn record_upload(&self, room_id: &str, bytes: u64, now: u64) -> Result<(), WebchatError> {
+    /// Reserves one file and up to `want` bytes of the day's visitor quota for an upload to
+    /// `room_id`, before any byte is stored (F14): the check and the reservation are one
+    /// SQLite transaction under the store's lock, so concurrent uploads can never pass the
+    /// quota together. The reservation holds the smaller of `want` and what the room and
+    /// everybody have left; [`Store::settle_upload`] turns it into the real size,
+    /// [`Store::release_upload`] gives it back.
+    pub fn reserve_upload(
+        &self,
+        room_id: &str,
+        want: u64,
+        quota: &crate::web::UploadQuota,
+        now: u64,
+    ) -> Result<Result<UploadReservation, QuotaRefusal>, WebchatError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
+        let usage = upload_usage(&tx, room_id, now)?;
+        let room_left = quota.room_bytes.saturating_sub(usage.room_bytes);
+        if room_left == 0 || usage.room_files >= quota.room_files {
+            return Ok(Err(QuotaRefusal::Room));
+        }
+        let all_left = quota.all_bytes.saturating_sub(usage.all_bytes);
+        if all_left == 0 || usage.all_files >= quota.all_files {
+            return Ok(Err(QuotaRefusal::Everybody));
+        }
+        let bytes = want.min(room_left).min(all_left);
+        tx.execute(
+            "INSERT INTO visitor_uploads (room_id, bytes, created_at, pending) VALUES (?1, ?2, ?3, 1)",
+            params![room_id, i64::try_from(bytes).unwrap_or(i64::MAX), now as i64],
+        )
+        .map_err(db)?;
+        let id = tx.last_insert_rowid();
+        tx.commit().map_err(db)?;
+        Ok(Ok(UploadReservation { id, bytes }))
+    }
+
+    /// Turns a reservation into the upload's real size (at most the reserved bytes).
+    pub fn settle_upload(&self, id: i64, bytes: u64) -> Result<(), WebchatError> {
         self.conn()
             .execute(
-                "INSERT INTO visitor_uploads (room_id, bytes, created_at) VALUES (?1, ?2, ?3)",
-                params![room_id, i64::try_from(bytes).unwrap_or(i64::MAX), now as i64],
+                "UPDATE visitor_uploads SET bytes = MIN(bytes, ?2), pending = 0 WHERE rowid = ?1",
+                params![id, i64::try_from(bytes).unwrap_or(i64::MAX)],
             )
             .map_err(db)?;
         Ok(())
     }
 
+    /// Gives a reservation back (the upload failed or was abandoned).
+    pub fn release_upload(&self, id: i64) -> Result<(), WebchatError> {
+        self.conn()
+            .execute("DELETE FROM visitor_uploads WHERE rowid = ?1 AND pending = 1", params![id])
+            .map_err(db)?;
+        Ok(())
+    }
+}
+
+/// [`Store::upload_usage`] on an open connection or transaction (forgets rows older than a
+/// day on the way).
+fn upload_usage(conn: &Connection, room_id: &str, now: u64) -> Result<UploadUsage, WebchatError> {
+    let since = now.saturating_sub(DAY_MILLIS) as i64;
+    conn.execute("DELETE FROM visitor_uploads WHERE created_at < ?1", params![since])
+        .map_err(db)?;
+    let (room_bytes, room_files, all_bytes, all_files): (i64, i64, i64, i64) = conn
+        .query_row(
+            "SELECT COALESCE(SUM(CASE WHEN room_id = ?1 THEN bytes END), 0),
+                    COALESCE(SUM(CASE WHEN room_id = ?1 THEN 1 END), 0),
+                    COALESCE(SUM(bytes), 0), COUNT(*)
+             FROM visitor_uploads",
+            params![room_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .map_err(db)?;
+    let n = |v: i64| u64::try_from(v).unwrap_or(0);
+    Ok(UploadUsage {
+        room_bytes: n(room_bytes),
+        room_files: n(room_files),
+        all_bytes: n(all_bytes),
+        all_files: n(all_files),
+    })
+}
+
+impl Store {
     fn entry_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChatEntry> {
         let author: String = r.get(1)?;
         let files: String = r.get(3)?;
@@ -845,6 +1005,7 @@ fn add_column(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::web::UploadQuota;
 
     fn visitor_entry(id: &str, client: Option<&str>) -> ChatEntry {
         ChatEntry {
@@ -935,18 +1096,67 @@ mod tests {
         assert_eq!(store.visitor_room(&token, 5, 0).unwrap(), None);
         assert!(store.check_code("lobby", "visit-9999").unwrap());
         assert!(!store.check_code("lobby", "visit-1234").unwrap());
-        // A room without an owner code, served by another channel, is not taken either.
-        store.sign_in_room("Desk", "desk-code-1", None, &a, 1).unwrap();
-        store.set_room_channel("desk", Some(&a)).unwrap();
+    }
+
+    #[test]
+    fn new_room_requires_an_owner_code() {
+        let store = Store::in_memory().unwrap();
+        let a = ConnectorChannelId::new("cch_a");
         assert_eq!(
-            store.sign_in_room("Desk", "desk-code-1", None, &b, 2).unwrap(),
-            SignIn::OwnerRequired
+            store.sign_in_room("Desk", "desk-code-1", None, &a, 1).unwrap(),
+            SignIn::OwnerCodeNeeded
         );
-        store.release_channel(&a).unwrap();
+        assert!(store.room("desk").unwrap().is_none(), "nothing was created");
         assert!(matches!(
-            store.sign_in_room("Desk", "desk-code-1", None, &b, 3).unwrap(),
+            store.sign_in_room("Desk", "desk-code-1", Some("desk-owner-1"), &a, 1).unwrap(),
+            SignIn::Created(_)
+        ));
+    }
+
+    #[test]
+    fn room_without_owner_code_cannot_change_hands() {
+        let store = Store::in_memory().unwrap();
+        let (a, b) = (ConnectorChannelId::new("cch_a"), ConnectorChannelId::new("cch_b"));
+        // A paired room: no owner code, bound to the pairing channel.
+        store.claim_room("Paired", "paired-code-1", 1).unwrap();
+        store.set_room_channel("paired", Some(&a)).unwrap();
+        store.release_channel(&a).unwrap();
+        // Its creator signed out; another channel with the visitors' code (and an owner code
+        // of its own) does not get it, however often it asks.
+        for at in [2, 3] {
+            assert_eq!(
+                store
+                    .sign_in_room("Paired", "paired-code-1", Some("b-owner-code"), &b, at)
+                    .unwrap(),
+                SignIn::OwnerRequired
+            );
+        }
+        // The channel that holds it comes back, and the owner code it brings is the room's.
+        assert!(matches!(
+            store.sign_in_room("Paired", "paired-code-1", Some("a-owner-code"), &a, 4).unwrap(),
             SignIn::Matched(_)
         ));
+        assert_eq!(
+            store.sign_in_room("Paired", "paired-code-1", Some("b-owner-code"), &b, 5).unwrap(),
+            SignIn::WrongOwner
+        );
+        // A room from an older database that no channel ever held: claimed only with an owner
+        // code, after which it is held.
+        store.claim_room("Old", "old-code-1234", 1).unwrap();
+        assert_eq!(
+            store.sign_in_room("Old", "old-code-1234", None, &b, 6).unwrap(),
+            SignIn::OwnerRequired
+        );
+        assert!(matches!(
+            store.sign_in_room("Old", "old-code-1234", Some("b-owner-code"), &b, 7).unwrap(),
+            SignIn::Matched(_)
+        ));
+        store.set_room_channel("old", Some(&b)).unwrap();
+        store.release_channel(&b).unwrap();
+        assert_eq!(
+            store.sign_in_room("Old", "old-code-1234", None, &a, 8).unwrap(),
+            SignIn::OwnerRequired
+        );
     }
 
     #[test]
@@ -1021,12 +1231,24 @@ mod tests {
         assert!(matches!(store.claim_room("Lobby", "12345678", 1).unwrap(), RoomClaim::Created(_)));
     }
 
+    /// A quota as big as the tests need.
+    fn quota(room_bytes: u64, room_files: u64, all_bytes: u64, all_files: u64) -> UploadQuota {
+        UploadQuota { room_bytes, room_files, all_bytes, all_files }
+    }
+
+    /// Reserves and settles an upload of `bytes` (what a finished upload does).
+    fn uploaded(store: &Store, room: &str, bytes: u64, now: u64) {
+        let big = quota(u64::MAX, u64::MAX, u64::MAX, u64::MAX);
+        let held = store.reserve_upload(room, bytes, &big, now).unwrap().unwrap();
+        store.settle_upload(held.id, bytes).unwrap();
+    }
+
     #[test]
     fn m3_upload_usage_counts_the_room_and_everybody_within_a_day() {
         let store = Store::in_memory().unwrap();
-        store.record_upload("a", 10, 1_000).unwrap();
-        store.record_upload("a", 5, 2_000).unwrap();
-        store.record_upload("b", 7, 2_000).unwrap();
+        uploaded(&store, "a", 10, 1_000);
+        uploaded(&store, "a", 5, 2_000);
+        uploaded(&store, "b", 7, 2_000);
         let usage = store.upload_usage("a", 3_000).unwrap();
         assert_eq!(
             usage,
@@ -1037,6 +1259,136 @@ mod tests {
             later,
             UploadUsage { room_bytes: 5, room_files: 1, all_bytes: 12, all_files: 2 }
         );
+    }
+
+    #[test]
+    fn an_upload_reserves_its_quota_before_storing_and_gives_back_what_it_did_not_use() {
+        let store = Store::in_memory().unwrap();
+        let quota = quota(100, 3, 1_000, 10);
+        // Reserved up to what the room has left; a second upload sees the reservation.
+        let first = store.reserve_upload("a", 80, &quota, 1).unwrap().unwrap();
+        assert_eq!(first.bytes, 80);
+        let second = store.reserve_upload("a", 80, &quota, 1).unwrap().unwrap();
+        assert_eq!(second.bytes, 20, "only what is left of the room's bytes");
+        assert_eq!(store.reserve_upload("a", 80, &quota, 1).unwrap(), Err(QuotaRefusal::Room));
+        // Settling keeps the real size; releasing gives all of it back.
+        store.settle_upload(first.id, 30).unwrap();
+        store.release_upload(second.id).unwrap();
+        assert_eq!(store.upload_usage("a", 2).unwrap().room_bytes, 30);
+        // A settled upload is never released by mistake.
+        store.release_upload(first.id).unwrap();
+        assert_eq!(store.upload_usage("a", 2).unwrap().room_files, 1);
+        // Files: the room's count is reached with reservations still pending.
+        let _b = store.reserve_upload("a", 1, &quota, 3).unwrap().unwrap();
+        let _c = store.reserve_upload("a", 1, &quota, 3).unwrap().unwrap();
+        assert_eq!(store.reserve_upload("a", 1, &quota, 3).unwrap(), Err(QuotaRefusal::Room));
+        // Everybody's quota.
+        let everybody = self::quota(100, 3, 32, 10);
+        assert_eq!(
+            store.reserve_upload("b", 1, &everybody, 3).unwrap(),
+            Err(QuotaRefusal::Everybody)
+        );
+    }
+
+    #[test]
+    fn reservations_of_uploads_that_never_finished_are_given_back_at_the_next_start() {
+        let dir = std::env::temp_dir().join(format!("webchat-reserve-{}", random_hex(6)));
+        let store = Store::open(&dir).unwrap();
+        let quota = quota(100, 10, 1_000, 10);
+        let done = store.reserve_upload("a", 40, &quota, 1).unwrap().unwrap();
+        store.settle_upload(done.id, 40).unwrap();
+        store.reserve_upload("a", 60, &quota, 1).unwrap().unwrap();
+        drop(store);
+        let store = Store::open(&dir).unwrap();
+        let usage = store.upload_usage("a", 2).unwrap();
+        assert_eq!((usage.room_bytes, usage.room_files), (40, 1));
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The plan SQLite chooses for `sql` (the detail column of `EXPLAIN QUERY PLAN`).
+    fn query_plan(store: &Store, sql: &str, params: &[&dyn rusqlite::ToSql]) -> String {
+        let conn = store.conn();
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = stmt.query_map(params, |r| r.get::<_, String>(3)).unwrap();
+        rows.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+    }
+
+    #[test]
+    fn session_pruning_goes_through_an_index_in_bounded_batches() {
+        let store = Store::in_memory().unwrap();
+        store.claim_room("Lobby", "code-1234", 1).unwrap();
+        for sql in [PRUNE_EXPIRED_SQL, PRUNE_REVOKED_SQL] {
+            let params: &[&dyn rusqlite::ToSql] =
+                if sql == PRUNE_EXPIRED_SQL { &[&1_i64, &64_i64] } else { &[&64_i64] };
+            let plan = query_plan(&store, sql, params);
+            assert!(!plan.contains("SCAN visitors"), "a scan of every session: {plan}");
+            assert!(
+                plan.contains("visitors_expiry") || plan.contains("visitors_revoked"),
+                "{plan}"
+            );
+        }
+        // 200 sessions end at 100; each join deletes one batch of them, never all at once.
+        for _ in 0..200 {
+            store.add_visitor("lobby", 1, 100).unwrap();
+        }
+        let count = |store: &Store| -> i64 {
+            store.conn().query_row("SELECT COUNT(*) FROM visitors", [], |r| r.get(0)).unwrap()
+        };
+        store.add_visitor("lobby", 150, 10_000).unwrap();
+        assert_eq!(count(&store), 201 - SESSION_PRUNE_BATCH as i64);
+        for _ in 0..3 {
+            store.add_visitor("lobby", 150, 10_000).unwrap();
+        }
+        assert_eq!(count(&store), 4, "the expired ones are gone after a few joins");
+        let live = store.add_visitor("lobby", 150, 10_000).unwrap();
+        store.revoke_visitor(&live).unwrap();
+        store.add_visitor("lobby", 150, 10_000).unwrap();
+        assert_eq!(count(&store), 5, "revoked sessions are pruned too");
+    }
+
+    #[test]
+    fn an_existing_database_gets_the_session_indexes() {
+        let dir = std::env::temp_dir().join(format!("webchat-migrate-{}", random_hex(6)));
+        std::fs::create_dir_all(&dir).unwrap();
+        {
+            // The first release's tables, without the later columns and indexes.
+            let conn = Connection::open(dir.join(WEBCHAT_DATABASE_FILE)).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE rooms (room_id TEXT PRIMARY KEY, name TEXT NOT NULL,
+                   code_salt TEXT NOT NULL, code_hash TEXT NOT NULL, channel TEXT,
+                   created_at INTEGER NOT NULL);
+                 CREATE TABLE visitors (token_hash TEXT PRIMARY KEY, room_id TEXT NOT NULL,
+                   created_at INTEGER NOT NULL);
+                 CREATE TABLE visitor_uploads (room_id TEXT NOT NULL, bytes INTEGER NOT NULL,
+                   created_at INTEGER NOT NULL);
+                 INSERT INTO visitors VALUES ('old', 'lobby', 1);
+                 INSERT INTO visitor_uploads VALUES ('lobby', 5, 1);",
+            )
+            .unwrap();
+        }
+        let store = Store::open(&dir).unwrap();
+        let indexes: Vec<String> = {
+            let conn = store.conn();
+            let mut stmt = conn
+                .prepare(
+                    "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'visitors'",
+                )
+                .unwrap();
+            stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+        };
+        for name in ["visitors_expiry", "visitors_revoked", "visitors_room"] {
+            assert!(indexes.iter().any(|i| i == name), "{name} missing: {indexes:?}");
+        }
+        let plan = query_plan(&store, PRUNE_EXPIRED_SQL, &[&1_i64, &64_i64]);
+        assert!(plan.contains("visitors_expiry"), "{plan}");
+        assert_eq!(
+            store.upload_usage("lobby", 2).unwrap().room_bytes,
+            5,
+            "old uploads still count"
+        );
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[cfg(unix)]

@@ -20,6 +20,7 @@
 //! `SameSite=Strict` cookie `wcv` scoped to the room's API path (the page, `EventSource`,
 //! `<img>`); never in a URL. Every limit is a field of [`VisitorLimits`].
 
+mod admission;
 mod guard;
 
 use std::convert::Infallible;
@@ -47,10 +48,13 @@ use xagent_server_runtime::{ConnectorHandle, StorageError};
 
 use crate::connector::App;
 use crate::error::WebchatError;
+use crate::guess::Refused;
 use crate::hub::{RoomEvent, StreamCaps, StreamLimit};
 use crate::store::{
-    Author, ChatEntry, EntryFile, EntryStatus, Inserted, RoomClaim, hash_token, random_hex,
+    Author, ChatEntry, EntryFile, EntryStatus, Inserted, QuotaRefusal, RoomClaim,
+    UploadReservation, hash_token, random_hex,
 };
+pub use admission::{JoinRate, UploadQuota};
 pub use guard::{JoinThrottle, VisitorLimits};
 
 /// Largest file a visitor can upload from the page (25 MiB, [`VisitorLimits::max_upload_bytes`]).
@@ -79,6 +83,8 @@ struct Web {
     shutdown: CancellationToken,
     limits: Arc<VisitorLimits>,
     throttle: Arc<Mutex<JoinThrottle>>,
+    /// Visitor sessions started per address (F12).
+    join_rate: Arc<Mutex<JoinRate>>,
     uploads: Arc<Semaphore>,
     /// `Secure` on the session cookie (the public URL is https).
     secure_cookie: bool,
@@ -96,6 +102,10 @@ impl Web {
     fn throttle(&self) -> MutexGuard<'_, JoinThrottle> {
         self.throttle.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    fn join_rate(&self) -> MutexGuard<'_, JoinRate> {
+        self.join_rate.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The page routes and the visitor API with these limits, built with the runtime's handle
@@ -112,13 +122,15 @@ pub(crate) fn router(
         .saturating_add(limits.max_text_chars.saturating_mul(4))
         .saturating_add(64 * 1024);
     let json_body = limits.max_json_bytes;
+    let throttle = Arc::new(Mutex::new(JoinThrottle::new(&limits)));
     let web = Web {
         app,
         handle,
         shutdown,
         uploads: Arc::new(Semaphore::new(limits.concurrent_uploads.max(1))),
         limits: Arc::new(limits),
-        throttle: Arc::new(Mutex::new(JoinThrottle::default())),
+        throttle,
+        join_rate: Arc::new(Mutex::new(JoinRate::default())),
         secure_cookie,
     };
     Router::new()
@@ -249,12 +261,31 @@ fn with_session(web: &Web, room_id: &str, token: &str, body: serde_json::Value) 
     response
 }
 
-fn throttled(wait_millis: u64) -> WebchatError {
-    let secs = wait_millis.div_ceil(1_000).max(1);
-    WebchatError::TooManyRequests {
-        message: format!("too many wrong access codes; try again in {secs} s"),
-        retry_after_secs: secs,
-    }
+/// The 429 of a refused join: whose wrong codes, and when to try again.
+fn throttled(refused: Refused) -> WebchatError {
+    let secs = refused.wait_millis().div_ceil(1_000).max(1);
+    let message = match refused {
+        Refused::Key { .. } => {
+            format!("too many wrong access codes from your address; try again in {secs} s")
+        }
+        Refused::Room { .. } => {
+            format!("this room had too many wrong access codes; try again in {secs} s")
+        }
+    };
+    WebchatError::TooManyRequests { message, retry_after_secs: secs }
+}
+
+/// Takes one of the address's joins (F12): a new visitor session costs a database row, so an
+/// address may start [`VisitorLimits::joins_per_address_burst`] at once and then
+/// [`VisitorLimits::joins_per_address_per_minute`]; beyond that 429 with `Retry-After`.
+fn take_join(web: &Web, peer: Option<IpAddr>, now: u64) -> Result<(), WebchatError> {
+    web.join_rate().take(peer, now, &web.limits).map_err(|wait_millis| {
+        let secs = wait_millis.div_ceil(1_000).max(1);
+        WebchatError::TooManyRequests {
+            message: format!("too many new chat sessions from your address; try again in {secs} s"),
+            retry_after_secs: secs,
+        }
+    })
 }
 
 #[derive(Deserialize)]
@@ -270,15 +301,12 @@ async fn join(
 ) -> Result<Response, WebchatError> {
     let now = web.now();
     let peer: Option<IpAddr> = xagent_server_runtime::peer_ip(&extensions);
-    web.throttle().check(&room_id, peer, now).map_err(throttled)?;
-    let right = body.access_code.len() <= MAX_ACCESS_CODE_BYTES
-        && web.app.store.check_code(&room_id, &body.access_code)?;
-    if !right {
-        web.throttle().failed(&room_id, peer, now, &web.limits);
-        tracing::warn!(room = ?room_id, peer = ?peer, "wrong access code for a room");
-        return Err(WebchatError::Forbidden);
+    take_join(&web, peer, now)?;
+    if let Err(error) = check_join_code(&web, &room_id, peer, &body.access_code, now) {
+        // A wrong or refused code starts no session: the join throttle counts it instead.
+        web.join_rate().refund(peer, now, &web.limits);
+        return Err(error);
     }
-    web.throttle().succeeded(peer);
     let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
     let expires_at = now.saturating_add(web.limits.token_lifetime_millis);
     let token = web.app.store.add_visitor(&room_id, now, expires_at)?;
@@ -286,6 +314,28 @@ async fn join(
         "token": token, "room_id": room.room_id, "room_name": room.name, "expires_at": expires_at,
     });
     Ok(with_session(&web, &room_id, &token, body))
+}
+
+/// Checks a visitor's access code under the join throttle (F5): the admission, the check
+/// and its count happen under one lock, so parallel tries cannot slip past the limits.
+fn check_join_code(
+    web: &Web,
+    room_id: &str,
+    peer: Option<IpAddr>,
+    code: &str,
+    now: u64,
+) -> Result<(), WebchatError> {
+    let mut throttle = web.throttle();
+    throttle.admit(room_id, peer, now).map_err(throttled)?;
+    let right = code.len() <= MAX_ACCESS_CODE_BYTES && web.app.store.check_code(room_id, code)?;
+    if right {
+        throttle.succeeded(peer);
+        return Ok(());
+    }
+    throttle.failed(room_id, peer, now);
+    drop(throttle);
+    tracing::warn!(room = ?room_id, peer = ?peer, "wrong access code for a room");
+    Err(WebchatError::Forbidden)
 }
 
 async fn session(
@@ -305,7 +355,7 @@ async fn leave(
     headers: HeaderMap,
 ) -> Result<Response, WebchatError> {
     let token = visitor_write(&web, &room_id, &headers)?;
-    web.app.store.revoke_visitor(&token)?;
+    web.app.end_visitor_session(&token)?;
     let mut response = StatusCode::NO_CONTENT.into_response();
     if let Some(cookie) = session_cookie(&web, &room_id, "", 0) {
         response.headers_mut().append(header::SET_COOKIE, cookie);
@@ -351,52 +401,107 @@ struct Live {
     room_id: String,
     token: String,
     rx: tokio::sync::broadcast::Receiver<RoomEvent>,
+    /// Cancelled when the session ends (leave, code change): the stream ends at once (F4).
+    ended: CancellationToken,
+    /// When the session expires (Unix ms, the injected clock).
+    expires_at: u64,
     _place: crate::hub::StreamGuard,
 }
 
-async fn events(
-    State(web): State<Web>,
-    Path(room_id): Path<String>,
-    headers: HeaderMap,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, WebchatError> {
-    let token = visitor(&web, &room_id, &headers)?;
-    let caps = StreamCaps {
-        per_token: web.limits.streams_per_token,
-        per_room: web.limits.streams_per_room,
-        total: web.limits.streams_total,
-    };
-    let place = web.app.hub.open_stream(&room_id, &hash_token(&token), caps).map_err(|limit| {
-        let message = match limit {
-            StreamLimit::Token => "this session has too many open pages; close one",
-            StreamLimit::Room => "this room has too many open pages right now; try again later",
-            StreamLimit::Total => "the chat is too busy right now; try again later",
-        };
-        WebchatError::TooManyRequests { message: message.into(), retry_after_secs: 10 }
-    })?;
-    // Subscribe before reading the snapshot so nothing falls between them.
-    let (rx, _, _) = web.app.hub.subscribe(&room_id);
-    let first = sse_event(&snapshot(&web, &room_id)?).retry(Duration::from_millis(1_000));
-    let shutdown = web.shutdown.clone();
-    let live = Live { web, room_id, token, rx, _place: place };
-    let live = futures_util::stream::unfold(live, |mut live| async move {
+/// The stream caps of [`VisitorLimits`] as the hub takes them.
+fn stream_caps(limits: &VisitorLimits) -> StreamCaps {
+    StreamCaps {
+        per_token: limits.streams_per_token,
+        per_address: limits.streams_per_address,
+        per_room: limits.streams_per_room,
+        total: limits.streams_total,
+    }
+}
+
+impl Live {
+    /// Whether the session may still see events: checked before each one (F4).
+    fn session_open(&self) -> bool {
+        !self.ended.is_cancelled() && self.web.now() < self.expires_at
+    }
+
+    /// How long to wait for the next event before looking at the session again.
+    fn recheck_in(&self) -> Duration {
+        let left = self.expires_at.saturating_sub(self.web.now());
+        SESSION_RECHECK.min(Duration::from_millis(left.max(1)))
+    }
+
+    /// The next event for the page, or `None` when the stream ends: the session ended or
+    /// expired, the reader is too slow, or the room's broadcast closed.
+    async fn next_event(&mut self) -> Option<Event> {
         loop {
-            let next = tokio::time::timeout(SESSION_RECHECK, live.rx.recv()).await;
+            if !self.session_open() {
+                return None;
+            }
+            let wait = self.recheck_in();
+            let next = tokio::select! {
+                biased;
+                () = self.ended.cancelled() => return None,
+                next = tokio::time::timeout(wait, self.rx.recv()) => next,
+            };
             match next {
-                Ok(Ok(event)) => return Some((sse_event(&event), live)),
+                Ok(Ok(event)) if self.session_open() => return Some(sse_event(&event)),
+                Ok(Ok(_)) => return None,
                 // Too slow a reader: the stream ends and the page reconnects to a fresh
                 // snapshot, instead of the Connector buffering for it.
                 Ok(Err(RecvError::Lagged(_) | RecvError::Closed)) => return None,
                 Err(_) => {
-                    let now = live.web.now();
-                    let lifetime = live.web.limits.token_lifetime_millis;
-                    match live.web.app.store.visitor_room(&live.token, now, lifetime) {
-                        Ok(Some(room)) if room == live.room_id => {}
+                    let now = self.web.now();
+                    let lifetime = self.web.limits.token_lifetime_millis;
+                    match self.web.app.store.visitor_room(&self.token, now, lifetime) {
+                        Ok(Some(room)) if room == self.room_id => {}
                         // Expired or revoked: the page learns it when it reconnects.
                         _ => return None,
                     }
                 }
             }
         }
+    }
+}
+
+async fn events(
+    State(web): State<Web>,
+    Path(room_id): Path<String>,
+    headers: HeaderMap,
+    extensions: Extensions,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, WebchatError> {
+    let token = visitor(&web, &room_id, &headers)?;
+    // Counted per address too (F6), so one address never holds a room's streams.
+    let address = xagent_server_runtime::peer_ip(&extensions).map(guard::addr_key);
+    let caps = stream_caps(&web.limits);
+    let opened = web.app.hub.open_stream(&room_id, &hash_token(&token), address, caps);
+    let place = opened.map_err(|limit| {
+        let message = match limit {
+            StreamLimit::Token => "this session has too many open pages; close one",
+            StreamLimit::Address => {
+                "too many chat pages are open from your address; close one and try again"
+            }
+            StreamLimit::Room => "this room has too many open pages right now; try again later",
+            StreamLimit::Total => "the chat is too busy right now; try again later",
+        };
+        WebchatError::TooManyRequests { message: message.into(), retry_after_secs: 10 }
+    })?;
+    // F4: the session is looked at again now that its end signal is registered, so an end
+    // between the first check and the registration is not missed.
+    let ended = place.session_ended();
+    let session = web
+        .app
+        .store
+        .visitor_session(&token, web.now(), web.limits.token_lifetime_millis)?
+        .filter(|session| session.room_id == room_id && !ended.is_cancelled())
+        .ok_or(WebchatError::Forbidden)?;
+    // Subscribe before reading the snapshot so nothing falls between them.
+    let (rx, _, _) = web.app.hub.subscribe(&room_id);
+    let first = sse_event(&snapshot(&web, &room_id)?).retry(Duration::from_millis(1_000));
+    let shutdown = web.shutdown.clone();
+    let expires_at = session.expires_at;
+    let live = Live { web, room_id, token, rx, ended, expires_at, _place: place };
+    let live = futures_util::stream::unfold(live, |mut live| async move {
+        live.next_event().await.map(|event| (event, live))
     });
     let stream = futures_util::stream::once(async move { first })
         .chain(live)
@@ -578,24 +683,64 @@ async fn small_field(
     String::from_utf8(bytes).map_err(|_| WebchatError::InvalidInput("text must be UTF-8".into()))
 }
 
-/// How many bytes a visitor may still upload to the room today (M3): the smaller of the
-/// room's and all visitors' remaining daily allowance. 507 when either is used up.
-fn upload_allowance(web: &Web, room_id: &str, now: u64) -> Result<u64, WebchatError> {
-    let usage = web.app.store.upload_usage(room_id, now)?;
-    let limits = &web.limits;
-    let room_left = limits.room_upload_bytes_per_day.saturating_sub(usage.room_bytes);
-    if room_left == 0 || usage.room_files >= limits.room_upload_files_per_day {
-        return Err(WebchatError::StoreFull(
+/// An upload's hold on the day's visitor quota (F14): taken before the first byte is stored,
+/// settled to the real size once the file is in the store, and given back when the upload
+/// fails or is abandoned (the request dropped half-way drops the hold).
+struct QuotaHold {
+    app: Arc<App>,
+    reservation: UploadReservation,
+    settled: bool,
+}
+
+impl QuotaHold {
+    /// The most bytes the upload may store.
+    fn bytes(&self) -> u64 {
+        self.reservation.bytes
+    }
+
+    /// The upload is stored with `bytes`: only those stay counted.
+    fn settle(mut self, bytes: u64) -> Result<(), WebchatError> {
+        self.settled = true;
+        self.app.store.settle_upload(self.reservation.id, bytes)
+    }
+}
+
+impl Drop for QuotaHold {
+    fn drop(&mut self) {
+        if !self.settled
+            && let Err(error) = self.app.store.release_upload(self.reservation.id)
+        {
+            tracing::warn!(%error, "an unfinished upload's quota could not be given back");
+        }
+    }
+}
+
+/// Reserves a file and up to [`VisitorLimits::max_upload_bytes`] (less when the request's
+/// `Content-Length` says the body is smaller) of the room's and everybody's daily allowance
+/// (M3, F13: a room has at most its share), atomically with the check (F14). 507 when either
+/// is used up.
+fn reserve_upload(
+    web: &Web,
+    room_id: &str,
+    headers: &HeaderMap,
+    now: u64,
+) -> Result<QuotaHold, WebchatError> {
+    let quota = web.limits.upload_quota();
+    // The file is never larger than the whole body, so a declared length bounds it.
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let want = declared.map_or(web.limits.max_upload_bytes, |n| n.min(web.limits.max_upload_bytes));
+    match web.app.store.reserve_upload(room_id, want, &quota, now)? {
+        Ok(reservation) => Ok(QuotaHold { app: Arc::clone(&web.app), reservation, settled: false }),
+        Err(QuotaRefusal::Room) => Err(WebchatError::StoreFull(
             "this room's upload allowance for today is used up; try again tomorrow".into(),
-        ));
-    }
-    let all_left = limits.visitor_upload_bytes_per_day.saturating_sub(usage.all_bytes);
-    if all_left == 0 || usage.all_files >= limits.visitor_upload_files_per_day {
-        return Err(WebchatError::StoreFull(
+        )),
+        Err(QuotaRefusal::Everybody) => Err(WebchatError::StoreFull(
             "the chat takes no more files today; try again later".into(),
-        ));
+        )),
     }
-    Ok(room_left.min(all_left))
 }
 
 /// The stored message of a repeated send (same `client_id`), queued again if it never
@@ -641,7 +786,7 @@ async fn send_file(
                 let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
                 let channel = room.channel.ok_or(WebchatError::NoAgent)?;
                 let now = web.now();
-                let allowance = upload_allowance(&web, &room_id, now)?;
+                let hold = reserve_upload(&web, &room_id, &headers, now)?;
                 let filename: String =
                     field.file_name().unwrap_or("file").chars().take(255).collect();
                 let mime = field
@@ -649,15 +794,16 @@ async fn send_file(
                     .map(|m| m.chars().take(255).collect::<String>())
                     .filter(|m| m != "application/octet-stream")
                     .or_else(|| mime_guess::from_path(&filename).first().map(|m| m.to_string()));
-                let limit = allowance.min(limits.max_upload_bytes);
-                // Streamed into the file store as it arrives, never held whole (M2).
+                let limit = hold.bytes().min(limits.max_upload_bytes);
+                // Streamed into the file store as it arrives, never held whole (M2); a
+                // failure gives the reservation back (the hold is dropped).
                 let chat_file = web
                     .handle
                     .register_file_stream(&channel, &filename, mime.as_deref(), limit, field)
                     .await
                     .map_err(|e| upload_error(e, limit < limits.max_upload_bytes, &limits))?;
                 let size = chat_file.byte_size.unwrap_or(0);
-                web.app.store.record_upload(&room_id, size, now)?;
+                hold.settle(size)?;
                 if size == 0 {
                     return Err(WebchatError::InvalidInput("the file is empty".into()));
                 }
@@ -762,7 +908,9 @@ async fn file(
         headers.insert(header::CONTENT_DISPOSITION, value);
     }
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(record.byte_size));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, max-age=3600"));
+    // Never kept by the browser or a proxy: a visitor's file must not outlive the session in a
+    // cache (issue 23, X1).
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(
         header::CONTENT_SECURITY_POLICY,

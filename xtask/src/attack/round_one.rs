@@ -284,8 +284,10 @@ async fn h5(
     let mut per_token_refused = false;
     let mut tokens = vec![token.clone()];
     for attempt in 0..sizes.stream_attempts {
-        // Four streams per token: a new visitor session every four attempts.
-        if attempt > 0 && attempt % 4 == 0 {
+        // Four streams per token: a new visitor session every four attempts, until the
+        // Connector refuses a stream (a cap is reached: more sessions change nothing, and
+        // joins per address are limited since issue 23).
+        if attempt > 0 && attempt % 4 == 0 && refused == 0 {
             tokens.push(join(http, target, "attack-h5", "h5-code-12345").await?);
         }
         let token = tokens.last().cloned().unwrap_or_default();
