@@ -146,7 +146,9 @@ async fn rule_killed_device_goes_offline_by_its_last_will_and_comes_back() {
     s.sim.start().await.unwrap();
     s.link.wait_online("thermo-kill", WAIT).await.unwrap();
     s.link.set("thermo-kill", &s.pin, "thermostat", "mode", &json!("off")).await.unwrap();
-    // A clean stop is `disconnected`, also offline.
+    // A clean stop is `disconnected`, also offline (past the online report's debounce window,
+    // so it is reported at once).
+    tokio::time::sleep(s.link.config().availability_debounce).await;
     let mut events = s.link.subscribe();
     s.sim.stop().await;
     let offline = next_offline(&mut events).await;
