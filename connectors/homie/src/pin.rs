@@ -171,7 +171,7 @@ impl Pinned {
             .nodes
             .iter()
             .map(|n| {
-                let props: Vec<Value> = n
+                let mut props: Vec<Value> = n
                     .properties
                     .iter()
                     .filter_map(|p| {
@@ -195,6 +195,14 @@ impl Pinned {
                         Some(v)
                     })
                     .collect();
+                // Properties the device describes in a way this Connector cannot use are shown
+                // as such (they are never pinned, so no call reaches them).
+                let unusable = live.node(&n.id).into_iter().flat_map(|live| &live.properties);
+                for p in unusable {
+                    if let Err(problem) = &p.spec {
+                        props.push(json!({"property": p.id, "usable": false, "problem": problem}));
+                    }
+                }
                 let mut v = json!({"node": n.id, "name": n.name, "properties": props});
                 if let Some(t) = &n.node_type {
                     v["type"] = json!(t);
@@ -262,6 +270,48 @@ pub fn snapshot_extension(mime: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tree::DeviceTree;
+
+    fn device(format: &str, extra: Option<(&str, &str)>) -> Description {
+        let mut t = DeviceTree::new();
+        let mut feed = |topic: &str, payload: &str| {
+            let levels: Vec<&str> = topic.split('/').collect();
+            t.ingest(&levels, payload.as_bytes());
+        };
+        feed("$homie", "4.0.0");
+        feed("$state", "ready");
+        feed("$nodes", "t");
+        feed("t/$properties", "target,odd");
+        feed("t/target/$datatype", "float");
+        feed("t/target/$format", format);
+        feed("t/target/$settable", "true");
+        feed("t/target", "21.5");
+        feed("t/odd/$datatype", "quaternion");
+        if let Some((topic, payload)) = extra {
+            feed(topic, payload);
+        }
+        t.description().unwrap()
+    }
+
+    #[test]
+    fn pinned_description_judges_calls_and_shows_drift() {
+        let pinned = Pinned::of(&device("16:30", None));
+        let back = Pinned::from_text(&pinned.to_text().unwrap()).unwrap();
+        assert_eq!(back, pinned);
+        let spec = pinned.spec("t", "target").unwrap();
+        assert!(spec.payload_for(&json!(31)).is_err());
+        assert!(matches!(pinned.spec("t", "odd"), Err(HomieError::NoSuchProperty { .. })));
+        // Unchanged: no drift; the unusable property is shown, not pinned.
+        let same = pinned.to_json(&device("16:30", None));
+        assert!(same.get("description_changed").is_none(), "{same}");
+        assert_eq!(same["nodes"][0]["properties"][0]["value"], json!(21.5));
+        assert_eq!(same["nodes"][0]["properties"][1]["usable"], json!(false));
+        // Widened on the broker: still judged by the pinned range, and the change is shown.
+        let wide = pinned.to_json(&device("0:200", None));
+        assert_eq!(wide["description_changed"], true);
+        assert_eq!(wide["nodes"][0]["properties"][0]["format"], json!({"min": 16.0, "max": 30.0}));
+        assert!(Pinned::from_text("{not json").is_err());
+    }
 
     #[test]
     fn snapshot_mime_type_must_be_an_image() {
