@@ -41,6 +41,10 @@
 //!   into `-` (`Support Desk` -> `support-desk`); names have 1-64 characters. Access and owner
 //!   codes of new rooms have at least 8 characters and are stored as salted SHA-256 only,
 //!   compared in constant time. Joining is throttled per room and per address.
+//! - **What one address or room may take**: event streams are capped per session, per visitor
+//!   address, per room and in total; an address starts a limited number of sessions a minute;
+//!   a room takes at most a share of the day's all-visitor upload quota, reserved before the
+//!   file is stored ([`VisitorLimits`] has every number).
 //! - **Pairing** (`webchat_qr_login`): the link `{public url}/chat/pair/{token}` (128 random
 //!   bits) lives 5 minutes. Opening it makes the session `scanned`; confirming on the page
 //!   creates a new room with a random access code (shown once on the page) and binds it; the
