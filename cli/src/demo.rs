@@ -55,6 +55,8 @@ pub struct DemoArgs {
 }
 
 const ACCESS_CODE_FILE: &str = "demo-access-code";
+/// The demo room's owner code (new rooms need one), kept beside the access code.
+const OWNER_CODE_FILE: &str = "demo-owner-code";
 const CHANNEL_FILE: &str = "demo-channel";
 /// Channels of rooms paired through the QR flow, one per line: reopened at the next start so
 /// paired rooms keep their agent across demo restarts.
@@ -90,6 +92,10 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
     let access_code = match persisted(&args.state_dir, ACCESS_CODE_FILE, || random_hex(6)) {
         Ok(code) => code,
         Err(error) => return crate::usage("demo", format!("cannot keep the access code: {error}")),
+    };
+    let owner_code = match persisted(&args.state_dir, OWNER_CODE_FILE, || random_hex(12)) {
+        Ok(code) => code,
+        Err(error) => return crate::usage("demo", format!("cannot keep the owner code: {error}")),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -145,6 +151,7 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
             state_dir: args.state_dir.clone(),
             room: args.room.clone(),
             access_code: access_code.clone(),
+            owner_code,
             delta_interval: Duration::from_millis(args.delta_interval.clamp(10, 2_000)),
         };
         let result = tokio::select! {
@@ -157,7 +164,7 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
                 println!();
                 println!("  System API key: {api_key_shown}");
                 println!("  Check the Connector (in a room of its own):");
-                println!("    xagent-connector conformance --base-url {local_url} --api-key {api_key_shown} --flow {ROOM_FLOW} --input room_name=conformance --input access_code={conformance_code}");
+                println!("    xagent-connector conformance --base-url {local_url} --api-key {api_key_shown} --flow {ROOM_FLOW} --input room_name=conformance --input access_code={conformance_code} --input owner_code=owner-{conformance_code}");
             }) => result,
             () = xagent_server_runtime::stop_signal() => Ok(()),
         };
@@ -183,6 +190,7 @@ struct StandIn {
     state_dir: PathBuf,
     room: String,
     access_code: String,
+    owner_code: String,
     delta_interval: Duration,
 }
 
@@ -212,7 +220,8 @@ impl StandIn {
             let start = AuthStart::new(ROOM_FLOW).with_input(
                 AuthInput::default()
                     .with("room_name", self.room.clone())
-                    .with("access_code", self.access_code.clone()),
+                    .with("access_code", self.access_code.clone())
+                    .with("owner_code", self.owner_code.clone()),
             );
             let progress = plane.request(Some(&channel), start).await.map_err(|e| e.to_string())?;
             if progress.0.status != AuthStatus::Authenticated {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use clap::builder::TypedValueParser as _;
-use xagent_connector_webchat::{VisitorLimits, Webchat, WebchatOptions};
+use xagent_connector_webchat::{GuessPolicy, VisitorLimits, Webchat, WebchatOptions};
 use xagent_protocol_types::Secret;
 
 use crate::EXIT_USAGE;
@@ -33,9 +33,37 @@ pub struct WebchatArgs {
     /// http://<listen address>.
     #[arg(long)]
     public_url: Option<String>,
+    /// Wrong access codes one room takes at once from all visitors' addresses together (F5);
+    /// then it refuses joins until the budget refills. One address alone never reaches it.
+    #[arg(long, value_name = "N", default_value_t = JOIN.room_burst)]
+    join_room_burst: u32,
+    /// The room's join budget refills by one wrong code per this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = JOIN.room_interval_millis / 1_000)]
+    join_room_interval_secs: u64,
+    /// Wrong access or owner codes one room takes at once through auth.start, from all
+    /// channels together (F21); each channel also backs off on its own.
+    #[arg(long, value_name = "N", default_value_t = SIGN_IN.room_burst)]
+    sign_in_room_burst: u32,
+    /// The room's sign-in budget refills by one wrong code per this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = SIGN_IN.room_interval_millis / 1_000)]
+    sign_in_room_interval_secs: u64,
     /// What one visitor address or room may take (streams, joins, uploads).
     #[command(flatten)]
     caps: CapArgs,
+}
+
+const JOIN: GuessPolicy = GuessPolicy::join();
+const SIGN_IN: GuessPolicy = GuessPolicy::sign_in();
+
+/// The guessing limits of the command line: joins per room (F5), sign-ins per room (F21).
+fn guess_limits(args: &WebchatArgs) -> (VisitorLimits, GuessPolicy) {
+    let mut visitors = args.caps.limits();
+    visitors.join_room_burst = args.join_room_burst.max(1);
+    visitors.join_room_interval_millis = args.join_room_interval_secs.saturating_mul(1_000);
+    let mut sign_in = GuessPolicy::sign_in();
+    sign_in.room_burst = args.sign_in_room_burst.max(1);
+    sign_in.room_interval_millis = args.sign_in_room_interval_secs.saturating_mul(1_000);
+    (visitors, sign_in)
 }
 
 /// The visitor caps and quotas of `webchat` (issue 23; SECURITY.md lists them with the rest).
@@ -190,10 +218,12 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
                 return ExitCode::from(EXIT_USAGE);
             }
         };
+        let (visitor_limits, sign_in_limits) = guess_limits(&args);
         let public_url = args.public_url.unwrap_or_else(|| local_url.clone());
         let options = WebchatOptions::new(&args.state_dir, public_url.clone())
             .with_api_key(Secret::new(api_key))
-            .with_visitor_limits(args.caps.limits());
+            .with_visitor_limits(visitor_limits)
+            .with_sign_in_limits(sign_in_limits);
         let webchat = match Webchat::open(options).await {
             Ok(webchat) => webchat,
             Err(error) => {

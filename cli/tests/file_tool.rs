@@ -56,7 +56,10 @@ async fn upload_ref_rule_webchat_file_send_end_to_end() {
     plane.set_file_source(Arc::new(Conversation));
     plane.connected().await.expect("online");
     let channel = plane.open_channel_for("alice", None).await.expect("opened").connector_channel_id;
-    let input = AuthInput::default().with("room_name", "Lobby").with("access_code", "code-1234");
+    let input = AuthInput::default()
+        .with("room_name", "Lobby")
+        .with("access_code", "code-1234")
+        .with("owner_code", "owner-1234");
     let signed: AuthStartAck = plane
         .request(Some(&channel), AuthStart::new(ROOM_FLOW).with_input(input))
         .await

@@ -40,6 +40,7 @@ async fn rule_mock_xagent_tool_calls_run_against_webchat_without_the_channel_arg
         .env("RUST_LOG", "warn")
         .args(["mock-xagent", "--base-url", &base, "--flow", ROOM_FLOW])
         .args(["--input", "room_name=Lobby", "--input", "access_code=code-1234"])
+        .args(["--input", "owner_code=owner-1234"])
         .args(["--tool", TOOL_MESSAGE_SEND, "--args", r#"{"text":"hi"}"#])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -86,6 +87,7 @@ async fn rule_minimal_xagent_signs_in_with_every_form_field_and_its_tool_call_ru
         ROOM_FLOW,
         "room_name=Lobby",
         "access_code=code-1234",
+        "owner_code=owner-1234",
         TOOL_MESSAGE_SEND,
         r#"{"text":"hi"}"#,
     ]

@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run -p xagent-client-runtime --example minimal_xagent -- \
 //!     http://127.0.0.1:8080 KEY webchat_room room_name=Lobby access_code=code-1234 \
+//!     owner_code=owner-5678 \
 //!     webchat_message_send '{"text":"hi"}'
 //! ```
 

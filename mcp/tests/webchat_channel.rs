@@ -45,7 +45,10 @@ async fn setup() -> Setup {
             base_url: base.clone(),
             api_key: Some(Secret::new(API_KEY)),
             flow: Some(ROOM_FLOW.into()),
-            inputs: AuthInput::default().with("room_name", ROOM).with("access_code", ACCESS_CODE),
+            inputs: AuthInput::default()
+                .with("room_name", ROOM)
+                .with("access_code", ACCESS_CODE)
+                .with("owner_code", "owner-5678-room"),
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_secs(30),
         },

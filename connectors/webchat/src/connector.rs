@@ -18,6 +18,7 @@ use xagent_server_runtime::{
 };
 
 use crate::error::WebchatError;
+use crate::guess::{GuessLimiter, Refused};
 use crate::hub::{Activity, Draft, Hub};
 use crate::pairing::{PairingPrompt, PairingStatus, Pairings};
 use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Inserted, Room, SignIn, Store};
@@ -45,6 +46,8 @@ pub(crate) struct App {
     pub(crate) store: Store,
     pub(crate) hub: Hub,
     pub(crate) pairings: Mutex<Pairings>,
+    /// Wrong codes given through `auth.start`, per channel and per room (F21).
+    pub(crate) sign_ins: Mutex<GuessLimiter<ConnectorChannelId>>,
     /// Absolute URL the pairing links and page links start with (no trailing slash).
     pub(crate) public_url: String,
 }
@@ -52,6 +55,18 @@ pub(crate) struct App {
 impl App {
     pub(crate) fn pairings(&self) -> MutexGuard<'_, Pairings> {
         self.pairings.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn sign_ins(&self) -> MutexGuard<'_, GuessLimiter<ConnectorChannelId>> {
+        self.sign_ins.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Ends one visitor session (the page's "leave"): the token stops working and every
+    /// event stream it holds ends now (F4).
+    pub(crate) fn end_visitor_session(&self, token: &str) -> Result<(), WebchatError> {
+        self.store.revoke_visitor(token)?;
+        self.hub.end_session(&crate::store::hash_token(token));
+        Ok(())
     }
 
     pub(crate) fn pairing_link(&self, token: &str) -> String {
@@ -146,8 +161,8 @@ pub struct RoomForm {
     /// Visitors enter this code to join the room (at least 8 characters for a new room).
     pub access_code: Secret,
     /// Owner code
-    /// Yours, not the visitors': needed to move the room to another channel or to change its
-    /// access code. Set it when creating the room (at least 8 characters, not the access code).
+    /// Yours, not the visitors': a new room needs it (F7), and it moves the room to another
+    /// channel or changes its access code (at least 8 characters, not the access code).
     pub owner_code: Option<Secret>,
 }
 
@@ -162,16 +177,25 @@ async fn room_sign_in(
         return Ok(AuthStep::Failed("the access code needs at least 4 characters".into()));
     }
     let owner = form.owner_code.as_ref().map(|o| o.expose()).filter(|o| !o.is_empty());
-    let claim = app.store.sign_in_room(
-        &form.room_name,
-        form.access_code.expose(),
-        owner,
-        &ctx.channel,
-        ctx.handle.now_millis(),
-    );
+    let claim = match checked_sign_in(&app, &ctx, &form, owner) {
+        Ok(claim) => claim,
+        Err(refused) => {
+            let secs = refused.wait_millis().div_ceil(1_000).max(1);
+            let whose = match refused {
+                Refused::Key { .. } => "from this channel",
+                Refused::Room { .. } => "for this room",
+            };
+            tracing::warn!(channel = %ctx.channel, "sign-in refused: too many wrong codes");
+            return Ok(AuthStep::Failed(format!(
+                "too many wrong codes {whose}; try again in {secs} s"
+            )));
+        }
+    };
     let room = match claim {
         Ok(SignIn::Created(room) | SignIn::Matched(room)) => room,
         Ok(SignIn::Rotated { room, revoked }) => {
+            // The store revoked the sessions; their open streams end now too (F4).
+            app.hub.end_room_sessions(&room.room_id);
             tracing::info!(room = %room.room_id, revoked, "the room's access code changed; visitor sessions ended");
             room
         }
@@ -180,6 +204,12 @@ async fn room_sign_in(
         }
         Ok(SignIn::WrongOwner) => {
             return Ok(AuthStep::Failed("the owner code of this room is another one".into()));
+        }
+        Ok(SignIn::OwnerCodeNeeded) => {
+            return Ok(AuthStep::Failed(
+                "a new room needs an owner code (at least 8 characters, not the access code)"
+                    .into(),
+            ));
         }
         Ok(SignIn::OwnerRequired) => {
             return Ok(AuthStep::Failed(
@@ -191,6 +221,38 @@ async fn room_sign_in(
         Err(error) => return Err(AuthError::internal(error)),
     };
     Ok(AuthStep::Authenticated(app.bind(&ctx.handle, &room, &ctx.channel).await?))
+}
+
+/// The store's sign-in under the sign-in limiter (F21): wrong access or owner codes count
+/// against the channel and the room, and a refused try is never checked. The admission, the
+/// check and its count happen under one lock.
+fn checked_sign_in(
+    app: &App,
+    ctx: &AuthContext,
+    form: &RoomForm,
+    owner: Option<&str>,
+) -> Result<Result<SignIn, WebchatError>, Refused> {
+    let now = ctx.handle.now_millis();
+    let room_key = crate::store::room_id_from_name(&form.room_name).unwrap_or_default();
+    let mut limiter = app.sign_ins();
+    limiter.admit(&room_key, Some(&ctx.channel), now)?;
+    let claim = app.store.sign_in_room(
+        &form.room_name,
+        form.access_code.expose(),
+        owner,
+        &ctx.channel,
+        now,
+    );
+    match &claim {
+        Ok(SignIn::WrongCode | SignIn::WrongOwner) => {
+            limiter.wrong(&room_key, Some(&ctx.channel), now);
+        }
+        Ok(SignIn::Created(_) | SignIn::Matched(_) | SignIn::Rotated { .. }) => {
+            limiter.right(Some(&ctx.channel));
+        }
+        _ => {}
+    }
+    Ok(claim)
 }
 
 /// `webchat_qr_login`: a one-time pairing link shown as a QR code.

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use crate::store::ChatEntry;
 
@@ -94,6 +95,36 @@ struct StreamCounts {
     rooms: HashMap<String, usize>,
     tokens: HashMap<String, usize>,
     addresses: HashMap<IpAddr, usize>,
+    /// The sessions with open streams (F4): ending one cancels every stream it holds.
+    sessions: HashMap<String, LiveSession>,
+}
+
+/// A visitor session with open streams: its room and the signal that ends them.
+#[derive(Debug)]
+struct LiveSession {
+    room: String,
+    ended: CancellationToken,
+}
+
+impl StreamCounts {
+    /// The end signal of `token_key`'s streams in `room` (registered with its first stream).
+    fn session_signal(&mut self, room: &str, token_key: &str) -> CancellationToken {
+        self.sessions
+            .entry(token_key.to_owned())
+            .or_insert_with(|| LiveSession {
+                room: room.to_owned(),
+                ended: CancellationToken::new(),
+            })
+            .ended
+            .clone()
+    }
+
+    /// Forgets `token_key`'s signal once its last stream is gone.
+    fn release_session(&mut self, token_key: &str) {
+        if !self.tokens.contains_key(token_key) {
+            self.sessions.remove(token_key);
+        }
+    }
 }
 
 fn decrement<K, Q>(map: &mut HashMap<K, usize>, key: &Q)
@@ -142,6 +173,15 @@ pub struct StreamGuard {
     room: String,
     token: String,
     address: Option<IpAddr>,
+    ended: CancellationToken,
+}
+
+impl StreamGuard {
+    /// Cancelled the moment the stream's session ends (leave, code change): the stream
+    /// selects on it and ends at once (F4).
+    pub fn session_ended(&self) -> CancellationToken {
+        self.ended.clone()
+    }
 }
 
 impl Drop for StreamGuard {
@@ -153,6 +193,7 @@ impl Drop for StreamGuard {
         if let Some(address) = &self.address {
             decrement(&mut counts.addresses, address);
         }
+        counts.release_session(&self.token);
     }
 }
 
@@ -195,12 +236,31 @@ impl Hub {
         if let Some(address) = address {
             *counts.addresses.entry(address).or_default() += 1;
         }
+        let ended = counts.session_signal(room, token_key);
         Ok(StreamGuard {
             counts: Arc::clone(&self.streams),
             room: room.to_owned(),
             token: token_key.to_owned(),
             address,
+            ended,
         })
+    }
+
+    /// The visitor session `token_key` ended: every stream it holds ends now (F4).
+    pub fn end_session(&self, token_key: &str) {
+        let counts = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(session) = counts.sessions.get(token_key) {
+            session.ended.cancel();
+        }
+    }
+
+    /// Every visitor session of `room` ended (its access code changed): all their streams
+    /// end now (F4).
+    pub fn end_room_sessions(&self, room: &str) {
+        let counts = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for session in counts.sessions.values().filter(|s| s.room == room) {
+            session.ended.cancel();
+        }
     }
 
     /// Open event streams in total.
@@ -376,6 +436,28 @@ mod tests {
         assert!(hub.open_stream("r1", "v1", visitor, caps).is_ok());
         drop(held);
         assert!(hub.open_stream("r1", "t4", attacker, caps).is_ok());
+    }
+
+    #[test]
+    fn ending_a_session_signals_its_streams_and_a_room_change_signals_all_of_the_room() {
+        let hub = Hub::default();
+        let caps = StreamCaps { per_token: 4, per_address: 16, per_room: 8, total: 16 };
+        let (a1, a2) = (
+            hub.open_stream("r1", "ta", None, caps).unwrap(),
+            hub.open_stream("r1", "ta", None, caps).unwrap(),
+        );
+        let b = hub.open_stream("r1", "tb", None, caps).unwrap();
+        let c = hub.open_stream("r2", "tc", None, caps).unwrap();
+        hub.end_session("ta");
+        assert!(a1.session_ended().is_cancelled() && a2.session_ended().is_cancelled());
+        assert!(!b.session_ended().is_cancelled());
+        hub.end_room_sessions("r1");
+        assert!(b.session_ended().is_cancelled());
+        assert!(!c.session_ended().is_cancelled(), "another room's sessions go on");
+        drop((a1, a2, b));
+        // The signal is forgotten with the last stream: a later stream starts fresh.
+        let again = hub.open_stream("r1", "tb", None, caps).unwrap();
+        assert!(!again.session_ended().is_cancelled());
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //!   Skill `connector-im-webchat` at `/skill.md`.
 //! - Auth flows binding a channel to a chat room: `webchat_qr_login` (`qr_login`, a one-time
 //!   pairing link as a QR code) and `webchat_room` (`form`: `room_name`, `access_code`,
-//!   optional `owner_code`).
+//!   `owner_code`, which a new room needs).
 //! - The chat page at `/chat/` (see the `web` module docs for its JSON + SSE API), Tools
 //!   `webchat_message_send` and `webchat_file_send`.
 //! - State: the runtime's `connector.sqlite3` and this crate's `webchat.sqlite3` under the
@@ -36,11 +36,14 @@
 //!   time; signing another channel in to it takes the room's owner code (the visitors' access
 //!   code alone is not enough) and marks the earlier channel `revoked`; signing a channel in to
 //!   another room unbinds it from the first. Logout or unregistration leaves the room and its
-//!   history in place, without an agent, until a channel binds it again.
+//!   history in place, without an agent, until a channel binds it again. A new room needs an
+//!   owner code; a room without one (QR-paired, or older) stays with the channel holding it.
 //! - **Room ids** are the room name lower-cased with every run of other characters turned
 //!   into `-` (`Support Desk` -> `support-desk`); names have 1-64 characters. Access and owner
 //!   codes of new rooms have at least 8 characters and are stored as salted SHA-256 only,
-//!   compared in constant time. Joining is throttled per room and per address.
+//!   compared in constant time. Wrong codes are limited per address (joins) or per channel
+//!   (`auth.start`) with a backoff that refused tries extend, and per room with a budget that
+//!   refills ([`GuessPolicy`]): one address never locks a room for the others.
 //! - **What one address or room may take**: event streams are capped per session, per visitor
 //!   address, per room and in total; an address starts a limited number of sessions a minute;
 //!   a room takes at most a share of the day's all-visitor upload quota, reserved before the
@@ -53,8 +56,9 @@
 //!   Pairings live in memory, like the runtime's auth sessions.
 //! - **Visitor sessions**: joining with the access code (or confirming a pairing) gives a
 //!   token kept hashed in the database, in an `HttpOnly` cookie for the page (and in the answer
-//!   for API clients); it opens that room only, lives 7 days and can be revoked. Every limit a
-//!   visitor meets is a field of [`VisitorLimits`]; SECURITY.md lists them.
+//!   for API clients); it opens that room only, lives 7 days and can be revoked; ending it ends
+//!   its open event streams at once. Every limit a visitor meets is a field of
+//!   [`VisitorLimits`]; SECURITY.md lists them.
 //! - **Delivery state on the page**: a visitor message is `sending` until the runtime's outbox
 //!   reports it delivered (`accepted`/`duplicate`), `rejected` (with the receiver's reason)
 //!   or `expired`. The page repeats a failed send with the same `client_id`, which the
@@ -69,6 +73,7 @@
 
 mod connector;
 mod error;
+mod guess;
 mod hub;
 mod pairing;
 mod qr;
@@ -89,6 +94,7 @@ pub use connector::{
     TOOL_MESSAGE_SEND,
 };
 pub use error::WebchatError;
+pub use guess::{GuessPolicy, Refused};
 pub use hub::{Activity, Draft, RoomEvent};
 pub use pairing::{PAIRING_LINK_TTL_MILLIS, PairingError};
 pub use qr::{qr_data_url, qr_png};
@@ -118,6 +124,9 @@ pub struct WebchatOptions {
     pub config: RuntimeConfig,
     /// What one visitor, address or room may cost (SECURITY.md lists every limit).
     pub visitor_limits: VisitorLimits,
+    /// Wrong codes tolerated through `auth.start` per channel and per room (F21; default
+    /// [`GuessPolicy::sign_in`]).
+    pub sign_in_limits: GuessPolicy,
 }
 
 impl std::fmt::Debug for WebchatOptions {
@@ -140,7 +149,15 @@ impl WebchatOptions {
             clock: Arc::new(SystemClock),
             config: RuntimeConfig::default(),
             visitor_limits: VisitorLimits::default(),
+            sign_in_limits: GuessPolicy::sign_in(),
         }
+    }
+
+    /// Sets the limits on wrong codes through `auth.start` (F21).
+    #[must_use]
+    pub fn with_sign_in_limits(mut self, limits: GuessPolicy) -> Self {
+        self.sign_in_limits = limits;
+        self
     }
 
     /// Sets the visitor limits.
@@ -193,6 +210,7 @@ impl Webchat {
             store,
             hub: hub::Hub::default(),
             pairings: Mutex::new(pairing::Pairings::default()),
+            sign_ins: Mutex::new(guess::GuessLimiter::new(options.sign_in_limits)),
             public_url: options.public_url.clone(),
         });
         let connector = connector::build(Arc::clone(&app))?;

@@ -188,8 +188,19 @@ pub enum SignIn {
     /// The owner code is wrong.
     WrongOwner,
     /// Another channel serves the room, or the room has an owner code: only the owner code
-    /// moves it.
+    /// moves it. A room without an owner code stays with the channel holding it (F7).
     OwnerRequired,
+    /// A new room needs an owner code (F7).
+    OwnerCodeNeeded,
+}
+
+/// A valid visitor session: its room and when it ends (Unix ms).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VisitorSession {
+    /// The room it opens.
+    pub room_id: String,
+    /// When it expires, unless revoked earlier.
+    pub expires_at: u64,
 }
 
 /// Whether an insert created a message or found the earlier one.
@@ -272,6 +283,9 @@ struct RoomRow {
     channel: Option<String>,
     /// The owner code's salt and hash, when the room has one.
     owner: Option<(String, String)>,
+    /// The channel that holds the room (F7): the one that created, paired or last moved it,
+    /// kept when it signs out.
+    holder: Option<String>,
 }
 
 impl RoomRow {
@@ -293,7 +307,7 @@ fn prune_sessions(conn: &Connection, now: u64, batch: usize) -> Result<usize, We
 
 fn room_row(conn: &Connection, room_id: &str) -> Result<Option<RoomRow>, WebchatError> {
     conn.query_row(
-        "SELECT name, code_salt, code_hash, channel, owner_salt, owner_hash FROM rooms WHERE room_id = ?1",
+        "SELECT name, code_salt, code_hash, channel, owner_salt, owner_hash, holder FROM rooms WHERE room_id = ?1",
         params![room_id],
         |r| {
             let owner: (Option<String>, Option<String>) = (r.get(4)?, r.get(5)?);
@@ -303,6 +317,7 @@ fn room_row(conn: &Connection, room_id: &str) -> Result<Option<RoomRow>, Webchat
                 code_hash: r.get(2)?,
                 channel: r.get(3)?,
                 owner: owner.0.zip(owner.1),
+                holder: r.get(6)?,
             })
         },
     )
@@ -415,6 +430,13 @@ impl Store {
         add_column(&conn, "messages", "outbound", "TEXT")?;
         add_column(&conn, "rooms", "owner_salt", "TEXT")?;
         add_column(&conn, "rooms", "owner_hash", "TEXT")?;
+        add_column(&conn, "rooms", "holder", "TEXT")?;
+        // F7: rooms from before holders existed are held by the channel serving them now.
+        conn.execute(
+            "UPDATE rooms SET holder = channel WHERE holder IS NULL AND channel IS NOT NULL",
+            [],
+        )
+        .map_err(db)?;
         add_column(&conn, "visitor_uploads", "pending", "INTEGER NOT NULL DEFAULT 0")?;
         // After the columns they cover (older databases get them here too).
         conn.execute_batch(SESSION_INDEXES).map_err(db)?;
@@ -440,13 +462,14 @@ impl Store {
         }
     }
 
-    /// The form flow's sign-in of `channel` to the room `name` (M9). The access code is the
-    /// visitors' secret; the optional owner code is xAgent's. A new room stores both (hashed).
-    /// An existing room is served by `channel` when: the owner code is right (a different access
-    /// code then replaces the old one and ends every visitor session), or the access code is
-    /// right and the room has no owner code and no other channel serving it, or `channel` already
-    /// serves it. A room without an owner code gets the one presented by a channel allowed to
-    /// serve it.
+    /// The form flow's sign-in of `channel` to the room `name` (M9, F7). The access code is
+    /// the visitors' secret; the owner code is xAgent's. A new room needs both and stores them
+    /// hashed. An existing room is served by `channel` when: the owner code is right (a
+    /// different access code then replaces the old one and ends every visitor session), or the
+    /// access code is right and `channel` holds the room (serves it, or created, paired or
+    /// last moved it). A room without an owner code (paired, or from an older release) never
+    /// changes hands: it gets the owner code its holder brings, and one that no channel ever
+    /// held is claimed only together with an owner code.
     pub fn sign_in_room(
         &self,
         name: &str,
@@ -465,7 +488,9 @@ impl Store {
         }
         let conn = self.conn();
         let Some(row) = room_row(&conn, &room_id)? else {
-            let room = insert_room(&conn, room_id, name, access_code, owner_code, now)?;
+            // F7: a room without an owner code could change hands; new ones need one.
+            let Some(owner) = owner_code else { return Ok(SignIn::OwnerCodeNeeded) };
+            let room = insert_room(&conn, room_id, name, access_code, Some(owner), now)?;
             return Ok(SignIn::Created(room));
         };
         drop(conn);
@@ -475,7 +500,9 @@ impl Store {
             _ => None,
         };
         let serves = row.channel.as_deref() == Some(channel.as_str());
-        let (has_owner, unbound) = (row.owner.is_some(), row.channel.is_none());
+        let holds = serves || row.holder.as_deref() == Some(channel.as_str());
+        let (has_owner, unclaimed) =
+            (row.owner.is_some(), row.channel.is_none() && row.holder.is_none());
         let room = row.room(room_id.clone());
         match owner_right {
             Some(false) => Ok(SignIn::WrongOwner),
@@ -497,8 +524,18 @@ impl Store {
                 Ok(SignIn::Rotated { room, revoked })
             }
             None if !code_right => Ok(SignIn::WrongCode),
-            None if serves || (!has_owner && unbound) => {
+            // The channel holding the room comes back; a room without an owner code gets
+            // the one it brings.
+            None if holds => {
                 if let (false, Some(owner)) = (has_owner, owner_code) {
+                    self.set_owner(&room_id, owner)?;
+                }
+                Ok(SignIn::Matched(room))
+            }
+            // F7: a room without an owner code never changes hands. Only one no channel
+            // ever held (an older database) is claimed, and only with an owner code.
+            None if !has_owner && unclaimed && owner_code.is_some() => {
+                if let Some(owner) = owner_code {
                     self.set_owner(&room_id, owner)?;
                 }
                 Ok(SignIn::Matched(room))
@@ -570,6 +607,14 @@ impl Store {
             params![room_id, channel.map(|c| c.as_str().to_owned())],
         )
         .map_err(db)?;
+        if let Some(channel) = channel {
+            // F7: the channel a room is bound to holds it, also after it signs out.
+            conn.execute(
+                "UPDATE rooms SET holder = ?2 WHERE room_id = ?1",
+                params![room_id, channel.as_str()],
+            )
+            .map_err(db)?;
+        }
         Ok(previous.flatten().map(ConnectorChannelId::new))
     }
 
@@ -648,6 +693,17 @@ impl Store {
         now: u64,
         legacy_lifetime: u64,
     ) -> Result<Option<String>, WebchatError> {
+        Ok(self.visitor_session(token, now, legacy_lifetime)?.map(|session| session.room_id))
+    }
+
+    /// [`Store::visitor_room`] with the session's end: what a live stream needs to end with
+    /// its session (F4).
+    pub fn visitor_session(
+        &self,
+        token: &str,
+        now: u64,
+        legacy_lifetime: u64,
+    ) -> Result<Option<VisitorSession>, WebchatError> {
         let row: Option<(String, i64, Option<i64>, i64)> = self
             .conn()
             .query_row(
@@ -662,7 +718,8 @@ impl Store {
                 || u64::try_from(created_at).unwrap_or(0).saturating_add(legacy_lifetime),
                 |at| u64::try_from(at).unwrap_or(0),
             );
-            (revoked == 0 && now < expires_at).then_some(room)
+            (revoked == 0 && now < expires_at)
+                .then_some(VisitorSession { room_id: room, expires_at })
         }))
     }
 
@@ -1039,18 +1096,67 @@ mod tests {
         assert_eq!(store.visitor_room(&token, 5, 0).unwrap(), None);
         assert!(store.check_code("lobby", "visit-9999").unwrap());
         assert!(!store.check_code("lobby", "visit-1234").unwrap());
-        // A room without an owner code, served by another channel, is not taken either.
-        store.sign_in_room("Desk", "desk-code-1", None, &a, 1).unwrap();
-        store.set_room_channel("desk", Some(&a)).unwrap();
+    }
+
+    #[test]
+    fn new_room_requires_an_owner_code() {
+        let store = Store::in_memory().unwrap();
+        let a = ConnectorChannelId::new("cch_a");
         assert_eq!(
-            store.sign_in_room("Desk", "desk-code-1", None, &b, 2).unwrap(),
-            SignIn::OwnerRequired
+            store.sign_in_room("Desk", "desk-code-1", None, &a, 1).unwrap(),
+            SignIn::OwnerCodeNeeded
         );
-        store.release_channel(&a).unwrap();
+        assert!(store.room("desk").unwrap().is_none(), "nothing was created");
         assert!(matches!(
-            store.sign_in_room("Desk", "desk-code-1", None, &b, 3).unwrap(),
+            store.sign_in_room("Desk", "desk-code-1", Some("desk-owner-1"), &a, 1).unwrap(),
+            SignIn::Created(_)
+        ));
+    }
+
+    #[test]
+    fn room_without_owner_code_cannot_change_hands() {
+        let store = Store::in_memory().unwrap();
+        let (a, b) = (ConnectorChannelId::new("cch_a"), ConnectorChannelId::new("cch_b"));
+        // A paired room: no owner code, bound to the pairing channel.
+        store.claim_room("Paired", "paired-code-1", 1).unwrap();
+        store.set_room_channel("paired", Some(&a)).unwrap();
+        store.release_channel(&a).unwrap();
+        // Its creator signed out; another channel with the visitors' code (and an owner code
+        // of its own) does not get it, however often it asks.
+        for at in [2, 3] {
+            assert_eq!(
+                store
+                    .sign_in_room("Paired", "paired-code-1", Some("b-owner-code"), &b, at)
+                    .unwrap(),
+                SignIn::OwnerRequired
+            );
+        }
+        // The channel that holds it comes back, and the owner code it brings is the room's.
+        assert!(matches!(
+            store.sign_in_room("Paired", "paired-code-1", Some("a-owner-code"), &a, 4).unwrap(),
             SignIn::Matched(_)
         ));
+        assert_eq!(
+            store.sign_in_room("Paired", "paired-code-1", Some("b-owner-code"), &b, 5).unwrap(),
+            SignIn::WrongOwner
+        );
+        // A room from an older database that no channel ever held: claimed only with an owner
+        // code, after which it is held.
+        store.claim_room("Old", "old-code-1234", 1).unwrap();
+        assert_eq!(
+            store.sign_in_room("Old", "old-code-1234", None, &b, 6).unwrap(),
+            SignIn::OwnerRequired
+        );
+        assert!(matches!(
+            store.sign_in_room("Old", "old-code-1234", Some("b-owner-code"), &b, 7).unwrap(),
+            SignIn::Matched(_)
+        ));
+        store.set_room_channel("old", Some(&b)).unwrap();
+        store.release_channel(&b).unwrap();
+        assert_eq!(
+            store.sign_in_room("Old", "old-code-1234", None, &a, 8).unwrap(),
+            SignIn::OwnerRequired
+        );
     }
 
     #[test]

@@ -48,6 +48,7 @@ use xagent_server_runtime::{ConnectorHandle, StorageError};
 
 use crate::connector::App;
 use crate::error::WebchatError;
+use crate::guess::Refused;
 use crate::hub::{RoomEvent, StreamCaps, StreamLimit};
 use crate::store::{
     Author, ChatEntry, EntryFile, EntryStatus, Inserted, QuotaRefusal, RoomClaim,
@@ -121,13 +122,14 @@ pub(crate) fn router(
         .saturating_add(limits.max_text_chars.saturating_mul(4))
         .saturating_add(64 * 1024);
     let json_body = limits.max_json_bytes;
+    let throttle = Arc::new(Mutex::new(JoinThrottle::new(&limits)));
     let web = Web {
         app,
         handle,
         shutdown,
         uploads: Arc::new(Semaphore::new(limits.concurrent_uploads.max(1))),
         limits: Arc::new(limits),
-        throttle: Arc::new(Mutex::new(JoinThrottle::default())),
+        throttle,
         join_rate: Arc::new(Mutex::new(JoinRate::default())),
         secure_cookie,
     };
@@ -259,12 +261,18 @@ fn with_session(web: &Web, room_id: &str, token: &str, body: serde_json::Value) 
     response
 }
 
-fn throttled(wait_millis: u64) -> WebchatError {
-    let secs = wait_millis.div_ceil(1_000).max(1);
-    WebchatError::TooManyRequests {
-        message: format!("too many wrong access codes; try again in {secs} s"),
-        retry_after_secs: secs,
-    }
+/// The 429 of a refused join: whose wrong codes, and when to try again.
+fn throttled(refused: Refused) -> WebchatError {
+    let secs = refused.wait_millis().div_ceil(1_000).max(1);
+    let message = match refused {
+        Refused::Key { .. } => {
+            format!("too many wrong access codes from your address; try again in {secs} s")
+        }
+        Refused::Room { .. } => {
+            format!("this room had too many wrong access codes; try again in {secs} s")
+        }
+    };
+    WebchatError::TooManyRequests { message, retry_after_secs: secs }
 }
 
 /// Takes one of the address's joins (F12): a new visitor session costs a database row, so an
@@ -293,18 +301,12 @@ async fn join(
 ) -> Result<Response, WebchatError> {
     let now = web.now();
     let peer: Option<IpAddr> = xagent_server_runtime::peer_ip(&extensions);
-    web.throttle().check(&room_id, peer, now).map_err(throttled)?;
     take_join(&web, peer, now)?;
-    let right = body.access_code.len() <= MAX_ACCESS_CODE_BYTES
-        && web.app.store.check_code(&room_id, &body.access_code)?;
-    if !right {
-        // A wrong code starts no session: the join throttle counts it instead.
+    if let Err(error) = check_join_code(&web, &room_id, peer, &body.access_code, now) {
+        // A wrong or refused code starts no session: the join throttle counts it instead.
         web.join_rate().refund(peer, now, &web.limits);
-        web.throttle().failed(&room_id, peer, now, &web.limits);
-        tracing::warn!(room = ?room_id, peer = ?peer, "wrong access code for a room");
-        return Err(WebchatError::Forbidden);
+        return Err(error);
     }
-    web.throttle().succeeded(peer);
     let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
     let expires_at = now.saturating_add(web.limits.token_lifetime_millis);
     let token = web.app.store.add_visitor(&room_id, now, expires_at)?;
@@ -312,6 +314,28 @@ async fn join(
         "token": token, "room_id": room.room_id, "room_name": room.name, "expires_at": expires_at,
     });
     Ok(with_session(&web, &room_id, &token, body))
+}
+
+/// Checks a visitor's access code under the join throttle (F5): the admission, the check
+/// and its count happen under one lock, so parallel tries cannot slip past the limits.
+fn check_join_code(
+    web: &Web,
+    room_id: &str,
+    peer: Option<IpAddr>,
+    code: &str,
+    now: u64,
+) -> Result<(), WebchatError> {
+    let mut throttle = web.throttle();
+    throttle.admit(room_id, peer, now).map_err(throttled)?;
+    let right = code.len() <= MAX_ACCESS_CODE_BYTES && web.app.store.check_code(room_id, code)?;
+    if right {
+        throttle.succeeded(peer);
+        return Ok(());
+    }
+    throttle.failed(room_id, peer, now);
+    drop(throttle);
+    tracing::warn!(room = ?room_id, peer = ?peer, "wrong access code for a room");
+    Err(WebchatError::Forbidden)
 }
 
 async fn session(
@@ -331,7 +355,7 @@ async fn leave(
     headers: HeaderMap,
 ) -> Result<Response, WebchatError> {
     let token = visitor_write(&web, &room_id, &headers)?;
-    web.app.store.revoke_visitor(&token)?;
+    web.app.end_visitor_session(&token)?;
     let mut response = StatusCode::NO_CONTENT.into_response();
     if let Some(cookie) = session_cookie(&web, &room_id, "", 0) {
         response.headers_mut().append(header::SET_COOKIE, cookie);
@@ -377,6 +401,10 @@ struct Live {
     room_id: String,
     token: String,
     rx: tokio::sync::broadcast::Receiver<RoomEvent>,
+    /// Cancelled when the session ends (leave, code change): the stream ends at once (F4).
+    ended: CancellationToken,
+    /// When the session expires (Unix ms, the injected clock).
+    expires_at: u64,
     _place: crate::hub::StreamGuard,
 }
 
@@ -387,6 +415,51 @@ fn stream_caps(limits: &VisitorLimits) -> StreamCaps {
         per_address: limits.streams_per_address,
         per_room: limits.streams_per_room,
         total: limits.streams_total,
+    }
+}
+
+impl Live {
+    /// Whether the session may still see events: checked before each one (F4).
+    fn session_open(&self) -> bool {
+        !self.ended.is_cancelled() && self.web.now() < self.expires_at
+    }
+
+    /// How long to wait for the next event before looking at the session again.
+    fn recheck_in(&self) -> Duration {
+        let left = self.expires_at.saturating_sub(self.web.now());
+        SESSION_RECHECK.min(Duration::from_millis(left.max(1)))
+    }
+
+    /// The next event for the page, or `None` when the stream ends: the session ended or
+    /// expired, the reader is too slow, or the room's broadcast closed.
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if !self.session_open() {
+                return None;
+            }
+            let wait = self.recheck_in();
+            let next = tokio::select! {
+                biased;
+                () = self.ended.cancelled() => return None,
+                next = tokio::time::timeout(wait, self.rx.recv()) => next,
+            };
+            match next {
+                Ok(Ok(event)) if self.session_open() => return Some(sse_event(&event)),
+                Ok(Ok(_)) => return None,
+                // Too slow a reader: the stream ends and the page reconnects to a fresh
+                // snapshot, instead of the Connector buffering for it.
+                Ok(Err(RecvError::Lagged(_) | RecvError::Closed)) => return None,
+                Err(_) => {
+                    let now = self.web.now();
+                    let lifetime = self.web.limits.token_lifetime_millis;
+                    match self.web.app.store.visitor_room(&self.token, now, lifetime) {
+                        Ok(Some(room)) if room == self.room_id => {}
+                        // Expired or revoked: the page learns it when it reconnects.
+                        _ => return None,
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -412,30 +485,23 @@ async fn events(
         };
         WebchatError::TooManyRequests { message: message.into(), retry_after_secs: 10 }
     })?;
+    // F4: the session is looked at again now that its end signal is registered, so an end
+    // between the first check and the registration is not missed.
+    let ended = place.session_ended();
+    let session = web
+        .app
+        .store
+        .visitor_session(&token, web.now(), web.limits.token_lifetime_millis)?
+        .filter(|session| session.room_id == room_id && !ended.is_cancelled())
+        .ok_or(WebchatError::Forbidden)?;
     // Subscribe before reading the snapshot so nothing falls between them.
     let (rx, _, _) = web.app.hub.subscribe(&room_id);
     let first = sse_event(&snapshot(&web, &room_id)?).retry(Duration::from_millis(1_000));
     let shutdown = web.shutdown.clone();
-    let live = Live { web, room_id, token, rx, _place: place };
+    let expires_at = session.expires_at;
+    let live = Live { web, room_id, token, rx, ended, expires_at, _place: place };
     let live = futures_util::stream::unfold(live, |mut live| async move {
-        loop {
-            let next = tokio::time::timeout(SESSION_RECHECK, live.rx.recv()).await;
-            match next {
-                Ok(Ok(event)) => return Some((sse_event(&event), live)),
-                // Too slow a reader: the stream ends and the page reconnects to a fresh
-                // snapshot, instead of the Connector buffering for it.
-                Ok(Err(RecvError::Lagged(_) | RecvError::Closed)) => return None,
-                Err(_) => {
-                    let now = live.web.now();
-                    let lifetime = live.web.limits.token_lifetime_millis;
-                    match live.web.app.store.visitor_room(&live.token, now, lifetime) {
-                        Ok(Some(room)) if room == live.room_id => {}
-                        // Expired or revoked: the page learns it when it reconnects.
-                        _ => return None,
-                    }
-                }
-            }
-        }
+        live.next_event().await.map(|event| (event, live))
     });
     let stream = futures_util::stream::once(async move { first })
         .chain(live)

@@ -16,8 +16,10 @@ async fn conformance_suite_passes_with_the_room_form_flow() {
     let mut options = ConformanceOptions::new(server.base());
     options.api_key = Some(Secret::new(API_KEY));
     options.flow = Some(ROOM_FLOW.into());
-    options.inputs =
-        AuthInput::default().with("room_name", "conformance").with("access_code", "conf-1234");
+    options.inputs = AuthInput::default()
+        .with("room_name", "conformance")
+        .with("access_code", "conf-1234")
+        .with("owner_code", "conf-owner-5678");
     let report = run(options).await;
     let text = report.to_text(false);
     assert!(report.passed(), "{text}");

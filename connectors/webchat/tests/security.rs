@@ -76,7 +76,7 @@ async fn h1_an_svg_with_parameters_is_a_sandboxed_download_never_inline() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_wrong_access_codes_are_throttled_per_room_with_backoff() {
+async fn h2_wrong_access_codes_are_throttled_per_address_with_backoff() {
     let dir = temp_dir("h2");
     let clock = Arc::new(ManualClock::new(1_800_000_000_000));
     let server = start_with_clock(&dir, None, clock.clone()).await;
@@ -96,7 +96,7 @@ async fn h2_wrong_access_codes_are_throttled_per_room_with_backoff() {
     assert!(statuses[5..].iter().all(|s| *s == 403 || *s == 429), "{statuses:?}");
     let locked =
         post_json(&server, "/chat/api/rooms/lobby/join", json!({"access_code": "code-1234"})).await;
-    assert_eq!(locked.status(), 429, "even the right code waits while the room is locked");
+    assert_eq!(locked.status(), 429, "even the right code waits while the address is locked");
     let retry: u64 = locked.headers()["retry-after"].to_str().unwrap_or("0").parse().unwrap_or(0);
     assert!(retry >= 1);
     // The lock ends after its backoff (simulated time).
@@ -154,7 +154,10 @@ async fn h4_signing_a_channel_in_to_a_second_room_leaves_the_first_without_it() 
         .request(
             Some(&channel),
             AuthStart::new(xagent_connector_webchat::ROOM_FLOW).with_input(
-                AuthInput::default().with("room_name", "Two").with("access_code", "code-2222"),
+                AuthInput::default()
+                    .with("room_name", "Two")
+                    .with("access_code", "code-2222")
+                    .with("owner_code", "owner-2222"),
             ),
         )
         .await

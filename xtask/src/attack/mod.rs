@@ -20,6 +20,7 @@ use xagent_protocol_types::{
 };
 
 mod round_one;
+mod webchat_access;
 mod webchat_load;
 
 const API_KEY: &str = "sk-attack-run-5d1c9e0b7a";
@@ -270,8 +271,12 @@ async fn sign_in(
     let ack = plane
         .request(
             Some(&channel),
-            AuthStart::new(ROOM_FLOW)
-                .with_input(AuthInput::default().with("room_name", room).with("access_code", code)),
+            AuthStart::new(ROOM_FLOW).with_input(
+                AuthInput::default()
+                    .with("room_name", room)
+                    .with("access_code", code)
+                    .with("owner_code", owner_code_for(code).as_str()),
+            ),
         )
         .await
         .map_err(|e| anyhow!("{e}"))?;
@@ -280,6 +285,12 @@ async fn sign_in(
     }
     plane.remember_channel(channel.clone()).await;
     Ok(channel)
+}
+
+/// The owner code the harness gives a room it creates (F7: new rooms need one): derived from
+/// the visitors' code, so the same room is always signed in to with the same pair.
+fn owner_code_for(code: &str) -> String {
+    format!("owner-of-{code}")
 }
 
 async fn join(http: &reqwest::Client, target: &Target, room: &str, code: &str) -> Result<String> {
@@ -330,6 +341,7 @@ impl Target {
 async fn attack_all(bin: &Path, sizes: &Sizes) -> Result<Vec<Outcome>> {
     let mut outcomes = round_one::run(bin, sizes).await?;
     // Round two (issue 23): each surface's module appends its scenarios here.
+    outcomes.extend(webchat_access::run(bin, sizes).await?);
     outcomes.extend(webchat_load::run(bin, sizes).await?);
     outcomes.sort_by_key(|o| order(o.id));
     Ok(outcomes)

@@ -1,8 +1,9 @@
 //! The visitor-facing limits and the join throttle: everything that bounds what one visitor
 //! (or one address, or one room) can cost the Connector. Sans-I/O: time comes in as Unix ms.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
+
+use crate::guess::{GuessLimiter, GuessPolicy, Refused};
 
 /// Every limit the chat page's API enforces, with its default. SECURITY.md lists them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,12 +26,18 @@ pub struct VisitorLimits {
     pub visitor_upload_bytes_per_day: u64,
     /// Files all visitors together may upload per day (2,000 of the store's 10,000).
     pub visitor_upload_files_per_day: u64,
-    /// Wrong access codes tolerated per room and per address before backoff starts (5).
+    /// Wrong access codes one address gets before its backoff starts (5).
     pub join_free_failures: u32,
-    /// First backoff after the free failures (1 s); it doubles with every further failure.
+    /// First backoff of an address after its free failures (1 s); it doubles with every
+    /// further wrong or refused try (a try during the backoff extends it).
     pub join_backoff_base_millis: u64,
-    /// Longest backoff (15 minutes).
+    /// Longest backoff of an address (15 minutes).
     pub join_backoff_max_millis: u64,
+    /// Wrong access codes one room takes at once from all addresses together (40); then it
+    /// refuses joins until its budget refills (F5).
+    pub join_room_burst: u32,
+    /// The room's budget refills by one wrong code per this many ms (2 minutes).
+    pub join_room_interval_millis: u64,
     /// Live event streams one visitor token may hold (4).
     pub streams_per_token: usize,
     /// Live event streams per room (64).
@@ -58,6 +65,22 @@ pub struct VisitorLimits {
     pub token_lifetime_millis: u64,
 }
 
+/// The join defaults.
+const JOIN: GuessPolicy = GuessPolicy::join();
+
+impl VisitorLimits {
+    /// The guessing policy of `join` made of the `join_*` fields.
+    pub fn join_policy(&self) -> GuessPolicy {
+        let mut policy = GuessPolicy::join();
+        policy.free_failures = self.join_free_failures;
+        policy.backoff_base_millis = self.join_backoff_base_millis;
+        policy.backoff_max_millis = self.join_backoff_max_millis;
+        policy.room_burst = self.join_room_burst.max(1);
+        policy.room_interval_millis = self.join_room_interval_millis;
+        policy
+    }
+}
+
 impl Default for VisitorLimits {
     fn default() -> Self {
         Self {
@@ -69,9 +92,11 @@ impl Default for VisitorLimits {
             room_upload_files_per_day: 500,
             visitor_upload_bytes_per_day: 2 * 1024 * 1024 * 1024,
             visitor_upload_files_per_day: 2_000,
-            join_free_failures: 5,
-            join_backoff_base_millis: 1_000,
-            join_backoff_max_millis: 15 * 60 * 1_000,
+            join_free_failures: JOIN.free_failures,
+            join_backoff_base_millis: JOIN.backoff_base_millis,
+            join_backoff_max_millis: JOIN.backoff_max_millis,
+            join_room_burst: JOIN.room_burst,
+            join_room_interval_millis: JOIN.room_interval_millis,
             streams_per_token: 4,
             streams_per_room: 64,
             streams_total: 512,
@@ -85,25 +110,36 @@ impl Default for VisitorLimits {
     }
 }
 
-/// Failures of one key (a room or an address) and when it may try again.
-#[derive(Clone, Copy, Debug, Default)]
-struct Failures {
-    count: u32,
-    locked_until: u64,
-    last: u64,
+/// The join throttle (F5): wrong access codes limited per address (IPv6 per /64) with a
+/// backoff that every refused try extends, and per room with a budget that refills. One
+/// address can never close a room for visitors at other addresses; see [`crate::guess`].
+#[derive(Debug)]
+pub struct JoinThrottle {
+    limiter: GuessLimiter<IpAddr>,
 }
 
-/// How many keys each table keeps before forgetting quiet ones.
-const MAX_TRACKED: usize = 20_000;
+impl JoinThrottle {
+    /// A throttle with the limits' join policy.
+    pub fn new(limits: &VisitorLimits) -> Self {
+        Self { limiter: GuessLimiter::new(limits.join_policy()) }
+    }
 
-/// Per-room and per-address backoff on wrong access codes. A key gets
-/// [`VisitorLimits::join_free_failures`] wrong codes for free; each further one locks it for
-/// a doubling time up to the maximum. A right code clears the address (never the room, so an
-/// attacker cannot reset a room's count with a code of its own room).
-#[derive(Debug, Default)]
-pub struct JoinThrottle {
-    rooms: HashMap<String, Failures>,
-    addrs: HashMap<IpAddr, Failures>,
+    /// Whether a code for `room` from `addr` may be checked now. `Err` is refused (and
+    /// counted against the address); `Ok` must be followed by [`JoinThrottle::failed`] or
+    /// [`JoinThrottle::succeeded`] under the same lock.
+    pub fn admit(&mut self, room: &str, addr: Option<IpAddr>, now: u64) -> Result<(), Refused> {
+        self.limiter.admit(room, addr.map(addr_key).as_ref(), now)
+    }
+
+    /// The admitted code was wrong: it counts against the room and the address.
+    pub fn failed(&mut self, room: &str, addr: Option<IpAddr>, now: u64) {
+        self.limiter.wrong(room, addr.map(addr_key).as_ref(), now);
+    }
+
+    /// A right code from `addr`: its count starts over (never the room's).
+    pub fn succeeded(&mut self, addr: Option<IpAddr>) {
+        self.limiter.right(addr.map(addr_key).as_ref());
+    }
 }
 
 /// IPv6 addresses are counted per /64 (one subscriber usually holds a whole /64).
@@ -118,56 +154,6 @@ pub(crate) fn addr_key(addr: IpAddr) -> IpAddr {
     }
 }
 
-impl JoinThrottle {
-    /// `Err(retry_after_millis)` while the room or the address is locked.
-    pub fn check(&self, room: &str, addr: Option<IpAddr>, now: u64) -> Result<(), u64> {
-        let room_wait = self.rooms.get(room).map_or(0, |f| f.locked_until.saturating_sub(now));
-        let addr_wait = addr
-            .and_then(|a| self.addrs.get(&addr_key(a)))
-            .map_or(0, |f| f.locked_until.saturating_sub(now));
-        let wait = room_wait.max(addr_wait);
-        if wait > 0 { Err(wait) } else { Ok(()) }
-    }
-
-    /// Counts a wrong code against the room and the address.
-    pub fn failed(&mut self, room: &str, addr: Option<IpAddr>, now: u64, limits: &VisitorLimits) {
-        if self.rooms.len() + self.addrs.len() > MAX_TRACKED {
-            self.prune(now, limits);
-        }
-        let bump = |f: &mut Failures| {
-            f.count = f.count.saturating_add(1);
-            f.last = now;
-            if f.count > limits.join_free_failures {
-                let doublings = (f.count - limits.join_free_failures - 1).min(30);
-                let wait = limits
-                    .join_backoff_base_millis
-                    .saturating_mul(1u64 << doublings)
-                    .min(limits.join_backoff_max_millis);
-                f.locked_until = now.saturating_add(wait);
-            }
-        };
-        bump(self.rooms.entry(room.to_owned()).or_default());
-        if let Some(addr) = addr {
-            bump(self.addrs.entry(addr_key(addr)).or_default());
-        }
-    }
-
-    /// A right code from `addr`: its count starts over.
-    pub fn succeeded(&mut self, addr: Option<IpAddr>) {
-        if let Some(addr) = addr {
-            self.addrs.remove(&addr_key(addr));
-        }
-    }
-
-    /// Forgets keys that have been quiet for twice the longest backoff.
-    pub fn prune(&mut self, now: u64, limits: &VisitorLimits) {
-        let quiet = limits.join_backoff_max_millis.saturating_mul(2);
-        let keep = |f: &Failures| now < f.locked_until || now.saturating_sub(f.last) < quiet;
-        self.rooms.retain(|_, f| keep(f));
-        self.addrs.retain(|_, f| keep(f));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,42 +163,51 @@ mod tests {
     }
 
     #[test]
-    fn h2_wrong_codes_lock_the_room_and_the_address_with_doubling_backoff() {
+    fn h2_wrong_codes_lock_the_address_with_doubling_backoff_in_every_room() {
         let limits = VisitorLimits::default();
-        let mut throttle = JoinThrottle::default();
+        let mut throttle = JoinThrottle::new(&limits);
         let a = addr("192.0.2.1");
-        for _ in 0..limits.join_free_failures {
-            assert!(throttle.check("lobby", a, 0).is_ok());
-            throttle.failed("lobby", a, 0, &limits);
+        for _ in 0..=limits.join_free_failures {
+            assert!(throttle.admit("lobby", a, 0).is_ok());
+            throttle.failed("lobby", a, 0);
         }
-        assert!(throttle.check("lobby", a, 0).is_ok(), "the free failures are free");
-        throttle.failed("lobby", a, 0, &limits);
-        assert_eq!(throttle.check("lobby", a, 0), Err(1_000));
-        // Another address is still held back by the room's count.
-        assert_eq!(throttle.check("lobby", addr("198.51.100.7"), 500), Err(500));
+        assert_eq!(throttle.admit("lobby", a, 0), Err(Refused::Key { wait_millis: 2_000 }));
         // The same address is held back in another room.
-        assert_eq!(throttle.check("other", a, 500), Err(500));
-        throttle.failed("lobby", a, 1_000, &limits);
-        assert_eq!(throttle.check("lobby", None, 1_000), Err(2_000));
-        for step in 0..40 {
-            throttle.failed("lobby", a, 10_000 + step, &limits);
-        }
-        let wait = throttle.check("lobby", None, 10_040).unwrap_err();
-        assert!(wait <= limits.join_backoff_max_millis && wait > 14 * 60 * 1_000, "{wait}");
+        assert!(throttle.admit("other", a, 500).is_err());
+        // Another address is not (F5).
+        assert!(throttle.admit("lobby", addr("198.51.100.7"), 500).is_ok());
     }
 
     #[test]
-    fn a_right_code_clears_the_address_but_not_the_room() {
+    fn right_code_from_another_address_is_checked_while_one_address_hammers() {
         let limits = VisitorLimits::default();
-        let mut throttle = JoinThrottle::default();
-        let a = addr("2001:db8::1");
-        for _ in 0..=limits.join_free_failures {
-            throttle.failed("lobby", a, 0, &limits);
+        let mut throttle = JoinThrottle::new(&limits);
+        let attacker = addr("127.0.0.2");
+        for step in 0..10_000u64 {
+            if throttle.admit("lobby", attacker, step * 20).is_ok() {
+                throttle.failed("lobby", attacker, step * 20);
+            }
+            if step % 50 == 0 {
+                let visitor = addr(&format!("127.0.1.{}", step % 200));
+                assert!(throttle.admit("lobby", visitor, step * 20).is_ok(), "at {step}");
+                throttle.succeeded(visitor);
+            }
+        }
+    }
+
+    #[test]
+    fn a_right_code_clears_the_address_per_64_but_not_the_room() {
+        let limits = VisitorLimits { join_room_burst: 3, ..VisitorLimits::default() };
+        let mut throttle = JoinThrottle::new(&limits);
+        for host in ["2001:db8::1", "2001:db8:1::1", "2001:db8:2::1"] {
+            assert!(throttle.admit("lobby", addr(host), 0).is_ok());
+            throttle.failed("lobby", addr(host), 0);
         }
         throttle.succeeded(addr("2001:db8::2"));
-        assert!(throttle.check("other", a, 1).is_ok(), "same /64: cleared");
-        assert!(throttle.check("lobby", None, 1).is_err(), "the room keeps its count");
-        throttle.prune(u64::MAX / 2, &limits);
-        assert!(throttle.check("lobby", None, u64::MAX / 2).is_ok());
+        assert!(matches!(
+            throttle.admit("lobby", addr("2001:db8::1"), 1),
+            Err(Refused::Room { .. })
+        ));
+        assert!(throttle.admit("other", addr("2001:db8::1"), 1).is_ok(), "same /64: cleared");
     }
 }
