@@ -141,6 +141,7 @@ async fn f6_and_x1(bin: &Path, sizes: &Sizes) -> Result<(Outcome, Outcome)> {
     let other = join(&http, &target, "f6-victim", "f6-victim-code-1").await?;
     let (_own, own_status) = stream_from(localhost(), &target.addr, "f6-victim", &other).await?;
     let x1 = x1(&http, &target, &other).await?;
+    let held_total = held.len();
     drop(held);
     plane.close().await;
     let _ = target.child.kill().await;
@@ -151,12 +152,13 @@ async fn f6_and_x1(bin: &Path, sizes: &Sizes) -> Result<(Outcome, Outcome)> {
         "one address holds every event stream of a room (and of the Connector)",
         defended,
         format!(
-            "one address with {rooms} room code(s) held {first_room} of the first room's 64 streams ({streams_refused} refused, {joins_refused} joins refused); another visitor's stream in that room answered {same_status}, in a room of its own {own_status}"
+            "one address with {rooms} room code(s) held {first_room} of the first room's 64 streams and {held_total} in all ({streams_refused} refused, {joins_refused} joins refused); another visitor's stream in that room answered {same_status}, in a room of its own {own_status}"
         ),
     )
     .with(json!({
         "rooms": rooms,
         "attacker_streams_first_room": first_room,
+        "attacker_streams_total": held_total,
         "attacker_streams_refused": streams_refused,
         "attacker_joins_refused": joins_refused,
         "victim_same_room_status": same_status,
@@ -313,9 +315,10 @@ async fn f12(bin: &Path, sizes: &Sizes) -> Result<Outcome> {
     let _ = std::fs::remove_dir_all(&target.dir);
 
     let single_limited = single_ok < single_attempts;
-    // Slack for a loaded machine: twice the cost plus 5 ms still counts as "did not grow".
-    let join_kept = join_after <= 2.0 * join_before + 5.0;
-    let send_kept = send_after <= 2.0 * send_before + 5.0;
+    // Only gross growth counts (a shared, loaded machine moves these medians by a few ms):
+    // three times the cost plus 10 ms. The per-address limit in (a) is the sharp check.
+    let join_kept = join_after <= 3.0 * join_before + 10.0;
+    let send_kept = send_after <= 3.0 * send_before + 10.0;
     let defended = single_limited && join_kept && send_kept;
     Ok(Outcome::new(
         "F12",
