@@ -77,6 +77,7 @@ mod guess;
 mod hub;
 mod pairing;
 mod qr;
+mod rate;
 mod store;
 mod web;
 
