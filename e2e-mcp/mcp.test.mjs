@@ -20,8 +20,11 @@
 //      channel: the client
 //      receives notifications/tools/list_changed and webchat_message_send is gone from the list;
 //   8. the bridge's stderr never shows the API key or the room's access code;
-//   9. the same bridge over streamable HTTP (--http): the SDK's StreamableHTTPClientTransport
-//      lists the Tools and a webchat_message_send reaches the page;
+//   9. the same bridge over streamable HTTP (--http): without the bearer token the SDK's
+//      StreamableHTTPClientTransport is refused (401, `WWW-Authenticate: Bearer`); with the
+//      token the bridge generated into its state directory (shown once on stdout, never in the
+//      log), sent as an MCP client does (`requestInit.headers`), it lists the Tools and a
+//      webchat_message_send reaches the page;
 //  10. a QR sign-in finished through the MCP client: the pairing link is read from the sign-in
 //      resource, a person confirms it on the page, the Tools appear after
 //      notifications/tools/list_changed and work.
@@ -30,7 +33,7 @@
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync, mkdirSync, readFileSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
@@ -337,22 +340,44 @@ async function main() {
       ...ROOM_FLOW,
     ], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, XAGENT_CONNECTOR_API_KEY: apiKey } });
     let httpOutput = '';
+    let httpLog = '';
     httpBridge.stdout.on('data', (chunk) => (httpOutput += chunk.toString()));
-    httpBridge.stderr.on('data', (chunk) => (httpOutput += chunk.toString()));
+    httpBridge.stderr.on('data', (chunk) => {
+      httpOutput += chunk.toString();
+      httpLog += chunk.toString();
+    });
     const mcpUrl = await until(() => {
       if (httpBridge.exitCode !== null) throw new Error(`the HTTP bridge exited:\n${httpOutput}`);
       const match = httpOutput.match(/MCP over streamable HTTP at (http\S+)/);
       return match && match[1];
     }, 'the HTTP bridge to listen');
+    // The token the bridge generated on its first start: in its state directory, owner-only,
+    // shown once on stdout.
+    const tokenFile = path.join(work, 'bridge-http', 'mcp-http-token');
+    const token = readFileSync(tokenFile, 'utf8').trim();
+    assert.equal(statSync(tokenFile).mode & 0o777, 0o600, 'the token file is readable only by its owner');
+    await until(() => httpOutput.includes(token), 'the generated token shown once');
+    const unauthenticated = new Client({ name: 'xagent-mcp-e2e-no-token', version: '0.1.0' }, { capabilities: {} });
+    await assert.rejects(
+      unauthenticated.connect(new StreamableHTTPClientTransport(new URL(mcpUrl))),
+      (error) => /401|Unauthorized|Bearer/i.test(String(error)),
+      'a client without the token is refused',
+    );
+    const bare = await fetch(mcpUrl, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+    assert.equal(bare.status, 401);
+    assert.match(bare.headers.get('www-authenticate') ?? '', /^Bearer/);
     const httpClient = new Client({ name: 'xagent-mcp-e2e-http', version: '0.1.0' }, { capabilities: {} });
-    await httpClient.connect(new StreamableHTTPClientTransport(new URL(mcpUrl)));
+    await httpClient.connect(new StreamableHTTPClientTransport(new URL(mcpUrl), {
+      requestInit: { headers: { Authorization: `Bearer ${token}` } },
+    }));
     const httpTools = (await httpClient.listTools()).tools.map((t) => t.name);
     assert.ok(httpTools.includes('webchat_message_send'), `the HTTP session lists the Tools (got ${httpTools})`);
     const overHttp = structured(await call(httpClient, 'webchat_message_send', { text: 'hello over streamable HTTP' }));
     assert.equal(overHttp.status, 'sent');
     await until(async () => (await visitor.agentMessages()).some((m) => m.text === 'hello over streamable HTTP'), 'the HTTP message on the page');
     await httpClient.close();
-    log('ok 9 - streamable HTTP transport');
+    assert.ok(!httpLog.includes(token), 'the token is shown once on stdout, never in the log (stderr)');
+    log('ok 9 - streamable HTTP transport, only with the bearer token');
 
     // 10. A QR sign-in shown to the user through the MCP client.
     const qrEvents = { updated: [], toolsChanged: [] };

@@ -1,7 +1,9 @@
 //! `xagent-connector mcp`: puts one Connector in front of an MCP client (see the `xagent-mcp`
 //! crate and docs/MCP.md). MCP goes over stdin/stdout by default, or over streamable HTTP at
-//! `http://ADDR/mcp` with `--http ADDR`. Logs go to stderr only: on stdio, stdout belongs to
-//! the protocol.
+//! `http://ADDR/mcp` with `--http ADDR` (a loopback address; every request needs the bearer
+//! token, generated into the state directory or read from `--http-token-file`). Logs go to
+//! stderr only: on stdio, stdout belongs to the protocol; over HTTP, stdout shows a newly
+//! generated token once.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use xagent_mcp::files::AllowedDirs;
-use xagent_mcp::{BridgeConfig, LinkConfig};
+use xagent_mcp::{BridgeConfig, HttpAuth, HttpSetupError, LinkConfig, TokenSource};
 use xagent_protocol_types::Secret;
 
 /// Options of `mcp`.
@@ -32,9 +34,20 @@ pub struct McpArgs {
     /// readable only by you); default: ~/.local/state/xagent-connector/mcp/<host-port>.
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// Serve MCP over streamable HTTP at http://ADDR/mcp instead of stdio.
+    /// Serve MCP over streamable HTTP at http://ADDR/mcp instead of stdio; ADDR must be a
+    /// loopback address (127.0.0.1:PORT or [::1]:PORT). Every request needs
+    /// `Authorization: Bearer <token>`.
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
+    /// Read the HTTP bearer token from this file (first line, at least 32 characters; mode
+    /// 0600 or stricter, else refused). Default: generated into STATE_DIR/mcp-http-token on
+    /// the first start and shown once on stdout.
+    #[arg(long, value_name = "PATH", requires = "http")]
+    http_token_file: Option<PathBuf>,
+    /// Requests with a wrong or missing bearer token answered 401 per minute; beyond it
+    /// they get 429 (the right token always gets in).
+    #[arg(long, value_name = "N", default_value_t = xagent_mcp::http::DEFAULT_AUTH_FAILURES_PER_MINUTE, requires = "http")]
+    http_auth_failures_per_minute: u32,
     /// A directory the agent may send files from (repeatable); without one, only files
     /// this server offers as resources can be sent.
     #[arg(long = "allow-dir", value_name = "DIR")]
@@ -69,6 +82,17 @@ pub fn run_command(args: McpArgs) -> ExitCode {
         Err(error) => return crate::usage("mcp", error),
     };
     let state_dir = args.state_dir.unwrap_or_else(|| default_state_dir(&args.base_url));
+    // Everything about the HTTP transport is checked before connecting to the Connector.
+    let http = match args.http {
+        None => None,
+        Some(addr) => match http_auth(addr, args.http_token_file, &state_dir) {
+            Ok(mut auth) => {
+                auth.failures_per_minute = args.http_auth_failures_per_minute;
+                Some((addr, auth))
+            }
+            Err(error) => return crate::usage("mcp", error),
+        },
+    };
     let config = BridgeConfig {
         link: LinkConfig {
             base_url: args.base_url,
@@ -86,7 +110,6 @@ pub fn run_command(args: McpArgs) -> ExitCode {
             return crate::usage("mcp", format!("cannot start the async runtime: {error}"));
         }
     };
-    let http = args.http;
     let code = runtime.block_on(async move {
         let link = match xagent_mcp::connect(config).await {
             Ok(link) => link,
@@ -100,14 +123,14 @@ pub fn run_command(args: McpArgs) -> ExitCode {
                 served = xagent_mcp::serve_stdio(link) => served,
                 () = xagent_server_runtime::stop_signal() => Ok(()),
             },
-            Some(addr) => {
+            Some((addr, auth)) => {
                 let shutdown = tokio_util::sync::CancellationToken::new();
                 let stop = shutdown.clone();
                 tokio::spawn(async move {
                     xagent_server_runtime::stop_signal().await;
                     stop.cancel();
                 });
-                xagent_mcp::serve_http(link, addr, shutdown, |bound| {
+                xagent_mcp::serve_http(link, addr, auth, shutdown, |bound| {
                     eprintln!("MCP over streamable HTTP at http://{bound}/mcp");
                 })
                 .await
@@ -126,6 +149,33 @@ pub fn run_command(args: McpArgs) -> ExitCode {
     // other blocking work (store writes) a moment to finish and leave the reader behind.
     runtime.shutdown_timeout(SHUTDOWN_GRACE);
     code
+}
+
+/// The HTTP transport's checks: a loopback address, and the bearer token (from the file given,
+/// else the state directory's, generated and shown once on stdout on the first start).
+fn http_auth(
+    addr: SocketAddr,
+    token_file: Option<PathBuf>,
+    state_dir: &std::path::Path,
+) -> Result<HttpAuth, HttpSetupError> {
+    xagent_mcp::http::check_loopback(addr)?;
+    let source = match token_file {
+        Some(path) => TokenSource::File(path),
+        None => TokenSource::StateDir(state_dir.to_path_buf()),
+    };
+    let loaded = source.load()?;
+    if loaded.generated {
+        // Shown once, on stdout (never in the log on stderr): the MCP client's configuration
+        // needs it; later starts only name the file.
+        println!(
+            "MCP HTTP bearer token (generated into {}, shown this once): {}",
+            loaded.path.display(),
+            loaded.token.expose()
+        );
+    } else {
+        eprintln!("MCP HTTP bearer token: the one in {}", loaded.path.display());
+    }
+    Ok(HttpAuth::new(loaded.token))
 }
 
 /// How long the runtime's blocking work may still run after the bridge stopped.

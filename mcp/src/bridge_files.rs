@@ -10,7 +10,7 @@ use std::sync::Arc;
 use xagent_client_runtime::{FileContent, FileSink, FileSource};
 use xagent_protocol_types::{ChatFile, ConnectorChannelId};
 
-use crate::files::{AllowedDirs, FileSource as Reference, MAX_UPLOAD_BYTES, safe_filename};
+use crate::files::{AllowedDirs, FileSource as Reference, MAX_UPLOAD_BYTES};
 use crate::inbox::Inbox;
 
 /// Largest inbound file the bridge keeps (32 MiB); larger ones are refused retryably.
@@ -27,30 +27,44 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 impl FileSource for BridgeFiles {
     fn open(&self, reference: &str) -> BoxFuture<'_, Result<FileContent, String>> {
-        let resolved = self.allowed.resolve(reference).map_err(|e| e.to_string());
+        let reference = reference.to_owned();
         Box::pin(async move {
-            let (filename, mime_type, path) = match resolved? {
-                Reference::Inbox(id) => {
-                    let file =
-                        self.inbox.file(&id).ok().flatten().ok_or_else(|| {
-                            "no such file resource; see resources/list".to_owned()
-                        })?;
-                    (file.filename, file.mime_type, self.inbox.file_path(&file.id))
-                }
-                Reference::Disk(path) => {
-                    let name = path
-                        .file_name()
-                        .map(|n| safe_filename(&n.to_string_lossy()))
-                        .unwrap_or_else(|| "file".into());
-                    let mime = mime_guess::from_path(&path).first_or_octet_stream().to_string();
-                    (name, mime, path)
-                }
+            // Opening, checking and reading a disk file is one blocking step on one handle:
+            // the bytes come from the file that was checked, never from a second open by name.
+            let allowed = self.allowed.clone();
+            let resolved =
+                tokio::task::spawn_blocking(move || match allowed.resolve(&reference)? {
+                    Reference::Inbox(id) => Ok(Err(id)),
+                    Reference::Disk(file) => {
+                        let name = file.name.clone();
+                        let mime = mime_guess::from_path(&name).first_or_octet_stream().to_string();
+                        Ok(Ok(FileContent {
+                            filename: name,
+                            mime_type: mime,
+                            bytes: file.read_all()?,
+                        }))
+                    }
+                })
+                .await
+                .map_err(|_| "the file could not be read".to_owned())?
+                .map_err(|e: crate::files::FileRefError| e.to_string())?;
+            let id = match resolved {
+                Ok(content) => return Ok(content),
+                Err(id) => id,
             };
-            let bytes = tokio::fs::read(&path).await.map_err(|_| "the file cannot be read")?;
+            let file = self
+                .inbox
+                .file(&id)
+                .ok()
+                .flatten()
+                .ok_or_else(|| "no such file resource; see resources/list".to_owned())?;
+            let bytes = tokio::fs::read(self.inbox.file_path(&file.id))
+                .await
+                .map_err(|_| "the file cannot be read")?;
             if bytes.len() as u64 > MAX_UPLOAD_BYTES {
                 return Err(format!("the file is larger than {MAX_UPLOAD_BYTES} bytes"));
             }
-            Ok(FileContent { filename, mime_type, bytes })
+            Ok(FileContent { filename: file.filename, mime_type: file.mime_type, bytes })
         })
     }
 }

@@ -3,7 +3,7 @@
 //! The MCP bridge behind `xagent-connector mcp`: it connects to one protocol 3.0 Connector as
 //! xAgent does (admission, hello, a channel, sign-in, on `xagent-client-runtime`) and serves
 //! what it finds to any Model Context Protocol client with the official Rust SDK (`rmcp`),
-//! over stdio or streamable HTTP. A layer above the runtimes, beside `cli` and `connectors/*`.
+//! over stdio or streamable HTTP (on loopback only, behind a bearer token: [`http`]). A layer above the runtimes, beside `cli` and `connectors/*`.
 //!
 //! What an MCP client gets:
 //! - **Tools**: the Card's Tools that the channel's Descriptor lists as available (the list
@@ -40,6 +40,7 @@
 //! | module | holds |
 //! |---|---|
 //! | `server` | the MCP face: rmcp's `ServerHandler`, Tools, prompt, resources, notifications |
+//! | `http` | the HTTP transport's access control: the bearer token, its file, the loopback rule |
 //! | `link` | the one module that talks to the runtime: admission, the channel, sign-in, calls, events |
 //! | `bridge_files` | the runtime's file source and sink for the bridge |
 //! | `inbox`, `files`, `projection`, `uris` | the inbox, file references, the MCP view of a Card Tool's schema, resource URIs |
@@ -67,6 +68,7 @@
 
 mod bridge_files;
 pub mod files;
+pub mod http;
 pub mod inbox;
 pub mod link;
 pub mod projection;
@@ -82,6 +84,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
+pub use http::{HttpAuth, HttpSetupError, TokenSource};
 pub use link::{Link, LinkConfig, LinkError, Notice, ToolFailure};
 pub use server::McpBridge;
 
@@ -111,14 +114,17 @@ pub async fn serve_stdio(link: Arc<Link>) -> Result<(), LinkError> {
     Ok(())
 }
 
-/// Serves MCP over streamable HTTP at `/mcp` on `addr` until `shutdown` fires. Calls
-/// `bound` with the address actually bound (for `:0`).
+/// Serves MCP over streamable HTTP at `/mcp` on `addr` (a loopback address) until `shutdown`
+/// fires; every request must carry `auth`'s bearer token. Calls `bound` with the address
+/// actually bound (for `:0`).
 pub async fn serve_http(
     link: Arc<Link>,
     addr: SocketAddr,
+    auth: HttpAuth,
     shutdown: CancellationToken,
     bound: impl FnOnce(SocketAddr),
 ) -> Result<(), LinkError> {
+    http::check_loopback(addr).map_err(|e| LinkError::Config(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| LinkError::Config(format!("cannot listen on {addr}: {e}")))?;
@@ -132,7 +138,9 @@ pub async fn serve_http(
         LocalSessionManager::default().into(),
         config,
     );
-    let router = axum::Router::new().nest_service("/mcp", service);
+    let router = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(http::Gate::new(&auth), http::require_bearer));
     bound(local);
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled_owned().await })

@@ -19,6 +19,7 @@ use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStatus, ConnectorChannelId, PROFILE_IM_V2, Secret,
 };
 
+mod bridge;
 mod round_one;
 mod webchat_access;
 mod webchat_load;
@@ -343,6 +344,7 @@ async fn attack_all(bin: &Path, sizes: &Sizes) -> Result<Vec<Outcome>> {
     // Round two (issue 23): each surface's module appends its scenarios here.
     outcomes.extend(webchat_access::run(bin, sizes).await?);
     outcomes.extend(webchat_load::run(bin, sizes).await?);
+    outcomes.extend(bridge::run(bin, sizes).await?);
     outcomes.sort_by_key(|o| order(o.id));
     Ok(outcomes)
 }
