@@ -55,6 +55,16 @@ pub(crate) fn usage(command: &str, message: impl std::fmt::Display) -> ExitCode 
     ExitCode::from(EXIT_USAGE)
 }
 
+/// The download policy of the binaries that build a client config (`mcp`, `mock-xagent`):
+/// the default (the Connector's own origin only) plus every `--allow-download-origin`.
+pub(crate) fn download_policy(
+    origins: &[String],
+) -> Result<xagent_client_runtime::DownloadPolicy, xagent_client_runtime::OriginError> {
+    origins.iter().try_fold(xagent_client_runtime::DownloadPolicy::default(), |policy, origin| {
+        policy.allow_origin(origin)
+    })
+}
+
 /// Reads repeated `--input NAME=VALUE` flags into authentication form values.
 pub(crate) fn parse_inputs(pairs: &[String]) -> Result<xagent_protocol_types::AuthInput, String> {
     pairs.iter().try_fold(xagent_protocol_types::AuthInput::default(), |inputs, pair| {
