@@ -393,7 +393,10 @@ async fn answer(
                     Err(error) => notes.push(format!("{name} (could not send it back: {error})")),
                 }
             }
-            Err(error) => notes.push(format!("{name} (could not download it: {error})")),
+            Err(error) => {
+                eprintln!("xagent-connector demo: a visitor's file was not downloaded: {error}");
+                notes.push(format!("{name} (could not download it: {})", error.public_message()));
+            }
         }
     }
     let reply = compose(&text, &notes);

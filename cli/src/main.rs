@@ -16,6 +16,7 @@ mod homie;
 mod listen_args;
 mod mcp;
 mod mock_xagent;
+mod secrets;
 mod webchat;
 
 /// Command-line tool of the xAgent Connector Protocol 3.0 toolkit.
@@ -54,6 +55,16 @@ pub(crate) const EXIT_USAGE: u8 = 2;
 pub(crate) fn usage(command: &str, message: impl std::fmt::Display) -> ExitCode {
     eprintln!("xagent-connector {command}: {message}");
     ExitCode::from(EXIT_USAGE)
+}
+
+/// The download policy of the binaries that build a client config (`mcp`, `mock-xagent`):
+/// the default (the Connector's own origin only) plus every `--allow-download-origin`.
+pub(crate) fn download_policy(
+    origins: &[String],
+) -> Result<xagent_client_runtime::DownloadPolicy, xagent_client_runtime::OriginError> {
+    origins.iter().try_fold(xagent_client_runtime::DownloadPolicy::default(), |policy, origin| {
+        policy.allow_origin(origin)
+    })
 }
 
 /// Reads repeated `--input NAME=VALUE` flags into authentication form values.

@@ -52,6 +52,10 @@ pub struct McpArgs {
     /// this server offers as resources can be sent.
     #[arg(long = "allow-dir", value_name = "DIR")]
     allow_dirs: Vec<PathBuf>,
+    /// An origin (https://host[:port]) other than the Connector's own that inbound files may
+    /// be downloaded from (repeatable); it must resolve to public addresses.
+    #[arg(long = "allow-download-origin", value_name = "ORIGIN")]
+    download_origins: Vec<String>,
 }
 
 fn default_state_dir(base_url: &str) -> PathBuf {
@@ -81,6 +85,10 @@ pub fn run_command(args: McpArgs) -> ExitCode {
         Ok(allowed) => allowed,
         Err(error) => return crate::usage("mcp", error),
     };
+    let download = match crate::download_policy(&args.download_origins) {
+        Ok(policy) => policy,
+        Err(error) => return crate::usage("mcp", error),
+    };
     let state_dir = args.state_dir.unwrap_or_else(|| default_state_dir(&args.base_url));
     // Everything about the HTTP transport is checked before connecting to the Connector.
     let http = match args.http {
@@ -101,6 +109,7 @@ pub fn run_command(args: McpArgs) -> ExitCode {
             inputs,
             allowed,
             health_interval: std::time::Duration::from_secs(30),
+            download,
         },
         state_dir,
     };

@@ -3,7 +3,10 @@
 //! completes hello, opens a channel (optionally signing in with a flow), accepts inbound chat
 //! messages (after the xAgent-side inbound rules of `xagent-client-runtime`), runs the Card
 //! Tools given with `--tool ID --args JSON` through section 10.1 resolution, and reconnects by
-//! itself until Ctrl-C.
+//! itself until Ctrl-C. Inbound files are downloaded as xAgent would (under the runtime's
+//! download policy: the Connector's own origin and any `--allow-download-origin`), counted and
+//! dropped. The printed packets hold no secret: form values and the query strings of signed
+//! URLs (`download_url`, `url`) are redacted.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -11,10 +14,13 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::{Map, Value};
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, PacketTap, TapDirection, admit,
+    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, DownloadPolicy, FileSink,
+    PacketTap, TapDirection, admit,
 };
 use xagent_client_runtime::{CHANNEL_ARGUMENT, fill_channel_argument};
-use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, ProfileId, Secret};
+use xagent_protocol_types::{
+    AuthInput, AuthStart, AuthStartAck, ChatFile, ConnectorChannelId, ProfileId, Secret,
+};
 use xagent_protocol_validate::AdmissionWindow;
 
 /// Options of `mock-xagent`.
@@ -44,6 +50,10 @@ pub struct MockXagentArgs {
     /// The JSON arguments of the matching --tool (default `{}`).
     #[arg(long = "args", value_name = "JSON")]
     tool_args: Vec<String>,
+    /// An origin (https://host[:port]) other than the Connector's own that inbound files may
+    /// be downloaded from (repeatable); it must resolve to public addresses.
+    #[arg(long = "allow-download-origin", value_name = "ORIGIN")]
+    download_origins: Vec<String>,
 }
 
 /// The xAgent user the mock acts for.
@@ -62,6 +72,10 @@ pub fn run_command(args: MockXagentArgs) -> ExitCode {
     if let Err(message) = crate::tool_calls(&args.tools, &args.tool_args) {
         return crate::usage("mock-xagent", message);
     }
+    let download = match crate::download_policy(&args.download_origins) {
+        Ok(policy) => policy,
+        Err(error) => return crate::usage("mock-xagent", error),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -70,7 +84,7 @@ pub fn run_command(args: MockXagentArgs) -> ExitCode {
     };
     runtime.block_on(async move {
         tokio::select! {
-            code = session(base, args, inputs) => code,
+            code = session(base, args, inputs, download) => code,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("interrupted");
                 ExitCode::SUCCESS
@@ -83,7 +97,12 @@ fn paint(color: bool, code: &str, text: &str) -> String {
     if color { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
 }
 
-async fn session(base: BaseUrl, args: MockXagentArgs, inputs: AuthInput) -> ExitCode {
+async fn session(
+    base: BaseUrl,
+    args: MockXagentArgs,
+    inputs: AuthInput,
+    download: DownloadPolicy,
+) -> ExitCode {
     let color = std::io::stdout().is_terminal();
     let api_key = args.api_key.filter(|k| !k.is_empty()).map(Secret::new);
     let control = ControlPlane::new(base.clone(), api_key.clone());
@@ -112,12 +131,13 @@ async fn session(base: BaseUrl, args: MockXagentArgs, inputs: AuthInput) -> Exit
     let mut config = ClientConfig::for_card(base, &card);
     config.supported_profiles = profiles;
     config.api_key = api_key;
+    config.download = download;
     config.tap = Some(PacketTap::new(move |direction, text| {
         let arrow = match direction {
             TapDirection::Sent => paint(color, "36", "xagent -> connector"),
             TapDirection::Received => paint(color, "35", "connector -> xagent"),
         };
-        println!("{arrow} {}", redact_inputs(text));
+        println!("{arrow} {}", redact(text));
     }));
     let (plane, mut events) = match DataPlane::connect(config) {
         Ok(started) => started,
@@ -126,6 +146,7 @@ async fn session(base: BaseUrl, args: MockXagentArgs, inputs: AuthInput) -> Exit
             return ExitCode::FAILURE;
         }
     };
+    plane.set_file_sink(std::sync::Arc::new(CountFiles { color }));
     if plane.connected().await.is_err() {
         eprintln!("the data plane stopped before hello completed");
         return ExitCode::FAILURE;
@@ -200,23 +221,72 @@ fn as_a_model_would(
     arguments
 }
 
-/// Form values sent with `auth.start` may be secrets (tokens, passwords): print their names only.
-fn redact_inputs(text: &str) -> String {
-    let Ok(mut packet) = serde_json::from_str::<serde_json::Value>(text) else {
-        return text.to_owned();
-    };
-    let Some(input) = packet.pointer_mut("/payload/input").and_then(|v| v.as_object_mut()) else {
-        return text.to_owned();
-    };
-    for value in input.values_mut() {
-        *value = serde_json::Value::String("<redacted>".into());
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// Where the mock's inbound files go: counted, printed (name and size) and dropped.
+struct CountFiles {
+    color: bool,
+}
+
+impl FileSink for CountFiles {
+    fn save(
+        &self,
+        _channel: &ConnectorChannelId,
+        file: &ChatFile,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'_, Result<String, String>> {
+        println!(
+            "{} {} ({}): {} bytes downloaded",
+            paint(self.color, "1", "file"),
+            file.file_ref,
+            file.filename.as_deref().unwrap_or("no name"),
+            bytes.len()
+        );
+        let reference = file.file_ref.to_string();
+        Box::pin(async move { Ok(reference) })
     }
+}
+
+/// A packet as it may be printed: form values sent with `auth.start` (tokens, passwords) by
+/// name only, and signed URLs (`download_url` and `url` anywhere in the packet; a Connector's
+/// signature stays valid for minutes) without their query string.
+fn redact(text: &str) -> String {
+    let Ok(mut packet) = serde_json::from_str::<Value>(text) else {
+        return text.to_owned();
+    };
+    if let Some(input) = packet.pointer_mut("/payload/input").and_then(|v| v.as_object_mut()) {
+        for value in input.values_mut() {
+            *value = Value::String("<redacted>".into());
+        }
+    }
+    redact_urls(&mut packet);
     packet.to_string()
+}
+
+/// Cuts the query (and fragment) off every `download_url` and `url` string in `value`.
+fn redact_urls(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map.iter_mut() {
+                match item {
+                    Value::String(url) if matches!(key.as_str(), "download_url" | "url") => {
+                        if let Some(cut) = url.find(['?', '#']) {
+                            url.truncate(cut);
+                            url.push_str("?<redacted>");
+                        }
+                    }
+                    other => redact_urls(other),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact_urls),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::redact_inputs;
+    use super::redact;
     use crate::tool_calls;
 
     #[test]
@@ -233,9 +303,17 @@ mod tests {
     #[test]
     fn auth_inputs_are_redacted_in_printed_packets() {
         let text = r#"{"type":"auth.start","payload":{"flow_id":"f","input":{"token":"s3cret"}}}"#;
-        let printed = redact_inputs(text);
+        let printed = redact(text);
         assert!(!printed.contains("s3cret"));
         assert!(printed.contains("token"));
-        assert_eq!(redact_inputs("{not json"), "{not json");
+        assert_eq!(redact("{not json"), "{not json");
+    }
+
+    #[test]
+    fn signed_urls_lose_their_query_in_printed_packets() {
+        let text = r#"{"type":"chat.message","payload":{"files":[{"file_ref":"f1","download_url":"/files/refs/f1?exp=9&sig=abcdef"}],"result":{"snapshot":{"url":"http://c.example/s?sig=99"}}}}"#;
+        let printed = redact(text);
+        assert!(!printed.contains("abcdef") && !printed.contains("sig=99"), "{printed}");
+        assert!(printed.contains("/files/refs/f1?<redacted>"), "{printed}");
     }
 }

@@ -174,31 +174,7 @@ pub(crate) fn init_logs(default: &str) {
 
 /// The API key from `--api-key-file`, else from the variable or `--api-key`.
 fn api_key(args: &WebchatArgs) -> Result<String, String> {
-    let key = match &args.api_key_file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read the API key file {}: {e}", path.display()))?;
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
-                    eprintln!(
-                        "xagent-connector webchat: warning: {} is readable by other users; chmod 600 it",
-                        path.display()
-                    );
-                }
-            }
-            text.lines().next().unwrap_or("").trim().to_owned()
-        }
-        None => args.api_key.clone().unwrap_or_default().trim().to_owned(),
-    };
-    if key.is_empty() {
-        return Err(
-            "the API key must not be empty: set XAGENT_CONNECTOR_API_KEY or pass --api-key-file"
-                .into(),
-        );
-    }
-    Ok(key)
+    crate::secrets::api_key(args.api_key_file.as_deref(), args.api_key.as_deref(), "webchat")
 }
 
 /// Runs the Connector.

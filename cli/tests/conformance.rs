@@ -115,3 +115,65 @@ async fn mock_xagent_prints_the_packets_it_exchanges() {
     assert!(text.contains("channel.open.ack"));
     assert!(!text.contains("tok-mock"), "form secrets are not printed back by the Connector");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mock_xagent_log_redacts_signed_urls() {
+    let server = EchoServer::start(&temp_state_dir("cli-mock-redact"), API_KEY, None)
+        .await
+        .expect("echo server");
+    let mut child = bin()
+        .args(["mock-xagent", "--base-url", &server.base_url(), "--api-key", API_KEY])
+        .args(["--flow", ECHO_FLOW, "--input", "token=tok-mock"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawns");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut seen = Vec::new();
+    let signed_in = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push(line.clone());
+            if line.contains("auth.start.ack") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(signed_in, Ok(true), "output so far: {seen:#?}");
+    // The Connector sends a file through a signed URL, valid for minutes.
+    let handle = server.server.handle();
+    let channel = handle.channels().into_iter().next().expect("the mock's channel");
+    let file = handle
+        .register_file(&channel, "in.txt", Some("text/plain"), b"a signed file")
+        .await
+        .expect("registered");
+    let url = file.download_url.clone().expect("a signed download_url");
+    let query = url.split_once('?').map(|(_, q)| q.to_owned()).expect("a signature");
+    let message = xagent_protocol_types::ChatMessage::with_files(
+        "in_signed_1",
+        Some("hi".into()),
+        vec![file],
+    );
+    handle.send_message(&channel, message).await.expect("sent");
+    let acked = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push(line.clone());
+            if line.contains("chat.message.ack") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let _ = child.kill().await;
+    assert_eq!(acked, Ok(true), "output so far: {seen:#?}");
+    let text = seen.join("\n");
+    assert!(text.contains("\"type\":\"chat.message\""), "{text}");
+    assert!(!text.contains(&query), "the signature is printed: {text}");
+    assert!(!text.contains("sig="), "{text}");
+    assert!(text.contains("13 bytes downloaded"), "the mock downloads as xAgent would: {text}");
+    server.stop().await;
+}

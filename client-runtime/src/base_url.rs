@@ -63,6 +63,11 @@ impl BaseUrl {
         self.url.as_str()
     }
 
+    /// The parsed URL, for the download policy's origin checks.
+    pub(crate) fn url(&self) -> &Url {
+        &self.url
+    }
+
     /// The path prefix without a trailing slash (`""` when there is none).
     pub fn prefix(&self) -> &str {
         self.url.path().trim_end_matches('/')
@@ -105,7 +110,8 @@ impl BaseUrl {
     }
 
     /// Resolves a `download_url` from a message as a browser would: absolute http(s) URLs are
-    /// kept; a root-relative path (`/prefix/files/refs/...`, what a Connector behind a path
+    /// kept (whether one may be fetched is the download policy's decision,
+    /// [`crate::DownloadPolicy`], checked by every download); a root-relative path (`/prefix/files/refs/...`, what a Connector behind a path
     /// prefix signs) is resolved against the origin, so the prefix is not added twice; a
     /// path without a leading slash is resolved under the Base URL's prefix.
     pub fn resolve(&self, download_url: &str) -> Result<String, BaseUrlError> {

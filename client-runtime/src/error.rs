@@ -2,7 +2,7 @@
 
 use xagent_protocol_types::{ConnectorChannelId, ErrorCode, FileRef, WireError};
 
-use crate::BaseUrlError;
+use crate::{BaseUrlError, DownloadError};
 
 /// What went wrong on the xAgent side.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +117,9 @@ pub enum ClientError {
     /// `supports.user_channel_mode` is `single` and the user already has a channel.
     #[error(transparent)]
     UserChannelLimit(#[from] UserChannelLimit),
+    /// An inbound file was refused by the download policy or could not be downloaded.
+    #[error(transparent)]
+    Download(#[from] DownloadError),
 }
 
 impl ClientError {
@@ -141,6 +144,7 @@ impl ClientError {
             Self::StreamClosed { .. } => ErrorCode::SequenceConflict,
             Self::OutboundFile(error) => error.code(),
             Self::UserChannelLimit(_) => ErrorCode::CapacityExceeded,
+            Self::Download(error) => error.code(),
         }
     }
 
@@ -153,6 +157,7 @@ impl ClientError {
                 | Self::Timeout { .. }
                 | Self::Http { .. }
                 | Self::Withheld(_)
+                | Self::Download(DownloadError::Failed(_))
         )
     }
 }

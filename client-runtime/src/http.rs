@@ -5,7 +5,8 @@ use xagent_protocol_types::{
     CHANNEL_HEADER, ConnectorCard, ConnectorChannelId, HealthResponse, Secret, UploadResponse,
 };
 
-use crate::{BaseUrl, ClientError};
+use crate::download::Downloader;
+use crate::{BaseUrl, ClientError, DownloadError, DownloadPolicy, Downloaded};
 
 /// An HTTP client bound to one Connector's Base URL and system API key.
 #[derive(Clone)]
@@ -13,6 +14,8 @@ pub struct ControlPlane {
     base: BaseUrl,
     api_key: Option<Secret>,
     http: reqwest::Client,
+    /// Inbound downloads: their own client, under the download policy.
+    downloads: Downloader,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -35,13 +38,22 @@ pub enum SkillDocument {
 
 impl ControlPlane {
     /// A client for a Base URL; `api_key` is sent as `Authorization: Bearer` where required.
+    /// Downloads follow the default [`DownloadPolicy`] (the Connector's own origin only).
     pub fn new(base: BaseUrl, api_key: Option<Secret>) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(5))
             .timeout(std::time::Duration::from_secs(30))
             .build()
             .unwrap_or_default();
-        Self { base, api_key, http }
+        let downloads = Downloader::new(&base, &DownloadPolicy::default());
+        Self { base, api_key, http, downloads }
+    }
+
+    /// Downloads under `policy` instead of the default one.
+    #[must_use]
+    pub fn with_download_policy(mut self, policy: &DownloadPolicy) -> Self {
+        self.downloads = Downloader::new(&self.base, policy);
+        self
     }
 
     /// The Base URL.
@@ -171,34 +183,15 @@ impl ControlPlane {
     }
 
     /// Downloads a message file by its `download_url` (relative URLs resolve under the Base
-    /// URL). Sent without an API key, as the xAgent download chain does.
-    pub async fn download(&self, download_url: &str) -> Result<Downloaded, ClientError> {
-        let url = self.base.resolve(download_url)?;
-        let response = self.send(&url, self.http.get(&url)).await?;
-        let response = Self::expect_success(&url, response).await?;
-        let content_type = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let bytes = response.bytes().await.map_err(|e| ClientError::Transport {
-            endpoint: url.clone(),
-            reason: e.without_url().to_string(),
-        })?;
-        Ok(Downloaded { content_type, bytes: bytes.to_vec() })
+    /// URL) under the download policy: the Connector's own origin or an allowed one, public
+    /// addresses only outside the Connector's origin, redirects checked at every hop, the size
+    /// limit counted while reading. Sent without an API key, as the xAgent download chain does.
+    pub async fn download(&self, download_url: &str) -> Result<Downloaded, DownloadError> {
+        self.downloads.fetch(download_url).await
     }
 
     /// The underlying HTTP client, for callers that need a request this type does not offer.
     pub fn http(&self) -> &reqwest::Client {
         &self.http
     }
-}
-
-/// A downloaded file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Downloaded {
-    /// `Content-Type` of the response.
-    pub content_type: Option<String>,
-    /// The bytes.
-    pub bytes: Vec<u8>,
 }

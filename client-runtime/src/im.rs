@@ -18,7 +18,7 @@ use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, lock, send
 use crate::im_state::ImState;
 use crate::stream::MessageStream;
 use crate::uploads::message_file;
-use crate::{ClientError, DataPlane, FileContent, ids};
+use crate::{ClientError, DataPlane, DownloadError, FileContent, ids, loggable_url};
 
 /// Sends every outbox delivery that is due. Safe to call at any time. The IM lock is not held
 /// while packets are written: deliveries are marked sent first and marked failed if the write
@@ -114,20 +114,51 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, mut packet: Packet) {
                 tokio::spawn(finish(shared.clone(), packet, ticket, verdict));
                 return;
             }
-            // Files go to the application's sink first, off the reader.
+            // Files go to the application's sink first, off the reader, a bounded number at a
+            // time; a message that finds every waiting place taken is redelivered later.
+            let Ok(place) = shared.waiting.clone().try_acquire_owned() else {
+                let ack = {
+                    let mut im = shared.im.lock().await;
+                    im.receiver.abandon(
+                        ticket,
+                        ErrorCode::ChannelBusy,
+                        "too many files are being downloaded; redeliver later",
+                        true,
+                    )
+                };
+                send_ack(shared, &packet, ack).await;
+                return;
+            };
             let shared = shared.clone();
             tokio::spawn(async move {
-                let saved = match (&sink, save_files(&shared, &channel, &message).await) {
-                    (Some(_), Ok(saved)) => saved,
-                    (_, Err(reason)) => {
+                let saved = {
+                    let _slot = shared.downloading.clone().acquire_owned().await;
+                    save_files(&shared, &channel, &message).await
+                };
+                drop(place);
+                let saved = match saved {
+                    Ok(saved) => saved,
+                    Err(error) => {
+                        // The detail stays in xAgent's log; the Connector hears only whether
+                        // it was refused by policy (final) or failed (retryable).
+                        tracing::warn!(
+                            channel = %channel,
+                            message_id = %message.message_id,
+                            error = %error,
+                            "an inbound message's file was not downloaded"
+                        );
                         let ack = {
                             let mut im = shared.im.lock().await;
-                            im.receiver.abandon(ticket, ErrorCode::ChannelBusy, reason, true)
+                            im.receiver.abandon(
+                                ticket,
+                                error.code(),
+                                error.public_message(),
+                                error.is_retryable(),
+                            )
                         };
                         send_ack(&shared, &packet, ack).await;
                         return;
                     }
-                    (None, Ok(saved)) => saved,
                 };
                 let (responder, verdict) = oneshot::channel();
                 let inbound = InboundMessage::with_responder(channel, message, responder, saved);
@@ -149,13 +180,14 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, mut packet: Packet) {
     send_ack(shared, &packet, ack).await;
 }
 
-/// Downloads every file of an inbound message through its resolved `download_url` into the
-/// application's sink, returning the application's references in order.
+/// Downloads every file of an inbound message through its resolved `download_url`, under the
+/// download policy, into the application's sink, returning the application's references in
+/// order. One file is held in memory at a time.
 async fn save_files(
     shared: &Arc<Shared>,
     channel: &ConnectorChannelId,
     message: &ChatMessage,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, DownloadError> {
     let Some(sink) = lock(&shared.sink).clone() else {
         return Ok(Vec::new());
     };
@@ -163,10 +195,19 @@ async fn save_files(
     let mut saved = Vec::with_capacity(message.files.len());
     for file in &message.files {
         let Some(url) = &file.download_url else {
-            return Err(format!("file {} has no download_url", file.file_ref));
+            return Err(DownloadError::Refused(format!(
+                "file {} has no download_url",
+                file.file_ref
+            )));
         };
-        let downloaded = control.download(url).await.map_err(|e| e.to_string())?;
-        saved.push(sink.save(channel, file, downloaded.bytes).await?);
+        let downloaded = control.download(url).await.inspect_err(|_| {
+            tracing::debug!(url = %loggable_url(url), file_ref = %file.file_ref, "download not taken");
+        })?;
+        let reference = sink
+            .save(channel, file, downloaded.bytes)
+            .await
+            .map_err(|reason| DownloadError::Failed(format!("the application's sink: {reason}")))?;
+        saved.push(reference);
     }
     Ok(saved)
 }

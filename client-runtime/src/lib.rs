@@ -63,6 +63,7 @@
 //! | `http`, `transport` | the control and transfer planes; the frame transports |
 //! | `store`, `directory`, `channel_mode`, `backoff` | durable state; the channel directory and its `user_channel_mode` hold; reconnect delays |
 //! | `error` | `ClientError` |
+//! | `download` | inbound downloads under the download policy (origins, addresses, redirects, size) |
 //! | `base_url`, `ids`, `model_args` | Base URL rules; identifiers; the model's redundant `connector_channel_id` |
 
 mod acks;
@@ -72,6 +73,7 @@ mod base_url;
 mod channel_mode;
 mod connection;
 mod directory;
+mod download;
 mod driver;
 mod error;
 mod files;
@@ -100,11 +102,16 @@ pub use connection::{
     PacketTap, TapDirection, Verdict, next_event_matching,
 };
 pub use directory::{ChannelDirectory, ChannelEntry, DescriptorRefused, SessionBinding};
+pub use download::{
+    DEFAULT_CONCURRENT_DOWNLOADS, DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_MAX_DOWNLOAD_BYTES,
+    DEFAULT_MAX_REDIRECTS, DownloadError, DownloadPolicy, Downloaded, MAX_WAITING_DOWNLOADS,
+    OriginError, is_public, loggable_url, parse_origin,
+};
 pub use driver::REOPEN_CONCURRENCY;
 pub use error::{ClientError, OutboundFileError, UserChannelLimit};
 pub use files::{FileContent, FileSink, FileSource};
 pub use health::*;
-pub use http::{ControlPlane, Downloaded, SkillDocument};
+pub use http::{ControlPlane, SkillDocument};
 pub use invoke::{
     CHANNELS_LIST_TOOL, MESSAGE_SEND_TOOL, ToolCallOptions, ToolOutcome, builtin_tools,
 };

@@ -13,8 +13,10 @@ use xagent_protocol_types::{ChatFile, ConnectorChannelId};
 use crate::files::{AllowedDirs, FileSource as Reference, MAX_UPLOAD_BYTES};
 use crate::inbox::Inbox;
 
-/// Largest inbound file the bridge keeps (32 MiB); larger ones are refused retryably.
-pub const MAX_DOWNLOAD_BYTES: usize = 32 * 1024 * 1024;
+/// Largest inbound file the bridge keeps by default (32 MiB, the runtime's default download
+/// limit): the runtime stops reading a larger one and refuses it for good
+/// ([`xagent_client_runtime::DownloadPolicy`]; `LinkConfig::download` sets another).
+pub const MAX_DOWNLOAD_BYTES: u64 = xagent_client_runtime::DEFAULT_MAX_DOWNLOAD_BYTES;
 
 /// What the runtime calls to read a file the agent named: an inbox resource or a path under an
 /// allowed directory ([`AllowedDirs`]).
@@ -69,8 +71,9 @@ impl FileSource for BridgeFiles {
     }
 }
 
-/// What the runtime calls with each inbound file it downloaded: written (and synced) into the
-/// inbox's files directory before the message reaches the bridge.
+/// What the runtime calls with each inbound file it downloaded (under the link's download
+/// policy, which also bounds its size): written (and synced) into the inbox's files directory
+/// before the message reaches the bridge.
 impl FileSink for BridgeFiles {
     fn save(
         &self,
@@ -83,11 +86,6 @@ impl FileSink for BridgeFiles {
         let id = format!("f_{}", hex::encode(&digest[..12]));
         let path = self.inbox.file_path(&id);
         Box::pin(async move {
-            if bytes.len() > MAX_DOWNLOAD_BYTES {
-                return Err(format!(
-                    "the file is larger than the bridge keeps ({MAX_DOWNLOAD_BYTES} bytes)"
-                ));
-            }
             tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
                 .await
                 .map_err(|e| e.to_string())?

@@ -25,8 +25,8 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, watch};
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, Events,
-    FunctionDeclaration, HealthMonitor, InboundMessage, SignIn as Flow, SqliteXagentStore,
+    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, DownloadPolicy,
+    Events, FunctionDeclaration, HealthMonitor, InboundMessage, SignIn as Flow, SqliteXagentStore,
     ToolCallOptions, admit, builtin_tools,
 };
 use xagent_protocol_types::{
@@ -115,6 +115,9 @@ pub struct LinkConfig {
     pub allowed: AllowedDirs,
     /// How often `/health` is probed (a changed Card or Skill is refetched and re-admitted).
     pub health_interval: Duration,
+    /// Where inbound files may be downloaded from and how large they may be (default: the
+    /// Connector's own origin, [`MAX_DOWNLOAD_BYTES`]).
+    pub download: DownloadPolicy,
 }
 
 /// The sign-in state of the bridge's channel, as the agent may see it.
@@ -205,6 +208,7 @@ impl Link {
             client = client.with_api_key(key);
         }
         client.request_timeout = Duration::from_secs(30);
+        client.download = config.download.clone();
         client.connector_id = inbox.meta(META_CONNECTOR_ID)?.map(ConnectorId::new);
         let (plane, events) = DataPlane::connect(client)?;
         let files = Arc::new(BridgeFiles { allowed: config.allowed.clone(), inbox: inbox.clone() });

@@ -113,9 +113,13 @@ async fn http_transport_requires_the_bearer_token() {
             base_url: base.clone(),
             api_key: Some(Secret::new(API_KEY)),
             flow: Some(ROOM_FLOW.into()),
-            inputs: AuthInput::default().with("room_name", ROOM).with("access_code", ACCESS_CODE),
+            inputs: AuthInput::default()
+                .with("room_name", ROOM)
+                .with("access_code", ACCESS_CODE)
+                .with("owner_code", "owner-code-http-5678"),
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_secs(30),
+            download: Default::default(),
         },
         state_dir: dir.path().join("bridge"),
     })

@@ -156,6 +156,7 @@ async fn setup(lifecycle: ClientLifecycleMode) -> Setup {
             inputs: AuthInput::default().with("token", "t-123"),
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_secs(30),
+            download: Default::default(),
         },
         state_dir: dir.path().join("bridge"),
     })
@@ -337,6 +338,7 @@ async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
             inputs: AuthInput::default().with("token", "t-123"),
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_millis(200),
+            download: Default::default(),
         },
         state_dir: dir.path().join("bridge"),
     })

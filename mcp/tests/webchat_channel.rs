@@ -51,6 +51,7 @@ async fn setup() -> Setup {
                 .with("owner_code", "owner-5678-room"),
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_secs(30),
+            download: Default::default(),
         },
         state_dir: dir.path().join("bridge"),
     })

@@ -163,10 +163,17 @@ impl DeviceGate {
         self.bindings.state(channel).correction()
     }
 
-    /// The user confirmed the next call of a high-risk `tool` on `channel` (out of band: a
-    /// prompt on the device, an approval page); the grant is one-shot and expires.
-    pub fn grant_confirmation(&mut self, channel: &ConnectorChannelId, tool: &ToolId, now: u64) {
-        self.confirmations.grant(channel, tool, now);
+    /// The user confirmed the call of a high-risk `tool` on `channel` with exactly these
+    /// `arguments` (out of band: a prompt on the device, an approval page); the grant is
+    /// one-shot, expires, and confirms no call with other arguments.
+    pub fn grant_confirmation(
+        &mut self,
+        channel: &ConnectorChannelId,
+        tool: &ToolId,
+        arguments: &Map<String, Value>,
+        now: u64,
+    ) {
+        self.confirmations.grant(channel, tool, arguments, now);
     }
 
     /// Decides whether a call may go to the device, in this order: the Tool is a declared
@@ -190,7 +197,7 @@ impl DeviceGate {
         let confirmation = if tool.risk == RiskLevel::High
             && self.config.high_risk == HighRiskPolicy::RequireConfirmation
         {
-            self.confirmations.take(channel, tool_id, now)
+            self.confirmations.take(channel, tool_id, arguments, now)
         } else {
             Confirmation::None
         };
@@ -280,7 +287,7 @@ mod tests {
             code(g.admit(&ch(), &ToolId::new("reset"), &Map::new(), 0)),
             ErrorCode::ConfirmationRequired
         );
-        g.grant_confirmation(&ch(), &ToolId::new("reset"), 0);
+        g.grant_confirmation(&ch(), &ToolId::new("reset"), &Map::new(), 0);
         let ok = g.admit(&ch(), &ToolId::new("reset"), &Map::new(), 1).unwrap();
         assert_eq!(ok.device, "dev-1");
         g.on_event(&ch(), BindingEvent::PermissionLost);
@@ -339,8 +346,26 @@ mod tests {
         let config = DeviceConfig { high_risk: HighRiskPolicy::Refuse, ..DeviceConfig::default() };
         let mut g = DeviceGate::new([reset], config).unwrap();
         g.bind(&ch(), "d").unwrap();
-        g.grant_confirmation(&ch(), &ToolId::new("reset"), 0);
+        g.grant_confirmation(&ch(), &ToolId::new("reset"), &Map::new(), 0);
         let err = g.admit(&ch(), &ToolId::new("reset"), &Map::new(), 0).unwrap_err();
         assert_eq!(err.code(), ErrorCode::PermissionDenied);
+    }
+
+    #[test]
+    fn confirmation_grant_for_one_call_does_not_admit_another() {
+        let open = DeviceTool::new(
+            "open_valve",
+            ToolCategory::Control,
+            RiskLevel::High,
+            vec![ParamRule::required("percent", ParamKind::Integer { min: 0, max: 100 })],
+        )
+        .unwrap();
+        let mut g = DeviceGate::new([open], DeviceConfig::default()).unwrap();
+        g.bind(&ch(), "d").unwrap();
+        let tool = ToolId::new("open_valve");
+        g.grant_confirmation(&ch(), &tool, &args(json!({"percent": 5})), 0);
+        let other = g.admit(&ch(), &tool, &args(json!({"percent": 100})), 1).unwrap_err();
+        assert_eq!(other.code(), ErrorCode::ConfirmationRequired);
+        g.admit(&ch(), &tool, &args(json!({"percent": 5})), 2).unwrap();
     }
 }

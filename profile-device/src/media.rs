@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use xagent_protocol_types::{ConnectorChannelId, FileRef, FileType, ToolId};
 
 use crate::DeviceError;
@@ -13,9 +13,31 @@ use crate::tools::Confirmation;
 pub const FORBIDDEN_MEDIA_FIELDS: &[&str] =
     &["bytes", "base64", "data", "image_data", "content_base64", "file_bytes", "local_path"];
 
-/// Longest string accepted in a result that looks like base64 (longer ones are refused as
-/// smuggled bytes).
+/// Longest base64 string accepted in a result without a look inside: a longer one is refused
+/// as smuggled bytes when it decodes to a known media or archive format
+/// ([`MEDIA_SIGNATURES`]). Long text that merely uses base64's alphabet (a device's property
+/// value, an id, a hash) passes.
 pub const MAX_BASE64_LIKE_LEN: usize = 4096;
+
+/// File signatures (leading bytes, with their offset) of the media and archive formats a
+/// base64 string in a result is refused for.
+pub const MEDIA_SIGNATURES: &[(usize, &[u8])] = &[
+    (0, b"\x89PNG\r\n\x1a\n"),
+    (0, &[0xff, 0xd8, 0xff]),
+    (0, b"GIF87a"),
+    (0, b"GIF89a"),
+    (0, b"RIFF"),
+    (0, b"%PDF-"),
+    (4, b"ftyp"),
+    (0, b"PK\x03\x04"),
+    (0, &[0x1f, 0x8b]),
+    (0, b"OggS"),
+    (0, b"ID3"),
+    (0, b"fLaC"),
+    (0, &[0x1a, 0x45, 0xdf, 0xa3]),
+    (0, b"II*\0"),
+    (0, b"MM\0*"),
+];
 
 /// A media result: the reference returned by the Transfer Plane after upload.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,10 +118,30 @@ impl MediaResult {
     }
 }
 
-fn looks_like_base64(s: &str) -> bool {
-    s.len() > MAX_BASE64_LIKE_LEN
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'\n' | b'\r'))
+/// True when `s` is a long base64 string (standard or URL-safe alphabet, line breaks allowed)
+/// whose decoded bytes start like a media or archive file: the one home of the "media bytes
+/// in a result" heuristic.
+fn looks_like_base64_media(s: &str) -> bool {
+    if s.len() <= MAX_BASE64_LIKE_LEN
+        || !s.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(b, b'+' | b'/' | b'-' | b'_' | b'=' | b'\n' | b'\r')
+        })
+    {
+        return false;
+    }
+    // The first 32 characters decode to 24 bytes: enough for every signature.
+    let head: String =
+        s.bytes().filter(|b| !matches!(b, b'\n' | b'\r')).take(32).map(char::from).collect();
+    let engine = if head.bytes().any(|b| matches!(b, b'-' | b'_')) {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+    } else {
+        base64::engine::general_purpose::STANDARD_NO_PAD
+    };
+    let Ok(bytes) = base64::Engine::decode(&engine, head.trim_end_matches('=')) else {
+        return false;
+    };
+    MEDIA_SIGNATURES.iter().any(|(at, sig)| bytes.get(*at..).is_some_and(|b| b.starts_with(sig)))
 }
 
 /// Checks a Tool result before it is sent: no byte-carrying field names, no `data:` URLs, no
@@ -130,7 +172,7 @@ pub fn check_result(value: &Value) -> Result<(), DeviceError> {
             }
             Value::String(s) => {
                 let lower = s.get(..5).map(str::to_ascii_lowercase);
-                if lower.as_deref() == Some("data:") || looks_like_base64(s) {
+                if lower.as_deref() == Some("data:") || looks_like_base64_media(s) {
                     return Err(DeviceError::MediaBytesForbidden(path.clone()));
                 }
             }
@@ -144,12 +186,27 @@ pub fn check_result(value: &Value) -> Result<(), DeviceError> {
 /// Default lifetime of a confirmation grant: 5 minutes.
 pub const DEFAULT_CONFIRMATION_TTL_MS: u64 = 5 * 60 * 1000;
 
+/// Most grants waiting on one channel (a Connector granting in a loop cannot grow the ledger).
+pub const MAX_GRANTS_PER_CHANNEL: usize = 64;
+
+/// What a grant is bound to: the fingerprint of the arguments (SHA-256 of their canonical
+/// JSON, the runtime's one definition of "the same arguments", the one repeated calls use),
+/// without the channel argument the runtime removes before a call is admitted. A grant thus
+/// confirms exactly one call's arguments, whatever the order of their keys.
+pub fn arguments_digest(arguments: &Map<String, Value>) -> String {
+    let mut arguments = arguments.clone();
+    arguments.remove(xagent_protocol_types::CHANNEL_ARGUMENT);
+    xagent_profile_im::Fingerprint::of_value(&Value::Object(arguments)).as_str().to_owned()
+}
+
 /// One-shot confirmations of high-risk Tools, granted by the user out of band (a prompt on
-/// the device, an approval page) and consumed by the next call of that Tool on that channel.
+/// the device, an approval page) for one call's exact arguments, and consumed by the next call
+/// of that Tool on that channel with those arguments. A call with other arguments finds no
+/// grant.
 #[derive(Debug)]
 pub struct ConfirmationLedger {
     ttl_ms: u64,
-    grants: BTreeMap<(ConnectorChannelId, ToolId), u64>,
+    grants: BTreeMap<(ConnectorChannelId, ToolId, String), u64>,
 }
 
 impl ConfirmationLedger {
@@ -158,14 +215,41 @@ impl ConfirmationLedger {
         Self { ttl_ms, grants: BTreeMap::new() }
     }
 
-    /// The user confirmed the next call of `tool` on `channel`.
-    pub fn grant(&mut self, channel: &ConnectorChannelId, tool: &ToolId, now: u64) {
-        self.grants.insert((channel.clone(), tool.clone()), now.saturating_add(self.ttl_ms));
+    /// The user confirmed the call of `tool` on `channel` with these `arguments`. Past
+    /// [`MAX_GRANTS_PER_CHANNEL`] live grants on the channel, the one expiring first goes.
+    pub fn grant(
+        &mut self,
+        channel: &ConnectorChannelId,
+        tool: &ToolId,
+        arguments: &Map<String, Value>,
+        now: u64,
+    ) {
+        self.prune(now);
+        let on_channel: Vec<_> = self
+            .grants
+            .iter()
+            .filter(|((c, _, _), _)| c == channel)
+            .map(|(k, u)| (k.clone(), *u))
+            .collect();
+        if on_channel.len() >= MAX_GRANTS_PER_CHANNEL
+            && let Some((oldest, _)) = on_channel.into_iter().min_by_key(|(_, until)| *until)
+        {
+            self.grants.remove(&oldest);
+        }
+        let key = (channel.clone(), tool.clone(), arguments_digest(arguments));
+        self.grants.insert(key, now.saturating_add(self.ttl_ms));
     }
 
-    /// Consumes a live grant, if any.
-    pub fn take(&mut self, channel: &ConnectorChannelId, tool: &ToolId, now: u64) -> Confirmation {
-        match self.grants.remove(&(channel.clone(), tool.clone())) {
+    /// Consumes a live grant for exactly these arguments, if any.
+    pub fn take(
+        &mut self,
+        channel: &ConnectorChannelId,
+        tool: &ToolId,
+        arguments: &Map<String, Value>,
+        now: u64,
+    ) -> Confirmation {
+        let key = (channel.clone(), tool.clone(), arguments_digest(arguments));
+        match self.grants.remove(&key) {
             Some(until) if now < until => Confirmation::Confirmed,
             _ => Confirmation::None,
         }
@@ -208,20 +292,87 @@ mod tests {
         let err = check_result(&json!({"screenshot": {"base64": "AAAA"}})).unwrap_err();
         assert_eq!(err, DeviceError::MediaBytesForbidden("/screenshot/base64".into()));
         assert!(check_result(&json!({"items": ["data:image/png;base64,AAAA"]})).is_err());
-        assert!(check_result(&json!({"blob": "A".repeat(MAX_BASE64_LIKE_LEN + 1)})).is_err());
+        // A PNG's bytes in base64, however long the rest: refused.
+        let png = format!("iVBORw0KGgoAAAANSUhEUgAA{}", "A".repeat(MAX_BASE64_LIKE_LEN));
+        assert!(check_result(&json!({"blob": png})).is_err());
+        let jpeg = format!("/9j/4AAQSkZJRgABAQ{}", "A".repeat(MAX_BASE64_LIKE_LEN));
+        assert!(check_result(&json!({"nested": [{"x": jpeg}]})).is_err());
         check_result(&json!({"text": "a normal reply with spaces", "n": 3})).unwrap();
+    }
+
+    #[test]
+    fn long_property_value_is_not_media() {
+        // A device's long value in base64's alphabet (a token, a hex dump, a repeated letter)
+        // is text, not a picture.
+        for value in [
+            "A".repeat(MAX_BASE64_LIKE_LEN * 2),
+            "abcdef0123456789".repeat(600),
+            "xK9/Zq+3".repeat(1_000),
+        ] {
+            check_result(&json!({"nodes": [{"properties": [{"value": value}]}]})).unwrap();
+        }
     }
 
     #[test]
     fn confirmation_grant_is_one_shot_and_expires() {
         let mut l = ConfirmationLedger::new(1_000);
         let (c, t) = (ConnectorChannelId::new("c"), ToolId::new("factory_reset"));
-        assert_eq!(l.take(&c, &t, 0), Confirmation::None);
-        l.grant(&c, &t, 0);
-        assert_eq!(l.take(&c, &ToolId::new("other"), 1), Confirmation::None);
-        assert_eq!(l.take(&c, &t, 1), Confirmation::Confirmed);
-        assert_eq!(l.take(&c, &t, 2), Confirmation::None, "one shot");
-        l.grant(&c, &t, 0);
-        assert_eq!(l.take(&c, &t, 1_000), Confirmation::None, "expired");
+        let none = Map::new();
+        assert_eq!(l.take(&c, &t, &none, 0), Confirmation::None);
+        l.grant(&c, &t, &none, 0);
+        assert_eq!(l.take(&c, &ToolId::new("other"), &none, 1), Confirmation::None);
+        assert_eq!(l.take(&c, &t, &none, 1), Confirmation::Confirmed);
+        assert_eq!(l.take(&c, &t, &none, 2), Confirmation::None, "one shot");
+        l.grant(&c, &t, &none, 0);
+        assert_eq!(l.take(&c, &t, &none, 1_000), Confirmation::None, "expired");
+    }
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn confirmation_grant_is_bound_to_its_arguments() {
+        let mut l = ConfirmationLedger::new(60_000);
+        let (c, t) = (ConnectorChannelId::new("c"), ToolId::new("unlock_door"));
+        l.grant(&c, &t, &args(json!({"door": "front", "minutes": 1})), 0);
+        // Another call of the same Tool is not confirmed by it.
+        assert_eq!(
+            l.take(&c, &t, &args(json!({"door": "back", "minutes": 1})), 1),
+            Confirmation::None
+        );
+        assert_eq!(
+            l.take(&c, &t, &args(json!({"door": "front", "minutes": 60})), 1),
+            Confirmation::None
+        );
+        // The confirmed call is, whatever the order of its keys.
+        assert_eq!(
+            l.take(&c, &t, &args(json!({"minutes": 1, "door": "front"})), 2),
+            Confirmation::Confirmed
+        );
+        assert_eq!(
+            arguments_digest(&args(json!({"a": {"x": 1, "y": [1, 2]}, "b": "s"}))),
+            arguments_digest(&args(json!({"b": "s", "a": {"y": [1, 2], "x": 1}})))
+        );
+        assert_ne!(
+            arguments_digest(&args(json!({"a": [1, 2]}))),
+            arguments_digest(&args(json!({"a": [2, 1]})))
+        );
+        // The channel argument is not part of what was confirmed.
+        assert_eq!(
+            arguments_digest(&args(json!({"door": "front", "connector_channel_id": "cch_1"}))),
+            arguments_digest(&args(json!({"door": "front"})))
+        );
+    }
+
+    #[test]
+    fn grants_per_channel_are_bounded() {
+        let mut l = ConfirmationLedger::new(60_000);
+        let (c, t) = (ConnectorChannelId::new("c"), ToolId::new("t"));
+        for i in 0..(MAX_GRANTS_PER_CHANNEL as u64 + 10) {
+            l.grant(&c, &t, &args(json!({"i": i})), i);
+        }
+        assert_eq!(l.grants.len(), MAX_GRANTS_PER_CHANNEL);
+        assert_eq!(l.take(&c, &t, &args(json!({"i": 0})), 100), Confirmation::None, "oldest went");
     }
 }

@@ -111,11 +111,11 @@ fn high_risk_tool_needs_a_live_confirmation() {
     let none = Map::new();
     let err = g.admit(&channel(), &id("device_wipe"), &none, clock.now_millis()).unwrap_err();
     assert_eq!(err.code(), ErrorCode::ConfirmationRequired);
-    g.grant_confirmation(&channel(), &id("device_wipe"), clock.now_millis());
+    g.grant_confirmation(&channel(), &id("device_wipe"), &none, clock.now_millis());
     clock.advance(5 * 60 * 1000);
     let err = g.admit(&channel(), &id("device_wipe"), &none, clock.now_millis()).unwrap_err();
     assert_eq!(err.code(), ErrorCode::ConfirmationRequired, "the grant expired");
-    g.grant_confirmation(&channel(), &id("device_wipe"), clock.now_millis());
+    g.grant_confirmation(&channel(), &id("device_wipe"), &none, clock.now_millis());
     g.admit(&channel(), &id("device_wipe"), &none, clock.now_millis()).unwrap();
 }
 

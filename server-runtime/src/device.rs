@@ -216,9 +216,15 @@ impl DeviceRuntime {
         }
     }
 
-    /// The user confirmed the next call of a high-risk Tool.
-    pub(crate) fn grant(&self, channel: &ConnectorChannelId, tool: &ToolId, now: u64) {
-        self.lock().gate.grant_confirmation(channel, tool, now);
+    /// The user confirmed a call of a high-risk Tool with these arguments.
+    pub(crate) fn grant(
+        &self,
+        channel: &ConnectorChannelId,
+        tool: &ToolId,
+        arguments: &serde_json::Map<String, serde_json::Value>,
+        now: u64,
+    ) {
+        self.lock().gate.grant_confirmation(channel, tool, arguments, now);
     }
 
     /// Writes a correction into a channel record: its status and the availability of every

@@ -74,11 +74,12 @@ pub(crate) trait HandleOps: Send + Sync + 'static {
         channel: &ConnectorChannelId,
         status: DeviceStatus,
     ) -> BoxFuture<'_, Result<bool, HandleError>>;
-    /// Grants one confirmation of a high-risk device Tool.
+    /// Grants one confirmation of a high-risk device Tool call with these arguments.
     fn grant_confirmation(
         &self,
         channel: &ConnectorChannelId,
         tool: &ToolId,
+        arguments: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<(), HandleError>;
     /// Overrides one declared Tool's availability and pushes the Descriptor.
     fn set_tool_status(
@@ -210,15 +211,18 @@ impl ConnectorHandle {
         self.0.device_status(channel, status).await
     }
 
-    /// The user confirmed the next call of a high-risk device Tool on the channel (through
-    /// the Connector's own means: a prompt on the device, an approval page). The grant is
-    /// used by that one call and expires after the configured time.
+    /// The user confirmed a call of a high-risk device Tool on the channel with exactly these
+    /// `arguments` (through the Connector's own means: a prompt on the device showing what
+    /// will be done, an approval page). The grant is used by the next call with those same
+    /// arguments (compared as canonical JSON), confirms no other call, and expires after the
+    /// configured time.
     pub fn grant_confirmation(
         &self,
         channel: &ConnectorChannelId,
         tool: &ToolId,
+        arguments: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<(), HandleError> {
-        self.0.grant_confirmation(channel, tool)
+        self.0.grant_confirmation(channel, tool, arguments)
     }
 
     /// Overrides one Tool's availability on the channel and pushes the new Descriptor. Only

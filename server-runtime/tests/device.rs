@@ -278,11 +278,11 @@ async fn rule_high_risk_tool_needs_a_live_one_shot_confirmation() {
     let first = invoke(&mut c, &channel, "lab_wipe", json!({}), "w1").await;
     assert_eq!(code(&first), Some(ErrorCode::ConfirmationRequired));
     // A grant that expired (simulated time) does not count.
-    handle.grant_confirmation(&channel, &wipe).unwrap();
+    handle.grant_confirmation(&channel, &wipe, &serde_json::Map::new()).unwrap();
     clock.advance(5 * 60 * 1000);
     let late = invoke(&mut c, &channel, "lab_wipe", json!({}), "w1").await;
     assert_eq!(code(&late), Some(ErrorCode::ConfirmationRequired));
-    handle.grant_confirmation(&channel, &wipe).unwrap();
+    handle.grant_confirmation(&channel, &wipe, &serde_json::Map::new()).unwrap();
     let ok = invoke(&mut c, &channel, "lab_wipe", json!({}), "w1").await;
     assert_eq!(code(&ok), None, "{ok:?}");
     // One shot: the next call needs a new confirmation.

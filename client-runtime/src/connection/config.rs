@@ -9,7 +9,7 @@ use xagent_protocol_types::{
 use xagent_protocol_validate::AdmissionWindow;
 
 use crate::store::XagentStore;
-use crate::{Backoff, BaseUrl};
+use crate::{Backoff, BaseUrl, DownloadPolicy};
 
 /// How to reach and greet a Connector.
 #[derive(Clone)]
@@ -47,6 +47,9 @@ pub struct ClientConfig {
     /// Durable xAgent-side state (remembered channels, idempotency, outbox); in memory when
     /// `None`.
     pub store: Option<Arc<dyn XagentStore>>,
+    /// Where inbound files may be downloaded from, how large they may be and how many at a
+    /// time (default: the Connector's own origin only, 32 MiB, 4 at a time).
+    pub download: DownloadPolicy,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -60,6 +63,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("request_timeout", &self.request_timeout)
             .field("backoff", &self.backoff)
             .field("durable", &self.store.is_some())
+            .field("download", &self.download)
             .finish_non_exhaustive()
     }
 }
@@ -98,7 +102,7 @@ impl std::fmt::Debug for PacketTap {
 
 impl ClientConfig {
     /// Defaults for a Connector: 10 s request timeout, default backoff, 1 MiB frames both ways, 1024
-    /// buffered events, the system clock, state in memory.
+    /// buffered events, the system clock, state in memory, the default [`DownloadPolicy`].
     pub fn new(
         base_url: BaseUrl,
         connector_card_id: impl Into<ConnectorCardId>,
@@ -120,6 +124,7 @@ impl ClientConfig {
             tap: None,
             clock: Arc::new(SystemClock),
             store: None,
+            download: DownloadPolicy::default(),
         }
     }
 
@@ -143,6 +148,13 @@ impl ClientConfig {
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Sets the download policy of inbound files.
+    #[must_use]
+    pub fn with_download_policy(mut self, policy: DownloadPolicy) -> Self {
+        self.download = policy;
         self
     }
 

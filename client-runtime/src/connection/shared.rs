@@ -39,6 +39,11 @@ pub(crate) struct Shared {
     /// use) and shared by every download and upload: a `reqwest::Client` holds a connection
     /// pool, so one per file would open a new connection each time.
     pub(crate) control: std::sync::OnceLock<crate::ControlPlane>,
+    /// Inbound messages downloading their files now (the policy's `max_concurrent`): memory
+    /// for downloads stays within that many files of the size limit.
+    pub(crate) downloading: Arc<tokio::sync::Semaphore>,
+    /// Inbound messages with files downloading or waiting to (past that: `channel_busy`).
+    pub(crate) waiting: Arc<tokio::sync::Semaphore>,
     pub(crate) validator: xagent_protocol_validate::Validator,
     /// Acks that ended an assistant message's delivery, for [`crate::DataPlane::settled_ack`].
     pub(crate) settled: crate::settled::SettledAcks,
@@ -58,6 +63,7 @@ impl Shared {
         self.control
             .get_or_init(|| {
                 crate::ControlPlane::new(self.config.base_url.clone(), self.config.api_key.clone())
+                    .with_download_policy(&self.config.download)
             })
             .clone()
     }

@@ -56,6 +56,7 @@ impl DataPlane {
             directory.remember(remembered.channel, remembered.owner);
         }
         let config_window = config.window;
+        let download_slots = config.download.max_concurrent.max(1);
         let shared = Arc::new(Shared {
             im: Mutex::new(im),
             config,
@@ -70,6 +71,10 @@ impl DataPlane {
             files: StdMutex::new(None),
             sink: StdMutex::new(None),
             control: std::sync::OnceLock::new(),
+            downloading: Arc::new(tokio::sync::Semaphore::new(download_slots)),
+            waiting: Arc::new(tokio::sync::Semaphore::new(
+                download_slots + crate::download::MAX_WAITING_DOWNLOADS,
+            )),
             validator: xagent_protocol_validate::Validator::new().with_window(config_window),
             settled: crate::settled::SettledAcks::default(),
         });

@@ -24,6 +24,7 @@ use crate::HomieError;
 use crate::link::{Availability, HomieLink, LinkConfig, MqttUrl};
 use crate::model::check_id;
 use crate::pairing::PairingCodes;
+use crate::pin::{Pinned, snapshot_extension};
 
 /// The Card id.
 pub const CARD_ID: &str = "device.homie";
@@ -46,6 +47,8 @@ pub const DEFAULT_BIND_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The binding's private entry naming the device (never shown to xAgent).
 const DEVICE_SECRET: &str = "homie_device_id";
+/// The binding's private entry holding the device's description pinned at bind time.
+const PINNED_SECRET: &str = "homie_pinned_description";
 
 /// What `homie_bind` asks the device owner.
 #[derive(Deserialize, JsonSchema)]
@@ -163,6 +166,18 @@ fn bound_device(ctx: &ToolContext) -> Result<String, ToolError> {
     })
 }
 
+/// The bound device and the description the channel pinned when it bound it.
+fn bound(ctx: &ToolContext) -> Result<(String, Pinned), ToolError> {
+    let device = bound_device(ctx)?;
+    let pinned = ctx
+        .binding
+        .secret(PINNED_SECRET)
+        .ok_or_else(|| HomieError::NotPinned("bound before descriptions were pinned".into()))
+        .and_then(|text| Pinned::from_text(text.expose()))
+        .map_err(|e| tool_error(&e))?;
+    Ok((device, pinned))
+}
+
 impl App {
     /// Follows `device` for `channel` (once per channel) as a shared consumer of the runtime.
     fn watch(
@@ -202,7 +217,17 @@ impl App {
         }
         match self.link.wait_online(&device, self.bind_timeout).await {
             Ok(()) => {
-                let name = self.link.describe(&device).map(|d| d.name).unwrap_or_default();
+                // What the device describes now is what this channel's calls are judged by
+                // until it binds again.
+                let pinned = match self.link.pin(&device).and_then(|p| Ok((p.to_text()?, p))) {
+                    Ok(pinned) => pinned,
+                    Err(e) => {
+                        self.link.unwatch(&device);
+                        return Ok(AuthStep::Failed(e.to_string()));
+                    }
+                };
+                let (pinned_text, pinned) = pinned;
+                let name = pinned.name.clone();
                 let display = if name.trim().is_empty() { device.clone() } else { name };
                 // The channel's own watch (joined when it already follows the device), then
                 // the one taken for the wait is let go: the subscription stays up throughout.
@@ -210,7 +235,9 @@ impl App {
                 self.link.unwatch(&device);
                 let target = DescriptorTarget::new(PROVIDER, display).with_label("Homie device");
                 Ok(AuthStep::Authenticated(
-                    Binding::new(target).with_secret(DEVICE_SECRET, Secret::new(device)),
+                    Binding::new(target)
+                        .with_secret(DEVICE_SECRET, Secret::new(device))
+                        .with_secret(PINNED_SECRET, Secret::new(pinned_text)),
                 ))
             }
             Err(e) => {
@@ -245,34 +272,37 @@ impl DeviceTarget for HomieTarget {
 }
 
 async fn describe(app: App, ctx: ToolContext, _args: DescribeArgs) -> Result<Value, ToolError> {
-    let device = bound_device(&ctx)?;
-    app.link.describe(&device).map(|d| d.to_json()).map_err(|e| tool_error(&e))
+    let (device, pinned) = bound(&ctx)?;
+    app.link.describe(&device, &pinned).map_err(|e| tool_error(&e))
 }
 
 async fn read(app: App, ctx: ToolContext, args: ReadArgs) -> Result<Value, ToolError> {
-    let device = bound_device(&ctx)?;
-    app.link.read(&device, &args.node, &args.property).map_err(|e| tool_error(&e))
+    let (device, pinned) = bound(&ctx)?;
+    app.link.read(&device, &pinned, &args.node, &args.property).map_err(|e| tool_error(&e))
 }
 
 async fn set(app: App, ctx: ToolContext, args: SetArgs) -> Result<Value, ToolError> {
-    let device = bound_device(&ctx)?;
-    app.link.set(&device, &args.node, &args.property, &args.value).await.map_err(|e| tool_error(&e))
+    let (device, pinned) = bound(&ctx)?;
+    app.link
+        .set(&device, &pinned, &args.node, &args.property, &args.value)
+        .await
+        .map_err(|e| tool_error(&e))
 }
 
 async fn snapshot(app: App, ctx: ToolContext, args: SnapshotArgs) -> Result<Value, ToolError> {
-    let device = bound_device(&ctx)?;
+    let (device, pinned) = bound(&ctx)?;
     let node = match args.node {
         Some(node) => node,
         None => {
-            let d = app.link.describe(&device).map_err(|e| tool_error(&e))?;
-            let camera = d.nodes.iter().find(|n| n.snapshot.is_some()).ok_or_else(|| {
+            let camera = pinned.nodes.iter().find(|n| n.snapshot.is_some()).ok_or_else(|| {
                 ToolError::new(ErrorCode::InvalidArguments, "this device has no camera node")
             })?;
             camera.id.clone()
         }
     };
-    let (bytes, mime) = app.link.snapshot(&device, &node).await.map_err(|e| tool_error(&e))?;
-    let extension = if mime == "image/jpeg" { "jpg" } else { "png" };
+    let (bytes, mime) =
+        app.link.snapshot(&device, &pinned, &node).await.map_err(|e| tool_error(&e))?;
+    let extension = snapshot_extension(&mime);
     let file = ctx
         .handle
         .register_file(&ctx.channel, &format!("snapshot.{extension}"), Some(&mime), &bytes)

@@ -60,6 +60,15 @@ pub enum HomieError {
     /// A snapshot larger than the limit.
     #[error("the snapshot is larger than {0} bytes and was refused")]
     SnapshotTooLarge(usize),
+    /// The channel has no usable pinned description of its device (bound by an older version,
+    /// or the description could not be kept): bind the device again.
+    #[error(
+        "this channel has no pinned description of its device ({0}); bind the device again with homie_bind"
+    )]
+    NotPinned(String),
+    /// A snapshot's declared type is not an allowed image type, or its bytes are not that type.
+    #[error("snapshot refused: {0}")]
+    BadSnapshot(String),
     /// Too many requests waiting on the broker link.
     #[error("too many device requests are waiting ({0}); retry shortly")]
     Busy(usize),
@@ -78,9 +87,10 @@ impl HomieError {
                 problem: self.to_string(),
             },
             Self::Timeout { after_ms, .. } => DeviceError::CommandTimeout(*after_ms),
-            Self::Unusable { .. } | Self::SnapshotTooLarge(_) => {
-                DeviceError::Failed(self.to_string())
-            }
+            Self::Unusable { .. }
+            | Self::SnapshotTooLarge(_)
+            | Self::NotPinned(_)
+            | Self::BadSnapshot(_) => DeviceError::Failed(self.to_string()),
             Self::Busy(n) => DeviceError::QueueFull(*n),
         }
     }

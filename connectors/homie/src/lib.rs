@@ -16,6 +16,8 @@
 //! | [`model`] | ids, `$state`, datatypes and formats; checking a value before it is set |
 //! | [`tree`] | one device's topics rebuilt into a description (sans-I/O, bounded) |
 //! | [`pending`] | sets waiting for the device to publish the new value (sans-I/O) |
+//! | [`pin`] | the description a channel bound, pinned: what every call is judged by (sans-I/O) |
+//! | [`presence`] | availability: `$state lost` confirmed by silence, reports debounced (sans-I/O) |
 //! | [`pairing`] | the operator's pairing codes, hashed, with a guessing limit |
 //! | [`link`] | the broker connection: watching devices, availability, read / set / snapshot |
 //! | [`connector`] | the Connector on `xagent-server-runtime`: Card, `homie_bind`, device Tools |
@@ -44,8 +46,10 @@
 //! let (link, _task) = HomieLink::start(&url, LinkConfig::default());
 //! link.watch("thermostat-1")?;
 //! link.wait_online("thermostat-1", std::time::Duration::from_secs(5)).await?;
+//! // What the device describes now: every call is judged against it.
+//! let pinned = link.pin("thermostat-1")?;
 //! let set = link
-//!     .set("thermostat-1", "thermostat", "target-temperature", &serde_json::json!(22.5))
+//!     .set("thermostat-1", &pinned, "thermostat", "target-temperature", &serde_json::json!(22.5))
 //!     .await?;
 //! assert_eq!(set["confirmed"], true);
 //! # Ok(()) }
@@ -57,6 +61,8 @@ pub mod link;
 pub mod model;
 pub mod pairing;
 pub mod pending;
+pub mod pin;
+pub mod presence;
 pub mod sim;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -1,5 +1,5 @@
-//! The Connector's link to the MQTT broker: one `rumqttc` connection that watches the bound
-//! devices' topics, keeps each device's [`DeviceTree`], reports availability changes, and
+//! The Connector's link to the MQTT broker: one MQTT 5 `rumqttc` connection that watches the
+//! bound devices' topics, keeps each device's [`DeviceTree`], reports availability changes, and
 //! performs reads, confirmed sets and snapshots.
 //!
 //! The link reconnects on its own (capped backoff). While the broker is unreachable every
@@ -7,18 +7,33 @@
 //! messages the broker delivers again. Publishes queued before a connection loss are dropped,
 //! not sent late: a set the Connector already answered with an error must not reach the device
 //! afterwards.
+//!
+//! The link speaks MQTT 5 so it can tell the broker its largest acceptable packet (CONNECT's
+//! Maximum Packet Size): the broker then drops a larger message for this client instead of
+//! sending it, so one oversized retained message under a device's topics cannot break the
+//! connection (and break it again at every resubscription). A broker that sends one anyway
+//! costs a reconnect, counted in [`LinkStats::oversized`] and logged at a bounded rate.
+//!
+//! Reads, sets and snapshots are judged against the description the channel pinned when it
+//! bound the device ([`Pinned`]), never against what is retained on the broker now.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::Packet;
+use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, StateError};
 use serde_json::Value;
 use tokio::sync::{broadcast, oneshot, watch};
+use tokio::time::Instant;
 
 use crate::error::{BadMqttUrl, HomieError};
-use crate::model::{DeviceState, PropertySpec, check_id};
+use crate::model::{DeviceState, check_id};
 use crate::pending::{PendingSet, PendingSets, SetId};
+use crate::pin::{Pinned, check_picture, snapshot_mime};
+use crate::presence::{LostVerdict, Presence};
 use crate::tree::{DEFAULT_BASE_TOPIC, Description, DeviceTree, Ingested, split_topic};
 
 /// Default time a set waits for the device to publish the new value.
@@ -27,19 +42,30 @@ pub const DEFAULT_SET_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default largest snapshot accepted (bytes).
 pub const DEFAULT_MAX_SNAPSHOT_BYTES: usize = 8 * 1024 * 1024;
+/// Default shortest time between two availability reports of one device.
+pub const DEFAULT_AVAILABILITY_DEBOUNCE: Duration = Duration::from_secs(2);
+/// Default time a `$state lost` must go without live traffic before it counts.
+pub const DEFAULT_LOST_GRACE: Duration = Duration::from_secs(5);
 /// Most sets and snapshots waiting at once on one link.
 pub const MAX_WAITING: usize = 256;
 /// Longest pause between reconnection attempts.
 pub const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
+/// Room left beside a snapshot's bytes in the largest packet (topic, properties, header).
+pub const PACKET_OVERHEAD: usize = 64 * 1024;
+/// How often timed availability rules (lost grace, debounce windows) are re-checked.
+const TICK: Duration = Duration::from_millis(100);
+/// Shortest time between two warnings about oversized packets.
+const OVERSIZE_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Where the broker is: `mqtt://[user:password@]HOST[:PORT]` (plain TCP).
+/// Where the broker is: `mqtt://[user[:password]@]HOST[:PORT]` (plain TCP).
 #[derive(Clone, PartialEq, Eq)]
 pub struct MqttUrl {
     /// Host name or address.
     pub host: String,
     /// TCP port (1883 by default).
     pub port: u16,
-    credentials: Option<(String, xagent_protocol_types::Secret)>,
+    user: Option<String>,
+    password: Option<xagent_protocol_types::Secret>,
 }
 
 impl std::fmt::Debug for MqttUrl {
@@ -58,11 +84,11 @@ impl std::fmt::Display for MqttUrl {
 impl MqttUrl {
     /// A broker at `host:port`, without credentials.
     pub fn new(host: impl Into<String>, port: u16) -> Self {
-        Self { host: host.into(), port, credentials: None }
+        Self { host: host.into(), port, user: None, password: None }
     }
 
-    /// Parses `mqtt://HOST:PORT`, with optional `user:password@` (the password is kept as a
-    /// secret and never shown).
+    /// Parses `mqtt://HOST:PORT`, with optional `user[:password]@` (the password is kept as a
+    /// secret and never shown; the command line refuses it, see [`MqttUrl::has_password`]).
     pub fn parse(text: &str) -> Result<Self, BadMqttUrl> {
         let url = url::Url::parse(text).map_err(|e| BadMqttUrl(format!("not a URL ({e})")))?;
         if url.scheme() != "mqtt" && url.scheme() != "tcp" {
@@ -74,21 +100,49 @@ impl MqttUrl {
         if url.path() != "" && url.path() != "/" {
             return Err(BadMqttUrl("a path is not allowed".into()));
         }
-        let credentials = if url.username().is_empty() {
-            None
-        } else {
-            let user = url.username().to_owned();
-            let password = url.password().unwrap_or("").to_owned();
-            Some((user, xagent_protocol_types::Secret::new(password)))
-        };
-        Ok(Self { host, port: url.port().unwrap_or(1883), credentials })
+        let user = (!url.username().is_empty()).then(|| url.username().to_owned());
+        let password = url.password().map(|p| xagent_protocol_types::Secret::new(p.to_owned()));
+        Ok(Self { host, port: url.port().unwrap_or(1883), user, password })
     }
 
-    /// Options for a client with this id, credentials applied.
-    pub(crate) fn options(&self, client_id: &str) -> MqttOptions {
+    /// True when the URL itself carried a password.
+    pub fn has_password(&self) -> bool {
+        self.password.is_some()
+    }
+
+    /// True when the URL names a user.
+    pub fn has_user(&self) -> bool {
+        self.user.is_some()
+    }
+
+    /// The URL with this password (read from a file or the environment).
+    #[must_use]
+    pub fn with_password(mut self, password: xagent_protocol_types::Secret) -> Self {
+        self.password = Some(password);
+        self
+    }
+
+    fn credentials(&self) -> Option<(String, String)> {
+        let user = self.user.clone()?;
+        let password = self.password.as_ref().map(|p| p.expose().to_owned()).unwrap_or_default();
+        Some((user, password))
+    }
+
+    /// MQTT 3.1.1 options for a client with this id, credentials applied (the simulated
+    /// device's client).
+    pub(crate) fn options(&self, client_id: &str) -> rumqttc::MqttOptions {
+        let mut o = rumqttc::MqttOptions::new(client_id, self.host.clone(), self.port);
+        if let Some((user, password)) = self.credentials() {
+            o.set_credentials(user, password);
+        }
+        o
+    }
+
+    /// MQTT 5 options for the Connector's client, credentials applied.
+    fn options_v5(&self, client_id: &str) -> MqttOptions {
         let mut o = MqttOptions::new(client_id, self.host.clone(), self.port);
-        if let Some((user, password)) = &self.credentials {
-            o.set_credentials(user.clone(), password.expose().to_owned());
+        if let Some((user, password)) = self.credentials() {
+            o.set_credentials(user, password);
         }
         o
     }
@@ -107,8 +161,15 @@ pub struct LinkConfig {
     pub set_timeout: Duration,
     /// How long a snapshot waits for the picture.
     pub snapshot_timeout: Duration,
-    /// Largest snapshot accepted.
+    /// Largest snapshot accepted; the largest MQTT packet the link accepts is this plus
+    /// [`PACKET_OVERHEAD`] (announced to the broker).
     pub max_snapshot_bytes: usize,
+    /// Shortest time between two availability reports of one device (changes in between are
+    /// coalesced).
+    pub availability_debounce: Duration,
+    /// How long a `$state lost` must go without live traffic from the device before the
+    /// device counts as offline.
+    pub lost_grace: Duration,
 }
 
 impl Default for LinkConfig {
@@ -120,7 +181,16 @@ impl Default for LinkConfig {
             set_timeout: DEFAULT_SET_TIMEOUT,
             snapshot_timeout: DEFAULT_SNAPSHOT_TIMEOUT,
             max_snapshot_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
+            availability_debounce: DEFAULT_AVAILABILITY_DEBOUNCE,
+            lost_grace: DEFAULT_LOST_GRACE,
         }
+    }
+}
+
+impl LinkConfig {
+    /// The largest MQTT packet the link accepts (announced to the broker).
+    pub fn max_packet_bytes(&self) -> u32 {
+        u32::try_from(self.max_snapshot_bytes.saturating_add(PACKET_OVERHEAD)).unwrap_or(u32::MAX)
     }
 }
 
@@ -136,7 +206,7 @@ pub enum Availability {
     Offline(String),
 }
 
-/// A watched device's availability changed.
+/// A watched device's availability changed (debounced: see [`LinkConfig::availability_debounce`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceEvent {
     /// Device id.
@@ -145,9 +215,31 @@ pub struct DeviceEvent {
     pub availability: Availability,
 }
 
+/// Counters of the link, for operators and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Broker connections established.
+    pub connects: u64,
+    /// Broker connections lost (or refused) after they were up.
+    pub losses: u64,
+    /// Connections broken because the broker sent a packet larger than announced.
+    pub oversized: u64,
+    /// Availability reports sent to subscribers (each becomes Descriptor pushes).
+    pub reports: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    connects: AtomicU64,
+    losses: AtomicU64,
+    oversized: AtomicU64,
+    reports: AtomicU64,
+}
+
 struct Watched {
     tree: DeviceTree,
     availability: Availability,
+    presence: Presence<Availability>,
     watchers: usize,
 }
 
@@ -160,6 +252,7 @@ struct State {
     sets: PendingSets,
     set_waiters: HashMap<SetId, SetWaiter>,
     snapshots: HashMap<(String, String, String), SnapWaiter>,
+    oversize_logged: Option<Instant>,
 }
 
 struct Inner {
@@ -167,6 +260,10 @@ struct Inner {
     config: LinkConfig,
     state: Mutex<State>,
     events: broadcast::Sender<DeviceEvent>,
+    /// Bumped at every change of any device's availability (not debounced): what waiters in
+    /// this process follow.
+    changed: watch::Sender<u64>,
+    counters: Counters,
     shutdown: watch::Sender<bool>,
 }
 
@@ -182,17 +279,31 @@ impl std::fmt::Debug for HomieLink {
     }
 }
 
-fn availability(connected: bool, tree: &DeviceTree) -> Availability {
+fn availability(
+    connected: bool,
+    tree: &DeviceTree,
+    presence: &Presence<Availability>,
+    previous: &Availability,
+    now: Instant,
+) -> Availability {
     if !connected {
         return Availability::Offline("the MQTT broker is unreachable".into());
     }
+    let described = || match tree.description() {
+        Ok(_) => Availability::Online,
+        Err(e) => Availability::Unknown(e.to_string()),
+    };
     match tree.state() {
         None => Availability::Unknown("the device has not published $state".into()),
-        Some(state) if state.is_operational() => match tree.description() {
-            Ok(_) => Availability::Online,
-            Err(e) => Availability::Unknown(e.to_string()),
+        Some(state) if state.is_operational() => described(),
+        Some(DeviceState::Lost) => match presence.lost_verdict(true, now) {
+            // Live traffic after the `lost`: the device is there, whoever wrote `lost`.
+            LostVerdict::NotLost => described(),
+            LostVerdict::Pending => previous.clone(),
+            LostVerdict::Confirmed => {
+                Availability::Offline("the device's connection was lost".into())
+            }
         },
-        Some(DeviceState::Lost) => Availability::Offline("the device's connection was lost".into()),
         // Starting: it will say `ready` when its description is out; no flapping meanwhile.
         Some(DeviceState::Init) => {
             Availability::Unknown("the device is starting ($state init)".into())
@@ -205,13 +316,15 @@ impl HomieLink {
     /// Starts the link: connects in the background (and keeps reconnecting) and returns at
     /// once. The task ends after [`HomieLink::shutdown`].
     pub fn start(url: &MqttUrl, config: LinkConfig) -> (Self, tokio::task::JoinHandle<()>) {
-        let mut options = url.options(&config.client_id);
+        let mut options = url.options_v5(&config.client_id);
         options.set_keep_alive(config.keep_alive.max(Duration::from_secs(1)));
-        options.set_clean_session(true);
-        // Snapshot pictures come in one publish; leave room for topic and header.
-        options.set_max_packet_size(config.max_snapshot_bytes + 64 * 1024, 256 * 1024);
+        options.set_clean_start(true);
+        // Snapshot pictures come in one publish; leave room for topic and header. Announced
+        // in CONNECT, so the broker drops larger messages for this client.
+        options.set_max_packet_size(Some(config.max_packet_bytes()));
         let (client, eventloop) = AsyncClient::new(options, 256);
         let (events, _) = broadcast::channel(256);
+        let (changed, _) = watch::channel(0);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
             client,
@@ -222,16 +335,20 @@ impl HomieLink {
                 sets: PendingSets::new(),
                 set_waiters: HashMap::new(),
                 snapshots: HashMap::new(),
+                oversize_logged: None,
             }),
             events,
+            changed,
+            counters: Counters::default(),
             shutdown,
         });
+        tokio::spawn(tick(Arc::clone(&inner), shutdown_rx.clone()));
         let task = tokio::spawn(run(Arc::clone(&inner), eventloop, shutdown_rx));
         (Self { inner }, task)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.state()
     }
 
     /// The settings in force.
@@ -239,7 +356,19 @@ impl HomieLink {
         &self.inner.config
     }
 
-    /// Availability changes of watched devices, from now on.
+    /// The link's counters so far.
+    pub fn stats(&self) -> LinkStats {
+        let c = &self.inner.counters;
+        LinkStats {
+            connects: c.connects.load(Ordering::Relaxed),
+            losses: c.losses.load(Ordering::Relaxed),
+            oversized: c.oversized.load(Ordering::Relaxed),
+            reports: c.reports.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Availability changes of watched devices, from now on (debounced: at most one report
+    /// per device per [`LinkConfig::availability_debounce`]).
     pub fn subscribe(&self) -> broadcast::Receiver<DeviceEvent> {
         self.inner.events.subscribe()
     }
@@ -255,6 +384,8 @@ impl HomieLink {
         let subscribe = {
             let mut st = self.state();
             let connected = st.connected;
+            let config = &self.inner.config;
+            let (grace, debounce) = (config.lost_grace, config.availability_debounce);
             let w = st.devices.entry(device.to_owned()).or_insert_with(|| Watched {
                 tree: DeviceTree::new(),
                 availability: if connected {
@@ -262,6 +393,7 @@ impl HomieLink {
                 } else {
                     Availability::Offline("the MQTT broker is unreachable".into())
                 },
+                presence: Presence::new(grace, debounce),
                 watchers: 0,
             });
             w.watchers += 1;
@@ -301,7 +433,7 @@ impl HomieLink {
         format!("{}/{device}/#", self.inner.config.base_topic)
     }
 
-    /// A watched device's availability.
+    /// A watched device's availability now (not debounced).
     pub fn availability(&self, device: &str) -> Availability {
         self.state()
             .devices
@@ -326,25 +458,23 @@ impl HomieLink {
     }
 
     /// The device's availability once `done` holds for it, or when `timeout` runs out (or the
-    /// link ends) first: re-read at every availability event.
+    /// link ends) first: re-read at every availability change.
     async fn wait_until(
         &self,
         device: &str,
         timeout: Duration,
         done: impl Fn(&Availability) -> bool,
     ) -> Availability {
-        let mut events = self.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout;
+        let mut changed = self.inner.changed.subscribe();
+        let deadline = Instant::now() + timeout;
         loop {
             let now = self.availability(device);
             if done(&now) {
                 return now;
             }
-            match tokio::time::timeout_at(deadline, events.recv()).await {
-                Err(_) | Ok(Err(broadcast::error::RecvError::Closed)) => {
-                    return self.availability(device);
-                }
-                Ok(_) => {}
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Err(_) | Ok(Err(_)) => return self.availability(device),
+                Ok(Ok(())) => {}
             }
         }
     }
@@ -361,44 +491,46 @@ impl HomieLink {
         w.tree.description().map_err(|e| HomieError::Offline(e.to_string()))
     }
 
-    /// The device as it describes itself (online devices only).
-    pub fn describe(&self, device: &str) -> Result<Description, HomieError> {
+    /// The device as it describes itself on the broker now (online devices only). What a
+    /// channel binds; calls are judged by the [`Pinned`] copy, not by this.
+    pub fn live_description(&self, device: &str) -> Result<Description, HomieError> {
         self.online_description(device)
     }
 
-    fn property(
-        &self,
-        device: &str,
-        node: &str,
-        property: &str,
-    ) -> Result<(PropertySpec, Option<String>), HomieError> {
-        let d = self.online_description(device)?;
-        let n =
-            d.node(node).ok_or_else(|| HomieError::NoSuchNode(node.chars().take(64).collect()))?;
-        let p = n.properties.iter().find(|p| p.id == property).ok_or_else(|| {
-            HomieError::NoSuchProperty {
-                node: node.to_owned(),
-                property: property.chars().take(64).collect(),
-            }
-        })?;
-        let spec = p.spec.clone().map_err(|problem| HomieError::Unusable {
-            node: node.to_owned(),
-            property: property.to_owned(),
-            problem,
-        })?;
-        Ok((spec, p.value.clone()))
+    /// Pins what an online device describes now (at bind time).
+    pub fn pin(&self, device: &str) -> Result<Pinned, HomieError> {
+        self.online_description(device).map(|d| Pinned::of(&d))
     }
 
-    /// A property's last published value, typed by its datatype (`null` when none yet), with
-    /// its unit.
-    pub fn read(&self, device: &str, node: &str, property: &str) -> Result<Value, HomieError> {
-        let (spec, value) = self.property(device, node, property)?;
+    /// The describe Tool's answer: the pinned description with live values, and whether the
+    /// device now describes itself differently.
+    pub fn describe(&self, device: &str, pinned: &Pinned) -> Result<Value, HomieError> {
+        let live = self.online_description(device)?;
+        let out = pinned.to_json(&live);
+        if out.get("description_changed").is_some() {
+            tracing::warn!(%device, "the device's description on the broker differs from the one its channel pinned; calls use the pinned one");
+        }
+        Ok(out)
+    }
+
+    /// A property's last published value, typed by its pinned datatype (`null` when none yet),
+    /// with its unit.
+    pub fn read(
+        &self,
+        device: &str,
+        pinned: &Pinned,
+        node: &str,
+        property: &str,
+    ) -> Result<Value, HomieError> {
+        let spec = pinned.spec(node, property)?;
+        let live = self.online_description(device)?;
+        let value = live.value(node, property);
         let mut out = serde_json::json!({
             "node": node,
             "property": property,
             "name": spec.name,
             "datatype": spec.datatype.as_str(),
-            "value": value.as_deref().map(|v| spec.value_json(v)),
+            "value": value.map(|v| spec.value_json(v)),
         });
         if let Some(unit) = &spec.unit {
             out["unit"] = Value::String(unit.clone());
@@ -406,17 +538,20 @@ impl HomieLink {
         Ok(out)
     }
 
-    /// Sets a property: the value is checked against `$datatype`/`$format` (nothing is
-    /// published otherwise), published on `/set`, and confirmed when the device publishes the
-    /// new value; `command_timeout` when it does not within the configured time.
+    /// Sets a property: the value is checked against the pinned `$datatype`/`$format` and
+    /// `$settable` (nothing is published otherwise), published on `/set`, and confirmed when
+    /// the device publishes the new value; `command_timeout` when it does not within the
+    /// configured time.
     pub async fn set(
         &self,
         device: &str,
+        pinned: &Pinned,
         node: &str,
         property: &str,
         value: &Value,
     ) -> Result<Value, HomieError> {
-        let (spec, _) = self.property(device, node, property)?;
+        let spec = pinned.spec(node, property)?;
+        self.online_description(device)?;
         let payload = spec.payload_for(value).map_err(|e| HomieError::BadValue {
             node: node.to_owned(),
             property: property.to_owned(),
@@ -473,16 +608,19 @@ impl HomieLink {
     }
 
     /// Asks a camera node for a picture (snapshot extension) and returns its bytes and MIME
-    /// type.
+    /// type. The node and its MIME type come from the pinned description; the type must be an
+    /// allowed image type and the bytes must be of that type.
     pub async fn snapshot(
         &self,
         device: &str,
+        pinned: &Pinned,
         node: &str,
     ) -> Result<(Vec<u8>, String), HomieError> {
-        let d = self.online_description(device)?;
-        let n =
-            d.node(node).ok_or_else(|| HomieError::NoSuchNode(node.chars().take(64).collect()))?;
-        let mime = n.snapshot.clone().ok_or_else(|| HomieError::NoSnapshot(node.to_owned()))?;
+        let n = pinned.node(node)?;
+        let declared =
+            n.snapshot.as_deref().ok_or_else(|| HomieError::NoSnapshot(node.to_owned()))?;
+        let mime = snapshot_mime(declared)?;
+        self.online_description(device)?;
         let token = hex::encode(rand::random::<[u8; 12]>());
         let key = (device.to_owned(), node.to_owned(), token.clone());
         let (tx, rx) = oneshot::channel();
@@ -503,7 +641,10 @@ impl HomieLink {
             Ok(Ok(bytes)) if bytes.len() > self.inner.config.max_snapshot_bytes => {
                 Err(HomieError::SnapshotTooLarge(self.inner.config.max_snapshot_bytes))
             }
-            Ok(Ok(bytes)) => Ok((bytes, mime)),
+            Ok(Ok(bytes)) => {
+                check_picture(mime, &bytes)?;
+                Ok((bytes, mime.to_owned()))
+            }
             Ok(Err(_)) => Err(HomieError::Offline("the device went offline".into())),
             Err(_) => {
                 self.state().snapshots.remove(&key);
@@ -531,17 +672,20 @@ impl Inner {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Recomputes a device's availability; returns the event to broadcast when it changed,
-    /// and fails waiting calls when the device can no longer answer them.
-    fn refresh(st: &mut State, device: &str) -> Option<DeviceEvent> {
+    /// Recomputes a device's availability at `now`; fails waiting calls when the device can no
+    /// longer answer them, and returns the report due (debounced), if any.
+    fn refresh(st: &mut State, device: &str, now: Instant) -> (bool, Option<DeviceEvent>) {
         let connected = st.connected;
-        let w = st.devices.get_mut(device)?;
-        let now = availability(connected, &w.tree);
-        if now == w.availability {
-            return None;
-        }
-        w.availability = now.clone();
-        if let Availability::Offline(why) = &now {
+        let Some(w) = st.devices.get_mut(device) else { return (false, None) };
+        let current = availability(connected, &w.tree, &w.presence, &w.availability, now);
+        let changed = current != w.availability;
+        w.availability = current.clone();
+        let report = match &current {
+            // Nothing conclusive is never reported: the previous report stands.
+            Availability::Unknown(_) => None,
+            _ => w.presence.report(&current, now),
+        };
+        if changed && let Availability::Offline(why) = &current {
             for id in st.sets.of_device(device) {
                 st.sets.take(id);
                 if let Some(tx) = st.set_waiters.remove(&id) {
@@ -552,11 +696,44 @@ impl Inner {
             }
             st.snapshots.retain(|(d, _, _), _| d != device);
         }
-        Some(DeviceEvent { device: device.to_owned(), availability: now })
+        (
+            changed,
+            report.map(|availability| DeviceEvent { device: device.to_owned(), availability }),
+        )
+    }
+
+    /// Sends what [`Inner::refresh`] found.
+    fn announce(&self, changed: bool, events: Vec<DeviceEvent>) {
+        if changed {
+            self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        for e in events {
+            tracing::info!(device = %e.device, availability = ?e.availability, "homie device availability changed");
+            self.counters.reports.fetch_add(1, Ordering::Relaxed);
+            let _ = self.events.send(e);
+        }
+    }
+
+    /// Re-checks every device (timed rules: lost grace, debounce windows).
+    fn on_tick(&self, now: Instant) {
+        let mut events = Vec::new();
+        let mut any = false;
+        {
+            let mut st = self.state();
+            let ids: Vec<String> = st.devices.keys().cloned().collect();
+            for id in &ids {
+                let (changed, e) = Self::refresh(&mut st, id, now);
+                any |= changed;
+                events.extend(e);
+            }
+        }
+        self.announce(any, events);
     }
 
     fn on_connection(&self, connected: bool) -> Vec<String> {
+        let now = Instant::now();
         let mut events = Vec::new();
+        let mut any = false;
         let resubscribe: Vec<String> = {
             let mut st = self.state();
             st.connected = connected;
@@ -564,48 +741,97 @@ impl Inner {
             for id in &ids {
                 if let Some(w) = st.devices.get_mut(id) {
                     w.tree.clear();
+                    w.presence.reset();
                 }
-                if let Some(e) = Self::refresh(&mut st, id) {
-                    events.push(e);
-                }
+                let (changed, e) = Self::refresh(&mut st, id, now);
+                any |= changed;
+                events.extend(e);
             }
             ids
         };
-        for e in events {
-            let _ = self.events.send(e);
-        }
+        self.announce(any, events);
         resubscribe
     }
 
-    fn on_publish(&self, topic: &str, payload: &[u8]) {
+    fn on_publish(&self, topic: &str, payload: &[u8], retained: bool) {
         let Some((device, levels)) = split_topic(&self.config.base_topic, topic) else { return };
-        let mut event = None;
-        {
+        let now = Instant::now();
+        let (changed, event) = {
             let mut st = self.state();
             let Some(w) = st.devices.get_mut(device) else { return };
             match w.tree.ingest(&levels, payload) {
-                Ingested::Nothing => {}
-                Ingested::State(_) | Ingested::Description => {
-                    event = Self::refresh(&mut st, device)
+                Ingested::Nothing => (false, None),
+                Ingested::State(state) => {
+                    w.presence.on_state(state == Some(DeviceState::Lost), now);
+                    Self::refresh(&mut st, device, now)
                 }
+                Ingested::Description => Self::refresh(&mut st, device, now),
                 Ingested::Value { node, property, payload } => {
-                    event = Self::refresh(&mut st, device);
+                    if !retained {
+                        w.presence.on_live_traffic();
+                    }
+                    let refreshed = Self::refresh(&mut st, device, now);
                     for id in st.sets.on_value(device, &node, &property, &payload) {
                         if let Some(tx) = st.set_waiters.remove(&id) {
                             let _ = tx.send(Ok(payload.clone()));
                         }
                     }
+                    refreshed
                 }
                 Ingested::Snapshot { node, token, bytes } => {
+                    if !retained {
+                        w.presence.on_live_traffic();
+                    }
                     if let Some(tx) = st.snapshots.remove(&(device.to_owned(), node, token)) {
                         let _ = tx.send(bytes);
                     }
+                    Self::refresh(&mut st, device, now)
                 }
             }
+        };
+        self.announce(changed, event.into_iter().collect());
+    }
+
+    /// The broker sent a packet larger than announced: counted, logged at a bounded rate.
+    fn on_oversized(&self, error: &ConnectionError) {
+        self.counters.oversized.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut st = self.state();
+        if st.oversize_logged.is_none_or(|at| now >= at + OVERSIZE_LOG_EVERY) {
+            st.oversize_logged = Some(now);
+            tracing::warn!(
+                error = %error,
+                total = self.counters.oversized.load(Ordering::Relaxed),
+                limit = self.config.max_packet_bytes(),
+                "the MQTT broker sent a packet larger than the announced maximum (it should drop those); check the broker honours MQTT 5's Maximum Packet Size, and remove the oversized retained message"
+            );
         }
-        if let Some(e) = event {
-            tracing::info!(device = %e.device, availability = ?e.availability, "homie device availability changed");
-            let _ = self.events.send(e);
+    }
+}
+
+fn is_oversized(error: &ConnectionError) -> bool {
+    matches!(
+        error,
+        ConnectionError::MqttState(
+            StateError::IncomingPacketTooLarge { .. }
+                | StateError::Deserialization(
+                    rumqttc::v5::mqttbytes::Error::PayloadSizeLimitExceeded { .. }
+                )
+        )
+    )
+}
+
+/// Re-checks the timed availability rules every [`TICK`] until shutdown.
+async fn tick(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let mut interval = tokio::time::interval(TICK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = interval.tick() => inner.on_tick(Instant::now()),
+        }
+        if *shutdown.borrow() {
+            return;
         }
     }
 }
@@ -623,6 +849,7 @@ async fn run(inner: Arc<Inner>, mut eventloop: EventLoop, mut shutdown: watch::R
         match polled {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
                 delay = Duration::from_millis(100);
+                inner.counters.connects.fetch_add(1, Ordering::Relaxed);
                 tracing::info!("connected to the MQTT broker");
                 for device in inner.on_connection(true) {
                     let filter = format!("{}/{device}/#", inner.config.base_topic);
@@ -631,10 +858,17 @@ async fn run(inner: Arc<Inner>, mut eventloop: EventLoop, mut shutdown: watch::R
                     }
                 }
             }
-            Ok(Event::Incoming(Packet::Publish(p))) => inner.on_publish(&p.topic, &p.payload),
+            Ok(Event::Incoming(Packet::Publish(p))) => match std::str::from_utf8(&p.topic) {
+                Ok(topic) => inner.on_publish(topic, &p.payload, p.retain),
+                Err(_) => tracing::debug!("ignored a publish whose topic is not UTF-8"),
+            },
             Ok(_) => {}
             Err(e) => {
+                if is_oversized(&e) {
+                    inner.on_oversized(&e);
+                }
                 if inner.state().connected {
+                    inner.counters.losses.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, "lost the MQTT broker connection");
                 } else {
                     tracing::debug!(error = %e, "MQTT broker not reachable yet");
@@ -670,30 +904,46 @@ mod tests {
     fn mqtt_urls_are_checked_and_never_show_the_password() {
         let u = MqttUrl::parse("mqtt://user:hunter2@broker.local:1884").unwrap();
         assert_eq!((u.host.as_str(), u.port), ("broker.local", 1884));
+        assert!(u.has_password() && u.has_user());
         assert!(!format!("{u} {u:?}").contains("hunter2"));
-        assert_eq!(MqttUrl::parse("mqtt://127.0.0.1").unwrap().port, 1883);
+        let plain = MqttUrl::parse("mqtt://user@127.0.0.1").unwrap();
+        assert_eq!(plain.port, 1883);
+        assert!(!plain.has_password());
+        let given = plain.with_password(xagent_protocol_types::Secret::new("from-a-file"));
+        assert_eq!(given.credentials().map(|c| c.1).as_deref(), Some("from-a-file"));
         for bad in ["http://x", "mqtts://x:8883", "mqtt://", "mqtt://h/path", "nope"] {
             assert!(MqttUrl::parse(bad).is_err(), "{bad}");
         }
     }
 
-    #[test]
-    fn availability_needs_the_broker_a_ready_state_and_a_full_description() {
+    #[tokio::test(start_paused = true)]
+    async fn availability_needs_the_broker_a_ready_state_and_a_full_description() {
+        let now = Instant::now();
+        let p = Presence::new(DEFAULT_LOST_GRACE, DEFAULT_AVAILABILITY_DEBOUNCE);
+        let unknown = Availability::Unknown("start".into());
         let mut t = DeviceTree::new();
-        assert!(matches!(availability(true, &t), Availability::Unknown(_)));
+        assert!(matches!(availability(true, &t, &p, &unknown, now), Availability::Unknown(_)));
         for (topic, payload) in [("$homie", "4.0.0"), ("$state", "ready"), ("$nodes", "n")] {
             let levels: Vec<&str> = topic.split('/').collect();
             t.ingest(&levels, payload.as_bytes());
         }
         assert!(
-            matches!(availability(true, &t), Availability::Unknown(_)),
+            matches!(availability(true, &t, &p, &unknown, now), Availability::Unknown(_)),
             "n/$properties missing"
         );
         t.ingest(&["n", "$properties"], b"p");
         t.ingest(&["n", "p", "$datatype"], b"integer");
-        assert_eq!(availability(true, &t), Availability::Online);
-        assert!(matches!(availability(false, &t), Availability::Offline(_)));
+        assert_eq!(availability(true, &t, &p, &unknown, now), Availability::Online);
+        assert!(matches!(availability(false, &t, &p, &unknown, now), Availability::Offline(_)));
+        // `lost` counts once it held for the grace period without live traffic.
+        let mut p = p;
         t.ingest(&["$state"], b"lost");
-        assert!(matches!(availability(true, &t), Availability::Offline(_)));
+        p.on_state(true, now);
+        assert_eq!(availability(true, &t, &p, &Availability::Online, now), Availability::Online);
+        let later = now + DEFAULT_LOST_GRACE;
+        assert!(matches!(
+            availability(true, &t, &p, &Availability::Online, later),
+            Availability::Offline(_)
+        ));
     }
 }

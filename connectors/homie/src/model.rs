@@ -276,6 +276,8 @@ pub struct PropertySpec {
     pub datatype: Datatype,
     /// `$format`, read for the datatype.
     pub format: Format,
+    /// `$format` as the device published it (what a [`crate::pin::Pinned`] description keeps).
+    pub format_text: Option<String>,
     /// `$settable` (default false).
     pub settable: bool,
     /// `$retained` (default true).
@@ -467,6 +469,7 @@ mod tests {
             name: "p".into(),
             datatype,
             format: Format::parse(datatype, format).unwrap(),
+            format_text: format.map(str::to_owned),
             settable: true,
             retained: true,
             unit: None,

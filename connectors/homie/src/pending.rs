@@ -111,6 +111,7 @@ mod tests {
                 name: "Target".into(),
                 datatype: Datatype::Float,
                 format: Format::None,
+                format_text: None,
                 settable: true,
                 retained: true,
                 unit: None,

@@ -111,6 +111,7 @@ impl SimProperty {
             name: self.name.into(),
             datatype: self.datatype,
             format: Format::parse(self.datatype, self.format).ok()?,
+            format_text: self.format.map(str::to_owned),
             settable: self.settable,
             retained: true,
             unit: self.unit.map(str::to_owned),

@@ -26,7 +26,11 @@ pub struct Mosquitto {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    secured: bool,
 }
+
+/// Where `mosquitto_passwd` is looked for (override with `MOSQUITTO_PASSWD=/path`).
+pub const DEFAULT_MOSQUITTO_PASSWD: &str = "/usr/bin/mosquitto_passwd";
 
 fn binary() -> PathBuf {
     std::env::var_os("MOSQUITTO").map_or_else(|| PathBuf::from(DEFAULT_MOSQUITTO), PathBuf::from)
@@ -40,19 +44,54 @@ impl Mosquitto {
     /// Starts a broker on a free port (a few attempts, in case another process takes the port
     /// between the probe and the broker's bind).
     pub fn start() -> io::Result<Self> {
+        Self::start_in(tempfile::tempdir()?, false)
+    }
+
+    /// Starts a broker that refuses anonymous clients: only these users (name, password) may
+    /// connect, and when `acl` is given (Mosquitto's `acl_file` syntax) only as it allows.
+    pub fn start_secured(users: &[(&str, &str)], acl: Option<&str>) -> io::Result<Self> {
         let dir = tempfile::tempdir()?;
+        let passwd = dir.path().join("passwd");
+        std::fs::write(&passwd, "")?;
+        let tool = std::env::var_os("MOSQUITTO_PASSWD")
+            .map_or_else(|| PathBuf::from(DEFAULT_MOSQUITTO_PASSWD), PathBuf::from);
+        for (user, password) in users {
+            let status = Command::new(&tool)
+                .arg("-b")
+                .arg(&passwd)
+                .args([user, password])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()?;
+            if !status.success() {
+                return Err(io::Error::other(format!("mosquitto_passwd failed for {user}")));
+            }
+        }
+        let mut f = std::fs::File::create(dir.path().join("auth.conf"))?;
+        writeln!(f, "allow_anonymous false")?;
+        writeln!(f, "password_file {}", passwd.display())?;
+        if let Some(acl) = acl {
+            let acl_path = dir.path().join("acl");
+            std::fs::write(&acl_path, acl)?;
+            writeln!(f, "acl_file {}", acl_path.display())?;
+        }
+        drop(f);
+        Self::start_in(dir, true)
+    }
+
+    fn start_in(dir: tempfile::TempDir, secured: bool) -> io::Result<Self> {
         let mut last = io::Error::other("not started");
         for _ in 0..5 {
             let port = free_port()?;
-            match Self::spawn(dir.path(), port) {
-                Ok(child) => return Ok(Self { child: Some(child), port, dir }),
+            match Self::spawn(dir.path(), port, secured) {
+                Ok(child) => return Ok(Self { child: Some(child), port, dir, secured }),
                 Err(e) => last = e,
             }
         }
         Err(last)
     }
 
-    fn spawn(dir: &std::path::Path, port: u16) -> io::Result<Child> {
+    fn spawn(dir: &std::path::Path, port: u16, secured: bool) -> io::Result<Child> {
         let bin = binary();
         if !bin.exists() {
             return Err(io::Error::new(
@@ -66,8 +105,13 @@ impl Mosquitto {
         let conf = dir.join("mosquitto.conf");
         let mut f = std::fs::File::create(&conf)?;
         writeln!(f, "listener {port} 127.0.0.1")?;
-        writeln!(f, "allow_anonymous true")?;
         writeln!(f, "persistence false")?;
+        writeln!(f, "log_type all")?;
+        if secured {
+            f.write_all(&std::fs::read(dir.join("auth.conf"))?)?;
+        } else {
+            writeln!(f, "allow_anonymous true")?;
+        }
         drop(f);
         let log = std::fs::File::create(dir.join("mosquitto.log"))?;
         let mut child = Command::new(bin)
@@ -124,7 +168,7 @@ impl Mosquitto {
     /// Starts the broker again on the same port.
     pub fn restart(&mut self) -> io::Result<()> {
         self.stop();
-        self.child = Some(Self::spawn(self.dir.path(), self.port)?);
+        self.child = Some(Self::spawn(self.dir.path(), self.port, self.secured)?);
         Ok(())
     }
 }

@@ -194,6 +194,11 @@ impl Description {
     pub fn node(&self, id: &str) -> Option<&NodeDescription> {
         self.nodes.iter().find(|n| n.id == id)
     }
+
+    /// The last value a property published, if the device lists the property.
+    pub fn value(&self, node: &str, property: &str) -> Option<&str> {
+        self.node(node)?.properties.iter().find(|p| p.id == property)?.value.as_deref()
+    }
 }
 
 impl DeviceTree {
@@ -337,6 +342,7 @@ impl DeviceTree {
                             name: get("$name").unwrap_or(pid).to_owned(),
                             datatype,
                             format,
+                            format_text: get("$format").map(str::to_owned),
                             settable: get("$settable") == Some("true"),
                             retained: get("$retained") != Some("false"),
                             unit: get("$unit").map(str::to_owned),

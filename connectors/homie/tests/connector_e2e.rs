@@ -39,7 +39,11 @@ async fn start_connector(broker: &Mosquitto, state: &std::path::Path, device: &s
     pairing.add_entry(&format!("{device}={CODE}"), "test").unwrap();
     let mut options = HomieOptions::new(broker.mqtt_url(), pairing, state);
     options.api_key = Some(Secret::new(KEY));
-    options.link = LinkConfig { set_timeout: Duration::from_millis(800), ..LinkConfig::default() };
+    options.link = LinkConfig {
+        set_timeout: Duration::from_millis(800),
+        lost_grace: Duration::from_millis(500),
+        ..LinkConfig::default()
+    };
     let homie = Homie::open(options).await.unwrap();
     let link = homie.link().clone();
     let serving =
@@ -350,5 +354,39 @@ async fn rule_snapshot_is_delivered_as_a_file_ref_and_downloaded() {
     let bytes = reqwest::get(&url).await.unwrap().bytes().await.unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
     assert_eq!(shot["byte_size"], json!(bytes.len()));
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn pinned_description_survives_a_restart_and_a_new_bind_takes_the_change() {
+    let Setup { broker, device, state, running, c, channel } = bound("thermo-pin").await;
+    c.close().await;
+    running.stop().await;
+    // While the Connector is down, someone widens the range on the broker.
+    let mut options = rumqttc::MqttOptions::new("pin-attacker", "127.0.0.1", broker.port());
+    options.set_keep_alive(Duration::from_secs(30));
+    let (evil, mut eventloop) = rumqttc::AsyncClient::new(options, 16);
+    tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+    let topic = "homie/thermo-pin/thermostat/target-temperature/$format";
+    evil.publish(topic, rumqttc::QoS::AtLeastOnce, true, "0:200").await.unwrap();
+
+    let running = start_connector(&broker, state.path(), "thermo-pin").await;
+    let mut c = client(&running.base).await;
+    let (reopened, _) = open(&mut c, Some(&channel)).await;
+    assert_eq!(reopened, channel);
+    let _ = descriptor_push(&mut c, ConnectionStatus::Connected).await;
+    let wide = json!({"node": "thermostat", "property": "target-temperature", "value": 150});
+    let refused = invoke(&mut c, &channel, TOOL_SET, wide, "p1").await;
+    assert_eq!(code(&refused), ErrorCode::InvalidArguments, "judged by the pinned 10:30");
+    assert_eq!(device.sets_received(), 0);
+    let d = result(&invoke(&mut c, &channel, TOOL_DESCRIBE, json!({}), "p2").await);
+    assert_eq!(d["description_changed"], true, "{d}");
+    assert_eq!(d["nodes"][0]["properties"][0]["format"], json!({"min": 10.0, "max": 30.0}));
+    // The device owner binds again: the new description is pinned.
+    let again = bind(&mut c, &channel, "thermo-pin", CODE).await;
+    assert_eq!(again["status"], "authenticated", "{again}");
+    let d = result(&invoke(&mut c, &channel, TOOL_DESCRIBE, json!({}), "p3").await);
+    assert_eq!(d["nodes"][0]["properties"][0]["format"], json!({"min": 0.0, "max": 200.0}));
+    assert!(d.get("description_changed").is_none(), "{d}");
     running.stop().await;
 }

@@ -37,11 +37,17 @@ async fn next_offline(events: &mut Receiver<DeviceEvent>) -> String {
 #[tokio::test]
 async fn simulated_device_process_can_be_stopped_killed_and_restarted() {
     let broker = Mosquitto::start().expect("mosquitto starts (apt-get install mosquitto)");
-    let (link, _task) = HomieLink::start(&broker.mqtt_url(), LinkConfig::default());
+    let (link, _task) = HomieLink::start(
+        &broker.mqtt_url(),
+        LinkConfig { lost_grace: Duration::from_millis(500), ..LinkConfig::default() },
+    );
     link.watch("sim-proc").unwrap();
 
     let mut child = spawn(&broker, "sim-proc");
     link.wait_online("sim-proc", WAIT).await.unwrap();
+    // Past the debounce window of the online report, so the next change is reported at once
+    // (not the state at the window's end).
+    tokio::time::sleep(link.config().availability_debounce).await;
     let mut events = link.subscribe();
     let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(status.success());
@@ -50,6 +56,7 @@ async fn simulated_device_process_can_be_stopped_killed_and_restarted() {
 
     let mut child = spawn(&broker, "sim-proc");
     link.wait_online("sim-proc", WAIT).await.unwrap();
+    tokio::time::sleep(link.config().availability_debounce).await;
     let mut events = link.subscribe();
     child.kill().unwrap(); // SIGKILL: no MQTT disconnect
     let _ = child.wait();

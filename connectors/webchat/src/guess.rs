@@ -19,6 +19,8 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
+use crate::rate::CellRate;
+
 /// How many wrong tries a key and a room get. Two sets of defaults: [`GuessPolicy::join`]
 /// for visitors' access codes, [`GuessPolicy::sign_in`] for codes given through `auth.start`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,9 +153,9 @@ impl<K: Hash + Eq + Clone> GuessLimiter<K> {
         if self.rooms.len() >= MAX_ROOMS && !self.rooms.contains_key(room) {
             self.prune(now);
         }
-        let interval = self.policy.room_interval_millis;
+        let rate = self.room_rate();
         let full_at = self.rooms.entry(room.to_owned()).or_insert(0);
-        *full_at = (*full_at).max(now).saturating_add(interval);
+        *full_at = rate.add(*full_at, now);
     }
 
     /// The try admitted last was right: the key starts over (the room's budget does not, so
@@ -167,10 +169,15 @@ impl<K: Hash + Eq + Clone> GuessLimiter<K> {
     /// Ms until the room checks a wrong try again (0: now).
     fn room_wait(&self, room: &str, now: u64) -> u64 {
         let Some(full_at) = self.rooms.get(room) else { return 0 };
-        let ahead = full_at.saturating_sub(now);
-        let allowed = u64::from(self.policy.room_burst.saturating_sub(1))
-            .saturating_mul(self.policy.room_interval_millis);
-        ahead.saturating_sub(allowed)
+        self.room_rate().wait(*full_at, now)
+    }
+
+    /// The room budget's refill: the crate's one cell-rate rule.
+    fn room_rate(&self) -> CellRate {
+        CellRate {
+            burst: self.policy.room_burst,
+            interval_millis: self.policy.room_interval_millis,
+        }
     }
 
     /// Counts one wrong or refused try of `key`; returns its lock from `now` (0 while free).

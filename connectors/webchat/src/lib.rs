@@ -44,6 +44,10 @@
 //!   compared in constant time. Wrong codes are limited per address (joins) or per channel
 //!   (`auth.start`) with a backoff that refused tries extend, and per room with a budget that
 //!   refills ([`GuessPolicy`]): one address never locks a room for the others.
+//! - **What one address or room may take**: event streams are capped per session, per visitor
+//!   address, per room and in total; an address starts a limited number of sessions a minute;
+//!   a room takes at most a share of the day's all-visitor upload quota, reserved before the
+//!   file is stored ([`VisitorLimits`] has every number).
 //! - **Pairing** (`webchat_qr_login`): the link `{public url}/chat/pair/{token}` (128 random
 //!   bits) lives 5 minutes. Opening it makes the session `scanned`; confirming on the page
 //!   creates a new room with a random access code (shown once on the page) and binds it; the
@@ -73,6 +77,7 @@ mod guess;
 mod hub;
 mod pairing;
 mod qr;
+mod rate;
 mod store;
 mod web;
 

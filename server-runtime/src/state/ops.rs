@@ -184,9 +184,10 @@ impl HandleOps for Shared {
         &self,
         channel: &ConnectorChannelId,
         tool: &ToolId,
+        arguments: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<(), HandleError> {
         let Some(device) = &self.device else { return Err(HandleError::NoDeviceTarget) };
-        device.grant(channel, tool, self.now());
+        device.grant(channel, tool, arguments, self.now());
         Ok(())
     }
 

@@ -102,7 +102,8 @@ impl Bridge {
                 .args(["--flow", ROOM_FLOW, "--input"])
                 .arg(format!("room_name={BRIDGE_ROOM}"))
                 .arg("--input")
-                .arg(format!("access_code={BRIDGE_CODE}"));
+                .arg(format!("access_code={BRIDGE_CODE}"))
+                .args(["--input", "owner_code=bridge-owner-code-5678"]);
         }
         let mut child = command
             .stdin(Stdio::null())

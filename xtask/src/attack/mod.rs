@@ -20,10 +20,12 @@ use xagent_protocol_types::{
 };
 
 mod bridge;
+mod homie;
 mod listener;
 mod round_one;
 mod webchat_access;
 mod webchat_load;
+mod xagent_side;
 
 const API_KEY: &str = "sk-attack-run-5d1c9e0b7a";
 const CARD_ID: &str = "im.webchat";
@@ -344,9 +346,11 @@ async fn attack_all(bin: &Path, sizes: &Sizes) -> Result<Vec<Outcome>> {
     let mut outcomes = round_one::run(bin, sizes).await?;
     // Round two (issue 23): each surface's module appends its scenarios here.
     outcomes.extend(listener::run(bin, sizes).await?);
+    outcomes.extend(xagent_side::run(bin, sizes).await?);
     outcomes.extend(webchat_access::run(bin, sizes).await?);
     outcomes.extend(webchat_load::run(bin, sizes).await?);
     outcomes.extend(bridge::run(bin, sizes).await?);
+    outcomes.extend(homie::run(bin, sizes).await?);
     outcomes.sort_by_key(|o| order(o.id));
     Ok(outcomes)
 }

@@ -141,6 +141,7 @@ async fn f6_and_x1(bin: &Path, sizes: &Sizes) -> Result<(Outcome, Outcome)> {
     let other = join(&http, &target, "f6-victim", "f6-victim-code-1").await?;
     let (_own, own_status) = stream_from(localhost(), &target.addr, "f6-victim", &other).await?;
     let x1 = x1(&http, &target, &other).await?;
+    let held_total = held.len();
     drop(held);
     plane.close().await;
     let _ = target.child.kill().await;
@@ -151,12 +152,13 @@ async fn f6_and_x1(bin: &Path, sizes: &Sizes) -> Result<(Outcome, Outcome)> {
         "one address holds every event stream of a room (and of the Connector)",
         defended,
         format!(
-            "one address with {rooms} room code(s) held {first_room} of the first room's 64 streams ({streams_refused} refused, {joins_refused} joins refused); another visitor's stream in that room answered {same_status}, in a room of its own {own_status}"
+            "one address with {rooms} room code(s) held {first_room} of the first room's 64 streams and {held_total} in all ({streams_refused} refused, {joins_refused} joins refused); another visitor's stream in that room answered {same_status}, in a room of its own {own_status}"
         ),
     )
     .with(json!({
         "rooms": rooms,
         "attacker_streams_first_room": first_room,
+        "attacker_streams_total": held_total,
         "attacker_streams_refused": streams_refused,
         "attacker_joins_refused": joins_refused,
         "victim_same_room_status": same_status,
@@ -202,30 +204,78 @@ async fn x1(http: &reqwest::Client, target: &Target, token: &str) -> Result<Outc
     .with(json!({"cache_control": cache})))
 }
 
-/// What the F12 flood measured.
-#[derive(Default)]
-struct JoinFlood {
-    /// When each accepted join finished, in seconds since the flood began.
-    done_at: Vec<f64>,
-    /// Joins answered 429.
-    refused: usize,
-    /// Addresses used.
-    addresses: usize,
+/// Joins `room` again and again from addresses `127.<a>.x.y`, moving to the next address
+/// whenever one is refused (429), until `done` says so; returns (accepted, refused, addresses).
+async fn join_loop(
+    url: String,
+    code: &'static str,
+    a: u8,
+    accepted: Arc<AtomicUsize>,
+    done: impl Fn(usize) -> bool,
+) -> Result<(usize, usize, usize)> {
+    let (mut ok, mut refused, mut address) = (0, 0, 0);
+    let mut http = client_from(loopback(a, address))?;
+    while !done(accepted.load(Ordering::SeqCst)) {
+        let response = http.post(&url).json(&json!({"access_code": code})).send().await?;
+        match response.status().as_u16() {
+            200 => {
+                let _ = response.bytes().await;
+                ok += 1;
+                accepted.fetch_add(1, Ordering::SeqCst);
+            }
+            429 => {
+                refused += 1;
+                address += 1;
+                http = client_from(loopback(a, address))?;
+            }
+            other => bail!("a join answered {other}"),
+        }
+    }
+    Ok((ok, refused, address + 1))
 }
 
-/// F12: (a) one address joins as fast as it can; (b) `sessions` joins from rotating addresses
-/// while another visitor keeps sending: the join rate and the send latency at the start and at
-/// the end of the flood.
+/// What a quiet moment of the Connector looks like with the sessions it has: the median time
+/// of 30 joins one after the other, and of 20 sends of another visitor while one joiner keeps
+/// joining (a join that holds the database long makes the send wait).
+async fn f12_probe(target: &Target, other: &str, a: u8) -> Result<(f64, f64)> {
+    let http = client_from(loopback(a, 0))?;
+    let mut joins = Vec::new();
+    for _ in 0..30 {
+        let started = Instant::now();
+        let (status, _) = try_join(&http, target, "f12", "f12-code-12345").await?;
+        if status == 200 {
+            joins.push(started.elapsed().as_secs_f64() * 1_000.0);
+        }
+    }
+    let stop = flag();
+    let joiner = {
+        let stop = Arc::clone(&stop);
+        tokio::spawn(join_loop(
+            target.url("/chat/api/rooms/f12/join"),
+            "f12-code-12345",
+            a + 1,
+            Arc::new(AtomicUsize::new(0)),
+            move |_| stop.load(Ordering::SeqCst),
+        ))
+    };
+    let sends = send_latencies(&reqwest::Client::new(), target, other, 20, &format!("p{a}")).await;
+    stop.store(true, Ordering::SeqCst);
+    joiner.await??;
+    Ok((median(&joins), median(&sends?)))
+}
+
+/// F12: (a) one address joins as fast as it can; (b) the cost of a join and another visitor's
+/// send with few sessions, then again after `sessions` joins from rotating addresses.
 async fn f12(bin: &Path, sizes: &Sizes) -> Result<Outcome> {
     let mut target = start(bin).await?;
     let plane = xagent(&target).await?;
     sign_in(&plane, None, "f12", "f12-code-12345").await?;
     sign_in(&plane, None, "f12-other", "f12-other-code-1").await?;
-    let sessions = if sizes.full { 20_000 } else { 4_000 };
+    let sessions = if sizes.full { 10_000 } else { 2_000 };
     let single_attempts = 200;
 
     // (a) One address.
-    let single = client_from(loopback(1, 1))?;
+    let single = client_from(loopback(1, 0))?;
     let (mut single_ok, mut single_refused) = (0, 0);
     for _ in 0..single_attempts {
         match try_join(&single, &target, "f12", "f12-code-12345").await?.0 {
@@ -235,114 +285,47 @@ async fn f12(bin: &Path, sizes: &Sizes) -> Result<Outcome> {
         }
     }
 
-    // (b) The flood, with another visitor sending meanwhile.
+    // (b) Before and after the flood.
     let http = reqwest::Client::new();
     let other = join(&http, &target, "f12-other", "f12-other-code-1").await?;
-    let idle = send_latencies(&http, &target, &other, 10, "idle").await?;
+    let (join_before, send_before) = f12_probe(&target, &other, 2).await?;
     let started = Instant::now();
     let accepted = Arc::new(AtomicUsize::new(0));
-    let stop = flag();
-    let sender = {
-        let (http, url, other, accepted, stop) = (
-            http.clone(),
-            target.url("/chat/api/rooms/f12-other/messages"),
-            other.clone(),
-            Arc::clone(&accepted),
-            stop.clone(),
-        );
-        tokio::spawn(async move {
-            let mut samples: Vec<(usize, f64)> = Vec::new();
-            let mut n = 0;
-            while !stop.load(Ordering::SeqCst) {
-                n += 1;
-                let at = accepted.load(Ordering::SeqCst);
-                let sent = Instant::now();
-                let ok = http
-                    .post(&url)
-                    .bearer_auth(&other)
-                    .json(&json!({"text": format!("still here {n}"), "client_id": format!("f12-{n}")}))
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
-                if ok {
-                    samples.push((at, sent.elapsed().as_secs_f64() * 1_000.0));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            samples
-        })
-    };
-    let workers = 8;
     let mut tasks = Vec::new();
-    for worker in 0..workers {
-        let (url, accepted) = (target.url("/chat/api/rooms/f12/join"), Arc::clone(&accepted));
-        tasks.push(tokio::spawn(async move {
-            let mut flood = JoinFlood::default();
-            let mut address = 0;
-            let mut http = client_from(loopback(10 + worker as u8, address))?;
-            flood.addresses = 1;
-            while accepted.load(Ordering::SeqCst) < sessions {
-                let response =
-                    http.post(&url).json(&json!({"access_code": "f12-code-12345"})).send().await?;
-                match response.status().as_u16() {
-                    200 => {
-                        let _ = response.bytes().await;
-                        accepted.fetch_add(1, Ordering::SeqCst);
-                        flood.done_at.push(started.elapsed().as_secs_f64());
-                    }
-                    429 => {
-                        // This address is spent: the next one.
-                        flood.refused += 1;
-                        address += 1;
-                        flood.addresses += 1;
-                        http = client_from(loopback(10 + worker as u8, address))?;
-                    }
-                    other => bail!("a join answered {other}"),
-                }
-            }
-            Ok::<JoinFlood, anyhow::Error>(flood)
-        }));
+    for worker in 0..8u8 {
+        tasks.push(tokio::spawn(join_loop(
+            target.url("/chat/api/rooms/f12/join"),
+            "f12-code-12345",
+            10 + worker,
+            Arc::clone(&accepted),
+            move |n| n >= sessions,
+        )));
     }
-    let mut flood = JoinFlood::default();
+    let (mut flood_refused, mut addresses) = (0, 0);
     for task in tasks {
-        let part = task.await??;
-        flood.done_at.extend(part.done_at);
-        flood.refused += part.refused;
-        flood.addresses += part.addresses;
+        let (_, refused, used) = task.await??;
+        flood_refused += refused;
+        addresses += used;
     }
-    stop.store(true, Ordering::SeqCst);
     let seconds = started.elapsed().as_secs_f64();
-    let samples = sender.await?;
+    let flood_rate = accepted.load(Ordering::SeqCst) as f64 / seconds;
+    let (join_after, send_after) = f12_probe(&target, &other, 4).await?;
     plane.close().await;
     let _ = target.child.kill().await;
     let _ = std::fs::remove_dir_all(&target.dir);
 
-    // Join rates over the first and the last tenth of the flood (by count).
-    flood.done_at.sort_by(f64::total_cmp);
-    let window = (flood.done_at.len() / 10).max(1);
-    let rate = |slice: &[f64]| match (slice.first(), slice.last()) {
-        (Some(a), Some(b)) if b > a => (slice.len() - 1) as f64 / (b - a),
-        _ => 0.0,
-    };
-    let first_rate = rate(&flood.done_at[..window.min(flood.done_at.len())]);
-    let last_rate = rate(&flood.done_at[flood.done_at.len().saturating_sub(window)..]);
-    let late: Vec<f64> = samples
-        .iter()
-        .filter(|(at, _)| *at >= sessions.saturating_sub(sessions / 5))
-        .map(|(_, ms)| *ms)
-        .collect();
-    let (late_median, late_max) = (median(&late), late.iter().copied().fold(0.0, f64::max));
     let single_limited = single_ok < single_attempts;
-    let rate_kept = last_rate >= 0.5 * first_rate;
-    let defended = single_limited && rate_kept;
+    // Only gross growth counts (a shared, loaded machine moves these medians by a few ms):
+    // three times the cost plus 10 ms. The per-address limit in (a) is the sharp check.
+    let join_kept = join_after <= 3.0 * join_before + 10.0;
+    let send_kept = send_after <= 3.0 * send_before + 10.0;
+    let defended = single_limited && join_kept && send_kept;
     Ok(Outcome::new(
         "F12",
         "joins grow the session table without bound and slow every visitor down",
         defended,
         format!(
-            "one address: {single_ok} of {single_attempts} joins accepted ({single_refused} refused); {sessions} joins from {} addresses in {seconds:.1} s: {first_rate:.0}/s at the start, {last_rate:.0}/s at the end; another visitor's send {:.1} ms idle, {late_median:.1} ms median ({late_max:.1} ms max) in the last fifth",
-            flood.addresses,
-            median(&idle),
+            "one address: {single_ok} of {single_attempts} joins accepted; {sessions} joins from {addresses} addresses ({flood_rate:.0}/s); a join took {join_before:.1} ms before and {join_after:.1} ms after them, another visitor's send (one joiner running) {send_before:.1} ms and {send_after:.1} ms"
         ),
     )
     .with(json!({
@@ -350,14 +333,14 @@ async fn f12(bin: &Path, sizes: &Sizes) -> Result<Outcome> {
         "single_address_accepted": single_ok,
         "single_address_refused": single_refused,
         "sessions": sessions,
-        "addresses": flood.addresses,
-        "joins_refused": flood.refused,
-        "seconds": seconds,
-        "join_rate_start_per_s": first_rate,
-        "join_rate_end_per_s": last_rate,
-        "send_ms_idle_median": median(&idle),
-        "send_ms_late_median": late_median,
-        "send_ms_late_max": late_max,
+        "addresses": addresses,
+        "joins_refused": flood_refused,
+        "flood_seconds": seconds,
+        "flood_joins_per_s": flood_rate,
+        "join_ms_before": join_before,
+        "join_ms_after": join_after,
+        "send_ms_before": send_before,
+        "send_ms_after": send_after,
     })))
 }
 

@@ -7,14 +7,15 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use super::guard::{VisitorLimits, addr_key};
+use crate::rate::CellRate;
 
 /// How many addresses the join rate keeps before forgetting those whose burst is full again.
 const MAX_TRACKED_ADDRESSES: usize = 20_000;
 
 /// The visitor sessions each address may start: a burst of
 /// [`VisitorLimits::joins_per_address_burst`], then
-/// [`VisitorLimits::joins_per_address_per_minute`] (a token bucket kept as the time at which the
-/// bucket is full again, so one number per address). IPv6 addresses count per /64.
+/// [`VisitorLimits::joins_per_address_per_minute`] (the crate's [`CellRate`], one number per
+/// address). IPv6 addresses count per /64.
 #[derive(Debug, Default)]
 pub struct JoinRate {
     /// Per address: when its bucket is full again (Unix ms).
@@ -30,38 +31,36 @@ impl JoinRate {
         now: u64,
         limits: &VisitorLimits,
     ) -> Result<(), u64> {
-        let Some(addr) = addr else { return Ok(()) };
-        let Some(interval) = join_interval_millis(limits) else { return Ok(()) };
-        let burst = u64::from(limits.joins_per_address_burst.max(1));
+        let (Some(addr), Some(rate)) = (addr, join_rate(limits)) else { return Ok(()) };
         if self.full_at.len() >= MAX_TRACKED_ADDRESSES {
             self.full_at.retain(|_, full_at| *full_at > now);
         }
         let full_at = self.full_at.entry(addr_key(addr)).or_insert(now);
-        let start = (*full_at).max(now);
-        // The bucket holds `burst` joins: `start - now` of them are spent.
-        let spent_millis = start - now;
-        let capacity_millis = interval.saturating_mul(burst);
-        if spent_millis.saturating_add(interval) > capacity_millis {
-            return Err(spent_millis.saturating_add(interval) - capacity_millis);
+        match rate.wait(*full_at, now) {
+            0 => {
+                *full_at = rate.add(*full_at, now);
+                Ok(())
+            }
+            wait => Err(wait),
         }
-        *full_at = start.saturating_add(interval);
-        Ok(())
     }
 
     /// Gives back a join taken by [`JoinRate::take`] that started no session (a wrong code:
     /// those are counted by the join throttle instead).
     pub fn refund(&mut self, addr: Option<IpAddr>, now: u64, limits: &VisitorLimits) {
-        let (Some(addr), Some(interval)) = (addr, join_interval_millis(limits)) else { return };
+        let (Some(addr), Some(rate)) = (addr, join_rate(limits)) else { return };
         if let Some(full_at) = self.full_at.get_mut(&addr_key(addr)) {
-            *full_at = full_at.saturating_sub(interval).max(now);
+            *full_at = rate.remove(*full_at, now);
         }
     }
 }
 
-/// Time one join costs an address, in ms; `None` when the rate is turned off.
-fn join_interval_millis(limits: &VisitorLimits) -> Option<u64> {
-    (limits.joins_per_address_per_minute > 0)
-        .then(|| (60_000 / u64::from(limits.joins_per_address_per_minute)).max(1))
+/// The join rate of one address; `None` when it is turned off.
+fn join_rate(limits: &VisitorLimits) -> Option<CellRate> {
+    (limits.joins_per_address_per_minute > 0).then(|| CellRate {
+        burst: limits.joins_per_address_burst.max(1),
+        interval_millis: (60_000 / u64::from(limits.joins_per_address_per_minute)).max(1),
+    })
 }
 
 /// The daily visitor upload allowance as the quota check uses it: one room's and everybody's.
