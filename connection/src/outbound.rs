@@ -219,6 +219,21 @@ mod tests {
         (Arc::new(Mutex::new(session)), sink, rx)
     }
 
+    /// `sink::unfold` (like `sink_map_err`) panics when used again after an error: the writer
+    /// must stop at the first failure, here a flush that fails just before a close frame.
+    #[tokio::test]
+    async fn writer_never_uses_a_sink_again_after_it_failed() {
+        let sink = Box::pin(futures_util::sink::unfold((), |(), _frame: Frame| async move {
+            Err::<(), _>("the peer is gone")
+        }));
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(crate::writer::Outgoing::Raw("{}".into())).await.expect("queued");
+        tx.send(crate::writer::Outgoing::Close(1000, "bye".into())).await.expect("queued");
+        drop(tx);
+        let (session, _unused_sink, _written) = established();
+        crate::write_loop(sink, rx, session, WriterOptions::new(1 << 20)).await;
+    }
+
     fn ping(id: &str) -> Packet {
         Packet::with_payload(format!("pkt_{id}"), Ping::default()).request_id(RequestId::from(id))
     }

@@ -139,8 +139,11 @@ pub async fn write_loop<Si>(
                 Outgoing::Close(code, reason) => {
                     let flushed = sink.flush().await.is_ok();
                     report(&mut tracked, flushed);
-                    let _ = sink.send(Frame::Close(Some((code, reason)))).await;
-                    let _ = sink.close().await;
+                    // A sink that failed once is never polled again: adapters such as
+                    // `sink_map_err` and `sink::unfold` panic when used after an error.
+                    if flushed && sink.send(Frame::Close(Some((code, reason)))).await.is_ok() {
+                        let _ = sink.close().await;
+                    }
                     return;
                 }
             };
@@ -165,7 +168,8 @@ pub async fn write_loop<Si>(
         let flushed = ok && sink.flush().await.is_ok();
         report(&mut tracked, flushed);
         if !flushed {
-            break;
+            // Failed: not polled again (see the close frame above).
+            return;
         }
     }
     let _ = sink.close().await;
