@@ -415,6 +415,28 @@ impl PropertySpec {
         }
     }
 
+    /// How `describe` shows this property: its id, name, datatype, settable and retained
+    /// flags, format and unit when present, and `value` (typed) when one is known.
+    pub fn describe(&self, property: &str, value: Option<&str>) -> Value {
+        let mut v = json!({
+            "property": property,
+            "name": self.name,
+            "datatype": self.datatype.as_str(),
+            "settable": self.settable,
+            "retained": self.retained,
+        });
+        if let Some(f) = self.format.to_json() {
+            v["format"] = f;
+        }
+        if let Some(u) = &self.unit {
+            v["unit"] = json!(u);
+        }
+        if let Some(value) = value {
+            v["value"] = self.value_json(value);
+        }
+        v
+    }
+
     /// The JSON form of a value payload the device published: numbers and Booleans typed,
     /// everything else (and anything malformed) as the text sent.
     pub fn value_json(&self, payload: &str) -> Value {

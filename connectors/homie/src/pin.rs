@@ -176,23 +176,7 @@ impl Pinned {
                     .iter()
                     .filter_map(|p| {
                         let spec = self.spec(&n.id, &p.id).ok()?;
-                        let mut v = json!({
-                            "property": p.id,
-                            "name": spec.name,
-                            "datatype": spec.datatype.as_str(),
-                            "settable": spec.settable,
-                            "retained": spec.retained,
-                        });
-                        if let Some(f) = spec.format.to_json() {
-                            v["format"] = f;
-                        }
-                        if let Some(u) = &spec.unit {
-                            v["unit"] = json!(u);
-                        }
-                        if let Some(value) = live.value(&n.id, &p.id) {
-                            v["value"] = spec.value_json(value);
-                        }
-                        Some(v)
+                        Some(spec.describe(&p.id, live.value(&n.id, &p.id)))
                     })
                     .collect();
                 // Properties the device describes in a way this Connector cannot use are shown

@@ -155,25 +155,7 @@ impl Description {
                     .properties
                     .iter()
                     .map(|p| match &p.spec {
-                        Ok(spec) => {
-                            let mut v = json!({
-                                "property": p.id,
-                                "name": spec.name,
-                                "datatype": spec.datatype.as_str(),
-                                "settable": spec.settable,
-                                "retained": spec.retained,
-                            });
-                            if let Some(f) = spec.format.to_json() {
-                                v["format"] = f;
-                            }
-                            if let Some(u) = &spec.unit {
-                                v["unit"] = json!(u);
-                            }
-                            if let Some(value) = &p.value {
-                                v["value"] = spec.value_json(value);
-                            }
-                            v
-                        }
+                        Ok(spec) => spec.describe(&p.id, p.value.as_deref()),
                         Err(problem) => {
                             json!({"property": p.id, "usable": false, "problem": problem})
                         }
