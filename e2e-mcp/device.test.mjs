@@ -2,9 +2,9 @@
 // (`device.homie`) with the TypeScript MCP SDK client (Client + StdioClientTransport from
 // @modelcontextprotocol/sdk, the same package as mcp.test.mjs). Everything runs on 127.0.0.1:
 // a throw-away Mosquitto on a free port in a temp dir, the simulated Homie device `homie-sim`,
-// `xagent-connector homie` with a pairing code, and the bridge spawned by the SDK with the
-// homie_bind form flow (API key in the environment, never on the command line). Acting as the
-// agent, the client:
+// `xagent-connector homie` with a pairing code (from the environment, never the command
+// line), and the bridge spawned by the SDK with the homie_bind form flow (API key in the
+// environment, never on the command line). Acting as the agent, the client:
 //   1. lists the Tools: the homie Tools are there, without a device id argument;
 //   2. sets the thermostat's settable target-temperature within its range with
 //      homie_property_set: the result confirms the value, homie_property_read reads it back,
@@ -222,8 +222,7 @@ async function main() {
     await waitOutput(sim, /homie device \S+ ready/, 'the simulated device to be ready');
     homie = start(bin, [
       'homie', '--listen', '127.0.0.1:0', '--state-dir', path.join(work, 'homie'), '--mqtt-url', mqttUrl,
-      '--pairing-code', `${deviceId}=${pairingCode}`,
-    ], { XAGENT_CONNECTOR_API_KEY: apiKey });
+    ], { XAGENT_CONNECTOR_API_KEY: apiKey, XAGENT_HOMIE_PAIRING_CODES: `${deviceId}=${pairingCode}` });
     const baseUrl = await waitOutput(homie, /device\.homie listening on (http\S+)/, 'device.homie to listen');
     log(`mosquitto on ${port}, device ${deviceId}, device.homie at ${baseUrl}`);
 
