@@ -713,18 +713,8 @@ mod x2_lab {
             .build()
             .await
             .map_err(|e| anyhow!("{e}"))?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let running = server.clone();
-        tokio::spawn(async move {
-            let _ = running
-                .serve(listener, async move {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-        Ok((server, base, stop))
+        let (addr, stop) = serve_in_process(&server).await?;
+        Ok((server, format!("http://{addr}"), stop))
     }
 
     pub(super) fn grant(

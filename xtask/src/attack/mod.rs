@@ -367,3 +367,23 @@ fn order(id: &str) -> (usize, usize, String) {
         None => (2, 0, id.to_owned()),
     }
 }
+
+/// Serves `server` on a fresh 127.0.0.1 port in this process, for the in-process Connectors
+/// some scenarios need (a hostile one, a device lab); dropping or sending on the returned
+/// sender stops it.
+async fn serve_in_process(
+    server: &xagent_server_runtime::ConnectorServer,
+) -> Result<(std::net::SocketAddr, tokio::sync::oneshot::Sender<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = server.clone();
+    tokio::spawn(async move {
+        let _ = running
+            .serve(listener, async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Ok((addr, stop))
+}

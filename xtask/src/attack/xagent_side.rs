@@ -125,17 +125,7 @@ impl Hostile {
             .build()
             .await
             .map_err(|e| anyhow!("{e}"))?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let running = server.clone();
-        tokio::spawn(async move {
-            let _ = running
-                .serve(listener, async move {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let (addr, stop) = serve_in_process(&server).await?;
         let handle = server.handle();
         Ok(Self { server, handle, addr, dir, stop: Some(stop), produced, sent: 0 })
     }
