@@ -289,7 +289,14 @@ async function main() {
         await page.waitForSelector('#view-chat:not([hidden])');
         await page.waitForSelector('.msg.assistant:not(.draft)');
         await page.waitForFunction(() => [...document.querySelectorAll('.msg img')].every((img) => img.complete));
-        await page.waitForTimeout(300);
+        // Layout settles a few frames after the last image: wait (bounded) for the list to reach
+        // its end, then judge the position it settled on.
+        await page
+          .waitForFunction(() => {
+            const list = document.getElementById('messages');
+            return list.scrollTop + list.clientHeight >= list.scrollHeight - 2;
+          }, null, { timeout: 5000 })
+          .catch(() => {});
         const position = await page.evaluate(() => {
           const list = document.getElementById('messages');
           return { top: list.scrollTop, height: list.scrollHeight, client: list.clientHeight };
@@ -297,7 +304,15 @@ async function main() {
         assert.ok(position.height > position.client, `the history overflows at ${size.width}px (${JSON.stringify(position)})`);
         assert.ok(position.top + position.client >= position.height - 2, `scrolled to the newest at ${size.width}px (${JSON.stringify(position)})`);
       }
+      // A visitor who scrolled up to read stays where they are when the layout changes.
+      await page.evaluate(() => {
+        document.getElementById('messages').scrollTop = 0;
+      });
+      await page.waitForTimeout(100);
       await page.setViewportSize({ width: 960, height: 760 });
+      await page.waitForTimeout(300);
+      const reading = await page.evaluate(() => document.getElementById('messages').scrollTop);
+      assert.ok(reading < 5, `a visitor reading history is not pulled down by a resize (scrollTop ${reading})`);
     });
 
     await step('screenshots of the finished conversation (desktop and phone)', async () => {

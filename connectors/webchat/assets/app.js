@@ -21,6 +21,7 @@
     flushing: false,
     failures: 0,
     pinned: true, // the list follows the newest message until the visitor scrolls up
+    lastTop: 0, // where the list was last scrolled, to tell a scroll up from content growing
   };
 
   // Tokens of earlier versions of this page were kept in localStorage: drop them.
@@ -275,14 +276,34 @@
     const list = $('messages');
     if (force || chat.pinned || nearBottom()) {
       list.scrollTop = list.scrollHeight;
+      chat.lastTop = list.scrollTop;
       chat.pinned = true;
     }
   }
 
-  // The visitor scrolling up unpins the list; scrolling back to the end pins it again.
+  // Only the visitor scrolling up unpins the list; scrolling back to the end pins it again.
+  // Content growing below (an image learning its size before its load event) moves the end
+  // away without moving scrollTop up, so it never unpins.
   $('messages').addEventListener('scroll', () => {
-    chat.pinned = nearBottom();
+    const list = $('messages');
+    if (list.scrollTop + 1 < chat.lastTop) chat.pinned = nearBottom();
+    else if (nearBottom()) chat.pinned = true;
+    chat.lastTop = list.scrollTop;
   }, { passive: true });
+
+  // While pinned, any change of the list's size or of a message's size keeps the newest in view.
+  const follow = typeof ResizeObserver === 'function'
+    ? new ResizeObserver(() => { if (chat.pinned) scrollDown(false); })
+    : null;
+  if (follow) {
+    follow.observe($('messages'));
+    new MutationObserver((changes) => {
+      for (const change of changes) {
+        for (const node of change.addedNodes) if (node.nodeType === 1) follow.observe(node);
+        for (const node of change.removedNodes) if (node.nodeType === 1) follow.unobserve(node);
+      }
+    }).observe($('messages'), { childList: true });
+  }
 
   function renderEmpty() {
     const list = $('messages');
