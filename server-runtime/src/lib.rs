@@ -185,7 +185,13 @@ pub use storage::{
     SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous, ToolCallRecord, WriteOp,
     private_database_files,
 };
+#[cfg(feature = "postgres")]
+pub use storage::{PostgresOptions, PostgresStorage};
 pub use tokio_util::sync::CancellationToken;
+/// The PostgreSQL plumbing's URL (a secret: Display and Debug redact the password), pool
+/// options and error, re-exported for [`ServerBuilder::database_url`] (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use xagent_storage_postgres::{DatabaseUrl, PgError, PoolOptions};
 pub use xagent_profile_im::{ActivityAction, ActivityCapability};
 pub use xagent_protocol_types::BuildInfo;
 

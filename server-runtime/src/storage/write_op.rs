@@ -90,8 +90,58 @@ impl std::fmt::Debug for WriteOp {
     }
 }
 
+impl WriteOp {
+    /// The rule every backend applies before writing (one home, so SQLite and PostgreSQL take
+    /// the same values): ids, keys, status and JSON text must not hold a NUL character, which
+    /// PostgreSQL's `TEXT` cannot store. Free text (a tool error's message, an outbox
+    /// message's last error) may: backends store it as bytes where they must.
+    pub fn check(&self) -> Result<(), super::StorageError> {
+        let texts: Vec<&str> = match self {
+            Self::Outbox(OutboxWrite::Save(r)) => {
+                vec![r.channel.as_str(), r.message_id.as_str(), r.payload.as_str()]
+            }
+            Self::Outbox(OutboxWrite::Delete(c, m))
+            | Self::Idempotency(IdempotencyWrite::Delete(c, m)) => vec![c.as_str(), m.as_str()],
+            Self::Outbox(OutboxWrite::Attempt(a)) => vec![a.channel.as_str(), a.message_id.as_str()],
+            Self::Idempotency(IdempotencyWrite::Save(r)) => {
+                vec![r.channel.as_str(), r.message_id.as_str(), r.fingerprint.as_str()]
+            }
+            Self::Idempotency(IdempotencyWrite::Trim { channel, .. }) => vec![channel.as_str()],
+            Self::Idempotency(IdempotencyWrite::Expire { .. }) | Self::PruneToolCalls { .. } => {
+                Vec::new()
+            }
+            Self::ToolCall { channel, key, fingerprint, result, error, .. } => {
+                let mut texts = vec![channel.as_str(), key.as_str(), fingerprint.as_str()];
+                texts.extend(result.as_deref());
+                texts.extend(error.as_ref().map(|(code, _)| code.as_str()));
+                texts
+            }
+            Self::Channel { id, connector_id, status, binding, tool_overrides, .. } => {
+                let mut texts = vec![id.as_str(), connector_id.as_str(), status.as_str()];
+                texts.extend(binding.as_deref());
+                texts.push(tool_overrides.as_str());
+                texts
+            }
+            Self::DeleteChannel(id) => vec![id.as_str()],
+            Self::Meta { key, value } => {
+                let mut texts = vec![key.as_str()];
+                texts.extend(value.as_deref());
+                texts
+            }
+        };
+        if texts.iter().any(|text| text.contains('\0')) {
+            return Err(super::StorageError::new(
+                "check a write",
+                format!("{self:?} holds a NUL character in an id, key or JSON text; nothing of it was stored"),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Executes one write through the statement cache.
 pub(crate) fn execute(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
+    op.check().map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
     let exec = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> rusqlite::Result<()> {
         conn.prepare_cached(sql)?.execute(p).map(|_| ())
     };
