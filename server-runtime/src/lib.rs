@@ -181,7 +181,8 @@ pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
 };
 pub use storage::{
-    ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
+    ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, MAX_STORED_KEY_BYTES,
+    MAX_STORED_VALUE_BYTES, GroupCommitConfig, GroupCommitStats,
     SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous, ToolCallRecord, WriteOp,
     private_database_files,
 };

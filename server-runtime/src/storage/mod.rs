@@ -26,7 +26,7 @@ pub use group::{CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, 
 #[cfg(feature = "postgres")]
 pub use postgres::{COMPONENT as POSTGRES_COMPONENT, PostgresOptions, PostgresStorage};
 pub use sqlite::{DATABASE_FILE, SqliteOptions, SqliteStorage, private_database_files};
-pub use write_op::WriteOp;
+pub use write_op::{MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, WriteOp};
 
 use std::collections::BTreeMap;
 
