@@ -172,6 +172,7 @@ impl CommitTicket {
     }
 
     /// A ticket and the sender that resolves it (for a backend's own writer).
+    #[cfg(feature = "postgres")]
     pub(crate) fn pending() -> (tokio::sync::oneshot::Sender<Result<(), StorageError>>, Self) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         (tx, Self(rx))

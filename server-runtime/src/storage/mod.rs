@@ -24,7 +24,7 @@ mod write_op;
 
 pub use group::{CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous};
 #[cfg(feature = "postgres")]
-pub use postgres::{COMPONENT as POSTGRES_COMPONENT, PostgresOptions, PostgresStorage};
+pub use postgres::{PostgresOptions, PostgresStorage};
 pub use sqlite::{DATABASE_FILE, SqliteOptions, SqliteStorage, private_database_files};
 pub use write_op::{MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, WriteOp};
 

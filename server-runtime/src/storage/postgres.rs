@@ -22,7 +22,7 @@ use xagent_protocol_types::{
 use deadpool_postgres::Object;
 use xagent_storage_postgres::{DatabaseUrl, Pool, PoolOptions};
 
-pub use schema::COMPONENT;
+use schema::COMPONENT;
 
 use super::group::{CommitTicket, GroupCommitConfig, GroupCommitStats};
 use super::sqlite::{binding_from_json, to_i64, to_u64};
@@ -326,3 +326,49 @@ fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
 fn from_bytes(bytes: Option<Vec<u8>>) -> String {
     bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
+
+#[async_trait::async_trait]
+impl Storage for PostgresStorage {
+    async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
+        PostgresStorage::load_connector_id(self).await
+    }
+
+    async fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
+        PostgresStorage::load_channels(self).await
+    }
+
+    async fn load_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+    ) -> Result<Option<ToolCallRecord>, StorageError> {
+        PostgresStorage::load_tool_call(self, channel, key).await
+    }
+
+    async fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
+        PostgresStorage::load_meta(self, key).await
+    }
+
+    async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError> {
+        PostgresStorage::load_pending(self).await
+    }
+
+    async fn lookup_completed(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StorageError> {
+        PostgresStorage::lookup_completed(self, channel, message_id).await
+    }
+
+    async fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
+        PostgresStorage::prune_tool_calls(self, before).await
+    }
+
+    fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {
+        PostgresStorage::commit(self, writes)
+    }
+}
+
+#[cfg(test)]
+mod tests;

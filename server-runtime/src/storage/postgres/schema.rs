@@ -11,7 +11,7 @@
 use xagent_storage_postgres::Migration;
 
 /// The component name of the runtime's tables in `xagent_schema`.
-pub const COMPONENT: &str = "server-runtime";
+pub(crate) const COMPONENT: &str = "server-runtime";
 
 /// Every migration, in order; the last one's version is what this binary knows.
 pub(crate) const MIGRATIONS: &[Migration] = &[
