@@ -153,7 +153,7 @@ mod cases {
         assert_eq!(loaded[1].binding.as_ref().unwrap().secret("token").unwrap().expose(), "t0k-cch_a");
         // An update replaces the record but keeps its creation time.
         let mut signed_out = a.clone();
-        signed_out.status = ConnectionStatus::Disconnected;
+        signed_out.status = ConnectionStatus::Created;
         signed_out.binding = None;
         signed_out.tool_overrides.clear();
         signed_out.created_at = 99;
