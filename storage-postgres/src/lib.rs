@@ -40,7 +40,7 @@ mod url;
 
 pub use error::{PgError, PgResultExt};
 pub use group_commit::{
-    ApplyWrites, GroupCommit, GroupCommitConfig, GroupCommitStats, PgCommitTicket,
+    ApplyWrites, GroupCommit, GroupCommitConfig, GroupCommitStats, PgCommitTicket, execute_in_order,
 };
 pub use migrate::{MIGRATION_LOCK, Migration, MigrationOutcome, migrate};
 pub use pool::{Pool, PoolOptions, connect, connect_unpooled};

@@ -359,3 +359,33 @@ async fn after_shutdown_a_submission_fails_and_queued_ones_commit() {
     assert_eq!(err, PgError::WriterStopped);
     assert_eq!(count(&g.pool, "SELECT count(*) FROM notes").await, 1);
 }
+
+#[tokio::test]
+async fn execute_in_order_sends_statements_in_order_and_reports_the_first_failure() {
+    use xagent_storage_postgres::execute_in_order;
+    use xagent_storage_postgres::tokio_postgres::types::ToSql;
+    let pool = fresh_pool().await;
+    let mut client = pool.get().await.unwrap();
+    client.batch_execute(NOTES_DDL).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let insert = tx.prepare_cached("INSERT INTO notes (id, body) VALUES ($1, $2)").await.unwrap();
+    let append =
+        tx.prepare_cached("UPDATE notes SET body = body || $2 WHERE id = $1").await.unwrap();
+    let (one, seven, a, b, c): (i64, i64, &str, &str, &str) = (1, 7, "a", "b", "c");
+    let p1: [&(dyn ToSql + Sync); 2] = [&one, &a];
+    let p2: [&(dyn ToSql + Sync); 2] = [&one, &b];
+    let p3: [&(dyn ToSql + Sync); 2] = [&one, &c];
+    let p4: [&(dyn ToSql + Sync); 2] = [&seven, &c];
+    let steps = [(&insert, &p1[..]), (&append, &p2[..]), (&append, &p3[..]), (&append, &p4[..])];
+    let counts = execute_in_order(&tx, "append", &steps).await.unwrap();
+    assert_eq!(counts, vec![1, 1, 1, 0]);
+    let row = tx.query_one("SELECT body FROM notes WHERE id = 1", &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "abc");
+    let (two, three): (i64, i64) = (2, 3);
+    let q1: [&(dyn ToSql + Sync); 2] = [&two, &a];
+    let q2: [&(dyn ToSql + Sync); 2] = [&two, &b];
+    let q3: [&(dyn ToSql + Sync); 2] = [&three, &c];
+    let clash = [(&insert, &q1[..]), (&insert, &q2[..]), (&insert, &q3[..])];
+    let err = execute_in_order(&tx, "clash", &clash).await.unwrap_err();
+    assert_eq!(err.sqlstate(), Some("23505"), "the first failure, not the aborted ones: {err}");
+}
