@@ -13,8 +13,8 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use xagent_storage_postgres::{DatabaseUrl, PoolOptions, connect_unpooled};
@@ -176,7 +176,7 @@ struct Server {
     /// Run the binaries as `nobody` (this process is root).
     as_nobody: bool,
     /// Stops the server and removes `dir` when this process ends.
-    watchdog: Mutex<Option<Watchdog>>,
+    watchdog: Option<Watchdog>,
 }
 
 impl Server {
@@ -197,7 +197,7 @@ impl Server {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
                 .map_err(|e| fail("hand the temporary directory to nobody", &e))?;
         }
-        let mut server = Server { bin, dir, port: 0, as_nobody, watchdog: Mutex::new(None) };
+        let mut server = Server { bin, dir, port: 0, as_nobody, watchdog: None };
         // From here on the watchdog removes the directory, whatever happens next.
         server.spawn_watchdog()?;
         let data = server.dir.join("data");
@@ -278,8 +278,7 @@ impl Server {
         let stop = self.pg_ctl(&["stop", "-m", "immediate"]);
         let watchdog = Watchdog::arm(&stop, Some(&self.dir))
             .map_err(|e| TestPostgresError(format!("start the server's watchdog: {e}")))?;
-        *self.watchdog.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some(watchdog);
+        self.watchdog = Some(watchdog);
         Ok(())
     }
 }
@@ -288,8 +287,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         // A dedicated server: stop it now, then let the watchdog remove the directory.
         let _ = run(self.pg_ctl(&["stop", "-m", "immediate", "-w"]), "pg_ctl stop");
-        let watchdog = self.watchdog.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(watchdog) = watchdog.take() {
+        if let Some(watchdog) = self.watchdog.take() {
             watchdog.fire();
         }
     }
