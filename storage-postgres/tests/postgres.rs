@@ -404,3 +404,27 @@ async fn execute_in_order_sends_statements_in_order_and_reports_the_first_failur
     let err = execute_in_order(&tx, "clash", &clash).await.unwrap_err();
     assert_eq!(err.sqlstate(), Some("23505"), "the first failure, not the aborted ones: {err}");
 }
+
+#[tokio::test]
+async fn an_unpooled_connection_receives_notifications() {
+    use futures_util::StreamExt;
+    use xagent_storage_postgres::connect_unpooled;
+    use xagent_storage_postgres::tokio_postgres::AsyncMessage;
+    let pool = fresh_pool().await;
+    let (listener, mut messages) =
+        connect_unpooled(pool.url(), pool.options()).await.expect("unpooled");
+    // The client's requests make progress only while the stream is polled.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(message) = messages.next().await {
+            if let Ok(AsyncMessage::Notification(n)) = message {
+                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+            }
+        }
+    });
+    listener.batch_execute("LISTEN outbox_wake").await.unwrap();
+    let client = pool.get().await.unwrap();
+    client.execute("SELECT pg_notify('outbox_wake', 'channel-7')", &[]).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("in time");
+    assert_eq!(got, Some(("outbox_wake".to_owned(), "channel-7".to_owned())));
+}
