@@ -407,7 +407,10 @@ fn tail(text: &str, max: usize) -> &str {
 
 /// The newest `/usr/lib/postgresql/VERSION/bin` holding `initdb` and `pg_ctl`.
 fn find_bin_dir() -> Result<PathBuf, TestPostgresError> {
-    let root = Path::new("/usr/lib/postgresql");
+    find_bin_dir_in(Path::new("/usr/lib/postgresql"))
+}
+
+fn find_bin_dir_in(root: &Path) -> Result<PathBuf, TestPostgresError> {
     let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
         .into_iter()
         .flatten()
@@ -457,4 +460,34 @@ fn nobody_ids() -> Result<(u32, u32), TestPostgresError> {
 pub(crate) fn free_port() -> std::io::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_binaries_say_what_to_install() {
+        let empty = tempfile::tempdir().unwrap();
+        let err = find_bin_dir_in(empty.path()).unwrap_err().to_string();
+        assert!(err.contains("install Debian's postgresql package"), "{err}");
+        assert!(err.contains(DATABASE_URL_ENV), "{err}");
+    }
+
+    #[test]
+    fn the_newest_version_with_both_binaries_is_chosen() {
+        let root = tempfile::tempdir().unwrap();
+        for (version, tools) in [
+            ("13", &["initdb", "pg_ctl"][..]),
+            ("15", &["initdb", "pg_ctl"][..]),
+            ("16", &["initdb"][..]),
+        ] {
+            let bin = root.path().join(version).join("bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            for tool in tools {
+                std::fs::write(bin.join(tool), "").unwrap();
+            }
+        }
+        assert_eq!(find_bin_dir_in(root.path()).unwrap(), root.path().join("15").join("bin"));
+    }
 }
