@@ -269,10 +269,11 @@ pub async fn connect_unpooled(
     options: &PoolOptions,
 ) -> Result<(tokio_postgres::Client, Connection), PgError> {
     options.validate()?;
-    let (client, mut connection) =
-        options.session_config(url).connect(tls_connector(url)?).await.map_err(|e| {
-            PgError::Connect { target: url.target(), detail: url.scrub(&crate::error::chain(&e)) }
-        })?;
+    let (client, mut connection) = options
+        .session_config(url)
+        .connect(tls_connector(url)?)
+        .await
+        .map_err(|e| PgError::connect(url, &e))?;
     let scrub = url.clone();
     let messages = futures_util::stream::poll_fn(move |cx| {
         connection.poll_message(cx).map(|message| {
@@ -297,15 +298,14 @@ impl Pool {
                     "no connection was established within {:?}",
                     self.options.connect_timeout
                 ),
+                code: None,
             },
-            PoolError::Backend(e) => PgError::Connect {
-                target: self.url.target(),
-                detail: self.url.scrub(&crate::error::chain(&e)),
-            },
+            PoolError::Backend(e) => PgError::connect(&self.url, &e),
             PoolError::Closed => PgError::PoolClosed,
             other => PgError::Connect {
                 target: self.url.target(),
                 detail: self.url.scrub(&other.to_string()),
+                code: None,
             },
         })
     }

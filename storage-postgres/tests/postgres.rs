@@ -198,6 +198,8 @@ async fn the_password_never_appears_in_errors_or_debug_output() {
     let missing = fresh.with_database("no_such_database").unwrap();
     let err = connect(&missing, options.clone()).await.unwrap_err();
     assert!(err.to_string().contains("no_such_database"), "{err}");
+    assert!(matches!(&err, PgError::Connect { code: Some(c), .. } if c == "3D000"), "{err:?}");
+    assert!(!err.is_transient(), "a missing database stays missing");
     shown.push(("a missing database's error", format!("{err} {err:?}")));
     let wrong = connect(&url, options.clone()).await;
     if let Err(err) = &wrong {
