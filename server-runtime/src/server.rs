@@ -194,8 +194,8 @@ impl ServerBuilder {
             Some(storage) => storage,
             None => Arc::new(SqliteStorage::in_memory()?),
         };
-        let connector_id = storage.load_connector_id()?;
-        let channels = storage.load_channels()?;
+        let connector_id = storage.load_connector_id().await?;
+        let channels = storage.load_channels().await?;
         let now = self.clock.now_millis();
         let mut state = State::default();
         state.connector_id = connector_id;
@@ -211,7 +211,8 @@ impl ServerBuilder {
             storage.as_ref(),
             &self.clock,
             self.config.outbox_window,
-        )?;
+        )
+        .await?;
         let files_config = self
             .files
             .or_else(|| self.state_dir.map(|d| crate::files::FilesConfig::new(d.join("files"))));

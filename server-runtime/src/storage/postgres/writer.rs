@@ -22,7 +22,7 @@ use deadpool_postgres::Transaction;
 use xagent_storage_postgres::{PgError, Pool};
 
 use crate::storage::group::{CommitTicket, GroupCommitConfig, GroupCommitStats};
-use crate::storage::sqlite::to_i64;
+use crate::storage::write_op::to_i64;
 use crate::storage::{StorageError, WriteOp};
 
 /// One submission: its writes and where to report the outcome.
