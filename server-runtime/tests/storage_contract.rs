@@ -21,7 +21,7 @@ use xagent_server_runtime::{
 enum Place {
     Sqlite(tempfile::TempDir),
     #[cfg(feature = "postgres")]
-    Postgres(xagent_server_runtime::DatabaseUrl),
+    Postgres(Box<xagent_server_runtime::DatabaseUrl>),
 }
 
 impl Place {
@@ -31,9 +31,8 @@ impl Place {
 
     #[cfg(feature = "postgres")]
     async fn postgres() -> Self {
-        Self::Postgres(
-            xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await,
-        )
+        let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+        Self::Postgres(Box::new(url))
     }
 
     /// Opens (or reopens) the backend over this place.
