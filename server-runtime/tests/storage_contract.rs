@@ -4,7 +4,6 @@
 //! schema is refused, an unreachable server is named without the password) follow at the end.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use xagent_profile_im::{
     AttemptUpdate, CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord,
@@ -509,6 +508,8 @@ contract!(
 /// Rules only the PostgreSQL backend has.
 #[cfg(feature = "postgres")]
 mod postgres_only {
+    use std::time::Duration;
+
     use super::*;
     use xagent_server_runtime::{
         DatabaseUrl, PgError, PoolOptions, PostgresOptions, PostgresStorage,
