@@ -510,7 +510,6 @@ contract!(
 mod postgres_only {
     use std::time::Duration;
 
-    use super::*;
     use xagent_server_runtime::{
         DatabaseUrl, PgError, PoolOptions, PostgresOptions, PostgresStorage,
     };
