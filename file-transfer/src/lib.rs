@@ -44,7 +44,7 @@
 //! let cleanup = store.spawn_cleanup();
 //! # cleanup.abort();
 //! # drop(app);
-//! # store.remove(&stored.record.file_ref).await;
+//! # store.remove(&stored.record.file_ref).await?;
 //! # let _ = std::fs::remove_dir_all(&dir);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # })?;
@@ -94,6 +94,7 @@
 //! - **Durability and privacy on disk**: data files and sidecars are created 0600 and every
 //!   finished file `fsync`s the directory after its renames.
 
+pub mod backend;
 mod error;
 mod http;
 mod ids;
@@ -101,12 +102,13 @@ pub mod media;
 mod signer;
 mod store;
 
+pub use backend::{FileBackend, FileReader};
 pub use error::TransferError;
 pub use http::{ChannelDirectory, DEFAULT_MAX_UPLOAD_BYTES, TransferState, router};
 pub use ids::{FILE_REF_PREFIX, is_well_formed as is_well_formed_file_ref, new_file_ref};
 pub use signer::{DEFAULT_URL_LIFETIME, MIN_SECRET_BYTES, SignatureError, SignedUrl, UrlSigner};
 pub use store::{
     CleanupReport, DEFAULT_CLEANUP_INTERVAL, DEFAULT_FILE_TTL, DEFAULT_MAX_FILE_BYTES,
-    DEFAULT_MAX_FILES, DEFAULT_MAX_TOTAL_BYTES, FileRecord, FileStore, NewFile, PendingFile,
-    RegisteredFile, StoreConfig, StoreUsage,
+    DEFAULT_MAX_FILES, DEFAULT_MAX_TOTAL_BYTES, DEFAULT_UPLOAD_IDLE_TIMEOUT, FileRecord, FileStore,
+    NewFile, PendingFile, RegisteredFile, StoreConfig, StoreUsage,
 };

@@ -85,11 +85,14 @@ pub(crate) fn router(
         .into_router()
 }
 
-/// Re-signs the download URLs of files still in the store (for a redelivery).
-pub(crate) fn refresh_urls(store: &FileStore, message: &mut ChatMessage) {
+/// Re-signs the download URLs of files still in the store (for a redelivery). A file the
+/// store cannot look up keeps the URL it had (logged).
+pub(crate) async fn refresh_urls(store: &FileStore, message: &mut ChatMessage) {
     for file in &mut message.files {
-        if let Some(record) = store.get(&file.file_ref) {
-            file.download_url = store.chat_file(&record).download_url;
+        match store.get(&file.file_ref).await {
+            Ok(Some(record)) => file.download_url = store.chat_file(&record).download_url,
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "could not re-sign a file's download URL"),
         }
     }
 }
