@@ -21,7 +21,7 @@ const KIB: usize = 1024;
 enum Place {
     Dir(TempDir),
     #[cfg(feature = "postgres")]
-    Postgres(xagent_storage_postgres::DatabaseUrl),
+    Postgres(Box<xagent_storage_postgres::DatabaseUrl>),
 }
 
 /// One backend under test, with the simulated clock every store of the case shares.
@@ -38,7 +38,7 @@ impl Harness {
     #[cfg(feature = "postgres")]
     async fn postgres() -> Self {
         let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
-        Self { place: Place::Postgres(url), clock: ManualClock::new(START) }
+        Self { place: Place::Postgres(Box::new(url)), clock: ManualClock::new(START) }
     }
 
     /// A store on this backend (a restart when an earlier one was dropped).
