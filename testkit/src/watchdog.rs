@@ -47,4 +47,11 @@ impl Watchdog {
         drop(self.pipe.take());
         let _ = self.child.wait();
     }
+
+    /// Cancels the cleanup (what it would clean is gone already).
+    pub(crate) fn disarm(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        drop(self.pipe.take());
+    }
 }

@@ -11,16 +11,22 @@
 //! - `sqlite`: [`SqliteStorage`], the default; `sqlite_im`: the IM stores on it;
 //! - `group`: its group-commit writer ([`GroupCommit`]): concurrent writes share one
 //!   transaction, and nothing is acknowledged before that transaction committed;
-//! - `write_op`: [`WriteOp`], one durable write, and how the writer executes it.
+//! - `write_op`: [`WriteOp`], one durable write, and how the writer executes it;
+//! - `postgres` (cargo feature `postgres`): [`PostgresStorage`], the same facts in a
+//!   PostgreSQL database, with a group-commit writer task of its own.
 
 mod group;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod sqlite;
 mod sqlite_im;
 mod write_op;
 
 pub use group::{CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous};
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresOptions, PostgresStorage};
 pub use sqlite::{DATABASE_FILE, SqliteOptions, SqliteStorage, private_database_files};
-pub use write_op::WriteOp;
+pub use write_op::{MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, WriteOp};
 
 use std::collections::BTreeMap;
 

@@ -229,7 +229,7 @@ fn binding_to_json(binding: &Binding) -> Result<String, StorageError> {
     serde_json::to_string(&stored).map_err(|e| StorageError::new("encode binding", e))
 }
 
-fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
+pub(super) fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
     #[derive(serde::Deserialize)]
     struct Stored {
         target: DescriptorTarget,
