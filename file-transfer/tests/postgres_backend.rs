@@ -123,3 +123,17 @@ async fn only_an_upload_idle_past_the_timeout_is_taken_for_a_dead_replicas() {
         StoreUsage { files: 1, bytes: 23, ..StoreUsage::default() }
     );
 }
+
+#[tokio::test]
+async fn replicas_agree_on_the_first_signing_secret_stored() {
+    use xagent_file_transfer::backend::PostgresBackend;
+    let (url, pool) = database().await;
+    let first = PostgresBackend::open(pool, &StoreConfig::default(), START).await.unwrap();
+    let other_pool = connect(&url, PoolOptions::default().with_max_size(2)).await.unwrap();
+    let second = PostgresBackend::open(other_pool, &StoreConfig::default(), START).await.unwrap();
+    let (a, b) = tokio::join!(first.signing_secret("secret-a"), second.signing_secret("secret-b"));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a, b, "both replicas sign with one secret");
+    assert!(a == "secret-a" || a == "secret-b");
+    assert_eq!(first.signing_secret("secret-c").await.unwrap(), a, "a stored secret stays");
+}

@@ -187,20 +187,19 @@ pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
 };
 pub use storage::{
-    ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, MAX_STORED_KEY_BYTES,
-    MAX_STORED_VALUE_BYTES, GroupCommitConfig, GroupCommitStats,
-    SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous, ToolCallRecord, WriteOp,
-    private_database_files,
+    ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
+    MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, SqliteOptions, SqliteStorage, Storage,
+    StorageError, Synchronous, ToolCallRecord, WriteOp, private_database_files,
 };
 #[cfg(feature = "postgres")]
 pub use storage::{PostgresOptions, PostgresStorage};
 pub use tokio_util::sync::CancellationToken;
+pub use xagent_profile_im::{ActivityAction, ActivityCapability};
+pub use xagent_protocol_types::BuildInfo;
 /// The PostgreSQL plumbing's URL (a secret: Display and Debug redact the password), pool
 /// options and error, re-exported for [`ServerBuilder::database_url`] (feature `postgres`).
 #[cfg(feature = "postgres")]
 pub use xagent_storage_postgres::{DatabaseUrl, PgError, PoolOptions};
-pub use xagent_profile_im::{ActivityAction, ActivityCapability};
-pub use xagent_protocol_types::BuildInfo;
 
 /// Everything a Connector author needs, in one import: the builder and server, the author
 /// traits and contexts, the common protocol types, and the derive macros for typed

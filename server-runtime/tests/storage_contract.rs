@@ -10,8 +10,8 @@ use xagent_profile_im::{
     AttemptUpdate, CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord,
 };
 use xagent_protocol_types::{
-    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool,
-    MessageId, Secret, ToolId, ToolStatus,
+    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, MessageId,
+    Secret, ToolId, ToolStatus,
 };
 use xagent_server_runtime::{
     Binding, ChannelRecord, MAX_STORED_KEY_BYTES, SqliteStorage, Storage, ToolCallRecord, WriteOp,
@@ -31,7 +31,9 @@ impl Place {
 
     #[cfg(feature = "postgres")]
     async fn postgres() -> Self {
-        Self::Postgres(xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await)
+        Self::Postgres(
+            xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await,
+        )
     }
 
     /// Opens (or reopens) the backend over this place.
@@ -122,7 +124,11 @@ async fn pending_by_seq(storage: &dyn Storage) -> Vec<PendingRecord> {
 async fn completed_ids(storage: &dyn Storage, channel: &str, ids: &[&str]) -> Vec<String> {
     let mut found = Vec::new();
     for id in ids {
-        if storage.lookup_completed(&ch(channel), &MessageId::new(*id)).await.expect("reads").is_some()
+        if storage
+            .lookup_completed(&ch(channel), &MessageId::new(*id))
+            .await
+            .expect("reads")
+            .is_some()
         {
             found.push((*id).to_owned());
         }
@@ -150,7 +156,10 @@ mod cases {
         storage.commit_channel(&b).committed().await.unwrap();
         let loaded = storage.load_channels().await.unwrap();
         assert_eq!(loaded, vec![b.clone(), a.clone()], "oldest first");
-        assert_eq!(loaded[1].binding.as_ref().unwrap().secret("token").unwrap().expose(), "t0k-cch_a");
+        assert_eq!(
+            loaded[1].binding.as_ref().unwrap().secret("token").unwrap().expose(),
+            "t0k-cch_a"
+        );
         // An update replaces the record but keeps its creation time.
         let mut signed_out = a.clone();
         signed_out.status = ConnectionStatus::Disconnected;
@@ -178,7 +187,8 @@ mod cases {
             .await;
         }
         commit(&*storage, vec![WriteOp::DeleteChannel("cch_gone".into())]).await;
-        let channels: Vec<_> = storage.load_channels().await.unwrap().into_iter().map(|c| c.id).collect();
+        let channels: Vec<_> =
+            storage.load_channels().await.unwrap().into_iter().map(|c| c.id).collect();
         assert_eq!(channels, vec![ch("cch_kept")]);
         assert!(storage.load_tool_call(&ch("cch_gone"), "call_1").await.unwrap().is_none());
         assert!(storage.load_tool_call(&ch("cch_kept"), "call_1").await.unwrap().is_some());
@@ -291,8 +301,7 @@ mod cases {
         .await;
         assert_eq!(completed_ids(&*storage, "a", &all).await, ["m4"]);
         assert_eq!(completed_ids(&*storage, "b", &["x"]).await, ["x"], "b untouched");
-        commit(&*storage, vec![WriteOp::Idempotency(IdempotencyWrite::Expire { before: 2 })])
-            .await;
+        commit(&*storage, vec![WriteOp::Idempotency(IdempotencyWrite::Expire { before: 2 })]).await;
         assert!(completed_ids(&*storage, "b", &["x"]).await.is_empty());
         assert_eq!(completed_ids(&*storage, "a", &all).await, ["m4"]);
         commit(
@@ -346,7 +355,10 @@ mod cases {
         let good = storage.commit(vec![tool_call("cch_1", "good", 1)]);
         // The second write breaks the backends' common rule (no NUL in a key): the whole
         // submission fails, its first write included.
-        let bad = storage.commit(vec![tool_call("cch_1", "bad-neighbour", 1), tool_call("cch_1", "bad\u{0}", 1)]);
+        let bad = storage.commit(vec![
+            tool_call("cch_1", "bad-neighbour", 1),
+            tool_call("cch_1", "bad\u{0}", 1),
+        ]);
         let after = storage.commit(vec![tool_call("cch_1", "after", 1)]);
         let refused = bad.committed().await;
         assert!(refused.is_err(), "{refused:?}");
@@ -418,7 +430,10 @@ mod cases {
         for t in 0..32 {
             for i in 0..8 {
                 let key = format!("t{t}-{i}");
-                assert!(reopened.load_tool_call(&ch("cch_1"), &key).await.unwrap().is_some(), "{key}");
+                assert!(
+                    reopened.load_tool_call(&ch("cch_1"), &key).await.unwrap().is_some(),
+                    "{key}"
+                );
             }
         }
     }
@@ -441,7 +456,10 @@ mod cases {
         }
         let storage = place.open().await;
         assert_eq!(storage.load_connector_id().await.unwrap(), Some(ConnectorId::new("conn_r")));
-        assert_eq!(storage.load_meta("url_signing_secret").await.unwrap().as_deref(), Some("s3cret"));
+        assert_eq!(
+            storage.load_meta("url_signing_secret").await.unwrap().as_deref(),
+            Some("s3cret")
+        );
         assert_eq!(storage.load_channels().await.unwrap(), vec![channel("cch_1", 3)]);
         assert!(storage.load_tool_call(&ch("cch_1"), "call").await.unwrap().is_some());
         assert_eq!(pending_by_seq(&*storage).await, vec![pending("cch_1", "m1", 1)]);
@@ -493,7 +511,9 @@ contract!(
 #[cfg(feature = "postgres")]
 mod postgres_only {
     use super::*;
-    use xagent_server_runtime::{DatabaseUrl, PgError, PoolOptions, PostgresOptions, PostgresStorage};
+    use xagent_server_runtime::{
+        DatabaseUrl, PgError, PoolOptions, PostgresOptions, PostgresStorage,
+    };
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_database_with_a_newer_schema_is_refused_with_schema_too_new() {
@@ -503,7 +523,10 @@ mod postgres_only {
         pool.get()
             .await
             .unwrap()
-            .execute("UPDATE xagent_schema SET version = version + 1 WHERE component = 'server-runtime'", &[])
+            .execute(
+                "UPDATE xagent_schema SET version = version + 1 WHERE component = 'server-runtime'",
+                &[],
+            )
             .await
             .unwrap();
         let refused = PostgresStorage::connect(&url, PostgresOptions::default()).await.unwrap_err();
@@ -519,13 +542,15 @@ mod postgres_only {
     async fn an_unreachable_database_gives_a_clear_error_without_the_password() {
         // A port nothing listens on (bound, then released).
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let url = DatabaseUrl::parse(&format!("postgres://app:hunter2@127.0.0.1:{port}/state")).unwrap();
+        let url =
+            DatabaseUrl::parse(&format!("postgres://app:hunter2@127.0.0.1:{port}/state")).unwrap();
         let options = PostgresOptions::default()
             .with_pool(PoolOptions::default().with_connect_timeout(Duration::from_secs(2)));
-        let refused = tokio::time::timeout(Duration::from_secs(20), PostgresStorage::connect(&url, options))
-            .await
-            .expect("fails within the connect timeout")
-            .unwrap_err();
+        let refused =
+            tokio::time::timeout(Duration::from_secs(20), PostgresStorage::connect(&url, options))
+                .await
+                .expect("fails within the connect timeout")
+                .unwrap_err();
         let message = format!("{refused} {refused:?}");
         assert!(message.contains(&format!("127.0.0.1:{port}")), "names the server: {message}");
         assert!(!message.contains("hunter2"), "{message}");

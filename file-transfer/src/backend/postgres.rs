@@ -58,7 +58,11 @@ const MIGRATIONS: &[Migration] = &[Migration::new(
         files BIGINT NOT NULL,
         bytes BIGINT NOT NULL
     );
-    INSERT INTO xagent_file_usage (id, files, bytes) VALUES (TRUE, 0, 0);",
+    INSERT INTO xagent_file_usage (id, files, bytes) VALUES (TRUE, 0, 0);
+    CREATE TABLE xagent_file_settings (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );",
 )];
 
 /// Deletes (in `file_ref` order) every finished file expired at `$1` and every upload idle
@@ -119,6 +123,28 @@ impl PostgresBackend {
             "file store opened on PostgreSQL"
         );
         Ok(backend)
+    }
+
+    /// The URL signing secret every replica shares: `candidate` if none is stored yet, else
+    /// the stored one (replicas starting at once agree on the first that was stored).
+    pub async fn signing_secret(&self, candidate: &str) -> Result<String, TransferError> {
+        let client = self.inner.pool.get().await?;
+        client
+            .execute(
+                "INSERT INTO xagent_file_settings (key, value) VALUES ('url_signing_secret', $1)
+                 ON CONFLICT (key) DO NOTHING",
+                &[&candidate],
+            )
+            .await
+            .pg("store the URL signing secret")?;
+        let row = client
+            .query_one(
+                "SELECT value FROM xagent_file_settings WHERE key = 'url_signing_secret'",
+                &[],
+            )
+            .await
+            .pg("read the URL signing secret")?;
+        Ok(row.try_get(0).pg("read the URL signing secret")?)
     }
 
     /// Deletes expired finished files and idle uploads; reports the finished ones and counts

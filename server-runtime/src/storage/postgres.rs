@@ -14,12 +14,12 @@ mod writer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use deadpool_postgres::Object;
 use tokio_postgres::Row;
 use xagent_profile_im::{CompletedRecord, Fingerprint, PendingRecord};
 use xagent_protocol_types::{
     ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTool, MessageId,
 };
-use deadpool_postgres::Object;
 use xagent_storage_postgres::{DatabaseUrl, Pool, PoolOptions};
 
 use schema::COMPONENT;
@@ -219,10 +219,8 @@ impl PostgresStorage {
             .prepare_cached("DELETE FROM server_tool_calls WHERE completed_at < $1")
             .await
             .map_err(|e| self.error(OP, &e))?;
-        let deleted = client
-            .execute(&statement, &[&to_i64(before)])
-            .await
-            .map_err(|e| self.error(OP, &e))?;
+        let deleted =
+            client.execute(&statement, &[&to_i64(before)]).await.map_err(|e| self.error(OP, &e))?;
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 

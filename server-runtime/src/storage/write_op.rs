@@ -117,10 +117,9 @@ impl WriteOp {
             Self::Outbox(OutboxWrite::Attempt(a)) => {
                 (vec![a.channel.as_str(), a.message_id.as_str()], Vec::new())
             }
-            Self::Idempotency(IdempotencyWrite::Save(r)) => (
-                vec![r.channel.as_str(), r.message_id.as_str()],
-                vec![r.fingerprint.as_str()],
-            ),
+            Self::Idempotency(IdempotencyWrite::Save(r)) => {
+                (vec![r.channel.as_str(), r.message_id.as_str()], vec![r.fingerprint.as_str()])
+            }
             Self::Idempotency(IdempotencyWrite::Trim { channel, .. }) => {
                 (vec![channel.as_str()], Vec::new())
             }
@@ -140,16 +139,27 @@ impl WriteOp {
                 (vec![id.as_str()], values)
             }
             Self::DeleteChannel(id) => (vec![id.as_str()], Vec::new()),
-            Self::Meta { key, value } => (vec![key.as_str()], value.as_deref().into_iter().collect()),
+            Self::Meta { key, value } => {
+                (vec![key.as_str()], value.as_deref().into_iter().collect())
+            }
         };
         let refuse = |what: String| {
-            Err(super::StorageError::new("check a write", format!("a write holds {what}; nothing of its submission was stored")))
+            Err(super::StorageError::new(
+                "check a write",
+                format!("a write holds {what}; nothing of its submission was stored"),
+            ))
         };
         if let Some(key) = keys.iter().find(|k| k.len() > MAX_STORED_KEY_BYTES) {
-            return refuse(format!("an id or key of {} bytes (at most {MAX_STORED_KEY_BYTES})", key.len()));
+            return refuse(format!(
+                "an id or key of {} bytes (at most {MAX_STORED_KEY_BYTES})",
+                key.len()
+            ));
         }
         if let Some(value) = values.iter().find(|v| v.len() > MAX_STORED_VALUE_BYTES) {
-            return refuse(format!("a value of {} bytes (at most {MAX_STORED_VALUE_BYTES})", value.len()));
+            return refuse(format!(
+                "a value of {} bytes (at most {MAX_STORED_VALUE_BYTES})",
+                value.len()
+            ));
         }
         if keys.iter().chain(&values).any(|text| text.contains('\0')) {
             return refuse("a NUL character in an id, key or value".into());

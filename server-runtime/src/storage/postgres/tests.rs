@@ -20,7 +20,8 @@ fn tool_call(key: &str) -> WriteOp {
 async fn a_statement_the_database_refuses_fails_its_submission_alone_and_the_batch_commits() {
     let url = TestPostgres::shared().await.fresh_database().await;
     // A long wait lets the whole burst below ride one batch after the first.
-    let config = GroupCommitConfig { max_wait: std::time::Duration::from_millis(200), ..Default::default() };
+    let config =
+        GroupCommitConfig { max_wait: std::time::Duration::from_millis(200), ..Default::default() };
     let storage =
         PostgresStorage::connect(&url, PostgresOptions::default().with_group_commit(config))
             .await

@@ -13,12 +13,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use deadpool_postgres::Transaction;
 use futures_util::future::{MaybeDone, join_all, maybe_done};
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 use xagent_profile_im::{IdempotencyWrite, OutboxWrite};
-use deadpool_postgres::Transaction;
 use xagent_storage_postgres::Pool;
 
 use crate::storage::group::{CommitTicket, GroupCommitConfig, GroupCommitStats};
@@ -199,12 +199,10 @@ async fn in_savepoint(
         }
     }
     match outcome {
-        Ok(()) => {
-            savepoint
+        Ok(()) => savepoint
             .commit()
             .await
-            .map_err(|e| StorageError::new("release a savepoint", pool.error("release", &e)))
-        }
+            .map_err(|e| StorageError::new("release a savepoint", pool.error("release", &e))),
         Err(error) => {
             // Dropping the savepoint would roll it back too, but without an answer to wait for.
             let _ = savepoint.rollback().await;
@@ -291,8 +289,7 @@ const PENDING_SAVE: &str = "INSERT INTO server_im_pending (channel, message_id, 
 const PENDING_ATTEMPT: &str = "UPDATE server_im_pending
  SET attempts = $1, next_attempt_at = $2, last_error = $3
  WHERE channel = $4 AND message_id = $5";
-const PENDING_DELETE: &str =
-    "DELETE FROM server_im_pending WHERE channel = $1 AND message_id = $2";
+const PENDING_DELETE: &str = "DELETE FROM server_im_pending WHERE channel = $1 AND message_id = $2";
 /// A replaced id counts as newly inserted (SQLite's `INSERT OR REPLACE` gives it a new rowid).
 const COMPLETED_SAVE: &str = "INSERT INTO server_im_completed
    (channel, message_id, fingerprint, completed_at) VALUES ($1, $2, $3, $4)
