@@ -49,7 +49,8 @@ mod tests {
         let url = parsed.database.database_url.unwrap();
         assert!(!format!("{url} {url:?}").contains("hunter2"), "{url}");
         assert_eq!(url.database(), "state");
-        let Err(refused) = Command::try_parse_from(["x", "--database-url", "mysql://u:hunter2@h/d"])
+        let Err(refused) =
+            Command::try_parse_from(["x", "--database-url", "mysql://u:hunter2@h/d"])
         else {
             panic!("a URL that is not PostgreSQL's is refused")
         };
