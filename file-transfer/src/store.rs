@@ -663,7 +663,8 @@ impl PendingFile {
     }
 
     /// Appends a chunk. Fails with [`TransferError::TooLarge`] past the per-file limit and with
-    /// [`TransferError::CapacityExceeded`] when the store is full; the file is then unusable.
+    /// [`TransferError::CapacityExceeded`] when the store is full; neither keeps any of the
+    /// chunk, so a smaller one may follow. After any other error the file is unusable.
     pub async fn write(&mut self, chunk: &[u8]) -> Result<(), TransferError> {
         if chunk.is_empty() {
             return Ok(());
@@ -680,6 +681,7 @@ impl PendingFile {
                 self.written += len;
                 Ok(())
             }
+            Err(TransferError::CapacityExceeded) => Err(TransferError::CapacityExceeded),
             Err(error) => {
                 // The backend may have kept part of the chunk: the file is unusable.
                 self.sink = None;

@@ -89,7 +89,8 @@ pub trait FileBackend: Send + Sync + 'static {
 pub trait UploadSink: Send {
     /// Reserves `chunk.len()` bytes of the total capacity at `now` and appends the chunk;
     /// [`TransferError::CapacityExceeded`] when the store stays full after reclaiming expired
-    /// files (the upload is then unusable).
+    /// files, having kept nothing of the chunk (the upload stays usable). After any other
+    /// error the store drops the upload.
     async fn write(&mut self, chunk: &[u8], now: u64) -> Result<(), TransferError>;
 
     /// Makes the file visible with `record` (whose `byte_size` is what was written).
