@@ -401,7 +401,15 @@ impl FileStore {
     /// Starts a new file; write its bytes with [`PendingFile::write`] and make it visible with
     /// [`PendingFile::finish`]. Dropping the pending file discards it.
     pub async fn begin(&self, new_file: NewFile) -> Result<PendingFile, TransferError> {
-        let file_ref = new_file_ref();
+        self.begin_as(new_file_ref(), new_file, None).await
+    }
+
+    async fn begin_as(
+        &self,
+        file_ref: FileRef,
+        new_file: NewFile,
+        imported: Option<FileRecord>,
+    ) -> Result<PendingFile, TransferError> {
         let sink = self.shared.backend.begin(&file_ref, &new_file.channel, self.now()).await?;
         Ok(PendingFile {
             store: self.clone(),
@@ -410,7 +418,42 @@ impl FileStore {
             new_file,
             sink: Some(sink),
             written: 0,
+            imported,
         })
+    }
+
+    /// Every unexpired file, in `file_ref` order.
+    pub async fn list(&self) -> Result<Vec<FileRecord>, TransferError> {
+        self.shared.backend.list(self.now()).await
+    }
+
+    /// Copies every unexpired file of `self` into `target` (for moving a state directory's
+    /// files to a database), keeping each one's reference, channel, names and times, so links
+    /// and messages that name them stay valid. Files `target` already holds are skipped;
+    /// `target`'s limits apply. Returns how many files were copied.
+    pub async fn copy_into(&self, target: &FileStore) -> Result<usize, TransferError> {
+        let mut copied = 0;
+        for record in self.list().await? {
+            if target.get(&record.file_ref).await?.is_some() {
+                continue;
+            }
+            let new_file = NewFile::new(record.connector_channel_id.clone(), &record.filename)
+                .with_max_bytes(record.byte_size);
+            let mut pending =
+                target.begin_as(record.file_ref.clone(), new_file, Some(record.clone())).await?;
+            let mut reader = self.shared.backend.read(&record, 0, record.byte_size).await?;
+            let mut buffer = vec![0u8; WRITE_CHUNK];
+            loop {
+                let read = reader.read(&mut buffer).await?;
+                if read == 0 {
+                    break;
+                }
+                pending.write(&buffer[..read]).await?;
+            }
+            pending.finish().await?;
+            copied += 1;
+        }
+        Ok(copied)
     }
 
     /// Stores bytes already in memory (small inbound files such as thumbnails).
@@ -628,6 +671,8 @@ pub struct PendingFile {
     sink: Option<Box<dyn UploadSink>>,
     limit: u64,
     written: u64,
+    /// The record of a file copied from another store, kept as it was.
+    imported: Option<FileRecord>,
 }
 
 impl std::fmt::Debug for PendingFile {
@@ -701,6 +746,16 @@ impl PendingFile {
         let store = self.store.clone();
         let now = store.now();
         let ttl = u64::try_from(store.shared.config.ttl.as_millis()).unwrap_or(u64::MAX);
+        if let Some(record) = self.imported.take() {
+            if record.byte_size != self.written {
+                return Err(TransferError::Io(std::io::Error::other(
+                    "a copied file's size does not match its record",
+                )));
+            }
+            sink.finish(&record).await?;
+            let download = store.download_url(&record);
+            return Ok(RegisteredFile { record, download });
+        }
         let mime_type = resolve_mime(self.new_file.mime_type.as_deref(), &self.new_file.filename);
         let record = FileRecord {
             file_ref: self.file_ref.clone(),

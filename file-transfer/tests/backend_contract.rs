@@ -395,6 +395,31 @@ async fn files_are_bound_to_their_channel_and_removed_with_it(h: Harness) {
     assert_eq!((usage.files, usage.bytes, usage.pending_files), (3, 3, 0));
 }
 
+async fn files_copied_from_a_directory_keep_their_refs_and_times(h: Harness) {
+    let source_dir = TempDir::new("copy-source");
+    let signer = UrlSigner::new(Secret::new("contract-test-url-secret")).unwrap();
+    let source = FileStore::open(&source_dir.0, StoreConfig::default(), signer, h.clock.clone())
+        .await
+        .unwrap();
+    let big = pattern(600 * KIB);
+    let kept = source
+        .register_bytes(NewFile::new(channel("c"), "k.bin").with_reply_token("t1"), &big)
+        .await
+        .unwrap()
+        .record;
+    h.advance(HOUR);
+    let small = source.register_bytes(NewFile::new(channel("d"), "s.txt"), b"s").await.unwrap();
+    let target = h.open(StoreConfig::default()).await;
+    assert_eq!(source.copy_into(&target).await.unwrap(), 2);
+    assert_eq!(target.get(&kept.file_ref).await.unwrap().as_ref(), Some(&kept));
+    assert_eq!(target.get(&small.record.file_ref).await.unwrap(), Some(small.record.clone()));
+    assert_eq!(read_all(&target, &kept.file_ref).await, big);
+    assert_eq!(source.copy_into(&target).await.unwrap(), 0, "files already there are skipped");
+    assert_eq!(target.list().await.unwrap().len(), 2);
+    h.advance(23 * HOUR);
+    assert_eq!(target.list().await.unwrap(), vec![small.record], "the copy expires on time");
+}
+
 /// Runs every case of the contract on the backend `$make` builds.
 macro_rules! contract {
     ($make:expr) => {
@@ -411,6 +436,7 @@ macro_rules! contract {
             an_interrupted_upload_is_invisible_and_cleaned_up,
             a_reopened_store_sees_the_files,
             files_are_bound_to_their_channel_and_removed_with_it,
+            files_copied_from_a_directory_keep_their_refs_and_times,
         );
     };
     ($make:expr; $($case:ident),+ $(,)?) => {

@@ -291,6 +291,13 @@ impl FileBackend for DirBackend {
         })
     }
 
+    async fn list(&self, now: u64) -> Result<Vec<FileRecord>, TransferError> {
+        let mut records: Vec<FileRecord> =
+            self.lock().files.values().filter(|record| !record.is_expired(now)).cloned().collect();
+        records.sort_by(|a, b| a.file_ref.as_str().cmp(b.file_ref.as_str()));
+        Ok(records)
+    }
+
     async fn usage(&self) -> Result<StoreUsage, TransferError> {
         let state = self.lock();
         Ok(StoreUsage {

@@ -82,6 +82,9 @@ pub trait FileBackend: Send + Sync + 'static {
 
     /// Current occupancy.
     async fn usage(&self) -> Result<StoreUsage, TransferError>;
+
+    /// Every finished file not expired at `now`, in `file_ref` order.
+    async fn list(&self, now: u64) -> Result<Vec<FileRecord>, TransferError>;
 }
 
 /// An upload in progress on a backend. Dropping it before [`UploadSink::finish`] discards it.

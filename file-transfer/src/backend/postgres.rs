@@ -352,6 +352,29 @@ impl FileBackend for PostgresBackend {
         Ok(self.reclaim(now).await?.0)
     }
 
+    async fn list(&self, now: u64) -> Result<Vec<FileRecord>, TransferError> {
+        let client = self.inner.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT file_ref, record FROM xagent_files
+                 WHERE complete AND expires_at > $1 ORDER BY file_ref",
+                &[&to_i64(now)],
+            )
+            .await
+            .pg("list the files")?;
+        let mut records = Vec::with_capacity(rows.len());
+        for row in rows {
+            let file_ref: String = row.try_get(0).pg("list the files")?;
+            let text: Option<String> = row.try_get(1).pg("list the files")?;
+            if let Some(record) =
+                text.as_deref().and_then(|t| parse_record(&FileRef::new(file_ref), t))
+            {
+                records.push(record);
+            }
+        }
+        Ok(records)
+    }
+
     async fn usage(&self) -> Result<StoreUsage, TransferError> {
         let client = self.inner.pool.get().await?;
         let rows = client
