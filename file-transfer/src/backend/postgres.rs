@@ -475,6 +475,9 @@ impl PgUpload {
         let joined: Vec<u8>;
         let flushed: &[u8] = if full == 0 {
             &[]
+        } else if self.buffer.is_empty() {
+            // Nothing waits: the chunk's own bytes are the rows (no copy of a large write).
+            &chunk[..full]
         } else {
             let mut bytes = Vec::with_capacity(full);
             bytes.extend_from_slice(&self.buffer);
