@@ -195,8 +195,8 @@ impl ServerBuilder {
             Some(storage) => storage,
             None => Arc::new(SqliteStorage::in_memory()?),
         };
-        let connector_id = storage.load_connector_id()?;
-        let channels = storage.load_channels()?;
+        let connector_id = storage.load_connector_id().await?;
+        let channels = storage.load_channels().await?;
         let now = self.clock.now_millis();
         let mut state = State::default();
         state.connector_id = connector_id;
@@ -212,7 +212,8 @@ impl ServerBuilder {
             storage.as_ref(),
             &self.clock,
             self.config.outbox_window,
-        )?;
+        )
+        .await?;
         // On PostgreSQL the Transfer Plane needs no directory: its files are in the database.
         let files_config = self.files.or_else(|| match self.state_dir {
             Some(dir) => Some(crate::files::FilesConfig::new(dir.join("files"))),

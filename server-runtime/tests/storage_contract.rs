@@ -162,7 +162,7 @@ mod cases {
         );
         // An update replaces the record but keeps its creation time.
         let mut signed_out = a.clone();
-        signed_out.status = ConnectionStatus::Disconnected;
+        signed_out.status = ConnectionStatus::Created;
         signed_out.binding = None;
         signed_out.tool_overrides.clear();
         signed_out.created_at = 99;

@@ -3,11 +3,12 @@
 //!
 //! The promise is the SQLite writer's (server-runtime's `storage::group`): a ticket resolves
 //! `Ok` only once the transaction holding its writes committed, so anything acknowledged on
-//! the strength of it is durable. Each submission is all or nothing: a submission whose own
-//! writes fail is rolled back alone (the batch is applied again with a savepoint around each
-//! submission) and the others commit; when the transaction itself fails (the connection
-//! breaks, `COMMIT` is refused) every ticket of the batch gets the error and nothing of the
-//! batch is visible.
+//! the strength of it is durable. Each submission is all or nothing: the batch's writes are
+//! first applied in one call (a backend may pipeline them with [`execute_in_order`]); if that
+//! fails, the batch is applied again one submission at a time, each in a savepoint, so only a
+//! submission whose own writes fail is rolled back and the others commit. When the
+//! transaction itself fails (the connection breaks, `COMMIT` is refused) every ticket of the
+//! batch gets the error and nothing of the batch is visible.
 //!
 //! Batching: the writer never waits while one caller is writing; after a transaction that
 //! carried several submissions it waits up to [`GroupCommitConfig::max_wait`] for about as
@@ -15,6 +16,7 @@
 
 use std::future::Future;
 use std::marker::PhantomData;
+use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,17 +27,64 @@ use std::time::Duration;
 use deadpool_postgres::Transaction;
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::Statement;
+use tokio_postgres::types::ToSql;
 
 use crate::error::PgError;
 use crate::pool::Pool;
 
-/// Applies one submission's writes, in order, inside the writer's transaction: the backend's
-/// own SQL. It may be called more than once for a submission (a retry of the batch with
-/// savepoints after another submission failed), so it must act only through `tx`.
+/// Applies writes, in order, inside the writer's transaction: the backend's own SQL.
+///
+/// `writes` holds one submission's writes or, on the fast path, the writes of every
+/// submission of the batch one after another in submission order: a call is not one
+/// submission. After a failure the batch is applied again one submission at a time (each in a
+/// savepoint), so `apply` may see a write twice and must act only through `tx`. To send many
+/// statements without waiting for each answer, see [`execute_in_order`].
 #[async_trait::async_trait]
 pub trait ApplyWrites<W>: Send + Sync + 'static {
-    /// Runs the statements of `writes` in `tx`; an error rolls back this submission only.
+    /// Runs the statements of `writes` in `tx`; an error rolls back this call's writes.
     async fn apply(&self, tx: &Transaction<'_>, writes: &[W]) -> Result<(), PgError>;
+}
+
+/// Runs prepared statements in the given order without waiting for each answer before
+/// sending the next (one round trip for the lot), and returns each one's row count. The
+/// statements must be prepared already ([`Transaction::prepare_cached`]): a statement given
+/// as SQL text would be parsed first and could run after the ones behind it. The first
+/// failure in order is returned (the statements after it fail too: the transaction is
+/// aborted).
+pub async fn execute_in_order(
+    tx: &tokio_postgres::Transaction<'_>,
+    context: &str,
+    statements: &[(&Statement, &[&(dyn ToSql + Sync)])],
+) -> Result<Vec<u64>, PgError> {
+    type Pending<'a> =
+        Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Send + 'a>>;
+    let mut pending: Vec<Pending<'_>> = statements
+        .iter()
+        .map(|(statement, params)| Box::pin(tx.execute(*statement, params)) as Pending<'_>)
+        .collect();
+    let mut results: Vec<Option<Result<u64, tokio_postgres::Error>>> =
+        pending.iter().map(|_| None).collect();
+    // The first poll of each future sends its statement: polling in index order sends them
+    // in that order, and the server runs them in the order it receives them.
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (future, result) in pending.iter_mut().zip(results.iter_mut()) {
+            if result.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(r) => *result = Some(r),
+                    Poll::Pending => done = false,
+                }
+            }
+        }
+        if done { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    let mut counts = Vec::with_capacity(results.len());
+    for result in results.into_iter().flatten() {
+        counts.push(result.map_err(|e| PgError::from_driver(context, &e, None))?);
+    }
+    Ok(counts)
 }
 
 /// Batching bounds of the writer.
@@ -224,7 +273,7 @@ struct Writer<W, A> {
 enum Attempt {
     /// Committed; one result per submission (failed ones were rolled back alone).
     Committed(Vec<Result<(), PgError>>),
-    /// A submission's writes failed without savepoints: retry with them.
+    /// The batch's writes failed without savepoints: retry one submission at a time.
     SubmissionFailed,
     /// The transaction failed as a whole: every submission gets this error.
     Failed(PgError),
@@ -253,9 +302,16 @@ impl<W: Send + Sync + 'static, A: ApplyWrites<W>> Writer<W, A> {
                 }
             }
             last_batch = batch.len();
-            let (writes, dones): (Vec<Vec<W>>, Vec<Done>) =
-                batch.into_iter().map(|s| (s.writes, s.done)).unzip();
-            let results = self.commit_batch(&writes).await;
+            let mut writes = Vec::with_capacity(batch.iter().map(|s| s.writes.len()).sum());
+            let mut ranges = Vec::with_capacity(batch.len());
+            let mut dones = Vec::with_capacity(batch.len());
+            for submission in batch {
+                let start = writes.len();
+                writes.extend(submission.writes);
+                ranges.push(start..writes.len());
+                dones.push(submission.done);
+            }
+            let results = self.commit_batch(&writes, &ranges).await;
             // Only now, after COMMIT returned, does anyone hear about the batch.
             for (done, result) in dones.into_iter().zip(results) {
                 done(result);
@@ -263,80 +319,91 @@ impl<W: Send + Sync + 'static, A: ApplyWrites<W>> Writer<W, A> {
         }
     }
 
-    async fn commit_batch(&self, batch: &[Vec<W>]) -> Vec<Result<(), PgError>> {
-        let all = |e: PgError| batch.iter().map(|_| Err(e.clone())).collect();
+    async fn commit_batch(
+        &self,
+        writes: &[W],
+        ranges: &[Range<usize>],
+    ) -> Vec<Result<(), PgError>> {
+        let all = |e: PgError| ranges.iter().map(|_| Err(e.clone())).collect();
         let mut client = match self.pool.get().await {
             Ok(client) => client,
             Err(e) => return all(e),
         };
-        // One submission, or a first try: no savepoints (one round trip less per submission).
-        let isolated = batch.len() == 1;
-        match self.attempt(&mut client, batch, isolated).await {
+        // Fast path: every submission's writes in one call, no savepoints.
+        match self.attempt(&mut client, writes, ranges, false).await {
             Attempt::Committed(results) => results,
             Attempt::Failed(e) => all(e),
-            Attempt::SubmissionFailed => match self.attempt(&mut client, batch, true).await {
-                Attempt::Committed(results) => results,
-                Attempt::Failed(e) => all(e),
-                Attempt::SubmissionFailed => {
-                    all(PgError::apply("group commit", "a submission failed outside its savepoint"))
+            Attempt::SubmissionFailed => {
+                match self.attempt(&mut client, writes, ranges, true).await {
+                    Attempt::Committed(results) => results,
+                    Attempt::Failed(e) => all(e),
+                    Attempt::SubmissionFailed => all(PgError::apply(
+                        "group commit",
+                        "a submission failed outside its savepoint",
+                    )),
                 }
-            },
+            }
         }
     }
 
-    /// One transaction over the batch. With `savepoints`, each submission runs inside its
-    /// own (or alone, for a one-submission batch) and its failure is its result; without,
-    /// the first failure ends the attempt.
+    /// Applies `writes` through `apply`, a panic becoming an error.
+    async fn apply(&self, tx: &Transaction<'_>, writes: &[W]) -> Result<(), PgError> {
+        AssertUnwindSafe(self.apply.apply(tx, writes))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| Err(PgError::apply("group commit", "the apply function panicked")))
+    }
+
+    /// One transaction over the batch. Without `isolate`, all writes go in one call and a
+    /// failure ends the attempt (as the whole batch's error when it is one submission); with
+    /// it, each submission runs in its own savepoint and its failure is its own result.
     async fn attempt(
         &self,
         client: &mut deadpool_postgres::Object,
-        batch: &[Vec<W>],
-        savepoints: bool,
+        writes: &[W],
+        ranges: &[Range<usize>],
+        isolate: bool,
     ) -> Attempt {
         self.counters.transactions.fetch_add(1, Ordering::Relaxed);
-        self.counters.submissions.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let writes: usize = batch.iter().map(Vec::len).sum();
-        self.counters.writes.fetch_add(writes as u64, Ordering::Relaxed);
+        self.counters.submissions.fetch_add(ranges.len() as u64, Ordering::Relaxed);
+        self.counters.writes.fetch_add(writes.len() as u64, Ordering::Relaxed);
         let tx = match client.transaction().await {
             Ok(tx) => tx,
             Err(e) => return Attempt::Failed(self.pool.error("begin a transaction", &e)),
         };
-        let one = batch.len() == 1;
-        let mut results = Vec::with_capacity(batch.len());
-        for submission in batch {
-            let wrap = savepoints && !one;
-            if wrap && let Err(e) = tx.batch_execute("SAVEPOINT submission").await {
-                return Attempt::Failed(self.pool.error("open a savepoint", &e));
-            }
-            let applied = AssertUnwindSafe(self.apply.apply(&tx, submission))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|_| {
-                    Err(PgError::apply("group commit", "the apply function panicked"))
-                });
-            match applied {
-                Ok(()) => {
-                    if wrap && let Err(e) = tx.batch_execute("RELEASE submission").await {
-                        return Attempt::Failed(self.pool.error("release a savepoint", &e));
-                    }
-                    results.push(Ok(()));
+        let results = if isolate {
+            let mut results = Vec::with_capacity(ranges.len());
+            for range in ranges {
+                if let Err(e) = tx.batch_execute("SAVEPOINT submission").await {
+                    return Attempt::Failed(self.pool.error("open a savepoint", &e));
                 }
-                Err(e) if is_session_failure(&e) => {
+                match self.apply(&tx, &writes[range.clone()]).await {
+                    Ok(()) => {
+                        if let Err(e) = tx.batch_execute("RELEASE submission").await {
+                            return Attempt::Failed(self.pool.error("release a savepoint", &e));
+                        }
+                        results.push(Ok(()));
+                    }
+                    Err(e) if is_session_failure(&e) => return Attempt::Failed(e),
+                    Err(e) => {
+                        let undo = "ROLLBACK TO SAVEPOINT submission; RELEASE submission";
+                        if let Err(e) = tx.batch_execute(undo).await {
+                            return Attempt::Failed(self.pool.error("roll back a savepoint", &e));
+                        }
+                        results.push(Err(e));
+                    }
+                }
+            }
+            results
+        } else {
+            match self.apply(&tx, writes).await {
+                Ok(()) => ranges.iter().map(|_| Ok(())).collect(),
+                Err(e) if is_session_failure(&e) || ranges.len() == 1 => {
                     return Attempt::Failed(e);
                 }
-                Err(e) if one => return Attempt::Failed(e),
-                Err(_) if !savepoints => return Attempt::SubmissionFailed,
-                Err(e) => {
-                    if let Err(e) = tx
-                        .batch_execute("ROLLBACK TO SAVEPOINT submission; RELEASE submission")
-                        .await
-                    {
-                        return Attempt::Failed(self.pool.error("roll back a savepoint", &e));
-                    }
-                    results.push(Err(e));
-                }
+                Err(_) => return Attempt::SubmissionFailed,
             }
-        }
+        };
         match tx.commit().await {
             Ok(()) => Attempt::Committed(results),
             Err(e) if e.is_closed() || e.as_db_error().is_none() => {

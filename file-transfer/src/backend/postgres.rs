@@ -15,8 +15,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use xagent_storage_postgres::tokio_postgres::Transaction;
 use xagent_protocol_types::{ConnectorChannelId, FileRef};
+use xagent_storage_postgres::tokio_postgres::Transaction;
 use xagent_storage_postgres::{Migration, PgError, PgResultExt, Pool, migrate};
 
 use super::{FileBackend, FileReader, Quota, UploadSink};

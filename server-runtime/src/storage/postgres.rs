@@ -11,22 +11,19 @@
 mod schema;
 mod writer;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use deadpool_postgres::Object;
 use tokio_postgres::Row;
 use xagent_profile_im::{CompletedRecord, Fingerprint, PendingRecord};
-use xagent_protocol_types::{
-    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTool, MessageId,
-};
+use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 use xagent_storage_postgres::{DatabaseUrl, Pool, PoolOptions};
 
 use schema::COMPONENT;
 
 use super::group::{CommitTicket, GroupCommitConfig, GroupCommitStats};
-use super::sqlite::{binding_from_json, to_i64, to_u64};
-use super::{ChannelRecord, StorageError, ToolCallRecord, WriteOp};
+use super::write_op::{CONNECTOR_ID_KEY, ChannelRow, ToolCallRow, to_i64, to_u64};
+use super::{ChannelRecord, Storage, StorageError, ToolCallRecord, WriteOp};
 
 /// How the PostgreSQL storage connects and commits.
 #[derive(Clone, Debug, Default)]
@@ -139,7 +136,7 @@ impl PostgresStorage {
 
     /// The registered `connector_id`, if any.
     pub async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
-        Ok(self.load_meta("connector_id").await?.map(ConnectorId::new))
+        Ok(self.load_meta(CONNECTOR_ID_KEY).await?.map(ConnectorId::new))
     }
 
     /// Every stored channel, oldest first.
@@ -153,30 +150,19 @@ impl PostgresStorage {
                 &[],
             )
             .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            let id: String = get(&row, 0, OP)?;
-            let connector_id: String = get(&row, 1, OP)?;
-            let status: String = get(&row, 2, OP)?;
-            let binding: Option<String> = get(&row, 3, OP)?;
-            let overrides: String = get(&row, 4, OP)?;
-            let created_at: i64 = get(&row, 5, OP)?;
-            let binding = binding.as_deref().map(binding_from_json).transpose()?;
-            let tools: Vec<DescriptorTool> = serde_json::from_str(&overrides)
-                .map_err(|e| StorageError::new("decode tool overrides", e))?;
-            out.push(ChannelRecord {
-                id: ConnectorChannelId::new(id),
-                connector_id: ConnectorId::new(connector_id),
-                status: ConnectionStatus::parse(&status),
-                binding,
-                tool_overrides: tools
-                    .into_iter()
-                    .map(|t| (t.tool_id.clone(), t))
-                    .collect::<BTreeMap<_, _>>(),
-                created_at: to_u64(created_at),
-            });
-        }
-        Ok(out)
+        rows.iter()
+            .map(|row| {
+                ChannelRow {
+                    id: get(row, 0, OP)?,
+                    connector_id: get(row, 1, OP)?,
+                    status: get(row, 2, OP)?,
+                    binding: get(row, 3, OP)?,
+                    tool_overrides: get(row, 4, OP)?,
+                    created_at: get(row, 5, OP)?,
+                }
+                .decode()
+            })
+            .collect()
     }
 
     /// A stored tool call by `(channel, key)`.
@@ -195,19 +181,16 @@ impl PostgresStorage {
             )
             .await?;
         let Some(row) = row else { return Ok(None) };
-        let result: Option<String> = get(&row, 1, OP)?;
-        let code: Option<String> = get(&row, 2, OP)?;
         let message: Option<Vec<u8>> = get(&row, 3, OP)?;
-        let result = result
-            .map(|text| serde_json::from_str(&text))
-            .transpose()
-            .map_err(|e| StorageError::new("decode tool result", e))?;
-        Ok(Some(ToolCallRecord {
+        ToolCallRow {
             fingerprint: get(&row, 0, OP)?,
-            result,
-            error: code.map(|code| (code, from_bytes(message))),
-            completed_at: to_u64(get(&row, 4, OP)?),
-        }))
+            result: get(&row, 1, OP)?,
+            error_code: get(&row, 2, OP)?,
+            error_message: message.map(text_of),
+            completed_at: get(&row, 4, OP)?,
+        }
+        .decode()
+        .map(Some)
     }
 
     /// Deletes tool calls completed before `before` (Unix ms) in a transaction of its own
@@ -255,7 +238,7 @@ impl PostgresStorage {
                     first_responsibility_at: to_u64(get(row, 5, OP)?),
                     expires_at: to_u64(get(row, 6, OP)?),
                     next_attempt_at: to_u64(get(row, 7, OP)?),
-                    last_error: get::<Option<Vec<u8>>>(row, 8, OP)?.map(|b| from_bytes(Some(b))),
+                    last_error: get::<Option<Vec<u8>>>(row, 8, OP)?.map(text_of),
                 })
             })
             .collect()
@@ -321,8 +304,8 @@ fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
 
 /// Free text stored as bytes; bytes that are not UTF-8 (never written by this crate) are
 /// shown with replacement characters rather than refused.
-fn from_bytes(bytes: Option<Vec<u8>>) -> String {
-    bytes.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+fn text_of(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 #[async_trait::async_trait]

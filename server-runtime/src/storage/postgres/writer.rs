@@ -19,10 +19,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 use xagent_profile_im::{IdempotencyWrite, OutboxWrite};
-use xagent_storage_postgres::Pool;
+use xagent_storage_postgres::{PgError, Pool};
 
 use crate::storage::group::{CommitTicket, GroupCommitConfig, GroupCommitStats};
-use crate::storage::sqlite::to_i64;
+use crate::storage::write_op::to_i64;
 use crate::storage::{StorageError, WriteOp};
 
 /// One submission: its writes and where to report the outcome.
@@ -154,7 +154,7 @@ async fn commit_batch(pool: &Pool, batch: &[Job]) -> Vec<Result<(), StorageError
     if pipelined(&tx, &statements, &runnable).await.is_ok() {
         return match tx.commit().await {
             Ok(()) => checked,
-            Err(e) => all_failed("commit", pool.error("commit", &e).to_string()),
+            Err(e) => all_failed("commit", commit_error(pool, &e).to_string()),
         };
     }
     // Some statement failed and PostgreSQL aborted the transaction: start again with one
@@ -176,7 +176,17 @@ async fn commit_batch(pool: &Pool, batch: &[Job]) -> Vec<Result<(), StorageError
     }
     match tx.commit().await {
         Ok(()) => results,
-        Err(e) => all_failed("commit", pool.error("commit", &e).to_string()),
+        Err(e) => all_failed("commit", commit_error(pool, &e).to_string()),
+    }
+}
+
+/// A failed `COMMIT`: refused by the server (nothing committed), or the connection broke and
+/// the outcome is unknown. Either way no ticket of the batch is acknowledged.
+fn commit_error(pool: &Pool, e: &tokio_postgres::Error) -> PgError {
+    if e.is_closed() || e.as_db_error().is_none() {
+        PgError::CommitOutcomeUnknown { context: "a batch of runtime writes".into() }
+    } else {
+        pool.error("commit a batch of runtime writes", e)
     }
 }
 
