@@ -367,10 +367,8 @@ impl ConnectorServer {
     /// set, and logs to stderr filtered by `RUST_LOG` (default `info`). Prints
     /// `<card id> listening on http://<address>` on stdout once it accepts connections.
     pub async fn serve_from_env(connector: Connector) -> Result<(), ServerError> {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
+            .with_env_filter(crate::log_filter("info"))
             .with_writer(std::io::stderr)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init();
