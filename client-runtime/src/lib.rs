@@ -36,7 +36,7 @@
 //!
 //! | Modules | What |
 //! |---|---|
-//! | `driver` | starting a data plane, the reconnect loop, the reader and the dispatch |
+//! | `driver` | starting a data plane, the holder lease, the reconnect loop, the reader and the dispatch |
 //!
 //! **Features**: what the data plane does for the application.
 //!
@@ -61,7 +61,7 @@
 //! |---|---|
 //! | `health`, `admission` | the health monitor; Card, Skill and version admission |
 //! | `http`, `transport` | the control and transfer planes; the frame transports |
-//! | `store`, `directory`, `channel_mode`, `backoff` | durable state; the channel directory and its `user_channel_mode` hold; reconnect delays |
+//! | `store`, `lease`, `directory`, `channel_mode`, `backoff` | durable state (async, group commit); the holder lease's timing and verdicts; the channel directory and its `user_channel_mode` hold; reconnect delays |
 //! | `error` | `ClientError` |
 //! | `download` | inbound downloads under the download policy (origins, addresses, redirects, size) |
 //! | `base_url`, `ids`, `model_args` | Base URL rules; identifiers; the model's redundant `connector_channel_id` |
@@ -83,6 +83,7 @@ mod ids;
 mod im;
 mod im_state;
 mod invoke;
+mod lease;
 mod model_args;
 mod readmit;
 mod settled;
@@ -120,7 +121,13 @@ pub use settled::RECENT_SETTLED_ACKS;
 pub use sign_in::{
     DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,
 };
-pub use store::{MemoryXagentStore, RememberedChannel, SqliteXagentStore, XagentStore};
+pub use lease::{DEFAULT_LEASE_RENEW_EVERY, DEFAULT_LEASE_TTL, HolderLease};
+#[cfg(feature = "postgres")]
+pub use store::{POSTGRES_COMPONENT, PostgresXagentStore};
+pub use store::{
+    CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, MemoryXagentStore,
+    RememberedChannel, SqliteXagentStore, XagentStore, XagentWrite,
+};
 pub use stream::MessageStream;
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{
