@@ -192,6 +192,34 @@ pub struct ReceiverIdempotency<S: IdempotencyStore = MemoryStore> {
     stats: IdempotencyStats,
 }
 
+/// Where [`ReceiverIdempotency`] gets a stored record it does not hold in memory.
+enum Lookup {
+    /// Ask the synchronous store.
+    Store,
+    /// The caller fetched it (async backends).
+    Given(Option<CompletedRecord>),
+}
+
+/// What `begin_with_stored` answers if the impossible happens (a failed lookup that was never
+/// made): a retryable refusal rather than a panic.
+fn unreachable_admission(message_id: &MessageId) -> Admission {
+    Admission::InProgress(ChatMessageAck::rejected(
+        message_id.clone(),
+        ErrorCode::ChannelBusy,
+        "the receiver could not check this message_id; retry later",
+        true,
+    ))
+}
+
+impl ReceiverIdempotency<crate::DeferredStore> {
+    /// A set driven by async code: lookups come from [`ReceiverIdempotency::needs_lookup`] +
+    /// [`ReceiverIdempotency::begin_with_stored`], writes from `complete_deferred` and
+    /// `prune_deferred` (call it once after opening for the first age expiry).
+    pub fn deferred(config: IdempotencyConfig) -> Self {
+        Self::with_store(config, crate::DeferredStore::default())
+    }
+}
+
 impl<S: IdempotencyStore> ReceiverIdempotency<S> {
     /// Opens the set over a store. Nothing is loaded (the store answers lookups); the ids
     /// past the age bound are deleted from the store at once.
@@ -235,9 +263,62 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         fingerprint: Fingerprint,
         now: u64,
     ) -> Result<Admission, IdempotencyError> {
+        self.admit(channel, message_id, fingerprint, Lookup::Store, now)
+    }
+
+    /// True when admitting this id needs the stored record: it is neither held in memory
+    /// (uncommitted, recently completed, or in progress). A caller with an async backend
+    /// fetches the record then and admits with [`ReceiverIdempotency::begin_with_stored`].
+    pub fn needs_lookup(&self, channel: &ConnectorChannelId, message_id: &MessageId) -> bool {
+        let key = (channel.clone(), message_id.clone());
+        !(self.uncommitted.contains_key(&key)
+            || self.recent.get(&key).is_some()
+            || self.channels.get(channel).is_some_and(|c| c.in_progress.contains_key(message_id)))
+    }
+
+    /// Admits a `chat.message` with the record the caller fetched (see
+    /// [`ReceiverIdempotency::begin_with_stored`]).
+    pub fn begin_chat_with_stored(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message: &ChatMessage,
+        stored: Option<CompletedRecord>,
+        now: u64,
+    ) -> Admission {
+        let fingerprint = Fingerprint::of_chat_message(message);
+        self.begin_with_stored(channel, &message.message_id, fingerprint, stored, now)
+    }
+
+    /// [`ReceiverIdempotency::begin`] for an async backend: the store is never asked; `stored`
+    /// is the record the caller fetched for this id (`None` when absent, or when
+    /// [`ReceiverIdempotency::needs_lookup`] said no lookup was needed). What memory holds
+    /// wins over `stored`, so a completion made while the caller was fetching still counts.
+    pub fn begin_with_stored(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+        fingerprint: Fingerprint,
+        stored: Option<CompletedRecord>,
+        now: u64,
+    ) -> Admission {
+        match self.admit(channel, message_id, fingerprint, Lookup::Given(stored), now) {
+            Ok(admission) => admission,
+            // Only a store lookup can fail, and none is made here.
+            Err(_) => unreachable_admission(message_id),
+        }
+    }
+
+    fn admit(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+        fingerprint: Fingerprint,
+        lookup: Lookup,
+        now: u64,
+    ) -> Result<Admission, IdempotencyError> {
         self.expire_admissions(channel, now);
         let digest = Digest::of(&fingerprint);
-        let completed = self.completed_digest(channel, message_id, Some(now))?;
+        let completed = self.completed_digest(channel, message_id, Some(now), lookup)?;
         let in_progress =
             || self.channels.get(channel).and_then(|c| c.in_progress.get(message_id)).map(|v| v.0);
         let known = completed.or_else(in_progress);
@@ -279,6 +360,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         channel: &ConnectorChannelId,
         message_id: &MessageId,
         now: Option<u64>,
+        lookup: Lookup,
     ) -> Result<Option<Digest>, IdempotencyError> {
         let max_age = self.config.max_age_ms;
         let fresh = |at: u64| now.is_none_or(|now| now.saturating_sub(at) < max_age);
@@ -289,8 +371,17 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         if let Some((digest, at)) = self.recent.get(&key).copied() {
             return Ok(fresh(at).then_some(digest));
         }
-        self.stats.store_lookups += 1;
-        let Some(record) = self.store.lookup_completed(channel, message_id)? else {
+        let record = match lookup {
+            Lookup::Store => {
+                self.stats.store_lookups += 1;
+                self.store.lookup_completed(channel, message_id)?
+            }
+            Lookup::Given(record) => {
+                self.stats.store_lookups += 1;
+                record.filter(|r| &r.channel == channel && &r.message_id == message_id)
+            }
+        };
+        let Some(record) = record else {
             return Ok(None);
         };
         if !fresh(record.completed_at) {
@@ -394,7 +485,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         channel: &ConnectorChannelId,
         message_id: &MessageId,
     ) -> Result<bool, IdempotencyError> {
-        Ok(self.completed_digest(channel, message_id, None)?.is_some())
+        Ok(self.completed_digest(channel, message_id, None, Lookup::Store)?.is_some())
     }
 
     /// Forgets stale admissions on every channel and, at most once per
@@ -473,6 +564,14 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         }
     }
 
+    /// The channel was permanently deleted and the caller deletes its stored ids (with the
+    /// channel's other rows): forget it in memory only.
+    pub fn forget_channel(&mut self, channel: &ConnectorChannelId) {
+        self.channels.remove(channel);
+        self.uncommitted.retain(|key, _| &key.0 != channel);
+        self.recent.retain(|key| &key.0 != channel);
+    }
+
     /// The channel was permanently deleted: forget all its state, in memory and in the store.
     pub fn remove_channel(&mut self, channel: &ConnectorChannelId) -> Result<(), IdempotencyError> {
         self.channels.remove(channel);
@@ -542,6 +641,61 @@ mod tests {
             Ok(Admission::Process(ticket)) => ticket,
             other => panic!("expected a first admission, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_deferred_receiver_admits_with_the_record_its_caller_fetched() {
+        let channel = ConnectorChannelId::new("cch_1");
+        let mut set = ReceiverIdempotency::deferred(IdempotencyConfig::default());
+        let message = ChatMessage::text("m_1", "hi");
+        assert!(set.needs_lookup(&channel, &message.message_id), "unknown ids need the store");
+        // The record an async backend found: the same content is a duplicate ...
+        let stored = CompletedRecord {
+            channel: channel.clone(),
+            message_id: message.message_id.clone(),
+            fingerprint: Fingerprint::of_chat_message(&message),
+            completed_at: 5,
+        };
+        let again = set.begin_chat_with_stored(&channel, &message, Some(stored.clone()), 10);
+        assert!(matches!(again, Admission::Duplicate(_)), "{again:?}");
+        // ... and other content under the same id a conflict.
+        let other = ChatMessage::text("m_1", "something else");
+        let conflict = set.begin_chat_with_stored(&channel, &other, Some(stored), 10);
+        assert!(matches!(conflict, Admission::Conflict(_)), "{conflict:?}");
+        // A record of another id is never taken for this one.
+        let fresh = ChatMessage::text("m_2", "hi");
+        let wrong = CompletedRecord {
+            channel: channel.clone(),
+            message_id: MessageId::new("m_9"),
+            fingerprint: Fingerprint::of_chat_message(&fresh),
+            completed_at: 5,
+        };
+        let Admission::Process(ticket) =
+            set.begin_chat_with_stored(&channel, &fresh, Some(wrong), 10)
+        else {
+            panic!("a new id is processed");
+        };
+        // Completed but not yet committed: memory answers, no lookup needed.
+        let (_, writes) = set.complete_deferred(ticket, 11);
+        assert!(!writes.is_empty(), "the completion comes back as writes to commit");
+        assert!(!set.needs_lookup(&channel, &fresh.message_id));
+        let repeat = set.begin_chat_with_stored(&channel, &fresh, None, 12);
+        assert!(matches!(repeat, Admission::Duplicate(_)), "{repeat:?}");
+    }
+
+    #[test]
+    fn a_deferred_store_refuses_writes_instead_of_dropping_them() {
+        let mut set = ReceiverIdempotency::deferred(IdempotencyConfig::default());
+        let channel = ConnectorChannelId::new("cch_1");
+        let message = ChatMessage::text("m_1", "hi");
+        let Admission::Process(ticket) = set.begin_chat_with_stored(&channel, &message, None, 1)
+        else {
+            panic!("a new id is processed");
+        };
+        assert!(set.complete(ticket, 2).is_err(), "a write-through on a deferred set fails loudly");
+        let mut store = crate::DeferredStore::default();
+        assert!(store.lookup_completed(&channel, &message.message_id).is_err());
+        assert!(IdempotencyStore::apply(&mut store, &[]).is_ok(), "nothing to write is fine");
     }
 
     #[test]

@@ -107,7 +107,7 @@ pub use idempotency::*;
 pub use outbox::*;
 pub use payload::*;
 pub use store::{
-    AttemptUpdate, CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore, NoStore,
-    OutboxStore, OutboxWrite, PendingRecord, coalesce_outbox_writes,
+    AttemptUpdate, CompletedRecord, DeferredStore, IdempotencyStore, IdempotencyWrite, MemoryStore,
+    NoStore, OutboxStore, OutboxWrite, PendingRecord, coalesce_outbox_writes,
 };
 pub use v1::*;

@@ -30,7 +30,10 @@ fn outbox(clock: &ManualClock) -> Outbox {
 }
 
 /// Hands out the ready deliveries and marks each as written with packet `p-<id>-<attempt>`.
-fn send_all(o: &mut Outbox, now: u64) -> Vec<(ConnectorChannelId, MessageId, PacketId)> {
+fn send_all<S: OutboxStore>(
+    o: &mut Outbox<S>,
+    now: u64,
+) -> Vec<(ConnectorChannelId, MessageId, PacketId)> {
     let mut out = Vec::new();
     for d in o.next_ready(now).unwrap() {
         let packet = PacketId::new(format!("p-{}-{}", d.message_id, d.attempt));
@@ -963,4 +966,24 @@ fn rekey_rule_renaming_onto_a_channel_with_messages_is_refused_and_changes_nothi
     // Renaming an unknown channel moves nothing and is no error for the outbox.
     o.on_channel_renamed(&ch("zz"), &ch("yy")).unwrap();
     assert!(o.pending_ids(&ch("yy")).is_empty());
+}
+
+#[test]
+fn a_deferred_outbox_opens_from_records_its_caller_loaded() {
+    // An async backend loads the records itself and hands them over once.
+    let store = MemoryStore::new();
+    let mut first = deferred(&store);
+    first.enqueue(&ch("a"), msg("m1"), T0).unwrap();
+    first.enqueue(&ch("a"), msg("m2"), T0).unwrap();
+    commit(&mut first, &store);
+    let loaded = OutboxStore::load_pending(&mut store.clone()).unwrap();
+    let mut config = OutboxConfig::new(Side::Connector);
+    config.write_mode = WriteMode::Deferred;
+    let mut reopened =
+        Outbox::open(config, xagent_profile_im::DeferredStore::with_pending(loaded), T0).unwrap();
+    assert!(reopened.is_pending(&ch("a"), &mid("m1")) && reopened.is_pending(&ch("a"), &mid("m2")));
+    // Its writes come back to the caller, never into the hand-over store.
+    let sent = send_all(&mut reopened, T0);
+    assert_eq!(sent.len(), 1, "one in flight per channel, in order");
+    assert!(!reopened.take_writes().is_empty(), "the attempt count is the caller's to commit");
 }
