@@ -61,8 +61,9 @@
 //! |---|---|
 //! | `health`, `admission` | the health monitor; Card, Skill and version admission |
 //! | `http`, `transport` | the control and transfer planes; the frame transports |
-//! | `store`, `lease`, `directory`, `channel_mode`, `backoff` | durable state (async, group commit); the holder lease's timing and verdicts; the channel directory and its `user_channel_mode` hold; reconnect delays |
+//! | `directory`, `channel_mode`, `backoff` | the channel directory and its `user_channel_mode` hold; reconnect delays |
 //! | `error` | `ClientError` |
+//! | `store`, `lease` | durable state (async, one commit path, group commit); the holder lease's timing and verdicts |
 //! | `download` | inbound downloads under the download policy (origins, addresses, redirects, size) |
 //! | `base_url`, `ids`, `model_args` | Base URL rules; identifiers; the model's redundant `connector_channel_id` |
 

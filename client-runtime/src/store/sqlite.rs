@@ -1,14 +1,16 @@
 //! The default store: SQLite, one file under the state directory, with group commit.
 //!
-//! Batches go to one writer thread, which applies every batch waiting at that moment in one
-//! transaction (one `fsync` under `synchronous=FULL` for the group), each batch inside its own
-//! savepoint: a batch that fails is rolled back alone and its ticket fails; the others commit.
-//! Reads run on the blocking pool. Several processes may share the file (WAL); the holder
-//! lease and the fence check run inside `BEGIN IMMEDIATE` transactions, so a takeover and a
-//! fenced batch never interleave.
+//! Group commit without a writer thread: a batch joins a queue, and whoever takes the
+//! connection next applies every batch queued at that moment in one transaction (one `fsync`
+//! under `synchronous=FULL` for the group), each batch inside its own savepoint: a batch that
+//! fails is rolled back alone and its ticket fails; the others commit. A caller that waited
+//! for the connection finds its batch committed by the one before it, or commits the group
+//! itself, so the ticket is resolved when [`XagentStore::commit`] returns (an embedded
+//! database call is short; the calls stay on the caller's thread, as before). Several
+//! processes may share the file (WAL); the holder lease and the fence check run inside
+//! `BEGIN IMMEDIATE` transactions, so a takeover and a fenced batch never interleave.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -37,9 +39,6 @@ CREATE TABLE IF NOT EXISTS xagent_lease (
 /// The `xagent_meta` key of the last accepted `connector_id`.
 const META_CONNECTOR_ID: &str = "connector_id";
 
-/// Largest number of batches one group transaction takes.
-const MAX_GROUP: usize = 256;
-
 type Job = (Option<Fence>, Vec<XagentWrite>, Submitted);
 
 /// The default store: one SQLite file (WAL, synchronous commits) under a state directory
@@ -47,7 +46,7 @@ type Job = (Option<Fence>, Vec<XagentWrite>, Submitted);
 #[derive(Clone, Debug)]
 pub struct SqliteXagentStore {
     conn: Arc<Mutex<Connection>>,
-    writer: std_mpsc::Sender<Job>,
+    queue: Arc<Mutex<Vec<Job>>>,
     path: Option<PathBuf>,
 }
 
@@ -83,14 +82,11 @@ impl SqliteXagentStore {
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(err("set busy timeout"))?;
         conn.execute_batch(SCHEMA).map_err(err("create schema"))?;
         conn.execute_batch(xagent_im_sqlite::SCHEMA).map_err(err("create schema"))?;
-        let conn = Arc::new(Mutex::new(conn));
-        let (writer, jobs) = std_mpsc::channel::<Job>();
-        let shared = Arc::clone(&conn);
-        std::thread::Builder::new()
-            .name("xagent-sqlite-writer".into())
-            .spawn(move || write_groups(&shared, &jobs))
-            .map_err(|e| StoreError::from_source("start the writer thread", e))?;
-        Ok(Self { conn, writer, path })
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            queue: Arc::new(Mutex::new(Vec::new())),
+            path,
+        })
     }
 
     /// The database file, if not in memory.
@@ -115,40 +111,18 @@ impl SqliteXagentStore {
         rows.collect::<Result<Vec<_>, _>>().map_err(err("completed_ids"))
     }
 
-    /// Runs `read` on the connection on the blocking pool (a SQLite call may wait for the
-    /// disk or for another process's lock).
-    async fn read<T: Send + 'static>(
+    /// Runs `read` on the connection.
+    fn read<T>(
         &self,
         operation: &'static str,
-        read: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+        read: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
-        let conn = Arc::clone(&self.conn);
-        tokio::task::spawn_blocking(move || read(&mut lock(&conn)).map_err(err(operation)))
-            .await
-            .map_err(|e| StoreError::from_source(operation, e))?
+        read(&mut lock(&self.conn)).map_err(err(operation))
     }
 }
 
-fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
-    conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The writer thread: takes every batch waiting, commits them as one group, answers each
-/// ticket; ends when the last clone of the store is dropped.
-fn write_groups(conn: &Mutex<Connection>, jobs: &std_mpsc::Receiver<Job>) {
-    while let Ok(first) = jobs.recv() {
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP
-            && let Ok(next) = jobs.try_recv()
-        {
-            group.push(next);
-        }
-        let mut conn = lock(conn);
-        let results = commit_group(&mut conn, &group);
-        for ((_, _, answer), result) in group.into_iter().zip(results) {
-            answer.answer(result);
-        }
-    }
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// One transaction for the group, one savepoint per batch. When the final commit fails,
@@ -291,7 +265,6 @@ impl XagentStore for SqliteXagentStore {
             })?;
             rows.collect()
         })
-        .await
     }
 
     async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError> {
@@ -301,11 +274,10 @@ impl XagentStore for SqliteXagentStore {
                 .optional()
                 .map(|id| id.map(ConnectorId::new))
         })
-        .await
     }
 
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
-        self.read("load_pending", |conn| xagent_im_sqlite::load_pending(conn)).await
+        self.read("load_pending", |conn| xagent_im_sqlite::load_pending(conn))
     }
 
     async fn lookup_completed(
@@ -317,7 +289,6 @@ impl XagentStore for SqliteXagentStore {
         self.read("lookup_completed", move |conn| {
             xagent_im_sqlite::lookup_completed(conn, &channel, &message_id)
         })
-        .await
     }
 
     fn commit(&self, fence: Option<Fence>, writes: Vec<XagentWrite>) -> CommitTicket {
@@ -325,20 +296,22 @@ impl XagentStore for SqliteXagentStore {
             return ready(Ok(()));
         }
         let (answer, ticket) = Submitted::pair();
-        if let Err(std_mpsc::SendError((_, _, answer))) = self.writer.send((fence, writes, answer))
-        {
-            answer.answer(Err(StoreError::new(
-                "commit",
-                "the SQLite writer thread has stopped; restart the process",
-            )
-            .into()));
+        lock(&self.queue).push((fence, writes, answer));
+        let mut conn = lock(&self.conn);
+        // Every batch queued by now, this one included unless the holder of the connection
+        // before took it.
+        let group = std::mem::take(&mut *lock(&self.queue));
+        if !group.is_empty() {
+            let results = commit_group(&mut conn, &group);
+            for ((_, _, answer), result) in group.into_iter().zip(results) {
+                answer.answer(result);
+            }
         }
         ticket
     }
 
     async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseState, StoreError> {
-        let request = request.clone();
-        self.read("acquire_lease", move |conn| {
+        self.read("acquire_lease", |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             tx.prepare_cached(
                 "INSERT INTO xagent_lease (card, holder, fencing, expires_at) VALUES (?1, ?2, 1, ?3)
@@ -356,7 +329,7 @@ impl XagentStore for SqliteXagentStore {
             tx.commit()?;
             Ok(row.map(|row| lease_state(&request.card, &request.holder, row, None)))
         })
-        .await?
+?
         .ok_or_else(|| StoreError::new("acquire_lease", "the lease row vanished while taken"))
     }
 
@@ -366,8 +339,7 @@ impl XagentStore for SqliteXagentStore {
         now: u64,
         ttl_ms: u64,
     ) -> Result<LeaseState, StoreError> {
-        let fence = fence.clone();
-        self.read("renew_lease", move |conn| {
+        self.read("renew_lease", |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             tx.prepare_cached(
                 "UPDATE xagent_lease SET expires_at = ?4
@@ -386,12 +358,10 @@ impl XagentStore for SqliteXagentStore {
                 None => LeaseState::Other { holder: String::new(), number: 0, expires_at: 0 },
             })
         })
-        .await
     }
 
     async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError> {
-        let fence = fence.clone();
-        self.read("release_lease", move |conn| {
+        self.read("release_lease", |conn| {
             conn.prepare_cached(
                 "UPDATE xagent_lease SET expires_at = 0
                  WHERE card = ?1 AND holder = ?2 AND fencing = ?3",
@@ -399,7 +369,6 @@ impl XagentStore for SqliteXagentStore {
             .execute(params![fence.card.as_str(), fence.holder, to_i64(fence.number)])
             .map(|_| ())
         })
-        .await
     }
 }
 
@@ -429,14 +398,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn durable_state_rule_a_failing_batch_in_a_group_fails_alone() {
+    async fn durable_state_rule_a_refused_batch_fails_alone() {
         let store = SqliteXagentStore::in_memory().expect("opens");
         let channel = |id: &str| XagentWrite::SaveChannel {
             channel: ConnectorChannelId::new(id),
             owner: None,
         };
-        // Three batches submitted together, the middle one refused: the writer takes them as
-        // one group; the other two commit.
+        // Three batches, the middle one refused: it leaves nothing, the other two commit.
         let first = store.commit(None, vec![channel("cch_1")]);
         let refused = store.commit(None, vec![
             channel("cch_2"),
@@ -457,5 +425,46 @@ mod tests {
             .map(|c| c.channel.as_str().to_owned())
             .collect();
         assert_eq!(ids, ["cch_1", "cch_3"], "the refused batch left nothing");
+    }
+
+    #[test]
+    fn durable_state_rule_batches_queued_while_the_connection_is_busy_commit_as_one_group() {
+        let store = SqliteXagentStore::in_memory().expect("opens");
+        let channel = |id: &str| XagentWrite::SaveChannel {
+            channel: ConnectorChannelId::new(id),
+            owner: None,
+        };
+        // Two batches queued while another caller holds the connection, one of them refused:
+        // the next commit takes both with its own, and only the refused one fails.
+        let (first, first_ticket) = Submitted::pair();
+        let (refused, refused_ticket) = Submitted::pair();
+        {
+            let mut queue = lock(&store.queue);
+            queue.push((None, vec![channel("cch_1")], first));
+            queue.push((
+                None,
+                vec![channel("cch_2"), XagentWrite::RenameChannel {
+                    from: ConnectorChannelId::new("cch_404"),
+                    to: ConnectorChannelId::new("cch_5"),
+                }],
+                refused,
+            ));
+        }
+        let own = store.commit(None, vec![channel("cch_3")]);
+        assert!(lock(&store.queue).is_empty(), "the group took every queued batch");
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        runtime.block_on(async {
+            first_ticket.await.expect("first commits");
+            assert!(refused_ticket.await.is_err());
+            own.await.expect("own commits");
+            let ids: Vec<String> = store
+                .load_channels()
+                .await
+                .expect("loads")
+                .into_iter()
+                .map(|c| c.channel.as_str().to_owned())
+                .collect();
+            assert_eq!(ids, ["cch_1", "cch_3"]);
+        });
     }
 }
