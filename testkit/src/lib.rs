@@ -8,9 +8,13 @@
 //! the real binaries (their printed address, SIGTERM) or read a page's event stream. Used by
 //! `server-runtime`'s integration tests, `client-runtime`, the cli, `im.webchat`'s tests and
 //! xtask. [`module_layers`] is the one module-layer checker of the crates that keep their
-//! modules layered.
+//! modules layered. [`postgres`] gives tests a real PostgreSQL (one server per test process,
+//! a fresh database per test), [`haproxy`] a real load balancer in front of test servers.
 
+pub mod haproxy;
 pub mod module_layers;
+pub mod postgres;
+mod watchdog;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
