@@ -206,8 +206,8 @@ impl ImState {
         // The outbox's own writes go first, in their own batch: a refused rename must not
         // take them down with it.
         let earlier = self.flush(Vec::new());
-        let rename = self
-            .submit(vec![XagentWrite::RenameChannel { from: from.clone(), to: to.clone() }]);
+        let rename =
+            self.submit(vec![XagentWrite::RenameChannel { from: from.clone(), to: to.clone() }]);
         if let Err(error) = earlier.await {
             tracing::warn!(%error, "outbox writes before a rename were not stored");
         }

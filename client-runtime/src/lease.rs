@@ -33,7 +33,11 @@ pub struct HolderLease {
 impl HolderLease {
     /// A lease for `holder` with the default timing (renewed every 1 s, lasting 4 s).
     pub fn new(holder: impl Into<String>) -> Self {
-        Self { holder: holder.into(), renew_every: DEFAULT_LEASE_RENEW_EVERY, ttl: DEFAULT_LEASE_TTL }
+        Self {
+            holder: holder.into(),
+            renew_every: DEFAULT_LEASE_RENEW_EVERY,
+            ttl: DEFAULT_LEASE_TTL,
+        }
     }
 
     /// A lease with a fresh random holder id (`xagent-` and 16 hex digits).
@@ -134,7 +138,9 @@ mod tests {
     fn lease_rule_another_holder_a_higher_fencing_number_or_a_failed_renewal_lose_it_at_once() {
         let mut keeper = Keeper::new(fence(3), 4_000);
         let other = Ok(LeaseState::Other { holder: "b".into(), number: 4, expires_at: 9_000 });
-        assert!(matches!(keeper.on_renewal(other, 1_000), Verdict::Lost(r) if r.contains("b took")));
+        assert!(
+            matches!(keeper.on_renewal(other, 1_000), Verdict::Lost(r) if r.contains("b took"))
+        );
         let mut keeper = Keeper::new(fence(3), 4_000);
         let higher = Ok(LeaseState::Held { fence: fence(4), expires_at: 9_000 });
         assert!(matches!(keeper.on_renewal(higher, 1_000), Verdict::Lost(r) if r.contains('4')));

@@ -117,18 +117,18 @@ pub use http::{ControlPlane, SkillDocument};
 pub use invoke::{
     CHANNELS_LIST_TOOL, MESSAGE_SEND_TOOL, ToolCallOptions, ToolOutcome, builtin_tools,
 };
+pub use lease::{DEFAULT_LEASE_RENEW_EVERY, DEFAULT_LEASE_TTL, HolderLease};
 pub use model_args::{CHANNEL_ARGUMENT, fill_channel_argument};
 pub use settled::RECENT_SETTLED_ACKS;
 pub use sign_in::{
     DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,
 };
-pub use lease::{DEFAULT_LEASE_RENEW_EVERY, DEFAULT_LEASE_TTL, HolderLease};
-#[cfg(feature = "postgres")]
-pub use store::{POSTGRES_COMPONENT, PostgresXagentStore};
 pub use store::{
     CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, MemoryXagentStore,
     RememberedChannel, SqliteXagentStore, XagentStore, XagentWrite,
 };
+#[cfg(feature = "postgres")]
+pub use store::{POSTGRES_COMPONENT, PostgresXagentStore};
 pub use stream::MessageStream;
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{

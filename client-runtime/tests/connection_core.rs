@@ -39,7 +39,9 @@ fn config(clock: &ManualClock) -> ClientConfig {
     config
 }
 
-async fn start(config: ClientConfig) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
+async fn start(
+    config: ClientConfig,
+) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
     let (transport, peers) = MemoryTransport::new();
     let (plane, events) = DataPlane::connect_with(config, transport).await.expect("starts");
     (plane, events, peers)

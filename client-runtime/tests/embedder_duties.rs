@@ -39,7 +39,9 @@ async fn start() -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>)
     start_at(&ManualClock::new(1_000)).await
 }
 
-async fn start_at(clock: &ManualClock) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
+async fn start_at(
+    clock: &ManualClock,
+) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
     let base = BaseUrl::parse("http://memory.invalid").expect("valid");
     let mut config = ClientConfig::for_card(base, &card()).with_clock(Arc::new(clock.clone()));
     config.request_timeout = Duration::from_secs(5);

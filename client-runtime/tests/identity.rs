@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientEvent, ConnectionState, DataPlane, Events, MemoryPeer,
-    MemoryTransport, REOPEN_CONCURRENCY, SqliteXagentStore, XagentStore, XagentWrite, next_event_matching,
+    MemoryTransport, REOPEN_CONCURRENCY, SqliteXagentStore, XagentStore, XagentWrite,
+    next_event_matching,
 };
 use xagent_protocol_types::{
     BuildInfo, CardTool, ChannelOpenAck, ChatMessage, ChatMessageAck, Connection,

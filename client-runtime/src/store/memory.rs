@@ -47,9 +47,9 @@ impl MemoryXagentStore {
 
 impl MemoryState {
     fn fenced(&self, fence: &Fence) -> bool {
-        self.leases.get(fence.card.as_str()).is_none_or(|(holder, number, _)| {
-            holder != &fence.holder || *number != fence.number
-        })
+        self.leases
+            .get(fence.card.as_str())
+            .is_none_or(|(holder, number, _)| holder != &fence.holder || *number != fence.number)
     }
 
     fn apply(&mut self, write: &XagentWrite) -> Result<(), StoreError> {
@@ -196,9 +196,10 @@ impl XagentStore for MemoryXagentStore {
 
     async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseState, StoreError> {
         let mut state = self.state();
-        let row = state.leases.entry(request.card.as_str().to_owned()).or_insert_with(|| {
-            (String::new(), 0, 0)
-        });
+        let row = state
+            .leases
+            .entry(request.card.as_str().to_owned())
+            .or_insert_with(|| (String::new(), 0, 0));
         let free = row.0.is_empty() || row.2 <= request.now || row.0 == request.holder;
         if free {
             *row = (request.holder.clone(), row.1.saturating_add(1), request.expires_at());

@@ -25,7 +25,9 @@ pub use postgres::{POSTGRES_COMPONENT, PostgresXagentStore};
 pub use sqlite::SqliteXagentStore;
 
 use async_trait::async_trait;
-use xagent_profile_im::{CompletedRecord, IdempotencyWrite, OutboxWrite, PendingRecord, StoreError};
+use xagent_profile_im::{
+    CompletedRecord, IdempotencyWrite, OutboxWrite, PendingRecord, StoreError,
+};
 use xagent_protocol_types::{ConnectorCardId, ConnectorChannelId, ConnectorId, MessageId};
 
 /// A channel xAgent remembers across restarts.
@@ -148,8 +150,12 @@ pub trait XagentStore: Send + Sync + 'static {
     async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseState, StoreError>;
     /// Extends the lease to `now + ttl_ms` if the row still carries `fence`; otherwise reports
     /// what the row says now (another holder, or a higher fencing number).
-    async fn renew_lease(&self, fence: &Fence, now: u64, ttl_ms: u64)
-    -> Result<LeaseState, StoreError>;
+    async fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: u64,
+        ttl_ms: u64,
+    ) -> Result<LeaseState, StoreError>;
     /// Gives the lease up (it expires at once) if the row still carries `fence`, so another
     /// process takes over without waiting for the expiry.
     async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError>;
@@ -195,10 +201,7 @@ pub(crate) fn lease_state(
 ) -> LeaseState {
     let (holder, number, expires_at) = row;
     if holder == me && mine.is_none_or(|n| n == number) {
-        LeaseState::Held {
-            fence: Fence { card: card.clone(), holder, number },
-            expires_at,
-        }
+        LeaseState::Held { fence: Fence { card: card.clone(), holder, number }, expires_at }
     } else {
         LeaseState::Other { holder, number, expires_at }
     }

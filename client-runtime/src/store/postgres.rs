@@ -17,8 +17,7 @@ use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 use xagent_storage_postgres::deadpool_postgres::Transaction;
 use xagent_storage_postgres::tokio_postgres::Row;
 use xagent_storage_postgres::{
-    ApplyWrites, DatabaseUrl, GroupCommit, GroupCommitConfig, Migration, PgError, Pool,
-    PoolOptions,
+    ApplyWrites, DatabaseUrl, GroupCommit, GroupCommitConfig, Migration, PgError, Pool, PoolOptions,
 };
 
 use super::{
@@ -212,7 +211,11 @@ async fn exec(
     tx.execute(sql, params).await.map_err(|e| sql_error(context, &e))
 }
 
-async fn apply_write(tx: &Transaction<'_>, scope: &str, write: &XagentWrite) -> Result<(), PgError> {
+async fn apply_write(
+    tx: &Transaction<'_>,
+    scope: &str,
+    write: &XagentWrite,
+) -> Result<(), PgError> {
     match write {
         XagentWrite::SaveChannel { channel, owner } => {
             exec(
@@ -414,9 +417,27 @@ async fn rename(
     }
     let ids: [&(dyn xagent_storage_postgres::tokio_postgres::types::ToSql + Sync); 3] =
         [&scope, &to.as_str(), &from.as_str()];
-    exec(tx, "rename_channel", "UPDATE xagent_client_channels SET id = $2 WHERE scope = $1 AND id = $3", &ids).await?;
-    exec(tx, "rename_channel", "UPDATE xagent_client_pending SET channel = $2 WHERE scope = $1 AND channel = $3", &ids).await?;
-    exec(tx, "rename_channel", "UPDATE xagent_client_completed SET channel = $2 WHERE scope = $1 AND channel = $3", &ids).await?;
+    exec(
+        tx,
+        "rename_channel",
+        "UPDATE xagent_client_channels SET id = $2 WHERE scope = $1 AND id = $3",
+        &ids,
+    )
+    .await?;
+    exec(
+        tx,
+        "rename_channel",
+        "UPDATE xagent_client_pending SET channel = $2 WHERE scope = $1 AND channel = $3",
+        &ids,
+    )
+    .await?;
+    exec(
+        tx,
+        "rename_channel",
+        "UPDATE xagent_client_completed SET channel = $2 WHERE scope = $1 AND channel = $3",
+        &ids,
+    )
+    .await?;
     Ok(())
 }
 

@@ -82,11 +82,7 @@ impl SqliteXagentStore {
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(err("set busy timeout"))?;
         conn.execute_batch(SCHEMA).map_err(err("create schema"))?;
         conn.execute_batch(xagent_im_sqlite::SCHEMA).map_err(err("create schema"))?;
-        Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
-            queue: Arc::new(Mutex::new(Vec::new())),
-            path,
-        })
+        Ok(Self { conn: Arc::new(Mutex::new(conn)), queue: Arc::new(Mutex::new(Vec::new())), path })
     }
 
     /// The database file, if not in memory.
@@ -140,7 +136,9 @@ fn commit_group(conn: &mut Connection, group: &[Job]) -> Vec<Result<(), CommitEr
     for (fence, writes, _) in group {
         let result = match tx.savepoint() {
             Ok(savepoint) => match apply_batch(&savepoint, fence.as_ref(), writes) {
-                Ok(()) => savepoint.commit().map_err(|e| StoreError::from_source("commit", e).into()),
+                Ok(()) => {
+                    savepoint.commit().map_err(|e| StoreError::from_source("commit", e).into())
+                }
                 // Dropping the savepoint rolls the batch back.
                 Err(error) => Err(error),
             },
@@ -185,7 +183,10 @@ fn apply_batch(
 
 fn apply(conn: &Connection, write: &XagentWrite) -> Result<(), StoreError> {
     let exec = |operation: &'static str, sql: &str, params: &[&dyn rusqlite::ToSql]| {
-        conn.prepare_cached(sql).and_then(|mut stmt| stmt.execute(params)).map(|_| ()).map_err(err(operation))
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute(params))
+            .map(|_| ())
+            .map_err(err(operation))
     };
     match write {
         XagentWrite::SaveChannel { channel, owner } => exec(
@@ -246,9 +247,7 @@ fn rename(
 /// The lease row of a card: (holder, fencing number, expires at).
 fn lease_row(conn: &Connection, card: &str) -> rusqlite::Result<Option<(String, u64, u64)>> {
     conn.prepare_cached("SELECT holder, fencing, expires_at FROM xagent_lease WHERE card = ?1")?
-        .query_row(params![card], |row| {
-            Ok((row.get(0)?, to_u64(row.get(1)?), to_u64(row.get(2)?)))
-        })
+        .query_row(params![card], |row| Ok((row.get(0)?, to_u64(row.get(1)?), to_u64(row.get(2)?))))
         .optional()
 }
 
@@ -328,8 +327,7 @@ impl XagentStore for SqliteXagentStore {
             let row = lease_row(&tx, request.card.as_str())?;
             tx.commit()?;
             Ok(row.map(|row| lease_state(&request.card, &request.holder, row, None)))
-        })
-?
+        })?
         .ok_or_else(|| StoreError::new("acquire_lease", "the lease row vanished while taken"))
     }
 
@@ -381,10 +379,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>()));
         let store = SqliteXagentStore::open(&dir).expect("opens");
         store
-            .commit(None, vec![XagentWrite::SaveChannel {
-                channel: ConnectorChannelId::new("cch_1"),
-                owner: None,
-            }])
+            .commit(
+                None,
+                vec![XagentWrite::SaveChannel {
+                    channel: ConnectorChannelId::new("cch_1"),
+                    owner: None,
+                }],
+            )
             .await
             .expect("commits");
         #[cfg(unix)]
@@ -406,13 +407,16 @@ mod tests {
         };
         // Three batches, the middle one refused: it leaves nothing, the other two commit.
         let first = store.commit(None, vec![channel("cch_1")]);
-        let refused = store.commit(None, vec![
-            channel("cch_2"),
-            XagentWrite::RenameChannel {
-                from: ConnectorChannelId::new("cch_404"),
-                to: ConnectorChannelId::new("cch_5"),
-            },
-        ]);
+        let refused = store.commit(
+            None,
+            vec![
+                channel("cch_2"),
+                XagentWrite::RenameChannel {
+                    from: ConnectorChannelId::new("cch_404"),
+                    to: ConnectorChannelId::new("cch_5"),
+                },
+            ],
+        );
         let third = store.commit(None, vec![channel("cch_3")]);
         first.await.expect("first commits");
         assert!(refused.await.is_err(), "the rename of an unknown channel is refused");
@@ -443,10 +447,13 @@ mod tests {
             queue.push((None, vec![channel("cch_1")], first));
             queue.push((
                 None,
-                vec![channel("cch_2"), XagentWrite::RenameChannel {
-                    from: ConnectorChannelId::new("cch_404"),
-                    to: ConnectorChannelId::new("cch_5"),
-                }],
+                vec![
+                    channel("cch_2"),
+                    XagentWrite::RenameChannel {
+                        from: ConnectorChannelId::new("cch_404"),
+                        to: ConnectorChannelId::new("cch_5"),
+                    },
+                ],
                 refused,
             ));
         }
