@@ -67,7 +67,9 @@ pub(crate) async fn pump(shared: &Arc<Shared>) {
                 tracing::warn!(error = %error, "outbox bookkeeping failed");
             }
         }
-        let _ = im.flush(Vec::new());
+        let ticket = im.flush(Vec::new());
+        drop(im);
+        shared.watch_commit("the outbox's unsent deliveries", ticket);
         return;
     }
     let mut failed = false;
