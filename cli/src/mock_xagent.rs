@@ -16,8 +16,8 @@ use serde_json::{Map, Value};
 use std::sync::Arc;
 
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, DownloadPolicy, FileSink,
-    HolderLease, PacketTap, PostgresXagentStore, TapDirection, admit,
+    BaseUrl, ClientConfig, ClientEvent, ConnectionState, ControlPlane, DataPlane, DownloadPolicy,
+    FileSink, HolderLease, PacketTap, PostgresXagentStore, TapDirection, admit,
 };
 use xagent_client_runtime::{CHANNEL_ARGUMENT, fill_channel_argument};
 use xagent_protocol_types::{
@@ -167,7 +167,30 @@ async fn session(
         }
     };
     plane.set_file_sink(std::sync::Arc::new(CountFiles { color }));
-    if plane.connected().await.is_err() {
+    // A mock sharing a database may wait for another to stop: say so while it waits.
+    let mut states = plane.watch_state();
+    let waiting = tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let holder = match &*states.borrow_and_update() {
+                ConnectionState::Standby { holder } => Some(holder.clone()),
+                _ => None,
+            };
+            if let Some(holder) = holder
+                && last.as_ref() != Some(&holder)
+            {
+                let name = holder.clone().unwrap_or_else(|| "another process".into());
+                println!("{} {name} holds the data plane; waiting", paint(color, "33", "standby"));
+                last = Some(holder);
+            }
+            if states.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+    let connected = plane.connected().await;
+    waiting.abort();
+    if connected.is_err() {
         eprintln!("the data plane stopped before hello completed");
         return ExitCode::FAILURE;
     }

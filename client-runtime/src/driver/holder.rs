@@ -35,15 +35,21 @@ pub(super) async fn take_lease(shared: &Arc<Shared>, lease: &HolderLease) -> Kee
                     }
                 }
             }
-            Ok(LeaseState::Other { holder, .. }) => {
-                shared.set_state(ConnectionState::Standby { holder: Some(holder) });
-            }
+            Ok(LeaseState::Other { holder, .. }) => standby(shared, Some(holder)),
             Err(error) => {
                 tracing::warn!(%error, "the holder lease could not be read");
-                shared.set_state(ConnectionState::Standby { holder: None });
+                standby(shared, None);
             }
         }
         tokio::time::sleep(lease.renew_every).await;
+    }
+}
+
+/// Reports standing by, once per holder seen (not on every attempt).
+fn standby(shared: &Shared, holder: Option<String>) {
+    let state = ConnectionState::Standby { holder };
+    if *shared.state.borrow() != state {
+        shared.set_state(state);
     }
 }
 
