@@ -166,8 +166,7 @@ pub(crate) async fn bind(listen: &str) -> std::io::Result<(tokio::net::TcpListen
 
 /// Logs to stderr; `RUST_LOG` overrides the default level.
 pub(crate) fn init_logs(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = xagent_server_runtime::log_filter(default);
     let _ =
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }

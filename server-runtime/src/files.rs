@@ -55,11 +55,11 @@ pub(crate) async fn open_store(
     storage: &dyn Storage,
     clock: Arc<dyn xagent_protocol_types::Clock>,
 ) -> Result<FileStore, ServerError> {
-    let secret = match storage.load_meta(SIGNING_SECRET_KEY)? {
+    let secret = match storage.load_meta(SIGNING_SECRET_KEY).await? {
         Some(secret) => secret,
         None => {
             let secret = hex::encode(rand::random::<[u8; 32]>());
-            storage.save_meta(SIGNING_SECRET_KEY, &secret)?;
+            storage.commit_meta(SIGNING_SECRET_KEY, &secret).committed().await?;
             secret
         }
     };

@@ -30,10 +30,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xagent_profile_im::{
-    ActivityAction, ActivityConfig, ActivityTracker, Delivery, DeltaAssembler, DeltaConfig,
-    DeltaStrategy, EnqueueOutcome, IdempotencyConfig, IdempotencyStore, IdempotencyWrite,
-    OutboundPayload, Outbox, OutboxConfig, OutboxEvent, OutboxStore, OutboxWrite,
-    ReceiverIdempotency, SentOutcome, WriteMode,
+    ActivityAction, ActivityConfig, ActivityTracker, DeferredStore, Delivery, DeltaAssembler,
+    DeltaConfig, DeltaStrategy, EnqueueOutcome, IdempotencyConfig, IdempotencyWrite,
+    OutboundPayload, Outbox, OutboxConfig, OutboxEvent, OutboxWrite, ReceiverIdempotency,
+    SentOutcome, WriteMode,
 };
 use xagent_protocol_types::{
     Clock, ConnectorChannelId, MessageId, PROFILE_IM_V1, PROFILE_IM_V2, Packet, PacketBody, Side,
@@ -102,8 +102,8 @@ pub(crate) enum TryQueue {
 const LANE_CAPACITY: usize = 64;
 
 struct Inner {
-    outbox: Outbox<Box<dyn OutboxStore + Send>>,
-    receiver: ReceiverIdempotency<Box<dyn IdempotencyStore + Send>>,
+    outbox: Outbox<DeferredStore>,
+    receiver: ReceiverIdempotency<DeferredStore>,
     deltas: DeltaAssembler,
     activity: ActivityTracker,
     /// The IM writes on their way to the storage.
@@ -156,7 +156,7 @@ fn storage_error(error: impl std::error::Error + Send + Sync + 'static) -> Stora
 }
 
 impl ImState {
-    pub(crate) fn new(
+    pub(crate) async fn new(
         connector: &Connector,
         storage: &dyn Storage,
         clock: &Arc<dyn Clock>,
@@ -172,22 +172,19 @@ impl ImState {
             window,
             ..OutboxConfig::new(Side::Connector)
         };
-        let mut outbox =
-            Outbox::open(config, storage.outbox_store(), now).map_err(storage_error)?;
+        let pending = storage.load_pending().await?;
+        let mut outbox = Outbox::open(config, DeferredStore::with_pending(pending), now)
+            .map_err(storage_error)?;
         // Nothing is routed at startup: every channel waits for its channel.open.
         let channels: Vec<ConnectorChannelId> = outbox.stats().channels.keys().cloned().collect();
         for channel in channels {
             outbox.on_channel_closed(&channel, now).map_err(storage_error)?;
         }
-        // What opening changed (unreadable records dropped, expiries) is written now.
-        let writes = outbox.take_writes();
-        storage.outbox_store().apply(&writes).map_err(storage_error)?;
-        let receiver = ReceiverIdempotency::open(
-            IdempotencyConfig::default(),
-            storage.idempotency_store(),
-            now,
-        )
-        .map_err(storage_error)?;
+        // What opening changed (unreadable records dropped, expiries, the receiver's first age
+        // expiry) is written now.
+        let mut receiver = ReceiverIdempotency::deferred(IdempotencyConfig::default());
+        let expiry = receiver.prune_deferred(now);
+        storage.commit_im(outbox.take_writes(), expiry).committed().await?;
         let streams = connector.im.as_ref().is_some_and(|im| im.streams_deltas());
         let strategy =
             if streams { DeltaStrategy::StreamEdit } else { DeltaStrategy::BufferUntilFinal };
@@ -515,9 +512,7 @@ impl ImState {
         if let Err(error) = inner.outbox.remove_channel(channel) {
             tracing::warn!(%error, "outbox cleanup failed");
         }
-        if let Err(error) = inner.receiver.remove_channel(channel) {
-            tracing::warn!(%error, "idempotency cleanup failed");
-        }
+        inner.receiver.forget_channel(channel);
         inner.deltas.remove_channel(channel);
         inner.activity.remove_channel(channel);
     }

@@ -139,8 +139,8 @@ impl ServerBuilder {
             Some(storage) => storage,
             None => Arc::new(SqliteStorage::in_memory()?),
         };
-        let connector_id = storage.load_connector_id()?;
-        let channels = storage.load_channels()?;
+        let connector_id = storage.load_connector_id().await?;
+        let channels = storage.load_channels().await?;
         let now = self.clock.now_millis();
         let mut state = State::default();
         state.connector_id = connector_id;
@@ -156,7 +156,8 @@ impl ServerBuilder {
             storage.as_ref(),
             &self.clock,
             self.config.outbox_window,
-        )?;
+        )
+        .await?;
         let files_config = self
             .files
             .or_else(|| self.state_dir.map(|d| crate::files::FilesConfig::new(d.join("files"))));
@@ -289,10 +290,8 @@ impl ConnectorServer {
     /// set, and logs to stderr filtered by `RUST_LOG` (default `info`). Prints
     /// `<card id> listening on http://<address>` on stdout once it accepts connections.
     pub async fn serve_from_env(connector: Connector) -> Result<(), ServerError> {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
+            .with_env_filter(crate::log_filter("info"))
             .with_writer(std::io::stderr)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init();

@@ -1,8 +1,9 @@
 //! The repeated-call registry of `tool.invoke`: one window for every side-effecting Tool.
 //!
 //! A call is keyed by channel + `tool_call_id` (or the `request_id` without one) and
-//! fingerprinted by Tool id + arguments. [`ToolCalls::begin`] decides, without I/O of its own
-//! (the stored record is read through the closure it is given):
+//! fingerprinted by Tool id + arguments. Without I/O of its own, [`ToolCalls::begin`] decides
+//! from the calls in flight and [`Running::judge_stored`] from the stored record the caller
+//! read (side-effecting Tools only):
 //! - run it (first call, or the stored record is older than the window);
 //! - wait for the identical call still running;
 //! - replay the stored outcome of an identical completed call;
@@ -41,8 +42,6 @@ pub(crate) enum Plan<'a> {
     Run(Running<'a>),
     /// The identical call is running: wait for its outcome.
     Wait(watch::Receiver<Option<ToolOutcome>>),
-    /// The identical call completed within the window: answer with its outcome.
-    Replay(ToolOutcome),
     /// The key was used with other arguments.
     Conflict,
 }
@@ -58,6 +57,29 @@ pub(crate) struct Running<'a> {
 }
 
 impl Running<'_> {
+    /// Judges the stored record of this call's key: `Some(answer)` when the call must not run
+    /// (the outcome of an identical call completed within the window, or a conflict with
+    /// other arguments used within it); `None` to run. Past the window the key is forgotten,
+    /// even before maintenance prunes it. Finish with the answer, so waiters get it too.
+    pub(crate) fn judge_stored(
+        &self,
+        stored: Option<ToolCallRecord>,
+        window: u64,
+        now: u64,
+    ) -> Option<ToolOutcome> {
+        let record = stored?;
+        if now.saturating_sub(record.completed_at) > window {
+            return None;
+        }
+        if record.fingerprint != self.fingerprint {
+            return Some(Err(conflict()));
+        }
+        Some(match record.error {
+            Some((code, message)) => Err((ErrorCode::parse(&code), message)),
+            None => Ok(record.result.unwrap_or(Value::Null)),
+        })
+    }
+
     /// The record to store for the outcome.
     pub(crate) fn record(&self, outcome: &ToolOutcome, now: u64) -> ToolCallRecord {
         ToolCallRecord {
@@ -128,16 +150,11 @@ impl ToolCalls {
         self.inflight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Decides a call. `durable` is false for read-only Tools (no stored record is consulted);
-    /// `stored` reads the stored record; `window` and `now` are in ms.
-    pub(crate) fn begin(
-        &self,
-        call: CallKey<'_>,
-        durable: bool,
-        stored: impl FnOnce() -> Option<ToolCallRecord>,
-        window: u64,
-        now: u64,
-    ) -> Plan<'_> {
+    /// Decides a call from what is in flight: wait for the identical running call, refuse a
+    /// running call of the key with other arguments, or claim the key and run. A durable
+    /// Tool's caller then reads the stored record and asks [`Running::judge_stored`] before
+    /// running: the key is claimed first, so no identical call can start while it reads.
+    pub(crate) fn begin(&self, call: CallKey<'_>) -> Plan<'_> {
         let CallKey { channel, key, fingerprint } = call;
         let map_key = (channel.clone(), key.to_owned());
         let mut inflight = self.lock();
@@ -145,19 +162,6 @@ impl ToolCalls {
             Some((fp, rx)) if fp == fingerprint => return Plan::Wait(rx.clone()),
             Some(_) => return Plan::Conflict,
             None => {}
-        }
-        if durable && let Some(record) = stored() {
-            // Past the window the key is forgotten, even before maintenance prunes it.
-            let within = now.saturating_sub(record.completed_at) <= window;
-            if within && record.fingerprint == fingerprint {
-                return Plan::Replay(match record.error {
-                    Some((code, message)) => Err((ErrorCode::parse(&code), message)),
-                    None => Ok(record.result.unwrap_or(Value::Null)),
-                });
-            }
-            if within {
-                return Plan::Conflict;
-            }
         }
         let (done, rx) = watch::channel(None);
         inflight.insert(map_key.clone(), (fingerprint.to_owned(), rx));
@@ -170,6 +174,14 @@ impl ToolCalls {
             finished: false,
         })
     }
+}
+
+/// The answer to a reuse of a key with other arguments.
+pub(crate) fn conflict() -> (ErrorCode, String) {
+    (
+        ErrorCode::IdempotencyConflict,
+        "this tool_call_id was already used with different arguments; use a new call id".to_owned(),
+    )
 }
 
 #[cfg(test)]
@@ -196,30 +208,34 @@ mod tests {
     fn repeats_replay_within_the_window_and_run_again_after_it() {
         let calls = ToolCalls::default();
         let channel = ConnectorChannelId::new("cch_a");
-        let replay = calls.begin(
-            CallKey { channel: &channel, key: "call:1", fingerprint: "fp" },
-            true,
-            || Some(record("fp", 0)),
-            10,
-            10,
+        let judge = |fingerprint: &str, now: u64| {
+            let Plan::Run(running) =
+                calls.begin(CallKey { channel: &channel, key: "call:1", fingerprint })
+            else {
+                panic!("nothing in flight: the call claims its key");
+            };
+            running.judge_stored(Some(record("fp", 0)), 10, now)
+        };
+        assert!(matches!(judge("fp", 10), Some(Ok(_))), "replayed within the window");
+        assert!(
+            matches!(judge("other", 10), Some(Err((ErrorCode::IdempotencyConflict, _)))),
+            "other arguments within the window conflict"
         );
-        assert!(matches!(replay, Plan::Replay(Ok(_))));
-        let conflict = calls.begin(
-            CallKey { channel: &channel, key: "call:1", fingerprint: "other" },
-            true,
-            || Some(record("fp", 0)),
-            10,
-            10,
-        );
-        assert!(matches!(conflict, Plan::Conflict));
-        let expired = calls.begin(
-            CallKey { channel: &channel, key: "call:1", fingerprint: "fp" },
-            true,
-            || Some(record("fp", 0)),
-            10,
-            11,
-        );
-        assert!(matches!(expired, Plan::Run(_)));
+        assert!(judge("fp", 11).is_none(), "past the window it runs again");
+    }
+
+    #[test]
+    fn a_call_reading_its_stored_record_holds_its_key() {
+        // While a durable call reads its stored record, an identical call waits for it instead
+        // of reading a record that is about to be written.
+        let calls = ToolCalls::default();
+        let channel = ConnectorChannelId::new("cch_a");
+        let key = CallKey { channel: &channel, key: "call:1", fingerprint: "fp" };
+        let Plan::Run(first) = calls.begin(key) else { panic!("first call claims the key") };
+        let Plan::Wait(rx) = calls.begin(key) else { panic!("the repeat waits") };
+        let answer = first.judge_stored(Some(record("fp", 5)), 10, 6).expect("a replay");
+        first.finish(&answer);
+        assert!(matches!(rx.borrow().as_ref(), Some(Ok(v)) if v == &Value::from(1)));
     }
 
     #[test]
@@ -227,55 +243,48 @@ mod tests {
         let calls = ToolCalls::default();
         let channel = ConnectorChannelId::new("cch_a");
         let key = CallKey { channel: &channel, key: "k", fingerprint: "fp" };
-        let Plan::Run(running) = calls.begin(key, false, || None, 10, 0) else {
+        let Plan::Run(running) = calls.begin(key) else {
             panic!("first call must run");
         };
-        let Plan::Wait(rx) = calls.begin(key, false, || None, 10, 0) else {
+        let Plan::Wait(rx) = calls.begin(key) else {
             panic!("a concurrent repeat must wait");
         };
         running.finish(&Ok(Value::from(7)));
         assert!(matches!(rx.borrow().as_ref(), Some(Ok(v)) if v == &Value::from(7)));
         // Without waiters the outcome is not kept; the key is free for the next call.
-        let Plan::Run(running) = calls.begin(key, false, || None, 10, 0) else {
+        let Plan::Run(running) = calls.begin(key) else {
             panic!("the key was released");
         };
         running.finish(&Ok(Value::Null));
-        assert!(matches!(calls.begin(key, false, || None, 10, 0), Plan::Run(_)));
+        assert!(matches!(calls.begin(key), Plan::Run(_)));
     }
 
     #[test]
     fn a_dropped_run_releases_its_waiters() {
         let calls = ToolCalls::default();
         let channel = ConnectorChannelId::new("cch_a");
-        let Plan::Run(running) = calls.begin(
-            CallKey { channel: &channel, key: "k", fingerprint: "fp" },
-            false,
-            || None,
-            10,
-            0,
-        ) else {
+        let key = CallKey { channel: &channel, key: "k", fingerprint: "fp" };
+        let Plan::Run(running) = calls.begin(key) else {
             panic!("first call must run");
         };
-        let Plan::Wait(rx) = calls.begin(
-            CallKey { channel: &channel, key: "k", fingerprint: "fp" },
-            false,
-            || None,
-            10,
-            0,
-        ) else {
+        let Plan::Wait(rx) = calls.begin(key) else {
             panic!("a concurrent repeat must wait");
         };
         drop(running);
         assert!(matches!(rx.borrow().as_ref(), Some(Err((ErrorCode::InternalError, _)))));
-        assert!(matches!(
-            calls.begin(
-                CallKey { channel: &channel, key: "k", fingerprint: "fp" },
-                false,
-                || None,
-                10,
-                0
-            ),
-            Plan::Run(_)
-        ));
+        assert!(matches!(calls.begin(key), Plan::Run(_)));
+    }
+
+    #[test]
+    fn a_running_call_of_the_key_with_other_arguments_conflicts() {
+        let calls = ToolCalls::default();
+        let channel = ConnectorChannelId::new("cch_a");
+        let Plan::Run(_running) =
+            calls.begin(CallKey { channel: &channel, key: "k", fingerprint: "fp" })
+        else {
+            panic!("first call must run");
+        };
+        let other = calls.begin(CallKey { channel: &channel, key: "k", fingerprint: "other" });
+        assert!(matches!(other, Plan::Conflict));
     }
 }

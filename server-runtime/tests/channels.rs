@@ -20,9 +20,10 @@ async fn rule_connector_channel_connector_mismatch_for_a_channel_of_another_runt
     {
         // A store holding the current instance and a channel left by an older one.
         let storage = SqliteStorage::open(&dir).unwrap();
-        storage.save_connector_id(Some(&ConnectorId::new("conn_im_echo_current"))).unwrap();
+        let current = ConnectorId::new("conn_im_echo_current");
+        storage.commit_connector_id(Some(&current)).committed().await.unwrap();
         storage
-            .save_channel(&ChannelRecord {
+            .commit_channel(&ChannelRecord {
                 id: ConnectorChannelId::new("cch_foreign"),
                 connector_id: ConnectorId::new("conn_im_echo_old"),
                 status: ConnectionStatus::Created,
@@ -30,6 +31,8 @@ async fn rule_connector_channel_connector_mismatch_for_a_channel_of_another_runt
                 tool_overrides: Default::default(),
                 created_at: support::START,
             })
+            .committed()
+            .await
             .unwrap();
     }
     let h = support::start(dir, ManualClock::new(support::START), RuntimeConfig::default()).await;

@@ -32,6 +32,9 @@ pub enum PgError {
         target: String,
         /// The driver's or server's reason, scrubbed of secrets.
         detail: String,
+        /// The SQLSTATE when the server itself refused (`28P01` wrong password, `3D000` no
+        /// such database, `53300` too many connections, ...); none for network failures.
+        code: Option<String>,
     },
     /// Every pooled connection stayed busy longer than the pool's wait timeout.
     #[error(
@@ -165,6 +168,15 @@ impl PgError {
         Self::ConnectionLost { context, detail: scrub(chain(err)) }
     }
 
+    /// Maps a failure to open a connection to `url`, scrubbed of its secrets.
+    pub(crate) fn connect(url: &DatabaseUrl, err: &tokio_postgres::Error) -> Self {
+        Self::Connect {
+            target: url.target(),
+            detail: url.scrub(&chain(err)),
+            code: err.as_db_error().map(|db| db.code().code().to_owned()),
+        }
+    }
+
     /// The SQLSTATE of a statement PostgreSQL refused, if that is what this is.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
@@ -178,7 +190,11 @@ impl PgError {
     /// serialization failure or deadlock): a caller may retry, or report a retryable error.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Connect { .. }
+            // A server that refuses the user, password or database will go on refusing.
+            Self::Connect { code: Some(code), .. } => {
+                code.starts_with("53") || code.starts_with("57P") || code.starts_with("08")
+            }
+            Self::Connect { code: None, .. }
             | Self::PoolTimeout { .. }
             | Self::StatementTimeout { .. }
             | Self::ConnectionLost { .. } => true,

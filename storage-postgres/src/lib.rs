@@ -13,7 +13,9 @@
 //! - [`GroupCommit`]: one writer task that commits whatever callers queued in one
 //!   transaction, resolving each [`PgCommitTicket`] only after `COMMIT` returned.
 //!
-//! Connections are not encrypted (TLS to the database is a follow-up: docs/DECISIONS.md).
+//! Connections are plain TCP unless the URL asks for TLS (`sslmode=require` or
+//! `verify-full`, optionally `sslrootcert=FILE`): then rustls verifies the server's
+//! certificate and name, always.
 //!
 //! ```no_run
 //! use xagent_storage_postgres::{DatabaseUrl, Migration, PoolOptions, connect, migrate};
@@ -43,8 +45,8 @@ pub use group_commit::{
     ApplyWrites, GroupCommit, GroupCommitConfig, GroupCommitStats, PgCommitTicket, execute_in_order,
 };
 pub use migrate::{MIGRATION_LOCK, Migration, MigrationOutcome, migrate};
-pub use pool::{Pool, PoolOptions, connect, connect_unpooled};
-pub use url::DatabaseUrl;
+pub use pool::{Connection, Pool, PoolOptions, connect, connect_unpooled};
+pub use url::{DatabaseUrl, Tls};
 
 /// The driver and pool crates, re-exported so every backend uses the same versions.
 pub use {async_trait, deadpool_postgres, tokio_postgres};

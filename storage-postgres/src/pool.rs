@@ -2,11 +2,19 @@
 
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use futures_util::Stream;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use tokio_postgres::AsyncMessage;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::PgError;
-use crate::url::DatabaseUrl;
+use crate::url::{DatabaseUrl, Tls};
 
 /// Pool settings. The defaults suit one replica of a Connector: 16 connections, 5 s to
 /// connect or to wait for a free connection, 30 s per statement.
@@ -141,15 +149,16 @@ impl std::fmt::Debug for Pool {
 }
 
 /// Opens a pool on `url` and checks that the database answers (one connection is opened
-/// now), so a wrong URL or an unreachable server is reported at start, not at first use.
+/// now), so a wrong URL, an unreachable server or a certificate that does not verify is
+/// reported at start, not at first use.
 ///
-/// The connection is not encrypted: TLS to the database is a follow-up (docs/DECISIONS.md);
-/// a URL asking for `sslmode=require` is refused by [`DatabaseUrl::parse`].
+/// Encrypted when the URL says `sslmode=require` or `verify-full` (rustls; the certificate
+/// and the server name are always verified, against `sslrootcert=FILE` or the system's roots).
 pub async fn connect(url: &DatabaseUrl, options: PoolOptions) -> Result<Pool, PgError> {
     options.validate()?;
     let manager = Manager::from_config(
         options.session_config(url),
-        NoTls,
+        tls_connector(url)?,
         // Fast: a connection is checked with `is_closed` only; a broken one is found by its
         // first statement, whose error is reported (and the connection then dropped).
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
@@ -168,23 +177,110 @@ pub async fn connect(url: &DatabaseUrl, options: PoolOptions) -> Result<Pool, Pg
     Ok(pool)
 }
 
+/// The TLS connector for `url`'s settings (unused when TLS is off: the driver then never
+/// starts a handshake).
+fn tls_connector(url: &DatabaseUrl) -> Result<MakeRustlsConnect, PgError> {
+    let tls_error = |reason: String| PgError::InvalidUrl { reason };
+    let mut roots = rustls::RootCertStore::empty();
+    match url.tls() {
+        Tls::Disabled => {}
+        Tls::Verified { root_cert: Some(path) } => {
+            let certs = CertificateDer::pem_file_iter(path).map_err(|e| {
+                tls_error(format!("cannot read sslrootcert {}: {e}", path.display()))
+            })?;
+            for cert in certs {
+                let cert = cert.map_err(|e| {
+                    tls_error(format!("sslrootcert {} is not PEM: {e}", path.display()))
+                })?;
+                roots.add(cert).map_err(|e| {
+                    tls_error(format!(
+                        "sslrootcert {} holds a bad certificate: {e}",
+                        path.display()
+                    ))
+                })?;
+            }
+            if roots.is_empty() {
+                return Err(tls_error(format!(
+                    "sslrootcert {} holds no certificate",
+                    path.display()
+                )));
+            }
+        }
+        Tls::Verified { root_cert: None } => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err(tls_error(
+                    "sslmode asks for TLS but the system has no root certificates: give \
+                     sslrootcert=FILE (the PEM of the CA that signed the server's certificate)"
+                        .into(),
+                ));
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_error(format!("TLS setup: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
+}
+
+/// The messages of a connection opened by [`connect_unpooled`]: polling it drives the
+/// connection (nothing is sent or received otherwise), and it yields what the server sends
+/// unasked (`NOTIFY` payloads, notices). It ends when the connection closes.
+pub struct Connection {
+    messages: Pin<Box<dyn Stream<Item = Result<AsyncMessage, PgError>> + Send>>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").finish_non_exhaustive()
+    }
+}
+
+impl Stream for Connection {
+    type Item = Result<AsyncMessage, PgError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.messages.as_mut().poll_next(cx)
+    }
+}
+
+impl Connection {
+    /// Drives the connection until it closes, dropping unasked messages: spawn it when only
+    /// the client is of use.
+    pub async fn run(mut self) {
+        use futures_util::StreamExt;
+        while let Some(message) = self.next().await {
+            if message.is_err() {
+                break;
+            }
+        }
+    }
+}
+
 /// Opens one connection outside any pool (for `LISTEN`, whose notifications arrive on the
-/// connection's message stream): the caller polls the returned connection, e.g. in a task.
+/// returned [`Connection`]'s stream), with the pool's settings: the caller polls the stream,
+/// e.g. in a task, for as long as it uses the client.
 pub async fn connect_unpooled(
     url: &DatabaseUrl,
     options: &PoolOptions,
-) -> Result<
-    (
-        tokio_postgres::Client,
-        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
-    ),
-    PgError,
-> {
+) -> Result<(tokio_postgres::Client, Connection), PgError> {
     options.validate()?;
-    options.session_config(url).connect(NoTls).await.map_err(|e| PgError::Connect {
-        target: url.target(),
-        detail: url.scrub(&crate::error::chain(&e)),
-    })
+    let (client, mut connection) = options
+        .session_config(url)
+        .connect(tls_connector(url)?)
+        .await
+        .map_err(|e| PgError::connect(url, &e))?;
+    let scrub = url.clone();
+    let messages = futures_util::stream::poll_fn(move |cx| {
+        connection.poll_message(cx).map(|message| {
+            message.map(|m| m.map_err(|e| PgError::from_driver("the connection", &e, Some(&scrub))))
+        })
+    });
+    Ok((client, Connection { messages: Box::pin(messages) }))
 }
 
 impl Pool {
@@ -202,15 +298,14 @@ impl Pool {
                     "no connection was established within {:?}",
                     self.options.connect_timeout
                 ),
+                code: None,
             },
-            PoolError::Backend(e) => PgError::Connect {
-                target: self.url.target(),
-                detail: self.url.scrub(&crate::error::chain(&e)),
-            },
+            PoolError::Backend(e) => PgError::connect(&self.url, &e),
             PoolError::Closed => PgError::PoolClosed,
             other => PgError::Connect {
                 target: self.url.target(),
                 detail: self.url.scrub(&other.to_string()),
+                code: None,
             },
         })
     }

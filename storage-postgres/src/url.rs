@@ -19,6 +19,20 @@ pub struct DatabaseUrl {
     text: String,
     redacted: String,
     config: tokio_postgres::Config,
+    tls: Tls,
+}
+
+/// Whether and how the connection is encrypted, from the URL's `sslmode` and `sslrootcert`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tls {
+    /// Plain TCP (no `sslmode`, or `sslmode=disable`).
+    Disabled,
+    /// TLS, the server's certificate and name verified (`sslmode=require` or `verify-full`)
+    /// against the roots in `root_cert` (`sslrootcert=FILE`, PEM) or else the system's.
+    Verified {
+        /// The PEM file of trusted roots, if given.
+        root_cert: Option<std::path::PathBuf>,
+    },
 }
 
 impl DatabaseUrl {
@@ -41,14 +55,21 @@ impl DatabaseUrl {
         }
         let redacted = redact(text);
         let secrets = secrets_of(text);
+        // The TLS options are read here: tokio-postgres knows neither `sslrootcert` nor
+        // `verify-full`, and its default (`prefer`) would fall back to plain text silently.
+        let (driver_text, tls) = split_tls_options(text)?;
         // tokio-postgres reads the rest (hosts, port, options, percent-decoding); its
         // messages name the option at fault, and are scrubbed of the secrets all the same.
-        let config = tokio_postgres::Config::from_str(text).map_err(|e| {
+        let mut config = tokio_postgres::Config::from_str(&driver_text).map_err(|e| {
             PgError::invalid_url(scrub_with(
                 &format!("{e}: write postgres://USER:PASSWORD@HOST:PORT/DATABASE"),
                 &secrets,
             ))
         })?;
+        config.ssl_mode(match tls {
+            Tls::Disabled => SslMode::Disable,
+            Tls::Verified { .. } => SslMode::Require,
+        });
         if config.get_hosts().is_empty() {
             return Err(PgError::invalid_url(
                 "it names no host: write postgres://USER:PASSWORD@HOST:PORT/DATABASE",
@@ -59,17 +80,7 @@ impl DatabaseUrl {
                 "it names no user: write postgres://USER:PASSWORD@HOST:PORT/DATABASE",
             ));
         }
-        match config.get_ssl_mode() {
-            SslMode::Disable | SslMode::Prefer => {}
-            _ => {
-                return Err(PgError::invalid_url(
-                    "it asks for TLS (sslmode=require), which this build does not speak to the \
-                     database yet: reach PostgreSQL over a private network, a Unix socket or an \
-                     encrypting tunnel, and drop sslmode from the URL (see docs/DECISIONS.md)",
-                ));
-            }
-        }
-        Ok(Self { text: text.to_owned(), redacted, config })
+        Ok(Self { text: text.to_owned(), redacted, config, tls })
     }
 
     /// The URL with its password replaced by `***`: the form to log.
@@ -86,6 +97,11 @@ impl DatabaseUrl {
     /// The parsed connection settings (tokio-postgres's form).
     pub fn config(&self) -> &tokio_postgres::Config {
         &self.config
+    }
+
+    /// Whether connections are encrypted, and against which roots.
+    pub fn tls(&self) -> &Tls {
+        &self.tls
     }
 
     /// The database it names (PostgreSQL's default, the user's name, when none is given).
@@ -161,6 +177,55 @@ impl fmt::Display for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted)
     }
+}
+
+/// Takes `sslmode` and `sslrootcert` out of the query (the driver gets the rest) and reads
+/// them: `disable` (the default) or `require` / `verify-full` (both verify the certificate
+/// and the name); the modes that may fall back to plain text or skip the name are refused.
+fn split_tls_options(text: &str) -> Result<(String, Tls), PgError> {
+    let Some(q) = text.find('?') else { return Ok((text.to_owned(), Tls::Disabled)) };
+    let (base, query) = (&text[..q], &text[q + 1..]);
+    let (mut mode, mut root_cert) = (None, None);
+    let mut kept = Vec::new();
+    for part in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = part.split_once('=').unwrap_or((part, ""));
+        match key {
+            "sslmode" => mode = Some(percent_decode(value)),
+            "sslrootcert" => root_cert = Some(std::path::PathBuf::from(percent_decode(value))),
+            _ => kept.push(part),
+        }
+    }
+    let tls = match mode.as_deref() {
+        None | Some("disable") if root_cert.is_none() => Tls::Disabled,
+        None | Some("disable") => {
+            return Err(PgError::invalid_url(
+                "it names an sslrootcert but no sslmode: add sslmode=verify-full",
+            ));
+        }
+        Some("require" | "verify-full") => Tls::Verified { root_cert },
+        Some("prefer" | "allow") => {
+            return Err(PgError::invalid_url(
+                "sslmode=prefer and allow may fall back to an unencrypted connection: write \
+                 sslmode=verify-full (with sslrootcert=FILE for a private CA) or \
+                 sslmode=disable",
+            ));
+        }
+        Some("verify-ca") => {
+            return Err(PgError::invalid_url(
+                "sslmode=verify-ca skips the server name check, which this build always makes: \
+                 write sslmode=verify-full",
+            ));
+        }
+        Some(other) => {
+            return Err(PgError::invalid_url(format!(
+                "sslmode={} is unknown: write disable, require or verify-full",
+                other.chars().take(16).collect::<String>()
+            )));
+        }
+    };
+    let driver_text =
+        if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
+    Ok((driver_text, tls))
 }
 
 /// Byte range of the password in the user-info part (`user:PASSWORD@`), if any.
@@ -290,14 +355,36 @@ mod tests {
             "mysql://app:hunter2@h/db",
             "host=h user=app password=hunter2",
             "postgres://app:hunter2@h:notaport/db",
-            "postgres://app:hunter2@h/db?sslmode=require",
+            "postgres://app:hunter2@h/db?sslmode=prefer",
+            "postgres://app:hunter2@h/db?sslmode=verify-ca",
+            "postgres://app:hunter2@h/db?sslrootcert=/ca.pem",
             "postgres://app:hunter2@h/db?nosuchoption=1",
         ] {
             let err = DatabaseUrl::parse(text).unwrap_err();
             let shown = format!("{err} {err:?}");
             assert!(!shown.contains("hunter2"), "{shown}");
-            assert!(shown.to_lowercase().contains("postgres"), "it says what to write: {shown}");
+            let says_what = shown.contains("postgres://") || shown.contains(" sslmode=");
+            assert!(says_what, "it says what to write: {shown}");
         }
+    }
+
+    #[test]
+    fn tls_is_off_by_default_and_verified_when_asked_for() {
+        let plain = DatabaseUrl::parse("postgres://app@h/db").unwrap();
+        assert_eq!(plain.tls(), &Tls::Disabled);
+        assert_eq!(plain.config().get_ssl_mode(), SslMode::Disable);
+        let system = DatabaseUrl::parse("postgres://app@h/db?sslmode=require").unwrap();
+        assert_eq!(system.tls(), &Tls::Verified { root_cert: None });
+        let private = DatabaseUrl::parse(
+            "postgres://app@h/db?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&connect_timeout=3",
+        )
+        .unwrap();
+        assert_eq!(private.tls(), &Tls::Verified { root_cert: Some("/etc/ca.pem".into()) });
+        assert_eq!(private.config().get_ssl_mode(), SslMode::Require);
+        assert_eq!(
+            private.config().get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(3))
+        );
     }
 
     #[test]

@@ -156,61 +156,78 @@ async fn bad_pool_options_are_refused() {
 /// A distinctive password, searched for in everything printed.
 const PASSWORD: &str = "Pw-7f3a9-do-not-print";
 
-fn assert_clean(what: &str, text: &str) {
-    assert!(!text.contains(PASSWORD), "{what} shows the password: {text}");
-    assert!(!text.contains("Pw-7f3a9"), "{what} shows part of the password: {text}");
-}
-
 #[tokio::test]
 async fn the_password_never_appears_in_errors_or_debug_output() {
     let server = TestPostgres::shared().await;
     let fresh = server.fresh_database().await;
-    let port = fresh.config().get_ports().first().copied().unwrap_or(5432);
+    let config = fresh.config();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres").to_owned();
+    let real_password = config.get_password().map(|p| String::from_utf8_lossy(p).into_owned());
     let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let with_password = |rest: &str| format!("postgres://postgres:{PASSWORD}@{rest}");
+    let with_password = |rest: &str| format!("postgres://{user}:{PASSWORD}@{rest}");
     let mut shown = Vec::new();
 
-    // The URL itself.
-    let url = DatabaseUrl::parse(&with_password(&format!("127.0.0.1:{port}/{}", fresh.database())))
-        .unwrap();
+    // The URL itself (the real server and user, a made-up password).
+    let host = fresh.target().rsplit_once(':').map(|(h, _)| h.to_owned()).unwrap_or_default();
+    let url =
+        DatabaseUrl::parse(&with_password(&format!("{host}:{port}/{}", fresh.database()))).unwrap();
     shown.push(("Debug of the URL", format!("{url:?}")));
     shown.push(("Display of the URL", url.to_string()));
     shown.push(("redacted URL", url.redacted().to_owned()));
+    shown.push(("Debug of the real URL", format!("{fresh:?} {fresh}")));
     // Refused URLs.
     for text in [
         format!("mysql://u:{PASSWORD}@h/db"),
         with_password("h:port/db"),
-        with_password("h/db?sslmode=require"),
+        with_password("h/db?sslmode=prefer"),
         with_password("h/db?unknown_option=1"),
         format!("postgres://u@h/db?password={PASSWORD}&sslmode=bogus"),
     ] {
         let err = DatabaseUrl::parse(&text).unwrap_err();
         shown.push(("a refused URL's error", format!("{err} {err:?}")));
     }
-    // Connection failures: no server on the port, a database that does not exist.
+    // Connection failures: no server on the port, a database that does not exist, and (on a
+    // server that checks passwords) a wrong password.
     let unreachable = DatabaseUrl::parse(&with_password(&format!("{closed_port}/db"))).unwrap();
     let options = PoolOptions::default().with_connect_timeout(Duration::from_secs(2));
     let err = connect(&unreachable, options.clone()).await.unwrap_err();
     assert!(matches!(err, PgError::Connect { .. }), "{err}");
     assert!(err.is_transient());
     shown.push(("an unreachable server's error", format!("{err} {err:?}")));
-    let missing = url.with_database("no_such_database").unwrap();
+    let missing = fresh.with_database("no_such_database").unwrap();
     let err = connect(&missing, options.clone()).await.unwrap_err();
     assert!(err.to_string().contains("no_such_database"), "{err}");
+    assert!(matches!(&err, PgError::Connect { code: Some(c), .. } if c == "3D000"), "{err:?}");
+    assert!(!err.is_transient(), "a missing database stays missing");
     shown.push(("a missing database's error", format!("{err} {err:?}")));
-    // A working pool, its Debug, and a statement error through it.
-    let pool = connect(&url, options).await.unwrap();
-    shown.push(("Debug of the pool", format!("{pool:?}")));
-    let client = pool.get().await.unwrap();
+    let wrong = connect(&url, options.clone()).await;
+    if let Err(err) = &wrong {
+        shown.push(("a wrong password's error", format!("{err} {err:?}")));
+    }
+    // A working pool, its Debug, and a statement error that quotes the password back (the
+    // server echoes a bad value): the pool scrubs its own URL's password from it.
+    let (working, secret) = match (wrong, &real_password) {
+        (Ok(pool), _) => (pool, PASSWORD.to_owned()),
+        (Err(_), Some(real)) => (connect(&fresh, options).await.unwrap(), real.clone()),
+        (Err(e), None) => panic!("the server refused a user without password: {e}"),
+    };
+    shown.push(("Debug of the pool", format!("{working:?}")));
+    let client = working.get().await.unwrap();
     let err = client
-        .simple_query(&format!("SELECT '{PASSWORD}'::no_such_type"))
+        .simple_query(&format!("SELECT '{}'::integer", secret.replace('\'', "''")))
         .await
-        .map_err(|e| pool.error("a statement", &e))
+        .map_err(|e| working.error("a statement", &e))
         .unwrap_err();
+    assert_eq!(err.sqlstate(), Some("22P02"), "{err}");
     shown.push(("an SQL error through the pool", format!("{err} {err:?}")));
 
+    let mut secrets = vec![PASSWORD.to_owned(), "Pw-7f3a9".to_owned()];
+    secrets.extend(real_password);
     for (what, text) in &shown {
-        assert_clean(what, text);
+        for secret in &secrets {
+            assert!(!text.contains(secret.as_str()), "{what} shows a password: {text}");
+        }
     }
     assert!(shown.iter().any(|(_, t)| t.contains("***")), "the redacted form is shown");
 }
@@ -388,4 +405,28 @@ async fn execute_in_order_sends_statements_in_order_and_reports_the_first_failur
     let clash = [(&insert, &q1[..]), (&insert, &q2[..]), (&insert, &q3[..])];
     let err = execute_in_order(&tx, "clash", &clash).await.unwrap_err();
     assert_eq!(err.sqlstate(), Some("23505"), "the first failure, not the aborted ones: {err}");
+}
+
+#[tokio::test]
+async fn an_unpooled_connection_receives_notifications() {
+    use futures_util::StreamExt;
+    use xagent_storage_postgres::connect_unpooled;
+    use xagent_storage_postgres::tokio_postgres::AsyncMessage;
+    let pool = fresh_pool().await;
+    let (listener, mut messages) =
+        connect_unpooled(pool.url(), pool.options()).await.expect("unpooled");
+    // The client's requests make progress only while the stream is polled.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(message) = messages.next().await {
+            if let Ok(AsyncMessage::Notification(n)) = message {
+                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+            }
+        }
+    });
+    listener.batch_execute("LISTEN outbox_wake").await.unwrap();
+    let client = pool.get().await.unwrap();
+    client.execute("SELECT pg_notify('outbox_wake', 'channel-7')", &[]).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("in time");
+    assert_eq!(got, Some(("outbox_wake".to_owned(), "channel-7".to_owned())));
 }

@@ -98,6 +98,13 @@ impl HaproxyOptions {
         self
     }
 
+    /// Sets [`HaproxyOptions::idle_timeout`].
+    #[must_use]
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
     /// Sets [`HaproxyOptions::tunnel_timeout`].
     #[must_use]
     pub fn with_tunnel_timeout(mut self, timeout: Duration) -> Self {

@@ -13,8 +13,8 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use xagent_storage_postgres::{DatabaseUrl, PoolOptions, connect_unpooled};
@@ -68,9 +68,23 @@ impl TestPostgres {
     /// or restart the database ([`TestPostgres::stop`], [`TestPostgres::start`]). Ignores
     /// `XAGENT_TEST_DATABASE_URL`.
     pub async fn dedicated() -> Result<TestPostgres, TestPostgresError> {
-        tokio::task::spawn_blocking(Self::start_server)
+        tokio::task::spawn_blocking(|| Self::start_server(false))
             .await
             .map_err(|e| TestPostgresError(format!("the starting thread failed: {e}")))?
+    }
+
+    /// A dedicated server that also accepts TLS, with a certificate for `127.0.0.1` and
+    /// `localhost` signed by a CA made for it ([`TestPostgres::tls_root_cert`]); plain
+    /// connections are still accepted. Needs the `openssl` command.
+    pub async fn dedicated_with_tls() -> Result<TestPostgres, TestPostgresError> {
+        tokio::task::spawn_blocking(|| Self::start_server(true))
+            .await
+            .map_err(|e| TestPostgresError(format!("the starting thread failed: {e}")))?
+    }
+
+    /// The PEM file of the CA that signed the server's certificate (a TLS server only).
+    pub fn tls_root_cert(&self) -> Option<PathBuf> {
+        self.server.as_ref().filter(|s| s.tls).map(|s| s.dir.join("ca.pem"))
     }
 
     fn from_env_or_start() -> Result<TestPostgres, TestPostgresError> {
@@ -80,12 +94,12 @@ impl TestPostgres {
                     .map_err(|e| TestPostgresError(format!("{DATABASE_URL_ENV}: {e}")))?;
                 Ok(TestPostgres { admin, server: None })
             }
-            _ => Self::start_server(),
+            _ => Self::start_server(false),
         }
     }
 
-    fn start_server() -> Result<TestPostgres, TestPostgresError> {
-        let server = Server::start()?;
+    fn start_server(tls: bool) -> Result<TestPostgres, TestPostgresError> {
+        let server = Server::start(tls)?;
         let admin =
             DatabaseUrl::parse(&format!("postgres://postgres@127.0.0.1:{}/postgres", server.port))
                 .map_err(|e| TestPostgresError(e.to_string()))?;
@@ -122,7 +136,7 @@ impl TestPostgres {
         let fail = |e: &dyn std::fmt::Display| TestPostgresError(format!("create {name}: {e}"));
         let (client, connection) =
             connect_unpooled(&self.admin, &PoolOptions::default()).await.map_err(|e| fail(&e))?;
-        let driver = tokio::spawn(connection);
+        let driver = tokio::spawn(connection.run());
         // template0: no session is ever connected to it, so creations never collide.
         let created = client
             .batch_execute(&format!("CREATE DATABASE \"{name}\" TEMPLATE template0"))
@@ -175,12 +189,14 @@ struct Server {
     port: u16,
     /// Run the binaries as `nobody` (this process is root).
     as_nobody: bool,
+    /// Whether the server also accepts TLS (certificates in `dir`).
+    tls: bool,
     /// Stops the server and removes `dir` when this process ends.
-    watchdog: Mutex<Option<Watchdog>>,
+    watchdog: Option<Watchdog>,
 }
 
 impl Server {
-    fn start() -> Result<Server, TestPostgresError> {
+    fn start(tls: bool) -> Result<Server, TestPostgresError> {
         let bin = find_bin_dir()?;
         let fail =
             |what: &str, e: &dyn std::fmt::Display| TestPostgresError(format!("{what}: {e}"));
@@ -197,7 +213,7 @@ impl Server {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
                 .map_err(|e| fail("hand the temporary directory to nobody", &e))?;
         }
-        let mut server = Server { bin, dir, port: 0, as_nobody, watchdog: Mutex::new(None) };
+        let mut server = Server { bin, dir, port: 0, as_nobody, tls, watchdog: None };
         // From here on the watchdog removes the directory, whatever happens next.
         server.spawn_watchdog()?;
         let data = server.dir.join("data");
@@ -213,11 +229,18 @@ impl Server {
             "--locale=C",
         ]);
         run(initdb, "initdb")?;
-        let settings = format!(
+        let mut settings = format!(
             "\n# xagent testkit\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
              max_connections = {MAX_CONNECTIONS}\nfsync = on\nsynchronous_commit = on\n",
             server.dir.display()
         );
+        if tls {
+            server.make_certificates()?;
+            settings.push_str(&format!(
+                "ssl = on\nssl_cert_file = '{0}/server.pem'\nssl_key_file = '{0}/server.key'\n",
+                server.dir.display()
+            ));
+        }
         let conf = data.join("postgresql.conf");
         let mut text =
             std::fs::read_to_string(&conf).map_err(|e| fail("read postgresql.conf", &e))?;
@@ -240,6 +263,70 @@ impl Server {
             }
         }
         Err(TestPostgresError(format!("the server did not start: {last}")))
+    }
+
+    /// A CA and a server certificate for 127.0.0.1 and localhost signed by it, with the
+    /// `openssl` command; the key is made the server's own (PostgreSQL checks its mode).
+    fn make_certificates(&self) -> Result<(), TestPostgresError> {
+        let openssl = |args: &[&str]| {
+            let mut cmd = Command::new("openssl");
+            cmd.args(args).current_dir(&self.dir);
+            run(cmd, "openssl")
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let mut ca = vec!["req", "-x509"];
+        ca.extend(ec);
+        ca.extend([
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=xagent test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+        openssl(&ca)?;
+        let mut request = vec!["req"];
+        request.extend(ec);
+        request.extend(["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+        openssl(&request)?;
+        let extensions = "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+                          keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n";
+        std::fs::write(self.dir.join("server.ext"), extensions)
+            .map_err(|e| TestPostgresError(format!("write server.ext: {e}")))?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ])?;
+        let key = self.dir.join("server.key");
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| TestPostgresError(format!("protect server.key: {e}")))?;
+        if self.as_nobody {
+            let (uid, gid) = nobody_ids()?;
+            for file in ["server.key", "server.pem"] {
+                std::os::unix::fs::chown(self.dir.join(file), Some(uid), Some(gid))
+                    .map_err(|e| TestPostgresError(format!("hand {file} to nobody: {e}")))?;
+            }
+        }
+        Ok(())
     }
 
     /// A command for one of the server binaries, as `nobody` when this process is root.
@@ -278,8 +365,7 @@ impl Server {
         let stop = self.pg_ctl(&["stop", "-m", "immediate"]);
         let watchdog = Watchdog::arm(&stop, Some(&self.dir))
             .map_err(|e| TestPostgresError(format!("start the server's watchdog: {e}")))?;
-        *self.watchdog.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some(watchdog);
+        self.watchdog = Some(watchdog);
         Ok(())
     }
 }
@@ -288,8 +374,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         // A dedicated server: stop it now, then let the watchdog remove the directory.
         let _ = run(self.pg_ctl(&["stop", "-m", "immediate", "-w"]), "pg_ctl stop");
-        let watchdog = self.watchdog.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(watchdog) = watchdog.take() {
+        if let Some(watchdog) = self.watchdog.take() {
             watchdog.fire();
         }
     }
@@ -322,7 +407,10 @@ fn tail(text: &str, max: usize) -> &str {
 
 /// The newest `/usr/lib/postgresql/VERSION/bin` holding `initdb` and `pg_ctl`.
 fn find_bin_dir() -> Result<PathBuf, TestPostgresError> {
-    let root = Path::new("/usr/lib/postgresql");
+    find_bin_dir_in(Path::new("/usr/lib/postgresql"))
+}
+
+fn find_bin_dir_in(root: &Path) -> Result<PathBuf, TestPostgresError> {
     let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(root)
         .into_iter()
         .flatten()
@@ -372,4 +460,34 @@ fn nobody_ids() -> Result<(u32, u32), TestPostgresError> {
 pub(crate) fn free_port() -> std::io::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_binaries_say_what_to_install() {
+        let empty = tempfile::tempdir().unwrap();
+        let err = find_bin_dir_in(empty.path()).unwrap_err().to_string();
+        assert!(err.contains("install Debian's postgresql package"), "{err}");
+        assert!(err.contains(DATABASE_URL_ENV), "{err}");
+    }
+
+    #[test]
+    fn the_newest_version_with_both_binaries_is_chosen() {
+        let root = tempfile::tempdir().unwrap();
+        for (version, tools) in [
+            ("13", &["initdb", "pg_ctl"][..]),
+            ("15", &["initdb", "pg_ctl"][..]),
+            ("16", &["initdb"][..]),
+        ] {
+            let bin = root.path().join(version).join("bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            for tool in tools {
+                std::fs::write(bin.join(tool), "").unwrap();
+            }
+        }
+        assert_eq!(find_bin_dir_in(root.path()).unwrap(), root.path().join("15").join("bin"));
+    }
 }

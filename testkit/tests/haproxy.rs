@@ -99,3 +99,50 @@ async fn a_backend_that_never_answers_health_checks_stays_down() {
     let stranger: SocketAddr = "127.0.0.1:9".parse().unwrap();
     assert!(proxy.wait_backend_state(stranger, true, Duration::from_millis(10)).await.is_err());
 }
+
+/// A backend with `/health` and an echoing `/ws`.
+async fn websocket_backend() -> SocketAddr {
+    use axum::extract::ws::WebSocketUpgrade;
+    use axum::routing::get;
+    let app = axum::Router::new().route("/health", get(|| async { "ok" })).route(
+        "/ws",
+        get(|ws: WebSocketUpgrade| async {
+            ws.on_upgrade(|mut socket| async move {
+                while let Some(Ok(message)) = socket.recv().await {
+                    if socket.send(message).await.is_err() {
+                        break;
+                    }
+                }
+            })
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_outlives_the_http_idle_timeout_but_not_the_tunnel_timeout() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let backend = websocket_backend().await;
+    let idle = Duration::from_millis(300);
+    for (tunnel, survives) in [(Duration::from_secs(3600), true), (idle, false)] {
+        let options = HaproxyOptions::default().with_idle_timeout(idle).with_tunnel_timeout(tunnel);
+        let proxy = TestHaproxy::start(&[backend], options).await.expect("haproxy starts");
+        proxy.wait_backend_state(backend, true, Duration::from_secs(10)).await.expect("up");
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/ws", proxy.addr()))
+            .await
+            .expect("upgraded through haproxy");
+        ws.send(Message::text("one")).await.unwrap();
+        assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("one"));
+        // Idle for longer than the HTTP idle timeout.
+        tokio::time::sleep(idle * 4).await;
+        let echoed = match ws.send(Message::text("two")).await {
+            Ok(()) => matches!(ws.next().await, Some(Ok(m)) if m == Message::text("two")),
+            Err(_) => false,
+        };
+        assert_eq!(echoed, survives, "tunnel timeout {tunnel:?}");
+    }
+}

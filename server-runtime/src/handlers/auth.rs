@@ -178,9 +178,12 @@ impl Conn {
                     if let (Some(device), Some(correction)) = (&self.shared.device, &correction) {
                         device.project(record, correction);
                     }
-                    record.clone()
+                    let record = record.clone();
+                    let commit = self.shared.commit_channel(&record);
+                    (record, commit)
                 };
-                self.shared.save_channel(&record).map_err(|e| {
+                let (record, commit) = record;
+                commit.committed().await.map_err(|e| {
                     tracing::error!(error = %e, "could not persist a binding");
                     WireError::new(
                         ErrorCode::InternalError,
@@ -360,21 +363,28 @@ impl Conn {
             let mut state = self.shared.state();
             let stops = state.consumers.release_channel(&record.id);
             state.auth_sessions.retain(|_, s| s.channel != record.id);
-            state.channels.get_mut(&record.id).map(|r| {
-                r.binding = None;
-                r.status = ConnectionStatus::Created;
-                r.tool_overrides.clear();
-                (r.clone(), stops)
-            })
+            state
+                .channels
+                .get_mut(&record.id)
+                .map(|r| {
+                    r.binding = None;
+                    r.status = ConnectionStatus::Created;
+                    r.tool_overrides.clear();
+                    (r.clone(), stops)
+                })
+                .map(|(record, stops)| {
+                    let commit = self.shared.commit_channel(&record);
+                    (record, stops, commit)
+                })
         };
-        let Some((record, stops)) = updated else {
+        let Some((record, stops, commit)) = updated else {
             let error = WireError::connection_not_found("the channel was unregistered");
             return self.reply_error(packet, error).await;
         };
         for stop in stops {
             stop();
         }
-        if let Err(error) = self.shared.save_channel(&record) {
+        if let Err(error) = commit.committed().await {
             tracing::error!(%error, "could not persist a sign-out");
         }
         tracing::info!(channel = %record.id, "channel signed out");

@@ -56,7 +56,7 @@ impl Conn {
                 )));
             }
             let (record, created) = match (known, current) {
-                (Some(record), _) => (ChannelRecord::clone(record), false),
+                (Some(record), _) => (ChannelRecord::clone(record), None),
                 (None, Some(connector_id)) => {
                     let record = ChannelRecord {
                         id: ids::channel_id(),
@@ -68,7 +68,8 @@ impl Conn {
                     };
                     let record = self.bind_without_auth(record);
                     state.insert_channel(record.clone());
-                    (record, true)
+                    let commit = self.shared.commit_channel(&record);
+                    (record, Some(commit))
                 }
                 (None, None) => break 'open None,
             };
@@ -79,7 +80,7 @@ impl Conn {
             });
             Some(Ok((record, created)))
         };
-        let (record, created) = match opened {
+        let (record, commit) = match opened {
             Some(Ok(opened)) => opened,
             // A refused open names no channel, and a channel.open.ack must: the refusal is
             // an `error` packet answering the request.
@@ -94,7 +95,10 @@ impl Conn {
                 return self.reply_error(packet, error).await;
             }
         };
-        if created && let Err(error) = self.shared.save_channel(&record) {
+        let created = commit.is_some();
+        if let Some(commit) = commit
+            && let Err(error) = commit.committed().await
+        {
             tracing::error!(%error, "could not persist a new channel");
         }
         let channel = record.id.clone();

@@ -36,15 +36,19 @@ impl Conn {
                 Some(id) => (id.clone(), false),
                 None => (ids::connector_id(card_id.as_str()), true),
             };
-            if minted {
+            // Submitted under the lock, so a concurrent expiry's clear commits after it.
+            let commit = minted.then(|| {
                 state.connector_id = Some(id.clone());
-            }
+                self.shared.storage.commit_connector_id(Some(&id))
+            });
             state.live_sockets.insert(self.socket);
             state.offline_since = None;
-            (id, minted)
+            (id, commit)
         };
-        let (connector_id, minted) = result;
-        if minted && let Err(error) = self.shared.storage.save_connector_id(Some(&connector_id)) {
+        let (connector_id, commit) = result;
+        if let Some(commit) = commit
+            && let Err(error) = commit.committed().await
+        {
             tracing::error!(%error, "could not persist the connector_id");
         }
         if requested.as_ref().is_some_and(|r| r != &connector_id) {

@@ -122,27 +122,9 @@ impl Conn {
         let shared = &*self.shared;
         let Admitted { tool, channel, binding, key, fingerprint, arguments, device_tool } =
             admitted;
-        let window = u64::try_from(shared.config.tool_call_window.as_millis()).unwrap_or(u64::MAX);
-        let stored = || shared.storage.load_tool_call(&channel, &key).ok().flatten();
         let call = CallKey { channel: &channel, key: &key, fingerprint: &fingerprint };
-        let running = match shared.tool_calls.begin(
-            call,
-            tool.records_calls,
-            stored,
-            window,
-            shared.now(),
-        ) {
-            Plan::Conflict => {
-                return Started::Answer(Err((
-                    ErrorCode::IdempotencyConflict,
-                    "this tool_call_id was already used with different arguments; use a new call id"
-                        .to_owned(),
-                )));
-            }
-            Plan::Replay(outcome) => {
-                tracing::debug!(%channel, %tool_id, "repeated tool call answered from the stored result");
-                return Started::Answer(outcome);
-            }
+        let running = match shared.tool_calls.begin(call) {
+            Plan::Conflict => return Started::Answer(Err(crate::tool_calls::conflict())),
             Plan::Wait(rx) => return Started::Wait(rx),
             Plan::Run(running) => running,
         };
@@ -192,6 +174,31 @@ impl Conn {
     /// reached its target) the committed record, then the waiting repeats.
     async fn finish_tool(&self, run: Run<'_>) -> ToolOutcome {
         let Run { running, call, record } = run;
+        // A side-effecting Tool first asks the stored record of its key (the key is claimed,
+        // so an identical call waits meanwhile): a repeat of a completed call is answered
+        // from it, a reuse with other arguments refused.
+        if let Some((channel, key)) = &record {
+            let shared = &*self.shared;
+            let stored = match shared.storage.load_tool_call(channel, key).await {
+                Ok(stored) => stored,
+                Err(error) => {
+                    tracing::error!(%error, "could not read a stored tool call");
+                    let outcome = Err((
+                        ErrorCode::InternalError,
+                        "could not check this tool_call_id; call again".to_owned(),
+                    ));
+                    running.finish(&outcome);
+                    return outcome;
+                }
+            };
+            let window =
+                u64::try_from(shared.config.tool_call_window.as_millis()).unwrap_or(u64::MAX);
+            if let Some(answer) = running.judge_stored(stored, window, shared.now()) {
+                tracing::debug!(%channel, "repeated tool call answered from the stored record");
+                running.finish(&answer);
+                return answer;
+            }
+        }
         let (outcome, reached) = call.await;
         // A device call refused before it reached the device is not the call's outcome: a
         // retry once the device is back may run.

@@ -168,20 +168,29 @@ impl ImState {
                 false,
             );
         };
-        let admission = self.inner().receiver.begin_chat(channel, message, shared.now());
+        // An id the receiver does not hold in memory is looked up in the storage first.
+        let stored = if self.inner().receiver.needs_lookup(channel, &id) {
+            match shared.storage().lookup_completed(channel, &id).await {
+                Ok(stored) => stored,
+                Err(error) => {
+                    tracing::error!(%error, "idempotency check failed");
+                    return ChatMessageAck::rejected(
+                        id,
+                        ErrorCode::InternalError,
+                        "try again later",
+                        true,
+                    );
+                }
+            }
+        } else {
+            None
+        };
+        let admission =
+            self.inner().receiver.begin_chat_with_stored(channel, message, stored, shared.now());
         let ticket = match admission {
-            Ok(Admission::Process(ticket)) => ticket,
-            Ok(
-                Admission::Duplicate(ack) | Admission::Conflict(ack) | Admission::InProgress(ack),
-            ) => return ack,
-            Err(error) => {
-                tracing::error!(%error, "idempotency check failed");
-                return ChatMessageAck::rejected(
-                    id,
-                    ErrorCode::InternalError,
-                    "try again later",
-                    true,
-                );
+            Admission::Process(ticket) => ticket,
+            Admission::Duplicate(ack) | Admission::Conflict(ack) | Admission::InProgress(ack) => {
+                return ack;
             }
         };
         let how = match self.inner().deltas.on_final(channel, &id) {

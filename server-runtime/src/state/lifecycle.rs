@@ -55,7 +55,7 @@ impl Shared {
         if let Some(files) = &self.files {
             files.remove_channel(&channel).await;
         }
-        if let Err(error) = self.storage.delete_channel(&channel) {
+        if let Err(error) = self.storage.commit_delete_channel(&channel).committed().await {
             tracing::error!(%error, %channel, "could not delete an unregistered channel");
         }
         tracing::info!(%channel, "channel unregistered");
@@ -74,18 +74,20 @@ impl Shared {
                 let connector_id = state.connector_id.take();
                 let channels: Vec<ChannelRecord> =
                     state.channels.values().map(|c| ChannelRecord::clone(c)).collect();
-                Some((connector_id, channels))
+                // Submitted under the lock, so a hello minting a new id commits after it.
+                let cleared = self.storage.commit_connector_id(None);
+                Some((connector_id, channels, cleared))
             } else {
                 None
             }
         };
-        if let Some((connector_id, channels)) = expired {
+        if let Some((connector_id, channels, cleared)) = expired {
             tracing::info!(
                 connector_id = connector_id.as_ref().map(ConnectorId::as_str),
                 channels = channels.len(),
                 "offline lease expired; unregistering the runtime instance"
             );
-            if let Err(error) = self.storage.save_connector_id(None) {
+            if let Err(error) = cleared.committed().await {
                 tracing::error!(%error, "could not clear the connector_id");
             }
             for record in channels {
@@ -94,7 +96,7 @@ impl Shared {
         }
         // Tool-call idempotency window.
         let window = u64::try_from(self.config.tool_call_window.as_millis()).unwrap_or(u64::MAX);
-        if let Err(error) = self.storage.prune_tool_calls(now.saturating_sub(window)) {
+        if let Err(error) = self.storage.prune_tool_calls(now.saturating_sub(window)).await {
             tracing::warn!(%error, "could not prune tool calls");
         }
         // Old auth sessions.

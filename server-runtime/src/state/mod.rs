@@ -34,7 +34,7 @@ use crate::connector::Connector;
 use crate::error::HandleError;
 use crate::ids;
 use crate::im::TryQueue;
-use crate::storage::{ChannelRecord, Storage, StorageError};
+use crate::storage::{ChannelRecord, CommitTicket, Storage};
 
 /// Something to write on a socket: the connection core's queue item.
 pub(crate) use xagent_connection::Outgoing;
@@ -468,8 +468,10 @@ impl Shared {
         self.send_on_route(channel, packet).await
     }
 
-    pub(crate) fn save_channel(&self, record: &ChannelRecord) -> Result<(), StorageError> {
-        self.storage.save_channel(record)
+    /// Queues a channel record's write. Call it under the state lock that made the change, so
+    /// writes commit in the order of the changes; await the ticket after releasing the lock.
+    pub(crate) fn commit_channel(&self, record: &ChannelRecord) -> CommitTicket {
+        self.storage.commit_channel(record)
     }
 }
 

@@ -27,7 +27,7 @@ impl Shared {
         ConnectorHandle::new(Arc::clone(self) as Arc<dyn HandleOps>)
     }
 
-    fn update_channel(
+    async fn update_channel(
         &self,
         channel: &ConnectorChannelId,
         change: impl FnOnce(&mut ChannelRecord),
@@ -39,9 +39,9 @@ impl Shared {
                 .get_mut(channel)
                 .ok_or_else(|| HandleError::UnknownChannel(channel.clone()))?;
             change(record);
-            record.clone()
+            self.commit_channel(record)
         };
-        self.save_channel(&record)?;
+        record.committed().await?;
         Ok(())
     }
 
@@ -50,7 +50,7 @@ impl Shared {
         channel: &ConnectorChannelId,
         status: ConnectionStatus,
     ) -> Result<(), HandleError> {
-        self.update_channel(channel, |record| record.status = status)?;
+        self.update_channel(channel, |record| record.status = status).await?;
         self.push_descriptor(channel).await;
         Ok(())
     }
@@ -67,7 +67,8 @@ impl Shared {
             return Ok(false);
         };
         let mut changed = false;
-        self.update_channel(channel, |record| changed = device.project(record, &correction))?;
+        self.update_channel(channel, |record| changed = device.project(record, &correction))
+            .await?;
         if changed {
             tracing::info!(%channel, status = ?status, "device status changed");
             self.push_descriptor(channel).await;
@@ -86,7 +87,8 @@ impl Shared {
         }
         self.update_channel(channel, |record| {
             record.tool_overrides.insert(tool.tool_id.clone(), tool);
-        })?;
+        })
+        .await?;
         self.push_descriptor(channel).await;
         Ok(())
     }
@@ -100,7 +102,8 @@ impl Shared {
         self.update_channel(channel, |record| match &mut record.binding {
             Some(binding) => binding.target = target,
             None => authenticated = false,
-        })?;
+        })
+        .await?;
         if !authenticated {
             return Err(HandleError::NotAuthenticated(channel.clone()));
         }

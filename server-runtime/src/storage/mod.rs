@@ -3,19 +3,20 @@
 //!
 //! What is stored: the registered `connector_id`; every channel with its owner, status,
 //! binding (Descriptor target + private material) and Tool overrides; the IM outbox and the
-//! receiver idempotency set (through `profile-im`'s store traits); tool-call idempotency.
+//! receiver idempotency set (`profile-im`'s records, committed as [`WriteOp`]s); tool-call
+//! idempotency.
 //! File references are persisted by `file-transfer` itself. Open auth sessions are kept in
 //! memory only: an interrupted sign-in is restarted by the user.
 
 //!
-//! - `sqlite`: [`SqliteStorage`], the default; `sqlite_im`: the IM stores on it;
+//! - `sqlite`: [`SqliteStorage`], the default;
 //! - `group`: its group-commit writer ([`GroupCommit`]): concurrent writes share one
 //!   transaction, and nothing is acknowledged before that transaction committed;
-//! - `write_op`: [`WriteOp`], one durable write, and how the writer executes it.
+//! - `write_op`: [`WriteOp`], one durable write, the stored form of records (shared by every
+//!   backend), and how the SQLite writer executes a write.
 
 mod group;
 mod sqlite;
-mod sqlite_im;
 mod write_op;
 
 pub use group::{CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous};
@@ -25,9 +26,9 @@ pub use write_op::WriteOp;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use xagent_profile_im::{IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite};
+use xagent_profile_im::{CompletedRecord, IdempotencyWrite, OutboxWrite, PendingRecord};
 use xagent_protocol_types::{
-    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTool, ToolId,
+    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTool, MessageId, ToolId,
 };
 
 use crate::binding::Binding;
@@ -84,68 +85,93 @@ pub struct ToolCallRecord {
     pub completed_at: u64,
 }
 
-/// Everything the runtime persists. Implementations must be cheap to call from async code
-/// (short, local operations); the SQLite one is.
+/// Everything the runtime persists, behind an async interface a networked backend can
+/// implement without blocking a runtime thread.
+///
+/// Reads are `async fn`s. **Every write goes through [`Storage::commit`]**: the writes of one
+/// call are applied in order in one transaction (all or none), calls are applied in the order
+/// they were made, and the returned ticket resolves only once that transaction committed, so
+/// the runtime acknowledges nothing before it is durable. `commit` itself never waits: it may
+/// be called under a lock, which is how the runtime keeps its writes in the order of its state
+/// changes. The convenience methods (`commit_tool_call`, `commit_im`, ...) build the
+/// [`WriteOp`]s and call it.
+#[async_trait::async_trait]
 pub trait Storage: Send + Sync + 'static {
     /// The registered `connector_id`, if any.
-    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError>;
-    /// Records (or clears, with `None`) the registered `connector_id`.
-    fn save_connector_id(&self, id: Option<&ConnectorId>) -> Result<(), StorageError>;
+    async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError>;
     /// Every stored channel.
-    fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError>;
-    /// Inserts or replaces a channel.
-    fn save_channel(&self, record: &ChannelRecord) -> Result<(), StorageError>;
-    /// Deletes a channel and everything kept for it (outbox, idempotency, tool calls).
-    fn delete_channel(&self, id: &ConnectorChannelId) -> Result<(), StorageError>;
+    async fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError>;
     /// A stored tool call by `(channel, key)`.
-    fn load_tool_call(
+    async fn load_tool_call(
         &self,
         channel: &ConnectorChannelId,
         key: &str,
     ) -> Result<Option<ToolCallRecord>, StorageError>;
-    /// Stores a completed tool call.
-    fn save_tool_call(
+    /// A small runtime value by key (e.g. the URL signing secret).
+    async fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError>;
+    /// Every pending IM outbox record (the outbox loads them when it opens).
+    async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError>;
+    /// The receiver idempotency record of one `(channel, message_id)`, if stored: one point
+    /// read, asked when the receiver does not hold the id in memory.
+    async fn lookup_completed(
         &self,
         channel: &ConnectorChannelId,
-        key: &str,
-        record: &ToolCallRecord,
-    ) -> Result<(), StorageError>;
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StorageError>;
     /// Deletes tool calls completed before `before` (Unix ms); returns how many.
-    fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError>;
-    /// A small runtime value by key (e.g. the URL signing secret).
-    fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError>;
-    /// Stores a small runtime value.
-    fn save_meta(&self, key: &str, value: &str) -> Result<(), StorageError>;
-    /// The IM outbox store (`profile-im`).
-    fn outbox_store(&self) -> Box<dyn OutboxStore + Send>;
-    /// The IM receiver idempotency store (`profile-im`).
-    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send>;
+    async fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError>;
 
-    /// Stores a completed tool call without blocking; the ticket resolves once it is durable
-    /// (acknowledge the call only then). The SQLite storage commits it together with other
-    /// callers' writes; the default writes it at once.
+    /// Queues `writes` as one transaction without waiting; the ticket resolves once it
+    /// committed (or with the error that rolled it back: then none of it happened).
+    fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket;
+
+    /// Records (or clears, with `None`) the registered `connector_id`.
+    fn commit_connector_id(&self, id: Option<&ConnectorId>) -> CommitTicket {
+        self.commit(vec![WriteOp::connector_id(id)])
+    }
+
+    /// Inserts or replaces a channel.
+    fn commit_channel(&self, record: &ChannelRecord) -> CommitTicket {
+        match WriteOp::channel(record) {
+            Ok(op) => self.commit(vec![op]),
+            Err(error) => CommitTicket::ready(Err(error)),
+        }
+    }
+
+    /// Deletes a channel and everything kept for it (outbox, idempotency, tool calls).
+    fn commit_delete_channel(&self, id: &ConnectorChannelId) -> CommitTicket {
+        self.commit(vec![WriteOp::DeleteChannel(id.as_str().to_owned())])
+    }
+
+    /// Stores a completed tool call (acknowledge the call only once the ticket resolved).
     fn commit_tool_call(
         &self,
         channel: &ConnectorChannelId,
         key: &str,
         record: &ToolCallRecord,
     ) -> CommitTicket {
-        CommitTicket::ready(self.save_tool_call(channel, key, record))
+        match WriteOp::tool_call(channel, key, record) {
+            Ok(op) => self.commit(vec![op]),
+            Err(error) => CommitTicket::ready(Err(error)),
+        }
     }
 
-    /// Commits IM writes (outbox, then receiver idempotency) without blocking; the ticket
-    /// resolves once they are durable. Submissions are applied in the order they were made.
-    /// The default writes them at once through the two stores.
+    /// Stores a small runtime value.
+    fn commit_meta(&self, key: &str, value: &str) -> CommitTicket {
+        self.commit(vec![WriteOp::Meta { key: key.to_owned(), value: Some(value.to_owned()) }])
+    }
+
+    /// Commits IM writes (outbox, then receiver idempotency) in one transaction.
     fn commit_im(
         &self,
         outbox: Vec<OutboxWrite>,
         idempotency: Vec<IdempotencyWrite>,
     ) -> CommitTicket {
-        let result = self
-            .outbox_store()
-            .apply(&outbox)
-            .and_then(|()| self.idempotency_store().apply(&idempotency))
-            .map_err(|e| StorageError::new("commit IM writes", e));
-        CommitTicket::ready(result)
+        let ops = outbox
+            .into_iter()
+            .map(WriteOp::Outbox)
+            .chain(idempotency.into_iter().map(WriteOp::Idempotency))
+            .collect();
+        self.commit(ops)
     }
 }

@@ -3,21 +3,16 @@
 //! connection of its own, so concurrent writes share transactions and a reader never waits
 //! for a commit's `fsync`.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OptionalExtension, params};
-use xagent_profile_im::{IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite};
-use xagent_protocol_types::{
-    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, Secret,
-    TargetType,
-};
+use xagent_profile_im::{CompletedRecord, PendingRecord};
+use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 
 use super::group::{self, CommitTicket, GroupCommit, GroupCommitConfig, Synchronous};
-use super::write_op::WriteOp;
+use super::write_op::{ChannelRow, ToolCallRow, WriteOp, to_i64};
 use super::{ChannelRecord, Storage, StorageError, ToolCallRecord};
-use crate::binding::Binding;
 
 /// The default storage: one SQLite file in WAL mode. Clones share the connections and the
 /// writer.
@@ -172,32 +167,6 @@ impl SqliteStorage {
     pub(super) fn lock(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-
-    /// Writes and waits for the commit (synchronous callers).
-    pub(super) fn write(&self, ops: Vec<WriteOp>) -> Result<(), StorageError> {
-        self.writer.0.write_blocking(ops)
-    }
-}
-
-fn tool_call_op(
-    channel: &ConnectorChannelId,
-    key: &str,
-    record: &ToolCallRecord,
-) -> Result<WriteOp, StorageError> {
-    let result = record
-        .result
-        .as_ref()
-        .map(serde_json::to_string)
-        .transpose()
-        .map_err(|e| StorageError::new("encode tool result", e))?;
-    Ok(WriteOp::ToolCall {
-        channel: channel.as_str().to_owned(),
-        key: key.to_owned(),
-        fingerprint: record.fingerprint.clone(),
-        result,
-        error: record.error.clone(),
-        completed_at: to_i64(record.completed_at),
-    })
 }
 
 /// Runs a statement through SQLite's statement cache: the SQL text is parsed once per
@@ -220,218 +189,141 @@ fn query_row<T, P: rusqlite::Params>(
     conn.prepare_cached(sql)?.query_row(params, map)
 }
 
-fn binding_to_json(binding: &Binding) -> Result<String, StorageError> {
-    let secrets: BTreeMap<&str, &str> = binding.secrets().map(|(k, v)| (k, v.expose())).collect();
-    let mut stored = serde_json::json!({ "target": binding.target, "secrets": secrets });
-    if let Some(target_type) = binding.target_type() {
-        stored["target_type"] = serde_json::json!(target_type);
-    }
-    serde_json::to_string(&stored).map_err(|e| StorageError::new("encode binding", e))
-}
-
-fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
-    #[derive(serde::Deserialize)]
-    struct Stored {
-        target: DescriptorTarget,
-        #[serde(default)]
-        secrets: BTreeMap<String, String>,
-        /// Absent in bindings stored before channels kept their flow's target type.
-        #[serde(default)]
-        target_type: Option<TargetType>,
-    }
-    let stored: Stored =
-        serde_json::from_str(text).map_err(|e| StorageError::new("decode binding", e))?;
-    let mut binding = Binding::new(stored.target);
-    if let Some(target_type) = stored.target_type {
-        binding = binding.with_target_type(target_type);
-    }
-    for (name, value) in stored.secrets {
-        binding = binding.with_secret(name, Secret::new(value));
-    }
-    Ok(binding)
-}
-
-pub(super) fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-pub(super) fn to_u64(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
-}
-
-impl Storage for SqliteStorage {
-    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
-        query_row(&self.lock(), "SELECT value FROM meta WHERE key = 'connector_id'", [], |row| {
-            row.get::<_, String>(0)
+impl SqliteStorage {
+    /// Runs a read on the reader connection off the async runtime's threads (SQLite calls
+    /// block; a reader never waits for the writer's commit in WAL mode).
+    async fn read<T: Send + 'static>(
+        &self,
+        operation: &'static str,
+        read: impl FnOnce(&Connection) -> Result<T, StorageError> + Send + 'static,
+    ) -> Result<T, StorageError> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            read(&conn)
         })
-        .optional()
-        .map(|value| value.map(ConnectorId::new))
-        .map_err(|e| StorageError::new("load connector_id", e))
+        .await
+        .map_err(|e| StorageError::new(operation, e))?
     }
+}
 
-    fn save_connector_id(&self, id: Option<&ConnectorId>) -> Result<(), StorageError> {
-        self.write(vec![WriteOp::Meta {
-            key: "connector_id".into(),
-            value: id.map(|id| id.as_str().to_owned()),
-        }])
-    }
-
-    fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(
-                "SELECT id, connector_id, status, binding, tool_overrides, created_at
-                 FROM channels ORDER BY created_at, id",
-            )
-            .map_err(|e| StorageError::new("load channels", e))?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, String>(1)?,
-                    row.get::<_, String>(2)?,
-                    row.get::<_, Option<String>>(3)?,
-                    row.get::<_, String>(4)?,
-                    row.get::<_, i64>(5)?,
-                ))
+#[async_trait::async_trait]
+impl Storage for SqliteStorage {
+    async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
+        self.read("load connector_id", |conn| {
+            query_row(conn, "SELECT value FROM meta WHERE key = 'connector_id'", [], |row| {
+                row.get::<_, String>(0)
             })
-            .map_err(|e| StorageError::new("load channels", e))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (id, connector_id, status, binding, overrides, created_at) =
-                row.map_err(|e| StorageError::new("load channels", e))?;
-            let binding = binding.as_deref().map(binding_from_json).transpose()?;
-            let tools: Vec<DescriptorTool> = serde_json::from_str(&overrides)
-                .map_err(|e| StorageError::new("decode tool overrides", e))?;
-            out.push(ChannelRecord {
-                id: ConnectorChannelId::new(id),
-                connector_id: ConnectorId::new(connector_id),
-                status: ConnectionStatus::parse(&status),
-                binding,
-                tool_overrides: tools.into_iter().map(|t| (t.tool_id.clone(), t)).collect(),
-                created_at: to_u64(created_at),
-            });
-        }
-        Ok(out)
+            .optional()
+            .map(|value| value.map(ConnectorId::new))
+            .map_err(|e| StorageError::new("load connector_id", e))
+        })
+        .await
     }
 
-    fn save_channel(&self, record: &ChannelRecord) -> Result<(), StorageError> {
-        let binding = record.binding.as_ref().map(binding_to_json).transpose()?;
-        let overrides: Vec<&DescriptorTool> = record.tool_overrides.values().collect();
-        let overrides = serde_json::to_string(&overrides)
-            .map_err(|e| StorageError::new("encode tool overrides", e))?;
-        self.write(vec![WriteOp::Channel {
-            id: record.id.as_str().to_owned(),
-            connector_id: record.connector_id.as_str().to_owned(),
-            status: record.status.as_str().to_owned(),
-            binding,
-            tool_overrides: overrides,
-            created_at: to_i64(record.created_at),
-        }])
+    async fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
+        self.read("load channels", |conn| {
+            let failed = |e| StorageError::new("load channels", e);
+            let mut stmt = conn
+                .prepare(
+                    "SELECT id, connector_id, status, binding, tool_overrides, created_at
+                     FROM channels ORDER BY created_at, id",
+                )
+                .map_err(failed)?;
+            let rows = stmt
+                .query_map([], |row| {
+                    Ok(ChannelRow {
+                        id: row.get(0)?,
+                        connector_id: row.get(1)?,
+                        status: row.get(2)?,
+                        binding: row.get(3)?,
+                        tool_overrides: row.get(4)?,
+                        created_at: row.get(5)?,
+                    })
+                })
+                .map_err(failed)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(row.map_err(failed)?.decode()?);
+            }
+            Ok(out)
+        })
+        .await
     }
 
-    fn delete_channel(&self, id: &ConnectorChannelId) -> Result<(), StorageError> {
-        self.write(vec![WriteOp::DeleteChannel(id.as_str().to_owned())])
-    }
-
-    fn load_tool_call(
+    async fn load_tool_call(
         &self,
         channel: &ConnectorChannelId,
         key: &str,
     ) -> Result<Option<ToolCallRecord>, StorageError> {
-        let row = query_row(
-            &self.lock(),
-            "SELECT fingerprint, result, error_code, error_message, completed_at
-                 FROM tool_calls WHERE channel = ?1 AND key = ?2",
-            params![channel.as_str(), key],
-            |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, Option<String>>(1)?,
-                    row.get::<_, Option<String>>(2)?,
-                    row.get::<_, Option<String>>(3)?,
-                    row.get::<_, i64>(4)?,
-                ))
-            },
-        )
-        .optional()
-        .map_err(|e| StorageError::new("load tool call", e))?;
-        let Some((fingerprint, result, code, message, completed_at)) = row else {
-            return Ok(None);
-        };
-        let result = result
-            .map(|text| serde_json::from_str(&text))
-            .transpose()
-            .map_err(|e| StorageError::new("decode tool result", e))?;
-        Ok(Some(ToolCallRecord {
-            fingerprint,
-            result,
-            error: code.map(|code| (code, message.unwrap_or_default())),
-            completed_at: to_u64(completed_at),
-        }))
-    }
-
-    fn save_tool_call(
-        &self,
-        channel: &ConnectorChannelId,
-        key: &str,
-        record: &ToolCallRecord,
-    ) -> Result<(), StorageError> {
-        self.write(vec![tool_call_op(channel, key, record)?])
-    }
-
-    fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
-        exec(
-            &self.lock(),
-            "DELETE FROM tool_calls WHERE completed_at < ?1",
-            params![to_i64(before)],
-        )
-        .map_err(|e| StorageError::new("prune tool calls", e))
-    }
-
-    fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
-        query_row(&self.lock(), "SELECT value FROM meta WHERE key = ?1", params![key], |row| {
-            row.get::<_, String>(0)
+        let (channel, key) = (channel.as_str().to_owned(), key.to_owned());
+        self.read("load tool call", move |conn| {
+            let row = query_row(
+                conn,
+                "SELECT fingerprint, result, error_code, error_message, completed_at
+                     FROM tool_calls WHERE channel = ?1 AND key = ?2",
+                params![channel, key],
+                |row| {
+                    Ok(ToolCallRow {
+                        fingerprint: row.get(0)?,
+                        result: row.get(1)?,
+                        error_code: row.get(2)?,
+                        error_message: row.get(3)?,
+                        completed_at: row.get(4)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| StorageError::new("load tool call", e))?;
+            row.map(ToolCallRow::decode).transpose()
         })
-        .optional()
-        .map_err(|e| StorageError::new("load meta", e))
+        .await
     }
 
-    fn save_meta(&self, key: &str, value: &str) -> Result<(), StorageError> {
-        self.write(vec![WriteOp::Meta { key: key.to_owned(), value: Some(value.to_owned()) }])
+    async fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
+        let key = key.to_owned();
+        self.read("load meta", move |conn| {
+            query_row(conn, "SELECT value FROM meta WHERE key = ?1", params![key], |row| {
+                row.get::<_, String>(0)
+            })
+            .optional()
+            .map_err(|e| StorageError::new("load meta", e))
+        })
+        .await
     }
 
-    fn outbox_store(&self) -> Box<dyn OutboxStore + Send> {
-        Box::new(self.clone())
+    async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError> {
+        self.read("load outbox", |conn| {
+            xagent_im_sqlite::load_pending(conn).map_err(|e| StorageError::new("load outbox", e))
+        })
+        .await
     }
 
-    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send> {
-        Box::new(self.clone())
-    }
-
-    fn commit_tool_call(
+    /// A point read on the reader connection: what it sees is committed; a completion still
+    /// in the writer's batch is held in memory by the receiver until its commit.
+    async fn lookup_completed(
         &self,
         channel: &ConnectorChannelId,
-        key: &str,
-        record: &ToolCallRecord,
-    ) -> CommitTicket {
-        match tool_call_op(channel, key, record) {
-            Ok(op) => self.writer.0.submit(vec![op]),
-            Err(error) => CommitTicket::ready(Err(error)),
-        }
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StorageError> {
+        let (channel, message_id) = (channel.clone(), message_id.clone());
+        self.read("look up a received message", move |conn| {
+            xagent_im_sqlite::lookup_completed(conn, &channel, &message_id)
+                .map_err(|e| StorageError::new("look up a received message", e))
+        })
+        .await
     }
 
-    fn commit_im(
-        &self,
-        outbox: Vec<OutboxWrite>,
-        idempotency: Vec<IdempotencyWrite>,
-    ) -> CommitTicket {
-        let ops = outbox
-            .into_iter()
-            .map(WriteOp::Outbox)
-            .chain(idempotency.into_iter().map(WriteOp::Idempotency))
-            .collect();
-        self.writer.0.submit(ops)
+    async fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
+        self.read("prune tool calls", move |conn| {
+            exec(conn, "DELETE FROM tool_calls WHERE completed_at < ?1", params![to_i64(before)])
+                .map_err(|e| StorageError::new("prune tool calls", e))
+        })
+        .await
+    }
+
+    fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {
+        self.writer.0.submit(writes)
     }
 }
 

@@ -1,8 +1,21 @@
-//! [`WriteOp`]: one durable write of the SQLite storage, and how the writer thread executes it
-//! (through the statement cache).
+//! [`WriteOp`]: one durable write, the same for every backend; how records become stored
+//! columns and back (one home for the encoding, so every backend stores the same text); and
+//! how the SQLite writer thread executes a write (through the statement cache).
+
+use std::collections::BTreeMap;
 
 use rusqlite::{Connection, params};
 use xagent_profile_im::{IdempotencyWrite, OutboxWrite};
+use xagent_protocol_types::{
+    ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, Secret,
+    TargetType,
+};
+
+use super::{ChannelRecord, StorageError, ToolCallRecord};
+use crate::binding::Binding;
+
+/// The meta key of the registered `connector_id`.
+pub(crate) const CONNECTOR_ID_KEY: &str = "connector_id";
 
 /// One durable write. Rows are given as their stored columns (JSON text already encoded), so
 /// the writer thread only binds parameters.
@@ -56,6 +69,148 @@ pub enum WriteOp {
         /// Cut-off.
         before: i64,
     },
+}
+
+impl WriteOp {
+    /// Records (`Some`) or clears (`None`) the registered `connector_id`.
+    pub fn connector_id(id: Option<&ConnectorId>) -> Self {
+        Self::Meta { key: CONNECTOR_ID_KEY.into(), value: id.map(|id| id.as_str().to_owned()) }
+    }
+
+    /// Inserts or updates a channel record (the binding encoded with its secrets).
+    pub fn channel(record: &ChannelRecord) -> Result<Self, StorageError> {
+        let binding = record.binding.as_ref().map(binding_to_json).transpose()?;
+        let overrides: Vec<&DescriptorTool> = record.tool_overrides.values().collect();
+        let overrides = serde_json::to_string(&overrides)
+            .map_err(|e| StorageError::new("encode tool overrides", e))?;
+        Ok(Self::Channel {
+            id: record.id.as_str().to_owned(),
+            connector_id: record.connector_id.as_str().to_owned(),
+            status: record.status.as_str().to_owned(),
+            binding,
+            tool_overrides: overrides,
+            created_at: to_i64(record.created_at),
+        })
+    }
+
+    /// Stores a completed tool call.
+    pub fn tool_call(
+        channel: &ConnectorChannelId,
+        key: &str,
+        record: &ToolCallRecord,
+    ) -> Result<Self, StorageError> {
+        let result = record
+            .result
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StorageError::new("encode tool result", e))?;
+        Ok(Self::ToolCall {
+            channel: channel.as_str().to_owned(),
+            key: key.to_owned(),
+            fingerprint: record.fingerprint.clone(),
+            result,
+            error: record.error.clone(),
+            completed_at: to_i64(record.completed_at),
+        })
+    }
+}
+
+/// A channel row as stored (the columns every backend keeps), before decoding.
+pub(crate) struct ChannelRow {
+    pub(crate) id: String,
+    pub(crate) connector_id: String,
+    pub(crate) status: String,
+    pub(crate) binding: Option<String>,
+    pub(crate) tool_overrides: String,
+    pub(crate) created_at: i64,
+}
+
+impl ChannelRow {
+    /// The record; a row that does not decode is an error naming what failed.
+    pub(crate) fn decode(self) -> Result<ChannelRecord, StorageError> {
+        let binding = self.binding.as_deref().map(binding_from_json).transpose()?;
+        let tools: Vec<DescriptorTool> = serde_json::from_str(&self.tool_overrides)
+            .map_err(|e| StorageError::new("decode tool overrides", e))?;
+        Ok(ChannelRecord {
+            id: ConnectorChannelId::new(self.id),
+            connector_id: ConnectorId::new(self.connector_id),
+            status: ConnectionStatus::parse(&self.status),
+            binding,
+            tool_overrides: tools.into_iter().map(|t| (t.tool_id.clone(), t)).collect(),
+            created_at: to_u64(self.created_at),
+        })
+    }
+}
+
+/// A tool-call row as stored, before decoding.
+pub(crate) struct ToolCallRow {
+    pub(crate) fingerprint: String,
+    pub(crate) result: Option<String>,
+    pub(crate) error_code: Option<String>,
+    pub(crate) error_message: Option<String>,
+    pub(crate) completed_at: i64,
+}
+
+impl ToolCallRow {
+    /// The record.
+    pub(crate) fn decode(self) -> Result<ToolCallRecord, StorageError> {
+        let result = self
+            .result
+            .map(|text| serde_json::from_str(&text))
+            .transpose()
+            .map_err(|e| StorageError::new("decode tool result", e))?;
+        Ok(ToolCallRecord {
+            fingerprint: self.fingerprint,
+            result,
+            error: self.error_code.map(|code| (code, self.error_message.unwrap_or_default())),
+            completed_at: to_u64(self.completed_at),
+        })
+    }
+}
+
+/// A binding as stored: its target, its flow's target type and its secrets (the row is
+/// private material: never logged).
+pub(crate) fn binding_to_json(binding: &Binding) -> Result<String, StorageError> {
+    let secrets: BTreeMap<&str, &str> = binding.secrets().map(|(k, v)| (k, v.expose())).collect();
+    let mut stored = serde_json::json!({ "target": binding.target, "secrets": secrets });
+    if let Some(target_type) = binding.target_type() {
+        stored["target_type"] = serde_json::json!(target_type);
+    }
+    serde_json::to_string(&stored).map_err(|e| StorageError::new("encode binding", e))
+}
+
+/// A stored binding read back.
+pub(crate) fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        target: DescriptorTarget,
+        #[serde(default)]
+        secrets: BTreeMap<String, String>,
+        /// Absent in bindings stored before channels kept their flow's target type.
+        #[serde(default)]
+        target_type: Option<TargetType>,
+    }
+    let stored: Stored =
+        serde_json::from_str(text).map_err(|e| StorageError::new("decode binding", e))?;
+    let mut binding = Binding::new(stored.target);
+    if let Some(target_type) = stored.target_type {
+        binding = binding.with_target_type(target_type);
+    }
+    for (name, value) in stored.secrets {
+        binding = binding.with_secret(name, Secret::new(value));
+    }
+    Ok(binding)
+}
+
+/// Unix ms as a stored integer (saturating).
+pub(crate) fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A stored integer as Unix ms (negative reads as 0).
+pub(crate) fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
 }
 
 impl std::fmt::Debug for WriteOp {

@@ -1,8 +1,13 @@
 //! Tests of the SQLite storage: channels, tool calls, meta, IM stores, file modes.
 
 use super::*;
-use xagent_profile_im::PendingRecord;
+use crate::binding::Binding;
+use crate::storage::write_op::{binding_from_json, binding_to_json};
+use xagent_profile_im::{OutboxWrite, PendingRecord};
 use xagent_protocol_types::MessageId;
+use xagent_protocol_types::{
+    ConnectionStatus, DescriptorTarget, DescriptorTool, Secret, TargetType,
+};
 use xagent_protocol_types::{ToolId, ToolStatus};
 
 fn channel(id: &str) -> ChannelRecord {
@@ -25,15 +30,15 @@ fn channel(id: &str) -> ChannelRecord {
 }
 
 #[cfg(unix)]
-#[test]
-fn m6_the_state_directory_and_the_database_are_private() {
+#[tokio::test]
+async fn m6_the_state_directory_and_the_database_are_private() {
     use std::os::unix::fs::PermissionsExt;
     let temp = tempfile::tempdir().unwrap();
     let dir = temp.path().join("state");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let store = SqliteStorage::open(&dir).unwrap();
-    store.save_meta("url_signing_secret", "s3cret").unwrap();
+    store.commit_meta("url_signing_secret", "s3cret").committed().await.unwrap();
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&dir), 0o700);
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -42,68 +47,97 @@ fn m6_the_state_directory_and_the_database_are_private() {
     }
 }
 
-#[test]
-fn file_database_uses_wal_and_survives_reopen() {
+#[tokio::test]
+async fn file_database_uses_wal_and_survives_reopen() {
     let temp = tempfile::tempdir().unwrap();
     let dir = temp.path();
     {
         let store = SqliteStorage::open(dir).unwrap();
         assert_eq!(store.journal_mode().unwrap(), "wal");
-        store.save_connector_id(Some(&ConnectorId::new("conn_a"))).unwrap();
-        store.save_channel(&channel("cch_1")).unwrap();
+        store.commit_connector_id(Some(&ConnectorId::new("conn_a"))).committed().await.unwrap();
+        store.commit_channel(&channel("cch_1")).committed().await.unwrap();
     }
     let store = SqliteStorage::open(dir).unwrap();
-    assert_eq!(store.load_connector_id().unwrap(), Some(ConnectorId::new("conn_a")));
-    let channels = store.load_channels().unwrap();
+    assert_eq!(store.load_connector_id().await.unwrap(), Some(ConnectorId::new("conn_a")));
+    let channels = store.load_channels().await.unwrap();
     assert_eq!(channels, vec![channel("cch_1")]);
     assert_eq!(channels[0].binding.as_ref().unwrap().secret("token").unwrap().expose(), "t0k");
 }
 
-#[test]
-fn delete_channel_cascades() {
-    let mut store = SqliteStorage::in_memory().unwrap();
+#[tokio::test]
+async fn delete_channel_cascades() {
+    let store = SqliteStorage::in_memory().unwrap();
     let id = ConnectorChannelId::new("cch_1");
-    store.save_channel(&channel("cch_1")).unwrap();
+    store.commit_channel(&channel("cch_1")).committed().await.unwrap();
     let call = ToolCallRecord {
         fingerprint: "f".into(),
         result: Some(serde_json::json!({"ok": true})),
         error: None,
         completed_at: 10,
     };
-    store.save_tool_call(&id, "call_1", &call).unwrap();
-    assert_eq!(store.load_tool_call(&id, "call_1").unwrap(), Some(call));
-    store
-        .save_pending(&PendingRecord {
-            channel: id.clone(),
-            message_id: MessageId::new("m1"),
-            seq: 1,
-            payload: "{}".into(),
-            attempts: 0,
-            first_responsibility_at: 1,
-            expires_at: 2,
-            next_attempt_at: 1,
-            last_error: None,
-        })
-        .unwrap();
-    assert_eq!(store.load_pending().unwrap().len(), 1);
-    store.delete_channel(&id).unwrap();
-    assert!(store.load_channels().unwrap().is_empty());
-    assert!(store.load_tool_call(&id, "call_1").unwrap().is_none());
-    assert!(store.load_pending().unwrap().is_empty());
+    store.commit_tool_call(&id, "call_1", &call).committed().await.unwrap();
+    assert_eq!(store.load_tool_call(&id, "call_1").await.unwrap(), Some(call));
+    let pending = PendingRecord {
+        channel: id.clone(),
+        message_id: MessageId::new("m1"),
+        seq: 1,
+        payload: "{}".into(),
+        attempts: 0,
+        first_responsibility_at: 1,
+        expires_at: 2,
+        next_attempt_at: 1,
+        last_error: None,
+    };
+    store.commit_im(vec![OutboxWrite::Save(pending)], Vec::new()).committed().await.unwrap();
+    assert_eq!(store.load_pending().await.unwrap().len(), 1);
+    store.commit_delete_channel(&id).committed().await.unwrap();
+    assert!(store.load_channels().await.unwrap().is_empty());
+    assert!(store.load_tool_call(&id, "call_1").await.unwrap().is_none());
+    assert!(store.load_pending().await.unwrap().is_empty());
 }
 
-#[test]
-fn prune_tool_calls_by_age() {
+#[tokio::test]
+async fn prune_tool_calls_by_age() {
     let store = SqliteStorage::in_memory().unwrap();
     let id = ConnectorChannelId::new("cch_1");
     for (key, at) in [("a", 10), ("b", 20)] {
         let record =
             ToolCallRecord { fingerprint: "f".into(), result: None, error: None, completed_at: at };
-        store.save_tool_call(&id, key, &record).unwrap();
+        store.commit_tool_call(&id, key, &record).committed().await.unwrap();
     }
-    assert_eq!(store.prune_tool_calls(15).unwrap(), 1);
-    assert!(store.load_tool_call(&id, "a").unwrap().is_none());
-    assert!(store.load_tool_call(&id, "b").unwrap().is_some());
+    assert_eq!(store.prune_tool_calls(15).await.unwrap(), 1);
+    assert!(store.load_tool_call(&id, "a").await.unwrap().is_none());
+    assert!(store.load_tool_call(&id, "b").await.unwrap().is_some());
+}
+
+/// Admits a message as the runtime does: the point read only for ids memory does not hold.
+async fn admit(
+    set: &mut xagent_profile_im::ReceiverIdempotency<xagent_profile_im::DeferredStore>,
+    storage: &SqliteStorage,
+    channel: &ConnectorChannelId,
+    message: &xagent_protocol_types::ChatMessage,
+    now: u64,
+) -> xagent_profile_im::Admission {
+    let stored = if set.needs_lookup(channel, &message.message_id) {
+        storage.lookup_completed(channel, &message.message_id).await.unwrap()
+    } else {
+        None
+    };
+    set.begin_chat_with_stored(channel, message, stored, now)
+}
+
+/// Completes an admitted message and commits its writes.
+async fn complete(
+    set: &mut xagent_profile_im::ReceiverIdempotency<xagent_profile_im::DeferredStore>,
+    storage: &SqliteStorage,
+    admission: xagent_profile_im::Admission,
+    now: u64,
+) {
+    let xagent_profile_im::Admission::Process(ticket) = admission else { panic!("a new id") };
+    let (channel, id) = (ticket.channel().clone(), ticket.message_id().clone());
+    let (_, writes) = set.complete_deferred(ticket, now);
+    storage.commit_im(Vec::new(), writes).committed().await.unwrap();
+    set.committed(&channel, &id);
 }
 
 /// Receiver idempotency over the file database: ids live in `im_completed`, memory holds a
@@ -123,43 +157,43 @@ async fn idempotency_rule_completed_ids_are_answered_from_sqlite_after_cache_evi
     let changed = ChatMessage::text("m1", "changed");
     {
         let storage = SqliteStorage::open(temp.path()).unwrap();
-        let mut set = ReceiverIdempotency::open(config, storage.idempotency_store(), 1).unwrap();
-        let Admission::Process(ticket) = set.begin_chat(&a, &m1, 1).unwrap() else { panic!() };
+        let mut set = ReceiverIdempotency::deferred(config);
+        let Admission::Process(ticket) = admit(&mut set, &storage, &a, &m1, 1).await else {
+            panic!()
+        };
         let (ack, writes) = set.complete_deferred(ticket, 1);
         assert_eq!(ack.status, AckStatus::Accepted);
         // Batched, not committed yet: the store does not have it, the memory does.
         let commit = storage.commit_im(Vec::new(), writes);
-        assert!(matches!(set.begin_chat(&a, &m1, 2).unwrap(), Admission::Duplicate(_)));
+        assert!(matches!(admit(&mut set, &storage, &a, &m1, 2).await, Admission::Duplicate(_)));
         commit.committed().await.unwrap();
         set.committed(&a, &MessageId::new("m1"));
         // Push m1 out of the two-entry cache with other channels' completions.
         for i in 0..3 {
             let other = ConnectorChannelId::new(format!("cch_{i}"));
             let m = ChatMessage::text(format!("x{i}"), "filler");
-            let Admission::Process(t) = set.begin_chat(&other, &m, 3).unwrap() else { panic!() };
-            set.complete(t, 3).unwrap();
+            let admission = admit(&mut set, &storage, &other, &m, 3).await;
+            complete(&mut set, &storage, admission, 3).await;
         }
         assert_eq!(set.stats().remembered, 2);
         let lookups = set.stats().store_lookups;
-        assert!(matches!(set.begin_chat(&a, &m1, 4).unwrap(), Admission::Duplicate(_)));
+        assert!(matches!(admit(&mut set, &storage, &a, &m1, 4).await, Admission::Duplicate(_)));
         assert_eq!(set.stats().store_lookups, lookups + 1, "answered by the point read");
-        for i in 0..3 {
-            let other = ConnectorChannelId::new(format!("cch_{i}"));
-            assert!(set.is_completed(&other, &MessageId::new(format!("x{i}"))).unwrap());
-        }
         for id in ["y", "z"] {
             let m = ChatMessage::text(id, "filler");
-            let Admission::Process(t) = set.begin_chat(&a, &m, 5).unwrap() else { panic!() };
-            set.complete(t, 5).unwrap();
+            let admission = admit(&mut set, &storage, &a, &m, 5).await;
+            complete(&mut set, &storage, admission, 5).await;
         }
-        assert!(matches!(set.begin_chat(&a, &changed, 6).unwrap(), Admission::Conflict(_)));
+        let conflict = admit(&mut set, &storage, &a, &changed, 6).await;
+        assert!(matches!(conflict, Admission::Conflict(_)));
     }
     // Restart: nothing is loaded into memory, the store still answers both ways.
     let storage = SqliteStorage::open(temp.path()).unwrap();
-    let mut set = ReceiverIdempotency::open(config, storage.idempotency_store(), 60_000).unwrap();
+    let mut set = ReceiverIdempotency::deferred(config);
     assert_eq!(set.stats().remembered, 0);
-    assert!(matches!(set.begin_chat(&a, &m1, 60_000).unwrap(), Admission::Duplicate(_)));
-    assert!(matches!(set.begin_chat(&a, &changed, 60_000).unwrap(), Admission::Conflict(_)));
+    assert!(matches!(admit(&mut set, &storage, &a, &m1, 60_000).await, Admission::Duplicate(_)));
+    let conflict = admit(&mut set, &storage, &a, &changed, 60_000).await;
+    assert!(matches!(conflict, Admission::Conflict(_)));
 }
 
 #[test]
