@@ -74,8 +74,9 @@ impl ImState {
     ) -> Result<Self, ClientError> {
         let records = store.load_pending().await.map_err(ClientError::Store)?;
         let mut state = Self::with_records(store, holding, records, now)?;
-        // What opening found unreadable or expired is deleted in the store too.
-        if state.outbox.has_writes() {
+        // What opening found unreadable or expired is deleted in the store too (by the
+        // holder: a process standing by loads again when it takes the lease).
+        if state.outbox.has_writes() && state.may_act() {
             let ticket = state.flush(Vec::new());
             if let Err(error) = ticket.await {
                 tracing::warn!(%error, "the outbox's cleanup at open could not be stored");
