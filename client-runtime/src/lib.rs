@@ -7,9 +7,13 @@
 //! and concurrent channel reopening, Tool projection, and IM v2 delivery in both directions
 //! through `xagent-profile-im` (assistant deltas numbered by the runtime, outbound files
 //! uploaded on and bound to their message's channel, `user_channel_mode` applied before
-//! `channel.open`). Durable state ([`SqliteXagentStore`]) keeps a channel the Connector
-//! re-keyed under its new id, with its outbox and idempotency entries, and the
-//! `connector_id`, so a restart loses nothing and recognises a rebuilt Connector.
+//! `channel.open`). Durable state ([`SqliteXagentStore`], or [`MemoryXagentStore`] and, with the
+//! `postgres` feature, `PostgresXagentStore`, all behind the async [`XagentStore`]) keeps a
+//! channel the Connector re-keyed under its new id, with its outbox and idempotency entries, and
+//! the `connector_id`, so a restart loses nothing and recognises a rebuilt Connector; nothing is
+//! acknowledged before its write committed. Several xAgent processes sharing a store keep one
+//! data plane per Card through a holder lease ([`HolderLease`]) whose fencing number the
+//! database checks on every write.
 //!
 //! ```
 //! use xagent_client_runtime::{BaseUrl, ClientConfig};
