@@ -8,15 +8,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ConnectionState, DataPlane, Events, HolderLease,
-    MemoryPeer, MemoryTransport, MemoryXagentStore, next_event_matching,
+    BaseUrl, ClientConfig, ClientEvent, CommitTicket, ConnectionState, DataPlane, Events, Fence,
+    HolderLease, LeaseRequest, LeaseState, MemoryPeer, MemoryTransport, MemoryXagentStore,
+    RememberedChannel, XagentStore, XagentWrite, next_event_matching,
 };
+use xagent_profile_im::{CompletedRecord, PendingRecord, StoreError};
 use xagent_protocol_types::{
     BuildInfo, CardTool, ChannelOpenAck, ChatMessage, ChatMessageAck, Connection,
     ConnectionDescriptor, ConnectionStatus, ConnectorCard, ConnectorHelloAck, ConnectorInfo,
     DescriptorTarget, DescriptorTool, ManualClock, Packet, Supports, TargetType,
 };
+use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 
 const CARD: &str = "im.mem";
 
@@ -176,4 +181,92 @@ async fn lease_rule_a_closed_holder_hands_over_at_the_next_attempt_and_the_taker
     .await;
     assert!(acked.is_some(), "the taker settles it");
     assert!(!b.is_pending(&"cch_1".into(), &"msg_out".into()).await);
+}
+
+/// A process whose database link breaks: the shared memory store, except that the lease
+/// calls fail once `cut` is set.
+struct CutOff {
+    inner: MemoryXagentStore,
+    cut: Arc<AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl XagentStore for CutOff {
+    async fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError> {
+        self.inner.load_channels().await
+    }
+    async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError> {
+        self.inner.load_connector_id().await
+    }
+    async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
+        self.inner.load_pending().await
+    }
+    async fn lookup_completed(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StoreError> {
+        self.inner.lookup_completed(channel, message_id).await
+    }
+    fn commit(&self, fence: Option<Fence>, writes: Vec<XagentWrite>) -> CommitTicket {
+        self.inner.commit(fence, writes)
+    }
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseState, StoreError> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(StoreError::new("acquire_lease", "the database is unreachable"));
+        }
+        self.inner.acquire_lease(request).await
+    }
+    async fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: u64,
+        ttl_ms: u64,
+    ) -> Result<LeaseState, StoreError> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(StoreError::new("renew_lease", "the database is unreachable"));
+        }
+        self.inner.renew_lease(fence, now, ttl_ms).await
+    }
+    async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError> {
+        self.inner.release_lease(fence).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_rule_a_holder_that_cannot_renew_closes_at_once_and_the_other_takes_over_only_after_the_expiry()
+ {
+    let clock = ManualClock::new(1_000);
+    let store = MemoryXagentStore::new();
+    let cut = Arc::new(AtomicBool::new(false));
+    let a_store = CutOff { inner: store.clone(), cut: Arc::clone(&cut) };
+    let a_config =
+        config(&clock).with_store(Arc::new(a_store)).with_holder_lease(lease("process-a"));
+    let (a, mut a_events, _a_transport, mut a_peers) = start(a_config).await;
+    let (_a_peer, _) = accept_hello_as(&mut a_peers, "conn_1").await;
+    a.connected().await.expect("the holder is online");
+    let b_config =
+        config(&clock).with_store(Arc::new(store.clone())).with_holder_lease(lease("process-b"));
+    let (b, _b_events, _b_transport, mut b_peers) = start(b_config).await;
+    clock.advance(1_000);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // A's last renewal was at 2,000 at the latest: the lease lasts until 6,000 at most.
+    cut.store(true, Ordering::SeqCst);
+    let lost = next_event_matching(&mut a_events, Duration::from_millis(1_500), |e| {
+        matches!(e, ClientEvent::Disconnected { reason } if reason.contains("could not be renewed"))
+    })
+    .await;
+    assert!(lost.is_some(), "the first failed renewal closes the data plane");
+    assert!(matches!(a.state(), ConnectionState::Standby { .. }), "{:?}", a.state());
+    // B does not take over while the lease row is still valid by the clock...
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(b_peers.try_recv().is_err(), "no takeover before the expiry");
+    // ...and does at its first attempt after it.
+    clock.advance(5_000);
+    let (_b_peer, _) =
+        tokio::time::timeout(Duration::from_millis(1_500), accept_hello_as(&mut b_peers, "conn_1"))
+            .await
+            .expect("the other process takes over after the expiry");
+    b.connected().await.expect("online");
+    assert!(a_peers.try_recv().is_err(), "the old holder does not come back while B renews");
 }
