@@ -92,7 +92,7 @@ pub(crate) async fn open_store(
 #[cfg(feature = "postgres")]
 pub(crate) async fn open_database_store(
     config: &FilesConfig,
-    url: &crate::DatabaseUrl,
+    url: &xagent_storage_postgres::DatabaseUrl,
     base_path: &str,
     clock: Arc<dyn xagent_protocol_types::Clock>,
 ) -> Result<FileStore, ServerError> {

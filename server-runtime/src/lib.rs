@@ -186,6 +186,7 @@ pub use judge::InboundJudge;
 pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
+    log_filter,
 };
 pub use storage::{
     ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
@@ -219,25 +220,4 @@ pub mod prelude {
         PROFILE_DEVICE_V1, PROFILE_IM_V1, PROFILE_IM_V2, Secret, Security, TargetDeclaration,
         TargetType, TrustLevel,
     };
-}
-
-/// The log filter of every binary: `RUST_LOG` when set, else `default`, with the database
-/// driver held at `info` whatever is asked (tokio-postgres logs statement parameters, which
-/// hold bindings' private material, at `debug`).
-pub fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    match "tokio_postgres=info".parse() {
-        Ok(cap) => filter.add_directive(cap),
-        Err(_) => filter,
-    }
-}
-
-#[cfg(test)]
-mod log_filter_tests {
-    #[test]
-    fn the_database_driver_never_logs_below_info() {
-        let filter = super::log_filter("debug").to_string();
-        assert!(filter.contains("tokio_postgres=info"), "{filter}");
-    }
 }

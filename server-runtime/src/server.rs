@@ -368,7 +368,7 @@ impl ConnectorServer {
     /// `<card id> listening on http://<address>` on stdout once it accepts connections.
     pub async fn serve_from_env(connector: Connector) -> Result<(), ServerError> {
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(crate::log_filter("info"))
+            .with_env_filter(log_filter("info"))
             .with_writer(std::io::stderr)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init();
@@ -495,5 +495,26 @@ impl ConnectorServer {
         let shared = Arc::clone(&self.shared);
         let task = self.shared.tasks.spawn(crate::connection::run(shared, stream, sink));
         let _ = task.await;
+    }
+}
+
+/// The log filter of every binary: `RUST_LOG` when set, else `default`, with the database
+/// driver held at `info` whatever is asked (tokio-postgres logs statement parameters, which
+/// hold bindings' private material, at `debug`).
+pub fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    match "tokio_postgres=info".parse() {
+        Ok(cap) => filter.add_directive(cap),
+        Err(_) => filter,
+    }
+}
+
+#[cfg(test)]
+mod log_filter_tests {
+    #[test]
+    fn the_database_driver_never_logs_below_info() {
+        let filter = super::log_filter("debug").to_string();
+        assert!(filter.contains("tokio_postgres=info"), "{filter}");
     }
 }
