@@ -37,9 +37,13 @@ pub struct HomieArgs {
     /// precedence over XAGENT_CONNECTOR_API_KEY and --api-key.
     #[arg(long, value_name = "PATH")]
     api_key_file: Option<PathBuf>,
-    /// Directory for the database and the snapshot files (created if missing).
+    /// Directory for the database and the snapshot files (created if missing). With
+    /// --database-url the runtime's state is in PostgreSQL and this directory keeps the files.
     #[arg(long)]
     state_dir: PathBuf,
+    /// The runtime's state in PostgreSQL (--database-url).
+    #[command(flatten)]
+    database: crate::database_args::DatabaseArgs,
     /// The MQTT broker, mqtt://[USER@]HOST:PORT (plain TCP). A password in the URL is refused:
     /// give it with --mqtt-password-file or XAGENT_HOMIE_MQTT_PASSWORD.
     #[arg(long)]
@@ -169,6 +173,7 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
         options.link.availability_debounce = Duration::from_millis(args.availability_debounce_ms);
         options.link.lost_grace = Duration::from_millis(args.lost_grace_ms);
         options.listener = limits;
+        options.database_url = args.database.database_url.clone();
         let homie = match Homie::open(options).await {
             Ok(homie) => homie,
             Err(error) => {

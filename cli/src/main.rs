@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod check;
 mod conformance;
+mod database_args;
 mod demo;
 mod homie;
 mod listen_args;

@@ -27,7 +27,9 @@ pub struct WebchatArgs {
     /// precedence over XAGENT_CONNECTOR_API_KEY and --api-key.
     #[arg(long, value_name = "PATH")]
     api_key_file: Option<PathBuf>,
-    /// Directory for the databases and files (created if missing).
+    /// Directory for the databases and files (created if missing). With --database-url the
+    /// runtime's state is in PostgreSQL and this directory keeps im.webchat's own database
+    /// (rooms, visitors, history) and the files.
     #[arg(long)]
     state_dir: PathBuf,
     /// The URL visitors reach this Connector at (pairing links start with it); default
@@ -37,6 +39,9 @@ pub struct WebchatArgs {
     /// The listener's connection limits.
     #[command(flatten)]
     listener: crate::listen_args::ListenArgs,
+    /// The runtime's state in PostgreSQL (--database-url).
+    #[command(flatten)]
+    database: crate::database_args::DatabaseArgs,
     /// Wrong access codes one room takes at once from all visitors' addresses together (F5);
     /// then it refuses joins until the budget refills. One address alone never reaches it.
     #[arg(long, value_name = "N", default_value_t = JOIN.room_burst)]
@@ -203,11 +208,14 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         };
         let (visitor_limits, sign_in_limits) = guess_limits(&args);
         let public_url = args.public_url.unwrap_or_else(|| local_url.clone());
-        let options = WebchatOptions::new(&args.state_dir, public_url.clone())
+        let mut options = WebchatOptions::new(&args.state_dir, public_url.clone())
             .with_api_key(Secret::new(api_key))
             .with_config(RuntimeConfig::default().with_listener(limits))
             .with_visitor_limits(visitor_limits)
             .with_sign_in_limits(sign_in_limits);
+        if let Some(url) = args.database.database_url.clone() {
+            options = options.with_database_url(url);
+        }
         let webchat = match Webchat::open(options).await {
             Ok(webchat) => webchat,
             Err(error) => {

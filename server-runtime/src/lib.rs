@@ -84,7 +84,7 @@
 //! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
 //! | `judge` | [`InboundJudge`]: the validator's rules on every received packet, and the answer to a refused one |
 //! | `error` | errors with the one map to wire codes and HTTP statuses |
-//! | `storage` | the [`Storage`] trait, SQLite, its group commit and the IM stores on it |
+//! | `storage` | the [`Storage`] trait, SQLite and its group commit, PostgreSQL (feature `postgres`) |
 //! | `binding` | [`Binding`], what is kept for a signed-in channel |
 //! | `config` | [`RuntimeConfig`], the tunables |
 //! | `listen` | the accept loop with its connection limits ([`ServeLimits`]; `admission`: per-address caps and rates, the data plane's reserved slots, eviction), the stop signal |
@@ -123,6 +123,12 @@
 //!   and concurrently across channels: a slow target on one channel never delays another.
 //! - Durable writes go through the storage's group commit (`synchronous=FULL` by default);
 //!   nothing is acknowledged before the transaction holding it committed.
+//! - Storage: SQLite in the state directory by default ([`ServerBuilder::state_dir`]), or
+//!   PostgreSQL with the cargo feature `postgres`: `ServerBuilder::database_url(url)` connects
+//!   in `build()`, applies the schema migrations (refusing a database migrated by a newer
+//!   binary) and keeps every durable fact there, with the same group-commit promise and the
+//!   same size limits (`WriteOp::check`). The Transfer Plane's files stay in the state
+//!   directory (docs/CLUSTER.md).
 //! - IM v1 `message.push` goes through the same outbox; its successful socket write is the
 //!   delivery boundary (v1 has no business ack). The handle refuses a `chat.message` when the
 //!   Card does not declare IM v2, and a `message.push` when it does not declare IM v1.
@@ -182,12 +188,18 @@ pub use server::{
 };
 pub use storage::{
     ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
-    SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous, ToolCallRecord, WriteOp,
-    private_database_files,
+    MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, SqliteOptions, SqliteStorage, Storage,
+    StorageError, Synchronous, ToolCallRecord, WriteOp, private_database_files,
 };
+#[cfg(feature = "postgres")]
+pub use storage::{PostgresOptions, PostgresStorage};
 pub use tokio_util::sync::CancellationToken;
 pub use xagent_profile_im::{ActivityAction, ActivityCapability};
 pub use xagent_protocol_types::BuildInfo;
+/// The PostgreSQL plumbing's URL (a secret: Display and Debug redact the password), pool
+/// options and error, re-exported for [`ServerBuilder::database_url`] (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use xagent_storage_postgres::{DatabaseUrl, PgError, PoolOptions};
 
 /// Everything a Connector author needs, in one import: the builder and server, the author
 /// traits and contexts, the common protocol types, and the derive macros for typed

@@ -26,6 +26,9 @@ pub struct ServerBuilder {
     api_key: Option<Secret>,
     files: Option<crate::files::FilesConfig>,
     state_dir: Option<std::path::PathBuf>,
+    /// PostgreSQL to connect to in [`ServerBuilder::build`] (feature `postgres`).
+    #[cfg(feature = "postgres")]
+    database: Option<(crate::DatabaseUrl, crate::storage::PostgresOptions)>,
     routes: Vec<RouteFn>,
     tasks: Vec<TaskFn>,
 }
@@ -106,11 +109,50 @@ impl ServerBuilder {
         self
     }
 
-    /// Uses `<dir>/connector.sqlite3` (WAL) as storage.
+    /// Uses `<dir>/connector.sqlite3` (WAL) as storage, and `<dir>/files` for the Transfer
+    /// Plane. After [`ServerBuilder::database_url`] the directory holds only the files: the
+    /// runtime's state stays in PostgreSQL.
     pub fn state_dir(mut self, dir: impl AsRef<std::path::Path>) -> Result<Self, ServerError> {
-        self.storage = Some(Arc::new(SqliteStorage::open(&dir)?));
+        if !self.uses_database() {
+            self.storage = Some(Arc::new(SqliteStorage::open(&dir)?));
+        }
         self.state_dir = Some(dir.as_ref().to_path_buf());
         Ok(self)
+    }
+
+    /// Keeps the runtime's state (connector id, channels and bindings, tool calls, the IM
+    /// outbox and receiver idempotency, meta) in the PostgreSQL database at `url` instead of
+    /// SQLite (feature `postgres`): [`ServerBuilder::build`] connects, applies the schema
+    /// migrations and refuses a database whose schema is newer than this binary knows.
+    #[cfg(feature = "postgres")]
+    #[must_use]
+    pub fn database_url(self, url: crate::DatabaseUrl) -> Self {
+        self.database_with(url, crate::storage::PostgresOptions::default())
+    }
+
+    /// [`ServerBuilder::database_url`] with explicit pool and group-commit options.
+    #[cfg(feature = "postgres")]
+    #[must_use]
+    pub fn database_with(
+        mut self,
+        url: crate::DatabaseUrl,
+        options: crate::storage::PostgresOptions,
+    ) -> Self {
+        self.storage = None;
+        self.database = Some((url, options));
+        self
+    }
+
+    /// Whether the state goes to PostgreSQL ([`ServerBuilder::database_url`]).
+    fn uses_database(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        {
+            self.database.is_some()
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            false
+        }
     }
 
     /// Injects the clock (tests use `ManualClock`).
@@ -135,7 +177,20 @@ impl ServerBuilder {
         if key_required && self.api_key.is_none() {
             return Err(DefinitionError::ApiKeyMissing.into());
         }
-        let storage = match self.storage {
+        #[cfg(feature = "postgres")]
+        let connected: Option<Arc<dyn Storage>> = match &self.database {
+            Some((url, options)) => {
+                let storage =
+                    crate::storage::PostgresStorage::connect(url, options.clone()).await?;
+                // The URL's Display redacts the password.
+                tracing::info!(database = %url, "runtime state in PostgreSQL");
+                Some(Arc::new(storage))
+            }
+            None => None,
+        };
+        #[cfg(not(feature = "postgres"))]
+        let connected: Option<Arc<dyn Storage>> = None;
+        let storage = match connected.or(self.storage) {
             Some(storage) => storage,
             None => Arc::new(SqliteStorage::in_memory()?),
         };
@@ -279,6 +334,8 @@ impl ConnectorServer {
             api_key: None,
             files: None,
             state_dir: None,
+            #[cfg(feature = "postgres")]
+            database: None,
             routes: Vec::new(),
             tasks: Vec::new(),
         }

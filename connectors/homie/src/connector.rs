@@ -120,6 +120,10 @@ pub struct HomieOptions {
     /// The HTTP listener's connection limits (per-address caps and rates, the data plane's
     /// reserved slots, trusted proxies; SECURITY.md, "The listener").
     pub listener: ServeLimits,
+    /// The runtime's state in this PostgreSQL database instead of SQLite in the state
+    /// directory (feature `postgres`); the files stay in the state directory.
+    #[cfg(feature = "postgres")]
+    pub database_url: Option<xagent_server_runtime::DatabaseUrl>,
 }
 
 impl HomieOptions {
@@ -134,6 +138,8 @@ impl HomieOptions {
             device: DeviceConfig::default(),
             bind_timeout: DEFAULT_BIND_TIMEOUT,
             listener: ServeLimits::default(),
+            #[cfg(feature = "postgres")]
+            database_url: None,
         }
     }
 }
@@ -447,7 +453,12 @@ impl Homie {
         };
         let connector = build(&app, options.device)?;
         let follow_app = app.clone();
-        let mut builder = ConnectorServer::builder(connector)
+        let mut builder = ConnectorServer::builder(connector);
+        #[cfg(feature = "postgres")]
+        if let Some(url) = options.database_url.clone() {
+            builder = builder.database_url(url);
+        }
+        builder = builder
             .config(RuntimeConfig::default().with_listener(options.listener))
             .state_dir(&options.state_dir)?
             .task(move |handle, shutdown| follow(follow_app, handle, shutdown));

@@ -128,6 +128,10 @@ pub struct WebchatOptions {
     /// Wrong codes tolerated through `auth.start` per channel and per room (F21; default
     /// [`GuessPolicy::sign_in`]).
     pub sign_in_limits: GuessPolicy,
+    /// The runtime's state in this PostgreSQL database instead of SQLite (feature
+    /// `postgres`); the Connector's own database and the files stay in the state directory.
+    #[cfg(feature = "postgres")]
+    pub database_url: Option<xagent_server_runtime::DatabaseUrl>,
 }
 
 impl std::fmt::Debug for WebchatOptions {
@@ -151,7 +155,17 @@ impl WebchatOptions {
             config: RuntimeConfig::default(),
             visitor_limits: VisitorLimits::default(),
             sign_in_limits: GuessPolicy::sign_in(),
+            #[cfg(feature = "postgres")]
+            database_url: None,
         }
+    }
+
+    /// Keeps the runtime's state in this PostgreSQL database (feature `postgres`).
+    #[cfg(feature = "postgres")]
+    #[must_use]
+    pub fn with_database_url(mut self, url: xagent_server_runtime::DatabaseUrl) -> Self {
+        self.database_url = Some(url);
+        self
     }
 
     /// Sets the limits on wrong codes through `auth.start` (F21).
@@ -218,7 +232,12 @@ impl Webchat {
         let (page, relay, presence) = (Arc::clone(&app), Arc::clone(&app), Arc::clone(&app));
         let recover = Arc::clone(&app);
         let limits = options.visitor_limits.clone();
-        let mut builder = ConnectorServer::builder(connector)
+        let mut builder = ConnectorServer::builder(connector);
+        #[cfg(feature = "postgres")]
+        if let Some(url) = options.database_url.clone() {
+            builder = builder.database_url(url);
+        }
+        builder = builder
             .state_dir(&options.state_dir)?
             .clock(Arc::clone(&options.clock))
             .config(options.config.clone())

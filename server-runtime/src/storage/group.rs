@@ -171,6 +171,13 @@ impl CommitTicket {
         Self(rx)
     }
 
+    /// A ticket and the sender that resolves it (for a backend's own writer).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn pending() -> (tokio::sync::oneshot::Sender<Result<(), StorageError>>, Self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (tx, Self(rx))
+    }
+
     /// Waits for the commit.
     pub async fn committed(self) -> Result<(), StorageError> {
         self.0.await.unwrap_or_else(|_| Err(writer_gone()))

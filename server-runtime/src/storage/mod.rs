@@ -13,15 +13,21 @@
 //! - `group`: its group-commit writer ([`GroupCommit`]): concurrent writes share one
 //!   transaction, and nothing is acknowledged before that transaction committed;
 //! - `write_op`: [`WriteOp`], one durable write, the stored form of records (shared by every
-//!   backend), and how the SQLite writer executes a write.
+//!   backend), and how the SQLite writer executes a write;
+//! - `postgres` (cargo feature `postgres`): [`PostgresStorage`], the same facts in a
+//!   PostgreSQL database, with a group-commit writer task of its own.
 
 mod group;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod sqlite;
 mod write_op;
 
 pub use group::{CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous};
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresOptions, PostgresStorage};
 pub use sqlite::{DATABASE_FILE, SqliteOptions, SqliteStorage, private_database_files};
-pub use write_op::WriteOp;
+pub use write_op::{MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, WriteOp};
 
 use std::collections::BTreeMap;
 

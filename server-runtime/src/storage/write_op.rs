@@ -245,8 +245,87 @@ impl std::fmt::Debug for WriteOp {
     }
 }
 
+/// Longest id or key a backend stores (a channel id, message id, tool-call key, meta key),
+/// in bytes: PostgreSQL's primary-key index takes about 2,700 bytes per row, so two of these
+/// fit; SQLite takes the same.
+pub const MAX_STORED_KEY_BYTES: usize = 1024;
+
+/// Longest value a backend stores (a payload, a result, a binding), in bytes: SQLite's own
+/// limit on one value, below PostgreSQL's (1 GiB).
+pub const MAX_STORED_VALUE_BYTES: usize = 1_000_000_000;
+
+impl WriteOp {
+    /// The rules every backend applies before writing (one home, so SQLite and PostgreSQL take
+    /// the same writes): ids and keys at most [`MAX_STORED_KEY_BYTES`], values at most
+    /// [`MAX_STORED_VALUE_BYTES`], and neither holding a NUL character, which PostgreSQL's `TEXT`
+    /// cannot store. Free text (a tool error's message, an outbox message's last error) may
+    /// hold one: backends store it as bytes where they must.
+    pub fn check(&self) -> Result<(), super::StorageError> {
+        let (keys, values): (Vec<&str>, Vec<&str>) = match self {
+            Self::Outbox(OutboxWrite::Save(r)) => {
+                (vec![r.channel.as_str(), r.message_id.as_str()], vec![r.payload.as_str()])
+            }
+            Self::Outbox(OutboxWrite::Delete(c, m))
+            | Self::Idempotency(IdempotencyWrite::Delete(c, m)) => {
+                (vec![c.as_str(), m.as_str()], Vec::new())
+            }
+            Self::Outbox(OutboxWrite::Attempt(a)) => {
+                (vec![a.channel.as_str(), a.message_id.as_str()], Vec::new())
+            }
+            Self::Idempotency(IdempotencyWrite::Save(r)) => {
+                (vec![r.channel.as_str(), r.message_id.as_str()], vec![r.fingerprint.as_str()])
+            }
+            Self::Idempotency(IdempotencyWrite::Trim { channel, .. }) => {
+                (vec![channel.as_str()], Vec::new())
+            }
+            Self::Idempotency(IdempotencyWrite::Expire { .. }) | Self::PruneToolCalls { .. } => {
+                (Vec::new(), Vec::new())
+            }
+            Self::ToolCall { channel, key, fingerprint, result, error, .. } => {
+                let mut values = vec![fingerprint.as_str()];
+                values.extend(result.as_deref());
+                values.extend(error.as_ref().map(|(code, _)| code.as_str()));
+                (vec![channel.as_str(), key.as_str()], values)
+            }
+            Self::Channel { id, connector_id, status, binding, tool_overrides, .. } => {
+                let mut values = vec![connector_id.as_str(), status.as_str()];
+                values.extend(binding.as_deref());
+                values.push(tool_overrides.as_str());
+                (vec![id.as_str()], values)
+            }
+            Self::DeleteChannel(id) => (vec![id.as_str()], Vec::new()),
+            Self::Meta { key, value } => {
+                (vec![key.as_str()], value.as_deref().into_iter().collect())
+            }
+        };
+        let refuse = |what: String| {
+            Err(super::StorageError::new(
+                "check a write",
+                format!("a write holds {what}; nothing of its submission was stored"),
+            ))
+        };
+        if let Some(key) = keys.iter().find(|k| k.len() > MAX_STORED_KEY_BYTES) {
+            return refuse(format!(
+                "an id or key of {} bytes (at most {MAX_STORED_KEY_BYTES})",
+                key.len()
+            ));
+        }
+        if let Some(value) = values.iter().find(|v| v.len() > MAX_STORED_VALUE_BYTES) {
+            return refuse(format!(
+                "a value of {} bytes (at most {MAX_STORED_VALUE_BYTES})",
+                value.len()
+            ));
+        }
+        if keys.iter().chain(&values).any(|text| text.contains('\0')) {
+            return refuse("a NUL character in an id, key or value".into());
+        }
+        Ok(())
+    }
+}
+
 /// Executes one write through the statement cache.
 pub(crate) fn execute(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
+    op.check().map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
     let exec = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> rusqlite::Result<()> {
         conn.prepare_cached(sql)?.execute(p).map(|_| ())
     };

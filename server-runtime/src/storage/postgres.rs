@@ -1,0 +1,355 @@
+//! The runtime's storage on PostgreSQL (cargo feature `postgres`): every durable fact the
+//! SQLite storage keeps, in the `server_*` tables of a shared database, with the same group
+//! commit promise (a ticket resolves only after the `COMMIT` of the transaction holding its
+//! writes).
+//!
+//! [`PostgresStorage::connect`] opens a bounded pool (through `xagent-storage-postgres`),
+//! applies the schema migrations of the component `server-runtime` (refusing a database whose
+//! schema is newer than this binary knows) and starts the writer task. Reads take a pooled
+//! connection each; every write goes through the writer.
+
+mod schema;
+mod writer;
+
+use std::sync::Arc;
+
+use deadpool_postgres::Object;
+use tokio_postgres::Row;
+use xagent_profile_im::{CompletedRecord, Fingerprint, PendingRecord};
+use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
+use xagent_storage_postgres::{DatabaseUrl, Pool, PoolOptions};
+
+use schema::COMPONENT;
+
+use super::group::{CommitTicket, GroupCommitConfig, GroupCommitStats};
+use super::write_op::{CONNECTOR_ID_KEY, ChannelRow, ToolCallRow, to_i64, to_u64};
+use super::{ChannelRecord, Storage, StorageError, ToolCallRecord, WriteOp};
+
+/// How the PostgreSQL storage connects and commits.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct PostgresOptions {
+    /// Pool size and timeouts (`xagent-storage-postgres`).
+    pub pool: PoolOptions,
+    /// Batching bounds of the group-commit writer (the same as SQLite's).
+    pub group_commit: GroupCommitConfig,
+}
+
+impl PostgresOptions {
+    /// Sets the pool options.
+    #[must_use]
+    pub fn with_pool(mut self, pool: PoolOptions) -> Self {
+        self.pool = pool;
+        self
+    }
+
+    /// Sets the group-commit bounds.
+    #[must_use]
+    pub fn with_group_commit(mut self, group_commit: GroupCommitConfig) -> Self {
+        self.group_commit = group_commit;
+        self
+    }
+}
+
+/// The runtime's storage on PostgreSQL. Clones share the pool and the writer; the writer
+/// commits what is queued and stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct PostgresStorage {
+    pool: Pool,
+    writer: Arc<writer::Writer>,
+    url: DatabaseUrl,
+}
+
+impl std::fmt::Debug for PostgresStorage {
+    /// Shows the database URL with its password redacted.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStorage").field("url", &self.url).finish_non_exhaustive()
+    }
+}
+
+impl PostgresStorage {
+    /// Connects to `url`, applies the runtime's schema migrations and starts the group-commit
+    /// writer (call it inside a tokio runtime). Fails with a clear error, never showing the
+    /// password, when the server cannot be reached or its schema is newer than this binary's.
+    pub async fn connect(
+        url: &DatabaseUrl,
+        options: PostgresOptions,
+    ) -> Result<Self, StorageError> {
+        let pool = xagent_storage_postgres::connect(url, options.pool.clone())
+            .await
+            .map_err(|e| StorageError::new("connect to PostgreSQL", e))?;
+        xagent_storage_postgres::migrate(&pool, COMPONENT, schema::MIGRATIONS)
+            .await
+            .map_err(|e| StorageError::new("migrate the PostgreSQL schema", e))?;
+        let writer = writer::Writer::start(pool.clone(), options.group_commit);
+        Ok(Self { pool, writer: Arc::new(writer), url: url.clone() })
+    }
+
+    /// The database URL (its Display and Debug redact the password).
+    pub fn url(&self) -> &DatabaseUrl {
+        &self.url
+    }
+
+    /// Counters of the group-commit writer (transactions, submissions, writes).
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.writer.counters.stats()
+    }
+
+    /// Queues writes for the group-commit writer: applied in submission order, all or none,
+    /// in one transaction with other callers' writes; the ticket resolves after `COMMIT`.
+    pub fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {
+        self.writer.submit(writes)
+    }
+
+    /// A driver error met during `operation`, scrubbed of the URL's secrets.
+    fn error(&self, operation: &'static str, e: &tokio_postgres::Error) -> StorageError {
+        StorageError::new(operation, self.pool.error(operation, e))
+    }
+
+    async fn client(&self, operation: &'static str) -> Result<Object, StorageError> {
+        self.pool.get().await.map_err(|e| StorageError::new(operation, e))
+    }
+
+    /// One row of `sql` with `params`, if any.
+    async fn query_opt(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<Row>, StorageError> {
+        let client = self.client(operation).await?;
+        let statement = client.prepare_cached(sql).await.map_err(|e| self.error(operation, &e))?;
+        client.query_opt(&statement, params).await.map_err(|e| self.error(operation, &e))
+    }
+
+    /// Every row of `sql` with `params`.
+    async fn query(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Row>, StorageError> {
+        let client = self.client(operation).await?;
+        let statement = client.prepare_cached(sql).await.map_err(|e| self.error(operation, &e))?;
+        client.query(&statement, params).await.map_err(|e| self.error(operation, &e))
+    }
+
+    /// The registered `connector_id`, if any.
+    pub async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
+        Ok(self.load_meta(CONNECTOR_ID_KEY).await?.map(ConnectorId::new))
+    }
+
+    /// Every stored channel, oldest first.
+    pub async fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
+        const OP: &str = "load channels";
+        let rows = self
+            .query(
+                OP,
+                "SELECT id, connector_id, status, binding, tool_overrides, created_at
+                 FROM server_channels ORDER BY created_at, id",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                ChannelRow {
+                    id: get(row, 0, OP)?,
+                    connector_id: get(row, 1, OP)?,
+                    status: get(row, 2, OP)?,
+                    binding: get(row, 3, OP)?,
+                    tool_overrides: get(row, 4, OP)?,
+                    created_at: get(row, 5, OP)?,
+                }
+                .decode()
+            })
+            .collect()
+    }
+
+    /// A stored tool call by `(channel, key)`.
+    pub async fn load_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+    ) -> Result<Option<ToolCallRecord>, StorageError> {
+        const OP: &str = "load tool call";
+        let row = self
+            .query_opt(
+                OP,
+                "SELECT fingerprint, result, error_code, error_message, completed_at
+                 FROM server_tool_calls WHERE channel = $1 AND key = $2",
+                &[&channel.as_str(), &key],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let message: Option<Vec<u8>> = get(&row, 3, OP)?;
+        ToolCallRow {
+            fingerprint: get(&row, 0, OP)?,
+            result: get(&row, 1, OP)?,
+            error_code: get(&row, 2, OP)?,
+            error_message: message.map(text_of),
+            completed_at: get(&row, 4, OP)?,
+        }
+        .decode()
+        .map(Some)
+    }
+
+    /// Deletes tool calls completed before `before` (Unix ms) in a transaction of its own
+    /// (as the SQLite storage does); returns how many.
+    pub async fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
+        const OP: &str = "prune tool calls";
+        let client = self.client(OP).await?;
+        let statement = client
+            .prepare_cached("DELETE FROM server_tool_calls WHERE completed_at < $1")
+            .await
+            .map_err(|e| self.error(OP, &e))?;
+        let deleted =
+            client.execute(&statement, &[&to_i64(before)]).await.map_err(|e| self.error(OP, &e))?;
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+
+    /// A small runtime value by key (e.g. the URL signing secret).
+    pub async fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
+        const OP: &str = "load meta";
+        let row =
+            self.query_opt(OP, "SELECT value FROM server_meta WHERE key = $1", &[&key]).await?;
+        row.map(|row| get(&row, 0, OP)).transpose()
+    }
+
+    /// Every pending outbox message, in `seq` order.
+    pub async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError> {
+        const OP: &str = "load pending messages";
+        let rows = self
+            .query(
+                OP,
+                "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
+                   expires_at, next_attempt_at, last_error FROM server_im_pending ORDER BY seq",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let attempts: i64 = get(row, 4, OP)?;
+                Ok(PendingRecord {
+                    channel: ConnectorChannelId::new(get::<String>(row, 0, OP)?),
+                    message_id: MessageId::new(get::<String>(row, 1, OP)?),
+                    seq: to_u64(get(row, 2, OP)?),
+                    payload: get(row, 3, OP)?,
+                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                    first_responsibility_at: to_u64(get(row, 5, OP)?),
+                    expires_at: to_u64(get(row, 6, OP)?),
+                    next_attempt_at: to_u64(get(row, 7, OP)?),
+                    last_error: get::<Option<Vec<u8>>>(row, 8, OP)?.map(text_of),
+                })
+            })
+            .collect()
+    }
+
+    /// One receiver idempotency record by its key (a point read on the primary key).
+    pub async fn lookup_completed(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StorageError> {
+        const OP: &str = "look up a completed message";
+        let row = self
+            .query_opt(
+                OP,
+                "SELECT fingerprint, completed_at FROM server_im_completed
+                 WHERE channel = $1 AND message_id = $2",
+                &[&channel.as_str(), &message_id.as_str()],
+            )
+            .await?;
+        row.map(|row| {
+            Ok(CompletedRecord {
+                channel: channel.clone(),
+                message_id: message_id.clone(),
+                fingerprint: Fingerprint::from_hex(get::<String>(&row, 0, OP)?),
+                completed_at: to_u64(get(&row, 1, OP)?),
+            })
+        })
+        .transpose()
+    }
+
+    /// Every receiver idempotency record, in any order.
+    pub async fn load_completed(&self) -> Result<Vec<CompletedRecord>, StorageError> {
+        const OP: &str = "load completed messages";
+        let rows = self
+            .query(
+                OP,
+                "SELECT channel, message_id, fingerprint, completed_at FROM server_im_completed",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(CompletedRecord {
+                    channel: ConnectorChannelId::new(get::<String>(row, 0, OP)?),
+                    message_id: MessageId::new(get::<String>(row, 1, OP)?),
+                    fingerprint: Fingerprint::from_hex(get::<String>(row, 2, OP)?),
+                    completed_at: to_u64(get(row, 3, OP)?),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A column of a row; a type mismatch (a schema this binary does not know) is an error.
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    index: usize,
+    operation: &'static str,
+) -> Result<T, StorageError> {
+    row.try_get(index).map_err(|e| StorageError::new(operation, e))
+}
+
+/// Free text stored as bytes; bytes that are not UTF-8 (never written by this crate) are
+/// shown with replacement characters rather than refused.
+fn text_of(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+#[async_trait::async_trait]
+impl Storage for PostgresStorage {
+    async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
+        PostgresStorage::load_connector_id(self).await
+    }
+
+    async fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
+        PostgresStorage::load_channels(self).await
+    }
+
+    async fn load_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+    ) -> Result<Option<ToolCallRecord>, StorageError> {
+        PostgresStorage::load_tool_call(self, channel, key).await
+    }
+
+    async fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
+        PostgresStorage::load_meta(self, key).await
+    }
+
+    async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError> {
+        PostgresStorage::load_pending(self).await
+    }
+
+    async fn lookup_completed(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StorageError> {
+        PostgresStorage::lookup_completed(self, channel, message_id).await
+    }
+
+    async fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
+        PostgresStorage::prune_tool_calls(self, before).await
+    }
+
+    fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {
+        PostgresStorage::commit(self, writes)
+    }
+}
+
+#[cfg(test)]
+mod tests;
