@@ -75,6 +75,7 @@ mod connector;
 mod error;
 mod guess;
 mod hub;
+mod messages;
 mod pairing;
 mod qr;
 mod rate;
@@ -223,6 +224,7 @@ impl Webchat {
         let store = Store::open(&options.state_dir)?;
         let app = Arc::new(App {
             store,
+            messages: std::sync::OnceLock::new(),
             hub: hub::Hub::default(),
             pairings: Mutex::new(pairing::Pairings::default()),
             sign_ins: Mutex::new(guess::GuessLimiter::new(options.sign_in_limits)),
@@ -253,6 +255,15 @@ impl Webchat {
             builder = builder.api_key(key);
         }
         let server = builder.build().await?;
+        let messages = messages::Messages::new(server.handle().author_store());
+        // Messages an older version kept in webchat.sqlite3 move to the runtime's storage once.
+        let legacy = app.store.take_legacy_messages()?;
+        if !legacy.is_empty() {
+            let moved = messages.move_legacy(legacy).await?;
+            app.store.forget_legacy_messages()?;
+            tracing::info!(moved, "moved stored messages to the runtime's storage");
+        }
+        let _ = app.messages.set(messages);
         Ok(Self { server, app })
     }
 
@@ -331,7 +342,13 @@ async fn relay_outbox_events(app: Arc<App>, handle: ConnectorHandle) {
             ),
             _ => continue,
         };
-        match app.store.set_status(message_id.as_str(), status, reason.as_deref()) {
+        let updated = match app.messages() {
+            Ok(messages) => {
+                messages.set_status(message_id.as_str(), status, reason.as_deref()).await
+            }
+            Err(error) => Err(error),
+        };
+        match updated {
             Ok(Some((room_id, entry))) => app.hub.message(&room_id, entry),
             Ok(None) => {}
             Err(error) => tracing::error!(%error, "could not record a delivery state"),
