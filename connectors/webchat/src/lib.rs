@@ -267,6 +267,32 @@ impl Webchat {
         Ok(Self { server, app })
     }
 
+    /// Stores a visitor text message the way a page's send does just before it hands the
+    /// message to the runtime, without handing it over: what a crash between the two steps
+    /// leaves (tests of the recovery, M4). Not for production use.
+    #[doc(hidden)]
+    pub async fn store_unqueued_visitor_message(
+        &self,
+        room_id: &str,
+        message: &xagent_protocol_types::ChatMessage,
+        client_id: &str,
+    ) -> Result<(), WebchatError> {
+        let outbound = serde_json::to_string(message).map_err(|e| {
+            xagent_server_runtime::StorageError::new("encoding an outbound message", e)
+        })?;
+        let entry = ChatEntry {
+            message_id: message.message_id.to_string(),
+            author: Author::Visitor,
+            text: message.text.clone(),
+            files: Vec::new(),
+            status: EntryStatus::Sending,
+            error: None,
+            client_id: Some(client_id.to_owned()),
+            created_at: message.created_at.unwrap_or_else(|| self.server.handle().now_millis()),
+        };
+        self.app.messages()?.insert(room_id, &entry, Some(&outbound)).await.map(|_| ())
+    }
+
     /// The Connector Card.
     pub fn card(&self) -> &ConnectorCard {
         self.server.card()
