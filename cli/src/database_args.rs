@@ -18,13 +18,32 @@ pub struct DatabaseArgs {
     /// XAGENT_CONNECTOR_DATABASE_URL: a password on the command line is visible to every
     /// local user in the process list.
     #[arg(long = "database-url", env = ENV_DATABASE_URL, hide_env_values = true,
-          value_name = "URL", value_parser = parse_database_url)]
+          value_name = "URL", value_parser = DatabaseUrlParser)]
     pub database_url: Option<DatabaseUrl>,
 }
 
-/// Parses a URL; the error never repeats the password.
-fn parse_database_url(text: &str) -> Result<DatabaseUrl, String> {
-    DatabaseUrl::parse(text).map_err(|e| e.to_string())
+/// Parses the flag into a [`DatabaseUrl`]. A refusal is clap's raw error with the parser's
+/// reason only: clap's usual "invalid value '...'" would repeat the URL, password included.
+#[derive(Clone, Copy, Debug)]
+struct DatabaseUrlParser;
+
+impl clap::builder::TypedValueParser for DatabaseUrlParser {
+    type Value = DatabaseUrl;
+
+    fn parse_ref(
+        &self,
+        _cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<DatabaseUrl, clap::Error> {
+        use clap::error::ErrorKind;
+        let text = value.to_str().ok_or_else(|| {
+            clap::Error::raw(ErrorKind::InvalidUtf8, "--database-url must be valid UTF-8\n")
+        })?;
+        DatabaseUrl::parse(text).map_err(|e| {
+            clap::Error::raw(ErrorKind::InvalidValue, format!("--database-url: {e}\n"))
+        })
+    }
 }
 
 #[cfg(test)]

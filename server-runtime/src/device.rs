@@ -31,6 +31,66 @@ use crate::author::call::DeviceCode;
 use crate::storage::ChannelRecord;
 use crate::tool_calls::ToolOutcome;
 
+/// The arrival order of device calls per channel: each call takes a number when it arrives
+/// and may reach the gate once every earlier call of its channel did (or gave up).
+#[derive(Default)]
+struct Turns {
+    waiting: Mutex<HashMap<ConnectorChannelId, std::collections::BTreeSet<u64>>>,
+    next: std::sync::atomic::AtomicU64,
+    changed: tokio::sync::Notify,
+}
+
+impl Turns {
+    fn take(&self, channel: &ConnectorChannelId) -> Turn<'_> {
+        let number = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut waiting = self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        waiting.entry(channel.clone()).or_default().insert(number);
+        Turn { turns: self, channel: channel.clone(), number }
+    }
+}
+
+/// One call's place in its channel's arrival order; dropping it gives the place up.
+pub(crate) struct Turn<'a> {
+    turns: &'a Turns,
+    channel: ConnectorChannelId,
+    number: u64,
+}
+
+impl Turn<'_> {
+    fn is_first(&self) -> bool {
+        let waiting = self.turns.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        waiting.get(&self.channel).and_then(|set| set.first()) == Some(&self.number)
+    }
+
+    /// Resolves once every earlier call of the channel reached the gate or gave up.
+    async fn wait(&self) {
+        loop {
+            let changed = self.turns.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_first() {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut waiting =
+            self.turns.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(set) = waiting.get_mut(&self.channel) {
+            set.remove(&self.number);
+            if set.is_empty() {
+                waiting.remove(&self.channel);
+            }
+        }
+        drop(waiting);
+        self.turns.changed.notify_waiters();
+    }
+}
+
 /// What the builder collected: the author's target, the device Tool declarations, policies.
 pub(crate) struct DeviceDef {
     pub(crate) code: DeviceCode,
@@ -64,6 +124,9 @@ pub(crate) fn checked_result(
 /// The device rules of a running Connector.
 pub(crate) struct DeviceRuntime {
     pub(crate) code: DeviceCode,
+    /// Arrival order of each channel's device calls, kept across the read of their stored
+    /// record (an await that may finish out of order) until the gate admitted them.
+    turns: Turns,
     /// The device Tool ids, fixed when the Connector is built: asked on every `tool.invoke`
     /// (and under the state lock), so answered without taking the gate's lock.
     tool_ids: std::collections::BTreeSet<ToolId>,
@@ -85,12 +148,19 @@ impl DeviceRuntime {
         Ok(Self {
             code: def.code,
             tool_ids,
+            turns: Turns::default(),
             inner: Mutex::new(Inner { gate, waiting: HashMap::new() }),
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes the next place in the channel's arrival order (without waiting): call it when
+    /// the call arrives, and hand the turn to [`DeviceRuntime::run`].
+    pub(crate) fn turn(&self, channel: &ConnectorChannelId) -> Turn<'_> {
+        self.turns.take(channel)
     }
 
     /// True for a Tool declared as a device Tool.
@@ -119,8 +189,11 @@ impl DeviceRuntime {
         tool_id: &ToolId,
         arguments: &Map<String, Value>,
         now: u64,
+        turn: Turn<'_>,
         call: impl Future<Output = Result<Value, ToolError>>,
     ) -> (ToolOutcome, bool) {
+        // The gate admits calls in the order they arrived on the channel.
+        turn.wait().await;
         let (tx, rx) = oneshot::channel();
         let (op, config) = {
             let mut inner = self.lock();
@@ -132,6 +205,7 @@ impl DeviceRuntime {
             Self::start_ready(&mut inner, now);
             (admitted.op, *inner.gate.config())
         };
+        drop(turn);
         match tokio::time::timeout(millis(config.executor.queue_timeout_ms), rx).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => return (Err(wire(&e)), false),
@@ -241,5 +315,41 @@ impl DeviceRuntime {
             record.tool_overrides.insert(tool_id, tool);
         }
         before != (record.status.clone(), record.tool_overrides.clone())
+    }
+}
+
+#[cfg(test)]
+mod turn_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn device_calls_reach_the_gate_in_arrival_order_whatever_order_they_get_ready_in() {
+        let turns = Turns::default();
+        let channel = ConnectorChannelId::new("cch_a");
+        let first = turns.take(&channel);
+        let second = turns.take(&channel);
+        let other = turns.take(&ConnectorChannelId::new("cch_b"));
+        // Another channel never waits for this one.
+        other.wait().await;
+        // The second is ready first (its stored-record read came back first): it waits.
+        let waiting = tokio::time::timeout(Duration::from_millis(50), second.wait()).await;
+        assert!(waiting.is_err(), "the second call waits for the first");
+        first.wait().await;
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(5), second.wait())
+            .await
+            .expect("once the first reached the gate, the second goes");
+    }
+
+    #[tokio::test]
+    async fn a_call_that_gives_up_its_turn_lets_the_next_go() {
+        let turns = Turns::default();
+        let channel = ConnectorChannelId::new("cch_a");
+        let replayed = turns.take(&channel);
+        let next = turns.take(&channel);
+        drop(replayed); // answered from its stored record, never reaching the gate
+        tokio::time::timeout(Duration::from_secs(5), next.wait()).await.expect("not blocked");
+        drop(next);
+        assert!(turns.waiting.lock().unwrap().is_empty(), "no state kept for an idle channel");
     }
 }

@@ -28,7 +28,7 @@ pub struct ServerBuilder {
     state_dir: Option<std::path::PathBuf>,
     /// PostgreSQL to connect to in [`ServerBuilder::build`] (feature `postgres`).
     #[cfg(feature = "postgres")]
-    database: Option<(crate::DatabaseUrl, crate::storage::PostgresOptions)>,
+    database: Option<(xagent_storage_postgres::DatabaseUrl, crate::storage::PostgresOptions)>,
     routes: Vec<RouteFn>,
     tasks: Vec<TaskFn>,
 }
@@ -126,7 +126,7 @@ impl ServerBuilder {
     /// migrations and refuses a database whose schema is newer than this binary knows.
     #[cfg(feature = "postgres")]
     #[must_use]
-    pub fn database_url(self, url: crate::DatabaseUrl) -> Self {
+    pub fn database_url(self, url: xagent_storage_postgres::DatabaseUrl) -> Self {
         self.database_with(url, crate::storage::PostgresOptions::default())
     }
 
@@ -135,7 +135,7 @@ impl ServerBuilder {
     #[must_use]
     pub fn database_with(
         mut self,
-        url: crate::DatabaseUrl,
+        url: xagent_storage_postgres::DatabaseUrl,
         options: crate::storage::PostgresOptions,
     ) -> Self {
         self.storage = None;

@@ -4,7 +4,6 @@
 //! schema is refused, an unreachable server is named without the password) follow at the end.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use xagent_profile_im::{
     AttemptUpdate, CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord,
@@ -21,7 +20,7 @@ use xagent_server_runtime::{
 enum Place {
     Sqlite(tempfile::TempDir),
     #[cfg(feature = "postgres")]
-    Postgres(xagent_server_runtime::DatabaseUrl),
+    Postgres(Box<xagent_server_runtime::DatabaseUrl>),
 }
 
 impl Place {
@@ -31,9 +30,8 @@ impl Place {
 
     #[cfg(feature = "postgres")]
     async fn postgres() -> Self {
-        Self::Postgres(
-            xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await,
-        )
+        let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+        Self::Postgres(Box::new(url))
     }
 
     /// Opens (or reopens) the backend over this place.
@@ -510,7 +508,8 @@ contract!(
 /// Rules only the PostgreSQL backend has.
 #[cfg(feature = "postgres")]
 mod postgres_only {
-    use super::*;
+    use std::time::Duration;
+
     use xagent_server_runtime::{
         DatabaseUrl, PgError, PoolOptions, PostgresOptions, PostgresStorage,
     };

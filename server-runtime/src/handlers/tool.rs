@@ -146,10 +146,12 @@ impl Conn {
                 // Device Profile rules around the author's code (device.rs).
                 Some(device) => {
                     let now = shared.now();
+                    // Its place in the channel's order is taken now, as it arrives.
+                    let turn = device.turn(&channel);
                     let (channel, tool_id) = (channel.clone(), tool_id.clone());
                     Box::pin(async move {
                         let call = call_tool(tool, ctx, arguments.clone());
-                        device.run(&channel, &tool_id, &arguments, now, call).await
+                        device.run(&channel, &tool_id, &arguments, now, turn, call).await
                     })
                 }
                 // Any other Tool; on a device Connector its result still passes the media check.
