@@ -25,7 +25,7 @@ use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, WsClient, has_error, payload_json}
 enum Place {
     Sqlite(tempfile::TempDir),
     #[cfg(feature = "postgres")]
-    Postgres(xagent_server_runtime::DatabaseUrl),
+    Postgres(Box<xagent_server_runtime::DatabaseUrl>),
 }
 
 impl Place {
@@ -35,9 +35,9 @@ impl Place {
 
     #[cfg(feature = "postgres")]
     async fn postgres() -> Self {
-        Self::Postgres(
+        Self::Postgres(Box::new(
             xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await,
-        )
+        ))
     }
 
     async fn open(&self) -> Arc<dyn Storage> {
@@ -232,6 +232,9 @@ fn note_connector(counts: &Counts) -> Connector {
                     let write = AuthorWrite::put(&args.namespace, &args.text, format!("run {run}"))
                         .map_err(|e| ToolError::failed(e.to_string()))?;
                     ctx.stage(write);
+                    if args.text == "then fail" {
+                        return Err(ToolError::failed("failed after staging"));
+                    }
                     let shown = counts.shown.clone();
                     ctx.after_commit(move || {
                         shown.fetch_add(1, Ordering::SeqCst);
@@ -366,12 +369,18 @@ async fn a_failing_commit_acknowledges_neither_the_call_nor_its_staged_write() {
     let again = c.call(again).await;
     assert!(has_error(&again, &ErrorCode::InternalError), "{again:?}");
     assert_eq!(counts.runs.load(Ordering::SeqCst), 2);
+    // A call that fails after staging keeps nothing of what it staged.
+    let failing = note(&mut c, &channel, "call_g", "test.notes", "then fail");
+    let failing = c.call(failing).await;
+    assert!(has_error(&failing, &ErrorCode::ToolInvokeFailed), "{failing:?}");
+    assert_eq!(storage.get("test.notes", "then fail").await.unwrap(), None);
+    assert_eq!(counts.runs.load(Ordering::SeqCst), 3);
     // Once the database takes it, the repeat succeeds and both are stored.
     db.execute_batch("DROP TRIGGER refuse").unwrap();
     let ok = note(&mut c, &channel, "call_f", REFUSED, "lost");
     let ok = c.call(ok).await;
-    assert_eq!(payload_json(&ok)["result"], json!({ "run": 3 }), "{ok:?}");
-    assert_eq!(storage.get(REFUSED, "lost").await.unwrap(), Some(b"run 3".to_vec()));
+    assert_eq!(payload_json(&ok)["result"], json!({ "run": 4 }), "{ok:?}");
+    assert_eq!(storage.get(REFUSED, "lost").await.unwrap(), Some(b"run 4".to_vec()));
     assert_eq!(counts.shown.load(Ordering::SeqCst), 1);
     served.stop().await;
 }

@@ -143,13 +143,13 @@ impl Messages {
         entry: &ChatEntry,
         outbound: Option<&str>,
     ) -> Result<Prepared, WebchatError> {
-        if let Some(key) = self.key_of(IDS, &entry.message_id).await? {
-            if let Some(stored) = self.load(&key).await? {
-                if key.starts_with(&format!("{room_id}/")) {
-                    return Ok(Prepared::Existing(stored.entry));
-                }
-                return Err(WebchatError::InvalidInput("this message id is in use".into()));
+        if let Some(key) = self.key_of(IDS, &entry.message_id).await?
+            && let Some(stored) = self.load(&key).await?
+        {
+            if key.starts_with(&format!("{room_id}/")) {
+                return Ok(Prepared::Existing(stored.entry));
             }
+            return Err(WebchatError::InvalidInput("this message id is in use".into()));
         }
         if let Some(client_id) = entry.client_id.as_deref()
             && let Some(existing) = self.entry_by_client(room_id, client_id).await?
@@ -313,7 +313,7 @@ impl Messages {
     /// new one), so a move repeated after a crash rewrites the same records.
     pub(crate) async fn move_legacy(
         &self,
-        rows: Vec<(String, i64, ChatEntry, Option<String>)>,
+        rows: Vec<crate::store::LegacyMessage>,
     ) -> Result<usize, WebchatError> {
         let moved = rows.len();
         let mut batch = Vec::new();

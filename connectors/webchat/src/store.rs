@@ -215,6 +215,10 @@ pub enum Inserted {
     Existing(ChatEntry),
 }
 
+/// A message an older version kept in `webchat.sqlite3`: its room, its order number, the
+/// message, and the `chat.message` kept while it was sending.
+pub(crate) type LegacyMessage = (String, i64, ChatEntry, Option<String>);
+
 /// The SQLite store.
 pub struct Store {
     conn: Mutex<Connection>,
@@ -848,9 +852,7 @@ impl Store {
 
     /// Every message an older version kept here (`room_id, seq, message, outbound`), in
     /// `seq` order, to move to the runtime's storage (`messages.rs`); empty once moved.
-    pub(crate) fn take_legacy_messages(
-        &self,
-    ) -> Result<Vec<(String, i64, ChatEntry, Option<String>)>, WebchatError> {
+    pub(crate) fn take_legacy_messages(&self) -> Result<Vec<LegacyMessage>, WebchatError> {
         let conn = self.conn();
         let sql = format!(
             "SELECT {}, room_id, seq, outbound FROM messages ORDER BY seq ASC",

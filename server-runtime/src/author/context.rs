@@ -107,7 +107,8 @@ impl ToolContext {
     /// Stages an author write on this call: it commits in the same transaction as the call's
     /// tool-call record (or alone, for a Tool that records no calls), and the Tool's answer
     /// goes out only after that commit. A repeat of the call finds both or neither; when the
-    /// commit fails, the call is answered with an error and nothing staged happened.
+    /// commit fails, the call is answered with an error and nothing staged happened. A call
+    /// that returns an error commits none of its staged writes.
     pub fn stage(&self, write: crate::AuthorWrite) {
         self.staged.push(write);
     }

@@ -207,8 +207,13 @@ impl Conn {
         }
         let (mut outcome, reached) = call.await;
         // The author's staged writes ride the same transaction as the record; a Tool that
-        // records no calls commits them alone. Either way the answer waits for the commit.
-        let (mut writes, after) = staged.take();
+        // records no calls commits them alone. Either way the answer waits for the commit. A
+        // call that failed keeps none of them.
+        let (mut writes, mut after) = staged.take();
+        if outcome.is_err() {
+            writes.clear();
+            after.clear();
+        }
         let staged_any = !writes.is_empty();
         // A device call refused before it reached the device is not the call's outcome: a
         // retry once the device is back may run.
