@@ -4,7 +4,7 @@
 //! What is stored: the registered `connector_id`; every channel with its owner, status,
 //! binding (Descriptor target + private material) and Tool overrides; the IM outbox and the
 //! receiver idempotency set (`profile-im`'s records, committed as [`WriteOp`]s); tool-call
-//! idempotency.
+//! idempotency; the Connector's own records (the author store, [`crate::AuthorStore`]).
 //! File references are persisted by `file-transfer` itself. Open auth sessions are kept in
 //! memory only: an interrupted sign-in is restarted by the user.
 
