@@ -205,7 +205,7 @@ impl StandIn {
             .map_err(|e| format!("the stand-in did not admit the Connector: {e}"))?;
         let config = ClientConfig::for_card(self.base.clone(), &admitted.card)
             .with_api_key(Secret::new(self.api_key.clone()));
-        let (plane, mut events) = DataPlane::connect(config).map_err(|e| e.to_string())?;
+        let (plane, mut events) = DataPlane::connect(config).await.map_err(|e| e.to_string())?;
         tokio::time::timeout(Duration::from_secs(15), plane.connected())
             .await
             .map_err(|_| "the stand-in could not reach the Connector".to_owned())?

@@ -34,6 +34,11 @@ pub struct McpArgs {
     /// readable only by you); default: ~/.local/state/xagent-connector/mcp/<host-port>.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// With a database: the runtime's state (the remembered channel, outbox, idempotency)
+    /// lives there instead of the state directory, and several bridges of one Card may share
+    /// it: only the holder of the Card's holder lease connects, the others wait to take over.
+    #[command(flatten)]
+    database: crate::database_args::DatabaseArgs,
     /// Serve MCP over streamable HTTP at http://ADDR/mcp instead of stdio; ADDR must be a
     /// loopback address (127.0.0.1:PORT or [::1]:PORT). Every request needs
     /// `Authorization: Bearer <token>`.
@@ -110,6 +115,7 @@ pub fn run_command(args: McpArgs) -> ExitCode {
             allowed,
             health_interval: std::time::Duration::from_secs(30),
             download,
+            database_url: args.database.database_url,
         },
         state_dir,
     };

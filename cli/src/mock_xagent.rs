@@ -13,9 +13,11 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde_json::{Map, Value};
+use std::sync::Arc;
+
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, DownloadPolicy, FileSink,
-    PacketTap, TapDirection, admit,
+    BaseUrl, ClientConfig, ClientEvent, ConnectionState, ControlPlane, DataPlane, DownloadPolicy,
+    FileSink, HolderLease, PacketTap, PostgresXagentStore, TapDirection, admit,
 };
 use xagent_client_runtime::{CHANNEL_ARGUMENT, fill_channel_argument};
 use xagent_protocol_types::{
@@ -54,6 +56,11 @@ pub struct MockXagentArgs {
     /// be downloaded from (repeatable); it must resolve to public addresses.
     #[arg(long = "allow-download-origin", value_name = "ORIGIN")]
     download_origins: Vec<String>,
+    /// With a database: the mock's state (channels, outbox, idempotency) lives there, several
+    /// mocks of one Card may share it, and only the holder of the Card's holder lease
+    /// connects; the others stand by and take over, with the channels, when it stops.
+    #[command(flatten)]
+    database: crate::database_args::DatabaseArgs,
 }
 
 /// The xAgent user the mock acts for.
@@ -139,7 +146,20 @@ async fn session(
         };
         println!("{arrow} {}", redact(text));
     }));
-    let (plane, mut events) = match DataPlane::connect(config) {
+    if let Some(url) = &args.database.database_url {
+        match PostgresXagentStore::connect(url, card.connector_card_id.as_str()).await {
+            Ok(store) => {
+                println!("{} state in {url}", paint(color, "1", "database"));
+                config =
+                    config.with_store(Arc::new(store)).with_holder_lease(HolderLease::random());
+            }
+            Err(error) => {
+                eprintln!("the database could not be opened: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let (plane, mut events) = match DataPlane::connect(config).await {
         Ok(started) => started,
         Err(error) => {
             eprintln!("the data plane could not start: {error}");
@@ -147,11 +167,39 @@ async fn session(
         }
     };
     plane.set_file_sink(std::sync::Arc::new(CountFiles { color }));
-    if plane.connected().await.is_err() {
+    // A mock sharing a database may wait for another to stop: say so while it waits.
+    let mut states = plane.watch_state();
+    let waiting = tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let holder = match &*states.borrow_and_update() {
+                ConnectionState::Standby { holder } => Some(holder.clone()),
+                _ => None,
+            };
+            if let Some(holder) = holder
+                && last.as_ref() != Some(&holder)
+            {
+                let name = holder.clone().unwrap_or_else(|| "another process".into());
+                println!("{} {name} holds the data plane; waiting", paint(color, "33", "standby"));
+                last = Some(holder);
+            }
+            if states.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+    let connected = plane.connected().await;
+    waiting.abort();
+    if connected.is_err() {
         eprintln!("the data plane stopped before hello completed");
         return ExitCode::FAILURE;
     }
-    if !args.no_channel {
+    // A mock that took over from another one finds its channels in the database, reopened.
+    let taken_over = !plane.channels().await.is_empty();
+    if taken_over {
+        println!("{} the remembered channels are reopened", paint(color, "1", "resumed"));
+    }
+    if !args.no_channel && !taken_over {
         match plane.open_channel_for(MOCK_USER, None).await {
             Ok(opened) => {
                 let channel = opened.connector_channel_id.clone();

@@ -52,7 +52,7 @@ async fn upload_ref_rule_webchat_file_send_end_to_end() {
     let admitted = admit(&control, &AdmissionWindow::default(), None).await.expect("admitted");
     let config =
         ClientConfig::for_card(base_url, &admitted.card).with_api_key(Secret::new(API_KEY));
-    let (plane, _events) = DataPlane::connect(config).expect("starts");
+    let (plane, _events) = DataPlane::connect(config).await.expect("starts");
     plane.set_file_source(Arc::new(Conversation));
     plane.connected().await.expect("online");
     let channel = plane.open_channel_for("alice", None).await.expect("opened").connector_channel_id;

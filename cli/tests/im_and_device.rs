@@ -139,7 +139,7 @@ async fn rule_a_channel_has_the_target_type_of_its_flow_and_only_its_profiles() 
         [ProfileId::new(PROFILE_IM_V2), ProfileId::new(PROFILE_DEVICE_V1)],
         "the xAgent supports both Profiles"
     );
-    let (plane, _events) = DataPlane::connect(config).expect("starts");
+    let (plane, _events) = DataPlane::connect(config).await.expect("starts");
     plane.connected().await.expect("online");
 
     let (chat, chat_descriptor) = sign_in(&plane, "lab_chat", "room", "Lobby").await;
@@ -206,7 +206,7 @@ async fn rule_a_flow_for_a_target_type_without_a_negotiated_profile_is_refused()
     let mut config =
         ClientConfig::for_card(base_url, &admitted.card).with_api_key(Secret::new(KEY));
     config.supported_profiles = vec![ProfileId::new(PROFILE_IM_V2)];
-    let (plane, _events) = DataPlane::connect(config).expect("starts");
+    let (plane, _events) = DataPlane::connect(config).await.expect("starts");
     plane.connected().await.expect("online");
     let channel = plane.open_channel_for("alice", None).await.expect("opens");
     assert_eq!(channel.connection_descriptor.connection.target_type, TargetType::Im);

@@ -62,7 +62,7 @@ pub async fn sign_in_and_call(args: Args) -> Result<(DataPlane, Events, ToolOutc
 
     // The data plane: hello, reconnect forever, every packet judged by the session.
     let config = ClientConfig::for_card(base, &admitted.card).with_api_key(key);
-    let (plane, events) = DataPlane::connect(config)?;
+    let (plane, events) = DataPlane::connect(config).await?;
     plane.connected().await?;
 
     // A channel for the user "alice", signed in with the flow's form fields.

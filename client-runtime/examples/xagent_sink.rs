@@ -102,14 +102,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let log_path = args.state_dir.join("accepted.log");
     reconcile(&log_path, &completed)?;
     let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
-    let first_start = store.load_channels()?.is_empty();
+    let first_start = store.load_channels().await?.is_empty();
 
     let config =
         ClientConfig::new(BaseUrl::parse(&args.url)?, "im.echo", vec!["xagent.im.v2".into()])
             .with_api_key(Secret::new(args.api_key.clone()))
             .with_store(Arc::new(store));
     // The runtime reopens the remembered channels by itself.
-    let (plane, mut events) = DataPlane::connect(config)?;
+    let (plane, mut events) = DataPlane::connect(config).await?;
     plane.connected().await?;
 
     if first_start {

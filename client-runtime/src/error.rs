@@ -94,6 +94,10 @@ pub enum ClientError {
     /// The durable store failed.
     #[error(transparent)]
     Store(#[from] xagent_profile_im::StoreError),
+    /// A write was not committed (the backend failed, or the holder lease moved on and this
+    /// process may no longer deliver or acknowledge); nothing of it was stored.
+    #[error(transparent)]
+    Commit(#[from] crate::store::CommitError),
     /// A `chat.message.delta` was not sent: its `sequence` is not the next one of its message
     /// (0, a gap, or a repeat with other text), or a per-message bound was reached; the same
     /// verdict the Connector would give.
@@ -139,7 +143,7 @@ impl ClientError {
                 error.code.clone()
             }
             Self::TooLarge { .. } => ErrorCode::PayloadTooLarge,
-            Self::Store(_) => ErrorCode::InternalError,
+            Self::Store(_) | Self::Commit(_) => ErrorCode::InternalError,
             Self::Delta(error) => error.code(),
             Self::StreamClosed { .. } => ErrorCode::SequenceConflict,
             Self::OutboundFile(error) => error.code(),

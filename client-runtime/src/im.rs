@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use xagent_profile_im::{
-    Admission, Delivery, DeltaAction, EnqueueOutcome, OutboxStats, validate_chat_message,
+    Admission, Delivery, DeltaAction, EnqueueOutcome, IdempotencyWrite, OutboxStats,
+    validate_chat_message,
 };
 use xagent_protocol_types::{
     ChatActivity, ChatFile, ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId,
@@ -16,18 +17,23 @@ use xagent_protocol_types::{
 
 use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, lock, send_on};
 use crate::im_state::ImState;
+use crate::store::CommitError;
 use crate::stream::MessageStream;
 use crate::uploads::message_file;
 use crate::{ClientError, DataPlane, DownloadError, FileContent, ids, loggable_url};
 
 /// Sends every outbox delivery that is due. Safe to call at any time. The IM lock is not held
-/// while packets are written: deliveries are marked sent first and marked failed if the write
-/// did not happen.
+/// while packets are written: deliveries are marked sent first (their attempt counts committed
+/// under the holder lease before a packet leaves, so a fenced process delivers nothing) and
+/// marked failed if the write did not happen.
 pub(crate) async fn pump(shared: &Arc<Shared>) {
     let now = shared.now();
     let mut ready = Vec::new();
-    {
+    let ticket = {
         let mut im = shared.im.lock().await;
+        if !im.may_act() {
+            return;
+        }
         if let Err(error) = im.outbox.poll_timeouts(now) {
             tracing::warn!(error = %error, "outbox timeout check failed");
         }
@@ -48,7 +54,25 @@ pub(crate) async fn pump(shared: &Arc<Shared>) {
             }
             ready.push((channel, message_id, packet));
         }
+        im.flush(Vec::new())
+    };
+    if let Err(error) = ticket.await {
+        shared.commit_failed("the outbox's delivery attempts", &error);
+        // Nothing leaves: the messages wait for the next attempt (or for the next holder).
+        let mut im = shared.im.lock().await;
+        for (channel, message_id, _) in &ready {
+            if let Err(error) =
+                im.outbox.on_send_failed(channel, message_id, &error.to_string(), shared.now())
+            {
+                tracing::warn!(error = %error, "outbox bookkeeping failed");
+            }
+        }
+        let ticket = im.flush(Vec::new());
+        drop(im);
+        shared.watch_commit("the outbox's unsent deliveries", ticket);
+        return;
     }
+    let mut failed = false;
     for (channel, message_id, packet) in ready {
         if let Err(error) = send_on(shared, &packet).await {
             let mut im = shared.im.lock().await;
@@ -57,7 +81,12 @@ pub(crate) async fn pump(shared: &Arc<Shared>) {
             {
                 tracing::warn!(error = %error, "outbox bookkeeping failed");
             }
+            failed = true;
         }
+    }
+    if failed {
+        let ticket = shared.im.lock().await.flush(Vec::new());
+        shared.watch_commit("the outbox's failed sends", ticket);
     }
 }
 
@@ -68,12 +97,19 @@ pub(crate) async fn run_pump(shared: Arc<Shared>) {
         ticker.tick().await;
         pump(&shared).await;
         let now = shared.now();
-        let mut im = shared.im.lock().await;
-        if let Err(error) = im.outbox.maintain(now) {
-            tracing::warn!(error = %error, "outbox maintenance failed");
-        }
-        if let Err(error) = im.receiver.prune(now) {
-            tracing::warn!(error = %error, "idempotency pruning failed");
+        let ticket = {
+            let mut im = shared.im.lock().await;
+            if !im.may_act() {
+                continue;
+            }
+            if let Err(error) = im.outbox.maintain(now) {
+                tracing::warn!(error = %error, "outbox maintenance failed");
+            }
+            let expiry = im.receiver.prune_deferred(now);
+            im.flush(ImState::idempotency(expiry))
+        };
+        if let Err(error) = ticket.await {
+            shared.commit_failed("the outbox's maintenance", &error);
         }
     }
 }
@@ -98,10 +134,9 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, mut packet: Packet) {
         send_ack(shared, &packet, ack).await;
         return;
     }
-    let admission = {
-        let mut im = shared.im.lock().await;
-        let persisted = im.persisted(&channel);
-        im.receiver.begin_chat(&persisted, &message, now)
+    let Some(admission) = admit(shared, &channel, &message, now).await else {
+        // Standing by: the holder answers the redelivery.
+        return;
     };
     let ack = match admission {
         Ok(Admission::Process(ticket)) => {
@@ -224,22 +259,67 @@ async fn finish(
         message: "the message was not handled".into(),
         retryable: true,
     });
-    let ack = {
+    let (ack, commit) = {
         let mut im = shared.im.lock().await;
         match verdict {
-            Verdict::Accept => match im.receiver.complete(ticket, shared.now()) {
-                Ok(ack) => ack,
-                Err(error) => {
-                    tracing::warn!(error = %error, "could not record a completed message");
-                    return;
-                }
-            },
+            Verdict::Accept => {
+                let (ack, writes) = im.receiver.complete_deferred(ticket, shared.now());
+                let key = writes.iter().find_map(|write| match write {
+                    IdempotencyWrite::Save(record) => {
+                        Some((record.channel.clone(), record.message_id.clone()))
+                    }
+                    _ => None,
+                });
+                let commit = im.submit(ImState::idempotency(writes));
+                (ack, Some((key, commit)))
+            }
             Verdict::Reject { code, message, retryable } => {
-                im.receiver.abandon(ticket, code, message, retryable)
+                (im.receiver.abandon(ticket, code, message, retryable), None)
             }
         }
     };
+    if let Some((key, commit)) = commit {
+        // `accepted` leaves only once the id is stored: a crash (or a takeover) before that
+        // makes the Connector redeliver, and the next process processes it again.
+        if let Err(error) = commit.await {
+            shared.commit_failed("a completed message", &error);
+            return;
+        }
+        if let Some((channel, message_id)) = key {
+            shared.im.lock().await.receiver.committed(&channel, &message_id);
+        }
+    }
     send_ack(&shared, &packet, ack).await;
+}
+
+/// Admits an inbound message through the receiver set: an id the set does not hold in memory
+/// is looked up in the store (outside the IM lock). `None` while this process stands by.
+async fn admit(
+    shared: &Arc<Shared>,
+    channel: &ConnectorChannelId,
+    message: &ChatMessage,
+    now: u64,
+) -> Option<Result<Admission, String>> {
+    let persisted = {
+        let mut im = shared.im.lock().await;
+        if !im.may_act() {
+            return None;
+        }
+        let persisted = im.persisted(channel);
+        if !im.receiver.needs_lookup(&persisted, &message.message_id) {
+            return Some(Ok(im.receiver.begin_chat_with_stored(&persisted, message, None, now)));
+        }
+        persisted
+    };
+    let stored = match shared.store.lookup_completed(&persisted, &message.message_id).await {
+        Ok(stored) => stored,
+        Err(error) => return Some(Err(error.to_string())),
+    };
+    let mut im = shared.im.lock().await;
+    if !im.may_act() {
+        return None;
+    }
+    Some(Ok(im.receiver.begin_chat_with_stored(&persisted, message, stored, now)))
 }
 
 /// Answers a `chat.message` the validator refused (`problems`: its rule ids and places) with a
@@ -270,8 +350,11 @@ pub(crate) async fn on_chat_message_ack(shared: &Arc<Shared>, packet: Packet) {
         return;
     };
     let Some(ack) = packet.payload::<ChatMessageAck>().cloned() else { return };
-    {
+    let ticket = {
         let mut im = shared.im.lock().await;
+        if !im.may_act() {
+            return;
+        }
         let persisted = im.persisted(&channel);
         match im.outbox.on_ack(&persisted, &ack, &reply_to, shared.now()) {
             Ok(outcome) => {
@@ -286,7 +369,11 @@ pub(crate) async fn on_chat_message_ack(shared: &Arc<Shared>, packet: Packet) {
             }
             Err(error) => tracing::warn!(error = %error, "chat.message.ack not applied"),
         }
-    }
+        im.flush(Vec::new())
+    };
+    // A delivered message's record goes after the ack; a crash before that redelivers it and
+    // the Connector answers `duplicate`.
+    shared.watch_commit("an acknowledged message", ticket);
     crate::connection::emit(shared, ClientEvent::ChatMessageAcked { channel, ack }).await;
     pump(shared).await;
 }
@@ -329,9 +416,12 @@ impl DataPlane {
         channel: &ConnectorChannelId,
         message: ChatMessage,
     ) -> Result<EnqueueOutcome, ClientError> {
-        let outcome = {
+        let (outcome, ticket) = {
             let now = self.shared().now();
             let mut im = self.shared().im.lock().await;
+            if !im.may_act() {
+                return Err(CommitError::NotHolder.into());
+            }
             im.uploads.check(channel, &message.files, now)?;
             let persisted = im.persisted(channel);
             let message_id = message.message_id.clone();
@@ -340,8 +430,13 @@ impl DataPlane {
                 .enqueue(&persisted, message, now)
                 .map_err(|e| ClientError::Protocol(e.to_string()))?;
             im.deltas.on_final(&persisted, &message_id);
-            outcome
+            (outcome, im.flush(Vec::new()))
         };
+        // Reported done only once its record is stored.
+        if let Err(error) = ticket.await {
+            self.shared().commit_failed("an enqueued message", &error);
+            return Err(error.into());
+        }
         pump(self.shared()).await;
         Ok(outcome)
     }

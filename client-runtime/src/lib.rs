@@ -7,9 +7,13 @@
 //! and concurrent channel reopening, Tool projection, and IM v2 delivery in both directions
 //! through `xagent-profile-im` (assistant deltas numbered by the runtime, outbound files
 //! uploaded on and bound to their message's channel, `user_channel_mode` applied before
-//! `channel.open`). Durable state ([`SqliteXagentStore`]) keeps a channel the Connector
-//! re-keyed under its new id, with its outbox and idempotency entries, and the
-//! `connector_id`, so a restart loses nothing and recognises a rebuilt Connector.
+//! `channel.open`). Durable state ([`SqliteXagentStore`], or [`MemoryXagentStore`] and, with the
+//! `postgres` feature, `PostgresXagentStore`, all behind the async [`XagentStore`]) keeps a
+//! channel the Connector re-keyed under its new id, with its outbox and idempotency entries, and
+//! the `connector_id`, so a restart loses nothing and recognises a rebuilt Connector; nothing is
+//! acknowledged before its write committed. Several xAgent processes sharing a store keep one
+//! data plane per Card through a holder lease ([`HolderLease`]) whose fencing number the
+//! database checks on every write.
 //!
 //! ```
 //! use xagent_client_runtime::{BaseUrl, ClientConfig};
@@ -36,7 +40,7 @@
 //!
 //! | Modules | What |
 //! |---|---|
-//! | `driver` | starting a data plane, the reconnect loop, the reader and the dispatch |
+//! | `driver` | starting a data plane, the holder lease, the reconnect loop, the reader and the dispatch |
 //!
 //! **Features**: what the data plane does for the application.
 //!
@@ -61,8 +65,9 @@
 //! |---|---|
 //! | `health`, `admission` | the health monitor; Card, Skill and version admission |
 //! | `http`, `transport` | the control and transfer planes; the frame transports |
-//! | `store`, `directory`, `channel_mode`, `backoff` | durable state; the channel directory and its `user_channel_mode` hold; reconnect delays |
+//! | `directory`, `channel_mode`, `backoff` | the channel directory and its `user_channel_mode` hold; reconnect delays |
 //! | `error` | `ClientError` |
+//! | `store`, `lease` | durable state (async, one commit path, group commit); the holder lease's timing and verdicts |
 //! | `download` | inbound downloads under the download policy (origins, addresses, redirects, size) |
 //! | `base_url`, `ids`, `model_args` | Base URL rules; identifiers; the model's redundant `connector_channel_id` |
 
@@ -83,6 +88,7 @@ mod ids;
 mod im;
 mod im_state;
 mod invoke;
+mod lease;
 mod model_args;
 mod readmit;
 mod settled;
@@ -115,12 +121,18 @@ pub use http::{ControlPlane, SkillDocument};
 pub use invoke::{
     CHANNELS_LIST_TOOL, MESSAGE_SEND_TOOL, ToolCallOptions, ToolOutcome, builtin_tools,
 };
+pub use lease::{DEFAULT_LEASE_RENEW_EVERY, DEFAULT_LEASE_TTL, HolderLease};
 pub use model_args::{CHANNEL_ARGUMENT, fill_channel_argument};
 pub use settled::RECENT_SETTLED_ACKS;
 pub use sign_in::{
     DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,
 };
-pub use store::{MemoryXagentStore, RememberedChannel, SqliteXagentStore, XagentStore};
+pub use store::{
+    CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, MemoryXagentStore,
+    RememberedChannel, SqliteXagentStore, XagentStore, XagentWrite,
+};
+#[cfg(feature = "postgres")]
+pub use store::{POSTGRES_COMPONENT, PostgresXagentStore};
 pub use stream::MessageStream;
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{

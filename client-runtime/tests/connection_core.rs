@@ -39,9 +39,11 @@ fn config(clock: &ManualClock) -> ClientConfig {
     config
 }
 
-fn start(config: ClientConfig) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
+async fn start(
+    config: ClientConfig,
+) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
     let (transport, peers) = MemoryTransport::new();
-    let (plane, events) = DataPlane::connect_with(config, transport).expect("starts");
+    let (plane, events) = DataPlane::connect_with(config, transport).await.expect("starts");
     (plane, events, peers)
 }
 
@@ -120,7 +122,7 @@ async fn readmission_rule_the_next_hello_announces_the_readmitted_cards_profiles
     let clock = ManualClock::new(1_000);
     let mut config = config(&clock);
     config.window = AdmissionWindow::new(ProtocolVersion::new(3, 0), ProtocolVersion::new(3, 1));
-    let (plane, _events, mut peers) = start(config);
+    let (plane, _events, mut peers) = start(config).await;
     let (peer, first) = hello(&mut peers, "3.0").await;
     plane.connected().await.expect("online");
     let announced = first.to_value().expect("encodes")["payload"]["supported_profiles"].clone();
@@ -150,7 +152,7 @@ async fn outbound_size_rule_the_xagent_side_refuses_a_packet_over_the_connectors
     let clock = ManualClock::new(1_000);
     let mut config = config(&clock);
     config.max_packet_bytes = 1024;
-    let (plane, _events, mut peers) = start(config);
+    let (plane, _events, mut peers) = start(config).await;
     let mut peer = online_with_channel(&plane, &mut peers).await;
     let delta = ChatMessageDelta::new("msg_1", 1, "x".repeat(4096));
     match plane.send_delta(&"cch_1".into(), delta).await {
@@ -171,7 +173,7 @@ async fn outbound_size_rule_the_xagent_side_refuses_a_packet_over_the_connectors
 #[tokio::test(start_paused = true)]
 async fn send_rule_a_delta_with_sequence_0_is_refused_locally_naming_the_rule() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(config(&clock));
+    let (plane, _events, mut peers) = start(config(&clock)).await;
     let mut peer = online_with_channel(&plane, &mut peers).await;
     let delta = ChatMessageDelta::new("msg_1", 0, "hi");
     refused_naming(plane.send_delta(&"cch_1".into(), delta).await, rules::CHAT_DELTA_SEQUENCE.id);
@@ -181,7 +183,7 @@ async fn send_rule_a_delta_with_sequence_0_is_refused_locally_naming_the_rule() 
 #[tokio::test(start_paused = true)]
 async fn send_rule_a_thinking_activity_with_tool_name_is_refused_locally_naming_the_rule() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(config(&clock));
+    let (plane, _events, mut peers) = start(config(&clock)).await;
     let mut peer = online_with_channel(&plane, &mut peers).await;
     let mut activity = ChatActivity::thinking();
     activity.tool_name = Some("search".into());
@@ -195,7 +197,7 @@ async fn send_rule_a_thinking_activity_with_tool_name_is_refused_locally_naming_
 #[tokio::test(start_paused = true)]
 async fn send_rule_a_tool_invoke_of_a_tool_not_in_the_card_is_refused_locally_naming_the_rule() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(config(&clock));
+    let (plane, _events, mut peers) = start(config(&clock)).await;
     let mut peer = online_with_channel(&plane, &mut peers).await;
     let arguments = json!({"text": "hi"}).as_object().cloned().unwrap_or_default();
     let call = ToolInvoke::new("not_in_the_card", arguments);
@@ -217,7 +219,7 @@ async fn send_rule_a_tool_invoke_of_a_tool_not_in_the_card_is_refused_locally_na
 #[tokio::test(start_paused = true)]
 async fn profile_rule_a_packet_of_a_profile_not_negotiated_is_dropped_on_the_xagent_side() {
     let clock = ManualClock::new(1_000);
-    let (plane, mut events, mut peers) = start(config(&clock));
+    let (plane, mut events, mut peers) = start(config(&clock)).await;
     let mut peer = online_with_channel(&plane, &mut peers).await;
     // IM v1 was not negotiated (neither the Card nor the hello has it).
     let push = json!({"schema": "xagent.connector.packet/v1", "packet_id": "pkt_v1",

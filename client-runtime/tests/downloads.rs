@@ -205,7 +205,7 @@ impl Rig {
             .expect("admitted");
         let config =
             ClientConfig::for_card(base, &admitted.card).with_api_key(Secret::new(API_KEY));
-        let (plane, mut events) = DataPlane::connect(config).expect("starts");
+        let (plane, mut events) = DataPlane::connect(config).await.expect("starts");
         let sink = CountingSink::default();
         plane.set_file_sink(Arc::new(sink.clone()));
         tokio::time::timeout(Duration::from_secs(10), plane.connected())

@@ -35,16 +35,18 @@ fn card() -> ConnectorCard {
     .with_tool(CardTool::new("mem_send", schema.as_object().cloned().unwrap_or_default()))
 }
 
-fn start() -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
-    start_at(&ManualClock::new(1_000))
+async fn start() -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
+    start_at(&ManualClock::new(1_000)).await
 }
 
-fn start_at(clock: &ManualClock) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
+async fn start_at(
+    clock: &ManualClock,
+) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
     let base = BaseUrl::parse("http://memory.invalid").expect("valid");
     let mut config = ClientConfig::for_card(base, &card()).with_clock(Arc::new(clock.clone()));
     config.request_timeout = Duration::from_secs(5);
     let (transport, peers) = MemoryTransport::new();
-    let (plane, events) = DataPlane::connect_with(config, transport).expect("starts");
+    let (plane, events) = DataPlane::connect_with(config, transport).await.expect("starts");
     (plane, events, peers)
 }
 
@@ -118,7 +120,7 @@ fn qr(status: AuthStatus, link: &str) -> AuthProgress {
 
 #[tokio::test(start_paused = true)]
 async fn sign_in_rule_a_qr_flow_is_polled_at_its_pace_refreshed_and_remembered() {
-    let (plane, _events, mut peers) = start();
+    let (plane, _events, mut peers) = start().await;
     let mut peer =
         online_with_channel(&plane, &mut peers, "cch_qr", ConnectionStatus::Authenticating).await;
     let channel = ConnectorChannelId::new("cch_qr");
@@ -178,7 +180,7 @@ async fn sign_in_rule_a_qr_flow_is_polled_at_its_pace_refreshed_and_remembered()
 
 #[tokio::test(start_paused = true)]
 async fn sign_in_rule_a_flow_the_card_does_not_declare_is_refused_locally() {
-    let (plane, _events, mut peers) = start();
+    let (plane, _events, mut peers) = start().await;
     let mut peer =
         online_with_channel(&plane, &mut peers, "cch_qr", ConnectionStatus::Authenticating).await;
     match plane.sign_in(&"cch_qr".into(), "mem_nothing", AuthInput::default()).await {
@@ -195,7 +197,7 @@ async fn sign_in_rule_a_flow_the_card_does_not_declare_is_refused_locally() {
 #[tokio::test(start_paused = true)]
 async fn settled_ack_rule_the_ack_that_ends_delivery_is_reported_not_a_retryable_one() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start_at(&clock);
+    let (plane, _events, mut peers) = start_at(&clock).await;
     let mut peer =
         online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
     let channel = ConnectorChannelId::new("cch_1");
@@ -227,7 +229,7 @@ async fn settled_ack_rule_the_ack_that_ends_delivery_is_reported_not_a_retryable
 
 #[tokio::test(start_paused = true)]
 async fn resolution_10_1_the_channel_argument_is_filled_when_missing_and_never_routes() {
-    let (plane, _events, mut peers) = start();
+    let (plane, _events, mut peers) = start().await;
     let mut peer =
         online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
     let fill = ToolCallOptions { fill_channel_argument: true, ..ToolCallOptions::default() };

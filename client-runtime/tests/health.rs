@@ -270,6 +270,7 @@ mod readmission {
         let base = BaseUrl::parse("http://memory.invalid").expect("valid");
         let (plane, mut events) =
             DataPlane::connect_with(ClientConfig::for_card(base, &first), transport)
+                .await
                 .expect("starts");
         let mut peer = peers.recv().await.expect("a connection");
         let hello = next_packet(&mut peer, "connector.hello").await;

@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientEvent, ConnectionState, DataPlane, Events, MemoryPeer,
-    MemoryTransport, REOPEN_CONCURRENCY, SqliteXagentStore, XagentStore, next_event_matching,
+    MemoryTransport, REOPEN_CONCURRENCY, SqliteXagentStore, XagentStore, XagentWrite,
+    next_event_matching,
 };
 use xagent_protocol_types::{
     BuildInfo, CardTool, ChannelOpenAck, ChatMessage, ChatMessageAck, Connection,
@@ -39,11 +40,11 @@ fn config(clock: &ManualClock) -> ClientConfig {
     config
 }
 
-fn start(
+async fn start(
     config: ClientConfig,
 ) -> (DataPlane, Events, MemoryTransport, tokio::sync::mpsc::Receiver<MemoryPeer>) {
     let (transport, peers) = MemoryTransport::new();
-    let (plane, events) = DataPlane::connect_with(config, transport.clone()).expect("starts");
+    let (plane, events) = DataPlane::connect_with(config, transport.clone()).await.expect("starts");
     (plane, events, transport, peers)
 }
 
@@ -128,7 +129,7 @@ async fn rekey_rule_a_channel_rekeyed_on_reopen_keeps_its_new_id_outbox_and_idem
     {
         let store = SqliteXagentStore::open(&dir).expect("opens");
         let (plane, mut events, _transport, mut peers) =
-            start(config(&clock).with_store(Arc::new(store)));
+            start(config(&clock).with_store(Arc::new(store))).await;
         let (mut peer, _) = accept_hello_as(&mut peers, "conn_1").await;
         plane.connected().await.expect("online");
         let opening = tokio::spawn({
@@ -191,9 +192,9 @@ async fn rekey_rule_a_channel_rekeyed_on_reopen_keeps_its_new_id_outbox_and_idem
     // A new process on the same state.
     let store = Arc::new(SqliteXagentStore::open(&dir).expect("reopens"));
     let remembered: Vec<ConnectorChannelId> =
-        store.load_channels().expect("loads").into_iter().map(|c| c.channel).collect();
+        store.load_channels().await.expect("loads").into_iter().map(|c| c.channel).collect();
     assert_eq!(remembered, vec![ConnectorChannelId::new("cch_2")], "the rename is on disk");
-    let (plane, mut events, _transport, mut peers) = start(config(&clock).with_store(store));
+    let (plane, mut events, _transport, mut peers) = start(config(&clock).with_store(store)).await;
     let (mut peer, _) = accept_hello_as(&mut peers, "conn_1").await;
     let reopen = next_of(&mut peer, "channel.open").await;
     assert_eq!(
@@ -228,7 +229,7 @@ async fn identity_rule_a_rebuilt_connector_is_reported_as_replaced_after_a_resta
     {
         let store = SqliteXagentStore::open(&dir).expect("opens");
         let (plane, _events, _transport, mut peers) =
-            start(config(&clock).with_store(Arc::new(store)));
+            start(config(&clock).with_store(Arc::new(store))).await;
         let (_peer, hello) = accept_hello_as(&mut peers, "conn_1").await;
         assert!(hello.to_value().expect("encodes")["payload"].get("connector_id").is_none());
         plane.connected().await.expect("online");
@@ -236,7 +237,7 @@ async fn identity_rule_a_rebuilt_connector_is_reported_as_replaced_after_a_resta
     }
     let store = SqliteXagentStore::open(&dir).expect("reopens");
     let (plane, mut events, _transport, mut peers) =
-        start(config(&clock).with_store(Arc::new(store)));
+        start(config(&clock).with_store(Arc::new(store))).await;
     let (_peer, hello) = accept_hello_as(&mut peers, "conn_2").await;
     assert_eq!(
         hello.to_value().expect("encodes")["payload"]["connector_id"],
@@ -263,7 +264,7 @@ async fn identity_rule_a_rebuilt_connector_is_reported_as_replaced_after_a_resta
     // The new id is stored in turn.
     let store = SqliteXagentStore::open(&dir).expect("reopens");
     assert_eq!(
-        store.load_connector_id().expect("loads").map(|c| c.to_string()).as_deref(),
+        store.load_connector_id().await.expect("loads").map(|c| c.to_string()).as_deref(),
         Some("conn_2")
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -275,12 +276,16 @@ async fn reopen_rule_500_remembered_channels_are_reopened_concurrently_within_th
     const ACK_DELAY: Duration = Duration::from_millis(50);
     let clock = ManualClock::new(1_000);
     let store = SqliteXagentStore::in_memory().expect("opens");
-    for i in 0..CHANNELS {
-        store.save_channel(&format!("cch_{i}").into(), Some("alice")).expect("saves");
-    }
+    let writes = (0..CHANNELS)
+        .map(|i| XagentWrite::SaveChannel {
+            channel: format!("cch_{i}").into(),
+            owner: Some("alice".into()),
+        })
+        .collect();
+    store.commit(None, writes).await.expect("saves");
     let mut config = config(&clock).with_store(Arc::new(store));
     config.event_capacity = 4 * CHANNELS;
-    let (_plane, mut events, _transport, mut peers) = start(config);
+    let (_plane, mut events, _transport, mut peers) = start(config).await;
     let (mut peer, _) = accept_hello_as(&mut peers, "conn_1").await;
     let started = tokio::time::Instant::now();
     // The Connector answers every channel.open after 50 ms, and counts how many wait at once.
@@ -338,21 +343,21 @@ async fn reopen_rule_500_remembered_channels_are_reopened_concurrently_within_th
 async fn rekey_rule_a_refused_rename_changes_nothing_stored_and_the_channel_keeps_working() {
     let clock = ManualClock::new(1_000);
     let store = SqliteXagentStore::in_memory().expect("opens");
-    store.save_channel(&"cch_1".into(), Some("alice")).expect("saves");
     // The id the Connector will hand out already has messages of a forgotten channel.
-    let mut stored = store.clone();
-    xagent_profile_im::IdempotencyStore::save_completed(
-        &mut stored,
-        &xagent_profile_im::CompletedRecord {
-            channel: "cch_9".into(),
-            message_id: "msg_old".into(),
-            fingerprint: xagent_profile_im::Fingerprint::from_hex("ab"),
-            completed_at: 1_000,
-        },
-    )
-    .expect("saves");
+    let writes = vec![
+        XagentWrite::SaveChannel { channel: "cch_1".into(), owner: Some("alice".into()) },
+        XagentWrite::Idempotency(xagent_profile_im::IdempotencyWrite::Save(
+            xagent_profile_im::CompletedRecord {
+                channel: "cch_9".into(),
+                message_id: "msg_old".into(),
+                fingerprint: xagent_profile_im::Fingerprint::from_hex("ab"),
+                completed_at: 1_000,
+            },
+        )),
+    ];
+    store.commit(None, writes).await.expect("saves");
     let (plane, mut events, _transport, mut peers) =
-        start(config(&clock).with_store(Arc::new(store.clone())));
+        start(config(&clock).with_store(Arc::new(store.clone()))).await;
     let (mut peer, _) = accept_hello_as(&mut peers, "conn_1").await;
     let reopen = next_of(&mut peer, "channel.open").await;
     answer_open(&peer, &reopen, "cch_9").await;
@@ -363,7 +368,7 @@ async fn rekey_rule_a_refused_rename_changes_nothing_stored_and_the_channel_keep
     assert!(reopened.is_some(), "the channel is open again");
     // The store refused the merge: the channel is still remembered by its old id...
     let remembered: Vec<ConnectorChannelId> =
-        store.load_channels().expect("loads").into_iter().map(|c| c.channel).collect();
+        store.load_channels().await.expect("loads").into_iter().map(|c| c.channel).collect();
     assert_eq!(remembered, vec![ConnectorChannelId::new("cch_1")]);
     // ...and in this process it works under the new one.
     assert_eq!(plane.current_channel(&"cch_1".into()).await, Some("cch_9".into()));

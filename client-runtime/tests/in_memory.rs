@@ -37,11 +37,11 @@ fn config(clock: &ManualClock) -> ClientConfig {
     config
 }
 
-fn start(
+async fn start(
     config: ClientConfig,
 ) -> (DataPlane, Events, MemoryTransport, tokio::sync::mpsc::Receiver<MemoryPeer>) {
     let (transport, peers) = MemoryTransport::new();
-    let (plane, events) = DataPlane::connect_with(config, transport.clone()).expect("starts");
+    let (plane, events) = DataPlane::connect_with(config, transport.clone()).await.expect("starts");
     (plane, events, transport, peers)
 }
 
@@ -94,7 +94,7 @@ async fn answer_open(peer: &mut MemoryPeer, channel: &str, status: ConnectionSta
 #[tokio::test(start_paused = true)]
 async fn hello_rule_nothing_but_hello_leaves_before_hello_ack() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, _transport, mut peers) = start(config(&clock));
+    let (plane, _events, _transport, mut peers) = start(config(&clock)).await;
     let mut peer = peers.recv().await.expect("a connection attempt");
     let hello = packet(&peer.next_json().await.expect("hello"));
     assert_eq!(hello.type_str(), "connector.hello");
@@ -112,7 +112,7 @@ async fn hello_rule_nothing_but_hello_leaves_before_hello_ack() {
 #[tokio::test(start_paused = true)]
 async fn channel_rule_nothing_channel_scoped_before_the_channel_is_open() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, _transport, mut peers) = start(config(&clock));
+    let (plane, _events, _transport, mut peers) = start(config(&clock)).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     let delta = xagent_protocol_types::ChatMessageDelta::new("msg_1", 1, "hi");
@@ -127,7 +127,7 @@ async fn channel_rule_nothing_channel_scoped_before_the_channel_is_open() {
 #[tokio::test(start_paused = true)]
 async fn reconnect_rule_never_gives_up_and_reports_each_state() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, transport, mut peers) = start(config(&clock));
+    let (plane, _events, transport, mut peers) = start(config(&clock)).await;
     let mut state = plane.watch_state();
     transport.refuse(Some(503));
     let mut seen = Vec::new();
@@ -175,7 +175,7 @@ async fn replaced_rule_new_connector_id_is_reported_then_online() {
     let clock = ManualClock::new(1_000);
     let mut config = config(&clock);
     config.connector_id = Some("conn_old".into());
-    let (plane, mut events, _transport, mut peers) = start(config);
+    let (plane, mut events, _transport, mut peers) = start(config).await;
     let _peer = accept_hello(&mut peers).await;
     let replaced = next_event_matching(&mut events, Duration::from_secs(5), |e| {
         matches!(e, ClientEvent::ConnectorReplaced { .. })
@@ -188,7 +188,7 @@ async fn replaced_rule_new_connector_id_is_reported_then_online() {
 #[tokio::test(start_paused = true)]
 async fn hello_ack_rule_another_card_is_refused_naming_the_rule() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, _transport, mut peers) = start(config(&clock));
+    let (plane, _events, _transport, mut peers) = start(config(&clock)).await;
     let mut state = plane.watch_state();
     let mut peer = peers.recv().await.expect("a connection attempt");
     let hello = packet(&peer.next_json().await.expect("hello"));
@@ -210,7 +210,7 @@ async fn hello_ack_rule_another_card_is_refused_naming_the_rule() {
 #[tokio::test(start_paused = true)]
 async fn hello_ack_rule_version_outside_the_window_is_refused_naming_the_rule() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, _transport, mut peers) = start(config(&clock));
+    let (plane, _events, _transport, mut peers) = start(config(&clock)).await;
     let mut state = plane.watch_state();
     let mut peer = peers.recv().await.expect("a connection attempt");
     let hello = packet(&peer.next_json().await.expect("hello"));
@@ -229,7 +229,7 @@ async fn hello_ack_rule_version_outside_the_window_is_refused_naming_the_rule() 
 #[tokio::test(start_paused = true)]
 async fn inbound_rule_invalid_chat_message_is_rejected_before_the_application_sees_it() {
     let clock = ManualClock::new(1_000);
-    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let (plane, mut events, _transport, mut peers) = start(config(&clock)).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     let opening = tokio::spawn({
@@ -257,7 +257,7 @@ async fn inbound_rule_invalid_chat_message_is_rejected_before_the_application_se
 #[tokio::test(start_paused = true)]
 async fn inbound_rule_chat_message_on_a_channel_not_open_is_refused() {
     let clock = ManualClock::new(1_000);
-    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let (plane, mut events, _transport, mut peers) = start(config(&clock)).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     let stray = json!({"schema": "xagent.connector.packet/v1", "packet_id": "pkt_m1",
@@ -280,7 +280,7 @@ async fn inbound_rule_chat_message_on_a_channel_not_open_is_refused() {
 #[tokio::test(start_paused = true)]
 async fn request_rule_tool_invoke_resolves_the_channel_and_returns_the_typed_ack() {
     let clock = ManualClock::new(1_000);
-    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let (plane, mut events, _transport, mut peers) = start(config(&clock)).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     let opening = tokio::spawn({
@@ -338,7 +338,7 @@ async fn durable_state_rule_a_restart_reopens_channels_and_accepts_nothing_twice
     {
         let store = SqliteXagentStore::open(&dir).expect("opens");
         let (plane, mut events, _transport, mut peers) =
-            start(config(&clock).with_store(Arc::new(store)));
+            start(config(&clock).with_store(Arc::new(store))).await;
         let mut peer = accept_hello(&mut peers).await;
         plane.connected().await.expect("online");
         let opening = tokio::spawn({
@@ -369,7 +369,7 @@ async fn durable_state_rule_a_restart_reopens_channels_and_accepts_nothing_twice
     // message is answered `duplicate` without reaching the application.
     let store = SqliteXagentStore::open(&dir).expect("reopens");
     let (plane, mut events, _transport, mut peers) =
-        start(config(&clock).with_store(Arc::new(store)));
+        start(config(&clock).with_store(Arc::new(store))).await;
     let mut peer = accept_hello(&mut peers).await;
     let reopen = answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
     assert_eq!(reopen.connector_channel_id.as_ref().map(|c| c.as_str()), Some("cch_1"));
@@ -392,7 +392,7 @@ async fn durable_state_rule_a_restart_reopens_channels_and_accepts_nothing_twice
 #[tokio::test(start_paused = true)]
 async fn descriptor_rule_a_push_for_another_channel_is_not_applied() {
     let clock = ManualClock::new(1_000);
-    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let (plane, mut events, _transport, mut peers) = start(config(&clock)).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     let opening = tokio::spawn({
@@ -426,7 +426,7 @@ fn rand_suffix() -> u64 {
 #[tokio::test(start_paused = true)]
 async fn inbound_rule_deltas_and_activity_from_the_connector_are_refused_not_delivered() {
     let clock = ManualClock::new(1_000);
-    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let (plane, mut events, _transport, mut peers) = start(config(&clock)).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     let opening = tokio::spawn({
@@ -465,7 +465,7 @@ async fn inbound_rule_deltas_and_activity_from_the_connector_are_refused_not_del
 #[tokio::test(start_paused = true)]
 async fn validator_rule_an_ack_that_breaks_the_rules_fails_its_request_naming_the_rule() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, _transport, mut peers) = start(config(&clock));
+    let (plane, _events, _transport, mut peers) = start(config(&clock)).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     let opening = tokio::spawn({
@@ -495,7 +495,7 @@ async fn validator_rule_an_ack_that_breaks_the_rules_fails_its_request_naming_th
 #[tokio::test(start_paused = true)]
 async fn validator_rule_a_push_that_breaks_the_rules_gets_invalid_packet_and_is_not_delivered() {
     let clock = ManualClock::new(1_000);
-    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let (plane, mut events, _transport, mut peers) = start(config(&clock)).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     let opening = tokio::spawn({
@@ -524,7 +524,7 @@ async fn validator_rule_a_push_that_breaks_the_rules_gets_invalid_packet_and_is_
 #[tokio::test(start_paused = true)]
 async fn readmission_rule_a_new_card_tool_is_accepted_in_descriptors_after_set_card() {
     let clock = ManualClock::new(1_000);
-    let (plane, mut events, _transport, mut peers) = start(config(&clock));
+    let (plane, mut events, _transport, mut peers) = start(config(&clock)).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     let opening = tokio::spawn({

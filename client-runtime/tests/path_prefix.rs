@@ -74,7 +74,7 @@ async fn download_url_rule_a_prefixed_base_url_moves_a_file_both_ways() {
     let admitted =
         admit(&control, &AdmissionWindow::default(), Some(ECHO_CARD_ID)).await.expect("admitted");
     let config = ClientConfig::for_card(base, &admitted.card).with_api_key(Secret::new(API_KEY));
-    let (plane, mut events) = DataPlane::connect(config).expect("starts");
+    let (plane, mut events) = DataPlane::connect(config).await.expect("starts");
     let saved = Saved::default();
     plane.set_file_sink(Arc::new(saved.clone()));
     tokio::time::timeout(Duration::from_secs(10), plane.connected())

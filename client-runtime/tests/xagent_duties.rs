@@ -39,7 +39,7 @@ fn card(mode: Option<UserChannelMode>) -> ConnectorCard {
     card
 }
 
-fn start(
+async fn start(
     card: &ConnectorCard,
     clock: &ManualClock,
 ) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
@@ -47,7 +47,7 @@ fn start(
     let mut config = ClientConfig::for_card(base, card).with_clock(Arc::new(clock.clone()));
     config.request_timeout = Duration::from_secs(5);
     let (transport, peers) = MemoryTransport::new();
-    let (plane, events) = DataPlane::connect_with(config, transport).expect("starts");
+    let (plane, events) = DataPlane::connect_with(config, transport).await.expect("starts");
     (plane, events, peers)
 }
 
@@ -112,7 +112,7 @@ async fn assert_silent(peer: &mut MemoryPeer, what: &str) {
 async fn user_channel_mode_rule_single_refuses_a_second_channel_before_channel_open() {
     // An omitted mode reads as single (protocol 4.1).
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(&card(None), &clock);
+    let (plane, _events, mut peers) = start(&card(None), &clock).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     open_for(&plane, &mut peer, "alice", "cch_1").await;
@@ -140,7 +140,7 @@ async fn user_channel_mode_rule_single_refuses_a_second_channel_before_channel_o
 #[tokio::test(start_paused = true)]
 async fn user_channel_mode_rule_multiple_lets_a_user_open_several_channels() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(&card(Some(UserChannelMode::Multiple)), &clock);
+    let (plane, _events, mut peers) = start(&card(Some(UserChannelMode::Multiple)), &clock).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     open_for(&plane, &mut peer, "alice", "cch_1").await;
@@ -151,7 +151,7 @@ async fn user_channel_mode_rule_multiple_lets_a_user_open_several_channels() {
 #[tokio::test(start_paused = true)]
 async fn delta_sequence_rule_the_runtime_numbers_deltas_from_1_and_the_final_closes_the_stream() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(&card(None), &clock);
+    let (plane, _events, mut peers) = start(&card(None), &clock).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     open_for(&plane, &mut peer, "alice", "cch_1").await;
@@ -184,7 +184,7 @@ async fn delta_sequence_rule_the_runtime_numbers_deltas_from_1_and_the_final_clo
 #[tokio::test(start_paused = true)]
 async fn delta_sequence_rule_a_caller_cannot_send_0_or_a_gap() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(&card(None), &clock);
+    let (plane, _events, mut peers) = start(&card(None), &clock).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     open_for(&plane, &mut peer, "alice", "cch_1").await;
@@ -229,7 +229,7 @@ async fn delta_sequence_rule_a_caller_cannot_send_0_or_a_gap() {
 #[tokio::test(start_paused = true)]
 async fn descriptor_v1_rule_a_v1_descriptor_in_channel_open_ack_is_accepted_and_normalised() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(&card(None), &clock);
+    let (plane, _events, mut peers) = start(&card(None), &clock).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     let opening = tokio::spawn({
@@ -256,7 +256,7 @@ async fn descriptor_v1_rule_a_v1_descriptor_in_channel_open_ack_is_accepted_and_
 #[tokio::test(start_paused = true)]
 async fn delta_sequence_rule_a_delta_that_was_not_written_gives_its_number_back() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(&card(None), &clock);
+    let (plane, _events, mut peers) = start(&card(None), &clock).await;
     let mut peer = accept_hello(&mut peers).await;
     plane.connected().await.expect("online");
     open_for(&plane, &mut peer, "alice", "cch_1").await;

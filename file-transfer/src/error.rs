@@ -54,6 +54,11 @@ pub enum TransferError {
     /// Reading or writing the storage directory failed.
     #[error("file storage failed: {0}")]
     Io(#[from] std::io::Error),
+    /// The PostgreSQL database holding the files failed or refused (its message says what
+    /// to do and never contains the database URL's password).
+    #[cfg(feature = "postgres")]
+    #[error("file storage on PostgreSQL failed: {0}")]
+    Database(xagent_storage_postgres::PgError),
 }
 
 impl TransferError {
@@ -71,6 +76,8 @@ impl TransferError {
                 ErrorCode::InvalidArguments
             }
             Self::WeakSecret { .. } | Self::Io(_) => ErrorCode::InternalError,
+            #[cfg(feature = "postgres")]
+            Self::Database(_) => ErrorCode::InternalError,
         }
     }
 
@@ -85,6 +92,8 @@ impl TransferError {
             Self::CapacityExceeded => StatusCode::INSUFFICIENT_STORAGE,
             Self::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
             Self::WeakSecret { .. } | Self::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            #[cfg(feature = "postgres")]
+            Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -95,6 +104,8 @@ impl TransferError {
             Self::Io(_) | Self::WeakSecret { .. } => {
                 "internal storage error; see the connector logs".to_owned()
             }
+            #[cfg(feature = "postgres")]
+            Self::Database(_) => "internal storage error; see the connector logs".to_owned(),
             other => other.to_string(),
         };
         WireError::new(self.code(), message)

@@ -4,9 +4,11 @@
 //! packets only carry references. It sits above `xagent-protocol-types` and below the server
 //! runtime, which mounts [`router`] under its Base URL prefix and answers [`ChannelDirectory`].
 //!
-//! - [`FileStore`]: files on disk (written chunk by chunk, never held whole in memory), one
-//!   JSON sidecar of metadata per file reloaded at start, a TTL, capacity limits, cleanup, an
-//!   injected [`Clock`](xagent_protocol_types::Clock). Each `file_ref` belongs to one channel.
+//! - [`FileStore`]: files written chunk by chunk (never held whole in memory), a TTL, capacity
+//!   limits, cleanup, an injected [`Clock`](xagent_protocol_types::Clock). Each `file_ref`
+//!   belongs to one channel. Where records and bytes live is a [`FileBackend`]: a directory
+//!   (one JSON sidecar of metadata per file, reloaded at start) or, with the feature
+//!   `postgres`, a PostgreSQL database shared by replicas (`FileStore::open_postgres`).
 //! - [`UrlSigner`]: `download_url`s of the form `/files/refs/{file_ref}?exp=..&sig=..`.
 //! - [`router`]: `POST /files/uploads` (xAgent -> Connector) and `GET /files/refs/{file_ref}`
 //!   (Connector -> xAgent), with the system API key, the channel header, the size limit, and
@@ -44,7 +46,7 @@
 //! let cleanup = store.spawn_cleanup();
 //! # cleanup.abort();
 //! # drop(app);
-//! # store.remove(&stored.record.file_ref).await;
+//! # store.remove(&stored.record.file_ref).await?;
 //! # let _ = std::fs::remove_dir_all(&dir);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # })?;
@@ -93,7 +95,12 @@
 //!   types are parsed ([`media::MediaType`]), never compared as whole strings.
 //! - **Durability and privacy on disk**: data files and sidecars are created 0600 and every
 //!   finished file `fsync`s the directory after its renames.
+//! - **On PostgreSQL** (feature `postgres`): bytes in rows of at most 256 KiB, a file visible
+//!   once the transaction that completes it commits, the capacity totals checked in the
+//!   database (they hold across replicas), an upload idle for
+//!   [`StoreConfig::upload_idle_timeout`] taken for a dead replica's and deleted.
 
+pub mod backend;
 mod error;
 mod http;
 mod ids;
@@ -101,12 +108,13 @@ pub mod media;
 mod signer;
 mod store;
 
+pub use backend::{FileBackend, FileReader};
 pub use error::TransferError;
 pub use http::{ChannelDirectory, DEFAULT_MAX_UPLOAD_BYTES, TransferState, router};
 pub use ids::{FILE_REF_PREFIX, is_well_formed as is_well_formed_file_ref, new_file_ref};
 pub use signer::{DEFAULT_URL_LIFETIME, MIN_SECRET_BYTES, SignatureError, SignedUrl, UrlSigner};
 pub use store::{
     CleanupReport, DEFAULT_CLEANUP_INTERVAL, DEFAULT_FILE_TTL, DEFAULT_MAX_FILE_BYTES,
-    DEFAULT_MAX_FILES, DEFAULT_MAX_TOTAL_BYTES, FileRecord, FileStore, NewFile, PendingFile,
-    RegisteredFile, StoreConfig, StoreUsage,
+    DEFAULT_MAX_FILES, DEFAULT_MAX_TOTAL_BYTES, DEFAULT_UPLOAD_IDLE_TIMEOUT, FileRecord, FileStore,
+    NewFile, PendingFile, RegisteredFile, StoreConfig, StoreUsage,
 };

@@ -1,30 +1,25 @@
-//! The file store: bytes on disk, one JSON sidecar of metadata per file, TTL, capacity, cleanup.
+//! The file store: records and bytes on a [`FileBackend`] (a directory or PostgreSQL), each
+//! file bound to one channel, with a TTL, capacity limits, cleanup and signed download URLs.
 //!
-//! Layout of the storage directory (nothing else may write there):
-//!
-//! - `<file_ref>.bin`: the bytes of a finished file;
-//! - `<file_ref>.json`: its [`FileRecord`] (written to `<file_ref>.json.tmp`, then renamed);
-//! - `<file_ref>.part`: an upload still in progress.
-//!
-//! A file becomes visible only once its sidecar exists. [`FileStore::open`] reloads every
-//! sidecar, drops expired or corrupt entries and deletes leftovers of interrupted uploads, so a
-//! restart loses nothing that had been acknowledged.
+//! The store owns what does not depend on where bytes live: file names, MIME types, the
+//! per-file limit, the TTL and the URLs. The backend owns visibility and the capacity totals
+//! (see [`FileBackend`]).
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use xagent_protocol_types::{
     ChatFile, Clock, ConnectorChannelId, FileRef, FileType, UploadResponse,
 };
 
 use crate::TransferError;
-use crate::ids::{is_well_formed, new_file_ref};
+use crate::backend::{DirBackend, FileBackend, FileReader, Quota, UploadSink};
+use crate::ids::new_file_ref;
 use crate::signer::{SignedUrl, UrlSigner};
 
 /// Default time a stored file stays available: 24 hours.
@@ -40,12 +35,11 @@ pub const DEFAULT_CLEANUP_INTERVAL: Duration = Duration::from_secs(10 * 60);
 
 /// Longest stored file name, in bytes.
 const MAX_FILENAME_BYTES: usize = 255;
-/// Largest sidecar read at startup; anything bigger is treated as corrupt.
-const MAX_SIDECAR_BYTES: u64 = 256 * 1024;
-/// Read buffer for [`FileStore::register_reader`].
-const READ_CHUNK: usize = 64 * 1024;
-/// Format tag written into every sidecar.
-const SIDECAR_FORMAT: &str = "xagent.file-transfer.sidecar/v1";
+/// Default time after which an upload with no write is presumed abandoned by a dead process.
+pub const DEFAULT_UPLOAD_IDLE_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// Read buffer for [`FileStore::register_reader`], and the size streamed chunks are gathered
+/// into before they reach the backend.
+pub(crate) const WRITE_CHUNK: usize = 64 * 1024;
 
 /// Policies of a [`FileStore`]. Start from `StoreConfig::default()` and change fields.
 ///
@@ -67,6 +61,10 @@ pub struct StoreConfig {
     /// Upper bound of the period of [`FileStore::spawn_cleanup`] (default 10 min; the period
     /// used is the smaller of this and half the TTL).
     pub cleanup_interval: Duration,
+    /// On a shared database, an upload with no write for this long is presumed abandoned by a
+    /// replica that died and is deleted by cleanup (default 15 min). A directory needs no
+    /// timeout: its one process deletes unfinished uploads when it starts.
+    pub upload_idle_timeout: Duration,
 }
 
 impl StoreConfig {
@@ -104,6 +102,18 @@ impl StoreConfig {
         self.cleanup_interval = interval;
         self
     }
+
+    /// Sets the time after which an idle upload on a shared database is presumed abandoned.
+    #[must_use]
+    pub fn with_upload_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.upload_idle_timeout = timeout;
+        self
+    }
+
+    /// The capacity totals a backend enforces.
+    pub fn quota(&self) -> Quota {
+        Quota { max_total_bytes: self.max_total_bytes, max_files: self.max_files }
+    }
 }
 
 impl Default for StoreConfig {
@@ -114,6 +124,7 @@ impl Default for StoreConfig {
             max_total_bytes: DEFAULT_MAX_TOTAL_BYTES,
             max_files: DEFAULT_MAX_FILES,
             cleanup_interval: DEFAULT_CLEANUP_INTERVAL,
+            upload_idle_timeout: DEFAULT_UPLOAD_IDLE_TIMEOUT,
         }
     }
 }
@@ -286,7 +297,7 @@ pub struct CleanupReport {
     pub bytes: u64,
 }
 
-/// Current occupancy of a [`FileStore`].
+/// Current occupancy of a [`FileStore`] (on a shared database: of every replica's files).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreUsage {
     /// Finished files (including expired ones not yet cleaned up).
@@ -299,60 +310,15 @@ pub struct StoreUsage {
     pub pending_bytes: u64,
 }
 
-#[derive(Default)]
-struct State {
-    files: HashMap<FileRef, FileRecord>,
-    stored_bytes: u64,
-    pending_files: usize,
-    pending_bytes: u64,
-    /// Bumped by every [`FileStore::remove_channel`].
-    removal_generation: u64,
-    /// Channels removed while uploads were in progress, with the generation of the removal,
-    /// so an upload that began before the removal is refused when it finishes. Cleared
-    /// whenever no upload is in progress.
-    removed_channels: HashMap<ConnectorChannelId, u64>,
-}
-
-impl State {
-    /// Forgets an upload that ended (finished or dropped).
-    fn end_pending(&mut self, written: u64) {
-        self.pending_files = self.pending_files.saturating_sub(1);
-        self.pending_bytes = self.pending_bytes.saturating_sub(written);
-        if self.pending_files == 0 {
-            self.removed_channels.clear();
-        }
-    }
-
-    /// Removes every expired record from the index and returns them (files still on disk).
-    fn take_expired(&mut self, now: u64) -> Vec<FileRecord> {
-        let expired: Vec<FileRef> = self
-            .files
-            .values()
-            .filter(|record| record.is_expired(now))
-            .map(|record| record.file_ref.clone())
-            .collect();
-        expired.iter().filter_map(|file_ref| self.take(file_ref)).collect()
-    }
-
-    fn take(&mut self, file_ref: &FileRef) -> Option<FileRecord> {
-        let record = self.files.remove(file_ref)?;
-        self.stored_bytes = self.stored_bytes.saturating_sub(record.byte_size);
-        Some(record)
-    }
-}
-
 struct Shared {
-    dir: PathBuf,
+    backend: Arc<dyn FileBackend>,
     config: StoreConfig,
     signer: UrlSigner,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
-    /// Directory `fsync`s done (tests check renames are followed by one).
-    dir_syncs: std::sync::atomic::AtomicU64,
 }
 
-/// Files on disk under one directory, each bound to one channel, with TTL, capacity limits and
-/// restart-safe metadata. Cheap to clone; clones share the store.
+/// Files each bound to one channel, with TTL, capacity limits and restart-safe metadata, kept
+/// by a [`FileBackend`]. Cheap to clone; clones share the store.
 ///
 /// Connectors register inbound files with [`FileStore::register_bytes`],
 /// [`FileStore::register_stream`] or [`FileStore::register_reader`]; the HTTP upload handler
@@ -365,37 +331,51 @@ pub struct FileStore {
 impl std::fmt::Debug for FileStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileStore")
-            .field("dir", &self.shared.dir)
+            .field("backend", &self.shared.backend.describe())
             .field("config", &self.shared.config)
-            .field("usage", &self.usage())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
 impl FileStore {
-    /// Opens (creating if needed) a store in `dir` and reloads the files stored there by an
-    /// earlier run. Expired entries, corrupt sidecars and unfinished uploads are deleted.
+    /// Opens (creating if needed) a store in the directory `dir` and reloads the files stored
+    /// there by an earlier run. Expired entries, corrupt sidecars and unfinished uploads are
+    /// deleted.
     pub async fn open(
         dir: impl Into<PathBuf>,
         config: StoreConfig,
         signer: UrlSigner,
         clock: impl Clock,
     ) -> Result<Self, TransferError> {
-        let dir = dir.into();
-        create_private_dir(&dir).await?;
         let clock: Arc<dyn Clock> = Arc::new(clock);
-        let state = load_dir(&dir, clock.now_millis()).await?;
-        tracing::debug!(files = state.files.len(), bytes = state.stored_bytes, "file store opened");
-        Ok(Self {
-            shared: Arc::new(Shared {
-                dir,
-                config,
-                signer,
-                clock,
-                state: Mutex::new(state),
-                dir_syncs: std::sync::atomic::AtomicU64::new(0),
-            }),
-        })
+        let backend = DirBackend::open(dir, config.quota(), clock.now_millis()).await?;
+        Ok(Self::with_backend(Arc::new(backend), config, signer, clock))
+    }
+
+    /// A store over an opened backend (see [`FileBackend`]); the backend enforces the capacity
+    /// it was opened with.
+    pub fn with_backend(
+        backend: Arc<dyn FileBackend>,
+        config: StoreConfig,
+        signer: UrlSigner,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self { shared: Arc::new(Shared { backend, config, signer, clock }) }
+    }
+
+    /// Opens a store on PostgreSQL: records in one table, bytes in chunks of at most 256 KiB in
+    /// another, capacity enforced in the database so it holds across replicas. Applies the
+    /// `file-transfer` schema migrations and deletes expired files and abandoned uploads.
+    #[cfg(feature = "postgres")]
+    pub async fn open_postgres(
+        pool: xagent_storage_postgres::Pool,
+        config: StoreConfig,
+        signer: UrlSigner,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, TransferError> {
+        let backend =
+            crate::backend::PostgresBackend::open(pool, &config, clock.now_millis()).await?;
+        Ok(Self::with_backend(Arc::new(backend), config, signer, clock))
     }
 
     /// The signer that issues this store's download URLs.
@@ -414,56 +394,66 @@ impl FileStore {
     }
 
     /// Current occupancy.
-    pub fn usage(&self) -> StoreUsage {
-        let state = self.lock();
-        StoreUsage {
-            files: state.files.len(),
-            bytes: state.stored_bytes,
-            pending_files: state.pending_files,
-            pending_bytes: state.pending_bytes,
-        }
+    pub async fn usage(&self) -> Result<StoreUsage, TransferError> {
+        self.shared.backend.usage().await
     }
 
     /// Starts a new file; write its bytes with [`PendingFile::write`] and make it visible with
     /// [`PendingFile::finish`]. Dropping the pending file discards it.
     pub async fn begin(&self, new_file: NewFile) -> Result<PendingFile, TransferError> {
-        let now = self.now();
-        let (expired, admitted, generation) = {
-            let mut state = self.lock();
-            let max = self.shared.config.max_files;
-            let mut expired = Vec::new();
-            if state.files.len() + state.pending_files >= max {
-                expired = state.take_expired(now);
-            }
-            let admitted = state.files.len() + state.pending_files < max;
-            if admitted {
-                state.pending_files += 1;
-            }
-            (expired, admitted, state.removal_generation)
-        };
-        self.delete_data(&expired).await;
-        if !admitted {
-            return Err(TransferError::CapacityExceeded);
-        }
-        let file_ref = new_file_ref();
-        let part = self.path(&file_ref, "part");
-        let mut pending = PendingFile {
+        self.begin_as(new_file_ref(), new_file, None).await
+    }
+
+    async fn begin_as(
+        &self,
+        file_ref: FileRef,
+        new_file: NewFile,
+        imported: Option<FileRecord>,
+    ) -> Result<PendingFile, TransferError> {
+        let sink = self.shared.backend.begin(&file_ref, &new_file.channel, self.now()).await?;
+        Ok(PendingFile {
             store: self.clone(),
             limit: new_file.max_bytes.unwrap_or(self.shared.config.max_file_bytes),
             file_ref,
             new_file,
-            file: None,
+            sink: Some(sink),
             written: 0,
-            generation,
-            done: false,
-        };
-        let mut options = tokio::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        options.mode(0o600);
-        let file = options.open(&part).await?;
-        pending.file = Some(file);
-        Ok(pending)
+            imported,
+        })
+    }
+
+    /// Every unexpired file, in `file_ref` order.
+    pub async fn list(&self) -> Result<Vec<FileRecord>, TransferError> {
+        self.shared.backend.list(self.now()).await
+    }
+
+    /// Copies every unexpired file of `self` into `target` (for moving a state directory's
+    /// files to a database), keeping each one's reference, channel, names and times, so links
+    /// and messages that name them stay valid. Files `target` already holds are skipped;
+    /// `target`'s limits apply. Returns how many files were copied.
+    pub async fn copy_into(&self, target: &FileStore) -> Result<usize, TransferError> {
+        let mut copied = 0;
+        for record in self.list().await? {
+            if target.get(&record.file_ref).await?.is_some() {
+                continue;
+            }
+            let new_file = NewFile::new(record.connector_channel_id.clone(), &record.filename)
+                .with_max_bytes(record.byte_size);
+            let mut pending =
+                target.begin_as(record.file_ref.clone(), new_file, Some(record.clone())).await?;
+            let mut reader = self.shared.backend.read(&record, 0, record.byte_size).await?;
+            let mut buffer = vec![0u8; WRITE_CHUNK];
+            loop {
+                let read = reader.read(&mut buffer).await?;
+                if read == 0 {
+                    break;
+                }
+                pending.write(&buffer[..read]).await?;
+            }
+            pending.finish().await?;
+            copied += 1;
+        }
+        Ok(copied)
     }
 
     /// Stores bytes already in memory (small inbound files such as thumbnails).
@@ -491,10 +481,12 @@ impl FileStore {
     {
         let mut pending = self.begin(new_file).await?;
         let mut stream = std::pin::pin!(stream);
+        let mut gathered = Gather::default();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(std::io::Error::other)?;
-            pending.write(chunk.as_ref()).await?;
+            gathered.write(&mut pending, chunk.as_ref()).await?;
         }
+        gathered.flush(&mut pending).await?;
         pending.finish().await
     }
 
@@ -509,7 +501,7 @@ impl FileStore {
     {
         let mut pending = self.begin(new_file).await?;
         let mut reader = std::pin::pin!(reader);
-        let mut buffer = vec![0u8; READ_CHUNK];
+        let mut buffer = vec![0u8; WRITE_CHUNK];
         loop {
             let read = reader.read(&mut buffer).await?;
             if read == 0 {
@@ -520,24 +512,34 @@ impl FileStore {
         pending.finish().await
     }
 
-    /// The record of an unexpired file.
-    pub fn get(&self, file_ref: &FileRef) -> Option<FileRecord> {
-        let now = self.now();
-        self.lock().files.get(file_ref).filter(|record| !record.is_expired(now)).cloned()
+    /// The record of an unexpired file, `None` when there is none.
+    pub async fn get(&self, file_ref: &FileRef) -> Result<Option<FileRecord>, TransferError> {
+        self.shared.backend.get(file_ref, self.now()).await
     }
 
-    /// Opens an unexpired file for reading. The handle stays readable even if the file is
-    /// removed or cleaned up meanwhile.
+    /// Opens an unexpired file for reading. On a directory the reader stays readable even if
+    /// the file is removed or cleaned up meanwhile; on a database a removal ends it with an
+    /// I/O error.
     pub async fn open_file(
         &self,
         file_ref: &FileRef,
-    ) -> Result<(FileRecord, tokio::fs::File), TransferError> {
-        let record = self.get(file_ref).ok_or(NOT_FOUND)?;
-        match tokio::fs::File::open(self.path(&record.file_ref, "bin")).await {
-            Ok(file) => Ok((record, file)),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(NOT_FOUND),
-            Err(error) => Err(error.into()),
-        }
+    ) -> Result<(FileRecord, FileReader), TransferError> {
+        let record = self.get(file_ref).await?.ok_or(NOT_FOUND)?;
+        let reader = self.shared.backend.read(&record, 0, record.byte_size).await?;
+        Ok((record, reader))
+    }
+
+    /// Reads `len` bytes of a stored file from byte `start` (an HTTP `Range`); the range is
+    /// clipped to the file.
+    pub async fn open_range(
+        &self,
+        record: &FileRecord,
+        start: u64,
+        len: u64,
+    ) -> Result<FileReader, TransferError> {
+        let start = start.min(record.byte_size);
+        let len = len.min(record.byte_size - start);
+        self.shared.backend.read(record, start, len).await
     }
 
     /// A fresh signed download URL for a stored, unexpired file.
@@ -557,52 +559,28 @@ impl FileStore {
     }
 
     /// Deletes one file; false when it was not stored.
-    pub async fn remove(&self, file_ref: &FileRef) -> bool {
-        let removed = self.lock().take(file_ref);
-        match removed {
-            Some(record) => {
-                self.delete_data(std::slice::from_ref(&record)).await;
-                true
-            }
-            None => false,
-        }
+    pub async fn remove(&self, file_ref: &FileRef) -> Result<bool, TransferError> {
+        Ok(self.shared.backend.remove(file_ref).await?.is_some())
     }
 
     /// Deletes every file of a channel (call it when the channel is unregistered); returns how
     /// many were deleted. Uploads to that channel still in progress are refused when they
     /// finish, with [`TransferError::UnknownChannel`].
-    pub async fn remove_channel(&self, channel: &ConnectorChannelId) -> usize {
-        let removed: Vec<FileRecord> = {
-            let mut state = self.lock();
-            state.removal_generation += 1;
-            if state.pending_files > 0 {
-                let generation = state.removal_generation;
-                state.removed_channels.insert(channel.clone(), generation);
-            }
-            let refs: Vec<FileRef> = state
-                .files
-                .values()
-                .filter(|record| &record.connector_channel_id == channel)
-                .map(|record| record.file_ref.clone())
-                .collect();
-            refs.iter().filter_map(|file_ref| state.take(file_ref)).collect()
-        };
-        self.delete_data(&removed).await;
-        removed.len()
+    pub async fn remove_channel(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> Result<usize, TransferError> {
+        self.shared.backend.remove_channel(channel).await
     }
 
-    /// Deletes every file expired at `now` (Unix ms).
-    pub async fn cleanup(&self, now: u64) -> CleanupReport {
-        let expired = self.lock().take_expired(now);
-        self.delete_data(&expired).await;
-        let report = CleanupReport {
-            files: expired.len(),
-            bytes: expired.iter().map(|record| record.byte_size).sum(),
-        };
+    /// Deletes every file expired at `now` (Unix ms), and on a shared database the uploads
+    /// idle for longer than [`StoreConfig::upload_idle_timeout`].
+    pub async fn cleanup(&self, now: u64) -> Result<CleanupReport, TransferError> {
+        let report = self.shared.backend.cleanup(now).await?;
         if report.files > 0 {
             tracing::debug!(files = report.files, bytes = report.bytes, "expired files deleted");
         }
-        report
+        Ok(report)
     }
 
     /// The period [`FileStore::spawn_cleanup`] uses: the configured interval, but never more
@@ -614,7 +592,8 @@ impl FileStore {
 
     /// Runs [`FileStore::cleanup`] every [`FileStore::cleanup_period`] on the current tokio
     /// runtime, with the store's clock. The task ends by itself once every clone of the store
-    /// is dropped; abort the handle to stop it earlier.
+    /// is dropped; abort the handle to stop it earlier. A failed round is logged and retried
+    /// at the next period.
     pub fn spawn_cleanup(&self) -> tokio::task::JoinHandle<()> {
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         let period = self.cleanup_period();
@@ -625,62 +604,63 @@ impl FileStore {
                 ticker.tick().await;
                 let Some(shared) = weak.upgrade() else { break };
                 let store = FileStore { shared };
-                store.cleanup(store.now()).await;
+                if let Err(error) = store.cleanup(store.now()).await {
+                    tracing::warn!(%error, "file cleanup failed; retrying at the next period");
+                }
             }
         })
     }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Flushes the storage directory itself, so renames in it survive a power cut.
-    async fn sync_dir(&self) -> std::io::Result<()> {
-        self.shared.dir_syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = self.shared.dir.clone();
-        tokio::task::spawn_blocking(move || sync_dir_blocking(&dir))
-            .await
-            .map_err(std::io::Error::other)?
-    }
-
-    fn path(&self, file_ref: &FileRef, extension: &str) -> PathBuf {
-        self.shared.dir.join(format!("{}.{extension}", file_ref.as_str()))
-    }
-
-    async fn delete_data(&self, records: &[FileRecord]) {
-        for record in records {
-            // Sidecar first: without it a leftover `.bin` is an orphan the next start deletes.
-            for extension in ["json", "bin"] {
-                remove_quietly(&self.path(&record.file_ref, extension)).await;
-            }
-        }
-    }
-
-    /// Reserves `len` more bytes for a pending file, deleting expired files if that makes room.
-    async fn reserve_bytes(&self, len: u64) -> Result<(), TransferError> {
-        let max = self.shared.config.max_total_bytes;
-        let fits = |state: &State| {
-            state.stored_bytes.saturating_add(state.pending_bytes).saturating_add(len) <= max
-        };
-        let (expired, admitted) = {
-            let mut state = self.lock();
-            let mut expired = Vec::new();
-            if !fits(&state) {
-                expired = state.take_expired(self.now());
-            }
-            let admitted = fits(&state);
-            if admitted {
-                state.pending_bytes += len;
-            }
-            (expired, admitted)
-        };
-        self.delete_data(&expired).await;
-        if admitted { Ok(()) } else { Err(TransferError::CapacityExceeded) }
-    }
 }
 
-const NOT_FOUND: TransferError =
+pub(crate) const NOT_FOUND: TransferError =
     TransferError::FileNotFound("the file does not exist or has expired");
+
+/// Gathers small streamed chunks into pieces of [`WRITE_CHUNK`] bytes, so a backend that
+/// reserves capacity per write (a database round trip) sees few, bounded writes.
+#[derive(Default)]
+pub(crate) struct Gather {
+    buffer: Vec<u8>,
+}
+
+impl Gather {
+    /// Adds `chunk`, writing a full piece whenever one is ready.
+    pub(crate) async fn write(
+        &mut self,
+        pending: &mut PendingFile,
+        mut chunk: &[u8],
+    ) -> Result<(), TransferError> {
+        // A write past the per-file limit is refused now, not once the piece is full.
+        let buffered = self.buffer.len() as u64;
+        if pending.written.saturating_add(buffered).saturating_add(chunk.len() as u64)
+            > pending.limit
+        {
+            return Err(TransferError::TooLarge { limit: pending.limit });
+        }
+        while !chunk.is_empty() {
+            let room = WRITE_CHUNK - self.buffer.len();
+            let (now, later) = chunk.split_at(room.min(chunk.len()));
+            if self.buffer.is_empty() && now.len() == WRITE_CHUNK {
+                pending.write(now).await?;
+            } else {
+                self.buffer.extend_from_slice(now);
+                if self.buffer.len() == WRITE_CHUNK {
+                    self.flush(pending).await?;
+                }
+            }
+            chunk = later;
+        }
+        Ok(())
+    }
+
+    /// Writes what is gathered.
+    pub(crate) async fn flush(&mut self, pending: &mut PendingFile) -> Result<(), TransferError> {
+        if !self.buffer.is_empty() {
+            pending.write(&self.buffer).await?;
+            self.buffer.clear();
+        }
+        Ok(())
+    }
+}
 
 /// A file being written. Dropping it before [`PendingFile::finish`] deletes what was written
 /// and releases its share of the store's capacity.
@@ -688,12 +668,11 @@ pub struct PendingFile {
     store: FileStore,
     file_ref: FileRef,
     new_file: NewFile,
-    file: Option<tokio::fs::File>,
+    sink: Option<Box<dyn UploadSink>>,
     limit: u64,
     written: u64,
-    /// `State::removal_generation` when the upload began.
-    generation: u64,
-    done: bool,
+    /// The record of a file copied from another store, kept as it was.
+    imported: Option<FileRecord>,
 }
 
 impl std::fmt::Debug for PendingFile {
@@ -729,7 +708,8 @@ impl PendingFile {
     }
 
     /// Appends a chunk. Fails with [`TransferError::TooLarge`] past the per-file limit and with
-    /// [`TransferError::CapacityExceeded`] when the store is full; the file is then unusable.
+    /// [`TransferError::CapacityExceeded`] when the store is full; neither keeps any of the
+    /// chunk, so a smaller one may follow. After any other error the file is unusable.
     pub async fn write(&mut self, chunk: &[u8]) -> Result<(), TransferError> {
         if chunk.is_empty() {
             return Ok(());
@@ -738,12 +718,21 @@ impl PendingFile {
         if self.written.saturating_add(len) > self.limit {
             return Err(TransferError::TooLarge { limit: self.limit });
         }
-        self.store.reserve_bytes(len).await?;
-        self.written += len;
-        let file =
-            self.file.as_mut().ok_or_else(|| std::io::Error::other("pending file closed"))?;
-        file.write_all(chunk).await?;
-        Ok(())
+        let now = self.store.now();
+        let sink =
+            self.sink.as_mut().ok_or_else(|| std::io::Error::other("pending file closed"))?;
+        match sink.write(chunk, now).await {
+            Ok(()) => {
+                self.written += len;
+                Ok(())
+            }
+            Err(TransferError::CapacityExceeded) => Err(TransferError::CapacityExceeded),
+            Err(error) => {
+                // The backend may have kept part of the chunk: the file is unusable.
+                self.sink = None;
+                Err(error)
+            }
+        }
     }
 
     /// Appends an owned chunk; see [`PendingFile::write`].
@@ -751,17 +740,22 @@ impl PendingFile {
         self.write(&chunk).await
     }
 
-    /// Flushes the bytes to disk, writes the sidecar and makes the file visible.
+    /// Makes the file durable and visible, and returns it with a signed download URL.
     pub async fn finish(mut self) -> Result<RegisteredFile, TransferError> {
-        let mut file =
-            self.file.take().ok_or_else(|| std::io::Error::other("pending file closed"))?;
-        file.flush().await?;
-        file.sync_all().await?;
-        drop(file);
-
+        let sink = self.sink.take().ok_or_else(|| std::io::Error::other("pending file closed"))?;
         let store = self.store.clone();
         let now = store.now();
         let ttl = u64::try_from(store.shared.config.ttl.as_millis()).unwrap_or(u64::MAX);
+        if let Some(record) = self.imported.take() {
+            if record.byte_size != self.written {
+                return Err(TransferError::Io(std::io::Error::other(
+                    "a copied file's size does not match its record",
+                )));
+            }
+            sink.finish(&record).await?;
+            let download = store.download_url(&record);
+            return Ok(RegisteredFile { record, download });
+        }
         let mime_type = resolve_mime(self.new_file.mime_type.as_deref(), &self.new_file.filename);
         let record = FileRecord {
             file_ref: self.file_ref.clone(),
@@ -775,170 +769,10 @@ impl PendingFile {
             recipient_ref: self.new_file.recipient_ref.take(),
             reply_token: self.new_file.reply_token.take(),
         };
-
-        let bin = store.path(&self.file_ref, "bin");
-        tokio::fs::rename(store.path(&self.file_ref, "part"), &bin).await?;
-        if let Err(error) = write_sidecar(&store, &record).await {
-            remove_quietly(&bin).await;
-            return Err(error);
-        }
-        // Both renames are durable only once the directory entry itself is on disk.
-        store.sync_dir().await?;
-        let accepted = {
-            let mut state = store.lock();
-            state.end_pending(self.written);
-            let channel_removed = state
-                .removed_channels
-                .get(&record.connector_channel_id)
-                .is_some_and(|removed_at| *removed_at > self.generation);
-            if !channel_removed {
-                state.stored_bytes += record.byte_size;
-                state.files.insert(record.file_ref.clone(), record.clone());
-            }
-            !channel_removed
-        };
-        self.done = true;
-        if !accepted {
-            store.delete_data(std::slice::from_ref(&record)).await;
-            return Err(TransferError::UnknownChannel);
-        }
+        sink.finish(&record).await?;
         let download = store.download_url(&record);
         Ok(RegisteredFile { record, download })
     }
-}
-
-impl Drop for PendingFile {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        self.store.lock().end_pending(self.written);
-        self.file = None;
-        // Drop cannot await; deleting one directory entry is quick.
-        let _ = std::fs::remove_file(self.store.path(&self.file_ref, "part"));
-    }
-}
-
-/// Sidecar file content: the record plus a format tag.
-#[derive(Serialize, Deserialize)]
-struct Sidecar {
-    format: String,
-    #[serde(flatten)]
-    record: FileRecord,
-}
-
-async fn write_sidecar(store: &FileStore, record: &FileRecord) -> Result<(), TransferError> {
-    let sidecar = Sidecar { format: SIDECAR_FORMAT.to_owned(), record: record.clone() };
-    let text = serde_json::to_vec_pretty(&sidecar).map_err(std::io::Error::other)?;
-    let tmp = store.path(&record.file_ref, "json.tmp");
-    let mut options = tokio::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    options.mode(0o600);
-    let mut file = options.open(&tmp).await?;
-    file.write_all(&text).await?;
-    file.sync_all().await?;
-    drop(file);
-    tokio::fs::rename(&tmp, store.path(&record.file_ref, "json")).await?;
-    Ok(())
-}
-
-/// Creates the storage directory readable by this user only (it holds target-system
-/// references in the sidecars); an existing directory is left as it is.
-async fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    let mut builder = tokio::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    builder.mode(0o700);
-    builder.create(dir).await
-}
-
-/// `fsync` of a directory (a no-op where directories cannot be opened as files).
-pub(crate) fn sync_dir_blocking(dir: &Path) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        std::fs::File::open(dir)?.sync_all()
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = dir;
-        Ok(())
-    }
-}
-
-async fn remove_quietly(path: &Path) {
-    if let Err(error) = tokio::fs::remove_file(path).await
-        && error.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!(%error, "could not delete a stored file");
-    }
-}
-
-/// Reads every sidecar of `dir`, keeps the valid unexpired files and deletes the rest.
-async fn load_dir(dir: &Path, now: u64) -> Result<State, TransferError> {
-    let mut state = State::default();
-    let mut data_files: Vec<(String, PathBuf)> = Vec::new();
-    let mut entries = tokio::fs::read_dir(dir).await?;
-    while let Some(entry) = entries.next_entry().await? {
-        let path = entry.path();
-        let Some(name) = path.file_name().and_then(|name| name.to_str()).map(str::to_owned) else {
-            continue;
-        };
-        if let Some(stem) = name.strip_suffix(".json") {
-            match read_sidecar(&path, stem, dir, now).await {
-                Some(record) => {
-                    state.stored_bytes += record.byte_size;
-                    state.files.insert(record.file_ref.clone(), record);
-                }
-                None => remove_quietly(&path).await,
-            }
-        } else if let Some(stem) = name.strip_suffix(".bin") {
-            data_files.push((stem.to_owned(), path));
-        } else if is_well_formed(name.split('.').next().unwrap_or_default())
-            && (name.ends_with(".part") || name.ends_with(".json.tmp"))
-        {
-            // Leftover of an upload or sidecar write interrupted by a crash.
-            remove_quietly(&path).await;
-        }
-    }
-    for (stem, path) in data_files {
-        if is_well_formed(&stem) && !state.files.contains_key(stem.as_str()) {
-            remove_quietly(&path).await;
-        }
-    }
-    Ok(state)
-}
-
-/// One sidecar, if it is valid, names its own file, has its data and has not expired.
-async fn read_sidecar(path: &Path, stem: &str, dir: &Path, now: u64) -> Option<FileRecord> {
-    if !is_well_formed(stem) {
-        return None;
-    }
-    let metadata = tokio::fs::metadata(path).await.ok()?;
-    if metadata.len() > MAX_SIDECAR_BYTES {
-        tracing::warn!(file_ref = stem, "oversized sidecar dropped");
-        return None;
-    }
-    let text = tokio::fs::read(path).await.ok()?;
-    let sidecar: Sidecar = match serde_json::from_slice(&text) {
-        Ok(sidecar) => sidecar,
-        Err(error) => {
-            tracing::warn!(file_ref = stem, %error, "corrupt sidecar dropped");
-            return None;
-        }
-    };
-    let record = sidecar.record;
-    if sidecar.format != SIDECAR_FORMAT || record.file_ref.as_str() != stem {
-        tracing::warn!(file_ref = stem, "sidecar of another format or file dropped");
-        return None;
-    }
-    let bin = dir.join(format!("{stem}.bin"));
-    let data = tokio::fs::metadata(&bin).await.ok()?;
-    if data.len() != record.byte_size || record.is_expired(now) {
-        remove_quietly(&bin).await;
-        return None;
-    }
-    Some(record)
 }
 
 /// Keeps only the last path component, drops control characters, bounds the length.
@@ -979,7 +813,6 @@ mod tests {
     use super::*;
     use xagent_protocol_types::{ManualClock, Secret};
 
-    const HOUR: u64 = 60 * 60 * 1000;
     const START: u64 = 1_800_000_000_000;
 
     struct TempDir(PathBuf);
@@ -1011,135 +844,6 @@ mod tests {
         ConnectorChannelId::new(name)
     }
 
-    fn dir_names(dir: &TempDir) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&dir.0)
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
-
-    #[tokio::test]
-    async fn register_bytes_stores_record_data_and_signed_url() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let store = store_with(&dir, &clock, StoreConfig::default()).await;
-        let new_file = NewFile::new(channel("cch_a"), "photo.JPG");
-        let registered = store.register_bytes(new_file, b"jpeg bytes").await.unwrap();
-        let record = &registered.record;
-        assert_eq!(record.byte_size, 10);
-        assert_eq!(record.mime_type, "image/jpeg");
-        assert_eq!(record.file_type, FileType::Image);
-        assert_eq!(record.expires_at, START + 24 * HOUR);
-        assert_eq!(record.connector_channel_id, channel("cch_a"));
-        assert!(
-            registered.download.url.starts_with(&format!("/files/refs/{}?exp=", record.file_ref))
-        );
-        assert_eq!(registered.download.expires_at, START + 15 * 60 * 1000);
-
-        let chat = registered.chat_file();
-        assert_eq!(chat.file_ref, record.file_ref);
-        assert_eq!(chat.download_url.as_deref(), Some(registered.download.url.as_str()));
-        assert_eq!(chat.byte_size, Some(10));
-
-        let (_, mut file) = store.open_file(&record.file_ref).await.unwrap();
-        let mut content = Vec::new();
-        file.read_to_end(&mut content).await.unwrap();
-        assert_eq!(content, b"jpeg bytes");
-        assert_eq!(store.get(&record.file_ref).as_ref(), Some(record));
-    }
-
-    #[tokio::test]
-    async fn i5_every_finished_file_syncs_its_directory_after_the_renames() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let store = store_with(&dir, &clock, StoreConfig::default()).await;
-        let before = store.shared.dir_syncs.load(std::sync::atomic::Ordering::Relaxed);
-        store.register_bytes(NewFile::new(channel("cch_a"), "a.txt"), b"a").await.unwrap();
-        store.register_bytes(NewFile::new(channel("cch_a"), "b.txt"), b"b").await.unwrap();
-        let after = store.shared.dir_syncs.load(std::sync::atomic::Ordering::Relaxed);
-        assert_eq!(after - before, 2, "one directory fsync per finished file");
-    }
-
-    #[cfg(unix)]
-    #[tokio::test]
-    async fn m6_stored_files_and_sidecars_are_readable_by_their_owner_only() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let store = store_with(&dir, &clock, StoreConfig::default()).await;
-        store.register_bytes(NewFile::new(channel("cch_a"), "a.txt"), b"a").await.unwrap();
-        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&dir.0), 0o700);
-        for name in dir_names(&dir) {
-            assert_eq!(mode(&dir.0.join(&name)), 0o600, "{name}");
-        }
-    }
-
-    #[tokio::test]
-    async fn register_stream_and_reader_store_every_chunk() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let store = store_with(&dir, &clock, StoreConfig::default()).await;
-        let chunks = futures_util::stream::iter(vec![
-            Ok::<_, std::io::Error>(Bytes::from_static(b"ab")),
-            Ok(Bytes::from_static(b"cd")),
-        ]);
-        let streamed =
-            store.register_stream(NewFile::new(channel("c"), "a.txt"), chunks).await.unwrap();
-        assert_eq!(streamed.record.byte_size, 4);
-        assert_eq!(streamed.record.mime_type, "text/plain");
-        let read = store
-            .register_reader(NewFile::new(channel("c"), "b.bin"), &b"0123456789"[..])
-            .await
-            .unwrap();
-        assert_eq!(read.record.byte_size, 10);
-        assert_eq!(read.record.mime_type, "application/octet-stream");
-        assert_eq!(read.record.file_type, FileType::File);
-    }
-
-    #[tokio::test]
-    async fn failing_stream_leaves_nothing_behind() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let store = store_with(&dir, &clock, StoreConfig::default()).await;
-        let chunks = futures_util::stream::iter(vec![
-            Ok(Bytes::from_static(b"ab")),
-            Err(std::io::Error::other("connection reset")),
-        ]);
-        let result = store.register_stream(NewFile::new(channel("c"), "a"), chunks).await;
-        assert!(matches!(result, Err(TransferError::Io(_))));
-        assert_eq!(store.usage(), StoreUsage::default());
-        assert!(dir_names(&dir).is_empty(), "{:?}", dir_names(&dir));
-    }
-
-    #[tokio::test]
-    async fn ttl_expiry_hides_the_file_and_cleanup_deletes_it() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let config = StoreConfig::default().with_ttl(Duration::from_secs(3600));
-        let store = store_with(&dir, &clock, config).await;
-        let kept_until_later =
-            store.register_bytes(NewFile::new(channel("c"), "a"), b"1").await.unwrap();
-        clock.advance(HOUR / 2);
-        let younger = store.register_bytes(NewFile::new(channel("c"), "b"), b"22").await.unwrap();
-        clock.advance(HOUR / 2 - 1);
-        assert!(store.get(&kept_until_later.record.file_ref).is_some());
-        clock.advance(1);
-        assert!(store.get(&kept_until_later.record.file_ref).is_none(), "expired at ttl");
-        assert!(matches!(
-            store.open_file(&kept_until_later.record.file_ref).await,
-            Err(TransferError::FileNotFound(_))
-        ));
-        let report = store.cleanup(clock.now_millis()).await;
-        assert_eq!(report, CleanupReport { files: 1, bytes: 1 });
-        assert_eq!(store.usage().files, 1);
-        assert_eq!(dir_names(&dir).len(), 2, "younger file's data and sidecar remain");
-        assert!(store.get(&younger.record.file_ref).is_some());
-        assert_eq!(store.cleanup(clock.now_millis()).await, CleanupReport::default());
-    }
-
     #[tokio::test]
     async fn cleanup_period_is_at_most_half_the_ttl() {
         let dir = TempDir::new();
@@ -1165,198 +869,39 @@ mod tests {
         // Paused tokio time: sleeping auto-advances to the next tick without waiting.
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_secs(31)).await;
-            if store.usage().files == 0 {
+            if store.usage().await.unwrap().files == 0 {
                 break;
             }
         }
-        assert_eq!(store.usage().files, 0);
+        assert_eq!(store.usage().await.unwrap().files, 0);
         drop(store);
         tokio::time::sleep(Duration::from_secs(31)).await;
         tokio::time::timeout(Duration::from_secs(60), task).await.unwrap().unwrap();
     }
 
     #[tokio::test]
-    async fn capacity_by_count_refuses_new_files_but_keeps_unexpired_ones() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let config = StoreConfig::default().with_max_files(2);
-        let store = store_with(&dir, &clock, config).await;
-        let first = store.register_bytes(NewFile::new(channel("c"), "1"), b"1").await.unwrap();
-        store.register_bytes(NewFile::new(channel("c"), "2"), b"2").await.unwrap();
-        let third = store.register_bytes(NewFile::new(channel("c"), "3"), b"3").await;
-        assert!(matches!(third, Err(TransferError::CapacityExceeded)));
-        assert!(store.get(&first.record.file_ref).is_some(), "no unexpired file is evicted");
-        // Once files expire, their room is reclaimed on demand.
-        clock.advance(25 * HOUR);
-        store.register_bytes(NewFile::new(channel("c"), "4"), b"4").await.unwrap();
-        assert_eq!(store.usage().files, 1);
-    }
-
-    #[tokio::test]
-    async fn capacity_by_bytes_refuses_while_streaming_and_releases_the_reservation() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let config = StoreConfig::default().with_max_total_bytes(10);
-        let store = store_with(&dir, &clock, config).await;
-        store.register_bytes(NewFile::new(channel("c"), "a"), [0u8; 6]).await.unwrap();
-        let too_big = store.register_bytes(NewFile::new(channel("c"), "b"), [0u8; 5]).await;
-        assert!(matches!(too_big, Err(TransferError::CapacityExceeded)));
-        let usage = store.usage();
-        assert_eq!(
-            (usage.files, usage.bytes, usage.pending_files, usage.pending_bytes),
-            (1, 6, 0, 0)
-        );
-        store.register_bytes(NewFile::new(channel("c"), "c"), [0u8; 4]).await.unwrap();
-        assert_eq!(dir_names(&dir).len(), 4);
-    }
-
-    #[tokio::test]
-    async fn concurrent_uploads_share_the_byte_capacity() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let config = StoreConfig::default().with_max_total_bytes(10);
-        let store = store_with(&dir, &clock, config).await;
-        let mut first = store.begin(NewFile::new(channel("c"), "1")).await.unwrap();
-        let mut second = store.begin(NewFile::new(channel("c"), "2")).await.unwrap();
-        first.write(&[0; 6]).await.unwrap();
-        assert!(matches!(second.write(&[0; 5]).await, Err(TransferError::CapacityExceeded)));
-        second.write(&[0; 4]).await.unwrap();
-        assert_eq!(store.usage().pending_bytes, 10);
-        first.finish().await.unwrap();
-        second.finish().await.unwrap();
-        assert_eq!((store.usage().bytes, store.usage().pending_bytes), (10, 0));
-    }
-
-    #[tokio::test]
-    async fn upload_in_progress_when_its_channel_is_removed_is_refused() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let store = store_with(&dir, &clock, StoreConfig::default()).await;
-        let mut doomed = store.begin(NewFile::new(channel("a"), "1")).await.unwrap();
-        let mut other = store.begin(NewFile::new(channel("b"), "2")).await.unwrap();
-        doomed.write(b"x").await.unwrap();
-        other.write(b"y").await.unwrap();
-        assert_eq!(store.remove_channel(&channel("a")).await, 0);
-        // An upload that begins after the removal is a new registration and is accepted.
-        let later = store.register_bytes(NewFile::new(channel("a"), "3"), b"z").await.unwrap();
-        assert!(matches!(doomed.finish().await, Err(TransferError::UnknownChannel)));
-        other.finish().await.unwrap();
-        assert!(store.get(&later.record.file_ref).is_some());
-        let usage = store.usage();
-        assert_eq!((usage.files, usage.bytes, usage.pending_files), (2, 2, 0));
-        assert_eq!(dir_names(&dir).len(), 4);
-    }
-
-    #[cfg(unix)]
-    #[tokio::test]
-    async fn a_new_storage_directory_is_private() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        store_with(&dir, &clock, StoreConfig::default()).await;
-        let mode = std::fs::metadata(&dir.0).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o700);
-    }
-
-    #[tokio::test]
-    async fn per_file_limit_is_enforced_while_writing() {
+    async fn gathered_chunks_reach_the_backend_whole_and_respect_the_limit_at_once() {
         let dir = TempDir::new();
         let clock = ManualClock::new(START);
         let store = store_with(&dir, &clock, StoreConfig::default()).await;
         let mut pending =
-            store.begin(NewFile::new(channel("c"), "a").with_max_bytes(5)).await.unwrap();
-        pending.write(b"12345").await.unwrap();
-        assert!(matches!(pending.write(b"6").await, Err(TransferError::TooLarge { limit: 5 })));
-        drop(pending);
-        assert!(dir_names(&dir).is_empty());
-        assert_eq!(store.usage(), StoreUsage::default());
-    }
+            store.begin(NewFile::new(channel("c"), "a").with_max_bytes(10)).await.unwrap();
+        let mut gathered = Gather::default();
+        gathered.write(&mut pending, b"12345").await.unwrap();
+        assert_eq!(pending.written(), 0, "small chunks wait in the gather buffer");
+        assert!(matches!(
+            gathered.write(&mut pending, b"123456").await,
+            Err(TransferError::TooLarge { limit: 10 })
+        ));
+        gathered.flush(&mut pending).await.unwrap();
+        assert_eq!(pending.written(), 5);
 
-    #[tokio::test]
-    async fn restart_reloads_files_and_drops_expired_orphans_and_partials() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let (kept, expiring) = {
-            let store = store_with(&dir, &clock, StoreConfig::default()).await;
-            let kept = store
-                .register_bytes(
-                    NewFile::new(channel("c"), "k.png")
-                        .with_recipient_ref("r1")
-                        .with_reply_token("t1"),
-                    b"png",
-                )
-                .await
-                .unwrap();
-            clock.advance(HOUR);
-            let config = StoreConfig::default().with_ttl(Duration::from_secs(60));
-            let short = FileStore::open(&dir.0, config, signer(), clock.clone()).await.unwrap();
-            let expiring =
-                short.register_bytes(NewFile::new(channel("c"), "e"), b"e").await.unwrap();
-            // An interrupted upload and an orphan data file.
-            let pending = short.begin(NewFile::new(channel("c"), "p")).await.unwrap();
-            std::mem::forget(pending);
-            std::fs::write(dir.0.join("file_00000000000000000000000000000000.bin"), b"o").unwrap();
-            std::fs::write(dir.0.join("file_11111111111111111111111111111111.json"), b"{not json")
-                .unwrap();
-            std::fs::write(dir.0.join("unrelated.txt"), b"left alone").unwrap();
-            (kept.record, expiring.record)
-        };
-        clock.advance(2 * 60 * 1000);
-        let store = store_with(&dir, &clock, StoreConfig::default()).await;
-        assert_eq!(store.get(&kept.file_ref).as_ref(), Some(&kept));
-        assert_eq!(kept.recipient_ref.as_deref(), Some("r1"));
-        assert_eq!(kept.reply_token.as_deref(), Some("t1"));
-        assert!(store.get(&expiring.file_ref).is_none());
-        assert_eq!(store.usage().files, 1);
-        assert_eq!(store.usage().bytes, 3);
-        let mut expected = vec![
-            format!("{}.bin", kept.file_ref),
-            format!("{}.json", kept.file_ref),
-            "unrelated.txt".to_owned(),
-        ];
-        expected.sort();
-        assert_eq!(dir_names(&dir), expected);
-    }
-
-    #[tokio::test]
-    async fn files_are_bound_to_their_channel_and_removed_with_it() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let store = store_with(&dir, &clock, StoreConfig::default()).await;
-        let a1 = store.register_bytes(NewFile::new(channel("a"), "1"), b"1").await.unwrap();
-        store.register_bytes(NewFile::new(channel("a"), "2"), b"2").await.unwrap();
-        let b1 = store.register_bytes(NewFile::new(channel("b"), "3"), b"3").await.unwrap();
-        assert_eq!(a1.record.connector_channel_id, channel("a"));
-        // The signed URL is only valid for the file's own channel.
-        let url = &a1.download;
-        let sig = url.url.rsplit("sig=").next().unwrap();
-        let signer = store.signer();
-        assert!(
-            signer.verify(&a1.record.file_ref, &channel("a"), url.expires_at, sig, START).is_ok()
-        );
-        assert!(
-            signer.verify(&a1.record.file_ref, &channel("b"), url.expires_at, sig, START).is_err()
-        );
-
-        assert_eq!(store.remove_channel(&channel("a")).await, 2);
-        assert!(store.get(&a1.record.file_ref).is_none());
-        assert!(store.get(&b1.record.file_ref).is_some());
-        assert!(store.remove(&b1.record.file_ref).await);
-        assert!(!store.remove(&b1.record.file_ref).await);
-        assert!(dir_names(&dir).is_empty());
-    }
-
-    #[tokio::test]
-    async fn fresh_download_url_never_outlives_the_file() {
-        let dir = TempDir::new();
-        let clock = ManualClock::new(START);
-        let store = store_with(&dir, &clock, StoreConfig::default()).await;
-        let file = store.register_bytes(NewFile::new(channel("a"), "1"), b"1").await.unwrap();
-        clock.advance(24 * HOUR - 60_000);
-        let url = store.download_url(&file.record);
-        assert_eq!(url.expires_at, file.record.expires_at);
-        let chat = store.chat_file(&file.record);
-        assert_eq!(chat.download_url.as_deref(), Some(url.url.as_str()));
+        let mut big = store.begin(NewFile::new(channel("c"), "b")).await.unwrap();
+        let mut gathered = Gather::default();
+        gathered.write(&mut big, &[7u8; WRITE_CHUNK + 3]).await.unwrap();
+        assert_eq!(big.written(), WRITE_CHUNK as u64);
+        gathered.flush(&mut big).await.unwrap();
+        assert_eq!(big.finish().await.unwrap().record.byte_size, WRITE_CHUNK as u64 + 3);
     }
 
     #[test]

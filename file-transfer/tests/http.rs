@@ -54,7 +54,7 @@ async fn upload_with_key_and_channel_stores_the_file() {
     assert_eq!(body.byte_size, 9);
     assert_eq!(body.expires_at, START + 24 * 60 * 60 * 1000);
 
-    let record = server.store.get(&body.file_ref).unwrap();
+    let record = server.store.get(&body.file_ref).await.unwrap().unwrap();
     assert_eq!(record.connector_channel_id, ConnectorChannelId::new(CHANNEL_A));
     assert_eq!(record.recipient_ref.as_deref(), Some("wxid_target"));
     assert_eq!(record.reply_token.as_deref(), Some("ctx-token-1"));
@@ -95,7 +95,7 @@ async fn upload_without_api_key_is_401_with_bearer_challenge() {
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(response.headers()["www-authenticate"], "Bearer");
     assert_eq!(error_code(response).await, "unauthorized");
-    assert_eq!(server.store.usage().files, 0);
+    assert_eq!(server.store.usage().await.unwrap().files, 0);
 }
 
 #[tokio::test]
@@ -170,8 +170,8 @@ async fn upload_over_the_limit_is_413_and_leaves_nothing() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(error_code(response).await, "payload_too_large");
-    assert_eq!(server.store.usage().files, 0);
-    assert_eq!(server.store.usage().pending_files, 0);
+    assert_eq!(server.store.usage().await.unwrap().files, 0);
+    assert_eq!(server.store.usage().await.unwrap().pending_files, 0);
     assert_eq!(std::fs::read_dir(&server.dir.0).unwrap().count(), 0);
 
     // Exactly at the limit is fine.
@@ -205,8 +205,8 @@ async fn upload_far_over_the_limit_is_413_while_streaming() {
     let response = response.expect("the 413 arrives before the connection closes");
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(error_code(response).await, "payload_too_large");
-    assert_eq!(server.store.usage().pending_files, 0);
-    assert_eq!(server.store.usage().files, 0);
+    assert_eq!(server.store.usage().await.unwrap().pending_files, 0);
+    assert_eq!(server.store.usage().await.unwrap().files, 0);
 }
 
 #[tokio::test]
@@ -359,7 +359,7 @@ async fn download_with_expired_url_or_expired_file_is_404() {
     assert_eq!(error_code(response).await, "file_not_found");
 
     // A fresh URL works until the file itself expires.
-    let record = server.store.get(&file_ref.as_str().into()).unwrap();
+    let record = server.store.get(&file_ref.as_str().into()).await.unwrap().unwrap();
     let fresh = server.store.download_url(&record).url;
     assert_eq!(
         server.client.get(server.url(&fresh)).send().await.unwrap().status(),
@@ -392,7 +392,7 @@ async fn download_of_unknown_file_is_404() {
 async fn download_of_a_removed_channel_file_is_404() {
     let server = start(MIB).await;
     let (_, url) = stored(&server, CHANNEL_A).await;
-    server.store.remove_channel(&ConnectorChannelId::new(CHANNEL_A)).await;
+    server.store.remove_channel(&ConnectorChannelId::new(CHANNEL_A)).await.unwrap();
     let response = server.client.get(server.url(&url)).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
 }
@@ -456,7 +456,7 @@ async fn without_a_configured_key_uploads_are_open_and_downloads_need_a_signatur
     // Any bearer token is meaningless without a configured key: a signature is still needed.
     let response = server.client.get(&plain).bearer_auth("anything").send().await.unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
-    let record = server.store.get(&body.file_ref).unwrap();
+    let record = server.store.get(&body.file_ref).await.unwrap().unwrap();
     let signed = server.store.download_url(&record).url;
     let response = server.client.get(server.url(&signed)).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -477,8 +477,8 @@ async fn upload_with_two_file_fields_is_400() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(error_code(response).await, "invalid_arguments");
-    assert_eq!(server.store.usage().files, 0);
-    assert_eq!(server.store.usage().pending_files, 0);
+    assert_eq!(server.store.usage().await.unwrap().files, 0);
+    assert_eq!(server.store.usage().await.unwrap().pending_files, 0);
 }
 
 #[tokio::test]
@@ -493,7 +493,7 @@ async fn upload_with_an_oversized_reference_field_is_413() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(server.store.usage().files, 0);
+    assert_eq!(server.store.usage().await.unwrap().files, 0);
 }
 
 #[tokio::test]
@@ -513,7 +513,7 @@ async fn upload_fields_may_come_in_any_order_and_unknown_ones_are_skipped() {
     assert_eq!(response.status(), StatusCode::OK);
     let body: UploadResponse = response.json().await.unwrap();
     assert_eq!(body.filename, "x.txt");
-    let record = server.store.get(&body.file_ref).unwrap();
+    let record = server.store.get(&body.file_ref).await.unwrap().unwrap();
     assert_eq!(record.reply_token.as_deref(), Some("tok"));
     assert_eq!(record.recipient_ref, None);
     assert_eq!(record.connector_channel_id, ConnectorChannelId::new(CHANNEL_B));
@@ -540,6 +540,6 @@ async fn upload_declaring_a_length_far_over_the_limit_is_413_before_reading() {
     let response = response.expect("the 413 arrives before the connection closes");
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(error_code(response).await, "payload_too_large");
-    assert_eq!(server.store.usage().files, 0);
-    assert_eq!(server.store.usage().pending_files, 0);
+    assert_eq!(server.store.usage().await.unwrap().files, 0);
+    assert_eq!(server.store.usage().await.unwrap().pending_files, 0);
 }

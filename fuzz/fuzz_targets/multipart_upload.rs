@@ -81,7 +81,7 @@ fuzz_target!(|data: &[u8]| {
         if status == StatusCode::OK {
             let upload: UploadResponse =
                 serde_json::from_value(json).expect("a 200 carries an upload response");
-            world.store.remove(&upload.file_ref).await;
+            world.store.remove(&upload.file_ref).await.expect("a stored upload is removed");
         } else {
             assert!(json.get("error").is_some(), "a refusal carries the error object: {json}");
         }

@@ -26,14 +26,15 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, watch};
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, DownloadPolicy,
-    Events, FunctionDeclaration, HealthMonitor, InboundMessage, SignIn as Flow, SqliteXagentStore,
-    ToolCallOptions, admit, builtin_tools,
+    Events, FunctionDeclaration, HealthMonitor, HolderLease, InboundMessage, PostgresXagentStore,
+    SignIn as Flow, SqliteXagentStore, ToolCallOptions, admit, builtin_tools,
 };
 use xagent_protocol_types::{
     AckStatus, AuthInput, AuthProgress, AuthStatus, ChatMessageAck, ConnectorCard,
     ConnectorChannelId, ConnectorId, ErrorCode, MessageId, Secret, ToolProgressPush, WireError,
 };
 use xagent_protocol_validate::AdmissionWindow;
+use xagent_storage_postgres::DatabaseUrl;
 
 use crate::bridge_files::BridgeFiles;
 use crate::files::{AllowedDirs, safe_filename};
@@ -118,6 +119,11 @@ pub struct LinkConfig {
     /// Where inbound files may be downloaded from and how large they may be (default: the
     /// Connector's own origin, [`MAX_DOWNLOAD_BYTES`]).
     pub download: DownloadPolicy,
+    /// Keep the runtime's state (remembered channel, outbox, idempotency) in this PostgreSQL
+    /// database instead of SQLite in the state directory; several bridges of one Card may
+    /// share it, and only the holder of the Card's holder lease connects (the others wait).
+    /// The bridge's own inbox stays in the state directory.
+    pub database_url: Option<DatabaseUrl>,
 }
 
 /// The sign-in state of the bridge's channel, as the agent may see it.
@@ -202,22 +208,38 @@ impl Link {
             tools = card.tools.len(),
             "Connector admitted"
         );
-        let store = SqliteXagentStore::open(state_dir).map_err(ClientError::Store)?;
-        let mut client = ClientConfig::for_card(base, card).with_store(Arc::new(store));
+        let mut client = ClientConfig::for_card(base, card);
+        client = match &config.database_url {
+            Some(url) => {
+                tracing::info!(database = %url, "the runtime's state is in PostgreSQL");
+                let store = PostgresXagentStore::connect(url, card.connector_card_id.as_str())
+                    .await
+                    .map_err(ClientError::Store)?;
+                client.with_store(Arc::new(store)).with_holder_lease(HolderLease::random())
+            }
+            None => {
+                let store = SqliteXagentStore::open(state_dir).map_err(ClientError::Store)?;
+                client.with_store(Arc::new(store))
+            }
+        };
         if let Some(key) = config.api_key.clone() {
             client = client.with_api_key(key);
         }
         client.request_timeout = Duration::from_secs(30);
         client.download = config.download.clone();
         client.connector_id = inbox.meta(META_CONNECTOR_ID)?.map(ConnectorId::new);
-        let (plane, events) = DataPlane::connect(client)?;
+        let (plane, events) = DataPlane::connect(client).await?;
         let files = Arc::new(BridgeFiles { allowed: config.allowed.clone(), inbox: inbox.clone() });
         plane.set_file_source(files.clone());
         plane.set_file_sink(files);
+        // A bridge sharing a database may stand by until the holder of the lease stops: it
+        // waits for as long as that takes.
+        let wait =
+            if config.database_url.is_some() { Duration::MAX } else { Duration::from_secs(30) };
         let connector_id =
-            tokio::time::timeout(Duration::from_secs(30), plane.connected()).await.map_err(
-                |_| ClientError::Timeout { expected: "connector.hello.ack", millis: 30_000 },
-            )??;
+            tokio::time::timeout(wait, plane.connected()).await.map_err(|_| {
+                ClientError::Timeout { expected: "connector.hello.ack", millis: 30_000 }
+            })??;
         inbox.set_meta(META_CONNECTOR_ID, connector_id.as_str())?;
         let (notices, _) = broadcast::channel(256);
         let (arrivals, _) = watch::channel(0);

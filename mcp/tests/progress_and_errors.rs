@@ -157,6 +157,7 @@ async fn setup(lifecycle: ClientLifecycleMode) -> Setup {
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_secs(30),
             download: Default::default(),
+            database_url: None,
         },
         state_dir: dir.path().join("bridge"),
     })
@@ -339,6 +340,7 @@ async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_millis(200),
             download: Default::default(),
+            database_url: None,
         },
         state_dir: dir.path().join("bridge"),
     })

@@ -4,7 +4,10 @@
 //!
 //! Decisions: the URL signing secret is generated once and kept in the storage, so signed
 //! links and redelivered messages stay valid across restarts; a redelivered `chat.message`
-//! gets freshly signed `download_url`s for files still in the store.
+//! gets freshly signed `download_url`s for files still in the store. When the runtime's state
+//! is in PostgreSQL ([`ServerBuilder::database_url`](crate::ServerBuilder)), the files and
+//! their bytes are too (`file-transfer`'s PostgreSQL backend, its own pool), and so is the
+//! signing secret, so every replica serves every file and accepts every replica's links.
 
 use std::sync::Arc;
 
@@ -18,7 +21,8 @@ use crate::storage::Storage;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct FilesConfig {
-    /// Where files live (default: `<state dir>/files`).
+    /// Where files live (default: `<state dir>/files`); unused when the runtime's state is in
+    /// PostgreSQL, where the files are too.
     pub dir: std::path::PathBuf,
     /// TTL, capacity and cleanup policy (`file-transfer` defaults: 24 h, 10 GiB, 10,000 files).
     pub store: StoreConfig,
@@ -49,6 +53,22 @@ impl FilesConfig {
 
 const SIGNING_SECRET_KEY: &str = "url_signing_secret";
 
+/// The signer of this runtime's download URLs (under the Base URL path) with `secret`.
+fn signer(secret: String, base_path: &str) -> Result<UrlSigner, ServerError> {
+    let mut signer = UrlSigner::new(Secret::new(secret))?;
+    let base = base_path.trim_end_matches('/');
+    if !base.is_empty() {
+        signer = signer.with_base(base);
+    }
+    Ok(signer)
+}
+
+/// A fresh URL signing secret (kept only if none is stored yet).
+fn new_secret() -> String {
+    hex::encode(rand::random::<[u8; 32]>())
+}
+
+/// The store in the directory [`FilesConfig::dir`], its signing secret in the runtime's storage.
 pub(crate) async fn open_store(
     config: &FilesConfig,
     base_path: &str,
@@ -58,18 +78,41 @@ pub(crate) async fn open_store(
     let secret = match storage.load_meta(SIGNING_SECRET_KEY).await? {
         Some(secret) => secret,
         None => {
-            let secret = hex::encode(rand::random::<[u8; 32]>());
+            let secret = new_secret();
             storage.commit_meta(SIGNING_SECRET_KEY, &secret).committed().await?;
             secret
         }
     };
-    let mut signer = UrlSigner::new(Secret::new(secret))?;
-    let base = base_path.trim_end_matches('/');
-    if !base.is_empty() {
-        signer = signer.with_base(base);
-    }
+    let signer = signer(secret, base_path)?;
     Ok(FileStore::open(config.dir.clone(), config.store.clone(), signer, clock).await?)
 }
+
+/// The store in the PostgreSQL database at `url` (the runtime's), on a pool of its own, with
+/// the signing secret every replica shares.
+#[cfg(feature = "postgres")]
+pub(crate) async fn open_database_store(
+    config: &FilesConfig,
+    url: &crate::DatabaseUrl,
+    base_path: &str,
+    clock: Arc<dyn xagent_protocol_types::Clock>,
+) -> Result<FileStore, ServerError> {
+    use xagent_file_transfer::TransferError;
+    use xagent_file_transfer::backend::PostgresBackend;
+    let options = xagent_storage_postgres::PoolOptions::default()
+        .with_max_size(FILES_POOL_SIZE)
+        .with_application_name("xagent-connector files");
+    let pool = xagent_storage_postgres::connect(url, options).await.map_err(TransferError::from)?;
+    let backend = PostgresBackend::open(pool, &config.store, clock.now_millis()).await?;
+    // Replicas starting at once agree on the first secret stored.
+    let signer = signer(backend.signing_secret(&new_secret()).await?, base_path)?;
+    tracing::info!(database = %url, "Transfer Plane files in PostgreSQL");
+    Ok(FileStore::with_backend(Arc::new(backend), config.store.clone(), signer, clock))
+}
+
+/// Connections of the Transfer Plane's own pool (uploads and downloads, apart from the
+/// runtime's group-commit writer).
+#[cfg(feature = "postgres")]
+const FILES_POOL_SIZE: usize = 8;
 
 /// The upload and download routes over `store`, asking `directory` (the runtime's channel
 /// table) whether an upload's channel exists.
@@ -85,11 +128,14 @@ pub(crate) fn router(
         .into_router()
 }
 
-/// Re-signs the download URLs of files still in the store (for a redelivery).
-pub(crate) fn refresh_urls(store: &FileStore, message: &mut ChatMessage) {
+/// Re-signs the download URLs of files still in the store (for a redelivery). A file the
+/// store cannot look up keeps the URL it had (logged).
+pub(crate) async fn refresh_urls(store: &FileStore, message: &mut ChatMessage) {
     for file in &mut message.files {
-        if let Some(record) = store.get(&file.file_ref) {
-            file.download_url = store.chat_file(&record).download_url;
+        match store.get(&file.file_ref).await {
+            Ok(Some(record)) => file.download_url = store.chat_file(&record).download_url,
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "could not re-sign a file's download URL"),
         }
     }
 }

@@ -409,7 +409,8 @@ impl ConnectorHandle {
         &self,
         channel: &ConnectorChannelId,
         file_ref: &FileRef,
-    ) -> Result<(xagent_file_transfer::FileRecord, tokio::fs::File), HandleError> {
+    ) -> Result<(xagent_file_transfer::FileRecord, xagent_file_transfer::FileReader), HandleError>
+    {
         let (record, file) = self.store()?.open_file(file_ref).await?;
         if &record.connector_channel_id != channel {
             return Err(HandleError::FileOwnership);

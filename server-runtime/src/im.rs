@@ -361,7 +361,7 @@ impl ImState {
                 let mut body = payload.into_body();
                 if let (PacketBody::ChatMessage(message), Some(files)) = (&mut body, shared.files())
                 {
-                    crate::files::refresh_urls(files, message);
+                    crate::files::refresh_urls(files, message).await;
                 }
                 let packet =
                     shared.packet(Packet::new(packet_id.clone(), body)).channel(channel.clone());

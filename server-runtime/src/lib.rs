@@ -127,17 +127,18 @@
 //!   PostgreSQL with the cargo feature `postgres`: `ServerBuilder::database_url(url)` connects
 //!   in `build()`, applies the schema migrations (refusing a database migrated by a newer
 //!   binary) and keeps every durable fact there, with the same group-commit promise and the
-//!   same size limits (`WriteOp::check`). The Transfer Plane's files stay in the state
-//!   directory (docs/CLUSTER.md).
+//!   same size limits (`WriteOp::check`). The Transfer Plane's files and their bytes go to
+//!   the same database (`file-transfer`'s PostgreSQL backend), so replicas need no shared disk.
 //! - IM v1 `message.push` goes through the same outbox; its successful socket write is the
 //!   delivery boundary (v1 has no business ack). The handle refuses a `chat.message` when the
 //!   Card does not declare IM v2, and a `message.push` when it does not declare IM v1.
 //! - Backpressure: each socket has a bounded write queue ([`RuntimeConfig::write_queue`]).
 //!   When the peer stops reading, producers wait (author calls, replies; the reader stops
 //!   reading the peer); nothing is dropped and the socket stays open.
-//! - The Transfer Plane is enabled under `<state dir>/files` when a state directory is used;
-//!   the URL signing secret is generated once and kept in the storage, and redelivered
-//!   messages get freshly signed `download_url`s.
+//! - The Transfer Plane is enabled under `<state dir>/files` when a state directory is used,
+//!   and in the database when the state is in PostgreSQL; the URL signing secret is generated
+//!   once and kept in the storage (on PostgreSQL the one every replica agreed on), and
+//!   redelivered messages get freshly signed `download_url`s.
 //! - Measured: a 1 GiB upload grew the test process's resident memory by about 4 MiB
 //!   (`tests/upload_memory.rs`, ignored by default).
 

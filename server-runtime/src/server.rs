@@ -190,6 +190,7 @@ impl ServerBuilder {
         };
         #[cfg(not(feature = "postgres"))]
         let connected: Option<Arc<dyn Storage>> = None;
+        let uses_database = self.uses_database();
         let storage = match connected.or(self.storage) {
             Some(storage) => storage,
             None => Arc::new(SqliteStorage::in_memory()?),
@@ -213,12 +214,19 @@ impl ServerBuilder {
             self.config.outbox_window,
         )
         .await?;
-        let files_config = self
-            .files
-            .or_else(|| self.state_dir.map(|d| crate::files::FilesConfig::new(d.join("files"))));
+        // On PostgreSQL the Transfer Plane needs no directory: its files are in the database.
+        let files_config = self.files.or_else(|| match self.state_dir {
+            Some(dir) => Some(crate::files::FilesConfig::new(dir.join("files"))),
+            None if uses_database => Some(crate::files::FilesConfig::new("")),
+            None => None,
+        });
         let files_upload_limit = files_config.as_ref().map_or(0, |f| f.max_upload_bytes);
-        let files = match &files_config {
-            Some(config) => Some(
+        #[cfg(feature = "postgres")]
+        let files_database = self.database.as_ref().map(|(url, _)| url);
+        #[cfg(not(feature = "postgres"))]
+        let files_database: Option<std::convert::Infallible> = None;
+        let files = match (&files_config, files_database) {
+            (Some(config), None) => Some(
                 crate::files::open_store(
                     config,
                     &self.config.base_path,
@@ -227,7 +235,19 @@ impl ServerBuilder {
                 )
                 .await?,
             ),
-            None => None,
+            #[cfg(feature = "postgres")]
+            (Some(config), Some(url)) => Some(
+                crate::files::open_database_store(
+                    config,
+                    url,
+                    &self.config.base_path,
+                    Arc::clone(&self.clock),
+                )
+                .await?,
+            ),
+            #[cfg(not(feature = "postgres"))]
+            (Some(_), Some(never)) => match never {},
+            (None, _) => None,
         };
         let mut connector = self.connector;
         let device = match connector.device.take() {

@@ -9,7 +9,7 @@ use xagent_protocol_types::{
 use xagent_protocol_validate::AdmissionWindow;
 
 use crate::store::XagentStore;
-use crate::{Backoff, BaseUrl, DownloadPolicy};
+use crate::{Backoff, BaseUrl, DownloadPolicy, HolderLease};
 
 /// How to reach and greet a Connector.
 #[derive(Clone)]
@@ -47,6 +47,9 @@ pub struct ClientConfig {
     /// Durable xAgent-side state (remembered channels, idempotency, outbox); in memory when
     /// `None`.
     pub store: Option<Arc<dyn XagentStore>>,
+    /// The holder lease, when several xAgent processes share the store: only the process
+    /// holding the Card's lease connects `/ws` (see [`ClientConfig::with_holder_lease`]).
+    pub lease: Option<HolderLease>,
     /// Where inbound files may be downloaded from, how large they may be and how many at a
     /// time (default: the Connector's own origin only, 32 MiB, 4 at a time).
     pub download: DownloadPolicy,
@@ -63,6 +66,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("request_timeout", &self.request_timeout)
             .field("backoff", &self.backoff)
             .field("durable", &self.store.is_some())
+            .field("lease", &self.lease)
             .field("download", &self.download)
             .finish_non_exhaustive()
     }
@@ -124,6 +128,7 @@ impl ClientConfig {
             tap: None,
             clock: Arc::new(SystemClock),
             store: None,
+            lease: None,
             download: DownloadPolicy::default(),
         }
     }
@@ -162,6 +167,16 @@ impl ClientConfig {
     #[must_use]
     pub fn with_store(mut self, store: Arc<dyn XagentStore>) -> Self {
         self.store = Some(store);
+        self
+    }
+
+    /// Shares the store with other xAgent processes of the same Card: the data plane connects
+    /// only while this process holds the Card's holder lease in the store, and stands by
+    /// otherwise (taking over, with the channels and the outbox, when the holder stops
+    /// renewing). Needs a store (the lease lives there).
+    #[must_use]
+    pub fn with_holder_lease(mut self, lease: HolderLease) -> Self {
+        self.lease = Some(lease);
         self
     }
 }

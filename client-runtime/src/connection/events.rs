@@ -54,6 +54,12 @@ pub enum ConnectionState {
         /// The new id.
         current: ConnectorId,
     },
+    /// This process does not hold the Card's holder lease: another process (`holder`, when
+    /// known) has the data plane; this one waits to take over.
+    Standby {
+        /// The holder named in the lease row.
+        holder: Option<String>,
+    },
     /// Closed by the application.
     Stopped {
         /// Why.
@@ -63,7 +69,7 @@ pub enum ConnectionState {
 
 impl ConnectionState {
     /// The state's name: `connecting`, `online`, `degraded`, `offline`, `auth_failed`,
-    /// `replaced` or `stopped`.
+    /// `replaced`, `standby` or `stopped`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Connecting { .. } => "connecting",
@@ -72,6 +78,7 @@ impl ConnectionState {
             Self::Offline { .. } => "offline",
             Self::AuthFailed { .. } => "auth_failed",
             Self::Replaced { .. } => "replaced",
+            Self::Standby { .. } => "standby",
             Self::Stopped { .. } => "stopped",
         }
     }

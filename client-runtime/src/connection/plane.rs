@@ -13,6 +13,7 @@ use super::request::{request_on, request_typed, send_on};
 use super::shared::fail_pending;
 use super::{ClientEvent, ConnectionState, Shared, lock};
 use crate::ClientError;
+use crate::store::XagentWrite;
 
 /// A handle to the data plane; clones share one connection.
 #[derive(Clone)]
@@ -120,8 +121,10 @@ impl DataPlane {
     /// after a restart).
     pub async fn remember_channel(&self, channel: ConnectorChannelId) {
         let owner = lock(&self.shared.directory).owner(&channel);
-        if let Err(error) = self.shared.store.save_channel(&channel, owner.as_deref()) {
-            tracing::warn!(%error, "could not persist a remembered channel");
+        let write = XagentWrite::SaveChannel { channel: channel.clone(), owner };
+        let ticket = self.shared.im.lock().await.submit(vec![write]);
+        if let Err(error) = ticket.await {
+            self.shared.commit_failed("a remembered channel", &error);
         }
         lock(&self.shared.channels).insert(channel.clone(), channel);
     }
@@ -131,10 +134,15 @@ impl DataPlane {
         // The channel may be known by the id it was remembered by or by its current id (it
         // was re-keyed): both go.
         let current = lock(&self.shared.channels).get(channel).cloned();
+        let writes = std::iter::once(channel)
+            .chain(current.as_ref())
+            .map(|id| XagentWrite::DeleteChannel(id.clone()))
+            .collect();
+        let ticket = self.shared.im.lock().await.submit(writes);
+        if let Err(error) = ticket.await {
+            self.shared.commit_failed("a forgotten channel", &error);
+        }
         for id in std::iter::once(channel).chain(current.as_ref()) {
-            if let Err(error) = self.shared.store.delete_channel(id) {
-                tracing::warn!(%error, "could not forget a remembered channel");
-            }
             lock(&self.shared.directory).forget(id);
         }
         lock(&self.shared.channels)
@@ -159,9 +167,23 @@ impl DataPlane {
         &self.shared
     }
 
-    /// Stops the client: closes the socket and ends reconnecting.
+    /// Stops the client: closes the socket and ends reconnecting. A holder lease this process
+    /// holds is given up, so another process takes the data plane over at once.
     pub async fn close(&self) {
         self.task.abort();
+        let held = {
+            let mut im = self.shared.im.lock().await;
+            std::mem::replace(&mut im.holding, crate::im_state::Holding::Standby)
+        };
+        match held {
+            crate::im_state::Holding::Held(fence) => {
+                if let Err(error) = self.shared.store.release_lease(&fence).await {
+                    tracing::warn!(%error, "the holder lease could not be given up; it expires by itself");
+                }
+            }
+            // Without a lease the state stays writable (a closed plane's handle still reads).
+            other => self.shared.im.lock().await.holding = other,
+        }
         let link = lock(&self.shared.link).take();
         if let Some(link) = link {
             link.close(CLOSE_NORMAL, "closed").await;

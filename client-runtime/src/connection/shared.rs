@@ -47,6 +47,9 @@ pub(crate) struct Shared {
     pub(crate) validator: xagent_protocol_validate::Validator,
     /// Acks that ended an assistant message's delivery, for [`crate::DataPlane::settled_ack`].
     pub(crate) settled: crate::settled::SettledAcks,
+    /// Woken when the store refused a batch for a stale fence: the lease keeper closes the data
+    /// plane at once instead of waiting for its next renewal.
+    pub(crate) fenced: tokio::sync::Notify,
 }
 
 pub(crate) fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -76,6 +79,32 @@ impl Shared {
             Some(facts) => lock(&self.directory).set_admitted(card, facts),
             None => lock(&self.directory).set_card(card),
         }
+    }
+
+    /// Logs a batch that was not committed (`what` it recorded); a fenced one tells the lease
+    /// keeper this process lost the lease.
+    pub(crate) fn commit_failed(&self, what: &str, error: &crate::store::CommitError) {
+        if error.is_fenced() {
+            tracing::warn!(%error, "{what} was refused: this process no longer holds the lease");
+            self.fenced.notify_one();
+        } else {
+            tracing::warn!(%error, "{what} could not be stored");
+        }
+    }
+
+    /// Waits for a batch in the background, logging it if it fails (for writes nothing
+    /// waits on: a delivered message's deletion, a disconnect's bookkeeping).
+    pub(crate) fn watch_commit(
+        self: &Arc<Self>,
+        what: &'static str,
+        ticket: crate::store::CommitTicket,
+    ) {
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(error) = ticket.await {
+                shared.commit_failed(what, &error);
+            }
+        });
     }
 
     pub(crate) fn link(&self) -> Option<Outbound> {

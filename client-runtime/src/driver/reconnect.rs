@@ -16,22 +16,42 @@ use crate::connection::{
 };
 use crate::transport::Transport;
 
-/// The reconnect loop: never gives up; the delay grows to the cap.
+/// The driver: with a holder lease, takes it (standing by until then), runs the reconnect loop
+/// while renewing it, and stands by again when it is lost; without one, runs the reconnect
+/// loop.
 pub(super) async fn supervise(shared: Arc<Shared>, transport: Box<dyn Transport>) {
+    let Some(lease) = shared.config.lease.clone() else {
+        reconnect(&shared, transport.as_ref()).await;
+        return;
+    };
+    loop {
+        let mut keeper = super::holder::take_lease(&shared, &lease).await;
+        let reason = tokio::select! {
+            () = reconnect(&shared, transport.as_ref()) => String::from("the reconnect loop ended"),
+            reason = super::holder::keep_lease(&shared, &lease, &mut keeper) => reason,
+        };
+        // The next tenure reloads the state from the store: nothing of this one is kept.
+        super::holder::on_lost(&shared, reason).await;
+    }
+}
+
+/// The reconnect loop: never gives up; the delay grows to the cap.
+async fn reconnect(shared: &Arc<Shared>, transport: &dyn Transport) {
     let mut failures = 0u32;
-    let mut known_connector = super::reopen::known_connector_id(&shared.config);
+    let mut known_connector = super::reopen::known_connector_id(shared).await;
     loop {
         if failures == 0 {
             shared.set_state(ConnectionState::Connecting { failures });
         }
-        let outcome = run_connection(&shared, transport.as_ref(), &mut known_connector).await;
+        let outcome = run_connection(shared, transport, &mut known_connector).await;
         *lock(&shared.link) = None;
-        fail_pending(&shared);
-        shared.im.lock().await.on_disconnect(shared.now());
+        fail_pending(shared);
+        let ticket = shared.im.lock().await.on_disconnect(shared.now());
+        shared.watch_commit("the outbox's disconnect", ticket);
         match outcome {
             Ok(reason) => {
                 failures = 0;
-                emit(&shared, ClientEvent::Disconnected { reason }).await;
+                emit(shared, ClientEvent::Disconnected { reason }).await;
             }
             Err(error) => {
                 failures = failures.saturating_add(1);
@@ -47,7 +67,7 @@ pub(super) async fn supervise(shared: Arc<Shared>, transport: Box<dyn Transport>
                     _ => ConnectionState::Degraded { failures, reason: reason.clone() },
                 };
                 shared.set_state(state);
-                emit(&shared, ClientEvent::Disconnected { reason }).await;
+                emit(shared, ClientEvent::Disconnected { reason }).await;
             }
         }
         let delay = shared.config.backoff.delay(failures.max(1));
@@ -103,7 +123,7 @@ async fn run_connection(
     };
     let connector_id = hello_ack.connector_id.clone();
     let known = known_connector.replace(connector_id.clone());
-    super::reopen::store_connector_id(shared, known.as_ref(), &connector_id);
+    super::reopen::store_connector_id(shared, known.as_ref(), &connector_id).await;
     let replaced = known.filter(|previous| previous != &connector_id);
     match replaced {
         Some(previous) => {

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use xagent_protocol_types::{ChannelOpen, ConnectorChannelId, ConnectorId};
 
-use crate::connection::{ClientConfig, ClientEvent, ConnectionState, Shared, emit, lock};
+use crate::connection::{ClientEvent, ConnectionState, Shared, emit, lock};
+use crate::store::XagentWrite;
 
 /// How many remembered channels are reopened at once after a reconnect: enough that a few
 /// hundred channels are back within a few round trips, few enough not to flood the Connector.
@@ -47,7 +48,8 @@ async fn reopen_channel(
             // A new id was already renamed by the reader ([`on_rekeyed`]).
             let new_id = ack.connector_channel_id.clone();
             lock(&shared.channels).insert(remembered, new_id.clone());
-            shared.im.lock().await.on_channel_reopened(&new_id, shared.now());
+            let ticket = shared.im.lock().await.on_channel_reopened(&new_id, shared.now());
+            shared.watch_commit("a reopened channel's outbox", ticket);
             emit(
                 shared,
                 ClientEvent::ChannelReopened {
@@ -96,32 +98,36 @@ pub(crate) async fn on_rekeyed(
         return;
     }
     lock(&shared.directory).rename(requested, given);
-    shared.im.lock().await.on_channel_rekeyed(requested, given);
+    shared.im.lock().await.on_channel_rekeyed(requested, given).await;
 }
 
 /// The `connector_id` to resume with: the configured one, else the one stored by the last
 /// accepted `hello.ack` (an unreadable store is logged and treated as a first hello).
-pub(crate) fn known_connector_id(config: &ClientConfig) -> Option<ConnectorId> {
-    if config.connector_id.is_some() {
-        return config.connector_id.clone();
+pub(crate) async fn known_connector_id(shared: &Shared) -> Option<ConnectorId> {
+    if shared.config.connector_id.is_some() {
+        return shared.config.connector_id.clone();
     }
-    let store = config.store.as_ref()?;
-    store.load_connector_id().unwrap_or_else(|error| {
+    shared.config.store.as_ref()?;
+    shared.store.load_connector_id().await.unwrap_or_else(|error| {
         tracing::warn!(%error, "the stored connector_id could not be read");
         None
     })
 }
 
 /// Stores the `connector_id` of an accepted `hello.ack` when it is not the one already known.
-pub(crate) fn store_connector_id(
-    shared: &Shared,
+pub(crate) async fn store_connector_id(
+    shared: &Arc<Shared>,
     previous: Option<&ConnectorId>,
     current: &ConnectorId,
 ) {
     if previous == Some(current) {
         return;
     }
-    if let Err(error) = shared.store.save_connector_id(current) {
-        tracing::warn!(%error, "the connector_id could not be stored; a restart cannot tell a rebuilt Connector");
+    let ticket = shared.im.lock().await.submit(vec![XagentWrite::ConnectorId(current.clone())]);
+    if let Err(error) = ticket.await {
+        shared.commit_failed(
+            "the connector_id (a restart cannot tell a rebuilt Connector without it)",
+            &error,
+        );
     }
 }

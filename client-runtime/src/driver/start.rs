@@ -9,37 +9,78 @@ use xagent_connection::{Admission, Requests};
 use super::reconnect::supervise;
 use crate::connection::{ClientConfig, ClientEvent, ConnectionState, Events, Shared};
 use crate::directory::ChannelDirectory;
-use crate::im_state::ImState;
-use crate::store::{MemoryXagentStore, XagentStore};
+use crate::im_state::{Holding, ImState};
+use crate::store::{MemoryXagentStore, RememberedChannel, XagentStore};
 use crate::transport::{Transport, WsTransport};
 use crate::{ClientError, DataPlane};
 
 impl DataPlane {
     /// Starts connecting over WebSocket in the background and returns the handle and the
-    /// bounded event stream. Wait for `online` with [`DataPlane::connected`].
-    pub fn connect(config: ClientConfig) -> Result<(Self, Events), ClientError> {
+    /// bounded event stream. Wait for `online` with [`DataPlane::connected`]. Fails only when
+    /// the durable store cannot be read.
+    pub async fn connect(config: ClientConfig) -> Result<(Self, Events), ClientError> {
         let transport = WsTransport::new(
             config.base_url.clone(),
             config.api_key.clone(),
             config.max_frame_bytes,
         );
-        Self::connect_with(config, transport)
+        Self::connect_with(config, transport).await
     }
 
     /// Like [`DataPlane::connect`] over any transport (in-memory in tests). Fails only when the
-    /// durable store cannot be read.
-    pub fn connect_with(
+    /// durable store cannot be read. With a holder lease ([`ClientConfig::with_holder_lease`])
+    /// the state is loaded again whenever this process takes the lease.
+    pub async fn connect_with(
         config: ClientConfig,
         transport: impl Transport,
     ) -> Result<(Self, Events), ClientError> {
-        let (events, receiver) = mpsc::channel(config.event_capacity.max(1));
-        let (state_sender, state) = watch::channel(ConnectionState::Connecting { failures: 0 });
         let now = config.clock.now_millis();
         let store: Arc<dyn XagentStore> = match &config.store {
             Some(store) => store.clone(),
             None => Arc::new(MemoryXagentStore::new()),
         };
-        let im = ImState::open(store.clone(), now)?;
+        let holding = if config.lease.is_some() { Holding::Standby } else { Holding::Unfenced };
+        let im = ImState::load(store.clone(), holding, now).await?;
+        let remembered = store.load_channels().await.map_err(ClientError::Store)?;
+        Ok(Self::assemble(config, store, im, remembered, transport))
+    }
+
+    /// Starts connecting with an in-memory store and returns the handle and an unbounded relay
+    /// of the bounded event stream (kept for callers written before [`DataPlane::connect`]).
+    pub fn start(config: ClientConfig) -> (Self, mpsc::UnboundedReceiver<ClientEvent>) {
+        let config = ClientConfig { store: None, lease: None, ..config };
+        let transport = WsTransport::new(
+            config.base_url.clone(),
+            config.api_key.clone(),
+            config.max_frame_bytes,
+        );
+        let store: Arc<dyn XagentStore> = Arc::new(MemoryXagentStore::new());
+        let (plane, mut events) = match ImState::empty(store.clone(), config.clock.now_millis()) {
+            Ok(im) => Self::assemble(config, store, im, Vec::new(), transport),
+            // Unreachable: an empty outbox over a fresh memory store cannot fail to open.
+            Err(error) => unreachable!("an in-memory data plane cannot fail to start: {error}"),
+        };
+        let (relay, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                if relay.send(event).is_err() {
+                    break;
+                }
+            }
+        });
+        (plane, receiver)
+    }
+
+    /// The shared state over loaded parts, the IM pump and the driver.
+    fn assemble(
+        config: ClientConfig,
+        store: Arc<dyn XagentStore>,
+        im: ImState,
+        remembered: Vec<RememberedChannel>,
+        transport: impl Transport,
+    ) -> (Self, Events) {
+        let (events, receiver) = mpsc::channel(config.event_capacity.max(1));
+        let (state_sender, state) = watch::channel(ConnectionState::Connecting { failures: 0 });
         let admission = Arc::new(Admission::from_parts(
             config.connector_card_id.clone(),
             config.supported_profiles.clone(),
@@ -51,7 +92,7 @@ impl DataPlane {
         if let (Some(card), Some(facts)) = (config.card.clone(), admission.facts()) {
             directory.set_admitted(card, facts);
         }
-        for remembered in store.load_channels().map_err(ClientError::Store)? {
+        for remembered in remembered {
             channels.insert(remembered.channel.clone(), remembered.channel.clone());
             directory.remember(remembered.channel, remembered.owner);
         }
@@ -77,6 +118,7 @@ impl DataPlane {
             )),
             validator: xagent_protocol_validate::Validator::new().with_window(config_window),
             settled: crate::settled::SettledAcks::default(),
+            fenced: tokio::sync::Notify::new(),
         });
         let pump = tokio::spawn(crate::im::run_pump(shared.clone()));
         let supervisor = shared.clone();
@@ -84,32 +126,6 @@ impl DataPlane {
             supervise(supervisor, Box::new(transport)).await;
             pump.abort();
         });
-        Ok((Self { shared, state, task: Arc::new(task) }, receiver))
-    }
-
-    /// Starts connecting with an in-memory store and returns the handle and an unbounded relay
-    /// of the bounded event stream (kept for callers written before [`DataPlane::connect`]).
-    pub fn start(config: ClientConfig) -> (Self, mpsc::UnboundedReceiver<ClientEvent>) {
-        let config = ClientConfig { store: None, ..config };
-        let transport = WsTransport::new(
-            config.base_url.clone(),
-            config.api_key.clone(),
-            config.max_frame_bytes,
-        );
-        let (relay, receiver) = mpsc::unbounded_channel();
-        match Self::connect_with(config, transport) {
-            Ok((plane, mut events)) => {
-                tokio::spawn(async move {
-                    while let Some(event) = events.recv().await {
-                        if relay.send(event).is_err() {
-                            break;
-                        }
-                    }
-                });
-                (plane, receiver)
-            }
-            // Unreachable: without a store there is nothing to read.
-            Err(error) => unreachable!("an in-memory data plane cannot fail to start: {error}"),
-        }
+        (Self { shared, state, task: Arc::new(task) }, receiver)
     }
 }

@@ -1,19 +1,34 @@
-//! Durable xAgent-side state behind one trait, with an embedded SQLite default: remembered
-//! channels and their owners, the `connector_id` of the last hello, the receiver idempotency
-//! set of inbound messages and the outbox of assistant messages (the last two through
-//! `profile-im`'s store traits). Killing the process loses nothing the runtime took
-//! responsibility for and accepts nothing twice, also across a channel the Connector re-keyed:
-//! [`XagentStore::rename_channel`] moves the channel with its outbox and idempotency entries
-//! in one transaction.
+//! Durable xAgent-side state behind one async trait, with an embedded SQLite default:
+//! remembered channels and their owners, the `connector_id` of the last hello, the receiver
+//! idempotency set of inbound messages, the outbox of assistant messages, and the holder lease
+//! of a Connector Card when several xAgent processes share one database.
+//!
+//! Reads are `async fn`. Every write goes through [`XagentStore::commit`]: a batch of
+//! [`XagentWrite`]s applied in submission order in one transaction (all or none), whose
+//! [`CommitTicket`] resolves once that transaction committed. The runtime submits while it
+//! holds its IM lock (so the order of writes is the order of the state changes) and answers
+//! the Connector (an `accepted` ack) or the application (an enqueue) only after the ticket
+//! resolved. A batch submitted under the holder lease carries its [`Fence`]; the database
+//! refuses it ([`CommitError::Fenced`]) when another process took the lease over since.
 
+mod commit;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod sqlite;
 
+pub use commit::{CommitError, CommitTicket};
+pub(crate) use commit::{Submitted, ready};
 pub use memory::MemoryXagentStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{POSTGRES_COMPONENT, PostgresXagentStore};
 pub use sqlite::SqliteXagentStore;
 
-use xagent_profile_im::{IdempotencyStore, OutboxStore, StoreError};
-use xagent_protocol_types::{ConnectorChannelId, ConnectorId};
+use async_trait::async_trait;
+use xagent_profile_im::{
+    CompletedRecord, IdempotencyWrite, OutboxWrite, PendingRecord, StoreError,
+};
+use xagent_protocol_types::{ConnectorCardId, ConnectorChannelId, ConnectorId, MessageId};
 
 /// A channel xAgent remembers across restarts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,39 +39,129 @@ pub struct RememberedChannel {
     pub owner: Option<String>,
 }
 
-/// Where xAgent-side state lives.
-pub trait XagentStore: Send + Sync + 'static {
-    /// Every remembered channel.
-    fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError>;
-    /// Remembers (or updates) a channel.
-    fn save_channel(
-        &self,
-        channel: &ConnectorChannelId,
-        owner: Option<&str>,
-    ) -> Result<(), StoreError>;
+/// One durable write, for [`XagentStore::commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XagentWrite {
+    /// Remembers (or updates) a channel; an owner of `None` keeps the stored one.
+    SaveChannel {
+        /// The channel.
+        channel: ConnectorChannelId,
+        /// Its owner, if known.
+        owner: Option<String>,
+    },
     /// Forgets a channel.
-    fn delete_channel(&self, channel: &ConnectorChannelId) -> Result<(), StoreError>;
+    DeleteChannel(ConnectorChannelId),
     /// Renames a remembered channel the Connector re-keyed on reopen: the channel (its owner
-    /// kept), its outbox entries and its receiver idempotency entries move to `to`, all or
-    /// none. Fails, changing nothing, when `from` is not remembered, or `to` already is or
-    /// already has stored messages.
-    fn rename_channel(
-        &self,
-        from: &ConnectorChannelId,
-        to: &ConnectorChannelId,
-    ) -> Result<(), StoreError>;
-    /// The `connector_id` of the last accepted `hello.ack`, if one was stored.
-    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError>;
-    /// Stores the `connector_id` of an accepted `hello.ack`, so a restarted client can tell a
-    /// rebuilt Connector (another id) from the one it knew.
-    fn save_connector_id(&self, connector_id: &ConnectorId) -> Result<(), StoreError>;
-    /// The outbox's store (shares the backend).
-    fn outbox_store(&self) -> Box<dyn OutboxStore + Send>;
-    /// The receiver idempotency store (shares the backend).
-    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send>;
+    /// kept), its outbox entries and its receiver idempotency entries move to `to`. Fails the
+    /// whole batch when `from` is not remembered, or `to` already is or already has stored
+    /// messages.
+    RenameChannel {
+        /// The stored id.
+        from: ConnectorChannelId,
+        /// The id the Connector gave.
+        to: ConnectorChannelId,
+    },
+    /// Stores the `connector_id` of an accepted `hello.ack`.
+    ConnectorId(ConnectorId),
+    /// One write to the outbox's records.
+    Outbox(OutboxWrite),
+    /// One write to the receiver's idempotency records.
+    Idempotency(IdempotencyWrite),
 }
 
-/// The rename rule both stores apply: `from` must be remembered and `to` must not be.
+/// The holder lease a batch was written under: the database applies the batch only while the
+/// lease row of `card` still names `holder` with this fencing `number`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The Connector Card the lease is for.
+    pub card: ConnectorCardId,
+    /// The process holding it.
+    pub holder: String,
+    /// The fencing number: it grows on every takeover, so a writer holding an older one is
+    /// refused.
+    pub number: u64,
+}
+
+/// A request for the holder lease of a Card ([`XagentStore::acquire_lease`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// The Connector Card.
+    pub card: ConnectorCardId,
+    /// This process's holder id (unique per process start).
+    pub holder: String,
+    /// Now, from the injected clock (Unix ms).
+    pub now: u64,
+    /// How long the lease lasts from now without a renewal (ms).
+    pub ttl_ms: u64,
+}
+
+impl LeaseRequest {
+    /// When a lease granted by this request expires.
+    pub fn expires_at(&self) -> u64 {
+        self.now.saturating_add(self.ttl_ms)
+    }
+}
+
+/// What the lease row says after [`XagentStore::acquire_lease`] or [`XagentStore::renew_lease`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseState {
+    /// This process holds the lease until `expires_at`.
+    Held {
+        /// The fence to write under.
+        fence: Fence,
+        /// When it expires without a renewal (Unix ms, the requester's clock).
+        expires_at: u64,
+    },
+    /// Another process holds it (or held it last: a renewal that found another holder or a
+    /// higher fencing number).
+    Other {
+        /// The holder named in the row.
+        holder: String,
+        /// Its fencing number.
+        number: u64,
+        /// When its lease expires (Unix ms).
+        expires_at: u64,
+    },
+}
+
+/// Where xAgent-side state lives. Clones of a backend share it; several processes may share a
+/// database (PostgreSQL, or one SQLite file on one machine), coordinated by the holder lease.
+#[async_trait]
+pub trait XagentStore: Send + Sync + 'static {
+    /// Every remembered channel, in the order they were first remembered.
+    async fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError>;
+    /// The `connector_id` of the last accepted `hello.ack`, if one was stored.
+    async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError>;
+    /// Every pending outbox record, in any order (the outbox sorts them by `seq`).
+    async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError>;
+    /// The receiver's record of one `(channel, message_id)`, if stored (a point read).
+    async fn lookup_completed(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StoreError>;
+    /// Submits `writes`, applied after every batch submitted before, in one transaction (all
+    /// or none); under `fence`, only while the lease row still carries it. The ticket resolves
+    /// once the transaction committed (or failed, having changed nothing).
+    fn commit(&self, fence: Option<Fence>, writes: Vec<XagentWrite>) -> CommitTicket;
+    /// Takes the Card's holder lease when it is free, expired, or already named this holder:
+    /// the fencing number grows by one and the lease lasts until `now + ttl_ms`. Otherwise
+    /// reports who holds it.
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseState, StoreError>;
+    /// Extends the lease to `now + ttl_ms` if the row still carries `fence`; otherwise reports
+    /// what the row says now (another holder, or a higher fencing number).
+    async fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: u64,
+        ttl_ms: u64,
+    ) -> Result<LeaseState, StoreError>;
+    /// Gives the lease up (it expires at once) if the row still carries `fence`, so another
+    /// process takes over without waiting for the expiry.
+    async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError>;
+}
+
+/// The rename rule every store applies: `from` must be remembered and `to` must not be.
 pub(crate) fn check_rename(
     from: &ConnectorChannelId,
     to: &ConnectorChannelId,
@@ -76,4 +181,39 @@ pub(crate) fn check_rename(
         ));
     }
     Ok(())
+}
+
+/// The refusal of a rename onto an id that already has stored messages.
+pub(crate) fn rename_onto_messages(to: &ConnectorChannelId) -> StoreError {
+    StoreError::new(
+        "rename_channel",
+        format!("channel {to} already has stored messages; the rename would mix two channels"),
+    )
+}
+
+/// What the lease row says, seen by `request` or a renewal of `fence`: held by this process
+/// when it names the same holder and fencing number.
+pub(crate) fn lease_state(
+    card: &ConnectorCardId,
+    me: &str,
+    row: (String, u64, u64),
+    mine: Option<u64>,
+) -> LeaseState {
+    let (holder, number, expires_at) = row;
+    if holder == me && mine.is_none_or(|n| n == number) {
+        LeaseState::Held { fence: Fence { card: card.clone(), holder, number }, expires_at }
+    } else {
+        LeaseState::Other { holder, number, expires_at }
+    }
+}
+
+/// Times and counters are `u64` in the records and signed 64-bit integers in the databases; a
+/// value past `i64::MAX` is stored as `i64::MAX`.
+pub(crate) fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A negative stored value (never written by this crate) reads as 0.
+pub(crate) fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
 }

@@ -1,16 +1,28 @@
-//! The default store: SQLite, one file under the state directory.
+//! The default store: SQLite, one file under the state directory, with group commit.
+//!
+//! Group commit without a writer thread: a batch joins a queue, and whoever takes the
+//! connection next applies every batch queued at that moment in one transaction (one `fsync`
+//! under `synchronous=FULL` for the group), each batch inside its own savepoint: a batch that
+//! fails is rolled back alone and its ticket fails; the others commit. A caller that waited
+//! for the connection finds its batch committed by the one before it, or commits the group
+//! itself, so the ticket is resolved when [`XagentStore::commit`] returns (an embedded
+//! database call is short; the calls stay on the caller's thread, as before). Several
+//! processes may share the file (WAL); the holder lease and the fence check run inside
+//! `BEGIN IMMEDIATE` transactions, so a takeover and a fenced batch never interleave.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rusqlite::{Connection, params};
-use xagent_profile_im::{
-    AttemptUpdate, CompletedRecord, IdempotencyStore, IdempotencyWrite, OutboxStore, OutboxWrite,
-    PendingRecord, StoreError,
-};
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
+use xagent_profile_im::{CompletedRecord, PendingRecord, StoreError};
 use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 
-use super::{RememberedChannel, XagentStore, check_rename};
+use super::{
+    CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, RememberedChannel, Submitted,
+    XagentStore, XagentWrite, check_rename, lease_state, ready, rename_onto_messages, to_i64,
+    to_u64,
+};
 
 const DATABASE_FILE: &str = "xagent.sqlite3";
 
@@ -19,16 +31,22 @@ CREATE TABLE IF NOT EXISTS channels (
   id TEXT PRIMARY KEY, owner TEXT);
 CREATE TABLE IF NOT EXISTS xagent_meta (
   key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS xagent_lease (
+  card TEXT PRIMARY KEY, holder TEXT NOT NULL, fencing INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL);
 ";
 
 /// The `xagent_meta` key of the last accepted `connector_id`.
 const META_CONNECTOR_ID: &str = "connector_id";
 
+type Job = (Option<Fence>, Vec<XagentWrite>, Submitted);
+
 /// The default store: one SQLite file (WAL, synchronous commits) under a state directory
-/// readable only by its owner. Clones share one connection.
+/// readable only by its owner. Clones share one connection and one writer thread.
 #[derive(Clone, Debug)]
 pub struct SqliteXagentStore {
     conn: Arc<Mutex<Connection>>,
+    queue: Arc<Mutex<Vec<Job>>>,
     path: Option<PathBuf>,
 }
 
@@ -64,7 +82,7 @@ impl SqliteXagentStore {
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(err("set busy timeout"))?;
         conn.execute_batch(SCHEMA).map_err(err("create schema"))?;
         conn.execute_batch(xagent_im_sqlite::SCHEMA).map_err(err("create schema"))?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)), path })
+        Ok(Self { conn: Arc::new(Mutex::new(conn)), queue: Arc::new(Mutex::new(Vec::new())), path })
     }
 
     /// The database file, if not in memory.
@@ -74,7 +92,7 @@ impl SqliteXagentStore {
 
     /// Message ids the receiver completed on a channel (for operators and tests).
     pub fn completed_ids(&self) -> Result<Vec<(ConnectorChannelId, MessageId)>, StoreError> {
-        let conn = self.lock();
+        let conn = lock(&self.conn);
         let mut stmt = conn
             .prepare("SELECT channel, message_id FROM im_completed ORDER BY completed_at")
             .map_err(err("completed_ids"))?;
@@ -89,436 +107,371 @@ impl SqliteXagentStore {
         rows.collect::<Result<Vec<_>, _>>().map_err(err("completed_ids"))
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// Runs `read` on the connection.
+    fn read<T>(
+        &self,
+        operation: &'static str,
+        read: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        read(&mut lock(&self.conn)).map_err(err(operation))
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One transaction for the group, one savepoint per batch. When the final commit fails,
+/// every batch fails.
+fn commit_group(conn: &mut Connection, group: &[Job]) -> Vec<Result<(), CommitError>> {
+    let fail_all = |error: rusqlite::Error| {
+        let error = StoreError::from_source("commit", error);
+        group.iter().map(|_| Err(CommitError::Store(error.clone()))).collect()
+    };
+    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(error) => return fail_all(error),
+    };
+    let mut results = Vec::with_capacity(group.len());
+    for (fence, writes, _) in group {
+        let result = match tx.savepoint() {
+            Ok(savepoint) => match apply_batch(&savepoint, fence.as_ref(), writes) {
+                Ok(()) => {
+                    savepoint.commit().map_err(|e| StoreError::from_source("commit", e).into())
+                }
+                // Dropping the savepoint rolls the batch back.
+                Err(error) => Err(error),
+            },
+            Err(error) => Err(StoreError::from_source("commit", error).into()),
+        };
+        results.push(result);
+    }
+    match tx.commit() {
+        Ok(()) => results,
+        Err(error) => fail_all(error),
+    }
+}
+
+/// The fence check (a condition on the lease row, in this transaction), then every write.
+fn apply_batch(
+    conn: &Connection,
+    fence: Option<&Fence>,
+    writes: &[XagentWrite],
+) -> Result<(), CommitError> {
+    if let Some(fence) = fence {
+        let held: bool = conn
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM xagent_lease
+                   WHERE card = ?1 AND holder = ?2 AND fencing = ?3)",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_row(
+                    params![fence.card.as_str(), fence.holder, to_i64(fence.number)],
+                    |row| row.get(0),
+                )
+            })
+            .map_err(err("check the holder lease"))?;
+        if !held {
+            return Err(CommitError::fenced(fence));
+        }
+    }
+    for write in writes {
+        apply(conn, write)?;
+    }
+    Ok(())
+}
+
+fn apply(conn: &Connection, write: &XagentWrite) -> Result<(), StoreError> {
+    let exec = |operation: &'static str, sql: &str, params: &[&dyn rusqlite::ToSql]| {
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute(params))
+            .map(|_| ())
+            .map_err(err(operation))
+    };
+    match write {
+        XagentWrite::SaveChannel { channel, owner } => exec(
+            "save_channel",
+            "INSERT INTO channels (id, owner) VALUES (?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET owner = COALESCE(excluded.owner, channels.owner)",
+            params![channel.as_str(), owner],
+        ),
+        XagentWrite::DeleteChannel(channel) => {
+            exec("delete_channel", "DELETE FROM channels WHERE id = ?1", params![channel.as_str()])
+        }
+        XagentWrite::RenameChannel { from, to } => rename(conn, from, to),
+        XagentWrite::ConnectorId(id) => exec(
+            "save_connector_id",
+            "INSERT INTO xagent_meta (key, value) VALUES (?1, ?2)
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            params![META_CONNECTOR_ID, id.as_str()],
+        ),
+        XagentWrite::Outbox(write) => {
+            xagent_im_sqlite::write_outbox(conn, write).map_err(err("write the outbox"))
+        }
+        XagentWrite::Idempotency(write) => xagent_im_sqlite::write_idempotency(conn, write)
+            .map_err(err("write the idempotency set")),
+    }
+}
+
+/// The channel row, its pending messages and its completed ids move together (the batch's
+/// savepoint undoes all of it on a refusal).
+fn rename(
+    conn: &Connection,
+    from: &ConnectorChannelId,
+    to: &ConnectorChannelId,
+) -> Result<(), StoreError> {
+    let known = |id: &ConnectorChannelId| -> Result<bool, StoreError> {
+        conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM channels WHERE id = ?1)")
+            .and_then(|mut stmt| stmt.query_row(params![id.as_str()], |row| row.get(0)))
+            .map_err(err("rename_channel"))
+    };
+    check_rename(from, to, known(from)?, known(to)?)?;
+    if from == to {
+        return Ok(());
+    }
+    let taken: bool = conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM im_pending WHERE channel = ?1)
+             OR EXISTS (SELECT 1 FROM im_completed WHERE channel = ?1)",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![to.as_str()], |row| row.get(0)))
+        .map_err(err("rename_channel"))?;
+    if taken {
+        return Err(rename_onto_messages(to));
+    }
+    conn.execute("UPDATE channels SET id = ?1 WHERE id = ?2", params![to.as_str(), from.as_str()])
+        .map_err(err("rename_channel"))?;
+    xagent_im_sqlite::rename_channel(conn, from, to).map_err(err("rename_channel"))
+}
+
+/// The lease row of a card: (holder, fencing number, expires at).
+fn lease_row(conn: &Connection, card: &str) -> rusqlite::Result<Option<(String, u64, u64)>> {
+    conn.prepare_cached("SELECT holder, fencing, expires_at FROM xagent_lease WHERE card = ?1")?
+        .query_row(params![card], |row| Ok((row.get(0)?, to_u64(row.get(1)?), to_u64(row.get(2)?))))
+        .optional()
+}
+
+#[async_trait]
 impl XagentStore for SqliteXagentStore {
-    fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare("SELECT id, owner FROM channels ORDER BY rowid")
-            .map_err(err("load_channels"))?;
-        let rows = stmt
-            .query_map([], |row| {
+    async fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError> {
+        self.read("load_channels", |conn| {
+            let mut stmt = conn.prepare_cached("SELECT id, owner FROM channels ORDER BY rowid")?;
+            let rows = stmt.query_map([], |row| {
                 Ok(RememberedChannel {
                     channel: ConnectorChannelId::new(row.get::<_, String>(0)?),
                     owner: row.get(1)?,
                 })
-            })
-            .map_err(err("load_channels"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(err("load_channels"))
+            })?;
+            rows.collect()
+        })
     }
 
-    fn save_channel(
+    async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError> {
+        self.read("load_connector_id", |conn| {
+            conn.prepare_cached("SELECT value FROM xagent_meta WHERE key = ?1")?
+                .query_row(params![META_CONNECTOR_ID], |row| row.get::<_, String>(0))
+                .optional()
+                .map(|id| id.map(ConnectorId::new))
+        })
+    }
+
+    async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
+        self.read("load_pending", |conn| xagent_im_sqlite::load_pending(conn))
+    }
+
+    async fn lookup_completed(
         &self,
-        channel: &ConnectorChannelId,
-        owner: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.lock()
-            .prepare_cached(
-                "INSERT INTO channels (id, owner) VALUES (?1, ?2)
-                 ON CONFLICT(id) DO UPDATE SET owner = COALESCE(excluded.owner, channels.owner)",
-            )
-            .and_then(|mut stmt| stmt.execute(params![channel.as_str(), owner]))
-            .map(|_| ())
-            .map_err(err("save_channel"))
-    }
-
-    fn delete_channel(&self, channel: &ConnectorChannelId) -> Result<(), StoreError> {
-        self.lock()
-            .prepare_cached("DELETE FROM channels WHERE id = ?1")
-            .and_then(|mut stmt| stmt.execute(params![channel.as_str()]))
-            .map(|_| ())
-            .map_err(err("delete_channel"))
-    }
-
-    /// One transaction over the three tables: the channel row, its pending messages and its
-    /// completed ids move together or not at all.
-    fn rename_channel(
-        &self,
-        from: &ConnectorChannelId,
-        to: &ConnectorChannelId,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction().map_err(err("rename_channel"))?;
-        let known = |id: &ConnectorChannelId| -> Result<bool, StoreError> {
-            tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM channels WHERE id = ?1)")
-                .and_then(|mut stmt| stmt.query_row(params![id.as_str()], |row| row.get(0)))
-                .map_err(err("rename_channel"))
-        };
-        check_rename(from, to, known(from)?, known(to)?)?;
-        if from == to {
-            return Ok(());
-        }
-        tx.execute(
-            "UPDATE channels SET id = ?1 WHERE id = ?2",
-            params![to.as_str(), from.as_str()],
-        )
-        .map_err(err("rename_channel"))?;
-        xagent_im_sqlite::rename_channel(&tx, from, to).map_err(err("rename_channel"))?;
-        tx.commit().map_err(err("rename_channel"))
-    }
-
-    fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError> {
-        use rusqlite::OptionalExtension as _;
-        self.lock()
-            .prepare_cached("SELECT value FROM xagent_meta WHERE key = ?1")
-            .and_then(|mut stmt| {
-                stmt.query_row(params![META_CONNECTOR_ID], |row| row.get::<_, String>(0)).optional()
-            })
-            .map(|id| id.map(ConnectorId::new))
-            .map_err(err("load_connector_id"))
-    }
-
-    fn save_connector_id(&self, connector_id: &ConnectorId) -> Result<(), StoreError> {
-        self.lock()
-            .prepare_cached(
-                "INSERT INTO xagent_meta (key, value) VALUES (?1, ?2)
-                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            )
-            .and_then(|mut stmt| stmt.execute(params![META_CONNECTOR_ID, connector_id.as_str()]))
-            .map(|_| ())
-            .map_err(err("save_connector_id"))
-    }
-
-    fn outbox_store(&self) -> Box<dyn OutboxStore + Send> {
-        Box::new(self.clone())
-    }
-
-    fn idempotency_store(&self) -> Box<dyn IdempotencyStore + Send> {
-        Box::new(self.clone())
-    }
-}
-
-impl OutboxStore for SqliteXagentStore {
-    fn save_pending(&mut self, r: &PendingRecord) -> Result<(), StoreError> {
-        xagent_im_sqlite::save_pending(&self.lock(), r).map_err(err("save_pending"))
-    }
-
-    fn delete_pending(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<(), StoreError> {
-        xagent_im_sqlite::delete_pending(&self.lock(), channel, message_id)
-            .map_err(err("delete_pending"))
-    }
-
-    fn load_pending(&mut self) -> Result<Vec<PendingRecord>, StoreError> {
-        xagent_im_sqlite::load_pending(&self.lock()).map_err(err("load_pending"))
-    }
-
-    /// All the writes in one transaction (all or none, one commit).
-    fn apply(&mut self, writes: &[OutboxWrite]) -> Result<(), StoreError> {
-        in_transaction(&mut self.lock(), writes, xagent_im_sqlite::write_outbox)
-            .map_err(err("apply outbox writes"))
-    }
-
-    /// One narrow `UPDATE` (the payload is not written again).
-    fn save_attempt(&mut self, update: &AttemptUpdate) -> Result<(), StoreError> {
-        xagent_im_sqlite::update_attempt(&self.lock(), update).map_err(err("save_attempt"))
-    }
-}
-
-impl IdempotencyStore for SqliteXagentStore {
-    fn save_completed(&mut self, r: &CompletedRecord) -> Result<(), StoreError> {
-        xagent_im_sqlite::save_completed(&self.lock(), r).map_err(err("save_completed"))
-    }
-
-    fn delete_completed(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<(), StoreError> {
-        xagent_im_sqlite::delete_completed(&self.lock(), channel, message_id)
-            .map_err(err("delete_completed"))
-    }
-
-    fn load_completed(&mut self) -> Result<Vec<CompletedRecord>, StoreError> {
-        xagent_im_sqlite::load_completed(&self.lock()).map_err(err("load_completed"))
-    }
-
-    /// A point read on the primary key (the receiver asks on a cache miss).
-    fn lookup_completed(
-        &mut self,
         channel: &ConnectorChannelId,
         message_id: &MessageId,
     ) -> Result<Option<CompletedRecord>, StoreError> {
-        xagent_im_sqlite::lookup_completed(&self.lock(), channel, message_id)
-            .map_err(err("lookup_completed"))
+        let (channel, message_id) = (channel.clone(), message_id.clone());
+        self.read("lookup_completed", move |conn| {
+            xagent_im_sqlite::lookup_completed(conn, &channel, &message_id)
+        })
     }
 
-    fn trim_completed(
-        &mut self,
-        channel: &ConnectorChannelId,
-        keep: usize,
-    ) -> Result<(), StoreError> {
-        xagent_im_sqlite::trim_completed(&self.lock(), channel, keep).map_err(err("trim_completed"))
-    }
-
-    fn expire_completed(&mut self, before: u64) -> Result<(), StoreError> {
-        xagent_im_sqlite::expire_completed(&self.lock(), before).map_err(err("expire_completed"))
-    }
-
-    /// All the writes in one transaction (all or none, one commit).
-    fn apply(&mut self, writes: &[IdempotencyWrite]) -> Result<(), StoreError> {
-        in_transaction(&mut self.lock(), writes, xagent_im_sqlite::write_idempotency)
-            .map_err(err("apply idempotency writes"))
-    }
-}
-
-/// Runs `write` for every item in one transaction: one commit (one `fsync` under
-/// `synchronous=FULL`) for a batch instead of one per row, and a failure leaves none of them.
-/// A single write needs no explicit transaction (SQLite commits a statement atomically).
-fn in_transaction<W>(
-    conn: &mut Connection,
-    writes: &[W],
-    write: impl Fn(&Connection, &W) -> rusqlite::Result<()>,
-) -> rusqlite::Result<()> {
-    match writes {
-        [] => Ok(()),
-        [one] => write(conn, one),
-        many => {
-            let tx = conn.transaction()?;
-            for item in many {
-                write(&tx, item)?;
-            }
-            tx.commit()
+    fn commit(&self, fence: Option<Fence>, writes: Vec<XagentWrite>) -> CommitTicket {
+        if writes.is_empty() && fence.is_none() {
+            return ready(Ok(()));
         }
+        let (answer, ticket) = Submitted::pair();
+        lock(&self.queue).push((fence, writes, answer));
+        let mut conn = lock(&self.conn);
+        // Every batch queued by now, this one included unless the holder of the connection
+        // before took it.
+        let group = std::mem::take(&mut *lock(&self.queue));
+        if !group.is_empty() {
+            let results = commit_group(&mut conn, &group);
+            for ((_, _, answer), result) in group.into_iter().zip(results) {
+                answer.answer(result);
+            }
+        }
+        ticket
+    }
+
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseState, StoreError> {
+        self.read("acquire_lease", |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.prepare_cached(
+                "INSERT INTO xagent_lease (card, holder, fencing, expires_at) VALUES (?1, ?2, 1, ?3)
+                 ON CONFLICT(card) DO UPDATE SET holder = excluded.holder,
+                   fencing = xagent_lease.fencing + 1, expires_at = excluded.expires_at
+                 WHERE xagent_lease.expires_at <= ?4 OR xagent_lease.holder = ?2",
+            )?
+            .execute(params![
+                request.card.as_str(),
+                request.holder,
+                to_i64(request.expires_at()),
+                to_i64(request.now)
+            ])?;
+            let row = lease_row(&tx, request.card.as_str())?;
+            tx.commit()?;
+            Ok(row.map(|row| lease_state(&request.card, &request.holder, row, None)))
+        })?
+        .ok_or_else(|| StoreError::new("acquire_lease", "the lease row vanished while taken"))
+    }
+
+    async fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: u64,
+        ttl_ms: u64,
+    ) -> Result<LeaseState, StoreError> {
+        self.read("renew_lease", |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.prepare_cached(
+                "UPDATE xagent_lease SET expires_at = ?4
+                 WHERE card = ?1 AND holder = ?2 AND fencing = ?3",
+            )?
+            .execute(params![
+                fence.card.as_str(),
+                fence.holder,
+                to_i64(fence.number),
+                to_i64(now.saturating_add(ttl_ms))
+            ])?;
+            let row = lease_row(&tx, fence.card.as_str())?;
+            tx.commit()?;
+            Ok(match row {
+                Some(row) => lease_state(&fence.card, &fence.holder, row, Some(fence.number)),
+                None => LeaseState::Other { holder: String::new(), number: 0, expires_at: 0 },
+            })
+        })
+    }
+
+    async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError> {
+        self.read("release_lease", |conn| {
+            conn.prepare_cached(
+                "UPDATE xagent_lease SET expires_at = 0
+                 WHERE card = ?1 AND holder = ?2 AND fencing = ?3",
+            )?
+            .execute(params![fence.card.as_str(), fence.holder, to_i64(fence.number)])
+            .map(|_| ())
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemoryXagentStore;
 
-    fn pending(id: &str) -> PendingRecord {
-        PendingRecord {
-            channel: ConnectorChannelId::new("cch_1"),
-            message_id: MessageId::new(id),
-            seq: 1,
-            payload: format!(
-                r#"{{"type":"chat.message","payload":{{"message_id":"{id}","text":"hi"}}}}"#
-            ),
-            attempts: 0,
-            first_responsibility_at: 1,
-            expires_at: 2,
-            next_attempt_at: 1,
-            last_error: None,
-        }
-    }
-
-    fn pending_ids(store: &mut SqliteXagentStore) -> Vec<String> {
-        let records = store.load_pending().expect("loads");
-        records.into_iter().map(|r| r.message_id.as_str().to_owned()).collect()
-    }
-
-    #[test]
-    fn durable_state_rule_a_batch_of_outbox_writes_is_all_or_none() {
+    #[tokio::test]
+    async fn durable_state_rule_the_state_directory_is_readable_only_by_its_owner() {
         let dir = std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>()));
-        let mut store = SqliteXagentStore::open(&dir).expect("opens");
-        let batch = [
-            OutboxWrite::Save(pending("m1")),
-            OutboxWrite::Save(pending("m2")),
-            OutboxWrite::Delete(ConnectorChannelId::new("cch_1"), MessageId::new("m1")),
-        ];
-        OutboxStore::apply(&mut store, &batch).expect("applies");
-        assert_eq!(pending_ids(&mut store), ["m2"], "applied in order");
-        // A batch whose last write fails leaves none of its writes behind.
+        let store = SqliteXagentStore::open(&dir).expect("opens");
         store
-            .lock()
-            .execute_batch(
-                "CREATE TRIGGER refuse_bad BEFORE INSERT ON im_pending
-                 WHEN NEW.message_id = 'bad' BEGIN SELECT RAISE(ABORT, 'refused'); END;",
-            )
-            .expect("trigger");
-        let failing = [
-            OutboxWrite::Save(pending("m3")),
-            OutboxWrite::Delete(ConnectorChannelId::new("cch_1"), MessageId::new("m2")),
-            OutboxWrite::Save(pending("bad")),
-        ];
-        assert!(OutboxStore::apply(&mut store, &failing).is_err());
-        assert_eq!(pending_ids(&mut store), ["m2"], "the failed batch changed nothing");
-        drop(store);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn durable_state_rule_channels_and_owners_survive_a_reopen() {
-        let dir = std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>()));
-        {
-            let store = SqliteXagentStore::open(&dir).expect("opens");
-            store.save_channel(&ConnectorChannelId::new("cch_1"), Some("alice")).expect("saves");
-            store.save_channel(&ConnectorChannelId::new("cch_2"), None).expect("saves");
-            store.save_channel(&ConnectorChannelId::new("cch_1"), None).expect("keeps the owner");
-        }
-        let store = SqliteXagentStore::open(&dir).expect("reopens");
-        let channels = store.load_channels().expect("loads");
-        assert_eq!(
-            channels,
-            vec![
-                RememberedChannel {
+            .commit(
+                None,
+                vec![XagentWrite::SaveChannel {
                     channel: ConnectorChannelId::new("cch_1"),
-                    owner: Some("alice".into())
-                },
-                RememberedChannel { channel: ConnectorChannelId::new("cch_2"), owner: None },
-            ]
-        );
-        store.delete_channel(&ConnectorChannelId::new("cch_2")).expect("deletes");
-        assert_eq!(store.load_channels().expect("loads").len(), 1);
+                    owner: None,
+                }],
+            )
+            .await
+            .expect("commits");
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
             let mode = std::fs::metadata(&dir).expect("dir").permissions().mode() & 0o777;
             assert_eq!(mode, 0o700, "state readable only by its owner");
         }
+        drop(store);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// A fresh state directory, removed when dropped.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new() -> Self {
-            Self(std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>())))
-        }
-
-        fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn completed(channel: &str, id: &str) -> CompletedRecord {
-        CompletedRecord {
-            channel: ConnectorChannelId::new(channel),
-            message_id: MessageId::new(id),
-            fingerprint: xagent_profile_im::Fingerprint::from_hex("ab"),
-            completed_at: 1,
-        }
-    }
-
-    /// The channel, its pending messages and its completed ids, as the store holds them.
-    fn snapshot(
-        store: &mut SqliteXagentStore,
-    ) -> (Vec<RememberedChannel>, Vec<String>, Vec<String>) {
-        let channels = store.load_channels().expect("loads");
-        let mut pending: Vec<String> = store
-            .load_pending()
-            .expect("loads")
-            .into_iter()
-            .map(|r| format!("{}/{}", r.channel, r.message_id))
-            .collect();
-        pending.sort();
-        let mut done: Vec<String> = store
-            .load_completed()
-            .expect("loads")
-            .into_iter()
-            .map(|r| format!("{}/{}", r.channel, r.message_id))
-            .collect();
-        done.sort();
-        (channels, pending, done)
-    }
-
-    #[test]
-    fn rekey_rule_a_rename_moves_the_channel_its_outbox_and_idempotency_entries_durably() {
-        let dir = TempDir::new();
-        {
-            let mut store = SqliteXagentStore::open(dir.path()).expect("opens");
-            store.save_channel(&ConnectorChannelId::new("cch_1"), Some("alice")).expect("saves");
-            store.save_pending(&pending("m1")).expect("saves");
-            store.save_completed(&completed("cch_1", "in_1")).expect("saves");
-            store
-                .rename_channel(
-                    &ConnectorChannelId::new("cch_1"),
-                    &ConnectorChannelId::new("cch_9"),
-                )
-                .expect("renames");
-        }
-        let mut store = SqliteXagentStore::open(dir.path()).expect("reopens");
-        let (channels, pending, done) = snapshot(&mut store);
-        assert_eq!(
-            channels,
-            vec![RememberedChannel {
-                channel: ConnectorChannelId::new("cch_9"),
-                owner: Some("alice".into())
-            }],
-            "the owner moves with the channel"
+    #[tokio::test]
+    async fn durable_state_rule_a_refused_batch_fails_alone() {
+        let store = SqliteXagentStore::in_memory().expect("opens");
+        let channel = |id: &str| XagentWrite::SaveChannel {
+            channel: ConnectorChannelId::new(id),
+            owner: None,
+        };
+        // Three batches, the middle one refused: it leaves nothing, the other two commit.
+        let first = store.commit(None, vec![channel("cch_1")]);
+        let refused = store.commit(
+            None,
+            vec![
+                channel("cch_2"),
+                XagentWrite::RenameChannel {
+                    from: ConnectorChannelId::new("cch_404"),
+                    to: ConnectorChannelId::new("cch_5"),
+                },
+            ],
         );
-        assert_eq!(pending, ["cch_9/m1"]);
-        assert_eq!(done, ["cch_9/in_1"]);
-    }
-
-    #[test]
-    fn rekey_rule_renaming_onto_a_remembered_id_or_an_unknown_id_is_refused_and_changes_nothing() {
-        let mut store = SqliteXagentStore::in_memory().expect("opens");
-        store.save_channel(&ConnectorChannelId::new("cch_1"), Some("alice")).expect("saves");
-        store.save_channel(&ConnectorChannelId::new("cch_2"), Some("bob")).expect("saves");
-        store.save_pending(&pending("m1")).expect("saves");
-        store.save_completed(&completed("cch_1", "in_1")).expect("saves");
-        // Messages stored under an id nobody remembers (a channel forgotten mid-flight).
-        store.save_completed(&completed("cch_3", "in_3")).expect("saves");
-        let before = snapshot(&mut store);
-        let onto_remembered = store
-            .rename_channel(&ConnectorChannelId::new("cch_1"), &ConnectorChannelId::new("cch_2"));
-        assert!(onto_remembered.is_err_and(|e| e.reason().contains("already remembered")));
-        let unknown = store
-            .rename_channel(&ConnectorChannelId::new("cch_404"), &ConnectorChannelId::new("cch_5"));
-        assert!(unknown.is_err_and(|e| e.reason().contains("not remembered")));
-        let onto_messages = store
-            .rename_channel(&ConnectorChannelId::new("cch_1"), &ConnectorChannelId::new("cch_3"));
-        assert!(onto_messages.is_err(), "the transaction is rolled back as a whole");
-        assert_eq!(snapshot(&mut store), before, "nothing changed");
-        // The memory store applies the same rule.
-        let memory = MemoryXagentStore::new();
-        memory.save_channel(&ConnectorChannelId::new("cch_1"), None).expect("saves");
-        memory.save_channel(&ConnectorChannelId::new("cch_2"), None).expect("saves");
-        assert!(
-            memory
-                .rename_channel(
-                    &ConnectorChannelId::new("cch_1"),
-                    &ConnectorChannelId::new("cch_2")
-                )
-                .is_err()
-        );
-        assert!(
-            memory
-                .rename_channel(
-                    &ConnectorChannelId::new("cch_7"),
-                    &ConnectorChannelId::new("cch_8")
-                )
-                .is_err()
-        );
-        memory
-            .rename_channel(&ConnectorChannelId::new("cch_1"), &ConnectorChannelId::new("cch_3"))
-            .expect("renames");
-        let ids: Vec<String> = memory
+        let third = store.commit(None, vec![channel("cch_3")]);
+        first.await.expect("first commits");
+        assert!(refused.await.is_err(), "the rename of an unknown channel is refused");
+        third.await.expect("third commits");
+        let ids: Vec<String> = store
             .load_channels()
+            .await
             .expect("loads")
             .into_iter()
             .map(|c| c.channel.as_str().to_owned())
             .collect();
-        assert_eq!(ids, ["cch_3", "cch_2"]);
+        assert_eq!(ids, ["cch_1", "cch_3"], "the refused batch left nothing");
     }
 
     #[test]
-    fn identity_rule_the_connector_id_survives_a_reopen() {
-        let dir = TempDir::new();
+    fn durable_state_rule_batches_queued_while_the_connection_is_busy_commit_as_one_group() {
+        let store = SqliteXagentStore::in_memory().expect("opens");
+        let channel = |id: &str| XagentWrite::SaveChannel {
+            channel: ConnectorChannelId::new(id),
+            owner: None,
+        };
+        // Two batches queued while another caller holds the connection, one of them refused:
+        // the next commit takes both with its own, and only the refused one fails.
+        let (first, first_ticket) = Submitted::pair();
+        let (refused, refused_ticket) = Submitted::pair();
         {
-            let store = SqliteXagentStore::open(dir.path()).expect("opens");
-            assert_eq!(store.load_connector_id().expect("loads"), None);
-            store.save_connector_id(&ConnectorId::new("conn_1")).expect("saves");
-            store.save_connector_id(&ConnectorId::new("conn_2")).expect("replaces");
+            let mut queue = lock(&store.queue);
+            queue.push((None, vec![channel("cch_1")], first));
+            queue.push((
+                None,
+                vec![
+                    channel("cch_2"),
+                    XagentWrite::RenameChannel {
+                        from: ConnectorChannelId::new("cch_404"),
+                        to: ConnectorChannelId::new("cch_5"),
+                    },
+                ],
+                refused,
+            ));
         }
-        let store = SqliteXagentStore::open(dir.path()).expect("reopens");
-        assert_eq!(store.load_connector_id().expect("loads"), Some(ConnectorId::new("conn_2")));
+        let own = store.commit(None, vec![channel("cch_3")]);
+        assert!(lock(&store.queue).is_empty(), "the group took every queued batch");
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        runtime.block_on(async {
+            first_ticket.await.expect("first commits");
+            assert!(refused_ticket.await.is_err());
+            own.await.expect("own commits");
+            let ids: Vec<String> = store
+                .load_channels()
+                .await
+                .expect("loads")
+                .into_iter()
+                .map(|c| c.channel.as_str().to_owned())
+                .collect();
+            assert_eq!(ids, ["cch_1", "cch_3"]);
+        });
     }
 }

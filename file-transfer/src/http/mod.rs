@@ -4,7 +4,6 @@ mod disposition;
 mod range;
 
 use std::future::Future;
-use std::io::SeekFrom;
 use std::sync::Arc;
 
 use axum::Json;
@@ -17,14 +16,13 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 use xagent_protocol_types::{
     CHANNEL_HEADER, ConnectorChannelId, FileRef, Secret, UploadResponse, paths,
 };
 
 use crate::TransferError;
-use crate::store::{FileRecord, FileStore, NewFile, PendingFile};
+use crate::store::{FileRecord, FileStore, Gather, NewFile, PendingFile};
 use range::RangeAnswer;
 
 /// Default largest upload: 100 MiB.
@@ -202,9 +200,11 @@ async fn upload<D: ChannelDirectory>(
                     new_file = new_file.with_mime_type(mime);
                 }
                 let mut file = state.store.begin(new_file).await?;
+                let mut gathered = Gather::default();
                 while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
-                    file.write(chunk.as_ref()).await?;
+                    gathered.write(&mut file, chunk.as_ref()).await?;
                 }
+                gathered.flush(&mut file).await?;
                 pending = Some(file);
             }
             "recipient_ref" => recipient_ref = read_text_field(field, multipart_error).await?,
@@ -274,7 +274,7 @@ async fn download<D: ChannelDirectory>(
     }
     let Ok(Path(file_ref)) = file_ref else { return Err(NOT_FOUND) };
     let file_ref = FileRef::new(file_ref);
-    let record = state.store.get(&file_ref).ok_or(NOT_FOUND)?;
+    let record = state.store.get(&file_ref).await?.ok_or(NOT_FOUND)?;
     if channel_header(&headers).is_some_and(|channel| channel != record.connector_channel_id) {
         return Err(TransferError::Forbidden("the file belongs to another channel"));
     }
@@ -289,16 +289,15 @@ async fn download<D: ChannelDirectory>(
             state.store.now(),
         )?;
     }
-    let (record, file) = state.store.open_file(&file_ref).await?;
-    serve_file(&record, file, &headers).await
+    serve_file(&state.store, &record, &headers).await
 }
 
 async fn serve_file(
+    store: &FileStore,
     record: &FileRecord,
-    mut file: tokio::fs::File,
     headers: &HeaderMap,
 ) -> Result<Response, TransferError> {
-    let size = file.metadata().await?.len();
+    let size = record.byte_size;
     // Without validators an If-Range can never match, so it always means "send everything".
     let range_header = if headers.contains_key(header::IF_RANGE) {
         None
@@ -312,10 +311,8 @@ async fn serve_file(
         }
         RangeAnswer::Unsatisfiable => return Err(TransferError::RangeNotSatisfiable { size }),
     };
-    if start > 0 {
-        file.seek(SeekFrom::Start(start)).await?;
-    }
-    let body = Body::from_stream(ReaderStream::with_capacity(file.take(length), STREAM_CHUNK));
+    let file = store.open_range(record, start, length).await?;
+    let body = Body::from_stream(ReaderStream::with_capacity(file, STREAM_CHUNK));
     let mut response = (status, body).into_response();
     let out = response.headers_mut();
     let content_type = HeaderValue::from_str(&record.mime_type)

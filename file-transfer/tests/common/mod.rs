@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod memory;
+
 use std::collections::HashSet;
 use std::path::PathBuf;
 
@@ -85,9 +87,23 @@ pub async fn start_full(
 ) -> Server {
     let dir = TempDir::new("http");
     let clock = ManualClock::new(START);
-    let signer =
-        UrlSigner::new(Secret::new("integration-test-url-secret")).unwrap().with_base("/prefix");
-    let store = FileStore::open(&dir.0, config, signer, clock.clone()).await.unwrap();
+    let store = FileStore::open(&dir.0, config, signer(), clock.clone()).await.unwrap();
+    serve(store, clock, dir, max_upload_bytes, api_key).await
+}
+
+/// The signer of the test servers (URLs under `/prefix`).
+pub fn signer() -> UrlSigner {
+    UrlSigner::new(Secret::new("integration-test-url-secret")).unwrap().with_base("/prefix")
+}
+
+/// Serves `store` (whose clock is `clock`) like [`start_full`].
+pub async fn serve(
+    store: FileStore,
+    clock: ManualClock,
+    dir: TempDir,
+    max_upload_bytes: u64,
+    api_key: Option<&str>,
+) -> Server {
     let channels =
         Channels([CHANNEL_A, CHANNEL_B].into_iter().map(ConnectorChannelId::new).collect());
     let router = TransferState::new(store.clone(), channels)

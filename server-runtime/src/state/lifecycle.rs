@@ -52,8 +52,10 @@ impl Shared {
         if let Some(device) = &self.device {
             device.forget(&channel);
         }
-        if let Some(files) = &self.files {
-            files.remove_channel(&channel).await;
+        if let Some(files) = &self.files
+            && let Err(error) = files.remove_channel(&channel).await
+        {
+            tracing::error!(%error, %channel, "could not delete an unregistered channel's files");
         }
         if let Err(error) = self.storage.commit_delete_channel(&channel).committed().await {
             tracing::error!(%error, %channel, "could not delete an unregistered channel");

@@ -6,7 +6,8 @@
 //! [`PostgresStorage::connect`] opens a bounded pool (through `xagent-storage-postgres`),
 //! applies the schema migrations of the component `server-runtime` (refusing a database whose
 //! schema is newer than this binary knows) and starts the writer task. Reads take a pooled
-//! connection each; every write goes through the writer.
+//! connection each; every write goes through the writer, except the maintenance prune of old
+//! tool calls (one statement of its own, as on SQLite).
 
 mod schema;
 mod writer;

@@ -62,3 +62,67 @@ async fn a_statement_the_database_refuses_fails_its_submission_alone_and_the_bat
         assert_eq!(storage.load_tool_call(&channel, key).await.unwrap().is_some(), kept, "{key}");
     }
 }
+
+const CRASH_URL: &str = "XSR_POSTGRES_CRASH_URL";
+
+/// The child half of the crash test: commits one write, then submits more and aborts the
+/// process inside the second batch, after its statements ran and before its `COMMIT`. Prints
+/// `ACK <key>` for every write it was told is committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by a_crash_between_the_statements_and_commit_acknowledges_nothing in a child"]
+async fn crash_child() {
+    use std::io::Write;
+    let Ok(url) = std::env::var(CRASH_URL) else { return };
+    let Ok(url) = xagent_storage_postgres::DatabaseUrl::parse(&url) else { return };
+    let config =
+        GroupCommitConfig { crash_before_commit_of_batch: Some(2), ..GroupCommitConfig::default() };
+    let Ok(storage) =
+        PostgresStorage::connect(&url, PostgresOptions::default().with_group_commit(config)).await
+    else {
+        return;
+    };
+    let ack = |key: &str| {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "ACK {key}");
+        let _ = out.flush();
+    };
+    if storage.commit(vec![tool_call("before")]).committed().await.is_ok() {
+        ack("before");
+    }
+    let tickets: Vec<_> = (0..20)
+        .map(|i| (format!("during{i}"), storage.commit(vec![tool_call(&format!("during{i}"))])))
+        .collect();
+    for (key, ticket) in tickets {
+        if ticket.committed().await.is_ok() {
+            ack(&key);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_statements_and_commit_acknowledges_nothing() {
+    let url = TestPostgres::shared().await.fresh_database().await;
+    let exe = std::env::current_exe().unwrap();
+    let output = tokio::process::Command::new(exe)
+        .args(["--exact", "storage::postgres::tests::crash_child", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(CRASH_URL, url.expose())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "the child was meant to abort: {stdout}");
+    let acked: Vec<&str> = stdout
+        .lines()
+        .filter_map(|line| line.split_once("ACK ").map(|(_, key)| key.trim()))
+        .collect();
+    assert_eq!(acked, vec!["before"], "only the write committed before the crash is acked");
+    // The server rolled the open transaction back when the connection died.
+    let storage = PostgresStorage::connect(&url, PostgresOptions::default()).await.unwrap();
+    let channel = ConnectorChannelId::new("cch_1");
+    assert!(storage.load_tool_call(&channel, "before").await.unwrap().is_some());
+    for i in 0..20 {
+        let key = format!("during{i}");
+        assert!(storage.load_tool_call(&channel, &key).await.unwrap().is_none(), "{key}");
+    }
+}

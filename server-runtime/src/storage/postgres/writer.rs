@@ -90,6 +90,8 @@ async fn run(
 ) {
     let max_batch = config.max_batch.max(1);
     let mut last_batch = 0usize;
+    #[cfg(test)]
+    let mut batches = 0u64;
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < max_batch {
@@ -111,7 +113,15 @@ async fn run(
             }
         }
         last_batch = batch.len();
-        let results = commit_batch(&pool, &batch).await;
+        #[cfg(test)]
+        {
+            batches += 1;
+        }
+        #[cfg(test)]
+        let crash = config.crash_before_commit_of_batch == Some(batches);
+        #[cfg(not(test))]
+        let crash = false;
+        let results = commit_batch(&pool, &batch, crash).await;
         counters.transactions.fetch_add(1, Ordering::Relaxed);
         counters.jobs.fetch_add(batch.len() as u64, Ordering::Relaxed);
         let writes: usize = batch.iter().map(|j| j.ops.len()).sum();
@@ -125,7 +135,8 @@ async fn run(
 
 /// Commits the batch: pipelined in one transaction, or, when a statement fails, again one
 /// submission per savepoint. One result per job; all errors when nothing could commit.
-async fn commit_batch(pool: &Pool, batch: &[Job]) -> Vec<Result<(), StorageError>> {
+/// `crash` (a test hook) aborts the process after the statements ran, before `COMMIT`.
+async fn commit_batch(pool: &Pool, batch: &[Job], crash: bool) -> Vec<Result<(), StorageError>> {
     let all_failed = |operation: &'static str, reason: String| -> Vec<Result<(), StorageError>> {
         batch.iter().map(|_| Err(StorageError::new(operation, reason.as_str()))).collect()
     };
@@ -152,6 +163,10 @@ async fn commit_batch(pool: &Pool, batch: &[Job]) -> Vec<Result<(), StorageError
         .flat_map(|(job, _)| job.ops.iter())
         .collect();
     if pipelined(&tx, &statements, &runnable).await.is_ok() {
+        if crash {
+            // Statements executed, transaction not committed: what a crash here leaves behind.
+            std::process::abort();
+        }
         return match tx.commit().await {
             Ok(()) => checked,
             Err(e) => all_failed("commit", commit_error(pool, &e).to_string()),

@@ -1,0 +1,598 @@
+//! The PostgreSQL store (feature `postgres`): the same state as the SQLite store in tables of
+//! one database that several xAgent processes share, every row under a scope (the Connector
+//! Card id, so several Cards can share a database), written through the shared group commit of
+//! `xagent-storage-postgres`. A batch written under the holder lease starts with the fence
+//! check: `SELECT ... FOR SHARE` on the Card's lease row with the batch's holder and fencing
+//! number. No row: the batch is refused; a row: it stays locked until the batch commits, so a
+//! takeover (an `UPDATE` of that row) waits for it and a stale holder's batch can never land
+//! after the takeover.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use xagent_profile_im::{
+    CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord, StoreError,
+};
+use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
+use xagent_storage_postgres::deadpool_postgres::Transaction;
+use xagent_storage_postgres::tokio_postgres::Row;
+use xagent_storage_postgres::{
+    ApplyWrites, DatabaseUrl, GroupCommit, GroupCommitConfig, Migration, PgError, Pool, PoolOptions,
+};
+
+use super::{
+    CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, RememberedChannel, Submitted,
+    XagentStore, XagentWrite, check_rename, lease_state, rename_onto_messages, to_i64, to_u64,
+};
+
+/// The component name of this backend's schema in `xagent_schema`.
+pub const POSTGRES_COMPONENT: &str = "client-runtime";
+
+/// The schema, one migration per version (never edited once released).
+const MIGRATIONS: &[Migration] = &[Migration::new(
+    1,
+    "CREATE TABLE xagent_client_channels (
+       scope TEXT NOT NULL, id TEXT NOT NULL, owner TEXT,
+       position BIGINT GENERATED ALWAYS AS IDENTITY,
+       PRIMARY KEY (scope, id));
+     CREATE TABLE xagent_client_meta (
+       scope TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+       PRIMARY KEY (scope, key));
+     CREATE TABLE xagent_client_pending (
+       scope TEXT NOT NULL, channel TEXT NOT NULL, message_id TEXT NOT NULL,
+       seq BIGINT NOT NULL, payload TEXT NOT NULL, attempts BIGINT NOT NULL,
+       first_responsibility_at BIGINT NOT NULL, expires_at BIGINT NOT NULL,
+       next_attempt_at BIGINT NOT NULL, last_error TEXT,
+       PRIMARY KEY (scope, channel, message_id));
+     CREATE TABLE xagent_client_completed (
+       scope TEXT NOT NULL, channel TEXT NOT NULL, message_id TEXT NOT NULL,
+       fingerprint TEXT NOT NULL, completed_at BIGINT NOT NULL,
+       PRIMARY KEY (scope, channel, message_id));
+     CREATE INDEX xagent_client_completed_age ON xagent_client_completed (scope, completed_at);
+     CREATE INDEX xagent_client_completed_channel_age
+       ON xagent_client_completed (scope, channel, completed_at);
+     CREATE TABLE xagent_client_lease (
+       card TEXT PRIMARY KEY, holder TEXT NOT NULL, fencing BIGINT NOT NULL,
+       expires_at BIGINT NOT NULL);",
+)];
+
+/// The `xagent_client_meta` key of the last accepted `connector_id`.
+const META_CONNECTOR_ID: &str = "connector_id";
+
+/// The context of a fence refusal inside the group commit (told apart from other failures).
+const FENCED: &str = "the holder lease fence";
+
+/// One item of a submission: the fence check first (when under a lease), then the writes.
+#[derive(Debug)]
+enum Item {
+    Fence(Fence),
+    Write(XagentWrite),
+}
+
+/// The PostgreSQL store. Clones share the pool and the writer.
+#[derive(Clone)]
+pub struct PostgresXagentStore {
+    pool: Pool,
+    scope: Arc<str>,
+    writer: Arc<GroupCommit<Item>>,
+}
+
+impl std::fmt::Debug for PostgresXagentStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresXagentStore")
+            .field("database", self.pool.url())
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+fn store_error(operation: &'static str) -> impl Fn(PgError) -> StoreError {
+    move |e| StoreError::from_source(operation, e)
+}
+
+impl PostgresXagentStore {
+    /// Connects to `url`, applies this backend's migrations (refusing a database whose
+    /// schema is newer than this binary knows) and opens the store of `scope`: the Connector
+    /// Card id whose state it holds (every process of one Card uses the same scope).
+    pub async fn connect(url: &DatabaseUrl, scope: &str) -> Result<Self, StoreError> {
+        let options = PoolOptions::default().with_application_name("xagent-client-runtime");
+        let pool = xagent_storage_postgres::connect(url, options)
+            .await
+            .map_err(store_error("connect to PostgreSQL"))?;
+        Self::open(pool, scope).await
+    }
+
+    /// Opens the store of `scope` over an existing pool (its migrations applied first).
+    pub async fn open(pool: Pool, scope: &str) -> Result<Self, StoreError> {
+        xagent_storage_postgres::migrate(&pool, POSTGRES_COMPONENT, MIGRATIONS)
+            .await
+            .map_err(store_error("migrate the client-runtime schema"))?;
+        let scope: Arc<str> = Arc::from(scope);
+        let apply = Apply { scope: Arc::clone(&scope) };
+        let writer = GroupCommit::start(pool.clone(), apply, GroupCommitConfig::default());
+        Ok(Self { pool, scope, writer: Arc::new(writer) })
+    }
+
+    /// The scope (Connector Card id) this store holds.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    async fn client(
+        &self,
+        operation: &'static str,
+    ) -> Result<xagent_storage_postgres::deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(store_error(operation))
+    }
+
+    async fn query(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn xagent_storage_postgres::tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let client = self.client(operation).await?;
+        client
+            .query(sql, params)
+            .await
+            .map_err(|e| StoreError::from_source(operation, self.pool.error(operation, &e)))
+    }
+
+    /// One lease statement and the row after it, in one transaction (the row is locked
+    /// by the statement, so the answer is what the statement left).
+    async fn lease_statement(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&(dyn xagent_storage_postgres::tokio_postgres::types::ToSql + Sync)],
+        card: &str,
+    ) -> Result<Option<(String, u64, u64)>, StoreError> {
+        let mut client = self.client(operation).await?;
+        let pg = |e: &xagent_storage_postgres::tokio_postgres::Error| {
+            StoreError::from_source(operation, self.pool.error(operation, e))
+        };
+        let tx = client.transaction().await.map_err(|e| pg(&e))?;
+        tx.execute(sql, params).await.map_err(|e| pg(&e))?;
+        let row = tx
+            .query_opt(
+                "SELECT holder, fencing, expires_at FROM xagent_client_lease WHERE card = $1",
+                &[&card],
+            )
+            .await
+            .map_err(|e| pg(&e))?;
+        tx.commit().await.map_err(|e| pg(&e))?;
+        Ok(row.map(|row| {
+            (row.get::<_, String>(0), to_u64(row.get::<_, i64>(1)), to_u64(row.get::<_, i64>(2)))
+        }))
+    }
+}
+
+/// The writer's SQL.
+struct Apply {
+    scope: Arc<str>,
+}
+
+fn sql_error(context: &str, e: &xagent_storage_postgres::tokio_postgres::Error) -> PgError {
+    PgError::from_driver(context.to_owned(), e, None)
+}
+
+#[async_trait]
+impl ApplyWrites<Item> for Apply {
+    async fn apply(&self, tx: &Transaction<'_>, items: &[Item]) -> Result<(), PgError> {
+        let scope: &str = &self.scope;
+        for item in items {
+            match item {
+                Item::Fence(fence) => {
+                    let held = tx
+                        .query_opt(
+                            "SELECT 1 FROM xagent_client_lease
+                             WHERE card = $1 AND holder = $2 AND fencing = $3 FOR SHARE",
+                            &[&fence.card.as_str(), &fence.holder, &to_i64(fence.number)],
+                        )
+                        .await
+                        .map_err(|e| sql_error("check the holder lease", &e))?;
+                    if held.is_none() {
+                        return Err(PgError::apply(FENCED, format!("{}", fence.number)));
+                    }
+                }
+                Item::Write(write) => apply_write(tx, scope, write).await?,
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn exec(
+    tx: &Transaction<'_>,
+    context: &str,
+    sql: &str,
+    params: &[&(dyn xagent_storage_postgres::tokio_postgres::types::ToSql + Sync)],
+) -> Result<u64, PgError> {
+    tx.execute(sql, params).await.map_err(|e| sql_error(context, &e))
+}
+
+async fn apply_write(
+    tx: &Transaction<'_>,
+    scope: &str,
+    write: &XagentWrite,
+) -> Result<(), PgError> {
+    match write {
+        XagentWrite::SaveChannel { channel, owner } => {
+            exec(
+                tx,
+                "save_channel",
+                "INSERT INTO xagent_client_channels (scope, id, owner) VALUES ($1, $2, $3)
+                 ON CONFLICT (scope, id) DO UPDATE
+                   SET owner = COALESCE(excluded.owner, xagent_client_channels.owner)",
+                &[&scope, &channel.as_str(), owner],
+            )
+            .await?;
+        }
+        XagentWrite::DeleteChannel(channel) => {
+            exec(
+                tx,
+                "delete_channel",
+                "DELETE FROM xagent_client_channels WHERE scope = $1 AND id = $2",
+                &[&scope, &channel.as_str()],
+            )
+            .await?;
+        }
+        XagentWrite::RenameChannel { from, to } => rename(tx, scope, from, to).await?,
+        XagentWrite::ConnectorId(id) => {
+            exec(
+                tx,
+                "save_connector_id",
+                "INSERT INTO xagent_client_meta (scope, key, value) VALUES ($1, $2, $3)
+                 ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
+                &[&scope, &META_CONNECTOR_ID, &id.as_str()],
+            )
+            .await?;
+        }
+        XagentWrite::Outbox(write) => outbox(tx, scope, write).await?,
+        XagentWrite::Idempotency(write) => idempotency(tx, scope, write).await?,
+    }
+    Ok(())
+}
+
+async fn outbox(tx: &Transaction<'_>, scope: &str, write: &OutboxWrite) -> Result<(), PgError> {
+    match write {
+        OutboxWrite::Save(r) => {
+            exec(
+                tx,
+                "save_pending",
+                "INSERT INTO xagent_client_pending (scope, channel, message_id, seq, payload,
+                   attempts, first_responsibility_at, expires_at, next_attempt_at, last_error)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                 ON CONFLICT (scope, channel, message_id) DO UPDATE SET seq = excluded.seq,
+                   payload = excluded.payload, attempts = excluded.attempts,
+                   first_responsibility_at = excluded.first_responsibility_at,
+                   expires_at = excluded.expires_at, next_attempt_at = excluded.next_attempt_at,
+                   last_error = excluded.last_error",
+                &[
+                    &scope,
+                    &r.channel.as_str(),
+                    &r.message_id.as_str(),
+                    &to_i64(r.seq),
+                    &r.payload,
+                    &i64::from(r.attempts),
+                    &to_i64(r.first_responsibility_at),
+                    &to_i64(r.expires_at),
+                    &to_i64(r.next_attempt_at),
+                    &r.last_error,
+                ],
+            )
+            .await?;
+        }
+        OutboxWrite::Delete(channel, message_id) => {
+            exec(
+                tx,
+                "delete_pending",
+                "DELETE FROM xagent_client_pending
+                 WHERE scope = $1 AND channel = $2 AND message_id = $3",
+                &[&scope, &channel.as_str(), &message_id.as_str()],
+            )
+            .await?;
+        }
+        OutboxWrite::Attempt(a) => {
+            exec(
+                tx,
+                "save_attempt",
+                "UPDATE xagent_client_pending
+                 SET attempts = $4, next_attempt_at = $5, last_error = $6
+                 WHERE scope = $1 AND channel = $2 AND message_id = $3",
+                &[
+                    &scope,
+                    &a.channel.as_str(),
+                    &a.message_id.as_str(),
+                    &i64::from(a.attempts),
+                    &to_i64(a.next_attempt_at),
+                    &a.last_error,
+                ],
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn idempotency(
+    tx: &Transaction<'_>,
+    scope: &str,
+    write: &IdempotencyWrite,
+) -> Result<(), PgError> {
+    match write {
+        IdempotencyWrite::Save(r) => {
+            exec(
+                tx,
+                "save_completed",
+                "INSERT INTO xagent_client_completed
+                   (scope, channel, message_id, fingerprint, completed_at)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (scope, channel, message_id) DO UPDATE
+                   SET fingerprint = excluded.fingerprint, completed_at = excluded.completed_at",
+                &[
+                    &scope,
+                    &r.channel.as_str(),
+                    &r.message_id.as_str(),
+                    &r.fingerprint.as_str(),
+                    &to_i64(r.completed_at),
+                ],
+            )
+            .await?;
+        }
+        IdempotencyWrite::Delete(channel, message_id) => {
+            exec(
+                tx,
+                "delete_completed",
+                "DELETE FROM xagent_client_completed
+                 WHERE scope = $1 AND channel = $2 AND message_id = $3",
+                &[&scope, &channel.as_str(), &message_id.as_str()],
+            )
+            .await?;
+        }
+        IdempotencyWrite::Trim { channel, keep } => {
+            let keep = i64::try_from(*keep).unwrap_or(i64::MAX);
+            exec(
+                tx,
+                "trim_completed",
+                "DELETE FROM xagent_client_completed
+                 WHERE scope = $1 AND channel = $2 AND message_id NOT IN (
+                   SELECT message_id FROM xagent_client_completed
+                   WHERE scope = $1 AND channel = $2
+                   ORDER BY completed_at DESC, message_id DESC LIMIT $3)",
+                &[&scope, &channel.as_str(), &keep],
+            )
+            .await?;
+        }
+        IdempotencyWrite::Expire { before } => {
+            exec(
+                tx,
+                "expire_completed",
+                "DELETE FROM xagent_client_completed WHERE scope = $1 AND completed_at < $2",
+                &[&scope, &to_i64(*before)],
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The channel row, its pending messages and its completed ids move together (the
+/// submission's savepoint undoes all of it on a refusal).
+async fn rename(
+    tx: &Transaction<'_>,
+    scope: &str,
+    from: &ConnectorChannelId,
+    to: &ConnectorChannelId,
+) -> Result<(), PgError> {
+    let refused = |e: StoreError| PgError::apply("rename_channel", e.to_string());
+    let known = |id: &ConnectorChannelId| {
+        let id = id.as_str().to_owned();
+        async move {
+            tx.query_opt(
+                "SELECT 1 FROM xagent_client_channels WHERE scope = $1 AND id = $2 FOR UPDATE",
+                &[&scope, &id],
+            )
+            .await
+            .map(|row| row.is_some())
+            .map_err(|e| sql_error("rename_channel", &e))
+        }
+    };
+    let (from_known, to_known) = (known(from).await?, known(to).await?);
+    check_rename(from, to, from_known, to_known).map_err(refused)?;
+    if from == to {
+        return Ok(());
+    }
+    let taken = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM xagent_client_pending WHERE scope = $1 AND channel = $2)
+             OR EXISTS (SELECT 1 FROM xagent_client_completed WHERE scope = $1 AND channel = $2)",
+            &[&scope, &to.as_str()],
+        )
+        .await
+        .map_err(|e| sql_error("rename_channel", &e))?
+        .get::<_, bool>(0);
+    if taken {
+        return Err(refused(rename_onto_messages(to)));
+    }
+    let ids: [&(dyn xagent_storage_postgres::tokio_postgres::types::ToSql + Sync); 3] =
+        [&scope, &to.as_str(), &from.as_str()];
+    exec(
+        tx,
+        "rename_channel",
+        "UPDATE xagent_client_channels SET id = $2 WHERE scope = $1 AND id = $3",
+        &ids,
+    )
+    .await?;
+    exec(
+        tx,
+        "rename_channel",
+        "UPDATE xagent_client_pending SET channel = $2 WHERE scope = $1 AND channel = $3",
+        &ids,
+    )
+    .await?;
+    exec(
+        tx,
+        "rename_channel",
+        "UPDATE xagent_client_completed SET channel = $2 WHERE scope = $1 AND channel = $3",
+        &ids,
+    )
+    .await?;
+    Ok(())
+}
+
+fn pending_of(row: &Row) -> PendingRecord {
+    PendingRecord {
+        channel: ConnectorChannelId::new(row.get::<_, String>(0)),
+        message_id: MessageId::new(row.get::<_, String>(1)),
+        seq: to_u64(row.get(2)),
+        payload: row.get(3),
+        attempts: u32::try_from(row.get::<_, i64>(4)).unwrap_or(u32::MAX),
+        first_responsibility_at: to_u64(row.get(5)),
+        expires_at: to_u64(row.get(6)),
+        next_attempt_at: to_u64(row.get(7)),
+        last_error: row.get(8),
+    }
+}
+
+/// Turns the writer's answer into the ticket's: a fence refusal is [`CommitError::Fenced`].
+fn commit_result(fence: Option<&Fence>, result: Result<(), PgError>) -> Result<(), CommitError> {
+    match (result, fence) {
+        (Ok(()), _) => Ok(()),
+        (Err(PgError::Apply { context, .. }), Some(fence)) if context == FENCED => {
+            Err(CommitError::fenced(fence))
+        }
+        (Err(error), _) => Err(StoreError::from_source("commit", error).into()),
+    }
+}
+
+#[async_trait]
+impl XagentStore for PostgresXagentStore {
+    async fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError> {
+        let scope: &str = &self.scope;
+        let rows = self
+            .query(
+                "load_channels",
+                "SELECT id, owner FROM xagent_client_channels WHERE scope = $1 ORDER BY position",
+                &[&scope],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| RememberedChannel {
+                channel: ConnectorChannelId::new(row.get::<_, String>(0)),
+                owner: row.get(1),
+            })
+            .collect())
+    }
+
+    async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError> {
+        let scope: &str = &self.scope;
+        let rows = self
+            .query(
+                "load_connector_id",
+                "SELECT value FROM xagent_client_meta WHERE scope = $1 AND key = $2",
+                &[&scope, &META_CONNECTOR_ID],
+            )
+            .await?;
+        Ok(rows.first().map(|row| ConnectorId::new(row.get::<_, String>(0))))
+    }
+
+    async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
+        let scope: &str = &self.scope;
+        let rows = self
+            .query(
+                "load_pending",
+                "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
+                   expires_at, next_attempt_at, last_error
+                 FROM xagent_client_pending WHERE scope = $1",
+                &[&scope],
+            )
+            .await?;
+        Ok(rows.iter().map(pending_of).collect())
+    }
+
+    async fn lookup_completed(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StoreError> {
+        let scope: &str = &self.scope;
+        let rows = self
+            .query(
+                "lookup_completed",
+                "SELECT fingerprint, completed_at FROM xagent_client_completed
+                 WHERE scope = $1 AND channel = $2 AND message_id = $3",
+                &[&scope, &channel.as_str(), &message_id.as_str()],
+            )
+            .await?;
+        Ok(rows.first().map(|row| CompletedRecord {
+            channel: channel.clone(),
+            message_id: message_id.clone(),
+            fingerprint: Fingerprint::from_hex(row.get::<_, String>(0)),
+            completed_at: to_u64(row.get(1)),
+        }))
+    }
+
+    fn commit(&self, fence: Option<Fence>, writes: Vec<XagentWrite>) -> CommitTicket {
+        let mut items: Vec<Item> = Vec::with_capacity(writes.len() + 1);
+        items.extend(fence.clone().map(Item::Fence));
+        items.extend(writes.into_iter().map(Item::Write));
+        let (answer, ticket) = Submitted::pair();
+        self.writer.submit_with(items, move |result| {
+            answer.answer(commit_result(fence.as_ref(), result));
+        });
+        ticket
+    }
+
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseState, StoreError> {
+        let card = request.card.as_str();
+        let row = self
+            .lease_statement(
+                "acquire_lease",
+                "INSERT INTO xagent_client_lease (card, holder, fencing, expires_at)
+                 VALUES ($1, $2, 1, $3)
+                 ON CONFLICT (card) DO UPDATE SET holder = excluded.holder,
+                   fencing = xagent_client_lease.fencing + 1, expires_at = excluded.expires_at
+                 WHERE xagent_client_lease.expires_at <= $4 OR xagent_client_lease.holder = $2",
+                &[&card, &request.holder, &to_i64(request.expires_at()), &to_i64(request.now)],
+                card,
+            )
+            .await?;
+        row.map(|row| lease_state(&request.card, &request.holder, row, None))
+            .ok_or_else(|| StoreError::new("acquire_lease", "the lease row vanished while taken"))
+    }
+
+    async fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: u64,
+        ttl_ms: u64,
+    ) -> Result<LeaseState, StoreError> {
+        let card = fence.card.as_str();
+        let row = self
+            .lease_statement(
+                "renew_lease",
+                "UPDATE xagent_client_lease SET expires_at = $4
+                 WHERE card = $1 AND holder = $2 AND fencing = $3",
+                &[&card, &fence.holder, &to_i64(fence.number), &to_i64(now.saturating_add(ttl_ms))],
+                card,
+            )
+            .await?;
+        Ok(match row {
+            Some(row) => lease_state(&fence.card, &fence.holder, row, Some(fence.number)),
+            None => LeaseState::Other { holder: String::new(), number: 0, expires_at: 0 },
+        })
+    }
+
+    async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError> {
+        self.query(
+            "release_lease",
+            "UPDATE xagent_client_lease SET expires_at = 0
+             WHERE card = $1 AND holder = $2 AND fencing = $3 RETURNING 1",
+            &[&fence.card.as_str(), &fence.holder, &to_i64(fence.number)],
+        )
+        .await
+        .map(|_| ())
+    }
+}
