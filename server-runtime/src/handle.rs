@@ -129,6 +129,8 @@ pub(crate) trait HandleOps: Send + Sync + 'static {
     fn pending_messages(&self, channel: &ConnectorChannelId) -> Vec<MessageId>;
     /// The Transfer Plane's store, when enabled.
     fn files(&self) -> Option<&FileStore>;
+    /// The author store over the runtime's storage.
+    fn author_store(&self) -> crate::AuthorStore;
 }
 
 /// The author's handle on the running Connector: report Descriptor changes, hand inbound
@@ -182,6 +184,13 @@ impl ConnectorHandle {
     /// author's long-running work (a poller, a page's event stream) can end with it.
     pub fn shutdown_signal(&self) -> tokio_util::sync::CancellationToken {
         self.0.shutdown_signal()
+    }
+
+    /// The Connector's own durable records, in the runtime's storage (see
+    /// [`crate::AuthorStore`]): they ride its group commit and, on PostgreSQL, every replica
+    /// sees them.
+    pub fn author_store(&self) -> crate::AuthorStore {
+        self.0.author_store()
     }
 
     /// Now, from the injected clock (Unix ms).

@@ -170,6 +170,10 @@ pub use author::{
     FlowSpec, ImTarget, NoAuth, ToolContext, ToolError, ToolSpec,
 };
 pub use author::{
+    AuthorRecord, AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, MAX_AUTHOR_KEY_BYTES,
+    MAX_AUTHOR_NAMESPACE_BYTES, MAX_AUTHOR_SCAN_LIMIT, MAX_AUTHOR_VALUE_BYTES,
+};
+pub use author::{
     DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
 };
 pub use build_info::{executable_build_time, runtime_build_info};
@@ -208,9 +212,9 @@ pub use xagent_storage_postgres::{DatabaseUrl, PgError, PoolOptions};
 /// arguments, results and forms.
 pub mod prelude {
     pub use crate::{
-        AuthContext, AuthError, AuthPrompt, AuthStep, Binding, BoundReason, ChannelContext,
-        Connector, ConnectorHandle, ConnectorServer, DeliveryError, FinalDelivery, FlowHandler,
-        FlowSpec, ImTarget, ToolContext, ToolError, ToolSpec,
+        AuthContext, AuthError, AuthPrompt, AuthStep, AuthorStore, AuthorWrite, Binding,
+        BoundReason, ChannelContext, Connector, ConnectorHandle, ConnectorServer, DeliveryError,
+        FinalDelivery, FlowHandler, FlowSpec, ImTarget, ToolContext, ToolError, ToolSpec,
     };
     pub use crate::{DeviceConfig, DeviceStatus, DeviceTarget, RiskLevel, ToolCategory};
     pub use schemars::JsonSchema;

@@ -20,6 +20,7 @@ use xagent_server_runtime::{
 use crate::error::WebchatError;
 use crate::guess::{GuessLimiter, Refused};
 use crate::hub::{Activity, Draft, Hub};
+use crate::messages::{Messages, Prepared};
 use crate::pairing::{PairingPrompt, PairingStatus, Pairings};
 use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Inserted, Room, SignIn, Store};
 
@@ -44,6 +45,8 @@ pub const SKILL: &str = include_str!("../assets/skill.md");
 /// State shared by the Connector code and the chat page's HTTP API.
 pub(crate) struct App {
     pub(crate) store: Store,
+    /// The rooms' conversations in the runtime's storage (set once the runtime is built).
+    pub(crate) messages: std::sync::OnceLock<Messages>,
     pub(crate) hub: Hub,
     pub(crate) pairings: Mutex<Pairings>,
     /// Wrong codes given through `auth.start`, per channel and per room (F21).
@@ -115,18 +118,46 @@ impl App {
         }
     }
 
-    /// Adds an agent message to a room (idempotent by `message_id`) and shows it.
-    pub(crate) fn show_agent_message(
+    /// The rooms' conversations (available once the runtime is built, before it serves).
+    pub(crate) fn messages(&self) -> Result<&Messages, WebchatError> {
+        self.messages.get().ok_or(WebchatError::ShuttingDown)
+    }
+
+    /// Adds an agent message to a room (idempotent by `message_id`), committed now, and shows
+    /// it.
+    pub(crate) async fn show_agent_message(
         &self,
         room_id: &str,
         entry: ChatEntry,
     ) -> Result<ChatEntry, WebchatError> {
-        match self.store.insert_entry(room_id, &entry)? {
+        match self.messages()?.insert(room_id, &entry, None).await? {
             Inserted::New(entry) => {
                 self.hub.message(room_id, entry.clone());
                 Ok(entry)
             }
             Inserted::Existing(entry) => Ok(entry),
+        }
+    }
+}
+
+/// Adds an agent message to a room from a Tool call: its records are staged on the call, so
+/// they commit with the call's tool-call record (one transaction), and the page is shown the
+/// message once that committed. A repeat (same `message_id`) returns the stored one.
+async fn stage_agent_message(
+    app: &Arc<App>,
+    ctx: &ToolContext,
+    room_id: &str,
+    entry: ChatEntry,
+) -> Result<ChatEntry, WebchatError> {
+    match app.messages()?.prepare(room_id, &entry).await? {
+        Prepared::Existing(existing) => Ok(existing),
+        Prepared::New { entry, writes } => {
+            for write in writes {
+                ctx.stage(write);
+            }
+            let (shown, app, room_id) = (entry.clone(), Arc::clone(app), room_id.to_owned());
+            ctx.after_commit(move || app.hub.message(&room_id, shown));
+            Ok(entry)
         }
     }
 }
@@ -356,7 +387,7 @@ impl ImTarget for WebchatTarget {
             created_at: message.created_at.unwrap_or_else(|| ctx.handle.now_millis()),
         };
         // Showing the final replaces the streamed draft with the same id on the page.
-        self.0.show_agent_message(&room.room_id, entry).map_err(DeliveryError::internal)?;
+        self.0.show_agent_message(&room.room_id, entry).await.map_err(DeliveryError::internal)?;
         Ok(())
     }
 
@@ -446,7 +477,8 @@ async fn message_send(
         client_id: None,
         created_at: ctx.handle.now_millis(),
     };
-    let shown = app.show_agent_message(&room.room_id, entry).map_err(ToolError::internal)?;
+    let shown =
+        stage_agent_message(&app, &ctx, &room.room_id, entry).await.map_err(ToolError::internal)?;
     Ok(json!({ "status": "sent", "message_id": shown.message_id, "room_id": room.room_id }))
 }
 
@@ -478,7 +510,8 @@ async fn file_send(
         client_id: None,
         created_at: ctx.handle.now_millis(),
     };
-    let shown = app.show_agent_message(&room.room_id, entry).map_err(ToolError::internal)?;
+    let shown =
+        stage_agent_message(&app, &ctx, &room.room_id, entry).await.map_err(ToolError::internal)?;
     Ok(json!({ "status": "sent", "message_id": shown.message_id, "file_ref": record.file_ref }))
 }
 

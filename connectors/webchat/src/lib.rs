@@ -75,6 +75,7 @@ mod connector;
 mod error;
 mod guess;
 mod hub;
+mod messages;
 mod pairing;
 mod qr;
 mod rate;
@@ -223,6 +224,7 @@ impl Webchat {
         let store = Store::open(&options.state_dir)?;
         let app = Arc::new(App {
             store,
+            messages: std::sync::OnceLock::new(),
             hub: hub::Hub::default(),
             pairings: Mutex::new(pairing::Pairings::default()),
             sign_ins: Mutex::new(guess::GuessLimiter::new(options.sign_in_limits)),
@@ -253,7 +255,42 @@ impl Webchat {
             builder = builder.api_key(key);
         }
         let server = builder.build().await?;
+        let messages = messages::Messages::new(server.handle().author_store());
+        // Messages an older version kept in webchat.sqlite3 move to the runtime's storage once.
+        let legacy = app.store.take_legacy_messages()?;
+        if !legacy.is_empty() {
+            let moved = messages.move_legacy(legacy).await?;
+            app.store.forget_legacy_messages()?;
+            tracing::info!(moved, "moved stored messages to the runtime's storage");
+        }
+        let _ = app.messages.set(messages);
         Ok(Self { server, app })
+    }
+
+    /// Stores a visitor text message the way a page's send does just before it hands the
+    /// message to the runtime, without handing it over: what a crash between the two steps
+    /// leaves (tests of the recovery, M4). Not for production use.
+    #[doc(hidden)]
+    pub async fn store_unqueued_visitor_message(
+        &self,
+        room_id: &str,
+        message: &xagent_protocol_types::ChatMessage,
+        client_id: &str,
+    ) -> Result<(), WebchatError> {
+        let outbound = serde_json::to_string(message).map_err(|e| {
+            xagent_server_runtime::StorageError::new("encoding an outbound message", e)
+        })?;
+        let entry = ChatEntry {
+            message_id: message.message_id.to_string(),
+            author: Author::Visitor,
+            text: message.text.clone(),
+            files: Vec::new(),
+            status: EntryStatus::Sending,
+            error: None,
+            client_id: Some(client_id.to_owned()),
+            created_at: message.created_at.unwrap_or_else(|| self.server.handle().now_millis()),
+        };
+        self.app.messages()?.insert(room_id, &entry, Some(&outbound)).await.map(|_| ())
     }
 
     /// The Connector Card.
@@ -331,7 +368,13 @@ async fn relay_outbox_events(app: Arc<App>, handle: ConnectorHandle) {
             ),
             _ => continue,
         };
-        match app.store.set_status(message_id.as_str(), status, reason.as_deref()) {
+        let updated = match app.messages() {
+            Ok(messages) => {
+                messages.set_status(message_id.as_str(), status, reason.as_deref()).await
+            }
+            Err(error) => Err(error),
+        };
+        match updated {
             Ok(Some((room_id, entry))) => app.hub.message(&room_id, entry),
             Ok(None) => {}
             Err(error) => tracing::error!(%error, "could not record a delivery state"),

@@ -1,7 +1,9 @@
 //! The Connector's own state in embedded SQLite (`<state dir>/webchat.sqlite3`, WAL): rooms
-//! with their hashed access code and bound channel, visitor sessions (hashed tokens), and the
-//! conversation of every room as the page shows it. The protocol runtime keeps its own
-//! database beside it (`connector.sqlite3`).
+//! with their hashed access code and bound channel, visitor sessions (hashed tokens) and the
+//! upload quota. The conversation of every room lives in the runtime's storage
+//! (`messages.rs`); the `messages` table here only holds what an older version stored, until
+//! it is moved at start. The protocol runtime keeps its own database beside it
+//! (`connector.sqlite3`), or PostgreSQL.
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
@@ -86,6 +88,7 @@ pub enum EntryStatus {
 }
 
 impl EntryStatus {
+    #[cfg(test)]
     fn as_str(self) -> &'static str {
         match self {
             Self::Sending => "sending",
@@ -211,6 +214,10 @@ pub enum Inserted {
     /// A repeat (same `client_id` or `message_id`): the stored message.
     Existing(ChatEntry),
 }
+
+/// A message an older version kept in `webchat.sqlite3`: its room, its order number, the
+/// message, and the `chat.message` kept while it was sending.
+pub(crate) type LegacyMessage = (String, i64, ChatEntry, Option<String>);
 
 /// The SQLite store.
 pub struct Store {
@@ -843,140 +850,60 @@ impl Store {
     const ENTRY_COLUMNS: &'static str =
         "message_id, author, text, files, status, error, client_id, created_at";
 
-    fn find_entry(
-        conn: &Connection,
-        room_id: &str,
-        message_id: &str,
-        client_id: Option<&str>,
-    ) -> Result<Option<ChatEntry>, WebchatError> {
+    /// Every message an older version kept here (`room_id, seq, message, outbound`), in
+    /// `seq` order, to move to the runtime's storage (`messages.rs`); empty once moved.
+    pub(crate) fn take_legacy_messages(&self) -> Result<Vec<LegacyMessage>, WebchatError> {
+        let conn = self.conn();
         let sql = format!(
-            "SELECT {} FROM messages WHERE room_id = ?1 AND (message_id = ?2 OR (?3 IS NOT NULL AND client_id = ?3))",
+            "SELECT {}, room_id, seq, outbound FROM messages ORDER BY seq ASC",
             Self::ENTRY_COLUMNS
         );
-        conn.query_row(&sql, params![room_id, message_id, client_id], Self::entry_row)
-            .optional()
-            .map_err(db)
+        let mut stmt = conn.prepare(&sql).map_err(db)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(8)?, r.get(9)?, Self::entry_row(r)?, r.get(10)?)))
+            .map_err(db)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(db)
     }
 
-    /// The message a page sent with `client_id` in a room, if any.
-    pub fn entry_by_client(
-        &self,
-        room_id: &str,
-        client_id: &str,
-    ) -> Result<Option<ChatEntry>, WebchatError> {
-        Self::find_entry(&self.conn(), room_id, "", Some(client_id))
+    /// Deletes the moved messages (after the runtime's storage committed them).
+    pub(crate) fn forget_legacy_messages(&self) -> Result<(), WebchatError> {
+        self.conn().execute("DELETE FROM messages", []).map_err(db).map(|_| ())
     }
 
-    /// Adds a message to a room; a repeat (same `message_id`, or same `client_id` in the
-    /// room) returns the stored one unchanged.
-    pub fn insert_entry(&self, room_id: &str, entry: &ChatEntry) -> Result<Inserted, WebchatError> {
-        self.insert_outbound(room_id, entry, None)
-    }
-
-    /// [`Store::insert_entry`] for a visitor message, keeping the exact `chat.message` handed
-    /// to the runtime so it can be handed over again if the process stopped in between.
-    pub fn insert_outbound(
+    /// Stores a message the way an older version did (tests of the move).
+    #[cfg(test)]
+    pub(crate) fn insert_legacy(
         &self,
         room_id: &str,
         entry: &ChatEntry,
         outbound: Option<&str>,
-    ) -> Result<Inserted, WebchatError> {
-        let conn = self.conn();
-        if let Some(existing) =
-            Self::find_entry(&conn, room_id, &entry.message_id, entry.client_id.as_deref())?
-        {
-            return Ok(Inserted::Existing(existing));
-        }
+    ) -> Result<(), WebchatError> {
         let author = match entry.author {
             Author::Visitor => "visitor",
             Author::Assistant => "assistant",
         };
         let files = serde_json::to_string(&entry.files)
             .map_err(|e| StorageError::new("encoding a message's files", e))?;
-        conn.execute(
-            "INSERT INTO messages (room_id, message_id, author, text, files, status, error, client_id, created_at, outbound)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            params![
-                room_id,
-                entry.message_id,
-                author,
-                entry.text,
-                files,
-                entry.status.as_str(),
-                entry.error,
-                entry.client_id,
-                entry.created_at as i64,
-                outbound
-            ],
-        )
-        .map_err(db)?;
-        Ok(Inserted::New(entry.clone()))
-    }
-
-    /// Sets a message's delivery state (found by its globally unique `message_id`) and
-    /// returns its room and the updated message.
-    pub fn set_status(
-        &self,
-        message_id: &str,
-        status: EntryStatus,
-        error: Option<&str>,
-    ) -> Result<Option<(String, ChatEntry)>, WebchatError> {
-        let conn = self.conn();
-        let room: Option<String> = conn
-            .query_row(
-                "SELECT room_id FROM messages WHERE message_id = ?1",
-                params![message_id],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(db)?;
-        let Some(room_id) = room else { return Ok(None) };
-        conn.execute(
-            "UPDATE messages SET status = ?2, error = ?3 WHERE message_id = ?1",
-            params![message_id, status.as_str(), error],
-        )
-        .map_err(db)?;
-        let entry = Self::find_entry(&conn, &room_id, message_id, None)?;
-        Ok(entry.map(|entry| (room_id, entry)))
-    }
-
-    /// The `chat.message` kept for a visitor message still `sending` (see
-    /// [`Store::insert_outbound`]), with its room.
-    pub fn outbound_of(&self, message_id: &str) -> Result<Option<(String, String)>, WebchatError> {
         self.conn()
-            .query_row(
-                "SELECT room_id, outbound FROM messages WHERE message_id = ?1 AND status = 'sending' AND outbound IS NOT NULL",
-                params![message_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+            .execute(
+                "INSERT INTO messages (room_id, message_id, author, text, files, status, error,
+                   client_id, created_at, outbound)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![
+                    room_id,
+                    entry.message_id,
+                    author,
+                    entry.text,
+                    files,
+                    entry.status.as_str(),
+                    entry.error,
+                    entry.client_id,
+                    i64::try_from(entry.created_at).unwrap_or(i64::MAX),
+                    outbound
+                ],
             )
-            .optional()
             .map_err(db)
-    }
-
-    /// Every visitor message still `sending`, oldest first: `(room_id, message_id, outbound)`.
-    pub fn sending(&self) -> Result<Vec<(String, String, String)>, WebchatError> {
-        let conn = self.conn();
-        let mut stmt = conn
-            .prepare(
-                "SELECT room_id, message_id, outbound FROM messages
-                 WHERE status = 'sending' AND outbound IS NOT NULL ORDER BY seq ASC",
-            )
-            .map_err(db)?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).map_err(db)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(db)
-    }
-
-    /// The last [`HISTORY_LIMIT`] messages of a room, oldest first.
-    pub fn history(&self, room_id: &str) -> Result<Vec<ChatEntry>, WebchatError> {
-        let conn = self.conn();
-        let sql = format!(
-            "SELECT {} FROM (SELECT * FROM messages WHERE room_id = ?1 ORDER BY seq DESC LIMIT ?2) ORDER BY seq ASC",
-            Self::ENTRY_COLUMNS
-        );
-        let mut stmt = conn.prepare(&sql).map_err(db)?;
-        let rows =
-            stmt.query_map(params![room_id, HISTORY_LIMIT as i64], Self::entry_row).map_err(db)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(db)
+            .map(|_| ())
     }
 }
 
@@ -1006,19 +933,6 @@ fn add_column(
 mod tests {
     use super::*;
     use crate::web::UploadQuota;
-
-    fn visitor_entry(id: &str, client: Option<&str>) -> ChatEntry {
-        ChatEntry {
-            message_id: id.into(),
-            author: Author::Visitor,
-            text: Some("hi".into()),
-            files: vec![],
-            status: EntryStatus::Sending,
-            error: None,
-            client_id: client.map(str::to_owned),
-            created_at: 1,
-        }
-    }
 
     #[test]
     fn room_ids_are_url_safe_slugs() {
@@ -1169,33 +1083,6 @@ mod tests {
         store.set_room_channel("two", Some(&a)).unwrap();
         assert_eq!(store.room("one").unwrap().unwrap().channel, None);
         assert_eq!(store.room_by_channel(&a).unwrap().unwrap().room_id, "two");
-    }
-
-    #[test]
-    fn repeated_send_with_the_same_client_id_is_stored_once() {
-        let store = Store::in_memory().unwrap();
-        store.claim_room("Lobby", "code-1234", 1).unwrap();
-        let first = store.insert_entry("lobby", &visitor_entry("msg_1", Some("c1"))).unwrap();
-        assert!(matches!(first, Inserted::New(_)));
-        let again = store.insert_entry("lobby", &visitor_entry("msg_2", Some("c1"))).unwrap();
-        match again {
-            Inserted::Existing(entry) => assert_eq!(entry.message_id, "msg_1"),
-            other => panic!("expected the stored entry, got {other:?}"),
-        }
-        assert_eq!(store.history("lobby").unwrap().len(), 1);
-    }
-
-    #[test]
-    fn status_updates_find_the_room_by_message_id() {
-        let store = Store::in_memory().unwrap();
-        store.claim_room("Lobby", "code-1234", 1).unwrap();
-        store.insert_entry("lobby", &visitor_entry("msg_1", None)).unwrap();
-        let (room, entry) =
-            store.set_status("msg_1", EntryStatus::Rejected, Some("no")).unwrap().unwrap();
-        assert_eq!(room, "lobby");
-        assert_eq!(entry.status, EntryStatus::Rejected);
-        assert_eq!(entry.error.as_deref(), Some("no"));
-        assert!(store.set_status("msg_unknown", EntryStatus::Delivered, None).unwrap().is_none());
     }
 
     #[test]

@@ -365,11 +365,11 @@ async fn leave(
 
 /// The snapshot a page gets on (re)connecting: the newest messages that fit in
 /// [`VisitorLimits::snapshot_bytes`].
-fn snapshot(web: &Web, room_id: &str) -> Result<RoomEvent, WebchatError> {
+async fn snapshot(web: &Web, room_id: &str) -> Result<RoomEvent, WebchatError> {
     let room = web.app.store.room(room_id)?.ok_or(WebchatError::Forbidden)?;
     let (_, drafts, activity) = web.app.hub.subscribe(room_id);
     let online = room.channel.as_ref().is_some_and(|channel| web.handle.is_routed(channel));
-    let mut messages = web.app.store.history(room_id)?;
+    let mut messages = web.app.messages()?.history(room_id).await?;
     let mut budget = web.limits.snapshot_bytes;
     let mut keep = 0;
     for entry in messages.iter().rev() {
@@ -496,7 +496,7 @@ async fn events(
         .ok_or(WebchatError::Forbidden)?;
     // Subscribe before reading the snapshot so nothing falls between them.
     let (rx, _, _) = web.app.hub.subscribe(&room_id);
-    let first = sse_event(&snapshot(&web, &room_id)?).retry(Duration::from_millis(1_000));
+    let first = sse_event(&snapshot(&web, &room_id).await?).retry(Duration::from_millis(1_000));
     let shutdown = web.shutdown.clone();
     let expires_at = session.expires_at;
     let live = Live { web, room_id, token, rx, ended, expires_at, _place: place };
@@ -561,14 +561,16 @@ async fn requeue(
 /// Queues a repeated send's stored message again when the runtime does not hold it.
 async fn resubmit(web: &Web, channel: &ConnectorChannelId, message_id: &str) {
     let Ok(handle) = web.handle() else { return };
-    let Ok(Some((_, outbound))) = web.app.store.outbound_of(message_id) else { return };
+    let Ok(messages) = web.app.messages() else { return };
+    let Ok(Some((_, outbound))) = messages.outbound_of(message_id).await else { return };
     requeue(handle, channel, message_id, &outbound, "repeated send").await;
 }
 
 /// Queues every stored visitor message the runtime does not hold (called at start: a
 /// message stored just before a crash is delivered after it).
 pub(crate) async fn recover_pending(app: Arc<App>, handle: ConnectorHandle) {
-    let Ok(sending) = app.store.sending() else { return };
+    let Ok(messages) = app.messages() else { return };
+    let Ok(sending) = messages.sending().await else { return };
     for (room_id, message_id, outbound) in sending {
         let Ok(Some(room)) = app.store.room(&room_id) else { continue };
         let Some(channel) = room.channel else { continue };
@@ -589,7 +591,7 @@ async fn relay(
     let channel = room.channel.ok_or(WebchatError::NoAgent)?;
     let outbound = serde_json::to_string(&message)
         .map_err(|e| StorageError::new("encoding an outbound message", e))?;
-    let entry = match web.app.store.insert_outbound(room_id, &entry, Some(&outbound))? {
+    let entry = match web.app.messages()?.insert(room_id, &entry, Some(&outbound)).await? {
         Inserted::Existing(existing) => {
             if existing.status == EntryStatus::Sending {
                 resubmit(web, &channel, &existing.message_id).await;
@@ -609,8 +611,11 @@ async fn relay(
             }
             _ => format!("not sent: {error}"),
         };
-        if let Some((_, updated)) =
-            web.app.store.set_status(&entry.message_id, EntryStatus::Rejected, Some(&reason))?
+        if let Some((_, updated)) = web
+            .app
+            .messages()?
+            .set_status(&entry.message_id, EntryStatus::Rejected, Some(&reason))
+            .await?
         {
             web.app.hub.message(room_id, updated.clone());
             return Ok(updated);
@@ -751,7 +756,7 @@ async fn repeated(
     client_id: Option<&str>,
 ) -> Result<Option<ChatEntry>, WebchatError> {
     let Some(client_id) = client_id else { return Ok(None) };
-    let Some(existing) = web.app.store.entry_by_client(room_id, client_id)? else {
+    let Some(existing) = web.app.messages()?.entry_by_client(room_id, client_id).await? else {
         return Ok(None);
     };
     if existing.status == EntryStatus::Sending

@@ -112,9 +112,17 @@ async fn unacknowledged_visitor_messages_arrive_exactly_once_after_a_restart() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Writes a visitor message as the Connector stores it just before handing it to the runtime,
-/// as if the process had been killed between the two steps (M4).
-fn orphan(dir: &std::path::Path, message_id: &str, client_id: &str) {
+/// A visitor message the Connector stored just before handing it to the runtime, as if the
+/// process had been killed between the two steps (M4).
+fn orphan_message(message_id: &str) -> xagent_protocol_types::ChatMessage {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    xagent_protocol_types::ChatMessage::text(message_id, "stored, never queued").created_at(now)
+}
+
+/// The same, in the `webchat.sqlite3` of an older version (moved at the next start).
+fn legacy_orphan(dir: &std::path::Path, message_id: &str, client_id: &str) {
     let conn = rusqlite::Connection::open(dir.join("webchat.sqlite3")).expect("database");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -135,22 +143,34 @@ async fn m4_a_message_stored_but_never_queued_is_delivered_on_retry_and_after_a_
     let Lobby { dir, server, plane, mut events, channel, visitor, .. } = Lobby::start("m4").await;
 
     // The page repeats a send whose message was stored but never queued: it is queued now.
-    orphan(&dir, "msg_web_orphan_1", "c-orphan-1");
+    server
+        .webchat
+        .store_unqueued_visitor_message("lobby", &orphan_message("msg_web_orphan_1"), "c-orphan-1")
+        .await
+        .expect("stored");
     let again = visitor.send("stored, never queued", "c-orphan-1").await;
     assert_eq!(again["message_id"], "msg_web_orphan_1");
     let arrived = accept_for(&mut events, Duration::from_secs(3)).await;
     assert_eq!(arrived, vec!["msg_web_orphan_1".to_owned()]);
 
-    // Without a retry, the next start queues it.
+    // Without a retry, the next start queues it: one stored by this version, one an older
+    // version left in webchat.sqlite3 (moved to the runtime's storage at the start).
     plane.close().await;
-    orphan(&dir, "msg_web_orphan_2", "c-orphan-2");
+    server
+        .webchat
+        .store_unqueued_visitor_message("lobby", &orphan_message("msg_web_orphan_2"), "c-orphan-2")
+        .await
+        .expect("stored");
+    legacy_orphan(&dir, "msg_web_orphan_3", "c-orphan-3");
     let server = restart(server, &dir).await;
     let (plane, mut events) = DataPlane::start(client_config(server.base()));
     plane.connected().await.expect("reconnects");
     plane.open_channel(Some(&channel)).await.expect("reopen");
     plane.remember_channel(channel.clone()).await;
-    let arrived = accept_for(&mut events, Duration::from_secs(3)).await;
-    assert_eq!(arrived, vec!["msg_web_orphan_2".to_owned()]);
+    let mut arrived = accept_for(&mut events, Duration::from_secs(3)).await;
+    // Moved messages keep their old order numbers, before every new one.
+    arrived.sort();
+    assert_eq!(arrived, vec!["msg_web_orphan_2".to_owned(), "msg_web_orphan_3".to_owned()]);
     plane.close().await;
     server.stop().await;
     let _ = std::fs::remove_dir_all(dir);

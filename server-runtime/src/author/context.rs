@@ -99,9 +99,31 @@ pub struct ToolContext {
     pub binding: Binding,
     /// The runtime.
     pub handle: ConnectorHandle,
+    /// Author writes staged on this call (committed with its tool-call record).
+    pub(crate) staged: crate::author::store::Staged,
 }
 
 impl ToolContext {
+    /// Stages an author write on this call: it commits in the same transaction as the call's
+    /// tool-call record (or alone, for a Tool that records no calls), and the Tool's answer
+    /// goes out only after that commit. A repeat of the call finds both or neither; when the
+    /// commit fails, the call is answered with an error and nothing staged happened. A call
+    /// that returns an error commits none of its staged writes.
+    pub fn stage(&self, write: crate::AuthorWrite) {
+        self.staged.push(write);
+    }
+
+    /// Runs `run` once this call's staged writes committed (e.g. showing a message that is
+    /// now durable); never runs when the commit failed.
+    pub fn after_commit(&self, run: impl FnOnce() + Send + 'static) {
+        self.staged.after_commit(Box::new(run));
+    }
+
+    /// The author store, for reads and for writes committed on their own.
+    pub fn author_store(&self) -> crate::AuthorStore {
+        self.handle.author_store()
+    }
+
     /// Sends a `tool.progress.push` for this call (never replaces the ack).
     pub async fn progress(&self, message: impl Into<String>, fraction: Option<f64>) {
         let mut push = ToolProgressPush::new(self.tool_id.clone()).with_message(message);

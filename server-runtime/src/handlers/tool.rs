@@ -16,10 +16,12 @@ use xagent_protocol_types::{
 use tokio::sync::watch;
 
 use crate::author::call::{BoxFut, call_tool};
+use crate::author::store::Staged;
 use crate::author::tool::RegisteredTool;
 use crate::author::{Binding, ToolContext};
 use crate::connection::{Conn, error_ack};
 use crate::ids;
+use crate::storage::WriteOp;
 use crate::tool_calls::{CallKey, Plan, Running, ToolOutcome, call_key};
 
 /// A call that passed every check, ready to run.
@@ -135,7 +137,9 @@ impl Conn {
             tool_call_id: packet.payload::<ToolInvoke>().and_then(|i| i.tool_call_id()).cloned(),
             binding,
             handle: self.shared.handle(),
+            staged: Staged::default(),
         };
+        let staged = ctx.staged.clone();
         tracing::info!(%channel, %tool_id, "tool invoked");
         let call: BoxFut<'a, (ToolOutcome, bool)> =
             match shared.device.as_ref().filter(|_| device_tool) {
@@ -169,13 +173,13 @@ impl Conn {
                 }
             };
         let record = tool.records_calls.then_some((channel, key));
-        Started::Run(Run { running, call, record })
+        Started::Run(Run { running, call, record, staged })
     }
 
     /// Runs a started call to its outcome: the Tool, then (for a side-effecting Tool that
     /// reached its target) the committed record, then the waiting repeats.
     async fn finish_tool(&self, run: Run<'_>) -> ToolOutcome {
-        let Run { running, call, record } = run;
+        let Run { running, call, record, staged } = run;
         // A side-effecting Tool first asks the stored record of its key (the key is claimed,
         // so an identical call waits meanwhile): a repeat of a completed call is answered
         // from it, a reuse with other arguments refused.
@@ -201,18 +205,39 @@ impl Conn {
                 return answer;
             }
         }
-        let (outcome, reached) = call.await;
+        let (mut outcome, reached) = call.await;
+        // The author's staged writes ride the same transaction as the record; a Tool that
+        // records no calls commits them alone. Either way the answer waits for the commit. A
+        // call that failed keeps none of them.
+        let (mut writes, mut after) = staged.take();
+        if outcome.is_err() {
+            writes.clear();
+            after.clear();
+        }
+        let staged_any = !writes.is_empty();
         // A device call refused before it reached the device is not the call's outcome: a
         // retry once the device is back may run.
-        if let Some((channel, key)) = record.filter(|_| reached) {
+        if let Some((channel, key)) = record.as_ref().filter(|_| reached) {
+            let stored = running.record(&outcome, self.shared.now());
+            match WriteOp::tool_call(channel, key, &stored) {
+                Ok(op) => writes.push(op),
+                Err(error) => tracing::error!(%error, "could not encode a tool result"),
+            }
+        }
+        if !writes.is_empty() {
             // The ack goes out only once the record is committed (group commit: shared with
             // other calls' records), so a repeat after a crash is answered from it.
-            let commit = {
-                let stored = running.record(&outcome, self.shared.now());
-                self.shared.storage.commit_tool_call(&channel, &key, &stored)
-            };
-            if let Err(error) = commit.committed().await {
-                tracing::error!(%error, "could not store a tool result");
+            match self.shared.storage.commit(writes).committed().await {
+                Ok(()) => after.into_iter().for_each(|run| run()),
+                Err(error) if staged_any => {
+                    // Nothing staged happened: the call must not be answered as done.
+                    tracing::error!(%error, "could not store a tool call's writes");
+                    outcome = Err((
+                        ErrorCode::InternalError,
+                        "could not store this call's result; call again".to_owned(),
+                    ));
+                }
+                Err(error) => tracing::error!(%error, "could not store a tool result"),
             }
         }
         running.finish(&outcome);
@@ -238,6 +263,8 @@ struct Run<'a> {
     call: BoxFut<'a, (ToolOutcome, bool)>,
     /// Channel and key of the record to commit (side-effecting Tools only).
     record: Option<(ConnectorChannelId, String)>,
+    /// The author's writes staged on the call.
+    staged: Staged,
 }
 
 /// The outcome of the identical call this one waited for.

@@ -280,4 +280,8 @@ impl HandleOps for Shared {
     fn files(&self) -> Option<&FileStore> {
         self.files.as_ref()
     }
+
+    fn author_store(&self) -> crate::AuthorStore {
+        crate::AuthorStore::new(self.storage.clone())
+    }
 }

@@ -40,6 +40,9 @@ CREATE TABLE IF NOT EXISTS tool_calls (
   channel TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL, result TEXT,
   error_code TEXT, error_message TEXT, completed_at INTEGER NOT NULL,
   PRIMARY KEY (channel, key));
+CREATE TABLE IF NOT EXISTS author_records (
+  namespace TEXT NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL,
+  PRIMARY KEY (namespace, key)) WITHOUT ROWID;
 ";
 
 /// How hard SQLite makes each commit durable (`PRAGMA synchronous`, in WAL mode).

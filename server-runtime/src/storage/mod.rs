@@ -4,7 +4,7 @@
 //! What is stored: the registered `connector_id`; every channel with its owner, status,
 //! binding (Descriptor target + private material) and Tool overrides; the IM outbox and the
 //! receiver idempotency set (`profile-im`'s records, committed as [`WriteOp`]s); tool-call
-//! idempotency.
+//! idempotency; the Connector's own records (the author store, [`crate::AuthorStore`]).
 //! File references are persisted by `file-transfer` itself. Open auth sessions are kept in
 //! memory only: an interrupted sign-in is restarted by the user.
 
@@ -27,6 +27,8 @@ pub use group::{CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, 
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStorage};
 pub use sqlite::{DATABASE_FILE, SqliteOptions, SqliteStorage, private_database_files};
+#[cfg(test)]
+pub(crate) use write_op::prefix_upper_bound as write_op_prefix_upper_bound;
 pub use write_op::{MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, WriteOp};
 
 use std::collections::BTreeMap;
@@ -126,6 +128,20 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<Option<CompletedRecord>, StorageError>;
     /// Deletes tool calls completed before `before` (Unix ms); returns how many.
     async fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError>;
+
+    /// The author record `(namespace, key)`'s value, if stored ([`crate::AuthorStore`] checks
+    /// the namespace and key first). Its writes are the `WriteOp::Author*` variants.
+    async fn author_get(&self, namespace: &str, key: &str)
+    -> Result<Option<Vec<u8>>, StorageError>;
+    /// The author records `scan` selects in `namespace`, in byte order of their keys (reversed
+    /// when `scan.reverse`), keys after `scan.after` in that order, at most `scan.limit`.
+    async fn author_scan(
+        &self,
+        namespace: &str,
+        scan: &crate::AuthorScan,
+    ) -> Result<Vec<crate::AuthorRecord>, StorageError>;
+    /// How many author records of `namespace` have a key starting with `prefix`.
+    async fn author_count(&self, namespace: &str, prefix: &str) -> Result<u64, StorageError>;
 
     /// Queues `writes` as one transaction without waiting; the ticket resolves once it
     /// committed (or with the error that rolled it back: then none of it happened).

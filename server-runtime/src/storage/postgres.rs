@@ -23,7 +23,9 @@ use xagent_storage_postgres::{DatabaseUrl, Pool, PoolOptions};
 use schema::COMPONENT;
 
 use super::group::{CommitTicket, GroupCommitConfig, GroupCommitStats};
-use super::write_op::{CONNECTOR_ID_KEY, ChannelRow, ToolCallRow, to_i64, to_u64};
+use super::write_op::{
+    CONNECTOR_ID_KEY, ChannelRow, ToolCallRow, author_record, prefix_upper_bound, to_i64, to_u64,
+};
 use super::{ChannelRecord, Storage, StorageError, ToolCallRecord, WriteOp};
 
 /// How the PostgreSQL storage connects and commits.
@@ -208,6 +210,64 @@ impl PostgresStorage {
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
+    /// The author record `(namespace, key)`'s value, if stored.
+    pub async fn author_get(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        const OP: &str = "read an author record";
+        let row = self
+            .query_opt(
+                OP,
+                "SELECT value FROM server_author_records WHERE namespace = $1 AND key = $2",
+                &[&namespace, &key.as_bytes()],
+            )
+            .await?;
+        row.map(|row| get(&row, 0, OP)).transpose()
+    }
+
+    /// The author records `scan` selects (keys compared as bytes: `BYTEA`, as on SQLite).
+    pub async fn author_scan(
+        &self,
+        namespace: &str,
+        scan: &crate::AuthorScan,
+    ) -> Result<Vec<crate::AuthorRecord>, StorageError> {
+        const OP: &str = "scan author records";
+        let upper = prefix_upper_bound(scan.prefix.as_bytes());
+        let after = scan.after.as_deref().map(str::as_bytes);
+        let limit = i64::try_from(scan.limit).unwrap_or(i64::MAX);
+        let sql = if scan.reverse {
+            "SELECT key, value FROM server_author_records WHERE namespace = $1 AND key >= $2
+               AND ($3::BYTEA IS NULL OR key < $3) AND ($4::BYTEA IS NULL OR key < $4)
+             ORDER BY key DESC LIMIT $5"
+        } else {
+            "SELECT key, value FROM server_author_records WHERE namespace = $1 AND key >= $2
+               AND ($3::BYTEA IS NULL OR key < $3) AND ($4::BYTEA IS NULL OR key > $4)
+             ORDER BY key ASC LIMIT $5"
+        };
+        let rows = self
+            .query(OP, sql, &[&namespace, &scan.prefix.as_bytes(), &upper, &after, &limit])
+            .await?;
+        rows.iter().map(|row| author_record(get(row, 0, OP)?, get(row, 1, OP)?)).collect()
+    }
+
+    /// How many author records of `namespace` have a key starting with `prefix`.
+    pub async fn author_count(&self, namespace: &str, prefix: &str) -> Result<u64, StorageError> {
+        const OP: &str = "count author records";
+        let upper = prefix_upper_bound(prefix.as_bytes());
+        let row = self
+            .query_opt(
+                OP,
+                "SELECT COUNT(*) FROM server_author_records WHERE namespace = $1 AND key >= $2
+                   AND ($3::BYTEA IS NULL OR key < $3)",
+                &[&namespace, &prefix.as_bytes(), &upper],
+            )
+            .await?;
+        let count: i64 = row.map(|row| get(&row, 0, OP)).transpose()?.unwrap_or(0);
+        Ok(to_u64(count))
+    }
+
     /// A small runtime value by key (e.g. the URL signing secret).
     pub async fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
         const OP: &str = "load meta";
@@ -345,6 +405,26 @@ impl Storage for PostgresStorage {
 
     async fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
         PostgresStorage::prune_tool_calls(self, before).await
+    }
+
+    async fn author_get(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        PostgresStorage::author_get(self, namespace, key).await
+    }
+
+    async fn author_scan(
+        &self,
+        namespace: &str,
+        scan: &crate::AuthorScan,
+    ) -> Result<Vec<crate::AuthorRecord>, StorageError> {
+        PostgresStorage::author_scan(self, namespace, scan).await
+    }
+
+    async fn author_count(&self, namespace: &str, prefix: &str) -> Result<u64, StorageError> {
+        PostgresStorage::author_count(self, namespace, prefix).await
     }
 
     fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {

@@ -11,7 +11,9 @@ use xagent_profile_im::{CompletedRecord, PendingRecord};
 use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 
 use super::group::{self, CommitTicket, GroupCommit, GroupCommitConfig, Synchronous};
-use super::write_op::{ChannelRow, ToolCallRow, WriteOp, to_i64};
+use super::write_op::{
+    ChannelRow, ToolCallRow, WriteOp, author_record, prefix_upper_bound, to_i64,
+};
 use super::{ChannelRecord, Storage, StorageError, ToolCallRecord};
 
 /// The default storage: one SQLite file in WAL mode. Clones share the connections and the
@@ -318,6 +320,78 @@ impl Storage for SqliteStorage {
         self.read("prune tool calls", move |conn| {
             exec(conn, "DELETE FROM tool_calls WHERE completed_at < ?1", params![to_i64(before)])
                 .map_err(|e| StorageError::new("prune tool calls", e))
+        })
+        .await
+    }
+
+    async fn author_get(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        let (namespace, key) = (namespace.to_owned(), key.to_owned());
+        self.read("read an author record", move |conn| {
+            query_row(
+                conn,
+                "SELECT value FROM author_records WHERE namespace = ?1 AND key = ?2",
+                params![namespace, key.as_bytes()],
+                |row| row.get::<_, Vec<u8>>(0),
+            )
+            .optional()
+            .map_err(|e| StorageError::new("read an author record", e))
+        })
+        .await
+    }
+
+    async fn author_scan(
+        &self,
+        namespace: &str,
+        scan: &crate::AuthorScan,
+    ) -> Result<Vec<crate::AuthorRecord>, StorageError> {
+        let (namespace, scan) = (namespace.to_owned(), scan.clone());
+        self.read("scan author records", move |conn| {
+            let failed = |e| StorageError::new("scan author records", e);
+            let upper = prefix_upper_bound(scan.prefix.as_bytes());
+            let after = scan.after.as_deref().map(str::as_bytes);
+            let sql = if scan.reverse {
+                "SELECT key, value FROM author_records WHERE namespace = ?1 AND key >= ?2
+                   AND (?3 IS NULL OR key < ?3) AND (?4 IS NULL OR key < ?4)
+                 ORDER BY key DESC LIMIT ?5"
+            } else {
+                "SELECT key, value FROM author_records WHERE namespace = ?1 AND key >= ?2
+                   AND (?3 IS NULL OR key < ?3) AND (?4 IS NULL OR key > ?4)
+                 ORDER BY key ASC LIMIT ?5"
+            };
+            let limit = i64::try_from(scan.limit).unwrap_or(i64::MAX);
+            let mut stmt = conn.prepare_cached(sql).map_err(failed)?;
+            let rows = stmt
+                .query_map(params![namespace, scan.prefix.as_bytes(), upper, after, limit], |row| {
+                    Ok((row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?))
+                })
+                .map_err(failed)?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (key, value) = row.map_err(failed)?;
+                out.push(author_record(key, value)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn author_count(&self, namespace: &str, prefix: &str) -> Result<u64, StorageError> {
+        let (namespace, prefix) = (namespace.to_owned(), prefix.to_owned());
+        self.read("count author records", move |conn| {
+            let upper = prefix_upper_bound(prefix.as_bytes());
+            query_row(
+                conn,
+                "SELECT COUNT(*) FROM author_records WHERE namespace = ?1 AND key >= ?2
+                   AND (?3 IS NULL OR key < ?3)",
+                params![namespace, prefix.as_bytes(), upper],
+                |row| row.get::<_, i64>(0),
+            )
+            .map(|n| u64::try_from(n).unwrap_or(0))
+            .map_err(|e| StorageError::new("count author records", e))
         })
         .await
     }

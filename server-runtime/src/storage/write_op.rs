@@ -69,6 +69,32 @@ pub enum WriteOp {
         /// Cut-off.
         before: i64,
     },
+    /// Inserts or replaces one author record (a Connector's own state, see
+    /// [`crate::AuthorStore`]). Build it with [`crate::AuthorWrite::put`], which checks the
+    /// namespace and the sizes.
+    AuthorPut {
+        /// The author's namespace (e.g. `webchat.messages`).
+        namespace: String,
+        /// The record's key (UTF-8, compared as bytes).
+        key: String,
+        /// The record's value.
+        value: Vec<u8>,
+    },
+    /// Deletes one author record, if present.
+    AuthorDelete {
+        /// Namespace.
+        namespace: String,
+        /// Key.
+        key: String,
+    },
+    /// Deletes every author record of a namespace whose key starts with `prefix` (all of the
+    /// namespace for an empty prefix).
+    AuthorDeletePrefix {
+        /// Namespace.
+        namespace: String,
+        /// Key prefix.
+        prefix: String,
+    },
 }
 
 impl WriteOp {
@@ -241,6 +267,13 @@ impl std::fmt::Debug for WriteOp {
             Self::DeleteChannel(id) => write!(f, "DeleteChannel({id})"),
             Self::Meta { key, .. } => write!(f, "Meta({key})"),
             Self::PruneToolCalls { before } => write!(f, "PruneToolCalls({before})"),
+            Self::AuthorPut { namespace, key, value } => {
+                write!(f, "AuthorPut({namespace}, {key}, {} bytes)", value.len())
+            }
+            Self::AuthorDelete { namespace, key } => write!(f, "AuthorDelete({namespace}, {key})"),
+            Self::AuthorDeletePrefix { namespace, prefix } => {
+                write!(f, "AuthorDeletePrefix({namespace}, {prefix})")
+            }
         }
     }
 }
@@ -296,6 +329,20 @@ impl WriteOp {
             Self::DeleteChannel(id) => (vec![id.as_str()], Vec::new()),
             Self::Meta { key, value } => {
                 (vec![key.as_str()], value.as_deref().into_iter().collect())
+            }
+            // Author records have their own, tighter limits (one home: `author_limits`); their
+            // values are bytes, stored as such on both backends.
+            Self::AuthorPut { namespace, key, value } => {
+                return crate::author::store::check_record(namespace, key, Some(value.len()))
+                    .map_err(|e| super::StorageError::new("check a write", e));
+            }
+            Self::AuthorDelete { namespace, key } => {
+                return crate::author::store::check_record(namespace, key, None)
+                    .map_err(|e| super::StorageError::new("check a write", e));
+            }
+            Self::AuthorDeletePrefix { namespace, prefix } => {
+                return crate::author::store::check_record(namespace, prefix, None)
+                    .map_err(|e| super::StorageError::new("check a write", e));
             }
         };
         let refuse = |what: String| {
@@ -372,5 +419,45 @@ pub(crate) fn execute(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
         WriteOp::PruneToolCalls { before } => {
             exec("DELETE FROM tool_calls WHERE completed_at < ?1", params![before])
         }
+        WriteOp::AuthorPut { namespace, key, value } => exec(
+            "INSERT INTO author_records (namespace, key, value) VALUES (?1, ?2, ?3)
+             ON CONFLICT(namespace, key) DO UPDATE SET value = excluded.value",
+            params![namespace, key.as_bytes(), value],
+        ),
+        WriteOp::AuthorDelete { namespace, key } => exec(
+            "DELETE FROM author_records WHERE namespace = ?1 AND key = ?2",
+            params![namespace, key.as_bytes()],
+        ),
+        WriteOp::AuthorDeletePrefix { namespace, prefix } => {
+            let upper = prefix_upper_bound(prefix.as_bytes());
+            exec(
+                "DELETE FROM author_records WHERE namespace = ?1 AND key >= ?2
+                   AND (?3 IS NULL OR key < ?3)",
+                params![namespace, prefix.as_bytes(), upper],
+            )
+        }
     }
+}
+
+/// The smallest byte string above every key that starts with `prefix` (keys are UTF-8, which
+/// never holds the byte 0xFF), or `None` for the empty prefix (no upper bound). Both backends
+/// store keys as bytes and compare them bytewise, so a prefix is one index range.
+pub(crate) fn prefix_upper_bound(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut upper = prefix.to_vec();
+    while let Some(last) = upper.pop() {
+        if last < u8::MAX {
+            upper.push(last + 1);
+            return Some(upper);
+        }
+    }
+    None
+}
+
+/// An author record read back: its key must be the UTF-8 it was written as.
+pub(crate) fn author_record(
+    key: Vec<u8>,
+    value: Vec<u8>,
+) -> Result<crate::AuthorRecord, StorageError> {
+    let key = String::from_utf8(key).map_err(|e| StorageError::new("decode an author key", e))?;
+    Ok(crate::AuthorRecord { key, value })
 }

@@ -43,4 +43,14 @@ CREATE INDEX server_im_completed_age ON server_im_completed (completed_at);
 CREATE INDEX server_im_completed_newest ON server_im_completed (channel, completed_at, inserted);
 ",
     ),
+    // 2: the Connector's own records (the author store), keys as bytes for a byte order
+    // that does not depend on the database's collation.
+    Migration::new(
+        2,
+        "
+CREATE TABLE server_author_records (
+  namespace TEXT NOT NULL, key BYTEA NOT NULL, value BYTEA NOT NULL,
+  PRIMARY KEY (namespace, key));
+",
+    ),
 ];

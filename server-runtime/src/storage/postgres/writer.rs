@@ -327,6 +327,12 @@ const COMPLETED_TRIM: &str = "DELETE FROM server_im_completed WHERE channel = $1
  AND message_id NOT IN (SELECT message_id FROM server_im_completed WHERE channel = $1
    ORDER BY completed_at DESC, inserted DESC LIMIT $2)";
 const COMPLETED_EXPIRE: &str = "DELETE FROM server_im_completed WHERE completed_at < $1";
+const AUTHOR_PUT: &str = "INSERT INTO server_author_records (namespace, key, value)
+ VALUES ($1, $2, $3) ON CONFLICT (namespace, key) DO UPDATE SET value = EXCLUDED.value";
+const AUTHOR_DELETE: &str = "DELETE FROM server_author_records WHERE namespace = $1 AND key = $2";
+/// Keys are `BYTEA`, so the prefix is one byte range (as on SQLite).
+const AUTHOR_DELETE_PREFIX: &str = "DELETE FROM server_author_records
+ WHERE namespace = $1 AND key >= $2 AND ($3::BYTEA IS NULL OR key < $3)";
 
 /// The statement that carries `op`.
 fn sql_of(op: &WriteOp) -> &'static str {
@@ -344,6 +350,9 @@ fn sql_of(op: &WriteOp) -> &'static str {
         WriteOp::Meta { value: Some(_), .. } => META_SET,
         WriteOp::Meta { value: None, .. } => META_DELETE,
         WriteOp::PruneToolCalls { .. } => PRUNE_TOOL_CALLS,
+        WriteOp::AuthorPut { .. } => AUTHOR_PUT,
+        WriteOp::AuthorDelete { .. } => AUTHOR_DELETE,
+        WriteOp::AuthorDeletePrefix { .. } => AUTHOR_DELETE_PREFIX,
     }
 }
 
@@ -422,6 +431,17 @@ fn params_of(op: &WriteOp) -> Vec<Param> {
         WriteOp::Meta { key, value: Some(value) } => vec![text(key), text(value)],
         WriteOp::Meta { key, value: None } => vec![text(key)],
         WriteOp::PruneToolCalls { before } => vec![Box::new(*before)],
+        WriteOp::AuthorPut { namespace, key, value } => {
+            vec![text(namespace), Box::new(key.as_bytes().to_vec()), Box::new(value.clone())]
+        }
+        WriteOp::AuthorDelete { namespace, key } => {
+            vec![text(namespace), Box::new(key.as_bytes().to_vec())]
+        }
+        WriteOp::AuthorDeletePrefix { namespace, prefix } => vec![
+            text(namespace),
+            Box::new(prefix.as_bytes().to_vec()),
+            Box::new(super::super::write_op::prefix_upper_bound(prefix.as_bytes())),
+        ],
     }
 }
 

@@ -1,0 +1,447 @@
+//! The conversation of every room, kept in the runtime's storage through its author store
+//! ([`AuthorStore`]), so a message the agent sends is one write in the transaction of its
+//! `webchat_message_send` call (group commit), and a replica on the same PostgreSQL database
+//! sees every message.
+//!
+//! Records (namespaces of the author store):
+//! - `webchat.messages`: `{room_id}/{seq:020}.{message_id}` -> the message and, for a visitor
+//!   message, the exact `chat.message` handed to the runtime (JSON). `seq` orders a room's
+//!   messages: per process above every key the room holds and above the clock in µs, so
+//!   messages stay in the order they were stored, also across restarts and replicas; the
+//!   message id makes two replicas' keys distinct.
+//! - `webchat.message_ids`: `{message_id}` -> its message key (status updates find the room).
+//! - `webchat.message_clients`: `{room_id}/{sha256(client_id)}` -> its message key (a page's
+//!   repeated send finds the stored message).
+//! - `webchat.sending`: `{seq:020}.{message_id}` -> its message key, while a visitor message is
+//!   `sending` with its `chat.message` kept (oldest first, for recovery at start).
+//!
+//! Older state directories kept messages in `webchat.sqlite3`; [`Messages::move_legacy`] moves
+//! them here once at start (see `Store::take_legacy_messages`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use xagent_server_runtime::{AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, StorageError};
+
+use crate::error::WebchatError;
+use crate::store::{ChatEntry, EntryStatus, HISTORY_LIMIT, Inserted};
+
+const MESSAGES: &str = "webchat.messages";
+const IDS: &str = "webchat.message_ids";
+const CLIENTS: &str = "webchat.message_clients";
+const SENDING: &str = "webchat.sending";
+
+/// Records a scan reads per page when it walks a whole namespace.
+const PAGE: usize = 500;
+
+fn failed(error: AuthorStoreError) -> WebchatError {
+    WebchatError::Storage(StorageError::new("the webchat messages", error))
+}
+
+/// One stored message.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    entry: ChatEntry,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    outbound: Option<String>,
+}
+
+/// A message ready to store: the writes that store it (commit them, or stage them on a Tool
+/// call), or the message stored earlier under the same id.
+pub(crate) enum Prepared {
+    /// New: commit `writes`, then show `entry`.
+    New {
+        /// The message.
+        entry: ChatEntry,
+        /// Its records.
+        writes: Vec<AuthorWrite>,
+    },
+    /// A repeat (same `message_id`, or same `client_id` in the room): the stored message.
+    Existing(ChatEntry),
+}
+
+/// The rooms' conversations over the author store.
+pub(crate) struct Messages {
+    store: AuthorStore,
+    /// The last `seq` this process gave each room it stored into.
+    last_seq: Mutex<HashMap<String, u64>>,
+    /// One insert per room at a time in this process (a page's double send is stored once).
+    room_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for Messages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Messages").finish_non_exhaustive()
+    }
+}
+
+fn client_key(room_id: &str, client_id: &str) -> String {
+    let digest = Sha256::digest(client_id.as_bytes());
+    format!("{room_id}/{}", hex::encode(&digest[..16]))
+}
+
+/// The `seq` part of a message key (`{room}/{seq}.{id}`).
+fn seq_of(key: &str) -> Option<u64> {
+    let (_, rest) = key.split_once('/')?;
+    rest.split_once('.')?.0.parse().ok()
+}
+
+impl Messages {
+    /// The conversations in `store`.
+    pub(crate) fn new(store: AuthorStore) -> Self {
+        Self { store, last_seq: Mutex::default(), room_locks: Mutex::default() }
+    }
+
+    fn room_lock(&self, room_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.room_locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(locks.entry(room_id.to_owned()).or_default())
+    }
+
+    async fn load(&self, key: &str) -> Result<Option<Stored>, WebchatError> {
+        self.store.get_json::<Stored>(MESSAGES, key).await.map_err(failed)
+    }
+
+    async fn key_of(&self, namespace: &str, key: &str) -> Result<Option<String>, WebchatError> {
+        let value = self.store.get(namespace, key).await.map_err(failed)?;
+        Ok(value.and_then(|v| String::from_utf8(v).ok()))
+    }
+
+    /// The next `seq` of a room: above what this process gave it, above the room's newest
+    /// stored key (read once per room and process) and above the clock in µs.
+    async fn next_seq(&self, room_id: &str, created_at: u64) -> Result<u64, WebchatError> {
+        let known = self
+            .last_seq
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(room_id)
+            .copied();
+        let last = match known {
+            Some(last) => last,
+            None => {
+                let newest = self
+                    .store
+                    .scan(MESSAGES, &AuthorScan::prefix(format!("{room_id}/"), 1).reversed())
+                    .await
+                    .map_err(failed)?;
+                newest.first().and_then(|r| seq_of(&r.key)).unwrap_or(0)
+            }
+        };
+        let seq = (last + 1).max(created_at.saturating_mul(1_000));
+        let mut seqs = self.last_seq.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let slot = seqs.entry(room_id.to_owned()).or_insert(0);
+        let seq = seq.max(*slot + 1);
+        *slot = seq;
+        Ok(seq)
+    }
+
+    /// Finds a repeat of `entry` in the room, or the writes that store it.
+    async fn prepare_locked(
+        &self,
+        room_id: &str,
+        entry: &ChatEntry,
+        outbound: Option<&str>,
+    ) -> Result<Prepared, WebchatError> {
+        if let Some(key) = self.key_of(IDS, &entry.message_id).await?
+            && let Some(stored) = self.load(&key).await?
+        {
+            if key.starts_with(&format!("{room_id}/")) {
+                return Ok(Prepared::Existing(stored.entry));
+            }
+            return Err(WebchatError::InvalidInput("this message id is in use".into()));
+        }
+        if let Some(client_id) = entry.client_id.as_deref()
+            && let Some(existing) = self.entry_by_client(room_id, client_id).await?
+        {
+            return Ok(Prepared::Existing(existing));
+        }
+        let seq = self.next_seq(room_id, entry.created_at).await?;
+        Ok(Prepared::New {
+            entry: entry.clone(),
+            writes: Self::writes(room_id, seq, entry, outbound)?,
+        })
+    }
+
+    /// The records of a new message.
+    fn writes(
+        room_id: &str,
+        seq: u64,
+        entry: &ChatEntry,
+        outbound: Option<&str>,
+    ) -> Result<Vec<AuthorWrite>, WebchatError> {
+        let key = format!("{room_id}/{seq:020}.{}", entry.message_id);
+        let stored = Stored { entry: entry.clone(), outbound: outbound.map(str::to_owned) };
+        let mut writes = vec![
+            AuthorWrite::put_json(MESSAGES, &key, &stored).map_err(failed)?,
+            AuthorWrite::put(IDS, &entry.message_id, key.clone()).map_err(failed)?,
+        ];
+        if let Some(client_id) = entry.client_id.as_deref() {
+            writes.push(
+                AuthorWrite::put(CLIENTS, &client_key(room_id, client_id), key.clone())
+                    .map_err(failed)?,
+            );
+        }
+        if entry.status == EntryStatus::Sending && outbound.is_some() {
+            let sending = format!("{seq:020}.{}", entry.message_id);
+            writes.push(AuthorWrite::put(SENDING, &sending, key).map_err(failed)?);
+        }
+        Ok(writes)
+    }
+
+    /// The writes that store a message, for staging on a Tool call (a repeat of the call after
+    /// its record expired finds the message by id).
+    pub(crate) async fn prepare(
+        &self,
+        room_id: &str,
+        entry: &ChatEntry,
+    ) -> Result<Prepared, WebchatError> {
+        let lock = self.room_lock(room_id);
+        let _held = lock.lock().await;
+        self.prepare_locked(room_id, entry, None).await
+    }
+
+    /// Stores a message now (committed when this returns); a repeat (same `message_id`, or
+    /// same `client_id` in the room) returns the stored one unchanged. `outbound` keeps the
+    /// exact `chat.message` of a visitor message, so it can be handed over again if the
+    /// process stopped in between.
+    pub(crate) async fn insert(
+        &self,
+        room_id: &str,
+        entry: &ChatEntry,
+        outbound: Option<&str>,
+    ) -> Result<Inserted, WebchatError> {
+        let lock = self.room_lock(room_id);
+        let _held = lock.lock().await;
+        match self.prepare_locked(room_id, entry, outbound).await? {
+            Prepared::Existing(existing) => Ok(Inserted::Existing(existing)),
+            Prepared::New { entry, writes } => {
+                self.store.commit(writes).await.map_err(failed)?;
+                Ok(Inserted::New(entry))
+            }
+        }
+    }
+
+    /// The message a page sent with `client_id` in a room, if any.
+    pub(crate) async fn entry_by_client(
+        &self,
+        room_id: &str,
+        client_id: &str,
+    ) -> Result<Option<ChatEntry>, WebchatError> {
+        let Some(key) = self.key_of(CLIENTS, &client_key(room_id, client_id)).await? else {
+            return Ok(None);
+        };
+        Ok(self.load(&key).await?.map(|stored| stored.entry))
+    }
+
+    /// Sets a message's delivery state (found by its `message_id`) and returns its room and
+    /// the updated message.
+    pub(crate) async fn set_status(
+        &self,
+        message_id: &str,
+        status: EntryStatus,
+        error: Option<&str>,
+    ) -> Result<Option<(String, ChatEntry)>, WebchatError> {
+        let Some(key) = self.key_of(IDS, message_id).await? else { return Ok(None) };
+        let Some(mut stored) = self.load(&key).await? else { return Ok(None) };
+        let Some((room_id, rest)) = key.split_once('/') else { return Ok(None) };
+        stored.entry.status = status;
+        stored.entry.error = error.map(str::to_owned);
+        let mut writes = vec![AuthorWrite::put_json(MESSAGES, &key, &stored).map_err(failed)?];
+        if status != EntryStatus::Sending {
+            writes.push(AuthorWrite::delete(SENDING, rest).map_err(failed)?);
+        }
+        self.store.commit(writes).await.map_err(failed)?;
+        Ok(Some((room_id.to_owned(), stored.entry)))
+    }
+
+    /// The `chat.message` kept for a visitor message still `sending`, with its room.
+    pub(crate) async fn outbound_of(
+        &self,
+        message_id: &str,
+    ) -> Result<Option<(String, String)>, WebchatError> {
+        let Some(key) = self.key_of(IDS, message_id).await? else { return Ok(None) };
+        let Some(stored) = self.load(&key).await? else { return Ok(None) };
+        let room_id = key.split_once('/').map(|(room, _)| room.to_owned()).unwrap_or_default();
+        Ok(match stored.outbound {
+            Some(outbound) if stored.entry.status == EntryStatus::Sending => {
+                Some((room_id, outbound))
+            }
+            _ => None,
+        })
+    }
+
+    /// Every visitor message still `sending`, oldest first: `(room_id, message_id, outbound)`.
+    pub(crate) async fn sending(&self) -> Result<Vec<(String, String, String)>, WebchatError> {
+        let mut out = Vec::new();
+        let mut scan = AuthorScan::prefix("", PAGE);
+        loop {
+            let page = self.store.scan(SENDING, &scan).await.map_err(failed)?;
+            let Some(last) = page.last() else { break };
+            scan = scan.clone().after(last.key.clone());
+            for record in page {
+                let Ok(key) = String::from_utf8(record.value) else { continue };
+                let Some(stored) = self.load(&key).await? else { continue };
+                if let (EntryStatus::Sending, Some(outbound)) =
+                    (stored.entry.status, stored.outbound)
+                {
+                    let room_id =
+                        key.split_once('/').map(|(r, _)| r.to_owned()).unwrap_or_default();
+                    out.push((room_id, stored.entry.message_id, outbound));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The last [`HISTORY_LIMIT`] messages of a room, oldest first.
+    pub(crate) async fn history(&self, room_id: &str) -> Result<Vec<ChatEntry>, WebchatError> {
+        let scan = AuthorScan::prefix(format!("{room_id}/"), HISTORY_LIMIT).reversed();
+        let records = self.store.scan(MESSAGES, &scan).await.map_err(failed)?;
+        let mut entries = Vec::with_capacity(records.len());
+        for record in records.into_iter().rev() {
+            match record.json::<Stored>() {
+                Ok(stored) => entries.push(stored.entry),
+                Err(error) => tracing::warn!(%error, "a stored message does not decode; skipped"),
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Moves messages an older version kept in `webchat.sqlite3` (`(room_id, seq, message,
+    /// outbound)` in `seq` order) here, in batches; keys come from the old `seq` (below every
+    /// new one), so a move repeated after a crash rewrites the same records.
+    pub(crate) async fn move_legacy(
+        &self,
+        rows: Vec<crate::store::LegacyMessage>,
+    ) -> Result<usize, WebchatError> {
+        let moved = rows.len();
+        let mut batch = Vec::new();
+        for (room_id, seq, entry, outbound) in rows {
+            let seq = u64::try_from(seq).unwrap_or(0);
+            batch.extend(Self::writes(&room_id, seq, &entry, outbound.as_deref())?);
+            if batch.len() >= 400 {
+                self.store.commit(std::mem::take(&mut batch)).await.map_err(failed)?;
+            }
+        }
+        if !batch.is_empty() {
+            self.store.commit(batch).await.map_err(failed)?;
+        }
+        Ok(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use xagent_server_runtime::SqliteStorage;
+
+    use super::*;
+    use crate::store::{Author, Store};
+
+    fn messages() -> Messages {
+        Messages::new(AuthorStore::new(Arc::new(SqliteStorage::in_memory().unwrap())))
+    }
+
+    fn visitor_entry(id: &str, client: Option<&str>) -> ChatEntry {
+        ChatEntry {
+            message_id: id.into(),
+            author: Author::Visitor,
+            text: Some("hi".into()),
+            files: vec![],
+            status: EntryStatus::Sending,
+            error: None,
+            client_id: client.map(str::to_owned),
+            created_at: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn repeated_send_with_the_same_client_id_is_stored_once() {
+        let messages = messages();
+        let first = messages.insert("lobby", &visitor_entry("msg_1", Some("c1")), None).await;
+        assert!(matches!(first.unwrap(), Inserted::New(_)));
+        let again = messages.insert("lobby", &visitor_entry("msg_2", Some("c1")), None).await;
+        match again.unwrap() {
+            Inserted::Existing(entry) => assert_eq!(entry.message_id, "msg_1"),
+            Inserted::New(entry) => panic!("expected the stored entry, got {entry:?}"),
+        }
+        let same_id = messages.insert("lobby", &visitor_entry("msg_1", None), None).await;
+        assert!(matches!(same_id.unwrap(), Inserted::Existing(_)));
+        // The same client id in another room is another message.
+        let other = messages.insert("hall", &visitor_entry("msg_3", Some("c1")), None).await;
+        assert!(matches!(other.unwrap(), Inserted::New(_)));
+        assert_eq!(messages.history("lobby").await.unwrap().len(), 1);
+        assert_eq!(
+            messages.entry_by_client("lobby", "c1").await.unwrap().unwrap().message_id,
+            "msg_1"
+        );
+    }
+
+    #[tokio::test]
+    async fn status_updates_find_the_room_by_message_id_and_end_sending() {
+        let messages = messages();
+        messages.insert("lobby", &visitor_entry("msg_1", None), Some("{\"out\":1}")).await.unwrap();
+        assert_eq!(
+            messages.sending().await.unwrap(),
+            vec![("lobby".to_owned(), "msg_1".to_owned(), "{\"out\":1}".to_owned())]
+        );
+        assert_eq!(
+            messages.outbound_of("msg_1").await.unwrap(),
+            Some(("lobby".to_owned(), "{\"out\":1}".to_owned()))
+        );
+        let (room, entry) =
+            messages.set_status("msg_1", EntryStatus::Rejected, Some("no")).await.unwrap().unwrap();
+        assert_eq!(room, "lobby");
+        assert_eq!(entry.status, EntryStatus::Rejected);
+        assert_eq!(entry.error.as_deref(), Some("no"));
+        assert!(messages.sending().await.unwrap().is_empty());
+        assert_eq!(messages.outbound_of("msg_1").await.unwrap(), None);
+        assert_eq!(messages.history("lobby").await.unwrap()[0].status, EntryStatus::Rejected);
+        assert!(
+            messages
+                .set_status("msg_unknown", EntryStatus::Delivered, None)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn history_is_the_newest_messages_in_the_order_they_were_stored() {
+        let messages = messages();
+        // The same clock time for every message: the order is the order of storing.
+        for i in 0..(HISTORY_LIMIT + 5) {
+            let entry = visitor_entry(&format!("msg_{i:04}"), None);
+            messages.insert("lobby", &entry, None).await.unwrap();
+        }
+        let history = messages.history("lobby").await.unwrap();
+        assert_eq!(history.len(), HISTORY_LIMIT);
+        assert_eq!(history[0].message_id, "msg_0005");
+        assert_eq!(history[HISTORY_LIMIT - 1].message_id, format!("msg_{:04}", HISTORY_LIMIT + 4));
+    }
+
+    #[tokio::test]
+    async fn messages_of_an_older_version_move_once_and_stay_before_new_ones() {
+        let legacy = Store::in_memory().unwrap();
+        legacy.insert_legacy("lobby", &visitor_entry("msg_old1", Some("c1")), Some("{}")).unwrap();
+        let mut delivered = visitor_entry("msg_old2", None);
+        delivered.status = EntryStatus::Delivered;
+        legacy.insert_legacy("lobby", &delivered, None).unwrap();
+        let messages = messages();
+        let rows = legacy.take_legacy_messages().unwrap();
+        assert_eq!(messages.move_legacy(rows).await.unwrap(), 2);
+        legacy.forget_legacy_messages().unwrap();
+        assert!(legacy.take_legacy_messages().unwrap().is_empty());
+        messages.insert("lobby", &visitor_entry("msg_new", None), None).await.unwrap();
+        let ids: Vec<String> =
+            messages.history("lobby").await.unwrap().into_iter().map(|e| e.message_id).collect();
+        assert_eq!(ids, ["msg_old1", "msg_old2", "msg_new"]);
+        assert_eq!(
+            messages.entry_by_client("lobby", "c1").await.unwrap().unwrap().message_id,
+            "msg_old1"
+        );
+        assert_eq!(messages.sending().await.unwrap().len(), 1, "the old pending send is kept");
+    }
+}
