@@ -84,7 +84,7 @@
 //! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
 //! | `judge` | [`InboundJudge`]: the validator's rules on every received packet, and the answer to a refused one |
 //! | `error` | errors with the one map to wire codes and HTTP statuses |
-//! | `storage` | the [`Storage`] trait, SQLite and its group commit, PostgreSQL (feature `postgres`) |
+//! | `storage` | the [`Storage`] trait, SQLite and its group commit, PostgreSQL (feature `postgres`), `author` (the [`AuthorStore`] of a Connector's own records) |
 //! | `binding` | [`Binding`], what is kept for a signed-in channel |
 //! | `config` | [`RuntimeConfig`], the tunables |
 //! | `listen` | the accept loop with its connection limits ([`ServeLimits`]; `admission`: per-address caps and rates, the data plane's reserved slots, eviction), the stop signal |
@@ -170,10 +170,6 @@ pub use author::{
     FlowSpec, ImTarget, NoAuth, ToolContext, ToolError, ToolSpec,
 };
 pub use author::{
-    AuthorRecord, AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, MAX_AUTHOR_KEY_BYTES,
-    MAX_AUTHOR_NAMESPACE_BYTES, MAX_AUTHOR_SCAN_LIMIT, MAX_AUTHOR_VALUE_BYTES,
-};
-pub use author::{
     DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
 };
 pub use build_info::{executable_build_time, runtime_build_info};
@@ -191,6 +187,10 @@ pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
     log_filter,
+};
+pub use storage::author::{
+    AuthorRecord, AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, MAX_AUTHOR_KEY_BYTES,
+    MAX_AUTHOR_NAMESPACE_BYTES, MAX_AUTHOR_SCAN_LIMIT, MAX_AUTHOR_VALUE_BYTES,
 };
 pub use storage::{
     ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,

@@ -100,7 +100,7 @@ pub struct ToolContext {
     /// The runtime.
     pub handle: ConnectorHandle,
     /// Author writes staged on this call (committed with its tool-call record).
-    pub(crate) staged: crate::author::store::Staged,
+    pub(crate) staged: crate::storage::author::Staged,
 }
 
 impl ToolContext {

@@ -6,7 +6,6 @@
 //!   flows, [`BoundReason`] for the `on_bound` hook, the older [`AuthProvider`].
 //! - `tool`: [`ToolSpec`], [`ToolError`], typed Tool registration.
 //! - `im`: [`ImTarget`] and delivery errors.
-//! - `store`: [`AuthorStore`], the Connector's own records in the runtime's storage.
 //! - `call` (crate-private): the one place the runtime calls author code; every call is
 //!   panic-contained and made without a runtime lock held.
 //!
@@ -18,7 +17,6 @@ pub(crate) mod call;
 pub(crate) mod context;
 pub(crate) mod device;
 pub(crate) mod im;
-pub(crate) mod store;
 pub(crate) mod tool;
 
 pub use auth::{
@@ -29,8 +27,4 @@ pub use device::{
     DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
 };
 pub use im::{DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, ImTarget};
-pub use store::{
-    AuthorRecord, AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, MAX_AUTHOR_KEY_BYTES,
-    MAX_AUTHOR_NAMESPACE_BYTES, MAX_AUTHOR_SCAN_LIMIT, MAX_AUTHOR_VALUE_BYTES,
-};
 pub use tool::{ToolError, ToolSpec};

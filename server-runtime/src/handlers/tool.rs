@@ -16,12 +16,12 @@ use xagent_protocol_types::{
 use tokio::sync::watch;
 
 use crate::author::call::{BoxFut, call_tool};
-use crate::author::store::Staged;
 use crate::author::tool::RegisteredTool;
 use crate::author::{Binding, ToolContext};
 use crate::connection::{Conn, error_ack};
 use crate::ids;
 use crate::storage::WriteOp;
+use crate::storage::author::Staged;
 use crate::tool_calls::{CallKey, Plan, Running, ToolOutcome, call_key};
 
 /// A call that passed every check, ready to run.

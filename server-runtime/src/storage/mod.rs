@@ -17,12 +17,15 @@
 //! - `postgres` (cargo feature `postgres`): [`PostgresStorage`], the same facts in a
 //!   PostgreSQL database, with a group-commit writer task of its own.
 
+pub(crate) mod author;
+mod author_rules;
 mod group;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
 mod write_op;
 
+pub use author_rules::{AuthorRecord, AuthorScan};
 pub use group::{CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStorage};
@@ -138,8 +141,8 @@ pub trait Storage: Send + Sync + 'static {
     async fn author_scan(
         &self,
         namespace: &str,
-        scan: &crate::AuthorScan,
-    ) -> Result<Vec<crate::AuthorRecord>, StorageError>;
+        scan: &AuthorScan,
+    ) -> Result<Vec<AuthorRecord>, StorageError>;
     /// How many author records of `namespace` have a key starting with `prefix`.
     async fn author_count(&self, namespace: &str, prefix: &str) -> Result<u64, StorageError>;
 

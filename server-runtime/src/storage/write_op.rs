@@ -333,15 +333,15 @@ impl WriteOp {
             // Author records have their own, tighter limits (one home: `author_limits`); their
             // values are bytes, stored as such on both backends.
             Self::AuthorPut { namespace, key, value } => {
-                return crate::author::store::check_record(namespace, key, Some(value.len()))
+                return super::author_rules::check_record(namespace, key, Some(value.len()))
                     .map_err(|e| super::StorageError::new("check a write", e));
             }
             Self::AuthorDelete { namespace, key } => {
-                return crate::author::store::check_record(namespace, key, None)
+                return super::author_rules::check_record(namespace, key, None)
                     .map_err(|e| super::StorageError::new("check a write", e));
             }
             Self::AuthorDeletePrefix { namespace, prefix } => {
-                return crate::author::store::check_record(namespace, prefix, None)
+                return super::author_rules::check_record(namespace, prefix, None)
                     .map_err(|e| super::StorageError::new("check a write", e));
             }
         };
