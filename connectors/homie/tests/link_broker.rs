@@ -339,10 +339,12 @@ async fn snapshot_of_a_non_image_type_is_refused() {
     let (link, _task) = HomieLink::start(&broker.mqtt_url(), LinkConfig::default());
     let mut sim = SimDevice::new(SimConfig::new(broker.mqtt_url(), "cam-html")).unwrap();
     sim.start().await.unwrap();
-    let evil = attacker(&broker).await;
-    retain(&evil, "homie/cam-html/camera/$snapshot", "text/html").await;
     link.watch("cam-html").unwrap();
     link.wait_online("cam-html", WAIT).await.unwrap();
+    // Only once the device's own description arrived (it ends with `$state ready`), so the
+    // attacker's retained value is the last one and is not overwritten by the device's.
+    let evil = attacker(&broker).await;
+    retain(&evil, "homie/cam-html/camera/$snapshot", "text/html").await;
     until_live(&link, "cam-html", |d| {
         d.node("camera").unwrap().snapshot.as_deref() == Some("text/html")
     })
