@@ -37,6 +37,16 @@ pub enum DeviceStatus {
     PermissionLost,
 }
 
+/// An author broadcast as a replica hears it ([`ConnectorHandle::subscribe_broadcast`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Broadcast {
+    /// The topic it was sent on.
+    pub topic: String,
+    /// Its message.
+    pub message: String,
+}
+
 /// What the handle asks of the running Connector: the runtime state implements it. Object
 /// safe; its async operations return boxed futures. The handle keeps the author-facing
 /// rules (argument checks, panic containment of a consumer start, file store calls) and
@@ -131,6 +141,10 @@ pub(crate) trait HandleOps: Send + Sync + 'static {
     fn files(&self) -> Option<&FileStore>;
     /// The author store over the runtime's storage.
     fn author_store(&self) -> crate::AuthorStore;
+    /// Sends an author broadcast to every replica (this one included).
+    fn broadcast(&self, topic: &str, message: &str) -> BoxFuture<'_, Result<(), HandleError>>;
+    /// Hears author broadcasts from now on.
+    fn subscribe_broadcast(&self) -> tokio::sync::broadcast::Receiver<Broadcast>;
 }
 
 /// The author's handle on the running Connector: report Descriptor changes, hand inbound
@@ -302,6 +316,22 @@ impl ConnectorHandle {
     /// Number of channels using the consumer `key`.
     pub fn consumer_users(&self, key: &str) -> usize {
         self.0.consumer_users(key)
+    }
+
+    /// Tells every replica of this Connector (this one included) that something happened, as
+    /// a short hint: `topic` at most [`crate::MAX_BROADCAST_TOPIC_BYTES`], `message` at most
+    /// [`crate::MAX_BROADCAST_MESSAGE_BYTES`]. Delivered at most once to each replica's
+    /// subscribers, and lost for a replica that is restarting: send what changed as a pointer
+    /// into durable state (the author store), never as the state itself. On a storage only one
+    /// process uses, only this process hears it.
+    pub async fn broadcast(&self, topic: &str, message: &str) -> Result<(), HandleError> {
+        self.0.broadcast(topic, message).await
+    }
+
+    /// Hears the author broadcasts of every replica from now on (a receiver that falls more
+    /// than 1,024 behind skips ahead and is told how many it missed).
+    pub fn subscribe_broadcast(&self) -> tokio::sync::broadcast::Receiver<Broadcast> {
+        self.0.subscribe_broadcast()
     }
 
     /// Runs lease expiry and maintenance now (the background task does it periodically).
