@@ -24,6 +24,9 @@ use crate::error::HandleError;
 /// How to stop a shared consumer.
 pub type StopFn = Box<dyn FnOnce() + Send>;
 
+/// How to start a replicated consumer, as often as its lease moves to this replica.
+pub type StartFn = Arc<dyn Fn() -> StopFn + Send + Sync>;
+
 /// What the author knows about a channel's device right now (Device Profile v1): returned by
 /// `DeviceTarget::check`, reported with [`ConnectorHandle::device_status`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,6 +127,14 @@ pub(crate) trait HandleOps: Send + Sync + 'static {
     fn consumer_detach(&self, key: &str, channel: &ConnectorChannelId) -> Option<StopFn>;
     /// Number of channels using the consumer `key`.
     fn consumer_users(&self, key: &str) -> usize;
+    /// On replicas: adds `channel` as a user of the replicated consumer `key` (true when newly
+    /// wanted here); `None` when this runtime runs alone.
+    fn consumer_want(
+        &self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        start: StartFn,
+    ) -> Option<bool>;
     /// Lease expiry and maintenance now.
     fn tick(self: Arc<Self>) -> BoxFuture<'static, ()>;
     /// Hands a message to the IM outbox when the Card declares `profile`.
@@ -303,6 +314,26 @@ impl ConnectorHandle {
                 false
             }
             None => true,
+        }
+    }
+
+    /// Like [`ConnectorHandle::attach_consumer`] for a consumer of the target system that must
+    /// run on exactly one replica when several share a database (an MQTT subscription, a
+    /// poller): every replica that needs it calls this, the one that wins the consumer's lease
+    /// runs it, and when that replica dies (or cannot renew for 5 s) another one starts it
+    /// with `start` again. Alone, it is `attach_consumer`: returns true when started. On
+    /// replicas, true when newly wanted here (it starts within about a second wherever its
+    /// lease is won).
+    pub fn attach_replicated_consumer(
+        &self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        start: impl Fn() -> StopFn + Send + Sync + 'static,
+    ) -> bool {
+        let start: StartFn = Arc::new(start);
+        match self.0.consumer_want(key, channel, Arc::clone(&start)) {
+            Some(wanted) => wanted,
+            None => self.attach_consumer(key, channel, || start()),
         }
     }
 

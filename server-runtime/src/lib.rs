@@ -180,7 +180,7 @@ pub use connection::{
 pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
-pub use handle::{Broadcast, ConnectorHandle, StopFn};
+pub use handle::{Broadcast, ConnectorHandle, StartFn, StopFn};
 pub use http::{READY, error_response};
 pub use judge::InboundJudge;
 pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};

@@ -27,6 +27,7 @@ const START: u64 = 1_790_000_000_000;
 struct Replica {
     server: ConnectorServer,
     addr: SocketAddr,
+    clock: ManualClock,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     join: Option<tokio::task::JoinHandle<()>>,
 }
@@ -34,10 +35,11 @@ struct Replica {
 impl Replica {
     async fn start(url: &DatabaseUrl) -> Self {
         let (connector, _) = echo_connector();
+        let clock = ManualClock::new(START);
         let server = ConnectorServer::builder(connector)
             .config(RuntimeConfig::default())
             .database_url(url.clone())
-            .clock(ManualClock::new(START))
+            .clock(clock.clone())
             .api_key(Secret::new(API_KEY))
             .build()
             .await
@@ -53,7 +55,7 @@ impl Replica {
                 })
                 .await;
         });
-        Self { server, addr, stop: Some(stop), join: Some(join) }
+        Self { server, addr, clock, stop: Some(stop), join: Some(join) }
     }
 
     async fn client(&self) -> WsClient {
@@ -253,4 +255,42 @@ async fn ready_follows_the_database_and_an_unready_replica_refuses_the_data_plan
     let mut client = a.client().await;
     assert_eq!(closed(&mut client).await, Some(1013), "no data plane without the database");
     a.stop().await;
+}
+
+/// A replicated consumer wanted on two replicas runs on exactly one; when that replica dies
+/// (its lease is no longer renewed) the other starts it, once its lease ran out (simulated
+/// time: the surviving replica's clock moves past the lease's validity).
+#[tokio::test]
+async fn a_replicated_consumer_runs_on_one_replica_and_moves_when_it_dies() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let url = shared_database().await;
+    let a = Replica::start(&url).await;
+    let b = Replica::start(&url).await;
+    let channel = ConnectorChannelId::new("cch_consumer");
+    let running = |count: &Arc<AtomicUsize>| {
+        let count = Arc::clone(count);
+        move || -> xagent_server_runtime::StopFn {
+            count.fetch_add(1, Ordering::SeqCst);
+            let count = Arc::clone(&count);
+            Box::new(move || {
+                count.fetch_sub(1, Ordering::SeqCst);
+            })
+        }
+    };
+    let (on_a, on_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    assert!(a.server.handle().attach_replicated_consumer("poller", &channel, running(&on_a)));
+    eventually("A runs it", || on_a.load(Ordering::SeqCst) == 1).await;
+    assert!(b.server.handle().attach_replicated_consumer("poller", &channel, running(&on_b)));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(on_b.load(Ordering::SeqCst), 0, "one replica runs it");
+    assert_eq!(b.server.handle().consumer_users("poller"), 1, "wanted on B all the same");
+
+    a.stop().await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(on_b.load(Ordering::SeqCst), 0, "not before A's lease ran out");
+    b.clock.set(START + 6_000);
+    eventually("B takes it over", || on_b.load(Ordering::SeqCst) == 1).await;
+    b.server.handle().detach_consumer("poller", &channel);
+    assert_eq!(on_b.load(Ordering::SeqCst), 0, "stopped with its last user");
+    b.stop().await;
 }

@@ -42,6 +42,8 @@ pub(crate) struct ClusterRuntime {
     /// The runtime's storage (the same object as `Shared::storage`), to set the fence.
     pub(crate) storage: Arc<ClusterStorage>,
     holding: std::sync::Mutex<Holding>,
+    /// Wakes the lease keeper when a replicated consumer is newly wanted here.
+    pub(crate) consumers_wanted: tokio::sync::Notify,
 }
 
 /// The data-plane lease as this replica holds it.
@@ -57,7 +59,12 @@ struct Holding {
 
 impl ClusterRuntime {
     pub(crate) fn new(cluster: Arc<dyn Cluster>, storage: Arc<ClusterStorage>) -> Self {
-        Self { cluster, storage, holding: std::sync::Mutex::new(Holding::default()) }
+        Self {
+            cluster,
+            storage,
+            holding: std::sync::Mutex::new(Holding::default()),
+            consumers_wanted: tokio::sync::Notify::new(),
+        }
     }
 
     fn holding(&self) -> std::sync::MutexGuard<'_, Holding> {
@@ -168,7 +175,8 @@ impl Shared {
         });
     }
 
-    /// Renews the data-plane lease every second while held, until shutdown.
+    /// Renews the data-plane lease every second while held, and keeps the replicated
+    /// consumers' leases, until shutdown.
     pub(crate) async fn keep_lease(self: Arc<Self>) {
         let Some(cluster) = &self.cluster else { return };
         let mut interval = tokio::time::interval(RENEW_EVERY);
@@ -177,7 +185,9 @@ impl Shared {
             tokio::select! {
                 () = self.shutdown.cancelled() => return,
                 _ = interval.tick() => {}
+                () = cluster.consumers_wanted.notified() => {}
             }
+            self.keep_consumers().await;
             let fence = cluster.fence();
             if fence == 0 {
                 continue;
@@ -198,6 +208,59 @@ impl Shared {
                         self.lose_data_plane(
                             "this replica cannot reach its database; reconnect to another",
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renews the lease of every replicated consumer running here (stopping one whose lease
+    /// was lost or could not be renewed: another replica may take it within the lease's
+    /// validity) and tries for the lease of every one wanted here that runs nowhere.
+    async fn keep_consumers(&self) {
+        let Some(cluster) = &self.cluster else { return };
+        let wanted = self.state().consumers.wanted();
+        for (key, running) in wanted {
+            let name = super::consumers::lease_name(&key);
+            let now = self.now();
+            match running {
+                Some(fence) => {
+                    let kept = cluster.cluster.renew(&name, fence, now, LEASE_VALID_MS).await;
+                    if !matches!(kept, Ok(true)) {
+                        tracing::warn!(
+                            consumer = key,
+                            "lost a replicated consumer's lease; stopping it here"
+                        );
+                        let stop = self.state().consumers.lost(&key, fence);
+                        if let Some(stop) = stop {
+                            stop();
+                        }
+                    }
+                }
+                None => {
+                    let won = match cluster.cluster.acquire(&name, false, now, LEASE_VALID_MS).await
+                    {
+                        Ok(won) => won,
+                        Err(error) => {
+                            tracing::warn!(%error, consumer = key, "could not try for a consumer's lease");
+                            None
+                        }
+                    };
+                    let Some(fence) = won else { continue };
+                    let Some(start) = self.state().consumers.start_of(&key) else { continue };
+                    let started =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| start()));
+                    let Ok(stop) = started else {
+                        tracing::error!(
+                            consumer = key,
+                            "starting a replicated consumer panicked; contained"
+                        );
+                        continue;
+                    };
+                    tracing::info!(consumer = key, fence, "runs a replicated consumer here");
+                    let surplus = self.state().consumers.started(&key, fence, stop);
+                    if let Some(stop) = surplus {
+                        stop();
                     }
                 }
             }
@@ -264,16 +327,41 @@ impl Shared {
                 return;
             }
         };
-        let routed = {
+        let (routed, bound, unbound) = {
             let mut state = self.state();
+            let was_bound = state.channels.get(channel).is_some_and(|c| c.binding.is_some());
             match record {
-                Some(record) => state.refresh_channel(record),
+                Some(record) => {
+                    let binding = record.binding.clone();
+                    let routed = state.refresh_channel(record);
+                    let bound = binding.filter(|_| !was_bound);
+                    let unbound = was_bound
+                        && state.channels.get(channel).is_some_and(|c| c.binding.is_none());
+                    (routed, bound, unbound)
+                }
                 None => {
                     state.remove_channel(channel);
-                    false
+                    (false, None, was_bound)
                 }
             }
         };
+        if unbound {
+            // Signed out or unregistered elsewhere: this replica's consumers for it stop.
+            let stops = self.state().consumers.release_channel(channel);
+            for stop in stops {
+                stop();
+            }
+        }
+        if let Some(binding) = bound {
+            // Signed in on another replica: the author hears it as a restored binding (so it
+            // can want its replicated consumers here too).
+            let ctx = crate::author::ChannelContext {
+                channel: channel.clone(),
+                binding,
+                handle: self.handle(),
+            };
+            self.def.auth.bound(ctx, crate::BoundReason::Restored).await;
+        }
         if routed {
             self.push_descriptor(channel).await;
         }

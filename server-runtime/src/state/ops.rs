@@ -16,7 +16,7 @@ use xagent_protocol_types::{
 use super::Shared;
 use crate::binding::Binding;
 use crate::error::HandleError;
-use crate::handle::{Broadcast, ConnectorHandle, DeviceStatus, HandleOps, StopFn};
+use crate::handle::{Broadcast, ConnectorHandle, DeviceStatus, HandleOps, StartFn, StopFn};
 use crate::ids;
 use crate::im::ImState;
 use crate::storage::ChannelRecord;
@@ -270,6 +270,20 @@ impl HandleOps for Shared {
 
     fn consumer_users(&self, key: &str) -> usize {
         self.state().consumers.users(key)
+    }
+
+    fn consumer_want(
+        &self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        start: StartFn,
+    ) -> Option<bool> {
+        let cluster = self.cluster.as_ref()?;
+        let new = self.state().consumers.want(key, channel, start);
+        if new {
+            cluster.consumers_wanted.notify_one();
+        }
+        Some(new)
     }
 
     fn tick(self: Arc<Self>) -> BoxFuture<'static, ()> {
