@@ -121,8 +121,11 @@ async fn ready(State(shared): State<Arc<Shared>>) -> Response {
     match shared.ready().await {
         Ok(()) => axum::Json(serde_json::json!({ "ready": true })).into_response(),
         Err(error) => {
+            // The details (the server's address among them) go to the log only: this answer
+            // is public.
             tracing::warn!(%error, "not ready: the storage does not answer");
-            let body = serde_json::json!({ "ready": false, "reason": error.to_string() });
+            let reason = "this replica cannot reach its database";
+            let body = serde_json::json!({ "ready": false, "reason": reason });
             (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
         }
     }

@@ -25,6 +25,7 @@ const START: u64 = 1_790_000_000_000;
 
 /// One replica: the echo Connector serving on 127.0.0.1:0 over the shared database.
 struct Replica {
+    echo: xagent_testkit::EchoState,
     server: ConnectorServer,
     addr: SocketAddr,
     clock: ManualClock,
@@ -34,7 +35,7 @@ struct Replica {
 
 impl Replica {
     async fn start(url: &DatabaseUrl) -> Self {
-        let (connector, _) = echo_connector();
+        let (connector, echo) = echo_connector();
         let clock = ManualClock::new(START);
         let server = ConnectorServer::builder(connector)
             .config(RuntimeConfig::default())
@@ -55,7 +56,7 @@ impl Replica {
                 })
                 .await;
         });
-        Self { server, addr, clock, stop: Some(stop), join: Some(join) }
+        Self { echo, server, addr, clock, stop: Some(stop), join: Some(join) }
     }
 
     async fn client(&self) -> WsClient {
@@ -251,7 +252,9 @@ async fn ready_follows_the_database_and_an_unready_replica_refuses_the_data_plan
     assert_eq!(answer.status(), 503);
     let body: serde_json::Value = answer.json().await.expect("JSON");
     assert_eq!(body["ready"], false);
-    assert!(!body["reason"].as_str().unwrap_or_default().contains(url.expose()));
+    let reason = body["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("database"), "{reason}");
+    assert!(!reason.contains("127.0.0.1"), "the public answer names no server: {reason}");
     let mut client = a.client().await;
     assert_eq!(closed(&mut client).await, Some(1013), "no data plane without the database");
     a.stop().await;
@@ -292,5 +295,42 @@ async fn a_replicated_consumer_runs_on_one_replica_and_moves_when_it_dies() {
     eventually("B takes it over", || on_b.load(Ordering::SeqCst) == 1).await;
     b.server.handle().detach_consumer("poller", &channel);
     assert_eq!(on_b.load(Ordering::SeqCst), 0, "stopped with its last user");
+    b.stop().await;
+}
+
+/// The offline lease is one fact for the cluster: after xAgent's last socket closed and the
+/// lease ran out, maintenance on both replicas unregisters the runtime instance exactly once
+/// (the author's sign-out runs once, the rows are gone, the `connector_id` is cleared).
+#[tokio::test]
+async fn the_offline_lease_is_claimed_by_exactly_one_replica() {
+    let url = shared_database().await;
+    let a = Replica::start(&url).await;
+    let b = Replica::start(&url).await;
+    let mut xagent = a.client().await;
+    xagent.hello(None).await;
+    let (channel, _) = xagent.open_channel(None).await;
+    xagent.sign_in(&channel, "tok-replicas").await;
+    xagent.close().await;
+    let store = PostgresStorage::connect(&url, Default::default()).await.expect("connects");
+    let cluster = store.cluster().expect("a cluster");
+    for _ in 0..200 {
+        if cluster.lease(DATA_PLANE_LEASE).await.unwrap().holder.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(cluster.lease(DATA_PLANE_LEASE).await.unwrap().holder.is_none(), "released");
+    // Not yet: the lease runs an hour.
+    tokio::join!(a.server.tick(), b.server.tick());
+    assert!(store.load_channel(&channel).await.unwrap().is_some());
+    let later = START + RuntimeConfig::default().lease.as_millis() as u64 + 1;
+    a.clock.set(later);
+    b.clock.set(later);
+    tokio::join!(a.server.tick(), b.server.tick());
+    assert!(store.load_channel(&channel).await.unwrap().is_none(), "the channel is gone");
+    assert!(store.load_connector_id().await.unwrap().is_none(), "the instance is gone");
+    let signed_out = a.echo.log().signed_out.len() + b.echo.log().signed_out.len();
+    assert_eq!(signed_out, 1, "unregistered once, by one replica");
+    a.stop().await;
     b.stop().await;
 }
