@@ -18,7 +18,7 @@ use xagent_server_runtime::{
     Storage, ToolCallRecord,
 };
 use xagent_testkit::postgres::TestPostgres;
-use xagent_testkit::{Received, WsClient, echo_connector};
+use xagent_testkit::{Received, Serving, WsClient, echo_connector};
 
 const API_KEY: &str = "sk-replicas-7d2e41c09b";
 const START: u64 = 1_790_000_000_000;
@@ -29,8 +29,7 @@ struct Replica {
     server: ConnectorServer,
     addr: SocketAddr,
     clock: ManualClock,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: Option<tokio::task::JoinHandle<()>>,
+    serving: Serving,
 }
 
 impl Replica {
@@ -46,30 +45,19 @@ impl Replica {
             .await
             .expect("a replica starts on the shared database");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
-        let addr = listener.local_addr().expect("an address");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let running = server.clone();
-        let join = tokio::spawn(async move {
-            let _ = running
-                .serve(listener, async move {
-                    let _ = stopped.await;
-                })
-                .await;
+        let serving = Serving::spawn(listener, |listener, shutdown| async move {
+            let _ = running.serve(listener, shutdown).await;
         });
-        Self { echo, server, addr, clock, stop: Some(stop), join: Some(join) }
+        Self { echo, server, addr: serving.addr, clock, serving }
     }
 
     async fn client(&self) -> WsClient {
         WsClient::connect(&format!("ws://{}/ws", self.addr), Some(API_KEY)).await.expect("connects")
     }
 
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(join) = self.join.take() {
-            let _ = join.await;
-        }
+    async fn stop(self) {
+        self.serving.stop().await;
     }
 }
 
