@@ -374,6 +374,12 @@ impl XagentStore for SqliteXagentStore {
 mod tests {
     use super::*;
 
+    /// The ids of the remembered channels, in order.
+    async fn channel_ids(store: &SqliteXagentStore) -> Vec<String> {
+        let channels = store.load_channels().await.expect("loads");
+        channels.into_iter().map(|c| c.channel.as_str().to_owned()).collect()
+    }
+
     #[tokio::test]
     async fn durable_state_rule_the_state_directory_is_readable_only_by_its_owner() {
         let dir = std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>()));
@@ -421,14 +427,7 @@ mod tests {
         first.await.expect("first commits");
         assert!(refused.await.is_err(), "the rename of an unknown channel is refused");
         third.await.expect("third commits");
-        let ids: Vec<String> = store
-            .load_channels()
-            .await
-            .expect("loads")
-            .into_iter()
-            .map(|c| c.channel.as_str().to_owned())
-            .collect();
-        assert_eq!(ids, ["cch_1", "cch_3"], "the refused batch left nothing");
+        assert_eq!(channel_ids(&store).await, ["cch_1", "cch_3"], "the refused batch left nothing");
     }
 
     #[test]
@@ -464,14 +463,7 @@ mod tests {
             first_ticket.await.expect("first commits");
             assert!(refused_ticket.await.is_err());
             own.await.expect("own commits");
-            let ids: Vec<String> = store
-                .load_channels()
-                .await
-                .expect("loads")
-                .into_iter()
-                .map(|c| c.channel.as_str().to_owned())
-                .collect();
-            assert_eq!(ids, ["cch_1", "cch_3"]);
+            assert_eq!(channel_ids(&store).await, ["cch_1", "cch_3"]);
         });
     }
 }

@@ -251,16 +251,20 @@ pub fn quick_backoff(max: Duration) -> Backoff {
 /// Opens a channel on the echo Connector and signs it in through its form flow.
 pub async fn sign_in(plane: &DataPlane) -> ConnectorChannelId {
     let opened = plane.open_channel(None).await.expect("channel.open");
-    let channel = opened.connector_channel_id.clone();
+    authenticate(plane, &opened.connector_channel_id).await;
+    opened.connector_channel_id
+}
+
+/// Signs the open `channel` in through the echo Connector's form flow.
+pub async fn authenticate(plane: &DataPlane, channel: &ConnectorChannelId) {
     let ack: AuthStartAck = plane
         .request(
-            Some(&channel),
+            Some(channel),
             AuthStart::new(ECHO_FLOW).with_input(AuthInput::default().with("token", "tok-123")),
         )
         .await
         .expect("auth.start");
     assert_eq!(ack.0.status, AuthStatus::Authenticated);
-    channel
 }
 
 /// [`sign_in`], then remembers the channel so that a restart reopens it.
