@@ -193,9 +193,9 @@ pub use storage::author::{
     MAX_AUTHOR_NAMESPACE_BYTES, MAX_AUTHOR_SCAN_LIMIT, MAX_AUTHOR_VALUE_BYTES,
 };
 pub use storage::{
-    ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
-    MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, SqliteOptions, SqliteStorage, Storage,
-    StorageError, Synchronous, ToolCallRecord, WriteOp, private_database_files,
+    ChannelRecord, CommitTicket, DATABASE_FILE, ExportCounts, GroupCommit, GroupCommitConfig,
+    GroupCommitStats, MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, SqliteOptions, SqliteStorage,
+    Storage, StorageError, Synchronous, ToolCallRecord, WriteOp, private_database_files,
 };
 #[cfg(feature = "postgres")]
 pub use storage::{PostgresOptions, PostgresStorage};
