@@ -95,7 +95,7 @@ impl PostgresStorage {
 
     /// Counters of the group-commit writer (transactions, submissions, writes).
     pub fn group_commit_stats(&self) -> GroupCommitStats {
-        self.writer.counters.stats()
+        self.writer.stats()
     }
 
     /// Queues writes for the group-commit writer: applied in submission order, all or none,
