@@ -425,7 +425,7 @@ async fn outbox_delivery(
     let config = xagent_server_runtime::RuntimeConfig::default().with_outbox_window(window);
     let connector = match storage.clone() {
         BenchStorage::Sqlite(s) => EchoConnector::start_configured(dir, s, config).await?,
-        BenchStorage::Postgres(s) => EchoConnector::start_configured(dir, s, config).await?,
+        BenchStorage::Postgres(s) => EchoConnector::start_configured(dir, *s, config).await?,
     };
     let (plane, mut events) = DataPlane::start(client_config(connector.addr)?);
     plane.connected().await?;

@@ -320,8 +320,8 @@ impl ServerSide {
 pub enum BenchStorage {
     /// SQLite in a state directory.
     Sqlite(SqliteStorage),
-    /// PostgreSQL.
-    Postgres(PostgresStorage),
+    /// PostgreSQL (boxed: it carries its URL and pool).
+    Postgres(Box<PostgresStorage>),
 }
 
 impl BenchStorage {
@@ -334,7 +334,7 @@ impl BenchStorage {
         let storage = PostgresStorage::connect(url, options)
             .await
             .context("connecting the runtime's storage to PostgreSQL")?;
-        Ok(Self::Postgres(storage))
+        Ok(Self::Postgres(Box::new(storage)))
     }
 
     /// The writer's counters so far.
