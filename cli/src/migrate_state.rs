@@ -15,8 +15,10 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::Args;
+use xagent_client_runtime::{PostgresXagentStore, SqliteXagentStore, XagentStore, XagentWrite};
 use xagent_file_transfer::backend::{FileBackend, PostgresBackend};
 use xagent_file_transfer::{FileStore, StoreConfig, UrlSigner};
+use xagent_profile_im::{IdempotencyWrite, OutboxWrite};
 use xagent_protocol_types::{Secret, SystemClock};
 use xagent_server_runtime::{
     DATABASE_FILE, DatabaseUrl, ExportCounts, PostgresOptions, PostgresStorage, SqliteStorage,
@@ -38,7 +40,15 @@ pub struct MigrateStateArgs {
     /// The target database (empty: migrate-state refuses one that holds state).
     #[command(flatten)]
     database: crate::database_args::DatabaseArgs,
+    /// For an xAgent-side state directory (mcp or mock-xagent: it holds xagent.sqlite3): the
+    /// Connector Card id its state belongs to (the `connector_card_id` of the Connector's
+    /// Card), under which the processes on PostgreSQL find it.
+    #[arg(long = "connector-card-id", value_name = "ID")]
+    connector_card_id: Option<String>,
 }
+
+/// The xAgent side's database file in a state directory (`client-runtime`'s).
+const XAGENT_DATABASE_FILE: &str = "xagent.sqlite3";
 
 /// Why a migration stopped.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +77,7 @@ enum MigrateError {
 #[derive(Debug, Default)]
 struct Moved {
     runtime: Option<ExportCounts>,
+    xagent: Option<XagentCounts>,
     files: usize,
     file_bytes: u64,
     left: Vec<&'static str>,
@@ -95,7 +106,32 @@ pub fn run_command(args: MigrateStateArgs) -> ExitCode {
             );
         }
     };
-    match runtime.block_on(migrate(&args.state_dir, &url)) {
+    let xagent_side = args.state_dir.join(XAGENT_DATABASE_FILE).is_file();
+    let card = match (&args.connector_card_id, xagent_side) {
+        (Some(card), true) => Some(card.clone()),
+        (None, true) => {
+            return crate::usage(
+                "migrate-state",
+                format!(
+                    "{} holds an xAgent-side state ({XAGENT_DATABASE_FILE}): name its Card with \
+                     --connector-card-id ID",
+                    args.state_dir.display()
+                ),
+            );
+        }
+        (Some(_), false) => {
+            return crate::usage(
+                "migrate-state",
+                format!(
+                    "--connector-card-id is for an xAgent-side state, and {} holds no \
+                     {XAGENT_DATABASE_FILE}",
+                    args.state_dir.display()
+                ),
+            );
+        }
+        (None, false) => None,
+    };
+    match runtime.block_on(migrate(&args.state_dir, &url, card.as_deref())) {
         Ok(moved) => {
             report(&args.state_dir, &url, &moved);
             ExitCode::SUCCESS
@@ -119,6 +155,16 @@ fn report(dir: &Path, url: &DatabaseUrl, moved: &Moved) {
             c.meta, c.channels, c.tool_calls, c.outbox, c.completed, c.author_records
         ),
         None => println!("  runtime: no {DATABASE_FILE} in the directory"),
+    }
+    if let Some(c) = &moved.xagent {
+        println!(
+            "  xAgent side ({XAGENT_DATABASE_FILE}): {} channels, connector_id {}, {} outbox \
+             messages, {} receiver records",
+            c.channels,
+            if c.connector_id { "moved" } else { "none stored" },
+            c.outbox,
+            c.completed
+        );
     }
     println!("  files: {} ({} bytes)", moved.files, moved.file_bytes);
     for note in &moved.left {
@@ -151,7 +197,48 @@ fn unbounded_files() -> StoreConfig {
     config
 }
 
-async fn migrate(dir: &Path, url: &DatabaseUrl) -> Result<Moved, MigrateError> {
+/// What an xAgent-side state held.
+#[derive(Debug, Default)]
+struct XagentCounts {
+    channels: usize,
+    connector_id: bool,
+    outbox: usize,
+    completed: usize,
+}
+
+/// Reads an xAgent-side state through its SQLite store: the writes that recreate it.
+async fn xagent_export(dir: &Path) -> Result<(Vec<XagentWrite>, XagentCounts), MigrateError> {
+    let nothing = |e: &dyn std::fmt::Display| MigrateError::NothingWritten(e.to_string());
+    let store = SqliteXagentStore::open(dir).map_err(|e| nothing(&e))?;
+    let mut writes = Vec::new();
+    let mut counts = XagentCounts::default();
+    for remembered in store.load_channels().await.map_err(|e| nothing(&e))? {
+        writes.push(XagentWrite::SaveChannel {
+            channel: remembered.channel,
+            owner: remembered.owner,
+        });
+        counts.channels += 1;
+    }
+    if let Some(id) = store.load_connector_id().await.map_err(|e| nothing(&e))? {
+        writes.push(XagentWrite::ConnectorId(id));
+        counts.connector_id = true;
+    }
+    for record in store.load_pending().await.map_err(|e| nothing(&e))? {
+        writes.push(XagentWrite::Outbox(OutboxWrite::Save(record)));
+        counts.outbox += 1;
+    }
+    for (channel, message_id) in store.completed_ids().map_err(|e| nothing(&e))? {
+        if let Some(record) =
+            store.lookup_completed(&channel, &message_id).await.map_err(|e| nothing(&e))?
+        {
+            writes.push(XagentWrite::Idempotency(IdempotencyWrite::Save(record)));
+            counts.completed += 1;
+        }
+    }
+    Ok((writes, counts))
+}
+
+async fn migrate(dir: &Path, url: &DatabaseUrl, card: Option<&str>) -> Result<Moved, MigrateError> {
     let refused = |e: &dyn std::fmt::Display| MigrateError::Refused(e.to_string());
     let nothing = |e: &dyn std::fmt::Display| MigrateError::NothingWritten(e.to_string());
     let now = now_millis();
@@ -164,7 +251,20 @@ async fn migrate(dir: &Path, url: &DatabaseUrl) -> Result<Moved, MigrateError> {
     let files_target =
         PostgresBackend::open(pool, &unbounded_files(), now).await.map_err(|e| refused(&e))?;
     let files_held = files_target.usage().await.map_err(|e| refused(&e))?;
-    if storage.holds_state().await.map_err(|e| refused(&e))? || files_held.files > 0 {
+    let xagent_target = match card {
+        Some(card) => Some(PostgresXagentStore::connect(url, card).await.map_err(|e| refused(&e))?),
+        None => None,
+    };
+    let xagent_held = match &xagent_target {
+        Some(target) => {
+            !target.load_channels().await.map_err(|e| refused(&e))?.is_empty()
+                || target.load_connector_id().await.map_err(|e| refused(&e))?.is_some()
+                || !target.load_pending().await.map_err(|e| refused(&e))?.is_empty()
+        }
+        None => false,
+    };
+    if storage.holds_state().await.map_err(|e| refused(&e))? || files_held.files > 0 || xagent_held
+    {
         return Err(MigrateError::Refused(format!(
             "{url} already holds a Connector's state; migrate-state moves a state directory \
              only into an empty database: point --database-url at a new database, or drop and \
@@ -201,10 +301,30 @@ async fn migrate(dir: &Path, url: &DatabaseUrl) -> Result<Moved, MigrateError> {
         None
     };
 
+    let xagent_writes = match card {
+        Some(_) => Some(xagent_export(dir).await?),
+        None => None,
+    };
+
     // 1. The runtime's state: one submission, one transaction (all or nothing).
     if let Some((writes, counts)) = runtime_writes {
         storage.commit(writes).committed().await.map_err(|e| nothing(&e))?;
         moved.runtime = Some(counts);
+    }
+    // The xAgent side's state: one transaction too (no lease row: a lease is taken afresh).
+    if let (Some(target), Some((writes, counts))) = (&xagent_target, xagent_writes) {
+        let done = target.commit(None, writes).await;
+        if let Err(e) = done {
+            return Err(if moved.runtime.is_some() {
+                MigrateError::Partial {
+                    reason: format!("moving the xAgent-side state: {e}"),
+                    total: 0,
+                }
+            } else {
+                nothing(&e)
+            });
+        }
+        moved.xagent = Some(counts);
     }
     // 2. The files, one at a time (each keeps its reference, channel, names and times), and
     // the URL signing secret, so download URLs signed before the move stay valid.
@@ -233,9 +353,6 @@ async fn migrate(dir: &Path, url: &DatabaseUrl) -> Result<Moved, MigrateError> {
             "im.webchat's own database (webchat.sqlite3): keep it in the state directory \
              im.webchat runs with",
         );
-    }
-    if dir.join("xagent.sqlite3").is_file() {
-        moved.left.push("an xAgent-side state (xagent.sqlite3, mcp or mock-xagent)");
     }
     Ok(moved)
 }

@@ -256,6 +256,81 @@ async fn a_sqlite_state_directory_moves_into_postgres_whole() {
     let _ = std::fs::remove_dir_all(state);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xagent_side_state_moves_under_its_card() {
+    use xagent_client_runtime::{PostgresXagentStore, SqliteXagentStore, XagentStore, XagentWrite};
+    use xagent_profile_im::{CompletedRecord, Fingerprint, IdempotencyWrite};
+    use xagent_protocol_types::ConnectorId;
+
+    let url = TestPostgres::shared().await.fresh_database().await;
+    let state = xagent_testkit::temp_state_dir("cli-migrate-xagent");
+    let channel = ConnectorChannelId::new("cch_remembered_1");
+    let pending = PendingRecord {
+        channel: channel.clone(),
+        message_id: MessageId::new("msg_reply_1"),
+        seq: 3,
+        payload: json!({"message_id": "msg_reply_1", "text": "a reply"}).to_string(),
+        attempts: 1,
+        first_responsibility_at: 1_790_000_000_000,
+        expires_at: u64::MAX / 2,
+        next_attempt_at: 1_790_000_000_500,
+        last_error: Some("timed out".into()),
+    };
+    let completed = CompletedRecord {
+        channel: channel.clone(),
+        message_id: MessageId::new("msg_in_1"),
+        fingerprint: Fingerprint::from_hex("00ff"),
+        completed_at: 1_790_000_000_100,
+    };
+    {
+        let sqlite = SqliteXagentStore::open(&state).expect("the xAgent-side store");
+        sqlite
+            .commit(
+                None,
+                vec![
+                    XagentWrite::SaveChannel { channel: channel.clone(), owner: Some("u1".into()) },
+                    XagentWrite::ConnectorId(ConnectorId::new("cid_1")),
+                    XagentWrite::Outbox(OutboxWrite::Save(pending.clone())),
+                    XagentWrite::Idempotency(IdempotencyWrite::Save(completed.clone())),
+                ],
+            )
+            .await
+            .expect("stored");
+    }
+
+    // Without the Card id the command says what it needs.
+    let (status, _, stderr) = migrate(&state, &url).await;
+    assert_eq!(status, Some(2), "{stderr}");
+    assert!(stderr.contains("--connector-card-id"), "{stderr}");
+
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .env("XAGENT_CONNECTOR_DATABASE_URL", url.expose())
+        .args(["migrate-state", "--connector-card-id", "im.example", "--state-dir"])
+        .arg(&state)
+        .output()
+        .await
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("1 channels") && stdout.contains("1 outbox messages"), "{stdout}");
+
+    let target = PostgresXagentStore::connect(&url, "im.example").await.expect("the database");
+    let channels = target.load_channels().await.expect("channels");
+    assert_eq!(channels.len(), 1);
+    assert_eq!(channels[0].channel, channel);
+    assert_eq!(channels[0].owner.as_deref(), Some("u1"));
+    assert_eq!(target.load_connector_id().await.expect("id"), Some(ConnectorId::new("cid_1")));
+    assert_eq!(target.load_pending().await.expect("outbox"), vec![pending]);
+    let found = target.lookup_completed(&channel, &completed.message_id).await.expect("lookup");
+    assert_eq!(found, Some(completed));
+    let _ = std::fs::remove_dir_all(state);
+}
+
 #[tokio::test]
 async fn a_password_in_the_database_url_flag_is_warned_about() {
     let state = xagent_testkit::temp_state_dir("cli-migrate-warning");
