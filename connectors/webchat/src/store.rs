@@ -108,17 +108,6 @@ pub enum EntryStatus {
 }
 
 impl EntryStatus {
-    #[cfg(test)]
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Sending => "sending",
-            Self::Delivered => "delivered",
-            Self::Rejected => "rejected",
-            Self::Expired => "expired",
-            Self::Shown => "shown",
-        }
-    }
-
     pub(crate) fn parse(text: &str) -> Self {
         match text {
             "delivered" => Self::Delivered,
@@ -238,7 +227,6 @@ pub enum Inserted {
 /// A message an older version kept in `webchat.sqlite3`: its room, its order number, the
 /// message, and the `chat.message` kept while it was sending.
 pub(crate) type LegacyMessage = (String, i64, ChatEntry, Option<String>);
-
 
 const ROOMS: &str = "webchat.rooms";
 const ROOM_CHANNELS: &str = "webchat.room_channels";
@@ -769,7 +757,8 @@ impl Store {
     /// Unbinds every room served by `channel`.
     pub async fn release_channel(&self, channel: &ConnectorChannelId) -> Result<(), WebchatError> {
         let Some(room_id) = self.channel_room(channel).await? else { return Ok(()) };
-        let mut writes = vec![AuthorWrite::delete(ROOM_CHANNELS, channel.as_str()).map_err(failed)?];
+        let mut writes =
+            vec![AuthorWrite::delete(ROOM_CHANNELS, channel.as_str()).map_err(failed)?];
         if let Some(mut record) = self.room_record(&room_id).await?
             && record.channel.as_deref() == Some(channel.as_str())
         {
@@ -831,7 +820,11 @@ impl Store {
 
     /// The room a visitor token opens at `now`: `None` for unknown, expired or revoked
     /// tokens.
-    pub async fn visitor_room(&self, token: &str, now: u64) -> Result<Option<String>, WebchatError> {
+    pub async fn visitor_room(
+        &self,
+        token: &str,
+        now: u64,
+    ) -> Result<Option<String>, WebchatError> {
         Ok(self.visitor_session(token, now).await?.map(|session| session.room_id))
     }
 
@@ -844,10 +837,9 @@ impl Store {
     ) -> Result<Option<VisitorSession>, WebchatError> {
         let visitor: Option<VisitorRecord> =
             self.authors.get_json(VISITORS, &hash_token(token)).await.map_err(failed)?;
-        Ok(visitor.filter(|v| now < v.expires_at).map(|v| VisitorSession {
-            room_id: v.room_id,
-            expires_at: v.expires_at,
-        }))
+        Ok(visitor
+            .filter(|v| now < v.expires_at)
+            .map(|v| VisitorSession { room_id: v.room_id, expires_at: v.expires_at }))
     }
 
     /// Ends one visitor session (the page's "leave"). True when it existed.
@@ -946,8 +938,12 @@ impl Store {
         now: u64,
     ) -> Result<Result<UploadReservation, QuotaRefusal>, WebchatError> {
         let id = upload_key(now, &random_hex(8));
-        let mut upload =
-            UploadRecord { room_id: room_id.to_owned(), bytes: want, created_at: now, pending: true };
+        let mut upload = UploadRecord {
+            room_id: room_id.to_owned(),
+            bytes: want,
+            created_at: now,
+            pending: true,
+        };
         self.authors.commit(vec![upload_write(&id, &upload)?]).await.map_err(failed)?;
         let usage = self.usage(room_id, now, Some(&id)).await?;
         let room_left = quota.room_bytes.saturating_sub(usage.room_bytes);
@@ -973,7 +969,8 @@ impl Store {
 
     /// Turns a reservation into the upload's real size (at most the reserved bytes).
     pub async fn settle_upload(&self, id: &str, bytes: u64) -> Result<(), WebchatError> {
-        let upload: Option<UploadRecord> = self.authors.get_json(UPLOADS, id).await.map_err(failed)?;
+        let upload: Option<UploadRecord> =
+            self.authors.get_json(UPLOADS, id).await.map_err(failed)?;
         let Some(mut upload) = upload else { return Ok(()) };
         upload.bytes = upload.bytes.min(bytes);
         upload.pending = false;
@@ -982,7 +979,8 @@ impl Store {
 
     /// Gives a reservation back (the upload failed or was abandoned).
     pub async fn release_upload(&self, id: &str) -> Result<(), WebchatError> {
-        let upload: Option<UploadRecord> = self.authors.get_json(UPLOADS, id).await.map_err(failed)?;
+        let upload: Option<UploadRecord> =
+            self.authors.get_json(UPLOADS, id).await.map_err(failed)?;
         if upload.is_some_and(|u| u.pending) {
             self.authors.delete(UPLOADS, id).await.map_err(failed)?;
         }
@@ -1351,7 +1349,7 @@ mod tests {
     #[tokio::test]
     async fn reservations_of_uploads_that_never_finished_stop_counting() {
         let store = Store::in_memory().unwrap();
-        let quota = quota(100, 10, 1_000, 10);
+        let quota = quota(200, 10, 1_000, 10);
         let done = store.reserve_upload("a", 40, &quota, 1).await.unwrap().unwrap();
         store.settle_upload(&done.id, 40).await.unwrap();
         store.reserve_upload("a", 60, &quota, 1).await.unwrap().unwrap();
