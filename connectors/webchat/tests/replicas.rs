@@ -27,12 +27,10 @@ async fn two_replicas_share_rooms_sessions_and_the_wrong_code_budget() {
     let (dir_a, dir_b) = (temp_dir("replica-state-a"), temp_dir("replica-state-b"));
     // Addresses never back off here (all tries come from 127.0.0.1): only the room's budget
     // of 4 wrong codes, refilling one an hour, limits.
-    let limits = VisitorLimits {
-        join_free_failures: 1_000,
-        join_room_burst: 4,
-        join_room_interval_millis: 60 * 60 * 1_000,
-        ..VisitorLimits::default()
-    };
+    let mut limits = VisitorLimits::default();
+    limits.join_free_failures = 1_000;
+    limits.join_room_burst = 4;
+    limits.join_room_interval_millis = 60 * 60 * 1_000;
     let a = start_on_database(&dir_a, url.clone(), limits.clone()).await;
     let b = start_on_database(&dir_b, url, limits).await;
 
