@@ -49,6 +49,10 @@ pub(crate) struct App {
     /// The rooms' conversations in the runtime's storage (set once the runtime is built).
     pub(crate) messages: std::sync::OnceLock<Messages>,
     pub(crate) hub: Hub,
+    /// The runtime's handle (set once it is built): room news go to the other replicas.
+    pub(crate) handle: std::sync::OnceLock<ConnectorHandle>,
+    /// This process's name in its room news (its own come back to it and are skipped).
+    pub(crate) origin: String,
     pub(crate) pairings: Mutex<Pairings>,
     /// Wrong codes given through `auth.start`, per channel and per room (F21).
     pub(crate) sign_ins: tokio::sync::Mutex<GuessLimiter<ConnectorChannelId>>,
@@ -126,6 +130,24 @@ impl App {
         self.store.get().ok_or(WebchatError::ShuttingDown)
     }
 
+    /// Shows a new or changed message on this replica's pages of the room and tells the other
+    /// replicas (a hint they read the message for, see `live.rs`). The message is stored
+    /// already.
+    pub(crate) fn publish(&self, room_id: &str, entry: ChatEntry) {
+        let hint = crate::live::hint(&self.origin, room_id, &entry.message_id);
+        self.hub.message(room_id, entry);
+        let (Some(handle), Ok(runtime)) =
+            (self.handle.get().cloned(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        runtime.spawn(async move {
+            if let Err(error) = handle.broadcast(crate::live::TOPIC, &hint).await {
+                tracing::warn!(%error, "other replicas' pages see a message when they reconnect");
+            }
+        });
+    }
+
     /// The rooms' conversations (available once the runtime is built, before it serves).
     pub(crate) fn messages(&self) -> Result<&Messages, WebchatError> {
         self.messages.get().ok_or(WebchatError::ShuttingDown)
@@ -140,7 +162,7 @@ impl App {
     ) -> Result<ChatEntry, WebchatError> {
         match self.messages()?.insert(room_id, &entry, None).await? {
             Inserted::New(entry) => {
-                self.hub.message(room_id, entry.clone());
+                self.publish(room_id, entry.clone());
                 Ok(entry)
             }
             Inserted::Existing(entry) => Ok(entry),
@@ -164,7 +186,7 @@ async fn stage_agent_message(
                 ctx.stage(write);
             }
             let (shown, app, room_id) = (entry.clone(), Arc::clone(app), room_id.to_owned());
-            ctx.after_commit(move || app.hub.message(&room_id, shown));
+            ctx.after_commit(move || app.publish(&room_id, shown));
             Ok(entry)
         }
     }

@@ -79,6 +79,7 @@ mod error;
 mod guess;
 mod hub;
 mod legacy;
+mod live;
 mod messages;
 mod pairing;
 mod qr;
@@ -229,6 +230,8 @@ impl Webchat {
     pub async fn open(options: WebchatOptions) -> Result<Self, WebchatError> {
         let app = Arc::new(App {
             store: std::sync::OnceLock::new(),
+            handle: std::sync::OnceLock::new(),
+            origin: store::random_hex(8),
             messages: std::sync::OnceLock::new(),
             hub: hub::Hub::default(),
             pairings: Mutex::new(pairing::Pairings::default()),
@@ -238,6 +241,7 @@ impl Webchat {
         let connector = connector::build(Arc::clone(&app))?;
         let (page, relay, presence) = (Arc::clone(&app), Arc::clone(&app), Arc::clone(&app));
         let recover = Arc::clone(&app);
+        let follow = Arc::clone(&app);
         let limits = options.visitor_limits.clone();
         let mut builder = ConnectorServer::builder(connector);
         #[cfg(feature = "postgres")]
@@ -259,7 +263,9 @@ impl Webchat {
             // Visitor messages stored but never queued (a stop in between) are queued now.
             .task(move |handle, shutdown| until(shutdown, web::recover_pending(recover, handle)))
             .task(move |handle, shutdown| until(shutdown, relay_outbox_events(relay, handle)))
-            .task(move |handle, shutdown| until(shutdown, watch_presence(presence, handle)));
+            .task(move |handle, shutdown| until(shutdown, watch_presence(presence, handle)))
+            // Other replicas' room news reach this one's pages.
+            .task(move |handle, shutdown| until(shutdown, live::follow(follow, handle)));
         if let Some(key) = options.api_key.clone() {
             builder = builder.api_key(key);
         }
@@ -277,6 +283,7 @@ impl Webchat {
         }
         let _ = app.store.set(store);
         let _ = app.messages.set(messages::Messages::new(authors));
+        let _ = app.handle.set(server.handle());
         Ok(Self { server, app })
     }
 
@@ -388,7 +395,7 @@ async fn relay_outbox_events(app: Arc<App>, handle: ConnectorHandle) {
             Err(error) => Err(error),
         };
         match updated {
-            Ok(Some((room_id, entry))) => app.hub.message(&room_id, entry),
+            Ok(Some((room_id, entry))) => app.publish(&room_id, entry),
             Ok(None) => {}
             Err(error) => tracing::error!(%error, "could not record a delivery state"),
         }

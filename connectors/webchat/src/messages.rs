@@ -255,6 +255,17 @@ impl Messages {
         Ok(Some((room_id.to_owned(), stored.entry)))
     }
 
+    /// A message by its `message_id`, with its room.
+    pub(crate) async fn entry_by_id(
+        &self,
+        message_id: &str,
+    ) -> Result<Option<(String, ChatEntry)>, WebchatError> {
+        let Some(key) = self.key_of(IDS, message_id).await? else { return Ok(None) };
+        let Some(stored) = self.load(&key).await? else { return Ok(None) };
+        let Some((room_id, _)) = key.split_once('/') else { return Ok(None) };
+        Ok(Some((room_id.to_owned(), stored.entry)))
+    }
+
     /// The `chat.message` kept for a visitor message still `sending`, with its room.
     pub(crate) async fn outbound_of(
         &self,

@@ -618,7 +618,7 @@ async fn relay(
         }
         Inserted::New(entry) => entry,
     };
-    web.app.hub.message(room_id, entry.clone());
+    web.app.publish(room_id, entry.clone());
     let handle = web.handle()?;
     if let Err(error) = handle.send_message(&channel, message).await {
         tracing::info!(%error, room = room_id, "the runtime did not take a visitor message");
@@ -635,7 +635,7 @@ async fn relay(
             .set_status(&entry.message_id, EntryStatus::Rejected, Some(&reason))
             .await?
         {
-            web.app.hub.message(room_id, updated.clone());
+            web.app.publish(room_id, updated.clone());
             return Ok(updated);
         }
     }

@@ -86,3 +86,79 @@ async fn two_replicas_share_rooms_sessions_and_the_wrong_code_budget() {
     let _ = std::fs::remove_dir_all(dir_a);
     let _ = std::fs::remove_dir_all(dir_b);
 }
+
+/// The data of the next server-sent event of a page's stream (`buffer` keeps what arrived
+/// after it), waiting at most 10 s.
+async fn next_sse(response: &mut reqwest::Response, buffer: &mut String) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            if let Some(line) = event.lines().find(|l| l.starts_with("data: ")) {
+                return serde_json::from_str(&line["data: ".len()..]).expect("JSON event");
+            }
+            continue;
+        }
+        let chunk = tokio::time::timeout_at(deadline, response.chunk())
+            .await
+            .expect("an event within 10 s")
+            .expect("the stream reads")
+            .expect("the stream is open");
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_on_one_replica_sees_the_agents_reply_and_a_visitors_message_made_on_the_other() {
+    use xagent_connector_webchat::TOOL_MESSAGE_SEND;
+    use xagent_protocol_types::{ToolInvoke, ToolInvokeAck, ToolInvokeContext};
+
+    let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+    let (dir_a, dir_b) = (temp_dir("replica-live-a"), temp_dir("replica-live-b"));
+    let a = start_on_database(&dir_a, url.clone(), VisitorLimits::default()).await;
+    let b = start_on_database(&dir_b, url, VisitorLimits::default()).await;
+    // xAgent's socket is on B; the page is open on A.
+    let (plane, _events) = connect(&b).await;
+    let channel = open_room(&plane, "Lobby", "code-1234").await;
+    let page = Visitor::join(&a, "lobby", "code-1234").await;
+    let mut stream =
+        page.request(reqwest::Method::GET, "events").send().await.expect("events on a");
+    assert_eq!(stream.status(), 200);
+    let mut buffer = String::new();
+    let snapshot = next_sse(&mut stream, &mut buffer).await;
+    assert_eq!(snapshot["kind"], "snapshot", "{snapshot:#}");
+
+    // The agent's reply, a Tool call served by B, reaches the page on A.
+    let serde_json::Value::Object(mut arguments) =
+        serde_json::json!({"text": "the agent's reply, written on b"})
+    else {
+        unreachable!("an object")
+    };
+    arguments.insert("connector_channel_id".into(), serde_json::json!(channel.as_str()));
+    let call = ToolInvoke::new(TOOL_MESSAGE_SEND, arguments)
+        .with_context(ToolInvokeContext::with_call_id("call-live-1"));
+    let ack: ToolInvokeAck = plane.request(Some(&channel), call).await.expect("tool call on b");
+    assert!(ack.result.is_some(), "{ack:?}");
+    let wanted = |event: &serde_json::Value, text: &str| {
+        event["kind"] == "message" && event["message"]["text"] == text
+    };
+    let mut seen = next_sse(&mut stream, &mut buffer).await;
+    while !wanted(&seen, "the agent's reply, written on b") {
+        seen = next_sse(&mut stream, &mut buffer).await;
+    }
+
+    // Another visitor's message sent through B reaches the page on A too.
+    let other = Visitor::join(&b, "lobby", "code-1234").await;
+    other.send("hello from a visitor on b", "c-live-1").await;
+    let mut seen = next_sse(&mut stream, &mut buffer).await;
+    while !wanted(&seen, "hello from a visitor on b") {
+        seen = next_sse(&mut stream, &mut buffer).await;
+    }
+
+    drop(stream);
+    plane.close().await;
+    a.stop().await;
+    b.stop().await;
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
+}
