@@ -24,8 +24,8 @@
 //! replicas (quota, wrong-code budget, one creator per room) write first and check second:
 //! a request commits its own record, then reads every record of the window and counts the
 //! others; of two concurrent requests the later one always sees the earlier one's record, so
-//! the sum never passes the limit (under contention one may be refused that a lone request
-//! would not be).
+//! the sum never passes the limit (when two replicas race, one may be refused that a lone
+//! request would not be; the requests of one process take turns, so they never do).
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -256,6 +256,11 @@ fn failed(error: AuthorStoreError) -> WebchatError {
 #[derive(Clone)]
 pub struct Store {
     authors: AuthorStore,
+    /// One quota reservation of this process decides at a time (so this process's requests
+    /// never refuse each other; only other replicas' can race with one).
+    reserving: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// One room creation of this process at a time (the same, for room claims).
+    creating: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -441,7 +446,7 @@ pub(crate) fn upload_key(created_at: u64, suffix: &str) -> String {
 impl Store {
     /// The Connector's records in `authors` (the runtime's author store).
     pub fn new(authors: AuthorStore) -> Self {
-        Self { authors }
+        Self { authors, reserving: Default::default(), creating: Default::default() }
     }
 
     /// The author store underneath (tests).
@@ -505,6 +510,7 @@ impl Store {
                 "a new room's access code needs at least {MIN_ACCESS_CODE_CHARS} characters"
             )));
         }
+        let _turn = self.creating.lock().await;
         // One creator per room across replicas: claim first, then look for other claims,
         // then for the room (in that order: a creator that finished deleted its claim after
         // writing the room, so whoever misses the claim sees the room).
@@ -937,6 +943,7 @@ impl Store {
         quota: &crate::web::UploadQuota,
         now: u64,
     ) -> Result<Result<UploadReservation, QuotaRefusal>, WebchatError> {
+        let _turn = self.reserving.lock().await;
         let id = upload_key(now, &random_hex(8));
         let mut upload = UploadRecord {
             room_id: room_id.to_owned(),
