@@ -9,7 +9,8 @@
 //!   and `pip install -r codegen/requirements.txt`).
 //! - `bench-ws`, `bench-decode`, `bench-durable`, `bench-scale`, `bench-isolation` `[--quick] [--json]`: whole-system
 //!   benchmarks, each against the machine's own limit in the same run (see `BENCHMARKS.md`).
-//! - `chaos [--quick]`: kill -9 and malformed-input harness on loopback (see `RELIABILITY.md`).
+//! - `chaos [--quick]`: kill -9 and malformed-input harness on loopback (see `RELIABILITY.md`);
+//!   `chaos --cluster [--quick] [--throughput]`: the same for replicas on PostgreSQL behind HAProxy.
 //! - `fuzz --seconds N [--target T]`: runs every cargo-fuzz target in `fuzz/` for N seconds.
 //! - `attack [--quick] [--json]`: every finding of the im.webchat attack run (issue 14) against
 //!   a freshly started `xagent-connector webchat`, loopback only; fails if any attack works.
@@ -28,10 +29,11 @@ mod bench_scale;
 mod bench_support;
 mod bench_ws;
 mod chaos;
+mod chaos_cluster;
 mod codegen;
 mod fuzz;
 
-const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation [--quick] [--json] (bench-decode: [--no-ffi]) | chaos [--quick] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
+const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation [--quick] [--json] (bench-decode: [--no-ffi]) | chaos [--quick] [--cluster [--throughput]] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
 
 fn main() -> ExitCode {
     match run() {
