@@ -530,6 +530,10 @@ async fn xagent_side(bin: &Path, pg: &TestPostgres, sizes: &Sizes, rng: &mut Rng
     }
     let http = reqwest::Client::new();
     let visitor = Visitor::join(&http, &base, room).await?;
+    // A page open from the start sees every message of the room (a snapshot holds only the
+    // newest 200).
+    let stop = tokio_util_stop();
+    let (page, page_task) = watch_page(visitor.clone(), base.clone(), base.clone(), stop.clone());
     // Visitors post at an even pace over the kills.
     let posted: Arc<Mutex<Vec<Value>>> = Arc::new(Mutex::new(Vec::new()));
     let post_errors = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -593,38 +597,31 @@ async fn xagent_side(bin: &Path, pg: &TestPostgres, sizes: &Sizes, rng: &mut Rng
         mock.kill().await;
     }
     let history = visitor.history(&base).await?;
+    stop.stop();
+    let _ = tokio::time::timeout(Duration::from_secs(5), page_task).await;
     connector.kill().await;
     let seconds = started.elapsed().as_secs_f64();
+    let page = page.lock().map_err(|_| anyhow!("the page task panicked"))?;
+    let contents = room_contents(&page, &history);
 
     // Visitor messages at the application.
     let received = lines("message");
-    let mut got: HashMap<String, u64> = HashMap::new();
+    let mut got: HashMap<&str, Vec<u64>> = HashMap::new();
     let mut late_messages = 0;
     for (_, line) in &received {
         let Some(id) = line["message_id"].as_str() else { continue };
-        *got.entry(id.to_owned()).or_default() += 1;
+        got.entry(id).or_default().push(line["at"].as_u64().unwrap_or(0));
         if let (Some(created), Some(at)) = (line["created_at"].as_u64(), line["at"].as_u64())
             && at > created.saturating_add(TTL_MS)
         {
             late_messages += 1;
         }
     }
-    let lost_inbound = taken.iter().filter(|id| !got.contains_key(*id)).count();
-    let doubled_inbound = got.values().filter(|n| **n > 1).count();
+    let lost_inbound = taken.iter().filter(|id| !got.contains_key(id.as_str())).count();
+    let (doubled_inbound, redelivered) = doubles(&got, &page.delivered_at);
     // Tool calls and queued messages in the room.
-    let mut shown: HashMap<String, Vec<u64>> = HashMap::new();
-    let mut shown_ids: HashMap<String, u64> = HashMap::new();
-    for entry in &history {
-        if let Some(text) = entry["text"].as_str() {
-            shown
-                .entry(text.to_owned())
-                .or_default()
-                .push(entry["created_at"].as_u64().unwrap_or(0));
-        }
-        if let Some(id) = entry["message_id"].as_str() {
-            *shown_ids.entry(id.to_owned()).or_default() += 1;
-        }
-    }
+    let shown = by_text(&contents);
+    let shown_ids = &contents;
     let starts: HashMap<String, u64> = lines("tool_start")
         .iter()
         .filter_map(|(_, v)| Some((v["call"].as_str()?.to_owned(), v["at"].as_u64()?)))
@@ -700,11 +697,12 @@ async fn xagent_side(bin: &Path, pg: &TestPostgres, sizes: &Sizes, rng: &mut Rng
         "tool_calls_started": starts.len(),
         "tool_calls_ok": tools_ok.len(),
         "agent_messages_queued": queued.len(),
-        "room_entries": history.len(),
+        "room_entries": contents.len(),
         "kills": kills.len(),
         "lost": {"total": lost, "visitor_messages": lost_inbound, "tool_calls": lost_tools, "agent_messages": lost_queued},
         "doubled": {"total": doubled, "visitor_messages": doubled_inbound, "tool_calls": doubled_tools, "agent_messages": doubled_queued},
         "after_expiry": after_expiry,
+        "redelivered_unacknowledged": redelivered,
         "takeover_ms": percentiles(&takeovers),
         "takeovers_ms": takeovers,
         "findings": findings,
@@ -898,12 +896,99 @@ struct Ledger {
     sent: usize,
 }
 
-/// A room's open page: everything it saw, and how often it had to reconnect.
+/// A room's open page: every message it saw (by id: text and `created_at`), when it first
+/// saw each visitor message `delivered` (Unix ms), and how often it had to reconnect.
 #[derive(Default)]
 struct Page {
-    seen: HashSet<String>,
+    seen: HashMap<String, (String, u64)>,
+    delivered_at: HashMap<String, u64>,
     reconnects: u64,
     failed_reconnects: u64,
+}
+
+impl Page {
+    fn record(&mut self, entry: &Value) {
+        let Some(id) = entry["message_id"].as_str() else { return };
+        let text = entry["text"].as_str().unwrap_or_default().to_owned();
+        let created = entry["created_at"].as_u64().unwrap_or(0);
+        self.seen.entry(id.to_owned()).or_insert((text, created));
+        if entry["status"] == "delivered" {
+            self.delivered_at.entry(id.to_owned()).or_insert_with(now_ms);
+        }
+    }
+}
+
+/// Keeps `visitor`'s page open: its event stream on `first`, and after the stream ends (its
+/// replica died) again through `proxy`, until `stop`.
+fn watch_page(
+    visitor: Visitor,
+    first: String,
+    proxy: String,
+    stop: Stop,
+) -> (Arc<Mutex<Page>>, tokio::task::JoinHandle<()>) {
+    let page = Arc::new(Mutex::new(Page::default()));
+    let watched = page.clone();
+    let task = tokio::spawn(async move {
+        let mut base = first;
+        let mut connected_once = false;
+        while !stop.stopped() {
+            let response = match visitor.events(&base).await {
+                Ok(response) => response,
+                Err(_) => {
+                    if let Ok(mut page) = watched.lock() {
+                        page.failed_reconnects += 1;
+                    }
+                    base = proxy.clone();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            if connected_once && let Ok(mut page) = watched.lock() {
+                page.reconnects += 1;
+            }
+            connected_once = true;
+            let mut events = sse_events(response);
+            loop {
+                let next = tokio::select! {
+                    next = events.next() => next,
+                    () = stop.wait() => None,
+                };
+                let Some(event) = next else { break };
+                let Ok(mut page) = watched.lock() else { break };
+                for entry in event["messages"].as_array().into_iter().flatten() {
+                    page.record(entry);
+                }
+                if event["message"].is_object() {
+                    page.record(&event["message"]);
+                }
+            }
+            base = proxy.clone();
+        }
+    });
+    (page, task)
+}
+
+/// What a room holds: its pages' view joined with its final history, by message id.
+fn room_contents(page: &Page, history: &[Value]) -> HashMap<String, (String, u64)> {
+    let mut contents = page.seen.clone();
+    for entry in history {
+        if let Some(id) = entry["message_id"].as_str() {
+            let text = entry["text"].as_str().unwrap_or_default().to_owned();
+            contents
+                .entry(id.to_owned())
+                .or_insert((text, entry["created_at"].as_u64().unwrap_or(0)));
+        }
+    }
+    contents
+}
+
+/// Message ids of `contents` by text (a side effect applied twice is one text, two ids).
+fn by_text(contents: &HashMap<String, (String, u64)>) -> HashMap<String, Vec<u64>> {
+    let mut texts: HashMap<String, Vec<u64>> = HashMap::new();
+    for (text, created) in contents.values() {
+        texts.entry(text.clone()).or_default().push(*created);
+    }
+    texts
 }
 
 async fn connector_side(
@@ -959,53 +1044,13 @@ async fn connector_side(
     }
     let stop = tokio_util_stop();
     // Pages: each room's event stream on a random replica; reconnect through HAProxy.
-    let pages: Vec<Arc<Mutex<Page>>> = (0..rooms.len()).map(|_| Arc::default()).collect();
+    let mut pages = Vec::new();
     let mut page_tasks = Vec::new();
-    for (index, visitor) in visitors.iter().enumerate() {
+    for visitor in &visitors {
         let first = replica_urls[rng.below(3) as usize].clone();
-        let (visitor, page, stop, proxy) =
-            (visitor.clone(), pages[index].clone(), stop.clone(), page_url.clone());
-        page_tasks.push(tokio::spawn(async move {
-            let mut base = first;
-            let mut connected_once = false;
-            while !stop.stopped() {
-                let response = match visitor.events(&base).await {
-                    Ok(response) => response,
-                    Err(_) => {
-                        if let Ok(mut page) = page.lock() {
-                            page.failed_reconnects += 1;
-                        }
-                        base = proxy.clone();
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                };
-                if connected_once && let Ok(mut page) = page.lock() {
-                    page.reconnects += 1;
-                }
-                connected_once = true;
-                let mut events = sse_events(response);
-                loop {
-                    let next = tokio::select! {
-                        next = events.next() => next,
-                        () = stop.wait() => None,
-                    };
-                    let Some(event) = next else { break };
-                    let mut ids = Vec::new();
-                    if let Some(messages) = event["messages"].as_array() {
-                        ids.extend(messages.iter().filter_map(|m| m["message_id"].as_str()));
-                    }
-                    if let Some(id) = event["message"]["message_id"].as_str() {
-                        ids.push(id);
-                    }
-                    if let Ok(mut page) = page.lock() {
-                        page.seen.extend(ids.into_iter().map(str::to_owned));
-                    }
-                }
-                // The stream ended (its replica died): the page comes back through HAProxy.
-                base = proxy.clone();
-            }
-        }));
+        let (page, task) = watch_page(visitor.clone(), first, page_url.clone(), stop.clone());
+        pages.push(page);
+        page_tasks.push(task);
     }
     // Traffic: visitor posts (half), Tool calls and IM messages (a quarter each).
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -1195,10 +1240,10 @@ async fn connector_side(
     let ledger = ledger.lock().map_err(|_| anyhow!("a task panicked"))?;
     let inbound = agent.inbound.lock().map_err(|_| anyhow!("a task panicked"))?.clone();
     let acked = agent.acked.lock().map_err(|_| anyhow!("a task panicked"))?.clone();
-    let mut got: HashMap<&str, u64> = HashMap::new();
+    let mut got: HashMap<&str, Vec<u64>> = HashMap::new();
     let mut late = 0;
     for (id, created, received) in &inbound {
-        *got.entry(id.as_str()).or_default() += 1;
+        got.entry(id.as_str()).or_default().push(*received);
         if *created > 0 && *received > created + TTL_MS {
             late += 1;
         }
@@ -1207,28 +1252,30 @@ async fn connector_side(
         ledger.posts.iter().filter(|p| p.2 != "rejected").collect();
     let rejected_posts = ledger.posts.len() - taken.len();
     let lost_visitor = taken.iter().filter(|p| !got.contains_key(p.1.as_str())).count();
-    let doubled_visitor = got.values().filter(|n| **n > 1).count();
-    // The rooms' texts: a Tool call's or a queued message's side effect is one entry.
+    // The rooms' contents (pages and final histories): a Tool call's or a queued message's
+    // side effect is one entry.
     let mut texts: HashMap<(usize, String), Vec<u64>> = HashMap::new();
     let mut entries: Vec<HashSet<String>> = Vec::new();
+    let (mut missed, mut reconnects, mut failed_reconnects) = (0, 0, 0);
+    let mut delivered_at: HashMap<String, u64> = HashMap::new();
     let mut still_sending = 0;
     for (room, history) in histories.iter().enumerate() {
-        let mut ids = HashSet::new();
-        for entry in history {
-            if let Some(text) = entry["text"].as_str() {
-                texts
-                    .entry((room, text.to_owned()))
-                    .or_default()
-                    .push(entry["created_at"].as_u64().unwrap_or(0));
-            }
-            if let Some(id) = entry["message_id"].as_str() {
-                ids.insert(id.to_owned());
-            }
-            if entry["status"] == "sending" {
-                still_sending += 1;
-            }
+        let page = pages[room].lock().map_err(|_| anyhow!("a page task panicked"))?;
+        let contents = room_contents(&page, history);
+        for (text, created) in by_text(&contents) {
+            texts.insert((room, text), created);
         }
-        entries.push(ids);
+        entries.push(contents.keys().cloned().collect());
+        // Pages: everything in the room's final history must be among what its page saw.
+        missed += history
+            .iter()
+            .filter_map(|e| e["message_id"].as_str())
+            .filter(|id| !page.seen.contains_key(*id))
+            .count();
+        still_sending += history.iter().filter(|e| e["status"] == "sending").count();
+        reconnects += page.reconnects;
+        failed_reconnects += page.failed_reconnects;
+        delivered_at.extend(page.delivered_at.iter().map(|(k, v)| (k.clone(), *v)));
     }
     let calls_ok: Vec<&Call> = ledger.calls.iter().filter(|c| c.ok).collect();
     let lost_tools = calls_ok
@@ -1254,15 +1301,6 @@ async fn connector_side(
         .filter(|(room, id)| texts.get(&(*room, format!("say {id}"))).is_some_and(|t| t.len() > 1))
         .count();
     let unacked_queued = ledger.queued.iter().filter(|(_, id)| !acked.contains(id)).count();
-    // Pages: everything in the room's history must be among what its page saw.
-    let mut missed = 0;
-    let (mut reconnects, mut failed_reconnects) = (0, 0);
-    for (room, page) in pages.iter().enumerate() {
-        let page = page.lock().map_err(|_| anyhow!("a page task panicked"))?;
-        missed += entries[room].iter().filter(|id| !page.seen.contains(*id)).count();
-        reconnects += page.reconnects;
-        failed_reconnects += page.failed_reconnects;
-    }
     // Failover: from each kill to the next Tool call started after it that succeeded.
     let next_ok = |killed: u64| {
         ledger.calls.iter().filter(|c| c.ok && c.started >= killed).map(|c| c.ended - killed).min()
@@ -1303,6 +1341,7 @@ async fn connector_side(
     if panics > 0 {
         findings.push(format!("{panics} panics in the replicas' logs"));
     }
+    let (doubled_visitor, redelivered) = doubles(&got, &delivered_at);
     let lost = lost_visitor + lost_tools + lost_queued;
     let doubled = doubled_visitor + doubled_tools + doubled_queued;
     let after_expiry = late + late_tools;
@@ -1336,6 +1375,7 @@ async fn connector_side(
         "lost": {"total": lost, "visitor_messages": lost_visitor, "tool_calls": lost_tools, "im_messages": lost_queued},
         "doubled": {"total": doubled, "visitor_messages": doubled_visitor, "tool_calls": doubled_tools, "im_messages": doubled_queued},
         "after_expiry": after_expiry,
+        "redelivered_unacknowledged": redelivered,
         "pages": {"missed": missed, "reconnects": reconnects, "failed_reconnects": failed_reconnects},
         "failover_ms": percentiles(&failovers),
         "failovers_ms": failovers,
@@ -1344,6 +1384,29 @@ async fn connector_side(
         "seconds": seconds,
         "pass": pass,
     }))
+}
+
+/// Of the messages received more than once (`received`: id -> times, Unix ms): those received
+/// again after their page showed them `delivered` (doubled: the ack was in, the runtime's
+/// receiver idempotency should have held it), and the others (redelivered: the process that
+/// took it first died before its accept was acknowledged, so the Connector sent it again).
+fn doubles(
+    received: &HashMap<&str, Vec<u64>>,
+    delivered_at: &HashMap<String, u64>,
+) -> (usize, usize) {
+    let (mut doubled, mut redelivered) = (0, 0);
+    for (id, times) in received {
+        if times.len() < 2 {
+            continue;
+        }
+        let mut times = times.clone();
+        times.sort_unstable();
+        match delivered_at.get(*id) {
+            Some(at) if times[1] > *at => doubled += 1,
+            _ => redelivered += 1,
+        }
+    }
+    (doubled, redelivered)
 }
 
 fn cluster_health_line(findings: &[String]) -> &'static str {
