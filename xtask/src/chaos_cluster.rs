@@ -1354,8 +1354,19 @@ async fn connector_side(
         ));
     }
     if tools_failed > 0 {
-        findings
-            .push(format!("{tools_failed} Tool calls did not succeed within their 10 s deadline"));
+        findings.push(format!(
+            "{tools_failed} Tool calls ({probes_failed} of them probes) did not succeed within \
+             their 10 s deadline"
+        ));
+    }
+    if rejected_queued > 0 {
+        findings.push(format!("{rejected_queued} IM messages were rejected by the Connector"));
+    }
+    if cut_short {
+        findings.push(format!(
+            "the traffic was cut short after {} s with {} of {total} messages sent",
+            sizes.max_traffic_seconds, ledger.sent
+        ));
     }
     if !ledger.queue_failures.is_empty() {
         findings.push(format!(
