@@ -1305,6 +1305,74 @@ impl<S: OutboxStore> Outbox<S> {
         Ok(())
     }
 
+    /// Takes over stored records another process wrote (a replica sharing the database): the
+    /// ones not already queued here join their channel's queue, in `seq` order, as waiting
+    /// messages (an unreadable one is deleted and reported as discarded, as at open). Nothing
+    /// is written for a record taken as it is. Returns how many joined.
+    pub fn adopt(
+        &mut self,
+        mut records: Vec<PendingRecord>,
+        now: u64,
+    ) -> Result<usize, OutboxError> {
+        records.sort_by_key(|r| r.seq);
+        let mut joined = 0;
+        for rec in records {
+            let known = self
+                .channels
+                .get(&rec.channel)
+                .is_some_and(|ch| ch.queue.iter().any(|e| e.rec.message_id == rec.message_id));
+            if known {
+                continue;
+            }
+            self.next_seq = self.next_seq.max(rec.seq.saturating_add(1));
+            let ch = self.channels.entry(rec.channel.clone()).or_default();
+            match OutboundPayload::from_json(&rec.payload) {
+                Ok(payload) if payload.message_id() == Some(&rec.message_id) => {
+                    self.dirty.insert(rec.channel.clone());
+                    ch.queue.push_back(Entry {
+                        rec,
+                        payload,
+                        state: State::Waiting,
+                        packets: VecDeque::new(),
+                        early: Vec::new(),
+                    });
+                    joined += 1;
+                }
+                _ => {
+                    persist(
+                        &mut self.store,
+                        &mut self.writes,
+                        self.config.write_mode,
+                        OutboxWrite::Delete(rec.channel.clone(), rec.message_id.clone()),
+                    )?;
+                    count(&mut ch.counters, &mut self.totals, |c| c.discarded += 1);
+                    self.log.push(OutboxEvent::Discarded {
+                        channel: rec.channel,
+                        message_id: rec.message_id,
+                        reason: "stored payload unreadable".into(),
+                    });
+                }
+            }
+        }
+        self.expire(now)?;
+        Ok(joined)
+    }
+
+    /// Forgets a channel's messages in memory only, writing nothing: another process (a
+    /// replica holding the channel's socket) is responsible for them now. Unlike
+    /// [`Outbox::remove_channel`] the stored records stay.
+    pub fn forget_channel(&mut self, channel: &ConnectorChannelId) {
+        self.channels.remove(channel);
+        self.dirty.remove(channel);
+        self.timers.retain(|(_, id)| id != channel);
+    }
+
+    /// Makes the next message's `seq` at least `floor` (replicas sharing a database pass a
+    /// clock-based floor, so records enqueued on different replicas keep a rough time order).
+    pub fn raise_seq(&mut self, floor: u64) {
+        self.next_seq = self.next_seq.max(floor);
+    }
+
     /// The channel was permanently deleted: its pending messages are dropped (recorded as
     /// discarded, never as delivered) and its state forgotten.
     pub fn remove_channel(&mut self, channel: &ConnectorChannelId) -> Result<(), OutboxError> {

@@ -987,3 +987,50 @@ fn a_deferred_outbox_opens_from_records_its_caller_loaded() {
     assert_eq!(sent.len(), 1, "one in flight per channel, in order");
     assert!(!reopened.take_writes().is_empty(), "the attempt count is the caller's to commit");
 }
+
+/// Two replicas share one store: A takes responsibility for a message of a channel whose
+/// socket is on B, forgets it in memory; B adopts the stored record and delivers it once, and
+/// a second adopt (a repeated wake-up) adds nothing. A's forgetting writes nothing.
+#[test]
+fn a_record_written_by_one_replica_is_adopted_by_another_and_delivered_once() {
+    let store = MemoryStore::new();
+    let config = OutboxConfig::new(Side::Connector);
+    let mut a = Outbox::open(config, store.clone(), T0).unwrap();
+    let mut b = Outbox::open(config, store.clone(), T0).unwrap();
+    b.raise_seq(T0 * 1024);
+    a.raise_seq(T0 * 1024);
+    a.enqueue(&ch("x"), msg("m1"), T0).unwrap();
+    a.forget_channel(&ch("x"));
+    assert!(a.pending_ids(&ch("x")).is_empty());
+    assert!(a.take_writes().is_empty(), "forgetting writes nothing");
+    assert_eq!(store.pending_len(), 1, "the record stays for the other replica");
+
+    let stored = stored_of(&store);
+    assert_eq!(b.adopt(stored.clone(), T0 + 1).unwrap(), 1);
+    assert_eq!(b.adopt(stored, T0 + 2).unwrap(), 0, "already queued");
+    let sent = send_all(&mut b, T0 + 2);
+    assert_eq!(sent.len(), 1);
+    let out = b.on_ack(&ch("x"), &ChatMessageAck::accepted("m1"), &sent[0].2, T0 + 3).unwrap();
+    assert_eq!(out, AckOutcome::Delivered { status: AckStatus::Accepted });
+    assert_eq!(store.pending_len(), 0);
+    assert!(send_all(&mut b, T0 + 4).is_empty(), "delivered once");
+}
+
+/// An adopted record past its TTL expires instead of being delivered.
+#[test]
+fn an_adopted_record_past_its_ttl_expires() {
+    let store = MemoryStore::new();
+    let config = OutboxConfig::new(Side::Connector);
+    let mut a = Outbox::open(config, store.clone(), T0).unwrap();
+    a.enqueue(&ch("x"), msg("m1"), T0).unwrap();
+    a.forget_channel(&ch("x"));
+    let mut b = Outbox::open(config, MemoryStore::new(), T0 + HOUR).unwrap();
+    b.adopt(stored_of(&store), T0 + HOUR).unwrap();
+    assert!(send_all(&mut b, T0 + HOUR).is_empty());
+    assert_eq!(b.stats().totals.expired, 1);
+}
+
+/// Every record in `store`.
+fn stored_of(store: &MemoryStore) -> Vec<xagent_profile_im::PendingRecord> {
+    store.clone().load_pending().unwrap()
+}

@@ -60,17 +60,23 @@ impl Drop for Detach {
     }
 }
 
-fn detach(shared: &Shared, socket: u64) {
+fn detach(shared: &Arc<Shared>, socket: u64) {
     let now = shared.now();
-    let lost: Vec<ConnectorChannelId> = {
+    let (lost, last) = {
         let mut state = shared.state();
         let lost = state.detach_socket(socket);
-        if state.live_sockets.remove(&socket) && state.live_sockets.is_empty() {
+        state.socket_stops.remove(&socket);
+        let last = state.live_sockets.remove(&socket) && state.live_sockets.is_empty();
+        if last {
             state.offline_since = Some(now);
             tracing::info!("last authenticated data plane closed; offline lease started");
         }
-        lost
+        (lost, last)
     };
+    if last {
+        // On a shared database the offline lease is the cluster's: it counts from the release.
+        shared.release_data_plane();
+    }
     if let Some(im) = &shared.im {
         im.on_routes_lost(&lost, now);
     }
@@ -81,10 +87,14 @@ where
     St: Stream<Item = Result<Frame, FrameError>> + Send + Unpin + 'static,
     Si: Sink<Frame> + Send + Unpin + 'static,
 {
+    // Cancelled when this replica loses the data plane (another replica took it).
+    let stop = tokio_util::sync::CancellationToken::new();
     let socket = {
         let mut state = shared.state();
         state.next_socket += 1;
-        state.next_socket
+        let socket = state.next_socket;
+        state.socket_stops.insert(socket, stop.clone());
+        socket
     };
     let detach_guard = Detach { shared: Arc::clone(&shared), socket };
     let owner_view = Arc::clone(&shared);
@@ -122,9 +132,23 @@ where
     };
     tracing::debug!(socket, "data plane connection opened");
     let driver = Driver::<ConnectorEnd>::new(shared.config.max_packet_bytes);
-    let ended = driver.run(&mut stream, &mut conn, shared.shutdown.cancelled()).await;
+    let stopped = async {
+        tokio::select! {
+            () = shared.shutdown.cancelled() => {}
+            () = stop.cancelled() => {}
+        }
+    };
+    let ended = driver.run(&mut stream, &mut conn, stopped).await;
     let close = match ended {
         Ended::Close(code, reason) => Some((code, reason)),
+        Ended::Stopped if !shared.shutdown.is_cancelled() => Some((
+            crate::state::CLOSE_TRY_AGAIN_LATER,
+            shared
+                .cluster
+                .as_ref()
+                .and_then(|c| c.lost_because())
+                .unwrap_or_else(|| "this replica no longer serves the data plane".to_owned()),
+        )),
         Ended::Stopped => Some((CLOSE_GOING_AWAY, "the Connector is shutting down".to_owned())),
         Ended::Failed(error) => {
             tracing::debug!(socket, %error, "data plane read failed");

@@ -173,6 +173,18 @@ pub enum HandleError {
         /// The largest packet the data plane takes ([`crate::RuntimeConfig::max_packet_bytes`]).
         limit: usize,
     },
+    /// An author broadcast's topic or message is too long (`payload_too_large`).
+    #[error(
+        "the broadcast's {what} is {size} bytes; at most {limit} bytes: send a pointer to durable state instead"
+    )]
+    BroadcastTooLarge {
+        /// `topic` or `message`.
+        what: &'static str,
+        /// Its size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The Transfer Plane is not enabled (no state directory, no files configuration).
     #[error("the Transfer Plane is not enabled; give the server a state directory")]
     FilesDisabled,
@@ -193,7 +205,7 @@ impl HandleError {
             Self::ProfileNotDeclared(_) | Self::NoDeviceTarget => ErrorCode::UnsupportedPacket,
             Self::Storage(_) | Self::FilesDisabled => ErrorCode::InternalError,
             Self::Outbox(error) => error.code(),
-            Self::TooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::TooLarge { .. } | Self::BroadcastTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::FileOwnership => ErrorCode::Forbidden,
             Self::File(error) => error.code(),
         }

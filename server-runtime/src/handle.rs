@@ -24,6 +24,9 @@ use crate::error::HandleError;
 /// How to stop a shared consumer.
 pub type StopFn = Box<dyn FnOnce() + Send>;
 
+/// How to start a replicated consumer, as often as its lease moves to this replica.
+pub type StartFn = Arc<dyn Fn() -> StopFn + Send + Sync>;
+
 /// What the author knows about a channel's device right now (Device Profile v1): returned by
 /// `DeviceTarget::check`, reported with [`ConnectorHandle::device_status`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,6 +38,16 @@ pub enum DeviceStatus {
     Offline,
     /// The device or its platform withdrew the permission to operate it.
     PermissionLost,
+}
+
+/// An author broadcast as a replica hears it ([`ConnectorHandle::subscribe_broadcast`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Broadcast {
+    /// The topic it was sent on.
+    pub topic: String,
+    /// Its message.
+    pub message: String,
 }
 
 /// What the handle asks of the running Connector: the runtime state implements it. Object
@@ -114,6 +127,14 @@ pub(crate) trait HandleOps: Send + Sync + 'static {
     fn consumer_detach(&self, key: &str, channel: &ConnectorChannelId) -> Option<StopFn>;
     /// Number of channels using the consumer `key`.
     fn consumer_users(&self, key: &str) -> usize;
+    /// On replicas: adds `channel` as a user of the replicated consumer `key` (true when newly
+    /// wanted here); `None` when this runtime runs alone.
+    fn consumer_want(
+        &self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        start: StartFn,
+    ) -> Option<bool>;
     /// Lease expiry and maintenance now.
     fn tick(self: Arc<Self>) -> BoxFuture<'static, ()>;
     /// Hands a message to the IM outbox when the Card declares `profile`.
@@ -131,6 +152,10 @@ pub(crate) trait HandleOps: Send + Sync + 'static {
     fn files(&self) -> Option<&FileStore>;
     /// The author store over the runtime's storage.
     fn author_store(&self) -> crate::AuthorStore;
+    /// Sends an author broadcast to every replica (this one included).
+    fn broadcast(&self, topic: &str, message: &str) -> BoxFuture<'_, Result<(), HandleError>>;
+    /// Hears author broadcasts from now on.
+    fn subscribe_broadcast(&self) -> tokio::sync::broadcast::Receiver<Broadcast>;
 }
 
 /// The author's handle on the running Connector: report Descriptor changes, hand inbound
@@ -292,6 +317,26 @@ impl ConnectorHandle {
         }
     }
 
+    /// Like [`ConnectorHandle::attach_consumer`] for a consumer of the target system that must
+    /// run on exactly one replica when several share a database (an MQTT subscription, a
+    /// poller): every replica that needs it calls this, the one that wins the consumer's lease
+    /// runs it, and when that replica dies (or cannot renew for 5 s) another one starts it
+    /// with `start` again. Alone, it is `attach_consumer`: returns true when started. On
+    /// replicas, true when newly wanted here (it starts within about a second wherever its
+    /// lease is won).
+    pub fn attach_replicated_consumer(
+        &self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        start: impl Fn() -> StopFn + Send + Sync + 'static,
+    ) -> bool {
+        let start: StartFn = Arc::new(start);
+        match self.0.consumer_want(key, channel, Arc::clone(&start)) {
+            Some(wanted) => wanted,
+            None => self.attach_consumer(key, channel, || start()),
+        }
+    }
+
     /// Releases `channel`'s use of the consumer `key`, stopping it if it was the last user.
     pub fn detach_consumer(&self, key: &str, channel: &ConnectorChannelId) {
         if let Some(stop) = self.0.consumer_detach(key, channel) {
@@ -302,6 +347,22 @@ impl ConnectorHandle {
     /// Number of channels using the consumer `key`.
     pub fn consumer_users(&self, key: &str) -> usize {
         self.0.consumer_users(key)
+    }
+
+    /// Tells every replica of this Connector (this one included) that something happened, as
+    /// a short hint: `topic` at most [`crate::MAX_BROADCAST_TOPIC_BYTES`], `message` at most
+    /// [`crate::MAX_BROADCAST_MESSAGE_BYTES`]. Delivered at most once to each replica's
+    /// subscribers, and lost for a replica that is restarting: send what changed as a pointer
+    /// into durable state (the author store), never as the state itself. On a storage only one
+    /// process uses, only this process hears it.
+    pub async fn broadcast(&self, topic: &str, message: &str) -> Result<(), HandleError> {
+        self.0.broadcast(topic, message).await
+    }
+
+    /// Hears the author broadcasts of every replica from now on (a receiver that falls more
+    /// than 1,024 behind skips ahead and is told how many it missed).
+    pub fn subscribe_broadcast(&self) -> tokio::sync::broadcast::Receiver<Broadcast> {
+        self.0.subscribe_broadcast()
     }
 
     /// Runs lease expiry and maintenance now (the background task does it periodically).

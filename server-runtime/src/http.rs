@@ -30,8 +30,10 @@ impl ConnectorServer {
     /// The axum router with every endpoint, under the configured Base URL path prefix.
     pub fn router(&self) -> Router {
         let shared = Arc::clone(&self.shared);
-        let public =
-            Router::new().route(paths::CONNECTOR_CARD, get(card)).route(paths::SKILL, get(skill));
+        let public = Router::new()
+            .route(paths::CONNECTOR_CARD, get(card))
+            .route(paths::SKILL, get(skill))
+            .route(READY, get(ready));
         let protected = Router::new()
             .route(paths::HEALTH, get(health))
             .route(paths::WS, get(ws))
@@ -109,6 +111,26 @@ async fn skill(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
+/// The readiness endpoint of a replica, for load balancers (not part of the protocol, so
+/// outside the system API key: it tells nothing but whether this process can serve).
+pub const READY: &str = "/ready";
+
+/// `200 {"ready":true}` when this process can serve (its storage answers), else `503
+/// {"ready":false,"reason":...}`: a load balancer's health check takes the replica out.
+async fn ready(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.ready().await {
+        Ok(()) => axum::Json(serde_json::json!({ "ready": true })).into_response(),
+        Err(error) => {
+            // The details (the server's address among them) go to the log only: this answer
+            // is public.
+            tracing::warn!(%error, "not ready: the storage does not answer");
+            let reason = "this replica cannot reach its database";
+            let body = serde_json::json!({ "ready": false, "reason": reason });
+            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+        }
+    }
+}
+
 async fn health(State(shared): State<Arc<Shared>>) -> Response {
     axum::Json(HealthResponse::for_card(&shared.def.card)).into_response()
 }
@@ -138,6 +160,19 @@ async fn ws(
         Ok(upgrade) => upgrade,
         Err(rejection) => return rejection.into_response(),
     };
+    // A replica that cannot reach its database takes no data plane: the socket is closed at
+    // once with the reason (xAgent reconnects, and the load balancer's check takes it out).
+    if shared.cluster.is_some()
+        && let Err(error) = shared.ready().await
+    {
+        tracing::warn!(%error, "refused a data plane: the database does not answer");
+        let reason = "this replica cannot reach its database; connect again (to another replica)";
+        return upgrade.protocols([SUBPROTOCOL]).on_upgrade(move |mut socket| async move {
+            let frame =
+                CloseFrame { code: crate::state::CLOSE_TRY_AGAIN_LATER, reason: reason.into() };
+            let _ = socket.send(Message::Close(Some(frame))).await;
+        });
+    }
     let limit = shared.config.max_packet_bytes;
     let mut response = upgrade
         .protocols([SUBPROTOCOL])

@@ -149,6 +149,9 @@ pub(crate) struct ImState {
     lanes: crate::lanes::Lanes<ConnectorChannelId>,
     /// Outbox facts for the author (see [`crate::ConnectorHandle::outbox_events`]).
     pub(crate) events: tokio::sync::broadcast::Sender<OutboxEvent>,
+    /// Replicas share the database: this outbox holds only the channels routed here (the
+    /// replica holding a channel's socket delivers its messages; the others only store them).
+    replicated: bool,
 }
 
 fn storage_error(error: impl std::error::Error + Send + Sync + 'static) -> StorageError {
@@ -161,6 +164,7 @@ impl ImState {
         storage: &dyn Storage,
         clock: &Arc<dyn Clock>,
         window: usize,
+        replicated: bool,
     ) -> Result<Option<Self>, StorageError> {
         let profiles = &connector.card.supports.profiles;
         if !profiles.iter().any(|p| p.as_str() == PROFILE_IM_V2 || p.as_str() == PROFILE_IM_V1) {
@@ -172,7 +176,8 @@ impl ImState {
             window,
             ..OutboxConfig::new(Side::Connector)
         };
-        let pending = storage.load_pending().await?;
+        // A replica routes nothing yet and loads a channel's records when it is opened here.
+        let pending = if replicated { Vec::new() } else { storage.load_pending().await? };
         let mut outbox = Outbox::open(config, DeferredStore::with_pending(pending), now)
             .map_err(storage_error)?;
         // Nothing is routed at startup: every channel waits for its channel.open.
@@ -200,6 +205,7 @@ impl ImState {
             pump: tokio::sync::Mutex::new(()),
             lanes: crate::lanes::Lanes::new(LANE_CAPACITY),
             events,
+            replicated,
         }))
     }
 
@@ -301,6 +307,10 @@ impl ImState {
         let (ticket, events) = {
             let mut inner = self.inner();
             let message_id = payload.message_id().cloned();
+            if self.replicated {
+                // Records enqueued on different replicas keep a rough time order.
+                inner.outbox.raise_seq(shared.now().saturating_mul(1024));
+            }
             let outcome = inner.outbox.enqueue_encoded(channel, payload, json, shared.now())?;
             // The same message again: perhaps because our earlier answer was a failed commit.
             // Its record is written again in the commit this answer waits for, so this answer
@@ -311,10 +321,14 @@ impl ImState {
                 }
                 _ => None,
             };
-            if !routed {
+            inner.pipeline.outbox_first.extend(again.map(OutboxWrite::Save));
+            if !routed && self.replicated {
+                // The record is written (it is in the collected writes); whichever replica
+                // holds, or later takes, the channel's socket delivers it, woken by the write.
+                inner.outbox.forget_channel(channel);
+            } else if !routed {
                 inner.outbox.on_channel_closed(channel, shared.now())?;
             }
-            inner.pipeline.outbox_first.extend(again.map(OutboxWrite::Save));
             let ticket = Self::submit(shared, &mut inner, Vec::new());
             (ticket, inner.outbox.drain_events())
         };
@@ -482,8 +496,27 @@ impl ImState {
         shared: &Arc<H>,
         channel: &ConnectorChannelId,
     ) {
+        // A replica reads the channel's records as they are now: other replicas may have
+        // written, delivered or expired some since it last held the channel.
+        let stored = if self.replicated {
+            match shared.storage().load_pending_of(channel).await {
+                Ok(stored) => Some(stored),
+                Err(error) => {
+                    tracing::warn!(%error, %channel, "could not load the channel's outbox; it is read again on the next wake-up");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let result = {
             let mut inner = self.inner();
+            if let Some(stored) = stored {
+                inner.outbox.forget_channel(channel);
+                if let Err(error) = inner.outbox.adopt(stored, shared.now()) {
+                    tracing::warn!(%error, "outbox adopt failed");
+                }
+            }
             let result = inner.outbox.on_channel_reopened(channel, shared.now());
             Self::submit_in_background(shared, &mut inner);
             result
@@ -495,13 +528,46 @@ impl ImState {
     }
 
     /// The channels lost their route (socket closed, channel.close).
-    /// (Their rescheduling writes, if any, go with the next commit.)
+    /// (Their rescheduling writes, if any, go with the next commit.) A replica forgets them:
+    /// whoever opens them next reads their records again.
     pub(crate) fn on_routes_lost(&self, channels: &[ConnectorChannelId], now: u64) {
         let mut inner = self.inner();
         for channel in channels {
-            if let Err(error) = inner.outbox.on_channel_closed(channel, now) {
+            if self.replicated {
+                inner.outbox.forget_channel(channel);
+            } else if let Err(error) = inner.outbox.on_channel_closed(channel, now) {
                 tracing::warn!(%error, "outbox close failed");
             }
+        }
+    }
+
+    /// Another replica wrote outbox records of `channel`: when it is routed here, the ones
+    /// not queued yet join its queue and the pump sends them.
+    pub(crate) async fn adopt<H: ImHost>(&self, shared: &Arc<H>, channel: &ConnectorChannelId) {
+        if !shared.is_routed(channel) {
+            return;
+        }
+        let stored = match shared.storage().load_pending_of(channel).await {
+            Ok(stored) => stored,
+            Err(error) => {
+                tracing::warn!(%error, %channel, "could not load outbox records another replica wrote; read again on the next wake-up");
+                return;
+            }
+        };
+        let joined = {
+            let mut inner = self.inner();
+            // Routed still (the lock is not held across the read)?
+            if !shared.is_routed(channel) {
+                return;
+            }
+            let joined = inner.outbox.adopt(stored, shared.now());
+            Self::submit_in_background(shared, &mut inner);
+            joined
+        };
+        match joined {
+            Ok(0) => {}
+            Ok(_) => self.pump(shared).await,
+            Err(error) => tracing::warn!(%error, "outbox adopt failed"),
         }
     }
 

@@ -180,8 +180,8 @@ pub use connection::{
 pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
-pub use handle::{ConnectorHandle, StopFn};
-pub use http::error_response;
+pub use handle::{Broadcast, ConnectorHandle, StartFn, StopFn};
+pub use http::{READY, error_response};
 pub use judge::InboundJudge;
 pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
 pub use server::{
@@ -193,9 +193,11 @@ pub use storage::author::{
     MAX_AUTHOR_NAMESPACE_BYTES, MAX_AUTHOR_SCAN_LIMIT, MAX_AUTHOR_VALUE_BYTES,
 };
 pub use storage::{
-    ChannelRecord, CommitTicket, DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats,
-    MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, SqliteOptions, SqliteStorage, Storage,
-    StorageError, Synchronous, ToolCallRecord, WriteOp, private_database_files,
+    ChannelRecord, Cluster, ClusterEvent, ClusterStorage, CommitTicket, DATA_PLANE_LEASE,
+    DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats, LeaseState,
+    MAX_BROADCAST_MESSAGE_BYTES, MAX_BROADCAST_TOPIC_BYTES, MAX_NOTIFY_BYTES, MAX_STORED_KEY_BYTES,
+    MAX_STORED_VALUE_BYTES, SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous,
+    ToolCallRecord, WriteOp, private_database_files,
 };
 #[cfg(feature = "postgres")]
 pub use storage::{PostgresOptions, PostgresStorage};

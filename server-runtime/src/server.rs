@@ -195,6 +195,21 @@ impl ServerBuilder {
             Some(storage) => storage,
             None => Arc::new(SqliteStorage::in_memory()?),
         };
+        // A database several replicas share: the runtime's writes carry its fence and wake
+        // the other replicas.
+        let (storage, cluster): (Arc<dyn Storage>, _) = match storage.cluster() {
+            Some(cluster) => {
+                let fenced =
+                    Arc::new(crate::storage::ClusterStorage::new(storage, cluster.replica()));
+                tracing::info!(
+                    replica = cluster.replica(),
+                    "serving as a replica on a shared database"
+                );
+                let runtime = crate::state::ClusterRuntime::new(cluster, Arc::clone(&fenced));
+                (fenced, Some(runtime))
+            }
+            None => (storage, None),
+        };
         let connector_id = storage.load_connector_id().await?;
         let channels = storage.load_channels().await?;
         let now = self.clock.now_millis();
@@ -212,6 +227,7 @@ impl ServerBuilder {
             storage.as_ref(),
             &self.clock,
             self.config.outbox_window,
+            cluster.is_some(),
         )
         .await?;
         // On PostgreSQL the Transfer Plane needs no directory: its files are in the database.
@@ -288,6 +304,8 @@ impl ServerBuilder {
             tool_calls: Default::default(),
             files,
             files_upload_limit,
+            cluster,
+            broadcasts: tokio::sync::broadcast::channel(1024).0,
         });
         let restored: Vec<ChannelContext> = shared
             .state()
@@ -444,6 +462,13 @@ impl ConnectorServer {
                 }
             })
         };
+        // On a shared database: the data-plane lease's renewals and the other replicas' news.
+        let replica_tasks = self.shared.cluster.is_some().then(|| {
+            [
+                tokio::spawn(Arc::clone(&self.shared).keep_lease()),
+                tokio::spawn(Arc::clone(&self.shared).follow_cluster()),
+            ]
+        });
         let cleanup = self.shared.files.as_ref().map(|files| files.spawn_cleanup());
         let author_tasks: Vec<_> = std::mem::take(
             &mut *self.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
@@ -467,6 +492,9 @@ impl ConnectorServer {
         })
         .await?;
         maintenance.abort();
+        for task in replica_tasks.into_iter().flatten() {
+            task.abort();
+        }
         if let Some(cleanup) = cleanup {
             cleanup.abort();
         }

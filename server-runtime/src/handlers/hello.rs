@@ -29,6 +29,21 @@ impl Conn {
             self.send(Packet::error(ids::packet_id(), error).answering(packet)).await;
             return;
         }
+        // A replica takes the data plane (and reads the shared rows as they are now) before it
+        // answers; one that cannot reach its database refuses the hello.
+        if let Err(error) = self.shared.take_data_plane().await {
+            tracing::warn!(%error, "could not take the data plane; refusing the hello");
+            let reason =
+                "this replica cannot reach its database; connect again (to another replica)";
+            let error = WireError::new(xagent_protocol_types::ErrorCode::InternalError, reason);
+            self.send(Packet::error(ids::packet_id(), error).answering(packet)).await;
+            let close = crate::state::Outgoing::Close(
+                crate::state::CLOSE_TRY_AGAIN_LATER,
+                reason.to_owned(),
+            );
+            let _ = self.tx.send(close).await;
+            return;
+        }
         let card_id = self.shared.def.card.connector_card_id.clone();
         let result = {
             let mut state = self.shared.state();

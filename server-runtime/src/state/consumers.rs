@@ -1,22 +1,41 @@
 //! Reference-counted shared target consumers (a `getUpdates` poller, a platform connection):
 //! started by the first channel that needs one, stopped when the last channel releases it
 //! (sign-out, unregister).
+//!
+//! Replicated consumers (replicas on a shared database) are wanted on every replica but run
+//! on one, under a lease of their own: the registry keeps how to start each again, and the
+//! lease keeper starts it where the lease is won and stops it where the lease is lost.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use xagent_protocol_types::ConnectorChannelId;
 
-pub(crate) use crate::handle::StopFn;
+pub(crate) use crate::handle::{StartFn, StopFn};
 
 struct Entry {
     channels: HashSet<ConnectorChannelId>,
     stop: StopFn,
 }
 
+/// A replicated consumer: its users here, how to start it, and, while it runs here, the
+/// fencing number of its lease and how to stop it.
+struct Leased {
+    channels: HashSet<ConnectorChannelId>,
+    start: StartFn,
+    running: Option<(u64, StopFn)>,
+}
+
 /// The registry; lives inside the runtime state.
 #[derive(Default)]
 pub(crate) struct Consumers {
     entries: HashMap<String, Entry>,
+    leased: HashMap<String, Leased>,
+}
+
+/// The lease of a replicated consumer `key`.
+pub(crate) fn lease_name(key: &str) -> String {
+    format!("consumer:{key}")
 }
 
 impl Consumers {
@@ -48,9 +67,65 @@ impl Consumers {
         None
     }
 
+    /// Adds `channel` as a user of the replicated consumer `key`; true when nobody here
+    /// wanted it before (the lease keeper should try for its lease now).
+    pub(crate) fn want(&mut self, key: &str, channel: &ConnectorChannelId, start: StartFn) -> bool {
+        match self.leased.get_mut(key) {
+            Some(entry) => {
+                entry.channels.insert(channel.clone());
+                false
+            }
+            None => {
+                let channels = std::iter::once(channel.clone()).collect();
+                self.leased.insert(key.to_owned(), Leased { channels, start, running: None });
+                true
+            }
+        }
+    }
+
+    /// The replicated consumers wanted here: each key with the fencing number it runs with
+    /// here (`None` when it does not run here).
+    pub(crate) fn wanted(&self) -> Vec<(String, Option<u64>)> {
+        self.leased.iter().map(|(key, e)| (key.clone(), e.running.as_ref().map(|r| r.0))).collect()
+    }
+
+    /// How to start the replicated consumer `key`, when it is wanted and not running here.
+    pub(crate) fn start_of(&self, key: &str) -> Option<StartFn> {
+        self.leased.get(key).filter(|e| e.running.is_none()).map(|e| Arc::clone(&e.start))
+    }
+
+    /// Records that `key` runs here with `fence`; returns `stop` back when nobody wants it
+    /// any more (or it runs already), to run it.
+    pub(crate) fn started(&mut self, key: &str, fence: u64, stop: StopFn) -> Option<StopFn> {
+        match self.leased.get_mut(key) {
+            Some(entry) if entry.running.is_none() => {
+                entry.running = Some((fence, stop));
+                None
+            }
+            _ => Some(stop),
+        }
+    }
+
+    /// The lease of `key` held with `fence` was lost: how to stop it, when it runs here so.
+    pub(crate) fn lost(&mut self, key: &str, fence: u64) -> Option<StopFn> {
+        let entry = self.leased.get_mut(key)?;
+        if entry.running.as_ref().is_some_and(|(f, _)| *f == fence) {
+            return entry.running.take().map(|(_, stop)| stop);
+        }
+        None
+    }
+
     /// Removes `channel` from `key`; returns the stop function when it was the last user (the
     /// caller runs it outside any lock).
     pub(crate) fn detach(&mut self, key: &str, channel: &ConnectorChannelId) -> Option<StopFn> {
+        if let Some(entry) = self.leased.get_mut(key) {
+            entry.channels.remove(channel);
+            if entry.channels.is_empty() {
+                // Its lease runs out by itself once nobody renews it.
+                return self.leased.remove(key).and_then(|e| e.running).map(|(_, stop)| stop);
+            }
+            return None;
+        }
         let entry = self.entries.get_mut(key)?;
         entry.channels.remove(channel);
         if entry.channels.is_empty() {
@@ -67,13 +142,22 @@ impl Consumers {
             .iter()
             .filter(|(_, entry)| entry.channels.contains(channel))
             .map(|(key, _)| key.clone())
+            .chain(
+                self.leased
+                    .iter()
+                    .filter(|(_, entry)| entry.channels.contains(channel))
+                    .map(|(key, _)| key.clone()),
+            )
             .collect();
         keys.iter().filter_map(|key| self.detach(key, channel)).collect()
     }
 
-    /// Number of users of `key` (0 when not running).
+    /// Number of users of `key` here (0 when not running, or not wanted when replicated).
     pub(crate) fn users(&self, key: &str) -> usize {
-        self.entries.get(key).map_or(0, |entry| entry.channels.len())
+        match self.leased.get(key) {
+            Some(entry) => entry.channels.len(),
+            None => self.entries.get(key).map_or(0, |entry| entry.channels.len()),
+        }
     }
 }
 

@@ -67,7 +67,13 @@ impl Shared {
     pub(crate) async fn tick(self: &Arc<Self>) {
         let now = self.now();
         let lease = u64::try_from(self.config.lease.as_millis()).unwrap_or(u64::MAX);
-        let expired = {
+        let expired = if self.cluster.is_some() {
+            // One fact for the whole cluster, claimed by exactly one replica.
+            self.claim_expired_lease(lease).await.map(|(id, channels)| {
+                let cleared = self.storage.commit_connector_id(None);
+                (id, channels, cleared)
+            })
+        } else {
             let mut state = self.state();
             let due = state.live_sockets.is_empty()
                 && state.offline_since.is_some_and(|since| now >= since.saturating_add(lease));

@@ -8,11 +8,13 @@
 //! - `ops`: the author's [`crate::ConnectorHandle`] operations (`HandleOps`) on this state.
 //! - `hosts`: what the IM wiring and the Transfer Plane ask of this state.
 
+mod cluster;
 mod consumers;
 mod hosts;
 mod lifecycle;
 mod ops;
 
+pub(crate) use cluster::{CLOSE_TRY_AGAIN_LATER, ClusterRuntime};
 pub(crate) use consumers::Consumers;
 
 use std::collections::{HashMap, HashSet};
@@ -104,6 +106,8 @@ pub(crate) struct State {
     pub(crate) auth_sessions: HashMap<AuthSessionId, AuthSession, RandomState>,
     pub(crate) consumers: Consumers,
     pub(crate) next_socket: u64,
+    /// Stops each live socket (a replica that lost the data plane closes them all).
+    pub(crate) socket_stops: HashMap<u64, CancellationToken, RandomState>,
 }
 
 impl State {
@@ -111,6 +115,21 @@ impl State {
     pub(crate) fn insert_channel(&mut self, record: ChannelRecord) {
         self.remove_channel(&record.id);
         self.channels.insert(record.id.clone(), Channel { record: Box::new(record), route: None });
+    }
+
+    /// Takes a channel's record as another replica stored it, keeping its route here; true
+    /// when the channel is routed here.
+    pub(crate) fn refresh_channel(&mut self, record: ChannelRecord) -> bool {
+        match self.channels.get_mut(&record.id) {
+            Some(entry) => {
+                *entry.record = record;
+                entry.route.is_some()
+            }
+            None => {
+                self.insert_channel(record);
+                false
+            }
+        }
     }
 
     /// Removes a channel and its route.
@@ -226,6 +245,10 @@ pub(crate) struct Shared {
     /// The Card and version window every connection's session is judged by (the connection
     /// core's one home of them), read when a connection starts.
     pub(crate) admission: xagent_connection::Admission,
+    /// Replicas sharing the database, when the storage offers a cluster.
+    pub(crate) cluster: Option<ClusterRuntime>,
+    /// The author's broadcasts, as heard on this replica (its own and the others').
+    pub(crate) broadcasts: tokio::sync::broadcast::Sender<crate::handle::Broadcast>,
 }
 
 impl Shared {

@@ -16,7 +16,7 @@ use xagent_protocol_types::{
 use super::Shared;
 use crate::binding::Binding;
 use crate::error::HandleError;
-use crate::handle::{ConnectorHandle, DeviceStatus, HandleOps, StopFn};
+use crate::handle::{Broadcast, ConnectorHandle, DeviceStatus, HandleOps, StartFn, StopFn};
 use crate::ids;
 use crate::im::ImState;
 use crate::storage::ChannelRecord;
@@ -42,6 +42,26 @@ impl Shared {
             self.commit_channel(record)
         };
         record.committed().await?;
+        Ok(())
+    }
+
+    /// Checks the broadcast's sizes, hands it to this replica's subscribers and, on a shared
+    /// database, to the others (a wake-up through the group commit, heard once it commits).
+    async fn broadcast_now(&self, topic: String, message: String) -> Result<(), HandleError> {
+        use crate::storage::{MAX_BROADCAST_MESSAGE_BYTES, MAX_BROADCAST_TOPIC_BYTES, Notice};
+        for (what, text, limit) in [
+            ("topic", &topic, MAX_BROADCAST_TOPIC_BYTES),
+            ("message", &message, MAX_BROADCAST_MESSAGE_BYTES),
+        ] {
+            if text.len() > limit {
+                return Err(HandleError::BroadcastTooLarge { what, size: text.len(), limit });
+            }
+        }
+        if let Some(cluster) = &self.cluster {
+            let notice = Notice::broadcast(cluster.cluster.replica(), &topic, &message);
+            self.storage.commit(vec![notice.into_write()]).committed().await?;
+        }
+        let _ = self.broadcasts.send(Broadcast { topic, message });
         Ok(())
     }
 
@@ -252,6 +272,20 @@ impl HandleOps for Shared {
         self.state().consumers.users(key)
     }
 
+    fn consumer_want(
+        &self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        start: StartFn,
+    ) -> Option<bool> {
+        let cluster = self.cluster.as_ref()?;
+        let new = self.state().consumers.want(key, channel, start);
+        if new {
+            cluster.consumers_wanted.notify_one();
+        }
+        Some(new)
+    }
+
     fn tick(self: Arc<Self>) -> BoxFuture<'static, ()> {
         async move { Shared::tick(&self).await }.boxed()
     }
@@ -279,6 +313,15 @@ impl HandleOps for Shared {
 
     fn files(&self) -> Option<&FileStore> {
         self.files.as_ref()
+    }
+
+    fn broadcast(&self, topic: &str, message: &str) -> BoxFuture<'_, Result<(), HandleError>> {
+        let (topic, message) = (topic.to_owned(), message.to_owned());
+        async move { self.broadcast_now(topic, message).await }.boxed()
+    }
+
+    fn subscribe_broadcast(&self) -> tokio::sync::broadcast::Receiver<Broadcast> {
+        self.broadcasts.subscribe()
     }
 
     fn author_store(&self) -> crate::AuthorStore {

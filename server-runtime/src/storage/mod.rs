@@ -19,6 +19,7 @@
 
 pub(crate) mod author;
 mod author_rules;
+mod cluster;
 mod group;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -26,13 +27,18 @@ mod sqlite;
 mod write_op;
 
 pub use author_rules::{AuthorRecord, AuthorScan};
+pub(crate) use cluster::Notice;
+pub use cluster::{
+    Cluster, ClusterEvent, ClusterStorage, DATA_PLANE_LEASE, LeaseState,
+    MAX_BROADCAST_MESSAGE_BYTES, MAX_BROADCAST_TOPIC_BYTES,
+};
 pub use group::{CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStorage};
 pub use sqlite::{DATABASE_FILE, SqliteOptions, SqliteStorage, private_database_files};
 #[cfg(test)]
 pub(crate) use write_op::prefix_upper_bound as write_op_prefix_upper_bound;
-pub use write_op::{MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, WriteOp};
+pub use write_op::{MAX_NOTIFY_BYTES, MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, WriteOp};
 
 use std::collections::BTreeMap;
 
@@ -112,6 +118,14 @@ pub trait Storage: Send + Sync + 'static {
     async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError>;
     /// Every stored channel.
     async fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError>;
+    /// One stored channel (a replica re-reads a row another replica wrote). The default reads
+    /// every channel; a backend with an index on the id overrides it.
+    async fn load_channel(
+        &self,
+        id: &ConnectorChannelId,
+    ) -> Result<Option<ChannelRecord>, StorageError> {
+        Ok(self.load_channels().await?.into_iter().find(|record| &record.id == id))
+    }
     /// A stored tool call by `(channel, key)`.
     async fn load_tool_call(
         &self,
@@ -122,6 +136,17 @@ pub trait Storage: Send + Sync + 'static {
     async fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError>;
     /// Every pending IM outbox record (the outbox loads them when it opens).
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError>;
+    /// The pending IM outbox records of one channel (a replica taking the channel's socket
+    /// over, or woken by another replica's write). The default filters
+    /// [`Storage::load_pending`]; a backend with an index overrides it.
+    async fn load_pending_of(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> Result<Vec<PendingRecord>, StorageError> {
+        let mut all = self.load_pending().await?;
+        all.retain(|record| &record.channel == channel);
+        Ok(all)
+    }
     /// The receiver idempotency record of one `(channel, message_id)`, if stored: one point
     /// read, asked when the receiver does not hold the id in memory.
     async fn lookup_completed(
@@ -145,6 +170,18 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<Vec<AuthorRecord>, StorageError>;
     /// How many author records of `namespace` have a key starting with `prefix`.
     async fn author_count(&self, namespace: &str, prefix: &str) -> Result<u64, StorageError>;
+
+    /// The leases and wake-ups of a database several replicas share; `None` (the default) for
+    /// a storage only one process uses, such as SQLite.
+    fn cluster(&self) -> Option<std::sync::Arc<dyn Cluster>> {
+        None
+    }
+
+    /// Checks that the storage answers (a replica's readiness); the default has nothing to
+    /// check (an embedded database).
+    async fn ping(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
 
     /// Queues `writes` as one transaction without waiting; the ticket resolves once it
     /// committed (or with the error that rolled it back: then none of it happened).

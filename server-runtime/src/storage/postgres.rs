@@ -9,6 +9,7 @@
 //! connection each; every write goes through the writer, except the maintenance prune of old
 //! tool calls (one statement of its own, as on SQLite).
 
+mod cluster;
 mod schema;
 mod writer;
 
@@ -61,6 +62,9 @@ pub struct PostgresStorage {
     pool: Pool,
     writer: Arc<writer::Writer>,
     url: DatabaseUrl,
+    /// Leases and wake-ups of the replicas sharing the database (its listener runs while a
+    /// clone lives).
+    cluster: Arc<cluster::PgCluster>,
 }
 
 impl std::fmt::Debug for PostgresStorage {
@@ -85,7 +89,8 @@ impl PostgresStorage {
             .await
             .map_err(|e| StorageError::new("migrate the PostgreSQL schema", e))?;
         let writer = writer::Writer::start(pool.clone(), options.group_commit);
-        Ok(Self { pool, writer: Arc::new(writer), url: url.clone() })
+        let cluster = Arc::new(cluster::PgCluster::start(pool.clone(), url.clone(), options.pool));
+        Ok(Self { pool, writer: Arc::new(writer), url: url.clone(), cluster })
     }
 
     /// The database URL (its Display and Debug redact the password).
@@ -144,28 +149,19 @@ impl PostgresStorage {
 
     /// Every stored channel, oldest first.
     pub async fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
-        const OP: &str = "load channels";
-        let rows = self
-            .query(
-                OP,
-                "SELECT id, connector_id, status, binding, tool_overrides, created_at
-                 FROM server_channels ORDER BY created_at, id",
-                &[],
-            )
-            .await?;
-        rows.iter()
-            .map(|row| {
-                ChannelRow {
-                    id: get(row, 0, OP)?,
-                    connector_id: get(row, 1, OP)?,
-                    status: get(row, 2, OP)?,
-                    binding: get(row, 3, OP)?,
-                    tool_overrides: get(row, 4, OP)?,
-                    created_at: get(row, 5, OP)?,
-                }
-                .decode()
-            })
-            .collect()
+        let sql = format!("{CHANNEL_COLUMNS} ORDER BY created_at, id");
+        let rows = self.query(LOAD_CHANNELS, &sql, &[]).await?;
+        rows.iter().map(channel_of).collect()
+    }
+
+    /// One stored channel by id.
+    pub async fn load_channel(
+        &self,
+        id: &ConnectorChannelId,
+    ) -> Result<Option<ChannelRecord>, StorageError> {
+        let sql = format!("{CHANNEL_COLUMNS} WHERE id = $1");
+        let row = self.query_opt(LOAD_CHANNELS, &sql, &[&id.as_str()]).await?;
+        row.as_ref().map(channel_of).transpose()
     }
 
     /// A stored tool call by `(channel, key)`.
@@ -278,31 +274,19 @@ impl PostgresStorage {
 
     /// Every pending outbox message, in `seq` order.
     pub async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError> {
-        const OP: &str = "load pending messages";
-        let rows = self
-            .query(
-                OP,
-                "SELECT channel, message_id, seq, payload, attempts, first_responsibility_at,
-                   expires_at, next_attempt_at, last_error FROM server_im_pending ORDER BY seq",
-                &[],
-            )
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let attempts: i64 = get(row, 4, OP)?;
-                Ok(PendingRecord {
-                    channel: ConnectorChannelId::new(get::<String>(row, 0, OP)?),
-                    message_id: MessageId::new(get::<String>(row, 1, OP)?),
-                    seq: to_u64(get(row, 2, OP)?),
-                    payload: get(row, 3, OP)?,
-                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-                    first_responsibility_at: to_u64(get(row, 5, OP)?),
-                    expires_at: to_u64(get(row, 6, OP)?),
-                    next_attempt_at: to_u64(get(row, 7, OP)?),
-                    last_error: get::<Option<Vec<u8>>>(row, 8, OP)?.map(text_of),
-                })
-            })
-            .collect()
+        let sql = format!("{PENDING_COLUMNS} ORDER BY seq");
+        let rows = self.query(LOAD_PENDING, &sql, &[]).await?;
+        rows.iter().map(pending_of).collect()
+    }
+
+    /// The pending outbox messages of one channel, in `seq` order (the primary key's prefix).
+    pub async fn load_pending_of(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> Result<Vec<PendingRecord>, StorageError> {
+        let sql = format!("{PENDING_COLUMNS} WHERE channel = $1 ORDER BY seq");
+        let rows = self.query(LOAD_PENDING, &sql, &[&channel.as_str()]).await?;
+        rows.iter().map(pending_of).collect()
     }
 
     /// One receiver idempotency record by its key (a point read on the primary key).
@@ -354,6 +338,44 @@ impl PostgresStorage {
     }
 }
 
+const LOAD_CHANNELS: &str = "load channels";
+const CHANNEL_COLUMNS: &str =
+    "SELECT id, connector_id, status, binding, tool_overrides, created_at FROM server_channels";
+const LOAD_PENDING: &str = "load pending messages";
+const PENDING_COLUMNS: &str = "SELECT channel, message_id, seq, payload, attempts,
+   first_responsibility_at, expires_at, next_attempt_at, last_error FROM server_im_pending";
+
+/// A channel row of [`CHANNEL_COLUMNS`].
+fn channel_of(row: &Row) -> Result<ChannelRecord, StorageError> {
+    const OP: &str = LOAD_CHANNELS;
+    ChannelRow {
+        id: get(row, 0, OP)?,
+        connector_id: get(row, 1, OP)?,
+        status: get(row, 2, OP)?,
+        binding: get(row, 3, OP)?,
+        tool_overrides: get(row, 4, OP)?,
+        created_at: get(row, 5, OP)?,
+    }
+    .decode()
+}
+
+/// An outbox row of [`PENDING_COLUMNS`].
+fn pending_of(row: &Row) -> Result<PendingRecord, StorageError> {
+    const OP: &str = LOAD_PENDING;
+    let attempts: i64 = get(row, 4, OP)?;
+    Ok(PendingRecord {
+        channel: ConnectorChannelId::new(get::<String>(row, 0, OP)?),
+        message_id: MessageId::new(get::<String>(row, 1, OP)?),
+        seq: to_u64(get(row, 2, OP)?),
+        payload: get(row, 3, OP)?,
+        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+        first_responsibility_at: to_u64(get(row, 5, OP)?),
+        expires_at: to_u64(get(row, 6, OP)?),
+        next_attempt_at: to_u64(get(row, 7, OP)?),
+        last_error: get::<Option<Vec<u8>>>(row, 8, OP)?.map(text_of),
+    })
+}
+
 /// A column of a row; a type mismatch (a schema this binary does not know) is an error.
 fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
     row: &'a Row,
@@ -379,6 +401,13 @@ impl Storage for PostgresStorage {
         PostgresStorage::load_channels(self).await
     }
 
+    async fn load_channel(
+        &self,
+        id: &ConnectorChannelId,
+    ) -> Result<Option<ChannelRecord>, StorageError> {
+        PostgresStorage::load_channel(self, id).await
+    }
+
     async fn load_tool_call(
         &self,
         channel: &ConnectorChannelId,
@@ -393,6 +422,13 @@ impl Storage for PostgresStorage {
 
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError> {
         PostgresStorage::load_pending(self).await
+    }
+
+    async fn load_pending_of(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> Result<Vec<PendingRecord>, StorageError> {
+        PostgresStorage::load_pending_of(self, channel).await
     }
 
     async fn lookup_completed(
@@ -429,6 +465,14 @@ impl Storage for PostgresStorage {
 
     fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {
         PostgresStorage::commit(self, writes)
+    }
+
+    fn cluster(&self) -> Option<Arc<dyn super::Cluster>> {
+        Some(Arc::clone(&self.cluster) as Arc<dyn super::Cluster>)
+    }
+
+    async fn ping(&self) -> Result<(), StorageError> {
+        self.cluster.ping_pool().await
     }
 }
 

@@ -95,6 +95,13 @@ pub enum WriteOp {
         /// Key prefix.
         prefix: String,
     },
+    /// Fails the submission unless the data-plane lease still carries this fencing number
+    /// (a replica whose lease was taken over can no longer commit). Put first by
+    /// [`crate::ClusterStorage`]; a single-process backend has one holder and checks nothing.
+    Fence(u64),
+    /// Wakes the replicas sharing the database with this text once the transaction commits
+    /// (PostgreSQL `NOTIFY`); nothing on a single-process backend.
+    Notify(String),
 }
 
 impl WriteOp {
@@ -274,6 +281,8 @@ impl std::fmt::Debug for WriteOp {
             Self::AuthorDeletePrefix { namespace, prefix } => {
                 write!(f, "AuthorDeletePrefix({namespace}, {prefix})")
             }
+            Self::Fence(fence) => write!(f, "Fence({fence})"),
+            Self::Notify(text) => write!(f, "Notify({} bytes)", text.len()),
         }
     }
 }
@@ -282,6 +291,10 @@ impl std::fmt::Debug for WriteOp {
 /// in bytes: PostgreSQL's primary-key index takes about 2,700 bytes per row, so two of these
 /// fit; SQLite takes the same.
 pub const MAX_STORED_KEY_BYTES: usize = 1024;
+
+/// Longest wake-up text ([`WriteOp::Notify`]; PostgreSQL takes 8,000 bytes per `NOTIFY`
+/// payload).
+pub const MAX_NOTIFY_BYTES: usize = 7_900;
 
 /// Longest value a backend stores (a payload, a result, a binding), in bytes: SQLite's own
 /// limit on one value, below PostgreSQL's (1 GiB).
@@ -311,8 +324,22 @@ impl WriteOp {
             Self::Idempotency(IdempotencyWrite::Trim { channel, .. }) => {
                 (vec![channel.as_str()], Vec::new())
             }
-            Self::Idempotency(IdempotencyWrite::Expire { .. }) | Self::PruneToolCalls { .. } => {
-                (Vec::new(), Vec::new())
+            Self::Idempotency(IdempotencyWrite::Expire { .. })
+            | Self::PruneToolCalls { .. }
+            | Self::Fence(_) => (Vec::new(), Vec::new()),
+            Self::Notify(text) => {
+                if text.len() > MAX_NOTIFY_BYTES || text.contains('\0') {
+                    return Err(super::StorageError::new(
+                        "check a write",
+                        format!(
+                            "a wake-up of {} bytes (at most {}, no NUL); nothing of its \
+                             submission was stored",
+                            text.len(),
+                            MAX_NOTIFY_BYTES
+                        ),
+                    ));
+                }
+                return Ok(());
             }
             Self::ToolCall { channel, key, fingerprint, result, error, .. } => {
                 let mut values = vec![fingerprint.as_str()];
@@ -436,6 +463,9 @@ pub(crate) fn execute(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
                 params![namespace, prefix.as_bytes(), upper],
             )
         }
+        // One process owns a SQLite database: there is no other holder to fence off and no
+        // other replica to wake.
+        WriteOp::Fence(_) | WriteOp::Notify(_) => Ok(()),
     }
 }
 

@@ -53,4 +53,24 @@ CREATE TABLE server_author_records (
   PRIMARY KEY (namespace, key));
 ",
     ),
+    // 3: replicas: leases with fencing numbers (the data plane's, consumers'), the fence
+    // check every submission of the data-plane holder runs first, and an index for one
+    // channel's outbox records.
+    Migration::new(
+        3,
+        "
+CREATE TABLE server_leases (
+  name TEXT PRIMARY KEY, holder TEXT, fence BIGINT NOT NULL DEFAULT 0,
+  expires_at BIGINT NOT NULL DEFAULT 0, released_at BIGINT);
+INSERT INTO server_leases (name) VALUES ('data_plane');
+CREATE FUNCTION server_check_fence(expected BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM 1 FROM server_leases WHERE name = 'data_plane' AND fence = expected FOR SHARE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'fenced: this replica no longer holds the data plane (its fencing number % was superseded); nothing of this submission was stored', expected
+      USING ERRCODE = 'XAF01';
+  END IF;
+END $$;
+",
+    ),
 ];

@@ -334,6 +334,12 @@ const AUTHOR_DELETE: &str = "DELETE FROM server_author_records WHERE namespace =
 const AUTHOR_DELETE_PREFIX: &str = "DELETE FROM server_author_records
  WHERE namespace = $1 AND key >= $2 AND ($3::BYTEA IS NULL OR key < $3)";
 
+/// Raises `fenced` (SQLSTATE `XAF01`) unless the data-plane lease still carries the number;
+/// the row lock orders it against a take-over (schema migration 3).
+const FENCE: &str = "SELECT server_check_fence($1)";
+/// The wake-up, delivered to listening replicas when the transaction commits.
+const NOTIFY: &str = "SELECT pg_notify('xagent_server', $1)";
+
 /// The statement that carries `op`.
 fn sql_of(op: &WriteOp) -> &'static str {
     match op {
@@ -353,6 +359,8 @@ fn sql_of(op: &WriteOp) -> &'static str {
         WriteOp::AuthorPut { .. } => AUTHOR_PUT,
         WriteOp::AuthorDelete { .. } => AUTHOR_DELETE,
         WriteOp::AuthorDeletePrefix { .. } => AUTHOR_DELETE_PREFIX,
+        WriteOp::Fence(_) => FENCE,
+        WriteOp::Notify(_) => NOTIFY,
     }
 }
 
@@ -442,6 +450,8 @@ fn params_of(op: &WriteOp) -> Vec<Param> {
             Box::new(prefix.as_bytes().to_vec()),
             Box::new(super::super::write_op::prefix_upper_bound(prefix.as_bytes())),
         ],
+        WriteOp::Fence(fence) => vec![int(*fence)],
+        WriteOp::Notify(payload) => vec![text(payload)],
     }
 }
 

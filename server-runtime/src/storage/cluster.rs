@@ -1,0 +1,365 @@
+//! What replicas of one Connector share beyond rows: leases with fencing numbers and wake-ups
+//! ([`Cluster`]), offered by a storage several processes can use at once (PostgreSQL). A
+//! single-machine storage (SQLite) offers none and the runtime runs alone, as before.
+//!
+//! [`ClusterStorage`] is the storage the runtime uses on such a backend: it puts the fencing
+//! number of the data-plane lease this replica holds in front of every submission (so a
+//! replica whose lease was taken over cannot commit an acknowledgement: its transaction fails
+//! in the database), and adds a wake-up to every write another replica must hear about (an
+//! outbox record, a channel row), delivered only when the transaction commits.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+use xagent_profile_im::{CompletedRecord, OutboxWrite, PendingRecord};
+use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
+
+use super::{
+    AuthorRecord, AuthorScan, ChannelRecord, CommitTicket, Storage, StorageError, ToolCallRecord,
+    WriteOp,
+};
+
+/// The name of the data-plane lease: held by the replica xAgent's socket reached.
+pub const DATA_PLANE_LEASE: &str = "data_plane";
+
+/// Longest topic of an author broadcast, in bytes.
+pub const MAX_BROADCAST_TOPIC_BYTES: usize = 128;
+
+/// Longest message of an author broadcast, in bytes.
+pub const MAX_BROADCAST_MESSAGE_BYTES: usize = 1_024;
+
+/// A lease as stored: who holds it, its fencing number (raised by every take-over) and how
+/// long the holder's last renewal keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseState {
+    /// The holding replica, if any.
+    pub holder: Option<String>,
+    /// The fencing number of the current (or last) holding.
+    pub fence: u64,
+    /// Until when (Unix ms) the holder's last renewal keeps it.
+    pub expires_at: u64,
+    /// When (Unix ms) the last holder gave it up, if it did and nobody took it since.
+    pub released_at: Option<u64>,
+}
+
+impl LeaseState {
+    /// Since when (Unix ms) nobody has held the lease: since its release, or since the last
+    /// holder's renewal ran out; `None` while held, or when nobody ever held it (or it was
+    /// cleaned up).
+    pub fn vacant_since(&self, now: u64) -> Option<u64> {
+        match &self.holder {
+            Some(_) if self.expires_at > now => None,
+            Some(_) => Some(self.expires_at),
+            None => self.released_at,
+        }
+    }
+}
+
+/// What one replica hears from the others (through the database's notifications).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClusterEvent {
+    /// Outbox records of the channel were written by another replica.
+    Outbox(ConnectorChannelId),
+    /// The channel's row was written or deleted by another replica.
+    Channel(ConnectorChannelId),
+    /// A replica took the data-plane lease with this fencing number.
+    DataPlaneTaken {
+        /// The new fencing number.
+        fence: u64,
+        /// The replica that took it.
+        replica: String,
+    },
+    /// An author broadcast from another replica.
+    Broadcast {
+        /// Its topic.
+        topic: String,
+        /// Its message.
+        message: String,
+    },
+    /// The notification stream (re)started: what was sent while it was down is lost, so
+    /// whoever keeps a view of shared rows reads them again.
+    Resync,
+}
+
+/// The stored form of a wake-up: who sent it and what it says, as short JSON.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Notice {
+    /// The sending replica.
+    pub(crate) r: String,
+    /// The kind: `outbox`, `channel`, `lease`, `broadcast`.
+    pub(crate) k: String,
+    /// A channel id, for `outbox` and `channel`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) c: Option<String>,
+    /// A fencing number, for `lease`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) f: Option<u64>,
+    /// A topic, for `broadcast`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) t: Option<String>,
+    /// A message, for `broadcast`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) m: Option<String>,
+}
+
+impl Notice {
+    fn about(replica: &str, kind: &str) -> Self {
+        Self { r: replica.to_owned(), k: kind.to_owned(), c: None, f: None, t: None, m: None }
+    }
+
+    /// A wake-up about a channel's outbox records.
+    pub(crate) fn outbox(replica: &str, channel: &str) -> Self {
+        Self { c: Some(channel.to_owned()), ..Self::about(replica, "outbox") }
+    }
+
+    /// A wake-up about a channel's row.
+    pub(crate) fn channel(replica: &str, channel: &str) -> Self {
+        Self { c: Some(channel.to_owned()), ..Self::about(replica, "channel") }
+    }
+
+    /// An author broadcast.
+    pub(crate) fn broadcast(replica: &str, topic: &str, message: &str) -> Self {
+        Self {
+            t: Some(topic.to_owned()),
+            m: Some(message.to_owned()),
+            ..Self::about(replica, "broadcast")
+        }
+    }
+
+    /// The wake-up write.
+    pub(crate) fn into_write(self) -> WriteOp {
+        WriteOp::Notify(serde_json::to_string(&self).unwrap_or_default())
+    }
+
+    /// Reads a payload: `None` for one this version does not understand (ignored), or one
+    /// `own` (this replica) sent.
+    pub(crate) fn read(payload: &str, own: &str) -> Option<ClusterEvent> {
+        let notice: Notice = serde_json::from_str(payload).ok()?;
+        let channel = || notice.c.clone().map(ConnectorChannelId::new);
+        let event = match notice.k.as_str() {
+            "lease" => ClusterEvent::DataPlaneTaken { fence: notice.f?, replica: notice.r.clone() },
+            _ if notice.r == own => return None,
+            "outbox" => ClusterEvent::Outbox(channel()?),
+            "channel" => ClusterEvent::Channel(channel()?),
+            "broadcast" => {
+                ClusterEvent::Broadcast { topic: notice.t.clone()?, message: notice.m.clone()? }
+            }
+            _ => return None,
+        };
+        Some(event)
+    }
+}
+
+/// Leases and wake-ups shared by the replicas of one Connector (implemented by a storage
+/// several processes use at once).
+#[async_trait::async_trait]
+pub trait Cluster: Send + Sync + 'static {
+    /// This process's replica name (random per start, shown in logs and in lease rows).
+    fn replica(&self) -> &str;
+    /// Hears what the other replicas do, from now on. A [`ClusterEvent::Resync`] comes first
+    /// once the stream is listening, and again after every reconnection.
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<ClusterEvent>;
+    /// Takes lease `name` for `valid_for_ms`: from whoever holds it when `force` (the
+    /// data-plane lease follows xAgent's newest socket), else only when it is free or its
+    /// holder's renewal ran out (or this replica holds it). Returns the new fencing number, or
+    /// `None` when another replica holds it.
+    async fn acquire(
+        &self,
+        name: &str,
+        force: bool,
+        now: u64,
+        valid_for_ms: u64,
+    ) -> Result<Option<u64>, StorageError>;
+    /// Extends lease `name` held with `fence`; false when it is no longer this replica's.
+    async fn renew(
+        &self,
+        name: &str,
+        fence: u64,
+        now: u64,
+        valid_for_ms: u64,
+    ) -> Result<bool, StorageError>;
+    /// Gives lease `name` up (when still held with `fence`).
+    async fn release(&self, name: &str, fence: u64, now: u64) -> Result<(), StorageError>;
+    /// Lease `name` as stored (a never-taken lease reads as free, fence 0).
+    async fn lease(&self, name: &str) -> Result<LeaseState, StorageError>;
+    /// Claims the cleanup of lease `name` after it stayed vacant: succeeds for exactly one
+    /// caller that saw `fence`, raising the fence and marking the lease as never held.
+    async fn claim_vacant(&self, name: &str, fence: u64, now: u64) -> Result<bool, StorageError>;
+    /// Checks that the database answers (the replica's health).
+    async fn ping(&self) -> Result<(), StorageError>;
+}
+
+/// The runtime's storage on a shared database: the backend, plus the fencing number of the
+/// data-plane lease while this replica holds it (0 when it does not) and the wake-ups other
+/// replicas need. Reads pass through.
+pub struct ClusterStorage {
+    inner: Arc<dyn Storage>,
+    replica: String,
+    fence: AtomicU64,
+}
+
+impl ClusterStorage {
+    /// Wraps `inner` for the replica named `replica`.
+    pub fn new(inner: Arc<dyn Storage>, replica: impl Into<String>) -> Self {
+        Self { inner, replica: replica.into(), fence: AtomicU64::new(0) }
+    }
+
+    /// From now on every submission is fenced with `fence` (0: not fenced).
+    pub fn set_fence(&self, fence: u64) {
+        self.fence.store(fence, Ordering::SeqCst);
+    }
+
+    /// The fencing number submissions carry now (0: none).
+    pub fn fence(&self) -> u64 {
+        self.fence.load(Ordering::SeqCst)
+    }
+
+    /// What `writes` become: the fence first, then the writes, then one wake-up per channel
+    /// whose outbox or row they change.
+    fn augment(&self, writes: Vec<WriteOp>) -> Vec<WriteOp> {
+        let fence = self.fence();
+        let mut notices: Vec<(bool, String)> = Vec::new();
+        for write in &writes {
+            let about = match write {
+                WriteOp::Outbox(OutboxWrite::Save(record)) => Some((true, record.channel.as_str())),
+                WriteOp::Channel { id, .. } | WriteOp::DeleteChannel(id) => {
+                    Some((false, id.as_str()))
+                }
+                _ => None,
+            };
+            if let Some((outbox, channel)) = about
+                && !notices.iter().any(|(o, c)| *o == outbox && c == channel)
+            {
+                notices.push((outbox, channel.to_owned()));
+            }
+        }
+        let mut all = Vec::with_capacity(writes.len() + notices.len() + 1);
+        // A broadcast alone acknowledges nothing: it needs no fence.
+        let only_notices = writes.iter().all(|w| matches!(w, WriteOp::Notify(_)));
+        if fence != 0 && !only_notices {
+            all.push(WriteOp::Fence(fence));
+        }
+        all.extend(writes);
+        for (outbox, channel) in notices {
+            let notice = if outbox {
+                Notice::outbox(&self.replica, &channel)
+            } else {
+                Notice::channel(&self.replica, &channel)
+            };
+            all.push(notice.into_write());
+        }
+        all
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for ClusterStorage {
+    async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
+        self.inner.load_connector_id().await
+    }
+    async fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
+        self.inner.load_channels().await
+    }
+    async fn load_channel(
+        &self,
+        id: &ConnectorChannelId,
+    ) -> Result<Option<ChannelRecord>, StorageError> {
+        self.inner.load_channel(id).await
+    }
+    async fn load_tool_call(
+        &self,
+        channel: &ConnectorChannelId,
+        key: &str,
+    ) -> Result<Option<ToolCallRecord>, StorageError> {
+        self.inner.load_tool_call(channel, key).await
+    }
+    async fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
+        self.inner.load_meta(key).await
+    }
+    async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError> {
+        self.inner.load_pending().await
+    }
+    async fn load_pending_of(
+        &self,
+        channel: &ConnectorChannelId,
+    ) -> Result<Vec<PendingRecord>, StorageError> {
+        self.inner.load_pending_of(channel).await
+    }
+    async fn lookup_completed(
+        &self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<Option<CompletedRecord>, StorageError> {
+        self.inner.lookup_completed(channel, message_id).await
+    }
+    async fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
+        self.inner.prune_tool_calls(before).await
+    }
+    async fn author_get(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        self.inner.author_get(namespace, key).await
+    }
+    async fn author_scan(
+        &self,
+        namespace: &str,
+        scan: &AuthorScan,
+    ) -> Result<Vec<AuthorRecord>, StorageError> {
+        self.inner.author_scan(namespace, scan).await
+    }
+    async fn author_count(&self, namespace: &str, prefix: &str) -> Result<u64, StorageError> {
+        self.inner.author_count(namespace, prefix).await
+    }
+    fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {
+        self.inner.commit(self.augment(writes))
+    }
+    fn cluster(&self) -> Option<Arc<dyn Cluster>> {
+        self.inner.cluster()
+    }
+    async fn ping(&self) -> Result<(), StorageError> {
+        self.inner.ping().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vacant_lease_counts_from_its_release_or_its_last_renewal() {
+        let held =
+            LeaseState { holder: Some("a".into()), fence: 3, expires_at: 5_000, released_at: None };
+        assert_eq!(held.vacant_since(4_999), None);
+        assert_eq!(held.vacant_since(5_000), Some(5_000), "the holder stopped renewing");
+        let released = LeaseState { holder: None, released_at: Some(4_000), ..held.clone() };
+        assert_eq!(released.vacant_since(9_000), Some(4_000));
+        let cleaned = LeaseState { holder: None, released_at: None, ..held };
+        assert_eq!(cleaned.vacant_since(9_000), None);
+    }
+
+    #[test]
+    fn notices_name_their_replica_and_are_not_heard_by_it() {
+        let payload = |n: Notice| match n.into_write() {
+            WriteOp::Notify(text) => text,
+            other => panic!("{other:?}"),
+        };
+        let outbox = payload(Notice::outbox("r1", "cch_1"));
+        assert_eq!(
+            Notice::read(&outbox, "r2"),
+            Some(ClusterEvent::Outbox(ConnectorChannelId::new("cch_1")))
+        );
+        assert_eq!(Notice::read(&outbox, "r1"), None, "own wake-ups are not heard");
+        let lease = r#"{"r":"r1","k":"lease","f":7}"#;
+        assert_eq!(
+            Notice::read(lease, "r1"),
+            Some(ClusterEvent::DataPlaneTaken { fence: 7, replica: "r1".into() }),
+            "a lease change is heard by everyone"
+        );
+        assert_eq!(Notice::read("not json", "r2"), None);
+        assert_eq!(Notice::read(r#"{"r":"r1","k":"future"}"#, "r2"), None);
+    }
+}
