@@ -237,7 +237,7 @@ async fn session(
                     }
                 }
                 plane.remember_channel(channel).await;
-                for (tool, arguments) in calls.iter().cloned().filter(|_| !report) {
+                for (tool, arguments) in calls.iter().filter(|_| !report).cloned() {
                     let arguments = as_a_model_would(&plane, &tool, arguments);
                     match plane.invoke_tool(MOCK_USER, None, &tool, arguments).await {
                         Ok(outcome) => println!(

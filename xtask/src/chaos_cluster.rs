@@ -389,10 +389,9 @@ impl Mock {
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Ok(value) = serde_json::from_str::<Value>(&line)
                     && value.get("report").is_some()
+                    && let Ok(mut reports) = reports.lock()
                 {
-                    if let Ok(mut reports) = reports.lock() {
-                        reports.push((name, value));
-                    }
+                    reports.push((name, value));
                 }
             }
         });
