@@ -46,6 +46,46 @@ impl clap::builder::TypedValueParser for DatabaseUrlParser {
     }
 }
 
+/// The warning to print when the command line itself holds a database URL with a password
+/// (`--database-url URL` or `--database-url=URL`): every local user can read a process's
+/// arguments. `None` when it holds none (a URL from the environment is not on it).
+pub(crate) fn password_on_command_line<I, S>(args: I) -> Option<String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let Some(arg) = arg.as_ref().to_str().map(str::to_owned) else { continue };
+        if arg == "--" {
+            break;
+        }
+        let value = if arg == "--database-url" {
+            args.next().and_then(|v| v.as_ref().to_str().map(str::to_owned))
+        } else {
+            arg.strip_prefix("--database-url=").map(str::to_owned)
+        };
+        let has_password = value
+            .and_then(|text| DatabaseUrl::parse(&text).ok())
+            .is_some_and(|url| url.config().get_password().is_some());
+        if has_password {
+            return Some(format!(
+                "xagent-connector: warning: the --database-url on the command line holds a \
+                 password, which every local user can read in the process list; put the URL in \
+                 the environment variable {ENV_DATABASE_URL} instead"
+            ));
+        }
+    }
+    None
+}
+
+/// Prints [`password_on_command_line`]'s warning for this process's arguments, if any.
+pub(crate) fn warn_if_password_on_command_line() {
+    if let Some(warning) = password_on_command_line(std::env::args_os().skip(1)) {
+        eprintln!("{warning}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +114,27 @@ mod tests {
             panic!("a URL that is not PostgreSQL's is refused")
         };
         assert!(!refused.to_string().contains("hunter2"), "{refused}");
+    }
+
+    #[test]
+    fn a_password_on_the_command_line_is_warned_about_without_repeating_it() {
+        for args in [
+            &["webchat", "--database-url", "postgres://app:hunter2@127.0.0.1/state"][..],
+            &["homie", "--database-url=postgres://app:hunter2@db.example/state"][..],
+            &["mcp", "--database-url", "postgres://app@db.example/state?password=hunter2"][..],
+        ] {
+            let warning = password_on_command_line(args).unwrap_or_default();
+            assert!(warning.contains("process list"), "{args:?}: {warning:?}");
+            assert!(warning.contains(ENV_DATABASE_URL), "{warning}");
+            assert!(!warning.contains("hunter2"), "{warning}");
+        }
+        for args in [
+            &["webchat", "--database-url", "postgres://app@127.0.0.1/state"][..],
+            &["webchat", "--state-dir", "/tmp/x"][..],
+            &["webchat", "--", "--database-url", "postgres://app:hunter2@h/d"][..],
+            &["webchat", "--database-url", "not a url"][..],
+        ] {
+            assert_eq!(password_on_command_line(args), None, "{args:?}");
+        }
     }
 }

@@ -16,6 +16,7 @@ mod demo;
 mod homie;
 mod listen_args;
 mod mcp;
+mod migrate_state;
 mod mock_xagent;
 mod secrets;
 mod webchat;
@@ -46,6 +47,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Put a Connector in front of an MCP client (stdio, or streamable HTTP with --http).
     Mcp(mcp::McpArgs),
+    /// Move a SQLite state directory into an empty PostgreSQL database (--database-url).
+    MigrateState(migrate_state::MigrateStateArgs),
 }
 
 /// Exit status for usage and I/O errors.
@@ -101,6 +104,7 @@ pub(crate) fn tool_calls(tools: &[String], args: &[String]) -> Result<Vec<ToolCa
 }
 
 fn main() -> ExitCode {
+    database_args::warn_if_password_on_command_line();
     let cli = Cli::parse();
     match cli.command {
         Command::Check(args) => check::run(args),
@@ -110,5 +114,6 @@ fn main() -> ExitCode {
         Command::Homie(args) => homie::run_command(args),
         Command::Demo(args) => demo::run_command(args),
         Command::Mcp(args) => mcp::run_command(args),
+        Command::MigrateState(args) => migrate_state::run_command(args),
     }
 }

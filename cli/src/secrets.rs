@@ -3,43 +3,35 @@
 
 use std::path::Path;
 
+use xagent_client_runtime::readable_by_others;
+
 /// Largest secret file read (a key, a password: one line).
 pub(crate) const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
 
-/// The first line of a secret file, trimmed. Warns on stderr (as `command`) when the file is
-/// readable by group or others; refuses an empty or oversized file. `what` names the secret in
-/// messages (never its value).
+/// The first line of a secret file, trimmed ([`xagent_client_runtime::read_secret_file`]'s checks).
+/// Warns on stderr (as `command`) when the file is readable by group or others; refuses an
+/// empty or oversized file. `what` names the secret in messages (never its value).
 pub(crate) fn read_secret_file(path: &Path, what: &str, command: &str) -> Result<String, String> {
-    let meta = std::fs::metadata(path)
-        .map_err(|e| format!("cannot read the {what} file {}: {e}", path.display()))?;
-    if meta.len() > MAX_SECRET_FILE_BYTES {
-        return Err(format!(
-            "the {what} file {} is larger than {MAX_SECRET_FILE_BYTES} bytes",
-            path.display()
-        ));
+    let read = xagent_client_runtime::read_secret_file(path, MAX_SECRET_FILE_BYTES)
+        .map_err(|e| format!("the {what} file {} {e}", path.display()))?;
+    if read.shared {
+        warn_shared(path, command);
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read the {what} file {}: {e}", path.display()))?;
-    warn_if_shared(path, command);
-    let value = text.lines().next().unwrap_or("").trim().to_owned();
-    if value.is_empty() {
-        return Err(format!("the {what} file {} is empty", path.display()));
-    }
-    Ok(value)
+    Ok(read.value.expose().to_owned())
 }
 
 /// Warns (as `command`) when a file holding secrets is readable by other users.
 pub(crate) fn warn_if_shared(path: &Path, command: &str) {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
-            eprintln!(
-                "xagent-connector {command}: warning: {} is readable by other users; chmod 600 it",
-                path.display()
-            );
-        }
+    if std::fs::metadata(path).is_ok_and(|m| readable_by_others(&m)) {
+        warn_shared(path, command);
     }
+}
+
+fn warn_shared(path: &Path, command: &str) {
+    eprintln!(
+        "xagent-connector {command}: warning: {} is readable by other users; chmod 600 it",
+        path.display()
+    );
 }
 
 /// The system API key: `--api-key-file` first, else `XAGENT_CONNECTOR_API_KEY` / `--api-key`

@@ -70,6 +70,7 @@
 //! | `store`, `lease` | durable state (async, one commit path, group commit); the holder lease's timing and verdicts |
 //! | `download` | inbound downloads under the download policy (origins, addresses, redirects, size) |
 //! | `base_url`, `ids`, `model_args` | Base URL rules; identifiers; the model's redundant `connector_channel_id` |
+//! | `secret_file` | a secret (API key, password, bearer token) read from an operator's file: the checks every such file gets |
 
 mod acks;
 mod admission;
@@ -91,6 +92,7 @@ mod invoke;
 mod lease;
 mod model_args;
 mod readmit;
+mod secret_file;
 mod settled;
 mod sign_in;
 mod store;
@@ -123,6 +125,7 @@ pub use invoke::{
 };
 pub use lease::{DEFAULT_LEASE_RENEW_EVERY, DEFAULT_LEASE_TTL, HolderLease};
 pub use model_args::{CHANNEL_ARGUMENT, fill_channel_argument};
+pub use secret_file::{SecretFile, SecretFileError, read_secret_file, readable_by_others};
 pub use settled::RECENT_SETTLED_ACKS;
 pub use sign_in::{
     DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,

@@ -2,22 +2,22 @@
 //! 127.0.0.1: admission, reconnect after a restart, channel reopen with a new id, tool
 //! projection following Descriptor pushes, IM v2 both ways.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use support::{API_KEY, echo_config, quick_backoff, signed_in_channel};
 use tokio::sync::mpsc::UnboundedReceiver;
 use xagent_client_runtime::{
-    Backoff, BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, admit, project_tools,
+    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, admit, project_tools,
 };
 use xagent_protocol_types::{
-    AckStatus, AuthInput, AuthStart, AuthStartAck, AuthStatus, ChatActivity, ChatMessage,
-    ChatMessageDelta, ConnectorChannelId, DescriptorTool, PROFILE_IM_V2, Secret, ToolStatus,
+    AckStatus, ChatActivity, ChatMessage, ChatMessageDelta, DescriptorTool, Secret, ToolStatus,
 };
 use xagent_protocol_validate::AdmissionWindow;
-use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, EchoServer, inject_message, temp_state_dir};
-
-const API_KEY: &str = "sk-client-test-8a1d4f";
+use xagent_testkit::{ECHO_CARD_ID, EchoServer, inject_message, temp_state_dir};
 
 async fn start(dir: &Path, addr: Option<SocketAddr>) -> EchoServer {
     EchoServer::start(dir, API_KEY, addr).await.expect("echo server starts")
@@ -28,15 +28,8 @@ fn base(server: &EchoServer) -> BaseUrl {
 }
 
 fn config(base: BaseUrl) -> ClientConfig {
-    let mut config = ClientConfig::new(base, ECHO_CARD_ID, vec![PROFILE_IM_V2.into()])
-        .with_api_key(Secret::new(API_KEY));
-    config.backoff = Backoff {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(400),
-        factor: 2.0,
-        max_failures: Some(100),
-    };
-    config.request_timeout = Duration::from_secs(5);
+    let mut config = echo_config(base);
+    config.backoff = quick_backoff(Duration::from_millis(400));
     config
 }
 
@@ -47,21 +40,6 @@ async fn next_event(
     xagent_client_runtime::next_event_matching(events, Duration::from_secs(15), want)
         .await
         .expect("the awaited event arrived within 15 s")
-}
-
-async fn signed_in_channel(plane: &DataPlane) -> ConnectorChannelId {
-    let opened = plane.open_channel(None).await.expect("channel.open");
-    let channel = opened.connector_channel_id.clone();
-    let ack: AuthStartAck = plane
-        .request(
-            Some(&channel),
-            AuthStart::new(ECHO_FLOW).with_input(AuthInput::default().with("token", "tok-123")),
-        )
-        .await
-        .expect("auth.start");
-    assert_eq!(ack.0.status, AuthStatus::Authenticated);
-    plane.remember_channel(channel.clone()).await;
-    channel
 }
 
 #[tokio::test]

@@ -3,57 +3,31 @@
 //! size rule, the send rules (the Connector's receive rules applied before a packet leaves),
 //! and a packet of a Profile not negotiated dropped as the Connector side drops it.
 
-use std::sync::Arc;
+mod support;
+
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
+use support::{Played, accept_hello_with, config_for, packet, start};
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientError, ClientEvent, DataPlane, Events, MemoryPeer,
-    MemoryTransport, next_event_matching,
+    ClientConfig, ClientError, ClientEvent, MemoryPeer, next_event_matching,
 };
 use xagent_protocol_types::{
-    BuildInfo, CardTool, ChannelOpenAck, ChatActivity, ChatMessageDelta, Connection,
-    ConnectionDescriptor, ConnectionStatus, ConnectorCard, ConnectorHelloAck, ConnectorInfo,
-    DescriptorTarget, DescriptorTool, ManualClock, Packet, Supports, TargetType, ToolInvoke,
+    ChatActivity, ChatMessageDelta, ConnectionStatus, ManualClock, Packet, ToolInvoke,
 };
 use xagent_protocol_validate::{AdmissionWindow, ProtocolVersion, rules};
 
-const CARD: &str = "im.core";
-
-fn card() -> ConnectorCard {
-    let schema = json!({"type": "object", "required": ["text"],
-        "properties": {"text": {"type": "string"}}});
-    ConnectorCard::new(
-        CARD,
-        BuildInfo::new("1"),
-        ConnectorInfo::new("Core", "1.0.0"),
-        Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]),
-    )
-    .with_tool(CardTool::new("core_send", schema.as_object().cloned().unwrap_or_default()))
-}
+/// The Connector these tests play: `im.core`, whose one tool takes only `text`.
+const CORE: Played = Played {
+    card_id: "im.core",
+    name: "Core",
+    target: "core",
+    tool: "core_send",
+    channel_argument: false,
+};
 
 fn config(clock: &ManualClock) -> ClientConfig {
-    let base = BaseUrl::parse("http://memory.invalid").expect("valid");
-    let mut config = ClientConfig::for_card(base, &card()).with_clock(Arc::new(clock.clone()));
-    config.request_timeout = Duration::from_secs(5);
-    config
-}
-
-async fn start(
-    config: ClientConfig,
-) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
-    let (transport, peers) = MemoryTransport::new();
-    let (plane, events) = DataPlane::connect_with(config, transport).await.expect("starts");
-    (plane, events, peers)
-}
-
-fn packet(value: &Value) -> Packet {
-    Packet::from_value(value.clone()).expect("a packet")
-}
-
-async fn send(peer: &MemoryPeer, packet: Packet) {
-    let value = packet.to_value().expect("encodes");
-    assert!(peer.send_json(value).await, "the client is gone");
+    config_for(&CORE.card(), clock)
 }
 
 /// Reads the hello of a fresh peer and answers it with `version`.
@@ -61,46 +35,9 @@ async fn hello(
     peers: &mut tokio::sync::mpsc::Receiver<MemoryPeer>,
     version: &str,
 ) -> (MemoryPeer, Packet) {
-    let mut peer = peers.recv().await.expect("a connection attempt");
-    let hello = packet(&peer.next_json().await.expect("hello"));
-    assert_eq!(hello.type_str(), "connector.hello");
-    let mut ack = ConnectorHelloAck::new(CARD, "conn_1");
+    let mut ack = CORE.hello_ack("conn_1");
     ack.protocol_version = Some(version.to_owned());
-    send(&peer, Packet::with_payload("pkt_ack", ack).answering(&hello)).await;
-    (peer, hello)
-}
-
-fn descriptor(channel: &str) -> ConnectionDescriptor {
-    ConnectionDescriptor::new(
-        Connection::new(
-            CARD,
-            "conn_1",
-            channel,
-            TargetType::Im,
-            vec!["xagent.im.v2".into()],
-            ConnectionStatus::Connected,
-        ),
-        DescriptorTarget::new("core", "Core"),
-    )
-    .with_tool(DescriptorTool::available("core_send"))
-}
-
-/// Online with channel `cch_1` open.
-async fn online_with_channel(
-    plane: &DataPlane,
-    peers: &mut tokio::sync::mpsc::Receiver<MemoryPeer>,
-) -> MemoryPeer {
-    let (mut peer, _) = hello(peers, "3.0").await;
-    plane.connected().await.expect("online");
-    let opening = tokio::spawn({
-        let plane = plane.clone();
-        async move { plane.open_channel_for("alice", None).await }
-    });
-    let open = packet(&peer.next_json().await.expect("channel.open"));
-    let ack = ChannelOpenAck::new("cch_1".into(), descriptor("cch_1"));
-    send(&peer, Packet::with_payload("pkt_oa", ack).answering(&open).channel("cch_1")).await;
-    opening.await.expect("joins").expect("opened");
-    peer
+    accept_hello_with(peers, ack).await
 }
 
 async fn nothing_sent(peer: &mut MemoryPeer) {
@@ -122,13 +59,13 @@ async fn readmission_rule_the_next_hello_announces_the_readmitted_cards_profiles
     let clock = ManualClock::new(1_000);
     let mut config = config(&clock);
     config.window = AdmissionWindow::new(ProtocolVersion::new(3, 0), ProtocolVersion::new(3, 1));
-    let (plane, _events, mut peers) = start(config).await;
+    let (plane, _events, _, mut peers) = start(config).await;
     let (peer, first) = hello(&mut peers, "3.0").await;
     plane.connected().await.expect("online");
     let announced = first.to_value().expect("encodes")["payload"]["supported_profiles"].clone();
     assert_eq!(announced, json!(["xagent.im.v2"]));
     // The Connector was upgraded to protocol 3.1 with IM v1 as well; a refetch re-admitted it.
-    let mut upgraded = card();
+    let mut upgraded = CORE.card();
     upgraded.protocol_version = "3.1".into();
     upgraded.supports.profiles.push("xagent.im.v1".into());
     plane.set_card(upgraded);
@@ -152,8 +89,9 @@ async fn outbound_size_rule_the_xagent_side_refuses_a_packet_over_the_connectors
     let clock = ManualClock::new(1_000);
     let mut config = config(&clock);
     config.max_packet_bytes = 1024;
-    let (plane, _events, mut peers) = start(config).await;
-    let mut peer = online_with_channel(&plane, &mut peers).await;
+    let (plane, _events, _, mut peers) = start(config).await;
+    let mut peer =
+        CORE.online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
     let delta = ChatMessageDelta::new("msg_1", 1, "x".repeat(4096));
     match plane.send_delta(&"cch_1".into(), delta).await {
         Err(ClientError::TooLarge { bytes, limit }) => {
@@ -173,8 +111,9 @@ async fn outbound_size_rule_the_xagent_side_refuses_a_packet_over_the_connectors
 #[tokio::test(start_paused = true)]
 async fn send_rule_a_delta_with_sequence_0_is_refused_locally_naming_the_rule() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(config(&clock)).await;
-    let mut peer = online_with_channel(&plane, &mut peers).await;
+    let (plane, _events, _, mut peers) = start(config(&clock)).await;
+    let mut peer =
+        CORE.online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
     let delta = ChatMessageDelta::new("msg_1", 0, "hi");
     refused_naming(plane.send_delta(&"cch_1".into(), delta).await, rules::CHAT_DELTA_SEQUENCE.id);
     nothing_sent(&mut peer).await;
@@ -183,8 +122,9 @@ async fn send_rule_a_delta_with_sequence_0_is_refused_locally_naming_the_rule() 
 #[tokio::test(start_paused = true)]
 async fn send_rule_a_thinking_activity_with_tool_name_is_refused_locally_naming_the_rule() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(config(&clock)).await;
-    let mut peer = online_with_channel(&plane, &mut peers).await;
+    let (plane, _events, _, mut peers) = start(config(&clock)).await;
+    let mut peer =
+        CORE.online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
     let mut activity = ChatActivity::thinking();
     activity.tool_name = Some("search".into());
     refused_naming(
@@ -197,8 +137,9 @@ async fn send_rule_a_thinking_activity_with_tool_name_is_refused_locally_naming_
 #[tokio::test(start_paused = true)]
 async fn send_rule_a_tool_invoke_of_a_tool_not_in_the_card_is_refused_locally_naming_the_rule() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start(config(&clock)).await;
-    let mut peer = online_with_channel(&plane, &mut peers).await;
+    let (plane, _events, _, mut peers) = start(config(&clock)).await;
+    let mut peer =
+        CORE.online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
     let arguments = json!({"text": "hi"}).as_object().cloned().unwrap_or_default();
     let call = ToolInvoke::new("not_in_the_card", arguments);
     refused_naming(plane.request(Some(&"cch_1".into()), call).await, rules::TOOL_INVOKE_TOOL_ID.id);
@@ -219,8 +160,9 @@ async fn send_rule_a_tool_invoke_of_a_tool_not_in_the_card_is_refused_locally_na
 #[tokio::test(start_paused = true)]
 async fn profile_rule_a_packet_of_a_profile_not_negotiated_is_dropped_on_the_xagent_side() {
     let clock = ManualClock::new(1_000);
-    let (plane, mut events, mut peers) = start(config(&clock)).await;
-    let mut peer = online_with_channel(&plane, &mut peers).await;
+    let (plane, mut events, _, mut peers) = start(config(&clock)).await;
+    let mut peer =
+        CORE.online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
     // IM v1 was not negotiated (neither the Card nor the hello has it).
     let push = json!({"schema": "xagent.connector.packet/v1", "packet_id": "pkt_v1",
         "type": "message.push", "connector_channel_id": "cch_1",

@@ -4,6 +4,8 @@
 //! and the xAgent side with a file sink. What the Connector may learn is what its outbox sees:
 //! the ack's code, message and whether it is retryable.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -12,13 +14,10 @@ use futures_util::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use xagent_client_runtime::{BaseUrl, ClientConfig, DataPlane, FileSink, admit};
 use xagent_profile_im::OutboxEvent;
-use xagent_protocol_types::{
-    AuthInput, AuthStart, AuthStartAck, AuthStatus, ChatFile, ChatMessage, ConnectorChannelId,
-    FileType, Secret,
-};
+use xagent_protocol_types::{ChatFile, ChatMessage, ConnectorChannelId, FileType, Secret};
 use xagent_protocol_validate::AdmissionWindow;
 use xagent_server_runtime::{ConnectorHandle, ConnectorServer};
-use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, echo_connector, temp_state_dir};
+use xagent_testkit::{ECHO_CARD_ID, echo_connector, temp_state_dir};
 
 const API_KEY: &str = "sk-downloads-test-7a41c2";
 
@@ -214,14 +213,7 @@ impl Rig {
             .expect("online");
         let channel =
             plane.open_channel_for("alice", None).await.expect("opened").connector_channel_id;
-        let signed: AuthStartAck = plane
-            .request(
-                Some(&channel),
-                AuthStart::new(ECHO_FLOW).with_input(AuthInput::default().with("token", "tok-1")),
-            )
-            .await
-            .expect("auth.start");
-        assert_eq!(signed.0.status, AuthStatus::Authenticated);
+        support::authenticate(&plane, &channel).await;
         plane.remember_channel(channel.clone()).await;
         // The application accepts every message that reaches it.
         tokio::spawn(async move {

@@ -3,112 +3,42 @@
 //! frame): following a QR sign-in to its end, learning the settling ack of a sent message, and
 //! filling the model's redundant `connector_channel_id` with the channel section 10.1 chose.
 
-use std::sync::Arc;
+mod support;
+
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::{MEM, config_for, descriptor, next, packet, send};
+use tokio::sync::mpsc::Receiver;
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientError, DataPlane, Events, MemoryPeer, MemoryTransport,
-    ToolCallOptions,
+    ClientError, DataPlane, Events, MemoryPeer, MemoryTransport, ToolCallOptions,
 };
 use xagent_protocol_types::{
-    AuthFlow, AuthInput, AuthProgress, AuthStartAck, AuthStatus, AuthStatusAck, BuildInfo,
-    CardTool, ChannelOpenAck, ChatMessage, ChatMessageAck, Clock, Connection, ConnectionDescriptor,
-    ConnectionStatus, ConnectorCard, ConnectorChannelId, ConnectorHelloAck, ConnectorInfo,
-    DescriptorTarget, DescriptorTool, ErrorCode, ManualClock, Packet, Supports, TargetType,
-    ToolInvokeAck,
+    AuthFlow, AuthInput, AuthProgress, AuthStartAck, AuthStatus, AuthStatusAck, ChatMessage,
+    ChatMessageAck, Clock, ConnectionStatus, ConnectorCard, ConnectorChannelId, ErrorCode,
+    ManualClock, Packet, TargetType, ToolInvokeAck,
 };
 
-const CARD: &str = "im.mem";
 const QR: &str = "mem_qr";
 
+/// [`MEM`]'s Card with a QR sign-in flow.
 fn card() -> ConnectorCard {
-    let schema = json!({"type": "object", "required": ["connector_channel_id", "text"],
-        "properties": {"connector_channel_id": {"type": "string"}, "text": {"type": "string"}}});
-    ConnectorCard::new(
-        CARD,
-        BuildInfo::new("1"),
-        ConnectorInfo::new("Mem", "1.0.0"),
-        Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]),
-    )
-    .with_auth_flow(AuthFlow::qr_login(QR, TargetType::Im, "Scan"))
-    .with_tool(CardTool::new("mem_send", schema.as_object().cloned().unwrap_or_default()))
+    support::card().with_auth_flow(AuthFlow::qr_login(QR, TargetType::Im, "Scan"))
 }
 
-async fn start() -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
+async fn start() -> (DataPlane, Events, MemoryTransport, Receiver<MemoryPeer>) {
     start_at(&ManualClock::new(1_000)).await
 }
 
 async fn start_at(
     clock: &ManualClock,
-) -> (DataPlane, Events, tokio::sync::mpsc::Receiver<MemoryPeer>) {
-    let base = BaseUrl::parse("http://memory.invalid").expect("valid");
-    let mut config = ClientConfig::for_card(base, &card()).with_clock(Arc::new(clock.clone()));
-    config.request_timeout = Duration::from_secs(5);
-    let (transport, peers) = MemoryTransport::new();
-    let (plane, events) = DataPlane::connect_with(config, transport).await.expect("starts");
-    (plane, events, peers)
-}
-
-fn packet(value: &Value) -> Packet {
-    Packet::from_value(value.clone()).expect("a packet")
-}
-
-async fn send(peer: &MemoryPeer, packet: Packet) {
-    assert!(peer.send_json(packet.to_value().expect("encodes")).await, "the client is gone");
-}
-
-async fn next(peer: &mut MemoryPeer, kind: &str) -> Packet {
-    let next = packet(&peer.next_json().await.expect("a packet from the client"));
-    assert_eq!(next.type_str(), kind, "{next:?}");
-    next
+) -> (DataPlane, Events, MemoryTransport, Receiver<MemoryPeer>) {
+    support::start(config_for(&card(), clock)).await
 }
 
 /// The payload of a packet the client sent, as JSON.
 fn payload(packet: &Packet) -> Value {
     packet.to_value().map(|v| v["payload"].clone()).unwrap_or_default()
-}
-
-fn descriptor(channel: &str, status: ConnectionStatus) -> ConnectionDescriptor {
-    ConnectionDescriptor::new(
-        Connection::new(
-            CARD,
-            "conn_1",
-            channel,
-            TargetType::Im,
-            vec!["xagent.im.v2".into()],
-            status,
-        ),
-        DescriptorTarget::new("mem", "Mem"),
-    )
-    .with_tool(DescriptorTool::available("mem_send"))
-}
-
-/// Completes hello, then opens `channel` in `status` for the user `alice`.
-async fn online_with_channel(
-    plane: &DataPlane,
-    peers: &mut tokio::sync::mpsc::Receiver<MemoryPeer>,
-    channel: &str,
-    status: ConnectionStatus,
-) -> MemoryPeer {
-    let mut peer = peers.recv().await.expect("a connection attempt");
-    let hello = next(&mut peer, "connector.hello").await;
-    send(
-        &peer,
-        Packet::with_payload("pkt_hello_ack", ConnectorHelloAck::new(CARD, "conn_1"))
-            .answering(&hello),
-    )
-    .await;
-    plane.connected().await.expect("online");
-    let opening = {
-        let plane = plane.clone();
-        tokio::spawn(async move { plane.open_channel_for("alice", None).await })
-    };
-    let open = next(&mut peer, "channel.open").await;
-    let ack = ChannelOpenAck::new(channel.into(), descriptor(channel, status));
-    send(&peer, Packet::with_payload("pkt_open_ack", ack).answering(&open).channel(channel)).await;
-    opening.await.expect("joins").expect("channel.open.ack");
-    peer
 }
 
 fn qr(status: AuthStatus, link: &str) -> AuthProgress {
@@ -120,9 +50,10 @@ fn qr(status: AuthStatus, link: &str) -> AuthProgress {
 
 #[tokio::test(start_paused = true)]
 async fn sign_in_rule_a_qr_flow_is_polled_at_its_pace_refreshed_and_remembered() {
-    let (plane, _events, mut peers) = start().await;
-    let mut peer =
-        online_with_channel(&plane, &mut peers, "cch_qr", ConnectionStatus::Authenticating).await;
+    let (plane, _events, _, mut peers) = start().await;
+    let mut peer = MEM
+        .online_with_channel(&plane, &mut peers, "cch_qr", ConnectionStatus::Authenticating)
+        .await;
     let channel = ConnectorChannelId::new("cch_qr");
 
     let starting = {
@@ -180,9 +111,10 @@ async fn sign_in_rule_a_qr_flow_is_polled_at_its_pace_refreshed_and_remembered()
 
 #[tokio::test(start_paused = true)]
 async fn sign_in_rule_a_flow_the_card_does_not_declare_is_refused_locally() {
-    let (plane, _events, mut peers) = start().await;
-    let mut peer =
-        online_with_channel(&plane, &mut peers, "cch_qr", ConnectionStatus::Authenticating).await;
+    let (plane, _events, _, mut peers) = start().await;
+    let mut peer = MEM
+        .online_with_channel(&plane, &mut peers, "cch_qr", ConnectionStatus::Authenticating)
+        .await;
     match plane.sign_in(&"cch_qr".into(), "mem_nothing", AuthInput::default()).await {
         Err(ClientError::Refused(error)) => {
             assert_eq!(error.code, ErrorCode::InvalidArguments);
@@ -197,9 +129,9 @@ async fn sign_in_rule_a_flow_the_card_does_not_declare_is_refused_locally() {
 #[tokio::test(start_paused = true)]
 async fn settled_ack_rule_the_ack_that_ends_delivery_is_reported_not_a_retryable_one() {
     let clock = ManualClock::new(1_000);
-    let (plane, _events, mut peers) = start_at(&clock).await;
+    let (plane, _events, _, mut peers) = start_at(&clock).await;
     let mut peer =
-        online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
+        MEM.online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
     let channel = ConnectorChannelId::new("cch_1");
     let message = ChatMessage::text("msg_out_1", "hello").created_at(1_000);
     plane.send_chat_message(&channel, message).await.expect("queued");
@@ -229,9 +161,9 @@ async fn settled_ack_rule_the_ack_that_ends_delivery_is_reported_not_a_retryable
 
 #[tokio::test(start_paused = true)]
 async fn resolution_10_1_the_channel_argument_is_filled_when_missing_and_never_routes() {
-    let (plane, _events, mut peers) = start().await;
+    let (plane, _events, _, mut peers) = start().await;
     let mut peer =
-        online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
+        MEM.online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
     let fill = ToolCallOptions { fill_channel_argument: true, ..ToolCallOptions::default() };
     for (given, expected) in [
         (json!({"text": "a"}), json!("cch_1")),

@@ -6,23 +6,21 @@
 //! in `src/lease.rs` and the store contract suite.
 #![cfg(feature = "postgres")]
 
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use support::{API_KEY, echo_config, quick_backoff, signed_in_channel};
 use xagent_client_runtime::{
-    Backoff, BaseUrl, ClientConfig, ClientError, ClientEvent, CommitError, ConnectionState,
-    DataPlane, Events, HolderLease, LeaseRequest, LeaseState, PostgresXagentStore, XagentStore,
+    BaseUrl, ClientConfig, ClientError, ClientEvent, CommitError, ConnectionState, DataPlane,
+    Events, HolderLease, LeaseRequest, LeaseState, PostgresXagentStore, XagentStore,
     next_event_matching,
 };
-use xagent_protocol_types::{
-    AckStatus, AuthInput, AuthStart, AuthStartAck, AuthStatus, ChatMessage, ConnectorChannelId,
-    MessageId, PROFILE_IM_V2, Secret,
-};
+use xagent_protocol_types::{AckStatus, ChatMessage, MessageId};
 use xagent_storage_postgres::DatabaseUrl;
 use xagent_testkit::postgres::TestPostgres;
-use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, EchoServer, inject_message, temp_state_dir};
-
-const API_KEY: &str = "sk-lease-test-51c2e0";
+use xagent_testkit::{ECHO_CARD_ID, EchoServer, inject_message, temp_state_dir};
 
 /// One xAgent process: a runtime of its own, its store and its data plane.
 struct Process {
@@ -74,16 +72,8 @@ impl Drop for Process {
 
 fn config(server: &EchoServer, lease: HolderLease) -> ClientConfig {
     let base = BaseUrl::parse(&server.base_url()).expect("base url");
-    let mut config = ClientConfig::new(base, ECHO_CARD_ID, vec![PROFILE_IM_V2.into()])
-        .with_api_key(Secret::new(API_KEY))
-        .with_holder_lease(lease);
-    config.backoff = Backoff {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(200),
-        factor: 2.0,
-        max_failures: Some(100),
-    };
-    config.request_timeout = Duration::from_secs(5);
+    let mut config = echo_config(base).with_holder_lease(lease);
+    config.backoff = quick_backoff(Duration::from_millis(200));
     config
 }
 
@@ -94,21 +84,6 @@ fn quick_lease() -> HolderLease {
         renew_every: Duration::from_millis(200),
         ttl: Duration::from_secs(1),
     }
-}
-
-async fn signed_in_channel(plane: &DataPlane) -> ConnectorChannelId {
-    let opened = plane.open_channel(None).await.expect("channel.open");
-    let channel = opened.connector_channel_id.clone();
-    let ack: AuthStartAck = plane
-        .request(
-            Some(&channel),
-            AuthStart::new(ECHO_FLOW).with_input(AuthInput::default().with("token", "tok-123")),
-        )
-        .await
-        .expect("auth.start");
-    assert_eq!(ack.0.status, AuthStatus::Authenticated);
-    plane.remember_channel(channel.clone()).await;
-    channel
 }
 
 async fn online(plane: &DataPlane, within: Duration) {

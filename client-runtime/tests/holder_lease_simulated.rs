@@ -4,108 +4,22 @@
 //! takes over at its next attempt, reopens the remembered channel and delivers what the first
 //! left pending.
 
+mod support;
+
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use serde_json::{Value, json};
-use std::sync::atomic::{AtomicBool, Ordering};
-
+use support::{accept_hello_as, answer_open, config, next_of, send, start};
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, CommitTicket, ConnectionState, DataPlane, Events, Fence,
-    HolderLease, LeaseRequest, LeaseState, MemoryPeer, MemoryTransport, MemoryXagentStore,
-    RememberedChannel, XagentStore, XagentWrite, next_event_matching,
+    ClientEvent, CommitTicket, ConnectionState, Fence, HolderLease, LeaseRequest, LeaseState,
+    MemoryXagentStore, RememberedChannel, XagentStore, XagentWrite, next_event_matching,
 };
 use xagent_profile_im::{CompletedRecord, PendingRecord, StoreError};
 use xagent_protocol_types::{
-    BuildInfo, CardTool, ChannelOpenAck, ChatMessage, ChatMessageAck, Connection,
-    ConnectionDescriptor, ConnectionStatus, ConnectorCard, ConnectorHelloAck, ConnectorInfo,
-    DescriptorTarget, DescriptorTool, ManualClock, Packet, Supports, TargetType,
+    ChatMessage, ChatMessageAck, ConnectionStatus, ConnectorChannelId, ConnectorId, ManualClock,
+    MessageId, Packet,
 };
-use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
-
-const CARD: &str = "im.mem";
-
-fn card() -> ConnectorCard {
-    let schema = json!({"type": "object", "required": ["connector_channel_id", "text"],
-        "properties": {"connector_channel_id": {"type": "string"}, "text": {"type": "string"}}});
-    ConnectorCard::new(
-        CARD,
-        BuildInfo::new("1"),
-        ConnectorInfo::new("Mem", "1.0.0"),
-        Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]),
-    )
-    .with_tool(CardTool::new("mem_send", schema.as_object().cloned().unwrap_or_default()))
-}
-
-fn config(clock: &ManualClock) -> ClientConfig {
-    let base = BaseUrl::parse("http://memory.invalid").expect("valid");
-    let mut config = ClientConfig::for_card(base, &card()).with_clock(Arc::new(clock.clone()));
-    config.request_timeout = Duration::from_secs(5);
-    config
-}
-
-async fn start(
-    config: ClientConfig,
-) -> (DataPlane, Events, MemoryTransport, tokio::sync::mpsc::Receiver<MemoryPeer>) {
-    let (transport, peers) = MemoryTransport::new();
-    let (plane, events) = DataPlane::connect_with(config, transport.clone()).await.expect("starts");
-    (plane, events, transport, peers)
-}
-
-fn packet(value: &Value) -> Packet {
-    Packet::from_value(value.clone()).expect("a packet")
-}
-
-async fn send(peer: &MemoryPeer, packet: Packet) {
-    let value = packet.to_value().expect("encodes");
-    assert!(peer.send_json(value).await, "the client is gone");
-}
-
-fn descriptor(channel: &str) -> ConnectionDescriptor {
-    ConnectionDescriptor::new(
-        Connection::new(
-            CARD,
-            "conn_1",
-            channel,
-            TargetType::Im,
-            vec!["xagent.im.v2".into()],
-            ConnectionStatus::Connected,
-        ),
-        DescriptorTarget::new("mem", "Mem"),
-    )
-    .with_tool(DescriptorTool::available("mem_send"))
-}
-
-/// Completes hello on a fresh peer as Connector runtime `connector_id`; returns the peer and
-/// the hello it answered.
-async fn accept_hello_as(
-    peers: &mut tokio::sync::mpsc::Receiver<MemoryPeer>,
-    connector_id: &str,
-) -> (MemoryPeer, Packet) {
-    let mut peer = peers.recv().await.expect("a connection attempt");
-    let hello = packet(&peer.next_json().await.expect("hello"));
-    assert_eq!(hello.type_str(), "connector.hello");
-    let ack = ConnectorHelloAck::new(CARD, connector_id);
-    send(&peer, Packet::with_payload("pkt_ack", ack).answering(&hello)).await;
-    (peer, hello)
-}
-
-/// The next packet of type `kind` the client sent, skipping others.
-async fn next_of(peer: &mut MemoryPeer, kind: &str) -> Packet {
-    loop {
-        let value = peer.next_json().await.expect("the client is connected");
-        let next = packet(&value);
-        if next.type_str() == kind {
-            return next;
-        }
-    }
-}
-
-/// Answers a `channel.open` with `channel` (the Connector's id for it).
-async fn answer_open(peer: &MemoryPeer, open: &Packet, channel: &str) {
-    let ack = ChannelOpenAck::new(channel.into(), descriptor(channel));
-    send(peer, Packet::with_payload("pkt_open_ack", ack).answering(open).channel(channel)).await;
-}
 
 fn lease(holder: &str) -> HolderLease {
     HolderLease {
@@ -141,7 +55,7 @@ async fn lease_rule_a_closed_holder_hands_over_at_the_next_attempt_and_the_taker
         async move { a.open_channel_for("alice", None).await }
     });
     let open = next_of(&mut a_peer, "channel.open").await;
-    answer_open(&a_peer, &open, "cch_1").await;
+    answer_open(&a_peer, &open, "cch_1", ConnectionStatus::Connected).await;
     opening.await.expect("joins").expect("opened");
     a.remember_channel("cch_1".into()).await;
     a.send_chat_message(&"cch_1".into(), ChatMessage::text("msg_out", "reply"))
@@ -162,7 +76,7 @@ async fn lease_rule_a_closed_holder_hands_over_at_the_next_attempt_and_the_taker
         Some("cch_1"),
         "A's channel"
     );
-    answer_open(&b_peer, &reopen, "cch_1").await;
+    answer_open(&b_peer, &reopen, "cch_1", ConnectionStatus::Connected).await;
     let again = next_of(&mut b_peer, "chat.message").await;
     assert_eq!(
         again.payload::<ChatMessage>().map(|m| m.message_id.as_str().to_owned()).as_deref(),

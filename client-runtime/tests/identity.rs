@@ -3,105 +3,22 @@
 //! idempotency entries across a restart; a rebuilt Connector is recognised after a restart;
 //! many remembered channels are reopened concurrently, within a bound.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::{accept_hello_as, answer_open, config, descriptor, next_of, packet, start};
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ConnectionState, DataPlane, Events, MemoryPeer,
-    MemoryTransport, REOPEN_CONCURRENCY, SqliteXagentStore, XagentStore, XagentWrite,
+    ClientEvent, ConnectionState, REOPEN_CONCURRENCY, SqliteXagentStore, XagentStore, XagentWrite,
     next_event_matching,
 };
 use xagent_protocol_types::{
-    BuildInfo, CardTool, ChannelOpenAck, ChatMessage, ChatMessageAck, Connection,
-    ConnectionDescriptor, ConnectionStatus, ConnectorCard, ConnectorChannelId, ConnectorHelloAck,
-    ConnectorInfo, DescriptorTarget, DescriptorTool, ManualClock, Packet, Supports, TargetType,
+    ChannelOpenAck, ChatMessage, ChatMessageAck, ConnectionStatus, ConnectorChannelId, ManualClock,
+    Packet,
 };
-
-const CARD: &str = "im.mem";
-
-fn card() -> ConnectorCard {
-    let schema = json!({"type": "object", "required": ["connector_channel_id", "text"],
-        "properties": {"connector_channel_id": {"type": "string"}, "text": {"type": "string"}}});
-    ConnectorCard::new(
-        CARD,
-        BuildInfo::new("1"),
-        ConnectorInfo::new("Mem", "1.0.0"),
-        Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]),
-    )
-    .with_tool(CardTool::new("mem_send", schema.as_object().cloned().unwrap_or_default()))
-}
-
-fn config(clock: &ManualClock) -> ClientConfig {
-    let base = BaseUrl::parse("http://memory.invalid").expect("valid");
-    let mut config = ClientConfig::for_card(base, &card()).with_clock(Arc::new(clock.clone()));
-    config.request_timeout = Duration::from_secs(5);
-    config
-}
-
-async fn start(
-    config: ClientConfig,
-) -> (DataPlane, Events, MemoryTransport, tokio::sync::mpsc::Receiver<MemoryPeer>) {
-    let (transport, peers) = MemoryTransport::new();
-    let (plane, events) = DataPlane::connect_with(config, transport.clone()).await.expect("starts");
-    (plane, events, transport, peers)
-}
-
-fn packet(value: &Value) -> Packet {
-    Packet::from_value(value.clone()).expect("a packet")
-}
-
-async fn send(peer: &MemoryPeer, packet: Packet) {
-    let value = packet.to_value().expect("encodes");
-    assert!(peer.send_json(value).await, "the client is gone");
-}
-
-fn descriptor(channel: &str) -> ConnectionDescriptor {
-    ConnectionDescriptor::new(
-        Connection::new(
-            CARD,
-            "conn_1",
-            channel,
-            TargetType::Im,
-            vec!["xagent.im.v2".into()],
-            ConnectionStatus::Connected,
-        ),
-        DescriptorTarget::new("mem", "Mem"),
-    )
-    .with_tool(DescriptorTool::available("mem_send"))
-}
-
-/// Completes hello on a fresh peer as Connector runtime `connector_id`; returns the peer and
-/// the hello it answered.
-async fn accept_hello_as(
-    peers: &mut tokio::sync::mpsc::Receiver<MemoryPeer>,
-    connector_id: &str,
-) -> (MemoryPeer, Packet) {
-    let mut peer = peers.recv().await.expect("a connection attempt");
-    let hello = packet(&peer.next_json().await.expect("hello"));
-    assert_eq!(hello.type_str(), "connector.hello");
-    let ack = ConnectorHelloAck::new(CARD, connector_id);
-    send(&peer, Packet::with_payload("pkt_ack", ack).answering(&hello)).await;
-    (peer, hello)
-}
-
-/// The next packet of type `kind` the client sent, skipping others.
-async fn next_of(peer: &mut MemoryPeer, kind: &str) -> Packet {
-    loop {
-        let value = peer.next_json().await.expect("the client is connected");
-        let next = packet(&value);
-        if next.type_str() == kind {
-            return next;
-        }
-    }
-}
-
-/// Answers a `channel.open` with `channel` (the Connector's id for it).
-async fn answer_open(peer: &MemoryPeer, open: &Packet, channel: &str) {
-    let ack = ChannelOpenAck::new(channel.into(), descriptor(channel));
-    send(peer, Packet::with_payload("pkt_open_ack", ack).answering(open).channel(channel)).await;
-}
 
 fn inbound(channel: &str) -> Value {
     json!({"schema": "xagent.connector.packet/v1", "packet_id": "pkt_in",
@@ -137,7 +54,7 @@ async fn rekey_rule_a_channel_rekeyed_on_reopen_keeps_its_new_id_outbox_and_idem
             async move { plane.open_channel_for("alice", None).await }
         });
         let open = next_of(&mut peer, "channel.open").await;
-        answer_open(&peer, &open, "cch_1").await;
+        answer_open(&peer, &open, "cch_1", ConnectionStatus::Connected).await;
         opening.await.expect("joins").expect("opened");
         plane.remember_channel("cch_1".into()).await;
         // One inbound message accepted, one assistant message left unacknowledged.
@@ -164,7 +81,7 @@ async fn rekey_rule_a_channel_rekeyed_on_reopen_keeps_its_new_id_outbox_and_idem
         let (mut peer, _) = accept_hello_as(&mut peers, "conn_1").await;
         let reopen = next_of(&mut peer, "channel.open").await;
         assert_eq!(reopen.connector_channel_id.as_ref().map(|c| c.as_str()), Some("cch_1"));
-        answer_open(&peer, &reopen, "cch_2").await;
+        answer_open(&peer, &reopen, "cch_2", ConnectionStatus::Connected).await;
         // Right behind the ack, the Connector redelivers the inbound message on the new id: it
         // is already known there (the rename happened before the next frame was read).
         assert!(peer.send_json(inbound("cch_2")).await);
@@ -202,7 +119,7 @@ async fn rekey_rule_a_channel_rekeyed_on_reopen_keeps_its_new_id_outbox_and_idem
         Some("cch_2"),
         "the next channel.open asks for the id the Connector gave, not the orphaned one"
     );
-    answer_open(&peer, &reopen, "cch_2").await;
+    answer_open(&peer, &reopen, "cch_2", ConnectionStatus::Connected).await;
     // Nothing in the outbox was lost: the unacknowledged message goes out on the new id.
     let redelivered = next_of(&mut peer, "chat.message").await;
     assert_eq!(redelivered.connector_channel_id.as_ref().map(|c| c.as_str()), Some("cch_2"));
@@ -303,7 +220,10 @@ async fn reopen_rule_500_remembered_channels_are_reopened_concurrently_within_th
                 tokio::spawn(async move {
                     tokio::time::sleep(ACK_DELAY).await;
                     let channel = open.connector_channel_id.clone().expect("a channel");
-                    let ack = ChannelOpenAck::new(channel.clone(), descriptor(channel.as_str()));
+                    let ack = ChannelOpenAck::new(
+                        channel.clone(),
+                        descriptor(channel.as_str(), ConnectionStatus::Connected),
+                    );
                     let answer =
                         Packet::with_payload("pkt_open_ack", ack).answering(&open).channel(channel);
                     waiting.fetch_sub(1, Ordering::SeqCst);
@@ -360,7 +280,7 @@ async fn rekey_rule_a_refused_rename_changes_nothing_stored_and_the_channel_keep
         start(config(&clock).with_store(Arc::new(store.clone()))).await;
     let (mut peer, _) = accept_hello_as(&mut peers, "conn_1").await;
     let reopen = next_of(&mut peer, "channel.open").await;
-    answer_open(&peer, &reopen, "cch_9").await;
+    answer_open(&peer, &reopen, "cch_9", ConnectionStatus::Connected).await;
     let reopened = next_event_matching(&mut events, Duration::from_secs(5), |e| {
         matches!(e, ClientEvent::ChannelReopened { .. })
     })

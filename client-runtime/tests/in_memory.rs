@@ -2,94 +2,21 @@
 //! the Connector frame by frame and proves one rule (tokio's clock is paused, so timeouts and
 //! backoff run in simulated time).
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
+use support::{CARD, MEM, accept_hello, card, config, descriptor, packet, send, start};
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientError, ClientEvent, ConnectionState, DataPlane, Events,
-    MemoryPeer, MemoryTransport, SessionBinding, SqliteXagentStore, next_event_matching,
+    ClientError, ClientEvent, ConnectionState, SessionBinding, SqliteXagentStore,
+    next_event_matching,
 };
 use xagent_protocol_types::{
-    BuildInfo, CardTool, ChannelOpenAck, ChatMessageAck, Connection, ConnectionDescriptor,
-    ConnectionStatus, ConnectorCard, ConnectorHelloAck, ConnectorInfo, DescriptorTarget,
-    DescriptorTool, ManualClock, Packet, Supports, TargetType, ToolInvokeAck,
+    CardTool, ChatMessageAck, ConnectionStatus, ConnectorHelloAck, DescriptorTool, ManualClock,
+    Packet, ToolInvokeAck,
 };
-
-const CARD: &str = "im.mem";
-
-fn card() -> ConnectorCard {
-    let schema = json!({"type": "object", "required": ["connector_channel_id", "text"],
-        "properties": {"connector_channel_id": {"type": "string"}, "text": {"type": "string"}}});
-    ConnectorCard::new(
-        CARD,
-        BuildInfo::new("1"),
-        ConnectorInfo::new("Mem", "1.0.0"),
-        Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]),
-    )
-    .with_tool(CardTool::new("mem_send", schema.as_object().cloned().unwrap_or_default()))
-}
-
-fn config(clock: &ManualClock) -> ClientConfig {
-    let base = BaseUrl::parse("http://memory.invalid").expect("valid");
-    let mut config = ClientConfig::for_card(base, &card()).with_clock(Arc::new(clock.clone()));
-    config.request_timeout = Duration::from_secs(5);
-    config
-}
-
-async fn start(
-    config: ClientConfig,
-) -> (DataPlane, Events, MemoryTransport, tokio::sync::mpsc::Receiver<MemoryPeer>) {
-    let (transport, peers) = MemoryTransport::new();
-    let (plane, events) = DataPlane::connect_with(config, transport.clone()).await.expect("starts");
-    (plane, events, transport, peers)
-}
-
-fn packet(value: &Value) -> Packet {
-    Packet::from_value(value.clone()).expect("a packet")
-}
-
-async fn send(peer: &MemoryPeer, packet: Packet) {
-    let value = packet.to_value().expect("encodes");
-    assert!(peer.send_json(value).await, "the client is gone");
-}
-
-fn descriptor(channel: &str, status: ConnectionStatus) -> ConnectionDescriptor {
-    ConnectionDescriptor::new(
-        Connection::new(
-            CARD,
-            "conn_1",
-            channel,
-            TargetType::Im,
-            vec!["xagent.im.v2".into()],
-            status,
-        ),
-        DescriptorTarget::new("mem", "Mem"),
-    )
-    .with_tool(DescriptorTool::available("mem_send"))
-}
-
-/// Completes hello on a fresh peer.
-async fn accept_hello(peers: &mut tokio::sync::mpsc::Receiver<MemoryPeer>) -> MemoryPeer {
-    let mut peer = peers.recv().await.expect("a connection attempt");
-    let hello = packet(&peer.next_json().await.expect("hello"));
-    assert_eq!(hello.type_str(), "connector.hello");
-    send(
-        &peer,
-        Packet::with_payload("pkt_ack", ConnectorHelloAck::new(CARD, "conn_1")).answering(&hello),
-    )
-    .await;
-    peer
-}
-
-/// Answers the next channel.open with `channel`.
-async fn answer_open(peer: &mut MemoryPeer, channel: &str, status: ConnectionStatus) -> Packet {
-    let open = packet(&peer.next_json().await.expect("channel.open"));
-    assert_eq!(open.type_str(), "channel.open");
-    let ack = ChannelOpenAck::new(channel.into(), descriptor(channel, status));
-    send(peer, Packet::with_payload("pkt_open_ack", ack).answering(&open).channel(channel)).await;
-    open
-}
 
 #[tokio::test(start_paused = true)]
 async fn hello_rule_nothing_but_hello_leaves_before_hello_ack() {
@@ -236,7 +163,7 @@ async fn inbound_rule_invalid_chat_message_is_rejected_before_the_application_se
         let plane = plane.clone();
         async move { plane.open_channel_for("alice", None).await }
     });
-    answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+    MEM.answer_next_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
     opening.await.expect("joins").expect("opened");
     // A chat.message with neither text nor files breaks the IM v2 payload rules.
     let empty = json!({"schema": "xagent.connector.packet/v1", "packet_id": "pkt_m1",
@@ -287,7 +214,7 @@ async fn request_rule_tool_invoke_resolves_the_channel_and_returns_the_typed_ack
         let plane = plane.clone();
         async move { plane.open_channel_for("alice", None).await }
     });
-    answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+    MEM.answer_next_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
     opening.await.expect("joins").expect("opened");
     let arguments = json!({"connector_channel_id": "model-made-up", "text": "hello"});
     let call = tokio::spawn({
@@ -345,7 +272,7 @@ async fn durable_state_rule_a_restart_reopens_channels_and_accepts_nothing_twice
             let plane = plane.clone();
             async move { plane.open_channel_for("alice", None).await }
         });
-        answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+        MEM.answer_next_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
         opening.await.expect("joins").expect("opened");
         plane.remember_channel("cch_1".into()).await;
         assert!(peer.send_json(message.clone()).await);
@@ -371,7 +298,7 @@ async fn durable_state_rule_a_restart_reopens_channels_and_accepts_nothing_twice
     let (plane, mut events, _transport, mut peers) =
         start(config(&clock).with_store(Arc::new(store))).await;
     let mut peer = accept_hello(&mut peers).await;
-    let reopen = answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+    let reopen = MEM.answer_next_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
     assert_eq!(reopen.connector_channel_id.as_ref().map(|c| c.as_str()), Some("cch_1"));
     plane.connected().await.expect("online");
     assert_eq!(plane.directory().owner(&"cch_1".into()).as_deref(), Some("alice"));
@@ -399,7 +326,7 @@ async fn descriptor_rule_a_push_for_another_channel_is_not_applied() {
         let plane = plane.clone();
         async move { plane.open_channel_for("alice", None).await }
     });
-    answer_open(&mut peer, "cch_1", ConnectionStatus::Created).await;
+    MEM.answer_next_open(&mut peer, "cch_1", ConnectionStatus::Created).await;
     opening.await.expect("joins").expect("opened");
     let wrong = descriptor("cch_2", ConnectionStatus::Connected);
     let push = json!({"schema": "xagent.connector.packet/v1", "packet_id": "pkt_d",
@@ -433,7 +360,7 @@ async fn inbound_rule_deltas_and_activity_from_the_connector_are_refused_not_del
         let plane = plane.clone();
         async move { plane.open_channel_for("alice", None).await }
     });
-    answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+    MEM.answer_next_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
     opening.await.expect("joins").expect("opened");
     // IM v2 deltas and activity flow from xAgent to the Connector only.
     for (id, packet_type, payload) in [
@@ -502,7 +429,7 @@ async fn validator_rule_a_push_that_breaks_the_rules_gets_invalid_packet_and_is_
         let plane = plane.clone();
         async move { plane.open_channel_for("alice", None).await }
     });
-    answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+    MEM.answer_next_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
     opening.await.expect("joins").expect("opened");
     let progress = json!({"schema": "xagent.connector.packet/v1", "packet_id": "pkt_p",
         "type": "tool.progress.push", "connector_channel_id": "cch_1",
@@ -531,7 +458,7 @@ async fn readmission_rule_a_new_card_tool_is_accepted_in_descriptors_after_set_c
         let plane = plane.clone();
         async move { plane.open_channel_for("alice", None).await }
     });
-    answer_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
+    MEM.answer_next_open(&mut peer, "cch_1", ConnectionStatus::Connected).await;
     opening.await.expect("joins").expect("opened");
     // The Connector was upgraded: a refetch re-admitted a Card with a second Tool.
     let schema = json!({"type": "object", "required": ["connector_channel_id"],

@@ -3,43 +3,25 @@
 //! `file_ref` it did not upload on that channel, or one that expired, before anything is
 //! queued.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use support::{API_KEY, echo_config, sign_in};
 use tokio::sync::mpsc::UnboundedReceiver;
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, FileContent,
     OutboundFileError,
 };
 use xagent_protocol_types::{
-    AckStatus, AuthInput, AuthStart, AuthStartAck, AuthStatus, ChatMessage, Clock,
-    ConnectorChannelId, ErrorCode, ManualClock, PROFILE_IM_V2, Secret, SystemClock,
+    AckStatus, ChatMessage, Clock, ErrorCode, ManualClock, Secret, SystemClock,
 };
-use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, EchoServer, temp_state_dir};
-
-const API_KEY: &str = "sk-outbound-files-5c2e9a";
+use xagent_testkit::{EchoServer, temp_state_dir};
 
 fn config(server: &EchoServer, clock: &ManualClock) -> ClientConfig {
     let base = BaseUrl::parse(&server.base_url()).expect("base url");
-    let mut config = ClientConfig::new(base, ECHO_CARD_ID, vec![PROFILE_IM_V2.into()])
-        .with_api_key(Secret::new(API_KEY))
-        .with_clock(Arc::new(clock.clone()));
-    config.request_timeout = Duration::from_secs(5);
-    config
-}
-
-async fn signed_in_channel(plane: &DataPlane) -> ConnectorChannelId {
-    let opened = plane.open_channel(None).await.expect("channel.open");
-    let channel = opened.connector_channel_id.clone();
-    let ack: AuthStartAck = plane
-        .request(
-            Some(&channel),
-            AuthStart::new(ECHO_FLOW).with_input(AuthInput::default().with("token", "tok-1")),
-        )
-        .await
-        .expect("auth.start");
-    assert_eq!(ack.0.status, AuthStatus::Authenticated);
-    channel
+    echo_config(base).with_clock(Arc::new(clock.clone()))
 }
 
 fn report() -> FileContent {
@@ -69,7 +51,7 @@ fn outbound(error: Result<impl std::fmt::Debug, ClientError>) -> OutboundFileErr
 #[tokio::test]
 async fn outbound_file_rule_a_message_file_is_uploaded_on_its_channel_and_delivered() {
     let (server, _clock, plane, mut events) = setup("outbound-ok").await;
-    let channel = signed_in_channel(&plane).await;
+    let channel = sign_in(&plane).await;
     let file = plane.upload_message_file(&channel, report()).await.expect("uploaded");
     assert_eq!(file.filename.as_deref(), Some("report.txt"));
     assert_eq!(file.byte_size, Some(9));
@@ -102,8 +84,8 @@ async fn outbound_file_rule_a_message_file_is_uploaded_on_its_channel_and_delive
 #[tokio::test]
 async fn outbound_file_rule_a_file_ref_uploaded_on_another_channel_is_refused() {
     let (server, _clock, plane, _events) = setup("outbound-other").await;
-    let first = signed_in_channel(&plane).await;
-    let second = signed_in_channel(&plane).await;
+    let first = sign_in(&plane).await;
+    let second = sign_in(&plane).await;
     let file = plane.upload_message_file(&first, report()).await.expect("uploaded");
     let message = ChatMessage::with_files("out_cross", None, vec![file]);
     let refused = outbound(plane.send_chat_message(&second, message).await);
@@ -117,7 +99,7 @@ async fn outbound_file_rule_a_file_ref_uploaded_on_another_channel_is_refused() 
 #[tokio::test]
 async fn outbound_file_rule_a_file_ref_this_client_did_not_upload_is_refused() {
     let (server, _clock, plane, _events) = setup("outbound-unknown").await;
-    let channel = signed_in_channel(&plane).await;
+    let channel = sign_in(&plane).await;
     // Uploaded past the runtime: it cannot know the reference's channel or expiry.
     let control = ControlPlane::new(plane.control().base().clone(), Some(Secret::new(API_KEY)));
     let answer = control.upload(&channel, "x.txt", "text/plain", b"x".to_vec()).await.expect("up");
@@ -134,7 +116,7 @@ async fn outbound_file_rule_a_file_ref_this_client_did_not_upload_is_refused() {
 #[tokio::test]
 async fn outbound_file_rule_an_expired_file_ref_is_refused() {
     let (server, clock, plane, _events) = setup("outbound-expired").await;
-    let channel = signed_in_channel(&plane).await;
+    let channel = sign_in(&plane).await;
     let file = plane.upload_message_file(&channel, report()).await.expect("uploaded");
     let expires_at = file.expires_at.expect("the Connector's expiry");
     let file_ref = file.file_ref.clone();

@@ -2,6 +2,8 @@
 //! `/prefix/files/refs/...` and the client must fetch exactly that (the prefix was once added
 //! twice); a file goes both ways, and a Card Tool runs through 10.1 resolution.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,13 +13,10 @@ use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, FileSink, admit,
     next_event_matching,
 };
-use xagent_protocol_types::{
-    AuthInput, AuthStart, AuthStartAck, AuthStatus, ChatFile, ChatMessage, ConnectorChannelId,
-    Secret,
-};
+use xagent_protocol_types::{ChatFile, ChatMessage, ConnectorChannelId, Secret};
 use xagent_protocol_validate::AdmissionWindow;
 use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
-use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, echo_connector, temp_state_dir};
+use xagent_testkit::{ECHO_CARD_ID, echo_connector, temp_state_dir};
 
 const API_KEY: &str = "sk-prefix-test-51c0e2";
 const PREFIX: &str = "/connectors/echo";
@@ -82,14 +81,7 @@ async fn download_url_rule_a_prefixed_base_url_moves_a_file_both_ways() {
         .expect("in time")
         .expect("online");
     let channel = plane.open_channel_for("alice", None).await.expect("opened").connector_channel_id;
-    let signed: AuthStartAck = plane
-        .request(
-            Some(&channel),
-            AuthStart::new(ECHO_FLOW).with_input(AuthInput::default().with("token", "tok-1")),
-        )
-        .await
-        .expect("auth.start");
-    assert_eq!(signed.0.status, AuthStatus::Authenticated);
+    support::authenticate(&plane, &channel).await;
     plane.remember_channel(channel.clone()).await;
 
     // Connector -> xAgent: the signed path already carries the prefix.

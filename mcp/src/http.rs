@@ -102,32 +102,16 @@ fn token_file_error(path: &Path, problem: impl Into<String>) -> HttpSetupError {
     HttpSetupError::TokenFile { path: path.to_path_buf(), problem: problem.into() }
 }
 
-/// Reads a token file: a regular file readable by its owner only, its first line the token
-/// (at least [`MIN_TOKEN_CHARS`] characters).
+/// Reads a token file: a regular file readable by its owner only, of at most
+/// [`MAX_TOKEN_FILE_BYTES`], its first line the token (at least [`MIN_TOKEN_CHARS`] printable
+/// characters).
 pub fn read_token_file(path: &Path) -> Result<Secret, HttpSetupError> {
-    use std::io::Read;
-    let file = std::fs::File::open(path)
-        .map_err(|e| token_file_error(path, format!("cannot be opened ({e})")))?;
-    let metadata = file.metadata().map_err(|e| token_file_error(path, e.to_string()))?;
-    if !metadata.is_file() {
-        return Err(token_file_error(path, "is not a regular file"));
+    let read = xagent_client_runtime::read_secret_file(path, MAX_TOKEN_FILE_BYTES)
+        .map_err(|e| token_file_error(path, e.to_string()))?;
+    if read.shared {
+        return Err(token_file_error(path, "is readable by other users; chmod 600 it"));
     }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = metadata.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(token_file_error(
-                path,
-                format!("is readable by other users (mode {mode:o}); chmod 600 it"),
-            ));
-        }
-    }
-    let mut text = String::new();
-    file.take(MAX_TOKEN_FILE_BYTES)
-        .read_to_string(&mut text)
-        .map_err(|_| token_file_error(path, "is not UTF-8 text"))?;
-    let token = text.lines().next().unwrap_or("").trim();
+    let token = read.value.expose();
     if token.chars().count() < MIN_TOKEN_CHARS || token.chars().any(char::is_control) {
         return Err(token_file_error(
             path,
@@ -136,7 +120,7 @@ pub fn read_token_file(path: &Path) -> Result<Secret, HttpSetupError> {
             ),
         ));
     }
-    Ok(Secret::new(token))
+    Ok(read.value)
 }
 
 /// Generates 256 random bits as hex into `path` (created 0600, the directory 0700).

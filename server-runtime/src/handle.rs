@@ -128,12 +128,14 @@ pub(crate) trait HandleOps: Send + Sync + 'static {
     /// Number of channels using the consumer `key`.
     fn consumer_users(&self, key: &str) -> usize;
     /// On replicas: adds `channel` as a user of the replicated consumer `key` (true when newly
-    /// wanted here); `None` when this runtime runs alone.
+    /// wanted here), run anywhere or only beside the data plane; `None` when this runtime runs
+    /// alone.
     fn consumer_want(
         &self,
         key: &str,
         channel: &ConnectorChannelId,
         start: StartFn,
+        with_data_plane: bool,
     ) -> Option<bool>;
     /// Lease expiry and maintenance now.
     fn tick(self: Arc<Self>) -> BoxFuture<'static, ()>;
@@ -330,8 +332,30 @@ impl ConnectorHandle {
         channel: &ConnectorChannelId,
         start: impl Fn() -> StopFn + Send + Sync + 'static,
     ) -> bool {
-        let start: StartFn = Arc::new(start);
-        match self.0.consumer_want(key, channel, Arc::clone(&start)) {
+        self.want_consumer(key, channel, Arc::new(start), false)
+    }
+
+    /// Like [`ConnectorHandle::attach_replicated_consumer`] for a consumer whose state the
+    /// Tool calls read (a device's retained values): it runs on the replica holding xAgent's
+    /// data plane, and moves with it (stopped where the data plane left, started where it
+    /// arrived, within about a second; after a killed holder, once its lease ran out).
+    pub fn attach_data_plane_consumer(
+        &self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        start: impl Fn() -> StopFn + Send + Sync + 'static,
+    ) -> bool {
+        self.want_consumer(key, channel, Arc::new(start), true)
+    }
+
+    fn want_consumer(
+        &self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        start: StartFn,
+        with_data_plane: bool,
+    ) -> bool {
+        match self.0.consumer_want(key, channel, Arc::clone(&start), with_data_plane) {
             Some(wanted) => wanted,
             None => self.attach_consumer(key, channel, || start()),
         }

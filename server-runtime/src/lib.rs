@@ -194,7 +194,7 @@ pub use storage::author::{
 };
 pub use storage::{
     ChannelRecord, Cluster, ClusterEvent, ClusterStorage, CommitTicket, DATA_PLANE_LEASE,
-    DATABASE_FILE, GroupCommit, GroupCommitConfig, GroupCommitStats, LeaseState,
+    DATABASE_FILE, ExportCounts, GroupCommit, GroupCommitConfig, GroupCommitStats, LeaseState,
     MAX_BROADCAST_MESSAGE_BYTES, MAX_BROADCAST_TOPIC_BYTES, MAX_NOTIFY_BYTES, MAX_STORED_KEY_BYTES,
     MAX_STORED_VALUE_BYTES, SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous,
     ToolCallRecord, WriteOp, private_database_files,

@@ -10,48 +10,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use support::Place;
 use xagent_protocol_types::{
-    AuthField, AuthFlow, ConnectorChannelId, ErrorCode, ManualClock, PROFILE_IM_V2, Packet,
-    TargetDeclaration, TargetType, ToolInvoke, ToolInvokeContext,
+    AuthField, AuthFlow, ConnectorChannelId, ErrorCode, PROFILE_IM_V2, Packet, TargetDeclaration,
+    TargetType, ToolInvoke, ToolInvokeContext,
 };
 use xagent_server_runtime::{
-    AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, Connector, ConnectorServer,
-    MAX_AUTHOR_KEY_BYTES, MAX_AUTHOR_VALUE_BYTES, SqliteStorage, Storage, ToolCallRecord,
-    ToolContext, ToolError, ToolSpec, WriteOp,
+    AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, Connector, MAX_AUTHOR_KEY_BYTES,
+    MAX_AUTHOR_VALUE_BYTES, ToolCallRecord, ToolContext, ToolError, ToolSpec, WriteOp,
 };
 use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, WsClient, has_error, payload_json};
-
-/// Where a backend keeps its data: opening it again is a restart.
-enum Place {
-    Sqlite(tempfile::TempDir),
-    #[cfg(feature = "postgres")]
-    Postgres(Box<xagent_server_runtime::DatabaseUrl>),
-}
-
-impl Place {
-    fn sqlite() -> Self {
-        Self::Sqlite(tempfile::tempdir().expect("a temporary directory"))
-    }
-
-    #[cfg(feature = "postgres")]
-    async fn postgres() -> Self {
-        Self::Postgres(Box::new(
-            xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await,
-        ))
-    }
-
-    async fn open(&self) -> Arc<dyn Storage> {
-        match self {
-            Self::Sqlite(dir) => Arc::new(SqliteStorage::open(dir.path()).expect("opens")),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(url) => Arc::new(
-                xagent_server_runtime::PostgresStorage::connect(url, Default::default())
-                    .await
-                    .expect("connects"),
-            ),
-        }
-    }
-}
 
 fn keys(records: &[xagent_server_runtime::AuthorRecord]) -> Vec<&str> {
     records.iter().map(|r| r.key.as_str()).collect()
@@ -161,30 +129,7 @@ mod cases {
     }
 }
 
-macro_rules! contract {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(&super::Place::sqlite()).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "postgres")]
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(&super::Place::postgres().await).await;
-                }
-            )*
-        }
-    };
-}
-
-contract!(
+support::contract!(
     records_round_trip_and_survive_a_restart,
     scans_page_in_byte_order_of_keys,
     limits_are_the_same_on_every_backend,
@@ -247,46 +192,8 @@ fn note_connector(counts: &Counts) -> Connector {
         .unwrap()
 }
 
-/// A running server over a state directory.
-struct Served {
-    server: ConnectorServer,
-    addr: std::net::SocketAddr,
-    stop: tokio::sync::oneshot::Sender<()>,
-    join: tokio::task::JoinHandle<()>,
-}
-
-impl Served {
-    async fn client(&self) -> WsClient {
-        WsClient::connect(&format!("ws://{}/ws", self.addr), None).await.unwrap()
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = self.join.await;
-    }
-}
-
-async fn serve(dir: &std::path::Path, counts: &Counts) -> Served {
-    let server = ConnectorServer::builder(note_connector(counts))
-        .state_dir(dir)
-        .unwrap()
-        .clock(ManualClock::new(support::START))
-        .build()
-        .await
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = server.clone();
-    let join = tokio::spawn(async move {
-        running
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-    });
-    Served { server, addr, stop, join }
+async fn serve(dir: &std::path::Path, counts: &Counts) -> support::Custom {
+    support::serve_custom_in(note_connector(counts), dir).await
 }
 
 fn note(

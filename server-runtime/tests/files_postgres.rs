@@ -4,15 +4,15 @@
 
 #![cfg(feature = "postgres")]
 
+mod support;
+
 use std::net::SocketAddr;
 
+use support::{API_KEY, START};
 use xagent_protocol_types::{FileRef, ManualClock, Secret};
 use xagent_server_runtime::{ConnectorServer, DatabaseUrl};
 use xagent_testkit::echo_connector;
 use xagent_testkit::postgres::TestPostgres;
-
-const API_KEY: &str = "sk-test-files-on-postgres";
-const START: u64 = 1_790_000_000_000;
 
 /// A running runtime on `url` with its address and stop signal.
 struct Replica {
@@ -39,17 +39,7 @@ impl Replica {
             .build()
             .await
             .unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let running = server.clone();
-        tokio::spawn(async move {
-            let _ = running
-                .serve(listener, async move {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let (addr, stop, _task) = support::spawn_serving(&server, None).await;
         Self { server, addr, stop: Some(stop) }
     }
 

@@ -322,3 +322,43 @@ async fn the_offline_lease_is_claimed_by_exactly_one_replica() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A consumer that follows the data plane runs where xAgent's socket is, and moves with it:
+/// stopped on the replica the data plane left, started on the one it reached.
+#[tokio::test]
+async fn a_data_plane_consumer_moves_with_xagents_socket() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let url = shared_database().await;
+    let a = Replica::start(&url).await;
+    let b = Replica::start(&url).await;
+    let channel = ConnectorChannelId::new("cch_device");
+    let counter = |count: &Arc<AtomicUsize>| {
+        let count = Arc::clone(count);
+        move || -> xagent_server_runtime::StopFn {
+            count.fetch_add(1, Ordering::SeqCst);
+            let count = Arc::clone(&count);
+            Box::new(move || {
+                count.fetch_sub(1, Ordering::SeqCst);
+            })
+        }
+    };
+    let (on_a, on_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    a.server.handle().attach_data_plane_consumer("device:d1", &channel, counter(&on_a));
+    b.server.handle().attach_data_plane_consumer("device:d1", &channel, counter(&on_b));
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(on_a.load(Ordering::SeqCst) + on_b.load(Ordering::SeqCst), 0, "no data plane yet");
+
+    let mut on_a_socket = a.client().await;
+    on_a_socket.hello(None).await;
+    eventually("A runs it beside the data plane", || on_a.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(on_b.load(Ordering::SeqCst), 0);
+
+    let mut on_b_socket = b.client().await;
+    on_b_socket.hello(None).await;
+    eventually("it left A", || on_a.load(Ordering::SeqCst) == 0).await;
+    eventually("it moved to B", || on_b.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(closed(&mut on_a_socket).await, Some(1013));
+    drop(on_b_socket);
+    a.stop().await;
+    b.stop().await;
+}

@@ -3,8 +3,11 @@
 //! database of testkit's PostgreSQL; feature `postgres`). The PostgreSQL-only rules (a newer
 //! schema is refused, an unreachable server is named without the password) follow at the end.
 
+mod support;
+
 use std::sync::Arc;
 
+use support::Place;
 use xagent_profile_im::{
     AttemptUpdate, CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord,
 };
@@ -13,40 +16,8 @@ use xagent_protocol_types::{
     Secret, ToolId, ToolStatus,
 };
 use xagent_server_runtime::{
-    Binding, ChannelRecord, MAX_STORED_KEY_BYTES, SqliteStorage, Storage, ToolCallRecord, WriteOp,
+    Binding, ChannelRecord, MAX_STORED_KEY_BYTES, Storage, ToolCallRecord, WriteOp,
 };
-
-/// Where a backend keeps its data: opening it again is a restart.
-enum Place {
-    Sqlite(tempfile::TempDir),
-    #[cfg(feature = "postgres")]
-    Postgres(Box<xagent_server_runtime::DatabaseUrl>),
-}
-
-impl Place {
-    fn sqlite() -> Self {
-        Self::Sqlite(tempfile::tempdir().expect("a temporary directory"))
-    }
-
-    #[cfg(feature = "postgres")]
-    async fn postgres() -> Self {
-        let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
-        Self::Postgres(Box::new(url))
-    }
-
-    /// Opens (or reopens) the backend over this place.
-    async fn open(&self) -> Arc<dyn Storage> {
-        match self {
-            Self::Sqlite(dir) => Arc::new(SqliteStorage::open(dir.path()).expect("opens")),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(url) => Arc::new(
-                xagent_server_runtime::PostgresStorage::connect(url, Default::default())
-                    .await
-                    .expect("connects"),
-            ),
-        }
-    }
-}
 
 fn ch(id: &str) -> ConnectorChannelId {
     ConnectorChannelId::new(id)
@@ -465,31 +436,7 @@ mod cases {
     }
 }
 
-/// Runs every case on both backends.
-macro_rules! contract {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(&super::Place::sqlite()).await;
-                }
-            )*
-        }
-
-        #[cfg(feature = "postgres")]
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::cases::$case(&super::Place::postgres().await).await;
-                }
-            )*
-        }
-    };
-}
-
-contract!(
+support::contract!(
     connector_id_round_trip,
     channels_with_bindings,
     delete_channel_removes_its_outbox_idempotency_and_tool_calls,

@@ -10,6 +10,11 @@
 //! transaction itself fails (the connection breaks, `COMMIT` is refused) every ticket of the
 //! batch gets the error and nothing of the batch is visible.
 //!
+//! The writer keeps one connection of the pool for itself, for as long as it works: no pool
+//! round trip per batch, and the connection's prepared statements stay cached. When that
+//! connection fails (it closed, or a batch ended with a session failure) it is dropped and the
+//! next batch takes a new one from the pool.
+//!
 //! Batching: the writer never waits while one caller is writing; after a transaction that
 //! carried several submissions it waits up to [`GroupCommitConfig::max_wait`] for about as
 //! many before it commits, so concurrent callers share one commit.
@@ -190,8 +195,14 @@ impl<W: Send + Sync + 'static> GroupCommit<W> {
     pub fn start(pool: Pool, apply: impl ApplyWrites<W>, config: GroupCommitConfig) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
-        let writer =
-            Writer { pool, apply, config, counters: counters.clone(), _writes: PhantomData };
+        let writer = Writer {
+            pool,
+            connection: None,
+            apply,
+            config,
+            counters: counters.clone(),
+            _writes: PhantomData,
+        };
         let task = tokio::spawn(writer.run(rx));
         Self {
             queue: Mutex::new(Some(tx)),
@@ -263,6 +274,9 @@ impl<W> Drop for GroupCommit<W> {
 
 struct Writer<W, A> {
     pool: Pool,
+    /// The writer's own connection, taken from the pool at the first batch and kept until it
+    /// fails.
+    connection: Option<deadpool_postgres::Object>,
     apply: A,
     config: GroupCommitConfig,
     counters: Arc<Counters>,
@@ -280,7 +294,7 @@ enum Attempt {
 }
 
 impl<W: Send + Sync + 'static, A: ApplyWrites<W>> Writer<W, A> {
-    async fn run(self, mut rx: mpsc::UnboundedReceiver<Submission<W>>) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Submission<W>>) {
         let max_batch = self.config.max_batch.max(1);
         let mut last_batch = 0usize;
         while let Some(first) = rx.recv().await {
@@ -320,30 +334,44 @@ impl<W: Send + Sync + 'static, A: ApplyWrites<W>> Writer<W, A> {
     }
 
     async fn commit_batch(
-        &self,
+        &mut self,
         writes: &[W],
         ranges: &[Range<usize>],
     ) -> Vec<Result<(), PgError>> {
         let all = |e: PgError| ranges.iter().map(|_| Err(e.clone())).collect();
-        let mut client = match self.pool.get().await {
-            Ok(client) => client,
-            Err(e) => return all(e),
+        if self.connection.as_ref().is_some_and(|c| c.is_closed()) {
+            self.connection = None;
+        }
+        let mut client = match self.connection.take() {
+            Some(client) => client,
+            None => match self.pool.get().await {
+                Ok(client) => client,
+                Err(e) => return all(e),
+            },
         };
         // Fast path: every submission's writes in one call, no savepoints.
-        match self.attempt(&mut client, writes, ranges, false).await {
+        let attempt = match self.attempt(&mut client, writes, ranges, false).await {
+            Attempt::SubmissionFailed => self.attempt(&mut client, writes, ranges, true).await,
+            other => other,
+        };
+        let session_failed = matches!(&attempt, Attempt::Failed(e) if is_session_failure(e));
+        let results = match attempt {
             Attempt::Committed(results) => results,
             Attempt::Failed(e) => all(e),
             Attempt::SubmissionFailed => {
-                match self.attempt(&mut client, writes, ranges, true).await {
-                    Attempt::Committed(results) => results,
-                    Attempt::Failed(e) => all(e),
-                    Attempt::SubmissionFailed => all(PgError::apply(
-                        "group commit",
-                        "a submission failed outside its savepoint",
-                    )),
-                }
+                all(PgError::apply("group commit", "a submission failed outside its savepoint"))
             }
+        };
+        if session_failed || client.is_closed() {
+            // Its state is unknown: close it rather than hand it back to the pool. The next
+            // batch takes a fresh connection.
+            drop(deadpool_postgres::Object::take(client));
+        } else {
+            // Still good: it keeps serving the writer (a transaction that failed was rolled
+            // back by its drop, which the server runs before the next BEGIN).
+            self.connection = Some(client);
         }
+        results
     }
 
     /// Applies `writes` through `apply`, a panic becoming an error.

@@ -21,6 +21,11 @@
 //!   machine) accepts each one; timed from the first `send_message` until every message is
 //!   acked and deleted on the Connector side.
 //!
+//! `--postgres` runs the outbox on `PostgresStorage` instead (testkit's PostgreSQL server, or
+//! the one `XAGENT_TEST_DATABASE_URL` names) and compares it with raw single-row PostgreSQL
+//! commits on the same server through the same driver and pool settings, measured before and
+//! after the outbox run (`ratio_vs_postgres`); the SQLite-only rows are left out.
+//!
 //! `--quick` sends 2,000 messages over 16 channels; the full run 10,000 over 64.
 //! `--messages N`, `--channels N`, `--window N` change the workload; `--max-wait-us N` the
 //! group-commit writer's longest wait for company (`GroupCommitConfig::max_wait`, default
@@ -42,12 +47,16 @@ use xagent_server_runtime::{SqliteOptions, SqliteStorage, Synchronous};
 use xagent_testkit::ECHO_FLOW;
 
 use crate::bench_support::{
-    API_KEY, EchoConnector, Flags, machine, print_table, temp_dir, warn_if_debug,
+    API_KEY, BenchStorage, EchoConnector, Flags, bench_database, machine, print_table,
+    raw_postgres_commits, temp_dir, warn_if_debug,
 };
 
 /// Runs the benchmark with the given flags.
 pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
-    let flags = Flags::parse(args);
+    let mut flags = Flags::parse(args);
+    if flags.switch("--postgres") {
+        return run_postgres(&flags);
+    }
     flags.only(&["--messages", "--channels", "--synchronous", "--window", "--max-wait-us"])?;
     warn_if_debug();
     let synchronous = synchronous_flag(&flags)?;
@@ -76,12 +85,17 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     let three = raw_sqlite(&dir.join("three.sqlite3"), raw_rows, 1, true, synchronous)?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let storage = SqliteStorage::open_with(
+        dir.join("connector"),
+        SqliteOptions { synchronous, group_commit },
+    )
+    .context("opening the storage")?;
     let outbox = runtime.block_on(outbox_delivery(
         &dir.join("connector"),
         messages,
         channels,
         window,
-        SqliteOptions { synchronous, group_commit },
+        BenchStorage::Sqlite(storage),
     ))?;
     let outbox_cpu = outbox.cpu_seconds.map(|cpu| cpu / messages as f64);
     // Raw again after the system run, so drift on a shared machine shows.
@@ -159,6 +173,85 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
             result["ratio_vs_sqlite"],
             result["ratio_vs_raw"],
             result["batching_gain"]
+        );
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// `bench-durable --postgres`: the outbox on PostgreSQL against raw single-row PostgreSQL
+/// commits on the same server, before and after it.
+fn run_postgres(flags: &Flags) -> Result<std::process::ExitCode> {
+    flags.only(&["--messages", "--channels", "--window", "--max-wait-us"])?;
+    warn_if_debug();
+    let messages: u64 =
+        flags.value("--messages")?.unwrap_or(if flags.quick { 2_000 } else { 10_000 });
+    let channels: usize = flags.value("--channels")?.unwrap_or(if flags.quick { 16 } else { 64 });
+    let window: usize = flags
+        .value("--window")?
+        .unwrap_or(xagent_server_runtime::RuntimeConfig::default().outbox_window);
+    let mut group_commit = xagent_server_runtime::GroupCommitConfig::default();
+    if let Some(us) = flags.value::<u64>("--max-wait-us")? {
+        group_commit.max_wait = Duration::from_micros(us);
+    }
+    let period = Duration::from_secs(if flags.quick { 1 } else { 3 });
+    let dir = temp_dir("bench-durable-pg")?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (commits, outbox, commits_after) = runtime.block_on(async {
+        let raw_url = bench_database().await?;
+        let commits = raw_postgres_commits(&raw_url, period).await?;
+        let url = bench_database().await?;
+        let storage = BenchStorage::postgres(&url, group_commit).await?;
+        let outbox =
+            outbox_delivery(&dir.join("connector"), messages, channels, window, storage).await?;
+        let commits_after = raw_postgres_commits(&raw_url, period).await?;
+        Ok::<_, anyhow::Error>((commits, outbox, commits_after))
+    })?;
+    drop(runtime);
+    let _ = std::fs::remove_dir_all(&dir);
+    let commits_mean = (commits + commits_after) / 2.0;
+    let ratio = |a: f64, b: f64| if b > 0.0 { (a / b * 1000.0).round() / 1000.0 } else { 0.0 };
+    let result = json!({
+        "bench": "durable",
+        "backend": "postgres",
+        "quick": flags.quick,
+        "messages": messages,
+        "channels": channels,
+        "window": window,
+        "group_commit_max_wait_us": group_commit.max_wait.as_micros() as u64,
+        "postgres_commits_per_s": commits_mean.round(),
+        "postgres_commits_before_per_s": commits.round(),
+        "postgres_commits_after_per_s": commits_after.round(),
+        "outbox_per_s": outbox.rate.round(),
+        "enqueue_per_s": outbox.enqueue_rate.round(),
+        "cpu_us_per_message": outbox.cpu_seconds.map(|s| (s / messages as f64 * 1e7).round() / 10.0),
+        "transactions_per_message": ratio(outbox.transactions as f64, messages as f64),
+        "submissions_per_transaction": ratio(outbox.jobs as f64, outbox.transactions as f64),
+        "ratio_vs_postgres": ratio(outbox.rate, commits_mean),
+        "target_ratio_vs_postgres": 1.0,
+        "machine": machine(),
+    });
+    if flags.json {
+        println!("{result}");
+    } else {
+        print_table(
+            &["path", "messages/s"],
+            &[
+                vec![
+                    "raw PostgreSQL: single-row INSERT commits, one connection".into(),
+                    format!("{}", result["postgres_commits_per_s"]),
+                ],
+                vec![
+                    format!(
+                        "outbox on PostgreSQL -> xAgent ack ({channels} channels, window {window})"
+                    ),
+                    format!("{}", result["outbox_per_s"]),
+                ],
+            ],
+        );
+        println!(
+            "\nratio outbox / single-row PostgreSQL commits: {} (target >= 1.0); {} transactions per message",
+            result["ratio_vs_postgres"], result["transactions_per_message"]
         );
     }
     Ok(std::process::ExitCode::SUCCESS)
@@ -327,11 +420,13 @@ async fn outbox_delivery(
     messages: u64,
     channels: usize,
     window: usize,
-    options: SqliteOptions,
+    storage: BenchStorage,
 ) -> Result<OutboxRun> {
     let config = xagent_server_runtime::RuntimeConfig::default().with_outbox_window(window);
-    let storage = SqliteStorage::open_with(dir, options).context("opening the storage")?;
-    let connector = EchoConnector::start_configured(dir, storage.clone(), config).await?;
+    let connector = match storage.clone() {
+        BenchStorage::Sqlite(s) => EchoConnector::start_configured(dir, s, config).await?,
+        BenchStorage::Postgres(s) => EchoConnector::start_configured(dir, *s, config).await?,
+    };
     let (plane, mut events) = DataPlane::start(client_config(connector.addr)?);
     plane.connected().await?;
     let ids = signed_in_channels(&plane, channels).await?;

@@ -16,7 +16,8 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use xagent_protocol_types::{Packet, Secret};
 use xagent_server_runtime::{
-    ConnectorServer, RuntimeConfig, SqliteOptions, SqliteStorage, Synchronous,
+    ConnectorServer, DatabaseUrl, GroupCommitStats, PoolOptions, PostgresOptions, PostgresStorage,
+    RuntimeConfig, SqliteOptions, SqliteStorage, Storage, Synchronous,
 };
 use xagent_testkit::{EchoState, echo_connector};
 
@@ -80,6 +81,14 @@ impl Flags {
         let Some(at) = self.rest.iter().position(|a| a == name) else { return Ok(None) };
         let Some(text) = self.rest.get(at + 1) else { bail!("{name} needs a value") };
         text.parse().map(Some).map_err(|_| anyhow!("{name}: cannot read {text:?}"))
+    }
+
+    /// Whether the switch `name` (a flag without a value, e.g. `--postgres`) was given; it is
+    /// taken out of the remaining flags.
+    pub fn switch(&mut self, name: &str) -> bool {
+        let before = self.rest.len();
+        self.rest.retain(|a| a != name);
+        self.rest.len() != before
     }
 
     /// Fails on flags the task does not know.
@@ -215,11 +224,11 @@ impl EchoConnector {
         Self::start_configured(dir, storage, RuntimeConfig::default()).await
     }
 
-    /// [`EchoConnector::start_with`] over the given storage with the given runtime tunables
-    /// (keep a clone of the storage to read its group-commit counters).
+    /// [`EchoConnector::start_with`] over the given storage (SQLite or PostgreSQL) with the
+    /// given runtime tunables (keep a clone of the storage to read its group-commit counters).
     pub async fn start_configured(
         dir: &Path,
-        storage: SqliteStorage,
+        storage: impl Storage,
         config: RuntimeConfig,
     ) -> Result<Self> {
         let (connector, echo) = echo_connector();
@@ -280,12 +289,113 @@ impl ServerSide {
         Ok(Self { runtime, connector, dir })
     }
 
+    /// [`ServerSide::start`] with the runtime's state in the PostgreSQL database `url` (the
+    /// state directory then holds only the Transfer Plane's files).
+    pub fn start_postgres(name: &str, url: &DatabaseUrl) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("bench-server")
+            .enable_all()
+            .build()?;
+        let dir = temp_dir(name)?;
+        let connector = runtime.block_on(async {
+            let storage = PostgresStorage::connect(url, PostgresOptions::default())
+                .await
+                .context("connecting the runtime's storage to PostgreSQL")?;
+            EchoConnector::start_configured(&dir, storage, RuntimeConfig::default()).await
+        })?;
+        Ok(Self { runtime, connector, dir })
+    }
+
     /// Stops the Connector and the runtime and removes the state directory.
     pub fn stop(self) {
         self.runtime.block_on(self.connector.stop());
         drop(self.runtime);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The storage a benchmark runs the runtime on, with its group-commit counters.
+#[derive(Clone)]
+pub enum BenchStorage {
+    /// SQLite in a state directory.
+    Sqlite(SqliteStorage),
+    /// PostgreSQL (boxed: it carries its URL and pool).
+    Postgres(Box<PostgresStorage>),
+}
+
+impl BenchStorage {
+    /// The runtime's storage on `url` with the default pool and these group-commit bounds.
+    pub async fn postgres(
+        url: &DatabaseUrl,
+        group_commit: xagent_server_runtime::GroupCommitConfig,
+    ) -> Result<Self> {
+        let options = PostgresOptions::default().with_group_commit(group_commit);
+        let storage = PostgresStorage::connect(url, options)
+            .await
+            .context("connecting the runtime's storage to PostgreSQL")?;
+        Ok(Self::Postgres(Box::new(storage)))
+    }
+
+    /// The writer's counters so far.
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        match self {
+            Self::Sqlite(s) => s.group_commit_stats(),
+            Self::Postgres(s) => s.group_commit_stats(),
+        }
+    }
+}
+
+/// The PostgreSQL server of a `--postgres` benchmark: testkit's (Debian's binaries in a
+/// temporary directory, `fsync` on), or the one `XAGENT_TEST_DATABASE_URL` names; each call
+/// gives a fresh empty database on it.
+pub async fn bench_database() -> Result<DatabaseUrl> {
+    let server = xagent_testkit::postgres::TestPostgres::try_shared().await?;
+    Ok(server.try_fresh_database().await?)
+}
+
+/// Single-row INSERT transactions per second for `window` on PostgreSQL: one connection of a
+/// pool with the runtime's default settings (the same driver, tokio-postgres, and session
+/// settings as the runtime's storage), one autocommitted INSERT at a time, rows shaped like
+/// the runtime's tool-call records: the rate the server commits at for one writer.
+pub async fn raw_postgres_commits(url: &DatabaseUrl, window: Duration) -> Result<f64> {
+    let pool = xagent_storage_postgres::connect(url, PoolOptions::default()).await?;
+    let client = pool.get().await?;
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS raw_tool_calls (
+              channel TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL, result TEXT,
+              error_code TEXT, error_message BYTEA, completed_at BIGINT NOT NULL,
+              PRIMARY KEY (channel, key))",
+        )
+        .await?;
+    let insert = client
+        .prepare_cached(
+            "INSERT INTO raw_tool_calls (channel, key, fingerprint, result, completed_at)
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .await?;
+    let result = r#"{"status":"sent","message_id":"echo_1"}"#;
+    let run = format!("{:x}", std::process::id());
+    let started = std::time::Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < window {
+        let key = format!("req_{run}_{n}_{}", started.elapsed().as_nanos());
+        client
+            .execute(
+                &insert,
+                &[
+                    &"cch_bench",
+                    &key,
+                    &"0123456789abcdef0123456789abcdef",
+                    &result,
+                    &1_790_000_000_000i64,
+                ],
+            )
+            .await?;
+        n += 1;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
 /// A WebSocket carrying packets, with nothing between the caller and tokio-tungstenite.

@@ -16,6 +16,11 @@
 //! `durable_tool_ratio_vs_sqlite_inflight_1`). `--synchronous full|normal` picks the SQLite
 //! durability of both sides (default `full`, the runtime's default).
 //!
+//! `--postgres` puts the runtime's state on PostgreSQL (testkit's server, or the one
+//! `XAGENT_TEST_DATABASE_URL` names) and compares the durable Tool with raw single-row
+//! PostgreSQL commits on the same server, through the same driver and pool settings, in each
+//! round (`durable_tool_ratio_vs_postgres`; `--synchronous` does not apply).
+//!
 //! `--quick` is one round of 2 s phases (under a minute); `--json` prints one JSON object whose
 //! `ratio_vs_echo` is the 64-in-flight ratio; `--rounds N` and `--seconds S` override.
 
@@ -29,7 +34,8 @@ use tokio_tungstenite::tungstenite::Message;
 use xagent_protocol_types::Packet;
 
 use crate::bench_support::{
-    API_KEY, Flags, PacketSocket, ServerSide, machine, median, print_table, quantile, warn_if_debug,
+    API_KEY, Flags, PacketSocket, ServerSide, bench_database, machine, median, print_table,
+    quantile, raw_postgres_commits, warn_if_debug,
 };
 
 /// Which server a phase drives.
@@ -49,21 +55,37 @@ struct Endpoint {
 
 /// Runs the benchmark with the given flags.
 pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
-    let flags = Flags::parse(args);
+    let mut flags = Flags::parse(args);
+    let postgres = flags.switch("--postgres");
     flags.only(&["--rounds", "--seconds", "--synchronous"])?;
+    if postgres && flags.value::<String>("--synchronous")?.is_some() {
+        bail!("--synchronous is SQLite's; it does not apply with --postgres");
+    }
     warn_if_debug();
     let synchronous = crate::bench_durable::synchronous_flag(&flags)?;
     let rounds: usize = flags.value("--rounds")?.unwrap_or(if flags.quick { 1 } else { 3 });
     let seconds: f64 = flags.value("--seconds")?.unwrap_or(if flags.quick { 2.0 } else { 5.0 });
     let phase = Duration::from_secs_f64(seconds);
 
-    let servers = ServerSide::start("bench-ws", synchronous)?;
+    let client = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // With --postgres: the runtime's database and the raw commits' database, on one server.
+    let databases = if postgres {
+        Some(client.block_on(async {
+            Ok::<_, anyhow::Error>((bench_database().await?, bench_database().await?))
+        })?)
+    } else {
+        None
+    };
+    let servers = match &databases {
+        Some((url, _)) => ServerSide::start_postgres("bench-ws-pg", url)?,
+        None => ServerSide::start("bench-ws", synchronous)?,
+    };
+    let raw_key = if postgres { "postgres_commits_per_s" } else { "sqlite_commits_per_s" };
     let connector = &servers.connector;
     let echo_addr = servers.runtime.block_on(start_bare_echo())?;
     let endpoint =
         Endpoint { echo_url: format!("ws://{echo_addr}/"), connector_url: connector.ws_url() };
 
-    let client = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut per_round: Vec<Value> = Vec::new();
     for round in 0..rounds {
         let mut figures = json!({});
@@ -82,20 +104,24 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
                 "errors": one.errors + many.errors + open.errors,
             });
         }
-        // Side-effecting Tool calls, then raw single-row commits on the same disk right after.
+        // Side-effecting Tool calls, then raw single-row commits on the same disk (or the
+        // same PostgreSQL server) right after.
         let one = client.block_on(closed_loop(&endpoint, Target::DurableTool, 1, phase))?;
         let many = client.block_on(closed_loop(&endpoint, Target::DurableTool, 64, phase))?;
-        let raw = crate::bench_durable::raw_commits(
-            &servers.dir.join(format!("commits-{round}.sqlite3")),
-            phase,
-            synchronous,
-        )?;
+        let raw = match &databases {
+            Some((_, raw_url)) => client.block_on(raw_postgres_commits(raw_url, phase))?,
+            None => crate::bench_durable::raw_commits(
+                &servers.dir.join(format!("commits-{round}.sqlite3")),
+                phase,
+                synchronous,
+            )?,
+        };
         figures["durable_tool"] = json!({
             "rps_inflight_1": one.per_second,
             "rps_inflight_64": many.per_second,
             "errors": one.errors + many.errors,
         });
-        figures["sqlite_commits_per_s"] = json!(raw);
+        figures[raw_key] = json!(raw);
         if !flags.json {
             eprintln!("round {}/{rounds} done", round + 1);
         }
@@ -130,8 +156,7 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         if echo > 0.0 { (pick("connector", field) / echo * 1000.0).round() / 1000.0 } else { 0.0 }
     };
     let sqlite_commits_per_s = {
-        let mut values: Vec<f64> =
-            per_round.iter().filter_map(|r| r["sqlite_commits_per_s"].as_f64()).collect();
+        let mut values: Vec<f64> = per_round.iter().filter_map(|r| r[raw_key].as_f64()).collect();
         median(&mut values)
     };
     let durable_ratio = |field: &str| {
@@ -139,15 +164,17 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         let mut values: Vec<f64> = per_round
             .iter()
             .filter_map(|r| {
-                let raw = r["sqlite_commits_per_s"].as_f64()?;
+                let raw = r[raw_key].as_f64()?;
                 let tool = r["durable_tool"][field].as_f64()?;
                 (raw > 0.0).then_some(tool / raw)
             })
             .collect();
         (median(&mut values) * 1000.0).round() / 1000.0
     };
-    let result = json!({
+    let backend = if postgres { "postgres" } else { "sqlite" };
+    let mut result = json!({
         "bench": "ws",
+        "backend": backend,
         "quick": flags.quick,
         "rounds": rounds,
         "phase_seconds": seconds,
@@ -171,6 +198,37 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         "per_round": per_round,
         "machine": machine(),
     });
+    if postgres {
+        // The same figures under PostgreSQL's names (no SQLite setting applies).
+        if let Some(object) = result.as_object_mut() {
+            for key in ["synchronous", "sqlite_commits_per_s", "sqlite_txn_per_s"] {
+                object.remove(key);
+            }
+            for (from, to) in [
+                ("durable_tool_ratio_vs_sqlite", "durable_tool_ratio_vs_postgres"),
+                (
+                    "durable_tool_ratio_vs_sqlite_inflight_1",
+                    "durable_tool_ratio_vs_postgres_inflight_1",
+                ),
+            ] {
+                if let Some(value) = object.remove(from) {
+                    object.insert(to.into(), value);
+                }
+            }
+            object.insert("postgres_commits_per_s".into(), json!(sqlite_commits_per_s.round()));
+        }
+    }
+    let (raw_name, ratio_key) = if postgres {
+        (
+            "raw single-row PostgreSQL commits/s (one connection)".to_owned(),
+            "durable_tool_ratio_vs_postgres",
+        )
+    } else {
+        (
+            format!("raw single-row SQLite commits/s (synchronous={})", synchronous.as_str()),
+            "durable_tool_ratio_vs_sqlite",
+        )
+    };
     if flags.json {
         println!("{result}");
     } else {
@@ -204,13 +262,12 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
             result["ratio_vs_echo"], result["ratio_vs_echo_inflight_1"]
         );
         println!(
-            "durable Tool (echo_send) calls/s: {} at 1 in flight, {} at 64; raw single-row SQLite commits/s (synchronous={}): {}\nratio vs SQLite: {} at 64 in flight (target >= 1.0), {} at 1 in flight (target >= 0.7)",
+            "durable Tool (echo_send) calls/s on {backend}: {} at 1 in flight, {} at 64; {raw_name}: {}\nratio vs raw commits: {} at 64 in flight (target >= 1.0), {} at 1 in flight (target >= 0.7)",
             result["durable_tool"]["rps_inflight_1"],
             result["durable_tool"]["rps_inflight_64"],
-            synchronous.as_str(),
-            result["sqlite_commits_per_s"],
-            result["durable_tool_ratio_vs_sqlite"],
-            result["durable_tool_ratio_vs_sqlite_inflight_1"]
+            result[raw_key],
+            result[ratio_key],
+            result[&format!("{ratio_key}_inflight_1")]
         );
     }
     if errors > 0 {

@@ -9,6 +9,8 @@
 //!   and `pip install -r codegen/requirements.txt`).
 //! - `bench-ws`, `bench-decode`, `bench-durable`, `bench-scale`, `bench-isolation` `[--quick] [--json]`: whole-system
 //!   benchmarks, each against the machine's own limit in the same run (see `BENCHMARKS.md`).
+//!   `bench-ws` and `bench-durable` take `--postgres` (the runtime on PostgreSQL, against raw
+//!   PostgreSQL commits on the same server).
 //! - `chaos [--quick]`: kill -9 and malformed-input harness on loopback (see `RELIABILITY.md`);
 //!   `chaos --cluster [--quick] [--throughput]`: the same for replicas on PostgreSQL behind HAProxy.
 //! - `fuzz --seconds N [--target T]`: runs every cargo-fuzz target in `fuzz/` for N seconds.
@@ -33,7 +35,7 @@ mod chaos_cluster;
 mod codegen;
 mod fuzz;
 
-const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation [--quick] [--json] (bench-decode: [--no-ffi]) | chaos [--quick] [--cluster [--throughput]] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
+const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation [--quick] [--json] (bench-decode: [--no-ffi]; bench-ws, bench-durable: [--postgres]) | chaos [--quick] [--cluster [--throughput]] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
 
 fn main() -> ExitCode {
     match run() {

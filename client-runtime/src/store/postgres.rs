@@ -211,6 +211,20 @@ async fn exec(
     tx.execute(sql, params).await.map_err(|e| sql_error(context, &e))
 }
 
+/// Deletes the row of one message of `scope` from `table` (the pending or the completed
+/// messages, both keyed by scope, channel and message id).
+async fn delete_message(
+    tx: &Transaction<'_>,
+    context: &str,
+    table: &'static str,
+    scope: &str,
+    channel: &ConnectorChannelId,
+    message_id: &MessageId,
+) -> Result<u64, PgError> {
+    let sql = format!("DELETE FROM {table} WHERE scope = $1 AND channel = $2 AND message_id = $3");
+    exec(tx, context, &sql, &[&scope, &channel.as_str(), &message_id.as_str()]).await
+}
+
 async fn apply_write(
     tx: &Transaction<'_>,
     scope: &str,
@@ -284,12 +298,13 @@ async fn outbox(tx: &Transaction<'_>, scope: &str, write: &OutboxWrite) -> Resul
             .await?;
         }
         OutboxWrite::Delete(channel, message_id) => {
-            exec(
+            delete_message(
                 tx,
                 "delete_pending",
-                "DELETE FROM xagent_client_pending
-                 WHERE scope = $1 AND channel = $2 AND message_id = $3",
-                &[&scope, &channel.as_str(), &message_id.as_str()],
+                "xagent_client_pending",
+                scope,
+                channel,
+                message_id,
             )
             .await?;
         }
@@ -341,12 +356,13 @@ async fn idempotency(
             .await?;
         }
         IdempotencyWrite::Delete(channel, message_id) => {
-            exec(
+            delete_message(
                 tx,
                 "delete_completed",
-                "DELETE FROM xagent_client_completed
-                 WHERE scope = $1 AND channel = $2 AND message_id = $3",
-                &[&scope, &channel.as_str(), &message_id.as_str()],
+                "xagent_client_completed",
+                scope,
+                channel,
+                message_id,
             )
             .await?;
         }

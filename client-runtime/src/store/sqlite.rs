@@ -374,6 +374,25 @@ impl XagentStore for SqliteXagentStore {
 mod tests {
     use super::*;
 
+    fn channel(id: &str) -> XagentWrite {
+        XagentWrite::SaveChannel { channel: ConnectorChannelId::new(id), owner: None }
+    }
+
+    /// A batch the store refuses: a channel, then the rename of a channel it does not know.
+    fn refused_batch() -> Vec<XagentWrite> {
+        let rename = XagentWrite::RenameChannel {
+            from: ConnectorChannelId::new("cch_404"),
+            to: ConnectorChannelId::new("cch_5"),
+        };
+        vec![channel("cch_2"), rename]
+    }
+
+    /// The ids of the remembered channels, in order.
+    async fn channel_ids(store: &SqliteXagentStore) -> Vec<String> {
+        let channels = store.load_channels().await.expect("loads");
+        channels.into_iter().map(|c| c.channel.as_str().to_owned()).collect()
+    }
+
     #[tokio::test]
     async fn durable_state_rule_the_state_directory_is_readable_only_by_its_owner() {
         let dir = std::env::temp_dir().join(format!("xagent-store-{}", rand::random::<u64>()));
@@ -401,43 +420,19 @@ mod tests {
     #[tokio::test]
     async fn durable_state_rule_a_refused_batch_fails_alone() {
         let store = SqliteXagentStore::in_memory().expect("opens");
-        let channel = |id: &str| XagentWrite::SaveChannel {
-            channel: ConnectorChannelId::new(id),
-            owner: None,
-        };
         // Three batches, the middle one refused: it leaves nothing, the other two commit.
         let first = store.commit(None, vec![channel("cch_1")]);
-        let refused = store.commit(
-            None,
-            vec![
-                channel("cch_2"),
-                XagentWrite::RenameChannel {
-                    from: ConnectorChannelId::new("cch_404"),
-                    to: ConnectorChannelId::new("cch_5"),
-                },
-            ],
-        );
+        let refused = store.commit(None, refused_batch());
         let third = store.commit(None, vec![channel("cch_3")]);
         first.await.expect("first commits");
         assert!(refused.await.is_err(), "the rename of an unknown channel is refused");
         third.await.expect("third commits");
-        let ids: Vec<String> = store
-            .load_channels()
-            .await
-            .expect("loads")
-            .into_iter()
-            .map(|c| c.channel.as_str().to_owned())
-            .collect();
-        assert_eq!(ids, ["cch_1", "cch_3"], "the refused batch left nothing");
+        assert_eq!(channel_ids(&store).await, ["cch_1", "cch_3"], "the refused batch left nothing");
     }
 
     #[test]
     fn durable_state_rule_batches_queued_while_the_connection_is_busy_commit_as_one_group() {
         let store = SqliteXagentStore::in_memory().expect("opens");
-        let channel = |id: &str| XagentWrite::SaveChannel {
-            channel: ConnectorChannelId::new(id),
-            owner: None,
-        };
         // Two batches queued while another caller holds the connection, one of them refused:
         // the next commit takes both with its own, and only the refused one fails.
         let (first, first_ticket) = Submitted::pair();
@@ -445,17 +440,7 @@ mod tests {
         {
             let mut queue = lock(&store.queue);
             queue.push((None, vec![channel("cch_1")], first));
-            queue.push((
-                None,
-                vec![
-                    channel("cch_2"),
-                    XagentWrite::RenameChannel {
-                        from: ConnectorChannelId::new("cch_404"),
-                        to: ConnectorChannelId::new("cch_5"),
-                    },
-                ],
-                refused,
-            ));
+            queue.push((None, refused_batch(), refused));
         }
         let own = store.commit(None, vec![channel("cch_3")]);
         assert!(lock(&store.queue).is_empty(), "the group took every queued batch");
@@ -464,14 +449,7 @@ mod tests {
             first_ticket.await.expect("first commits");
             assert!(refused_ticket.await.is_err());
             own.await.expect("own commits");
-            let ids: Vec<String> = store
-                .load_channels()
-                .await
-                .expect("loads")
-                .into_iter()
-                .map(|c| c.channel.as_str().to_owned())
-                .collect();
-            assert_eq!(ids, ["cch_1", "cch_3"]);
+            assert_eq!(channel_ids(&store).await, ["cch_1", "cch_3"]);
         });
     }
 }

@@ -100,6 +100,8 @@ impl Shared {
             holding.lost_because = None;
         }
         cluster.storage.set_fence(fence);
+        // Consumers that follow the data plane start here now.
+        cluster.consumers_wanted.notify_one();
         tracing::info!(replica = cluster.cluster.replica(), fence, "took the data plane");
         self.reread_all().await
     }
@@ -165,6 +167,7 @@ impl Shared {
             return;
         }
         cluster.storage.set_fence(0);
+        cluster.consumers_wanted.notify_one();
         let shared = Arc::clone(self);
         self.tasks.spawn(async move {
             let Some(cluster) = &shared.cluster else { return };
@@ -220,9 +223,23 @@ impl Shared {
     async fn keep_consumers(&self) {
         let Some(cluster) = &self.cluster else { return };
         let wanted = self.state().consumers.wanted();
-        for (key, running) in wanted {
+        let holds_data_plane = cluster.fence() != 0;
+        for super::consumers::Wanted { key, running, with_data_plane } in wanted {
             let name = super::consumers::lease_name(&key);
             let now = self.now();
+            if with_data_plane && !holds_data_plane {
+                // It follows the data plane: stop it here and let the new holder have it now.
+                if let Some(fence) = running {
+                    let stop = self.state().consumers.lost(&key, fence);
+                    if let Some(stop) = stop {
+                        stop();
+                    }
+                    if let Err(error) = cluster.cluster.release(&name, fence, now).await {
+                        tracing::warn!(%error, consumer = key, "could not release a consumer's lease; it runs out by itself");
+                    }
+                }
+                continue;
+            }
             match running {
                 Some(fence) => {
                     let kept = cluster.cluster.renew(&name, fence, now, LEASE_VALID_MS).await;

@@ -24,6 +24,18 @@ struct Leased {
     channels: HashSet<ConnectorChannelId>,
     start: StartFn,
     running: Option<(u64, StopFn)>,
+    /// Runs only on the replica holding xAgent's data plane (it serves the Tool calls that
+    /// read what the consumer keeps).
+    with_data_plane: bool,
+}
+
+/// A replicated consumer as the lease keeper sees it.
+pub(crate) struct Wanted {
+    pub(crate) key: String,
+    /// The fencing number it runs with here, if it does.
+    pub(crate) running: Option<u64>,
+    /// Runs only beside the data plane.
+    pub(crate) with_data_plane: bool,
 }
 
 /// The registry; lives inside the runtime state.
@@ -69,7 +81,13 @@ impl Consumers {
 
     /// Adds `channel` as a user of the replicated consumer `key`; true when nobody here
     /// wanted it before (the lease keeper should try for its lease now).
-    pub(crate) fn want(&mut self, key: &str, channel: &ConnectorChannelId, start: StartFn) -> bool {
+    pub(crate) fn want(
+        &mut self,
+        key: &str,
+        channel: &ConnectorChannelId,
+        start: StartFn,
+        with_data_plane: bool,
+    ) -> bool {
         match self.leased.get_mut(key) {
             Some(entry) => {
                 entry.channels.insert(channel.clone());
@@ -77,16 +95,23 @@ impl Consumers {
             }
             None => {
                 let channels = std::iter::once(channel.clone()).collect();
-                self.leased.insert(key.to_owned(), Leased { channels, start, running: None });
+                let entry = Leased { channels, start, running: None, with_data_plane };
+                self.leased.insert(key.to_owned(), entry);
                 true
             }
         }
     }
 
-    /// The replicated consumers wanted here: each key with the fencing number it runs with
-    /// here (`None` when it does not run here).
-    pub(crate) fn wanted(&self) -> Vec<(String, Option<u64>)> {
-        self.leased.iter().map(|(key, e)| (key.clone(), e.running.as_ref().map(|r| r.0))).collect()
+    /// The replicated consumers wanted here.
+    pub(crate) fn wanted(&self) -> Vec<Wanted> {
+        self.leased
+            .iter()
+            .map(|(key, e)| Wanted {
+                key: key.clone(),
+                running: e.running.as_ref().map(|r| r.0),
+                with_data_plane: e.with_data_plane,
+            })
+            .collect()
     }
 
     /// How to start the replicated consumer `key`, when it is wanted and not running here.

@@ -277,9 +277,10 @@ impl HandleOps for Shared {
         key: &str,
         channel: &ConnectorChannelId,
         start: StartFn,
+        with_data_plane: bool,
     ) -> Option<bool> {
         let cluster = self.cluster.as_ref()?;
-        let new = self.state().consumers.want(key, channel, start);
+        let new = self.state().consumers.want(key, channel, start, with_data_plane);
         if new {
             cluster.consumers_wanted.notify_one();
         }

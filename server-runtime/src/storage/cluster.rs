@@ -134,7 +134,8 @@ impl Notice {
     }
 
     /// Reads a payload: `None` for one this version does not understand (ignored), or one
-    /// `own` (this replica) sent.
+    /// `own` (this replica) sent. (Only a shared backend hears wake-ups.)
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn read(payload: &str, own: &str) -> Option<ClusterEvent> {
         let notice: Notice = serde_json::from_str(payload).ok()?;
         let channel = || notice.c.clone().map(ConnectorChannelId::new);

@@ -100,7 +100,7 @@ impl PostgresStorage {
 
     /// Counters of the group-commit writer (transactions, submissions, writes).
     pub fn group_commit_stats(&self) -> GroupCommitStats {
-        self.writer.counters.stats()
+        self.writer.stats()
     }
 
     /// Queues writes for the group-commit writer: applied in submission order, all or none,
@@ -140,6 +140,28 @@ impl PostgresStorage {
         let client = self.client(operation).await?;
         let statement = client.prepare_cached(sql).await.map_err(|e| self.error(operation, &e))?;
         client.query(&statement, params).await.map_err(|e| self.error(operation, &e))
+    }
+
+    /// Whether the database holds any of the runtime's state (a meta value, a channel, a tool
+    /// call, an outbox or idempotency record, an author record): `migrate-state` moves a state
+    /// only into a database that holds none.
+    pub async fn holds_state(&self) -> Result<bool, StorageError> {
+        const OP: &str = "look for stored state";
+        let row = self
+            .query_opt(
+                OP,
+                "SELECT EXISTS (SELECT 1 FROM server_meta) OR EXISTS (SELECT 1 FROM server_channels)
+                   OR EXISTS (SELECT 1 FROM server_tool_calls)
+                   OR EXISTS (SELECT 1 FROM server_im_pending)
+                   OR EXISTS (SELECT 1 FROM server_im_completed)
+                   OR EXISTS (SELECT 1 FROM server_author_records)",
+                &[],
+            )
+            .await?;
+        match row {
+            Some(row) => get(&row, 0, OP),
+            None => Ok(false),
+        }
     }
 
     /// The registered `connector_id`, if any.

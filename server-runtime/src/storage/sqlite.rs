@@ -401,5 +401,8 @@ impl Storage for SqliteStorage {
     }
 }
 
+mod export;
+pub use export::ExportCounts;
+
 #[cfg(test)]
 mod tests;

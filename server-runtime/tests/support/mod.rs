@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use xagent_protocol_types::{ManualClock, Secret};
-use xagent_server_runtime::{ConnectorServer, RuntimeConfig, ToolSpec};
+use xagent_server_runtime::{ConnectorServer, RuntimeConfig, ServerBuilder, ToolSpec};
 use xagent_testkit::{EchoState, WsClient, echo_connector};
 
 pub const API_KEY: &str = "sk-test-4f9c2a7d81e3b6";
@@ -38,7 +38,20 @@ pub async fn start(dir: PathBuf, clock: ManualClock, config: RuntimeConfig) -> H
         .build()
         .await
         .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (addr, stop, join) = spawn_serving(&server, None).await;
+    Harness { server, addr, clock, echo, dir, base, stop: Some(stop), join: Some(join) }
+}
+
+/// Serves `server` on `listener` (a fresh port of 127.0.0.1 when `None`) in a spawned task;
+/// returns the address, the signal that stops it and the task.
+pub async fn spawn_serving(
+    server: &ConnectorServer,
+    listener: Option<tokio::net::TcpListener>,
+) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let listener = match listener {
+        Some(listener) => listener,
+        None => tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    };
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = server.clone();
@@ -50,7 +63,7 @@ pub async fn start(dir: PathBuf, clock: ManualClock, config: RuntimeConfig) -> H
             .await
             .unwrap();
     });
-    Harness { server, addr, clock, echo, dir, base, stop: Some(stop), join: Some(join) }
+    (addr, stop, join)
 }
 
 pub async fn start_default() -> Harness {
@@ -208,28 +221,19 @@ pub async fn serve_custom(
     config: RuntimeConfig,
     listener: Option<tokio::net::TcpListener>,
 ) -> Custom {
+    serve_built(ConnectorServer::builder(connector).config(config), listener).await
+}
+
+/// A server for `connector` keeping its state in `dir` (serving it again over the same
+/// directory is a restart), default config, no API key, a manual clock.
+pub async fn serve_custom_in(connector: Connector, dir: &std::path::Path) -> Custom {
+    serve_built(ConnectorServer::builder(connector).state_dir(dir).unwrap(), None).await
+}
+
+async fn serve_built(builder: ServerBuilder, listener: Option<tokio::net::TcpListener>) -> Custom {
     let clock = ManualClock::new(START);
-    let server = ConnectorServer::builder(connector)
-        .config(config)
-        .clock(clock.clone())
-        .build()
-        .await
-        .unwrap();
-    let listener = match listener {
-        Some(listener) => listener,
-        None => tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-    };
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = server.clone();
-    let join = tokio::spawn(async move {
-        running
-            .serve(listener, async move {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-    });
+    let server = builder.clock(clock.clone()).build().await.unwrap();
+    let (addr, stop, join) = spawn_serving(&server, listener).await;
     Custom { server, addr, clock, stop: Some(stop), join: Some(join) }
 }
 
@@ -256,3 +260,71 @@ impl Custom {
         }
     }
 }
+
+// ---------------------------------------------------------------- the storage contract
+
+/// Where a storage backend keeps its data: opening it again is a restart.
+pub enum Place {
+    /// SQLite in a temporary directory.
+    Sqlite(tempfile::TempDir),
+    /// A fresh database of testkit's PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(Box<xagent_server_runtime::DatabaseUrl>),
+}
+
+impl Place {
+    /// A SQLite place in a new temporary directory.
+    pub fn sqlite() -> Self {
+        Self::Sqlite(tempfile::tempdir().expect("a temporary directory"))
+    }
+
+    /// A PostgreSQL place: a fresh database of testkit's shared server.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres() -> Self {
+        let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+        Self::Postgres(Box::new(url))
+    }
+
+    /// Opens (or reopens) the backend over this place.
+    pub async fn open(&self) -> Arc<dyn xagent_server_runtime::Storage> {
+        match self {
+            Self::Sqlite(dir) => {
+                Arc::new(xagent_server_runtime::SqliteStorage::open(dir.path()).expect("opens"))
+            }
+            #[cfg(feature = "postgres")]
+            Self::Postgres(url) => Arc::new(
+                xagent_server_runtime::PostgresStorage::connect(url, Default::default())
+                    .await
+                    .expect("connects"),
+            ),
+        }
+    }
+}
+
+/// Runs every case of the calling file's `cases` module (each an `async fn(&Place)`) on
+/// SQLite and, with feature `postgres`, on PostgreSQL; `Place` must be in scope there.
+#[allow(unused_macros)]
+macro_rules! contract {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(&super::Place::sqlite()).await;
+                }
+            )*
+        }
+
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::cases::$case(&super::Place::postgres().await).await;
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use contract;

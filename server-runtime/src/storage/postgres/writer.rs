@@ -1,67 +1,51 @@
-//! Group commit on PostgreSQL: one writer task takes every submission from a queue, runs what
-//! is queued as one transaction and resolves each ticket only after `COMMIT` returned.
+//! Group commit on PostgreSQL: the runtime's writes go through the shared writer of
+//! `xagent-storage-postgres` ([`GroupCommit`]), which takes every submission from a queue,
+//! runs what is queued as one transaction on one long-lived connection and resolves each
+//! ticket only after `COMMIT` returned. This module is its apply step: the runtime's SQL.
 //!
 //! The fast path sends a batch's statements pipelined (all of them on the wire before the
 //! first answer, in submission order) inside one transaction. PostgreSQL aborts a whole
 //! transaction at the first failing statement, so when one fails the writer rolls the batch
 //! back and runs it again one submission per savepoint: the failing submission is rolled back
-//! alone and reported failed, the others commit (the same outcome as the SQLite writer's).
+//! alone and reported failed, the others commit (the same outcome as the SQLite writer's). A
+//! write a backend refuses by rule ([`WriteOp::check`]) fails the same way, before any of its
+//! submission's statements run.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+#[cfg(test)]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use deadpool_postgres::Transaction;
 use futures_util::future::{MaybeDone, join_all, maybe_done};
-use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 use xagent_profile_im::{IdempotencyWrite, OutboxWrite};
-use xagent_storage_postgres::{PgError, Pool};
+use xagent_storage_postgres::{ApplyWrites, GroupCommit, PgError, Pool};
 
 use crate::storage::group::{CommitTicket, GroupCommitConfig, GroupCommitStats};
 use crate::storage::write_op::to_i64;
 use crate::storage::{StorageError, WriteOp};
 
-/// One submission: its writes and where to report the outcome.
-struct Job {
-    ops: Vec<WriteOp>,
-    done: oneshot::Sender<Result<(), StorageError>>,
-}
-
-#[derive(Default)]
-pub(super) struct Counters {
-    transactions: AtomicU64,
-    jobs: AtomicU64,
-    writes: AtomicU64,
-}
-
-impl Counters {
-    pub(super) fn stats(&self) -> GroupCommitStats {
-        GroupCommitStats {
-            transactions: self.transactions.load(Ordering::Relaxed),
-            jobs: self.jobs.load(Ordering::Relaxed),
-            writes: self.writes.load(Ordering::Relaxed),
-        }
-    }
-}
-
 /// The submitting side of the writer task; the task ends (after committing what is queued)
 /// when the last clone of the storage drops it.
-pub(super) struct Writer {
-    queue: mpsc::UnboundedSender<Job>,
-    pub(super) counters: Arc<Counters>,
-}
+pub(super) struct Writer(GroupCommit<WriteOp>);
 
 impl Writer {
     /// Starts the writer task on the current tokio runtime.
     pub(super) fn start(pool: Pool, config: GroupCommitConfig) -> Self {
-        let (queue, rx) = mpsc::unbounded_channel();
-        let counters = Arc::new(Counters::default());
-        tokio::spawn(run(pool, rx, config, Arc::clone(&counters)));
-        Self { queue, counters }
+        let bounds = xagent_storage_postgres::GroupCommitConfig::default()
+            .with_max_wait(config.max_wait)
+            .with_max_batch(config.max_batch);
+        let apply = RuntimeWrites {
+            pool: pool.clone(),
+            #[cfg(test)]
+            crash_before_commit_of_batch: config.crash_before_commit_of_batch,
+            #[cfg(test)]
+            batches: AtomicU64::new(0),
+        };
+        Self(GroupCommit::start(pool, apply, bounds))
     }
 
     /// Queues writes (applied in order, all or none); the ticket resolves after their
@@ -71,168 +55,60 @@ impl Writer {
             return CommitTicket::ready(Ok(()));
         }
         let (done, ticket) = CommitTicket::pending();
-        if let Err(refused) = self.queue.send(Job { ops, done }) {
-            let _ = refused.0.done.send(Err(writer_gone()));
-        }
+        self.0.submit_with(ops, move |result| {
+            // The caller may have stopped waiting; the writes are committed all the same.
+            let _ = done.send(result.map_err(|e| StorageError::new("group commit", e)));
+        });
         ticket
     }
+
+    /// Transactions, submissions and writes so far.
+    pub(super) fn stats(&self) -> GroupCommitStats {
+        let stats = self.0.stats();
+        GroupCommitStats {
+            transactions: stats.transactions,
+            jobs: stats.submissions,
+            writes: stats.writes,
+        }
+    }
 }
 
-fn writer_gone() -> StorageError {
-    StorageError::new("group commit", "the storage writer stopped before committing this write")
-}
-
-async fn run(
+/// The runtime's apply step: checks, prepares and runs [`WriteOp`]s in the writer's
+/// transaction.
+struct RuntimeWrites {
+    /// Names the server in errors, never the password.
     pool: Pool,
-    mut rx: mpsc::UnboundedReceiver<Job>,
-    config: GroupCommitConfig,
-    counters: Arc<Counters>,
-) {
-    let max_batch = config.max_batch.max(1);
-    let mut last_batch = 0usize;
+    /// Test hook: abort the process after this many fast-path batches ran their statements,
+    /// before `COMMIT`.
     #[cfg(test)]
-    let mut batches = 0u64;
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < max_batch {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
+    crash_before_commit_of_batch: Option<u64>,
+    #[cfg(test)]
+    batches: AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl ApplyWrites<WriteOp> for RuntimeWrites {
+    async fn apply(&self, tx: &Transaction<'_>, writes: &[WriteOp]) -> Result<(), PgError> {
+        // A write refused by rule fails its submission before any statement runs (the writer
+        // then retries the batch one submission per savepoint, so it fails alone).
+        for op in writes {
+            op.check().map_err(|e| PgError::apply("check a runtime write", e.to_string()))?;
         }
-        // As on SQLite: wait a little for about as many again only when the previous
-        // transaction carried several submissions; one writer alone never waits.
-        let want = last_batch.min(max_batch);
-        if last_batch > 1 && batch.len() < want && !config.max_wait.is_zero() {
-            let deadline = tokio::time::Instant::now() + config.max_wait;
-            while batch.len() < want {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(job)) => batch.push(job),
-                    Ok(None) | Err(_) => break,
-                }
-            }
-        }
-        last_batch = batch.len();
+        let statements =
+            prepare(tx, writes).await.map_err(|e| self.pool.error("prepare the writes", &e))?;
+        let ops: Vec<&WriteOp> = writes.iter().collect();
+        pipelined(tx, &statements, &ops)
+            .await
+            .map_err(|e| self.pool.error("a runtime write", &e))?;
         #[cfg(test)]
         {
-            batches += 1;
+            let batch = self.batches.fetch_add(1, Ordering::Relaxed) + 1;
+            if self.crash_before_commit_of_batch == Some(batch) {
+                // Statements executed, transaction not committed: what a crash here leaves.
+                std::process::abort();
+            }
         }
-        #[cfg(test)]
-        let crash = config.crash_before_commit_of_batch == Some(batches);
-        #[cfg(not(test))]
-        let crash = false;
-        let results = commit_batch(&pool, &batch, crash).await;
-        counters.transactions.fetch_add(1, Ordering::Relaxed);
-        counters.jobs.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let writes: usize = batch.iter().map(|j| j.ops.len()).sum();
-        counters.writes.fetch_add(writes as u64, Ordering::Relaxed);
-        // Only now, after COMMIT returned, does anyone hear about the batch.
-        for (job, result) in batch.into_iter().zip(results) {
-            let _ = job.done.send(result);
-        }
-    }
-}
-
-/// Commits the batch: pipelined in one transaction, or, when a statement fails, again one
-/// submission per savepoint. One result per job; all errors when nothing could commit.
-/// `crash` (a test hook) aborts the process after the statements ran, before `COMMIT`.
-async fn commit_batch(pool: &Pool, batch: &[Job], crash: bool) -> Vec<Result<(), StorageError>> {
-    let all_failed = |operation: &'static str, reason: String| -> Vec<Result<(), StorageError>> {
-        batch.iter().map(|_| Err(StorageError::new(operation, reason.as_str()))).collect()
-    };
-    // A write a backend refuses by rule fails alone, before any statement runs.
-    let checked: Vec<Result<(), StorageError>> =
-        batch.iter().map(|job| job.ops.iter().try_for_each(WriteOp::check)).collect();
-    // The pool bounds the wait (its wait timeout) and names the server, never the password.
-    let mut client = match pool.get().await {
-        Ok(client) => client,
-        Err(e) => return all_failed("get a database connection", e.to_string()),
-    };
-    let tx = match client.transaction().await {
-        Ok(tx) => tx,
-        Err(e) => return all_failed("begin a transaction", pool.error("begin", &e).to_string()),
-    };
-    let statements = match prepare(&tx, batch).await {
-        Ok(statements) => statements,
-        Err(e) => return all_failed("prepare the writes", pool.error("prepare", &e).to_string()),
-    };
-    let runnable: Vec<&WriteOp> = batch
-        .iter()
-        .zip(&checked)
-        .filter(|(_, check)| check.is_ok())
-        .flat_map(|(job, _)| job.ops.iter())
-        .collect();
-    if pipelined(&tx, &statements, &runnable).await.is_ok() {
-        if crash {
-            // Statements executed, transaction not committed: what a crash here leaves behind.
-            std::process::abort();
-        }
-        return match tx.commit().await {
-            Ok(()) => checked,
-            Err(e) => all_failed("commit", commit_error(pool, &e).to_string()),
-        };
-    }
-    // Some statement failed and PostgreSQL aborted the transaction: start again with one
-    // savepoint per submission.
-    if let Err(e) = tx.rollback().await {
-        return all_failed("roll back a failed batch", pool.error("rollback", &e).to_string());
-    }
-    let mut tx = match client.transaction().await {
-        Ok(tx) => tx,
-        Err(e) => return all_failed("begin a transaction", pool.error("begin", &e).to_string()),
-    };
-    let mut results = Vec::with_capacity(batch.len());
-    for (job, check) in batch.iter().zip(checked) {
-        if check.is_err() {
-            results.push(check);
-            continue;
-        }
-        results.push(in_savepoint(pool, &mut tx, &statements, &job.ops).await);
-    }
-    match tx.commit().await {
-        Ok(()) => results,
-        Err(e) => all_failed("commit", commit_error(pool, &e).to_string()),
-    }
-}
-
-/// A failed `COMMIT`: refused by the server (nothing committed), or the connection broke and
-/// the outcome is unknown. Either way no ticket of the batch is acknowledged.
-fn commit_error(pool: &Pool, e: &tokio_postgres::Error) -> PgError {
-    if e.is_closed() || e.as_db_error().is_none() {
-        PgError::CommitOutcomeUnknown { context: "a batch of runtime writes".into() }
-    } else {
-        pool.error("commit a batch of runtime writes", e)
-    }
-}
-
-/// Runs one submission's writes in a savepoint of `tx`; rolls them back on failure.
-async fn in_savepoint(
-    pool: &Pool,
-    tx: &mut Transaction<'_>,
-    statements: &HashMap<&'static str, Statement>,
-    ops: &[WriteOp],
-) -> Result<(), StorageError> {
-    let savepoint = tx
-        .savepoint("job")
-        .await
-        .map_err(|e| StorageError::new("open a savepoint", pool.error("savepoint", &e)))?;
-    let mut outcome = Ok(());
-    for op in ops {
-        if let Err(e) = execute(&savepoint, statements, op).await {
-            outcome = Err(StorageError::new("write", pool.error(format!("{op:?}"), &e)));
-            break;
-        }
-    }
-    match outcome {
-        Ok(()) => savepoint
-            .commit()
-            .await
-            .map_err(|e| StorageError::new("release a savepoint", pool.error("release", &e))),
-        Err(error) => {
-            // Dropping the savepoint would roll it back too, but without an answer to wait for.
-            let _ = savepoint.rollback().await;
-            Err(error)
-        }
+        Ok(())
     }
 }
 
@@ -240,10 +116,10 @@ async fn in_savepoint(
 /// the pipelined executions that follow go out in order without a round trip in between.
 async fn prepare(
     tx: &Transaction<'_>,
-    batch: &[Job],
+    writes: &[WriteOp],
 ) -> Result<HashMap<&'static str, Statement>, tokio_postgres::Error> {
     let mut statements = HashMap::new();
-    for op in batch.iter().flat_map(|job| job.ops.iter()) {
+    for op in writes {
         let sql = sql_of(op);
         if !statements.contains_key(sql) {
             statements.insert(sql, tx.prepare_cached(sql).await?);

@@ -1,0 +1,350 @@
+//! `xagent-connector migrate-state`: a state directory made by a real im.webchat run on
+//! SQLite (a channel signed in, a tool call, an outbox message, a file) moves into testkit's
+//! PostgreSQL; the database then holds all of it, a second run is refused, and im.webchat
+//! started on the database answers a repeat of the call with the first result.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, DataPlane};
+use xagent_connector_webchat::{CARD_ID, ROOM_FLOW, TOOL_MESSAGE_SEND};
+use xagent_file_transfer::{FileStore, NewFile, StoreConfig, UrlSigner};
+use xagent_profile_im::{OutboxWrite, PendingRecord};
+use xagent_protocol_types::{
+    AuthInput, AuthStart, AuthStatus, ConnectorChannelId, MessageId, PROFILE_IM_V2, Secret,
+    SystemClock, ToolInvoke, ToolInvokeAck, ToolInvokeContext,
+};
+use xagent_server_runtime::{PostgresOptions, PostgresStorage, SqliteStorage, Storage, WriteOp};
+use xagent_storage_postgres::DatabaseUrl;
+use xagent_testkit::line_containing;
+use xagent_testkit::postgres::TestPostgres;
+
+const API_KEY: &str = "sk-cli-migrate-state-3a9d";
+
+/// A running `xagent-connector webchat`: the process, its address and its stderr lines.
+struct Running {
+    child: tokio::process::Child,
+    addr: String,
+    log: tokio::task::JoinHandle<String>,
+}
+
+/// Starts im.webchat on `state`, its runtime state in SQLite there or, with `url`, in
+/// PostgreSQL.
+async fn start(state: &std::path::Path, url: Option<&DatabaseUrl>) -> Running {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"));
+    command.env_remove("XAGENT_CONNECTOR_DATABASE_URL");
+    if let Some(url) = url {
+        // From the environment, so the password is not in the process list.
+        command.env("XAGENT_CONNECTOR_DATABASE_URL", url.expose());
+    }
+    let mut child = command
+        .env("XAGENT_CONNECTOR_API_KEY", API_KEY)
+        .env("RUST_LOG", "info")
+        .args(["webchat", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(state)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starts");
+    let log = tokio::spawn(read_all(child.stderr.take().expect("stderr")));
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = line_containing(&mut lines, "im.webchat listening on").await;
+    let addr = line
+        .strip_prefix("im.webchat listening on http://")
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the listening line")
+        .to_owned();
+    // Keep stdout drained.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Running { child, addr, log }
+}
+
+async fn read_all(stream: impl AsyncRead + Unpin) -> String {
+    let mut lines = BufReader::new(stream).lines();
+    let mut all = String::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        all.push_str(&line);
+        all.push('\n');
+    }
+    all
+}
+
+impl Running {
+    /// SIGTERM, then the whole log once the process is gone.
+    async fn stop(mut self) -> String {
+        #[cfg(unix)]
+        {
+            let status = xagent_testkit::terminate(&mut self.child).await;
+            assert_eq!(status.code(), Some(0), "a clean shutdown: {status:?}");
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = self.child.kill().await;
+        }
+        self.log.await.unwrap_or_default()
+    }
+}
+
+async fn connect(addr: &str) -> DataPlane {
+    let base = BaseUrl::parse(&format!("http://{addr}")).expect("base url");
+    let mut config = ClientConfig::new(base, CARD_ID, vec![PROFILE_IM_V2.into()])
+        .with_api_key(Secret::new(API_KEY));
+    config.backoff = Backoff {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(300),
+        factor: 2.0,
+        max_failures: Some(200),
+    };
+    config.request_timeout = Duration::from_secs(10);
+    let (plane, _events) = DataPlane::start(config);
+    tokio::time::timeout(Duration::from_secs(20), plane.connected())
+        .await
+        .expect("connects in time")
+        .expect("connects");
+    plane
+}
+
+fn send(channel: &ConnectorChannelId, call_id: &str) -> ToolInvoke {
+    let Value::Object(mut arguments) = json!({"text": "moved to PostgreSQL"}) else {
+        unreachable!("an object")
+    };
+    arguments.insert("connector_channel_id".into(), json!(channel.as_str()));
+    ToolInvoke::new(TOOL_MESSAGE_SEND, arguments)
+        .with_context(ToolInvokeContext::with_call_id(call_id))
+}
+
+/// Runs `migrate-state` on `state` into `url` (from the environment); status, stdout, stderr.
+async fn migrate(state: &std::path::Path, url: &DatabaseUrl) -> (Option<i32>, String, String) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .env("XAGENT_CONNECTOR_DATABASE_URL", url.expose())
+        .arg("migrate-state")
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .await
+        .expect("migrate-state runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn signer() -> UrlSigner {
+    UrlSigner::new(Secret::new("a-signing-secret-for-the-test-only-0123456789")).expect("signer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_state_directory_moves_into_postgres_whole() {
+    let url = TestPostgres::shared().await.fresh_database().await;
+    let url =
+        DatabaseUrl::parse(&url.expose().replacen("://postgres@", "://postgres:hunter2-pg@", 1))
+            .expect("the URL with a password");
+    let state = xagent_testkit::temp_state_dir("cli-migrate-state");
+
+    // A real run on SQLite: a room signed in, a message sent through the Tool.
+    let running = start(&state, None).await;
+    let plane = connect(&running.addr).await;
+    let opened = plane.open_channel(None).await.expect("channel.open");
+    let channel = opened.connector_channel_id.clone();
+    let input = AuthInput::default()
+        .with("room_name", "Lobby")
+        .with("access_code", "code-1234")
+        .with("owner_code", "owner-5678");
+    let ack = plane
+        .request(Some(&channel), AuthStart::new(ROOM_FLOW).with_input(input))
+        .await
+        .expect("auth.start");
+    assert_eq!(ack.0.status, AuthStatus::Authenticated, "{:?}", ack.0.message);
+    plane.remember_channel(channel.clone()).await;
+    let first: ToolInvokeAck =
+        plane.request(Some(&channel), send(&channel, "call-move-1")).await.expect("tool call");
+    plane.close().await;
+    running.stop().await;
+    assert!(state.join(xagent_server_runtime::DATABASE_FILE).is_file(), "state in SQLite");
+
+    // An outbox message still owed to xAgent and a stored file, in the same directory.
+    let pending = PendingRecord {
+        channel: channel.clone(),
+        message_id: MessageId::new("msg_owed_1"),
+        seq: 1,
+        payload: json!({"message_id": "msg_owed_1", "text": "owed"}).to_string(),
+        attempts: 0,
+        first_responsibility_at: 1_790_000_000_000,
+        expires_at: u64::MAX / 2,
+        next_attempt_at: 1_790_000_000_000,
+        last_error: None,
+    };
+    {
+        let sqlite = SqliteStorage::open(&state).expect("the state's database");
+        sqlite
+            .commit(vec![WriteOp::Outbox(OutboxWrite::Save(pending.clone()))])
+            .committed()
+            .await
+            .expect("the outbox message is stored");
+    }
+    let files = FileStore::open(state.join("files"), StoreConfig::default(), signer(), SystemClock)
+        .await
+        .expect("the state's files");
+    let file = files
+        .register_bytes(NewFile::new(channel.clone(), "notes.txt"), b"bytes that move")
+        .await
+        .expect("a file")
+        .record;
+    drop(files);
+
+    let (status, stdout, stderr) = migrate(&state, &url).await;
+    assert_eq!(status, Some(0), "migrate-state succeeds:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("1 channels") && stdout.contains("1 tool calls"), "{stdout}");
+    assert!(stdout.contains("1 outbox messages"), "{stdout}");
+    assert!(stdout.contains("files: 1 "), "{stdout}");
+    assert!(!format!("{stdout}{stderr}").contains("hunter2-pg"), "the password is never shown");
+
+    // Everything is in the database, read through the PostgreSQL backends.
+    let storage =
+        PostgresStorage::connect(&url, PostgresOptions::default()).await.expect("the database");
+    let channels = storage.load_channels().await.expect("channels");
+    assert_eq!(channels.len(), 1);
+    assert_eq!(channels[0].id, channel);
+    assert!(channels[0].binding.is_some(), "the binding with its private material moved");
+    assert!(storage.load_connector_id().await.expect("meta").is_some());
+    assert_eq!(storage.load_pending().await.expect("outbox"), vec![pending]);
+    let pool = xagent_storage_postgres::connect(&url, Default::default()).await.expect("pool");
+    let client = pool.get().await.expect("connection");
+    let author_records = client
+        .query_one("SELECT COUNT(*) FROM server_author_records", &[])
+        .await
+        .expect("counts")
+        .get::<_, i64>(0);
+    assert!(author_records > 0, "im.webchat's records on the author store moved");
+    drop(client);
+    let on_pg = FileStore::open_postgres(
+        pool,
+        StoreConfig::default(),
+        signer(),
+        std::sync::Arc::new(SystemClock),
+    )
+    .await
+    .expect("the files on PostgreSQL");
+    let (record, mut reader) = on_pg.open_file(&file.file_ref).await.expect("the file moved");
+    assert_eq!(record.connector_channel_id, channel);
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes).await.expect("its bytes");
+    assert_eq!(bytes, b"bytes that move");
+    drop(storage);
+
+    // A database that holds state is refused, and nothing changes.
+    let (status, _, stderr) = migrate(&state, &url).await;
+    assert_eq!(status, Some(2), "{stderr}");
+    assert!(stderr.contains("already holds") && stderr.contains("start over"), "{stderr}");
+
+    // im.webchat on the database: the channel comes back, a repeat gets the first result.
+    let running = start(&state, Some(&url)).await;
+    let plane = connect(&running.addr).await;
+    let reopened = plane.open_channel(Some(&channel)).await.expect("reopen");
+    assert_eq!(reopened.connector_channel_id, channel);
+    plane.remember_channel(channel.clone()).await;
+    let repeat: ToolInvokeAck =
+        plane.request(Some(&channel), send(&channel, "call-move-1")).await.expect("repeat");
+    assert_eq!(first.result, repeat.result, "the repeat is answered from the moved record");
+    plane.close().await;
+    running.stop().await;
+    let _ = std::fs::remove_dir_all(state);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xagent_side_state_moves_under_its_card() {
+    use xagent_client_runtime::{PostgresXagentStore, SqliteXagentStore, XagentStore, XagentWrite};
+    use xagent_profile_im::{CompletedRecord, Fingerprint, IdempotencyWrite};
+    use xagent_protocol_types::ConnectorId;
+
+    let url = TestPostgres::shared().await.fresh_database().await;
+    let state = xagent_testkit::temp_state_dir("cli-migrate-xagent");
+    let channel = ConnectorChannelId::new("cch_remembered_1");
+    let pending = PendingRecord {
+        channel: channel.clone(),
+        message_id: MessageId::new("msg_reply_1"),
+        seq: 3,
+        payload: json!({"message_id": "msg_reply_1", "text": "a reply"}).to_string(),
+        attempts: 1,
+        first_responsibility_at: 1_790_000_000_000,
+        expires_at: u64::MAX / 2,
+        next_attempt_at: 1_790_000_000_500,
+        last_error: Some("timed out".into()),
+    };
+    let completed = CompletedRecord {
+        channel: channel.clone(),
+        message_id: MessageId::new("msg_in_1"),
+        fingerprint: Fingerprint::from_hex("00ff"),
+        completed_at: 1_790_000_000_100,
+    };
+    {
+        let sqlite = SqliteXagentStore::open(&state).expect("the xAgent-side store");
+        sqlite
+            .commit(
+                None,
+                vec![
+                    XagentWrite::SaveChannel { channel: channel.clone(), owner: Some("u1".into()) },
+                    XagentWrite::ConnectorId(ConnectorId::new("cid_1")),
+                    XagentWrite::Outbox(OutboxWrite::Save(pending.clone())),
+                    XagentWrite::Idempotency(IdempotencyWrite::Save(completed.clone())),
+                ],
+            )
+            .await
+            .expect("stored");
+    }
+
+    // Without the Card id the command says what it needs.
+    let (status, _, stderr) = migrate(&state, &url).await;
+    assert_eq!(status, Some(2), "{stderr}");
+    assert!(stderr.contains("--connector-card-id"), "{stderr}");
+
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .env("XAGENT_CONNECTOR_DATABASE_URL", url.expose())
+        .args(["migrate-state", "--connector-card-id", "im.example", "--state-dir"])
+        .arg(&state)
+        .output()
+        .await
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("1 channels") && stdout.contains("1 outbox messages"), "{stdout}");
+
+    let target = PostgresXagentStore::connect(&url, "im.example").await.expect("the database");
+    let channels = target.load_channels().await.expect("channels");
+    assert_eq!(channels.len(), 1);
+    assert_eq!(channels[0].channel, channel);
+    assert_eq!(channels[0].owner.as_deref(), Some("u1"));
+    assert_eq!(target.load_connector_id().await.expect("id"), Some(ConnectorId::new("cid_1")));
+    assert_eq!(target.load_pending().await.expect("outbox"), vec![pending]);
+    let found = target.lookup_completed(&channel, &completed.message_id).await.expect("lookup");
+    assert_eq!(found, Some(completed));
+    let _ = std::fs::remove_dir_all(state);
+}
+
+#[tokio::test]
+async fn a_password_in_the_database_url_flag_is_warned_about() {
+    let state = xagent_testkit::temp_state_dir("cli-migrate-warning");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .env_remove("XAGENT_CONNECTOR_DATABASE_URL")
+        .args(["migrate-state", "--database-url", "postgres://app:hunter2@127.0.0.1:1/none"])
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .await
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("process list"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    assert_ne!(output.status.code(), Some(0), "nothing listens on port 1");
+    let _ = std::fs::remove_dir_all(state);
+}
