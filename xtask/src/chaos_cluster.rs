@@ -1580,3 +1580,48 @@ async fn throughput(bin: &Path, pg: &TestPostgres, sizes: &Sizes) -> Result<Valu
         "pass": figures.iter().all(|f| f.1 == 0),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeat_after_the_page_showed_it_delivered_is_doubled_one_before_is_a_redelivery() {
+        let received: HashMap<&str, Vec<u64>> =
+            HashMap::from([("once", vec![10]), ("late", vec![50, 10]), ("early", vec![10, 20])]);
+        let delivered_at =
+            HashMap::from([("late".to_owned(), 30), ("early".to_owned(), 30), ("once".into(), 1)]);
+        assert_eq!(doubles(&received, &delivered_at), (1, 1));
+        assert_eq!(doubles(&received, &HashMap::new()), (0, 2), "never delivered: redelivered");
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let values: Vec<u64> = (1..=100).collect();
+        let p = percentiles(&values);
+        assert_eq!(
+            (p["p50"].as_u64(), p["p99"].as_u64(), p["max"].as_u64()),
+            (Some(50), Some(99), Some(100))
+        );
+        assert!(percentiles(&[])["p99"].is_null());
+        assert_eq!(percentiles(&[7])["p99"], 7);
+    }
+
+    #[test]
+    fn a_page_keeps_the_first_view_of_a_message_and_when_it_was_delivered() {
+        let mut page = Page::default();
+        page.record(
+            &json!({"message_id": "m1", "text": "hi", "created_at": 5, "status": "sending"}),
+        );
+        page.record(
+            &json!({"message_id": "m1", "text": "hi", "created_at": 5, "status": "delivered"}),
+        );
+        page.record(&json!({"text": "no id"}));
+        assert_eq!(page.seen.len(), 1);
+        assert!(page.delivered_at.contains_key("m1"));
+        let history = vec![json!({"message_id": "m2", "text": "hi", "created_at": 6})];
+        let contents = room_contents(&page, &history);
+        assert_eq!(contents.len(), 2);
+        assert_eq!(by_text(&contents)["hi"].len(), 2, "one text under two ids is a double");
+    }
+}
