@@ -194,8 +194,9 @@ fn print_summary(result: &Value) {
                 r["lost"]["total"], r["doubled"]["total"], r["after_expiry"]
             ),
             format!(
-                "takeover p50 {} ms · p99 {} ms",
-                r["takeover_ms"]["p50"], r["takeover_ms"]["p99"]
+                "takeover p50 {} · p99 {}",
+                ms(&r["takeover_ms"]["p50"]),
+                ms(&r["takeover_ms"]["p99"])
             ),
             pass(r).into(),
         ]);
@@ -217,8 +218,9 @@ fn print_summary(result: &Value) {
                 r["lost"]["total"], r["doubled"]["total"], r["after_expiry"], r["pages"]["missed"]
             ),
             format!(
-                "failover p50 {} ms · p99 {} ms",
-                r["failover_ms"]["p50"], r["failover_ms"]["p99"]
+                "failover p50 {} · p99 {}",
+                ms(&r["failover_ms"]["p50"]),
+                ms(&r["failover_ms"]["p99"])
             ),
             pass(r).into(),
         ]);
@@ -245,6 +247,11 @@ fn print_summary(result: &Value) {
         }
     }
     println!("\nseed {} (replay with --seed)", result["seed"]);
+}
+
+/// A time of the summary table: `N ms`, or `none` when nothing was measured.
+fn ms(value: &Value) -> String {
+    value.as_u64().map_or_else(|| "none".to_owned(), |n| format!("{n} ms"))
 }
 
 fn now_ms() -> u64 {
