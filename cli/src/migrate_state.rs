@@ -80,7 +80,7 @@ struct Moved {
     xagent: Option<XagentCounts>,
     files: usize,
     file_bytes: u64,
-    left: Vec<&'static str>,
+    webchat: Option<xagent_connector_webchat::LegacyImport>,
 }
 
 /// Runs the subcommand.
@@ -167,8 +167,15 @@ fn report(dir: &Path, url: &DatabaseUrl, moved: &Moved) {
         );
     }
     println!("  files: {} ({} bytes)", moved.files, moved.file_bytes);
-    for note in &moved.left {
-        println!("  not moved: {note}");
+    if let Some(w) = &moved.webchat {
+        println!(
+            "  im.webchat ({}): {} rooms, {} visitors, {} uploads, {} messages",
+            xagent_connector_webchat::WEBCHAT_DATABASE_FILE,
+            w.rooms,
+            w.visitors,
+            w.uploads,
+            w.messages
+        );
     }
 }
 
@@ -348,11 +355,17 @@ async fn migrate(dir: &Path, url: &DatabaseUrl, card: Option<&str>) -> Result<Mo
             .map_err(|e| partial(format!("moving the files: {e}")))?;
         moved.file_bytes = usage.bytes;
     }
-    if dir.join(xagent_connector_webchat::WEBCHAT_DATABASE_FILE).is_file() {
-        moved.left.push(
-            "im.webchat's own database (webchat.sqlite3): keep it in the state directory \
-             im.webchat runs with",
-        );
+    // 3. An older im.webchat's own database: its rooms, visitors, quota and messages become
+    // author records (the file is renamed `.migrated` once they committed).
+    let author = xagent_server_runtime::AuthorStore::new(std::sync::Arc::new(storage));
+    match xagent_connector_webchat::import_legacy_state(dir, &author, now).await {
+        Ok(imported) => moved.webchat = imported,
+        Err(e) => {
+            return Err(MigrateError::Partial {
+                reason: format!("moving im.webchat's own database: {e}"),
+                total: moved.files,
+            });
+        }
     }
     Ok(moved)
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use xagent_protocol_types::{Clock, Secret, SystemClock, TargetType};
+use xagent_protocol_types::{Clock, Secret, SystemClock};
 
 use crate::author::call::BoxFut;
 use crate::author::{BoundReason, ChannelContext};
@@ -272,21 +272,6 @@ impl ServerBuilder {
             }
             None => None,
         };
-        // Restored device bindings are not connected until their device answers.
-        if let Some(device) = &device {
-            for record in state.channels.values_mut() {
-                // Only device channels have a device (an IM channel of a Card with both has none).
-                let key = record
-                    .binding
-                    .as_ref()
-                    .filter(|b| b.target_type().is_none_or(|t| *t == TargetType::Device))
-                    .and_then(|b| device.code.device_key(b));
-                if let Some(key) = key {
-                    let correction = device.restore(&record.id, &key);
-                    device.project(record, &correction);
-                }
-            }
-        }
         let admission =
             xagent_connection::Admission::for_card(connector.card.clone(), self.config.admission);
         let shared = Arc::new(Shared {
@@ -319,17 +304,10 @@ impl ServerBuilder {
                 })
             })
             .collect();
+        // Restored device bindings are not connected until their device answers; on
+        // replicas only the data plane's holder asks the devices (when it takes it).
+        shared.restore_devices(shared.cluster.is_none());
         for ctx in restored {
-            if let Some(device) = &shared.device {
-                // Check the device in the background; the channel stays degraded meanwhile.
-                let code = device.code.clone();
-                let (channel, handle) = (ctx.channel.clone(), ctx.handle.clone());
-                let check = ctx.clone();
-                shared.tasks.spawn(async move {
-                    let status = code.check(check).await;
-                    let _ = handle.device_status(&channel, status).await;
-                });
-            }
             shared.def.auth.bound(ctx, BoundReason::Restored).await;
         }
         let handle = shared.handle();

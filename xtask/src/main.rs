@@ -7,7 +7,8 @@
 //! - `codegen-check [--only ts|py]`: generate TypeScript and Python types from `schemas/` and
 //!   round-trip every wire fixture through them (see [`codegen`]; needs `npm ci --prefix codegen`
 //!   and `pip install -r codegen/requirements.txt`).
-//! - `bench-ws`, `bench-decode`, `bench-durable`, `bench-scale`, `bench-isolation` `[--quick] [--json]`: whole-system
+//! - `bench-ws`, `bench-decode`, `bench-durable`, `bench-scale`, `bench-isolation`, `bench-webchat`
+//!   `[--quick] [--json]`: whole-system
 //!   benchmarks, each against the machine's own limit in the same run (see `BENCHMARKS.md`).
 //!   `bench-ws` and `bench-durable` take `--postgres` (the runtime on PostgreSQL, against raw
 //!   PostgreSQL commits on the same server).
@@ -29,13 +30,14 @@ mod bench_durable;
 mod bench_isolation;
 mod bench_scale;
 mod bench_support;
+mod bench_webchat;
 mod bench_ws;
 mod chaos;
 mod chaos_cluster;
 mod codegen;
 mod fuzz;
 
-const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation [--quick] [--json] (bench-decode: [--no-ffi]; bench-ws, bench-durable: [--postgres]) | chaos [--quick] [--cluster [--throughput]] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
+const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation|bench-webchat [--quick] [--json] (bench-decode: [--no-ffi]; bench-ws, bench-durable: [--postgres]) | chaos [--quick] [--cluster [--throughput]] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
 
 fn main() -> ExitCode {
     match run() {
@@ -66,6 +68,7 @@ fn run() -> Result<ExitCode> {
         Some("bench-durable") => bench_durable::run(&args[1..]),
         Some("bench-isolation") => bench_isolation::run(&args[1..]),
         Some("bench-scale") => bench_scale::run(&workspace_root(), &args[1..]),
+        Some("bench-webchat") => bench_webchat::run(&workspace_root(), &args[1..]),
         Some("chaos") => chaos::run(&workspace_root(), &args[1..]),
         Some("fuzz") => fuzz::run(&workspace_root(), &args[1..]),
         Some("attack") => attack::run(&workspace_root(), &args[1..]),

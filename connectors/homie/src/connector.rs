@@ -185,20 +185,30 @@ fn bound(ctx: &ToolContext) -> Result<(String, Pinned), ToolError> {
 }
 
 impl App {
-    /// Follows `device` for `channel` (once per channel) as a shared consumer of the runtime.
+    /// Follows `device` for `channel` (once per channel) as a consumer of the runtime that
+    /// runs beside xAgent's data plane (the device Tools read what it keeps): alone, at once;
+    /// on replicas, on the one holding the data plane, moving with it. Err when the
+    /// subscription could not be asked for here.
     fn watch(
         &self,
         handle: &ConnectorHandle,
         channel: &ConnectorChannelId,
         device: &str,
     ) -> Result<(), HomieError> {
-        let mut watched = Ok(());
-        handle.attach_consumer(&watch_key(device), channel, || {
-            watched = self.link.watch(device);
-            let (link, device) = (self.link.clone(), device.to_owned());
-            Box::new(move || link.unwatch(&device))
+        let refused = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let (link, name, seen) = (self.link.clone(), device.to_owned(), refused.clone());
+        handle.attach_data_plane_consumer(&watch_key(device), channel, move || {
+            if let Err(e) = link.watch(&name) {
+                tracing::warn!(device = %name, "could not follow the device: {e}");
+                if let Ok(mut seen) = seen.lock() {
+                    *seen = Some(e);
+                }
+            }
+            let (link, name) = (link.clone(), name.clone());
+            Box::new(move || link.unwatch(&name))
         });
-        watched
+        let refused = refused.lock().ok().and_then(|mut seen| seen.take());
+        refused.map_or(Ok(()), Err)
     }
 
     fn unwatch(&self, handle: &ConnectorHandle, channel: &ConnectorChannelId, device: &str) {

@@ -44,13 +44,18 @@ pub const SKILL: &str = include_str!("../assets/skill.md");
 
 /// State shared by the Connector code and the chat page's HTTP API.
 pub(crate) struct App {
-    pub(crate) store: Store,
+    /// The Connector's own records in the runtime's storage (set once the runtime is built).
+    pub(crate) store: std::sync::OnceLock<Store>,
     /// The rooms' conversations in the runtime's storage (set once the runtime is built).
     pub(crate) messages: std::sync::OnceLock<Messages>,
     pub(crate) hub: Hub,
+    /// The runtime's handle (set once it is built): room news go to the other replicas.
+    pub(crate) handle: std::sync::OnceLock<ConnectorHandle>,
+    /// This process's name in its room news (its own come back to it and are skipped).
+    pub(crate) origin: String,
     pub(crate) pairings: Mutex<Pairings>,
     /// Wrong codes given through `auth.start`, per channel and per room (F21).
-    pub(crate) sign_ins: Mutex<GuessLimiter<ConnectorChannelId>>,
+    pub(crate) sign_ins: tokio::sync::Mutex<GuessLimiter<ConnectorChannelId>>,
     /// Absolute URL the pairing links and page links start with (no trailing slash).
     pub(crate) public_url: String,
 }
@@ -60,14 +65,10 @@ impl App {
         self.pairings.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(crate) fn sign_ins(&self) -> MutexGuard<'_, GuessLimiter<ConnectorChannelId>> {
-        self.sign_ins.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Ends one visitor session (the page's "leave"): the token stops working and every
     /// event stream it holds ends now (F4).
-    pub(crate) fn end_visitor_session(&self, token: &str) -> Result<(), WebchatError> {
-        self.store.revoke_visitor(token)?;
+    pub(crate) async fn end_visitor_session(&self, token: &str) -> Result<(), WebchatError> {
+        self.store()?.revoke_visitor(token).await?;
         self.hub.end_session(&crate::store::hash_token(token));
         Ok(())
     }
@@ -97,8 +98,10 @@ impl App {
         channel: &ConnectorChannelId,
     ) -> Result<Binding, AuthError> {
         let previous = self
-            .store
+            .store()
+            .map_err(AuthError::internal)?
             .set_room_channel(&room.room_id, Some(channel))
+            .await
             .map_err(AuthError::internal)?;
         if let Some(previous) = previous.filter(|p| p != channel) {
             tracing::info!(room = %room.room_id, %previous, "room moved to another channel");
@@ -108,14 +111,41 @@ impl App {
         Ok(binding_for(room))
     }
 
-    fn room_of(&self, channel: &ConnectorChannelId) -> Option<Room> {
-        match self.store.room_by_channel(channel) {
+    async fn room_of(&self, channel: &ConnectorChannelId) -> Option<Room> {
+        let room = match self.store() {
+            Ok(store) => store.room_by_channel(channel).await,
+            Err(error) => Err(error),
+        };
+        match room {
             Ok(room) => room,
             Err(error) => {
                 tracing::error!(%error, "room lookup failed");
                 None
             }
         }
+    }
+
+    /// The Connector's records (available once the runtime is built, before it serves).
+    pub(crate) fn store(&self) -> Result<&Store, WebchatError> {
+        self.store.get().ok_or(WebchatError::ShuttingDown)
+    }
+
+    /// Shows a new or changed message on this replica's pages of the room and tells the other
+    /// replicas (a hint they read the message for, see `live.rs`). The message is stored
+    /// already.
+    pub(crate) fn publish(&self, room_id: &str, entry: ChatEntry) {
+        let hint = crate::live::hint(&self.origin, room_id, &entry.message_id);
+        self.hub.message(room_id, entry);
+        let (Some(handle), Ok(runtime)) =
+            (self.handle.get().cloned(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        runtime.spawn(async move {
+            if let Err(error) = handle.broadcast(crate::live::TOPIC, &hint).await {
+                tracing::warn!(%error, "other replicas' pages see a message when they reconnect");
+            }
+        });
     }
 
     /// The rooms' conversations (available once the runtime is built, before it serves).
@@ -132,7 +162,7 @@ impl App {
     ) -> Result<ChatEntry, WebchatError> {
         match self.messages()?.insert(room_id, &entry, None).await? {
             Inserted::New(entry) => {
-                self.hub.message(room_id, entry.clone());
+                self.publish(room_id, entry.clone());
                 Ok(entry)
             }
             Inserted::Existing(entry) => Ok(entry),
@@ -156,7 +186,7 @@ async fn stage_agent_message(
                 ctx.stage(write);
             }
             let (shown, app, room_id) = (entry.clone(), Arc::clone(app), room_id.to_owned());
-            ctx.after_commit(move || app.hub.message(&room_id, shown));
+            ctx.after_commit(move || app.publish(&room_id, shown));
             Ok(entry)
         }
     }
@@ -208,7 +238,7 @@ async fn room_sign_in(
         return Ok(AuthStep::Failed("the access code needs at least 4 characters".into()));
     }
     let owner = form.owner_code.as_ref().map(|o| o.expose()).filter(|o| !o.is_empty());
-    let claim = match checked_sign_in(&app, &ctx, &form, owner) {
+    let claim = match checked_sign_in(&app, &ctx, &form, owner).await {
         Ok(claim) => claim,
         Err(refused) => {
             let secs = refused.wait_millis().div_ceil(1_000).max(1);
@@ -255,33 +285,47 @@ async fn room_sign_in(
 }
 
 /// The store's sign-in under the sign-in limiter (F21): wrong access or owner codes count
-/// against the channel and the room, and a refused try is never checked. The admission, the
-/// check and its count happen under one lock.
-fn checked_sign_in(
+/// against the channel (in this process) and the room (in the storage, one budget for every
+/// replica), and a refused try is never checked. The admission, the check and its count
+/// happen under one lock of this process.
+async fn checked_sign_in(
     app: &App,
     ctx: &AuthContext,
     form: &RoomForm,
     owner: Option<&str>,
 ) -> Result<Result<SignIn, WebchatError>, Refused> {
     let now = ctx.handle.now_millis();
-    let room_key = crate::store::room_id_from_name(&form.room_name).unwrap_or_default();
-    let mut limiter = app.sign_ins();
-    limiter.admit(&room_key, Some(&ctx.channel), now)?;
-    let claim = app.store.sign_in_room(
-        &form.room_name,
-        form.access_code.expose(),
-        owner,
-        &ctx.channel,
-        now,
-    );
+    let store = match app.store() {
+        Ok(store) => store,
+        Err(error) => return Ok(Err(error)),
+    };
+    let room_key = crate::store::room_id_from_name(&form.room_name);
+    let mut limiter = app.sign_ins.lock().await;
+    limiter.admit(Some(&ctx.channel), now)?;
+    let guess = match &room_key {
+        Some(room) => match store.begin_guess("signin", room, limiter.room_rate(), now).await {
+            Ok(Ok(guess)) => Some(guess),
+            Ok(Err(wait)) => return Err(limiter.refused_by_room(Some(&ctx.channel), wait, now)),
+            Err(error) => return Ok(Err(error)),
+        },
+        None => None,
+    };
+    let claim = store
+        .sign_in_room(&form.room_name, form.access_code.expose(), owner, &ctx.channel, now)
+        .await;
     match &claim {
-        Ok(SignIn::WrongCode | SignIn::WrongOwner) => {
-            limiter.wrong(&room_key, Some(&ctx.channel), now);
-        }
+        Ok(SignIn::WrongCode | SignIn::WrongOwner) => limiter.wrong(Some(&ctx.channel), now),
         Ok(SignIn::Created(_) | SignIn::Matched(_) | SignIn::Rotated { .. }) => {
             limiter.right(Some(&ctx.channel));
         }
         _ => {}
+    }
+    let counts = matches!(&claim, Ok(SignIn::WrongCode | SignIn::WrongOwner));
+    if let Some(guess) = guess
+        && !counts
+        && let Err(error) = store.forget_guess(guess).await
+    {
+        tracing::warn!(%error, "a right code's try stays in the room's budget");
     }
     Ok(claim)
 }
@@ -322,8 +366,10 @@ impl FlowHandler for PairingFlow {
             PairingStatus::Unknown => Ok(AuthStep::Expired),
             PairingStatus::Confirmed(room_id) => {
                 let room = app
-                    .store
+                    .store()
+                    .map_err(AuthError::internal)?
                     .room(&room_id)
+                    .await
                     .map_err(AuthError::internal)?
                     .ok_or_else(|| AuthError::internal("the paired room disappeared"))?;
                 Ok(AuthStep::Authenticated(binding_for(&room)))
@@ -338,10 +384,11 @@ impl FlowHandler for PairingFlow {
 
 /// Sign-out (logout or unregistration): the room stays, without an agent.
 async fn unbind(app: Arc<App>, ctx: ChannelContext) -> Result<(), AuthError> {
-    if let Some(room) = app.room_of(&ctx.channel) {
+    if let Some(room) = app.room_of(&ctx.channel).await {
         app.hub.set_online(&room.room_id, false);
     }
-    app.store.release_channel(&ctx.channel).map_err(AuthError::internal)
+    let store = app.store().map_err(AuthError::internal)?;
+    store.release_channel(&ctx.channel).await.map_err(AuthError::internal)
 }
 
 /// A restored channel: the room row still names it, nothing to re-attach (the page
@@ -353,8 +400,10 @@ async fn rebind(app: Arc<App>, ctx: ChannelContext, reason: BoundReason) {
     let Some(room_id) = ctx.binding.secret(ROOM_SECRET).map(|s| s.expose().to_owned()) else {
         return;
     };
-    if app.room_of(&ctx.channel).is_none() {
-        let _ = app.store.set_room_channel(&room_id, Some(&ctx.channel));
+    if app.room_of(&ctx.channel).await.is_none()
+        && let Ok(store) = app.store()
+    {
+        let _ = store.set_room_channel(&room_id, Some(&ctx.channel)).await;
     }
 }
 
@@ -370,7 +419,7 @@ impl ImTarget for WebchatTarget {
         message: ChatMessage,
         _how: FinalDelivery,
     ) -> Result<(), DeliveryError> {
-        let Some(room) = self.0.room_of(&ctx.channel) else {
+        let Some(room) = self.0.room_of(&ctx.channel).await else {
             return Err(DeliveryError::permanent(
                 ErrorCode::ConnectionNotAuthenticated,
                 "the channel serves no chat room",
@@ -392,7 +441,7 @@ impl ImTarget for WebchatTarget {
     }
 
     async fn delta(&self, ctx: ChannelContext, update: DeltaUpdate) -> Option<String> {
-        let room = self.0.room_of(&ctx.channel)?;
+        let room = self.0.room_of(&ctx.channel).await?;
         let message_id = update.message_id.to_string();
         self.0.hub.draft(
             &room.room_id,
@@ -402,7 +451,7 @@ impl ImTarget for WebchatTarget {
     }
 
     async fn activity(&self, ctx: ChannelContext, action: ActivityAction) {
-        let Some(room) = self.0.room_of(&ctx.channel) else { return };
+        let Some(room) = self.0.room_of(&ctx.channel).await else { return };
         let activity = match action {
             ActivityAction::Show { status, tool_name } => Some(Activity {
                 status: if status == ActivityStatus::Tool { "tool" } else { "thinking" }.into(),
@@ -452,8 +501,8 @@ fn tool_message_id(ctx: &ToolContext) -> String {
     }
 }
 
-fn tool_room(app: &App, ctx: &ToolContext) -> Result<Room, ToolError> {
-    app.room_of(&ctx.channel).ok_or_else(|| {
+async fn tool_room(app: &App, ctx: &ToolContext) -> Result<Room, ToolError> {
+    app.room_of(&ctx.channel).await.ok_or_else(|| {
         ToolError::permission_denied("this channel serves no chat room; sign in again")
     })
 }
@@ -466,7 +515,7 @@ async fn message_send(
     if args.text.trim().is_empty() {
         return Err(ToolError::new(ErrorCode::InvalidArguments, "text must not be empty"));
     }
-    let room = tool_room(&app, &ctx)?;
+    let room = tool_room(&app, &ctx).await?;
     let entry = ChatEntry {
         message_id: tool_message_id(&ctx),
         author: Author::Assistant,
@@ -487,7 +536,7 @@ async fn file_send(
     ctx: ToolContext,
     args: FileSendArgs,
 ) -> Result<Value, ToolError> {
-    let room = tool_room(&app, &ctx)?;
+    let room = tool_room(&app, &ctx).await?;
     let file_ref = FileRef::new(args.file_ref.as_str());
     let (record, _file) = ctx.handle.open_file(&ctx.channel, &file_ref).await.map_err(|_| {
         ToolError::new(

@@ -109,29 +109,37 @@ struct KeyState {
 /// How many keys are tracked at most: beyond it, quiet ones are forgotten, and new ones are
 /// not tracked (the room budget still counts their wrong tries).
 const MAX_KEYS: usize = 20_000;
-/// How many rooms are tracked at most (rooms whose budget is full are forgotten first).
-const MAX_ROOMS: usize = 20_000;
 
-/// The limiter: per-key backoff plus per-room budgets (see the module docs).
+/// Ms until a room checks a wrong try again (0: now), given the times of the wrong tries it
+/// took (in any order): the crate's one cell-rate rule folded over them. The tries live in
+/// the runtime's storage (`Store::begin_guess`), so every replica computes the same budget.
+pub(crate) fn room_wait(rate: CellRate, tries: &[u64], now: u64) -> u64 {
+    let mut sorted = tries.to_vec();
+    sorted.sort_unstable();
+    let full_at = sorted.into_iter().fold(0, |full_at, at| rate.add(full_at, at));
+    rate.wait(full_at, now)
+}
+
+/// The per-key half of the limiter (see the module docs): each process keeps its keys'
+/// backoff; the room budget is in the storage ([`room_wait`]).
 #[derive(Debug)]
 pub struct GuessLimiter<K> {
     policy: GuessPolicy,
     keys: HashMap<K, KeyState>,
-    /// Per room, the theoretical time at which its budget is full again.
-    rooms: HashMap<String, u64>,
 }
 
 impl<K: Hash + Eq + Clone> GuessLimiter<K> {
     /// An empty limiter with this policy.
     pub fn new(policy: GuessPolicy) -> Self {
-        Self { policy, keys: HashMap::new(), rooms: HashMap::new() }
+        Self { policy, keys: HashMap::new() }
     }
 
-    /// Asks to check one try for `room` from `key` at `now`. `Ok` means check the secret and
-    /// report the result with [`GuessLimiter::wrong`] or [`GuessLimiter::right`] before the
-    /// next call (hold the limiter's lock across it). `Err` means refused without checking;
-    /// the refusal has been counted against the key already.
-    pub fn admit(&mut self, room: &str, key: Option<&K>, now: u64) -> Result<(), Refused> {
+    /// Asks to check one try from `key` at `now`. `Ok` means ask the room's budget next
+    /// ([`GuessLimiter::refused_by_room`] when it is spent), then check the secret and report
+    /// the result with [`GuessLimiter::wrong`] or [`GuessLimiter::right`] (hold the
+    /// limiter's lock across it). `Err` means refused without checking; the refusal has
+    /// been counted against the key already.
+    pub fn admit(&mut self, key: Option<&K>, now: u64) -> Result<(), Refused> {
         let key_wait = key
             .and_then(|k| self.keys.get(k))
             .map_or(0, |state| state.locked_until.saturating_sub(now));
@@ -139,23 +147,20 @@ impl<K: Hash + Eq + Clone> GuessLimiter<K> {
             let wait_millis = self.count_key(key, now).max(key_wait);
             return Err(Refused::Key { wait_millis });
         }
-        let room_wait = self.room_wait(room, now);
-        if room_wait > 0 {
-            let key_wait = self.count_key(key, now);
-            return Err(Refused::Room { wait_millis: room_wait.max(key_wait) });
-        }
         Ok(())
     }
 
-    /// The try admitted last was wrong: it counts against the key and the room.
-    pub fn wrong(&mut self, room: &str, key: Option<&K>, now: u64) {
+    /// The room's budget refused the try admitted last (`room_wait` ms until it refills): it
+    /// counts against the key, and the refusal says when to try again.
+    pub fn refused_by_room(&mut self, key: Option<&K>, room_wait: u64, now: u64) -> Refused {
+        let key_wait = self.count_key(key, now);
+        Refused::Room { wait_millis: room_wait.max(key_wait) }
+    }
+
+    /// The try admitted last was wrong: it counts against the key (the caller kept it in the
+    /// room's budget).
+    pub fn wrong(&mut self, key: Option<&K>, now: u64) {
         self.count_key(key, now);
-        if self.rooms.len() >= MAX_ROOMS && !self.rooms.contains_key(room) {
-            self.prune(now);
-        }
-        let rate = self.room_rate();
-        let full_at = self.rooms.entry(room.to_owned()).or_insert(0);
-        *full_at = rate.add(*full_at, now);
     }
 
     /// The try admitted last was right: the key starts over (the room's budget does not, so
@@ -166,14 +171,8 @@ impl<K: Hash + Eq + Clone> GuessLimiter<K> {
         }
     }
 
-    /// Ms until the room checks a wrong try again (0: now).
-    fn room_wait(&self, room: &str, now: u64) -> u64 {
-        let Some(full_at) = self.rooms.get(room) else { return 0 };
-        self.room_rate().wait(*full_at, now)
-    }
-
     /// The room budget's refill: the crate's one cell-rate rule.
-    fn room_rate(&self) -> CellRate {
+    pub(crate) fn room_rate(&self) -> CellRate {
         CellRate {
             burst: self.policy.room_burst,
             interval_millis: self.policy.room_interval_millis,
@@ -199,11 +198,10 @@ impl<K: Hash + Eq + Clone> GuessLimiter<K> {
         wait
     }
 
-    /// Forgets keys quiet for twice the longest backoff, and rooms whose budget is full.
+    /// Forgets keys quiet for twice the longest backoff.
     pub fn prune(&mut self, now: u64) {
         let quiet = self.policy.backoff_max_millis.saturating_mul(2);
         self.keys.retain(|_, s| now < s.locked_until || now.saturating_sub(s.last) < quiet);
-        self.rooms.retain(|_, full_at| *full_at > now);
     }
 }
 
@@ -223,15 +221,38 @@ mod tests {
         }
     }
 
-    fn try_once(
-        limiter: &mut GuessLimiter<u32>,
-        key: u32,
-        now: u64,
-        right: bool,
-    ) -> Result<(), Refused> {
+    /// A limiter with the wrong tries of each room kept beside it (what the storage keeps).
+    struct Rooms {
+        limiter: GuessLimiter<u32>,
+        tries: HashMap<String, Vec<u64>>,
+    }
+
+    impl Rooms {
+        fn new(policy: GuessPolicy) -> Self {
+            Self { limiter: GuessLimiter::new(policy), tries: HashMap::new() }
+        }
+
+        /// The admission of a try: the key, then the room's budget.
+        fn admit(&mut self, room: &str, key: Option<&u32>, now: u64) -> Result<(), Refused> {
+            self.limiter.admit(key, now)?;
+            let tries = self.tries.get(room).map_or(&[][..], Vec::as_slice);
+            let wait = room_wait(self.limiter.room_rate(), tries, now);
+            if wait > 0 {
+                return Err(self.limiter.refused_by_room(key, wait, now));
+            }
+            Ok(())
+        }
+
+        fn wrong(&mut self, room: &str, key: Option<&u32>, now: u64) {
+            self.tries.entry(room.to_owned()).or_default().push(now);
+            self.limiter.wrong(key, now);
+        }
+    }
+
+    fn try_once(limiter: &mut Rooms, key: u32, now: u64, right: bool) -> Result<(), Refused> {
         limiter.admit("room", Some(&key), now)?;
         if right {
-            limiter.right(Some(&key));
+            limiter.limiter.right(Some(&key));
         } else {
             limiter.wrong("room", Some(&key), now);
         }
@@ -240,7 +261,7 @@ mod tests {
 
     #[test]
     fn a_key_gets_its_free_tries_then_a_doubling_lock() {
-        let mut limiter = GuessLimiter::new(small());
+        let mut limiter = Rooms::new(small());
         assert!(try_once(&mut limiter, 1, 0, false).is_ok());
         assert!(try_once(&mut limiter, 1, 0, false).is_ok());
         // The third wrong try is checked and locks the key for 1 s.
@@ -253,7 +274,7 @@ mod tests {
 
     #[test]
     fn refused_tries_count_so_hammering_never_gets_a_try_checked() {
-        let mut limiter = GuessLimiter::new(small());
+        let mut limiter = Rooms::new(small());
         let mut checked = 0;
         // One wrong try every 20 ms for ten simulated minutes.
         for step in 0..30_000u64 {
@@ -267,7 +288,7 @@ mod tests {
     #[test]
     fn one_hammering_key_never_closes_the_room_for_another_key() {
         let policy = GuessPolicy::join();
-        let mut limiter = GuessLimiter::new(policy);
+        let mut limiter = Rooms::new(policy);
         // The attacker at key 1 tries every 20 ms for a simulated day; a visitor (a new key
         // each time) brings the right code every 10 s and must always be checked.
         let mut visitors_refused = 0;
@@ -291,7 +312,7 @@ mod tests {
     #[test]
     fn a_patient_key_that_waits_out_every_lock_still_cannot_close_the_room() {
         let policy = GuessPolicy::join();
-        let mut limiter = GuessLimiter::new(policy);
+        let mut limiter = Rooms::new(policy);
         let mut now = 0;
         let mut checked = 0;
         while now < 24 * 60 * 60 * 1_000 {
@@ -307,7 +328,7 @@ mod tests {
 
     #[test]
     fn many_keys_empty_the_room_budget_which_refills() {
-        let mut limiter = GuessLimiter::new(small());
+        let mut limiter = Rooms::new(small());
         // Six keys, one wrong try each, at once: the burst.
         for key in 0..6 {
             assert!(try_once(&mut limiter, key, 0, false).is_ok(), "key {key}");
@@ -328,26 +349,25 @@ mod tests {
 
     #[test]
     fn a_right_secret_clears_the_key_not_the_room() {
-        let mut limiter = GuessLimiter::new(small());
+        let mut limiter = Rooms::new(small());
         for _ in 0..3 {
             try_once(&mut limiter, 1, 0, false).unwrap();
         }
         for key in 2..5 {
             try_once(&mut limiter, key, 0, false).unwrap();
         }
-        limiter.right(Some(&1));
+        limiter.limiter.right(Some(&1));
         assert!(limiter.admit("room", Some(&1), 0).is_err(), "the room's budget stays spent");
         assert!(limiter.admit("other", Some(&1), 0).is_ok(), "the key starts over");
     }
 
     #[test]
-    fn prune_forgets_quiet_keys_and_refilled_rooms() {
-        let mut limiter = GuessLimiter::new(small());
+    fn prune_forgets_quiet_keys() {
+        let mut limiter = Rooms::new(small());
         for _ in 0..4 {
             let _ = try_once(&mut limiter, 1, 0, false);
         }
-        limiter.prune(1_000_000);
-        assert!(limiter.keys.is_empty());
-        assert!(limiter.rooms.is_empty());
+        limiter.limiter.prune(1_000_000);
+        assert!(limiter.limiter.keys.is_empty());
     }
 }

@@ -1,7 +1,7 @@
 //! Live state of every room for the pages watching it: one broadcast per room carrying
 //! [`RoomEvent`]s, the assistant message that is streaming right now, the activity line, and
 //! whether the agent's channel is routed. Nothing here is persisted: a page that reconnects
-//! gets a fresh snapshot.
+//! gets a fresh snapshot. Messages stored by other replicas arrive through `live.rs`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -340,6 +340,11 @@ impl Hub {
             }
             Some(RoomEvent::Agent { online })
         });
+    }
+
+    /// Whether some page of this process has subscribed to the room.
+    pub fn is_watched(&self, room_id: &str) -> bool {
+        self.rooms().contains_key(room_id)
     }
 
     /// Rooms some page has subscribed to.

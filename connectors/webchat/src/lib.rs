@@ -13,8 +13,11 @@
 //!   `owner_code`, which a new room needs).
 //! - The chat page at `/chat/` (see the `web` module docs for its JSON + SSE API), Tools
 //!   `webchat_message_send` and `webchat_file_send`.
-//! - State: the runtime's `connector.sqlite3` and this crate's `webchat.sqlite3` under the
-//!   state directory, files under `<state dir>/files`.
+//! - State: everything in the runtime's storage (`connector.sqlite3` under the state
+//!   directory, or PostgreSQL): rooms, visitor sessions, upload quota, wrong-code budgets and
+//!   messages through its author store, so replicas on one database share them; files under
+//!   `<state dir>/files` or in PostgreSQL. An older version's `webchat.sqlite3` is moved in at
+//!   start ([`import_legacy_state`]).
 //!
 //! ```no_run
 //! use xagent_connector_webchat::{Webchat, WebchatOptions};
@@ -75,6 +78,8 @@ mod connector;
 mod error;
 mod guess;
 mod hub;
+mod legacy;
+mod live;
 mod messages;
 mod pairing;
 mod qr;
@@ -98,6 +103,7 @@ pub use connector::{
 pub use error::WebchatError;
 pub use guess::{GuessPolicy, Refused};
 pub use hub::{Activity, Draft, RoomEvent};
+pub use legacy::{LegacyImport, import_legacy_state, migrated_path};
 pub use pairing::{PAIRING_LINK_TTL_MILLIS, PairingError};
 pub use qr::{qr_data_url, qr_png};
 pub use store::MIN_ACCESS_CODE_CHARS;
@@ -114,7 +120,8 @@ use store::Store;
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct WebchatOptions {
-    /// Where both databases and the file store live.
+    /// The state directory: the runtime's SQLite database and the files (nothing of them
+    /// when PostgreSQL holds the state).
     pub state_dir: PathBuf,
     /// The system API key xAgent must present (`/health`, `/ws`, `/files/uploads`).
     pub api_key: Option<Secret>,
@@ -130,7 +137,7 @@ pub struct WebchatOptions {
     /// [`GuessPolicy::sign_in`]).
     pub sign_in_limits: GuessPolicy,
     /// The runtime's state in this PostgreSQL database instead of SQLite (feature
-    /// `postgres`); the Connector's own database and the files stay in the state directory.
+    /// `postgres`): the Connector's own records and the files go there too.
     #[cfg(feature = "postgres")]
     pub database_url: Option<xagent_server_runtime::DatabaseUrl>,
 }
@@ -221,20 +228,26 @@ impl std::fmt::Debug for Webchat {
 impl Webchat {
     /// Opens the state directory and starts the runtime (restored channels keep their rooms).
     pub async fn open(options: WebchatOptions) -> Result<Self, WebchatError> {
-        let store = Store::open(&options.state_dir)?;
         let app = Arc::new(App {
-            store,
+            store: std::sync::OnceLock::new(),
+            handle: std::sync::OnceLock::new(),
+            origin: store::random_hex(8),
             messages: std::sync::OnceLock::new(),
             hub: hub::Hub::default(),
             pairings: Mutex::new(pairing::Pairings::default()),
-            sign_ins: Mutex::new(guess::GuessLimiter::new(options.sign_in_limits)),
+            sign_ins: tokio::sync::Mutex::new(guess::GuessLimiter::new(options.sign_in_limits)),
             public_url: options.public_url.clone(),
         });
         let connector = connector::build(Arc::clone(&app))?;
         let (page, relay, presence) = (Arc::clone(&app), Arc::clone(&app), Arc::clone(&app));
         let recover = Arc::clone(&app);
+        let follow = Arc::clone(&app);
         let limits = options.visitor_limits.clone();
         let mut builder = ConnectorServer::builder(connector);
+        #[cfg(feature = "postgres")]
+        let shared_storage = options.database_url.is_some();
+        #[cfg(not(feature = "postgres"))]
+        let shared_storage = false;
         #[cfg(feature = "postgres")]
         if let Some(url) = options.database_url.clone() {
             builder = builder.database_url(url);
@@ -250,20 +263,27 @@ impl Webchat {
             // Visitor messages stored but never queued (a stop in between) are queued now.
             .task(move |handle, shutdown| until(shutdown, web::recover_pending(recover, handle)))
             .task(move |handle, shutdown| until(shutdown, relay_outbox_events(relay, handle)))
-            .task(move |handle, shutdown| until(shutdown, watch_presence(presence, handle)));
+            .task(move |handle, shutdown| until(shutdown, watch_presence(presence, handle)))
+            // Other replicas' room news reach this one's pages.
+            .task(move |handle, shutdown| until(shutdown, live::follow(follow, handle)));
         if let Some(key) = options.api_key.clone() {
             builder = builder.api_key(key);
         }
         let server = builder.build().await?;
-        let messages = messages::Messages::new(server.handle().author_store());
-        // Messages an older version kept in webchat.sqlite3 move to the runtime's storage once.
-        let legacy = app.store.take_legacy_messages()?;
-        if !legacy.is_empty() {
-            let moved = messages.move_legacy(legacy).await?;
-            app.store.forget_legacy_messages()?;
-            tracing::info!(moved, "moved stored messages to the runtime's storage");
+        let authors = server.handle().author_store();
+        // What an older version kept in webchat.sqlite3 moves to the runtime's storage once.
+        let now = server.handle().now_millis();
+        if let Some(moved) = legacy::import_legacy_state(&options.state_dir, &authors, now).await? {
+            tracing::info!(?moved, "moved webchat.sqlite3 into the runtime's storage");
         }
-        let _ = app.messages.set(messages);
+        let store = Store::new(authors.clone());
+        if !shared_storage {
+            // The only process on this storage: no other upload is running anywhere.
+            store.release_all_pending_uploads().await?;
+        }
+        let _ = app.store.set(store);
+        let _ = app.messages.set(messages::Messages::new(authors));
+        let _ = app.handle.set(server.handle());
         Ok(Self { server, app })
     }
 
@@ -375,7 +395,7 @@ async fn relay_outbox_events(app: Arc<App>, handle: ConnectorHandle) {
             Err(error) => Err(error),
         };
         match updated {
-            Ok(Some((room_id, entry))) => app.hub.message(&room_id, entry),
+            Ok(Some((room_id, entry))) => app.publish(&room_id, entry),
             Ok(None) => {}
             Err(error) => tracing::error!(%error, "could not record a delivery state"),
         }
@@ -396,7 +416,11 @@ async fn watch_presence(app: Arc<App>, handle: ConnectorHandle) {
     loop {
         interval.tick().await;
         for room_id in app.hub.watched_rooms() {
-            let online = match app.store.room(&room_id) {
+            let room = match app.store() {
+                Ok(store) => store.room(&room_id).await,
+                Err(error) => Err(error),
+            };
+            let online = match room {
                 Ok(Some(room)) => room.channel.is_some_and(|c| handle.is_routed(&c)),
                 _ => false,
             };

@@ -16,7 +16,7 @@
 //!   `sending` with its `chat.message` kept (oldest first, for recovery at start).
 //!
 //! Older state directories kept messages in `webchat.sqlite3`; [`Messages::move_legacy`] moves
-//! them here once at start (see `Store::take_legacy_messages`).
+//! them here once at start (see `legacy.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -255,6 +255,17 @@ impl Messages {
         Ok(Some((room_id.to_owned(), stored.entry)))
     }
 
+    /// A message by its `message_id`, with its room.
+    pub(crate) async fn entry_by_id(
+        &self,
+        message_id: &str,
+    ) -> Result<Option<(String, ChatEntry)>, WebchatError> {
+        let Some(key) = self.key_of(IDS, message_id).await? else { return Ok(None) };
+        let Some(stored) = self.load(&key).await? else { return Ok(None) };
+        let Some((room_id, _)) = key.split_once('/') else { return Ok(None) };
+        Ok(Some((room_id.to_owned(), stored.entry)))
+    }
+
     /// The `chat.message` kept for a visitor message still `sending`, with its room.
     pub(crate) async fn outbound_of(
         &self,
@@ -338,7 +349,7 @@ mod tests {
     use xagent_server_runtime::SqliteStorage;
 
     use super::*;
-    use crate::store::{Author, Store};
+    use crate::store::Author;
 
     fn messages() -> Messages {
         Messages::new(AuthorStore::new(Arc::new(SqliteStorage::in_memory().unwrap())))
@@ -420,28 +431,5 @@ mod tests {
         assert_eq!(history.len(), HISTORY_LIMIT);
         assert_eq!(history[0].message_id, "msg_0005");
         assert_eq!(history[HISTORY_LIMIT - 1].message_id, format!("msg_{:04}", HISTORY_LIMIT + 4));
-    }
-
-    #[tokio::test]
-    async fn messages_of_an_older_version_move_once_and_stay_before_new_ones() {
-        let legacy = Store::in_memory().unwrap();
-        legacy.insert_legacy("lobby", &visitor_entry("msg_old1", Some("c1")), Some("{}")).unwrap();
-        let mut delivered = visitor_entry("msg_old2", None);
-        delivered.status = EntryStatus::Delivered;
-        legacy.insert_legacy("lobby", &delivered, None).unwrap();
-        let messages = messages();
-        let rows = legacy.take_legacy_messages().unwrap();
-        assert_eq!(messages.move_legacy(rows).await.unwrap(), 2);
-        legacy.forget_legacy_messages().unwrap();
-        assert!(legacy.take_legacy_messages().unwrap().is_empty());
-        messages.insert("lobby", &visitor_entry("msg_new", None), None).await.unwrap();
-        let ids: Vec<String> =
-            messages.history("lobby").await.unwrap().into_iter().map(|e| e.message_id).collect();
-        assert_eq!(ids, ["msg_old1", "msg_old2", "msg_new"]);
-        assert_eq!(
-            messages.entry_by_client("lobby", "c1").await.unwrap().unwrap().message_id,
-            "msg_old1"
-        );
-        assert_eq!(messages.sending().await.unwrap().len(), 1, "the old pending send is kept");
     }
 }

@@ -82,7 +82,7 @@ struct Web {
     handle: ConnectorHandle,
     shutdown: CancellationToken,
     limits: Arc<VisitorLimits>,
-    throttle: Arc<Mutex<JoinThrottle>>,
+    throttle: Arc<tokio::sync::Mutex<JoinThrottle>>,
     /// Visitor sessions started per address (F12).
     join_rate: Arc<Mutex<JoinRate>>,
     uploads: Arc<Semaphore>,
@@ -97,10 +97,6 @@ impl Web {
 
     fn now(&self) -> u64 {
         self.handle.now_millis()
-    }
-
-    fn throttle(&self) -> MutexGuard<'_, JoinThrottle> {
-        self.throttle.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn join_rate(&self) -> MutexGuard<'_, JoinRate> {
@@ -122,7 +118,7 @@ pub(crate) fn router(
         .saturating_add(limits.max_text_chars.saturating_mul(4))
         .saturating_add(64 * 1024);
     let json_body = limits.max_json_bytes;
-    let throttle = Arc::new(Mutex::new(JoinThrottle::new(&limits)));
+    let throttle = Arc::new(tokio::sync::Mutex::new(JoinThrottle::new(&limits)));
     let web = Web {
         app,
         handle,
@@ -221,11 +217,10 @@ fn same_origin(headers: &HeaderMap) -> bool {
 
 /// Checks the visitor token (bearer header or session cookie) against the room and returns
 /// it. Tokens in the URL are not looked at.
-fn visitor(web: &Web, room_id: &str, headers: &HeaderMap) -> Result<String, WebchatError> {
+async fn visitor(web: &Web, room_id: &str, headers: &HeaderMap) -> Result<String, WebchatError> {
     let now = web.now();
     for token in presented_tokens(headers) {
-        if let Some(room) =
-            web.app.store.visitor_room(&token, now, web.limits.token_lifetime_millis)?
+        if let Some(room) = web.app.store()?.visitor_room(&token, now).await?
             && room == room_id
         {
             return Ok(token);
@@ -235,11 +230,15 @@ fn visitor(web: &Web, room_id: &str, headers: &HeaderMap) -> Result<String, Webc
 }
 
 /// [`visitor`] for requests that change something: also refuses cross-site origins.
-fn visitor_write(web: &Web, room_id: &str, headers: &HeaderMap) -> Result<String, WebchatError> {
+async fn visitor_write(
+    web: &Web,
+    room_id: &str,
+    headers: &HeaderMap,
+) -> Result<String, WebchatError> {
     if !same_origin(headers) {
         return Err(WebchatError::Forbidden);
     }
-    visitor(web, room_id, headers)
+    visitor(web, room_id, headers).await
 }
 
 fn session_cookie(web: &Web, room_id: &str, token: &str, max_age_secs: u64) -> Option<HeaderValue> {
@@ -302,37 +301,51 @@ async fn join(
     let now = web.now();
     let peer: Option<IpAddr> = xagent_server_runtime::peer_ip(&extensions);
     take_join(&web, peer, now)?;
-    if let Err(error) = check_join_code(&web, &room_id, peer, &body.access_code, now) {
+    if let Err(error) = check_join_code(&web, &room_id, peer, &body.access_code, now).await {
         // A wrong or refused code starts no session: the join throttle counts it instead.
         web.join_rate().refund(peer, now, &web.limits);
         return Err(error);
     }
-    let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
+    let room = web.app.store()?.room(&room_id).await?.ok_or(WebchatError::Forbidden)?;
     let expires_at = now.saturating_add(web.limits.token_lifetime_millis);
-    let token = web.app.store.add_visitor(&room_id, now, expires_at)?;
+    let token = web.app.store()?.add_visitor(&room_id, now, expires_at).await?;
     let body = json!({
         "token": token, "room_id": room.room_id, "room_name": room.name, "expires_at": expires_at,
     });
     Ok(with_session(&web, &room_id, &token, body))
 }
 
-/// Checks a visitor's access code under the join throttle (F5): the admission, the check
-/// and its count happen under one lock, so parallel tries cannot slip past the limits.
-fn check_join_code(
+/// Checks a visitor's access code under the join throttle (F5): the address's backoff in
+/// this process, the room's budget in the storage (shared by every replica). The admission,
+/// the check and its count happen under one lock of this process, so parallel tries cannot
+/// slip past the limits.
+async fn check_join_code(
     web: &Web,
     room_id: &str,
     peer: Option<IpAddr>,
     code: &str,
     now: u64,
 ) -> Result<(), WebchatError> {
-    let mut throttle = web.throttle();
-    throttle.admit(room_id, peer, now).map_err(throttled)?;
-    let right = code.len() <= MAX_ACCESS_CODE_BYTES && web.app.store.check_code(room_id, code)?;
+    let store = web.app.store()?;
+    let mut throttle = web.throttle.lock().await;
+    throttle.admit(peer, now).map_err(throttled)?;
+    if !crate::store::is_room_id(room_id) {
+        // No room has this id: a wrong code, kept by the address alone.
+        throttle.failed(peer, now);
+        return Err(WebchatError::Forbidden);
+    }
+    let guess = match store.begin_guess("join", room_id, throttle.room_rate(), now).await? {
+        Ok(guess) => guess,
+        Err(wait) => return Err(throttled(throttle.refused_by_room(peer, wait, now))),
+    };
+    let right = code.len() <= MAX_ACCESS_CODE_BYTES && store.check_code(room_id, code).await?;
     if right {
         throttle.succeeded(peer);
+        drop(throttle);
+        store.forget_guess(guess).await?;
         return Ok(());
     }
-    throttle.failed(room_id, peer, now);
+    throttle.failed(peer, now);
     drop(throttle);
     tracing::warn!(room = ?room_id, peer = ?peer, "wrong access code for a room");
     Err(WebchatError::Forbidden)
@@ -343,8 +356,8 @@ async fn session(
     Path(room_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, WebchatError> {
-    visitor(&web, &room_id, &headers)?;
-    let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
+    visitor(&web, &room_id, &headers).await?;
+    let room = web.app.store()?.room(&room_id).await?.ok_or(WebchatError::Forbidden)?;
     Ok(Json(json!({ "room_id": room.room_id, "room_name": room.name })).into_response())
 }
 
@@ -354,8 +367,8 @@ async fn leave(
     Path(room_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, WebchatError> {
-    let token = visitor_write(&web, &room_id, &headers)?;
-    web.app.end_visitor_session(&token)?;
+    let token = visitor_write(&web, &room_id, &headers).await?;
+    web.app.end_visitor_session(&token).await?;
     let mut response = StatusCode::NO_CONTENT.into_response();
     if let Some(cookie) = session_cookie(&web, &room_id, "", 0) {
         response.headers_mut().append(header::SET_COOKIE, cookie);
@@ -366,7 +379,7 @@ async fn leave(
 /// The snapshot a page gets on (re)connecting: the newest messages that fit in
 /// [`VisitorLimits::snapshot_bytes`].
 async fn snapshot(web: &Web, room_id: &str) -> Result<RoomEvent, WebchatError> {
-    let room = web.app.store.room(room_id)?.ok_or(WebchatError::Forbidden)?;
+    let room = web.app.store()?.room(room_id).await?.ok_or(WebchatError::Forbidden)?;
     let (_, drafts, activity) = web.app.hub.subscribe(room_id);
     let online = room.channel.as_ref().is_some_and(|channel| web.handle.is_routed(channel));
     let mut messages = web.app.messages()?.history(room_id).await?;
@@ -451,8 +464,11 @@ impl Live {
                 Ok(Err(RecvError::Lagged(_) | RecvError::Closed)) => return None,
                 Err(_) => {
                     let now = self.web.now();
-                    let lifetime = self.web.limits.token_lifetime_millis;
-                    match self.web.app.store.visitor_room(&self.token, now, lifetime) {
+                    let room = match self.web.app.store() {
+                        Ok(store) => store.visitor_room(&self.token, now).await,
+                        Err(error) => Err(error),
+                    };
+                    match room {
                         Ok(Some(room)) if room == self.room_id => {}
                         // Expired or revoked: the page learns it when it reconnects.
                         _ => return None,
@@ -469,7 +485,7 @@ async fn events(
     headers: HeaderMap,
     extensions: Extensions,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, WebchatError> {
-    let token = visitor(&web, &room_id, &headers)?;
+    let token = visitor(&web, &room_id, &headers).await?;
     // Counted per address too (F6), so one address never holds a room's streams.
     let address = xagent_server_runtime::peer_ip(&extensions).map(guard::addr_key);
     let caps = stream_caps(&web.limits);
@@ -490,8 +506,9 @@ async fn events(
     let ended = place.session_ended();
     let session = web
         .app
-        .store
-        .visitor_session(&token, web.now(), web.limits.token_lifetime_millis)?
+        .store()?
+        .visitor_session(&token, web.now())
+        .await?
         .filter(|session| session.room_id == room_id && !ended.is_cancelled())
         .ok_or(WebchatError::Forbidden)?;
     // Subscribe before reading the snapshot so nothing falls between them.
@@ -572,7 +589,8 @@ pub(crate) async fn recover_pending(app: Arc<App>, handle: ConnectorHandle) {
     let Ok(messages) = app.messages() else { return };
     let Ok(sending) = messages.sending().await else { return };
     for (room_id, message_id, outbound) in sending {
-        let Ok(Some(room)) = app.store.room(&room_id) else { continue };
+        let Ok(store) = app.store() else { return };
+        let Ok(Some(room)) = store.room(&room_id).await else { continue };
         let Some(channel) = room.channel else { continue };
         requeue(&handle, &channel, &message_id, &outbound, "start").await;
     }
@@ -587,7 +605,7 @@ async fn relay(
     entry: ChatEntry,
     message: ChatMessage,
 ) -> Result<ChatEntry, WebchatError> {
-    let room = web.app.store.room(room_id)?.ok_or(WebchatError::Forbidden)?;
+    let room = web.app.store()?.room(room_id).await?.ok_or(WebchatError::Forbidden)?;
     let channel = room.channel.ok_or(WebchatError::NoAgent)?;
     let outbound = serde_json::to_string(&message)
         .map_err(|e| StorageError::new("encoding an outbound message", e))?;
@@ -600,7 +618,7 @@ async fn relay(
         }
         Inserted::New(entry) => entry,
     };
-    web.app.hub.message(room_id, entry.clone());
+    web.app.publish(room_id, entry.clone());
     let handle = web.handle()?;
     if let Err(error) = handle.send_message(&channel, message).await {
         tracing::info!(%error, room = room_id, "the runtime did not take a visitor message");
@@ -617,7 +635,7 @@ async fn relay(
             .set_status(&entry.message_id, EntryStatus::Rejected, Some(&reason))
             .await?
         {
-            web.app.hub.message(room_id, updated.clone());
+            web.app.publish(room_id, updated.clone());
             return Ok(updated);
         }
     }
@@ -630,7 +648,7 @@ async fn send_text(
     headers: HeaderMap,
     Json(body): Json<SendBody>,
 ) -> Result<Response, WebchatError> {
-    visitor_write(&web, &room_id, &headers)?;
+    visitor_write(&web, &room_id, &headers).await?;
     check_client_id(body.client_id.as_deref())?;
     let text = check_text(&body.text, &web.limits)?.ok_or_else(|| {
         WebchatError::InvalidInput(format!(
@@ -704,18 +722,30 @@ impl QuotaHold {
     }
 
     /// The upload is stored with `bytes`: only those stay counted.
-    fn settle(mut self, bytes: u64) -> Result<(), WebchatError> {
+    async fn settle(mut self, bytes: u64) -> Result<(), WebchatError> {
         self.settled = true;
-        self.app.store.settle_upload(self.reservation.id, bytes)
+        self.app.store()?.settle_upload(&self.reservation.id, bytes).await
     }
 }
 
 impl Drop for QuotaHold {
     fn drop(&mut self) {
-        if !self.settled
-            && let Err(error) = self.app.store.release_upload(self.reservation.id)
-        {
-            tracing::warn!(%error, "an unfinished upload's quota could not be given back");
+        if self.settled {
+            return;
+        }
+        // Given back in the background (a drop cannot wait); a reservation whose give-back
+        // is lost stops counting once it is stale.
+        let (app, id) = (Arc::clone(&self.app), std::mem::take(&mut self.reservation.id));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let released = match app.store() {
+                    Ok(store) => store.release_upload(&id).await,
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = released {
+                    tracing::warn!(%error, "an unfinished upload's quota could not be given back");
+                }
+            });
         }
     }
 }
@@ -724,7 +754,7 @@ impl Drop for QuotaHold {
 /// `Content-Length` says the body is smaller) of the room's and everybody's daily allowance
 /// (M3, F13: a room has at most its share), atomically with the check (F14). 507 when either
 /// is used up.
-fn reserve_upload(
+async fn reserve_upload(
     web: &Web,
     room_id: &str,
     headers: &HeaderMap,
@@ -737,7 +767,7 @@ fn reserve_upload(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     let want = declared.map_or(web.limits.max_upload_bytes, |n| n.min(web.limits.max_upload_bytes));
-    match web.app.store.reserve_upload(room_id, want, &quota, now)? {
+    match web.app.store()?.reserve_upload(room_id, want, &quota, now).await? {
         Ok(reservation) => Ok(QuotaHold { app: Arc::clone(&web.app), reservation, settled: false }),
         Err(QuotaRefusal::Room) => Err(WebchatError::StoreFull(
             "this room's upload allowance for today is used up; try again tomorrow".into(),
@@ -760,7 +790,7 @@ async fn repeated(
         return Ok(None);
     };
     if existing.status == EntryStatus::Sending
-        && let Some(channel) = web.app.store.room(room_id)?.and_then(|r| r.channel)
+        && let Some(channel) = web.app.store()?.room(room_id).await?.and_then(|r| r.channel)
     {
         resubmit(web, &channel, &existing.message_id).await;
     }
@@ -773,7 +803,7 @@ async fn send_file(
     headers: HeaderMap,
     mut form: Multipart,
 ) -> Result<Response, WebchatError> {
-    visitor_write(&web, &room_id, &headers)?;
+    visitor_write(&web, &room_id, &headers).await?;
     // Bounds the uploads written at once.
     let _turn =
         Arc::clone(&web.uploads).acquire_owned().await.map_err(|_| WebchatError::ShuttingDown)?;
@@ -788,10 +818,10 @@ async fn send_file(
                 if let Some(existing) = repeated(&web, &room_id, client_id.as_deref()).await? {
                     return Ok(Json(existing).into_response());
                 }
-                let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
+                let room = web.app.store()?.room(&room_id).await?.ok_or(WebchatError::Forbidden)?;
                 let channel = room.channel.ok_or(WebchatError::NoAgent)?;
                 let now = web.now();
-                let hold = reserve_upload(&web, &room_id, &headers, now)?;
+                let hold = reserve_upload(&web, &room_id, &headers, now).await?;
                 let filename: String =
                     field.file_name().unwrap_or("file").chars().take(255).collect();
                 let mime = field
@@ -808,7 +838,7 @@ async fn send_file(
                     .await
                     .map_err(|e| upload_error(e, limit < limits.max_upload_bytes, &limits))?;
                 let size = chat_file.byte_size.unwrap_or(0);
-                hold.settle(size)?;
+                hold.settle(size).await?;
                 if size == 0 {
                     return Err(WebchatError::InvalidInput("the file is empty".into()));
                 }
@@ -877,7 +907,7 @@ async fn file(
     Path((room_id, file_ref)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, WebchatError> {
-    visitor(&web, &room_id, &headers)?;
+    visitor(&web, &room_id, &headers).await?;
     let not_found = || {
         xagent_server_runtime::error_response(
             StatusCode::NOT_FOUND,
@@ -888,7 +918,7 @@ async fn file(
     if !xagent_file_transfer::is_well_formed_file_ref(&file_ref) {
         return Ok(not_found());
     }
-    let room = web.app.store.room(&room_id)?.ok_or(WebchatError::Forbidden)?;
+    let room = web.app.store()?.room(&room_id).await?.ok_or(WebchatError::Forbidden)?;
     let Some(channel) = room.channel else { return Ok(not_found()) };
     let Ok((record, handle)) = web.handle()?.open_file(&channel, &FileRef::new(file_ref)).await
     else {
@@ -957,7 +987,7 @@ async fn pair_confirm(
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| format!("Room {}", &pairing.token[..4]));
     let access_code = random_hex(6);
-    let room = match web.app.store.claim_room(&name, &access_code, now)? {
+    let room = match web.app.store()?.claim_room(&name, &access_code, now).await? {
         RoomClaim::Created(room) => room,
         _ => {
             return Err(WebchatError::InvalidInput(
@@ -965,10 +995,10 @@ async fn pair_confirm(
             ));
         }
     };
-    web.app.store.set_room_channel(&room.room_id, Some(&pairing.channel))?;
+    web.app.store()?.set_room_channel(&room.room_id, Some(&pairing.channel)).await?;
     web.app.pairings().complete(&pairing.session, room.room_id.clone());
     let expires_at = now.saturating_add(web.limits.token_lifetime_millis);
-    let visitor_token = web.app.store.add_visitor(&room.room_id, now, expires_at)?;
+    let visitor_token = web.app.store()?.add_visitor(&room.room_id, now, expires_at).await?;
     let body = json!({
         "token": visitor_token,
         "room_id": room.room_id,

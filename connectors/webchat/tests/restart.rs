@@ -124,6 +124,13 @@ fn orphan_message(message_id: &str) -> xagent_protocol_types::ChatMessage {
 /// The same, in the `webchat.sqlite3` of an older version (moved at the next start).
 fn legacy_orphan(dir: &std::path::Path, message_id: &str, client_id: &str) {
     let conn = rusqlite::Connection::open(dir.join("webchat.sqlite3")).expect("database");
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS messages (room_id TEXT NOT NULL,
+           seq INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL UNIQUE,
+           author TEXT NOT NULL, text TEXT, files TEXT NOT NULL, status TEXT NOT NULL,
+           error TEXT, client_id TEXT, created_at INTEGER NOT NULL, outbound TEXT);",
+    )
+    .expect("the older version's table");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
@@ -171,6 +178,8 @@ async fn m4_a_message_stored_but_never_queued_is_delivered_on_retry_and_after_a_
     // Moved messages keep their old order numbers, before every new one.
     arrived.sort();
     assert_eq!(arrived, vec!["msg_web_orphan_2".to_owned(), "msg_web_orphan_3".to_owned()]);
+    assert!(!dir.join("webchat.sqlite3").exists(), "the older file was moved");
+    assert!(dir.join("webchat.sqlite3.migrated").exists());
     plane.close().await;
     server.stop().await;
     let _ = std::fs::remove_dir_all(dir);

@@ -85,7 +85,7 @@ impl ClusterRuntime {
 impl Shared {
     /// At hello on a replica: takes the data-plane lease and reads the shared rows this
     /// replica is about to serve (the `connector_id`, every channel) as they are now.
-    pub(crate) async fn take_data_plane(&self) -> Result<(), StorageError> {
+    pub(crate) async fn take_data_plane(self: &Arc<Self>) -> Result<(), StorageError> {
         let Some(cluster) = &self.cluster else { return Ok(()) };
         let now = self.now();
         let fence = cluster
@@ -103,7 +103,10 @@ impl Shared {
         // Consumers that follow the data plane start here now.
         cluster.consumers_wanted.notify_one();
         tracing::info!(replica = cluster.cluster.replica(), fence, "took the data plane");
-        self.reread_all().await
+        self.reread_all().await?;
+        // The devices of the channels this replica now serves are asked afresh here.
+        self.restore_devices(true);
+        Ok(())
     }
 
     /// Reads the `connector_id` and every channel again (after hello, after a broken

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use xagent_protocol_types::{AuthSessionId, ConnectorId};
+use xagent_protocol_types::{AuthSessionId, ConnectorId, TargetType};
 
 use super::{AuthSession, Shared};
 use crate::author::{AuthContext, ChannelContext};
@@ -61,6 +61,49 @@ impl Shared {
             tracing::error!(%error, %channel, "could not delete an unregistered channel");
         }
         tracing::info!(%channel, "channel unregistered");
+    }
+
+    /// Puts every bound device channel in the device gate as restored (not connected until its
+    /// device answers: the channel's Descriptor shows it so) and, with `check`, asks each
+    /// device in the background and reports what it says. At start, and on a replica when it
+    /// takes the data plane (the devices are asked by the replica serving their Tools).
+    pub(crate) fn restore_devices(self: &Arc<Self>, check: bool) {
+        let Some(device) = &self.device else { return };
+        let restored: Vec<ChannelContext> = {
+            let mut state = self.state();
+            let mut restored = Vec::new();
+            for record in state.channels.values_mut() {
+                // Only device channels have a device (an IM channel of a Card with both has none).
+                let Some(binding) = record
+                    .binding
+                    .clone()
+                    .filter(|b| b.target_type().is_none_or(|t| *t == TargetType::Device))
+                else {
+                    continue;
+                };
+                let Some(key) = device.code.device_key(&binding) else { continue };
+                let correction = device.restore(&record.id, &key);
+                device.project(record, &correction);
+                restored.push(ChannelContext {
+                    channel: record.id.clone(),
+                    binding,
+                    handle: self.handle(),
+                });
+            }
+            restored
+        };
+        if !check {
+            return;
+        }
+        for ctx in restored {
+            // The channel stays degraded meanwhile.
+            let code = device.code.clone();
+            let (channel, handle) = (ctx.channel.clone(), ctx.handle.clone());
+            self.tasks.spawn(async move {
+                let status = code.check(ctx).await;
+                let _ = handle.device_status(&channel, status).await;
+            });
+        }
     }
 
     /// Lease expiry and periodic maintenance.

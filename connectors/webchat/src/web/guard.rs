@@ -124,21 +124,34 @@ impl JoinThrottle {
         Self { limiter: GuessLimiter::new(limits.join_policy()) }
     }
 
-    /// Whether a code for `room` from `addr` may be checked now. `Err` is refused (and
-    /// counted against the address); `Ok` must be followed by [`JoinThrottle::failed`] or
+    /// Whether a code from `addr` may be checked now, as far as the address goes. `Err` is
+    /// refused (and counted against the address); `Ok` must be followed by the room's budget
+    /// ([`JoinThrottle::refused_by_room`] when it is spent), then [`JoinThrottle::failed`] or
     /// [`JoinThrottle::succeeded`] under the same lock.
-    pub fn admit(&mut self, room: &str, addr: Option<IpAddr>, now: u64) -> Result<(), Refused> {
-        self.limiter.admit(room, addr.map(addr_key).as_ref(), now)
+    pub fn admit(&mut self, addr: Option<IpAddr>, now: u64) -> Result<(), Refused> {
+        self.limiter.admit(addr.map(addr_key).as_ref(), now)
     }
 
-    /// The admitted code was wrong: it counts against the room and the address.
-    pub fn failed(&mut self, room: &str, addr: Option<IpAddr>, now: u64) {
-        self.limiter.wrong(room, addr.map(addr_key).as_ref(), now);
+    /// The room's budget of wrong codes is spent (`room_wait` ms until it refills): the try
+    /// counts against the address too.
+    pub fn refused_by_room(&mut self, addr: Option<IpAddr>, room_wait: u64, now: u64) -> Refused {
+        self.limiter.refused_by_room(addr.map(addr_key).as_ref(), room_wait, now)
+    }
+
+    /// The admitted code was wrong: it counts against the address (the room's budget kept
+    /// its try).
+    pub fn failed(&mut self, addr: Option<IpAddr>, now: u64) {
+        self.limiter.wrong(addr.map(addr_key).as_ref(), now);
     }
 
     /// A right code from `addr`: its count starts over (never the room's).
     pub fn succeeded(&mut self, addr: Option<IpAddr>) {
         self.limiter.right(addr.map(addr_key).as_ref());
+    }
+
+    /// The rate at which a room's budget of wrong codes refills.
+    pub(crate) fn room_rate(&self) -> crate::rate::CellRate {
+        self.limiter.room_rate()
     }
 }
 
@@ -168,14 +181,14 @@ mod tests {
         let mut throttle = JoinThrottle::new(&limits);
         let a = addr("192.0.2.1");
         for _ in 0..=limits.join_free_failures {
-            assert!(throttle.admit("lobby", a, 0).is_ok());
-            throttle.failed("lobby", a, 0);
+            assert!(throttle.admit(a, 0).is_ok());
+            throttle.failed(a, 0);
         }
-        assert_eq!(throttle.admit("lobby", a, 0), Err(Refused::Key { wait_millis: 2_000 }));
-        // The same address is held back in another room.
-        assert!(throttle.admit("other", a, 500).is_err());
+        assert_eq!(throttle.admit(a, 0), Err(Refused::Key { wait_millis: 2_000 }));
+        // The address is held back whatever room it tries next.
+        assert!(throttle.admit(a, 500).is_err());
         // Another address is not (F5).
-        assert!(throttle.admit("lobby", addr("198.51.100.7"), 500).is_ok());
+        assert!(throttle.admit(addr("198.51.100.7"), 500).is_ok());
     }
 
     #[test]
@@ -184,30 +197,30 @@ mod tests {
         let mut throttle = JoinThrottle::new(&limits);
         let attacker = addr("127.0.0.2");
         for step in 0..10_000u64 {
-            if throttle.admit("lobby", attacker, step * 20).is_ok() {
-                throttle.failed("lobby", attacker, step * 20);
+            if throttle.admit(attacker, step * 20).is_ok() {
+                throttle.failed(attacker, step * 20);
             }
             if step % 50 == 0 {
                 let visitor = addr(&format!("127.0.1.{}", step % 200));
-                assert!(throttle.admit("lobby", visitor, step * 20).is_ok(), "at {step}");
+                assert!(throttle.admit(visitor, step * 20).is_ok(), "at {step}");
                 throttle.succeeded(visitor);
             }
         }
     }
 
     #[test]
-    fn a_right_code_clears_the_address_per_64_but_not_the_room() {
-        let limits = VisitorLimits { join_room_burst: 3, ..VisitorLimits::default() };
+    fn a_right_code_clears_the_address_per_64() {
+        let limits = VisitorLimits::default();
         let mut throttle = JoinThrottle::new(&limits);
-        for host in ["2001:db8::1", "2001:db8:1::1", "2001:db8:2::1"] {
-            assert!(throttle.admit("lobby", addr(host), 0).is_ok());
-            throttle.failed("lobby", addr(host), 0);
+        for _ in 0..=limits.join_free_failures {
+            assert!(throttle.admit(addr("2001:db8::1"), 0).is_ok());
+            throttle.failed(addr("2001:db8::1"), 0);
         }
+        assert!(throttle.admit(addr("2001:db8::3"), 1).is_err(), "the same /64 is held back");
         throttle.succeeded(addr("2001:db8::2"));
-        assert!(matches!(
-            throttle.admit("lobby", addr("2001:db8::1"), 1),
-            Err(Refused::Room { .. })
-        ));
-        assert!(throttle.admit("other", addr("2001:db8::1"), 1).is_ok(), "same /64: cleared");
+        assert!(throttle.admit(addr("2001:db8::1"), 1).is_ok(), "same /64: cleared");
+        // A spent room budget counts against the address as well.
+        let refused = throttle.refused_by_room(addr("2001:db8::1"), 500, 2);
+        assert_eq!(refused, Refused::Room { wait_millis: 500 });
     }
 }

@@ -47,6 +47,22 @@ pub async fn start_with_limits(dir: &PathBuf, limits: VisitorLimits) -> Server {
     start_with(dir, None, Arc::new(SystemClock), limits).await
 }
 
+/// A replica with its state in this PostgreSQL database (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub async fn start_on_database(
+    dir: &PathBuf,
+    url: xagent_server_runtime::DatabaseUrl,
+    limits: VisitorLimits,
+) -> Server {
+    let listener = bind_local(None).await.expect("binds");
+    let addr = listener.local_addr().expect("addr");
+    let options = WebchatOptions::new(dir, format!("http://{addr}"))
+        .with_api_key(Secret::new(API_KEY))
+        .with_visitor_limits(limits)
+        .with_database_url(url);
+    serve(listener, options).await
+}
+
 async fn start_with(
     dir: &PathBuf,
     addr: Option<SocketAddr>,
@@ -59,6 +75,11 @@ async fn start_with(
         .with_api_key(Secret::new(API_KEY))
         .with_clock(clock)
         .with_visitor_limits(limits);
+    serve(listener, options).await
+}
+
+async fn serve(listener: tokio::net::TcpListener, options: WebchatOptions) -> Server {
+    let addr = listener.local_addr().expect("addr");
     let webchat = Webchat::open(options).await.expect("webchat opens");
     let running = webchat.clone();
     let serving = Serving::spawn(listener, |listener, shutdown| async move {

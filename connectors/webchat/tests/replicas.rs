@@ -1,0 +1,164 @@
+//! Two `im.webchat` replicas on one PostgreSQL database (feature `postgres`, testkit's
+//! server), each with its own empty state directory: a room created through one is joined
+//! through the other, a visitor session made on one opens the room on the other, the room's
+//! budget of wrong access codes is one budget, and neither keeps a database on disk.
+#![cfg(feature = "postgres")]
+
+mod support;
+
+use support::{Visitor, connect, open_room, start_on_database, temp_dir};
+use xagent_connector_webchat::{VisitorLimits, WEBCHAT_DATABASE_FILE};
+
+/// A wrong join through `server`: its status and answer.
+async fn wrong_join(server: &support::Server, attempt: u32) -> (u16, String) {
+    let response = reqwest::Client::new()
+        .post(server.url("/chat/api/rooms/lobby/join"))
+        .json(&serde_json::json!({ "access_code": format!("wrong-code-{attempt}") }))
+        .send()
+        .await
+        .expect("join");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_rooms_sessions_and_the_wrong_code_budget() {
+    let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+    let (dir_a, dir_b) = (temp_dir("replica-state-a"), temp_dir("replica-state-b"));
+    // Addresses never back off here (all tries come from 127.0.0.1): only the room's budget
+    // of 4 wrong codes, refilling one an hour, limits.
+    let mut limits = VisitorLimits::default();
+    limits.join_free_failures = 1_000;
+    limits.join_room_burst = 4;
+    limits.join_room_interval_millis = 60 * 60 * 1_000;
+    let a = start_on_database(&dir_a, url.clone(), limits.clone()).await;
+    let b = start_on_database(&dir_b, url, limits).await;
+
+    // xAgent signs a channel in through A: the room is created there.
+    let (plane, _events) = connect(&a).await;
+    let _channel = open_room(&plane, "Lobby", "code-1234").await;
+
+    // A visitor joins through B with the room's code, and the session opens the room on A.
+    let visitor = Visitor::join(&b, "lobby", "code-1234").await;
+    let on_a = Visitor { base: a.url(""), ..visitor };
+    let snapshot = on_a.snapshot().await;
+    assert_eq!(snapshot["room_name"], "Lobby", "{snapshot:#}");
+    // A message sent through A is in the history B shows.
+    let sent = on_a.send("hello through a", "c-replica-1").await;
+    let on_b = Visitor { base: b.url(""), ..on_a };
+    let history = on_b.snapshot().await;
+    let ids: Vec<&str> = history["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter_map(|m| m["message_id"].as_str())
+        .collect();
+    assert!(ids.contains(&sent["message_id"].as_str().expect("id")), "{history:#}");
+
+    // Four wrong codes, alternating replicas, spend the room's one budget: the fifth is
+    // refused on either, and so is the right code now (a refusal says nothing of the code).
+    for attempt in 0..4 {
+        let server = if attempt % 2 == 0 { &a } else { &b };
+        assert_eq!(wrong_join(server, attempt).await.0, 403, "attempt {attempt}");
+    }
+    for server in [&a, &b] {
+        let (status, body) = wrong_join(server, 9).await;
+        assert_eq!(status, 429, "{body}");
+        assert!(body.contains("this room had too many wrong access codes"), "{body}");
+    }
+    let right = reqwest::Client::new()
+        .post(b.url("/chat/api/rooms/lobby/join"))
+        .json(&serde_json::json!({ "access_code": "code-1234" }))
+        .send()
+        .await
+        .expect("join");
+    assert_eq!(right.status(), 429);
+
+    // Neither replica keeps a database of its own on disk.
+    for dir in [&dir_a, &dir_b] {
+        for name in [WEBCHAT_DATABASE_FILE, "connector.sqlite3"] {
+            assert!(!dir.join(name).exists(), "{} in {}", name, dir.display());
+        }
+    }
+    plane.close().await;
+    a.stop().await;
+    b.stop().await;
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
+}
+
+/// The data of the next server-sent event of a page's stream (`buffer` keeps what arrived
+/// after it), waiting at most 10 s.
+async fn next_sse(response: &mut reqwest::Response, buffer: &mut String) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            if let Some(line) = event.lines().find(|l| l.starts_with("data: ")) {
+                return serde_json::from_str(&line["data: ".len()..]).expect("JSON event");
+            }
+            continue;
+        }
+        let chunk = tokio::time::timeout_at(deadline, response.chunk())
+            .await
+            .expect("an event within 10 s")
+            .expect("the stream reads")
+            .expect("the stream is open");
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_on_one_replica_sees_the_agents_reply_and_a_visitors_message_made_on_the_other() {
+    use xagent_connector_webchat::TOOL_MESSAGE_SEND;
+    use xagent_protocol_types::{ToolInvoke, ToolInvokeAck, ToolInvokeContext};
+
+    let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+    let (dir_a, dir_b) = (temp_dir("replica-live-a"), temp_dir("replica-live-b"));
+    let a = start_on_database(&dir_a, url.clone(), VisitorLimits::default()).await;
+    let b = start_on_database(&dir_b, url, VisitorLimits::default()).await;
+    // xAgent's socket is on B; the page is open on A.
+    let (plane, _events) = connect(&b).await;
+    let channel = open_room(&plane, "Lobby", "code-1234").await;
+    let page = Visitor::join(&a, "lobby", "code-1234").await;
+    let mut stream =
+        page.request(reqwest::Method::GET, "events").send().await.expect("events on a");
+    assert_eq!(stream.status(), 200);
+    let mut buffer = String::new();
+    let snapshot = next_sse(&mut stream, &mut buffer).await;
+    assert_eq!(snapshot["kind"], "snapshot", "{snapshot:#}");
+
+    // The agent's reply, a Tool call served by B, reaches the page on A.
+    let serde_json::Value::Object(mut arguments) =
+        serde_json::json!({"text": "the agent's reply, written on b"})
+    else {
+        unreachable!("an object")
+    };
+    arguments.insert("connector_channel_id".into(), serde_json::json!(channel.as_str()));
+    let call = ToolInvoke::new(TOOL_MESSAGE_SEND, arguments)
+        .with_context(ToolInvokeContext::with_call_id("call-live-1"));
+    let ack: ToolInvokeAck = plane.request(Some(&channel), call).await.expect("tool call on b");
+    assert!(ack.result.is_some(), "{ack:?}");
+    let wanted = |event: &serde_json::Value, text: &str| {
+        event["kind"] == "message" && event["message"]["text"] == text
+    };
+    let mut seen = next_sse(&mut stream, &mut buffer).await;
+    while !wanted(&seen, "the agent's reply, written on b") {
+        seen = next_sse(&mut stream, &mut buffer).await;
+    }
+
+    // Another visitor's message sent through B reaches the page on A too.
+    let other = Visitor::join(&b, "lobby", "code-1234").await;
+    other.send("hello from a visitor on b", "c-live-1").await;
+    let mut seen = next_sse(&mut stream, &mut buffer).await;
+    while !wanted(&seen, "hello from a visitor on b") {
+        seen = next_sse(&mut stream, &mut buffer).await;
+    }
+
+    drop(stream);
+    plane.close().await;
+    a.stop().await;
+    b.stop().await;
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
+}
