@@ -61,6 +61,19 @@ pub struct MockXagentArgs {
     /// connects; the others stand by and take over, with the channels, when it stops.
     #[command(flatten)]
     database: crate::database_args::DatabaseArgs,
+    /// Print one JSON line per fact a test harness counts (`{"report":"online"|"message"|
+    /// "tool_start"|"tool"|"queued",...}`, times in Unix ms) instead of every packet.
+    #[arg(long)]
+    report_json: bool,
+    /// Repeat the --tool calls every this many milliseconds while this mock holds the data
+    /// plane, also after a takeover. `{call}` in a string argument becomes the call's own id
+    /// (unique per process and call), which is also its `tool_call_id`.
+    #[arg(long, value_name = "MS", requires = "tools")]
+    repeat_every: Option<u64>,
+    /// With --repeat-every: each round also queues one assistant chat message (message id
+    /// and text name the round) on the channel.
+    #[arg(long, requires = "repeat_every")]
+    say: bool,
 }
 
 /// The xAgent user the mock acts for.
@@ -139,7 +152,11 @@ async fn session(
     config.supported_profiles = profiles;
     config.api_key = api_key;
     config.download = download;
+    let report = args.report_json;
     config.tap = Some(PacketTap::new(move |direction, text| {
+        if report {
+            return;
+        }
         let arrow = match direction {
             TapDirection::Sent => paint(color, "36", "xagent -> connector"),
             TapDirection::Received => paint(color, "35", "connector -> xagent"),
@@ -199,6 +216,10 @@ async fn session(
     if taken_over {
         println!("{} the remembered channels are reopened", paint(color, "1", "resumed"));
     }
+    if report {
+        print_report(serde_json::json!({"report": "online", "taken_over": taken_over}));
+    }
+    let calls = crate::tool_calls(&args.tools, &args.tool_args).unwrap_or_default();
     if !args.no_channel && !taken_over {
         match plane.open_channel_for(MOCK_USER, None).await {
             Ok(opened) => {
@@ -216,8 +237,7 @@ async fn session(
                     }
                 }
                 plane.remember_channel(channel).await;
-                let calls = crate::tool_calls(&args.tools, &args.tool_args).unwrap_or_default();
-                for (tool, arguments) in calls {
+                for (tool, arguments) in calls.iter().filter(|_| !report).cloned() {
                     let arguments = as_a_model_would(&plane, &tool, arguments);
                     match plane.invoke_tool(MOCK_USER, None, &tool, arguments).await {
                         Ok(outcome) => println!(
@@ -233,9 +253,29 @@ async fn session(
             Err(error) => eprintln!("channel.open failed: {error}"),
         }
     }
+    let repeating = args.repeat_every.map(|every| {
+        let plane = plane.clone();
+        let every = std::time::Duration::from_millis(every.max(1));
+        tokio::spawn(repeat(plane, calls, every, args.say))
+    });
+    let _stop_repeating = AbortOnDrop(repeating);
     while let Some(event) = events.recv().await {
         match event {
-            ClientEvent::ChatMessage(inbound) => inbound.accept(),
+            ClientEvent::ChatMessage(inbound) => {
+                if report {
+                    // Printed before the accept: a kill between the two shows as a message
+                    // the application saw twice, never as one it missed.
+                    let message = &inbound.message;
+                    print_report(serde_json::json!({
+                        "report": "message",
+                        "channel": inbound.channel.as_str(),
+                        "message_id": message.message_id.as_str(),
+                        "text": message.text,
+                        "created_at": message.created_at,
+                    }));
+                }
+                inbound.accept()
+            }
             ClientEvent::Stopped { reason } => {
                 eprintln!("stopped: {reason}");
                 return ExitCode::FAILURE;
@@ -250,6 +290,84 @@ async fn session(
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Prints one `--report-json` line, with the time it was printed.
+fn print_report(mut line: Value) {
+    line["at"] = Value::from(unix_millis());
+    println!("{line}");
+}
+
+fn unix_millis() -> u64 {
+    use xagent_protocol_types::Clock as _;
+    xagent_protocol_types::SystemClock.now_millis()
+}
+
+/// Aborts the `--repeat-every` task when the session ends.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+/// `--repeat-every`: runs `calls` each round (and with `say` queues one chat message), one
+/// report line per call before it starts and one with its outcome.
+async fn repeat(
+    plane: DataPlane,
+    calls: Vec<(String, Map<String, Value>)>,
+    every: std::time::Duration,
+    say: bool,
+) {
+    let prefix = format!("c{}x{:x}", std::process::id(), unix_millis());
+    let mut round = 0u64;
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        round += 1;
+        for (index, (tool, arguments)) in calls.iter().enumerate() {
+            let call = format!("{prefix}r{round}t{index}");
+            let arguments = as_a_model_would(&plane, tool, with_call_id(arguments, &call));
+            print_report(serde_json::json!({"report": "tool_start", "tool": tool, "call": call}));
+            let options = xagent_client_runtime::ToolCallOptions {
+                tool_call_id: Some(call.clone()),
+                ..Default::default()
+            };
+            let outcome = plane.invoke_tool_with(MOCK_USER, None, tool, arguments, options).await;
+            let (ok, error) = match &outcome {
+                Ok(_) => (true, None),
+                Err(error) => (false, Some(format!("{error} ({})", error.code()))),
+            };
+            print_report(serde_json::json!({
+                "report": "tool", "tool": tool, "call": call, "ok": ok, "error": error,
+            }));
+        }
+        if say {
+            let Some((_, channel)) = plane.channels().await.into_iter().next() else { continue };
+            let id = format!("{prefix}r{round}say");
+            let message =
+                xagent_protocol_types::ChatMessage::text(id.as_str(), format!("say {id}"))
+                    .created_at(unix_millis());
+            if plane.send_chat_message(&channel, message).await.is_ok() {
+                print_report(serde_json::json!({"report": "queued", "message_id": id}));
+            }
+        }
+    }
+}
+
+/// `arguments` with `{call}` in every string value replaced by `call`.
+fn with_call_id(arguments: &Map<String, Value>, call: &str) -> Map<String, Value> {
+    arguments
+        .iter()
+        .map(|(key, value)| match value {
+            Value::String(text) => (key.clone(), Value::String(text.replace("{call}", call))),
+            other => (key.clone(), other.clone()),
+        })
+        .collect()
 }
 
 /// The arguments as a model following the Card's `input_schema` would send them: with the

@@ -177,3 +177,55 @@ async fn mock_xagent_log_redacts_signed_urls() {
     assert!(text.contains("13 bytes downloaded"), "the mock downloads as xAgent would: {text}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mock_xagent_reports_each_repeated_call_with_its_own_id_for_a_harness() {
+    let server = EchoServer::start(&temp_state_dir("cli-mock-report"), API_KEY, None)
+        .await
+        .expect("echo server");
+    let mut child = bin()
+        .args(["mock-xagent", "--base-url", &server.base_url(), "--api-key", API_KEY])
+        .args(["--flow", ECHO_FLOW, "--input", "token=tok-mock", "--report-json"])
+        .args(["--tool", "echo_send", "--args", r#"{"text":"hi {call}"}"#])
+        .args(["--repeat-every", "50", "--say"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawns");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut reports: Vec<Value> = Vec::new();
+    let enough = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(value) = serde_json::from_str::<Value>(&line)
+                && value.get("report").is_some()
+            {
+                reports.push(value);
+            }
+            let ok = reports.iter().filter(|r| r["report"] == "tool" && r["ok"] == true).count();
+            let queued = reports.iter().filter(|r| r["report"] == "queued").count();
+            if ok >= 3 && queued >= 1 {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let _ = child.kill().await;
+    assert_eq!(enough, Ok(true), "reports so far: {reports:#?}");
+    assert!(reports.iter().any(|r| r["report"] == "online"), "{reports:#?}");
+    assert!(reports.iter().all(|r| r["at"].as_u64().is_some()), "every line is timed");
+    let calls: Vec<&str> = reports
+        .iter()
+        .filter(|r| r["report"] == "tool" && r["ok"] == true)
+        .filter_map(|r| r["call"].as_str())
+        .collect();
+    let distinct: std::collections::HashSet<&&str> = calls.iter().collect();
+    assert_eq!(distinct.len(), calls.len(), "every call has its own id: {calls:?}");
+    let sent: Vec<String> = server.echo.log().sent.iter().map(|(_, text)| text.clone()).collect();
+    for call in &calls {
+        assert!(sent.contains(&format!("hi {call}")), "{call} is in its call's text: {sent:?}");
+    }
+    server.stop().await;
+}
