@@ -130,22 +130,11 @@ impl App {
         self.store.get().ok_or(WebchatError::ShuttingDown)
     }
 
-    /// Shows a new or changed message on this replica's pages of the room and tells the other
-    /// replicas (a hint they read the message for, see `live.rs`). The message is stored
-    /// already.
+    /// Shows a new or changed message on this replica's pages of the room. The message is
+    /// stored already, and the other replicas heard of it in the same transaction (the hint
+    /// rides with the message's writes, see `live.rs`).
     pub(crate) fn publish(&self, room_id: &str, entry: ChatEntry) {
-        let hint = crate::live::hint(&self.origin, room_id, &entry.message_id);
         self.hub.message(room_id, entry);
-        let (Some(handle), Ok(runtime)) =
-            (self.handle.get().cloned(), tokio::runtime::Handle::try_current())
-        else {
-            return;
-        };
-        runtime.spawn(async move {
-            if let Err(error) = handle.broadcast(crate::live::TOPIC, &hint).await {
-                tracing::warn!(%error, "other replicas' pages see a message when they reconnect");
-            }
-        });
     }
 
     /// The rooms' conversations (available once the runtime is built, before it serves).

@@ -282,7 +282,7 @@ impl Webchat {
             store.release_all_pending_uploads().await?;
         }
         let _ = app.store.set(store);
-        let _ = app.messages.set(messages::Messages::new(authors));
+        let _ = app.messages.set(messages::Messages::with_hints(authors, &app.origin));
         let _ = app.handle.set(server.handle());
         Ok(Self { server, app })
     }

@@ -1,7 +1,9 @@
 //! Live events across replicas. A replica that changes a room's conversation (a visitor's
 //! message, the agent's reply, a delivery state) pushes it to its own open pages at once and
-//! tells every replica through the runtime's cluster broadcast ([`TOPIC`]); each replica reads
-//! the change from the author store and pushes it to its pages. The broadcast carries a hint
+//! tells every replica through the runtime's cluster broadcast ([`TOPIC`]), as a write in the
+//! very transaction that stores the change (so a replica dying right after its commit cannot
+//! leave the others' pages behind); each replica reads the change from the author store and
+//! pushes it to its pages. The broadcast carries a hint
 //! only (`{origin} {room_id} {message_id}`, far below its 1 KiB): what a page shows always
 //! comes from the stored record, so a hint delivered twice shows the same message twice (the
 //! page upserts by `message_id`), and a page whose replica missed a hint gets the message in

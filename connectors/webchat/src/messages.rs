@@ -69,6 +69,9 @@ pub(crate) struct Messages {
     last_seq: Mutex<HashMap<String, u64>>,
     /// One insert per room at a time in this process (a page's double send is stored once).
     room_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// This replica's name in live-event hints, when every write of a message carries its
+    /// hint to the other replicas (see `live.rs`).
+    origin: Option<String>,
 }
 
 impl std::fmt::Debug for Messages {
@@ -91,7 +94,21 @@ fn seq_of(key: &str) -> Option<u64> {
 impl Messages {
     /// The conversations in `store`.
     pub(crate) fn new(store: AuthorStore) -> Self {
-        Self { store, last_seq: Mutex::default(), room_locks: Mutex::default() }
+        Self { store, last_seq: Mutex::default(), room_locks: Mutex::default(), origin: None }
+    }
+
+    /// The conversations in `store`, every write of a message carrying the live-event hint
+    /// (sent by replica `origin`) in its own transaction: the other replicas hear of a message
+    /// exactly when it is durable, even when this process dies right after.
+    pub(crate) fn with_hints(store: AuthorStore, origin: &str) -> Self {
+        Self { origin: Some(origin.to_owned()), ..Self::new(store) }
+    }
+
+    /// The hint write for a message of `room_id`, when there are other replicas to tell.
+    fn hint(&self, room_id: &str, message_id: &str) -> Result<Option<AuthorWrite>, WebchatError> {
+        let Some(origin) = &self.origin else { return Ok(None) };
+        let text = crate::live::hint(origin, room_id, message_id);
+        self.store.broadcast_write(crate::live::TOPIC, &text).map_err(failed)
     }
 
     fn room_lock(&self, room_id: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -157,10 +174,9 @@ impl Messages {
             return Ok(Prepared::Existing(existing));
         }
         let seq = self.next_seq(room_id, entry.created_at).await?;
-        Ok(Prepared::New {
-            entry: entry.clone(),
-            writes: Self::writes(room_id, seq, entry, outbound)?,
-        })
+        let mut writes = Self::writes(room_id, seq, entry, outbound)?;
+        writes.extend(self.hint(room_id, &entry.message_id)?);
+        Ok(Prepared::New { entry: entry.clone(), writes })
     }
 
     /// The records of a new message.
@@ -251,6 +267,7 @@ impl Messages {
         if status != EntryStatus::Sending {
             writes.push(AuthorWrite::delete(SENDING, rest).map_err(failed)?);
         }
+        writes.extend(self.hint(room_id, message_id)?);
         self.store.commit(writes).await.map_err(failed)?;
         Ok(Some((room_id.to_owned(), stored.entry)))
     }

@@ -126,6 +126,29 @@ impl AuthorStore {
         Ok(self.storage.author_count(namespace, prefix).await?)
     }
 
+    /// An author broadcast (see [`crate::ConnectorHandle::broadcast`]) as a write: committed
+    /// with other writes (or staged on a Tool call), the other replicas hear it exactly when
+    /// those writes are durable, and never when they are not. `None` on a storage only this
+    /// process uses (nobody else to tell: show the change on this replica yourself).
+    pub fn broadcast_write(
+        &self,
+        topic: &str,
+        message: &str,
+    ) -> Result<Option<AuthorWrite>, AuthorStoreError> {
+        use super::{MAX_BROADCAST_MESSAGE_BYTES, MAX_BROADCAST_TOPIC_BYTES, Notice};
+        for (what, text, limit) in [
+            ("topic", topic, MAX_BROADCAST_TOPIC_BYTES),
+            ("message", message, MAX_BROADCAST_MESSAGE_BYTES),
+        ] {
+            if text.len() > limit {
+                return Err(AuthorStoreError::BroadcastTooLarge { what, size: text.len(), limit });
+            }
+        }
+        Ok(self.storage.cluster().map(|cluster| {
+            AuthorWrite(Notice::broadcast(cluster.replica(), topic, message).into_write())
+        }))
+    }
+
     /// Commits `writes` as one transaction (group commit: shared with other writers'), in
     /// order; returns once it committed. On an error none of them happened.
     pub async fn commit(&self, writes: Vec<AuthorWrite>) -> Result<(), AuthorStoreError> {

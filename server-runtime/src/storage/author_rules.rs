@@ -42,6 +42,18 @@ pub enum AuthorStoreError {
         "a scan of {0} records is too large (at most {MAX_AUTHOR_SCAN_LIMIT}): page with `after`"
     )]
     ScanTooLarge(usize),
+    /// A broadcast's topic or message is too long.
+    #[error(
+        "an author broadcast's {what} is {size} bytes (at most {limit}): send a pointer to durable state"
+    )]
+    BroadcastTooLarge {
+        /// `topic` or `message`.
+        what: &'static str,
+        /// Its size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// A value could not be encoded or decoded as JSON.
     #[error("an author value is not the JSON expected: {0}")]
     Json(#[from] serde_json::Error),
