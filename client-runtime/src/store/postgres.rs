@@ -17,7 +17,7 @@ use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 use xagent_storage_postgres::deadpool_postgres::Transaction;
 use xagent_storage_postgres::tokio_postgres::Row;
 use xagent_storage_postgres::{
-    ApplyWrites, DatabaseUrl, GroupCommit, GroupCommitConfig, Migration, PgError, Pool, PoolOptions,
+    ApplyWrites, DatabaseUrl, GroupCommit, GroupCommitConfig, PgError, Pool, PoolOptions,
 };
 
 use super::{
@@ -25,36 +25,11 @@ use super::{
     XagentStore, XagentWrite, check_rename, lease_state, rename_onto_messages, to_i64, to_u64,
 };
 
+mod schema;
+use schema::MIGRATIONS;
+
 /// The component name of this backend's schema in `xagent_schema`.
 pub const POSTGRES_COMPONENT: &str = "client-runtime";
-
-/// The schema, one migration per version (never edited once released).
-const MIGRATIONS: &[Migration] = &[Migration::new(
-    1,
-    "CREATE TABLE xagent_client_channels (
-       scope TEXT NOT NULL, id TEXT NOT NULL, owner TEXT,
-       position BIGINT GENERATED ALWAYS AS IDENTITY,
-       PRIMARY KEY (scope, id));
-     CREATE TABLE xagent_client_meta (
-       scope TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
-       PRIMARY KEY (scope, key));
-     CREATE TABLE xagent_client_pending (
-       scope TEXT NOT NULL, channel TEXT NOT NULL, message_id TEXT NOT NULL,
-       seq BIGINT NOT NULL, payload TEXT NOT NULL, attempts BIGINT NOT NULL,
-       first_responsibility_at BIGINT NOT NULL, expires_at BIGINT NOT NULL,
-       next_attempt_at BIGINT NOT NULL, last_error TEXT,
-       PRIMARY KEY (scope, channel, message_id));
-     CREATE TABLE xagent_client_completed (
-       scope TEXT NOT NULL, channel TEXT NOT NULL, message_id TEXT NOT NULL,
-       fingerprint TEXT NOT NULL, completed_at BIGINT NOT NULL,
-       PRIMARY KEY (scope, channel, message_id));
-     CREATE INDEX xagent_client_completed_age ON xagent_client_completed (scope, completed_at);
-     CREATE INDEX xagent_client_completed_channel_age
-       ON xagent_client_completed (scope, channel, completed_at);
-     CREATE TABLE xagent_client_lease (
-       card TEXT PRIMARY KEY, holder TEXT NOT NULL, fencing BIGINT NOT NULL,
-       expires_at BIGINT NOT NULL);",
-)];
 
 /// The `xagent_client_meta` key of the last accepted `connector_id`.
 const META_CONNECTOR_ID: &str = "connector_id";
