@@ -444,14 +444,19 @@ impl<W: Send + Sync + 'static, A: ApplyWrites<W>> Writer<W, A> {
     }
 }
 
-/// Whether an error means the session itself failed (no point in retrying the batch).
+/// Whether an error means the session itself failed (no point in retrying the batch): the
+/// connection broke, or the server ended the session (SQLSTATE class 08, connection exception,
+/// and 57P0x, e.g. `57P01` when an administrator terminated the backend).
 fn is_session_failure(e: &PgError) -> bool {
-    matches!(
-        e,
-        PgError::ConnectionLost { .. }
-            | PgError::Connect { .. }
-            | PgError::PoolClosed
-            | PgError::PoolTimeout { .. }
-            | PgError::CommitOutcomeUnknown { .. }
-    )
+    let ended_by_server =
+        e.sqlstate().is_some_and(|code| code.starts_with("08") || code.starts_with("57P0"));
+    ended_by_server
+        || matches!(
+            e,
+            PgError::ConnectionLost { .. }
+                | PgError::Connect { .. }
+                | PgError::PoolClosed
+                | PgError::PoolTimeout { .. }
+                | PgError::CommitOutcomeUnknown { .. }
+        )
 }
