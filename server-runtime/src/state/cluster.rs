@@ -115,9 +115,9 @@ impl Shared {
         let connector_id = self.storage.load_connector_id().await?;
         let records = self.storage.load_channels().await?;
         let mut state = self.state();
-        if connector_id.is_some() {
-            state.connector_id = connector_id;
-        }
+        // The database's fact, cleared too (another replica's offline cleanup): a hello after it
+        // mints a new one instead of reusing one the database no longer holds.
+        state.connector_id = connector_id;
         let stored: std::collections::HashSet<ConnectorChannelId> =
             records.iter().map(|r| r.id.clone()).collect();
         let gone: Vec<ConnectorChannelId> = state
