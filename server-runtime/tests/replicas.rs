@@ -61,6 +61,21 @@ impl Replica {
     }
 }
 
+/// A consumer start that counts how many run (its stop counts down).
+fn counting(
+    count: &Arc<std::sync::atomic::AtomicUsize>,
+) -> impl Fn() -> xagent_server_runtime::StopFn + Send + Sync + 'static {
+    use std::sync::atomic::Ordering;
+    let count = Arc::clone(count);
+    move || {
+        count.fetch_add(1, Ordering::SeqCst);
+        let count = Arc::clone(&count);
+        Box::new(move || {
+            count.fetch_sub(1, Ordering::SeqCst);
+        })
+    }
+}
+
 /// Waits (bounded) until `check` holds.
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     for _ in 0..200 {
@@ -258,20 +273,10 @@ async fn a_replicated_consumer_runs_on_one_replica_and_moves_when_it_dies() {
     let a = Replica::start(&url).await;
     let b = Replica::start(&url).await;
     let channel = ConnectorChannelId::new("cch_consumer");
-    let running = |count: &Arc<AtomicUsize>| {
-        let count = Arc::clone(count);
-        move || -> xagent_server_runtime::StopFn {
-            count.fetch_add(1, Ordering::SeqCst);
-            let count = Arc::clone(&count);
-            Box::new(move || {
-                count.fetch_sub(1, Ordering::SeqCst);
-            })
-        }
-    };
     let (on_a, on_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    assert!(a.server.handle().attach_replicated_consumer("poller", &channel, running(&on_a)));
+    assert!(a.server.handle().attach_replicated_consumer("poller", &channel, counting(&on_a)));
     eventually("A runs it", || on_a.load(Ordering::SeqCst) == 1).await;
-    assert!(b.server.handle().attach_replicated_consumer("poller", &channel, running(&on_b)));
+    assert!(b.server.handle().attach_replicated_consumer("poller", &channel, counting(&on_b)));
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(on_b.load(Ordering::SeqCst), 0, "one replica runs it");
     assert_eq!(b.server.handle().consumer_users("poller"), 1, "wanted on B all the same");
@@ -332,19 +337,9 @@ async fn a_data_plane_consumer_moves_with_xagents_socket() {
     let a = Replica::start(&url).await;
     let b = Replica::start(&url).await;
     let channel = ConnectorChannelId::new("cch_device");
-    let counter = |count: &Arc<AtomicUsize>| {
-        let count = Arc::clone(count);
-        move || -> xagent_server_runtime::StopFn {
-            count.fetch_add(1, Ordering::SeqCst);
-            let count = Arc::clone(&count);
-            Box::new(move || {
-                count.fetch_sub(1, Ordering::SeqCst);
-            })
-        }
-    };
     let (on_a, on_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    a.server.handle().attach_data_plane_consumer("device:d1", &channel, counter(&on_a));
-    b.server.handle().attach_data_plane_consumer("device:d1", &channel, counter(&on_b));
+    a.server.handle().attach_data_plane_consumer("device:d1", &channel, counting(&on_a));
+    b.server.handle().attach_data_plane_consumer("device:d1", &channel, counting(&on_b));
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     assert_eq!(on_a.load(Ordering::SeqCst) + on_b.load(Ordering::SeqCst), 0, "no data plane yet");
 
