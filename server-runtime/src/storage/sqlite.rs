@@ -226,27 +226,10 @@ impl Storage for SqliteStorage {
     async fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
         self.read("load channels", |conn| {
             let failed = |e| StorageError::new("load channels", e);
-            let mut stmt = conn
-                .prepare(
-                    "SELECT id, connector_id, status, binding, tool_overrides, created_at
-                     FROM channels ORDER BY created_at, id",
-                )
-                .map_err(failed)?;
-            let rows = stmt
-                .query_map([], |row| {
-                    Ok(ChannelRow {
-                        id: row.get(0)?,
-                        connector_id: row.get(1)?,
-                        status: row.get(2)?,
-                        binding: row.get(3)?,
-                        tool_overrides: row.get(4)?,
-                        created_at: row.get(5)?,
-                    })
-                })
-                .map_err(failed)?;
+            let rows = channel_rows(conn).map_err(failed)?;
             let mut out = Vec::new();
             for row in rows {
-                out.push(row.map_err(failed)?.decode()?);
+                out.push(row.decode()?);
             }
             Ok(out)
         })
@@ -399,6 +382,25 @@ impl Storage for SqliteStorage {
     fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {
         self.writer.0.submit(writes)
     }
+}
+
+/// Every channel row as stored, oldest first (the columns [`ChannelRow`] holds).
+fn channel_rows(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<ChannelRow>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, connector_id, status, binding, tool_overrides, created_at
+         FROM channels ORDER BY created_at, id",
+    )?;
+    let rows = stmt.query_map([], |row| {
+        Ok(ChannelRow {
+            id: row.get(0)?,
+            connector_id: row.get(1)?,
+            status: row.get(2)?,
+            binding: row.get(3)?,
+            tool_overrides: row.get(4)?,
+            created_at: row.get(5)?,
+        })
+    })?;
+    rows.collect()
 }
 
 mod export;

@@ -60,26 +60,15 @@ impl SqliteStorage {
                 counts.meta += 1;
             }
 
-            let mut stmt = conn
-                .prepare(
-                    "SELECT id, connector_id, status, binding, tool_overrides, created_at
-                     FROM channels ORDER BY created_at, id",
-                )
-                .map_err(failed)?;
-            let rows = stmt
-                .query_map([], |row| {
-                    Ok(WriteOp::Channel {
-                        id: row.get(0)?,
-                        connector_id: row.get(1)?,
-                        status: row.get(2)?,
-                        binding: row.get(3)?,
-                        tool_overrides: row.get(4)?,
-                        created_at: row.get(5)?,
-                    })
-                })
-                .map_err(failed)?;
-            for row in rows {
-                writes.push(row.map_err(failed)?);
+            for row in super::channel_rows(conn).map_err(failed)? {
+                writes.push(WriteOp::Channel {
+                    id: row.id,
+                    connector_id: row.connector_id,
+                    status: row.status,
+                    binding: row.binding,
+                    tool_overrides: row.tool_overrides,
+                    created_at: row.created_at,
+                });
                 counts.channels += 1;
             }
 
