@@ -293,15 +293,24 @@ impl Shared {
     pub(crate) async fn follow_cluster(self: Arc<Self>) {
         let Some(cluster) = &self.cluster else { return };
         let mut events = cluster.cluster.subscribe();
+        let mut next = None;
         loop {
-            let event = tokio::select! {
-                () = self.shutdown.cancelled() => return,
-                event = events.recv() => event,
+            let event = match next.take() {
+                Some(event) => event,
+                None => tokio::select! {
+                    () = self.shutdown.cancelled() => return,
+                    event = events.recv() => event,
+                },
             };
             match event {
                 Ok(ClusterEvent::Outbox(channel)) => {
+                    // Under load wake-ups queue up: one read per channel serves all of them.
+                    let (channels, after) = drain_outbox_wakeups(&mut events, channel);
+                    next = after;
                     if let Some(im) = &self.im {
-                        im.adopt(&self, &channel).await;
+                        for channel in channels {
+                            im.adopt(&self, &channel).await;
+                        }
                     }
                 }
                 Ok(ClusterEvent::Channel(channel)) => self.reread_channel(&channel).await,
@@ -430,5 +439,62 @@ impl Shared {
     /// Whether this replica can serve: `Err` with the reason when its storage does not answer.
     pub(crate) async fn ready(&self) -> Result<(), StorageError> {
         self.storage.ping().await
+    }
+}
+
+/// At most this many queued wake-ups are taken together.
+const WAKEUP_BATCH: usize = 256;
+
+/// The channels of `first` and of the outbox wake-ups queued right behind it (each once), and
+/// the first other event, which must be handled after them to keep the order.
+fn drain_outbox_wakeups(
+    events: &mut tokio::sync::broadcast::Receiver<ClusterEvent>,
+    first: ConnectorChannelId,
+) -> (Vec<ConnectorChannelId>, Option<Result<ClusterEvent, RecvError>>) {
+    use tokio::sync::broadcast::error::TryRecvError;
+    let mut channels = vec![first];
+    let mut seen: std::collections::HashSet<ConnectorChannelId> =
+        channels.iter().cloned().collect();
+    for _ in 0..WAKEUP_BATCH {
+        match events.try_recv() {
+            Ok(ClusterEvent::Outbox(channel)) => {
+                if seen.insert(channel.clone()) {
+                    channels.push(channel);
+                }
+            }
+            Ok(other) => return (channels, Some(Ok(other))),
+            Err(TryRecvError::Lagged(missed)) => {
+                return (channels, Some(Err(RecvError::Lagged(missed))));
+            }
+            Err(TryRecvError::Empty) => break,
+            Err(TryRecvError::Closed) => return (channels, Some(Err(RecvError::Closed))),
+        }
+    }
+    (channels, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outbox(id: &str) -> ClusterEvent {
+        ClusterEvent::Outbox(ConnectorChannelId::new(id))
+    }
+
+    #[test]
+    fn queued_outbox_wakeups_read_each_channel_once_and_keep_what_follows_in_order() {
+        let (tx, mut rx) = tokio::sync::broadcast::channel(16);
+        for event in [outbox("cch_b"), outbox("cch_a"), outbox("cch_b"), ClusterEvent::Resync] {
+            tx.send(event).ok();
+        }
+        tx.send(outbox("cch_c")).ok();
+        let (channels, next) = drain_outbox_wakeups(&mut rx, ConnectorChannelId::new("cch_a"));
+        let ids: Vec<&str> = channels.iter().map(ConnectorChannelId::as_str).collect();
+        assert_eq!(ids, ["cch_a", "cch_b"], "each channel once, in arrival order");
+        assert!(matches!(next, Some(Ok(ClusterEvent::Resync))), "the resync comes next");
+        assert!(matches!(rx.try_recv(), Ok(ClusterEvent::Outbox(c)) if c.as_str() == "cch_c"));
+        let (channels, next) = drain_outbox_wakeups(&mut rx, ConnectorChannelId::new("cch_d"));
+        assert_eq!(channels.len(), 1);
+        assert!(next.is_none(), "nothing queued");
     }
 }
