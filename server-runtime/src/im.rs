@@ -598,6 +598,25 @@ impl ImState {
         im.activity(ctx, action).await;
     }
 
+    /// Runs what the outbox has due by now (a retry whose backoff ended, an ack deadline, an
+    /// expiry), and nothing when nothing is: called every [`DUE_CHECK_EVERY`], so a retry
+    /// goes out when its backoff says, not at the next maintenance pass.
+    pub(crate) async fn run_due<H: ImHost>(&self, shared: &Arc<H>) {
+        let now = shared.now();
+        {
+            let mut inner = self.inner();
+            if inner.outbox.next_wakeup() > now {
+                return;
+            }
+            if let Err(error) = inner.outbox.maintain(now) {
+                tracing::warn!(%error, "outbox maintenance failed");
+            }
+            Self::submit_in_background(shared, &mut inner);
+        }
+        self.log_events();
+        self.pump(shared).await;
+    }
+
     pub(crate) async fn maintain<H: ImHost>(&self, shared: &Arc<H>) {
         let now = shared.now();
         {
@@ -656,6 +675,10 @@ fn check_packet_size<H: ImHost>(
     }
     Ok(())
 }
+
+/// How often the runtime looks whether the outbox has something due (see
+/// [`ImState::run_due`]); a look with nothing due costs one pass over the pending heads.
+pub(crate) const DUE_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// [`ImState::pump`] behind a box: the pump's own write tasks call it, and an `async fn` cannot
 /// contain its own future.

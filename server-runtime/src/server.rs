@@ -440,6 +440,25 @@ impl ConnectorServer {
                 }
             })
         };
+        // The outbox's own timers (retries after their backoff, ack deadlines), on time.
+        let outbox_timers = self.shared.im.is_some().then(|| {
+            let shared = Arc::clone(&self.shared);
+            let token = token.clone();
+            tokio::spawn(async move {
+                let mut interval = tokio::time::interval(crate::im::DUE_CHECK_EVERY);
+                interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = token.cancelled() => break,
+                        _ = interval.tick() => {
+                            if let Some(im) = &shared.im {
+                                im.run_due(&shared).await;
+                            }
+                        }
+                    }
+                }
+            })
+        });
         // On a shared database: the data-plane lease's renewals and the other replicas' news.
         let replica_tasks = self.shared.cluster.is_some().then(|| {
             [
@@ -470,6 +489,9 @@ impl ConnectorServer {
         })
         .await?;
         maintenance.abort();
+        if let Some(timers) = outbox_timers {
+            timers.abort();
+        }
         for task in replica_tasks.into_iter().flatten() {
             task.abort();
         }

@@ -183,6 +183,35 @@ async fn inbound_messages_reach_xagent_and_leave_the_outbox_on_accept() {
 }
 
 #[tokio::test]
+async fn outbox_resends_a_retryably_rejected_message_when_its_backoff_ends_not_at_maintenance() {
+    // Maintenance runs every 30 s here: a retry that waited for it would miss the deadline.
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    let handle = h.server.handle();
+    inject_message(&handle, &channel, "in_retry", "once more").await.unwrap();
+    let (first, _) = c.wait_for("chat.message").await;
+    let reject = Packet::with_payload(
+        c.id("pkt"),
+        ChatMessageAck::rejected("in_retry", ErrorCode::ChannelBusy, "busy", true),
+    )
+    .channel(channel.clone())
+    .reply_to(first.packet_id.clone());
+    c.send(&reject).await;
+    let ping = c.request(xagent_protocol_types::Ping::default(), None);
+    c.call(ping).await;
+    // The first backoff (1 s) passes on the injected clock.
+    h.clock.advance(1_000);
+    let (again, _) =
+        tokio::time::timeout(std::time::Duration::from_secs(5), c.wait_for("chat.message"))
+            .await
+            .expect("resent once the backoff ended");
+    let body: &ChatMessage = again.payload().unwrap();
+    assert_eq!(body.message_id.as_str(), "in_retry", "the same message, the same id");
+    assert_ne!(again.packet_id, first.packet_id, "a new packet");
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn files_up_and_down_through_the_transfer_plane() {
     let h = support::start_default().await;
     let (mut c, channel) = signed_in(&h).await;
