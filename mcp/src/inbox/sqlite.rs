@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
     FILES_DIR, InboxError, NewMessage, SQLITE_FILE, Stored, StoredFile, StoredMessage,
@@ -40,6 +40,9 @@ CREATE TABLE IF NOT EXISTS files (
 const SCHEMA_VERSION: i64 = 1;
 const UPGRADE_TO_1: &str = "DROP TABLE IF EXISTS meta;";
 
+/// How long a statement waits for another connection's write to finish.
+const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 const MESSAGE_COLUMNS: &str =
     "seq, channel, message_id, text, files, created_at, received_at, taken";
 
@@ -63,6 +66,8 @@ impl SqliteInbox {
         }
         // FULL: a row is on disk when the statement returns, before the ack goes out.
         db.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")?;
+        // Another process on the same file (a second bridge on one machine) waits its turn.
+        db.busy_timeout(BUSY_TIMEOUT)?;
         db.execute_batch(SCHEMA)?;
         let version: i64 = db.query_row("PRAGMA user_version", [], |row| row.get(0))?;
         if version < SCHEMA_VERSION {
@@ -112,7 +117,7 @@ impl SqliteInbox {
 
     pub(super) fn store(&self, message: &NewMessage<'_>) -> Result<Stored, InboxError> {
         let mut db = self.db();
-        let tx = db.transaction()?;
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let known: Option<i64> = tx
             .query_row(
                 "SELECT seq FROM messages WHERE channel = ?1 AND message_id = ?2",
@@ -233,7 +238,7 @@ impl SqliteInbox {
     pub(super) fn prune_taken(&self, cutoff: u64) -> Result<usize, InboxError> {
         let cutoff = to_i64(cutoff);
         let mut db = self.db();
-        let tx = db.transaction()?;
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let ids: Vec<String> = {
             let mut statement = tx.prepare(
                 "SELECT f.id FROM files f JOIN messages m
