@@ -1,0 +1,215 @@
+//! Two bridges of one Card on one PostgreSQL database (testkit's real server) in front of a
+//! real `server-runtime` Connector over WebSocket on 127.0.0.1, each with the official Rust
+//! MCP SDK's client (rmcp) over an in-memory pipe. Bridge A holds the data plane: its agent
+//! takes one message, and A accepts another that carries a file (downloaded from the
+//! Connector's own origin). A stops; bridge B, standing by, takes the data plane over, and
+//! B's agent gets the message A accepted, with the file's bytes through the file resource,
+//! and never the message A's agent already took.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, ResourceContents};
+use rmcp::service::{RoleClient, RunningService, ServiceExt};
+use serde_json::{Map, Value, json};
+use xagent_mcp::files::AllowedDirs;
+use xagent_mcp::{BridgeConfig, Link, LinkConfig, McpBridge};
+use xagent_profile_im::OutboxEvent;
+use xagent_protocol_types::{AuthInput, ChatFile, FileType};
+use xagent_server_runtime::prelude::{
+    AuthStep, Binding, ChatMessage, Connector, ConnectorServer, DescriptorTarget, Deserialize,
+    FlowSpec, JsonSchema, PROFILE_IM_V2, Secret, TargetDeclaration, TargetType,
+};
+use xagent_storage_postgres::DatabaseUrl;
+use xagent_testkit::postgres::TestPostgres;
+
+const API_KEY: &str = "sk-mcp-shared-inbox-3c9a";
+const FLOW: &str = "work_token";
+const FILE_BYTES: &[u8] = b"the quarterly report, as the target sent it\n";
+
+#[derive(Deserialize, JsonSchema)]
+struct TokenForm {
+    /// Token
+    token: Secret,
+}
+
+fn connector() -> Connector {
+    let built = Connector::builder("im.shared", "Shared", "1.0.0")
+        .target(TargetDeclaration::new(TargetType::Im, "shared", "Shared queue"))
+        .profile(PROFILE_IM_V2)
+        .form_flow(FlowSpec::new(FLOW, "Token"), |_, form: TokenForm| async move {
+            let account = Binding::new(DescriptorTarget::new("shared", "Shared queue"));
+            Ok(AuthStep::Authenticated(account.with_secret("token", form.token)))
+        })
+        .on_message(|_, _message| async {})
+        .build();
+    match built {
+        Ok(connector) => connector,
+        Err(error) => panic!("the test Connector is valid: {error}"),
+    }
+}
+
+/// The Connector, serving the file at `/report` on its own origin.
+async fn serve_connector(dir: &std::path::Path) -> (ConnectorServer, std::net::SocketAddr) {
+    let server = ConnectorServer::builder(connector())
+        .state_dir(dir.join("connector"))
+        .unwrap_or_else(|e| panic!("state dir: {e}"))
+        .api_key(Secret::new(API_KEY))
+        .routes(|_handle| {
+            axum::Router::new().route("/report", axum::routing::get(|| async { FILE_BYTES }))
+        })
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("server: {e}"));
+    let listener =
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+    let running = server.clone();
+    tokio::spawn(async move {
+        let _ = running.serve(listener, std::future::pending::<()>()).await;
+    });
+    (server, addr)
+}
+
+fn bridge_config(addr: std::net::SocketAddr, state_dir: std::path::PathBuf, url: &DatabaseUrl) -> BridgeConfig {
+    BridgeConfig {
+        link: LinkConfig {
+            base_url: format!("http://{addr}"),
+            api_key: Some(Secret::new(API_KEY)),
+            flow: Some(FLOW.into()),
+            inputs: AuthInput::default().with("token", "t-shared"),
+            allowed: AllowedDirs::default(),
+            health_interval: Duration::from_secs(30),
+            download: Default::default(),
+            database_url: Some(url.clone()),
+        },
+        state_dir,
+    }
+}
+
+/// rmcp's client on `link`, over an in-memory pipe.
+async fn mcp_client(link: Arc<Link>) -> RunningService<RoleClient, ()> {
+    let (server_io, client_io) = tokio::io::duplex(256 * 1024);
+    tokio::spawn(async move {
+        if let Ok(service) = McpBridge::new(link).serve(tokio::io::split(server_io)).await {
+            let _ = service.waiting().await;
+        }
+    });
+    let client = ().serve(tokio::io::split(client_io)).await;
+    client.unwrap_or_else(|e| panic!("the MCP client connects: {e}"))
+}
+
+fn arguments(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
+}
+
+/// `connector_message_wait` with a timeout: the message taken, or `null`.
+async fn wait_message(client: &RunningService<RoleClient, ()>, seconds: u64) -> Value {
+    let request = CallToolRequestParams::new("connector_message_wait")
+        .with_arguments(arguments(json!({ "timeout_seconds": seconds })));
+    let result = client.call_tool(request).await.unwrap_or_else(|e| panic!("tools/call: {e}"));
+    assert_ne!(result.is_error, Some(true), "{result:?}");
+    result.structured_content.unwrap_or_default()["message"].clone()
+}
+
+/// Sends `message` from the target and waits until the Connector's outbox heard it accepted.
+async fn deliver(server: &ConnectorServer, channel: &xagent_protocol_types::ConnectorChannelId, message: ChatMessage) {
+    let handle = server.handle();
+    let mut outbox = handle.outbox_events().unwrap_or_else(|| panic!("an IM outbox"));
+    let message_id = message.message_id.clone();
+    handle.send_message(channel, message).await.unwrap_or_else(|e| panic!("send_message: {e}"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let event = tokio::time::timeout_at(deadline, outbox.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{message_id} was not accepted within 30 s"))
+            .unwrap_or_else(|e| panic!("outbox events: {e}"));
+        match event {
+            OutboxEvent::Delivered { message_id: id, .. } if id == message_id => return,
+            OutboxEvent::Failed { message_id: id, reason, .. } if id == message_id => {
+                panic!("{message_id} was refused: {reason}")
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_inbox_rule_the_bridge_that_takes_over_hands_out_what_the_first_accepted() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let url = TestPostgres::shared().await.fresh_database().await;
+    let (server, addr) = serve_connector(dir.path()).await;
+
+    // Bridge A takes the Card's holder lease and the data plane; B stands by on the database.
+    let a = xagent_mcp::connect(bridge_config(addr, dir.path().join("a"), &url))
+        .await
+        .unwrap_or_else(|e| panic!("bridge A connects: {e}"));
+    let channel = a.channel_id().unwrap_or_else(|| panic!("bridge A has a channel"));
+    let b_config = bridge_config(addr, dir.path().join("b"), &url);
+    let b_started = tokio::spawn(xagent_mcp::connect(b_config));
+    let client_a = mcp_client(Arc::clone(&a)).await;
+
+    // A's agent takes the first message.
+    deliver(&server, &channel, ChatMessage::text("msg_first", "taken on A")).await;
+    let first = wait_message(&client_a, 10).await;
+    assert_eq!(first["message_id"], "msg_first", "{first}");
+
+    // A accepts a second one with a file, which its agent does not take.
+    let mut file = ChatFile::new(FileType::File, "file_report")
+        .with_filename("report.txt")
+        .with_mime_type("text/plain");
+    file.download_url = Some(format!("http://{addr}/report"));
+    deliver(&server, &channel, ChatMessage::with_files("msg_second", Some("see the file".into()), vec![file])).await;
+    assert!(!b_started.is_finished(), "B stands by while A holds the data plane");
+
+    // A stops; B takes over.
+    let _ = client_a.cancel().await;
+    a.close().await;
+    let b = tokio::time::timeout(Duration::from_secs(30), b_started)
+        .await
+        .unwrap_or_else(|_| panic!("B did not take over within 30 s"))
+        .unwrap_or_else(|e| panic!("B's start ran: {e}"))
+        .unwrap_or_else(|e| panic!("bridge B connects: {e}"));
+    assert_eq!(b.channel_id(), Some(channel.clone()), "B serves the channel A remembered");
+    let client_b = mcp_client(Arc::clone(&b)).await;
+
+    // B's agent gets the message A accepted, and its file's bytes through the resource.
+    let second = wait_message(&client_b, 10).await;
+    assert_eq!(second["message_id"], "msg_second", "{second}");
+    assert_eq!(second["text"], "see the file");
+    let uri = second["files"][0]["uri"].as_str().unwrap_or_else(|| panic!("a file: {second}"));
+    assert_eq!(second["files"][0]["byte_size"], FILE_BYTES.len());
+    let read = client_b
+        .read_resource(ReadResourceRequestParams::new(uri))
+        .await
+        .unwrap_or_else(|e| panic!("resources/read {uri}: {e}"));
+    let blob = match read.contents.first() {
+        Some(ResourceContents::BlobResourceContents { blob, .. }) => blob.clone(),
+        other => panic!("a blob: {other:?}"),
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(blob)
+        .unwrap_or_else(|e| panic!("base64: {e}"));
+    assert_eq!(bytes, FILE_BYTES);
+    let listed = client_b.list_all_resources().await.unwrap_or_else(|e| panic!("resources/list: {e}"));
+    assert!(listed.iter().any(|r| r.uri == uri), "the file is listed on B: {listed:?}");
+
+    // The message A's agent took is not handed again, and nothing else is waiting.
+    assert_eq!(wait_message(&client_b, 1).await, Value::Null);
+    let recent = b.inbox().recent(channel.as_str(), 10).await.unwrap_or_else(|e| panic!("{e}"));
+    let ids: Vec<&str> = recent.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(ids, ["msg_first", "msg_second"], "one inbox, each message once");
+
+    // B holds the data plane now: a new message reaches B's agent.
+    deliver(&server, &channel, ChatMessage::text("msg_third", "after the takeover")).await;
+    let third = wait_message(&client_b, 10).await;
+    assert_eq!(third["message_id"], "msg_third", "{third}");
+
+    let _ = client_b.cancel().await;
+    b.close().await;
+    server.shutdown();
+}
