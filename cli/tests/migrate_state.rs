@@ -393,7 +393,10 @@ async fn an_mcp_bridge_inbox_moves_under_its_card_with_its_file_bytes() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
-    assert!(stdout.contains("MCP bridge inbox (mcp-inbox.sqlite3): 2 messages, 1 files (12 bytes)"), "{stdout}");
+    assert!(
+        stdout.contains("MCP bridge inbox (mcp-inbox.sqlite3): 2 messages, 1 files (12 bytes)"),
+        "{stdout}"
+    );
 
     // The bridges on PostgreSQL find the inbox under the Card: the handed message stays
     // handed, the waiting one comes with its file's bytes.

@@ -224,7 +224,8 @@ impl Link {
                 let store = PostgresXagentStore::open(pool.clone(), scope)
                     .await
                     .map_err(ClientError::Store)?;
-                client = client.with_store(Arc::new(store)).with_holder_lease(HolderLease::random());
+                client =
+                    client.with_store(Arc::new(store)).with_holder_lease(HolderLease::random());
                 Inbox::open_postgres(pool, scope, max_file_bytes).await?
             }
             None => {

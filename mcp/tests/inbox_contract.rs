@@ -137,7 +137,8 @@ async fn file_records_and_bytes_round_trip(backend: Backend) {
     assert_eq!(inbox.file("f_none").await.expect("reads"), None);
     assert_eq!(inbox.read_file("f_b").await.expect("reads"), Some(b"bravo!".to_vec()));
     assert_eq!(inbox.read_file("f_none").await.expect("reads"), None);
-    let listed: Vec<String> = inbox.files(10).await.expect("lists").into_iter().map(|f| f.id).collect();
+    let listed: Vec<String> =
+        inbox.files(10).await.expect("lists").into_iter().map(|f| f.id).collect();
     assert_eq!(listed, ["f_b", "f_a"]);
     assert_eq!(inbox.files(1).await.expect("lists").len(), 1);
     let taken = inbox.take_next(None).await.expect("takes").expect("m1");
@@ -315,9 +316,8 @@ mod postgres {
     use xagent_testkit::postgres::TestPostgres;
 
     async fn open(url: &DatabaseUrl, scope: &str) -> Inbox {
-        let pool = xagent_storage_postgres::connect(url, PoolOptions::default())
-            .await
-            .expect("connects");
+        let pool =
+            xagent_storage_postgres::connect(url, PoolOptions::default()).await.expect("connects");
         Inbox::open_postgres(pool, scope, MAX_FILE).await.expect("opens")
     }
 

@@ -72,7 +72,11 @@ async fn serve_connector(dir: &std::path::Path) -> (ConnectorServer, std::net::S
     (server, addr)
 }
 
-fn bridge_config(addr: std::net::SocketAddr, state_dir: std::path::PathBuf, url: &DatabaseUrl) -> BridgeConfig {
+fn bridge_config(
+    addr: std::net::SocketAddr,
+    state_dir: std::path::PathBuf,
+    url: &DatabaseUrl,
+) -> BridgeConfig {
     BridgeConfig {
         link: LinkConfig {
             base_url: format!("http://{addr}"),
@@ -117,7 +121,11 @@ async fn wait_message(client: &RunningService<RoleClient, ()>, seconds: u64) -> 
 }
 
 /// Sends `message` from the target and waits until the Connector's outbox heard it accepted.
-async fn deliver(server: &ConnectorServer, channel: &xagent_protocol_types::ConnectorChannelId, message: ChatMessage) {
+async fn deliver(
+    server: &ConnectorServer,
+    channel: &xagent_protocol_types::ConnectorChannelId,
+    message: ChatMessage,
+) {
     let handle = server.handle();
     let mut outbox = handle.outbox_events().unwrap_or_else(|| panic!("an IM outbox"));
     let message_id = message.message_id.clone();
@@ -163,7 +171,12 @@ async fn shared_inbox_rule_the_bridge_that_takes_over_hands_out_what_the_first_a
         .with_filename("report.txt")
         .with_mime_type("text/plain");
     file.download_url = Some(format!("http://{addr}/report"));
-    deliver(&server, &channel, ChatMessage::with_files("msg_second", Some("see the file".into()), vec![file])).await;
+    deliver(
+        &server,
+        &channel,
+        ChatMessage::with_files("msg_second", Some("see the file".into()), vec![file]),
+    )
+    .await;
     assert!(!b_started.is_finished(), "B stands by while A holds the data plane");
 
     // A stops; B takes over.
@@ -195,7 +208,8 @@ async fn shared_inbox_rule_the_bridge_that_takes_over_hands_out_what_the_first_a
         .decode(blob)
         .unwrap_or_else(|e| panic!("base64: {e}"));
     assert_eq!(bytes, FILE_BYTES);
-    let listed = client_b.list_all_resources().await.unwrap_or_else(|e| panic!("resources/list: {e}"));
+    let listed =
+        client_b.list_all_resources().await.unwrap_or_else(|e| panic!("resources/list: {e}"));
     assert!(listed.iter().any(|r| r.uri == uri), "the file is listed on B: {listed:?}");
 
     // The message A's agent took is not handed again, and nothing else is waiting.

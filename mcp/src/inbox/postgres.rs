@@ -72,12 +72,22 @@ impl PostgresInbox {
         self.pool.error(context, e)
     }
 
-    async fn rows(&self, context: &str, sql: &str, params: Params<'_>) -> Result<Vec<Row>, InboxError> {
+    async fn rows(
+        &self,
+        context: &str,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<Vec<Row>, InboxError> {
         let client = self.client().await?;
         Ok(client.query(sql, params).await.map_err(|e| self.failed(context, &e))?)
     }
 
-    async fn execute(&self, context: &str, sql: &str, params: Params<'_>) -> Result<u64, InboxError> {
+    async fn execute(
+        &self,
+        context: &str,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<u64, InboxError> {
         let client = self.client().await?;
         Ok(client.execute(sql, params).await.map_err(|e| self.failed(context, &e))?)
     }

@@ -254,8 +254,10 @@ impl SqliteInbox {
              WHERE m.taken = 1 AND m.received_at < ?1)",
             params![cutoff],
         )?;
-        let pruned = tx
-            .execute("DELETE FROM messages WHERE taken = 1 AND received_at < ?1", params![cutoff])?;
+        let pruned = tx.execute(
+            "DELETE FROM messages WHERE taken = 1 AND received_at < ?1",
+            params![cutoff],
+        )?;
         tx.commit()?;
         drop(db);
         for id in ids {
@@ -275,7 +277,8 @@ impl SqliteInbox {
     }
 
     pub(super) fn count(&self) -> Result<u64, InboxError> {
-        let count: i64 = self.db().query_row("SELECT COUNT(*) FROM messages", [], |row| row.get(0))?;
+        let count: i64 =
+            self.db().query_row("SELECT COUNT(*) FROM messages", [], |row| row.get(0))?;
         Ok(to_u64(count))
     }
 
@@ -393,8 +396,8 @@ mod tests {
     fn an_older_inbox_is_read_and_loses_only_its_meta_table() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         {
-            let old = Connection::open(dir.path().join(SQLITE_FILE))
-                .unwrap_or_else(|e| panic!("{e}"));
+            let old =
+                Connection::open(dir.path().join(SQLITE_FILE)).unwrap_or_else(|e| panic!("{e}"));
             old.execute_batch(SCHEMA).unwrap_or_else(|e| panic!("{e}"));
             old.execute_batch(
                 "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
