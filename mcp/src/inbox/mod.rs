@@ -161,7 +161,8 @@ pub struct Copied {
 
 enum Backend {
     Sqlite(sqlite::SqliteInbox),
-    Postgres(postgres::PostgresInbox),
+    /// Boxed: the pool is large beside the SQLite connection.
+    Postgres(Box<postgres::PostgresInbox>),
 }
 
 /// The durable inbox (see the module docs).
@@ -221,7 +222,7 @@ impl Inbox {
         scope: &str,
         max_file_bytes: u64,
     ) -> Result<Self, InboxError> {
-        let backend = Backend::Postgres(postgres::PostgresInbox::open(pool, scope).await?);
+        let backend = Backend::Postgres(Box::new(postgres::PostgresInbox::open(pool, scope).await?));
         Ok(Self { backend, max_file_bytes })
     }
 
