@@ -179,8 +179,8 @@ async fn shared_inbox_rule_the_bridge_that_takes_over_hands_out_what_the_first_a
     .await;
     assert!(!b_started.is_finished(), "B stands by while A holds the data plane");
 
-    // A stops; B takes over.
-    let _ = client_a.cancel().await;
+    // A stops holding the data plane (its MCP session stays, on the shared inbox); B takes
+    // over.
     a.close().await;
     let b = tokio::time::timeout(Duration::from_secs(30), b_started)
         .await
@@ -218,10 +218,17 @@ async fn shared_inbox_rule_the_bridge_that_takes_over_hands_out_what_the_first_a
     let ids: Vec<&str> = recent.iter().map(|m| m.message_id.as_str()).collect();
     assert_eq!(ids, ["msg_first", "msg_second"], "one inbox, each message once");
 
-    // B holds the data plane now: a new message reaches B's agent.
+    // B holds the data plane now and stores a new message; an agent still waiting on A's
+    // session gets it (a shared inbox is looked at again every second), and B's does not.
+    let client_a = Arc::new(client_a);
+    let waiting_on_a = {
+        let client_a = Arc::clone(&client_a);
+        tokio::spawn(async move { wait_message(&client_a, 20).await })
+    };
     deliver(&server, &channel, ChatMessage::text("msg_third", "after the takeover")).await;
-    let third = wait_message(&client_b, 10).await;
+    let third = waiting_on_a.await.unwrap_or_else(|e| panic!("the wait on A ran: {e}"));
     assert_eq!(third["message_id"], "msg_third", "{third}");
+    assert_eq!(wait_message(&client_b, 1).await, Value::Null, "taken on A, not handed on B");
 
     let _ = client_b.cancel().await;
     b.close().await;

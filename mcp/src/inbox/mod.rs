@@ -222,7 +222,8 @@ impl Inbox {
         scope: &str,
         max_file_bytes: u64,
     ) -> Result<Self, InboxError> {
-        let backend = Backend::Postgres(Box::new(postgres::PostgresInbox::open(pool, scope).await?));
+        let backend =
+            Backend::Postgres(Box::new(postgres::PostgresInbox::open(pool, scope).await?));
         Ok(Self { backend, max_file_bytes })
     }
 
