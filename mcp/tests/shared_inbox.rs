@@ -4,7 +4,8 @@
 //! takes one message, and A accepts another that carries a file (downloaded from the
 //! Connector's own origin). A stops; bridge B, standing by, takes the data plane over, and
 //! B's agent gets the message A accepted, with the file's bytes through the file resource,
-//! and never the message A's agent already took.
+//! and never the message A's agent already took; the same when A is killed (every task of it
+//! ended at once, its lease left to expire).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -146,24 +147,56 @@ async fn deliver(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_inbox_rule_the_bridge_that_takes_over_hands_out_what_the_first_accepted() {
+/// How bridge A stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// `Link::close`: the lease is given up; A's MCP session stays, on the shared inbox.
+    Close,
+    /// Every task of A ends at once, as at a process's death: nothing is given up, and B
+    /// waits for A's lease to expire.
+    Kill,
+}
+
+/// Runs `work` on A's runtime and waits for it.
+async fn on_a<T: Send + 'static>(
+    runtime: &tokio::runtime::Runtime,
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    runtime.spawn(work).await.unwrap_or_else(|e| panic!("bridge A's task ran: {e}"))
+}
+
+async fn takeover(stop: Stop) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let url = TestPostgres::shared().await.fresh_database().await;
     let (server, addr) = serve_connector(dir.path()).await;
 
-    // Bridge A takes the Card's holder lease and the data plane; B stands by on the database.
-    let a = xagent_mcp::connect(bridge_config(addr, dir.path().join("a"), &url))
-        .await
-        .unwrap_or_else(|e| panic!("bridge A connects: {e}"));
+    // Bridge A, on a runtime of its own (so a kill can end all of it), takes the Card's holder
+    // lease and the data plane; B stands by on the database.
+    let runtime_a = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("A's runtime: {e}"));
+    let a_config = bridge_config(addr, dir.path().join("a"), &url);
+    let (a, client_a) = on_a(&runtime_a, async move {
+        let a = xagent_mcp::connect(a_config)
+            .await
+            .unwrap_or_else(|e| panic!("bridge A connects: {e}"));
+        let client = Arc::new(mcp_client(Arc::clone(&a)).await);
+        (a, client)
+    })
+    .await;
     let channel = a.channel_id().unwrap_or_else(|| panic!("bridge A has a channel"));
     let b_config = bridge_config(addr, dir.path().join("b"), &url);
     let b_started = tokio::spawn(xagent_mcp::connect(b_config));
-    let client_a = mcp_client(Arc::clone(&a)).await;
+    let wait_on_a = |seconds| {
+        let client_a = Arc::clone(&client_a);
+        async move { wait_message(&client_a, seconds).await }
+    };
 
     // A's agent takes the first message.
     deliver(&server, &channel, ChatMessage::text("msg_first", "taken on A")).await;
-    let first = wait_message(&client_a, 10).await;
+    let first = on_a(&runtime_a, wait_on_a(10)).await;
     assert_eq!(first["message_id"], "msg_first", "{first}");
 
     // A accepts a second one with a file, which its agent does not take.
@@ -179,14 +212,25 @@ async fn shared_inbox_rule_the_bridge_that_takes_over_hands_out_what_the_first_a
     .await;
     assert!(!b_started.is_finished(), "B stands by while A holds the data plane");
 
-    // A stops holding the data plane (its MCP session stays, on the shared inbox); B takes
-    // over.
-    a.close().await;
+    // A stops; B takes over.
+    let stopped = tokio::time::Instant::now();
+    let runtime_a = match stop {
+        Stop::Close => {
+            on_a(&runtime_a, async move { a.close().await }).await;
+            Some(runtime_a)
+        }
+        Stop::Kill => {
+            drop(a);
+            runtime_a.shutdown_background();
+            None
+        }
+    };
     let b = tokio::time::timeout(Duration::from_secs(30), b_started)
         .await
         .unwrap_or_else(|_| panic!("B did not take over within 30 s"))
         .unwrap_or_else(|e| panic!("B's start ran: {e}"))
         .unwrap_or_else(|e| panic!("bridge B connects: {e}"));
+    eprintln!("{stop:?}: B took over {} ms after A stopped", stopped.elapsed().as_millis());
     assert_eq!(b.channel_id(), Some(channel.clone()), "B serves the channel A remembered");
     let client_b = mcp_client(Arc::clone(&b)).await;
 
@@ -214,23 +258,41 @@ async fn shared_inbox_rule_the_bridge_that_takes_over_hands_out_what_the_first_a
 
     // The message A's agent took is not handed again, and nothing else is waiting.
     assert_eq!(wait_message(&client_b, 1).await, Value::Null);
+
+    // B holds the data plane now and stores a new message.
+    match runtime_a {
+        Some(runtime_a) => {
+            // An agent still waiting on A's session gets it (a shared inbox is looked at
+            // again every second), and B's does not.
+            let waiting_on_a = runtime_a.spawn(wait_on_a(20));
+            deliver(&server, &channel, ChatMessage::text("msg_third", "after the takeover")).await;
+            let third = waiting_on_a.await.unwrap_or_else(|e| panic!("the wait on A ran: {e}"));
+            assert_eq!(third["message_id"], "msg_third", "{third}");
+            assert_eq!(wait_message(&client_b, 1).await, Value::Null, "taken on A, not on B");
+            runtime_a.shutdown_background();
+        }
+        None => {
+            deliver(&server, &channel, ChatMessage::text("msg_third", "after the takeover")).await;
+            let third = wait_message(&client_b, 10).await;
+            assert_eq!(third["message_id"], "msg_third", "{third}");
+        }
+    }
     let recent = b.inbox().recent(channel.as_str(), 10).await.unwrap_or_else(|e| panic!("{e}"));
     let ids: Vec<&str> = recent.iter().map(|m| m.message_id.as_str()).collect();
-    assert_eq!(ids, ["msg_first", "msg_second"], "one inbox, each message once");
-
-    // B holds the data plane now and stores a new message; an agent still waiting on A's
-    // session gets it (a shared inbox is looked at again every second), and B's does not.
-    let client_a = Arc::new(client_a);
-    let waiting_on_a = {
-        let client_a = Arc::clone(&client_a);
-        tokio::spawn(async move { wait_message(&client_a, 20).await })
-    };
-    deliver(&server, &channel, ChatMessage::text("msg_third", "after the takeover")).await;
-    let third = waiting_on_a.await.unwrap_or_else(|e| panic!("the wait on A ran: {e}"));
-    assert_eq!(third["message_id"], "msg_third", "{third}");
-    assert_eq!(wait_message(&client_b, 1).await, Value::Null, "taken on A, not handed on B");
+    assert_eq!(ids, ["msg_first", "msg_second", "msg_third"], "one inbox, each message once");
+    assert!(recent.iter().all(|m| m.taken), "every message was handed, once");
 
     let _ = client_b.cancel().await;
     b.close().await;
     server.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_inbox_rule_the_bridge_that_takes_over_hands_out_what_the_first_accepted() {
+    takeover(Stop::Close).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_inbox_rule_a_killed_holder_loses_no_accepted_message() {
+    takeover(Stop::Kill).await;
 }
