@@ -121,12 +121,21 @@ async fn wait_message(client: &RunningService<RoleClient, ()>, seconds: u64) -> 
     result.structured_content.unwrap_or_default()["message"].clone()
 }
 
-/// Sends `message` from the target and waits until the Connector's outbox heard it accepted.
-async fn deliver(
+/// What the Connector's outbox heard for one message first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Heard {
+    /// Accepted.
+    Delivered,
+    /// Rejected retryably, with the reason the outbox kept.
+    Retrying(String),
+}
+
+/// Sends `message` from the target and waits for what the Connector's outbox hears first.
+async fn offer(
     server: &ConnectorServer,
     channel: &xagent_protocol_types::ConnectorChannelId,
     message: ChatMessage,
-) {
+) -> Heard {
     let handle = server.handle();
     let mut outbox = handle.outbox_events().unwrap_or_else(|| panic!("an IM outbox"));
     let message_id = message.message_id.clone();
@@ -135,16 +144,30 @@ async fn deliver(
     loop {
         let event = tokio::time::timeout_at(deadline, outbox.recv())
             .await
-            .unwrap_or_else(|_| panic!("{message_id} was not accepted within 30 s"))
+            .unwrap_or_else(|_| panic!("{message_id} was not answered within 30 s"))
             .unwrap_or_else(|e| panic!("outbox events: {e}"));
         match event {
-            OutboxEvent::Delivered { message_id: id, .. } if id == message_id => return,
+            OutboxEvent::Delivered { message_id: id, .. } if id == message_id => {
+                return Heard::Delivered;
+            }
+            OutboxEvent::Retrying { message_id: id, reason, .. } if id == message_id => {
+                return Heard::Retrying(reason);
+            }
             OutboxEvent::Failed { message_id: id, reason, .. } if id == message_id => {
                 panic!("{message_id} was refused: {reason}")
             }
             _ => {}
         }
     }
+}
+
+/// Sends `message` from the target and waits until the Connector's outbox heard it accepted.
+async fn deliver(
+    server: &ConnectorServer,
+    channel: &xagent_protocol_types::ConnectorChannelId,
+    message: ChatMessage,
+) {
+    assert_eq!(offer(server, channel, message).await, Heard::Delivered);
 }
 
 /// How bridge A stops.
@@ -295,4 +318,55 @@ async fn shared_inbox_rule_the_bridge_that_takes_over_hands_out_what_the_first_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_inbox_rule_a_killed_holder_loses_no_accepted_message() {
     takeover(Stop::Kill).await;
+}
+
+/// The pending limit counts the shared inbox: with `MAX_PENDING_MESSAGES` waiting (stored by
+/// any bridge of the Card), a new message is refused retryably, `capacity_exceeded`, and not
+/// stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_a_full_shared_inbox_refuses_retryably_until_the_agent_takes_one() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let url = TestPostgres::shared().await.fresh_database().await;
+    let (server, addr) = serve_connector(dir.path()).await;
+    // Another bridge's messages, as many as the limit, under this Card.
+    let pool = xagent_storage_postgres::connect(&url, Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("pool: {e}"));
+    let inbox = xagent_mcp::inbox::Inbox::open_postgres(pool.clone(), "im.shared", 1)
+        .await
+        .unwrap_or_else(|e| panic!("the inbox's schema: {e}"));
+    let limit = i64::try_from(xagent_mcp::link::MAX_PENDING_MESSAGES).unwrap_or(i64::MAX);
+    pool.get()
+        .await
+        .unwrap_or_else(|e| panic!("a connection: {e}"))
+        .execute(
+            "INSERT INTO xagent_mcp_messages (scope, channel, message_id, text, files, received_at)
+             SELECT 'im.shared', 'cch_other', 'msg_' || n, 'waiting', '[]', 1
+             FROM generate_series(1, $1::BIGINT) AS n",
+            &[&limit],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("filled: {e}"));
+    assert_eq!(inbox.pending(None).await.ok(), Some(xagent_mcp::link::MAX_PENDING_MESSAGES));
+
+    let a = xagent_mcp::connect(bridge_config(addr, dir.path().join("a"), &url))
+        .await
+        .unwrap_or_else(|e| panic!("bridge A connects: {e}"));
+    let channel = a.channel_id().unwrap_or_else(|| panic!("bridge A has a channel"));
+    let heard = offer(&server, &channel, ChatMessage::text("msg_over", "one too many")).await;
+    assert!(
+        matches!(&heard, Heard::Retrying(reason) if reason.contains("capacity_exceeded")),
+        "{heard:?}"
+    );
+    assert!(!inbox.contains(channel.as_str(), "msg_over").await.unwrap_or(true));
+
+    // The limit counts what waits, not what was handed: the agent takes one, and the count
+    // is under the limit again (the Connector's next attempt is then accepted; its backoff
+    // decides when that is).
+    let client = mcp_client(Arc::clone(&a)).await;
+    assert_eq!(wait_message(&client, 1).await["message_id"], "msg_1");
+    assert_eq!(inbox.pending(None).await.ok(), Some(xagent_mcp::link::MAX_PENDING_MESSAGES - 1));
+    let _ = client.cancel().await;
+    a.close().await;
+    server.shutdown();
 }
