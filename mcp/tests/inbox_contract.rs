@@ -186,6 +186,23 @@ async fn pruning_forgets_only_old_handed_messages_and_their_files(backend: Backe
     assert_eq!(inbox.prune_taken(10).await.expect("prunes"), 0);
 }
 
+/// Bytes saved for a message that was never stored (refused after its download) go with a
+/// prune whose cutoff is past their saving; bytes a stored message names stay.
+async fn pruning_forgets_bytes_no_message_names(backend: Backend) {
+    let inbox = backend.open().await;
+    let long_ago = 1;
+    inbox.save_file("f_orphan", b"left".to_vec(), long_ago).await.expect("saves");
+    inbox.save_file("f_named", b"kept".to_vec(), long_ago).await.expect("saves");
+    let files = [file("f_named", 4)];
+    store(&inbox, NewMessage { files: &files, ..message("cch_1", "m1", "pending") }).await;
+    // A cutoff an hour from now is past every saving (the SQLite backend dates its files by
+    // their modification time).
+    let now = xagent_protocol_types::Clock::now_millis(&xagent_protocol_types::SystemClock);
+    assert_eq!(inbox.prune_taken(now + 3_600_000).await.expect("prunes"), 0);
+    assert_eq!(inbox.saved_size("f_orphan").await.expect("sizes"), None);
+    assert_eq!(inbox.read_file("f_named").await.expect("reads"), Some(b"kept".to_vec()));
+}
+
 /// Two bridges taking at the same time never get the same message, and every message is
 /// handed.
 async fn concurrency_two_bridges_never_take_the_same_message(backend: Backend) {
@@ -278,6 +295,7 @@ macro_rules! contract_suite {
             file_records_and_bytes_round_trip,
             limit_a_file_larger_than_the_limit_is_refused,
             pruning_forgets_only_old_handed_messages_and_their_files,
+            pruning_forgets_bytes_no_message_names,
             concurrency_two_bridges_never_take_the_same_message,
             concurrency_two_bridges_store_one_redelivery_once,
             a_sqlite_inbox_copies_into_this_backend,

@@ -2,6 +2,7 @@
 //! `files/`, all readable only by the owner. Statements run on one connection behind a mutex
 //! (each is short; `synchronous = FULL` puts a row on disk before the statement returns).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
@@ -258,13 +259,42 @@ impl SqliteInbox {
             "DELETE FROM messages WHERE taken = 1 AND received_at < ?1",
             params![cutoff],
         )?;
+        let kept: HashSet<String> = {
+            let mut statement = tx.prepare("SELECT id FROM files")?;
+            let rows = statement.query_map([], |row| row.get(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
         tx.commit()?;
         drop(db);
         for id in ids {
             // Already gone is fine: the record, which is what the bridge reads by, went first.
             let _ = std::fs::remove_file(self.file_path(&id));
         }
+        self.prune_orphans(&kept, cutoff);
         Ok(pruned)
+    }
+
+    /// Removes bytes no record names (a message refused after its files were saved, or a
+    /// write cut short) written before `cutoff` (Unix ms, against the file's modification
+    /// time). Best effort: what cannot be read or removed stays for the next round.
+    fn prune_orphans(&self, kept: &HashSet<String>, cutoff: i64) {
+        let Ok(entries) = std::fs::read_dir(&self.files_dir) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if kept.contains(&name) {
+                continue;
+            }
+            let written = entry
+                .metadata()
+                .ok()
+                .filter(std::fs::Metadata::is_file)
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            if written.is_some_and(|written| written < cutoff) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     pub(super) fn pending(&self, channel: Option<&str>) -> Result<u64, InboxError> {
