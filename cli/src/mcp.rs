@@ -31,12 +31,13 @@ pub struct McpArgs {
     #[arg(long = "input", value_name = "NAME=VALUE", requires = "flow")]
     inputs: Vec<String>,
     /// Directory for the inbox, downloaded files and the remembered channel (created
-    /// readable only by you); default: ~/.local/state/xagent-connector/mcp/<host-port>.
+    /// readable only by you; with a database, only the HTTP token); default: ~/.local/state/xagent-connector/mcp/<host-port>.
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// With a database: the runtime's state (the remembered channel, outbox, idempotency)
-    /// lives there instead of the state directory, and several bridges of one Card may share
-    /// it: only the holder of the Card's holder lease connects, the others wait to take over.
+    /// With a database: the runtime's state (the remembered channel, outbox, idempotency),
+    /// the inbox and the inbound files' bytes live there under the Card instead of the state
+    /// directory, and several bridges of one Card may share it: only the holder of the Card's
+    /// holder lease connects, the others wait to take over and then hand out what it accepted.
     #[command(flatten)]
     database: crate::database_args::DatabaseArgs,
     /// Serve MCP over streamable HTTP at http://ADDR/mcp instead of stdio; ADDR must be a
@@ -133,6 +134,7 @@ pub fn run_command(args: McpArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let held = std::sync::Arc::clone(&link);
         let served = match http {
             None => tokio::select! {
                 served = xagent_mcp::serve_stdio(link) => served,
@@ -151,6 +153,9 @@ pub fn run_command(args: McpArgs) -> ExitCode {
                 .await
             }
         };
+        // A bridge standing by on the same database takes over at once, not after the lease
+        // expired.
+        held.close().await;
         match served {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

@@ -8,7 +8,10 @@
 //! (`files/`: records and bytes, and the URL signing secret, so signed URLs stay valid),
 //! through `file-transfer`'s PostgreSQL backend, one file at a time. Everything is read with
 //! the SQLite code that wrote it and written through the PostgreSQL backends' own write paths.
-//! A database that already holds state is refused.
+//! An xAgent-side directory (`--connector-card-id`) moves its runtime state (`xagent.sqlite3`)
+//! in one transaction, and an MCP bridge's inbox (`mcp-inbox.sqlite3` and its `files/`, which
+//! then are the inbox's, not a Transfer Plane's) message by message, file bytes included,
+//! through the inbox's own copy. A database that already holds state is refused.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -81,6 +84,7 @@ struct Moved {
     files: usize,
     file_bytes: u64,
     webchat: Option<xagent_connector_webchat::LegacyImport>,
+    inbox: Option<xagent_mcp::inbox::Copied>,
 }
 
 /// Runs the subcommand.
@@ -166,7 +170,17 @@ fn report(dir: &Path, url: &DatabaseUrl, moved: &Moved) {
             c.completed
         );
     }
-    println!("  files: {} ({} bytes)", moved.files, moved.file_bytes);
+    if let Some(c) = &moved.inbox {
+        println!(
+            "  MCP bridge inbox ({}): {} messages, {} files ({} bytes)",
+            xagent_mcp::inbox::SQLITE_FILE,
+            c.messages,
+            c.files,
+            c.bytes
+        );
+    } else {
+        println!("  files: {} ({} bytes)", moved.files, moved.file_bytes);
+    }
     if let Some(w) = &moved.webchat {
         println!(
             "  im.webchat ({}): {} rooms, {} visitors, {} uploads, {} messages",
@@ -255,8 +269,24 @@ async fn migrate(dir: &Path, url: &DatabaseUrl, card: Option<&str>) -> Result<Mo
         xagent_storage_postgres::connect(url, xagent_storage_postgres::PoolOptions::default())
             .await
             .map_err(|e| refused(&e))?;
-    let files_target =
-        PostgresBackend::open(pool, &unbounded_files(), now).await.map_err(|e| refused(&e))?;
+    let files_target = PostgresBackend::open(pool.clone(), &unbounded_files(), now)
+        .await
+        .map_err(|e| refused(&e))?;
+    // An MCP bridge's inbox: its target under the Card (every file it holds is admitted: its
+    // limit was checked when the file was stored).
+    let inbox_here = card.is_some() && dir.join(xagent_mcp::inbox::SQLITE_FILE).is_file();
+    let inbox_target = match card {
+        Some(card) if inbox_here => Some(
+            xagent_mcp::inbox::Inbox::open_postgres(pool, card, u64::MAX)
+                .await
+                .map_err(|e| refused(&e))?,
+        ),
+        _ => None,
+    };
+    let inbox_held = match &inbox_target {
+        Some(target) => target.count().await.map_err(|e| refused(&e))? > 0,
+        None => false,
+    };
     let files_held = files_target.usage().await.map_err(|e| refused(&e))?;
     let xagent_target = match card {
         Some(card) => Some(PostgresXagentStore::connect(url, card).await.map_err(|e| refused(&e))?),
@@ -270,7 +300,10 @@ async fn migrate(dir: &Path, url: &DatabaseUrl, card: Option<&str>) -> Result<Mo
         }
         None => false,
     };
-    if storage.holds_state().await.map_err(|e| refused(&e))? || files_held.files > 0 || xagent_held
+    if storage.holds_state().await.map_err(|e| refused(&e))?
+        || files_held.files > 0
+        || xagent_held
+        || inbox_held
     {
         return Err(MigrateError::Refused(format!(
             "{url} already holds a Connector's state; migrate-state moves a state directory \
@@ -296,7 +329,8 @@ async fn migrate(dir: &Path, url: &DatabaseUrl, card: Option<&str>) -> Result<Mo
         None
     };
     let files_dir = dir.join("files");
-    let files_source = if files_dir.is_dir() {
+    // Beside a bridge's inbox, `files/` holds the inbox's files (moved with it below).
+    let files_source = if files_dir.is_dir() && !inbox_here {
         // The signer only signs download URLs, which copying issues none of.
         let signer = signer(signing_secret.clone()).map_err(|e| nothing(&e))?;
         let source = FileStore::open(&files_dir, unbounded_files(), signer, SystemClock)
@@ -310,6 +344,10 @@ async fn migrate(dir: &Path, url: &DatabaseUrl, card: Option<&str>) -> Result<Mo
 
     let xagent_writes = match card {
         Some(_) => Some(xagent_export(dir).await?),
+        None => None,
+    };
+    let inbox_source = match inbox_target {
+        Some(_) => Some(xagent_mcp::inbox::Inbox::open(dir, u64::MAX).map_err(|e| nothing(&e))?),
         None => None,
     };
 
@@ -332,6 +370,14 @@ async fn migrate(dir: &Path, url: &DatabaseUrl, card: Option<&str>) -> Result<Mo
             });
         }
         moved.xagent = Some(counts);
+    }
+    // The bridge's inbox, message by message in arrival order (handed ones stay handed).
+    if let (Some(source), Some(target)) = (&inbox_source, &inbox_target) {
+        let copied = source.copy_into(target, now).await.map_err(|e| MigrateError::Partial {
+            reason: format!("moving the MCP bridge's inbox: {e}"),
+            total: 0,
+        })?;
+        moved.inbox = Some(copied);
     }
     // 2. The files, one at a time (each keeps its reference, channel, names and times), and
     // the URL signing secret, so download URLs signed before the move stay valid.

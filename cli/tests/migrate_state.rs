@@ -240,3 +240,74 @@ async fn a_password_in_the_database_url_flag_is_warned_about() {
     assert_ne!(output.status.code(), Some(0), "nothing listens on port 1");
     let _ = std::fs::remove_dir_all(state);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_bridge_inbox_moves_under_its_card_with_its_file_bytes() {
+    use xagent_client_runtime::{SqliteXagentStore, XagentStore, XagentWrite};
+    use xagent_mcp::inbox::{Inbox, NewMessage, StoredFile};
+
+    let url = TestPostgres::shared().await.fresh_database().await;
+    let state = xagent_testkit::temp_state_dir("cli-migrate-inbox");
+    let channel = ConnectorChannelId::new("cch_bridge_1");
+    {
+        let sqlite = SqliteXagentStore::open(&state).expect("the xAgent-side store");
+        let remember =
+            XagentWrite::SaveChannel { channel: channel.clone(), owner: Some("mcp-bridge".into()) };
+        sqlite.commit(None, vec![remember]).await.expect("stored");
+        let inbox = Inbox::open(&state, 1024).expect("the bridge's inbox");
+        inbox.save_file("f_report", b"report bytes".to_vec(), 1).await.expect("saved");
+        let file = StoredFile {
+            id: "f_report".into(),
+            filename: "report.txt".into(),
+            mime_type: "text/plain".into(),
+            byte_size: 12,
+        };
+        let message = |id, files| NewMessage {
+            channel: channel.as_str(),
+            message_id: id,
+            text: Some("hello"),
+            files,
+            created_at: None,
+            received_at: 5,
+        };
+        inbox.store(&message("msg_handed", &[])).await.expect("stored");
+        inbox.store(&message("msg_waiting", std::slice::from_ref(&file))).await.expect("stored");
+        assert!(inbox.take_next(None).await.expect("taken").is_some());
+    }
+
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .env("XAGENT_CONNECTOR_DATABASE_URL", url.expose())
+        .args(["migrate-state", "--connector-card-id", "im.bridged", "--state-dir"])
+        .arg(&state)
+        .output()
+        .await
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("MCP bridge inbox (mcp-inbox.sqlite3): 2 messages, 1 files (12 bytes)"),
+        "{stdout}"
+    );
+
+    // The bridges on PostgreSQL find the inbox under the Card: the handed message stays
+    // handed, the waiting one comes with its file's bytes.
+    let pool = xagent_storage_postgres::connect(&url, Default::default()).await.expect("pool");
+    let target = Inbox::open_postgres(pool, "im.bridged", 1024).await.expect("the inbox");
+    assert_eq!(target.count().await.expect("counts"), 2);
+    let waiting = target.take_next(None).await.expect("takes").expect("one waits");
+    assert_eq!(waiting.message_id, "msg_waiting");
+    assert_eq!(target.read_file("f_report").await.expect("reads"), Some(b"report bytes".to_vec()));
+    assert_eq!(target.take_next(None).await.expect("takes"), None);
+
+    // A second run finds the database holding the inbox and refuses.
+    let again = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .env("XAGENT_CONNECTOR_DATABASE_URL", url.expose())
+        .args(["migrate-state", "--connector-card-id", "im.bridged", "--state-dir"])
+        .arg(&state)
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(again.status.code(), Some(2), "{}", String::from_utf8_lossy(&again.stderr));
+    let _ = std::fs::remove_dir_all(state);
+}

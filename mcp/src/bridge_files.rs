@@ -1,9 +1,8 @@
 //! The file source and sink the runtime calls for the bridge: a file the agent names (an inbox
 //! resource or a path under an allowed directory) read for an upload, and each inbound file
-//! the runtime downloaded written durably into the inbox's files directory.
+//! the runtime downloaded kept durably by the inbox (its files directory, or its database).
 
 use std::future::Future;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -54,17 +53,20 @@ impl FileSource for BridgeFiles {
                 Ok(content) => return Ok(content),
                 Err(id) => id,
             };
-            let file = self
+            let missing = || "no such file resource; see resources/list".to_owned();
+            let file = self.inbox.file(&id).await.ok().flatten().ok_or_else(missing)?;
+            let too_large = || format!("the file is larger than {MAX_UPLOAD_BYTES} bytes");
+            if file.byte_size > MAX_UPLOAD_BYTES {
+                return Err(too_large());
+            }
+            let bytes = self
                 .inbox
-                .file(&id)
-                .ok()
-                .flatten()
-                .ok_or_else(|| "no such file resource; see resources/list".to_owned())?;
-            let bytes = tokio::fs::read(self.inbox.file_path(&file.id))
+                .read_file(&file.id)
                 .await
-                .map_err(|_| "the file cannot be read")?;
+                .map_err(|_| "the file cannot be read".to_owned())?
+                .ok_or_else(missing)?;
             if bytes.len() as u64 > MAX_UPLOAD_BYTES {
-                return Err(format!("the file is larger than {MAX_UPLOAD_BYTES} bytes"));
+                return Err(too_large());
             }
             Ok(FileContent { filename: file.filename, mime_type: file.mime_type, bytes })
         })
@@ -72,8 +74,8 @@ impl FileSource for BridgeFiles {
 }
 
 /// What the runtime calls with each inbound file it downloaded (under the link's download
-/// policy, which also bounds its size): written (and synced) into the inbox's files directory
-/// before the message reaches the bridge.
+/// policy, which also bounds its size): kept by the inbox, durably, before the message reaches
+/// the bridge.
 impl FileSink for BridgeFiles {
     fn save(
         &self,
@@ -84,36 +86,13 @@ impl FileSink for BridgeFiles {
         use sha2::{Digest, Sha256};
         let digest = Sha256::digest(format!("{channel}\n{}", file.file_ref));
         let id = format!("f_{}", hex::encode(&digest[..12]));
-        let path = self.inbox.file_path(&id);
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
+            let now = xagent_protocol_types::Clock::now_millis(&xagent_protocol_types::SystemClock);
+            self.inbox
+                .save_file(&id, bytes, now)
                 .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("could not write the file: {e}"))?;
+                .map_err(|e| format!("could not keep the file: {e}"))?;
             Ok(id)
         })
     }
-}
-
-/// Writes a file and syncs it (and its directory) before returning.
-fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let temporary = path.with_extension("partial");
-    {
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.mode(0o600);
-        }
-        let mut file = options.open(&temporary)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&temporary, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }

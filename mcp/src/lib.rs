@@ -15,8 +15,12 @@
 //! - **Resources**: each channel's inbound messages (subscribe for
 //!   `notifications/resources/updated`), each inbound file, and a pending QR sign-in.
 //!
-//! Inbound messages are acked `accepted` only after [`inbox::Inbox`] stored them (SQLite in the
-//! state directory) and are handed to the agent once, across restarts too.
+//! Inbound messages are acked `accepted` only after [`inbox::Inbox`] stored them and are
+//! handed to the agent once, across restarts too. The inbox is on the runtime's backend:
+//! SQLite and a files directory in the state directory by default; with `--database-url`,
+//! tables of that PostgreSQL database (file bytes included) under the Connector Card id, so
+//! the bridges of one Card that share the database share one inbox: the one holding the data
+//! plane stores, and the one that takes over after it stops hands out what it had accepted.
 //!
 //! ## Which channel a Tool call runs on
 //!
@@ -93,14 +97,15 @@ pub use server::McpBridge;
 pub struct BridgeConfig {
     /// How to reach and sign in to the Connector.
     pub link: LinkConfig,
-    /// Where the inbox and downloaded files live.
+    /// Where the runtime's state, the inbox and downloaded files live (without a database),
+    /// and the HTTP transport's token file.
     pub state_dir: PathBuf,
 }
 
-/// Opens the state directory and connects to the Connector.
+/// Opens the state (the state directory, or the database of `--database-url`) and connects
+/// to the Connector.
 pub async fn connect(config: BridgeConfig) -> Result<Arc<Link>, LinkError> {
-    let inbox = Arc::new(inbox::Inbox::open(&config.state_dir)?);
-    Link::start(config.link, inbox, &config.state_dir).await
+    Link::start(config.link, &config.state_dir).await
 }
 
 /// Serves MCP over stdin/stdout until the client closes the stream.

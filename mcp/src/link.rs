@@ -31,14 +31,14 @@ use xagent_client_runtime::{
 };
 use xagent_protocol_types::{
     AckStatus, AuthInput, AuthProgress, AuthStatus, ChatMessageAck, ConnectorCard,
-    ConnectorChannelId, ConnectorId, ErrorCode, MessageId, Secret, ToolProgressPush, WireError,
+    ConnectorChannelId, ErrorCode, MessageId, Secret, ToolProgressPush, WireError,
 };
 use xagent_protocol_validate::AdmissionWindow;
-use xagent_storage_postgres::DatabaseUrl;
+use xagent_storage_postgres::{DatabaseUrl, PoolOptions};
 
 use crate::bridge_files::BridgeFiles;
 use crate::files::{AllowedDirs, safe_filename};
-use crate::inbox::{Inbox, NewMessage, StoredFile};
+use crate::inbox::{Inbox, NewMessage, SQLITE_FILE, StoredFile};
 use crate::uris::{SIGN_IN_URI, channel_uri};
 
 pub use crate::bridge_files::MAX_DOWNLOAD_BYTES;
@@ -52,8 +52,6 @@ pub const KEEP_HANDED_MILLIS: u64 = 7 * 24 * 3600 * 1000;
 
 /// The xAgent user the bridge acts as: one bridge, one user, its channels.
 pub const OWNER: &str = "mcp-bridge";
-
-const META_CONNECTOR_ID: &str = "connector_id";
 
 /// A failure shown to the agent as an MCP tool error: the protocol's stable code and a
 /// sentence saying what to do.
@@ -122,7 +120,8 @@ pub struct LinkConfig {
     /// Keep the runtime's state (remembered channel, outbox, idempotency) in this PostgreSQL
     /// database instead of SQLite in the state directory; several bridges of one Card may
     /// share it, and only the holder of the Card's holder lease connects (the others wait).
-    /// The bridge's own inbox stays in the state directory.
+    /// The bridge's inbox (messages and file bytes) is in the same database, under the Card,
+    /// so the bridge that takes over finds every message the one before it accepted.
     pub database_url: Option<DatabaseUrl>,
 }
 
@@ -190,14 +189,11 @@ pub enum LinkError {
 }
 
 impl Link {
-    /// Admits the Connector, connects with the runtime's durable store in `state_dir`, opens
-    /// (or finds the remembered) channel and signs in. A QR flow continues in the background;
-    /// its link is offered through [`Link::sign_in`].
-    pub async fn start(
-        config: LinkConfig,
-        inbox: Arc<Inbox>,
-        state_dir: &Path,
-    ) -> Result<Arc<Self>, LinkError> {
+    /// Admits the Connector, opens the runtime's durable store and the inbox (in `state_dir`,
+    /// or in the database of [`LinkConfig::database_url`] under the admitted Card), connects,
+    /// opens (or finds the remembered) channel and signs in. A QR flow continues in the
+    /// background; its link is offered through [`Link::sign_in`].
+    pub async fn start(config: LinkConfig, state_dir: &Path) -> Result<Arc<Self>, LinkError> {
         let base = BaseUrl::parse(&config.base_url).map_err(ClientError::from)?;
         let control = ControlPlane::new(base.clone(), config.api_key.clone());
         let admitted = admit(&control, &AdmissionWindow::default(), None).await?;
@@ -209,25 +205,41 @@ impl Link {
             "Connector admitted"
         );
         let mut client = ClientConfig::for_card(base, card);
-        client = match &config.database_url {
+        let max_file_bytes = config.download.max_bytes;
+        let inbox = match &config.database_url {
             Some(url) => {
-                tracing::info!(database = %url, "the runtime's state is in PostgreSQL");
-                let store = PostgresXagentStore::connect(url, card.connector_card_id.as_str())
+                tracing::info!(database = %url, "the runtime's state and the inbox are in PostgreSQL");
+                if state_dir.join(SQLITE_FILE).is_file() {
+                    tracing::warn!(
+                        state_dir = %state_dir.display(),
+                        "the state directory holds an inbox of its own, which a bridge on PostgreSQL does not read: move it with xagent-connector migrate-state"
+                    );
+                }
+                // One pool for the runtime's store and the inbox.
+                let options = PoolOptions::default().with_application_name("xagent-mcp");
+                let pool = xagent_storage_postgres::connect(url, options)
+                    .await
+                    .map_err(crate::inbox::InboxError::from)?;
+                let scope = card.connector_card_id.as_str();
+                let store = PostgresXagentStore::open(pool.clone(), scope)
                     .await
                     .map_err(ClientError::Store)?;
-                client.with_store(Arc::new(store)).with_holder_lease(HolderLease::random())
+                client =
+                    client.with_store(Arc::new(store)).with_holder_lease(HolderLease::random());
+                Inbox::open_postgres(pool, scope, max_file_bytes).await?
             }
             None => {
                 let store = SqliteXagentStore::open(state_dir).map_err(ClientError::Store)?;
-                client.with_store(Arc::new(store))
+                client = client.with_store(Arc::new(store));
+                Inbox::open(state_dir, max_file_bytes)?
             }
         };
+        let inbox = Arc::new(inbox);
         if let Some(key) = config.api_key.clone() {
             client = client.with_api_key(key);
         }
         client.request_timeout = Duration::from_secs(30);
         client.download = config.download.clone();
-        client.connector_id = inbox.meta(META_CONNECTOR_ID)?.map(ConnectorId::new);
         let (plane, events) = DataPlane::connect(client).await?;
         let files = Arc::new(BridgeFiles { allowed: config.allowed.clone(), inbox: inbox.clone() });
         plane.set_file_source(files.clone());
@@ -236,11 +248,12 @@ impl Link {
         // waits for as long as that takes.
         let wait =
             if config.database_url.is_some() { Duration::MAX } else { Duration::from_secs(30) };
+        // The runtime's store keeps the connector_id of the hello (one home for it).
         let connector_id =
             tokio::time::timeout(wait, plane.connected()).await.map_err(|_| {
                 ClientError::Timeout { expected: "connector.hello.ack", millis: 30_000 }
             })??;
-        inbox.set_meta(META_CONNECTOR_ID, connector_id.as_str())?;
+        tracing::debug!(%connector_id, "holding the data plane");
         let (notices, _) = broadcast::channel(256);
         let (arrivals, _) = watch::channel(0);
         let health = plane.monitor_health(config.health_interval)?;
@@ -315,6 +328,13 @@ impl Link {
     /// The durable inbox.
     pub fn inbox(&self) -> &Inbox {
         &self.inbox
+    }
+
+    /// Stops the bridge's connection to the Connector: the data plane closes and a holder
+    /// lease it holds is given up, so a bridge standing by on the same database takes over at
+    /// once. MCP sessions still read the inbox; Tool calls fail from now on.
+    pub async fn close(&self) {
+        self.plane.close().await;
     }
 
     /// Subscribes to notices.
@@ -534,7 +554,7 @@ impl Link {
                 }
                 object.insert(
                     "pending_messages".into(),
-                    json!(self.inbox.pending(Some(&id)).unwrap_or(0)),
+                    json!(self.inbox.pending(Some(&id)).await.unwrap_or(0)),
                 );
                 object.insert("messages_resource".into(), json!(channel_uri(&id)));
                 object.insert(
@@ -642,7 +662,6 @@ impl Link {
                 }
                 ClientEvent::Connected { connector_id } => {
                     tracing::info!(%connector_id, "connected to the Connector");
-                    let _ = self.inbox.set_meta(META_CONNECTOR_ID, connector_id.as_str());
                 }
                 ClientEvent::State(state) => {
                     tracing::info!(state = state.as_str(), "connection state");
@@ -672,7 +691,7 @@ impl Link {
                 },
                 _ = prune.tick() => {
                     let cutoff = now_millis().saturating_sub(KEEP_HANDED_MILLIS);
-                    match self.inbox.prune_taken(cutoff) {
+                    match self.inbox.prune_taken(cutoff).await {
                         Ok(0) => {}
                         Ok(pruned) => tracing::info!(pruned, "forgot messages handed more than 7 days ago"),
                         Err(error) => tracing::warn!(%error, "inbox pruning failed"),
@@ -687,7 +706,7 @@ impl Link {
         // Keyed by the id the runtime persisted (a reopened channel may carry a new one).
         let channel = self.persisted_of(&inbound.channel).await.to_string();
         let message_id = inbound.message.message_id.to_string();
-        if self.inbox.pending(None).unwrap_or(0) >= MAX_PENDING_MESSAGES {
+        if self.inbox.pending(None).await.unwrap_or(0) >= MAX_PENDING_MESSAGES {
             inbound.reject(
                 ErrorCode::CapacityExceeded,
                 "the agent has not taken the messages waiting for it yet",
@@ -695,7 +714,7 @@ impl Link {
             );
             return;
         }
-        match self.inbox.contains(&channel, &message_id) {
+        match self.inbox.contains(&channel, &message_id).await {
             Ok(true) => {
                 tracing::debug!(%message_id, "redelivered message already stored");
                 inbound.accept();
@@ -716,12 +735,13 @@ impl Link {
             inbound.reject(ErrorCode::ChannelBusy, "the message's files were not saved", true);
             return;
         }
-        let files: Vec<StoredFile> = inbound
-            .message
-            .files
-            .iter()
-            .zip(&inbound.saved_files)
-            .map(|(file, id)| StoredFile {
+        let mut files: Vec<StoredFile> = Vec::with_capacity(inbound.saved_files.len());
+        for (file, id) in inbound.message.files.iter().zip(&inbound.saved_files) {
+            let Ok(Some(byte_size)) = self.inbox.saved_size(id).await else {
+                inbound.reject(ErrorCode::ChannelBusy, "the message's files were not kept", true);
+                return;
+            };
+            files.push(StoredFile {
                 id: id.clone(),
                 filename: safe_filename(
                     file.filename.as_deref().unwrap_or_else(|| file.file_ref.as_str()),
@@ -730,17 +750,20 @@ impl Link {
                     .mime_type
                     .clone()
                     .unwrap_or_else(|| "application/octet-stream".into()),
-                byte_size: std::fs::metadata(self.inbox.file_path(id)).map_or(0, |m| m.len()),
+                byte_size,
+            });
+        }
+        let stored = self
+            .inbox
+            .store(&NewMessage {
+                channel: &channel,
+                message_id: &message_id,
+                text: inbound.message.text.as_deref(),
+                files: &files,
+                created_at: inbound.message.created_at,
+                received_at: now_millis(),
             })
-            .collect();
-        let stored = self.inbox.store(&NewMessage {
-            channel: &channel,
-            message_id: &message_id,
-            text: inbound.message.text.as_deref(),
-            files: &files,
-            created_at: inbound.message.created_at,
-            received_at: now_millis(),
-        });
+            .await;
         match stored {
             Ok(_) => {
                 inbound.accept();

@@ -176,15 +176,23 @@ impl McpBridge {
         let mut arrivals = self.link.arrivals();
         loop {
             arrivals.borrow_and_update();
-            let taken = self.link.inbox().take_next(channel).map_err(|e| {
+            let taken = self.link.inbox().take_next(channel).await.map_err(|e| {
                 ToolFailure::new(xagent_protocol_types::ErrorCode::InternalError, e.to_string())
             })?;
             if let Some(message) = taken {
                 return Ok(json!({ "message": message_json(&message) }));
             }
-            match tokio::time::timeout_at(deadline, arrivals.changed()).await {
-                Ok(Ok(())) => continue,
-                Ok(Err(_)) | Err(_) => return Ok(json!({ "message": null })),
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(json!({ "message": null }));
+            }
+            // A shared inbox may get a message from another bridge: look again now and then.
+            let until = match self.link.inbox().poll_interval() {
+                Some(every) => deadline.min(now + every),
+                None => deadline,
+            };
+            if let Ok(Err(_)) = tokio::time::timeout_at(until, arrivals.changed()).await {
+                return Ok(json!({ "message": null }));
             }
         }
     }
@@ -221,7 +229,7 @@ impl McpBridge {
         }
     }
 
-    fn resources(&self) -> Vec<Resource> {
+    async fn resources(&self) -> Vec<Resource> {
         let mut resources = Vec::new();
         if let Some(channel) = self.link.channel_id() {
             resources.push(
@@ -241,7 +249,7 @@ impl McpBridge {
                     .with_mime_type("text/markdown"),
             );
         }
-        if let Ok(files) = self.link.inbox().files(200) {
+        if let Ok(files) = self.link.inbox().files(200).await {
             for file in files {
                 resources.push(
                     Resource::new(format!("{FILE_URI_PREFIX}{}", file.id), file.filename.clone())
@@ -265,6 +273,7 @@ impl McpBridge {
                 .link
                 .inbox()
                 .recent(channel, CHANNEL_RESOURCE_MESSAGES)
+                .await
                 .map_err(|e| McpError::internal_error(e.to_string(), None))?;
             let body = json!({
                 "connector_channel_id": channel,
@@ -275,10 +284,9 @@ impl McpBridge {
             ]);
         }
         if let Some(id) = uri.strip_prefix(FILE_URI_PREFIX) {
-            let file = self.link.inbox().file(id).ok().flatten().ok_or_else(not_found)?;
-            let bytes = tokio::fs::read(self.link.inbox().file_path(&file.id))
-                .await
-                .map_err(|_| not_found())?;
+            let inbox = self.link.inbox();
+            let file = inbox.file(id).await.ok().flatten().ok_or_else(not_found)?;
+            let bytes = inbox.read_file(&file.id).await.ok().flatten().ok_or_else(not_found)?;
             let blob = base64::engine::general_purpose::STANDARD.encode(bytes);
             return Ok(vec![ResourceContents::blob(blob, uri).with_mime_type(file.mime_type)]);
         }
@@ -464,7 +472,7 @@ impl ServerHandler for McpBridge {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        Ok(ListResourcesResult::with_all_items(self.resources()))
+        Ok(ListResourcesResult::with_all_items(self.resources().await))
     }
 
     async fn read_resource(

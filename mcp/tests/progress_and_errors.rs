@@ -257,7 +257,7 @@ async fn listen_subscriptions_get_tool_list_and_resource_updates() {
         }
         other => panic!("expected resources/updated, got {other:?}"),
     }
-    assert_eq!(link.inbox().pending(None).ok(), Some(1), "stored before the notification");
+    assert_eq!(link.inbox().pending(None).await.ok(), Some(1), "stored before the notification");
 
     // The Connector turns work_run off: the list changes and work_run is gone.
     handle
