@@ -56,7 +56,8 @@
 //!   creates a new room with a random access code (shown once on the page) and binds it; the
 //!   next `auth.status` reports `authenticated`. After expiry `auth.status` reports
 //!   `qr_refresh_required`, and `refresh: true` issues a new link and retires the old one.
-//!   Pairings live in memory, like the runtime's auth sessions.
+//!   Pairings are in the runtime's storage (the token as a hash only), so a link opens and is
+//!   confirmed, exactly once, on any replica.
 //! - **Visitor sessions**: joining with the access code (or confirming a pairing) gives a
 //!   token kept hashed in the database, in an `HttpOnly` cookie for the page (and in the answer
 //!   for API clients); it opens that room only, lives 7 days and can be revoked; ending it ends
@@ -89,7 +90,7 @@ mod web;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use xagent_profile_im::OutboxEvent;
@@ -234,7 +235,7 @@ impl Webchat {
             origin: store::random_hex(8),
             messages: std::sync::OnceLock::new(),
             hub: hub::Hub::default(),
-            pairings: Mutex::new(pairing::Pairings::default()),
+            pairings: std::sync::OnceLock::new(),
             sign_ins: tokio::sync::Mutex::new(guess::GuessLimiter::new(options.sign_in_limits)),
             public_url: options.public_url.clone(),
         });
@@ -282,6 +283,7 @@ impl Webchat {
             store.release_all_pending_uploads().await?;
         }
         let _ = app.store.set(store);
+        let _ = app.pairings.set(pairing::Pairings::new(authors.clone()));
         let _ = app.messages.set(messages::Messages::with_hints(authors, &app.origin));
         let _ = app.handle.set(server.handle());
         Ok(Self { server, app })
