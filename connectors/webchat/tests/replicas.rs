@@ -162,3 +162,111 @@ async fn a_page_on_one_replica_sees_the_agents_reply_and_a_visitors_message_made
     let _ = std::fs::remove_dir_all(dir_a);
     let _ = std::fs::remove_dir_all(dir_b);
 }
+
+/// How many times xAgent's application received each message (every one is accepted).
+type Received = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
+
+/// Accepts every visitor message xAgent receives, counting them by id.
+fn accept_all(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<xagent_client_runtime::ClientEvent>,
+) -> Received {
+    let received = Received::default();
+    let counts = received.clone();
+    tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            if let xagent_client_runtime::ClientEvent::ChatMessage(inbound) = event {
+                let id = inbound.message.message_id.to_string();
+                *counts.lock().expect("counts").entry(id).or_default() += 1;
+                inbound.accept();
+            }
+        }
+    });
+    received
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visitor_messages_the_killed_socket_holder_delivered_end_delivered_on_the_next_holder() {
+    use std::time::Duration;
+    use xagent_testkit::haproxy::{HaproxyOptions, TestHaproxy};
+
+    let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+    let (dir_a, dir_b) = (temp_dir("failover-tick-a"), temp_dir("failover-tick-b"));
+    let a = start_on_database(&dir_a, url.clone(), VisitorLimits::default()).await;
+    let b = support::Crashable::start(&dir_b, url).await;
+    let options = HaproxyOptions::default().with_health_path("/ready").with_checks(
+        Duration::from_millis(200),
+        1,
+        1,
+    );
+    let lb = TestHaproxy::start(&[a.addr, b.addr], options).await.expect("haproxy starts");
+    for addr in [a.addr, b.addr] {
+        lb.wait_backend_state(addr, true, Duration::from_secs(10)).await.expect("both up");
+    }
+    // xAgent's socket goes to B: A is out of the rotation until B is killed.
+    lb.admin_command("disable server replicas/b0").await.expect("admin");
+    let base = xagent_client_runtime::BaseUrl::parse(&lb.url()).expect("base");
+    let (plane, events) = xagent_client_runtime::DataPlane::start(support::client_config(base));
+    tokio::time::timeout(Duration::from_secs(10), plane.connected())
+        .await
+        .expect("connects in time")
+        .expect("connects");
+    let channel = open_room(&plane, "Lobby", "code-1234").await;
+    assert!(!a.webchat.handle().is_routed(&channel), "the socket is on b");
+    let received = accept_all(events);
+
+    // A visitor on A sends a burst; B delivers it to xAgent, which accepts every message.
+    let visitor = Visitor::join(&a, "lobby", "code-1234").await;
+    const BURST: usize = 40;
+    let sends = (0..BURST).map(|i| {
+        let visitor = &visitor;
+        async move { visitor.send(&format!("burst {i}"), &format!("c-burst-{i}")).await }
+    });
+    let sent: Vec<String> = futures_util::future::join_all(sends)
+        .await
+        .iter()
+        .map(|m| m["message_id"].as_str().expect("id").to_owned())
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while received.lock().expect("counts").len() < BURST {
+        assert!(tokio::time::Instant::now() < deadline, "xAgent got the burst in 15 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // B dies the moment xAgent has the last of them (its acks on their way or just applied).
+    b.crash();
+    lb.admin_command("enable server replicas/b0").await.expect("admin");
+
+    // xAgent reconnects through HAProxy to A, which takes over the channel; every message
+    // xAgent has ends `delivered` on the page, none is left `sending`.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let snapshot = visitor.snapshot().await;
+        let statuses: Vec<(String, String)> = snapshot["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| (m["message_id"].as_str().unwrap_or("").to_owned(), m["status"].to_string()))
+            .collect();
+        let sending: Vec<&(String, String)> = statuses
+            .iter()
+            .filter(|(id, status)| sent.contains(id) && status != "\"delivered\"")
+            .collect();
+        if sending.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {BURST} visitor messages xAgent has are not delivered on the page: {sending:?}",
+            sending.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And xAgent's application had each exactly once.
+    let counts = received.lock().expect("counts").clone();
+    for id in &sent {
+        assert_eq!(counts.get(id), Some(&1), "{id}: {counts:?}");
+    }
+    plane.close().await;
+    a.stop().await;
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
+}

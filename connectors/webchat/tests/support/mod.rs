@@ -63,6 +63,50 @@ pub async fn start_on_database(
     serve(listener, options).await
 }
 
+/// A replica on this PostgreSQL database in a runtime of its own, so the test can stop it
+/// the way `kill -9` does: every task dropped at its next await, nothing drained, its sockets
+/// and database connections cut (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub struct Crashable {
+    runtime: tokio::runtime::Runtime,
+    pub addr: SocketAddr,
+}
+
+#[cfg(feature = "postgres")]
+impl Crashable {
+    /// Starts the replica (its own two-thread runtime) with the system clock.
+    pub async fn start(dir: &PathBuf, url: xagent_server_runtime::DatabaseUrl) -> Crashable {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime for the replica");
+        let dir = dir.clone();
+        let (ready, started) = tokio::sync::oneshot::channel();
+        runtime.spawn(async move {
+            let listener = bind_local(None).await.expect("binds");
+            let addr = listener.local_addr().expect("addr");
+            let options = WebchatOptions::new(&dir, format!("http://{addr}"))
+                .with_api_key(Secret::new(API_KEY))
+                .with_database_url(url);
+            let webchat = Webchat::open(options).await.expect("webchat opens");
+            let _ = ready.send(addr);
+            let _ = webchat.serve(listener, std::future::pending()).await;
+        });
+        let addr = started.await.expect("the replica started");
+        Crashable { runtime, addr }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Stops it at once, like `kill -9`.
+    pub fn crash(self) {
+        self.runtime.shutdown_background();
+    }
+}
+
 async fn start_with(
     dir: &PathBuf,
     addr: Option<SocketAddr>,
