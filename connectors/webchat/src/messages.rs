@@ -48,6 +48,16 @@ struct Stored {
     outbound: Option<String>,
 }
 
+/// A new delivery state for the message `message_id`.
+pub(crate) struct StatusUpdate {
+    /// The message.
+    pub(crate) message_id: String,
+    /// Its state.
+    pub(crate) status: EntryStatus,
+    /// Why, for a rejection or an expiry.
+    pub(crate) error: Option<String>,
+}
+
 /// A message ready to store: the writes that store it (commit them, or stage them on a Tool
 /// call), or the message stored earlier under the same id.
 pub(crate) enum Prepared {
@@ -258,18 +268,89 @@ impl Messages {
         status: EntryStatus,
         error: Option<&str>,
     ) -> Result<Option<(String, ChatEntry)>, WebchatError> {
-        let Some(key) = self.key_of(IDS, message_id).await? else { return Ok(None) };
-        let Some(mut stored) = self.load(&key).await? else { return Ok(None) };
-        let Some((room_id, rest)) = key.split_once('/') else { return Ok(None) };
-        stored.entry.status = status;
-        stored.entry.error = error.map(str::to_owned);
-        let mut writes = vec![AuthorWrite::put_json(MESSAGES, &key, &stored).map_err(failed)?];
-        if status != EntryStatus::Sending {
-            writes.push(AuthorWrite::delete(SENDING, rest).map_err(failed)?);
+        let update = StatusUpdate {
+            message_id: message_id.to_owned(),
+            status,
+            error: error.map(str::to_owned),
+        };
+        Ok(self.set_statuses(vec![update]).await?.pop())
+    }
+
+    /// Sets the delivery states of several messages in one transaction (the records are read
+    /// at once) and returns each found message's room and updated form; unknown ids are
+    /// skipped.
+    pub(crate) async fn set_statuses(
+        &self,
+        updates: Vec<StatusUpdate>,
+    ) -> Result<Vec<(String, ChatEntry)>, WebchatError> {
+        let found = futures_util::future::join_all(updates.into_iter().map(|update| async move {
+            let Some(key) = self.key_of(IDS, &update.message_id).await? else {
+                return Ok::<_, WebchatError>(None);
+            };
+            Ok(self.load(&key).await?.map(|stored| (key, stored, update)))
+        }))
+        .await;
+        let mut writes = Vec::new();
+        let mut updated = Vec::new();
+        for item in found {
+            let Some((key, mut stored, update)) = item? else { continue };
+            let Some((room_id, rest)) = key.split_once('/') else { continue };
+            stored.entry.status = update.status;
+            stored.entry.error = update.error;
+            writes.push(AuthorWrite::put_json(MESSAGES, &key, &stored).map_err(failed)?);
+            if update.status != EntryStatus::Sending {
+                writes.push(AuthorWrite::delete(SENDING, rest).map_err(failed)?);
+            }
+            writes.extend(self.hint(room_id, &update.message_id)?);
+            updated.push((room_id.to_owned(), stored.entry));
         }
-        writes.extend(self.hint(room_id, message_id)?);
-        self.store.commit(writes).await.map_err(failed)?;
-        Ok(Some((room_id.to_owned(), stored.entry)))
+        if !writes.is_empty() {
+            self.store.commit(writes).await.map_err(failed)?;
+        }
+        Ok(updated)
+    }
+
+    /// Visitor messages `sending` since before `before_seq` (the oldest first, looking at
+    /// most at `limit` of them): `(room_id, message_id)`, read from the index alone.
+    pub(crate) async fn sending_before(
+        &self,
+        before_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, WebchatError> {
+        let mut out = Vec::new();
+        let mut scan = AuthorScan::prefix("", PAGE.min(limit.max(1)));
+        let mut looked = 0;
+        while looked < limit {
+            let page = self.store.scan(SENDING, &scan).await.map_err(failed)?;
+            let Some(last) = page.last() else { break };
+            scan = scan.clone().after(last.key.clone());
+            for record in page {
+                looked += 1;
+                let Some((seq, message_id)) = record.key.split_once('.') else { continue };
+                if seq.parse::<u64>().map_or(true, |seq| seq >= before_seq) {
+                    return Ok(out);
+                }
+                let Ok(key) = String::from_utf8(record.value) else { continue };
+                let Some((room_id, _)) = key.split_once('/') else { continue };
+                out.push((room_id.to_owned(), message_id.to_owned()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A visitor message still `sending` with its kept `chat.message`: `(entry, outbound)`.
+    pub(crate) async fn sending_entry(
+        &self,
+        message_id: &str,
+    ) -> Result<Option<(ChatEntry, String)>, WebchatError> {
+        let Some(key) = self.key_of(IDS, message_id).await? else { return Ok(None) };
+        let Some(stored) = self.load(&key).await? else { return Ok(None) };
+        Ok(match stored.outbound {
+            Some(outbound) if stored.entry.status == EntryStatus::Sending => {
+                Some((stored.entry, outbound))
+            }
+            _ => None,
+        })
     }
 
     /// A message by its `message_id`, with its room.

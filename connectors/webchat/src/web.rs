@@ -558,8 +558,8 @@ fn check_text(text: &str, limits: &VisitorLimits) -> Result<Option<String>, Webc
 
 /// Hands a stored visitor message (`outbound`, its exact `chat.message`) to the runtime's
 /// outbox unless the runtime holds it already (the process stopped between storing and
-/// queueing it). `when` says in the log which path found it.
-async fn requeue(
+/// queueing it, or a failover left it `sending`). `when` says in the log which path found it.
+pub(crate) async fn requeue(
     handle: &ConnectorHandle,
     channel: &ConnectorChannelId,
     message_id: &str,
