@@ -316,3 +316,86 @@ async fn a_visitor_message_its_replica_stored_but_never_queued_reaches_xagent_th
     let _ = std::fs::remove_dir_all(dir_a);
     let _ = std::fs::remove_dir_all(dir_b);
 }
+
+/// A POST of the pairing API through `server`: its status and answer.
+async fn pair(server: &support::Server, token: &str, step: &str) -> (u16, serde_json::Value) {
+    let response = reqwest::Client::new()
+        .post(server.url(&format!("/chat/api/pair/{token}/{step}")))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .expect("pairing request");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pairing_link_made_on_one_replica_is_used_once_on_any_and_expires_on_the_clock() {
+    use std::sync::Arc;
+    use xagent_protocol_types::{AuthStatus, Clock, ManualClock};
+
+    let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+    let (dir_a, dir_b) = (temp_dir("pairing-a"), temp_dir("pairing-b"));
+    let clock = ManualClock::new(a_time());
+    let shared = Arc::new(clock.clone()) as Arc<dyn Clock>;
+    let a = support::start_on_database_with_clock(
+        &dir_a,
+        url.clone(),
+        VisitorLimits::default(),
+        shared.clone(),
+    )
+    .await;
+    let b =
+        support::start_on_database_with_clock(&dir_b, url, VisitorLimits::default(), shared).await;
+    // xAgent's socket (and the auth session) is on A.
+    let (plane, _events) = connect(&a).await;
+    let (channel, started) = support::qr_start(&plane).await;
+    assert_eq!(started.status, AuthStatus::Pending);
+    let token = support::token_of(started.qr_code_text.as_deref().expect("link"));
+
+    // Opened through B (the load balancer sent the browser there): A's poll sees it.
+    let (status, opened) = pair(&b, &token, "scan").await;
+    assert_eq!(status, 200, "{opened}");
+    assert_eq!(
+        support::qr_status(&plane, &channel, &started, false).await.status,
+        AuthStatus::Scanned
+    );
+    // Confirmed through B: the room is made once, and A's poll reports the sign-in.
+    let (status, confirmed) = pair(&b, &token, "confirm").await;
+    assert_eq!(status, 200, "{confirmed}");
+    let room_id = confirmed["room_id"].as_str().expect("room").to_owned();
+    // The second use is refused on A (and on B), after a confirmation on B.
+    for server in [&a, &b] {
+        let (status, body) = pair(server, &token, "confirm").await;
+        assert_eq!(status, 410, "{body}");
+        assert!(body.to_string().contains("already used"), "{body}");
+    }
+    let done = support::qr_status(&plane, &channel, &started, false).await;
+    assert_eq!(done.status, AuthStatus::Authenticated, "{:?}", done.message);
+    let descriptor = done.connection_descriptor.expect("descriptor");
+    assert_eq!(descriptor.target.account_hint.as_deref(), Some(room_id.as_str()));
+
+    // Another link expires on the shared clock: refused on B, A's poll asks for a refresh.
+    let (channel, started) = support::qr_start(&plane).await;
+    let token = support::token_of(started.qr_code_text.as_deref().expect("link"));
+    clock.advance(xagent_connector_webchat::PAIRING_LINK_TTL_MILLIS);
+    let (status, body) = pair(&b, &token, "scan").await;
+    assert_eq!(status, 410, "{body}");
+    assert!(body.to_string().contains("expired"), "{body}");
+    assert_eq!(
+        support::qr_status(&plane, &channel, &started, false).await.status,
+        AuthStatus::QrRefreshRequired
+    );
+    plane.close().await;
+    a.stop().await;
+    b.stop().await;
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
+}
+
+/// A start time for a manual clock (now, so the records' times look ordinary).
+fn a_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
