@@ -518,6 +518,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn sending_before_lists_the_old_sending_messages_and_batched_states_end_them() {
+        let messages = messages();
+        let mut old = visitor_entry("msg_old", None);
+        old.created_at = 1_000;
+        let mut new = visitor_entry("msg_new", None);
+        new.created_at = 9_000;
+        for entry in [&old, &new] {
+            messages.insert("lobby", entry, Some("{}")).await.unwrap();
+        }
+        // Keys order by the clock in µs: only the message from before 5 s is listed.
+        let listed = messages.sending_before(5_000 * 1_000, 100).await.unwrap();
+        assert_eq!(listed, vec![("lobby".to_owned(), "msg_old".to_owned())]);
+        assert_eq!(messages.sending_before(u64::MAX, 100).await.unwrap().len(), 2);
+        assert!(messages.sending_entry("msg_old").await.unwrap().is_some());
+        let updates = ["msg_old", "msg_new", "msg_unknown"].map(|id| StatusUpdate {
+            message_id: id.to_owned(),
+            status: EntryStatus::Delivered,
+            error: None,
+        });
+        let updated = messages.set_statuses(updates.into()).await.unwrap();
+        assert_eq!(updated.len(), 2, "the unknown id is skipped");
+        assert!(messages.sending_before(u64::MAX, 100).await.unwrap().is_empty());
+        assert!(messages.sending_entry("msg_old").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
     async fn history_is_the_newest_messages_in_the_order_they_were_stored() {
         let messages = messages();
         // The same clock time for every message: the order is the order of storing.

@@ -90,13 +90,16 @@ pub struct Crashable {
 #[cfg(feature = "postgres")]
 impl Crashable {
     /// Starts the replica (its own two-thread runtime) with the system clock.
-    pub async fn start(dir: &PathBuf, url: xagent_server_runtime::DatabaseUrl) -> Crashable {
+    pub async fn start(
+        dir: &std::path::Path,
+        url: xagent_server_runtime::DatabaseUrl,
+    ) -> Crashable {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("a runtime for the replica");
-        let dir = dir.clone();
+        let dir = dir.to_path_buf();
         let (ready, started) = tokio::sync::oneshot::channel();
         runtime.spawn(async move {
             let listener = bind_local(None).await.expect("binds");
