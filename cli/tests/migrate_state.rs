@@ -3,119 +3,20 @@
 //! PostgreSQL; the database then holds all of it, a second run is refused, and im.webchat
 //! started on the database answers a repeat of the call with the first result.
 
-use std::process::Stdio;
-use std::time::Duration;
+mod support;
 
-use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
-use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, DataPlane};
-use xagent_connector_webchat::{CARD_ID, ROOM_FLOW, TOOL_MESSAGE_SEND};
+use serde_json::json;
+use tokio::io::AsyncReadExt;
 use xagent_file_transfer::{FileStore, NewFile, StoreConfig, UrlSigner};
 use xagent_profile_im::{OutboxWrite, PendingRecord};
-use xagent_protocol_types::{
-    AuthInput, AuthStart, AuthStatus, ConnectorChannelId, MessageId, PROFILE_IM_V2, Secret,
-    SystemClock, ToolInvoke, ToolInvokeAck, ToolInvokeContext,
-};
+use xagent_protocol_types::{ConnectorChannelId, MessageId, Secret, SystemClock, ToolInvokeAck};
 use xagent_server_runtime::{PostgresOptions, PostgresStorage, SqliteStorage, Storage, WriteOp};
 use xagent_storage_postgres::DatabaseUrl;
-use xagent_testkit::line_containing;
 use xagent_testkit::postgres::TestPostgres;
 
+use support::{connect, open_room, send, start_webchat, with_password};
+
 const API_KEY: &str = "sk-cli-migrate-state-3a9d";
-
-/// A running `xagent-connector webchat`: the process, its address and its stderr lines.
-struct Running {
-    child: tokio::process::Child,
-    addr: String,
-    log: tokio::task::JoinHandle<String>,
-}
-
-/// Starts im.webchat on `state`, its runtime state in SQLite there or, with `url`, in
-/// PostgreSQL.
-async fn start(state: &std::path::Path, url: Option<&DatabaseUrl>) -> Running {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"));
-    command.env_remove("XAGENT_CONNECTOR_DATABASE_URL");
-    if let Some(url) = url {
-        // From the environment, so the password is not in the process list.
-        command.env("XAGENT_CONNECTOR_DATABASE_URL", url.expose());
-    }
-    let mut child = command
-        .env("XAGENT_CONNECTOR_API_KEY", API_KEY)
-        .env("RUST_LOG", "info")
-        .args(["webchat", "--listen", "127.0.0.1:0", "--state-dir"])
-        .arg(state)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starts");
-    let log = tokio::spawn(read_all(child.stderr.take().expect("stderr")));
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = line_containing(&mut lines, "im.webchat listening on").await;
-    let addr = line
-        .strip_prefix("im.webchat listening on http://")
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the listening line")
-        .to_owned();
-    // Keep stdout drained.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Running { child, addr, log }
-}
-
-async fn read_all(stream: impl AsyncRead + Unpin) -> String {
-    let mut lines = BufReader::new(stream).lines();
-    let mut all = String::new();
-    while let Ok(Some(line)) = lines.next_line().await {
-        all.push_str(&line);
-        all.push('\n');
-    }
-    all
-}
-
-impl Running {
-    /// SIGTERM, then the whole log once the process is gone.
-    async fn stop(mut self) -> String {
-        #[cfg(unix)]
-        {
-            let status = xagent_testkit::terminate(&mut self.child).await;
-            assert_eq!(status.code(), Some(0), "a clean shutdown: {status:?}");
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = self.child.kill().await;
-        }
-        self.log.await.unwrap_or_default()
-    }
-}
-
-async fn connect(addr: &str) -> DataPlane {
-    let base = BaseUrl::parse(&format!("http://{addr}")).expect("base url");
-    let mut config = ClientConfig::new(base, CARD_ID, vec![PROFILE_IM_V2.into()])
-        .with_api_key(Secret::new(API_KEY));
-    config.backoff = Backoff {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(300),
-        factor: 2.0,
-        max_failures: Some(200),
-    };
-    config.request_timeout = Duration::from_secs(10);
-    let (plane, _events) = DataPlane::start(config);
-    tokio::time::timeout(Duration::from_secs(20), plane.connected())
-        .await
-        .expect("connects in time")
-        .expect("connects");
-    plane
-}
-
-fn send(channel: &ConnectorChannelId, call_id: &str) -> ToolInvoke {
-    let Value::Object(mut arguments) = json!({"text": "moved to PostgreSQL"}) else {
-        unreachable!("an object")
-    };
-    arguments.insert("connector_channel_id".into(), json!(channel.as_str()));
-    ToolInvoke::new(TOOL_MESSAGE_SEND, arguments)
-        .with_context(ToolInvokeContext::with_call_id(call_id))
-}
 
 /// Runs `migrate-state` on `state` into `url` (from the environment); status, stdout, stderr.
 async fn migrate(state: &std::path::Path, url: &DatabaseUrl) -> (Option<i32>, String, String) {
@@ -141,28 +42,17 @@ fn signer() -> UrlSigner {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_state_directory_moves_into_postgres_whole() {
     let url = TestPostgres::shared().await.fresh_database().await;
-    let url =
-        DatabaseUrl::parse(&url.expose().replacen("://postgres@", "://postgres:hunter2-pg@", 1))
-            .expect("the URL with a password");
+    let url = with_password(&url, "hunter2-pg");
     let state = xagent_testkit::temp_state_dir("cli-migrate-state");
 
     // A real run on SQLite: a room signed in, a message sent through the Tool.
-    let running = start(&state, None).await;
-    let plane = connect(&running.addr).await;
-    let opened = plane.open_channel(None).await.expect("channel.open");
-    let channel = opened.connector_channel_id.clone();
-    let input = AuthInput::default()
-        .with("room_name", "Lobby")
-        .with("access_code", "code-1234")
-        .with("owner_code", "owner-5678");
-    let ack = plane
-        .request(Some(&channel), AuthStart::new(ROOM_FLOW).with_input(input))
+    let running = start_webchat(&state, None, API_KEY).await;
+    let plane = connect(&running.addr, API_KEY).await;
+    let channel = open_room(&plane).await;
+    let first: ToolInvokeAck = plane
+        .request(Some(&channel), send(&channel, "call-move-1", "moved to PostgreSQL"))
         .await
-        .expect("auth.start");
-    assert_eq!(ack.0.status, AuthStatus::Authenticated, "{:?}", ack.0.message);
-    plane.remember_channel(channel.clone()).await;
-    let first: ToolInvokeAck =
-        plane.request(Some(&channel), send(&channel, "call-move-1")).await.expect("tool call");
+        .expect("tool call");
     plane.close().await;
     running.stop().await;
     assert!(state.join(xagent_server_runtime::DATABASE_FILE).is_file(), "state in SQLite");
@@ -243,13 +133,15 @@ async fn a_sqlite_state_directory_moves_into_postgres_whole() {
     assert!(stderr.contains("already holds") && stderr.contains("start over"), "{stderr}");
 
     // im.webchat on the database: the channel comes back, a repeat gets the first result.
-    let running = start(&state, Some(&url)).await;
-    let plane = connect(&running.addr).await;
+    let running = start_webchat(&state, Some(&url), API_KEY).await;
+    let plane = connect(&running.addr, API_KEY).await;
     let reopened = plane.open_channel(Some(&channel)).await.expect("reopen");
     assert_eq!(reopened.connector_channel_id, channel);
     plane.remember_channel(channel.clone()).await;
-    let repeat: ToolInvokeAck =
-        plane.request(Some(&channel), send(&channel, "call-move-1")).await.expect("repeat");
+    let repeat: ToolInvokeAck = plane
+        .request(Some(&channel), send(&channel, "call-move-1", "moved to PostgreSQL"))
+        .await
+        .expect("repeat");
     assert_eq!(first.result, repeat.result, "the repeat is answered from the moved record");
     plane.close().await;
     running.stop().await;

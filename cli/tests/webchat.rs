@@ -1,10 +1,11 @@
 //! `xagent-connector webchat` as a process: the API key from a file, never on the command
 //! line (L1), and SIGTERM as a graceful shutdown (L4) — issue 14.
 
+mod support;
+
 use std::process::Stdio;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use xagent_testkit::line_containing;
 #[cfg(unix)]
 use xagent_testkit::terminate;
 
@@ -55,13 +56,7 @@ async fn start(dir: &std::path::Path) -> (tokio::process::Child, String) {
         .spawn()
         .expect("starts");
     let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = line_containing(&mut lines, "im.webchat listening on").await;
-    let url = line
-        .strip_prefix("im.webchat listening on http://")
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the listening line")
-        .to_owned();
+    let url = support::webchat_addr(BufReader::new(stdout).lines()).await;
     (child, url)
 }
 

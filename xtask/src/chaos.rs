@@ -192,22 +192,37 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
             results.insert("soak".into(), outcome);
         }
     }
+    finish("chaos", results, seed, flags.quick, &failed, flags.json, print_summary)
+}
+
+/// Ends a chaos task: the report under `name` (JSON or `print`'s table), and success only when
+/// no scenario is in `failed`.
+pub fn finish(
+    name: &str,
+    results: serde_json::Map<String, Value>,
+    seed: u64,
+    quick: bool,
+    failed: &[&str],
+    json: bool,
+    print: fn(&Value),
+) -> Result<std::process::ExitCode> {
     let result = json!({
-        "chaos": results,
+        name: results,
         "seed": seed,
-        "quick": flags.quick,
+        "quick": quick,
         "pass": failed.is_empty(),
         "machine": machine(),
     });
-    if flags.json {
+    if json {
         println!("{result}");
     } else {
-        print_summary(&result);
+        print(&result);
     }
     if failed.is_empty() {
         Ok(std::process::ExitCode::SUCCESS)
     } else {
-        eprintln!("chaos: FAILED: {}", failed.join(", "));
+        let task = name.replace('_', " --");
+        eprintln!("{task}: FAILED: {}", failed.join(", "));
         Ok(std::process::ExitCode::FAILURE)
     }
 }

@@ -52,7 +52,7 @@ use xagent_protocol_types::{
 use xagent_testkit::haproxy::{HaproxyOptions, TestHaproxy};
 use xagent_testkit::postgres::TestPostgres;
 
-use crate::bench_support::{Flags, machine, print_table, temp_dir, warn_if_debug};
+use crate::bench_support::{Flags, print_table, temp_dir, warn_if_debug};
 use crate::chaos::{Rng, free_port};
 
 /// The system API key every replica and xAgent share.
@@ -158,24 +158,15 @@ pub fn run(root: &Path, args: &[String]) -> Result<ExitCode> {
         }
         Ok(())
     })?;
-    let result = json!({
-        "chaos_cluster": results,
-        "seed": seed,
-        "quick": flags.quick,
-        "pass": failed.is_empty(),
-        "machine": machine(),
-    });
-    if flags.json {
-        println!("{result}");
-    } else {
-        print_summary(&result);
-    }
-    if failed.is_empty() {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!("chaos --cluster: FAILED: {}", failed.join(", "));
-        Ok(ExitCode::FAILURE)
-    }
+    crate::chaos::finish(
+        "chaos_cluster",
+        results,
+        seed,
+        flags.quick,
+        &failed,
+        flags.json,
+        print_summary,
+    )
 }
 
 fn print_summary(result: &Value) {
