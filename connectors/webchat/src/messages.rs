@@ -311,12 +311,13 @@ impl Messages {
     }
 
     /// Visitor messages `sending` since before `before_seq` (the oldest first, looking at
-    /// most at `limit` of them): `(room_id, message_id)`, read from the index alone.
+    /// most at `limit` of them): `(room_id, message_id, seq)`, read from the index alone (a
+    /// message's `seq` is at least its `created_at` in µs).
     pub(crate) async fn sending_before(
         &self,
         before_seq: u64,
         limit: usize,
-    ) -> Result<Vec<(String, String)>, WebchatError> {
+    ) -> Result<Vec<(String, String, u64)>, WebchatError> {
         let mut out = Vec::new();
         let mut scan = AuthorScan::prefix("", PAGE.min(limit.max(1)));
         let mut looked = 0;
@@ -327,30 +328,15 @@ impl Messages {
             for record in page {
                 looked += 1;
                 let Some((seq, message_id)) = record.key.split_once('.') else { continue };
-                if seq.parse::<u64>().map_or(true, |seq| seq >= before_seq) {
+                let Some(seq) = seq.parse::<u64>().ok().filter(|seq| *seq < before_seq) else {
                     return Ok(out);
-                }
+                };
                 let Ok(key) = String::from_utf8(record.value) else { continue };
                 let Some((room_id, _)) = key.split_once('/') else { continue };
-                out.push((room_id.to_owned(), message_id.to_owned()));
+                out.push((room_id.to_owned(), message_id.to_owned(), seq));
             }
         }
         Ok(out)
-    }
-
-    /// A visitor message still `sending` with its kept `chat.message`: `(entry, outbound)`.
-    pub(crate) async fn sending_entry(
-        &self,
-        message_id: &str,
-    ) -> Result<Option<(ChatEntry, String)>, WebchatError> {
-        let Some(key) = self.key_of(IDS, message_id).await? else { return Ok(None) };
-        let Some(stored) = self.load(&key).await? else { return Ok(None) };
-        Ok(match stored.outbound {
-            Some(outbound) if stored.entry.status == EntryStatus::Sending => {
-                Some((stored.entry, outbound))
-            }
-            _ => None,
-        })
     }
 
     /// A message by its `message_id`, with its room.
@@ -529,9 +515,9 @@ mod tests {
         }
         // Keys order by the clock in µs: only the message from before 5 s is listed.
         let listed = messages.sending_before(5_000 * 1_000, 100).await.unwrap();
-        assert_eq!(listed, vec![("lobby".to_owned(), "msg_old".to_owned())]);
+        assert_eq!(listed, vec![("lobby".to_owned(), "msg_old".to_owned(), 1_000_000)]);
         assert_eq!(messages.sending_before(u64::MAX, 100).await.unwrap().len(), 2);
-        assert!(messages.sending_entry("msg_old").await.unwrap().is_some());
+        assert!(messages.outbound_of("msg_old").await.unwrap().is_some());
         let updates = ["msg_old", "msg_new", "msg_unknown"].map(|id| StatusUpdate {
             message_id: id.to_owned(),
             status: EntryStatus::Delivered,
@@ -540,7 +526,7 @@ mod tests {
         let updated = messages.set_statuses(updates.into()).await.unwrap();
         assert_eq!(updated.len(), 2, "the unknown id is skipped");
         assert!(messages.sending_before(u64::MAX, 100).await.unwrap().is_empty());
-        assert!(messages.sending_entry("msg_old").await.unwrap().is_none());
+        assert!(messages.outbound_of("msg_old").await.unwrap().is_none());
     }
 
     #[tokio::test]

@@ -1,7 +1,8 @@
 //! The delivery state a visitor message shows on its page (its tick): `sending` until the
 //! runtime's outbox reports the outcome, then `delivered`, `rejected` or `expired`.
 //!
-//! Two paths write it, on the replica holding xAgent's socket:
+//! Two paths write it (the outbox's facts and the hand-over happen on the replica holding
+//! xAgent's socket):
 //! - [`relay_outbox_events`] turns the outbox's facts into states as they happen, in batches
 //!   (one transaction for all that arrived meanwhile).
 //! - [`sweep_stranded`] finds messages the outbox no longer holds that still show `sending`:
@@ -12,7 +13,7 @@
 //!   the outbox does not hold is handed to the outbox again with its kept `chat.message`:
 //!   xAgent's receiver answers `duplicate` for one it has (applied once, as any redelivery
 //!   across a failover) and the answer sets the state. One older than the outbox's TTL is
-//!   marked `expired` instead of being sent after its time.
+//!   marked `expired` (on any replica) instead of being sent after its time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use xagent_profile_im::{DEFAULT_TTL_MS, OutboxEvent};
-use xagent_protocol_types::ConnectorChannelId;
+use xagent_protocol_types::{ChatMessage, ConnectorChannelId};
 use xagent_server_runtime::ConnectorHandle;
 
 use crate::connector::App;
@@ -145,7 +146,14 @@ pub(crate) async fn resolve_stranded(
     // Each room's channel once per sweep; only channels whose socket is here count.
     let mut channels: HashMap<String, Option<ConnectorChannelId>> = HashMap::new();
     let mut resolved = 0;
-    for (room_id, message_id) in candidates {
+    for (room_id, message_id, seq) in candidates {
+        // Older than the outbox's TTL (its key's time is at least its creation's): no outbox
+        // delivers it any more. Any replica marks it, so none of them looks at it again.
+        if past_ttl(seq / 1_000, now) {
+            expire(app, &message_id).await?;
+            resolved += 1;
+            continue;
+        }
         let channel = match channels.get(&room_id) {
             Some(channel) => channel.clone(),
             None => {
@@ -158,16 +166,15 @@ pub(crate) async fn resolve_stranded(
         if handle.pending_messages(&channel).iter().any(|id| id.as_str() == message_id) {
             continue;
         }
-        let Some((entry, outbound)) = app.messages()?.sending_entry(&message_id).await? else {
+        let Some((_, outbound)) = app.messages()?.outbound_of(&message_id).await? else {
             continue;
         };
-        if now >= entry.created_at.saturating_add(DEFAULT_TTL_MS) {
-            let messages = app.messages()?;
-            if let Some((room, updated)) =
-                messages.set_status(&message_id, EntryStatus::Expired, Some(EXPIRED_TEXT)).await?
-            {
-                app.publish(&room, updated);
-            }
+        let created_at = serde_json::from_str::<ChatMessage>(&outbound)
+            .ok()
+            .and_then(|message| message.created_at)
+            .unwrap_or(seq / 1_000);
+        if past_ttl(created_at, now) {
+            expire(app, &message_id).await?;
         } else {
             crate::web::requeue(handle, &channel, &message_id, &outbound, "sweep").await;
         }
@@ -177,6 +184,22 @@ pub(crate) async fn resolve_stranded(
         tracing::info!(resolved, "visitor messages left sending were handed to the outbox again");
     }
     Ok(resolved)
+}
+
+/// Whether a message made at `created_at` is past the outbox's TTL at `now`.
+fn past_ttl(created_at: u64, now: u64) -> bool {
+    now >= created_at.saturating_add(DEFAULT_TTL_MS)
+}
+
+/// Marks a message `expired` and shows it.
+async fn expire(app: &App, message_id: &str) -> Result<(), WebchatError> {
+    let messages = app.messages()?;
+    if let Some((room, updated)) =
+        messages.set_status(message_id, EntryStatus::Expired, Some(EXPIRED_TEXT)).await?
+    {
+        app.publish(&room, updated);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

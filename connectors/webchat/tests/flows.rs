@@ -439,3 +439,36 @@ async fn after_logout_the_room_has_no_agent_and_sends_are_refused() {
     plane.close().await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_visitor_message_left_sending_past_the_outbox_ttl_shows_expired_not_sent_late() {
+    let Lobby { dir, server, plane, visitor, channel, .. } = Lobby::start("stranded-expired").await;
+    // What a replica killed between storing and queueing a message leaves, found after more
+    // than the outbox's hour: it is not handed to xAgent any more.
+    let created = server.webchat.handle().now_millis().saturating_sub(2 * 60 * 60 * 1_000);
+    let message = ChatMessage::text("msg_web_too_old", "stored two hours ago").created_at(created);
+    server
+        .webchat
+        .store_unqueued_visitor_message("lobby", &message, "c-too-old")
+        .await
+        .expect("stored");
+    let snapshot = visitor
+        .eventually(|s| {
+            s["messages"].as_array().is_some_and(|messages| {
+                messages
+                    .iter()
+                    .any(|m| m["message_id"] == "msg_web_too_old" && m["status"] == "expired")
+            })
+        })
+        .await;
+    let entry = snapshot["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["message_id"] == "msg_web_too_old"))
+        .cloned()
+        .expect("the message");
+    assert_eq!(entry["error"], "the agent did not take the message in time", "{entry:#}");
+    assert!(server.webchat.handle().pending_messages(&channel).is_empty(), "never queued");
+    plane.close().await;
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
