@@ -222,6 +222,11 @@ impl TestHaproxy {
         self.addr
     }
 
+    /// The HAProxy process's id (for measuring what it costs).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The frontend as a base URL (`http://127.0.0.1:PORT`).
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

@@ -257,17 +257,10 @@ fn run_postgres(flags: &Flags) -> Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-/// CPU time (user + system) this process has used so far, in seconds, from `/proc/self/stat`
-/// (clock ticks of 10 ms); `None` where that file is not available.
+/// CPU time this process has used so far, in seconds; `None` where `/proc` is not available.
 fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may contain spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
+    std::fs::metadata("/proc/self/stat").ok()?;
+    Some(crate::bench_support::cpu_ticks("self") as f64 / 100.0)
 }
 
 fn cpu_since(start: Option<f64>) -> Option<f64> {

@@ -152,6 +152,56 @@ pub fn rss_of(pid: &str) -> u64 {
     pages * 4096
 }
 
+/// CPU time (user + system, reaped children included) a process has used so far, in clock
+/// ticks of 10 ms, from `/proc/PID/stat` (`pid` may be "self"); 0 when unknown.
+pub fn cpu_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields = stat_fields(&stat);
+    // utime, stime, cutime, cstime: fields 14 to 17 of the line, 11 to 14 after the name.
+    (11..=14).filter_map(|i| fields.get(i)?.parse::<u64>().ok()).sum()
+}
+
+/// The fields of a `/proc/PID/stat` line after the command name (which may hold spaces).
+fn stat_fields(stat: &str) -> Vec<&str> {
+    stat.rsplit_once(')').map_or_else(Vec::new, |(_, rest)| rest.split_whitespace().collect())
+}
+
+/// [`cpu_ticks`] of `pid` plus that of its live children (PostgreSQL's backends, say).
+pub fn cpu_ticks_with_children(pid: u32) -> u64 {
+    let mut ticks = cpu_ticks(&pid.to_string());
+    let Ok(entries) = std::fs::read_dir("/proc") else { return ticks };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(child) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // The parent's pid is field 4 of the line, 1 after the name.
+        if stat_fields(&stat).get(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
+            ticks += cpu_ticks(child);
+        }
+    }
+    ticks
+}
+
+/// The whole machine's CPU time so far, in clock ticks: (busy, total) over all cores, from
+/// the first line of `/proc/stat`; (0, 0) when unknown.
+pub fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let values: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let total: u64 = values.iter().take(8).sum();
+    // idle and iowait are the 4th and 5th values.
+    let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
+    (total.saturating_sub(idle), total)
+}
+
 /// Prints rows under headers, columns padded to their widest cell.
 pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();

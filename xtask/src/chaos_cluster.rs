@@ -52,7 +52,9 @@ use xagent_protocol_types::{
 use xagent_testkit::haproxy::{HaproxyOptions, TestHaproxy};
 use xagent_testkit::postgres::TestPostgres;
 
-use crate::bench_support::{Flags, print_table, temp_dir, warn_if_debug};
+use crate::bench_support::{
+    Flags, cpu_ticks, cpu_ticks_with_children, machine_ticks, print_table, temp_dir, warn_if_debug,
+};
 use crate::chaos::{Rng, free_port};
 
 /// The system API key every replica and xAgent share.
@@ -1501,6 +1503,7 @@ impl Stop {
 // 3. One replica against three
 
 async fn throughput(bin: &Path, pg: &TestPostgres, sizes: &Sizes) -> Result<Value> {
+    let postmaster = postmaster_pid(pg).await;
     let mut figures = Vec::new();
     let mut findings = Vec::new();
     for count in [1usize, 3] {
@@ -1532,6 +1535,7 @@ async fn throughput(bin: &Path, pg: &TestPostgres, sizes: &Sizes) -> Result<Valu
                 joined.ok_or_else(|| anyhow!("no visitor could join {room} through HAProxy"))?,
             );
         }
+        let cpu = CpuMeter::new(&cluster, postmaster);
         let deadline = Instant::now() + Duration::from_secs(sizes.seconds);
         let mut tasks = Vec::new();
         for (n, visitor) in visitors.into_iter().enumerate() {
@@ -1554,6 +1558,7 @@ async fn throughput(bin: &Path, pg: &TestPostgres, sizes: &Sizes) -> Result<Valu
             ok += o;
             failed += f;
         }
+        let cost = cpu.per_message(&cluster, postmaster, ok);
         agent.plane.close().await;
         cluster.stop().await;
         let _ = std::fs::remove_dir_all(&dir);
@@ -1562,7 +1567,7 @@ async fn throughput(bin: &Path, pg: &TestPostgres, sizes: &Sizes) -> Result<Valu
                 "{count} replica(s): {refused} joins and {failed} posts through HAProxy refused"
             ));
         }
-        figures.push((ok as f64 / sizes.seconds as f64, failed));
+        figures.push((ok as f64 / sizes.seconds as f64, failed, cost));
     }
     let (one, three) = (figures[0].0, figures[1].0);
     let ratio = if one > 0.0 { three / one } else { 0.0 };
@@ -1574,9 +1579,79 @@ async fn throughput(bin: &Path, pg: &TestPostgres, sizes: &Sizes) -> Result<Valu
         "ratio": (ratio * 100.0).round() / 100.0,
         "target_met": ratio >= 2.0,
         "failed_posts": figures.iter().map(|f| f.1).sum::<u64>(),
+        "cpu_one_replica": figures[0].2,
+        "cpu_three_replicas": figures[1].2,
         "findings": findings,
         "pass": figures.iter().all(|f| f.1 == 0),
     }))
+}
+
+/// The PostgreSQL server's main process, from the `postmaster.pid` in its data directory
+/// (`None` for a server elsewhere: its CPU is then not counted).
+async fn postmaster_pid(pg: &TestPostgres) -> Option<u32> {
+    let pool = xagent_storage_postgres::connect(pg.admin_url(), Default::default()).await.ok()?;
+    let client = pool.get().await.ok()?;
+    let row = client.query_one("SHOW data_directory", &[]).await.ok()?;
+    let dir: String = row.try_get(0).ok()?;
+    let pid = std::fs::read_to_string(Path::new(&dir).join("postmaster.pid")).ok()?;
+    pid.lines().next()?.trim().parse().ok()
+}
+
+/// CPU used during a throughput window, by part: the replicas, HAProxy, PostgreSQL, and this
+/// process (xAgent and the visitors), plus how busy the whole machine was.
+struct CpuMeter {
+    replicas: u64,
+    haproxy: u64,
+    postgres: u64,
+    load: u64,
+    machine: (u64, u64),
+}
+
+impl CpuMeter {
+    fn sample(cluster: &Cluster, postmaster: Option<u32>) -> CpuMeter {
+        let replicas = cluster
+            .replicas
+            .iter()
+            .filter_map(|r| r.child.as_ref()?.id())
+            .map(|pid| cpu_ticks(&pid.to_string()))
+            .sum();
+        let haproxy = [&cluster.agent_proxy, &cluster.page_proxy]
+            .iter()
+            .map(|p| cpu_ticks(&p.pid().to_string()))
+            .sum();
+        CpuMeter {
+            replicas,
+            haproxy,
+            postgres: postmaster.map_or(0, cpu_ticks_with_children),
+            load: cpu_ticks("self"),
+            machine: machine_ticks(),
+        }
+    }
+
+    fn new(cluster: &Cluster, postmaster: Option<u32>) -> CpuMeter {
+        Self::sample(cluster, postmaster)
+    }
+
+    /// CPU milliseconds per message since [`CpuMeter::new`], by part.
+    fn per_message(&self, cluster: &Cluster, postmaster: Option<u32>, messages: u64) -> Value {
+        let now = Self::sample(cluster, postmaster);
+        // A clock tick is 10 ms.
+        let ms = |after: u64, before: u64| {
+            let per = after.saturating_sub(before) as f64 * 10.0 / messages.max(1) as f64;
+            (per * 1000.0).round() / 1000.0
+        };
+        let (busy, total) = (
+            now.machine.0.saturating_sub(self.machine.0),
+            now.machine.1.saturating_sub(self.machine.1),
+        );
+        json!({
+            "replicas_ms": ms(now.replicas, self.replicas),
+            "haproxy_ms": ms(now.haproxy, self.haproxy),
+            "postgres_ms": ms(now.postgres, self.postgres),
+            "load_generator_ms": ms(now.load, self.load),
+            "machine_busy": if total > 0 { (busy as f64 / total as f64 * 100.0).round() / 100.0 } else { 0.0 },
+        })
+    }
 }
 
 #[cfg(test)]
