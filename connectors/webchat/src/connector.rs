@@ -1,7 +1,7 @@
 //! The Connector definition: Card, auth flows, the IM target (the room's page), the Tools and
 //! the Skill — all on the public API of `xagent-server-runtime`.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -53,7 +53,8 @@ pub(crate) struct App {
     pub(crate) handle: std::sync::OnceLock<ConnectorHandle>,
     /// This process's name in its room news (its own come back to it and are skipped).
     pub(crate) origin: String,
-    pub(crate) pairings: Mutex<Pairings>,
+    /// The pairings of every replica in the runtime's storage (set once the runtime is built).
+    pub(crate) pairings: std::sync::OnceLock<Pairings>,
     /// Wrong codes given through `auth.start`, per channel and per room (F21).
     pub(crate) sign_ins: tokio::sync::Mutex<GuessLimiter<ConnectorChannelId>>,
     /// Absolute URL the pairing links and page links start with (no trailing slash).
@@ -61,8 +62,9 @@ pub(crate) struct App {
 }
 
 impl App {
-    pub(crate) fn pairings(&self) -> MutexGuard<'_, Pairings> {
-        self.pairings.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// The pairings (available once the runtime is built, before it serves).
+    pub(crate) fn pairings(&self) -> Result<&Pairings, WebchatError> {
+        self.pairings.get().ok_or(WebchatError::ShuttingDown)
     }
 
     /// Ends one visitor session (the page's "leave"): the token stops working and every
@@ -77,12 +79,17 @@ impl App {
         format!("{}/chat/pair/{token}", self.public_url)
     }
 
+    /// The prompt of a pairing: with the link and its QR code when this replica minted the
+    /// token (another replica knows only its hash and reports the state and expiry).
     fn prompt(&self, prompt: &PairingPrompt, message: &str) -> Result<AuthPrompt, AuthError> {
-        let link = self.pairing_link(&prompt.token);
-        let image = crate::qr::qr_data_url(&link).map_err(AuthError::internal)?;
+        let link = prompt.token.as_deref().map(|token| self.pairing_link(token));
+        let image = match &link {
+            Some(link) => Some(crate::qr::qr_data_url(link).map_err(AuthError::internal)?),
+            None => None,
+        };
         Ok(AuthPrompt {
-            qr_code_text: Some(link),
-            qr_code_image: Some(image),
+            qr_code_text: link,
+            qr_code_image: image,
             expires_at: Some(prompt.expires_at),
             poll_interval_millis: Some(1_000),
             message: Some(message.to_owned()),
@@ -325,22 +332,24 @@ struct PairingFlow(Arc<App>);
 impl FlowHandler for PairingFlow {
     async fn start(&self, ctx: AuthContext, _input: AuthValues) -> Result<AuthStep, AuthError> {
         let app = &self.0;
-        let prompt = app.pairings().start(
-            ctx.auth_session_id.clone(),
-            ctx.channel.clone(),
-            ctx.handle.now_millis(),
-        );
+        let prompt = app
+            .pairings()
+            .map_err(AuthError::internal)?
+            .start(ctx.auth_session_id.clone(), ctx.channel.clone(), ctx.handle.now_millis())
+            .await
+            .map_err(AuthError::internal)?;
         Ok(AuthStep::Pending(app.prompt(&prompt, "open the link (or scan the code) and confirm")?))
     }
 
     async fn status(&self, ctx: AuthContext, refresh: bool) -> Result<AuthStep, AuthError> {
         let app = &self.0;
         let now = ctx.handle.now_millis();
-        let status = {
-            let mut pairings = app.pairings();
-            pairings.prune(now);
-            pairings.status(&ctx.auth_session_id, refresh, now)
-        };
+        let status = app
+            .pairings()
+            .map_err(AuthError::internal)?
+            .status(&ctx.auth_session_id, refresh, now)
+            .await
+            .map_err(AuthError::internal)?;
         match status {
             PairingStatus::Pending(prompt) => {
                 Ok(AuthStep::Pending(app.prompt(&prompt, "waiting for the link to be opened")?))
@@ -367,7 +376,13 @@ impl FlowHandler for PairingFlow {
     }
 
     async fn cancel(&self, ctx: AuthContext) {
-        self.0.pairings().cancel(&ctx.auth_session_id);
+        let cancelled = match self.0.pairings() {
+            Ok(pairings) => pairings.cancel(&ctx.auth_session_id).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = cancelled {
+            tracing::warn!(%error, "a cancelled pairing stays until it is pruned");
+        }
     }
 }
 

@@ -56,7 +56,8 @@
 //!   creates a new room with a random access code (shown once on the page) and binds it; the
 //!   next `auth.status` reports `authenticated`. After expiry `auth.status` reports
 //!   `qr_refresh_required`, and `refresh: true` issues a new link and retires the old one.
-//!   Pairings live in memory, like the runtime's auth sessions.
+//!   Pairings are in the runtime's storage (the token as a hash only), so a link opens and is
+//!   confirmed, exactly once, on any replica.
 //! - **Visitor sessions**: joining with the access code (or confirming a pairing) gives a
 //!   token kept hashed in the database, in an `HttpOnly` cookie for the page (and in the answer
 //!   for API clients); it opens that room only, lives 7 days and can be revoked; ending it ends
@@ -85,14 +86,14 @@ mod pairing;
 mod qr;
 mod rate;
 mod store;
+mod ticks;
 mod web;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use xagent_profile_im::OutboxEvent;
 use xagent_protocol_types::{Clock, ConnectorCard, Secret, SystemClock};
 use xagent_server_runtime::{CancellationToken, ConnectorHandle, ConnectorServer, RuntimeConfig};
 
@@ -234,7 +235,7 @@ impl Webchat {
             origin: store::random_hex(8),
             messages: std::sync::OnceLock::new(),
             hub: hub::Hub::default(),
-            pairings: Mutex::new(pairing::Pairings::default()),
+            pairings: std::sync::OnceLock::new(),
             sign_ins: tokio::sync::Mutex::new(guess::GuessLimiter::new(options.sign_in_limits)),
             public_url: options.public_url.clone(),
         });
@@ -242,6 +243,7 @@ impl Webchat {
         let (page, relay, presence) = (Arc::clone(&app), Arc::clone(&app), Arc::clone(&app));
         let recover = Arc::clone(&app);
         let follow = Arc::clone(&app);
+        let sweep = Arc::clone(&app);
         let limits = options.visitor_limits.clone();
         let mut builder = ConnectorServer::builder(connector);
         #[cfg(feature = "postgres")]
@@ -262,7 +264,11 @@ impl Webchat {
             })
             // Visitor messages stored but never queued (a stop in between) are queued now.
             .task(move |handle, shutdown| until(shutdown, web::recover_pending(recover, handle)))
-            .task(move |handle, shutdown| until(shutdown, relay_outbox_events(relay, handle)))
+            .task(move |handle, shutdown| {
+                until(shutdown, ticks::relay_outbox_events(relay, handle))
+            })
+            // Visitor messages left `sending` after a failover get their state.
+            .task(move |handle, shutdown| until(shutdown, ticks::sweep_stranded(sweep, handle)))
             .task(move |handle, shutdown| until(shutdown, watch_presence(presence, handle)))
             // Other replicas' room news reach this one's pages.
             .task(move |handle, shutdown| until(shutdown, live::follow(follow, handle)));
@@ -282,6 +288,7 @@ impl Webchat {
             store.release_all_pending_uploads().await?;
         }
         let _ = app.store.set(store);
+        let _ = app.pairings.set(pairing::Pairings::new(authors.clone()));
         let _ = app.messages.set(messages::Messages::with_hints(authors, &app.origin));
         let _ = app.handle.set(server.handle());
         Ok(Self { server, app })
@@ -362,54 +369,6 @@ async fn until(shutdown: CancellationToken, work: impl Future<Output = ()>) {
     }
 }
 
-/// Turns the outbox's facts into the delivery state the page shows.
-async fn relay_outbox_events(app: Arc<App>, handle: ConnectorHandle) {
-    let Some(mut events) = handle.outbox_events() else { return };
-    loop {
-        let event = match events.recv().await {
-            Ok(event) => event,
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
-                tracing::warn!(missed, "delivery states were missed; the page shows them later");
-                continue;
-            }
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-        };
-        let (message_id, status, reason) = match event {
-            OutboxEvent::Delivered { message_id, .. } => (message_id, EntryStatus::Delivered, None),
-            OutboxEvent::Failed { message_id, code, reason, .. } => (
-                message_id,
-                EntryStatus::Rejected,
-                Some(rejection_text(&code.to_string(), &reason)),
-            ),
-            OutboxEvent::Expired { message_id, .. } => (
-                message_id,
-                EntryStatus::Expired,
-                Some("the agent did not take the message in time".to_owned()),
-            ),
-            _ => continue,
-        };
-        let updated = match app.messages() {
-            Ok(messages) => {
-                messages.set_status(message_id.as_str(), status, reason.as_deref()).await
-            }
-            Err(error) => Err(error),
-        };
-        match updated {
-            Ok(Some((room_id, entry))) => app.publish(&room_id, entry),
-            Ok(None) => {}
-            Err(error) => tracing::error!(%error, "could not record a delivery state"),
-        }
-    }
-}
-
-/// The reason shown under a rejected message: the receiver's words and its code, without
-/// the outbox's `rejected <code>: ` prefix when it kept one.
-fn rejection_text(code: &str, reason: &str) -> String {
-    let prefix = format!("rejected {code}: ");
-    let reason = reason.strip_prefix(&prefix).unwrap_or(reason).trim();
-    if reason.is_empty() { format!("rejected ({code})") } else { format!("{reason} ({code})") }
-}
-
 /// Tells watching pages when the agent's channel comes online or goes offline.
 async fn watch_presence(app: Arc<App>, handle: ConnectorHandle) {
     let mut interval = tokio::time::interval(Duration::from_millis(500));
@@ -426,20 +385,5 @@ async fn watch_presence(app: Arc<App>, handle: ConnectorHandle) {
             };
             app.hub.set_online(&room_id, online);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rejection_text;
-
-    #[test]
-    fn rejection_text_keeps_the_reason_and_the_code_once() {
-        assert_eq!(
-            rejection_text("permission_denied", "rejected permission_denied: no thanks"),
-            "no thanks (permission_denied)"
-        );
-        assert_eq!(rejection_text("channel_busy", "busy"), "busy (channel_busy)");
-        assert_eq!(rejection_text("x", ""), "rejected (x)");
     }
 }

@@ -48,6 +48,16 @@ struct Stored {
     outbound: Option<String>,
 }
 
+/// A new delivery state for the message `message_id`.
+pub(crate) struct StatusUpdate {
+    /// The message.
+    pub(crate) message_id: String,
+    /// Its state.
+    pub(crate) status: EntryStatus,
+    /// Why, for a rejection or an expiry.
+    pub(crate) error: Option<String>,
+}
+
 /// A message ready to store: the writes that store it (commit them, or stage them on a Tool
 /// call), or the message stored earlier under the same id.
 pub(crate) enum Prepared {
@@ -258,18 +268,75 @@ impl Messages {
         status: EntryStatus,
         error: Option<&str>,
     ) -> Result<Option<(String, ChatEntry)>, WebchatError> {
-        let Some(key) = self.key_of(IDS, message_id).await? else { return Ok(None) };
-        let Some(mut stored) = self.load(&key).await? else { return Ok(None) };
-        let Some((room_id, rest)) = key.split_once('/') else { return Ok(None) };
-        stored.entry.status = status;
-        stored.entry.error = error.map(str::to_owned);
-        let mut writes = vec![AuthorWrite::put_json(MESSAGES, &key, &stored).map_err(failed)?];
-        if status != EntryStatus::Sending {
-            writes.push(AuthorWrite::delete(SENDING, rest).map_err(failed)?);
+        let update = StatusUpdate {
+            message_id: message_id.to_owned(),
+            status,
+            error: error.map(str::to_owned),
+        };
+        Ok(self.set_statuses(vec![update]).await?.pop())
+    }
+
+    /// Sets the delivery states of several messages in one transaction (the records are read
+    /// at once) and returns each found message's room and updated form; unknown ids are
+    /// skipped.
+    pub(crate) async fn set_statuses(
+        &self,
+        updates: Vec<StatusUpdate>,
+    ) -> Result<Vec<(String, ChatEntry)>, WebchatError> {
+        let found = futures_util::future::join_all(updates.into_iter().map(|update| async move {
+            let Some(key) = self.key_of(IDS, &update.message_id).await? else {
+                return Ok::<_, WebchatError>(None);
+            };
+            Ok(self.load(&key).await?.map(|stored| (key, stored, update)))
+        }))
+        .await;
+        let mut writes = Vec::new();
+        let mut updated = Vec::new();
+        for item in found {
+            let Some((key, mut stored, update)) = item? else { continue };
+            let Some((room_id, rest)) = key.split_once('/') else { continue };
+            stored.entry.status = update.status;
+            stored.entry.error = update.error;
+            writes.push(AuthorWrite::put_json(MESSAGES, &key, &stored).map_err(failed)?);
+            if update.status != EntryStatus::Sending {
+                writes.push(AuthorWrite::delete(SENDING, rest).map_err(failed)?);
+            }
+            writes.extend(self.hint(room_id, &update.message_id)?);
+            updated.push((room_id.to_owned(), stored.entry));
         }
-        writes.extend(self.hint(room_id, message_id)?);
-        self.store.commit(writes).await.map_err(failed)?;
-        Ok(Some((room_id.to_owned(), stored.entry)))
+        if !writes.is_empty() {
+            self.store.commit(writes).await.map_err(failed)?;
+        }
+        Ok(updated)
+    }
+
+    /// Visitor messages `sending` since before `before_seq` (the oldest first, looking at
+    /// most at `limit` of them): `(room_id, message_id, seq)`, read from the index alone (a
+    /// message's `seq` is at least its `created_at` in µs).
+    pub(crate) async fn sending_before(
+        &self,
+        before_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<(String, String, u64)>, WebchatError> {
+        let mut out = Vec::new();
+        let mut scan = AuthorScan::prefix("", PAGE.min(limit.max(1)));
+        let mut looked = 0;
+        while looked < limit {
+            let page = self.store.scan(SENDING, &scan).await.map_err(failed)?;
+            let Some(last) = page.last() else { break };
+            scan = scan.clone().after(last.key.clone());
+            for record in page {
+                looked += 1;
+                let Some((seq, message_id)) = record.key.split_once('.') else { continue };
+                let Some(seq) = seq.parse::<u64>().ok().filter(|seq| *seq < before_seq) else {
+                    return Ok(out);
+                };
+                let Ok(key) = String::from_utf8(record.value) else { continue };
+                let Some((room_id, _)) = key.split_once('/') else { continue };
+                out.push((room_id.to_owned(), message_id.to_owned(), seq));
+            }
+        }
+        Ok(out)
     }
 
     /// A message by its `message_id`, with its room.
@@ -434,6 +501,32 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    #[tokio::test]
+    async fn sending_before_lists_the_old_sending_messages_and_batched_states_end_them() {
+        let messages = messages();
+        let mut old = visitor_entry("msg_old", None);
+        old.created_at = 1_000;
+        let mut new = visitor_entry("msg_new", None);
+        new.created_at = 9_000;
+        for entry in [&old, &new] {
+            messages.insert("lobby", entry, Some("{}")).await.unwrap();
+        }
+        // Keys order by the clock in µs: only the message from before 5 s is listed.
+        let listed = messages.sending_before(5_000 * 1_000, 100).await.unwrap();
+        assert_eq!(listed, vec![("lobby".to_owned(), "msg_old".to_owned(), 1_000_000)]);
+        assert_eq!(messages.sending_before(u64::MAX, 100).await.unwrap().len(), 2);
+        assert!(messages.outbound_of("msg_old").await.unwrap().is_some());
+        let updates = ["msg_old", "msg_new", "msg_unknown"].map(|id| StatusUpdate {
+            message_id: id.to_owned(),
+            status: EntryStatus::Delivered,
+            error: None,
+        });
+        let updated = messages.set_statuses(updates.into()).await.unwrap();
+        assert_eq!(updated.len(), 2, "the unknown id is skipped");
+        assert!(messages.sending_before(u64::MAX, 100).await.unwrap().is_empty());
+        assert!(messages.outbound_of("msg_old").await.unwrap().is_none());
     }
 
     #[tokio::test]

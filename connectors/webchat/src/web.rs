@@ -558,8 +558,8 @@ fn check_text(text: &str, limits: &VisitorLimits) -> Result<Option<String>, Webc
 
 /// Hands a stored visitor message (`outbound`, its exact `chat.message`) to the runtime's
 /// outbox unless the runtime holds it already (the process stopped between storing and
-/// queueing it). `when` says in the log which path found it.
-async fn requeue(
+/// queueing it, or a failover left it `sending`). `when` says in the log which path found it.
+pub(crate) async fn requeue(
     handle: &ConnectorHandle,
     channel: &ConnectorChannelId,
     message_id: &str,
@@ -959,11 +959,11 @@ async fn pair_scan(
     Path(token): Path<String>,
 ) -> Result<Response, WebchatError> {
     let now = web.now();
-    let pairing = web.app.pairings().scan(&token, now)?;
+    let opened = web.app.pairings()?.scan(&token, now).await?;
     Ok(Json(json!({
         "state": "scanned",
-        "expires_at": pairing.expires_at,
-        "suggested_room_name": format!("Room {}", &pairing.token[..4]),
+        "expires_at": opened.expires_at,
+        "suggested_room_name": opened.suggested_room_name,
     }))
     .into_response())
 }
@@ -980,23 +980,31 @@ async fn pair_confirm(
     Json(body): Json<ConfirmBody>,
 ) -> Result<Response, WebchatError> {
     let now = web.now();
-    let pairing = web.app.pairings().confirmable(&token, now)?;
+    // The link is this confirmation's from here on, on every replica (one-time).
+    let claim = web.app.pairings()?.claim(&token, now).await?;
     let name = body
         .room_name
         .map(|n| n.trim().to_owned())
         .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| format!("Room {}", &pairing.token[..4]));
+        .unwrap_or_else(|| claim.suggested_room_name.clone());
     let access_code = random_hex(6);
-    let room = match web.app.store()?.claim_room(&name, &access_code, now).await? {
-        RoomClaim::Created(room) => room,
-        _ => {
-            return Err(WebchatError::InvalidInput(
-                "a room with this name exists already; choose another name".into(),
-            ));
+    let created = match web.app.store()?.claim_room(&name, &access_code, now).await {
+        Ok(RoomClaim::Created(room)) => Ok(room),
+        Ok(_) => Err(WebchatError::InvalidInput(
+            "a room with this name exists already; choose another name".into(),
+        )),
+        Err(error) => Err(error),
+    };
+    let room = match created {
+        Ok(room) => room,
+        Err(error) => {
+            // No room was made: the link can be confirmed again (with another name).
+            web.app.pairings()?.release(claim).await?;
+            return Err(error);
         }
     };
-    web.app.store()?.set_room_channel(&room.room_id, Some(&pairing.channel)).await?;
-    web.app.pairings().complete(&pairing.session, room.room_id.clone());
+    web.app.store()?.set_room_channel(&room.room_id, Some(&claim.channel)).await?;
+    web.app.pairings()?.complete(claim, &room.room_id).await?;
     let expires_at = now.saturating_add(web.limits.token_lifetime_millis);
     let visitor_token = web.app.store()?.add_visitor(&room.room_id, now, expires_at).await?;
     let body = json!({

@@ -8,50 +8,25 @@ use std::sync::Arc;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use xagent_client_runtime::{ClientError, ClientEvent, ControlPlane, DataPlane};
+use xagent_client_runtime::{ClientError, ClientEvent, ControlPlane};
 use xagent_connector_webchat::{
-    PAIRING_LINK_TTL_MILLIS, QR_FLOW, ROOM_FLOW, TOOL_FILE_SEND, TOOL_MESSAGE_SEND,
+    PAIRING_LINK_TTL_MILLIS, ROOM_FLOW, TOOL_FILE_SEND, TOOL_MESSAGE_SEND,
 };
 use xagent_protocol_types::{
-    AuthInput, AuthProgress, AuthStart, AuthStatus, AuthStatusRequest, ChatActivity, ChatMessage,
-    ChatMessageDelta, Clock, ConnectorChannelId, ErrorCode, FileType, ManualClock, Secret,
-    ToolInvoke, ToolInvokeAck, ToolInvokeContext,
+    AuthInput, AuthStart, AuthStatus, ChatActivity, ChatMessage, ChatMessageDelta, Clock,
+    ConnectorChannelId, ErrorCode, FileType, ManualClock, Secret, ToolInvoke, ToolInvokeAck,
+    ToolInvokeContext,
 };
 
 use support::{
-    API_KEY, Lobby, Server, Visitor, connect, next_event, open_room, open_room_as_owner, start,
-    start_with_clock, temp_dir,
+    API_KEY, Lobby, Server, Visitor, connect, next_event, open_room, open_room_as_owner, qr_start,
+    qr_status, start, start_with_clock, temp_dir, token_of,
 };
 
 fn now_millis() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-async fn qr_start(plane: &DataPlane) -> (ConnectorChannelId, AuthProgress) {
-    let opened = plane.open_channel(None).await.expect("channel.open");
-    let channel = opened.connector_channel_id;
-    let ack = plane.request(Some(&channel), AuthStart::new(QR_FLOW)).await.expect("auth.start");
-    (channel, ack.0)
-}
-
-async fn qr_status(
-    plane: &DataPlane,
-    channel: &ConnectorChannelId,
-    progress: &AuthProgress,
-    refresh: bool,
-) -> AuthProgress {
-    let mut poll = AuthStatusRequest::new(progress.auth_session_id.clone().expect("session"))
-        .with_flow_id(QR_FLOW);
-    if refresh {
-        poll.refresh = Some(true);
-    }
-    plane.request(Some(channel), poll).await.expect("auth.status").0
-}
-
-fn token_of(link: &str) -> String {
-    link.rsplit('/').next().expect("token").to_owned()
 }
 
 async fn post(server: &Server, path: &str, body: Value) -> (u16, Value) {
@@ -463,4 +438,37 @@ async fn after_logout_the_room_has_no_agent_and_sends_are_refused() {
     open_room(&plane, "Lobby", "code-1234").await;
     plane.close().await;
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_visitor_message_left_sending_past_the_outbox_ttl_shows_expired_not_sent_late() {
+    let Lobby { dir, server, plane, visitor, channel, .. } = Lobby::start("stranded-expired").await;
+    // What a replica killed between storing and queueing a message leaves, found after more
+    // than the outbox's hour: it is not handed to xAgent any more.
+    let created = server.webchat.handle().now_millis().saturating_sub(2 * 60 * 60 * 1_000);
+    let message = ChatMessage::text("msg_web_too_old", "stored two hours ago").created_at(created);
+    server
+        .webchat
+        .store_unqueued_visitor_message("lobby", &message, "c-too-old")
+        .await
+        .expect("stored");
+    let snapshot = visitor
+        .eventually(|s| {
+            s["messages"].as_array().is_some_and(|messages| {
+                messages
+                    .iter()
+                    .any(|m| m["message_id"] == "msg_web_too_old" && m["status"] == "expired")
+            })
+        })
+        .await;
+    let entry = snapshot["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["message_id"] == "msg_web_too_old"))
+        .cloned()
+        .expect("the message");
+    assert_eq!(entry["error"], "the agent did not take the message in time", "{entry:#}");
+    assert!(server.webchat.handle().pending_messages(&channel).is_empty(), "never queued");
+    plane.close().await;
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -162,3 +162,240 @@ async fn a_page_on_one_replica_sees_the_agents_reply_and_a_visitors_message_made
     let _ = std::fs::remove_dir_all(dir_a);
     let _ = std::fs::remove_dir_all(dir_b);
 }
+
+/// How many times xAgent's application received each message (every one is accepted).
+type Received = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
+
+/// Accepts every visitor message xAgent receives, counting them by id.
+fn accept_all(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<xagent_client_runtime::ClientEvent>,
+) -> Received {
+    let received = Received::default();
+    let counts = received.clone();
+    tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            if let xagent_client_runtime::ClientEvent::ChatMessage(inbound) = event {
+                let id = inbound.message.message_id.to_string();
+                *counts.lock().expect("counts").entry(id).or_default() += 1;
+                inbound.accept();
+            }
+        }
+    });
+    received
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visitor_messages_the_killed_socket_holder_delivered_end_delivered_on_the_next_holder() {
+    use std::time::Duration;
+    use xagent_testkit::haproxy::{HaproxyOptions, TestHaproxy};
+
+    let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+    let (dir_a, dir_b) = (temp_dir("failover-tick-a"), temp_dir("failover-tick-b"));
+    let a = start_on_database(&dir_a, url.clone(), VisitorLimits::default()).await;
+    let b = support::Crashable::start(&dir_b, url).await;
+    let options = HaproxyOptions::default().with_health_path("/ready").with_checks(
+        Duration::from_millis(200),
+        1,
+        1,
+    );
+    let lb = TestHaproxy::start(&[a.addr, b.addr], options).await.expect("haproxy starts");
+    for addr in [a.addr, b.addr] {
+        lb.wait_backend_state(addr, true, Duration::from_secs(10)).await.expect("both up");
+    }
+    // xAgent's socket goes to B: A is out of the rotation until B is killed.
+    lb.admin_command("disable server replicas/b0").await.expect("admin");
+    let base = xagent_client_runtime::BaseUrl::parse(&lb.url()).expect("base");
+    let (plane, events) = xagent_client_runtime::DataPlane::start(support::client_config(base));
+    tokio::time::timeout(Duration::from_secs(10), plane.connected())
+        .await
+        .expect("connects in time")
+        .expect("connects");
+    let channel = open_room(&plane, "Lobby", "code-1234").await;
+    assert!(!a.webchat.handle().is_routed(&channel), "the socket is on b");
+    let received = accept_all(events);
+
+    // A visitor on A sends a burst; B delivers it to xAgent, which accepts every message.
+    let visitor = Visitor::join(&a, "lobby", "code-1234").await;
+    const BURST: usize = 80;
+    let sends = (0..BURST).map(|i| {
+        let visitor = &visitor;
+        async move { visitor.send(&format!("burst {i}"), &format!("c-burst-{i}")).await }
+    });
+    let sent: Vec<String> = futures_util::future::join_all(sends)
+        .await
+        .iter()
+        .map(|m| m["message_id"].as_str().expect("id").to_owned())
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while received.lock().expect("counts").len() < BURST / 2 {
+        assert!(tokio::time::Instant::now() < deadline, "xAgent got half the burst in 15 s");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // B dies halfway through the burst (acks on their way, just applied, states unwritten).
+    b.crash();
+    lb.admin_command("enable server replicas/b0").await.expect("admin");
+
+    // xAgent reconnects through HAProxy to A, which takes over the channel; every message
+    // xAgent has ends `delivered` on the page, none is left `sending`.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let snapshot = visitor.snapshot().await;
+        let statuses: Vec<(String, String)> = snapshot["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| (m["message_id"].as_str().unwrap_or("").to_owned(), m["status"].to_string()))
+            .collect();
+        let sending: Vec<&(String, String)> = statuses
+            .iter()
+            .filter(|(id, status)| sent.contains(id) && status != "\"delivered\"")
+            .collect();
+        if sending.is_empty() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let counts = received.lock().expect("counts").clone();
+            let unseen = sending.iter().filter(|(id, _)| !counts.contains_key(id)).count();
+            panic!(
+                "{} of {BURST} visitor messages are not delivered on the page ({unseen} of them \
+                 never reached xAgent): {sending:?}",
+                sending.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And xAgent's application had each exactly once.
+    let counts = received.lock().expect("counts").clone();
+    for id in &sent {
+        assert_eq!(counts.get(id), Some(&1), "{id}: {counts:?}");
+    }
+    plane.close().await;
+    a.stop().await;
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_visitor_message_its_replica_stored_but_never_queued_reaches_xagent_through_the_holder() {
+    use xagent_protocol_types::ChatMessage;
+
+    let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+    let (dir_a, dir_b) = (temp_dir("stranded-a"), temp_dir("stranded-b"));
+    let a = start_on_database(&dir_a, url.clone(), VisitorLimits::default()).await;
+    let b = start_on_database(&dir_b, url, VisitorLimits::default()).await;
+    let (plane, events) = connect(&b).await;
+    let _channel = open_room(&plane, "Lobby", "code-1234").await;
+    let received = accept_all(events);
+    let visitor = Visitor::join(&a, "lobby", "code-1234").await;
+
+    // What A leaves when it is killed between storing a visitor's message and queueing it
+    // (and is never started again): the message shows `sending`, no outbox holds it.
+    let created = a.webchat.handle().now_millis().saturating_sub(60_000);
+    let message =
+        ChatMessage::text("msg_web_stranded_1", "stored, never queued").created_at(created);
+    a.webchat
+        .store_unqueued_visitor_message("lobby", &message, "c-stranded")
+        .await
+        .expect("stored");
+
+    // B, holding the socket, hands it to xAgent; the page shows it delivered.
+    let snapshot = visitor
+        .eventually(|s| {
+            s["messages"].as_array().is_some_and(|messages| {
+                messages
+                    .iter()
+                    .any(|m| m["message_id"] == "msg_web_stranded_1" && m["status"] == "delivered")
+            })
+        })
+        .await;
+    assert!(snapshot["messages"].as_array().is_some_and(|m| m.len() == 1), "{snapshot:#}");
+    assert_eq!(received.lock().expect("counts").get("msg_web_stranded_1"), Some(&1));
+    plane.close().await;
+    a.stop().await;
+    b.stop().await;
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
+}
+
+/// A POST of the pairing API through `server`: its status and answer.
+async fn pair(server: &support::Server, token: &str, step: &str) -> (u16, serde_json::Value) {
+    let response = reqwest::Client::new()
+        .post(server.url(&format!("/chat/api/pair/{token}/{step}")))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .expect("pairing request");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pairing_link_made_on_one_replica_is_used_once_on_any_and_expires_on_the_clock() {
+    use std::sync::Arc;
+    use xagent_protocol_types::{AuthStatus, Clock, ManualClock};
+
+    let url = xagent_testkit::postgres::TestPostgres::shared().await.fresh_database().await;
+    let (dir_a, dir_b) = (temp_dir("pairing-a"), temp_dir("pairing-b"));
+    let clock = ManualClock::new(a_time());
+    let shared = Arc::new(clock.clone()) as Arc<dyn Clock>;
+    let a = support::start_on_database_with_clock(
+        &dir_a,
+        url.clone(),
+        VisitorLimits::default(),
+        shared.clone(),
+    )
+    .await;
+    let b =
+        support::start_on_database_with_clock(&dir_b, url, VisitorLimits::default(), shared).await;
+    // xAgent's socket (and the auth session) is on A.
+    let (plane, _events) = connect(&a).await;
+    let (channel, started) = support::qr_start(&plane).await;
+    assert_eq!(started.status, AuthStatus::Pending);
+    let token = support::token_of(started.qr_code_text.as_deref().expect("link"));
+
+    // Opened through B (the load balancer sent the browser there): A's poll sees it.
+    let (status, opened) = pair(&b, &token, "scan").await;
+    assert_eq!(status, 200, "{opened}");
+    assert_eq!(
+        support::qr_status(&plane, &channel, &started, false).await.status,
+        AuthStatus::Scanned
+    );
+    // Confirmed through B: the room is made once, and A's poll reports the sign-in.
+    let (status, confirmed) = pair(&b, &token, "confirm").await;
+    assert_eq!(status, 200, "{confirmed}");
+    let room_id = confirmed["room_id"].as_str().expect("room").to_owned();
+    // The second use is refused on A (and on B), after a confirmation on B.
+    for server in [&a, &b] {
+        let (status, body) = pair(server, &token, "confirm").await;
+        assert_eq!(status, 410, "{body}");
+        assert!(body.to_string().contains("already used"), "{body}");
+    }
+    let done = support::qr_status(&plane, &channel, &started, false).await;
+    assert_eq!(done.status, AuthStatus::Authenticated, "{:?}", done.message);
+    let descriptor = done.connection_descriptor.expect("descriptor");
+    assert_eq!(descriptor.target.account_hint.as_deref(), Some(room_id.as_str()));
+
+    // Another link expires on the shared clock: refused on B, A's poll asks for a refresh.
+    let (channel, started) = support::qr_start(&plane).await;
+    let token = support::token_of(started.qr_code_text.as_deref().expect("link"));
+    clock.advance(xagent_connector_webchat::PAIRING_LINK_TTL_MILLIS);
+    let (status, body) = pair(&b, &token, "scan").await;
+    assert_eq!(status, 410, "{body}");
+    assert!(body.to_string().contains("expired"), "{body}");
+    assert_eq!(
+        support::qr_status(&plane, &channel, &started, false).await.status,
+        AuthStatus::QrRefreshRequired
+    );
+    plane.close().await;
+    a.stop().await;
+    b.stop().await;
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
+}
+
+/// A start time for a manual clock (now, so the records' times look ordinary).
+fn a_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

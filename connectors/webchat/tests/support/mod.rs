@@ -12,9 +12,12 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, ClientEvent, DataPlane};
-use xagent_connector_webchat::{CARD_ID, ROOM_FLOW, VisitorLimits, Webchat, WebchatOptions};
+use xagent_connector_webchat::{
+    CARD_ID, QR_FLOW, ROOM_FLOW, VisitorLimits, Webchat, WebchatOptions,
+};
 use xagent_protocol_types::{
-    AuthInput, AuthStart, AuthStatus, Clock, ConnectorChannelId, PROFILE_IM_V2, Secret, SystemClock,
+    AuthInput, AuthProgress, AuthStart, AuthStatus, AuthStatusRequest, Clock, ConnectorChannelId,
+    PROFILE_IM_V2, Secret, SystemClock,
 };
 use xagent_testkit::{Serving, bind_local};
 
@@ -54,13 +57,72 @@ pub async fn start_on_database(
     url: xagent_server_runtime::DatabaseUrl,
     limits: VisitorLimits,
 ) -> Server {
+    start_on_database_with_clock(dir, url, limits, Arc::new(SystemClock)).await
+}
+
+/// [`start_on_database`] with this clock (replicas of a test share one `ManualClock`).
+#[cfg(feature = "postgres")]
+pub async fn start_on_database_with_clock(
+    dir: &PathBuf,
+    url: xagent_server_runtime::DatabaseUrl,
+    limits: VisitorLimits,
+    clock: Arc<dyn Clock>,
+) -> Server {
     let listener = bind_local(None).await.expect("binds");
     let addr = listener.local_addr().expect("addr");
     let options = WebchatOptions::new(dir, format!("http://{addr}"))
         .with_api_key(Secret::new(API_KEY))
         .with_visitor_limits(limits)
+        .with_clock(clock)
         .with_database_url(url);
     serve(listener, options).await
+}
+
+/// A replica on this PostgreSQL database in a runtime of its own, so the test can stop it
+/// the way `kill -9` does: every task dropped at its next await, nothing drained, its sockets
+/// and database connections cut (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub struct Crashable {
+    runtime: tokio::runtime::Runtime,
+    pub addr: SocketAddr,
+}
+
+#[cfg(feature = "postgres")]
+impl Crashable {
+    /// Starts the replica (its own two-thread runtime) with the system clock.
+    pub async fn start(
+        dir: &std::path::Path,
+        url: xagent_server_runtime::DatabaseUrl,
+    ) -> Crashable {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime for the replica");
+        let dir = dir.to_path_buf();
+        let (ready, started) = tokio::sync::oneshot::channel();
+        runtime.spawn(async move {
+            let listener = bind_local(None).await.expect("binds");
+            let addr = listener.local_addr().expect("addr");
+            let options = WebchatOptions::new(&dir, format!("http://{addr}"))
+                .with_api_key(Secret::new(API_KEY))
+                .with_database_url(url);
+            let webchat = Webchat::open(options).await.expect("webchat opens");
+            let _ = ready.send(addr);
+            let _ = webchat.serve(listener, std::future::pending()).await;
+        });
+        let addr = started.await.expect("the replica started");
+        Crashable { runtime, addr }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Stops it at once, like `kill -9`.
+    pub fn crash(self) {
+        self.runtime.shutdown_background();
+    }
 }
 
 async fn start_with(
@@ -160,6 +222,34 @@ async fn open_room_with(plane: &DataPlane, input: AuthInput) -> ConnectorChannel
     assert_eq!(ack.0.status, AuthStatus::Authenticated, "{:?}", ack.0.message);
     plane.remember_channel(channel.clone()).await;
     channel
+}
+
+/// Opens a channel and starts the QR pairing flow on it.
+pub async fn qr_start(plane: &DataPlane) -> (ConnectorChannelId, AuthProgress) {
+    let opened = plane.open_channel(None).await.expect("channel.open");
+    let channel = opened.connector_channel_id;
+    let ack = plane.request(Some(&channel), AuthStart::new(QR_FLOW)).await.expect("auth.start");
+    (channel, ack.0)
+}
+
+/// Polls the pairing's `auth.status` (with `refresh` when asked).
+pub async fn qr_status(
+    plane: &DataPlane,
+    channel: &ConnectorChannelId,
+    progress: &AuthProgress,
+    refresh: bool,
+) -> AuthProgress {
+    let mut poll = AuthStatusRequest::new(progress.auth_session_id.clone().expect("session"))
+        .with_flow_id(QR_FLOW);
+    if refresh {
+        poll.refresh = Some(true);
+    }
+    plane.request(Some(channel), poll).await.expect("auth.status").0
+}
+
+/// The token at the end of a pairing link.
+pub fn token_of(link: &str) -> String {
+    link.rsplit('/').next().expect("token").to_owned()
 }
 
 pub async fn next_event(
