@@ -63,13 +63,7 @@ async fn serve_connector(dir: &std::path::Path) -> (ConnectorServer, std::net::S
         .build()
         .await
         .unwrap_or_else(|e| panic!("server: {e}"));
-    let listener =
-        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
-    let running = server.clone();
-    tokio::spawn(async move {
-        let _ = running.serve(listener, std::future::pending::<()>()).await;
-    });
+    let addr = xagent_testkit::serve_on_loopback(&server).await;
     (server, addr)
 }
 

@@ -630,3 +630,18 @@ pub async fn terminate(child: &mut tokio::process::Child) -> std::process::ExitS
         Err(_) => panic!("{pid} still runs 20 s after SIGTERM"),
     }
 }
+
+/// Serves `server` on a free port of 127.0.0.1 in the background until the test process ends;
+/// returns the address.
+pub async fn serve_on_loopback(
+    server: &xagent_server_runtime::ConnectorServer,
+) -> std::net::SocketAddr {
+    let listener =
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+    let running = server.clone();
+    tokio::spawn(async move {
+        let _ = running.serve(listener, std::future::pending::<()>()).await;
+    });
+    addr
+}
