@@ -354,12 +354,19 @@ async fn limit_a_full_shared_inbox_refuses_retryably_until_the_agent_takes_one()
     );
     assert!(!inbox.contains(channel.as_str(), "msg_over").await.unwrap_or(true));
 
-    // The limit counts what waits, not what was handed: the agent takes one, and the count
-    // is under the limit again (the Connector's next attempt is then accepted; its backoff
-    // decides when that is).
+    // The limit counts what waits, not what was handed: the agent takes one, the count is
+    // under the limit again, and the Connector's next attempt (after its 1 s backoff, then
+    // 2 s) is accepted.
     let client = mcp_client(Arc::clone(&a)).await;
     assert_eq!(wait_message(&client, 1).await["message_id"], "msg_1");
     assert_eq!(inbox.pending(None).await.ok(), Some(xagent_mcp::link::MAX_PENDING_MESSAGES - 1));
+    let stored = tokio::time::timeout(Duration::from_secs(10), async {
+        while !inbox.contains(channel.as_str(), "msg_over").await.unwrap_or(false) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(stored.is_ok(), "the refused message is accepted on a later attempt");
     let _ = client.cancel().await;
     a.close().await;
     server.shutdown();
