@@ -27,7 +27,9 @@
 //!    what it saw), and the failover time from each kill to the next successful
 //!    `tool.invoke` through HAProxy (p50, p99; target p99 <= 5 s).
 //! 3. **throughput** (`--throughput`, instead of the above): visitor messages per second on
-//!    the page API through HAProxy with one replica behind it and with three, same run.
+//!    the page API through HAProxy with one replica behind it and with three, same run, with
+//!    the CPU each part used per message. `--replica-cpu CORES` gives every replica a CPU
+//!    quota (a cgroup), as if each ran on a small host of its own.
 //!
 //! `--quick` is small (about 1,000 messages, 10 channels, one kill of each kind) for CI;
 //! `--only xagent|connector`, `--seed N`, `--json` as in `cargo xtask chaos`.
@@ -93,7 +95,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<ExitCode> {
     let flags = Flags::parse(&args);
     let throughput_only = flags.rest.iter().any(|a| a == "--throughput");
     let rest: Vec<String> = flags.rest.iter().filter(|a| *a != "--throughput").cloned().collect();
-    Flags { rest, ..flags.clone() }.only(&["--only", "--seed"])?;
+    Flags { rest, ..flags.clone() }.only(&["--only", "--seed", "--replica-cpu"])?;
+    let replica_cpu: Option<f64> = flags.value("--replica-cpu")?;
     warn_if_debug();
     let only: Option<String> = flags.value("--only")?;
     if let Some(only) = &only
@@ -135,7 +138,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<ExitCode> {
     runtime.block_on(async {
         let pg = TestPostgres::try_shared().await.map_err(|e| anyhow!("{e}"))?;
         if throughput_only {
-            let outcome = throughput(&bin, pg, &sizes).await?;
+            let outcome = throughput(&bin, pg, &sizes, replica_cpu).await?;
             if !outcome["pass"].as_bool().unwrap_or(false) {
                 failed.push("throughput");
             }
@@ -1502,7 +1505,15 @@ impl Stop {
 // ---------------------------------------------------------------------------------------
 // 3. One replica against three
 
-async fn throughput(bin: &Path, pg: &TestPostgres, sizes: &Sizes) -> Result<Value> {
+/// With `replica_cpu`, each replica runs under a CPU quota of that many cores (see
+/// [`crate::cpu_limit`]), as if on a small host of its own, so the figure shows what adding
+/// replicas buys when they, not the shared machine, are the limit.
+async fn throughput(
+    bin: &Path,
+    pg: &TestPostgres,
+    sizes: &Sizes,
+    replica_cpu: Option<f64>,
+) -> Result<Value> {
     let postmaster = postmaster_pid(pg).await;
     let mut figures = Vec::new();
     let mut findings = Vec::new();
@@ -1510,6 +1521,16 @@ async fn throughput(bin: &Path, pg: &TestPostgres, sizes: &Sizes) -> Result<Valu
         let dir = temp_dir("chaos-cluster-throughput")?;
         let database = pg.fresh_database().await;
         let cluster = Cluster::start(bin, &dir, database.expose(), count).await?;
+        let mut limits = Vec::new();
+        if let Some(cores) = replica_cpu {
+            for pid in cluster.replicas.iter().filter_map(|r| r.child.as_ref()?.id()) {
+                limits.push(crate::cpu_limit::CpuLimit::apply(
+                    &format!("xagent-chaos-replica-{pid}"),
+                    pid,
+                    cores,
+                )?);
+            }
+        }
         let agent = Agent::connect(&cluster.agent_proxy.url()).await?;
         let rooms = sizes.senders.div_ceil(4);
         for n in 0..rooms {
@@ -1561,6 +1582,7 @@ async fn throughput(bin: &Path, pg: &TestPostgres, sizes: &Sizes) -> Result<Valu
         let cost = cpu.per_message(&cluster, postmaster, ok);
         agent.plane.close().await;
         cluster.stop().await;
+        drop(limits);
         let _ = std::fs::remove_dir_all(&dir);
         if refused > 0 || failed > 0 {
             findings.push(format!(
@@ -1574,6 +1596,7 @@ async fn throughput(bin: &Path, pg: &TestPostgres, sizes: &Sizes) -> Result<Valu
     Ok(json!({
         "senders": sizes.senders,
         "seconds": sizes.seconds,
+        "replica_cpu_cores": replica_cpu,
         "one_replica_per_sec": one.round(),
         "three_replicas_per_sec": three.round(),
         "ratio": (ratio * 100.0).round() / 100.0,
