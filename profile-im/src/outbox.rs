@@ -1315,13 +1315,20 @@ impl<S: OutboxStore> Outbox<S> {
         now: u64,
     ) -> Result<usize, OutboxError> {
         records.sort_by_key(|r| r.seq);
+        // What the queues hold already, looked up once (a backlog is read again and again).
+        let mut known: std::collections::HashSet<(ConnectorChannelId, MessageId)> = records
+            .iter()
+            .map(|r| &r.channel)
+            .collect::<std::collections::HashSet<_>>()
+            .into_iter()
+            .filter_map(|channel| Some((channel, self.channels.get(channel)?)))
+            .flat_map(|(channel, ch)| {
+                ch.queue.iter().map(move |e| (channel.clone(), e.rec.message_id.clone()))
+            })
+            .collect();
         let mut joined = 0;
         for rec in records {
-            let known = self
-                .channels
-                .get(&rec.channel)
-                .is_some_and(|ch| ch.queue.iter().any(|e| e.rec.message_id == rec.message_id));
-            if known {
+            if !known.insert((rec.channel.clone(), rec.message_id.clone())) {
                 continue;
             }
             self.next_seq = self.next_seq.max(rec.seq.saturating_add(1));

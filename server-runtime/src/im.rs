@@ -543,11 +543,29 @@ impl ImState {
 
     /// Another replica wrote outbox records of `channel`: when it is routed here, the ones
     /// not queued yet join its queue and the pump sends them.
-    pub(crate) async fn adopt<H: ImHost>(&self, shared: &Arc<H>, channel: &ConnectorChannelId) {
+    pub(crate) async fn adopt<H: ImHost>(
+        &self,
+        shared: &Arc<H>,
+        channel: &ConnectorChannelId,
+        ids: Option<&[MessageId]>,
+    ) {
         if !shared.is_routed(channel) {
             return;
         }
-        let stored = match shared.storage().load_pending_of(channel).await {
+        let read = match ids {
+            // Only the records the wake-up names and this outbox does not hold yet.
+            Some(ids) => {
+                let held = self.pending(channel);
+                let new: Vec<MessageId> =
+                    ids.iter().filter(|id| !held.contains(id)).cloned().collect();
+                if new.is_empty() {
+                    return;
+                }
+                shared.storage().load_pending_ids(channel, &new).await
+            }
+            None => shared.storage().load_pending_of(channel).await,
+        };
+        let stored = match read {
             Ok(stored) => stored,
             Err(error) => {
                 tracing::warn!(%error, %channel, "could not load outbox records another replica wrote; read again on the next wake-up");

@@ -243,6 +243,25 @@ mod cases {
         assert_eq!(pending_by_seq(&*storage).await, vec![m2, pending("cch_1", "m3", 3)]);
     }
 
+    pub async fn a_channels_pending_records_are_read_by_channel_and_by_message_id(place: &Place) {
+        let storage = place.open().await;
+        let saves = [("cch_1", "m3", 3), ("cch_2", "m1", 1), ("cch_1", "m2", 2)];
+        for (c, m, seq) in saves {
+            commit(&*storage, vec![WriteOp::Outbox(OutboxWrite::Save(pending(c, m, seq)))]).await;
+        }
+        assert_eq!(
+            storage.load_pending_of(&ch("cch_1")).await.unwrap(),
+            vec![pending("cch_1", "m2", 2), pending("cch_1", "m3", 3)]
+        );
+        let ids = [MessageId::new("m3"), MessageId::new("m1"), MessageId::new("m_gone")];
+        assert_eq!(
+            storage.load_pending_ids(&ch("cch_1"), &ids).await.unwrap(),
+            vec![pending("cch_1", "m3", 3)],
+            "only the channel's records among the ids (m1 is another channel's)"
+        );
+        assert!(storage.load_pending_ids(&ch("cch_1"), &[]).await.unwrap().is_empty());
+    }
+
     pub async fn idempotency_lookup_trim_and_expire(place: &Place) {
         let storage = place.open().await;
         let mut ops: Vec<WriteOp> = [("m0", 3u64), ("m1", 1), ("m2", 4), ("m3", 2), ("m4", 4)]
@@ -444,6 +463,7 @@ support::contract!(
     prune_deletes_tool_calls_older_than_the_cut,
     meta_values_are_set_replaced_and_removed,
     outbox_save_attempt_delete_and_reload_in_seq_order,
+    a_channels_pending_records_are_read_by_channel_and_by_message_id,
     idempotency_lookup_trim_and_expire,
     writes_apply_in_submission_order_within_and_across_submissions,
     a_failing_submission_acknowledges_nothing_and_fails_alone,

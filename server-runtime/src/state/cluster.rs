@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::broadcast::error::RecvError;
-use xagent_protocol_types::{ConnectorChannelId, ConnectorId};
+use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 
 use super::Shared;
 use crate::handle::Broadcast;
@@ -303,13 +303,13 @@ impl Shared {
                 },
             };
             match event {
-                Ok(ClusterEvent::Outbox(channel)) => {
+                Ok(event @ (ClusterEvent::Outbox(_) | ClusterEvent::OutboxRecords { .. })) => {
                     // Under load wake-ups queue up: one read per channel serves all of them.
-                    let (channels, after) = drain_outbox_wakeups(&mut events, channel);
+                    let (wanted, after) = drain_outbox_wakeups(&mut events, event);
                     next = after;
                     if let Some(im) = &self.im {
-                        for channel in channels {
-                            im.adopt(&self, &channel).await;
+                        for (channel, ids) in wanted {
+                            im.adopt(&self, &channel, ids.as_deref()).await;
                         }
                     }
                 }
@@ -341,7 +341,7 @@ impl Shared {
         };
         if let Some(im) = &self.im {
             for channel in routed {
-                im.adopt(self, &channel).await;
+                im.adopt(self, &channel, None).await;
             }
         }
     }
@@ -445,32 +445,59 @@ impl Shared {
 /// At most this many queued wake-ups are taken together.
 const WAKEUP_BATCH: usize = 256;
 
-/// The channels of `first` and of the outbox wake-ups queued right behind it (each once), and
-/// the first other event, which must be handled after them to keep the order.
+/// The records an outbox wake-up asks to read: by channel, the named message ids, or `None`
+/// for all of the channel's.
+type Wanted = Vec<(ConnectorChannelId, Option<Vec<MessageId>>)>;
+
+/// What `first` and the outbox wake-ups queued right behind it ask to read (each channel once,
+/// its ids merged), and the first other event, which must be handled after them to keep the
+/// order.
 fn drain_outbox_wakeups(
     events: &mut tokio::sync::broadcast::Receiver<ClusterEvent>,
-    first: ConnectorChannelId,
-) -> (Vec<ConnectorChannelId>, Option<Result<ClusterEvent, RecvError>>) {
+    first: ClusterEvent,
+) -> (Wanted, Option<Result<ClusterEvent, RecvError>>) {
     use tokio::sync::broadcast::error::TryRecvError;
-    let mut channels = vec![first];
-    let mut seen: std::collections::HashSet<ConnectorChannelId> =
-        channels.iter().cloned().collect();
+    let mut wanted: Wanted = Vec::new();
+    let mut add = |event: ClusterEvent| {
+        let (channel, ids) = match event {
+            ClusterEvent::Outbox(channel) => (channel, None),
+            ClusterEvent::OutboxRecords { channel, ids } => (channel, Some(ids)),
+            other => return Some(other),
+        };
+        match wanted.iter_mut().find(|(c, _)| *c == channel) {
+            None => wanted.push((channel, ids)),
+            Some((_, known)) => match (known.as_mut(), ids) {
+                (Some(known), Some(ids)) => {
+                    for id in ids {
+                        if !known.contains(&id) {
+                            known.push(id);
+                        }
+                    }
+                }
+                // One of them asks for all of the channel's records.
+                _ => *known = None,
+            },
+        }
+        None
+    };
+    if let Some(other) = add(first) {
+        return (Vec::new(), Some(Ok(other)));
+    }
     for _ in 0..WAKEUP_BATCH {
         match events.try_recv() {
-            Ok(ClusterEvent::Outbox(channel)) => {
-                if seen.insert(channel.clone()) {
-                    channels.push(channel);
+            Ok(event) => {
+                if let Some(other) = add(event) {
+                    return (wanted, Some(Ok(other)));
                 }
             }
-            Ok(other) => return (channels, Some(Ok(other))),
             Err(TryRecvError::Lagged(missed)) => {
-                return (channels, Some(Err(RecvError::Lagged(missed))));
+                return (wanted, Some(Err(RecvError::Lagged(missed))));
             }
             Err(TryRecvError::Empty) => break,
-            Err(TryRecvError::Closed) => return (channels, Some(Err(RecvError::Closed))),
+            Err(TryRecvError::Closed) => return (wanted, Some(Err(RecvError::Closed))),
         }
     }
-    (channels, None)
+    (wanted, None)
 }
 
 #[cfg(test)]
@@ -481,20 +508,46 @@ mod tests {
         ClusterEvent::Outbox(ConnectorChannelId::new(id))
     }
 
+    fn records(channel: &str, ids: &[&str]) -> ClusterEvent {
+        ClusterEvent::OutboxRecords {
+            channel: ConnectorChannelId::new(channel),
+            ids: ids.iter().map(|id| MessageId::new(*id)).collect(),
+        }
+    }
+
+    fn shown(wanted: &Wanted) -> Vec<(&str, Option<Vec<&str>>)> {
+        wanted
+            .iter()
+            .map(|(c, ids)| {
+                (c.as_str(), ids.as_ref().map(|ids| ids.iter().map(MessageId::as_str).collect()))
+            })
+            .collect()
+    }
+
     #[test]
     fn queued_outbox_wakeups_read_each_channel_once_and_keep_what_follows_in_order() {
         let (tx, mut rx) = tokio::sync::broadcast::channel(16);
-        for event in [outbox("cch_b"), outbox("cch_a"), outbox("cch_b"), ClusterEvent::Resync] {
+        for event in [
+            records("cch_b", &["m1"]),
+            records("cch_a", &["m2"]),
+            records("cch_b", &["m3", "m1"]),
+            outbox("cch_c"),
+            records("cch_c", &["m4"]),
+            ClusterEvent::Resync,
+        ] {
             tx.send(event).ok();
         }
-        tx.send(outbox("cch_c")).ok();
-        let (channels, next) = drain_outbox_wakeups(&mut rx, ConnectorChannelId::new("cch_a"));
-        let ids: Vec<&str> = channels.iter().map(ConnectorChannelId::as_str).collect();
-        assert_eq!(ids, ["cch_a", "cch_b"], "each channel once, in arrival order");
+        tx.send(outbox("cch_d")).ok();
+        let (wanted, next) = drain_outbox_wakeups(&mut rx, records("cch_a", &["m0"]));
+        assert_eq!(
+            shown(&wanted),
+            [("cch_a", Some(vec!["m0", "m2"])), ("cch_b", Some(vec!["m1", "m3"])), ("cch_c", None),],
+            "each channel once, its ids merged; one asking for all reads all"
+        );
         assert!(matches!(next, Some(Ok(ClusterEvent::Resync))), "the resync comes next");
-        assert!(matches!(rx.try_recv(), Ok(ClusterEvent::Outbox(c)) if c.as_str() == "cch_c"));
-        let (channels, next) = drain_outbox_wakeups(&mut rx, ConnectorChannelId::new("cch_d"));
-        assert_eq!(channels.len(), 1);
+        assert!(matches!(rx.try_recv(), Ok(ClusterEvent::Outbox(c)) if c.as_str() == "cch_d"));
+        let (wanted, next) = drain_outbox_wakeups(&mut rx, outbox("cch_e"));
+        assert_eq!(shown(&wanted), [("cch_e", None)]);
         assert!(next.is_none(), "nothing queued");
     }
 }

@@ -62,6 +62,13 @@ impl LeaseState {
 pub enum ClusterEvent {
     /// Outbox records of the channel were written by another replica.
     Outbox(ConnectorChannelId),
+    /// These outbox records of the channel were written by another replica.
+    OutboxRecords {
+        /// The channel.
+        channel: ConnectorChannelId,
+        /// The records' message ids.
+        ids: Vec<MessageId>,
+    },
     /// The channel's row was written or deleted by another replica.
     Channel(ConnectorChannelId),
     /// A replica took the data-plane lease with this fencing number.
@@ -102,16 +109,31 @@ pub(crate) struct Notice {
     /// A message, for `broadcast`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) m: Option<String>,
+    /// The message ids of the records written, for `outbox` (absent: read them all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) i: Option<Vec<String>>,
 }
+
+/// A wake-up names at most this many outbox records; one about more says "read them all"
+/// (a notification's payload is limited to 8,000 bytes).
+const NOTICE_IDS: usize = 64;
 
 impl Notice {
     fn about(replica: &str, kind: &str) -> Self {
-        Self { r: replica.to_owned(), k: kind.to_owned(), c: None, f: None, t: None, m: None }
+        Self {
+            r: replica.to_owned(),
+            k: kind.to_owned(),
+            c: None,
+            f: None,
+            t: None,
+            m: None,
+            i: None,
+        }
     }
 
-    /// A wake-up about a channel's outbox records.
-    pub(crate) fn outbox(replica: &str, channel: &str) -> Self {
-        Self { c: Some(channel.to_owned()), ..Self::about(replica, "outbox") }
+    /// A wake-up about a channel's outbox records: those of `ids`, or (`None`) any.
+    pub(crate) fn outbox(replica: &str, channel: &str, ids: Option<Vec<String>>) -> Self {
+        Self { c: Some(channel.to_owned()), i: ids, ..Self::about(replica, "outbox") }
     }
 
     /// A wake-up about a channel's row.
@@ -142,7 +164,13 @@ impl Notice {
         let event = match notice.k.as_str() {
             "lease" => ClusterEvent::DataPlaneTaken { fence: notice.f?, replica: notice.r.clone() },
             _ if notice.r == own => return None,
-            "outbox" => ClusterEvent::Outbox(channel()?),
+            "outbox" => match &notice.i {
+                Some(ids) => ClusterEvent::OutboxRecords {
+                    channel: channel()?,
+                    ids: ids.iter().map(|id| MessageId::new(id.as_str())).collect(),
+                },
+                None => ClusterEvent::Outbox(channel()?),
+            },
             "channel" => ClusterEvent::Channel(channel()?),
             "broadcast" => {
                 ClusterEvent::Broadcast { topic: notice.t.clone()?, message: notice.m.clone()? }
@@ -221,19 +249,33 @@ impl ClusterStorage {
     /// whose outbox or row they change.
     fn augment(&self, writes: Vec<WriteOp>) -> Vec<WriteOp> {
         let fence = self.fence();
-        let mut notices: Vec<(bool, String)> = Vec::new();
+        // (outbox?, channel, the outbox records' ids while they fit in a notice)
+        let mut notices: Vec<(bool, String, Option<Vec<String>>)> = Vec::new();
         for write in &writes {
-            let about = match write {
-                WriteOp::Outbox(OutboxWrite::Save(record)) => Some((true, record.channel.as_str())),
-                WriteOp::Channel { id, .. } | WriteOp::DeleteChannel(id) => {
-                    Some((false, id.as_str()))
+            let (outbox, channel, id) = match write {
+                WriteOp::Outbox(OutboxWrite::Save(record)) => {
+                    (true, record.channel.as_str(), Some(record.message_id.as_str()))
                 }
-                _ => None,
+                WriteOp::Channel { id, .. } | WriteOp::DeleteChannel(id) => {
+                    (false, id.as_str(), None)
+                }
+                _ => continue,
             };
-            if let Some((outbox, channel)) = about
-                && !notices.iter().any(|(o, c)| *o == outbox && c == channel)
-            {
-                notices.push((outbox, channel.to_owned()));
+            let at = notices.iter().position(|(o, c, _)| *o == outbox && c == channel);
+            let notice = match at {
+                Some(at) => &mut notices[at],
+                None => {
+                    notices.push((outbox, channel.to_owned(), outbox.then(Vec::new)));
+                    let last = notices.len() - 1;
+                    &mut notices[last]
+                }
+            };
+            if let (Some(ids), Some(id)) = (&mut notice.2, id) {
+                if ids.len() < NOTICE_IDS {
+                    ids.push(id.to_owned());
+                } else {
+                    notice.2 = None;
+                }
             }
         }
         let mut all = Vec::with_capacity(writes.len() + notices.len() + 1);
@@ -243,9 +285,9 @@ impl ClusterStorage {
             all.push(WriteOp::Fence(fence));
         }
         all.extend(writes);
-        for (outbox, channel) in notices {
+        for (outbox, channel, ids) in notices {
             let notice = if outbox {
-                Notice::outbox(&self.replica, &channel)
+                Notice::outbox(&self.replica, &channel, ids)
             } else {
                 Notice::channel(&self.replica, &channel)
             };
@@ -287,6 +329,13 @@ impl Storage for ClusterStorage {
         channel: &ConnectorChannelId,
     ) -> Result<Vec<PendingRecord>, StorageError> {
         self.inner.load_pending_of(channel).await
+    }
+    async fn load_pending_ids(
+        &self,
+        channel: &ConnectorChannelId,
+        ids: &[MessageId],
+    ) -> Result<Vec<PendingRecord>, StorageError> {
+        self.inner.load_pending_ids(channel, ids).await
     }
     async fn lookup_completed(
         &self,
@@ -348,10 +397,18 @@ mod tests {
             WriteOp::Notify(text) => text,
             other => panic!("{other:?}"),
         };
-        let outbox = payload(Notice::outbox("r1", "cch_1"));
+        let outbox = payload(Notice::outbox("r1", "cch_1", None));
         assert_eq!(
             Notice::read(&outbox, "r2"),
             Some(ClusterEvent::Outbox(ConnectorChannelId::new("cch_1")))
+        );
+        let named = payload(Notice::outbox("r1", "cch_1", Some(vec!["m1".into()])));
+        assert_eq!(
+            Notice::read(&named, "r2"),
+            Some(ClusterEvent::OutboxRecords {
+                channel: ConnectorChannelId::new("cch_1"),
+                ids: vec![MessageId::new("m1")]
+            })
         );
         assert_eq!(Notice::read(&outbox, "r1"), None, "own wake-ups are not heard");
         let lease = r#"{"r":"r1","k":"lease","f":7}"#;
@@ -362,5 +419,55 @@ mod tests {
         );
         assert_eq!(Notice::read("not json", "r2"), None);
         assert_eq!(Notice::read(r#"{"r":"r1","k":"future"}"#, "r2"), None);
+    }
+
+    #[test]
+    fn an_outbox_wakeup_names_its_records_until_there_are_too_many() {
+        let storage = ClusterStorage::new(
+            Arc::new(
+                crate::storage::SqliteStorage::in_memory()
+                    .unwrap_or_else(|e| panic!("an in-memory database: {e}")),
+            ),
+            "r1",
+        );
+        let save = |channel: &str, id: &str| {
+            WriteOp::Outbox(OutboxWrite::Save(PendingRecord {
+                channel: ConnectorChannelId::new(channel),
+                message_id: MessageId::new(id),
+                seq: 1,
+                payload: String::new(),
+                attempts: 0,
+                first_responsibility_at: 0,
+                expires_at: 0,
+                next_attempt_at: 0,
+                last_error: None,
+            }))
+        };
+        let notices = |writes: Vec<WriteOp>| -> Vec<Option<ClusterEvent>> {
+            storage
+                .augment(writes)
+                .into_iter()
+                .filter_map(|w| match w {
+                    WriteOp::Notify(text) => Some(Notice::read(&text, "r2")),
+                    _ => None,
+                })
+                .collect()
+        };
+        let few = notices(vec![save("cch_a", "m1"), save("cch_a", "m2"), save("cch_b", "m3")]);
+        assert_eq!(
+            few,
+            vec![
+                Some(ClusterEvent::OutboxRecords {
+                    channel: ConnectorChannelId::new("cch_a"),
+                    ids: vec![MessageId::new("m1"), MessageId::new("m2")]
+                }),
+                Some(ClusterEvent::OutboxRecords {
+                    channel: ConnectorChannelId::new("cch_b"),
+                    ids: vec![MessageId::new("m3")]
+                }),
+            ]
+        );
+        let many = notices((0..=NOTICE_IDS).map(|n| save("cch_a", &format!("m{n}"))).collect());
+        assert_eq!(many, vec![Some(ClusterEvent::Outbox(ConnectorChannelId::new("cch_a")))]);
     }
 }

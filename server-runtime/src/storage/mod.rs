@@ -138,8 +138,8 @@ pub trait Storage: Send + Sync + 'static {
     async fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError>;
     /// Every pending IM outbox record (the outbox loads them when it opens).
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError>;
-    /// The pending IM outbox records of one channel (a replica taking the channel's socket
-    /// over, or woken by another replica's write). The default filters
+    /// The pending IM outbox records of one channel in `seq` order (a replica taking the
+    /// channel's socket over, or woken by another replica's write). The default filters
     /// [`Storage::load_pending`]; a backend with an index overrides it.
     async fn load_pending_of(
         &self,
@@ -147,6 +147,19 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<Vec<PendingRecord>, StorageError> {
         let mut all = self.load_pending().await?;
         all.retain(|record| &record.channel == channel);
+        all.sort_by_key(|record| record.seq);
+        Ok(all)
+    }
+    /// The pending IM outbox records of one channel among `ids`, in `seq` order (a replica
+    /// woken by another's write of those records). The default filters
+    /// [`Storage::load_pending_of`].
+    async fn load_pending_ids(
+        &self,
+        channel: &ConnectorChannelId,
+        ids: &[MessageId],
+    ) -> Result<Vec<PendingRecord>, StorageError> {
+        let mut all = self.load_pending_of(channel).await?;
+        all.retain(|record| ids.contains(&record.message_id));
         Ok(all)
     }
     /// The receiver idempotency record of one `(channel, message_id)`, if stored: one point

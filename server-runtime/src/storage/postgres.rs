@@ -311,6 +311,19 @@ impl PostgresStorage {
         rows.iter().map(pending_of).collect()
     }
 
+    /// The pending records of one channel among `ids` (point reads on the primary key).
+    pub async fn load_pending_ids(
+        &self,
+        channel: &ConnectorChannelId,
+        ids: &[MessageId],
+    ) -> Result<Vec<PendingRecord>, StorageError> {
+        let ids: Vec<&str> = ids.iter().map(MessageId::as_str).collect();
+        let sql =
+            format!("{PENDING_COLUMNS} WHERE channel = $1 AND message_id = ANY($2) ORDER BY seq");
+        let rows = self.query(LOAD_PENDING, &sql, &[&channel.as_str(), &ids]).await?;
+        rows.iter().map(pending_of).collect()
+    }
+
     /// One receiver idempotency record by its key (a point read on the primary key).
     pub async fn lookup_completed(
         &self,
@@ -451,6 +464,14 @@ impl Storage for PostgresStorage {
         channel: &ConnectorChannelId,
     ) -> Result<Vec<PendingRecord>, StorageError> {
         PostgresStorage::load_pending_of(self, channel).await
+    }
+
+    async fn load_pending_ids(
+        &self,
+        channel: &ConnectorChannelId,
+        ids: &[MessageId],
+    ) -> Result<Vec<PendingRecord>, StorageError> {
+        PostgresStorage::load_pending_ids(self, channel, ids).await
     }
 
     async fn lookup_completed(
