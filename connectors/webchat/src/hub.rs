@@ -342,14 +342,19 @@ impl Hub {
         });
     }
 
-    /// Whether some page of this process has subscribed to the room.
+    /// Whether some page of this process listens to the room now. (A room this process only sent news to, with no page listening, is not watched: the
+    /// other replicas' news of it need not be read.)
     pub fn is_watched(&self, room_id: &str) -> bool {
-        self.rooms().contains_key(room_id)
+        self.rooms().get(room_id).is_some_and(|room| room.tx.receiver_count() > 0)
     }
 
-    /// Rooms some page has subscribed to.
+    /// Rooms some page of this process is subscribed to now.
     pub fn watched_rooms(&self) -> Vec<String> {
-        self.rooms().keys().cloned().collect()
+        self.rooms()
+            .iter()
+            .filter(|(_, room)| room.tx.receiver_count() > 0)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 }
 
@@ -369,6 +374,21 @@ mod tests {
             client_id: None,
             created_at: 1,
         }
+    }
+
+    #[test]
+    fn a_room_is_watched_only_while_a_page_listens() {
+        let hub = Hub::default();
+        // News sent by this process to a room nobody watches keep its live state only.
+        hub.message("r", final_entry("m1"));
+        hub.set_online("r", true);
+        assert!(!hub.is_watched("r"));
+        assert!(hub.watched_rooms().is_empty());
+        let (rx, _, _) = hub.subscribe("r");
+        assert!(hub.is_watched("r"));
+        assert_eq!(hub.watched_rooms(), vec!["r".to_owned()]);
+        drop(rx);
+        assert!(!hub.is_watched("r"));
     }
 
     #[test]
