@@ -305,12 +305,18 @@ impl Shared {
             match event {
                 Ok(event @ (ClusterEvent::Outbox(_) | ClusterEvent::OutboxRecords { .. })) => {
                     // Under load wake-ups queue up: one read per channel serves all of them.
-                    let (wanted, after) = drain_outbox_wakeups(&mut events, event);
+                    let (wanted, after) = drain_outbox_wakeups(&mut events, event, |b| {
+                        let _ = self.broadcasts.send(b);
+                    });
                     next = after;
                     if let Some(im) = &self.im {
-                        for (channel, ids) in wanted {
-                            im.adopt(&self, &channel, ids.as_deref()).await;
-                        }
+                        // The channels' reads are independent: all at once.
+                        futures_util::future::join_all(
+                            wanted
+                                .iter()
+                                .map(|(channel, ids)| im.adopt(&self, channel, ids.as_deref())),
+                        )
+                        .await;
                     }
                 }
                 Ok(ClusterEvent::Channel(channel)) => self.reread_channel(&channel).await,
@@ -451,10 +457,13 @@ type Wanted = Vec<(ConnectorChannelId, Option<Vec<MessageId>>)>;
 
 /// What `first` and the outbox wake-ups queued right behind it ask to read (each channel once,
 /// its ids merged), and the first other event, which must be handled after them to keep the
-/// order.
+/// order. Author broadcasts queued in between go to `broadcast` as they come: they say
+/// nothing about outbox records, and under load every other wake-up is one of them (without
+/// this, a broadcast between each two wake-ups would leave one read per wake-up).
 fn drain_outbox_wakeups(
     events: &mut tokio::sync::broadcast::Receiver<ClusterEvent>,
     first: ClusterEvent,
+    mut broadcast: impl FnMut(Broadcast),
 ) -> (Wanted, Option<Result<ClusterEvent, RecvError>>) {
     use tokio::sync::broadcast::error::TryRecvError;
     let mut wanted: Wanted = Vec::new();
@@ -462,6 +471,10 @@ fn drain_outbox_wakeups(
         let (channel, ids) = match event {
             ClusterEvent::Outbox(channel) => (channel, None),
             ClusterEvent::OutboxRecords { channel, ids } => (channel, Some(ids)),
+            ClusterEvent::Broadcast { topic, message } => {
+                broadcast(Broadcast { topic, message });
+                return None;
+            }
             other => return Some(other),
         };
         match wanted.iter_mut().find(|(c, _)| *c == channel) {
@@ -531,6 +544,7 @@ mod tests {
             records("cch_b", &["m1"]),
             records("cch_a", &["m2"]),
             records("cch_b", &["m3", "m1"]),
+            ClusterEvent::Broadcast { topic: "t".into(), message: "between".into() },
             outbox("cch_c"),
             records("cch_c", &["m4"]),
             ClusterEvent::Resync,
@@ -538,7 +552,10 @@ mod tests {
             tx.send(event).ok();
         }
         tx.send(outbox("cch_d")).ok();
-        let (wanted, next) = drain_outbox_wakeups(&mut rx, records("cch_a", &["m0"]));
+        let mut passed = Vec::new();
+        let (wanted, next) =
+            drain_outbox_wakeups(&mut rx, records("cch_a", &["m0"]), |b| passed.push(b.message));
+        assert_eq!(passed, ["between"], "a broadcast in between is handed on at once");
         assert_eq!(
             shown(&wanted),
             [("cch_a", Some(vec!["m0", "m2"])), ("cch_b", Some(vec!["m1", "m3"])), ("cch_c", None),],
@@ -546,7 +563,7 @@ mod tests {
         );
         assert!(matches!(next, Some(Ok(ClusterEvent::Resync))), "the resync comes next");
         assert!(matches!(rx.try_recv(), Ok(ClusterEvent::Outbox(c)) if c.as_str() == "cch_d"));
-        let (wanted, next) = drain_outbox_wakeups(&mut rx, outbox("cch_e"));
+        let (wanted, next) = drain_outbox_wakeups(&mut rx, outbox("cch_e"), |_| {});
         assert_eq!(shown(&wanted), [("cch_e", None)]);
         assert!(next.is_none(), "nothing queued");
     }
