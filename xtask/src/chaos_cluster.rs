@@ -1624,6 +1624,8 @@ async fn postmaster_pid(pg: &TestPostgres) -> Option<u32> {
 /// process (xAgent and the visitors), plus how busy the whole machine was.
 struct CpuMeter {
     replicas: u64,
+    /// Each replica's, in the order of `Cluster::replicas`.
+    each: Vec<u64>,
     haproxy: u64,
     postgres: u64,
     load: u64,
@@ -1632,18 +1634,21 @@ struct CpuMeter {
 
 impl CpuMeter {
     fn sample(cluster: &Cluster, postmaster: Option<u32>) -> CpuMeter {
-        let replicas = cluster
+        let each: Vec<u64> = cluster
             .replicas
             .iter()
-            .filter_map(|r| r.child.as_ref()?.id())
-            .map(|pid| cpu_ticks(&pid.to_string()))
-            .sum();
+            .map(|r| {
+                r.child.as_ref().and_then(|c| c.id()).map_or(0, |pid| cpu_ticks(&pid.to_string()))
+            })
+            .collect();
+        let replicas = each.iter().sum();
         let haproxy = [&cluster.agent_proxy, &cluster.page_proxy]
             .iter()
             .map(|p| cpu_ticks(&p.pid().to_string()))
             .sum();
         CpuMeter {
             replicas,
+            each,
             haproxy,
             postgres: postmaster.map_or(0, cpu_ticks_with_children),
             load: cpu_ticks("self"),
@@ -1667,8 +1672,13 @@ impl CpuMeter {
             now.machine.0.saturating_sub(self.machine.0),
             now.machine.1.saturating_sub(self.machine.1),
         );
+        // The busiest first (the socket holder, which also delivers every message to xAgent).
+        let mut each: Vec<f64> =
+            now.each.iter().zip(&self.each).map(|(after, before)| ms(*after, *before)).collect();
+        each.sort_by(|a, b| b.total_cmp(a));
         json!({
             "replicas_ms": ms(now.replicas, self.replicas),
+            "each_replica_ms": each,
             "haproxy_ms": ms(now.haproxy, self.haproxy),
             "postgres_ms": ms(now.postgres, self.postgres),
             "load_generator_ms": ms(now.load, self.load),
