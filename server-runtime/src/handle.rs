@@ -145,6 +145,7 @@ pub(crate) trait HandleOps: Send + Sync + 'static {
         profile: &'static str,
         channel: ConnectorChannelId,
         payload: OutboundPayload,
+        extra: Vec<crate::WriteOp>,
     ) -> BoxFuture<'static, Result<(), HandleError>>;
     /// The IM outbox's facts, when the Card declares an IM Profile.
     fn outbox_events(&self) -> Option<tokio::sync::broadcast::Receiver<OutboxEvent>>;
@@ -406,7 +407,26 @@ impl ConnectorHandle {
         message: ChatMessage,
     ) -> Result<(), HandleError> {
         let payload = OutboundPayload::ChatMessage(message);
-        Arc::clone(&self.0).enqueue_message(PROFILE_IM_V2, channel.clone(), payload).await
+        Arc::clone(&self.0)
+            .enqueue_message(PROFILE_IM_V2, channel.clone(), payload, Vec::new())
+            .await
+    }
+
+    /// [`ConnectorHandle::send_message`] with records of the author's stored in the same
+    /// transaction as the message's outbox record: when this returns `Ok` both are durable,
+    /// and when it fails neither was stored (one commit instead of two, and no record of a
+    /// message the outbox never took). The writes were checked when they were made
+    /// ([`crate::AuthorWrite`]); they share the outbox's submission, so a backend refusing
+    /// one fails the messages queued with it too.
+    pub async fn send_message_with(
+        &self,
+        channel: &ConnectorChannelId,
+        message: ChatMessage,
+        writes: Vec<crate::AuthorWrite>,
+    ) -> Result<(), HandleError> {
+        let payload = OutboundPayload::ChatMessage(message);
+        let extra = writes.into_iter().map(crate::AuthorWrite::into_write_op).collect();
+        Arc::clone(&self.0).enqueue_message(PROFILE_IM_V2, channel.clone(), payload, extra).await
     }
 
     /// Hands an inbound target message to xAgent as an IM v1 `message.push` (build it with
@@ -418,7 +438,9 @@ impl ConnectorHandle {
         push: MessagePush,
     ) -> Result<(), HandleError> {
         let payload = OutboundPayload::from(push);
-        Arc::clone(&self.0).enqueue_message(PROFILE_IM_V1, channel.clone(), payload).await
+        Arc::clone(&self.0)
+            .enqueue_message(PROFILE_IM_V1, channel.clone(), payload, Vec::new())
+            .await
     }
 
     /// Subscribes to the IM outbox's facts (delivered, failed for good, expired, ...), so an

@@ -44,7 +44,7 @@ use crate::author::call::ImCode;
 use crate::connector::Connector;
 use crate::error::HandleError;
 use crate::ids;
-use crate::storage::{Storage, StorageError};
+use crate::storage::{Storage, StorageError, WriteOp};
 
 mod inbound;
 
@@ -120,6 +120,9 @@ struct Pipeline {
     outbox_first: Vec<OutboxWrite>,
     /// Receiver writes for the next submission.
     receiver: Vec<IdempotencyWrite>,
+    /// Other writes for the next submission: an author's records stored with the outbox
+    /// record of the message they belong to ([`crate::ConnectorHandle::send_message_with`]).
+    extra: Vec<WriteOp>,
     /// Who waits for the next submission's commit.
     waiters: Vec<tokio::sync::oneshot::Sender<Result<(), String>>>,
 }
@@ -251,6 +254,7 @@ impl ImState {
         }
         let nothing_to_write = inner.pipeline.outbox_first.is_empty()
             && inner.pipeline.receiver.is_empty()
+            && inner.pipeline.extra.is_empty()
             && !inner.outbox.has_writes();
         if nothing_to_write {
             for waiter in std::mem::take(&mut inner.pipeline.waiters) {
@@ -269,8 +273,9 @@ impl ImState {
                     let mut outbox = std::mem::take(&mut inner.pipeline.outbox_first);
                     outbox.extend(inner.outbox.take_writes());
                     let receiver = std::mem::take(&mut inner.pipeline.receiver);
+                    let extra = std::mem::take(&mut inner.pipeline.extra);
                     let waiters = std::mem::take(&mut inner.pipeline.waiters);
-                    if outbox.is_empty() && receiver.is_empty() {
+                    if outbox.is_empty() && receiver.is_empty() && extra.is_empty() {
                         inner.pipeline.in_flight = false;
                         drop(inner);
                         for waiter in waiters {
@@ -278,7 +283,18 @@ impl ImState {
                         }
                         return;
                     }
-                    (shared.storage().commit_im(outbox, receiver), waiters)
+                    let ticket = if extra.is_empty() {
+                        shared.storage().commit_im(outbox, receiver)
+                    } else {
+                        let ops = outbox
+                            .into_iter()
+                            .map(WriteOp::Outbox)
+                            .chain(receiver.into_iter().map(WriteOp::Idempotency))
+                            .chain(extra)
+                            .collect();
+                        shared.storage().commit(ops)
+                    };
+                    (ticket, waiters)
                 };
                 let result = ticket.committed().await.map_err(|error| {
                     tracing::warn!(%error, "could not persist IM writes");
@@ -293,11 +309,14 @@ impl ImState {
     }
 
     /// Takes responsibility for a message to xAgent and sends it when the channel is routed.
+    /// `extra` (already checked writes of the author's) commits in the same transaction as
+    /// the message's outbox record, and only when the message was taken.
     pub(crate) async fn enqueue<H: ImHost>(
         &self,
         shared: &Arc<H>,
         channel: &ConnectorChannelId,
         payload: OutboundPayload,
+        extra: Vec<WriteOp>,
     ) -> Result<(), HandleError> {
         shared.check_signed_in(channel)?;
         // One serialisation: the stored form is also what the size check measures.
@@ -322,6 +341,7 @@ impl ImState {
                 _ => None,
             };
             inner.pipeline.outbox_first.extend(again.map(OutboxWrite::Save));
+            inner.pipeline.extra.extend(extra);
             if !routed && self.replicated {
                 // The record is written (it is in the collected writes); whichever replica
                 // holds, or later takes, the channel's socket delivers it, woken by the write.

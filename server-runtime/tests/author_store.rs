@@ -47,6 +47,25 @@ mod cases {
         assert_eq!(store.count("app.notes", "").await.unwrap(), 1);
     }
 
+    pub async fn several_records_are_read_at_once_in_the_order_asked(place: &Place) {
+        let store = AuthorStore::new(place.open().await);
+        store.put("app.notes", "a", b"one".to_vec()).await.unwrap();
+        store.put("app.notes", "c", vec![0u8, 3]).await.unwrap();
+        store.put("app.other", "b", b"elsewhere".to_vec()).await.unwrap();
+        let asked: Vec<String> = ["c", "b", "a", "c"].map(String::from).into();
+        assert_eq!(
+            store.get_many("app.notes", &asked).await.unwrap(),
+            [Some(vec![0u8, 3]), None, Some(b"one".to_vec()), Some(vec![0u8, 3])],
+            "in the order asked, a repeat answered twice, another namespace's key not found"
+        );
+        assert!(store.get_many("app.notes", &[]).await.unwrap().is_empty());
+        let too_long = vec!["k".repeat(MAX_AUTHOR_KEY_BYTES + 1)];
+        assert!(matches!(
+            store.get_many("app.notes", &too_long).await,
+            Err(AuthorStoreError::KeyTooLong(_))
+        ));
+    }
+
     pub async fn scans_page_in_byte_order_of_keys(place: &Place) {
         let store = AuthorStore::new(place.open().await);
         // Byte order, not a collation: upper case before lower case, `é` (0xC3..) after `z`.
@@ -131,6 +150,7 @@ mod cases {
 
 support::contract!(
     records_round_trip_and_survive_a_restart,
+    several_records_are_read_at_once_in_the_order_asked,
     scans_page_in_byte_order_of_keys,
     limits_are_the_same_on_every_backend,
     author_writes_and_a_tool_call_record_commit_together,

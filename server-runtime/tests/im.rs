@@ -454,3 +454,34 @@ async fn concurrent_sends_each_return_only_once_their_record_is_durable() {
     assert_eq!(ids, expected, "every message that was answered \"queued\" is committed");
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_message_sent_with_author_writes_commits_them_with_its_outbox_record_or_not_at_all() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    let handle = h.server.handle();
+    let store = handle.author_store();
+    let note = |key: &str| xagent_server_runtime::AuthorWrite::put("app.sent", key, b"v".to_vec());
+    let message = ChatMessage::text("with_1", "stored with its record");
+    handle.send_message_with(&channel, message, vec![note("with_1").unwrap()]).await.unwrap();
+    // Answered: the note and the outbox record are both in the file.
+    let db = rusqlite::Connection::open(h.dir.join(xagent_server_runtime::DATABASE_FILE)).unwrap();
+    let pending: i64 = db
+        .query_row("SELECT COUNT(*) FROM im_pending WHERE message_id = 'with_1'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(pending, 1);
+    assert_eq!(store.get("app.sent", "with_1").await.unwrap(), Some(b"v".to_vec()));
+    let (msg, _) = c.wait_for("chat.message").await;
+    assert_eq!(msg.payload::<ChatMessage>().unwrap().message_id.as_str(), "with_1");
+
+    // A message the runtime refuses (no such channel) stores none of its writes.
+    let unknown = xagent_protocol_types::ConnectorChannelId::new("cch_unknown");
+    let refused = ChatMessage::text("with_2", "never taken");
+    let error = handle
+        .send_message_with(&unknown, refused, vec![note("with_2").unwrap()])
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::ConnectionNotFound, "{error}");
+    assert_eq!(store.get("app.sent", "with_2").await.unwrap(), None);
+    h.stop().await;
+}

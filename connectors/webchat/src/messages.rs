@@ -40,6 +40,25 @@ fn failed(error: AuthorStoreError) -> WebchatError {
     WebchatError::Storage(StorageError::new("the webchat messages", error))
 }
 
+/// What became of a visitor message handed over with [`Messages::insert_sent`].
+pub(crate) enum Sent {
+    /// A repeat of a stored message (same `client_id`): that one, unchanged.
+    Existing(ChatEntry),
+    /// Stored with its outbox record: on its way to xAgent.
+    Queued(ChatEntry),
+    /// The runtime did not take it: stored `rejected`, with the reason.
+    Refused(ChatEntry),
+}
+
+/// Where a new message's `message_id` comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IdOrigin {
+    /// Minted here just now: it cannot name a stored message.
+    Minted,
+    /// From elsewhere (xAgent, a Tool call, an earlier attempt): it may be a repeat.
+    Given,
+}
+
 /// One stored message.
 #[derive(Serialize, Deserialize)]
 struct Stored {
@@ -169,8 +188,10 @@ impl Messages {
         room_id: &str,
         entry: &ChatEntry,
         outbound: Option<&str>,
+        id: IdOrigin,
     ) -> Result<Prepared, WebchatError> {
-        if let Some(key) = self.key_of(IDS, &entry.message_id).await?
+        if id == IdOrigin::Given
+            && let Some(key) = self.key_of(IDS, &entry.message_id).await?
             && let Some(stored) = self.load(&key).await?
         {
             if key.starts_with(&format!("{room_id}/")) {
@@ -224,7 +245,7 @@ impl Messages {
     ) -> Result<Prepared, WebchatError> {
         let lock = self.room_lock(room_id);
         let _held = lock.lock().await;
-        self.prepare_locked(room_id, entry, None).await
+        self.prepare_locked(room_id, entry, None, IdOrigin::Given).await
     }
 
     /// Stores a message now (committed when this returns); a repeat (same `message_id`, or
@@ -239,13 +260,46 @@ impl Messages {
     ) -> Result<Inserted, WebchatError> {
         let lock = self.room_lock(room_id);
         let _held = lock.lock().await;
-        match self.prepare_locked(room_id, entry, outbound).await? {
+        match self.prepare_locked(room_id, entry, outbound, IdOrigin::Given).await? {
             Prepared::Existing(existing) => Ok(Inserted::Existing(existing)),
             Prepared::New { entry, writes } => {
                 self.store.commit(writes).await.map_err(failed)?;
                 Ok(Inserted::New(entry))
             }
         }
+    }
+
+    /// Stores a visitor message (its id minted here just now) and hands it to xAgent in one
+    /// transaction: `send` gets the message's writes and commits them with its outbox record.
+    /// When `send` fails nothing of it was stored, and the message is stored `rejected`
+    /// with `reason` of the failure instead. A repeat (same `client_id` in the room) returns
+    /// the stored message and sends nothing.
+    pub(crate) async fn insert_sent<E, F>(
+        &self,
+        room_id: &str,
+        entry: &ChatEntry,
+        outbound: &str,
+        send: impl FnOnce(Vec<AuthorWrite>) -> F,
+        reason: impl FnOnce(&E) -> String,
+    ) -> Result<Sent, WebchatError>
+    where
+        F: std::future::Future<Output = Result<(), E>>,
+    {
+        let lock = self.room_lock(room_id);
+        let _held = lock.lock().await;
+        let (entry, writes) =
+            match self.prepare_locked(room_id, entry, Some(outbound), IdOrigin::Minted).await? {
+                Prepared::Existing(existing) => return Ok(Sent::Existing(existing)),
+                Prepared::New { entry, writes } => (entry, writes),
+            };
+        let Err(error) = send(writes).await else { return Ok(Sent::Queued(entry)) };
+        let rejected =
+            ChatEntry { status: EntryStatus::Rejected, error: Some(reason(&error)), ..entry };
+        let seq = self.next_seq(room_id, rejected.created_at).await?;
+        let mut writes = Self::writes(room_id, seq, &rejected, Some(outbound))?;
+        writes.extend(self.hint(room_id, &rejected.message_id)?);
+        self.store.commit(writes).await.map_err(failed)?;
+        Ok(Sent::Refused(rejected))
     }
 
     /// The message a page sent with `client_id` in a room, if any.
@@ -283,17 +337,21 @@ impl Messages {
         &self,
         updates: Vec<StatusUpdate>,
     ) -> Result<Vec<(String, ChatEntry)>, WebchatError> {
-        let found = futures_util::future::join_all(updates.into_iter().map(|update| async move {
-            let Some(key) = self.key_of(IDS, &update.message_id).await? else {
-                return Ok::<_, WebchatError>(None);
-            };
-            Ok(self.load(&key).await?.map(|stored| (key, stored, update)))
-        }))
-        .await;
+        // Two reads for the whole batch: the messages' keys, then the messages.
+        let ids: Vec<String> = updates.iter().map(|u| u.message_id.clone()).collect();
+        let keys = self.store.get_many(IDS, &ids).await.map_err(failed)?;
+        let (keys, updates): (Vec<String>, Vec<StatusUpdate>) = keys
+            .into_iter()
+            .zip(updates)
+            .filter_map(|(key, update)| Some((String::from_utf8(key?).ok()?, update)))
+            .unzip();
+        let stored = self.store.get_many(MESSAGES, &keys).await.map_err(failed)?;
         let mut writes = Vec::new();
         let mut updated = Vec::new();
-        for item in found {
-            let Some((key, mut stored, update)) = item? else { continue };
+        for ((key, stored), update) in keys.into_iter().zip(stored).zip(updates) {
+            let Some(value) = stored else { continue };
+            let mut stored: Stored =
+                serde_json::from_slice(&value).map_err(|e| failed(e.into()))?;
             let Some((room_id, rest)) = key.split_once('/') else { continue };
             stored.entry.status = update.status;
             stored.entry.error = update.error;

@@ -44,15 +44,16 @@ use tokio::sync::Semaphore;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use xagent_protocol_types::{ChatMessage, ConnectorChannelId, FileRef};
-use xagent_server_runtime::{ConnectorHandle, StorageError};
+use xagent_server_runtime::{ConnectorHandle, HandleError, StorageError};
 
 use crate::connector::App;
 use crate::error::WebchatError;
 use crate::guess::Refused;
 use crate::hub::{RoomEvent, StreamCaps, StreamLimit};
+use crate::messages::Sent;
 use crate::store::{
-    Author, ChatEntry, EntryFile, EntryStatus, Inserted, QuotaRefusal, RoomClaim,
-    UploadReservation, hash_token, random_hex,
+    Author, ChatEntry, EntryFile, EntryStatus, QuotaRefusal, RoomClaim, UploadReservation,
+    hash_token, random_hex,
 };
 pub use admission::{JoinRate, UploadQuota};
 pub use guard::{JoinThrottle, VisitorLimits};
@@ -609,36 +610,38 @@ async fn relay(
     let channel = room.channel.ok_or(WebchatError::NoAgent)?;
     let outbound = serde_json::to_string(&message)
         .map_err(|e| StorageError::new("encoding an outbound message", e))?;
-    let entry = match web.app.messages()?.insert(room_id, &entry, Some(&outbound)).await? {
-        Inserted::Existing(existing) => {
+    let handle = web.handle()?;
+    let sent = web
+        .app
+        .messages()?
+        .insert_sent(
+            room_id,
+            &entry,
+            &outbound,
+            |writes| handle.send_message_with(&channel, message, writes),
+            |error: &HandleError| {
+                tracing::info!(%error, room = room_id, "the runtime did not take a visitor message");
+                match error.code() {
+                    xagent_protocol_types::ErrorCode::ConnectionNotAuthenticated
+                    | xagent_protocol_types::ErrorCode::ConnectionNotFound => {
+                        "the agent is not connected to this room right now; send it again later"
+                            .to_owned()
+                    }
+                    _ => format!("not sent: {error}"),
+                }
+            },
+        )
+        .await?;
+    let entry = match sent {
+        Sent::Existing(existing) => {
             if existing.status == EntryStatus::Sending {
                 resubmit(web, &channel, &existing.message_id).await;
             }
             return Ok(existing);
         }
-        Inserted::New(entry) => entry,
+        Sent::Queued(entry) | Sent::Refused(entry) => entry,
     };
     web.app.publish(room_id, entry.clone());
-    let handle = web.handle()?;
-    if let Err(error) = handle.send_message(&channel, message).await {
-        tracing::info!(%error, room = room_id, "the runtime did not take a visitor message");
-        let reason = match error.code() {
-            xagent_protocol_types::ErrorCode::ConnectionNotAuthenticated
-            | xagent_protocol_types::ErrorCode::ConnectionNotFound => {
-                "the agent is not connected to this room right now; send it again later".to_owned()
-            }
-            _ => format!("not sent: {error}"),
-        };
-        if let Some((_, updated)) = web
-            .app
-            .messages()?
-            .set_status(&entry.message_id, EntryStatus::Rejected, Some(&reason))
-            .await?
-        {
-            web.app.publish(room_id, updated.clone());
-            return Ok(updated);
-        }
-    }
     Ok(entry)
 }
 

@@ -296,10 +296,11 @@ impl HandleOps for Shared {
         profile: &'static str,
         channel: ConnectorChannelId,
         payload: OutboundPayload,
+        extra: Vec<crate::WriteOp>,
     ) -> BoxFuture<'static, Result<(), HandleError>> {
         async move {
             let im = self.im_state(profile)?;
-            im.enqueue(&self, &channel, payload).await
+            im.enqueue(&self, &channel, payload, extra).await
         }
         .boxed()
     }

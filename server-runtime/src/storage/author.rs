@@ -107,6 +107,22 @@ impl AuthorStore {
         }
     }
 
+    /// The values of several records of one namespace, in the order of `keys` (`None` for
+    /// one not stored): one round trip on a networked backend instead of one per key.
+    pub async fn get_many(
+        &self,
+        namespace: &str,
+        keys: &[String],
+    ) -> Result<Vec<Option<Vec<u8>>>, AuthorStoreError> {
+        for key in keys {
+            check_record(namespace, key, None)?;
+        }
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.storage.author_get_many(namespace, keys).await?)
+    }
+
     /// The records `scan` selects, in its order.
     pub async fn scan(
         &self,

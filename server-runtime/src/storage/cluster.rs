@@ -354,6 +354,13 @@ impl Storage for ClusterStorage {
     ) -> Result<Option<Vec<u8>>, StorageError> {
         self.inner.author_get(namespace, key).await
     }
+    async fn author_get_many(
+        &self,
+        namespace: &str,
+        keys: &[String],
+    ) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+        self.inner.author_get_many(namespace, keys).await
+    }
     async fn author_scan(
         &self,
         namespace: &str,

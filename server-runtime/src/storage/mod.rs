@@ -176,6 +176,20 @@ pub trait Storage: Send + Sync + 'static {
     /// the namespace and key first). Its writes are the `WriteOp::Author*` variants.
     async fn author_get(&self, namespace: &str, key: &str)
     -> Result<Option<Vec<u8>>, StorageError>;
+    /// The values of several author records of one namespace, in the order of `keys` (`None`
+    /// for one not stored): a batch of reads in one round trip where the backend has them. The
+    /// default reads them one by one (an embedded database, where a read costs no trip).
+    async fn author_get_many(
+        &self,
+        namespace: &str,
+        keys: &[String],
+    ) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+        let mut values = Vec::with_capacity(keys.len());
+        for key in keys {
+            values.push(self.author_get(namespace, key).await?);
+        }
+        Ok(values)
+    }
     /// The author records `scan` selects in `namespace`, in byte order of their keys (reversed
     /// when `scan.reverse`), keys after `scan.after` in that order, at most `scan.limit`.
     async fn author_scan(

@@ -245,6 +245,34 @@ impl PostgresStorage {
         row.map(|row| get(&row, 0, OP)).transpose()
     }
 
+    /// Several author records of one namespace in one query, in the order of `keys`.
+    pub async fn author_get_many(
+        &self,
+        namespace: &str,
+        keys: &[String],
+    ) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+        const OP: &str = "read author records";
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wanted: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+        let rows = self
+            .query(
+                OP,
+                "SELECT key, value FROM server_author_records WHERE namespace = $1
+                 AND key = ANY($2)",
+                &[&namespace, &wanted],
+            )
+            .await?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let key: Vec<u8> = get(row, 0, OP)?;
+            let value: Vec<u8> = get(row, 1, OP)?;
+            found.insert(key, value);
+        }
+        Ok(keys.iter().map(|k| found.get(k.as_bytes()).cloned()).collect())
+    }
+
     /// The author records `scan` selects (keys compared as bytes: `BYTEA`, as on SQLite).
     pub async fn author_scan(
         &self,
@@ -492,6 +520,14 @@ impl Storage for PostgresStorage {
         key: &str,
     ) -> Result<Option<Vec<u8>>, StorageError> {
         PostgresStorage::author_get(self, namespace, key).await
+    }
+
+    async fn author_get_many(
+        &self,
+        namespace: &str,
+        keys: &[String],
+    ) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+        PostgresStorage::author_get_many(self, namespace, keys).await
     }
 
     async fn author_scan(
