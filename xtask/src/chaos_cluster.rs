@@ -1234,18 +1234,28 @@ async fn connector_side(
     for task in page_tasks {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
-    // Every room's history, read on whichever replica serves it.
-    let mut histories = Vec::new();
-    for visitor in &visitors {
-        let mut history = None;
-        for base in std::iter::once(&page_url).chain(&replica_urls) {
-            if let Ok(h) = visitor.history(base).await {
-                history = Some(h);
-                break;
+    // Every room's history, read on whichever replica serves it. A delivery state the last
+    // kill left behind is set by the holder's sweep within its window (5 s plus a 2 s pass):
+    // the histories are read again until none shows `sending` or that window has passed.
+    let settle_until = Instant::now() + Duration::from_secs(8);
+    let histories = loop {
+        let mut histories = Vec::new();
+        for visitor in &visitors {
+            let mut history = None;
+            for base in std::iter::once(&page_url).chain(&replica_urls) {
+                if let Ok(h) = visitor.history(base).await {
+                    history = Some(h);
+                    break;
+                }
             }
+            histories.push(history.unwrap_or_default());
         }
-        histories.push(history.unwrap_or_default());
-    }
+        let sending = histories.iter().flatten().any(|e: &Value| e["status"] == "sending");
+        if !sending || Instant::now() >= settle_until {
+            break histories;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
     let outbox_pending = agent.plane.outbox_stats().await.pending;
     agent.plane.close().await;
     let seconds = started.elapsed().as_secs_f64();
