@@ -51,7 +51,7 @@ use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStatus, ChatMessage, Clock, ConnectorChannelId, PROFILE_IM_V2,
     Secret, SystemClock,
 };
-use xagent_testkit::haproxy::{HaproxyOptions, TestHaproxy};
+use xagent_testkit::haproxy::{Balance, HaproxyOptions, TestHaproxy};
 use xagent_testkit::postgres::TestPostgres;
 
 use crate::bench_support::{
@@ -757,7 +757,10 @@ impl Cluster {
             .with_tunnel_timeout(Duration::from_secs(3600));
         let addrs: Vec<SocketAddr> = replicas.iter().map(Replica::addr).collect();
         let agent_proxy = TestHaproxy::start(&addrs, options.clone()).await?;
-        let page_proxy = TestHaproxy::start(&addrs, options).await?;
+        // As docs/CLUSTER.md advises: the replica holding xAgent's socket delivers every
+        // message and answers more slowly, so it gets fewer of the visitors' requests.
+        let page_proxy =
+            TestHaproxy::start(&addrs, options.with_balance(Balance::LeastConn)).await?;
         for addr in &addrs {
             agent_proxy.wait_backend_state(*addr, true, Duration::from_secs(10)).await?;
             page_proxy.wait_backend_state(*addr, true, Duration::from_secs(10)).await?;
