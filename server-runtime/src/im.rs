@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use xagent_profile_im::{
     ActivityAction, ActivityConfig, ActivityTracker, DeferredStore, Delivery, DeltaAssembler,
     DeltaConfig, DeltaStrategy, EnqueueOutcome, IdempotencyConfig, IdempotencyWrite,
-    OutboundPayload, Outbox, OutboxConfig, OutboxEvent, OutboxWrite, ReceiverIdempotency,
-    SentOutcome, WriteMode,
+    OutboundPayload, Outbox, OutboxConfig, OutboxEvent, OutboxWrite, PendingRecord,
+    ReceiverIdempotency, SentOutcome, WriteMode,
 };
 use xagent_protocol_types::{
     Clock, ConnectorChannelId, MessageId, PROFILE_IM_V1, PROFILE_IM_V2, Packet, PacketBody, Side,
@@ -108,6 +108,80 @@ struct Inner {
     activity: ActivityTracker,
     /// The IM writes on their way to the storage.
     pipeline: Pipeline,
+    /// Messages this outbox finished lately (replicas only).
+    finished: Finished,
+}
+
+impl Inner {
+    /// The outbox's new facts, noting the messages they finish (every drain goes through
+    /// here, so [`Finished`] knows a message the moment it leaves the outbox).
+    fn take_events(&mut self) -> Vec<OutboxEvent> {
+        let events = self.outbox.drain_events();
+        for event in &events {
+            if let Some((channel, message_id)) = finished_by(event) {
+                self.finished.note(channel, message_id);
+            }
+        }
+        events
+    }
+}
+
+/// The message an outbox fact takes out of the outbox for good, if it is such a fact.
+fn finished_by(event: &OutboxEvent) -> Option<(&ConnectorChannelId, &MessageId)> {
+    match event {
+        OutboxEvent::Delivered { channel, message_id, .. }
+        | OutboxEvent::Failed { channel, message_id, .. }
+        | OutboxEvent::Expired { channel, message_id, .. }
+        | OutboxEvent::Evicted { channel, message_id, .. }
+        | OutboxEvent::Discarded { channel, message_id, .. } => Some((channel, message_id)),
+        _ => None,
+    }
+}
+
+/// How many finished messages a replica's outbox remembers: far more than the wake-ups a
+/// replica can have queued before it falls behind and reads everything again.
+const FINISHED_REMEMBERED: usize = 65_536;
+
+/// The messages a replica's outbox finished lately, as hashes of `(channel, message_id)`,
+/// oldest forgotten first: a record carried in a wake-up that arrives after its message was
+/// delivered is not taken back (a hash that collides only costs a read of the record).
+#[derive(Default)]
+struct Finished {
+    capacity: usize,
+    seen: std::collections::HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl Finished {
+    fn with_capacity(capacity: usize) -> Self {
+        Self { capacity, ..Self::default() }
+    }
+
+    fn key(channel: &ConnectorChannelId, message_id: &MessageId) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (channel.as_str(), message_id.as_str()).hash(&mut hasher);
+        hasher.finish()
+    }
+
+    fn note(&mut self, channel: &ConnectorChannelId, message_id: &MessageId) {
+        if self.capacity == 0 {
+            return;
+        }
+        let key = Self::key(channel, message_id);
+        if self.seen.insert(key) {
+            self.order.push_back(key);
+            if self.order.len() > self.capacity
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.seen.remove(&oldest);
+            }
+        }
+    }
+
+    fn contains(&self, channel: &ConnectorChannelId, message_id: &MessageId) -> bool {
+        self.capacity != 0 && self.seen.contains(&Self::key(channel, message_id))
+    }
 }
 
 /// IM writes on their way to the storage's group commit: at most one submission in flight;
@@ -201,7 +275,9 @@ impl ImState {
             connector.im.as_ref().map(|im| im.activity_capability()).unwrap_or_default();
         let activity =
             ActivityTracker::new(ActivityConfig { capability, ..ActivityConfig::default() });
-        let inner = Inner { outbox, receiver, deltas, activity, pipeline: Pipeline::default() };
+        let finished = Finished::with_capacity(if replicated { FINISHED_REMEMBERED } else { 0 });
+        let inner =
+            Inner { outbox, receiver, deltas, activity, pipeline: Pipeline::default(), finished };
         let (events, _) = tokio::sync::broadcast::channel(1024);
         Ok(Some(Self {
             inner: Mutex::new(inner),
@@ -350,7 +426,7 @@ impl ImState {
                 inner.outbox.on_channel_closed(channel, shared.now())?;
             }
             let ticket = Self::submit(shared, &mut inner, Vec::new());
-            (ticket, inner.outbox.drain_events())
+            (ticket, inner.take_events())
         };
         self.publish(events);
         // The caller hears "queued" only once the record is committed.
@@ -481,7 +557,7 @@ impl ImState {
                 inner.outbox.on_channel_closed(channel, now).map(|()| true)
             };
             Self::submit_in_background(shared, &mut inner);
-            (result, inner.outbox.drain_events())
+            (result, inner.take_events())
         };
         self.publish(events);
         result.unwrap_or_else(|error| {
@@ -491,7 +567,7 @@ impl ImState {
     }
 
     fn log_events(&self) {
-        let events = self.inner().outbox.drain_events();
+        let events = self.inner().take_events();
         self.publish(events);
     }
 
@@ -529,18 +605,25 @@ impl ImState {
         } else {
             None
         };
-        let result = {
+        let (result, events) = {
             let mut inner = self.inner();
+            let events = inner.take_events();
             if let Some(stored) = stored {
                 inner.outbox.forget_channel(channel);
+                // Not one this replica finished lately whose removal is still on its way.
+                let stored: Vec<PendingRecord> = stored
+                    .into_iter()
+                    .filter(|r| !inner.finished.contains(&r.channel, &r.message_id))
+                    .collect();
                 if let Err(error) = inner.outbox.adopt(stored, shared.now()) {
                     tracing::warn!(%error, "outbox adopt failed");
                 }
             }
             let result = inner.outbox.on_channel_reopened(channel, shared.now());
             Self::submit_in_background(shared, &mut inner);
-            result
+            (result, events)
         };
+        self.publish(events);
         if let Err(error) = result {
             tracing::warn!(%error, "outbox reopen failed");
         }
@@ -562,48 +645,87 @@ impl ImState {
     }
 
     /// Another replica wrote outbox records of `channel`: when it is routed here, the ones
-    /// not queued yet join its queue and the pump sends them.
+    /// not queued yet join its queue and the pump sends them. `carried` are records the
+    /// wake-up brought as committed: those this outbox neither holds nor finished lately are
+    /// taken as they are; the rest of `ids` is read (all of the channel's when `ids` is
+    /// `None`).
     pub(crate) async fn adopt<H: ImHost>(
         &self,
         shared: &Arc<H>,
         channel: &ConnectorChannelId,
         ids: Option<&[MessageId]>,
+        carried: Vec<PendingRecord>,
     ) {
         if !shared.is_routed(channel) {
             return;
         }
-        let read = match ids {
-            // Only the records the wake-up names and this outbox does not hold yet.
-            Some(ids) => {
-                let held = self.pending(channel);
-                let new: Vec<MessageId> =
-                    ids.iter().filter(|id| !held.contains(id)).cloned().collect();
-                if new.is_empty() {
-                    return;
+        // The carried records join at once, in the same lock as the look at what is held and
+        // finished (a message delivered in between cannot come back).
+        let (to_read, joined, events) = {
+            let mut inner = self.inner();
+            let events = inner.take_events();
+            match ids {
+                None => (None, 0, events),
+                Some(ids) => {
+                    let held: std::collections::HashSet<MessageId> =
+                        inner.outbox.pending_ids(channel).into_iter().collect();
+                    let new: Vec<&MessageId> = ids
+                        .iter()
+                        .filter(|id| !held.contains(*id) && !inner.finished.contains(channel, id))
+                        .collect();
+                    let (usable, _): (Vec<PendingRecord>, Vec<PendingRecord>) = carried
+                        .into_iter()
+                        .partition(|r| &r.channel == channel && new.contains(&&r.message_id));
+                    let taken: std::collections::HashSet<MessageId> =
+                        usable.iter().map(|r| r.message_id.clone()).collect();
+                    let to_read: Vec<MessageId> =
+                        new.into_iter().filter(|id| !taken.contains(*id)).cloned().collect();
+                    let joined = if usable.is_empty() {
+                        Ok(0)
+                    } else {
+                        let joined = inner.outbox.adopt(usable, shared.now());
+                        Self::submit_in_background(shared, &mut inner);
+                        joined
+                    };
+                    let joined = joined.unwrap_or_else(|error| {
+                        tracing::warn!(%error, "outbox adopt failed");
+                        0
+                    });
+                    (Some(to_read), joined, events)
                 }
-                shared.storage().load_pending_ids(channel, &new).await
             }
+        };
+        self.publish(events);
+        let read = match to_read {
+            Some(ids) if ids.is_empty() => Ok(Vec::new()),
+            Some(ids) => shared.storage().load_pending_ids(channel, &ids).await,
             None => shared.storage().load_pending_of(channel).await,
         };
         let stored = match read {
             Ok(stored) => stored,
             Err(error) => {
                 tracing::warn!(%error, %channel, "could not load outbox records another replica wrote; read again on the next wake-up");
-                return;
+                Vec::new()
             }
         };
-        let joined = {
+        let read_joined = if stored.is_empty() {
+            Ok(0)
+        } else {
             let mut inner = self.inner();
             // Routed still (the lock is not held across the read)?
             if !shared.is_routed(channel) {
                 return;
             }
+            let stored: Vec<PendingRecord> = stored
+                .into_iter()
+                .filter(|r| !inner.finished.contains(&r.channel, &r.message_id))
+                .collect();
             let joined = inner.outbox.adopt(stored, shared.now());
             Self::submit_in_background(shared, &mut inner);
             joined
         };
-        match joined {
-            Ok(0) => {}
+        match read_joined {
+            Ok(n) if n + joined == 0 => {}
             Ok(_) => self.pump(shared).await,
             Err(error) => tracing::warn!(%error, "outbox adopt failed"),
         }

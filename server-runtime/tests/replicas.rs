@@ -209,6 +209,67 @@ async fn a_message_written_on_one_replica_reaches_xagent_once_through_the_other(
     b.stop().await;
 }
 
+/// A wake-up as another replica's commit sends it, carrying the record of `message_id`
+/// (which need not be in the database: the holder does not read a carried record).
+fn carried_wakeup(channel: &ConnectorChannelId, message_id: &str) -> String {
+    let message = ChatMessage::text(message_id, "carried in the wake-up");
+    let payload = xagent_profile_im::OutboundPayload::ChatMessage(message).to_json().unwrap();
+    serde_json::json!({
+        "r": "replica-elsewhere", "k": "outbox", "c": channel.as_str(), "i": [message_id],
+        "p": [{ "s": 1, "b": payload, "a": 0, "t0": START, "x": START + 3_600_000, "n": 0 }],
+    })
+    .to_string()
+}
+
+/// The socket holder takes a record carried in a wake-up as it is (one that was never
+/// written reaches xAgent), and a wake-up that comes late, about a message it already
+/// delivered, does not bring that message back.
+#[tokio::test]
+async fn a_carried_record_is_delivered_unread_and_a_late_wakeup_cannot_bring_a_delivered_one_back()
+{
+    let url = shared_database().await;
+    let a = Replica::start(&url).await;
+    let b = Replica::start(&url).await;
+    let mut xagent = b.client().await;
+    xagent.hello(None).await;
+    let (channel, _) = xagent.open_channel(None).await;
+    xagent.sign_in(&channel, "tok-replicas").await;
+    let on_a = a.server.handle();
+    eventually("A sees the channel signed in on B", || on_a.binding(&channel).is_some()).await;
+    let pool = xagent_storage_postgres::connect(&url, Default::default()).await.unwrap();
+    let notify = |payload: String| {
+        let pool = pool.clone();
+        async move {
+            let client = pool.get().await.unwrap();
+            client.execute("SELECT pg_notify('xagent_server', $1)", &[&payload]).await.unwrap();
+        }
+    };
+    let deliver = async |xagent: &mut WsClient, expected: &str| {
+        let (packet, _) = xagent.wait_for("chat.message").await;
+        let message: &ChatMessage = packet.payload().expect("a chat.message");
+        assert_eq!(message.message_id, MessageId::new(expected));
+        let ack = Packet::with_payload(xagent.id("pkt"), ChatMessageAck::accepted(expected))
+            .channel(channel.clone())
+            .reply_to(packet.packet_id.clone());
+        xagent.send(&ack).await;
+    };
+    // Through the database as usual, then a record nobody wrote, carried in a wake-up.
+    on_a.send_message(&channel, ChatMessage::text("from-a-1", "written on A")).await.unwrap();
+    deliver(&mut xagent, "from-a-1").await;
+    notify(carried_wakeup(&channel, "carried-1")).await;
+    deliver(&mut xagent, "carried-1").await;
+    let on_b = b.server.handle();
+    eventually("B's outbox is empty", || on_b.pending_messages(&channel).is_empty()).await;
+
+    // Late wake-ups about both delivered messages, then a new one: only the new one comes.
+    notify(carried_wakeup(&channel, "from-a-1")).await;
+    notify(carried_wakeup(&channel, "carried-1")).await;
+    notify(carried_wakeup(&channel, "carried-2")).await;
+    deliver(&mut xagent, "carried-2").await;
+    a.stop().await;
+    b.stop().await;
+}
+
 /// An author broadcast on one replica reaches the other's subscribers (and its own).
 #[tokio::test]
 async fn an_author_broadcast_reaches_every_replica() {

@@ -31,7 +31,7 @@ impl ImState {
                 let mut inner = self.inner();
                 let outcome = inner.outbox.on_ack(&channel, ack, reply_to, shared.now());
                 Self::submit_in_background(shared, &mut inner);
-                (outcome, inner.outbox.drain_events())
+                (outcome, inner.take_events())
             };
             match outcome {
                 Ok(AckOutcome::Failed { code, reason }) => {

@@ -44,6 +44,9 @@ pub(crate) struct ClusterRuntime {
     holding: std::sync::Mutex<Holding>,
     /// Wakes the lease keeper when a replicated consumer is newly wanted here.
     pub(crate) consumers_wanted: tokio::sync::Notify,
+    /// The fencing number whose own lease notice this replica has heard back: from then on
+    /// records carried in wake-ups may be taken as they are.
+    carried_trusted: std::sync::atomic::AtomicU64,
 }
 
 /// The data-plane lease as this replica holds it.
@@ -64,7 +67,17 @@ impl ClusterRuntime {
             storage,
             holding: std::sync::Mutex::new(Holding::default()),
             consumers_wanted: tokio::sync::Notify::new(),
+            carried_trusted: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The fencing number from whose own lease notice on carried records are trusted.
+    fn carried_trusted_from(&self) -> u64 {
+        self.carried_trusted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn trust_carried_from(&self, fence: u64) {
+        self.carried_trusted.store(fence, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn holding(&self) -> std::sync::MutexGuard<'_, Holding> {
@@ -309,20 +322,30 @@ impl Shared {
                         let _ = self.broadcasts.send(b);
                     });
                     next = after;
+                    // Records carried in a wake-up are what was committed; they are taken as
+                    // they are only once this replica's own lease notice has come through the
+                    // same stream: every wake-up after it was committed after the take-over,
+                    // so no earlier holder can have delivered its records since.
+                    let fence = cluster.fence();
+                    let trusted = fence != 0 && cluster.carried_trusted_from() == fence;
                     if let Some(im) = &self.im {
                         // The channels' reads are independent: all at once.
-                        futures_util::future::join_all(
-                            wanted
-                                .iter()
-                                .map(|(channel, ids)| im.adopt(&self, channel, ids.as_deref())),
-                        )
+                        let shared = &self;
+                        futures_util::future::join_all(wanted.into_iter().map(|want| {
+                            let carried = if trusted { want.records } else { Vec::new() };
+                            async move {
+                                im.adopt(shared, &want.channel, want.ids.as_deref(), carried).await;
+                            }
+                        }))
                         .await;
                     }
                 }
                 Ok(ClusterEvent::Channel(channel)) => self.reread_channel(&channel).await,
                 Ok(ClusterEvent::DataPlaneTaken { fence, replica }) => {
                     let mine = cluster.fence();
-                    if mine != 0 && fence > mine && replica != cluster.cluster.replica() {
+                    if replica == cluster.cluster.replica() && fence == mine {
+                        cluster.trust_carried_from(fence);
+                    } else if mine != 0 && fence > mine && replica != cluster.cluster.replica() {
                         self.lose_data_plane("another replica took the data plane");
                     }
                 }
@@ -347,7 +370,7 @@ impl Shared {
         };
         if let Some(im) = &self.im {
             for channel in routed {
-                im.adopt(self, &channel, None).await;
+                im.adopt(self, &channel, None, Vec::new()).await;
             }
         }
     }
@@ -451,9 +474,18 @@ impl Shared {
 /// At most this many queued wake-ups are taken together.
 const WAKEUP_BATCH: usize = 256;
 
-/// The records an outbox wake-up asks to read: by channel, the named message ids, or `None`
-/// for all of the channel's.
-type Wanted = Vec<(ConnectorChannelId, Option<Vec<MessageId>>)>;
+/// What outbox wake-ups ask the socket holder to adopt, for one channel.
+#[derive(Debug)]
+struct Want {
+    channel: ConnectorChannelId,
+    /// The named records, or `None` for all of the channel's.
+    ids: Option<Vec<MessageId>>,
+    /// Those of them the wake-ups carried (need not be read).
+    records: Vec<xagent_profile_im::PendingRecord>,
+}
+
+/// By channel, in the order first woken.
+type Wanted = Vec<Want>;
 
 /// What `first` and the outbox wake-ups queued right behind it ask to read (each channel once,
 /// its ids merged), and the first other event, which must be handled after them to keep the
@@ -468,28 +500,37 @@ fn drain_outbox_wakeups(
     use tokio::sync::broadcast::error::TryRecvError;
     let mut wanted: Wanted = Vec::new();
     let mut add = |event: ClusterEvent| {
-        let (channel, ids) = match event {
-            ClusterEvent::Outbox(channel) => (channel, None),
-            ClusterEvent::OutboxRecords { channel, ids } => (channel, Some(ids)),
+        let (channel, ids, records) = match event {
+            ClusterEvent::Outbox(channel) => (channel, None, Vec::new()),
+            ClusterEvent::OutboxRecords { channel, ids, records } => (channel, Some(ids), records),
             ClusterEvent::Broadcast { topic, message } => {
                 broadcast(Broadcast { topic, message });
                 return None;
             }
             other => return Some(other),
         };
-        match wanted.iter_mut().find(|(c, _)| *c == channel) {
-            None => wanted.push((channel, ids)),
-            Some((_, known)) => match (known.as_mut(), ids) {
-                (Some(known), Some(ids)) => {
-                    for id in ids {
-                        if !known.contains(&id) {
-                            known.push(id);
-                        }
+        let Some(want) = wanted.iter_mut().find(|w| w.channel == channel) else {
+            wanted.push(Want { channel, ids, records });
+            return None;
+        };
+        match (want.ids.as_mut(), ids) {
+            (Some(known), Some(ids)) => {
+                for id in ids {
+                    if !known.contains(&id) {
+                        known.push(id);
                     }
                 }
-                // One of them asks for all of the channel's records.
-                _ => *known = None,
-            },
+                // A later wake-up about the same record carries its later form.
+                for record in records {
+                    want.records.retain(|r| r.message_id != record.message_id);
+                    want.records.push(record);
+                }
+            }
+            // One of them asks for all of the channel's records: they are read.
+            _ => {
+                want.ids = None;
+                want.records.clear();
+            }
         }
         None
     };
@@ -525,16 +566,59 @@ mod tests {
         ClusterEvent::OutboxRecords {
             channel: ConnectorChannelId::new(channel),
             ids: ids.iter().map(|id| MessageId::new(*id)).collect(),
+            records: Vec::new(),
+        }
+    }
+
+    fn record(channel: &str, id: &str, attempts: u32) -> xagent_profile_im::PendingRecord {
+        xagent_profile_im::PendingRecord {
+            channel: ConnectorChannelId::new(channel),
+            message_id: MessageId::new(id),
+            seq: 1,
+            payload: "{}".into(),
+            attempts,
+            first_responsibility_at: 0,
+            expires_at: 0,
+            next_attempt_at: 0,
+            last_error: None,
+        }
+    }
+
+    /// A wake-up carrying its records (`attempts` tells the versions apart).
+    fn carrying(channel: &str, ids: &[(&str, u32)]) -> ClusterEvent {
+        ClusterEvent::OutboxRecords {
+            channel: ConnectorChannelId::new(channel),
+            ids: ids.iter().map(|(id, _)| MessageId::new(*id)).collect(),
+            records: ids.iter().map(|(id, a)| record(channel, id, *a)).collect(),
         }
     }
 
     fn shown(wanted: &Wanted) -> Vec<(&str, Option<Vec<&str>>)> {
         wanted
             .iter()
-            .map(|(c, ids)| {
-                (c.as_str(), ids.as_ref().map(|ids| ids.iter().map(MessageId::as_str).collect()))
+            .map(|w| {
+                let ids = w.ids.as_ref().map(|ids| ids.iter().map(MessageId::as_str).collect());
+                (w.channel.as_str(), ids)
             })
             .collect()
+    }
+
+    #[test]
+    fn carried_records_are_merged_the_later_form_kept_and_dropped_when_all_are_read() {
+        let (tx, mut rx) = tokio::sync::broadcast::channel(16);
+        for event in
+            [carrying("cch_a", &[("m2", 0)]), carrying("cch_a", &[("m1", 3)]), outbox("cch_b")]
+        {
+            tx.send(event).ok();
+        }
+        tx.send(carrying("cch_b", &[("m9", 0)])).ok();
+        let (wanted, next) = drain_outbox_wakeups(&mut rx, carrying("cch_a", &[("m1", 1)]), |_| {});
+        assert!(next.is_none());
+        assert_eq!(shown(&wanted), [("cch_a", Some(vec!["m1", "m2"])), ("cch_b", None)]);
+        let carried: Vec<(&str, u32)> =
+            wanted[0].records.iter().map(|r| (r.message_id.as_str(), r.attempts)).collect();
+        assert_eq!(carried, [("m2", 0), ("m1", 3)], "m1 in the form of its later wake-up");
+        assert!(wanted[1].records.is_empty(), "the channel is read whole: nothing carried");
     }
 
     #[test]

@@ -68,6 +68,9 @@ pub enum ClusterEvent {
         channel: ConnectorChannelId,
         /// The records' message ids.
         ids: Vec<MessageId>,
+        /// The records themselves as committed, when they fitted in the wake-up (all of
+        /// `ids`' or none): the socket holder need not read them.
+        records: Vec<PendingRecord>,
     },
     /// The channel's row was written or deleted by another replica.
     Channel(ConnectorChannelId),
@@ -112,7 +115,55 @@ pub(crate) struct Notice {
     /// The message ids of the records written, for `outbox` (absent: read them all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) i: Option<Vec<String>>,
+    /// The records of `i` as written, when they fit ([`NOTICE_CARRY_BYTES`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) p: Option<Vec<Carried>>,
 }
+
+/// An outbox record carried in a wake-up (its channel is the notice's, its id in `i`).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Carried {
+    s: u64,
+    b: String,
+    a: u32,
+    t0: u64,
+    x: u64,
+    n: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    e: Option<String>,
+}
+
+impl Carried {
+    fn of(record: &PendingRecord) -> Self {
+        Self {
+            s: record.seq,
+            b: record.payload.clone(),
+            a: record.attempts,
+            t0: record.first_responsibility_at,
+            x: record.expires_at,
+            n: record.next_attempt_at,
+            e: record.last_error.clone(),
+        }
+    }
+
+    fn into_record(self, channel: &ConnectorChannelId, message_id: MessageId) -> PendingRecord {
+        PendingRecord {
+            channel: channel.clone(),
+            message_id,
+            seq: self.s,
+            payload: self.b,
+            attempts: self.a,
+            first_responsibility_at: self.t0,
+            expires_at: self.x,
+            next_attempt_at: self.n,
+            last_error: self.e,
+        }
+    }
+}
+
+/// A wake-up carries its records while its text stays within this many bytes (a
+/// notification holds 8,000); past it, it names them only and the holder reads them.
+const NOTICE_CARRY_BYTES: usize = 7_000;
 
 /// A wake-up names at most this many outbox records; one about more says "read them all"
 /// (a notification's payload is limited to 8,000 bytes).
@@ -128,6 +179,7 @@ impl Notice {
             t: None,
             m: None,
             i: None,
+            p: None,
         }
     }
 
@@ -160,15 +212,26 @@ impl Notice {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn read(payload: &str, own: &str) -> Option<ClusterEvent> {
         let notice: Notice = serde_json::from_str(payload).ok()?;
-        let channel = || notice.c.clone().map(ConnectorChannelId::new);
+        let c = notice.c.clone();
+        let channel = || c.clone().map(ConnectorChannelId::new);
         let event = match notice.k.as_str() {
             "lease" => ClusterEvent::DataPlaneTaken { fence: notice.f?, replica: notice.r.clone() },
             _ if notice.r == own => return None,
-            "outbox" => match &notice.i {
-                Some(ids) => ClusterEvent::OutboxRecords {
-                    channel: channel()?,
-                    ids: ids.iter().map(|id| MessageId::new(id.as_str())).collect(),
-                },
+            "outbox" => match notice.i {
+                Some(ids) => {
+                    let channel = channel()?;
+                    let ids: Vec<MessageId> =
+                        ids.iter().map(|id| MessageId::new(id.as_str())).collect();
+                    let records = match notice.p {
+                        Some(carried) if carried.len() == ids.len() => carried
+                            .into_iter()
+                            .zip(&ids)
+                            .map(|(c, id)| c.into_record(&channel, id.clone()))
+                            .collect(),
+                        _ => Vec::new(),
+                    };
+                    ClusterEvent::OutboxRecords { channel, ids, records }
+                }
                 None => ClusterEvent::Outbox(channel()?),
             },
             "channel" => ClusterEvent::Channel(channel()?),
@@ -249,12 +312,12 @@ impl ClusterStorage {
     /// whose outbox or row they change.
     fn augment(&self, writes: Vec<WriteOp>) -> Vec<WriteOp> {
         let fence = self.fence();
-        // (outbox?, channel, the outbox records' ids while they fit in a notice)
-        let mut notices: Vec<(bool, String, Option<Vec<String>>)> = Vec::new();
+        // (outbox?, channel, the outbox records while they fit in a notice)
+        let mut notices: Vec<(bool, String, Option<Vec<&PendingRecord>>)> = Vec::new();
         for write in &writes {
-            let (outbox, channel, id) = match write {
+            let (outbox, channel, record) = match write {
                 WriteOp::Outbox(OutboxWrite::Save(record)) => {
-                    (true, record.channel.as_str(), Some(record.message_id.as_str()))
+                    (true, record.channel.as_str(), Some(record))
                 }
                 WriteOp::Channel { id, .. } | WriteOp::DeleteChannel(id) => {
                     (false, id.as_str(), None)
@@ -270,14 +333,38 @@ impl ClusterStorage {
                     &mut notices[last]
                 }
             };
-            if let (Some(ids), Some(id)) = (&mut notice.2, id) {
-                if ids.len() < NOTICE_IDS {
-                    ids.push(id.to_owned());
+            if let (Some(records), Some(record)) = (&mut notice.2, record) {
+                if records.len() < NOTICE_IDS {
+                    records.push(record);
                 } else {
                     notice.2 = None;
                 }
             }
         }
+        let notices: Vec<WriteOp> = notices
+            .into_iter()
+            .map(|(outbox, channel, records)| {
+                if !outbox {
+                    return Notice::channel(&self.replica, &channel).into_write();
+                }
+                let Some(records) = records else {
+                    return Notice::outbox(&self.replica, &channel, None).into_write();
+                };
+                let ids: Vec<String> =
+                    records.iter().map(|r| r.message_id.as_str().to_owned()).collect();
+                let carried = Notice {
+                    p: Some(records.into_iter().map(Carried::of).collect()),
+                    ..Notice::outbox(&self.replica, &channel, Some(ids.clone()))
+                };
+                match carried.into_write() {
+                    // Too long with the records: the ids alone.
+                    WriteOp::Notify(text) if text.len() > NOTICE_CARRY_BYTES => {
+                        Notice::outbox(&self.replica, &channel, Some(ids)).into_write()
+                    }
+                    write => write,
+                }
+            })
+            .collect();
         let mut all = Vec::with_capacity(writes.len() + notices.len() + 1);
         // A broadcast alone acknowledges nothing: it needs no fence.
         let only_notices = writes.iter().all(|w| matches!(w, WriteOp::Notify(_)));
@@ -285,14 +372,7 @@ impl ClusterStorage {
             all.push(WriteOp::Fence(fence));
         }
         all.extend(writes);
-        for (outbox, channel, ids) in notices {
-            let notice = if outbox {
-                Notice::outbox(&self.replica, &channel, ids)
-            } else {
-                Notice::channel(&self.replica, &channel)
-            };
-            all.push(notice.into_write());
-        }
+        all.extend(notices);
         all
     }
 }
@@ -414,7 +494,8 @@ mod tests {
             Notice::read(&named, "r2"),
             Some(ClusterEvent::OutboxRecords {
                 channel: ConnectorChannelId::new("cch_1"),
-                ids: vec![MessageId::new("m1")]
+                ids: vec![MessageId::new("m1")],
+                records: vec![],
             })
         );
         assert_eq!(Notice::read(&outbox, "r1"), None, "own wake-ups are not heard");
@@ -437,19 +518,19 @@ mod tests {
             ),
             "r1",
         );
-        let save = |channel: &str, id: &str| {
-            WriteOp::Outbox(OutboxWrite::Save(PendingRecord {
-                channel: ConnectorChannelId::new(channel),
-                message_id: MessageId::new(id),
-                seq: 1,
-                payload: String::new(),
-                attempts: 0,
-                first_responsibility_at: 0,
-                expires_at: 0,
-                next_attempt_at: 0,
-                last_error: None,
-            }))
+        let record = |channel: &str, id: &str, payload: &str| PendingRecord {
+            channel: ConnectorChannelId::new(channel),
+            message_id: MessageId::new(id),
+            seq: 1,
+            payload: payload.into(),
+            attempts: 2,
+            first_responsibility_at: 3,
+            expires_at: 4,
+            next_attempt_at: 5,
+            last_error: Some("busy".into()),
         };
+        let save =
+            |channel: &str, id: &str| WriteOp::Outbox(OutboxWrite::Save(record(channel, id, "{}")));
         let notices = |writes: Vec<WriteOp>| -> Vec<Option<ClusterEvent>> {
             storage
                 .augment(writes)
@@ -466,13 +547,27 @@ mod tests {
             vec![
                 Some(ClusterEvent::OutboxRecords {
                     channel: ConnectorChannelId::new("cch_a"),
-                    ids: vec![MessageId::new("m1"), MessageId::new("m2")]
+                    ids: vec![MessageId::new("m1"), MessageId::new("m2")],
+                    records: vec![record("cch_a", "m1", "{}"), record("cch_a", "m2", "{}")],
                 }),
                 Some(ClusterEvent::OutboxRecords {
                     channel: ConnectorChannelId::new("cch_b"),
-                    ids: vec![MessageId::new("m3")]
+                    ids: vec![MessageId::new("m3")],
+                    records: vec![record("cch_b", "m3", "{}")],
                 }),
-            ]
+            ],
+            "each record carried as written"
+        );
+        // Records too long for a notification: named only (the holder reads them).
+        let long = "x".repeat(4_000);
+        let big = |id: &str| WriteOp::Outbox(OutboxWrite::Save(record("cch_a", id, &long)));
+        assert_eq!(
+            notices(vec![big("m1"), big("m2")]),
+            vec![Some(ClusterEvent::OutboxRecords {
+                channel: ConnectorChannelId::new("cch_a"),
+                ids: vec![MessageId::new("m1"), MessageId::new("m2")],
+                records: vec![],
+            })]
         );
         let many = notices((0..=NOTICE_IDS).map(|n| save("cch_a", &format!("m{n}"))).collect());
         assert_eq!(many, vec![Some(ClusterEvent::Outbox(ConnectorChannelId::new("cch_a")))]);
