@@ -144,7 +144,8 @@ const FINISHED_REMEMBERED: usize = 65_536;
 
 /// The messages a replica's outbox finished lately, as hashes of `(channel, message_id)`,
 /// oldest forgotten first: a record carried in a wake-up that arrives after its message was
-/// delivered is not taken back (a hash that collides only costs a read of the record).
+/// delivered is not taken as it is but read (gone, unless queued again since; a hash that
+/// collides only costs that read).
 #[derive(Default)]
 struct Finished {
     capacity: usize,
@@ -610,11 +611,6 @@ impl ImState {
             let events = inner.take_events();
             if let Some(stored) = stored {
                 inner.outbox.forget_channel(channel);
-                // Not one this replica finished lately whose removal is still on its way.
-                let stored: Vec<PendingRecord> = stored
-                    .into_iter()
-                    .filter(|r| !inner.finished.contains(&r.channel, &r.message_id))
-                    .collect();
                 if let Err(error) = inner.outbox.adopt(stored, shared.now()) {
                     tracing::warn!(%error, "outbox adopt failed");
                 }
@@ -669,13 +665,16 @@ impl ImState {
                 Some(ids) => {
                     let held: std::collections::HashSet<MessageId> =
                         inner.outbox.pending_ids(channel).into_iter().collect();
-                    let new: Vec<&MessageId> = ids
-                        .iter()
-                        .filter(|id| !held.contains(*id) && !inner.finished.contains(channel, id))
-                        .collect();
-                    let (usable, _): (Vec<PendingRecord>, Vec<PendingRecord>) = carried
-                        .into_iter()
-                        .partition(|r| &r.channel == channel && new.contains(&&r.message_id));
+                    let new: Vec<&MessageId> =
+                        ids.iter().filter(|id| !held.contains(*id)).collect();
+                    // One this outbox finished lately is read instead: the database says
+                    // whether it was queued again since (its row is gone otherwise).
+                    let (usable, _): (Vec<PendingRecord>, Vec<PendingRecord>) =
+                        carried.into_iter().partition(|r| {
+                            &r.channel == channel
+                                && new.contains(&&r.message_id)
+                                && !inner.finished.contains(channel, &r.message_id)
+                        });
                     let taken: std::collections::HashSet<MessageId> =
                         usable.iter().map(|r| r.message_id.clone()).collect();
                     let to_read: Vec<MessageId> =
@@ -716,10 +715,6 @@ impl ImState {
             if !shared.is_routed(channel) {
                 return;
             }
-            let stored: Vec<PendingRecord> = stored
-                .into_iter()
-                .filter(|r| !inner.finished.contains(&r.channel, &r.message_id))
-                .collect();
             let joined = inner.outbox.adopt(stored, shared.now());
             Self::submit_in_background(shared, &mut inner);
             joined

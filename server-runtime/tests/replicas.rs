@@ -260,6 +260,14 @@ async fn a_carried_record_is_delivered_unread_and_a_late_wakeup_cannot_bring_a_d
     deliver(&mut xagent, "carried-1").await;
     let on_b = b.server.handle();
     eventually("B's outbox is empty", || on_b.pending_messages(&channel).is_empty()).await;
+    let store = PostgresStorage::connect(&url, Default::default()).await.expect("connects");
+    for _ in 0..200 {
+        if store.load_pending_of(&channel).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(store.load_pending_of(&channel).await.unwrap().is_empty(), "acked and removed");
 
     // Late wake-ups about both delivered messages, then a new one: only the new one comes.
     notify(carried_wakeup(&channel, "from-a-1")).await;
