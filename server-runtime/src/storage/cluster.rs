@@ -211,6 +211,16 @@ impl Notice {
     /// `own` (this replica) sent. (Only a shared backend hears wake-ups.)
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn read(payload: &str, own: &str) -> Option<ClusterEvent> {
+        // This replica's own notices (`r` comes first, `k` second) are skipped unread, as
+        // they may carry records; its lease notices are heard.
+        if payload
+            .strip_prefix("{\"r\":")
+            .and_then(|rest| rest.strip_prefix(serde_json::to_string(own).ok()?.as_str()))
+            .and_then(|rest| rest.strip_prefix(",\"k\":"))
+            .is_some_and(|rest| !rest.starts_with("\"lease\""))
+        {
+            return None;
+        }
         let notice: Notice = serde_json::from_str(payload).ok()?;
         let c = notice.c.clone();
         let channel = || c.clone().map(ConnectorChannelId::new);
@@ -316,6 +326,10 @@ impl ClusterStorage {
         let mut notices: Vec<(bool, String, Option<Vec<&PendingRecord>>)> = Vec::new();
         for write in &writes {
             let (outbox, channel, record) = match write {
+                // The socket holder's own records need no wake-up: only a holder adopts
+                // records, and one taking over reads the channels it opens (while this one's
+                // fenced writes fail from then on).
+                WriteOp::Outbox(OutboxWrite::Save(_)) if fence != 0 => continue,
                 WriteOp::Outbox(OutboxWrite::Save(record)) => {
                     (true, record.channel.as_str(), Some(record))
                 }
@@ -569,6 +583,14 @@ mod tests {
                 records: vec![],
             })]
         );
+        // The socket holder's own records wake nobody (a channel row still does).
+        storage.set_fence(4);
+        let channel_row = WriteOp::DeleteChannel("cch_c".into());
+        assert_eq!(
+            notices(vec![save("cch_a", "m1"), channel_row]),
+            vec![Some(ClusterEvent::Channel(ConnectorChannelId::new("cch_c")))]
+        );
+        storage.set_fence(0);
         let many = notices((0..=NOTICE_IDS).map(|n| save("cch_a", &format!("m{n}"))).collect());
         assert_eq!(many, vec![Some(ClusterEvent::Outbox(ConnectorChannelId::new("cch_a")))]);
     }
