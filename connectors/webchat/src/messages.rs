@@ -68,6 +68,7 @@ struct Stored {
 }
 
 /// A new delivery state for the message `message_id`.
+#[derive(Clone, Debug)]
 pub(crate) struct StatusUpdate {
     /// The message.
     pub(crate) message_id: String,

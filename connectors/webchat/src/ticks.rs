@@ -97,19 +97,48 @@ pub(crate) async fn relay_outbox_events(app: Arc<App>, handle: ConnectorHandle) 
         if updates.is_empty() {
             continue;
         }
-        let updated = match app.messages() {
-            Ok(messages) => messages.set_statuses(updates).await,
-            Err(error) => Err(error),
-        };
-        match updated {
-            Ok(updated) => {
-                for (room_id, entry) in updated {
-                    app.publish(&room_id, entry);
+        let missing = record_states(&app, updates).await;
+        if !missing.is_empty() {
+            // A message posted on this replica is sent while its row is still on its way to
+            // the database (they commit together), so its outcome can come first: try again
+            // shortly rather than leave the tick to the sweep.
+            let app = Arc::clone(&app);
+            tokio::spawn(async move {
+                let mut missing = missing;
+                for delay in LATE_ROW_RETRIES {
+                    tokio::time::sleep(delay).await;
+                    missing = record_states(&app, missing).await;
+                    if missing.is_empty() {
+                        return;
+                    }
                 }
+            });
+        }
+    }
+}
+
+/// When to look again for messages whose outcome came before their row (then the sweep).
+const LATE_ROW_RETRIES: [Duration; 3] =
+    [Duration::from_millis(50), Duration::from_millis(250), Duration::from_secs(1)];
+
+/// Writes delivery states and shows them; returns those whose message is not stored (yet).
+async fn record_states(app: &App, updates: Vec<StatusUpdate>) -> Vec<StatusUpdate> {
+    let updated = match app.messages() {
+        Ok(messages) => messages.set_statuses(updates.clone()).await,
+        Err(error) => Err(error),
+    };
+    match updated {
+        Ok(updated) => {
+            let found: std::collections::HashSet<String> =
+                updated.iter().map(|(_, entry)| entry.message_id.clone()).collect();
+            for (room_id, entry) in updated {
+                app.publish(&room_id, entry);
             }
-            Err(error) => {
-                tracing::error!(%error, "could not record delivery states; the sweep sets them");
-            }
+            updates.into_iter().filter(|u| !found.contains(&u.message_id)).collect()
+        }
+        Err(error) => {
+            tracing::error!(%error, "could not record delivery states; the sweep sets them");
+            Vec::new()
         }
     }
 }
