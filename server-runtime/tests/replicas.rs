@@ -100,6 +100,33 @@ async fn shared_database() -> DatabaseUrl {
     TestPostgres::shared().await.fresh_database().await
 }
 
+/// Replicas A and B on a fresh database, xAgent's socket on B with one channel signed in, and
+/// A aware of it.
+async fn signed_in_on_b() -> (DatabaseUrl, Replica, Replica, WsClient, ConnectorChannelId) {
+    let url = shared_database().await;
+    let a = Replica::start(&url).await;
+    let b = Replica::start(&url).await;
+    let mut xagent = b.client().await;
+    xagent.hello(None).await;
+    let (channel, _) = xagent.open_channel(None).await;
+    xagent.sign_in(&channel, "tok-replicas").await;
+    let on_a = a.server.handle();
+    eventually("A sees the channel signed in on B", || on_a.binding(&channel).is_some()).await;
+    (url, a, b, xagent, channel)
+}
+
+/// Waits (bounded) until the database holds no outbox record of `channel`: acked and removed.
+async fn no_pending_rows(url: &DatabaseUrl, channel: &ConnectorChannelId) {
+    let store = PostgresStorage::connect(url, Default::default()).await.expect("connects");
+    for _ in 0..200 {
+        if store.load_pending_of(channel).await.unwrap().is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the channel's outbox records were not removed within 5 s");
+}
+
 /// The fencing number at the database: once replica B took the data-plane lease, replica A's
 /// submissions (fenced with its older number) fail as a whole and store nothing, while B's
 /// commit.
@@ -171,15 +198,8 @@ async fn the_old_holder_closes_its_socket_when_another_replica_takes_the_data_pl
 /// exactly once, through B; acked, it is gone from the database.
 #[tokio::test]
 async fn a_message_written_on_one_replica_reaches_xagent_once_through_the_other() {
-    let url = shared_database().await;
-    let a = Replica::start(&url).await;
-    let b = Replica::start(&url).await;
-    let mut xagent = b.client().await;
-    xagent.hello(None).await;
-    let (channel, _) = xagent.open_channel(None).await;
-    xagent.sign_in(&channel, "tok-replicas").await;
+    let (url, a, b, mut xagent, channel) = signed_in_on_b().await;
     let on_a = a.server.handle();
-    eventually("A sees the channel signed in on B", || on_a.binding(&channel).is_some()).await;
 
     on_a.send_message(&channel, ChatMessage::text("from-a-1", "written on A"))
         .await
@@ -191,14 +211,7 @@ async fn a_message_written_on_one_replica_reaches_xagent_once_through_the_other(
         .channel(channel.clone())
         .reply_to(packet.packet_id.clone());
     xagent.send(&ack).await;
-    let store = PostgresStorage::connect(&url, Default::default()).await.expect("connects");
-    for _ in 0..200 {
-        if store.load_pending_of(&channel).await.unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(store.load_pending_of(&channel).await.unwrap().is_empty(), "acked and forgotten");
+    no_pending_rows(&url, &channel).await;
     // Nothing more arrives: delivered once.
     let ping = xagent.request(xagent_protocol_types::Ping::default(), None);
     let pong = xagent.call(ping).await;
@@ -227,15 +240,8 @@ fn carried_wakeup(channel: &ConnectorChannelId, message_id: &str) -> String {
 #[tokio::test]
 async fn a_carried_record_is_delivered_unread_and_a_late_wakeup_cannot_bring_a_delivered_one_back()
 {
-    let url = shared_database().await;
-    let a = Replica::start(&url).await;
-    let b = Replica::start(&url).await;
-    let mut xagent = b.client().await;
-    xagent.hello(None).await;
-    let (channel, _) = xagent.open_channel(None).await;
-    xagent.sign_in(&channel, "tok-replicas").await;
+    let (url, a, b, mut xagent, channel) = signed_in_on_b().await;
     let on_a = a.server.handle();
-    eventually("A sees the channel signed in on B", || on_a.binding(&channel).is_some()).await;
     let pool = xagent_storage_postgres::connect(&url, Default::default()).await.unwrap();
     let notify = |payload: String| {
         let pool = pool.clone();
@@ -260,14 +266,7 @@ async fn a_carried_record_is_delivered_unread_and_a_late_wakeup_cannot_bring_a_d
     deliver(&mut xagent, "carried-1").await;
     let on_b = b.server.handle();
     eventually("B's outbox is empty", || on_b.pending_messages(&channel).is_empty()).await;
-    let store = PostgresStorage::connect(&url, Default::default()).await.expect("connects");
-    for _ in 0..200 {
-        if store.load_pending_of(&channel).await.unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(store.load_pending_of(&channel).await.unwrap().is_empty(), "acked and removed");
+    no_pending_rows(&url, &channel).await;
 
     // Late wake-ups about both delivered messages, then a new one: only the new one comes.
     notify(carried_wakeup(&channel, "from-a-1")).await;
