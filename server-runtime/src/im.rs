@@ -679,7 +679,8 @@ impl ImState {
                         usable.iter().map(|r| r.message_id.clone()).collect();
                     let to_read: Vec<MessageId> =
                         new.into_iter().filter(|id| !taken.contains(*id)).cloned().collect();
-                    let joined = if usable.is_empty() {
+                    // Routed still? (The route is looked at again under the lock.)
+                    let joined = if usable.is_empty() || !shared.is_routed(channel) {
                         Ok(0)
                     } else {
                         let joined = inner.outbox.adopt(usable, shared.now());
