@@ -360,18 +360,9 @@ impl ImState {
                         }
                         return;
                     }
-                    let ticket = if extra.is_empty() {
-                        shared.storage().commit_im(outbox, receiver)
-                    } else {
-                        let ops = outbox
-                            .into_iter()
-                            .map(WriteOp::Outbox)
-                            .chain(receiver.into_iter().map(WriteOp::Idempotency))
-                            .chain(extra)
-                            .collect();
-                        shared.storage().commit(ops)
-                    };
-                    (ticket, waiters)
+                    let mut ops = crate::storage::im_write_ops(outbox, receiver);
+                    ops.extend(extra);
+                    (shared.storage().commit(ops), waiters)
                 };
                 let result = ticket.committed().await.map_err(|error| {
                     tracing::warn!(%error, "could not persist IM writes");
@@ -669,12 +660,14 @@ impl ImState {
                         ids.iter().filter(|id| !held.contains(*id)).collect();
                     // One this outbox finished lately is read instead: the database says
                     // whether it was queued again since (its row is gone otherwise).
-                    let (usable, _): (Vec<PendingRecord>, Vec<PendingRecord>) =
-                        carried.into_iter().partition(|r| {
+                    let usable: Vec<PendingRecord> = carried
+                        .into_iter()
+                        .filter(|r| {
                             &r.channel == channel
                                 && new.contains(&&r.message_id)
                                 && !inner.finished.contains(channel, &r.message_id)
-                        });
+                        })
+                        .collect();
                     let taken: std::collections::HashSet<MessageId> =
                         usable.iter().map(|r| r.message_id.clone()).collect();
                     let to_read: Vec<MessageId> =

@@ -258,11 +258,19 @@ pub trait Storage: Send + Sync + 'static {
         outbox: Vec<OutboxWrite>,
         idempotency: Vec<IdempotencyWrite>,
     ) -> CommitTicket {
-        let ops = outbox
-            .into_iter()
-            .map(WriteOp::Outbox)
-            .chain(idempotency.into_iter().map(WriteOp::Idempotency))
-            .collect();
-        self.commit(ops)
+        self.commit(im_write_ops(outbox, idempotency))
     }
+}
+
+/// IM writes as storage writes, in the order [`Storage::commit_im`] commits them: the
+/// outbox's, then the receiver's.
+pub(crate) fn im_write_ops(
+    outbox: Vec<OutboxWrite>,
+    idempotency: Vec<IdempotencyWrite>,
+) -> Vec<WriteOp> {
+    outbox
+        .into_iter()
+        .map(WriteOp::Outbox)
+        .chain(idempotency.into_iter().map(WriteOp::Idempotency))
+        .collect()
 }
