@@ -14,6 +14,7 @@ mod conformance;
 mod database_args;
 mod demo;
 mod homie;
+mod matrix;
 mod listen_args;
 mod mcp;
 mod migrate_state;
@@ -43,6 +44,8 @@ enum Command {
     Webchat(webchat::WebchatArgs),
     /// Run the reference Device Connector device.homie (Homie v4 devices on an MQTT broker).
     Homie(homie::HomieArgs),
+    /// Run the IM Connector im.matrix: an agent in Matrix rooms (end-to-end encrypted too).
+    Matrix(matrix::MatrixArgs),
     /// Run im.webchat with an xAgent stand-in in one process and print the URL to open.
     Demo(demo::DemoArgs),
     /// Put a Connector in front of an MCP client (stdio, or streamable HTTP with --http).
@@ -112,6 +115,7 @@ fn main() -> ExitCode {
         Command::MockXagent(args) => mock_xagent::run_command(args),
         Command::Webchat(args) => webchat::run_command(args),
         Command::Homie(args) => homie::run_command(args),
+        Command::Matrix(args) => matrix::run_command(args),
         Command::Demo(args) => demo::run_command(args),
         Command::Mcp(args) => mcp::run_command(args),
         Command::MigrateState(args) => migrate_state::run_command(args),

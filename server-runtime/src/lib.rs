@@ -89,6 +89,7 @@
 //! | `config` | [`RuntimeConfig`], the tunables |
 //! | `listen` | the accept loop with its connection limits ([`ServeLimits`]; `admission`: per-address caps and rates, the data plane's reserved slots, eviction), the stop signal |
 //! | `lanes`, `ids`, `build_info` | per-key ordered task lanes; id minting (through `protocol-types`); build stamps |
+//! | `receiver`, `throttle` | for an author's receiver of target events: [`Backoff`], [`LinkHealth`] (failures to `degraded`/`offline`); [`EditThrottle`] (paced in-place edits of a streamed message) |
 //!
 //! Decisions where the protocol texts are silent (also in the item docs):
 //! - One runtime instance (`connector_id`) at a time. A hello with an unknown or expired
@@ -158,10 +159,12 @@ mod ids;
 mod im;
 mod judge;
 mod lanes;
+mod receiver;
 mod listen;
 mod server;
 mod state;
 mod storage;
+mod throttle;
 mod tool_calls;
 
 pub use author::{
@@ -183,6 +186,8 @@ pub use files::FilesConfig;
 pub use handle::{Broadcast, ConnectorHandle, StartFn, StopFn};
 pub use http::{READY, error_response};
 pub use judge::InboundJudge;
+pub use receiver::{Backoff, LinkHealth, MAX_RETRY_AFTER};
+pub use throttle::{EditThrottle, Offer};
 pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,

@@ -9,11 +9,13 @@
 //! `server-runtime`'s integration tests, `client-runtime`, the cli, `im.webchat`'s tests and
 //! xtask. [`module_layers`] is the one module-layer checker of the crates that keep their
 //! modules layered. [`postgres`] gives tests a real PostgreSQL (one server per test process,
-//! a fresh database per test), [`haproxy`] a real load balancer in front of test servers.
+//! a fresh database per test), [`haproxy`] a real load balancer in front of test servers,
+//! [`synapse`] a real Matrix homeserver.
 
 pub mod haproxy;
 pub mod module_layers;
 pub mod postgres;
+pub mod synapse;
 mod watchdog;
 
 use std::sync::{Arc, Mutex, MutexGuard};

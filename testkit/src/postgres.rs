@@ -381,23 +381,26 @@ impl Drop for Server {
 }
 
 /// Runs a command to its end; its output becomes the error when it fails.
-fn run(mut cmd: Command, what: &str) -> Result<(), TestPostgresError> {
-    let output = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| TestPostgresError(format!("{what} could not run: {e}")))?;
+fn run(cmd: Command, what: &str) -> Result<(), TestPostgresError> {
+    run_command(cmd, what).map_err(TestPostgresError)
+}
+
+/// Runs `cmd` to its end; on failure, what failed with the ends of its output.
+pub(crate) fn run_command(mut cmd: Command, what: &str) -> Result<(), String> {
+    let output = cmd.stdin(Stdio::null()).output().map_err(|e| format!("{what} could not run: {e}"))?;
     if output.status.success() {
         return Ok(());
     }
-    Err(TestPostgresError(format!(
+    Err(format!(
         "{what} failed ({}): {}{}",
         output.status,
         tail(&String::from_utf8_lossy(&output.stdout), 1000),
         tail(&String::from_utf8_lossy(&output.stderr), 2000)
-    )))
+    ))
 }
 
-fn tail(text: &str, max: usize) -> &str {
+/// The last `max` bytes of `text` (on a character boundary).
+pub(crate) fn tail(text: &str, max: usize) -> &str {
     let mut start = text.len().saturating_sub(max);
     while !text.is_char_boundary(start) {
         start += 1;

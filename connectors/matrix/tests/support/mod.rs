@@ -1,0 +1,342 @@
+//! What the `im.matrix` tests share: a real Synapse (testkit), the Connector served on
+//! 127.0.0.1, xAgent's side through `xagent-client-runtime`, and a human on a Matrix client of
+//! their own (matrix-sdk with an in-memory store and its own device keys).
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use matrix_sdk::config::SyncSettings;
+use matrix_sdk::ruma::api::client::room::create_room::v3::Request as CreateRoomRequest;
+use matrix_sdk::ruma::events::room::encryption::RoomEncryptionEventContent;
+use matrix_sdk::ruma::events::room::message::{
+    OriginalSyncRoomMessageEvent, RoomMessageEventContent,
+};
+use matrix_sdk::ruma::events::typing::SyncTypingEvent;
+use matrix_sdk::ruma::events::InitialStateEvent;
+use matrix_sdk::ruma::{OwnedRoomId, OwnedUserId};
+use matrix_sdk::{Client, Room, RoomMemberships};
+use tokio::sync::mpsc::UnboundedReceiver;
+use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, ClientEvent, DataPlane};
+use xagent_connector_matrix::connector::ROOM_FLOW;
+use xagent_connector_matrix::{CARD_ID, Credentials, Matrix, MatrixOptions};
+use xagent_protocol_types::{
+    AuthProgress, AuthStart, AuthStatus, AuthStatusRequest, ConnectorChannelId, PROFILE_IM_V2,
+    Secret,
+};
+use xagent_testkit::Serving;
+use xagent_testkit::synapse::{TestSynapse, TestUser};
+
+pub const API_KEY: &str = "sk-matrix-test-51a7c2";
+
+/// How long a test waits for something to show on either side.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub fn temp_dir(name: &str) -> PathBuf {
+    xagent_testkit::temp_state_dir(&format!("matrix-{name}"))
+}
+
+/// The Connector, served.
+pub struct Server {
+    pub matrix: Arc<Matrix>,
+    pub addr: SocketAddr,
+    serving: Serving,
+}
+
+impl Server {
+    pub async fn start(synapse: &TestSynapse, bot: &TestUser, dir: &Path) -> Server {
+        Self::start_with(synapse, bot, dir, |_| {}).await
+    }
+
+    pub async fn start_with(
+        synapse: &TestSynapse,
+        bot: &TestUser,
+        dir: &Path,
+        tune: impl FnOnce(&mut MatrixOptions),
+    ) -> Server {
+        let listener = xagent_testkit::bind_local(None).await.expect("binds");
+        let addr = listener.local_addr().expect("addr");
+        let mut options = MatrixOptions::new(
+            synapse.url(),
+            &bot.user_id,
+            Credentials::Password(Secret::new(bot.password.clone())),
+            dir,
+        );
+        options.api_key = Some(Secret::new(API_KEY));
+        options.edit_interval = Duration::from_millis(300);
+        tune(&mut options);
+        let matrix = Arc::new(Matrix::open(options).await.expect("im.matrix opens"));
+        let running = Arc::clone(&matrix);
+        let serving = Serving::spawn(listener, |listener, shutdown| async move {
+            let _ = running.serve(listener, shutdown).await;
+        });
+        Server { matrix, addr, serving }
+    }
+
+    pub fn base(&self) -> BaseUrl {
+        BaseUrl::parse(&format!("http://{}", self.addr)).expect("base url")
+    }
+
+    pub async fn stop(self) {
+        self.serving.stop().await;
+    }
+}
+
+pub fn client_config(base: BaseUrl) -> ClientConfig {
+    let mut config = ClientConfig::new(base, CARD_ID, vec![PROFILE_IM_V2.into()])
+        .with_api_key(Secret::new(API_KEY));
+    config.backoff = Backoff {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(300),
+        factor: 2.0,
+        max_failures: Some(400),
+    };
+    config.request_timeout = Duration::from_secs(10);
+    config
+}
+
+pub async fn connect(server: &Server) -> (DataPlane, UnboundedReceiver<ClientEvent>) {
+    let (plane, events) = DataPlane::start(client_config(server.base()));
+    tokio::time::timeout(Duration::from_secs(10), plane.connected())
+        .await
+        .expect("connects in time")
+        .expect("connects");
+    (plane, events)
+}
+
+/// Opens a channel and starts `matrix_room` on it.
+pub async fn pairing_start(plane: &DataPlane) -> (ConnectorChannelId, AuthProgress) {
+    let opened = plane.open_channel(None).await.expect("channel.open");
+    let channel = opened.connector_channel_id;
+    let ack = plane.request(Some(&channel), AuthStart::new(ROOM_FLOW)).await.expect("auth.start");
+    (channel, ack.0)
+}
+
+pub async fn pairing_status(
+    plane: &DataPlane,
+    channel: &ConnectorChannelId,
+    progress: &AuthProgress,
+) -> AuthProgress {
+    let poll = AuthStatusRequest::new(progress.auth_session_id.clone().expect("session"))
+        .with_flow_id(ROOM_FLOW);
+    plane.request(Some(channel), poll).await.expect("auth.status").0
+}
+
+/// The code in the prompt's message (`... post this pairing code in the room: ABCD-EFGH`).
+pub fn code_of(progress: &AuthProgress) -> String {
+    let message = progress.message.clone().expect("a prompt message");
+    message.rsplit(' ').next().expect("the code").to_owned()
+}
+
+/// Polls `auth.status` until it is no longer pending.
+pub async fn pairing_result(
+    plane: &DataPlane,
+    channel: &ConnectorChannelId,
+    progress: &AuthProgress,
+) -> AuthProgress {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let now = pairing_status(plane, channel, progress).await;
+        if now.status != AuthStatus::Pending || tokio::time::Instant::now() > deadline {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub async fn next_event(
+    events: &mut UnboundedReceiver<ClientEvent>,
+    want: impl FnMut(&ClientEvent) -> bool,
+) -> ClientEvent {
+    xagent_client_runtime::next_event_matching(events, WAIT, want)
+        .await
+        .expect("the awaited event arrived in time")
+}
+
+/// The next inbound `chat.message` (accepted once read).
+pub async fn next_chat(
+    events: &mut UnboundedReceiver<ClientEvent>,
+) -> xagent_protocol_types::ChatMessage {
+    match next_event(events, |e| matches!(e, ClientEvent::ChatMessage(_))).await {
+        ClientEvent::ChatMessage(inbound) => {
+            let message = inbound.message.clone();
+            inbound.accept();
+            message
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// What a human's client saw.
+#[derive(Default)]
+pub struct Seen {
+    pub messages: Vec<(OwnedRoomId, OriginalSyncRoomMessageEvent)>,
+    pub typing: Vec<(OwnedRoomId, Vec<OwnedUserId>)>,
+}
+
+/// A person on a Matrix client of their own.
+pub struct Human {
+    pub client: Client,
+    pub user: TestUser,
+    pub seen: Arc<Mutex<Seen>>,
+    sync: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Human {
+    fn drop(&mut self) {
+        self.sync.abort();
+    }
+}
+
+impl Human {
+    pub async fn login(synapse: &TestSynapse, user: TestUser) -> Human {
+        let client = Client::builder()
+            .homeserver_url(synapse.url())
+            .build()
+            .await
+            .expect("a client");
+        client
+            .matrix_auth()
+            .login_username(&user.user_id, &user.password)
+            .initial_device_display_name("test human")
+            .send()
+            .await
+            .expect("the human logs in");
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let messages = Arc::clone(&seen);
+        client.add_event_handler(move |event: OriginalSyncRoomMessageEvent, room: Room| {
+            let seen = Arc::clone(&messages);
+            async move {
+                seen.lock().unwrap().messages.push((room.room_id().to_owned(), event));
+            }
+        });
+        let typing = Arc::clone(&seen);
+        client.add_event_handler(move |event: SyncTypingEvent, room: Room| {
+            let seen = Arc::clone(&typing);
+            async move {
+                seen.lock().unwrap().typing.push((room.room_id().to_owned(), event.content.user_ids));
+            }
+        });
+        client.sync_once(SyncSettings::default()).await.expect("first sync");
+        let syncing = client.clone();
+        let sync = tokio::spawn(async move {
+            let _ = syncing.sync(SyncSettings::default().timeout(Duration::from_secs(5))).await;
+        });
+        Human { client, user, seen, sync }
+    }
+
+    /// Creates a room (encrypted or not) and invites `invite`.
+    pub async fn create_room(&self, name: &str, encrypted: bool, invite: &[&str]) -> Room {
+        let mut request = CreateRoomRequest::new();
+        request.name = Some(name.to_owned());
+        request.invite = invite.iter().map(|u| u.parse().expect("user id")).collect();
+        if encrypted {
+            request.initial_state = vec![
+                InitialStateEvent::with_empty_state_key(
+                    RoomEncryptionEventContent::with_recommended_defaults(),
+                )
+                .to_raw_any(),
+            ];
+        }
+        self.client.create_room(request).await.expect("the room is created")
+    }
+
+    /// Waits until `user` joined `room`.
+    pub async fn wait_joined(&self, room: &Room, user: &str) {
+        let user: OwnedUserId = user.parse().expect("user id");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let _ = room.sync_members().await;
+            let joined = room.members(RoomMemberships::JOIN).await.unwrap_or_default();
+            if joined.iter().any(|m| m.user_id() == user) {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{user} did not join in time");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub async fn say(&self, room: &Room, text: &str) {
+        room.send(RoomMessageEventContent::text_plain(text)).await.expect("the human posts");
+    }
+
+    /// Waits until a message from `sender` in `room` satisfies `want`; returns it.
+    pub async fn wait_message(
+        &self,
+        room: &Room,
+        sender: &str,
+        mut want: impl FnMut(&OriginalSyncRoomMessageEvent) -> bool,
+    ) -> OriginalSyncRoomMessageEvent {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let found = self
+                .seen
+                .lock()
+                .unwrap()
+                .messages
+                .iter()
+                .find(|(r, e)| r == room.room_id() && e.sender == sender && want(e))
+                .map(|(_, e)| e.clone());
+            if let Some(found) = found {
+                return found;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the awaited message did not come");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Every message from `sender` in `room` so far.
+    pub fn messages_from(&self, room: &Room, sender: &str) -> Vec<OriginalSyncRoomMessageEvent> {
+        self.seen
+            .lock()
+            .unwrap()
+            .messages
+            .iter()
+            .filter(|(r, e)| r == room.room_id() && e.sender == sender)
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+}
+
+/// The text body of a message (the new content for an edit).
+pub fn body_of(event: &OriginalSyncRoomMessageEvent) -> String {
+    use matrix_sdk::ruma::events::room::message::{MessageType, Relation};
+    let msgtype = match &event.content.relates_to {
+        Some(Relation::Replacement(r)) => &r.new_content.msgtype,
+        _ => &event.content.msgtype,
+    };
+    match msgtype {
+        MessageType::Text(t) => t.body.clone(),
+        MessageType::Notice(t) => t.body.clone(),
+        other => other.body().to_owned(),
+    }
+}
+
+/// Whether the message edits another one.
+pub fn is_edit(event: &OriginalSyncRoomMessageEvent) -> bool {
+    matches!(
+        event.content.relates_to,
+        Some(matrix_sdk::ruma::events::room::message::Relation::Replacement(_))
+    )
+}
+
+/// Pairs a new room of `human` with a new channel: returns the channel and the room.
+pub async fn pair_room(
+    plane: &DataPlane,
+    human: &Human,
+    bot: &TestUser,
+    name: &str,
+    encrypted: bool,
+) -> (ConnectorChannelId, Room) {
+    let (channel, started) = pairing_start(plane).await;
+    assert_eq!(started.status, AuthStatus::Pending);
+    let room = human.create_room(name, encrypted, &[&bot.user_id]).await;
+    human.wait_joined(&room, &bot.user_id).await;
+    human.say(&room, &code_of(&started)).await;
+    let done = pairing_result(plane, &channel, &started).await;
+    assert_eq!(done.status, AuthStatus::Authenticated, "{:?}", done.message);
+    (channel, room)
+}

@@ -1,0 +1,245 @@
+//! `im.matrix` against a real Synapse (installed from PyPI and started by the testkit on a
+//! free port): pairing, text both ways, streaming edits, typing, files both ways, an
+//! end-to-end encrypted room across a restart, two rooms on two channels, and what a
+//! non-member or a guesser cannot do.
+
+#![recursion_limit = "256"]
+
+mod support;
+
+use std::time::Duration;
+
+use matrix_sdk::attachment::AttachmentConfig;
+use matrix_sdk::ruma::events::room::message::MessageType;
+use xagent_client_runtime::{ClientEvent, ControlPlane, FileContent};
+use xagent_protocol_types::{
+    AuthStatus, ChatActivity, ChatMessage, ChatMessageDelta, FileType, Secret,
+};
+use xagent_testkit::synapse::TestSynapse;
+
+use support::{
+    API_KEY, Human, Server, WAIT, body_of, code_of, connect, is_edit, next_chat, next_event,
+    pair_room, pairing_result, pairing_start, temp_dir,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paired_room_talks_both_ways_streams_types_and_moves_files() {
+    let synapse = TestSynapse::shared().await;
+    let bot = synapse.register("bot").await;
+    let alice = Human::login(synapse, synapse.register("alice").await).await;
+    let dir = temp_dir("talk");
+    let server = Server::start(synapse, &bot, &dir).await;
+    let (plane, mut events) = connect(&server).await;
+
+    let (channel, room) = pair_room(&plane, &alice, &bot, "Plain room", false).await;
+    let descriptor = server.matrix.server().handle().descriptor(&channel).expect("descriptor");
+    let target = serde_json::to_value(&descriptor.target).expect("json");
+    assert_eq!(target["display_name"], "Plain room", "{target}");
+    let hint = target["account_hint"].as_str().expect("a hint");
+    assert!(hint.contains('…') && !hint.contains(room.room_id().as_str()), "{hint}");
+
+    // Human -> agent, with the sender's name.
+    alice.say(&room, "hello agent").await;
+    let inbound = next_chat(&mut events).await;
+    let text = inbound.text.clone().expect("text");
+    assert!(text.ends_with(": hello agent") && text.contains(&alice.user.localpart), "{text}");
+    assert!(inbound.message_id.as_str().starts_with("mx_"));
+
+    // Agent -> human: the ack comes once the homeserver took the event.
+    plane
+        .send_chat_message(&channel, ChatMessage::text("msg_hi", "hello human"))
+        .await
+        .expect("sent");
+    next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessageAcked { .. })).await;
+    alice.wait_message(&room, &bot.user_id, |e| body_of(e) == "hello human").await;
+
+    // Typing while the agent thinks.
+    plane.send_activity(&channel, ChatActivity::thinking()).await.expect("activity");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !alice.seen.lock().unwrap().typing.iter().any(|(r, users)| {
+        r == room.room_id() && users.iter().any(|u| u.as_str() == bot.user_id)
+    }) {
+        assert!(tokio::time::Instant::now() < deadline, "no typing notification");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A streamed reply is one Matrix message edited in place; the final is its last edit.
+    for (i, part) in ["Once ", "upon ", "a ", "time"].iter().enumerate() {
+        plane
+            .send_delta(&channel, ChatMessageDelta::new("msg_story", i as u64 + 1, *part))
+            .await
+            .expect("delta");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    plane
+        .send_chat_message(&channel, ChatMessage::text("msg_story", "Once upon a time, the end."))
+        .await
+        .expect("final");
+    alice.wait_message(&room, &bot.user_id, |e| is_edit(e) && body_of(e) == "Once upon a time, the end.").await;
+    let from_bot = alice.messages_from(&room, &bot.user_id);
+    let drafts: Vec<_> = from_bot.iter().filter(|e| !is_edit(e) && body_of(e).starts_with("Once")).collect();
+    assert_eq!(drafts.len(), 1, "one message for the stream, edited in place");
+    let edits = from_bot.iter().filter(|e| is_edit(e)).count();
+    assert!(edits >= 1, "the final went out as an edit");
+    assert!(
+        !from_bot.iter().any(|e| !is_edit(e) && body_of(e) == "Once upon a time, the end."),
+        "the final is not posted a second time"
+    );
+
+    // A file from the human reaches xAgent with a download URL.
+    let picture = b"\x89PNG\r\n\x1a\nnot really a picture".to_vec();
+    let mime: mime_guess::mime::Mime = "image/png".parse().unwrap();
+    room.send_attachment("cat.png", &mime, picture.clone(), AttachmentConfig::new())
+        .await
+        .expect("the human posts a file");
+    let inbound = next_chat(&mut events).await;
+    let file = inbound.files.first().expect("a file").clone();
+    assert_eq!(file.file_type, FileType::Image);
+    assert_eq!(file.filename.as_deref(), Some("cat.png"));
+    let control = ControlPlane::new(server.base(), Some(Secret::new(API_KEY)));
+    let downloaded = control.download(&file.download_url.expect("url")).await.expect("download");
+    assert_eq!(downloaded.bytes, picture);
+
+    // A file from the agent is uploaded to the media repository and posted.
+    let report = FileContent {
+        filename: "report.txt".into(),
+        mime_type: "text/plain".into(),
+        bytes: b"the report".to_vec(),
+    };
+    let upload = plane.upload_message_file(&channel, report).await.expect("upload");
+    plane
+        .send_chat_message(&channel, ChatMessage::with_files("msg_file", None, vec![upload]))
+        .await
+        .expect("final with a file");
+    let posted = alice
+        .wait_message(&room, &bot.user_id, |e| matches!(&e.content.msgtype, MessageType::File(_)))
+        .await;
+    let MessageType::File(content) = posted.content.msgtype else { unreachable!() };
+    let bytes = alice
+        .client
+        .media()
+        .get_media_content(
+            &matrix_sdk::media::MediaRequestParameters {
+                source: content.source.clone(),
+                format: matrix_sdk::media::MediaFormat::File,
+            },
+            false,
+        )
+        .await
+        .expect("the human fetches the file");
+    assert_eq!(bytes, b"the report");
+
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_encrypted_room_works_both_ways_and_keeps_working_after_a_restart() {
+    let synapse = TestSynapse::shared().await;
+    let bot = synapse.register("bot").await;
+    let bob = Human::login(synapse, synapse.register("bob").await).await;
+    let dir = temp_dir("e2ee");
+    let server = Server::start(synapse, &bot, &dir).await;
+    let (plane, mut events) = connect(&server).await;
+    let (channel, room) = pair_room(&plane, &bob, &bot, "Secret room", true).await;
+    assert!(room.latest_encryption_state().await.expect("state").is_encrypted());
+
+    bob.say(&room, "a secret question").await;
+    let inbound = next_chat(&mut events).await;
+    assert!(inbound.text.as_deref().is_some_and(|t| t.ends_with(": a secret question")), "{inbound:?}");
+    plane
+        .send_chat_message(&channel, ChatMessage::text("msg_secret", "a secret answer"))
+        .await
+        .expect("sent");
+    let answer = bob.wait_message(&room, &bot.user_id, |e| body_of(e) == "a secret answer").await;
+    // What the homeserver holds is ciphertext: the raw event is m.room.encrypted.
+    let raw = room.event(&answer.event_id, None).await.expect("the event");
+    assert!(
+        matches!(raw.kind, matrix_sdk::deserialized_responses::TimelineEventKind::Decrypted(_)),
+        "the bot's answer was encrypted"
+    );
+
+    // Restart: the bot keeps its device and keys, and the conversation goes on.
+    plane.close().await;
+    server.stop().await;
+    let server = Server::start(synapse, &bot, &dir).await;
+    let (plane, mut events) = connect(&server).await;
+    plane.open_channel(Some(&channel)).await.expect("the channel reopens");
+    bob.say(&room, "still there?").await;
+    let inbound = next_chat(&mut events).await;
+    assert!(inbound.text.as_deref().is_some_and(|t| t.ends_with(": still there?")), "{inbound:?}");
+    plane
+        .send_chat_message(&channel, ChatMessage::text("msg_secret_2", "yes, still here"))
+        .await
+        .expect("sent");
+    bob.wait_message(&room, &bot.user_id, |e| body_of(e) == "yes, still here").await;
+    plane.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_rooms_on_two_channels_stay_apart_and_outsiders_cannot_bind_or_read() {
+    let synapse = TestSynapse::shared().await;
+    let bot = synapse.register("bot").await;
+    let carol = Human::login(synapse, synapse.register("carol").await).await;
+    let dave = Human::login(synapse, synapse.register("dave").await).await;
+    let mallory = Human::login(synapse, synapse.register("mallory").await).await;
+    let dir = temp_dir("apart");
+    let server = Server::start(synapse, &bot, &dir).await;
+    let (plane, mut events) = connect(&server).await;
+    let (first, carol_room) = pair_room(&plane, &carol, &bot, "Carol's room", false).await;
+    let (second, dave_room) = pair_room(&plane, &dave, &bot, "Dave's room", false).await;
+    assert_ne!(first, second);
+
+    carol.say(&carol_room, "for the first channel").await;
+    let (from_carol, on) = match next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessage(_))).await {
+        ClientEvent::ChatMessage(inbound) => {
+            let pair = (inbound.message.clone(), inbound.channel.clone());
+            inbound.accept();
+            pair
+        }
+        _ => unreachable!(),
+    };
+    assert_eq!(on, first);
+    assert!(from_carol.text.as_deref().is_some_and(|t| t.ends_with("for the first channel")));
+    plane
+        .send_chat_message(&second, ChatMessage::text("msg_dave", "only for dave"))
+        .await
+        .expect("sent");
+    dave.wait_message(&dave_room, &bot.user_id, |e| body_of(e) == "only for dave").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !carol.messages_from(&carol_room, &bot.user_id).iter().any(|e| body_of(e) == "only for dave"),
+        "nothing crosses between rooms"
+    );
+
+    // Mallory is not in Carol's room: she cannot join it (invite-only), so she can neither
+    // post a code there nor read it.
+    assert!(mallory.client.join_room_by_id(carol_room.room_id()).await.is_err());
+    // A code posted in a room of her own cannot take over a room that is bound already,
+    // and a wrong guess there binds nothing.
+    let (third, started) = pairing_start(&plane).await;
+    let mallory_room = mallory.create_room("Mallory's", false, &[&bot.user_id]).await;
+    mallory.wait_joined(&mallory_room, &bot.user_id).await;
+    mallory.say(&mallory_room, "ZZZZ-ZZZZ").await;
+    mallory
+        .wait_message(&mallory_room, &bot.user_id, |e| body_of(e).contains("not valid"))
+        .await;
+    // Five wrong codes lock her out: the right one is ignored afterwards.
+    for _ in 0..5 {
+        mallory.say(&mallory_room, "YYYY-YYYY").await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mallory.say(&mallory_room, &code_of(&started)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = support::pairing_status(&plane, &third, &started).await;
+    assert_eq!(status.status, AuthStatus::Pending, "a locked-out guesser binds nothing");
+    // Carol still can, in a fresh room.
+    let fresh = carol.create_room("Carol's second", false, &[&bot.user_id]).await;
+    carol.wait_joined(&fresh, &bot.user_id).await;
+    carol.say(&fresh, &code_of(&started)).await;
+    let done = pairing_result(&plane, &third, &started).await;
+    assert_eq!(done.status, AuthStatus::Authenticated, "{:?}", done.message);
+    plane.close().await;
+    server.stop().await;
+}
