@@ -159,8 +159,8 @@ mod ids;
 mod im;
 mod judge;
 mod lanes;
-mod receiver;
 mod listen;
+mod receiver;
 mod server;
 mod state;
 mod storage;
@@ -186,9 +186,8 @@ pub use files::FilesConfig;
 pub use handle::{Broadcast, ConnectorHandle, StartFn, StopFn};
 pub use http::{READY, error_response};
 pub use judge::InboundJudge;
-pub use receiver::{Backoff, LinkHealth, MAX_RETRY_AFTER};
-pub use throttle::{EditThrottle, Offer};
 pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
+pub use receiver::{Backoff, LinkHealth, MAX_RETRY_AFTER};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
     log_filter,
@@ -206,6 +205,7 @@ pub use storage::{
 };
 #[cfg(feature = "postgres")]
 pub use storage::{PostgresOptions, PostgresStorage};
+pub use throttle::{EditThrottle, Offer};
 pub use tokio_util::sync::CancellationToken;
 pub use xagent_profile_im::{ActivityAction, ActivityCapability};
 pub use xagent_protocol_types::BuildInfo;

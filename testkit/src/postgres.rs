@@ -387,7 +387,8 @@ fn run(cmd: Command, what: &str) -> Result<(), TestPostgresError> {
 
 /// Runs `cmd` to its end; on failure, what failed with the ends of its output.
 pub(crate) fn run_command(mut cmd: Command, what: &str) -> Result<(), String> {
-    let output = cmd.stdin(Stdio::null()).output().map_err(|e| format!("{what} could not run: {e}"))?;
+    let output =
+        cmd.stdin(Stdio::null()).output().map_err(|e| format!("{what} could not run: {e}"))?;
     if output.status.success() {
         return Ok(());
     }

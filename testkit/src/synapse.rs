@@ -187,8 +187,7 @@ impl Drop for TestSynapse {
             let _ = child.kill();
             let _ = child.wait();
         }
-        if let Some(watchdog) = self.watchdog.get_mut().unwrap_or_else(|e| e.into_inner()).take()
-        {
+        if let Some(watchdog) = self.watchdog.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             watchdog.fire();
         }
     }
@@ -265,7 +264,10 @@ fn launch(python: &Path, dir: &Path, port: u16) -> Result<std::process::Child, T
     while Instant::now() < deadline {
         if let Ok(Some(status)) = child.try_wait() {
             let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
-            return Err(TestSynapseError(format!("synapse exited ({status}): {}", tail(&log, 3000))));
+            return Err(TestSynapseError(format!(
+                "synapse exited ({status}): {}",
+                tail(&log, 3000)
+            )));
         }
         if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
             let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));

@@ -84,7 +84,10 @@ pub async fn open(
     let client = client(homeserver, &store).await?;
     match kept {
         Some(session) => {
-            client.restore_session(session).await.map_err(MatrixError::sdk("restore the session"))?;
+            client
+                .restore_session(session)
+                .await
+                .map_err(MatrixError::sdk("restore the session"))?;
         }
         None => {
             let session = login(&client, user, credentials).await?;

@@ -12,8 +12,7 @@ use matrix_sdk::config::SyncSettings;
 use matrix_sdk::media::{MediaFormat, MediaRequestParameters};
 use matrix_sdk::ruma::events::room::MediaSource;
 use matrix_sdk::ruma::events::room::message::{
-    MessageType, Relation, ReplacementMetadata, RoomMessageEventContent,
-    SyncRoomMessageEvent,
+    MessageType, Relation, ReplacementMetadata, RoomMessageEventContent, SyncRoomMessageEvent,
 };
 use matrix_sdk::ruma::events::{AnySyncMessageLikeEvent, AnySyncTimelineEvent};
 use matrix_sdk::ruma::{OwnedEventId, OwnedRoomId, OwnedTransactionId, OwnedUserId, RoomId};
@@ -26,9 +25,8 @@ use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 use xagent_profile_im::{ActivityAction, ActivityCapability};
 use xagent_protocol_types::{
-    AuthSessionId, ChatMessage, ConnectionStatus, ConnectorChannelId, DescriptorTarget,
-    ErrorCode, FileRef, PROFILE_IM_V2, Secret, Security, TargetDeclaration, TargetType,
-    TrustLevel,
+    AuthSessionId, ChatMessage, ConnectionStatus, ConnectorChannelId, DescriptorTarget, ErrorCode,
+    FileRef, PROFILE_IM_V2, Secret, Security, TargetDeclaration, TargetType, TrustLevel,
 };
 use xagent_server_runtime::{
     AuthContext, AuthError, AuthPrompt, AuthStep, AuthValues, AuthorWrite, Backoff, Binding,
@@ -226,9 +224,15 @@ fn delivery_error(e: &matrix_sdk::Error) -> DeliveryError {
             "the bot may not post in this room any more (removed or banned); pair a room again",
         )
     } else if text.contains("M_LIMIT_EXCEEDED") {
-        DeliveryError::temporary(ErrorCode::ChannelBusy, "the homeserver rate-limits the bot; retry later")
+        DeliveryError::temporary(
+            ErrorCode::ChannelBusy,
+            "the homeserver rate-limits the bot; retry later",
+        )
     } else {
-        DeliveryError::temporary(ErrorCode::TargetDeliveryFailed, "the homeserver did not take the message; retry later")
+        DeliveryError::temporary(
+            ErrorCode::TargetDeliveryFailed,
+            "the homeserver did not take the message; retry later",
+        )
     }
 }
 
@@ -236,14 +240,14 @@ fn delivery_error(e: &matrix_sdk::Error) -> DeliveryError {
 fn retry_after(e: &matrix_sdk::Error) -> Option<Duration> {
     use matrix_sdk::ruma::api::error::{ErrorKind, LimitExceededErrorData, RetryAfter};
     match e.client_api_error_kind() {
-        Some(ErrorKind::LimitExceeded(LimitExceededErrorData { retry_after: Some(after), .. })) => {
-            match after {
-                RetryAfter::Delay(d) => Some(*d),
-                RetryAfter::DateTime(at) => {
-                    Some(at.duration_since(std::time::SystemTime::now()).unwrap_or_default())
-                }
+        Some(ErrorKind::LimitExceeded(LimitExceededErrorData {
+            retry_after: Some(after), ..
+        })) => match after {
+            RetryAfter::Delay(d) => Some(*d),
+            RetryAfter::DateTime(at) => {
+                Some(at.duration_since(std::time::SystemTime::now()).unwrap_or_default())
             }
-        }
+        },
         _ => None,
     }
 }
@@ -266,7 +270,12 @@ impl App {
         })
     }
 
-    fn prompt(&self, session: &AuthSessionId, channel: &ConnectorChannelId, now: u64) -> AuthPrompt {
+    fn prompt(
+        &self,
+        session: &AuthSessionId,
+        channel: &ConnectorChannelId,
+        now: u64,
+    ) -> AuthPrompt {
         let (code, expires_at) = lock(&self.pairing).issue((session.clone(), channel.clone()), now);
         let prompt = AuthPrompt {
             qr_code_text: Some(self.link.clone()),
@@ -320,11 +329,14 @@ impl App {
                         Ok(()) => {
                             backoff.reset();
                             let next = response.next_batch;
-                            let write = AuthorWrite::put(SYNC_NS, SYNC_KEY, next.clone().into_bytes());
+                            let write =
+                                AuthorWrite::put(SYNC_NS, SYNC_KEY, next.clone().into_bytes());
                             match write {
                                 Ok(write) => match store.commit(vec![write]).await {
                                     Ok(()) => token = Some(next),
-                                    Err(e) => tracing::warn!("im.matrix: sync position not stored: {e}"),
+                                    Err(e) => {
+                                        tracing::warn!("im.matrix: sync position not stored: {e}")
+                                    }
                                 },
                                 Err(e) => tracing::warn!("im.matrix: sync position too long: {e}"),
                             }
@@ -333,7 +345,9 @@ impl App {
                         }
                         Err(e) => {
                             // Nothing advanced: the same batch comes again (duplicates are known).
-                            tracing::warn!("im.matrix: a batch could not be handed over, retrying: {e}");
+                            tracing::warn!(
+                                "im.matrix: a batch could not be handed over, retrying: {e}"
+                            );
                             backoff.next_delay(None)
                         }
                     }
@@ -408,8 +422,12 @@ impl App {
                         still.push((room_id, event_id, since));
                     }
                 }
-                _ if now.saturating_sub(since) < UTD_RETRY_MS => still.push((room_id, event_id, since)),
-                _ => tracing::warn!(room = %room_hint(&room_id), "im.matrix: an encrypted message stayed undecryptable; its sender's device never shared the key with the bot"),
+                _ if now.saturating_sub(since) < UTD_RETRY_MS => {
+                    still.push((room_id, event_id, since))
+                }
+                _ => {
+                    tracing::warn!(room = %room_hint(&room_id), "im.matrix: an encrypted message stayed undecryptable; its sender's device never shared the key with the bot")
+                }
             }
         }
         lock(&self.utd).extend(still);
@@ -437,7 +455,8 @@ impl App {
         room_id: &OwnedRoomId,
         event: AnySyncTimelineEvent,
     ) -> Result<(), String> {
-        let AnySyncTimelineEvent::MessageLike(AnySyncMessageLikeEvent::RoomMessage(message)) = event
+        let AnySyncTimelineEvent::MessageLike(AnySyncMessageLikeEvent::RoomMessage(message)) =
+            event
         else {
             // Redactions, reactions and state changes are not messages for the agent
             // (docs/MATRIX.md: an agent cannot unsee a message).
@@ -450,7 +469,9 @@ impl App {
         let Some(room) = self.client.get_room(room_id) else { return Ok(()) };
         let channel = lock(&self.rooms).get(room_id).cloned();
         let (content, edited) = match &message.content.relates_to {
-            Some(Relation::Replacement(replacement)) => (replacement.new_content.msgtype.clone(), true),
+            Some(Relation::Replacement(replacement)) => {
+                (replacement.new_content.msgtype.clone(), true)
+            }
             _ => (message.content.msgtype.clone(), false),
         };
         let Some(channel) = channel else {
@@ -472,7 +493,8 @@ impl App {
             _ => message.sender.localpart().to_owned(),
         };
         let created_at = u64::from(message.origin_server_ts.0);
-        let chat = match self.to_chat(handle, &channel, &message_id, &sender, edited, content).await {
+        let chat = match self.to_chat(handle, &channel, &message_id, &sender, edited, content).await
+        {
             Some(chat) => chat.created_at(created_at),
             None => return Ok(()),
         };
@@ -530,35 +552,76 @@ impl App {
     ) -> Option<ChatMessage> {
         let mark = if edited { " (edited)" } else { "" };
         let (source, filename, mime, size, kind) = match content {
-            MessageType::Text(t) => return Some(ChatMessage::text(message_id, format!("{sender}{mark}: {}", t.body))),
-            MessageType::Notice(t) => return Some(ChatMessage::text(message_id, format!("{sender}{mark}: {}", t.body))),
-            MessageType::Emote(t) => return Some(ChatMessage::text(message_id, format!("* {sender}{mark} {}", t.body))),
+            MessageType::Text(t) => {
+                return Some(ChatMessage::text(message_id, format!("{sender}{mark}: {}", t.body)));
+            }
+            MessageType::Notice(t) => {
+                return Some(ChatMessage::text(message_id, format!("{sender}{mark}: {}", t.body)));
+            }
+            MessageType::Emote(t) => {
+                return Some(ChatMessage::text(message_id, format!("* {sender}{mark} {}", t.body)));
+            }
             MessageType::Image(c) => {
                 let info = c.info.as_deref();
-                (c.source.clone(), c.filename().to_owned(), info.and_then(|i| i.mimetype.clone()), info.and_then(|i| i.size), "image")
+                (
+                    c.source.clone(),
+                    c.filename().to_owned(),
+                    info.and_then(|i| i.mimetype.clone()),
+                    info.and_then(|i| i.size),
+                    "image",
+                )
             }
             MessageType::File(c) => {
                 let info = c.info.as_deref();
-                (c.source.clone(), c.filename().to_owned(), info.and_then(|i| i.mimetype.clone()), info.and_then(|i| i.size), "file")
+                (
+                    c.source.clone(),
+                    c.filename().to_owned(),
+                    info.and_then(|i| i.mimetype.clone()),
+                    info.and_then(|i| i.size),
+                    "file",
+                )
             }
             MessageType::Audio(c) => {
                 let info = c.info.as_deref();
-                (c.source.clone(), c.filename().to_owned(), info.and_then(|i| i.mimetype.clone()), info.and_then(|i| i.size), "audio")
+                (
+                    c.source.clone(),
+                    c.filename().to_owned(),
+                    info.and_then(|i| i.mimetype.clone()),
+                    info.and_then(|i| i.size),
+                    "audio",
+                )
             }
             MessageType::Video(c) => {
                 let info = c.info.as_deref();
-                (c.source.clone(), c.filename().to_owned(), info.and_then(|i| i.mimetype.clone()), info.and_then(|i| i.size), "video")
+                (
+                    c.source.clone(),
+                    c.filename().to_owned(),
+                    info.and_then(|i| i.mimetype.clone()),
+                    info.and_then(|i| i.size),
+                    "video",
+                )
             }
             _ => return None,
         };
         let too_big = |n: u64| n > self.max_file_bytes;
-        let note = |what: &str| ChatMessage::text(message_id, format!("{sender} sent a {kind} ({filename}) that {what}."));
+        let note = |what: &str| {
+            ChatMessage::text(
+                message_id,
+                format!("{sender} sent a {kind} ({filename}) that {what}."),
+            )
+        };
         if size.is_some_and(|s| too_big(u64::from(s))) {
-            return Some(note(&format!("is larger than the {} bytes this Connector takes", self.max_file_bytes)));
+            return Some(note(&format!(
+                "is larger than the {} bytes this Connector takes",
+                self.max_file_bytes
+            )));
         }
         let bytes = match self.download(source).await {
             Ok(bytes) if too_big(bytes.len() as u64) => {
-                return Some(note(&format!("is larger than the {} bytes this Connector takes", self.max_file_bytes)));
+                return Some(note(&format!(
+                    "is larger than the {} bytes this Connector takes",
+                    self.max_file_bytes
+                )));
             }
             Ok(bytes) => bytes,
             Err(e) => {
@@ -568,7 +631,11 @@ impl App {
         };
         let mime = mime.or_else(|| mime_guess::from_path(&filename).first().map(|m| m.to_string()));
         match handle.register_file(channel, &filename, mime.as_deref(), &bytes).await {
-            Ok(file) => Some(ChatMessage::with_files(message_id, Some(format!("{sender}{mark} sent {filename}")), vec![file])),
+            Ok(file) => Some(ChatMessage::with_files(
+                message_id,
+                Some(format!("{sender}{mark} sent {filename}")),
+                vec![file],
+            )),
             Err(e) => {
                 tracing::warn!("im.matrix: a file could not be kept: {e}");
                 Some(note("could not be kept by the Connector"))
@@ -582,7 +649,13 @@ impl App {
     }
 
     /// A text posted in a room without a channel: maybe a pairing code.
-    async fn pairing_attempt(&self, handle: &ConnectorHandle, room: &Room, sender: &str, text: &str) {
+    async fn pairing_attempt(
+        &self,
+        handle: &ConnectorHandle,
+        room: &Room,
+        sender: &str,
+        text: &str,
+    ) {
         let now = Self::now(handle);
         let verdict = lock(&self.pairing).redeem(room.room_id().as_str(), sender, text, now);
         let reply = match verdict {
@@ -680,7 +753,10 @@ impl App {
         if record.byte_size > self.max_file_bytes {
             return Err(DeliveryError::permanent(
                 ErrorCode::PayloadTooLarge,
-                format!("the file is larger than the {} bytes this Connector posts", self.max_file_bytes),
+                format!(
+                    "the file is larger than the {} bytes this Connector posts",
+                    self.max_file_bytes
+                ),
             ));
         }
         let mut data = Vec::new();
@@ -689,13 +765,13 @@ impl App {
             .read_to_end(&mut data)
             .await
             .map_err(DeliveryError::internal)?;
-        let mime: mime_guess::mime::Mime = record
-            .mime_type
-            .parse()
-            .unwrap_or(mime_guess::mime::APPLICATION_OCTET_STREAM);
+        let mime: mime_guess::mime::Mime =
+            record.mime_type.parse().unwrap_or(mime_guess::mime::APPLICATION_OCTET_STREAM);
         let mut config = AttachmentConfig::new().txn_id(txn);
         if let Some(caption) = caption.filter(|c| !c.trim().is_empty()) {
-            config = config.caption(Some(matrix_sdk::ruma::events::room::message::TextMessageEventContent::plain(caption)));
+            config = config.caption(Some(
+                matrix_sdk::ruma::events::room::message::TextMessageEventContent::plain(caption),
+            ));
         }
         let sent = room
             .send_attachment(record.filename.clone(), &mime, data, config)
@@ -769,7 +845,8 @@ impl ImTarget for MatrixTarget {
         let message_id = update.message_id.to_string();
         let now = ctx.handle.now_millis();
         if update.first || !lock(&app.streams).contains_key(&message_id) {
-            let shown = split_text(&update.text_so_far).first().copied().unwrap_or_default().to_owned();
+            let shown =
+                split_text(&update.text_so_far).first().copied().unwrap_or_default().to_owned();
             let sent = room
                 .send(RoomMessageEventContent::text_plain(shown))
                 .with_transaction_id(txn_id(&ctx.channel, &message_id, "draft"))
@@ -793,10 +870,15 @@ impl ImTarget for MatrixTarget {
                 let handle = ctx.handle.clone();
                 let id = message_id.clone();
                 tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(at_ms.saturating_sub(handle.now_millis()))).await;
+                    tokio::time::sleep(Duration::from_millis(
+                        at_ms.saturating_sub(handle.now_millis()),
+                    ))
+                    .await;
                     let due = {
                         let mut streams = lock(&app.streams);
-                        streams.get_mut(&id).and_then(|s| s.throttle.due(handle.now_millis().max(at_ms)))
+                        streams
+                            .get_mut(&id)
+                            .and_then(|s| s.throttle.due(handle.now_millis().max(at_ms)))
                     };
                     if let Some(text) = due {
                         app.edit_stream(&room, &id, text).await;
@@ -896,17 +978,26 @@ fn tool_error(e: DeliveryError) -> ToolError {
     ToolError::new(e.code, e.message)
 }
 
-async fn message_send(app: Arc<App>, ctx: ToolContext, args: MessageSendArgs) -> Result<Value, ToolError> {
+async fn message_send(
+    app: Arc<App>,
+    ctx: ToolContext,
+    args: MessageSendArgs,
+) -> Result<Value, ToolError> {
     if args.text.trim().is_empty() {
         return Err(ToolError::new(ErrorCode::InvalidArguments, "text must not be empty"));
     }
     let room = app.room(&ctx.binding).map_err(tool_error)?;
     let id = tool_message_id(&ctx);
-    let event_id = app.post_text(&room, &ctx.channel, &id, &args.text, None).await.map_err(tool_error)?;
+    let event_id =
+        app.post_text(&room, &ctx.channel, &id, &args.text, None).await.map_err(tool_error)?;
     Ok(json!({ "status": "sent", "event_id": event_id.map(|e| e.to_string()) }))
 }
 
-async fn file_send(app: Arc<App>, ctx: ToolContext, args: FileSendArgs) -> Result<Value, ToolError> {
+async fn file_send(
+    app: Arc<App>,
+    ctx: ToolContext,
+    args: FileSendArgs,
+) -> Result<Value, ToolError> {
     let room = app.room(&ctx.binding).map_err(tool_error)?;
     let file_ref = FileRef::new(args.file_ref.as_str());
     let txn = txn_id(&ctx.channel, &tool_message_id(&ctx), "file");
@@ -985,14 +1076,18 @@ impl Matrix {
     /// Logs the bot in (or restores its session) and builds the runtime; [`Matrix::serve`]
     /// starts the sync loop with the server.
     pub async fn open(options: MatrixOptions) -> Result<Self, MatrixError> {
-        let user: OwnedUserId = options
-            .user
-            .as_str()
-            .try_into()
-            .map_err(|_| MatrixError::Config(format!("--user {:?} is not a Matrix user id like @bot:example.org", options.user)))?;
-        std::fs::create_dir_all(&options.state_dir)
-            .map_err(|e| MatrixError::State(format!("create {}: {e}", options.state_dir.display())))?;
-        let client = bot::open(&options.homeserver, user.as_str(), &options.credentials, &options.state_dir).await?;
+        let user: OwnedUserId = options.user.as_str().try_into().map_err(|_| {
+            MatrixError::Config(format!(
+                "--user {:?} is not a Matrix user id like @bot:example.org",
+                options.user
+            ))
+        })?;
+        std::fs::create_dir_all(&options.state_dir).map_err(|e| {
+            MatrixError::State(format!("create {}: {e}", options.state_dir.display()))
+        })?;
+        let client =
+            bot::open(&options.homeserver, user.as_str(), &options.credentials, &options.state_dir)
+                .await?;
         let app = Arc::new(App {
             client: client.clone(),
             link: format!("https://matrix.to/#/{user}"),

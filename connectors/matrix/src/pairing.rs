@@ -86,11 +86,8 @@ pub fn normalize(text: &str) -> Option<String> {
     if text.len() > 32 {
         return None;
     }
-    let code: String = text
-        .chars()
-        .filter(|c| !matches!(c, '-' | ' '))
-        .map(|c| c.to_ascii_uppercase())
-        .collect();
+    let code: String =
+        text.chars().filter(|c| !matches!(c, '-' | ' ')).map(|c| c.to_ascii_uppercase()).collect();
     (code.len() == CODE_CHARS && code.bytes().all(|b| ALPHABET.contains(&b))).then_some(code)
 }
 
@@ -188,7 +185,10 @@ mod tests {
         let mut p = Pairing::new();
         let (code, expires) = p.issue("s1", 0);
         assert_eq!(expires, CODE_TTL_MS);
-        assert_eq!(p.redeem("!r", "@a", &format!("  {}  ", code.to_lowercase()), 1), Redeem::Bound("s1"));
+        assert_eq!(
+            p.redeem("!r", "@a", &format!("  {}  ", code.to_lowercase()), 1),
+            Redeem::Bound("s1")
+        );
         assert_eq!(p.redeem("!r", "@a", &code, 2), Redeem::Wrong, "single use");
         assert_eq!(p.redeem("!r", "@a", "hello there", 3), Redeem::NotACode);
         assert!(normalize(&raw(&code)).is_some());
@@ -235,7 +235,10 @@ mod tests {
         let mut p = Pairing::new();
         let (old, _) = p.issue("s1", 0);
         let (new, _) = p.issue("s1", 1);
-        assert_eq!(p.redeem("!r", "@a", &old, 2), if old == new { Redeem::Bound("s1") } else { Redeem::Wrong });
+        assert_eq!(
+            p.redeem("!r", "@a", &old, 2),
+            if old == new { Redeem::Bound("s1") } else { Redeem::Wrong }
+        );
         p.cancel(&"s1");
         assert!(!p.is_open(&"s1", 3));
     }

@@ -56,9 +56,14 @@ async fn a_paired_room_talks_both_ways_streams_types_and_moves_files() {
     // Typing while the agent thinks.
     plane.send_activity(&channel, ChatActivity::thinking()).await.expect("activity");
     let deadline = tokio::time::Instant::now() + WAIT;
-    while !alice.seen.lock().unwrap().typing.iter().any(|(r, users)| {
-        r == room.room_id() && users.iter().any(|u| u.as_str() == bot.user_id)
-    }) {
+    while !alice
+        .seen
+        .lock()
+        .unwrap()
+        .typing
+        .iter()
+        .any(|(r, users)| r == room.room_id() && users.iter().any(|u| u.as_str() == bot.user_id))
+    {
         assert!(tokio::time::Instant::now() < deadline, "no typing notification");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -75,9 +80,14 @@ async fn a_paired_room_talks_both_ways_streams_types_and_moves_files() {
         .send_chat_message(&channel, ChatMessage::text("msg_story", "Once upon a time, the end."))
         .await
         .expect("final");
-    alice.wait_message(&room, &bot.user_id, |e| is_edit(e) && body_of(e) == "Once upon a time, the end.").await;
+    alice
+        .wait_message(&room, &bot.user_id, |e| {
+            is_edit(e) && body_of(e) == "Once upon a time, the end."
+        })
+        .await;
     let from_bot = alice.messages_from(&room, &bot.user_id);
-    let drafts: Vec<_> = from_bot.iter().filter(|e| !is_edit(e) && body_of(e).starts_with("Once")).collect();
+    let drafts: Vec<_> =
+        from_bot.iter().filter(|e| !is_edit(e) && body_of(e).starts_with("Once")).collect();
     assert_eq!(drafts.len(), 1, "one message for the stream, edited in place");
     let edits = from_bot.iter().filter(|e| is_edit(e)).count();
     assert!(edits >= 1, "the final went out as an edit");
@@ -146,7 +156,10 @@ async fn an_encrypted_room_works_both_ways_and_keeps_working_after_a_restart() {
 
     bob.say(&room, "a secret question").await;
     let inbound = next_chat(&mut events).await;
-    assert!(inbound.text.as_deref().is_some_and(|t| t.ends_with(": a secret question")), "{inbound:?}");
+    assert!(
+        inbound.text.as_deref().is_some_and(|t| t.ends_with(": a secret question")),
+        "{inbound:?}"
+    );
     plane
         .send_chat_message(&channel, ChatMessage::text("msg_secret", "a secret answer"))
         .await
@@ -192,14 +205,15 @@ async fn two_rooms_on_two_channels_stay_apart_and_outsiders_cannot_bind_or_read(
     assert_ne!(first, second);
 
     carol.say(&carol_room, "for the first channel").await;
-    let (from_carol, on) = match next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessage(_))).await {
-        ClientEvent::ChatMessage(inbound) => {
-            let pair = (inbound.message.clone(), inbound.channel.clone());
-            inbound.accept();
-            pair
-        }
-        _ => unreachable!(),
-    };
+    let (from_carol, on) =
+        match next_event(&mut events, |e| matches!(e, ClientEvent::ChatMessage(_))).await {
+            ClientEvent::ChatMessage(inbound) => {
+                let pair = (inbound.message.clone(), inbound.channel.clone());
+                inbound.accept();
+                pair
+            }
+            _ => unreachable!(),
+        };
     assert_eq!(on, first);
     assert!(from_carol.text.as_deref().is_some_and(|t| t.ends_with("for the first channel")));
     plane
@@ -209,7 +223,10 @@ async fn two_rooms_on_two_channels_stay_apart_and_outsiders_cannot_bind_or_read(
     dave.wait_message(&dave_room, &bot.user_id, |e| body_of(e) == "only for dave").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
-        !carol.messages_from(&carol_room, &bot.user_id).iter().any(|e| body_of(e) == "only for dave"),
+        !carol
+            .messages_from(&carol_room, &bot.user_id)
+            .iter()
+            .any(|e| body_of(e) == "only for dave"),
         "nothing crosses between rooms"
     );
 
@@ -222,9 +239,7 @@ async fn two_rooms_on_two_channels_stay_apart_and_outsiders_cannot_bind_or_read(
     let mallory_room = mallory.create_room("Mallory's", false, &[&bot.user_id]).await;
     mallory.wait_joined(&mallory_room, &bot.user_id).await;
     mallory.say(&mallory_room, "ZZZZ-ZZZZ").await;
-    mallory
-        .wait_message(&mallory_room, &bot.user_id, |e| body_of(e).contains("not valid"))
-        .await;
+    mallory.wait_message(&mallory_room, &bot.user_id, |e| body_of(e).contains("not valid")).await;
     // Five wrong codes lock her out: the right one is ignored afterwards.
     for _ in 0..5 {
         mallory.say(&mallory_room, "YYYY-YYYY").await;
@@ -282,10 +297,11 @@ async fn messages_posted_while_the_connector_was_down_arrive_once_after_the_rest
     }
     assert!(got.iter().all(|m| m.message_id != before.message_id), "nothing twice");
     // Nothing else comes: the message from before the restart is not delivered again.
-    let again = xagent_client_runtime::next_event_matching(&mut events, Duration::from_secs(3), |e| {
-        matches!(e, ClientEvent::ChatMessage(_))
-    })
-    .await;
+    let again =
+        xagent_client_runtime::next_event_matching(&mut events, Duration::from_secs(3), |e| {
+            matches!(e, ClientEvent::ChatMessage(_))
+        })
+        .await;
     assert!(again.is_none(), "a second delivery: {again:?}");
     plane.close().await;
     server.stop().await;
@@ -303,9 +319,7 @@ async fn a_homeserver_that_goes_away_shows_degraded_then_offline_and_recovers_by
     .await;
     let (plane, mut events) = connect(&server).await;
     let (channel, room) = pair_room(&plane, &frank, &bot, "Fragile room", false).await;
-    let status_is = |want: xagent_protocol_types::ConnectionStatus| {
-        move |e: &ClientEvent| matches!(e, ClientEvent::DescriptorPushed { descriptor, .. } if descriptor.connection.status == want)
-    };
+    let status_is = |want: xagent_protocol_types::ConnectionStatus| move |e: &ClientEvent| matches!(e, ClientEvent::DescriptorPushed { descriptor, .. } if descriptor.connection.status == want);
     synapse.stop().await;
     next_event(&mut events, status_is(xagent_protocol_types::ConnectionStatus::Degraded)).await;
     next_event(&mut events, status_is(xagent_protocol_types::ConnectionStatus::Offline)).await;

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use matrix_sdk::config::SyncSettings;
 use matrix_sdk::ruma::api::client::room::create_room::v3::Request as CreateRoomRequest;
+use matrix_sdk::ruma::events::InitialStateEvent;
 use matrix_sdk::ruma::events::room::encryption::RoomEncryptionEventContent;
 use matrix_sdk::ruma::events::room::message::{
     OriginalSyncRoomMessageEvent, RoomMessageEventContent,
 };
 use matrix_sdk::ruma::events::typing::SyncTypingEvent;
-use matrix_sdk::ruma::events::InitialStateEvent;
 use matrix_sdk::ruma::{OwnedRoomId, OwnedUserId};
 use matrix_sdk::{Client, Room, RoomMemberships};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -193,11 +193,8 @@ impl Drop for Human {
 
 impl Human {
     pub async fn login(synapse: &TestSynapse, user: TestUser) -> Human {
-        let client = Client::builder()
-            .homeserver_url(synapse.url())
-            .build()
-            .await
-            .expect("a client");
+        let client =
+            Client::builder().homeserver_url(synapse.url()).build().await.expect("a client");
         client
             .matrix_auth()
             .login_username(&user.user_id, &user.password)
@@ -217,7 +214,10 @@ impl Human {
         client.add_event_handler(move |event: SyncTypingEvent, room: Room| {
             let seen = Arc::clone(&typing);
             async move {
-                seen.lock().unwrap().typing.push((room.room_id().to_owned(), event.content.user_ids));
+                seen.lock()
+                    .unwrap()
+                    .typing
+                    .push((room.room_id().to_owned(), event.content.user_ids));
             }
         });
         client.sync_once(SyncSettings::default()).await.expect("first sync");
