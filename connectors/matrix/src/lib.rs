@@ -10,6 +10,7 @@
 //! | [`pairing`] | one-time pairing codes that bind a room to a channel, with guessing limits (sans-I/O) |
 //! | [`bot`] | the bot's login, kept and reused across restarts |
 //! | [`connector`] | the Connector: Card, `matrix_room` flow, sync loop, IM target, Tools |
+//! | `testing` | a person on a Matrix client of their own, for tests (cargo feature `testing`) |
 //!
 //! ```no_run
 //! use xagent_connector_matrix::{Credentials, Matrix, MatrixOptions};
@@ -31,6 +32,8 @@ pub mod bot;
 pub mod connector;
 pub mod error;
 pub mod pairing;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use bot::Credentials;
 pub use connector::{CARD_ID, Matrix, MatrixOptions};

@@ -18,15 +18,15 @@ use xagent_protocol_types::{
 use xagent_testkit::synapse::TestSynapse;
 
 use support::{
-    API_KEY, Human, Server, WAIT, body_of, code_of, connect, is_edit, next_chat, next_event,
-    pair_room, pairing_result, pairing_start, temp_dir,
+    API_KEY, Server, WAIT, body_of, code_of, connect, is_edit, next_chat, next_event, pair_room,
+    pairing_result, pairing_start, temp_dir,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paired_room_talks_both_ways_streams_types_and_moves_files() {
     let synapse = TestSynapse::shared().await;
     let bot = synapse.register("bot").await;
-    let alice = Human::login(synapse, synapse.register("alice").await).await;
+    let alice = support::human(synapse, "alice").await;
     let dir = temp_dir("talk");
     let server = Server::start(synapse, &bot, &dir).await;
     let (plane, mut events) = connect(&server).await;
@@ -147,7 +147,7 @@ async fn a_paired_room_talks_both_ways_streams_types_and_moves_files() {
 async fn an_encrypted_room_works_both_ways_and_keeps_working_after_a_restart() {
     let synapse = TestSynapse::shared().await;
     let bot = synapse.register("bot").await;
-    let bob = Human::login(synapse, synapse.register("bob").await).await;
+    let bob = support::human(synapse, "bob").await;
     let dir = temp_dir("e2ee");
     let server = Server::start(synapse, &bot, &dir).await;
     let (plane, mut events) = connect(&server).await;
@@ -194,9 +194,9 @@ async fn an_encrypted_room_works_both_ways_and_keeps_working_after_a_restart() {
 async fn two_rooms_on_two_channels_stay_apart_and_outsiders_cannot_bind_or_read() {
     let synapse = TestSynapse::shared().await;
     let bot = synapse.register("bot").await;
-    let carol = Human::login(synapse, synapse.register("carol").await).await;
-    let dave = Human::login(synapse, synapse.register("dave").await).await;
-    let mallory = Human::login(synapse, synapse.register("mallory").await).await;
+    let carol = support::human(synapse, "carol").await;
+    let dave = support::human(synapse, "dave").await;
+    let mallory = support::human(synapse, "mallory").await;
     let dir = temp_dir("apart");
     let server = Server::start(synapse, &bot, &dir).await;
     let (plane, mut events) = connect(&server).await;
@@ -263,7 +263,7 @@ async fn two_rooms_on_two_channels_stay_apart_and_outsiders_cannot_bind_or_read(
 async fn messages_posted_while_the_connector_was_down_arrive_once_after_the_restart() {
     let synapse = TestSynapse::shared().await;
     let bot = synapse.register("bot").await;
-    let erin = Human::login(synapse, synapse.register("erin").await).await;
+    let erin = support::human(synapse, "erin").await;
     let dir = temp_dir("restart");
     let server = Server::start(synapse, &bot, &dir).await;
     let (plane, mut events) = connect(&server).await;
@@ -311,7 +311,7 @@ async fn messages_posted_while_the_connector_was_down_arrive_once_after_the_rest
 async fn a_homeserver_that_goes_away_shows_degraded_then_offline_and_recovers_by_itself() {
     let synapse = TestSynapse::dedicated().await.expect("a homeserver of its own");
     let bot = synapse.register("bot").await;
-    let frank = Human::login(&synapse, synapse.register("frank").await).await;
+    let frank = support::human(&synapse, "frank").await;
     let dir = temp_dir("down");
     let server = Server::start_with(&synapse, &bot, &dir, |o| {
         o.offline_after = Duration::from_secs(2);
