@@ -70,6 +70,7 @@ pub fn run_command(args: ConformanceArgs) -> ExitCode {
     options.tools = tools;
     options.qr_wait = Duration::from_secs(args.qr_wait.max(1));
     options.show_link = Some(|link| eprintln!("sign in: open or scan {link}"));
+    options.show_prompt = Some(|message| eprintln!("sign in: {message}"));
     options.api_key = args.api_key.filter(|k| !k.is_empty()).map(Secret::new);
     options.flow = args.flow.map(Into::into);
     options.inputs = inputs;

@@ -49,6 +49,9 @@ pub struct ConformanceOptions {
     pub qr_wait: Duration,
     /// Shows a sign-in link (the QR flow's text) to the person running the suite.
     pub show_link: Option<fn(&str)>,
+    /// Shows what a pending sign-in asks the person to do (its prompt message: a pairing
+    /// code to post, a device to confirm on), each new one once.
+    pub show_prompt: Option<fn(&str)>,
 }
 
 impl ConformanceOptions {
@@ -63,6 +66,7 @@ impl ConformanceOptions {
             tools: Vec::new(),
             qr_wait: Duration::from_secs(120),
             show_link: None,
+            show_prompt: None,
         }
     }
 }
@@ -865,6 +869,7 @@ impl Run {
             .await;
         // Poll while pending; a QR flow's link is shown and may take its configured time.
         let mut shown: Option<String> = None;
+        let mut prompted: Option<String> = None;
         let mut deadline = tokio::time::Instant::now() + self.wait() * 4;
         let progress = loop {
             let progress = match &answer {
@@ -886,6 +891,15 @@ impl Run {
                     deadline = tokio::time::Instant::now() + self.options.qr_wait;
                 }
                 shown = Some(link.clone());
+            }
+            if let Some(message) =
+                progress.message.as_ref().filter(|m| prompted.as_ref() != Some(*m))
+                && matches!(progress.status, AuthStatus::Pending | AuthStatus::Scanned)
+            {
+                if let Some(show) = self.options.show_prompt {
+                    show(message);
+                }
+                prompted = Some(message.clone());
             }
             if progress.status != AuthStatus::Pending && progress.status != AuthStatus::Scanned {
                 break Some(progress);
