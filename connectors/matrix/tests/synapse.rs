@@ -333,3 +333,44 @@ async fn a_homeserver_that_goes_away_shows_degraded_then_offline_and_recovers_by
     plane.close().await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flooding_room_is_cut_off_per_minute_and_invites_beyond_the_quota_are_declined() {
+    let synapse = TestSynapse::shared().await;
+    let bot = synapse.register("bot").await;
+    let gina = support::human(synapse, "gina").await;
+    let dir = temp_dir("limits");
+    let server = Server::start_with(synapse, &bot, &dir, |o| {
+        o.room_messages_per_minute = 3;
+        o.max_unbound_rooms = 1;
+    })
+    .await;
+    let (plane, mut events) = connect(&server).await;
+    let (_channel, room) = pair_room(&plane, &gina, &bot, "Busy room", false).await;
+    for n in 1..=5 {
+        gina.say(&room, &format!("flood {n}")).await;
+    }
+    for _ in 1..=3 {
+        next_chat(&mut events).await;
+    }
+    gina.wait_message(&room, &bot.user_id, |e| body_of(e).contains("Too many messages")).await;
+    let more = xagent_client_runtime::next_event_matching(&mut events, Duration::from_secs(3), |e| {
+        matches!(e, ClientEvent::ChatMessage(_))
+    })
+    .await;
+    assert!(more.is_none(), "only 3 per minute reach the agent: {more:?}");
+
+    // One room without a channel is allowed; the bot declines the second invite.
+    let spare = gina.create_room("Spare", false, &[&bot.user_id]).await;
+    gina.wait_joined(&spare, &bot.user_id).await;
+    let extra = gina.create_room("One too many", false, &[&bot.user_id]).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let _ = extra.sync_members().await;
+    let joined = extra.members(matrix_sdk::RoomMemberships::JOIN).await.expect("members");
+    assert!(
+        !joined.iter().any(|m| m.user_id().as_str() == bot.user_id),
+        "the bot joined a room beyond its quota"
+    );
+    plane.close().await;
+    server.stop().await;
+}
