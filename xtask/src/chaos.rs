@@ -100,6 +100,9 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
     if args.iter().any(|a| a == "--cluster") {
         return crate::chaos_cluster::run(root, args);
     }
+    if args.iter().any(|a| a == "--matrix") {
+        return crate::chaos_matrix::run(root, args);
+    }
     let flags = Flags::parse(args);
     flags.only(&["--only", "--seed", "--mix", "--inbound-rate", "--soak-seconds"])?;
     warn_if_debug();

@@ -14,7 +14,8 @@
 //!   PostgreSQL commits on the same server).
 //! - `chaos [--quick]`: kill -9 and malformed-input harness on loopback (see `RELIABILITY.md`);
 //!   `chaos --cluster [--quick] [--throughput [--replica-cpu CORES]]`: the same for replicas on
-//!   PostgreSQL behind HAProxy.
+//!   PostgreSQL behind HAProxy; `chaos --matrix [--quick] [--seed N]`: kill -9 of
+//!   `xagent-connector matrix` during a conversation in an encrypted room on a real Synapse.
 //! - `fuzz --seconds N [--target T]`: runs every cargo-fuzz target in `fuzz/` for N seconds.
 //! - `attack [--quick] [--json]`: every finding of the im.webchat attack run (issue 14) against
 //!   a freshly started `xagent-connector webchat`, loopback only; fails if any attack works.
@@ -35,11 +36,12 @@ mod bench_webchat;
 mod bench_ws;
 mod chaos;
 mod chaos_cluster;
+mod chaos_matrix;
 mod codegen;
 mod cpu_limit;
 mod fuzz;
 
-const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation|bench-webchat [--quick] [--json] (bench-decode: [--no-ffi]; bench-ws, bench-durable: [--postgres]) | chaos [--quick] [--cluster [--throughput [--replica-cpu CORES]]] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
+const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation|bench-webchat [--quick] [--json] (bench-decode: [--no-ffi]; bench-ws, bench-durable: [--postgres]) | chaos [--quick] [--cluster [--throughput [--replica-cpu CORES]] | --matrix [--seed N]] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
 
 fn main() -> ExitCode {
     match run() {

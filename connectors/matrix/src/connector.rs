@@ -467,7 +467,7 @@ impl App {
             return Ok(());
         }
         let Some(room) = self.client.get_room(room_id) else { return Ok(()) };
-        let channel = lock(&self.rooms).get(room_id).cloned();
+        let channel = self.channel_of(handle, room_id);
         let (content, edited) = match &message.content.relates_to {
             Some(Relation::Replacement(replacement)) => {
                 (replacement.new_content.msgtype.clone(), true)
@@ -513,6 +513,24 @@ impl App {
             }
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    /// The channel a room is bound to: from the map, else from the runtime's bindings (a
+    /// binding restored at start may not have reached `on_bound` yet when the first sync
+    /// comes back, and its events must not be taken for an unbound room's).
+    fn channel_of(
+        &self,
+        handle: &ConnectorHandle,
+        room_id: &OwnedRoomId,
+    ) -> Option<ConnectorChannelId> {
+        if let Some(channel) = lock(&self.rooms).get(room_id) {
+            return Some(channel.clone());
+        }
+        let channel = handle.channels().into_iter().find(|channel| {
+            handle.binding(channel).and_then(|b| room_of(&b)).as_ref() == Some(room_id)
+        })?;
+        lock(&self.rooms).insert(room_id.clone(), channel.clone());
+        Some(channel)
     }
 
     /// The per-room inbound rate: false (and one note in the room per minute) beyond it.

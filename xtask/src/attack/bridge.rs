@@ -114,7 +114,7 @@ impl Bridge {
             .with_context(|| format!("starting {} mcp", bin.display()))?;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let text = read_lossy(&log) + &read_lossy(&out);
+            let text = format!("{}{}", read_lossy(&log), read_lossy(&out));
             if let Some(url) = text
                 .lines()
                 .find_map(|l| l.split("MCP over streamable HTTP at ").nth(1))
