@@ -59,6 +59,15 @@ const SEEN_NS: &str = "matrix.seen";
 /// Author records: the sync position (key [`SYNC_KEY`]).
 const SYNC_NS: &str = "matrix.sync";
 const SYNC_KEY: &str = "next_batch";
+/// Author records: encrypted events not decrypted yet (key: event id).
+const UTD_NS: &str = "matrix.utd";
+/// The binding's private entry: when the room was paired (Unix ms); no gap is filled from
+/// before it.
+const PAIRED_AT_SECRET: &str = "matrix_paired_at";
+/// Undecryptable events kept for another try at once (the oldest go first).
+const MAX_UNDECRYPTED: usize = 1_000;
+/// Events fetched at most to fill one room's gap after a long absence.
+const MAX_GAP_EVENTS: usize = 1_000;
 
 /// The longest text posted as one Matrix event (the homeserver takes events up to 64 KiB in
 /// all; longer texts go out as several messages).
@@ -131,6 +140,8 @@ impl MatrixOptions {
 struct Paired {
     room_id: OwnedRoomId,
     name: String,
+    /// When the code was posted (the event's time).
+    at: u64,
 }
 
 /// One streamed reply: its Matrix event and the edit pacing.
@@ -309,6 +320,7 @@ impl App {
             Ok(Some(bytes)) => String::from_utf8(bytes).ok(),
             _ => None,
         };
+        self.load_undecrypted(&handle).await;
         let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
         let mut health = LinkHealth::new(self.offline_after);
         loop {
@@ -377,19 +389,17 @@ impl App {
             self.invited(room_id).await;
         }
         for (room_id, update) in rooms.joined {
-            for event in update.timeline.events {
-                let utd = matches!(
-                    event.kind,
-                    matrix_sdk::deserialized_responses::TimelineEventKind::UnableToDecrypt { .. }
-                );
-                if utd {
-                    if let Some(event_id) = event.event_id() {
-                        lock(&self.utd).push((room_id.clone(), event_id, Self::now(handle)));
-                    }
-                    continue;
+            if update.timeline.limited
+                && let Some(prev_batch) = &update.timeline.prev_batch
+            {
+                // More happened than one sync carries (the Connector was away): fetch the
+                // gap before the events that came.
+                for event in self.gap(handle, &room_id, prev_batch).await? {
+                    self.timeline_event(handle, &room_id, event).await?;
                 }
-                let Ok(parsed) = event.raw().deserialize() else { continue };
-                self.event(handle, &room_id, parsed).await?;
+            }
+            for event in update.timeline.events {
+                self.timeline_event(handle, &room_id, event).await?;
             }
         }
         for room_id in rooms.left.keys() {
@@ -400,6 +410,83 @@ impl App {
             }
         }
         Ok(())
+    }
+
+    /// One event of a room's timeline: handled, or kept (durably) for another decryption try.
+    async fn timeline_event(
+        &self,
+        handle: &ConnectorHandle,
+        room_id: &OwnedRoomId,
+        event: matrix_sdk::deserialized_responses::TimelineEvent,
+    ) -> Result<(), String> {
+        if matches!(
+            event.kind,
+            matrix_sdk::deserialized_responses::TimelineEventKind::UnableToDecrypt { .. }
+        ) {
+            let Some(event_id) = event.event_id() else { return Ok(()) };
+            let now = Self::now(handle);
+            tracing::info!(room = %room_hint(room_id), "im.matrix: an encrypted message cannot be decrypted yet; trying again as keys arrive");
+            // Kept in the store before the sync position moves past it.
+            let record = json!({ "room": room_id.as_str(), "since": now });
+            let write = AuthorWrite::put_json(UTD_NS, event_id.as_str(), &record)
+                .map_err(|e| e.to_string())?;
+            handle.author_store().commit(vec![write]).await.map_err(|e| e.to_string())?;
+            let mut utd = lock(&self.utd);
+            if utd.len() >= MAX_UNDECRYPTED {
+                utd.remove(0);
+            }
+            utd.push((room_id.clone(), event_id, now));
+            return Ok(());
+        }
+        let Ok(parsed) = event.raw().deserialize() else { return Ok(()) };
+        self.event(handle, room_id, parsed).await
+    }
+
+    /// The events of a bound room between `prev_batch` and what was handed over already
+    /// (oldest first): at most [`MAX_GAP_EVENTS`], and none from before the room was paired.
+    async fn gap(
+        &self,
+        handle: &ConnectorHandle,
+        room_id: &OwnedRoomId,
+        prev_batch: &str,
+    ) -> Result<Vec<matrix_sdk::deserialized_responses::TimelineEvent>, String> {
+        let Some(channel) = self.channel_of(handle, room_id) else { return Ok(Vec::new()) };
+        let Some(room) = self.client.get_room(room_id) else { return Ok(Vec::new()) };
+        let paired_at = handle
+            .binding(&channel)
+            .and_then(|b| b.secret(PAIRED_AT_SECRET).and_then(|s| s.expose().parse::<u64>().ok()))
+            .unwrap_or(0);
+        let store = handle.author_store();
+        let mut earlier = Vec::new();
+        let mut from = prev_batch.to_owned();
+        'pages: while earlier.len() < MAX_GAP_EVENTS {
+            let mut options = matrix_sdk::room::MessagesOptions::backward().from(from.as_str());
+            options.limit = matrix_sdk::ruma::UInt::from(50_u32);
+            let page = room.messages(options).await.map_err(|e| format!("fetching a gap: {e}"))?;
+            for event in page.chunk {
+                let ts =
+                    event.raw().get_field::<u64>("origin_server_ts").ok().flatten().unwrap_or(0);
+                if ts < paired_at {
+                    break 'pages;
+                }
+                if let Some(event_id) = event.event_id()
+                    && matches!(
+                        store.get(SEEN_NS, &message_id_of(event_id.as_str())).await,
+                        Ok(Some(_))
+                    )
+                {
+                    break 'pages;
+                }
+                earlier.push(event);
+            }
+            match page.end {
+                Some(end) if end != from => from = end,
+                _ => break,
+            }
+        }
+        earlier.truncate(MAX_GAP_EVENTS);
+        earlier.reverse();
+        Ok(earlier)
     }
 
     /// Tries the held undecryptable events again (their room key may have arrived).
@@ -416,9 +503,13 @@ impl App {
                         matrix_sdk::deserialized_responses::TimelineEventKind::UnableToDecrypt { .. }
                     ) =>
                 {
-                    if let Ok(parsed) = event.raw().deserialize()
-                        && self.event(handle, &room_id, parsed).await.is_err()
-                    {
+                    let handed = match event.raw().deserialize() {
+                        Ok(parsed) => self.event(handle, &room_id, parsed).await.is_ok(),
+                        Err(_) => true,
+                    };
+                    if handed {
+                        self.forget_undecrypted(handle, &event_id).await;
+                    } else {
                         still.push((room_id, event_id, since));
                     }
                 }
@@ -426,11 +517,36 @@ impl App {
                     still.push((room_id, event_id, since))
                 }
                 _ => {
-                    tracing::warn!(room = %room_hint(&room_id), "im.matrix: an encrypted message stayed undecryptable; its sender's device never shared the key with the bot")
+                    tracing::warn!(room = %room_hint(&room_id), "im.matrix: an encrypted message stayed undecryptable; its sender's device never shared the key with the bot");
+                    self.forget_undecrypted(handle, &event_id).await;
                 }
             }
         }
         lock(&self.utd).extend(still);
+    }
+
+    async fn forget_undecrypted(&self, handle: &ConnectorHandle, event_id: &OwnedEventId) {
+        if let Ok(write) = AuthorWrite::delete(UTD_NS, event_id.as_str()) {
+            let _ = handle.author_store().commit(vec![write]).await;
+        }
+    }
+
+    /// The undecryptable events a previous run kept.
+    async fn load_undecrypted(&self, handle: &ConnectorHandle) {
+        let scan = xagent_server_runtime::AuthorScan::prefix(
+            "",
+            xagent_server_runtime::MAX_AUTHOR_SCAN_LIMIT,
+        );
+        let Ok(records) = handle.author_store().scan(UTD_NS, &scan).await else { return };
+        let mut utd = lock(&self.utd);
+        for record in records {
+            let Ok(value) = serde_json::from_slice::<Value>(&record.value) else { continue };
+            let room = value["room"].as_str().and_then(|r| RoomId::parse(r).ok());
+            let event = OwnedEventId::try_from(record.key.as_str()).ok();
+            if let (Some(room), Some(event)) = (room, event) {
+                utd.push((room, event, value["since"].as_u64().unwrap_or(0)));
+            }
+        }
     }
 
     /// Accepts an invite unless the bot already sits in too many rooms without a channel.
@@ -476,7 +592,8 @@ impl App {
         };
         let Some(channel) = channel else {
             if let MessageType::Text(text) = &content {
-                self.pairing_attempt(handle, &room, message.sender.as_str(), &text.body).await;
+                let at = u64::from(message.origin_server_ts.0);
+                self.pairing_attempt(handle, &room, message.sender.as_str(), &text.body, at).await;
             }
             return Ok(());
         };
@@ -673,6 +790,7 @@ impl App {
         room: &Room,
         sender: &str,
         text: &str,
+        posted_at: u64,
     ) {
         let now = Self::now(handle);
         let verdict = lock(&self.pairing).redeem(room.room_id().as_str(), sender, text, now);
@@ -690,8 +808,8 @@ impl App {
                         Ok(name) => name.to_string(),
                         Err(_) => "Matrix room".to_owned(),
                     };
-                    lock(&self.paired)
-                        .insert(session, Paired { room_id: room.room_id().to_owned(), name });
+                    let paired = Paired { room_id: room.room_id().to_owned(), name, at: posted_at };
+                    lock(&self.paired).insert(session, paired);
                     lock(&self.rooms).insert(room.room_id().to_owned(), channel);
                     "Paired: messages in this room now go to the agent."
                 }
@@ -935,7 +1053,8 @@ impl FlowHandler for RoomFlow {
                 .with_label("Matrix room")
                 .with_account_hint(room_hint(&paired.room_id));
             let binding = Binding::new(target)
-                .with_secret(ROOM_SECRET, Secret::new(paired.room_id.to_string()));
+                .with_secret(ROOM_SECRET, Secret::new(paired.room_id.to_string()))
+                .with_secret(PAIRED_AT_SECRET, Secret::new(paired.at.to_string()));
             return Ok(AuthStep::Authenticated(binding));
         }
         let now = ctx.handle.now_millis();
