@@ -64,6 +64,8 @@ const UTD_NS: &str = "matrix.utd";
 /// The binding's private entry: when the room was paired (Unix ms); no gap is filled from
 /// before it.
 const PAIRED_AT_SECRET: &str = "matrix_paired_at";
+/// How long the bot stays in a room nobody paired: 1 hour.
+pub const UNBOUND_ROOM_TTL_MS: u64 = 60 * 60 * 1000;
 /// Undecryptable events kept for another try at once (the oldest go first).
 const MAX_UNDECRYPTED: usize = 1_000;
 /// Events fetched at most to fill one room's gap after a long absence.
@@ -171,6 +173,9 @@ struct App {
     streams: Mutex<HashMap<String, Stream>>,
     rates: Mutex<HashMap<OwnedRoomId, RoomRate>>,
     utd: Mutex<Vec<(OwnedRoomId, OwnedEventId, u64)>>,
+    /// Rooms the bot is in without a channel, since when (they are left after
+    /// [`UNBOUND_ROOM_TTL_MS`], so strangers' invites cannot fill the quota for good).
+    unbound_since: Mutex<HashMap<OwnedRoomId, u64>>,
     edit_interval: Duration,
     max_file_bytes: u64,
     max_unbound_rooms: usize,
@@ -353,6 +358,7 @@ impl App {
                                 Err(e) => tracing::warn!("im.matrix: sync position too long: {e}"),
                             }
                             self.retry_undecrypted(&handle).await;
+                            self.leave_idle_rooms(&handle).await;
                             continue;
                         }
                         Err(e) => {
@@ -546,6 +552,36 @@ impl App {
             if let (Some(room), Some(event)) = (room, event) {
                 utd.push((room, event, value["since"].as_u64().unwrap_or(0)));
             }
+        }
+    }
+
+    /// Leaves the rooms that stayed without a channel for [`UNBOUND_ROOM_TTL_MS`].
+    async fn leave_idle_rooms(&self, handle: &ConnectorHandle) {
+        let now = Self::now(handle);
+        let joined = self.client.joined_rooms();
+        let idle: Vec<OwnedRoomId> = {
+            let bound = lock(&self.rooms);
+            let mut since = lock(&self.unbound_since);
+            since.retain(|room, _| joined.iter().any(|j| j.room_id() == room));
+            for room in &joined {
+                if !bound.contains_key(room.room_id()) {
+                    since.entry(room.room_id().to_owned()).or_insert(now);
+                }
+            }
+            since
+                .iter()
+                .filter(|(room, at)| {
+                    !bound.contains_key(*room) && now.saturating_sub(**at) >= UNBOUND_ROOM_TTL_MS
+                })
+                .map(|(room, _)| room.clone())
+                .collect()
+        };
+        for room_id in idle {
+            if let Some(room) = self.client.get_room(&room_id) {
+                tracing::info!(room = %room_hint(&room_id), "im.matrix: leaving a room that was never paired");
+                let _ = room.leave().await;
+            }
+            lock(&self.unbound_since).remove(&room_id);
         }
     }
 
@@ -821,7 +857,13 @@ impl App {
     /// A channel signed in or was restored: its room's events go to it from now on.
     async fn bound(&self, ctx: &ChannelContext) {
         let Some(room_id) = room_of(&ctx.binding) else { return };
-        lock(&self.rooms).insert(room_id.clone(), ctx.channel.clone());
+        {
+            // A channel serves one room: a room it served before (it paired again) is let go.
+            let mut rooms = lock(&self.rooms);
+            rooms.retain(|room, channel| *channel != ctx.channel || *room == room_id);
+            rooms.insert(room_id.clone(), ctx.channel.clone());
+        }
+        lock(&self.unbound_since).remove(&room_id);
         let held = lock(&self.held).remove(&room_id).unwrap_or_default();
         for message in held {
             let seen = AuthorWrite::put(SEEN_NS, message.message_id.as_str(), b"1".to_vec());
@@ -1237,6 +1279,7 @@ impl Matrix {
             streams: Mutex::default(),
             rates: Mutex::default(),
             utd: Mutex::default(),
+            unbound_since: Mutex::default(),
             edit_interval: options.edit_interval,
             max_file_bytes: options.max_file_bytes,
             max_unbound_rooms: options.max_unbound_rooms,

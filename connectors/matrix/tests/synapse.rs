@@ -354,10 +354,11 @@ async fn a_flooding_room_is_cut_off_per_minute_and_invites_beyond_the_quota_are_
         next_chat(&mut events).await;
     }
     gina.wait_message(&room, &bot.user_id, |e| body_of(e).contains("Too many messages")).await;
-    let more = xagent_client_runtime::next_event_matching(&mut events, Duration::from_secs(3), |e| {
-        matches!(e, ClientEvent::ChatMessage(_))
-    })
-    .await;
+    let more =
+        xagent_client_runtime::next_event_matching(&mut events, Duration::from_secs(3), |e| {
+            matches!(e, ClientEvent::ChatMessage(_))
+        })
+        .await;
     assert!(more.is_none(), "only 3 per minute reach the agent: {more:?}");
 
     // One room without a channel is allowed; the bot declines the second invite.
