@@ -375,3 +375,131 @@ async fn a_flooding_room_is_cut_off_per_minute_and_invites_beyond_the_quota_are_
     plane.close().await;
     server.stop().await;
 }
+
+fn invoke(
+    channel: &xagent_protocol_types::ConnectorChannelId,
+    tool: &str,
+    arguments: serde_json::Value,
+    call_id: &str,
+) -> xagent_protocol_types::ToolInvoke {
+    let serde_json::Value::Object(mut arguments) = arguments else { panic!("object arguments") };
+    arguments.insert("connector_channel_id".into(), serde_json::json!(channel.as_str()));
+    xagent_protocol_types::ToolInvoke::new(tool, arguments)
+        .with_context(xagent_protocol_types::ToolInvokeContext::with_call_id(call_id))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tools_post_once_per_call_edits_arrive_marked_and_logout_lets_the_room_go() {
+    use matrix_sdk::ruma::events::room::message::{ReplacementMetadata, RoomMessageEventContent};
+    use xagent_connector_matrix::connector::{TOOL_FILE_SEND, TOOL_MESSAGE_SEND};
+    use xagent_protocol_types::{ErrorCode, ToolInvokeAck};
+
+    let synapse = TestSynapse::shared().await;
+    let bot = synapse.register("bot").await;
+    let hana = support::human(synapse, "hana").await;
+    let dir = temp_dir("tools");
+    let server = Server::start(synapse, &bot, &dir).await;
+    let (plane, mut events) = connect(&server).await;
+    let (channel, room) = pair_room(&plane, &hana, &bot, "Tool room", true).await;
+
+    // matrix_message_send: a repeated call posts once.
+    let call = || {
+        invoke(&channel, TOOL_MESSAGE_SEND, serde_json::json!({"text": "a follow-up"}), "call-1")
+    };
+    let first: ToolInvokeAck = plane.request(Some(&channel), call()).await.expect("first call");
+    let repeat: ToolInvokeAck = plane.request(Some(&channel), call()).await.expect("repeat");
+    assert_eq!(first.result, repeat.result, "a repeat returns the first result");
+    hana.wait_message(&room, &bot.user_id, |e| body_of(e) == "a follow-up").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let posted = hana
+        .messages_from(&room, &bot.user_id)
+        .iter()
+        .filter(|e| body_of(e) == "a follow-up")
+        .count();
+    assert_eq!(posted, 1, "posted once");
+
+    // matrix_file_send: an unknown reference is refused; an upload is posted (encrypted in
+    // this room) and the person decrypts the same bytes.
+    let unknown = invoke(
+        &channel,
+        TOOL_FILE_SEND,
+        serde_json::json!({"file_ref": "file_00000000000000000000000000000000"}),
+        "call-2",
+    );
+    match plane.request(Some(&channel), unknown).await {
+        Err(xagent_client_runtime::ClientError::Remote(error)) => {
+            assert_eq!(error.code, ErrorCode::FileNotFound)
+        }
+        other => panic!("an unknown file_ref is file_not_found, got {other:?}"),
+    }
+    let control = ControlPlane::new(server.base(), Some(Secret::new(API_KEY)));
+    let upload = control
+        .upload(&channel, "chart.png", "image/png", b"\x89PNG chart".to_vec())
+        .await
+        .expect("upload");
+    let send = invoke(
+        &channel,
+        TOOL_FILE_SEND,
+        serde_json::json!({"file_ref": upload.file_ref, "text": "the chart"}),
+        "call-3",
+    );
+    let ack: ToolInvokeAck = plane.request(Some(&channel), send).await.expect("file send");
+    assert_eq!(ack.result.as_ref().map(|r| r["status"].clone()), Some(serde_json::json!("sent")));
+    let posted = hana
+        .wait_message(&room, &bot.user_id, |e| matches!(&e.content.msgtype, MessageType::Image(_)))
+        .await;
+    let MessageType::Image(image) = posted.content.msgtype else { unreachable!() };
+    assert!(
+        matches!(image.source, matrix_sdk::ruma::events::room::MediaSource::Encrypted(_)),
+        "a file in an encrypted room is uploaded encrypted"
+    );
+    let bytes = hana
+        .client
+        .media()
+        .get_media_content(
+            &matrix_sdk::media::MediaRequestParameters {
+                source: image.source.clone(),
+                format: matrix_sdk::media::MediaFormat::File,
+            },
+            false,
+        )
+        .await
+        .expect("the person fetches and decrypts the file");
+    assert_eq!(bytes, b"\x89PNG chart");
+
+    // An edit of an earlier message reaches the agent again, marked.
+    let original =
+        room.send(RoomMessageEventContent::text_plain("meet at 5")).await.expect("posts");
+    next_chat(&mut events).await;
+    let edit = RoomMessageEventContent::text_plain("meet at 6")
+        .make_replacement(ReplacementMetadata::new(original.response.event_id, None));
+    room.send(edit).await.expect("edits");
+    let edited = next_chat(&mut events).await;
+    let text = edited.text.expect("text");
+    assert!(text.contains("(edited)") && text.ends_with("meet at 6"), "{text}");
+
+    // auth.logout: the binding goes, the bot leaves the room, nothing more is delivered.
+    plane
+        .request(Some(&channel), xagent_protocol_types::AuthLogout::default())
+        .await
+        .expect("logout");
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    loop {
+        let _ = room.sync_members().await;
+        let joined = room.members(matrix_sdk::RoomMemberships::JOIN).await.expect("members");
+        if !joined.iter().any(|m| m.user_id().as_str() == bot.user_id) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the bot did not leave the room");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    hana.say(&room, "anyone there?").await;
+    let more =
+        xagent_client_runtime::next_event_matching(&mut events, Duration::from_secs(3), |e| {
+            matches!(e, ClientEvent::ChatMessage(_))
+        })
+        .await;
+    assert!(more.is_none(), "nothing is delivered after logout: {more:?}");
+    plane.close().await;
+    server.stop().await;
+}
