@@ -64,6 +64,8 @@ const UTD_NS: &str = "matrix.utd";
 /// The binding's private entry: when the room was paired (Unix ms); no gap is filled from
 /// before it.
 const PAIRED_AT_SECRET: &str = "matrix_paired_at";
+/// How long fetching one inbound file may take.
+const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the bot stays in a room nobody paired: 1 hour.
 pub const UNBOUND_ROOM_TTL_MS: u64 = 60 * 60 * 1000;
 /// Undecryptable events kept for another try at once (the oldest go first).
@@ -664,7 +666,18 @@ impl App {
                 }
                 Ok(())
             }
-            Err(e) => Err(e.to_string()),
+            // The store failed: the batch is tried again (nothing advanced).
+            Err(e) if e.code() == ErrorCode::InternalError => Err(e.to_string()),
+            Err(e) => {
+                // The runtime refused this one message (its channel went away, its outbox is
+                // full): the sender is told, and the other rooms are not held up by it.
+                tracing::warn!(code = %e.code(), "im.matrix: a room message was not taken: {e}");
+                let note = RoomMessageEventContent::notice_plain(
+                    "The agent could not take your last message right now. Please send it again later.",
+                );
+                let _ = room.send(note).await;
+                Ok(())
+            }
         }
     }
 
@@ -814,9 +827,15 @@ impl App {
         }
     }
 
-    async fn download(&self, source: MediaSource) -> Result<Vec<u8>, matrix_sdk::Error> {
+    /// Fetches (and decrypts) a file, within [`DOWNLOAD_TIMEOUT`].
+    async fn download(&self, source: MediaSource) -> Result<Vec<u8>, String> {
         let request = MediaRequestParameters { source, format: MediaFormat::File };
-        self.client.media().get_media_content(&request, false).await
+        let media = self.client.media();
+        let fetch = media.get_media_content(&request, false);
+        match tokio::time::timeout(DOWNLOAD_TIMEOUT, fetch).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {} s", DOWNLOAD_TIMEOUT.as_secs())),
+        }
     }
 
     /// A text posted in a room without a channel: maybe a pairing code.
@@ -1005,6 +1024,25 @@ impl ImTarget for MatrixTarget {
                 .or_else(|| stream.map(|s| s.event_id)),
             _ => None,
         };
+        // Every file is checked before anything is posted: a refused file posts nothing.
+        for file in &message.files {
+            let (record, _) =
+                ctx.handle.open_file(&ctx.channel, &file.file_ref).await.map_err(|_| {
+                    DeliveryError::permanent(
+                        ErrorCode::FileNotFound,
+                        "no such file on this channel",
+                    )
+                })?;
+            if record.byte_size > app.max_file_bytes {
+                return Err(DeliveryError::permanent(
+                    ErrorCode::PayloadTooLarge,
+                    format!(
+                        "a file is larger than the {} bytes this Connector posts",
+                        app.max_file_bytes
+                    ),
+                ));
+            }
+        }
         let text = message.text.as_deref().filter(|t| !t.trim().is_empty());
         if let Some(text) = text {
             app.post_text(&room, &ctx.channel, &message_id, text, streamed).await?;
