@@ -107,12 +107,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
     flags.only(&["--only", "--seed", "--mix", "--inbound-rate", "--soak-seconds"])?;
     warn_if_debug();
     let only: Option<String> = flags.value("--only")?;
-    let seed: u64 = flags.value("--seed")?.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-    });
+    let seed = seed(&flags)?;
     let sizes = if flags.quick {
         Sizes {
             channels: 20,
@@ -196,6 +191,16 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
         }
     }
     finish("chaos", results, seed, flags.quick, &failed, flags.json, print_summary)
+}
+
+/// `--seed N`, or one drawn from the clock (printed in the report, so a run can be replayed).
+pub fn seed(flags: &Flags) -> Result<u64> {
+    Ok(flags.value("--seed")?.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    }))
 }
 
 /// Ends a chaos task: the report under `name` (JSON or `print`'s table), and success only when

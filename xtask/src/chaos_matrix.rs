@@ -40,12 +40,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
     let mut flags = Flags::parse(args);
     flags.switch("--matrix");
     flags.only(&["--seed"])?;
-    let seed: u64 = flags.value("--seed")?.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-    });
+    let seed = crate::chaos::seed(&flags)?;
     let sizes = if flags.quick {
         Sizes { messages: 40, kills: 2 }
     } else {
