@@ -236,7 +236,12 @@ pub fn split_text(text: &str) -> Vec<&str> {
 /// a room the bot may not post in final.
 fn delivery_error(e: &matrix_sdk::Error) -> DeliveryError {
     let text = e.to_string();
-    if text.contains("M_FORBIDDEN") {
+    if text.contains("M_TOO_LARGE") {
+        DeliveryError::permanent(
+            ErrorCode::PayloadTooLarge,
+            "the homeserver refused the message or file as too large",
+        )
+    } else if text.contains("M_FORBIDDEN") {
         DeliveryError::permanent(
             ErrorCode::PermissionDenied,
             "the bot may not post in this room any more (removed or banned); pair a room again",
@@ -311,7 +316,14 @@ impl App {
 
     /// Sets every bound channel's status (the homeserver went away or came back).
     async fn show_status(&self, handle: &ConnectorHandle, status: ConnectionStatus) {
-        let channels: Vec<ConnectorChannelId> = lock(&self.rooms).values().cloned().collect();
+        // A room the bot was removed from stays `degraded` whatever the homeserver does.
+        let channels: Vec<ConnectorChannelId> = lock(&self.rooms)
+            .iter()
+            .filter(|(room, _)| {
+                self.client.get_room(room).is_none_or(|r| r.state() == RoomState::Joined)
+            })
+            .map(|(_, channel)| channel.clone())
+            .collect();
         tracing::info!(?status, channels = channels.len(), "im.matrix: homeserver link changed");
         for channel in channels {
             let _ = handle.set_status(&channel, status.clone()).await;
