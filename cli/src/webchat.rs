@@ -172,8 +172,12 @@ pub(crate) async fn bind(listen: &str) -> std::io::Result<(tokio::net::TcpListen
 /// Logs to stderr; `RUST_LOG` overrides the default level.
 pub(crate) fn init_logs(default: &str) {
     let filter = xagent_server_runtime::log_filter(default);
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colour codes only for a person at a terminal: a log file or journald gets plain text.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }
 
 /// The API key from `--api-key-file`, else from the variable or `--api-key`.

@@ -129,6 +129,7 @@ async fn conformance_passes_through_a_room_paired_by_a_person_and_no_secret_is_l
     let token = session["access_token"].as_str().expect("a token").to_owned();
     let logged = log.lock().unwrap().clone();
     assert!(logged.contains("DEBUG") || logged.contains("debug"), "debug logs were captured");
+    assert!(!logged.contains('\u{1b}'), "no colour codes in a log that is not a terminal");
     for secret in [bot.password.as_str(), token.as_str(), API_KEY] {
         assert!(!logged.contains(secret), "a secret reached the log");
         assert!(!report.contains(secret), "a secret reached the suite's output");
