@@ -37,7 +37,7 @@ use axum::http::{Extensions, HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::Semaphore;
@@ -485,7 +485,7 @@ async fn events(
     Path(room_id): Path<String>,
     headers: HeaderMap,
     extensions: Extensions,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, WebchatError> {
+) -> Result<impl axum::response::IntoResponse, WebchatError> {
     let token = visitor(&web, &room_id, &headers).await?;
     // Counted per address too (F6), so one address never holds a room's streams.
     let address = xagent_server_runtime::peer_ip(&extensions).map(guard::addr_key);
@@ -523,9 +523,12 @@ async fn events(
     });
     let stream = futures_util::stream::once(async move { first })
         .chain(live)
-        .map(Ok)
+        .map(Ok::<Event, Infallible>)
         .take_until(shutdown.cancelled_owned());
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    let sse = Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)));
+    // nginx buffers proxied responses by default, which would hold events back until a
+    // buffer fills: this header turns that off for the stream alone.
+    Ok(([(axum::http::header::HeaderName::from_static("x-accel-buffering"), "no")], sse))
 }
 
 #[derive(Deserialize)]

@@ -339,6 +339,11 @@ impl Visitor {
     pub async fn snapshot(&self) -> Value {
         let response = self.request(reqwest::Method::GET, "events").send().await.expect("events");
         assert_eq!(response.status(), 200);
+        // Behind nginx the stream must not be buffered.
+        assert_eq!(
+            response.headers().get("x-accel-buffering").and_then(|v| v.to_str().ok()),
+            Some("no")
+        );
         xagent_testkit::first_sse_event(response).await
     }
 
