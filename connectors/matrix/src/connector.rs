@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
+use xagent_file_transfer::{FileReader, FileRecord};
 use xagent_profile_im::{ActivityAction, ActivityCapability};
 use xagent_protocol_types::{
     AuthSessionId, ChatMessage, ConnectionStatus, ConnectorChannelId, DescriptorTarget, ErrorCode,
@@ -946,16 +947,14 @@ impl App {
         Ok(first)
     }
 
-    /// Posts a file the agent uploaded (encrypted in encrypted rooms).
-    async fn post_file(
+    /// Opens a file the agent uploaded to `channel` for posting: refused when it is not the
+    /// channel's or is larger than the Connector posts.
+    async fn open_for_posting(
         &self,
         handle: &ConnectorHandle,
-        room: &Room,
         channel: &ConnectorChannelId,
         file_ref: &FileRef,
-        caption: Option<String>,
-        txn: OwnedTransactionId,
-    ) -> Result<OwnedEventId, DeliveryError> {
+    ) -> Result<(FileRecord, FileReader), DeliveryError> {
         let (record, reader) = handle.open_file(channel, file_ref).await.map_err(|_| {
             DeliveryError::permanent(ErrorCode::FileNotFound, "no such file on this channel")
         })?;
@@ -968,6 +967,17 @@ impl App {
                 ),
             ));
         }
+        Ok((record, reader))
+    }
+
+    /// Posts an opened file (encrypted in encrypted rooms).
+    async fn post_file(
+        &self,
+        room: &Room,
+        (record, reader): (FileRecord, FileReader),
+        caption: Option<String>,
+        txn: OwnedTransactionId,
+    ) -> Result<OwnedEventId, DeliveryError> {
         let mut data = Vec::new();
         reader
             .take(self.max_file_bytes + 1)
@@ -1036,32 +1046,19 @@ impl ImTarget for MatrixTarget {
                 .or_else(|| stream.map(|s| s.event_id)),
             _ => None,
         };
-        // Every file is checked before anything is posted: a refused file posts nothing.
+        // Every file is opened and checked before anything is posted: a refused file posts
+        // nothing.
+        let mut files = Vec::with_capacity(message.files.len());
         for file in &message.files {
-            let (record, _) =
-                ctx.handle.open_file(&ctx.channel, &file.file_ref).await.map_err(|_| {
-                    DeliveryError::permanent(
-                        ErrorCode::FileNotFound,
-                        "no such file on this channel",
-                    )
-                })?;
-            if record.byte_size > app.max_file_bytes {
-                return Err(DeliveryError::permanent(
-                    ErrorCode::PayloadTooLarge,
-                    format!(
-                        "a file is larger than the {} bytes this Connector posts",
-                        app.max_file_bytes
-                    ),
-                ));
-            }
+            files.push(app.open_for_posting(&ctx.handle, &ctx.channel, &file.file_ref).await?);
         }
         let text = message.text.as_deref().filter(|t| !t.trim().is_empty());
         if let Some(text) = text {
             app.post_text(&room, &ctx.channel, &message_id, text, streamed).await?;
         }
-        for (i, file) in message.files.iter().enumerate() {
+        for (i, opened) in files.into_iter().enumerate() {
             let txn = txn_id(&ctx.channel, &message_id, &format!("file{i}"));
-            app.post_file(&ctx.handle, &room, &ctx.channel, &file.file_ref, None, txn).await?;
+            app.post_file(&room, opened, None, txn).await?;
         }
         let _ = room.typing_notice(false).await;
         Ok(())
@@ -1230,16 +1227,20 @@ async fn file_send(
     let room = app.room(&ctx.binding).map_err(tool_error)?;
     let file_ref = FileRef::new(args.file_ref.as_str());
     let txn = txn_id(&ctx.channel, &tool_message_id(&ctx), "file");
-    let event_id = app
-        .post_file(&ctx.handle, &room, &ctx.channel, &file_ref, args.text, txn)
-        .await
-        .map_err(|e| {
-            if e.code == ErrorCode::FileNotFound {
-                ToolError::new(ErrorCode::FileNotFound, "no such file_ref on this channel; upload the file with POST /files/uploads first")
-            } else {
-                tool_error(e)
-            }
-        })?;
+    let posted = match app.open_for_posting(&ctx.handle, &ctx.channel, &file_ref).await {
+        Ok(opened) => app.post_file(&room, opened, args.text, txn).await,
+        Err(e) => Err(e),
+    };
+    let event_id = posted.map_err(|e| {
+        if e.code == ErrorCode::FileNotFound {
+            ToolError::new(
+                ErrorCode::FileNotFound,
+                "no such file_ref on this channel; upload the file with POST /files/uploads first",
+            )
+        } else {
+            tool_error(e)
+        }
+    })?;
     Ok(json!({ "status": "sent", "event_id": event_id.to_string(), "file_ref": args.file_ref }))
 }
 
