@@ -236,27 +236,24 @@ pub fn split_text(text: &str) -> Vec<&str> {
 /// A send failure as the IM Profile wants it: rate limits and network trouble retryable,
 /// a room the bot may not post in final.
 fn delivery_error(e: &matrix_sdk::Error) -> DeliveryError {
-    let text = e.to_string();
-    if text.contains("M_TOO_LARGE") {
-        DeliveryError::permanent(
+    use matrix_sdk::ruma::api::error::ErrorKind;
+    match e.client_api_error_kind() {
+        Some(ErrorKind::TooLarge) => DeliveryError::permanent(
             ErrorCode::PayloadTooLarge,
             "the homeserver refused the message or file as too large",
-        )
-    } else if text.contains("M_FORBIDDEN") {
-        DeliveryError::permanent(
+        ),
+        Some(ErrorKind::Forbidden) => DeliveryError::permanent(
             ErrorCode::PermissionDenied,
             "the bot may not post in this room any more (removed or banned); pair a room again",
-        )
-    } else if text.contains("M_LIMIT_EXCEEDED") {
-        DeliveryError::temporary(
+        ),
+        Some(ErrorKind::LimitExceeded(_)) => DeliveryError::temporary(
             ErrorCode::ChannelBusy,
             "the homeserver rate-limits the bot; retry later",
-        )
-    } else {
-        DeliveryError::temporary(
+        ),
+        _ => DeliveryError::temporary(
             ErrorCode::TargetDeliveryFailed,
             "the homeserver did not take the message; retry later",
-        )
+        ),
     }
 }
 
