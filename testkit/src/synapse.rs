@@ -259,6 +259,13 @@ fn launch(python: &Path, dir: &Path, port: u16) -> Result<std::process::Child, T
         .stderr(stderr)
         .spawn()
         .map_err(|e| TestSynapseError(format!("start synapse: {e}")))?;
+    // The watchdog kills the pid this file names. Synapse writes its `pid_file` only when it
+    // daemonizes, so without this line every shared server outlived its test process.
+    if let Err(e) = std::fs::write(dir.join("homeserver.pid"), child.id().to_string()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(TestSynapseError(format!("write homeserver.pid: {e}")));
+    }
     let deadline = Instant::now() + Duration::from_secs(60);
     let probe = format!("GET /_matrix/client/versions HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
     while Instant::now() < deadline {
