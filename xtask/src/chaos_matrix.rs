@@ -69,6 +69,11 @@ fn print(result: &Value) {
         if r["pass"].as_bool() == Some(true) { "pass" } else { "FAIL" }.to_owned(),
     ]];
     print_table(&["scenario", "messages", "kills", "lost", "twice", "result"], &rows);
+    if r["pass"].as_bool() != Some(true) {
+        println!("lost: {}; sent twice: {}", r["lost_numbers"], r["twice_numbers"]);
+        println!("state and log kept in {}", r["state_dir"]);
+    }
+    println!("\nseed {} (replay with --seed)", result["seed"]);
 }
 
 /// One `xagent-connector matrix` process on a fixed port and state directory.
@@ -97,7 +102,11 @@ impl Bot {
                 .arg(self.dir.join("state"))
                 .env("XAGENT_CONNECTOR_API_KEY", KEY)
                 .env("XAGENT_MATRIX_PASSWORD", &self.account.password)
-                .env("RUST_LOG", "warn")
+                // Each event's path through the Connector, for a failed run's post-mortem.
+                .env(
+                    "RUST_LOG",
+                    "warn,xagent_connector_matrix=debug,matrix_sdk_crypto::backups=error",
+                )
                 .stdout(Stdio::piped())
                 .stderr(log.try_clone()?)
                 .kill_on_drop(true)
@@ -212,6 +221,7 @@ async fn kill_scenario(bin: &Path, sizes: &Sizes, rng: &mut Rng) -> Result<Value
 
     // The person talks; the Connector dies and comes back meanwhile.
     let total = sizes.messages;
+    let seed = rng.below(u64::MAX);
     let talker = {
         let room = room.clone();
         tokio::spawn(async move {
@@ -220,11 +230,28 @@ async fn kill_scenario(bin: &Path, sizes: &Sizes, rng: &mut Rng) -> Result<Value
                     matrix_sdk::ruma::events::room::message::RoomMessageEventContent::text_plain(
                         format!("chaos-{n:05}"),
                     );
-                if room.send(content).await.is_err() {
+                // A message the person failed to post is posted again under the same
+                // transaction id (the homeserver keeps one event for it): only what reached
+                // the room can be lost by the Connector.
+                let txn = matrix_sdk::ruma::OwnedTransactionId::from(format!("chaos-{seed}-{n}"));
+                let mut tries = 0;
+                loop {
+                    let send = room.send(content.clone()).with_transaction_id(txn.clone());
+                    let problem = match tokio::time::timeout(Duration::from_secs(20), send).await {
+                        Ok(Ok(_)) => break,
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => "no answer within 20 s".to_owned(),
+                    };
+                    tries += 1;
+                    eprintln!("chaos --matrix: posting chaos-{n:05} failed ({problem}); again");
+                    if tries == 10 {
+                        return Err(anyhow!("chaos-{n:05} could not be posted: {problem}"));
+                    }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 tokio::time::sleep(Duration::from_millis(40)).await;
             }
+            Ok(())
         })
     };
     for _ in 0..sizes.kills {
@@ -233,7 +260,7 @@ async fn kill_scenario(bin: &Path, sizes: &Sizes, rng: &mut Rng) -> Result<Value
         tokio::time::sleep(Duration::from_millis(rng.below(300))).await;
         bot.start().await?;
     }
-    talker.await.map_err(|e| anyhow!("the talker failed: {e}"))?;
+    talker.await.map_err(|e| anyhow!("the talker failed: {e}"))??;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     while counts.lock().unwrap_or_else(|e| e.into_inner()).len() < total
         && tokio::time::Instant::now() < deadline
@@ -246,17 +273,21 @@ async fn kill_scenario(bin: &Path, sizes: &Sizes, rng: &mut Rng) -> Result<Value
     plane.close().await;
     bot.kill().await;
     let counts = counts.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let lost = (0..total).filter(|n| !counts.contains_key(&format!("chaos-{n:05}"))).count();
-    let twice = counts.values().filter(|c| **c > 1).count();
-    let pass = lost == 0 && twice == 0;
+    let lost: Vec<usize> =
+        (0..total).filter(|n| !counts.contains_key(&format!("chaos-{n:05}"))).collect();
+    let mut twice: Vec<&String> = counts.iter().filter(|(_, c)| **c > 1).map(|(k, _)| k).collect();
+    twice.sort();
+    let pass = lost.is_empty() && twice.is_empty();
     if pass {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(json!({
         "messages": total,
         "kills": sizes.kills,
-        "lost": lost,
-        "twice": twice,
+        "lost": lost.len(),
+        "twice": twice.len(),
+        "lost_numbers": lost,
+        "twice_numbers": twice,
         "encrypted": true,
         "pass": pass,
         "state_dir": if pass { Value::Null } else { json!(dir) },
