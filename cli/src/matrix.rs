@@ -108,7 +108,10 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
     if !(args.homeserver.starts_with("https://") || args.homeserver.starts_with("http://")) {
         return usage("--homeserver must be an http:// or https:// URL");
     }
-    init_logs("info,tower_http=warn,matrix_sdk=warn,matrix_sdk_crypto=warn,matrix_sdk_base=warn");
+    // The SDK warns on every room key it cannot back up (the bot keeps no key backup).
+    init_logs(
+        "info,tower_http=warn,matrix_sdk=warn,matrix_sdk_crypto=warn,matrix_sdk_base=warn,matrix_sdk_crypto::backups=error",
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return usage(format!("cannot start the async runtime: {error}")),
@@ -121,7 +124,7 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
         let mut options =
             MatrixOptions::new(&args.homeserver, &args.user, credentials, &args.state_dir);
         options.api_key = Some(Secret::new(api_key));
-        options.listener = limits;
+        options.runtime = options.runtime.with_listener(limits);
         options.edit_interval = Duration::from_millis(args.edit_interval_ms);
         options.max_file_bytes = args.max_file_bytes;
         options.max_unbound_rooms = args.max_unbound_rooms;

@@ -26,14 +26,15 @@ use tokio_util::sync::CancellationToken;
 use xagent_file_transfer::{FileReader, FileRecord};
 use xagent_profile_im::{ActivityAction, ActivityCapability};
 use xagent_protocol_types::{
-    AuthSessionId, ChatMessage, ConnectionStatus, ConnectorChannelId, DescriptorTarget, ErrorCode,
-    FileRef, PROFILE_IM_V2, Secret, Security, TargetDeclaration, TargetType, TrustLevel,
+    AuthSessionId, ChatMessage, Clock, ConnectionStatus, ConnectorChannelId, DescriptorTarget,
+    ErrorCode, FileRef, PROFILE_IM_V2, Secret, Security, SystemClock, TargetDeclaration,
+    TargetType, TrustLevel,
 };
 use xagent_server_runtime::{
     AuthContext, AuthError, AuthPrompt, AuthStep, AuthValues, AuthorWrite, Backoff, Binding,
     BoundReason, ChannelContext, Connector, ConnectorHandle, ConnectorServer, DeliveryError,
     DeltaUpdate, EditThrottle, FinalDelivery, FlowHandler, FlowSpec, ImTarget, LinkHealth, Offer,
-    RuntimeConfig, ServeLimits, ServerError, ToolContext, ToolError, ToolSpec,
+    RuntimeConfig, ServerError, ToolContext, ToolError, ToolSpec,
 };
 
 use crate::MatrixError;
@@ -65,8 +66,8 @@ const UTD_NS: &str = "matrix.utd";
 /// The binding's private entry: when the room was paired (Unix ms); no gap is filled from
 /// before it.
 const PAIRED_AT_SECRET: &str = "matrix_paired_at";
-/// How long fetching one inbound file may take.
-const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long fetching one inbound file may take (by default; [`MatrixOptions::download_timeout`]).
+pub const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the bot stays in a room nobody paired: 1 hour.
 pub const UNBOUND_ROOM_TTL_MS: u64 = 60 * 60 * 1000;
 /// Undecryptable events kept for another try at once (the oldest go first).
@@ -85,7 +86,6 @@ const UTD_RETRY_MS: u64 = 10 * 60 * 1000;
 const MAX_HELD_PER_ROOM: usize = 50;
 
 /// Settings of an `im.matrix` Connector.
-#[derive(Debug)]
 pub struct MatrixOptions {
     /// The homeserver's client API, e.g. `https://matrix.example.org`.
     pub homeserver: String,
@@ -97,8 +97,14 @@ pub struct MatrixOptions {
     pub state_dir: PathBuf,
     /// The system API key xAgent must present.
     pub api_key: Option<Secret>,
-    /// The HTTP listener's connection limits.
-    pub listener: ServeLimits,
+    /// The runtime's limits and timings (the HTTP listener's among them).
+    pub runtime: RuntimeConfig,
+    /// The clock the runtime and the bot read (pairing codes, rates, leaving idle rooms);
+    /// tests move a [`xagent_protocol_types::ManualClock`] instead of waiting.
+    pub clock: Arc<dyn Clock>,
+    /// How long a file posted in a room may take to download from the media repository
+    /// before the agent is told it could not be fetched (the sync waits meanwhile).
+    pub download_timeout: Duration,
     /// The least time between two edits of a streamed reply.
     pub edit_interval: Duration,
     /// The largest file taken from or posted to a room.
@@ -128,7 +134,9 @@ impl MatrixOptions {
             credentials,
             state_dir: state_dir.into(),
             api_key: None,
-            listener: ServeLimits::default(),
+            runtime: RuntimeConfig::default(),
+            clock: Arc::new(SystemClock),
+            download_timeout: DOWNLOAD_TIMEOUT,
             edit_interval: Duration::from_millis(1_000),
             max_file_bytes: 25 * 1024 * 1024,
             max_unbound_rooms: 20,
@@ -137,6 +145,26 @@ impl MatrixOptions {
             #[cfg(feature = "postgres")]
             database_url: None,
         }
+    }
+}
+
+impl std::fmt::Debug for MatrixOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The credentials and the API key print redacted (they are `Secret`s).
+        f.debug_struct("MatrixOptions")
+            .field("homeserver", &self.homeserver)
+            .field("user", &self.user)
+            .field("credentials", &self.credentials)
+            .field("state_dir", &self.state_dir)
+            .field("api_key", &self.api_key)
+            .field("runtime", &self.runtime)
+            .field("download_timeout", &self.download_timeout)
+            .field("edit_interval", &self.edit_interval)
+            .field("max_file_bytes", &self.max_file_bytes)
+            .field("max_unbound_rooms", &self.max_unbound_rooms)
+            .field("room_messages_per_minute", &self.room_messages_per_minute)
+            .field("offline_after", &self.offline_after)
+            .finish_non_exhaustive()
     }
 }
 
@@ -181,6 +209,7 @@ struct App {
     unbound_since: Mutex<HashMap<OwnedRoomId, u64>>,
     edit_interval: Duration,
     max_file_bytes: u64,
+    download_timeout: Duration,
     max_unbound_rooms: usize,
     room_messages_per_minute: u32,
     offline_after: Duration,
@@ -271,6 +300,27 @@ fn retry_after(e: &matrix_sdk::Error) -> Option<Duration> {
         },
         _ => None,
     }
+}
+
+/// What the room is told when the runtime refused one of its messages: what to do about it.
+pub fn refused_notice(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::PayloadTooLarge => {
+            "Your last message is too long for the agent to take. Please shorten it, or send the text as a file."
+        }
+        _ => "The agent could not take your last message right now. Please send it again later.",
+    }
+}
+
+/// True for an event that is not readable yet: one the SDK could not decrypt, and one it
+/// did not even try (it still has the `m.room.encrypted` type, e.g. when the crypto machine
+/// was not ready): both wait for another try instead of being taken for a non-message.
+fn still_encrypted(event: &matrix_sdk::deserialized_responses::TimelineEvent) -> bool {
+    matches!(
+        event.kind,
+        matrix_sdk::deserialized_responses::TimelineEventKind::UnableToDecrypt { .. }
+    ) || event.raw().get_field::<String>("type").ok().flatten().as_deref()
+        == Some("m.room.encrypted")
 }
 
 fn room_of(binding: &Binding) -> Option<OwnedRoomId> {
@@ -407,6 +457,12 @@ impl App {
             self.invited(room_id).await;
         }
         for (room_id, update) in rooms.joined {
+            tracing::debug!(
+                room = %room_hint(&room_id),
+                events = update.timeline.events.len(),
+                limited = update.timeline.limited,
+                "im.matrix: sync batch"
+            );
             if update.timeline.limited
                 && let Some(prev_batch) = &update.timeline.prev_batch
             {
@@ -437,12 +493,10 @@ impl App {
         room_id: &OwnedRoomId,
         event: matrix_sdk::deserialized_responses::TimelineEvent,
     ) -> Result<(), String> {
-        if matches!(
-            event.kind,
-            matrix_sdk::deserialized_responses::TimelineEventKind::UnableToDecrypt { .. }
-        ) {
+        if still_encrypted(&event) {
             let Some(event_id) = event.event_id() else { return Ok(()) };
             let now = Self::now(handle);
+            tracing::debug!(event = %event_id, "im.matrix: undecryptable for now");
             tracing::info!(room = %room_hint(room_id), "im.matrix: an encrypted message cannot be decrypted yet; trying again as keys arrive");
             // Kept in the store before the sync position moves past it.
             let record = json!({ "room": room_id.as_str(), "since": now });
@@ -456,7 +510,13 @@ impl App {
             utd.push((room_id.clone(), event_id, now));
             return Ok(());
         }
-        let Ok(parsed) = event.raw().deserialize() else { return Ok(()) };
+        let parsed = match event.raw().deserialize() {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                tracing::debug!(event = ?event.event_id(), "im.matrix: an event that does not parse is skipped: {e}");
+                return Ok(());
+            }
+        };
         self.event(handle, room_id, parsed).await
     }
 
@@ -504,6 +564,7 @@ impl App {
         }
         earlier.truncate(MAX_GAP_EVENTS);
         earlier.reverse();
+        tracing::debug!(room = %room_hint(room_id), events = earlier.len(), "im.matrix: gap fetched");
         Ok(earlier)
     }
 
@@ -515,12 +576,8 @@ impl App {
         for (room_id, event_id, since) in waiting {
             let Some(room) = self.client.get_room(&room_id) else { continue };
             match room.event(&event_id, None).await {
-                Ok(event)
-                    if !matches!(
-                        event.kind,
-                        matrix_sdk::deserialized_responses::TimelineEventKind::UnableToDecrypt { .. }
-                    ) =>
-                {
+                Ok(event) if !still_encrypted(&event) => {
+                    tracing::debug!(event = %event_id, "im.matrix: decrypted on a later try");
                     let handed = match event.raw().deserialize() {
                         Ok(parsed) => self.event(handle, &room_id, parsed).await.is_ok(),
                         Err(_) => true,
@@ -624,6 +681,7 @@ impl App {
         else {
             // Redactions, reactions and state changes are not messages for the agent
             // (docs/MATRIX.md: an agent cannot unsee a message).
+            tracing::debug!(event = %event.event_id(), kind = %event.event_type(), "im.matrix: not a message");
             return Ok(());
         };
         let SyncRoomMessageEvent::Original(message) = message else { return Ok(()) };
@@ -648,8 +706,10 @@ impl App {
         let message_id = message_id_of(message.event_id.as_str());
         let store = handle.author_store();
         if matches!(store.get(SEEN_NS, &message_id).await, Ok(Some(_))) {
+            tracing::debug!(event = %message.event_id, "im.matrix: handed over before");
             return Ok(());
         }
+        tracing::debug!(event = %message.event_id, %channel, "im.matrix: a room message");
         if !self.admit(handle, &room).await {
             return Ok(());
         }
@@ -682,9 +742,7 @@ impl App {
                 // The runtime refused this one message (its channel went away, its outbox is
                 // full): the sender is told, and the other rooms are not held up by it.
                 tracing::warn!(code = %e.code(), "im.matrix: a room message was not taken: {e}");
-                let note = RoomMessageEventContent::notice_plain(
-                    "The agent could not take your last message right now. Please send it again later.",
-                );
+                let note = RoomMessageEventContent::notice_plain(refused_notice(e.code()));
                 let _ = room.send(note).await;
                 Ok(())
             }
@@ -837,14 +895,14 @@ impl App {
         }
     }
 
-    /// Fetches (and decrypts) a file, within [`DOWNLOAD_TIMEOUT`].
+    /// Fetches (and decrypts) a file, within [`MatrixOptions::download_timeout`].
     async fn download(&self, source: MediaSource) -> Result<Vec<u8>, String> {
         let request = MediaRequestParameters { source, format: MediaFormat::File };
         let media = self.client.media();
         let fetch = media.get_media_content(&request, false);
-        match tokio::time::timeout(DOWNLOAD_TIMEOUT, fetch).await {
+        match tokio::time::timeout(self.download_timeout, fetch).await {
             Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err(format!("no answer within {} s", DOWNLOAD_TIMEOUT.as_secs())),
+            Err(_) => Err(format!("no answer within {:?}", self.download_timeout)),
         }
     }
 
@@ -1330,6 +1388,7 @@ impl Matrix {
             unbound_since: Mutex::default(),
             edit_interval: options.edit_interval,
             max_file_bytes: options.max_file_bytes,
+            download_timeout: options.download_timeout,
             max_unbound_rooms: options.max_unbound_rooms,
             room_messages_per_minute: options.room_messages_per_minute,
             offline_after: options.offline_after,
@@ -1342,7 +1401,8 @@ impl Matrix {
         }
         let sync_app = Arc::clone(&app);
         builder = builder
-            .config(RuntimeConfig::default().with_listener(options.listener))
+            .config(options.runtime)
+            .clock(options.clock)
             .state_dir(&options.state_dir)?
             .task(move |handle, shutdown| sync_app.sync_loop(handle, shutdown));
         if let Some(key) = options.api_key {
@@ -1384,6 +1444,28 @@ mod tests {
         assert!(parts.iter().all(|p| p.len() <= MAX_EVENT_TEXT_BYTES));
         assert_eq!(parts.concat(), text);
         assert_eq!(split_text("short"), ["short"]);
+    }
+
+    #[test]
+    fn an_encrypted_event_the_sdk_did_not_decrypt_waits_for_another_try() {
+        use matrix_sdk::deserialized_responses::TimelineEvent;
+        let raw = |kind: &str, content: serde_json::Value| {
+            let event = json!({
+                "type": kind, "event_id": "$e:x", "sender": "@a:x",
+                "origin_server_ts": 1, "content": content,
+            });
+            TimelineEvent::from_plaintext(
+                matrix_sdk::ruma::serde::Raw::from_json_string(event.to_string()).expect("json"),
+            )
+        };
+        let untried = raw(
+            "m.room.encrypted",
+            json!({"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AwgA", "sender_key": "k",
+                   "device_id": "D", "session_id": "s"}),
+        );
+        assert!(still_encrypted(&untried), "not taken for a non-message and dropped");
+        let plain = raw("m.room.message", json!({"msgtype": "m.text", "body": "hi"}));
+        assert!(!still_encrypted(&plain));
     }
 
     #[test]

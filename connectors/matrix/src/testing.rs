@@ -121,6 +121,22 @@ impl Human {
         }
     }
 
+    /// True while `user` is a joined member of `room` (as the homeserver says now).
+    pub async fn is_joined(&self, room: &Room, user: &str) -> bool {
+        let _ = room.sync_members().await;
+        let joined = room.members(RoomMemberships::JOIN).await.unwrap_or_default();
+        joined.iter().any(|m| m.user_id().as_str() == user)
+    }
+
+    /// Waits until `user` is no longer a joined member of `room`.
+    pub async fn wait_left(&self, room: &Room, user: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while self.is_joined(room, user).await {
+            assert!(tokio::time::Instant::now() < deadline, "{user} did not leave in time");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     pub async fn say(&self, room: &Room, text: &str) {
         room.send(RoomMessageEventContent::text_plain(text)).await.expect("the human posts");
     }

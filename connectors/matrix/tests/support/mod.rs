@@ -21,6 +21,7 @@ use xagent_protocol_types::{
 use xagent_testkit::Serving;
 use xagent_testkit::synapse::{TestSynapse, TestUser};
 
+#[allow(unused_imports)]
 pub use xagent_connector_matrix::testing::{Account, Human, WAIT, body_of, is_edit};
 
 pub const API_KEY: &str = "sk-matrix-test-51a7c2";
@@ -184,4 +185,67 @@ pub async fn pair_room(
     let done = pairing_result(plane, &channel, &started).await;
     assert_eq!(done.status, AuthStatus::Authenticated, "{:?}", done.message);
     (channel, room)
+}
+
+/// A reverse proxy in front of the real homeserver that forwards every request except those
+/// whose path contains `stall`: those get no answer at all (a media repository that hangs).
+pub struct StallingProxy {
+    pub url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for StallingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Upstream {
+    client: reqwest::Client,
+    base: String,
+    stall: &'static str,
+}
+
+pub async fn stalling_proxy(upstream: String, stall: &'static str) -> StallingProxy {
+    use axum::extract::{Request, State};
+    use axum::response::{IntoResponse, Response};
+
+    async fn forward(State(up): State<Arc<Upstream>>, request: Request) -> Response {
+        let target = request.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
+        if target.contains(up.stall) {
+            std::future::pending::<()>().await;
+        }
+        let method = request.method().clone();
+        let mut headers = request.headers().clone();
+        headers.remove(axum::http::header::HOST);
+        let Ok(body) = axum::body::to_bytes(request.into_body(), 64 << 20).await else {
+            return axum::http::StatusCode::BAD_REQUEST.into_response();
+        };
+        let sent = up
+            .client
+            .request(method, format!("{}{target}", up.base))
+            .headers(headers)
+            .body(body)
+            .send()
+            .await;
+        let Ok(answer) = sent else { return axum::http::StatusCode::BAD_GATEWAY.into_response() };
+        let status = answer.status();
+        let mut headers = answer.headers().clone();
+        for hop in [axum::http::header::TRANSFER_ENCODING, axum::http::header::CONTENT_LENGTH] {
+            headers.remove(hop);
+        }
+        let Ok(bytes) = answer.bytes().await else {
+            return axum::http::StatusCode::BAD_GATEWAY.into_response();
+        };
+        (status, headers, bytes).into_response()
+    }
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let state = Arc::new(Upstream { client: reqwest::Client::new(), base: upstream, stall });
+    let app = axum::Router::new().fallback(forward).with_state(state);
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    StallingProxy { url, task }
 }
