@@ -82,6 +82,7 @@ pub async fn open(
     }
     private_dir(&store)?;
     let client = client(homeserver, &store).await?;
+    forget_sdk_sync_position(&client).await?;
     match kept {
         Some(session) => {
             client
@@ -97,6 +98,21 @@ pub async fn open(
         }
     }
     Ok(client)
+}
+
+/// Drops the SDK's own copy of the sync position before the session is activated. The
+/// Connector syncs from the position it stored after handing a batch over, which may be one
+/// batch behind the SDK's (a kill between the two); asked again, the homeserver answers that
+/// batch once more, and the SDK, still holding its newer position, would discard it as "the
+/// same response twice", losing its messages. Without its copy the SDK processes the batch
+/// again (room state and keys are idempotent) and the Connector hands its messages over.
+async fn forget_sdk_sync_position(client: &Client) -> Result<(), MatrixError> {
+    use matrix_sdk::store::StateStoreDataKey;
+    client
+        .state_store()
+        .remove_kv_data(StateStoreDataKey::SyncToken)
+        .await
+        .map_err(|e| MatrixError::State(format!("reset the SDK's sync position: {e}")))
 }
 
 async fn client(homeserver: &str, store: &Path) -> Result<Client, MatrixError> {

@@ -387,6 +387,7 @@ impl App {
             Ok(Some(bytes)) => String::from_utf8(bytes).ok(),
             _ => None,
         };
+        tracing::debug!(position = ?token, "im.matrix: syncing from the stored position");
         self.load_undecrypted(&handle).await;
         let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
         let mut health = LinkHealth::new(self.offline_after);
@@ -412,7 +413,10 @@ impl App {
                                 AuthorWrite::put(SYNC_NS, SYNC_KEY, next.clone().into_bytes());
                             match write {
                                 Ok(write) => match store.commit(vec![write]).await {
-                                    Ok(()) => token = Some(next),
+                                    Ok(()) => {
+                                        tracing::debug!(position = %next, "im.matrix: sync position stored");
+                                        token = Some(next)
+                                    }
                                     Err(e) => {
                                         tracing::warn!("im.matrix: sync position not stored: {e}")
                                     }
@@ -726,8 +730,12 @@ impl App {
         let seen = AuthorWrite::put(SEEN_NS, &message_id, created_at.to_string().into_bytes())
             .map_err(|e| e.to_string())?;
         match handle.send_message_with(&channel, chat.clone(), vec![seen]).await {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                tracing::debug!(event = %message.event_id, "im.matrix: queued for xAgent");
+                Ok(())
+            }
             Err(e) if e.code() == ErrorCode::ConnectionNotAuthenticated => {
+                tracing::info!(event = %message.event_id, "im.matrix: held until the channel is signed in");
                 // Paired a moment ago: held until the sign-in completes.
                 let mut held = lock(&self.held);
                 let list = held.entry(room_id.clone()).or_default();

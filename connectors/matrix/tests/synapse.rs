@@ -307,6 +307,60 @@ async fn messages_posted_while_the_connector_was_down_arrive_once_after_the_rest
     server.stop().await;
 }
 
+/// The kill the chaos run found: the SDK took a batch (and stored its own sync position) but
+/// the process died before the Connector handed the batch over and stored its position. The
+/// homeserver answers the Connector's older position with that same batch; an SDK still
+/// holding the newer position would drop it as a repeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_the_sdk_took_before_a_kill_is_handed_over_after_the_restart() {
+    let synapse = TestSynapse::shared().await;
+    let bot = synapse.register("bot").await;
+    let fay = support::human(synapse, "fay").await;
+    let dir = temp_dir("sdk-ahead");
+    let server = Server::start(synapse, &bot, &dir).await;
+    let (plane, mut events) = connect(&server).await;
+    let (channel, room) = pair_room(&plane, &fay, &bot, "Kill room", false).await;
+    fay.say(&room, "before").await;
+    next_chat(&mut events).await;
+    let store = server.matrix.server().handle().author_store();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let position = store.get("matrix.sync", "next_batch").await.expect("read").expect("stored");
+    let position = String::from_utf8(position).expect("utf-8");
+    plane.close().await;
+    server.stop().await;
+
+    fay.say(&room, "taken by the SDK only").await;
+    // The dead run's last moments: its SDK synced the message from the Connector's position
+    // and kept the newer one; the Connector never saw the batch.
+    let credentials =
+        xagent_connector_matrix::Credentials::Password(Secret::new(bot.password.clone()));
+    let sdk = xagent_connector_matrix::bot::open(&synapse.url(), &bot.user_id, &credentials, &dir)
+        .await
+        .expect("the bot's store opens");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let settings = matrix_sdk::config::SyncSettings::default()
+            .token(position.clone())
+            .timeout(Duration::from_secs(5));
+        let response = sdk.sync_once(settings).await.expect("sync");
+        let events =
+            response.rooms.joined.get(room.room_id()).map_or(0, |r| r.timeline.events.len());
+        if events > 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the SDK never saw the message");
+    }
+    drop(sdk);
+
+    let server = Server::start(synapse, &bot, &dir).await;
+    let (plane, mut events) = connect(&server).await;
+    plane.open_channel(Some(&channel)).await.expect("the channel reopens");
+    let inbound = next_chat(&mut events).await;
+    assert!(inbound.text.expect("text").ends_with(": taken by the SDK only"));
+    plane.close().await;
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_homeserver_that_goes_away_shows_degraded_then_offline_and_recovers_by_itself() {
     let synapse = TestSynapse::dedicated().await.expect("a homeserver of its own");
