@@ -86,3 +86,31 @@ async fn l4_sigterm_shuts_the_connector_down_gracefully() {
     assert_eq!(status.code(), Some(0), "SIGTERM is a clean shutdown, not a kill: {status:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_process_on_a_state_directory_in_use_refuses_to_start_naming_the_first() {
+    let dir = temp_dir("lock");
+    let (first, url) = start(&dir).await;
+    let pid = first.id().expect("pid");
+    let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .env("XAGENT_CONNECTOR_API_KEY", API_KEY)
+        .env("RUST_LOG", "warn")
+        .args(["webchat", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.join("state"))
+        .output();
+    let second = tokio::time::timeout(std::time::Duration::from_secs(30), second)
+        .await
+        .expect("the second process ends by itself")
+        .expect("runs");
+    assert!(!second.status.success(), "the second process must not run beside the first");
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(said.contains(&format!("in use by process {pid}")), "{said}");
+    assert!(get(&url, "/health", API_KEY).await.contains(" 200"), "the first one is untouched");
+    // kill -9 leaves no stale lock: the directory is free for the next start.
+    drop(first);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (again, url) = start(&dir).await;
+    assert!(get(&url, "/health", API_KEY).await.contains(" 200"));
+    drop(again);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -135,6 +135,9 @@ pub enum ServerError {
     /// The configuration is unusable.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The state directory belongs to another running process.
+    #[error(transparent)]
+    StateLock(#[from] crate::state_lock::StateLockError),
 }
 
 /// Why a [`crate::ConnectorHandle`] call failed.

@@ -90,6 +90,7 @@
 //! | `listen` | the accept loop with its connection limits ([`ServeLimits`]; `admission`: per-address caps and rates, the data plane's reserved slots, eviction), the stop signal |
 //! | `lanes`, `ids`, `build_info` | per-key ordered task lanes; id minting (through `protocol-types`); build stamps |
 //! | `receiver`, `throttle` | for an author's receiver of target events: [`Backoff`], [`LinkHealth`] (failures to `degraded`/`offline`); [`EditThrottle`] (paced in-place edits of a streamed message) |
+//! | `state_lock` | [`StateDirLock`]: one process per state directory (an advisory lock naming the holder's pid) |
 //!
 //! Decisions where the protocol texts are silent (also in the item docs):
 //! - One runtime instance (`connector_id`) at a time. A hello with an unknown or expired
@@ -163,6 +164,7 @@ mod listen;
 mod receiver;
 mod server;
 mod state;
+mod state_lock;
 mod storage;
 mod throttle;
 mod tool_calls;
@@ -192,6 +194,7 @@ pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
     log_filter,
 };
+pub use state_lock::{LOCK_FILE, StateDirLock, StateLockError};
 pub use storage::author::{
     AuthorRecord, AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, MAX_AUTHOR_KEY_BYTES,
     MAX_AUTHOR_NAMESPACE_BYTES, MAX_AUTHOR_SCAN_LIMIT, MAX_AUTHOR_VALUE_BYTES,

@@ -26,6 +26,8 @@ pub struct ServerBuilder {
     api_key: Option<Secret>,
     files: Option<crate::files::FilesConfig>,
     state_dir: Option<std::path::PathBuf>,
+    /// This process's hold on `state_dir`, moved into the running server.
+    state_lock: Option<crate::state_lock::StateDirLock>,
     /// PostgreSQL to connect to in [`ServerBuilder::build`] (feature `postgres`).
     #[cfg(feature = "postgres")]
     database: Option<(xagent_storage_postgres::DatabaseUrl, crate::storage::PostgresOptions)>,
@@ -112,7 +114,12 @@ impl ServerBuilder {
     /// Uses `<dir>/connector.sqlite3` (WAL) as storage, and `<dir>/files` for the Transfer
     /// Plane. After [`ServerBuilder::database_url`] the directory holds only the files: the
     /// runtime's state stays in PostgreSQL.
+    ///
+    /// The directory belongs to this process from here on: a second process given the same
+    /// directory is refused ([`crate::StateLockError::InUse`], naming this one's pid).
     pub fn state_dir(mut self, dir: impl AsRef<std::path::Path>) -> Result<Self, ServerError> {
+        self.state_lock = None;
+        self.state_lock = Some(crate::state_lock::StateDirLock::acquire(dir.as_ref())?);
         if !self.uses_database() {
             self.storage = Some(Arc::new(SqliteStorage::open(&dir)?));
         }
@@ -291,6 +298,7 @@ impl ServerBuilder {
             files_upload_limit,
             cluster,
             broadcasts: tokio::sync::broadcast::channel(1024).0,
+            _state_lock: self.state_lock,
         });
         let restored: Vec<ChannelContext> = shared
             .state()
@@ -350,6 +358,7 @@ impl ConnectorServer {
             api_key: None,
             files: None,
             state_dir: None,
+            state_lock: None,
             #[cfg(feature = "postgres")]
             database: None,
             routes: Vec::new(),

@@ -249,6 +249,8 @@ pub(crate) struct Shared {
     pub(crate) cluster: Option<ClusterRuntime>,
     /// The author's broadcasts, as heard on this replica (its own and the others').
     pub(crate) broadcasts: tokio::sync::broadcast::Sender<crate::handle::Broadcast>,
+    /// Held while the runtime lives: its state directory is this process's.
+    pub(crate) _state_lock: Option<crate::state_lock::StateDirLock>,
 }
 
 impl Shared {
