@@ -25,7 +25,8 @@ pub struct ListenArgs {
     #[arg(long, value_name = "N", default_value_t = ServeLimits::default().reserved_data_plane_connections)]
     reserved_data_plane_connections: usize,
     /// A reverse proxy in front of this Connector (address or network, repeatable): exempt from
-    /// the per-address limits, and its X-Forwarded-For names the client. Default: none trusted.
+    /// the per-address limits, and its Forwarded / X-Forwarded-For names the client. Default: none
+    /// trusted.
     #[arg(long = "trusted-proxy", value_name = "ADDRESS[/PREFIX]", value_parser = parse_trusted_proxy)]
     trusted_proxies: Vec<IpNet>,
 }

@@ -60,7 +60,7 @@ pub struct ServeLimits {
     /// the rest, so a flood of visitors or half-open connections never starves xAgent.
     pub reserved_data_plane_connections: usize,
     /// Reverse proxies whose connections are exempt from the per-address limits and whose
-    /// `X-Forwarded-For` names the client for [`peer_ip`] (default none: nobody is trusted and
+    /// `Forwarded` (or `X-Forwarded-For`) names the client for [`peer_ip`] (default none: nobody is trusted and
     /// the header is ignored).
     pub trusted_proxies: Vec<IpNet>,
     /// How long shutdown waits for open connections to finish (10 s).
@@ -148,24 +148,52 @@ pub(crate) struct DataPlaneUpgrade;
 #[derive(Clone, Copy, Debug)]
 struct ForwardedClient(IpAddr);
 
-/// The client a trusted proxy forwarded for: `X-Forwarded-For` read from the right, skipping
-/// trusted proxies; the first other address is the client. `None` when the header is absent
-/// or a hop is not an address (the direct peer is used then).
+/// The client a trusted proxy forwarded for: the hops of `Forwarded` (RFC 7239, its `for=`
+/// parameters) or, without that header, of `X-Forwarded-For`, read from the right, skipping
+/// trusted proxies; the first other address is the client. `None` when neither header is
+/// there or a hop is not an address (`unknown`, an obfuscated name, garbage): the direct peer
+/// is used then.
 fn forwarded_client(headers: &hyper::HeaderMap, limits: &ServeLimits) -> Option<IpAddr> {
     let mut hops = Vec::new();
-    for value in headers.get_all("x-forwarded-for") {
-        let text = value.to_str().ok()?;
-        hops.extend(text.split(',').map(str::trim));
+    if headers.contains_key(hyper::header::FORWARDED) {
+        for value in headers.get_all(hyper::header::FORWARDED) {
+            for element in value.to_str().ok()?.split(',') {
+                let node = element.split(';').find_map(|pair| {
+                    let (name, value) = pair.trim().split_once('=')?;
+                    name.trim().eq_ignore_ascii_case("for").then(|| value.trim())
+                });
+                hops.push(node_address(node?)?);
+            }
+        }
+    } else {
+        for value in headers.get_all("x-forwarded-for") {
+            let text = value.to_str().ok()?;
+            for hop in text.split(',') {
+                hops.push(hop.trim().parse::<IpAddr>().ok()?);
+            }
+        }
     }
     let mut client = None;
     for hop in hops.iter().rev() {
-        let ip = canonical(hop.parse::<IpAddr>().ok()?);
+        let ip = canonical(*hop);
         client = Some(ip);
         if !limits.is_trusted_proxy(ip) {
             break;
         }
     }
     client
+}
+
+/// The address of an RFC 7239 node: `192.0.2.1`, `192.0.2.1:80`, `"[2001:db8::1]:4711"`;
+/// `None` for `unknown` and obfuscated identifiers.
+fn node_address(node: &str) -> Option<IpAddr> {
+    let node = node.trim_matches('"');
+    if let Some(rest) = node.strip_prefix('[') {
+        return rest.split_once(']')?.0.parse().ok();
+    }
+    node.parse()
+        .ok()
+        .or_else(|| node.rsplit_once(':')?.0.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4))
 }
 
 /// The answer to a request on a probation slot that is not a data-plane upgrade: the
@@ -638,6 +666,16 @@ mod tests {
         // A hop that is not an address: the direct peer counts.
         let garbage = "X-Forwarded-For: 203.0.113.9, not-an-ip\r\n";
         assert_eq!(client_of(trusted.clone(), garbage).await, "127.0.0.1");
+        // RFC 7239 `Forwarded` wins over `X-Forwarded-For`; ports and brackets are dropped.
+        let forwarded = "Forwarded: for=198.51.100.1, for=\"[2001:db8::7]:4711\";proto=https, for=10.1.1.1:80\r\nX-Forwarded-For: 203.0.113.9\r\n";
+        assert_eq!(client_of(trusted.clone(), forwarded).await, "2001:db8::7");
+        let hidden = "Forwarded: for=_hidden, for=10.1.1.1\r\n";
+        assert_eq!(client_of(trusted.clone(), hidden).await, "127.0.0.1", "no address: the peer");
+        assert_eq!(
+            client_of(ServeLimits::default(), "Forwarded: for=203.0.113.9\r\n").await,
+            "127.0.0.1",
+            "Forwarded from an untrusted peer is ignored too"
+        );
         assert_eq!(client_of(trusted, "").await, "127.0.0.1");
     }
 
