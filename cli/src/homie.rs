@@ -29,6 +29,9 @@ pub struct HomieArgs {
     /// Address to listen on (host:port).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
+    /// Settings from a TOML file (--config).
+    #[command(flatten)]
+    config: crate::config_file::ConfigArgs,
     /// The system API key xAgent must present. Prefer XAGENT_CONNECTOR_API_KEY or
     /// --api-key-file: a key given as --api-key is visible to every local user in `ps`.
     #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
@@ -159,6 +162,7 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
         );
     }
     init_logs("info,tower_http=warn");
+    args.config.announce();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return usage(format!("cannot start the async runtime: {error}")),

@@ -7,9 +7,10 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod check;
+mod config_file;
 mod conformance;
 mod database_args;
 mod demo;
@@ -108,7 +109,14 @@ pub(crate) fn tool_calls(tools: &[String], args: &[String]) -> Result<Vec<ToolCa
 
 fn main() -> ExitCode {
     database_args::warn_if_password_on_command_line();
-    let cli = Cli::parse();
+    let args = match config_file::expand(std::env::args_os().collect(), &Cli::command()) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("xagent-connector: {message}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let cli = Cli::parse_from(args);
     match cli.command {
         Command::Check(args) => check::run(args),
         Command::Conformance(args) => conformance::run_command(args),

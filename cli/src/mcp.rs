@@ -20,6 +20,9 @@ pub struct McpArgs {
     /// The Connector's Base URL.
     #[arg(long)]
     base_url: String,
+    /// Settings from a TOML file (--config).
+    #[command(flatten)]
+    config: crate::config_file::ConfigArgs,
     /// The system API key (prefer XAGENT_CONNECTOR_API_KEY: a command line is visible to
     /// other users of the machine).
     #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
@@ -83,6 +86,7 @@ fn default_state_dir(base_url: &str) -> PathBuf {
 /// Runs the bridge until the MCP client goes away (stdio), Ctrl-C or SIGTERM.
 pub fn run_command(args: McpArgs) -> ExitCode {
     crate::webchat::init_logs("info");
+    args.config.announce();
     let inputs = match crate::parse_inputs(&args.inputs) {
         Ok(inputs) => inputs,
         Err(message) => return crate::usage("mcp", message),

@@ -18,6 +18,9 @@ pub struct WebchatArgs {
     /// Address to listen on (host:port).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
+    /// Settings from a TOML file (--config).
+    #[command(flatten)]
+    config: crate::config_file::ConfigArgs,
     /// The system API key xAgent must present. Prefer the environment variable
     /// XAGENT_CONNECTOR_API_KEY or --api-key-file: a key given as --api-key is visible to every
     /// local user in the process list.
@@ -196,6 +199,7 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         Err(message) => return crate::usage("webchat", message),
     };
     init_logs("info,tower_http=warn");
+    args.config.announce();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {

@@ -114,3 +114,60 @@ async fn a_second_process_on_a_state_directory_in_use_refuses_to_start_naming_th
     drop(again);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Issue 26's "must show": the example configuration starts the Connector as it is (the API
+/// key from the environment), and a flag wins over the file.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_example_configuration_starts_webchat_and_a_flag_wins_over_the_file() {
+    let dir = temp_dir("config");
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/webchat.example.toml");
+    // The example's listen address is the default 127.0.0.1:8080; a flag moves it to a free
+    // port, and a file that names an unusable address loses to the flag the same way.
+    let spawn = |config: &std::path::Path| {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+            .current_dir(&dir)
+            .env("XAGENT_CONNECTOR_API_KEY", API_KEY)
+            .env("RUST_LOG", "info")
+            .arg("webchat")
+            .arg("--config")
+            .arg(config)
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starts");
+        let stdout = child.stdout.take().expect("stdout");
+        (child, BufReader::new(stdout).lines())
+    };
+    let (child, lines) = spawn(&example);
+    let url = support::webchat_addr(lines).await;
+    assert!(get(&url, "/health", API_KEY).await.contains(" 200"));
+    assert!(dir.join("webchat-state").is_dir(), "the example's relative state-dir, from the cwd");
+    drop(child);
+
+    let custom = dir.join("custom.toml");
+    std::fs::write(&custom, "listen = \"127.0.0.1:1\"\nstate-dir = \"custom-state\"\n").unwrap();
+    let (child, lines) = spawn(&custom);
+    let url = support::webchat_addr(lines).await;
+    assert!(get(&url, "/health", API_KEY).await.contains(" 200"), "--listen won over the file");
+    assert!(dir.join("custom-state").is_dir());
+    drop(child);
+
+    let broken = dir.join("broken.toml");
+    std::fs::write(&broken, "state-dir = \"x\"\nmax-upload-bytes = \"lots\"\n").unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .current_dir(&dir)
+        .env("XAGENT_CONNECTOR_API_KEY", API_KEY)
+        .arg("webchat")
+        .arg("--config")
+        .arg(&broken)
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("broken.toml") && said.contains("key `max-upload-bytes`"), "{said}");
+    let _ = std::fs::remove_dir_all(dir);
+}
