@@ -16,7 +16,7 @@ use xagent_connector_homie::pairing::PairingCodes;
 use xagent_connector_homie::{Homie, HomieOptions};
 use xagent_protocol_types::Secret;
 
-use crate::webchat::{bind, init_logs};
+use crate::webchat::bind;
 
 /// The variable holding the broker password.
 pub(crate) const MQTT_PASSWORD_ENV: &str = "XAGENT_HOMIE_MQTT_PASSWORD";
@@ -32,6 +32,9 @@ pub struct HomieArgs {
     /// Settings from a TOML file (--config).
     #[command(flatten)]
     config: crate::config_file::ConfigArgs,
+    /// The log format (--log-format).
+    #[command(flatten)]
+    log: crate::config_file::LogArgs,
     /// The system API key xAgent must present. Prefer XAGENT_CONNECTOR_API_KEY or
     /// --api-key-file: a key given as --api-key is visible to every local user in `ps`.
     #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
@@ -161,7 +164,7 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
             "xagent-connector homie: no pairing codes given; nobody can bind a device until you add --pairing-file or {PAIRING_CODES_ENV}"
         );
     }
-    init_logs("info,tower_http=warn");
+    args.log.init("info,tower_http=warn");
     args.config.announce();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,

@@ -14,7 +14,7 @@ use clap::Args;
 use xagent_connector_matrix::{Credentials, Matrix, MatrixOptions};
 use xagent_protocol_types::Secret;
 
-use crate::webchat::{bind, init_logs};
+use crate::webchat::bind;
 
 /// The variable holding the bot's password.
 pub(crate) const PASSWORD_ENV: &str = "XAGENT_MATRIX_PASSWORD";
@@ -30,6 +30,9 @@ pub struct MatrixArgs {
     /// Settings from a TOML file (--config).
     #[command(flatten)]
     config: crate::config_file::ConfigArgs,
+    /// The log format (--log-format).
+    #[command(flatten)]
+    log: crate::config_file::LogArgs,
     /// The system API key xAgent must present. Prefer XAGENT_CONNECTOR_API_KEY or
     /// --api-key-file: a key given as --api-key is visible to every local user in `ps`.
     #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
@@ -112,7 +115,7 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
         return usage("--homeserver must be an http:// or https:// URL");
     }
     // The SDK warns on every room key it cannot back up (the bot keeps no key backup).
-    init_logs(
+    args.log.init(
         "info,tower_http=warn,matrix_sdk=warn,matrix_sdk_crypto=warn,matrix_sdk_base=warn,matrix_sdk_crypto::backups=error",
     );
     args.config.announce();

@@ -23,6 +23,9 @@ pub struct McpArgs {
     /// Settings from a TOML file (--config).
     #[command(flatten)]
     config: crate::config_file::ConfigArgs,
+    /// The log format (--log-format).
+    #[command(flatten)]
+    log: crate::config_file::LogArgs,
     /// The system API key (prefer XAGENT_CONNECTOR_API_KEY: a command line is visible to
     /// other users of the machine).
     #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
@@ -85,7 +88,7 @@ fn default_state_dir(base_url: &str) -> PathBuf {
 
 /// Runs the bridge until the MCP client goes away (stdio), Ctrl-C or SIGTERM.
 pub fn run_command(args: McpArgs) -> ExitCode {
-    crate::webchat::init_logs("info");
+    args.log.init("info");
     args.config.announce();
     let inputs = match crate::parse_inputs(&args.inputs) {
         Ok(inputs) => inputs,

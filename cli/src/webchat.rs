@@ -21,6 +21,9 @@ pub struct WebchatArgs {
     /// Settings from a TOML file (--config).
     #[command(flatten)]
     config: crate::config_file::ConfigArgs,
+    /// The log format (--log-format).
+    #[command(flatten)]
+    log: crate::config_file::LogArgs,
     /// The system API key xAgent must present. Prefer the environment variable
     /// XAGENT_CONNECTOR_API_KEY or --api-key-file: a key given as --api-key is visible to every
     /// local user in the process list.
@@ -172,15 +175,10 @@ pub(crate) async fn bind(listen: &str) -> std::io::Result<(tokio::net::TcpListen
     Ok((listener, format!("http://{host}:{}", address.port())))
 }
 
-/// Logs to stderr; `RUST_LOG` overrides the default level.
+/// Logs text to stderr (colour codes only at a terminal); `RUST_LOG` overrides the default
+/// level.
 pub(crate) fn init_logs(default: &str) {
-    let filter = xagent_server_runtime::log_filter(default);
-    // Colour codes only for a person at a terminal: a log file or journald gets plain text.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    xagent_server_runtime::init_logging(default, xagent_server_runtime::LogFormat::Text);
 }
 
 /// The API key from `--api-key-file`, else from the variable or `--api-key`.
@@ -198,7 +196,7 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         Ok(limits) => limits,
         Err(message) => return crate::usage("webchat", message),
     };
-    init_logs("info,tower_http=warn");
+    args.log.init("info,tower_http=warn");
     args.config.announce();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,

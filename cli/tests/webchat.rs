@@ -171,3 +171,60 @@ async fn the_example_configuration_starts_webchat_and_a_flag_wins_over_the_file(
     assert!(said.contains("broken.toml") && said.contains("key `max-upload-bytes`"), "{said}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--log-format json`: every stderr line is one JSON object, the lines of a packet's handling
+/// name its type, request_id and channel, and the API key is in none of them (the secret scan
+/// in the JSON format, at `debug`, over a whole conformance run).
+#[tokio::test(flavor = "multi_thread")]
+async fn json_logs_are_one_object_a_line_name_the_packet_and_hold_no_secret() {
+    let dir = temp_dir("json-logs");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .env("XAGENT_CONNECTOR_API_KEY", API_KEY)
+        .env("RUST_LOG", "debug")
+        .args(["webchat", "--log-format", "json", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir.join("state"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starts");
+    let stdout = child.stdout.take().expect("stdout");
+    // Read while it runs: a full pipe would stall the Connector.
+    let mut stderr = child.stderr.take().expect("stderr");
+    let reader = tokio::spawn(async move {
+        let mut logs = String::new();
+        let _ = stderr.read_to_string(&mut logs).await;
+        logs
+    });
+    let url = support::webchat_addr(BufReader::new(stdout).lines()).await;
+    let conformance = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+        .env("XAGENT_CONNECTOR_API_KEY", API_KEY)
+        .args(["conformance", "--base-url", &format!("http://{url}")])
+        .output()
+        .await
+        .expect("conformance runs");
+    assert!(
+        conformance.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&conformance.stdout),
+        String::from_utf8_lossy(&conformance.stderr)
+    );
+    #[cfg(unix)]
+    terminate(&mut child).await;
+    #[cfg(not(unix))]
+    let _ = child.kill().await;
+    let logs = reader.await.expect("the reader");
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert!(lines.len() > 20, "{logs}");
+    let packet = lines
+        .iter()
+        .find(|l| l["span"]["name"] == "packet" && l["span"]["connector_channel_id"].is_string())
+        .unwrap_or_else(|| panic!("no line inside a channel packet's span: {logs}"));
+    assert!(packet["span"]["packet_type"].is_string() && packet["span"]["request_id"].is_string());
+    assert!(lines.iter().all(|l| l["level"].is_string() && l["timestamp"].is_string()));
+    assert!(!logs.contains(API_KEY), "the API key is in a log line");
+    let _ = std::fs::remove_dir_all(dir);
+}

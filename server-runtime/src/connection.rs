@@ -259,6 +259,12 @@ impl Conn {
     }
 
     async fn dispatch(&mut self, packet: Packet, accepted: Accepted) {
+        let span = crate::logging::packet_span(&packet);
+        tracing::Instrument::instrument(self.dispatch_in_span(packet, accepted), span).await
+    }
+
+    /// [`Conn::dispatch`] inside the packet's span (the request handlers it spawns keep it).
+    async fn dispatch_in_span(&mut self, packet: Packet, accepted: Accepted) {
         match (&packet.body, accepted) {
             (
                 PacketBody::ConnectorHello(_),
@@ -279,20 +285,20 @@ impl Conn {
             ) => {
                 let conn = self.task_view();
                 let place = Arc::clone(&self.in_flight).acquire_owned().await;
-                self.tasks.spawn(async move {
+                self.tasks.spawn(tracing::Instrument::in_current_span(async move {
                     conn.on_auth(packet).await;
                     drop(place);
-                });
+                }));
             }
             (PacketBody::ToolInvoke(_), _) => {
                 let conn = self.task_view();
                 let place = Arc::clone(&self.in_flight).acquire_owned().await;
                 // Boxed: the task's future moves a pointer, not the whole packet.
                 let packet = Box::new(packet);
-                let mut call = Box::pin(async move {
+                let mut call = Box::pin(tracing::Instrument::in_current_span(async move {
                     conn.on_tool_invoke(packet).await;
                     drop(place);
-                });
+                }));
                 // Polled once here first: a call that needs no waiting (a read-only Tool whose
                 // handler answers at once, a refused or replayed call) is answered on the
                 // reader without a task spawned and handed to another worker. Only a call that

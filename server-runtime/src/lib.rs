@@ -90,6 +90,7 @@
 //! | `listen` | the accept loop with its connection limits ([`ServeLimits`]; `admission`: per-address caps and rates, the data plane's reserved slots, eviction), the stop signal |
 //! | `lanes`, `ids`, `build_info` | per-key ordered task lanes; id minting (through `protocol-types`); build stamps |
 //! | `receiver`, `throttle` | for an author's receiver of target events: [`Backoff`], [`LinkHealth`] (failures to `degraded`/`offline`); [`EditThrottle`] (paced in-place edits of a streamed message) |
+//! | `logging` | [`LogFormat`], [`init_logging`], [`log_filter`]: text or JSON lines, the packet span each inbound packet is handled in |
 //! | `state_lock` | [`StateDirLock`]: one process per state directory (an advisory lock naming the holder's pid) |
 //!
 //! Decisions where the protocol texts are silent (also in the item docs):
@@ -161,6 +162,7 @@ mod im;
 mod judge;
 mod lanes;
 mod listen;
+mod logging;
 mod receiver;
 mod server;
 mod state;
@@ -189,10 +191,10 @@ pub use handle::{Broadcast, ConnectorHandle, StartFn, StopFn};
 pub use http::{READY, error_response};
 pub use judge::InboundJudge;
 pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
+pub use logging::{ENV_LOG_FORMAT, LogFormat, init_logging, log_filter, log_layer};
 pub use receiver::{Backoff, LinkHealth, MAX_RETRY_AFTER};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
-    log_filter,
 };
 pub use state_lock::{LOCK_FILE, StateDirLock, StateLockError};
 pub use storage::author::{

@@ -369,14 +369,17 @@ impl ConnectorServer {
     /// Serves `connector` as configured by the environment until Ctrl-C or SIGTERM: listens on
     /// `XAGENT_CONNECTOR_LISTEN` (default `127.0.0.1:8080`), requires
     /// `XAGENT_CONNECTOR_API_KEY` when set, keeps state in `XAGENT_CONNECTOR_STATE_DIR` when
-    /// set, and logs to stderr filtered by `RUST_LOG` (default `info`). Prints
+    /// set, and logs to stderr filtered by `RUST_LOG` (default `info`), as text or, with
+    /// `XAGENT_CONNECTOR_LOG_FORMAT=json`, one JSON object a line. Prints
     /// `<card id> listening on http://<address>` on stdout once it accepts connections.
     pub async fn serve_from_env(connector: Connector) -> Result<(), ServerError> {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(log_filter("info"))
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init();
+        let format = match std::env::var(crate::logging::ENV_LOG_FORMAT) {
+            Ok(text) => text.parse().map_err(|e: String| {
+                ServerError::Config(format!("{}: {e}", crate::logging::ENV_LOG_FORMAT))
+            })?,
+            Err(_) => crate::LogFormat::Text,
+        };
+        crate::logging::init_logging("info", format);
         let server = Self::builder(connector).from_env()?.build().await?;
         let listen = std::env::var(ENV_LISTEN).unwrap_or_else(|_| DEFAULT_LISTEN.to_owned());
         let listener = tokio::net::TcpListener::bind(&listen).await?;
@@ -532,26 +535,5 @@ impl ConnectorServer {
         let shared = Arc::clone(&self.shared);
         let task = self.shared.tasks.spawn(crate::connection::run(shared, stream, sink));
         let _ = task.await;
-    }
-}
-
-/// The log filter of every binary: `RUST_LOG` when set, else `default`, with the database
-/// driver held at `info` whatever is asked (tokio-postgres logs statement parameters, which
-/// hold bindings' private material, at `debug`).
-pub fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    match "tokio_postgres=info".parse() {
-        Ok(cap) => filter.add_directive(cap),
-        Err(_) => filter,
-    }
-}
-
-#[cfg(test)]
-mod log_filter_tests {
-    #[test]
-    fn the_database_driver_never_logs_below_info() {
-        let filter = super::log_filter("debug").to_string();
-        assert!(filter.contains("tokio_postgres=info"), "{filter}");
     }
 }

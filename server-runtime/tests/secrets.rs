@@ -31,11 +31,21 @@ impl Write for Capture {
 async fn rule_no_secret_in_logs_card_skill_descriptors_acks_or_payloads() {
     let capture = Capture::default();
     let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    // Both formats a Connector logs in (text and JSON lines), at every level, into one capture.
+    use tracing_subscriber::layer::SubscriberExt;
+    let json_writer = capture.clone();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::filter::LevelFilter::TRACE)
+        .with(xagent_server_runtime::log_layer(
+            xagent_server_runtime::LogFormat::Text,
+            move || writer.clone(),
+            false,
+        ))
+        .with(xagent_server_runtime::log_layer(
+            xagent_server_runtime::LogFormat::Json,
+            move || json_writer.clone(),
+            false,
+        ));
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let h = support::start_default().await;
@@ -119,6 +129,10 @@ async fn rule_no_secret_in_logs_card_skill_descriptors_acks_or_payloads() {
 
     let logs = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
     assert!(logs.lines().count() > 10, "the lifecycle logged: {logs}");
+    assert!(
+        logs.lines().any(|l| l.starts_with('{') && l.contains("\"packet_type\"")),
+        "the JSON lines were scanned too: {logs}"
+    );
     assert!(produced.len() > 12);
     for secret in [support::API_KEY, TARGET_TOKEN] {
         let log_hits = logs.lines().filter(|line| line.contains(secret)).count();
