@@ -1,0 +1,3 @@
+module xagent.example/xagentvalidate
+
+go 1.19
