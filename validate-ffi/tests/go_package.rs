@@ -173,12 +173,18 @@ fn go_package_passes_go_vet_and_go_test_against_this_cdylib() {
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         println!("$ go {}\n{stdout}{stderr}", args.join(" "));
-        assert!(output.status.success(), "go {} failed:\n{stdout}\n{stderr}", args.join(" "));
-        stdout
+        (
+            output.status.success(),
+            format!("go {} failed:\n{stdout}\n{stderr}", args.join(" ")),
+            stdout,
+        )
     };
-    run(&["vet", "./..."]);
-    let stdout = run(&["test", "-count=1", "-v", "./..."]);
+    let vet = run(&["vet", "./..."]);
+    let test = run(&["test", "-count=1", "-v", "./..."]);
     let _ = std::fs::remove_dir_all(&work);
+    assert!(vet.0, "{}", vet.1);
+    assert!(test.0, "{}", test.1);
+    let stdout = test.2;
     for expected in ["--- PASS: TestGoldens ", "--- PASS: ExampleValidateCard ", "ok  \t"] {
         assert!(stdout.contains(expected), "`{expected}` not in the go test output");
     }
