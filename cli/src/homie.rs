@@ -188,6 +188,9 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        if let Err(message) = args.listener.start_metrics(homie.server()).await {
+            return crate::usage("homie", message);
+        }
         println!("device.homie listening on {local_url} (Base URL for xAgent; broker {mqtt})");
         match homie.serve(listener, xagent_server_runtime::stop_signal()).await {
             Ok(()) => ExitCode::SUCCESS,

@@ -29,9 +29,37 @@ pub struct ListenArgs {
     /// trusted.
     #[arg(long = "trusted-proxy", value_name = "ADDRESS[/PREFIX]", value_parser = parse_trusted_proxy)]
     trusted_proxies: Vec<IpNet>,
+    /// Serve /metrics (Prometheus text format) and /readyz on this address (host:port), apart
+    /// from the Connector's listener. Default: off. Nothing guards it: bind it where only the
+    /// monitoring reaches (127.0.0.1 or a private network).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 impl ListenArgs {
+    /// Starts `server`'s metrics listener when `--metrics-listen` was given, and prints
+    /// `metrics listening on http://ADDR/metrics`.
+    pub async fn start_metrics(
+        &self,
+        server: &xagent_server_runtime::ConnectorServer,
+    ) -> Result<(), String> {
+        let Some(addr) = &self.metrics_listen else { return Ok(()) };
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr} for --metrics-listen: {e}"))?;
+        let local = listener.local_addr().map_err(|e| format!("--metrics-listen: {e}"))?;
+        println!("metrics listening on http://{local}/metrics");
+        let server = server.clone();
+        tokio::spawn(async move {
+            if let Err(error) =
+                server.serve_metrics(listener, xagent_server_runtime::stop_signal()).await
+            {
+                tracing::error!(%error, "the metrics listener stopped");
+            }
+        });
+        Ok(())
+    }
+
     /// The limits these flags describe (the runtime's defaults for the rest).
     pub fn limits(&self) -> Result<ServeLimits, String> {
         if self.max_connections == 0 || self.max_connections_per_address == 0 {

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+mod backup;
 mod check;
 mod config_file;
 mod conformance;
@@ -53,6 +54,8 @@ enum Command {
     Mcp(mcp::McpArgs),
     /// Move a SQLite state directory into an empty PostgreSQL database (--database-url).
     MigrateState(migrate_state::MigrateStateArgs),
+    /// Back up a state directory into one archive, safely while its Connector runs.
+    Backup(backup::BackupArgs),
 }
 
 /// Exit status for usage and I/O errors.
@@ -127,5 +130,6 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run_command(args),
         Command::Mcp(args) => mcp::run_command(args),
         Command::MigrateState(args) => migrate_state::run_command(args),
+        Command::Backup(args) => backup::run_command(args),
     }
 }

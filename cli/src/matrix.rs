@@ -145,6 +145,9 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        if let Err(message) = args.listener.start_metrics(matrix.server()).await {
+            return usage(message);
+        }
         println!(
             "im.matrix listening on {local_url} (Base URL for xAgent; bot {} on {})",
             args.user, args.homeserver

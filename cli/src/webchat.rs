@@ -229,6 +229,9 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        if let Err(message) = args.listener.start_metrics(webchat.server()).await {
+            return crate::usage("webchat", message);
+        }
         println!("im.webchat listening on {local_url} (Base URL for xAgent; chat page at {public_url}/chat/)");
         let stop = xagent_server_runtime::stop_signal();
         match webchat.serve(listener, stop).await {

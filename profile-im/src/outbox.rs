@@ -394,6 +394,8 @@ pub enum OutboxEvent {
         by: DeliveredBy,
         /// Transmissions it took.
         attempts: u32,
+        /// Milliseconds from taking responsibility for the message to its delivery.
+        after_ms: u64,
     },
     /// Rejected without retry (terminal failure).
     Failed {
@@ -1017,6 +1019,7 @@ impl<S: OutboxStore> Outbox<S> {
                 OutboxWrite::Delete(channel.clone(), message_id.clone()),
             )?;
             let attempts = entry.rec.attempts;
+            let after_ms = now.saturating_sub(entry.rec.first_responsibility_at);
             ch.queue.remove(index);
             self.dirty.insert(channel.clone());
             count(&mut ch.counters, &mut self.totals, |c| c.delivered += 1);
@@ -1025,6 +1028,7 @@ impl<S: OutboxStore> Outbox<S> {
                 message_id: message_id.clone(),
                 by: DeliveredBy::Written,
                 attempts,
+                after_ms,
             });
             return Ok(SentOutcome::DeliveredByWrite);
         }
@@ -1102,6 +1106,7 @@ impl<S: OutboxStore> Outbox<S> {
         let current =
             matches!(&entry.state, State::InFlight { packet_id: Some(p), .. } if p == reply_to);
         let attempts = entry.rec.attempts;
+        let after_ms = now.saturating_sub(entry.rec.first_responsibility_at);
         match &ack.status {
             AckStatus::Accepted | AckStatus::Duplicate => {
                 persist(
@@ -1124,6 +1129,7 @@ impl<S: OutboxStore> Outbox<S> {
                     message_id: ack.message_id.clone(),
                     by,
                     attempts,
+                    after_ms,
                 });
                 Ok(AckOutcome::Delivered { status: ack.status.clone() })
             }

@@ -185,6 +185,7 @@ impl Conn {
     /// future every request task awaits here stays small.
     pub(crate) fn send(&self, packet: Packet) -> impl Future<Output = ()> + Send + '_ {
         let packet = packet.time(self.shared.now());
+        crate::metrics::metrics().sent(&packet);
         let waiting = match self.tx.try_reserve() {
             Ok(place) => {
                 place.send(Outgoing::Packet(packet));
@@ -213,7 +214,10 @@ impl Conn {
     /// One text frame within the size limit (the driver closed on a larger one).
     async fn on_text(&mut self, text: String) -> Flow {
         let packet = match Packet::decode_str(&text) {
-            Ok(packet) => packet,
+            Ok(packet) => {
+                crate::metrics::metrics().received(&packet);
+                packet
+            }
             Err(error) => {
                 let rejection = Rejection::from_decode(&error);
                 self.send(rejection.error_packet_for(ids::packet_id(), &error.ids)).await;

@@ -203,6 +203,14 @@ impl ConnectorHandle {
         self.0.binding(channel)
     }
 
+    /// A gauge of this Connector's own on the metrics listener (`xagent_connector_<name>`,
+    /// e.g. `webchat_rooms`, `homie_devices_online`): registered on first use, the same gauge
+    /// for the same name. `None` when `name` is not lower-case letters and `_`, or beyond 64
+    /// such gauges. Never put a channel id, an address or anything secret in a name.
+    pub fn gauge(&self, name: &str, help: &str) -> Option<crate::AuthorGauge> {
+        crate::metrics::author_gauge(name, help)
+    }
+
     /// The channel's current Descriptor.
     pub fn descriptor(&self, channel: &ConnectorChannelId) -> Option<ConnectionDescriptor> {
         self.0.descriptor(channel)

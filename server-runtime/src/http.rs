@@ -111,6 +111,78 @@ async fn skill(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
+/// The metrics listener's paths: the Prometheus exposition and readiness.
+pub const METRICS_PATH: &str = "/metrics";
+/// Readiness on the metrics listener: storage usable and the listener accepting.
+pub const READYZ_PATH: &str = "/readyz";
+
+impl ConnectorServer {
+    /// The router of the metrics listener: `GET /metrics` (every series of the runtime, in the
+    /// Prometheus text format; the Connector's gauges read at each scrape) and `GET /readyz`
+    /// (`200` only while the storage answers and the main listener accepts connections). It
+    /// has no API key: serve it on an address only the monitoring reaches (`--metrics-listen`).
+    pub fn metrics_router(&self) -> Router {
+        Router::new()
+            .route(METRICS_PATH, get(metrics))
+            .route(READYZ_PATH, get(readyz))
+            .with_state(Arc::clone(&self.shared))
+    }
+
+    /// Serves [`ConnectorServer::metrics_router`] on `listener` until `shutdown` completes.
+    pub async fn serve_metrics(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), crate::ServerError> {
+        crate::listen::serve(
+            listener,
+            self.metrics_router(),
+            crate::ServeLimits::default(),
+            shutdown,
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let m = crate::metrics::metrics();
+    let (sockets, statuses, channels) = {
+        let state = shared.state();
+        let mut statuses: std::collections::BTreeMap<String, i64> =
+            std::collections::BTreeMap::new();
+        for channel in state.channels.values() {
+            *statuses.entry(channel.record.status.as_str().to_owned()).or_default() += 1;
+        }
+        let channels: Vec<_> = state.channels.keys().cloned().collect();
+        (state.live_sockets.len(), statuses, channels)
+    };
+    m.connections.set(i64::try_from(sockets).unwrap_or(i64::MAX));
+    m.channels.clear();
+    for (status, count) in statuses {
+        m.channels.get_or_create(&crate::metrics::status_labels(status)).set(count);
+    }
+    let depth: usize =
+        shared.im.as_ref().map_or(0, |im| channels.iter().map(|c| im.pending(c).len()).sum());
+    m.outbox_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
+    ([(header::CONTENT_TYPE, crate::metrics::METRICS_CONTENT_TYPE)], m.encode()).into_response()
+}
+
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    let accepting = shared.accepting.load(std::sync::atomic::Ordering::SeqCst);
+    let storage = shared.ready().await;
+    let reason = match (&storage, accepting) {
+        (Ok(()), true) => return axum::Json(serde_json::json!({ "ready": true })).into_response(),
+        (Err(error), _) => {
+            tracing::warn!(%error, "not ready: the storage does not answer");
+            "the storage does not answer"
+        }
+        (Ok(()), false) => "the listener is not accepting connections (starting or draining)",
+    };
+    let body = serde_json::json!({ "ready": false, "reason": reason });
+    (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+}
+
 /// The readiness endpoint of a replica, for load balancers (not part of the protocol, so
 /// outside the system API key: it tells nothing but whether this process can serve).
 pub const READY: &str = "/ready";

@@ -568,7 +568,8 @@ impl ImState {
     fn publish(&self, events: Vec<OutboxEvent>) {
         for event in events {
             match &event {
-                OutboxEvent::Delivered { channel, message_id, .. } => {
+                OutboxEvent::Delivered { channel, message_id, after_ms, .. } => {
+                    crate::metrics::metrics().delivered(*after_ms);
                     tracing::debug!(%channel, %message_id, "message delivered to xAgent");
                 }
                 other => tracing::info!(event = ?other, "outbox event"),

@@ -91,6 +91,7 @@
 //! | `lanes`, `ids`, `build_info` | per-key ordered task lanes; id minting (through `protocol-types`); build stamps |
 //! | `receiver`, `throttle` | for an author's receiver of target events: [`Backoff`], [`LinkHealth`] (failures to `degraded`/`offline`); [`EditThrottle`] (paced in-place edits of a streamed message) |
 //! | `logging` | [`LogFormat`], [`init_logging`], [`log_filter`]: text or JSON lines, the packet span each inbound packet is handled in |
+//! | `metrics` | the Prometheus series (process-wide counters and histograms, bounded labels only), [`AuthorGauge`] |
 //! | `state_lock` | [`StateDirLock`]: one process per state directory (an advisory lock naming the holder's pid) |
 //!
 //! Decisions where the protocol texts are silent (also in the item docs):
@@ -163,6 +164,7 @@ mod judge;
 mod lanes;
 mod listen;
 mod logging;
+mod metrics;
 mod receiver;
 mod server;
 mod state;
@@ -188,10 +190,11 @@ pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
 pub use handle::{Broadcast, ConnectorHandle, StartFn, StopFn};
-pub use http::{READY, error_response};
+pub use http::{METRICS_PATH, READY, READYZ_PATH, error_response};
 pub use judge::InboundJudge;
 pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
 pub use logging::{ENV_LOG_FORMAT, LogFormat, init_logging, log_filter, log_layer};
+pub use metrics::{AuthorGauge, METRICS_CONTENT_TYPE};
 pub use receiver::{Backoff, LinkHealth, MAX_RETRY_AFTER};
 pub use server::{
     ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,

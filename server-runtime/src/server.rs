@@ -299,6 +299,7 @@ impl ServerBuilder {
             cluster,
             broadcasts: tokio::sync::broadcast::channel(1024).0,
             _state_lock: self.state_lock,
+            accepting: std::sync::atomic::AtomicBool::new(false),
         });
         let restored: Vec<ChannelContext> = shared
             .state()
@@ -496,10 +497,21 @@ impl ConnectorServer {
             server_token.cancel();
         });
         let graceful = token.clone();
-        crate::listen::serve(listener, router, self.shared.config.listener.clone(), async move {
-            graceful.cancelled().await
-        })
-        .await?;
+        let accepting = Arc::clone(&self.shared);
+        accepting.accepting.store(true, std::sync::atomic::Ordering::SeqCst);
+        let served = crate::listen::serve(
+            listener,
+            router,
+            self.shared.config.listener.clone(),
+            async move {
+                graceful.cancelled().await;
+                // Draining from here on: `/readyz` says so, so the balancer stops sending.
+                accepting.accepting.store(false, std::sync::atomic::Ordering::SeqCst);
+            },
+        )
+        .await;
+        self.shared.accepting.store(false, std::sync::atomic::Ordering::SeqCst);
+        served?;
         maintenance.abort();
         if let Some(timers) = outbox_timers {
             timers.abort();

@@ -333,6 +333,9 @@ async fn snapshot(app: App, ctx: ToolContext, args: SnapshotArgs) -> Result<Valu
     Ok(media.to_value())
 }
 
+/// Devices counted online at most (the broker decides how many announce themselves).
+const MAX_COUNTED_DEVICES: usize = 100_000;
+
 /// Follows the broker link's availability events and reports them for every channel bound
 /// to the device.
 async fn follow(
@@ -341,6 +344,9 @@ async fn follow(
     shutdown: xagent_server_runtime::CancellationToken,
 ) {
     let mut events = app.link.subscribe();
+    // Devices whose last availability was online, for the `homie_devices_online` gauge.
+    let gauge = handle.gauge("homie_devices_online", "Devices on the broker whose $state is ready");
+    let mut online: std::collections::HashSet<String> = std::collections::HashSet::new();
     loop {
         let event = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -351,6 +357,18 @@ async fn follow(
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
+        match event.availability {
+            Availability::Online if online.len() < MAX_COUNTED_DEVICES => {
+                online.insert(event.device.clone());
+            }
+            Availability::Online => {}
+            _ => {
+                online.remove(&event.device);
+            }
+        }
+        if let Some(gauge) = &gauge {
+            gauge.set(i64::try_from(online.len()).unwrap_or(i64::MAX));
+        }
         let status = match event.availability {
             Availability::Online => DeviceStatus::Online,
             Availability::Offline(_) => DeviceStatus::Offline,

@@ -97,6 +97,8 @@ struct StreamCounts {
     addresses: HashMap<IpAddr, usize>,
     /// The sessions with open streams (F4): ending one cancels every stream it holds.
     sessions: HashMap<String, LiveSession>,
+    /// Where the counts are shown (the metrics listener).
+    gauges: HubGauges,
 }
 
 /// A visitor session with open streams: its room and the signal that ends them.
@@ -194,6 +196,8 @@ impl Drop for StreamGuard {
             decrement(&mut counts.addresses, address);
         }
         counts.release_session(&self.token);
+        let gauges = counts.gauges.clone();
+        gauges.show(&counts);
     }
 }
 
@@ -202,6 +206,26 @@ impl Drop for StreamGuard {
 pub struct Hub {
     rooms: Mutex<HashMap<String, RoomLive>>,
     streams: Arc<Mutex<StreamCounts>>,
+}
+
+/// The metrics of the open streams: visitors' event streams and the rooms they are in.
+#[derive(Debug, Clone, Default)]
+pub struct HubGauges {
+    /// Open event streams (chat pages with live events).
+    pub streams: Option<xagent_server_runtime::AuthorGauge>,
+    /// Rooms with at least one open stream.
+    pub rooms: Option<xagent_server_runtime::AuthorGauge>,
+}
+
+impl HubGauges {
+    fn show(&self, counts: &StreamCounts) {
+        if let Some(gauge) = &self.streams {
+            gauge.set(i64::try_from(counts.total).unwrap_or(i64::MAX));
+        }
+        if let Some(gauge) = &self.rooms {
+            gauge.set(i64::try_from(counts.rooms.len()).unwrap_or(i64::MAX));
+        }
+    }
 }
 
 impl Hub {
@@ -237,6 +261,8 @@ impl Hub {
             *counts.addresses.entry(address).or_default() += 1;
         }
         let ended = counts.session_signal(room, token_key);
+        let gauges = counts.gauges.clone();
+        gauges.show(&counts);
         Ok(StreamGuard {
             counts: Arc::clone(&self.streams),
             room: room.to_owned(),
@@ -244,6 +270,13 @@ impl Hub {
             address,
             ended,
         })
+    }
+
+    /// Shows the stream counts on these gauges from now on.
+    pub fn set_gauges(&self, gauges: HubGauges) {
+        let mut counts = self.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        gauges.show(&counts);
+        counts.gauges = gauges;
     }
 
     /// The visitor session `token_key` ended: every stream it holds ends now (F4).

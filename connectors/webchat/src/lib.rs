@@ -291,6 +291,13 @@ impl Webchat {
         let _ = app.pairings.set(pairing::Pairings::new(authors.clone()));
         let _ = app.messages.set(messages::Messages::with_hints(authors, &app.origin));
         let _ = app.handle.set(server.handle());
+        let handle = server.handle();
+        app.hub.set_gauges(hub::HubGauges {
+            streams: handle
+                .gauge("webchat_visitor_streams", "Visitors' open event streams (chat pages live)"),
+            rooms: handle
+                .gauge("webchat_rooms_live", "Rooms with at least one open visitor stream"),
+        });
         Ok(Self { server, app })
     }
 

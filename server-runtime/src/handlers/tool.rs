@@ -42,6 +42,7 @@ impl Conn {
         let PacketBody::ToolInvoke(invoke) = &mut packet.body else { return };
         let arguments = std::mem::take(&mut invoke.arguments);
         let tool_id = invoke.tool_id.clone();
+        let begun = std::time::Instant::now();
         let started = match self.admit_tool(&packet, &tool_id, arguments) {
             Ok(admitted) => self.start_tool(&packet, &tool_id, admitted),
             Err(refused) => Started::Answer(Err(refused)),
@@ -51,6 +52,14 @@ impl Conn {
             Started::Wait(rx) => wait_for_first(rx).await,
             Started::Run(run) => self.finish_tool(run).await,
         };
+        // The Tool label is one of the Card's ids, so a caller cannot mint series.
+        let tool_label = if self.shared.def.card.tools.iter().any(|t| t.tool_id == tool_id) {
+            tool_id.as_str()
+        } else {
+            "unknown"
+        };
+        let counted = outcome.as_ref().map(|_| ()).map_err(|(code, _)| code);
+        crate::metrics::metrics().tool_call(tool_label, counted, begun.elapsed());
         let ack = match outcome {
             Ok(result) => {
                 Packet::with_payload(ids::packet_id(), ToolInvokeAck::new(tool_id, result))

@@ -251,6 +251,8 @@ pub(crate) struct Shared {
     pub(crate) broadcasts: tokio::sync::broadcast::Sender<crate::handle::Broadcast>,
     /// Held while the runtime lives: its state directory is this process's.
     pub(crate) _state_lock: Option<crate::state_lock::StateDirLock>,
+    /// True while the listener accepts connections (for `/readyz`).
+    pub(crate) accepting: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -456,7 +458,10 @@ impl Shared {
     pub(crate) async fn send_on_route(&self, channel: &ConnectorChannelId, packet: Packet) -> bool {
         let tx = self.state().route(channel).map(|r| r.link.tx.clone());
         match tx {
-            Some(tx) => tx.send(Outgoing::Packet(packet)).await.is_ok(),
+            Some(tx) => {
+                crate::metrics::metrics().sent(&packet);
+                tx.send(Outgoing::Packet(packet)).await.is_ok()
+            }
             None => false,
         }
     }
@@ -473,6 +478,8 @@ impl Shared {
         let tx = self.state().route(channel).map(|r| r.link.tx.clone());
         let Some(tx) = tx else { return TryQueue::NotRouted };
         let (done, written) = tokio::sync::oneshot::channel();
+        let counted = crate::metrics::metrics();
+        counted.sent(&packet);
         match tx.try_send(Outgoing::Tracked(packet, done)) {
             Ok(()) => TryQueue::Queued(written),
             Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => TryQueue::Full,

@@ -331,7 +331,9 @@ fn writer(
         let crash = config.crash_before_commit_of_batch == Some(batches);
         #[cfg(not(test))]
         let crash = false;
+        let begun = Instant::now();
         let results = commit_batch(&lock(&conn), &batch, crash);
+        crate::metrics::metrics().committed(batch.len(), begun.elapsed());
         counters.transactions.fetch_add(1, Ordering::Relaxed);
         counters.jobs.fetch_add(batch.len() as u64, Ordering::Relaxed);
         let writes: usize = batch.iter().map(|j| j.ops.len()).sum();
