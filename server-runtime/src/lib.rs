@@ -197,7 +197,8 @@ pub use logging::{ENV_LOG_FORMAT, LogFormat, init_logging, log_filter, log_layer
 pub use metrics::{AuthorGauge, METRICS_CONTENT_TYPE};
 pub use receiver::{Backoff, LinkHealth, MAX_RETRY_AFTER};
 pub use server::{
-    ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_STATE_DIR, ServerBuilder,
+    ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_METRICS_LISTEN, ENV_STATE_DIR,
+    ServerBuilder,
 };
 pub use state_lock::{LOCK_FILE, StateDirLock, StateLockError};
 pub use storage::author::{

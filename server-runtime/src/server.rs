@@ -46,6 +46,8 @@ pub const ENV_API_KEY: &str = "XAGENT_CONNECTOR_API_KEY";
 pub const ENV_LISTEN: &str = "XAGENT_CONNECTOR_LISTEN";
 /// The environment variable holding the state directory (default: in memory, no files).
 pub const ENV_STATE_DIR: &str = "XAGENT_CONNECTOR_STATE_DIR";
+/// The environment variable holding the metrics listener's address (default: none).
+pub const ENV_METRICS_LISTEN: &str = "XAGENT_CONNECTOR_METRICS_LISTEN";
 /// The listen address when [`ENV_LISTEN`] is not set.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
@@ -86,6 +88,44 @@ impl ServerBuilder {
             self = self.state_dir(std::path::PathBuf::from(dir))?;
         }
         Ok(self)
+    }
+
+    /// [`ConnectorServer::serve_from_env`] for this builder, with whatever routes, tasks,
+    /// clock or configuration were added to it: logging set up from `RUST_LOG` and
+    /// `XAGENT_CONNECTOR_LOG_FORMAT`, the API key and state directory from the environment,
+    /// `XAGENT_CONNECTOR_LISTEN` (default `127.0.0.1:8080`) and, when set,
+    /// `XAGENT_CONNECTOR_METRICS_LISTEN` for `/metrics` and `/readyz`. Serves until Ctrl-C or
+    /// SIGTERM; prints `<card id> listening on http://<address>` once it accepts connections.
+    pub async fn serve_from_env(self) -> Result<(), ServerError> {
+        let format = match std::env::var(crate::logging::ENV_LOG_FORMAT) {
+            Ok(text) => text.parse().map_err(|e: String| {
+                ServerError::Config(format!("{}: {e}", crate::logging::ENV_LOG_FORMAT))
+            })?,
+            Err(_) => crate::LogFormat::Text,
+        };
+        crate::logging::init_logging("info", format);
+        let server = self.from_env()?.build().await?;
+        let listen = std::env::var(ENV_LISTEN).unwrap_or_else(|_| DEFAULT_LISTEN.to_owned());
+        let listener = tokio::net::TcpListener::bind(&listen).await?;
+        if let Some(metrics) = std::env::var(ENV_METRICS_LISTEN).ok().filter(|m| !m.is_empty()) {
+            let metrics_listener = tokio::net::TcpListener::bind(&metrics).await?;
+            println!("metrics listening on http://{}/metrics", metrics_listener.local_addr()?);
+            let serving = server.clone();
+            tokio::spawn(async move {
+                if let Err(error) =
+                    serving.serve_metrics(metrics_listener, crate::listen::stop_signal()).await
+                {
+                    tracing::error!(%error, "the metrics listener stopped");
+                }
+            });
+        }
+        // One plain line on stdout that scripts (CI) can wait for.
+        println!(
+            "{} listening on http://{}",
+            server.card().connector_card_id,
+            listener.local_addr()?
+        );
+        server.serve(listener, crate::listen::stop_signal()).await
     }
 
     /// Enables the Transfer Plane with this configuration (a state directory enables it by
@@ -374,23 +414,7 @@ impl ConnectorServer {
     /// `XAGENT_CONNECTOR_LOG_FORMAT=json`, one JSON object a line. Prints
     /// `<card id> listening on http://<address>` on stdout once it accepts connections.
     pub async fn serve_from_env(connector: Connector) -> Result<(), ServerError> {
-        let format = match std::env::var(crate::logging::ENV_LOG_FORMAT) {
-            Ok(text) => text.parse().map_err(|e: String| {
-                ServerError::Config(format!("{}: {e}", crate::logging::ENV_LOG_FORMAT))
-            })?,
-            Err(_) => crate::LogFormat::Text,
-        };
-        crate::logging::init_logging("info", format);
-        let server = Self::builder(connector).from_env()?.build().await?;
-        let listen = std::env::var(ENV_LISTEN).unwrap_or_else(|_| DEFAULT_LISTEN.to_owned());
-        let listener = tokio::net::TcpListener::bind(&listen).await?;
-        // One plain line on stdout that scripts (CI) can wait for.
-        println!(
-            "{} listening on http://{}",
-            server.card().connector_card_id,
-            listener.local_addr()?
-        );
-        server.serve(listener, crate::listen::stop_signal()).await
+        Self::builder(connector).serve_from_env().await
     }
 
     /// The author's handle.

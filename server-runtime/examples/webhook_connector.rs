@@ -1,0 +1,149 @@
+//! A Connector whose target system pushes its messages over HTTP, as most real targets do: a
+//! webhook route added through the builder, next to the protocol's endpoints, and served by
+//! `serve_from_env` with its logging, limits and metrics. Built on the published crates only.
+//!
+//! ```sh
+//! XAGENT_CONNECTOR_API_KEY=some-long-key WEBHOOK_SECRET=a-secret-of-16-or-more \
+//!   cargo run -p xagent-server-runtime --example webhook_connector
+//! # xAgent signs a channel in to an inbox (flow `webhook_inbox`, input inbox=support):
+//! xagent-connector mock-xagent --base-url http://127.0.0.1:8080 --api-key some-long-key \
+//!   --flow webhook_inbox --input inbox=support
+//! # The target system posts an event; xAgent receives it as a chat.message:
+//! curl -X POST http://127.0.0.1:8080/webhook/support \
+//!   -H 'Authorization: Bearer a-secret-of-16-or-more' -H 'Content-Type: application/json' \
+//!   -d '{"id":"evt-1","from":"ada","text":"hello"}'
+//! ```
+//!
+//! The webhook answers `202` once the message is durably in the outbox (a repeat of the same
+//! `id` is the same message: the target may retry safely), `401` for a wrong secret, `404`
+//! when no channel is signed in to the inbox, `400` for a malformed event, `413` beyond
+//! 64 KiB. What the agent sends back is printed (a real Connector would post it to the target).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::routing::post;
+use xagent_server_runtime::http_status;
+use xagent_server_runtime::prelude::*;
+
+/// The largest webhook body taken.
+const MAX_BODY: usize = 64 * 1024;
+
+#[derive(Deserialize, JsonSchema)]
+struct InboxForm {
+    /// Inbox name: lower-case letters, digits and '-'
+    inbox: String,
+}
+
+/// One event the target system posts.
+#[derive(Deserialize)]
+struct Event {
+    /// The target's id of the event: a retried post carries the same one.
+    id: String,
+    from: String,
+    text: String,
+}
+
+struct Hook {
+    handle: ConnectorHandle,
+    secret: String,
+}
+
+fn valid_name(text: &str, max: usize) -> bool {
+    !text.is_empty()
+        && text.len() <= max
+        && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// Equal in time whatever the first differing byte (the secret is not guessed byte by byte).
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    given.len() == expected.len()
+        && given.iter().zip(expected).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
+}
+
+async fn receive(
+    State(hook): State<Arc<Hook>>,
+    Path(inbox): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, String) {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if !same_secret(presented.as_bytes(), hook.secret.as_bytes()) {
+        return (StatusCode::UNAUTHORIZED, "wrong or missing webhook secret".into());
+    }
+    let event: Event = match serde_json::from_slice(&body) {
+        Ok(event) => event,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("not an event: {e}")),
+    };
+    let id_ok = !event.id.is_empty()
+        && event.id.len() <= 64
+        && event.id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !id_ok || event.from.len() > 128 {
+        return (
+            StatusCode::BAD_REQUEST,
+            "id: 1-64 of [A-Za-z0-9_-]; from: at most 128 bytes".into(),
+        );
+    }
+    let handle = &hook.handle;
+    let channel = handle.channels().into_iter().find(|channel| {
+        handle
+            .binding(channel)
+            .and_then(|b| b.secret("inbox").map(|s| s.expose() == inbox))
+            .unwrap_or(false)
+    });
+    let Some(channel) = channel else {
+        return (StatusCode::NOT_FOUND, format!("no channel is signed in to inbox {inbox:?}"));
+    };
+    let message =
+        ChatMessage::text(format!("wh_{}", event.id), format!("{}: {}", event.from, event.text));
+    match handle.send_message(&channel, message).await {
+        Ok(()) => (StatusCode::ACCEPTED, "queued for the agent".into()),
+        Err(e) => (http_status(&e.code()), e.to_string()),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let secret = std::env::var("WEBHOOK_SECRET").unwrap_or_default();
+    if secret.len() < 16 {
+        return Err(
+            "set WEBHOOK_SECRET (at least 16 characters): the target system presents it".into()
+        );
+    }
+    let connector = Connector::builder("im.webhook", "Webhook inbox", env!("CARGO_PKG_VERSION"))
+        .target(TargetDeclaration::new(TargetType::Im, "webhook", "Webhook inbox"))
+        .profile(PROFILE_IM_V2)
+        .form_flow(
+            FlowSpec::new("webhook_inbox", "Choose an inbox"),
+            |_, form: InboxForm| async move {
+                if !valid_name(&form.inbox, 64) {
+                    let why = "inbox: 1-64 lower-case letters, digits or '-'";
+                    return Err(AuthError::new(ErrorCode::InvalidArguments, why));
+                }
+                let target = DescriptorTarget::new("webhook", format!("Inbox {}", form.inbox));
+                Ok(AuthStep::Authenticated(
+                    Binding::new(target).with_secret("inbox", Secret::new(form.inbox)),
+                ))
+            },
+        )
+        .on_message(|_, msg| async move { println!("agent: {}", msg.text.unwrap_or_default()) })
+        .build()?;
+    ConnectorServer::builder(connector)
+        .routes(move |handle| {
+            let hook = Arc::new(Hook { handle, secret });
+            Router::new()
+                .route("/webhook/{inbox}", post(receive))
+                .layer(DefaultBodyLimit::max(MAX_BODY))
+                .with_state(hook)
+        })
+        .serve_from_env()
+        .await?;
+    Ok(())
+}
