@@ -15,7 +15,7 @@ pub struct RuntimeConfig {
     pub max_packet_bytes: usize,
     /// Outgoing packets buffered per socket before producers wait (default 256). When a peer
     /// stops reading, the socket buffers fill, then this queue; from then on every producer
-    /// waits for space: author calls such as [`ConnectorHandle::push_descriptor`] do not
+    /// waits for space: author calls such as [`crate::ConnectorHandle::push_descriptor`] do not
     /// return, and the connection's reader stops reading the peer as soon as it needs to
     /// answer. Nothing is dropped and the socket is not closed; all of it resumes when the peer
     /// reads again (`tests/backpressure.rs`). The IM outbox never waits on a socket: a
@@ -32,17 +32,17 @@ pub struct RuntimeConfig {
     pub tool_call_window: Duration,
     /// How long an auth session is kept (default 30 minutes).
     pub auth_session_ttl: Duration,
-    /// How often the background maintenance runs [`ConnectorServer::tick`] (default 30 s).
+    /// How often the background maintenance runs [`crate::ConnectorServer::tick`] (default 30 s).
     pub maintenance_interval: Duration,
     /// Path prefix of the Base URL (e.g. `/connectors/echo`; default none).
     pub base_path: String,
     /// Versions admitted in `connector.hello` (default `[3.0, 3.0]`, same-major rule).
     pub admission: AdmissionWindow,
     /// How long in-flight work may take to finish on shutdown (default 10 s). A connection
-    /// whose peer stopped reading cannot write its last acks; [`ConnectorServer::serve`]
+    /// whose peer stopped reading cannot write its last acks; [`crate::ConnectorServer::serve`]
     /// returns after this grace period anyway.
     pub shutdown_grace: Duration,
-    /// Limits of the HTTP listener [`ConnectorServer::serve`] runs: header-read and idle
+    /// Limits of the HTTP listener [`crate::ConnectorServer::serve`] runs: header-read and idle
     /// timeouts, the connection cap (defaults 10 s, 60 s, 1,024), the per-address caps and
     /// rates, the data plane's reserved slots and the trusted proxies ([`crate::ServeLimits`]).
     pub listener: crate::listen::ServeLimits,

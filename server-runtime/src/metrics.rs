@@ -17,7 +17,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use xagent_protocol_types::{ErrorCode, Packet, PacketType};
 
-/// The media type of [`encode`]'s text.
+/// The media type of the metrics listener's `/metrics` answer.
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The prefix of every series name.

@@ -9,7 +9,7 @@
 //! guarded by a file lock so parallel test processes install it once). Users are registered
 //! with Synapse's own `register_new_matrix_user` through the shared secret. The server is
 //! killed and its directory removed when the test process ends, however it ends (a
-//! [`Watchdog`] on its pid file).
+//! watchdog on its pid file).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
