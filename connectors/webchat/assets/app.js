@@ -6,6 +6,9 @@
 
 (() => {
   const $ = (id) => document.getElementById(id);
+  // The path the Connector is served under ("" at a host's root; "/connectors/webchat" behind
+  // a proxy that serves it under that prefix), set by the server from its public URL.
+  const ROOT = document.documentElement.dataset.root || '';
   // Largest upload the server takes (VisitorLimits::max_upload_bytes).
   const MAX_UPLOAD_BYTES = 25 * 1024 * 1024;
   // Raster types shown inline; everything else is a download (same list as the server).
@@ -97,8 +100,8 @@
   }
 
   async function join(room, code) {
-    const result = await api('POST', '/chat/api/rooms/' + encodeURIComponent(room) + '/join', { access_code: code });
-    history.replaceState(null, '', '/chat/r/' + encodeURIComponent(result.room_id));
+    const result = await api('POST', ROOT + '/chat/api/rooms/' + encodeURIComponent(room) + '/join', { access_code: code });
+    history.replaceState(null, '', ROOT + '/chat/r/' + encodeURIComponent(result.room_id));
     startChat(result.room_id);
   }
 
@@ -125,7 +128,7 @@
     const status = $('pair-status');
     const error = $('pair-error');
     try {
-      const scanned = await api('POST', '/chat/api/pair/' + encodeURIComponent(token) + '/scan');
+      const scanned = await api('POST', ROOT + '/chat/api/pair/' + encodeURIComponent(token) + '/scan');
       status.textContent = 'The agent asked to open a chat room in this browser. Name the room and confirm.';
       $('pair-room').value = scanned.suggested_room_name || '';
       $('pair-confirm').hidden = false;
@@ -141,11 +144,11 @@
       button.disabled = true;
       error.hidden = true;
       try {
-        const result = await api('POST', '/chat/api/pair/' + encodeURIComponent(token) + '/confirm', {
+        const result = await api('POST', ROOT + '/chat/api/pair/' + encodeURIComponent(token) + '/confirm', {
           room_name: $('pair-room').value,
         });
         sessionStorage.setItem('webchat.invite.' + result.room_id, result.access_code);
-        history.replaceState(null, '', '/chat/r/' + encodeURIComponent(result.room_id));
+        history.replaceState(null, '', ROOT + '/chat/r/' + encodeURIComponent(result.room_id));
         startChat(result.room_id);
       } catch (e) {
         error.textContent = e.message;
@@ -179,11 +182,11 @@
   });
 
   function eventsUrl() {
-    return '/chat/api/rooms/' + encodeURIComponent(chat.room) + '/events';
+    return ROOT + '/chat/api/rooms/' + encodeURIComponent(chat.room) + '/events';
   }
 
   function fileUrl(file) {
-    return '/chat/api/rooms/' + encodeURIComponent(chat.room) + '/files/' + encodeURIComponent(file.file_ref);
+    return ROOT + '/chat/api/rooms/' + encodeURIComponent(chat.room) + '/files/' + encodeURIComponent(file.file_ref);
   }
 
   function connect() {
@@ -210,7 +213,7 @@
       chat.failures += 1;
       // Refused outright: find out whether the session is still good before trying again.
       try {
-        const probe = await fetch('/chat/api/rooms/' + encodeURIComponent(chat.room) + '/session', { credentials: 'same-origin' });
+        const probe = await fetch(ROOT + '/chat/api/rooms/' + encodeURIComponent(chat.room) + '/session', { credentials: 'same-origin' });
         if (probe.status === 403) {
           source.close();
           showJoin(chat.room, 'Your access to this room ended; enter the access code again.');
@@ -497,7 +500,7 @@
         const local = chat.queue[0];
         try {
           let entry;
-          const base = '/chat/api/rooms/' + encodeURIComponent(chat.room);
+          const base = ROOT + '/chat/api/rooms/' + encodeURIComponent(chat.room);
           if (local.file) {
             const form = new FormData();
             form.append('client_id', local.client_id);
@@ -577,7 +580,8 @@
   // ---------------------------------------------------------------- routing
 
   function route() {
-    const path = location.pathname;
+    // The path below the Connector's own root (the routes below are the server's).
+    const path = location.pathname.startsWith(ROOT) ? location.pathname.slice(ROOT.length) : location.pathname;
     const pair = path.match(/^\/chat\/pair\/([^/]+)\/?$/);
     if (pair) {
       startPairing(decodeURIComponent(pair[1]));
@@ -588,12 +592,12 @@
       const id = decodeURIComponent(room[1]);
       const code = new URLSearchParams(location.hash.slice(1)).get('code');
       if (code) {
-        history.replaceState(null, '', '/chat/r/' + encodeURIComponent(id));
+        history.replaceState(null, '', ROOT + '/chat/r/' + encodeURIComponent(id));
         join(id, code).catch((error) => showJoin(id, error.message));
         return;
       }
       // The session cookie (if any) decides: chat, or the join form.
-      fetch('/chat/api/rooms/' + encodeURIComponent(id) + '/session', { credentials: 'same-origin' })
+      fetch(ROOT + '/chat/api/rooms/' + encodeURIComponent(id) + '/session', { credentials: 'same-origin' })
         .then((response) => (response.ok ? startChat(id) : showJoin(id)))
         .catch(() => showJoin(id, 'The chat cannot be reached right now; try again.'));
       return;

@@ -89,6 +89,10 @@ struct Web {
     uploads: Arc<Semaphore>,
     /// `Secure` on the session cookie (the public URL is https).
     secure_cookie: bool,
+    /// The path the Connector is served under, from the public URL (`""` at a host's root,
+    /// `/connectors/webchat` behind a proxy serving it there): the page's links, its API calls,
+    /// the session cookie's path and redirects start with it.
+    root: Arc<str>,
 }
 
 impl Web {
@@ -114,6 +118,7 @@ pub(crate) fn router(
     limits: VisitorLimits,
 ) -> Router {
     let secure_cookie = app.public_url.starts_with("https://");
+    let root: Arc<str> = root_path(&app.public_url).into();
     let upload_body = usize::try_from(limits.max_upload_bytes)
         .unwrap_or(usize::MAX)
         .saturating_add(limits.max_text_chars.saturating_mul(4))
@@ -129,10 +134,13 @@ pub(crate) fn router(
         throttle,
         join_rate: Arc::new(Mutex::new(JoinRate::default())),
         secure_cookie,
+        root: Arc::clone(&root),
     };
+    let home = format!("{root}/chat/");
+    let again = home.clone();
     Router::new()
-        .route("/", get(|| async { Redirect::to("/chat/") }))
-        .route("/chat", get(|| async { Redirect::to("/chat/") }))
+        .route("/", get(move || async move { Redirect::to(&home) }))
+        .route("/chat", get(move || async move { Redirect::to(&again) }))
         .route("/chat/", get(page))
         .route("/chat/r/{room}", get(page))
         .route("/chat/pair/{token}", get(page))
@@ -158,12 +166,24 @@ pub(crate) fn router(
         .with_state(web)
 }
 
+/// The path of a public URL without its trailing `/`: `""` for `https://chat.example.org`,
+/// `/connectors/webchat` for `https://host/connectors/webchat/`. Only the characters a path
+/// prefix needs are kept (it goes into HTML and a cookie).
+fn root_path(public_url: &str) -> String {
+    let after_scheme = public_url.split_once("://").map_or(public_url, |(_, rest)| rest);
+    let path = after_scheme.find('/').map_or("", |i| &after_scheme[i..]);
+    let path = path.split(['?', '#']).next().unwrap_or_default().trim_end_matches('/');
+    path.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '.' | '~'))
+        .collect()
+}
+
 fn asset(content_type: &'static str, body: &'static str) -> Response {
     ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body)
         .into_response()
 }
 
-async fn page() -> Response {
+async fn page(State(web): State<Web>) -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -176,7 +196,7 @@ async fn page() -> Response {
                 "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
             ),
         ],
-        INDEX_HTML,
+        INDEX_HTML.replace("{{ROOT}}", &web.root),
     )
         .into_response()
 }
@@ -245,7 +265,8 @@ async fn visitor_write(
 fn session_cookie(web: &Web, room_id: &str, token: &str, max_age_secs: u64) -> Option<HeaderValue> {
     let secure = if web.secure_cookie { "; Secure" } else { "" };
     HeaderValue::from_str(&format!(
-        "{SESSION_COOKIE}={token}; Path=/chat/api/rooms/{room_id}/; Max-Age={max_age_secs}; HttpOnly; SameSite=Strict{secure}"
+        "{SESSION_COOKIE}={token}; Path={}/chat/api/rooms/{room_id}/; Max-Age={max_age_secs}; HttpOnly; SameSite=Strict{secure}",
+        web.root
     ))
     .ok()
 }
@@ -1021,4 +1042,20 @@ async fn pair_confirm(
         "expires_at": expires_at,
     });
     Ok(with_session(&web, &room.room_id, &visitor_token, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::root_path;
+
+    #[test]
+    fn the_root_is_the_public_urls_path_without_its_last_slash() {
+        assert_eq!(root_path("https://chat.example.org"), "");
+        assert_eq!(root_path("https://chat.example.org/"), "");
+        assert_eq!(root_path("http://127.0.0.1:8080"), "");
+        assert_eq!(root_path("https://host/connectors/webchat/"), "/connectors/webchat");
+        assert_eq!(root_path("https://host/connectors/webchat?x=1"), "/connectors/webchat");
+        // Nothing that could leave an HTML attribute or a cookie attribute.
+        assert_eq!(root_path("https://host/a\"><script>;Path=/"), "/ascriptPath");
+    }
 }

@@ -444,3 +444,28 @@ async fn m3_a_rooms_daily_upload_quota_gives_507_and_leaves_the_store_to_xagent(
     plane.close().await;
     server.stop().await;
 }
+
+/// Served under a path prefix by a proxy that strips it (docs/DEPLOY.md): the page's assets,
+/// its API base and the redirects carry the prefix of the public URL, nothing escapes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_path_prefix_the_page_links_and_redirects_carry_it() {
+    let dir = support::temp_dir("prefix");
+    let server = support::start_under(&dir, "/connectors/webchat").await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let page =
+        http.get(server.url("/chat/")).send().await.expect("page").text().await.expect("html");
+    assert!(page.contains(r#"data-root="/connectors/webchat""#), "{page}");
+    assert!(page.contains(r#"src="/connectors/webchat/chat/assets/app.js""#), "{page}");
+    assert!(!page.contains(r#""/chat/"#), "an absolute path without the prefix: {page}");
+    let home = http.get(server.url("/")).send().await.expect("redirect");
+    assert_eq!(home.headers()["location"], "/connectors/webchat/chat/");
+    let script = http.get(server.url("/chat/assets/app.js")).send().await.expect("js");
+    let script = script.text().await.expect("text");
+    let paths = script.matches("'/chat/").count();
+    assert!(paths > 5, "the script's paths");
+    assert_eq!(paths, script.matches("ROOT + '/chat/").count(), "every path starts with ROOT");
+    server.stop().await;
+}

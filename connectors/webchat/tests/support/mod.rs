@@ -140,6 +140,16 @@ async fn start_with(
     serve(listener, options).await
 }
 
+/// im.webchat whose public URL has the path `prefix` (`/connectors/webchat`): what a reverse
+/// proxy serving it under that prefix (and stripping it) gives it.
+pub async fn start_under(dir: &PathBuf, prefix: &str) -> Server {
+    let listener = bind_local(None).await.expect("binds");
+    let addr = listener.local_addr().expect("addr");
+    let options = WebchatOptions::new(dir, format!("http://{addr}{prefix}"))
+        .with_api_key(Secret::new(API_KEY));
+    serve(listener, options).await
+}
+
 async fn serve(listener: tokio::net::TcpListener, options: WebchatOptions) -> Server {
     let addr = listener.local_addr().expect("addr");
     let webchat = Webchat::open(options).await.expect("webchat opens");
