@@ -94,3 +94,32 @@ async fn two_runtimes_on_one_database_serve_each_others_files() {
     tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut bytes).await.unwrap();
     assert_eq!(bytes, b"report body", "A reads what B stored: no shared disk");
 }
+
+/// PostgreSQL's group commit reports its transactions on the metrics listener as SQLite's
+/// does (this binary keeps no state in SQLite, so every counted commit is PostgreSQL's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_group_commit_shows_on_the_metrics_listener() {
+    let url = TestPostgres::shared().await.fresh_database().await;
+    let clock = ManualClock::new(START);
+    let a = Replica::start(&url, &clock).await;
+    let mut client =
+        xagent_testkit::WsClient::connect(&format!("ws://{}/ws", a.addr), Some(API_KEY))
+            .await
+            .unwrap();
+    client.hello(None).await;
+    let (channel, _) = client.open_channel(None).await;
+    client.sign_in(&channel, "tok-metrics").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = listener.local_addr().unwrap();
+    let serving = a.server.clone();
+    tokio::spawn(async move { serving.serve_metrics(listener, std::future::pending()).await });
+    let text =
+        reqwest::get(format!("http://{metrics}/metrics")).await.unwrap().text().await.unwrap();
+    let count = text
+        .lines()
+        .find_map(|l| l.strip_prefix("xagent_connector_storage_commit_batch_size_count "))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(count > 0, "no commit counted:\n{text}");
+    assert!(text.contains("xagent_connector_storage_commit_seconds_bucket"), "{text}");
+}

@@ -49,6 +49,12 @@ use crate::pool::Pool;
 pub trait ApplyWrites<W>: Send + Sync + 'static {
     /// Runs the statements of `writes` in `tx`; an error rolls back this call's writes.
     async fn apply(&self, tx: &Transaction<'_>, writes: &[W]) -> Result<(), PgError>;
+
+    /// Hears about each transaction once it ended: how many submissions it carried and how
+    /// long it took, for metrics (nothing by default).
+    fn committed(&self, submissions: usize, took: std::time::Duration) {
+        let _ = (submissions, took);
+    }
 }
 
 /// Runs prepared statements in the given order without waiting for each answer before
@@ -325,7 +331,9 @@ impl<W: Send + Sync + 'static, A: ApplyWrites<W>> Writer<W, A> {
                 ranges.push(start..writes.len());
                 dones.push(submission.done);
             }
+            let begun = std::time::Instant::now();
             let results = self.commit_batch(&writes, &ranges).await;
+            self.apply.committed(dones.len(), begun.elapsed());
             // Only now, after COMMIT returned, does anyone hear about the batch.
             for (done, result) in dones.into_iter().zip(results) {
                 done(result);

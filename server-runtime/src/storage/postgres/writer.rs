@@ -88,6 +88,10 @@ struct RuntimeWrites {
 
 #[async_trait::async_trait]
 impl ApplyWrites<WriteOp> for RuntimeWrites {
+    fn committed(&self, submissions: usize, took: std::time::Duration) {
+        crate::metrics::metrics().committed(submissions, took);
+    }
+
     async fn apply(&self, tx: &Transaction<'_>, writes: &[WriteOp]) -> Result<(), PgError> {
         // A write refused by rule fails its submission before any statement runs (the writer
         // then retries the batch one submission per savepoint, so it fails alone).
