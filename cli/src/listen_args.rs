@@ -44,19 +44,11 @@ impl ListenArgs {
         server: &xagent_server_runtime::ConnectorServer,
     ) -> Result<(), String> {
         let Some(addr) = &self.metrics_listen else { return Ok(()) };
-        let listener = tokio::net::TcpListener::bind(addr)
+        let local = server
+            .start_metrics(addr)
             .await
             .map_err(|e| format!("cannot listen on {addr} for --metrics-listen: {e}"))?;
-        let local = listener.local_addr().map_err(|e| format!("--metrics-listen: {e}"))?;
         println!("metrics listening on http://{local}/metrics");
-        let server = server.clone();
-        tokio::spawn(async move {
-            if let Err(error) =
-                server.serve_metrics(listener, xagent_server_runtime::stop_signal()).await
-            {
-                tracing::error!(%error, "the metrics listener stopped");
-            }
-        });
         Ok(())
     }
 

@@ -128,6 +128,21 @@ impl ConnectorServer {
             .with_state(Arc::clone(&self.shared))
     }
 
+    /// Binds `addr` and serves [`ConnectorServer::metrics_router`] there in the background
+    /// until Ctrl-C or SIGTERM (an error is logged); returns the bound address. The one way
+    /// `serve_from_env` and the `--metrics-listen` flag start it.
+    pub async fn start_metrics(&self, addr: &str) -> std::io::Result<std::net::SocketAddr> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        let server = self.clone();
+        tokio::spawn(async move {
+            if let Err(error) = server.serve_metrics(listener, crate::stop_signal()).await {
+                tracing::error!(%error, "the metrics listener stopped");
+            }
+        });
+        Ok(local)
+    }
+
     /// Serves [`ConnectorServer::metrics_router`] on `listener` until `shutdown` completes.
     pub async fn serve_metrics(
         &self,

@@ -108,16 +108,8 @@ impl ServerBuilder {
         let listen = std::env::var(ENV_LISTEN).unwrap_or_else(|_| DEFAULT_LISTEN.to_owned());
         let listener = tokio::net::TcpListener::bind(&listen).await?;
         if let Some(metrics) = std::env::var(ENV_METRICS_LISTEN).ok().filter(|m| !m.is_empty()) {
-            let metrics_listener = tokio::net::TcpListener::bind(&metrics).await?;
-            println!("metrics listening on http://{}/metrics", metrics_listener.local_addr()?);
-            let serving = server.clone();
-            tokio::spawn(async move {
-                if let Err(error) =
-                    serving.serve_metrics(metrics_listener, crate::listen::stop_signal()).await
-                {
-                    tracing::error!(%error, "the metrics listener stopped");
-                }
-            });
+            let local = server.start_metrics(&metrics).await?;
+            println!("metrics listening on http://{local}/metrics");
         }
         // One plain line on stdout that scripts (CI) can wait for.
         println!(

@@ -196,8 +196,7 @@ impl Drop for StreamGuard {
             decrement(&mut counts.addresses, address);
         }
         counts.release_session(&self.token);
-        let gauges = counts.gauges.clone();
-        gauges.show(&counts);
+        counts.gauges.show(&counts);
     }
 }
 
@@ -261,8 +260,7 @@ impl Hub {
             *counts.addresses.entry(address).or_default() += 1;
         }
         let ended = counts.session_signal(room, token_key);
-        let gauges = counts.gauges.clone();
-        gauges.show(&counts);
+        counts.gauges.show(&counts);
         Ok(StreamGuard {
             counts: Arc::clone(&self.streams),
             room: room.to_owned(),
