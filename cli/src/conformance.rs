@@ -41,6 +41,9 @@ pub struct ConformanceArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
+    /// Certificate authorities for an https Base URL.
+    #[command(flatten)]
+    tls: crate::tls_args::TlsArgs,
 }
 
 /// Report format.
@@ -67,6 +70,10 @@ pub fn run_command(args: ConformanceArgs) -> ExitCode {
         Err(message) => return crate::usage("conformance", message),
     };
     let mut options = ConformanceOptions::new(base);
+    options.tls = match args.tls.trust() {
+        Ok(tls) => tls,
+        Err(message) => return crate::usage("conformance", message),
+    };
     options.tools = tools;
     options.qr_wait = Duration::from_secs(args.qr_wait.max(1));
     options.show_link = Some(|link| eprintln!("sign in: open or scan {link}"));

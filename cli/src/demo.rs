@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use clap::Args;
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, FileContent, InboundMessage, admit,
+    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, FileContent, InboundMessage,
+    TlsTrust, admit,
 };
 use xagent_connector_webchat::{
     CARD_ID, QR_FLOW, ROOM_FLOW, Webchat, WebchatOptions, room_id_from_name,
@@ -52,6 +53,13 @@ pub struct DemoArgs {
     /// The system API key of the demo's Connector (default: a random one, printed).
     #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// The listener's connection limits (--trusted-proxy for a demo behind a reverse proxy).
+    #[command(flatten)]
+    listener: crate::listen_args::ListenArgs,
+    /// Certificate authorities the agent stand-in trusts for an https --public-url (it reaches
+    /// the Connector there, as xAgent would, so the download URLs it gets resolve).
+    #[command(flatten)]
+    tls: crate::tls_args::TlsArgs,
 }
 
 const ACCESS_CODE_FILE: &str = "demo-access-code";
@@ -81,6 +89,14 @@ fn persisted(dir: &Path, name: &str, make: impl FnOnce() -> String) -> std::io::
 
 /// Runs the demo until Ctrl-C.
 pub fn run_command(args: DemoArgs) -> ExitCode {
+    let limits = match args.listener.limits() {
+        Ok(limits) => limits,
+        Err(message) => return crate::usage("demo", message),
+    };
+    let tls = match args.tls.trust() {
+        Ok(tls) => tls,
+        Err(message) => return crate::usage("demo", message),
+    };
     init_logs("warn");
     let Some(room_id) = room_id_from_name(&args.room) else {
         return crate::usage("demo", "the room name needs a letter or digit");
@@ -118,7 +134,8 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
         // The key joins the two halves of this process, and lets `conformance` in.
         let api_key = args.api_key.clone().filter(|k| !k.is_empty()).unwrap_or_else(|| random_hex(24));
         let options = WebchatOptions::new(&args.state_dir, public_url)
-            .with_api_key(Secret::new(api_key.clone()));
+            .with_api_key(Secret::new(api_key.clone()))
+            .with_config(xagent_server_runtime::RuntimeConfig::default().with_listener(limits));
         let webchat = match Webchat::open(options).await {
             Ok(webchat) => webchat,
             Err(error) => {
@@ -126,6 +143,9 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        if let Err(message) = args.listener.start_metrics(webchat.server()).await {
+            return crate::usage("demo", message);
+        }
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = {
             let webchat = webchat.clone();
@@ -140,7 +160,7 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
         let api_key_shown = api_key.clone();
         let conformance_code = random_hex(6);
         let stand_in = StandIn {
-            base: match BaseUrl::parse(&local_url) {
+            base: match BaseUrl::parse(args.public_url.as_deref().unwrap_or(&local_url)) {
                 Ok(base) => base,
                 Err(error) => {
                     eprintln!("xagent-connector demo: {error}");
@@ -153,6 +173,7 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
             access_code: access_code.clone(),
             owner_code,
             delta_interval: Duration::from_millis(args.delta_interval.clamp(10, 2_000)),
+            tls,
         };
         let result = tokio::select! {
             result = stand_in.run(|| {
@@ -192,6 +213,7 @@ struct StandIn {
     access_code: String,
     owner_code: String,
     delta_interval: Duration,
+    tls: TlsTrust,
 }
 
 impl StandIn {
@@ -199,12 +221,14 @@ impl StandIn {
     /// until the data plane stops.
     async fn run(self, ready: impl FnOnce()) -> Result<(), String> {
         // Admitted like any xAgent admits a Connector, then checked against its Card.
-        let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())));
+        let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())))
+            .with_tls(&self.tls);
         let admitted = admit(&control, &AdmissionWindow::default(), Some(CARD_ID))
             .await
             .map_err(|e| format!("the stand-in did not admit the Connector: {e}"))?;
         let config = ClientConfig::for_card(self.base.clone(), &admitted.card)
-            .with_api_key(Secret::new(self.api_key.clone()));
+            .with_api_key(Secret::new(self.api_key.clone()))
+            .with_tls(self.tls.clone());
         let (plane, mut events) = DataPlane::connect(config).await.map_err(|e| e.to_string())?;
         tokio::time::timeout(Duration::from_secs(15), plane.connected())
             .await
@@ -236,7 +260,8 @@ impl StandIn {
         reopen_paired(&plane, &self.state_dir).await;
         ready();
         tokio::spawn(offer_pairing(plane.clone(), self.state_dir.clone()));
-        let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())));
+        let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())))
+            .with_tls(&self.tls);
         while let Some(event) = events.recv().await {
             match event {
                 ClientEvent::ChatMessage(inbound) => {

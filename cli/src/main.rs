@@ -22,6 +22,7 @@ mod mcp;
 mod migrate_state;
 mod mock_xagent;
 mod secrets;
+mod tls_args;
 mod webchat;
 
 /// Command-line tool of the xAgent Connector Protocol 3.0 toolkit.

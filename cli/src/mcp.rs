@@ -23,6 +23,9 @@ pub struct McpArgs {
     /// Settings from a TOML file (--config).
     #[command(flatten)]
     config: crate::config_file::ConfigArgs,
+    /// Certificate authorities for an https Base URL.
+    #[command(flatten)]
+    tls: crate::tls_args::TlsArgs,
     /// The log format (--log-format).
     #[command(flatten)]
     log: crate::config_file::LogArgs,
@@ -102,6 +105,10 @@ pub fn run_command(args: McpArgs) -> ExitCode {
         Ok(policy) => policy,
         Err(error) => return crate::usage("mcp", error),
     };
+    let tls = match args.tls.trust() {
+        Ok(tls) => tls,
+        Err(message) => return crate::usage("mcp", message),
+    };
     let state_dir = args.state_dir.unwrap_or_else(|| default_state_dir(&args.base_url));
     // Everything about the HTTP transport is checked before connecting to the Connector.
     let http = match args.http {
@@ -123,6 +130,7 @@ pub fn run_command(args: McpArgs) -> ExitCode {
             allowed,
             health_interval: std::time::Duration::from_secs(30),
             download,
+            tls,
             database_url: args.database.database_url,
         },
         state_dir,

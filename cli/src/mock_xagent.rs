@@ -65,6 +65,9 @@ pub struct MockXagentArgs {
     /// "tool_start"|"tool"|"queued",...}`, times in Unix ms) instead of every packet.
     #[arg(long)]
     report_json: bool,
+    /// Certificate authorities for an https Base URL.
+    #[command(flatten)]
+    tls: crate::tls_args::TlsArgs,
     /// Repeat the --tool calls every this many milliseconds while this mock holds the data
     /// plane, also after a takeover. `{call}` in a string argument becomes the call's own id
     /// (unique per process and call), which is also its `tool_call_id`.
@@ -125,7 +128,14 @@ async fn session(
 ) -> ExitCode {
     let color = std::io::stdout().is_terminal();
     let api_key = args.api_key.filter(|k| !k.is_empty()).map(Secret::new);
-    let control = ControlPlane::new(base.clone(), api_key.clone());
+    let tls = match args.tls.trust() {
+        Ok(tls) => tls,
+        Err(message) => {
+            eprintln!("xagent-connector mock-xagent: {message}");
+            return ExitCode::from(crate::EXIT_USAGE);
+        }
+    };
+    let control = ControlPlane::new(base.clone(), api_key.clone()).with_tls(&tls);
     let admitted = match admit(&control, &AdmissionWindow::default(), None).await {
         Ok(admitted) => admitted,
         Err(error) => {
@@ -148,7 +158,7 @@ async fn session(
     } else {
         args.profiles.iter().map(|p| ProfileId::from(p.as_str())).collect()
     };
-    let mut config = ClientConfig::for_card(base, &card);
+    let mut config = ClientConfig::for_card(base, &card).with_tls(tls);
     config.supported_profiles = profiles;
     config.api_key = api_key;
     config.download = download;

@@ -291,7 +291,7 @@ pub(crate) struct Downloader {
 }
 
 impl Downloader {
-    pub(crate) fn new(base: &BaseUrl, policy: &DownloadPolicy) -> Self {
+    pub(crate) fn new(base: &BaseUrl, policy: &DownloadPolicy, tls: &crate::TlsTrust) -> Self {
         let gate = Arc::new(Gate::new(base, policy));
         let hops = gate.clone();
         let redirects = reqwest::redirect::Policy::custom(move |attempt| {
@@ -304,7 +304,8 @@ impl Downloader {
                 Err(refusal) => attempt.error(Refusal(format!("a redirect: {refusal}"))),
             }
         });
-        let http = reqwest::Client::builder()
+        let http = tls
+            .http(reqwest::Client::builder())
             .no_proxy()
             .dns_resolver(GuardedResolver(gate.clone()))
             .redirect(redirects)

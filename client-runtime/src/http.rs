@@ -16,6 +16,9 @@ pub struct ControlPlane {
     http: reqwest::Client,
     /// Inbound downloads: their own client, under the download policy.
     downloads: Downloader,
+    /// The certificate authorities both clients trust.
+    tls: crate::TlsTrust,
+    policy: DownloadPolicy,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -36,23 +39,45 @@ pub enum SkillDocument {
     Absent,
 }
 
+/// The control and transfer planes' client: bounded connect and request times.
+fn http_client(tls: &crate::TlsTrust) -> reqwest::Client {
+    let builder = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(30));
+    tls.http(builder).build().unwrap_or_default()
+}
+
 impl ControlPlane {
     /// A client for a Base URL; `api_key` is sent as `Authorization: Bearer` where required.
     /// Downloads follow the default [`DownloadPolicy`] (the Connector's own origin only).
     pub fn new(base: BaseUrl, api_key: Option<Secret>) -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .timeout(std::time::Duration::from_secs(30))
-            .build()
-            .unwrap_or_default();
-        let downloads = Downloader::new(&base, &DownloadPolicy::default());
-        Self { base, api_key, http, downloads }
+        let tls = crate::TlsTrust::system();
+        let policy = DownloadPolicy::default();
+        Self {
+            http: http_client(&tls),
+            downloads: Downloader::new(&base, &policy, &tls),
+            base,
+            api_key,
+            tls,
+            policy,
+        }
     }
 
     /// Downloads under `policy` instead of the default one.
     #[must_use]
     pub fn with_download_policy(mut self, policy: &DownloadPolicy) -> Self {
-        self.downloads = Downloader::new(&self.base, policy);
+        self.downloads = Downloader::new(&self.base, policy, &self.tls);
+        self.policy = policy.clone();
+        self
+    }
+
+    /// Trusts these certificate authorities (an `https` Base URL behind a private CA) for
+    /// requests and downloads alike.
+    #[must_use]
+    pub fn with_tls(mut self, tls: &crate::TlsTrust) -> Self {
+        self.tls = tls.clone();
+        self.http = http_client(tls);
+        self.downloads = Downloader::new(&self.base, &self.policy, tls);
         self
     }
 

@@ -97,6 +97,7 @@ mod settled;
 mod sign_in;
 mod store;
 mod stream;
+mod tls;
 mod tools;
 mod transport;
 mod upload_refs;
@@ -137,6 +138,7 @@ pub use store::{
 #[cfg(feature = "postgres")]
 pub use store::{POSTGRES_COMPONENT, PostgresXagentStore};
 pub use stream::MessageStream;
+pub use tls::{TlsError, TlsTrust};
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{
     Frame, FrameSink, FrameStream, MemoryPeer, MemoryTransport, Transport, WsTransport,

@@ -38,12 +38,20 @@ pub struct WsTransport {
     base_url: BaseUrl,
     api_key: Option<Secret>,
     max_frame_bytes: usize,
+    tls: crate::TlsTrust,
 }
 
 impl WsTransport {
-    /// A transport for a Base URL.
+    /// A transport for a Base URL, trusting the system's certificate authorities for `wss`.
     pub fn new(base_url: BaseUrl, api_key: Option<Secret>, max_frame_bytes: usize) -> Self {
-        Self { base_url, api_key, max_frame_bytes }
+        Self { base_url, api_key, max_frame_bytes, tls: crate::TlsTrust::system() }
+    }
+
+    /// Trusts these certificate authorities for `wss` instead.
+    #[must_use]
+    pub fn with_tls(mut self, tls: crate::TlsTrust) -> Self {
+        self.tls = tls;
+        self
     }
 
     async fn open(&self) -> Result<(FrameSink, FrameStream), ClientError> {
@@ -65,22 +73,24 @@ impl WsTransport {
         let ws_config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
             .max_message_size(Some(self.max_frame_bytes))
             .max_frame_size(Some(self.max_frame_bytes));
-        let (socket, response) =
-            tokio_tungstenite::connect_async_with_config(request, Some(ws_config), false)
-                .await
-                .map_err(|e| match e {
-                    tokio_tungstenite::tungstenite::Error::Http(response)
-                        if matches!(response.status().as_u16(), 401 | 403) =>
-                    {
-                        ClientError::Unauthorized {
-                            endpoint: url.clone(),
-                            status: response.status().as_u16(),
-                        }
-                    }
-                    other => {
-                        ClientError::Transport { endpoint: url.clone(), reason: other.to_string() }
-                    }
-                })?;
+        let (socket, response) = tokio_tungstenite::connect_async_tls_with_config(
+            request,
+            Some(ws_config),
+            false,
+            self.tls.websocket(),
+        )
+        .await
+        .map_err(|e| match e {
+            tokio_tungstenite::tungstenite::Error::Http(response)
+                if matches!(response.status().as_u16(), 401 | 403) =>
+            {
+                ClientError::Unauthorized {
+                    endpoint: url.clone(),
+                    status: response.status().as_u16(),
+                }
+            }
+            other => ClientError::Transport { endpoint: url.clone(), reason: other.to_string() },
+        })?;
         let echoed = response.headers().get("Sec-WebSocket-Protocol").and_then(|v| v.to_str().ok());
         if echoed != Some(SUBPROTOCOL) {
             return Err(ClientError::Protocol(format!(

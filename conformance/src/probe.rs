@@ -20,6 +20,8 @@ pub struct ProbeOptions {
     pub subprotocol: bool,
     /// Send this API key.
     pub api_key: Option<Secret>,
+    /// The certificate authorities trusted for `wss`.
+    pub tls: xagent_client_runtime::TlsTrust,
 }
 
 /// The outcome of an upgrade attempt.
@@ -74,7 +76,12 @@ impl Probe {
                 Err(_) => return Upgrade::Failed("the API key is not a valid header value".into()),
             }
         }
-        let connect = tokio_tungstenite::connect_async(request);
+        let connect = tokio_tungstenite::connect_async_tls_with_config(
+            request,
+            None,
+            false,
+            options.tls.websocket(),
+        );
         match tokio::time::timeout(Duration::from_secs(10), connect).await {
             Err(_) => Upgrade::Failed("the upgrade timed out".into()),
             Ok(Err(tokio_tungstenite::tungstenite::Error::Http(response))) => {

@@ -12,7 +12,7 @@ use xagent_protocol_types::{
 };
 use xagent_protocol_validate::AdmissionWindow;
 
-use xagent_client_runtime::{BaseUrl, ClientError, ControlPlane, SkillDocument};
+use xagent_client_runtime::{BaseUrl, ClientError, ControlPlane, SkillDocument, TlsTrust};
 
 use crate::probe::{Probe, ProbeOptions, Received, Upgrade};
 use crate::{device, ids};
@@ -52,6 +52,8 @@ pub struct ConformanceOptions {
     /// Shows what a pending sign-in asks the person to do (its prompt message: a pairing
     /// code to post, a device to confirm on), each new one once.
     pub show_prompt: Option<fn(&str)>,
+    /// The certificate authorities trusted for an `https` Base URL (default: the system's).
+    pub tls: TlsTrust,
 }
 
 impl ConformanceOptions {
@@ -67,6 +69,7 @@ impl ConformanceOptions {
             qr_wait: Duration::from_secs(120),
             show_link: None,
             show_prompt: None,
+            tls: TlsTrust::system(),
         }
     }
 }
@@ -268,7 +271,8 @@ struct Run {
 
 /// Runs the whole suite.
 pub async fn run(options: ConformanceOptions) -> ConformanceReport {
-    let control = ControlPlane::new(options.base_url.clone(), options.api_key.clone());
+    let control =
+        ControlPlane::new(options.base_url.clone(), options.api_key.clone()).with_tls(&options.tls);
     let mut run =
         Run { options, control, card: None, card_json: None, report: ConformanceReport::default() };
     run.control_plane().await;
@@ -346,11 +350,13 @@ impl Run {
 
         // API key on /health.
         let outcome = if self.options.api_key.is_some() {
-            let anonymous = ControlPlane::new(self.options.base_url.clone(), None);
+            let anonymous =
+                ControlPlane::new(self.options.base_url.clone(), None).with_tls(&self.options.tls);
             let wrong = ControlPlane::new(
                 self.options.base_url.clone(),
                 Some(Secret::new("xagent-conformance-wrong-key")),
-            );
+            )
+            .with_tls(&self.options.tls);
             let none = anonymous.health().await;
             let bad = wrong.health().await;
             let refused =
@@ -476,7 +482,11 @@ impl Run {
     }
 
     fn options(&self, subprotocol: bool, key: bool) -> ProbeOptions {
-        ProbeOptions { subprotocol, api_key: if key { self.options.api_key.clone() } else { None } }
+        ProbeOptions {
+            subprotocol,
+            api_key: if key { self.options.api_key.clone() } else { None },
+            tls: self.options.tls.clone(),
+        }
     }
 
     async fn open_probe(&self) -> Option<Probe> {
@@ -1279,7 +1289,8 @@ impl Run {
             self.report.record(DOWNLOAD, skip("nothing uploaded"));
             return;
         };
-        let url = format!("/files/refs/{}", upload.file_ref);
+        // Relative, so it resolves under the Base URL path (a Connector behind a prefix).
+        let url = format!("files/refs/{}", upload.file_ref);
         let download = self
             .control
             .http()

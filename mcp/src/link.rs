@@ -27,7 +27,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, DownloadPolicy,
     Events, FunctionDeclaration, HealthMonitor, HolderLease, InboundMessage, PostgresXagentStore,
-    SignIn as Flow, SqliteXagentStore, ToolCallOptions, admit, builtin_tools,
+    SignIn as Flow, SqliteXagentStore, TlsTrust, ToolCallOptions, admit, builtin_tools,
 };
 use xagent_protocol_types::{
     AckStatus, AuthInput, AuthProgress, AuthStatus, ChatMessageAck, ConnectorCard,
@@ -117,6 +117,8 @@ pub struct LinkConfig {
     /// Where inbound files may be downloaded from and how large they may be (default: the
     /// Connector's own origin, [`MAX_DOWNLOAD_BYTES`]).
     pub download: DownloadPolicy,
+    /// The certificate authorities trusted for an `https` Base URL (default: the system's).
+    pub tls: TlsTrust,
     /// Keep the runtime's state (remembered channel, outbox, idempotency) in this PostgreSQL
     /// database instead of SQLite in the state directory; several bridges of one Card may
     /// share it, and only the holder of the Card's holder lease connects (the others wait).
@@ -195,7 +197,7 @@ impl Link {
     /// background; its link is offered through [`Link::sign_in`].
     pub async fn start(config: LinkConfig, state_dir: &Path) -> Result<Arc<Self>, LinkError> {
         let base = BaseUrl::parse(&config.base_url).map_err(ClientError::from)?;
-        let control = ControlPlane::new(base.clone(), config.api_key.clone());
+        let control = ControlPlane::new(base.clone(), config.api_key.clone()).with_tls(&config.tls);
         let admitted = admit(&control, &AdmissionWindow::default(), None).await?;
         let card = &admitted.card;
         tracing::info!(
@@ -204,7 +206,7 @@ impl Link {
             tools = card.tools.len(),
             "Connector admitted"
         );
-        let mut client = ClientConfig::for_card(base, card);
+        let mut client = ClientConfig::for_card(base, card).with_tls(config.tls.clone());
         let max_file_bytes = config.download.max_bytes;
         let inbox = match &config.database_url {
             Some(url) => {

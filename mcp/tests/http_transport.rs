@@ -120,6 +120,7 @@ async fn http_transport_requires_the_bearer_token() {
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_secs(30),
             download: Default::default(),
+            tls: Default::default(),
             database_url: None,
         },
         state_dir: dir.path().join("bridge"),

@@ -81,6 +81,7 @@ fn bridge_config(
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_secs(30),
             download: Default::default(),
+            tls: Default::default(),
             database_url: Some(url.clone()),
         },
         state_dir,

@@ -52,6 +52,7 @@ async fn setup() -> Setup {
             allowed: AllowedDirs::default(),
             health_interval: Duration::from_secs(30),
             download: Default::default(),
+            tls: Default::default(),
             database_url: None,
         },
         state_dir: dir.path().join("bridge"),

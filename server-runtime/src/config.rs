@@ -34,8 +34,13 @@ pub struct RuntimeConfig {
     pub auth_session_ttl: Duration,
     /// How often the background maintenance runs [`crate::ConnectorServer::tick`] (default 30 s).
     pub maintenance_interval: Duration,
-    /// Path prefix of the Base URL (e.g. `/connectors/echo`; default none).
+    /// Path prefix of the Base URL (e.g. `/connectors/echo`; default none): the routes are
+    /// served under it and the download URLs carry it.
     pub base_path: String,
+    /// The path prefix clients see in front of the runtime's URLs when a reverse proxy strips
+    /// it before forwarding (`https://host/connectors/webchat/` served at the Connector's root):
+    /// download URLs carry it, the routes do not. Default none (then [`Self::base_path`]).
+    pub public_path: Option<String>,
     /// Versions admitted in `connector.hello` (default `[3.0, 3.0]`, same-major rule).
     pub admission: AdmissionWindow,
     /// How long in-flight work may take to finish on shutdown (default 10 s). A connection
@@ -68,6 +73,7 @@ impl Default for RuntimeConfig {
             auth_session_ttl: Duration::from_secs(30 * 60),
             maintenance_interval: Duration::from_secs(30),
             base_path: String::new(),
+            public_path: None,
             admission: AdmissionWindow::default(),
             shutdown_grace: Duration::from_secs(10),
             listener: crate::listen::ServeLimits::default(),
@@ -85,6 +91,21 @@ impl RuntimeConfig {
     pub fn with_base_path(mut self, base_path: impl Into<String>) -> Self {
         self.base_path = base_path.into();
         self
+    }
+
+    /// Sets the path prefix a path-stripping reverse proxy puts in front of every URL
+    /// ([`Self::public_path`]).
+    #[must_use]
+    pub fn with_public_path(mut self, public_path: impl Into<String>) -> Self {
+        self.public_path = Some(public_path.into());
+        self
+    }
+
+    /// The path in front of the URLs the runtime hands out (download URLs): the public path a
+    /// proxy adds, followed by the Base URL path the runtime serves under.
+    pub fn url_path(&self) -> String {
+        let public = self.public_path.as_deref().unwrap_or_default().trim_end_matches('/');
+        format!("{public}{}", self.base_path.trim_end_matches('/'))
     }
 
     /// Sets the offline lease.
@@ -136,5 +157,19 @@ impl RuntimeConfig {
     pub fn with_max_packet_bytes(mut self, limit: usize) -> Self {
         self.max_packet_bytes = limit;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RuntimeConfig;
+
+    #[test]
+    fn the_url_path_is_the_proxys_public_path_then_the_base_path() {
+        assert_eq!(RuntimeConfig::default().url_path(), "");
+        assert_eq!(RuntimeConfig::default().with_base_path("/im/").url_path(), "/im");
+        let behind = RuntimeConfig::default().with_public_path("/connectors/webchat/");
+        assert_eq!(behind.url_path(), "/connectors/webchat");
+        assert_eq!(behind.with_base_path("/im").url_path(), "/connectors/webchat/im");
     }
 }

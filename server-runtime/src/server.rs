@@ -284,7 +284,7 @@ impl ServerBuilder {
             (Some(config), None) => Some(
                 crate::files::open_store(
                     config,
-                    &self.config.base_path,
+                    &self.config.url_path(),
                     storage.as_ref(),
                     Arc::clone(&self.clock),
                 )
@@ -295,7 +295,7 @@ impl ServerBuilder {
                 crate::files::open_database_store(
                     config,
                     url,
-                    &self.config.base_path,
+                    &self.config.url_path(),
                     Arc::clone(&self.clock),
                 )
                 .await?,

@@ -9,7 +9,7 @@ use xagent_protocol_types::{
 use xagent_protocol_validate::AdmissionWindow;
 
 use crate::store::XagentStore;
-use crate::{Backoff, BaseUrl, DownloadPolicy, HolderLease};
+use crate::{Backoff, BaseUrl, DownloadPolicy, HolderLease, TlsTrust};
 
 /// How to reach and greet a Connector.
 #[derive(Clone)]
@@ -53,6 +53,8 @@ pub struct ClientConfig {
     /// Where inbound files may be downloaded from, how large they may be and how many at a
     /// time (default: the Connector's own origin only, 32 MiB, 4 at a time).
     pub download: DownloadPolicy,
+    /// The certificate authorities trusted for an `https` Base URL (default: the system's).
+    pub tls: TlsTrust,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -68,6 +70,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("durable", &self.store.is_some())
             .field("lease", &self.lease)
             .field("download", &self.download)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -130,6 +133,7 @@ impl ClientConfig {
             store: None,
             lease: None,
             download: DownloadPolicy::default(),
+            tls: TlsTrust::system(),
         }
     }
 
@@ -160,6 +164,14 @@ impl ClientConfig {
     #[must_use]
     pub fn with_download_policy(mut self, policy: DownloadPolicy) -> Self {
         self.download = policy;
+        self
+    }
+
+    /// Trusts these certificate authorities on every socket to the Connector (the data plane,
+    /// the control and transfer planes, downloads).
+    #[must_use]
+    pub fn with_tls(mut self, tls: TlsTrust) -> Self {
+        self.tls = tls;
         self
     }
 

@@ -66,6 +66,7 @@ impl Shared {
         self.control
             .get_or_init(|| {
                 crate::ControlPlane::new(self.config.base_url.clone(), self.config.api_key.clone())
+                    .with_tls(&self.config.tls)
                     .with_download_policy(&self.config.download)
             })
             .clone()

@@ -23,7 +23,8 @@ impl DataPlane {
             config.base_url.clone(),
             config.api_key.clone(),
             config.max_frame_bytes,
-        );
+        )
+        .with_tls(config.tls.clone());
         Self::connect_with(config, transport).await
     }
 
@@ -53,7 +54,8 @@ impl DataPlane {
             config.base_url.clone(),
             config.api_key.clone(),
             config.max_frame_bytes,
-        );
+        )
+        .with_tls(config.tls.clone());
         let store: Arc<dyn XagentStore> = Arc::new(MemoryXagentStore::new());
         let (plane, mut events) = match ImState::empty(store.clone(), config.clock.now_millis()) {
             Ok(im) => Self::assemble(config, store, im, Vec::new(), transport),

@@ -257,7 +257,7 @@ impl Webchat {
         builder = builder
             .state_dir(&options.state_dir)?
             .clock(Arc::clone(&options.clock))
-            .config(options.config.clone())
+            .config(runtime_config(&options))
             .routes(move |handle| {
                 let shutdown = handle.shutdown_signal();
                 web::router(page, handle, shutdown, limits)
@@ -366,6 +366,18 @@ impl Webchat {
     ) -> Result<(), WebchatError> {
         Ok(self.server.serve(listener, shutdown).await?)
     }
+}
+
+/// The runtime's configuration: the caller's, with the public URL's path as the prefix of the
+/// URLs it hands out (the page is served at the root and a proxy strips that path, so download
+/// URLs must carry it), unless the caller set one.
+fn runtime_config(options: &WebchatOptions) -> RuntimeConfig {
+    let mut config = options.config.clone();
+    let path = web::root_path(&options.public_url);
+    if config.public_path.is_none() && !path.is_empty() {
+        config.public_path = Some(path);
+    }
+    config
 }
 
 /// Runs `work` until the runtime shuts down.

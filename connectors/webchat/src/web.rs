@@ -93,6 +93,9 @@ struct Web {
     /// `/connectors/webchat` behind a proxy serving it there): the page's links, its API calls,
     /// the session cookie's path and redirects start with it.
     root: Arc<str>,
+    /// The public URL's origin (`https://host[:port]`): a write whose `Origin` is it is
+    /// same-site even when a proxy rewrote `Host` (nginx's `$host` drops the port).
+    public_origin: Arc<str>,
 }
 
 impl Web {
@@ -118,6 +121,7 @@ pub(crate) fn router(
     limits: VisitorLimits,
 ) -> Router {
     let secure_cookie = app.public_url.starts_with("https://");
+    let app_url = app.public_url.clone();
     let root: Arc<str> = root_path(&app.public_url).into();
     let upload_body = usize::try_from(limits.max_upload_bytes)
         .unwrap_or(usize::MAX)
@@ -135,6 +139,7 @@ pub(crate) fn router(
         join_rate: Arc::new(Mutex::new(JoinRate::default())),
         secure_cookie,
         root: Arc::clone(&root),
+        public_origin: public_origin(&app_url).into(),
     };
     let home = format!("{root}/chat/");
     let again = home.clone();
@@ -169,7 +174,7 @@ pub(crate) fn router(
 /// The path of a public URL without its trailing `/`: `""` for `https://chat.example.org`,
 /// `/connectors/webchat` for `https://host/connectors/webchat/`. Only the characters a path
 /// prefix needs are kept (it goes into HTML and a cookie).
-fn root_path(public_url: &str) -> String {
+pub(crate) fn root_path(public_url: &str) -> String {
     let after_scheme = public_url.split_once("://").map_or(public_url, |(_, rest)| rest);
     let path = after_scheme.find('/').map_or("", |i| &after_scheme[i..]);
     let path = path.split(['?', '#']).next().unwrap_or_default().trim_end_matches('/');
@@ -228,12 +233,22 @@ fn presented_tokens(headers: &HeaderMap) -> Vec<String> {
 
 /// A cookie-authenticated write from another site is refused even if a browser sent the
 /// cookie (it is `SameSite=Strict`, so none should).
-fn same_origin(headers: &HeaderMap) -> bool {
+fn same_origin(headers: &HeaderMap, public_origin: &str) -> bool {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return true;
     };
+    if !public_origin.is_empty() && origin.eq_ignore_ascii_case(public_origin) {
+        return true;
+    }
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
     origin.split_once("://").is_some_and(|(_, rest)| rest == host)
+}
+
+/// `scheme://authority` of a public URL (`""` when it has none).
+fn public_origin(public_url: &str) -> String {
+    let Some((scheme, rest)) = public_url.split_once("://") else { return String::new() };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.is_empty() { String::new() } else { format!("{scheme}://{authority}") }
 }
 
 /// Checks the visitor token (bearer header or session cookie) against the room and returns
@@ -256,7 +271,7 @@ async fn visitor_write(
     room_id: &str,
     headers: &HeaderMap,
 ) -> Result<String, WebchatError> {
-    if !same_origin(headers) {
+    if !same_origin(headers, &web.public_origin) {
         return Err(WebchatError::Forbidden);
     }
     visitor(web, room_id, headers).await
@@ -1046,7 +1061,21 @@ async fn pair_confirm(
 
 #[cfg(test)]
 mod tests {
-    use super::root_path;
+    use super::{public_origin, root_path, same_origin};
+
+    #[test]
+    fn a_write_from_the_public_origin_is_same_site_whatever_host_the_proxy_sent() {
+        let origin = public_origin("https://127.0.0.1:8443/connectors/webchat");
+        assert_eq!(origin, "https://127.0.0.1:8443");
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("origin", "https://127.0.0.1:8443".parse().unwrap());
+        // nginx's `proxy_set_header Host $host` drops the port.
+        headers.insert("host", "127.0.0.1".parse().unwrap());
+        assert!(same_origin(&headers, &origin));
+        assert!(!same_origin(&headers, ""), "without the public origin only Host could tell");
+        headers.insert("origin", "https://evil.example".parse().unwrap());
+        assert!(!same_origin(&headers, &origin), "another site is refused");
+    }
 
     #[test]
     fn the_root_is_the_public_urls_path_without_its_last_slash() {
