@@ -71,6 +71,7 @@
 //! | `download` | inbound downloads under the download policy (origins, addresses, redirects, size) |
 //! | `base_url`, `ids`, `model_args` | Base URL rules; identifiers; the model's redundant `connector_channel_id` |
 //! | `secret_file` | a secret (API key, password, bearer token) read from an operator's file: the checks every such file gets |
+//! | `tls` | which certificate authorities the xAgent side trusts over TLS: the system's roots and an operator's added CAs, one config for every plane |
 
 mod acks;
 mod admission;
