@@ -23,30 +23,11 @@ import http from 'node:http';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
+import { TIMEOUT, bin, chromiumPath, freePort, log, root, runMain, step, steps, stopChild } from './support.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const root = path.resolve(here, '..');
-const bin = process.env.XAGENT_CONNECTOR_BIN || path.join(root, 'target/debug/xagent-connector');
-const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
 const nginxPath = process.env.NGINX || '/usr/sbin/nginx';
 const PREFIX = '/connectors/webchat';
-const TIMEOUT = 20_000;
-
-const log = (line) => process.stdout.write(line + '\n');
-
-async function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.unref();
-    server.on('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 /** A CA and a server certificate for 127.0.0.1 signed by it, made with openssl. */
 function makeCertificates(dir) {
@@ -147,14 +128,7 @@ function startDemo(port, stateDir, publicUrl, ca) {
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
   };
-  demo.stop = async () => {
-    if (child.exitCode !== null) return;
-    const exited = new Promise((resolve) => child.once('exit', resolve));
-    child.kill('SIGINT');
-    const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
-    await exited;
-    clearTimeout(timer);
-  };
+  demo.stop = () => stopChild(child);
   return demo;
 }
 
@@ -176,14 +150,6 @@ function join(url, code, { localAddress, headers = {}, ca }) {
     request.on('error', reject);
     request.end(body);
   });
-}
-
-const steps = [];
-async function step(name, body) {
-  const started = Date.now();
-  await body();
-  steps.push(name);
-  log(`ok   ${name} (${Date.now() - started} ms)`);
 }
 
 async function main() {
@@ -329,7 +295,4 @@ function run(command, args) {
   });
 }
 
-main().catch((error) => {
-  process.stderr.write(`FAILED: ${error.stack || error}\n`);
-  process.exit(1);
-});
+runMain(main);

@@ -22,34 +22,12 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
-import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
+import { TIMEOUT, bin, chromiumPath, freePort, here, log, runMain, step, steps, stopChild } from './support.mjs';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const root = path.resolve(here, '..');
-const bin = process.env.XAGENT_CONNECTOR_BIN || path.join(root, 'target/debug/xagent-connector');
-const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
 const shots = process.env.WEBCHAT_SCREENSHOT_DIR || path.join(here, 'out');
-const TIMEOUT = 20_000;
-
-function log(line) {
-  process.stdout.write(line + '\n');
-}
-
-async function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.unref();
-    server.on('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 /** Starts the demo and resolves once it printed its room link. */
 function startDemo(port, stateDir) {
@@ -90,23 +68,8 @@ function startDemo(port, stateDir) {
       });
     }
   };
-  demo.stop = async () => {
-    if (child.exitCode !== null) return;
-    const exited = new Promise((resolve) => child.once('exit', resolve));
-    child.kill('SIGINT');
-    const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
-    await exited;
-    clearTimeout(timer);
-  };
+  demo.stop = () => stopChild(child);
   return demo;
-}
-
-const steps = [];
-async function step(name, body) {
-  const started = Date.now();
-  await body();
-  steps.push(name);
-  log(`ok   ${name} (${Date.now() - started} ms)`);
 }
 
 async function draftLengthsWhileStreaming(page, needle) {
@@ -391,7 +354,4 @@ async function main() {
   }
 }
 
-main().catch((error) => {
-  process.stderr.write(`FAILED: ${error.stack || error}\n`);
-  process.exit(1);
-});
+runMain(main);
