@@ -24,7 +24,7 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { chromium } from 'playwright-core';
-import { TIMEOUT, bin, chromiumPath, freePort, log, root, runMain, step, steps, stopChild } from './support.mjs';
+import { TIMEOUT, bin, chromiumPath, freePort, log, onLines, root, runMain, step, steps, stopChild } from './support.mjs';
 
 const nginxPath = process.env.NGINX || '/usr/sbin/nginx';
 const PREFIX = '/connectors/webchat';
@@ -105,20 +105,11 @@ function startDemo(port, stateDir, publicUrl, ca) {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   const demo = { child, roomUrl: null, conformance: null, output: '' };
-  let buffer = '';
-  const take = (chunk) => {
-    demo.output += chunk.toString();
-    buffer += chunk.toString();
-    let index;
-    while ((index = buffer.indexOf('\n')) >= 0) {
-      const line = buffer.slice(0, index).trim();
-      buffer = buffer.slice(index + 1);
-      let match;
-      if ((match = line.match(/^Open (http\S+)/))) demo.roomUrl = match[1];
-      if (line.startsWith('xagent-connector conformance ')) demo.conformance = line.split(/\s+/).slice(1);
-    }
-  };
-  child.stdout.on('data', take);
+  onLines(child.stdout, (line) => {
+    let match;
+    if ((match = line.match(/^Open (http\S+)/))) demo.roomUrl = match[1];
+    if (line.startsWith('xagent-connector conformance ')) demo.conformance = line.split(/\s+/).slice(1);
+  }, (text) => { demo.output += text; });
   child.stderr.on('data', (chunk) => { demo.output += chunk.toString(); });
   demo.ready = async () => {
     const deadline = Date.now() + TIMEOUT;

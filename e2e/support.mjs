@@ -57,6 +57,22 @@ export async function stopChild(child) {
   clearTimeout(timer);
 }
 
+/** Calls `onLine` with each trimmed line a child prints on `stream`, and `onChunk` with the raw text. */
+export function onLines(stream, onLine, onChunk = () => {}) {
+  let buffer = '';
+  stream.on('data', (chunk) => {
+    const text = chunk.toString();
+    onChunk(text);
+    buffer += text;
+    let index;
+    while ((index = buffer.indexOf('\n')) >= 0) {
+      const line = buffer.slice(0, index).trim();
+      buffer = buffer.slice(index + 1);
+      onLine(line);
+    }
+  });
+}
+
 /** Ends the test process with the error's stack when `main` fails. */
 export function runMain(main) {
   main().catch((error) => {

@@ -25,7 +25,7 @@ import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { chromium } from 'playwright-core';
-import { TIMEOUT, bin, chromiumPath, freePort, here, log, runMain, step, steps, stopChild } from './support.mjs';
+import { TIMEOUT, bin, chromiumPath, freePort, here, log, onLines, runMain, step, steps, stopChild } from './support.mjs';
 
 const shots = process.env.WEBCHAT_SCREENSHOT_DIR || path.join(here, 'out');
 
@@ -38,21 +38,13 @@ function startDemo(port, stateDir) {
   const notify = () => {
     for (const waiter of demo.waiters.splice(0)) waiter();
   };
-  let buffer = '';
-  child.stdout.on('data', (chunk) => {
-    buffer += chunk.toString();
-    demo.output += chunk.toString();
-    let index;
-    while ((index = buffer.indexOf('\n')) >= 0) {
-      const line = buffer.slice(0, index).trim();
-      buffer = buffer.slice(index + 1);
-      let match;
-      if ((match = line.match(/^Open (http\S+)/))) demo.roomUrl = match[1];
-      if ((match = line.match(/pair a new room with the agent: (http\S+)/))) demo.pairUrls.push(match[1]);
-      if (line.startsWith('Paired:')) demo.paired += 1;
-      notify();
-    }
-  });
+  onLines(child.stdout, (line) => {
+    let match;
+    if ((match = line.match(/^Open (http\S+)/))) demo.roomUrl = match[1];
+    if ((match = line.match(/pair a new room with the agent: (http\S+)/))) demo.pairUrls.push(match[1]);
+    if (line.startsWith('Paired:')) demo.paired += 1;
+    notify();
+  }, (text) => { demo.output += text; });
   child.stderr.on('data', (chunk) => {
     demo.output += chunk.toString();
   });
