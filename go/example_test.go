@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"log"
 
-	"xagent.example/xagentvalidate"
+	xagentvalidate "github.com/xagent-connector/xagent-connector-rs/go"
 )
 
 // A Card that still declares protocol 2.0 and lacks its ids is refused, and the report names

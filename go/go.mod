@@ -1,3 +1,3 @@
-module xagent.example/xagentvalidate
+module github.com/xagent-connector/xagent-connector-rs/go
 
 go 1.19

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"xagent.example/xagentvalidate"
+	xagentvalidate "github.com/xagent-connector/xagent-connector-rs/go"
 )
 
 // goldenCase is one line of testdata/cases.tsv, written by validate-ffi/tests/go_package.rs.

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"xagent.example/xagentvalidate"
+	xagentvalidate "github.com/xagent-connector/xagent-connector-rs/go"
 )
 
 func mustRead(t *testing.T, name string) []byte {

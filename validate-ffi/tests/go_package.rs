@@ -1,5 +1,6 @@
-//! The Go package in `go/` (module `xagent.example/xagentvalidate`), which wraps the C ABI for
-//! Go backends, against the reports Rust gives.
+//! The Go package in `go/` (module `github.com/xagent-connector/xagent-connector-rs/go`,
+//! package `xagentvalidate`), which wraps the C ABI for Go backends, against the reports Rust
+//! gives.
 //!
 //! Its tests compare what the package returns with golden files committed in `go/testdata/`:
 //! `cases.tsv` lists every fixture case of `support::cases` (the same list the cgo check of

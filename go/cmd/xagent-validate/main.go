@@ -26,7 +26,7 @@ import (
 	"os"
 	"strings"
 
-	"xagent.example/xagentvalidate"
+	xagentvalidate "github.com/xagent-connector/xagent-connector-rs/go"
 )
 
 func main() {
