@@ -83,19 +83,14 @@ pub fn init_logging(default_filter: &str, format: LogFormat) {
 
 /// The span one inbound packet is handled in.
 pub(crate) fn packet_span(packet: &xagent_protocol_types::Packet) -> tracing::Span {
-    let span = tracing::info_span!(
+    // Every field is given at creation (an absent one is simply left out): each later
+    // `record` would make the formatting layer format the span's fields again.
+    tracing::info_span!(
         "packet",
         packet_type = %packet.packet_type(),
-        request_id = tracing::field::Empty,
-        connector_channel_id = tracing::field::Empty,
-    );
-    if let Some(id) = &packet.request_id {
-        span.record("request_id", id.as_str());
-    }
-    if let Some(channel) = &packet.connector_channel_id {
-        span.record("connector_channel_id", channel.as_str());
-    }
-    span
+        request_id = packet.request_id.as_ref().map(|id| id.as_str()),
+        connector_channel_id = packet.connector_channel_id.as_ref().map(|channel| channel.as_str()),
+    )
 }
 
 #[cfg(test)]

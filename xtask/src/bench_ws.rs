@@ -21,6 +21,11 @@
 //! PostgreSQL commits on the same server, through the same driver and pool settings, in each
 //! round (`durable_tool_ratio_vs_postgres`; `--synchronous` does not apply).
 //!
+//! `--log text|json` installs the runtime's logger at its default `info` filter, writing to a
+//! sink, as a deployed Connector logs: each inbound packet then opens its `packet` span (type,
+//! `request_id`, channel) and the formatter runs. Without it no logger is installed and spans
+//! cost only their disabled check, so the two runs side by side give the logging's price.
+//!
 //! `--quick` is one round of 2 s phases (under a minute); `--json` prints one JSON object whose
 //! `ratio_vs_echo` is the 64-in-flight ratio; `--rounds N` and `--seconds S` override.
 
@@ -32,6 +37,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use xagent_protocol_types::Packet;
+use xagent_server_runtime::{LogFormat, log_filter, log_layer};
 
 use crate::bench_support::{
     API_KEY, Flags, PacketSocket, ServerSide, bench_database, machine, median, print_table,
@@ -57,7 +63,17 @@ struct Endpoint {
 pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     let mut flags = Flags::parse(args);
     let postgres = flags.switch("--postgres");
-    flags.only(&["--rounds", "--seconds", "--synchronous"])?;
+    flags.only(&["--rounds", "--seconds", "--synchronous", "--log"])?;
+    let log: Option<LogFormat> = flags.value("--log")?;
+    if let Some(format) = log {
+        use tracing_subscriber::layer::SubscriberExt;
+        let subscriber = tracing_subscriber::registry().with(log_filter("info")).with(log_layer(
+            format,
+            std::io::sink,
+            false,
+        ));
+        tracing::subscriber::set_global_default(subscriber)?;
+    }
     if postgres && flags.value::<String>("--synchronous")?.is_some() {
         bail!("--synchronous is SQLite's; it does not apply with --postgres");
     }
@@ -184,6 +200,7 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         "ratio_vs_echo_inflight_1": ratio("rps_inflight_1"),
         "target_ratio": 0.7,
         "synchronous": synchronous.as_str(),
+        "log": match log { Some(LogFormat::Text) => "text", Some(LogFormat::Json) => "json", None => "none" },
         "durable_tool": {
             "rps_inflight_1": pick("durable_tool", "rps_inflight_1").round(),
             "rps_inflight_64": pick("durable_tool", "rps_inflight_64").round(),

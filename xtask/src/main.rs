@@ -41,7 +41,7 @@ mod codegen;
 mod cpu_limit;
 mod fuzz;
 
-const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation|bench-webchat [--quick] [--json] (bench-decode: [--no-ffi]; bench-ws, bench-durable: [--postgres]) | chaos [--quick] [--cluster [--throughput [--replica-cpu CORES]] | --matrix [--seed N]] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
+const USAGE: &str = "usage: cargo xtask gen-schemas [--check] | codegen-check [--only ts|py] | bench-ws|bench-decode|bench-durable|bench-scale|bench-isolation|bench-webchat [--quick] [--json] (bench-decode: [--no-ffi]; bench-ws: [--log text|json]; bench-ws, bench-durable: [--postgres]) | chaos [--quick] [--cluster [--throughput [--replica-cpu CORES]] | --matrix [--seed N]] | fuzz --seconds N [--target T] | attack [--quick] [--json]";
 
 fn main() -> ExitCode {
     match run() {
