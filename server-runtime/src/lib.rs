@@ -193,7 +193,9 @@ pub use handle::{Broadcast, ConnectorHandle, StartFn, StopFn};
 pub use http::{METRICS_PATH, READY, READYZ_PATH, error_response};
 pub use judge::InboundJudge;
 pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
-pub use logging::{ENV_LOG_FORMAT, LogFormat, init_logging, log_filter, log_layer};
+pub use logging::{
+    DEFAULT_LOG_FILTER, ENV_LOG_FORMAT, LogFormat, init_logging, log_filter, log_layer, logger,
+};
 pub use metrics::{AuthorGauge, METRICS_CONTENT_TYPE};
 pub use receiver::{Backoff, LinkHealth, MAX_RETRY_AFTER};
 pub use server::{

@@ -27,17 +27,29 @@ pub enum LogFormat {
     Json,
 }
 
+impl LogFormat {
+    /// The format's name, as `--log-format` and [`ENV_LOG_FORMAT`] take it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::Json => "json",
+        }
+    }
+}
+
 impl FromStr for LogFormat {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "text" => Ok(Self::Text),
-            "json" => Ok(Self::Json),
-            other => Err(format!("the log format is text or json, not {other:?}")),
-        }
+        [Self::Text, Self::Json]
+            .into_iter()
+            .find(|format| format.as_str() == text)
+            .ok_or_else(|| format!("the log format is text or json, not {text:?}"))
     }
 }
+
+/// The filter [`crate::ConnectorServer::serve_from_env`] logs at when `RUST_LOG` is not set.
+pub const DEFAULT_LOG_FILTER: &str = "info";
 
 /// The log filter of every binary: `RUST_LOG` when set, else `default`, with the database
 /// driver held at `info` whatever is asked (tokio-postgres logs statement parameters, which
@@ -71,14 +83,27 @@ where
     }
 }
 
+/// The runtime's logger: [`log_filter`] of `default_filter`, then a [`log_layer`] writing
+/// `format` to `writer`. [`init_logging`] installs it on stderr; a benchmark, on a sink.
+pub fn logger<W>(
+    default_filter: &str,
+    format: LogFormat,
+    writer: W,
+    ansi: bool,
+) -> impl tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync + 'static
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::registry()
+        .with(log_filter(default_filter))
+        .with(log_layer(format, writer, ansi))
+}
+
 /// Installs the process's logger on stderr, filtered by `RUST_LOG` (else `default_filter`,
 /// see [`log_filter`]), in `format`. Does nothing when a logger is installed already.
 pub fn init_logging(default_filter: &str, format: LogFormat) {
     let ansi = format == LogFormat::Text && std::io::stderr().is_terminal();
-    let _ = tracing_subscriber::registry()
-        .with(log_filter(default_filter))
-        .with(log_layer(format, std::io::stderr, ansi))
-        .try_init();
+    let _ = logger(default_filter, format, std::io::stderr, ansi).try_init();
 }
 
 /// The span one inbound packet is handled in.
@@ -108,5 +133,8 @@ mod tests {
         assert_eq!("text".parse::<LogFormat>(), Ok(LogFormat::Text));
         assert_eq!("json".parse::<LogFormat>(), Ok(LogFormat::Json));
         assert!("yaml".parse::<LogFormat>().unwrap_err().contains("text or json"));
+        for format in [LogFormat::Text, LogFormat::Json] {
+            assert_eq!(format.as_str().parse::<LogFormat>(), Ok(format));
+        }
     }
 }

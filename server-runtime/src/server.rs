@@ -103,7 +103,7 @@ impl ServerBuilder {
             })?,
             Err(_) => crate::LogFormat::Text,
         };
-        crate::logging::init_logging("info", format);
+        crate::logging::init_logging(crate::logging::DEFAULT_LOG_FILTER, format);
         let server = self.from_env()?.build().await?;
         let listen = std::env::var(ENV_LISTEN).unwrap_or_else(|_| DEFAULT_LISTEN.to_owned());
         let listener = tokio::net::TcpListener::bind(&listen).await?;

@@ -37,7 +37,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use xagent_protocol_types::Packet;
-use xagent_server_runtime::{LogFormat, log_filter, log_layer};
+use xagent_server_runtime::{DEFAULT_LOG_FILTER, LogFormat, logger};
 
 use crate::bench_support::{
     API_KEY, Flags, PacketSocket, ServerSide, bench_database, machine, median, print_table,
@@ -66,13 +66,12 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     flags.only(&["--rounds", "--seconds", "--synchronous", "--log"])?;
     let log: Option<LogFormat> = flags.value("--log")?;
     if let Some(format) = log {
-        use tracing_subscriber::layer::SubscriberExt;
-        let subscriber = tracing_subscriber::registry().with(log_filter("info")).with(log_layer(
+        tracing::subscriber::set_global_default(logger(
+            DEFAULT_LOG_FILTER,
             format,
             std::io::sink,
             false,
-        ));
-        tracing::subscriber::set_global_default(subscriber)?;
+        ))?;
     }
     if postgres && flags.value::<String>("--synchronous")?.is_some() {
         bail!("--synchronous is SQLite's; it does not apply with --postgres");
@@ -200,7 +199,7 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
         "ratio_vs_echo_inflight_1": ratio("rps_inflight_1"),
         "target_ratio": 0.7,
         "synchronous": synchronous.as_str(),
-        "log": match log { Some(LogFormat::Text) => "text", Some(LogFormat::Json) => "json", None => "none" },
+        "log": log.map_or("none", LogFormat::as_str),
         "durable_tool": {
             "rps_inflight_1": pick("durable_tool", "rps_inflight_1").round(),
             "rps_inflight_64": pick("durable_tool", "rps_inflight_64").round(),
