@@ -7,6 +7,11 @@
 //! result is one tar archive, created with mode 0600 (it holds the channels' credentials):
 //! restore it with `mkdir -m 700 DIR && tar -xf FILE -C DIR` while the Connector is stopped
 //! (every entry is owner-only: directories 0700, files 0600).
+//!
+//! With `--database-url` the runtime's state is in PostgreSQL (back it up with `pg_dump`) and
+//! the directory keeps only what is not: the lock, and for im.matrix the bot's session and
+//! crypto stores. `backup` copies those; a directory holding only the lock is refused with
+//! that advice.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -40,6 +45,11 @@ pub fn run_command(args: BackupArgs) -> ExitCode {
                 summary.files,
                 summary.bytes
             );
+            if !args.state_dir.join("connector.sqlite3").is_file() {
+                println!(
+                    "the runtime's state is in PostgreSQL (--database-url): back it up with pg_dump as well"
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(message) => {
@@ -61,9 +71,18 @@ pub(crate) struct Summary {
 }
 
 pub(crate) fn backup(state_dir: &Path, out: &Path) -> Result<Summary, String> {
-    if !state_dir.join("connector.sqlite3").is_file() {
+    let on_sqlite = state_dir.join("connector.sqlite3").is_file();
+    if !on_sqlite && !state_dir.join(xagent_server_runtime::LOCK_FILE).is_file() {
         return Err(format!(
-            "refused: {} holds no connector.sqlite3: not a Connector's state directory (with --database-url, back up the database with pg_dump and this directory's files)",
+            "refused: {} holds neither connector.sqlite3 nor a Connector's lock: not a Connector's state directory",
+            state_dir.display()
+        ));
+    }
+    let mut paths = Vec::new();
+    collect(state_dir, state_dir, &mut paths)?;
+    if !on_sqlite && paths.is_empty() {
+        return Err(format!(
+            "refused: {} holds only the lock: this Connector keeps its state in PostgreSQL (--database-url); back up the database with pg_dump",
             state_dir.display()
         ));
     }
@@ -83,8 +102,6 @@ pub(crate) fn backup(state_dir: &Path, out: &Path) -> Result<Summary, String> {
         .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
     let mut archive = tar::Builder::new(std::io::BufWriter::new(file));
     let mut summary = Summary::default();
-    let mut paths = Vec::new();
-    collect(state_dir, state_dir, &mut paths)?;
     paths.sort();
     // Directories first, owner-only like the state directory itself.
     let mut dirs: Vec<PathBuf> =

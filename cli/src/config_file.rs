@@ -11,7 +11,11 @@ use std::ffi::OsString;
 use std::path::Path;
 
 /// The subcommands that take `--config`.
+#[cfg(feature = "matrix")]
 pub(crate) const CONFIGURABLE: &[&str] = &["webchat", "homie", "matrix", "mcp"];
+/// The subcommands that take `--config` (im.matrix is not in this build).
+#[cfg(not(feature = "matrix"))]
+pub(crate) const CONFIGURABLE: &[&str] = &["webchat", "homie", "mcp"];
 
 /// Largest configuration file read.
 const MAX_CONFIG_BYTES: u64 = 1024 * 1024;

@@ -79,9 +79,10 @@ where
     None
 }
 
-/// Prints [`password_on_command_line`]'s warning for this process's arguments, if any.
-pub(crate) fn warn_if_password_on_command_line() {
-    if let Some(warning) = password_on_command_line(std::env::args_os().skip(1)) {
+/// Prints [`password_on_command_line`]'s warning for a command line (program name first), if
+/// any.
+pub(crate) fn warn_if_password_on_command_line(args: &[std::ffi::OsString]) {
+    if let Some(warning) = password_on_command_line(args.iter().skip(1)) {
         eprintln!("{warning}");
     }
 }

@@ -185,7 +185,7 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
                 println!();
                 println!("  System API key: {api_key_shown}");
                 println!("  Check the Connector (in a room of its own):");
-                println!("    xagent-connector conformance --base-url {local_url} --api-key {api_key_shown} --flow {ROOM_FLOW} --input room_name=conformance --input access_code={conformance_code} --input owner_code=owner-{conformance_code}");
+                println!("    {} conformance --base-url {local_url} --api-key {api_key_shown} --flow {ROOM_FLOW} --input room_name=conformance --input access_code={conformance_code} --input owner_code=owner-{conformance_code}", crate::self_command());
             }) => result,
             () = xagent_server_runtime::stop_signal() => Ok(()),
         };

@@ -43,8 +43,9 @@ pub struct HomieArgs {
     /// precedence over XAGENT_CONNECTOR_API_KEY and --api-key.
     #[arg(long, value_name = "PATH")]
     api_key_file: Option<PathBuf>,
-    /// Directory for the database and the snapshot files (created if missing). With
-    /// --database-url the runtime's state is in PostgreSQL and this directory keeps the files.
+    /// Directory for the database and the snapshot files (created if missing, readable only by
+    /// its owner). With --database-url both are in PostgreSQL and this directory keeps only the
+    /// lock that keeps a second process off.
     #[arg(long)]
     state_dir: PathBuf,
     /// The runtime's state in PostgreSQL (--database-url).

@@ -41,7 +41,9 @@ pub struct MatrixArgs {
     #[arg(long, value_name = "PATH")]
     api_key_file: Option<PathBuf>,
     /// Directory for the database, the files, and the bot's session and crypto store
-    /// (created if missing, readable only by its owner). Keep it: it holds the bot's keys.
+    /// (created if missing, readable only by its owner). With --database-url the database and
+    /// the files are in PostgreSQL and this directory keeps the bot's stores and the lock.
+    /// Keep it: it holds the bot's keys.
     #[arg(long)]
     state_dir: PathBuf,
     /// The runtime's state in PostgreSQL (--database-url); the bot's stores stay in

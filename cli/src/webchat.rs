@@ -33,9 +33,9 @@ pub struct WebchatArgs {
     /// precedence over XAGENT_CONNECTOR_API_KEY and --api-key.
     #[arg(long, value_name = "PATH")]
     api_key_file: Option<PathBuf>,
-    /// Directory for the databases and files (created if missing). With --database-url the
-    /// runtime's state is in PostgreSQL and this directory keeps im.webchat's own database
-    /// (rooms, visitors, history) and the files.
+    /// Directory for the database (rooms, visitors, history, channels) and the Transfer Plane's
+    /// files (created if missing, readable only by its owner). With --database-url all of that
+    /// is in PostgreSQL and this directory keeps only the lock that keeps a second process off.
     #[arg(long)]
     state_dir: PathBuf,
     /// The URL visitors reach this Connector at (pairing links start with it); default

@@ -87,3 +87,36 @@ async fn an_online_backup_restores_into_a_directory_a_connector_starts_on() {
     );
     assert!(!dir.path().join("other.tar").exists());
 }
+
+/// With `--database-url` the directory holds the lock and, for im.matrix, the bot's stores:
+/// `backup` copies what is there and says to dump PostgreSQL; a directory with only the lock
+/// is refused with that advice (DEPLOY.md's "Backups").
+#[test]
+fn a_postgresql_replicas_directory_backs_up_its_files_and_points_to_pg_dump() {
+    let dir = tempfile::tempdir().expect("dir");
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).expect("state dir");
+    std::fs::write(state.join(xagent_server_runtime::LOCK_FILE), b"").expect("lock");
+
+    let only_lock = backup(&state, &dir.path().join("lock-only.tar"));
+    assert_eq!(only_lock.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&only_lock.stderr);
+    assert!(stderr.contains("holds only the lock") && stderr.contains("pg_dump"), "{stderr}");
+    assert!(!dir.path().join("lock-only.tar").exists());
+
+    // A store of the bot's, as matrix-sdk keeps it beside the lock.
+    let store = state.join("matrix").join("matrix-sdk-crypto.sqlite3");
+    std::fs::create_dir(store.parent().expect("parent")).expect("store dir");
+    rusqlite::Connection::open(&store)
+        .and_then(|c| c.execute_batch("CREATE TABLE keys (k TEXT); INSERT INTO keys VALUES ('a');"))
+        .expect("a store");
+    let archive = dir.path().join("replica.tar");
+    let out = backup(&state, &archive);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("1 database(s)") && stdout.contains("pg_dump"), "{stdout}");
+    let listing = Command::new("tar").arg("-tf").arg(&archive).output().expect("tar runs");
+    let names = String::from_utf8_lossy(&listing.stdout);
+    assert!(names.contains("matrix/matrix-sdk-crypto.sqlite3"), "{names}");
+    assert!(!names.lines().any(|n| n.ends_with(xagent_server_runtime::LOCK_FILE)), "{names}");
+}

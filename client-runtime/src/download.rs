@@ -370,14 +370,11 @@ fn classify(error: reqwest::Error) -> DownloadError {
     if error.is_timeout() {
         return DownloadError::Failed("timed out".into());
     }
-    let mut causes = String::new();
-    let mut cause = std::error::Error::source(&error);
-    while let Some(current) = cause {
-        causes.push_str(": ");
-        causes.push_str(&current.to_string());
-        cause = current.source();
+    let error = error.without_url();
+    match crate::TlsProblem::find(&error) {
+        Some(problem) => DownloadError::Failed(format!("TLS failed: {problem}")),
+        None => DownloadError::Failed(crate::tls::error_chain(&error)),
     }
-    DownloadError::Failed(format!("{}{causes}", error.without_url()))
 }
 
 /// Whether an address is on the public internet: not unspecified, loopback, private,

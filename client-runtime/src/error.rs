@@ -21,6 +21,15 @@ pub enum ClientError {
         /// Why.
         reason: String,
     },
+    /// The TLS handshake refused the Connector's certificate; the problem says what is wrong
+    /// and what to change.
+    #[error("TLS to {endpoint} failed: {problem}")]
+    Tls {
+        /// Which endpoint.
+        endpoint: String,
+        /// What was wrong with the certificate.
+        problem: crate::TlsProblem,
+    },
     /// The system API key was refused (401/403).
     #[error("{endpoint} refused the system API key (HTTP {status}); check the configured key")]
     Unauthorized {
@@ -127,6 +136,18 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// A request or connection to `endpoint` that failed before an answer: [`Self::Tls`] when
+    /// the handshake refused the certificate, else [`Self::Transport`] with every cause.
+    pub(crate) fn unreachable(endpoint: &str, error: &(dyn std::error::Error + 'static)) -> Self {
+        match crate::TlsProblem::find(error) {
+            Some(problem) => Self::Tls { endpoint: endpoint.to_owned(), problem },
+            None => Self::Transport {
+                endpoint: endpoint.to_owned(),
+                reason: crate::tls::error_chain(error),
+            },
+        }
+    }
+
     /// The stable code for this error.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -134,9 +155,11 @@ impl ClientError {
             | Self::NotAdmissible(_)
             | Self::Protocol(_)
             | Self::Invalid { .. } => ErrorCode::InvalidPacket,
-            Self::Transport { .. } | Self::Http { .. } | Self::NotConnected | Self::Closed => {
-                ErrorCode::ConnectorChannelUnavailable
-            }
+            Self::Transport { .. }
+            | Self::Tls { .. }
+            | Self::Http { .. }
+            | Self::NotConnected
+            | Self::Closed => ErrorCode::ConnectorChannelUnavailable,
             Self::Unauthorized { .. } => ErrorCode::Unauthorized,
             Self::Timeout { .. } => ErrorCode::Timeout,
             Self::Remote(error) | Self::Refused(error) | Self::Withheld(error) => {
@@ -157,6 +180,7 @@ impl ClientError {
         matches!(
             self,
             Self::Transport { .. }
+                | Self::Tls { .. }
                 | Self::NotConnected
                 | Self::Timeout { .. }
                 | Self::Http { .. }

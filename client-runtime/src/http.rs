@@ -103,10 +103,7 @@ impl ControlPlane {
         endpoint: &str,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ClientError> {
-        request.send().await.map_err(|e| ClientError::Transport {
-            endpoint: endpoint.to_owned(),
-            reason: e.without_url().to_string(),
-        })
+        request.send().await.map_err(|e| ClientError::unreachable(endpoint, &e.without_url()))
     }
 
     async fn expect_success(

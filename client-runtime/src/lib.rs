@@ -139,7 +139,7 @@ pub use store::{
 #[cfg(feature = "postgres")]
 pub use store::{POSTGRES_COMPONENT, PostgresXagentStore};
 pub use stream::MessageStream;
-pub use tls::{TlsError, TlsTrust};
+pub use tls::{TlsError, TlsProblem, TlsTrust};
 pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{
     Frame, FrameSink, FrameStream, MemoryPeer, MemoryTransport, Transport, WsTransport,

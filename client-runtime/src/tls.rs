@@ -135,6 +135,105 @@ impl TlsTrust {
     }
 }
 
+/// What was wrong with a Connector's certificate, read from a refused TLS handshake. Its text
+/// says what is wrong and what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsProblem {
+    /// No trusted authority issued the certificate.
+    #[error(
+        "the certificate was issued by an authority this side does not trust (unknown issuer); \
+         give that authority's certificate with --ca-cert FILE (TlsTrust::with_ca_pem_file)"
+    )]
+    UnknownIssuer,
+    /// The certificate does not name the host of the Base URL.
+    #[error(
+        "the certificate is not valid for the host of the Base URL (name mismatch); use the \
+         host name or address the certificate lists, or have it issued for this one"
+    )]
+    NameMismatch,
+    /// The certificate expired.
+    #[error("the certificate has expired; renew the Connector's certificate")]
+    Expired,
+    /// The certificate is not valid yet.
+    #[error(
+        "the certificate is not valid yet; check the clock of this machine and of the one that issued it"
+    )]
+    NotYetValid,
+    /// The server presents a self-signed authority certificate as its own: a certificate
+    /// marked as a CA cannot also be the server's certificate, even when given to `--ca-cert`.
+    #[error(
+        "the server presents a self-signed CA certificate as its own certificate, which TLS \
+         refuses even when that certificate is given to --ca-cert; make a CA and a server \
+         certificate it signs, give the server the second and --ca-cert the first (docs/DEPLOY.md, \"xAgent in front of a private CA\")"
+    )]
+    SelfSignedServerCertificate,
+    /// Any other refusal, in rustls' words.
+    #[error("{0}; check the certificate the Connector serves and the --ca-cert given")]
+    Other(String),
+}
+
+impl TlsProblem {
+    fn from_rustls(error: &rustls::Error) -> Self {
+        use rustls::CertificateError as Cert;
+        let rustls::Error::InvalidCertificate(certificate) = error else {
+            return Self::Other(error.to_string());
+        };
+        match certificate {
+            Cert::UnknownIssuer => Self::UnknownIssuer,
+            Cert::NotValidForName | Cert::NotValidForNameContext { .. } => Self::NameMismatch,
+            Cert::Expired | Cert::ExpiredContext { .. } => Self::Expired,
+            Cert::NotValidYet | Cert::NotValidYetContext { .. } => Self::NotYetValid,
+            Cert::Other(other)
+                if std::error::Error::source(other)
+                    .and_then(|source| source.downcast_ref::<webpki::Error>())
+                    .is_some_and(|e| matches!(e, webpki::Error::CaUsedAsEndEntity)) =>
+            {
+                Self::SelfSignedServerCertificate
+            }
+            other => Self::Other(format!("the certificate was refused: {other}")),
+        }
+    }
+
+    /// The TLS refusal in an error's source chain, if any (reqwest, hyper and tungstenite wrap
+    /// rustls' error, some inside an `io::Error`).
+    pub fn find(error: &(dyn std::error::Error + 'static)) -> Option<Self> {
+        let mut current = Some(error);
+        while let Some(error) = current {
+            if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+                return Some(Self::from_rustls(tls));
+            }
+            // An io::Error's source() skips what it wraps (tokio-rustls wraps rustls' error in
+            // one io::Error, and hyper in another): look inside each.
+            let mut io = error.downcast_ref::<std::io::Error>();
+            while let Some(inner) = io.and_then(std::io::Error::get_ref) {
+                if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+                    return Some(Self::from_rustls(tls));
+                }
+                io = inner.downcast_ref::<std::io::Error>();
+            }
+            current = error.source();
+        }
+        None
+    }
+}
+
+/// An error and its sources as one line (`a: b: c`), without repeating a source whose text
+/// its wrapper already shows.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut current = error.source();
+    while let Some(source) = current {
+        let part = source.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        current = source.source();
+    }
+    text
+}
+
 /// The system's root certificates, read once per process.
 fn system_roots() -> &'static RootCertStore {
     static ROOTS: OnceLock<RootCertStore> = OnceLock::new();

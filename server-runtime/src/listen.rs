@@ -509,24 +509,27 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
 /// the `shutdown` of [`crate::ConnectorServer::serve`] for a graceful stop on both (L4).
 pub async fn stop_signal() {
     #[cfg(unix)]
-    {
+    let which = {
         use tokio::signal::unix::{SignalKind, signal};
         match signal(SignalKind::terminate()) {
             Ok(mut term) => {
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => "Ctrl-C (SIGINT)",
+                    _ = term.recv() => "SIGTERM",
                 }
             }
             Err(_) => {
                 let _ = tokio::signal::ctrl_c().await;
+                "Ctrl-C (SIGINT)"
             }
         }
-    }
+    };
     #[cfg(not(unix))]
-    {
+    let which = {
         let _ = tokio::signal::ctrl_c().await;
-    }
+        "Ctrl-C"
+    };
+    tracing::info!("{which} received: stopping after the open requests finish");
 }
 
 /// The client address of a request [`crate::ConnectorServer::serve`] accepted: the TCP peer,

@@ -144,8 +144,8 @@ impl ServerBuilder {
     }
 
     /// Uses `<dir>/connector.sqlite3` (WAL) as storage, and `<dir>/files` for the Transfer
-    /// Plane. After [`ServerBuilder::database_url`] the directory holds only the files: the
-    /// runtime's state stays in PostgreSQL.
+    /// Plane. After [`ServerBuilder::database_url`] the directory holds only its lock: the
+    /// runtime's state and the Transfer Plane's files are in PostgreSQL.
     ///
     /// The directory belongs to this process from here on: a second process given the same
     /// directory is refused ([`crate::StateLockError::InUse`], naming this one's pid).
@@ -512,6 +512,7 @@ impl ConnectorServer {
             shutdown.await;
             server_token.cancel();
         });
+        let card_id = self.card().connector_card_id.clone();
         let graceful = token.clone();
         let accepting = Arc::clone(&self.shared);
         accepting.accepting.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -546,6 +547,7 @@ impl ConnectorServer {
                 abort.abort();
             }
         }
+        tracing::info!(connector = %card_id, "stopped: open connections drained");
         Ok(())
     }
 

@@ -45,6 +45,13 @@ pub fn cargo_build(root: &Path, args: &[&str]) -> Result<PathBuf> {
     Ok(artifact_dir(root, target_dir.as_deref(), if release { "release" } else { "debug" }))
 }
 
+/// Builds `xagent-connector` with every subcommand (im.matrix is a cargo feature the default
+/// build leaves out) in this task's profile and returns its path. Every harness builds it the
+/// same way, so one run of several tasks builds it once.
+pub fn xagent_connector(root: &Path) -> Result<PathBuf> {
+    Ok(cargo_build(root, &["-p", "xagent-cli", "--features", "matrix"])?.join("xagent-connector"))
+}
+
 /// Where cargo, run in `root`, puts the artifacts of `profile`: under `target_dir` (the value
 /// of `CARGO_TARGET_DIR`; a relative one counts from `root`), else under `<root>/target`.
 fn artifact_dir(root: &Path, target_dir: Option<&std::ffi::OsStr>, profile: &str) -> PathBuf {

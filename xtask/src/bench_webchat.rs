@@ -37,11 +37,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
         bail!("--inflight must be at least 1");
     }
     let raw_period = Duration::from_secs(if flags.quick { 1 } else { 3 });
-    let bin = crate::bench_support::cargo_build(
-        root,
-        &["-p", "xagent-cli", "--bin", "xagent-connector"],
-    )?
-    .join("xagent-connector");
+    let bin = crate::bench_support::xagent_connector(root)?;
     let dir = temp_dir("bench-webchat")?;
     let port = crate::chaos::free_port()?;
     let mut child = spawn_webchat(&bin, &dir.join("state"), port)?;

@@ -128,8 +128,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<ExitCode> {
             max_traffic_seconds: 600,
         }
     };
-    let bin =
-        crate::bench_support::cargo_build(root, &["-p", "xagent-cli"])?.join("xagent-connector");
+    let bin = crate::bench_support::xagent_connector(root)?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut rng = Rng::new(seed);

@@ -46,8 +46,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
     } else {
         Sizes { messages: 200, kills: 5 }
     };
-    let bin =
-        crate::bench_support::cargo_build(root, &["-p", "xagent-cli"])?.join("xagent-connector");
+    let bin = crate::bench_support::xagent_connector(root)?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let outcome = runtime.block_on(kill_scenario(&bin, &sizes, &mut Rng::new(seed)))?;

@@ -404,10 +404,20 @@ async fn rebind(app: Arc<App>, ctx: ChannelContext, reason: BoundReason) {
     let Some(room_id) = ctx.binding.secret(ROOM_SECRET).map(|s| s.expose().to_owned()) else {
         return;
     };
-    if app.room_of(&ctx.channel).await.is_none()
-        && let Ok(store) = app.store()
-    {
-        let _ = store.set_room_channel(&room_id, Some(&ctx.channel)).await;
+    // At start this runs while the runtime is being built, before the App holds its store;
+    // the handle's author store holds the same records.
+    let store = match app.store() {
+        Ok(store) => store.clone(),
+        Err(_) => Store::new(ctx.handle.author_store()),
+    };
+    match store.room_by_channel(&ctx.channel).await {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            if let Err(error) = store.set_room_channel(&room_id, Some(&ctx.channel)).await {
+                tracing::warn!(%error, "a restored channel's room could not be bound again");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "a restored channel's room could not be read"),
     }
 }
 

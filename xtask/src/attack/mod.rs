@@ -127,7 +127,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<ExitCode> {
 }
 
 fn build(root: &Path) -> Result<PathBuf> {
-    Ok(crate::bench_support::cargo_build(root, &["-p", "xagent-cli"])?.join("xagent-connector"))
+    crate::bench_support::xagent_connector(root)
 }
 
 /// The running Connector under attack.
