@@ -27,6 +27,6 @@ cp "$ROOT/server-runtime/examples/webhook_connector.rs" "$WORK/acme-connector/sr
 cp "$ROOT/Cargo.lock" "$WORK/acme-connector/Cargo.lock"
 echo "--- $WORK/acme-connector/Cargo.toml"
 cat "$WORK/acme-connector/Cargo.toml"
-(cd "$WORK/acme-connector" && cargo build --quiet --target-dir "$ROOT/target")
+(cd "$WORK/acme-connector" && cargo build --target-dir "$ROOT/target")
 test -x "$ROOT/target/debug/acme-connector"
 echo "a Connector outside the workspace builds with docs/AUTHORING.md's dependency lines"

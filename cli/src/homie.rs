@@ -192,8 +192,9 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
         if let Err(message) = args.listener.start_metrics(homie.server()).await {
             return crate::usage("homie", message);
         }
+        let stop = xagent_server_runtime::stop_signal();
         println!("device.homie listening on {local_url} (Base URL for xAgent; broker {mqtt})");
-        match homie.serve(listener, xagent_server_runtime::stop_signal()).await {
+        match homie.serve(listener, stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("xagent-connector homie: {error}");

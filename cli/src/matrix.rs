@@ -150,11 +150,12 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
         if let Err(message) = args.listener.start_metrics(matrix.server()).await {
             return usage(message);
         }
+        let stop = xagent_server_runtime::stop_signal();
         println!(
             "im.matrix listening on {local_url} (Base URL for xAgent; bot {} on {})",
             args.user, args.homeserver
         );
-        match matrix.serve(listener, xagent_server_runtime::stop_signal()).await {
+        match matrix.serve(listener, stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("xagent-connector matrix: {error}");

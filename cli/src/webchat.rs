@@ -232,8 +232,8 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         if let Err(message) = args.listener.start_metrics(webchat.server()).await {
             return crate::usage("webchat", message);
         }
-        println!("im.webchat listening on {local_url} (Base URL for xAgent; chat page at {public_url}/chat/)");
         let stop = xagent_server_runtime::stop_signal();
+        println!("im.webchat listening on {local_url} (Base URL for xAgent; chat page at {public_url}/chat/)");
         match webchat.serve(listener, stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

@@ -506,30 +506,34 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
 }
 
 /// Completes on Ctrl-C or SIGTERM (what service managers and `docker stop` send): pass it as
-/// the `shutdown` of [`crate::ConnectorServer::serve`] for a graceful stop on both (L4).
-pub async fn stop_signal() {
+/// the `shutdown` of [`crate::ConnectorServer::serve`] for a graceful stop on both (L4). The
+/// signals are taken over when this is called (inside the async runtime), not when the future
+/// is first polled, so a SIGTERM right after the "listening" line is a graceful stop too.
+pub fn stop_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let which = {
+    let signals = {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => "Ctrl-C (SIGINT)",
-                    _ = term.recv() => "SIGTERM",
-                }
-            }
-            Err(_) => {
+        (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok())
+    };
+    async move {
+        #[cfg(unix)]
+        let which = match signals {
+            (Some(mut term), Some(mut interrupt)) => tokio::select! {
+                _ = interrupt.recv() => "Ctrl-C (SIGINT)",
+                _ = term.recv() => "SIGTERM",
+            },
+            _ => {
                 let _ = tokio::signal::ctrl_c().await;
                 "Ctrl-C (SIGINT)"
             }
-        }
-    };
-    #[cfg(not(unix))]
-    let which = {
-        let _ = tokio::signal::ctrl_c().await;
-        "Ctrl-C"
-    };
-    tracing::info!("{which} received: stopping after the open requests finish");
+        };
+        #[cfg(not(unix))]
+        let which = {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        };
+        tracing::info!("{which} received: stopping after the open requests finish");
+    }
 }
 
 /// The client address of a request [`crate::ConnectorServer::serve`] accepted: the TCP peer,

@@ -111,13 +111,14 @@ impl ServerBuilder {
             let local = server.start_metrics(&metrics).await?;
             println!("metrics listening on http://{local}/metrics");
         }
+        let stop = crate::listen::stop_signal();
         // One plain line on stdout that scripts (CI) can wait for.
         println!(
             "{} listening on http://{}",
             server.card().connector_card_id,
             listener.local_addr()?
         );
-        server.serve(listener, crate::listen::stop_signal()).await
+        server.serve(listener, stop).await
     }
 
     /// Enables the Transfer Plane with this configuration (a state directory enables it by

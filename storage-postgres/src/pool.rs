@@ -156,9 +156,9 @@ impl std::fmt::Debug for Pool {
 /// and the server name are always verified, against `sslrootcert=FILE` or the system's roots).
 pub async fn connect(url: &DatabaseUrl, options: PoolOptions) -> Result<Pool, PgError> {
     options.validate()?;
-    let manager = Manager::from_config(
+    let manager = Manager::from_connect(
         options.session_config(url),
-        tls_connector(url)?,
+        Driver { tls: tls_connector(url)? },
         // Fast: a connection is checked with `is_closed` only; a broken one is found by its
         // first statement, whose error is reported (and the connection then dropped).
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
@@ -175,6 +175,58 @@ pub async fn connect(url: &DatabaseUrl, options: PoolOptions) -> Result<Pool, Pg
     let client = pool.get().await?;
     client.simple_query("SELECT 1").await.map_err(|e| pool.error("the first query", &e))?;
     Ok(pool)
+}
+
+/// Opens the pool's connections and drives each in a task of its own, reading the server's
+/// messages itself: a notice (such as the migrations' "already exists, skipping") is logged at
+/// debug and a server warning at warn, under this crate's name. Left to tokio-postgres, every
+/// notice was logged at info with the driver's source path.
+struct Driver {
+    tls: MakeRustlsConnect,
+}
+
+impl deadpool_postgres::Connect for Driver {
+    fn connect(
+        &self,
+        config: &tokio_postgres::Config,
+    ) -> futures_util::future::BoxFuture<
+        '_,
+        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+    > {
+        let tls = self.tls.clone();
+        let config = config.clone();
+        Box::pin(async move {
+            let (client, mut connection) = config.connect(tls).await?;
+            let driver = tokio::spawn(async move {
+                loop {
+                    match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                        Some(Ok(AsyncMessage::Notice(notice))) => log_notice(&notice),
+                        Some(Ok(_)) => {}
+                        Some(Err(error)) => {
+                            tracing::warn!(%error, "a PostgreSQL connection broke; the pool opens another");
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+            });
+            Ok((client, driver))
+        })
+    }
+}
+
+/// A notice of the server's: warnings at warn, the rest (notices, info) at debug.
+fn log_notice(notice: &tokio_postgres::error::DbError) {
+    if notice.severity() == "WARNING" {
+        tracing::warn!(code = notice.code().code(), "PostgreSQL: {}", notice.message());
+    } else {
+        tracing::debug!(
+            severity = notice.severity(),
+            code = notice.code().code(),
+            "PostgreSQL: {}",
+            notice.message()
+        );
+    }
 }
 
 /// The TLS connector for `url`'s settings (unused when TLS is off: the driver then never
