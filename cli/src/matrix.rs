@@ -116,9 +116,15 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
     if !(args.homeserver.starts_with("https://") || args.homeserver.starts_with("http://")) {
         return usage("--homeserver must be an http:// or https:// URL");
     }
-    // The SDK warns on every room key it cannot back up (the bot keeps no key backup).
+    // The SDK warns on every room key it cannot back up (the bot keeps no key backup); its
+    // HTTP client logs every failed request as an ERROR, also those the SDK expects (a 404 for
+    // account data a new account does not have), and hands each failure to its caller, where
+    // the Connector reports what matters; a new device's first key query warns that the
+    // device "might have been deleted" before its keys are uploaded.
     args.log.init(
-        "info,tower_http=warn,matrix_sdk=warn,matrix_sdk_crypto=warn,matrix_sdk_base=warn,matrix_sdk_crypto::backups=error",
+        "info,tower_http=warn,matrix_sdk=warn,matrix_sdk_crypto=warn,matrix_sdk_base=warn,\
+         matrix_sdk_crypto::backups=error,matrix_sdk::http_client=off,\
+         matrix_sdk_crypto::identities::manager=error",
     );
     args.config.announce();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
