@@ -527,6 +527,28 @@ mod tests {
         );
     }
 
+    /// Protocol 9: `offline` and `error` are signed in but inactive. A user whose only channel
+    /// is in one of them is told the channel is unavailable, not that none is signed in, even
+    /// where its Descriptor still lists the Tool as available.
+    #[test]
+    fn resolution_10_1_offline_and_error_channels_are_connector_channel_unavailable() {
+        for status in [ConnectionStatus::Offline, ConnectionStatus::Error] {
+            let directory =
+                directory(&[("cch_a", "alice", status.clone(), DescriptorTool::available("send"))]);
+            assert_eq!(
+                code(directory.resolve("alice", None, "send")),
+                "connector_channel_unavailable",
+                "{status:?}"
+            );
+            let binding = SessionBinding::new("im.x", "cch_a");
+            assert_eq!(
+                code(directory.resolve("alice", Some(&binding), "send")),
+                "connector_channel_unavailable",
+                "{status:?}"
+            );
+        }
+    }
+
     #[test]
     fn resolution_10_1_no_signed_in_channel_is_connection_not_found() {
         let directory = directory(&[(

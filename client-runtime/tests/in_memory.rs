@@ -15,7 +15,7 @@ use xagent_client_runtime::{
 };
 use xagent_protocol_types::{
     CardTool, ChatMessageAck, ConnectionStatus, ConnectorHelloAck, DescriptorTool, ManualClock,
-    Packet, ToolInvokeAck,
+    Packet, Ping, ToolInvokeAck,
 };
 
 #[tokio::test(start_paused = true)]
@@ -479,4 +479,58 @@ async fn readmission_rule_a_new_card_tool_is_accepted_in_descriptors_after_set_c
     assert!(seen.is_some(), "the packet rules judge by the re-admitted Card, not the first one");
     let entry = plane.directory().get(&"cch_1".into()).cloned().expect("known");
     assert!(format!("{entry:?}").contains("mem_history"), "the new Tool is in the directory");
+}
+
+/// Section 8.22: a `ping` from the Connector is answered with a `pong` carrying its
+/// `request_id` (and answering its packet).
+#[tokio::test(start_paused = true)]
+async fn ping_rule_a_connectors_ping_gets_a_pong_with_its_request_id() {
+    let clock = ManualClock::new(1_000);
+    let (plane, _events, _transport, mut peers) = start(config(&clock)).await;
+    let mut peer = accept_hello(&mut peers).await;
+    plane.connected().await.expect("online");
+    let ping = Packet::with_payload("pkt_ping", Ping::default()).request_id("req_ping");
+    send(&peer, ping).await;
+    let pong = tokio::time::timeout(Duration::from_secs(5), support::next(&mut peer, "pong"))
+        .await
+        .expect("the ping is answered");
+    assert_eq!(pong.request_id.as_ref().map(|r| r.as_str()), Some("req_ping"));
+    assert_eq!(pong.reply_to.as_ref().map(|r| r.as_str()), Some("pkt_ping"));
+}
+
+/// Section 8.3: a channel opened but never signed in is not persisted, so a reconnect reopens
+/// only the remembered (signed-in) channels, never the unauthenticated one.
+#[tokio::test(start_paused = true)]
+async fn reconnect_rule_a_channel_opened_but_not_signed_in_is_not_reopened() {
+    let clock = ManualClock::new(1_000);
+    let (plane, _events, _transport, mut peers) = start(config(&clock)).await;
+    let mut peer = accept_hello(&mut peers).await;
+    plane.connected().await.expect("online");
+    // Two users (the Card's user_channel_mode is single): alice signs in, bob only opens.
+    for (owner, channel, status) in [
+        ("alice", "cch_signed", ConnectionStatus::Connected),
+        ("bob", "cch_created", ConnectionStatus::Created),
+    ] {
+        let opening = tokio::spawn({
+            let plane = plane.clone();
+            async move { plane.open_channel_for(owner, None).await }
+        });
+        MEM.answer_next_open(&mut peer, channel, status).await;
+        opening.await.expect("joins").expect("opened");
+    }
+    plane.remember_channel("cch_signed".into()).await;
+    // The connection drops; the client reconnects.
+    drop(peer);
+    let mut peer = accept_hello(&mut peers).await;
+    let mut reopened = Vec::new();
+    let quiet_until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(Some(value)) = tokio::time::timeout_at(quiet_until, peer.next_json()).await {
+        let sent = packet(&value);
+        if sent.type_str() == "channel.open" {
+            let channel = sent.connector_channel_id.clone().expect("a reopen names its channel");
+            MEM.answer_open(&peer, &sent, channel.as_str(), ConnectionStatus::Connected).await;
+            reopened.push(channel.to_string());
+        }
+    }
+    assert_eq!(reopened, ["cch_signed"], "only the remembered channel is reopened");
 }
