@@ -164,6 +164,14 @@ impl ChannelDirectory {
         self.entries.iter().filter(move |e| e.owner.as_deref() == Some(owner))
     }
 
+    /// Drops every Descriptor (owners stay): they described a Connector runtime instance that
+    /// is gone, and no Tool may resolve to a channel until the new one described it.
+    pub(crate) fn forget_descriptors(&mut self) {
+        for entry in &mut self.entries {
+            entry.descriptor = None;
+        }
+    }
+
     /// Forgets a channel.
     pub fn forget(&mut self, channel: &ConnectorChannelId) {
         self.entries.retain(|e| &e.connector_channel_id != channel);
