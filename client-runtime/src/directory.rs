@@ -164,6 +164,14 @@ impl ChannelDirectory {
         self.entries.iter().filter(move |e| e.owner.as_deref() == Some(owner))
     }
 
+    /// Drops every Descriptor (owners stay): they described a Connector runtime instance that
+    /// is gone, and no Tool may resolve to a channel until the new one described it.
+    pub(crate) fn forget_descriptors(&mut self) {
+        for entry in &mut self.entries {
+            entry.descriptor = None;
+        }
+    }
+
     /// Forgets a channel.
     pub fn forget(&mut self, channel: &ConnectorChannelId) {
         self.entries.retain(|e| &e.connector_channel_id != channel);
@@ -525,6 +533,28 @@ mod tests {
             code(directory.resolve("alice", Some(&binding), "send")),
             "connector_channel_unavailable"
         );
+    }
+
+    /// Protocol 9: `offline` and `error` are signed in but inactive. A user whose only channel
+    /// is in one of them is told the channel is unavailable, not that none is signed in, even
+    /// where its Descriptor still lists the Tool as available.
+    #[test]
+    fn resolution_10_1_offline_and_error_channels_are_connector_channel_unavailable() {
+        for status in [ConnectionStatus::Offline, ConnectionStatus::Error] {
+            let directory =
+                directory(&[("cch_a", "alice", status.clone(), DescriptorTool::available("send"))]);
+            assert_eq!(
+                code(directory.resolve("alice", None, "send")),
+                "connector_channel_unavailable",
+                "{status:?}"
+            );
+            let binding = SessionBinding::new("im.x", "cch_a");
+            assert_eq!(
+                code(directory.resolve("alice", Some(&binding), "send")),
+                "connector_channel_unavailable",
+                "{status:?}"
+            );
+        }
     }
 
     #[test]

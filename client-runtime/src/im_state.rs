@@ -163,6 +163,35 @@ impl ImState {
         self.flush(Vec::new())
     }
 
+    /// The Connector answered hello with a new `connector_id`: its runtime instance was rebuilt
+    /// and every channel of the old one unregistered with it (architecture 3.4), so what this
+    /// client kept for `channels` as delivery state ends here: the outbox's pending messages
+    /// (discarded, never sent to the new instance), the receiver's completed ids (a message
+    /// id the new instance uses again is a new message), the streams in progress. Submitted
+    /// as one batch with `extra` (the new `connector_id`): a restart finds either the old state
+    /// and the old id or neither. Call it under the IM lock.
+    pub(crate) fn on_instance_replaced(
+        &mut self,
+        channels: &[ConnectorChannelId],
+        extra: Vec<XagentWrite>,
+    ) -> CommitTicket {
+        let mut writes = Vec::with_capacity(channels.len() + extra.len());
+        for channel in channels {
+            let stored = self.persisted(channel);
+            if let Err(error) = self.outbox.remove_channel(&stored) {
+                tracing::warn!(channel = %stored, %error, "outbox could not drop a replaced instance's messages");
+            }
+            self.receiver.forget_channel(&stored);
+            self.deltas.remove_channel(&stored);
+            writes.push(XagentWrite::Idempotency(IdempotencyWrite::Trim {
+                channel: stored,
+                keep: 0,
+            }));
+        }
+        writes.extend(extra);
+        self.flush(writes)
+    }
+
     /// A remembered channel open as `previous` came back as `current` (the Connector re-keyed
     /// it): renamed durably ([`ImState::rename_channel`]); when the store refuses, it keeps
     /// working in this process under its stored id (an alias). The caller holds the IM lock

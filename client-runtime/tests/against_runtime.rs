@@ -42,6 +42,46 @@ async fn next_event(
         .expect("the awaited event arrived within 15 s")
 }
 
+/// Section 4.2: a Connector without a Skill answers `/skill.md` with 204 (as this runtime does)
+/// or 404; either way it is admitted, with no Skill.
+#[tokio::test]
+async fn admission_rule_a_connector_without_a_skill_is_admitted_on_204_and_404() {
+    use axum::http::StatusCode;
+    let connector = xagent_server_runtime::Connector::builder("im.noskill", "No Skill", "1.0.0")
+        .target(xagent_protocol_types::TargetDeclaration::new(
+            xagent_protocol_types::TargetType::Im,
+            "noskill",
+            "No Skill",
+        ))
+        .profile(xagent_protocol_types::PROFILE_IM_V2)
+        .on_message(|_, _| async {})
+        .build()
+        .expect("a valid Connector");
+    let server = xagent_server_runtime::ConnectorServer::builder(connector)
+        .api_key(Secret::new(API_KEY))
+        .build()
+        .await
+        .expect("builds");
+    let answers_204 = xagent_testkit::serve_on_loopback(&server).await;
+    // The same Connector behind a router whose `/skill.md` is not found.
+    let not_found = axum::Router::new()
+        .route("/skill.md", axum::routing::get(|| async { StatusCode::NOT_FOUND }))
+        .fallback_service(server.router());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let answers_404 = listener.local_addr().expect("an address");
+    tokio::spawn(async move { axum::serve(listener, not_found).await });
+    for (addr, status) in [(answers_204, 204), (answers_404, 404)] {
+        let base = BaseUrl::parse(&format!("http://{addr}")).expect("base url");
+        let http = reqwest::get(format!("http://{addr}/skill.md")).await.expect("answers");
+        assert_eq!(http.status().as_u16(), status);
+        let control = ControlPlane::new(base, Some(Secret::new(API_KEY)));
+        let admitted = admit(&control, &AdmissionWindow::default(), Some("im.noskill"))
+            .await
+            .unwrap_or_else(|e| panic!("{status}: not admitted: {e}"));
+        assert_eq!(admitted.skill, None, "{status}");
+    }
+}
+
 #[tokio::test]
 async fn admission_accepts_the_echo_connector_and_checks_its_key() {
     let server = start(&temp_state_dir("admit"), None).await;

@@ -14,8 +14,8 @@ use xagent_client_runtime::{
     next_event_matching,
 };
 use xagent_protocol_types::{
-    CardTool, ChatMessageAck, ConnectionStatus, ConnectorHelloAck, DescriptorTool, ManualClock,
-    Packet, ToolInvokeAck,
+    CardTool, ChannelOpenAck, ChatMessage, ChatMessageAck, ConnectionStatus, ConnectorHelloAck,
+    DescriptorTool, ManualClock, Packet, Ping, ToolInvokeAck,
 };
 
 #[tokio::test(start_paused = true)]
@@ -479,4 +479,134 @@ async fn readmission_rule_a_new_card_tool_is_accepted_in_descriptors_after_set_c
     assert!(seen.is_some(), "the packet rules judge by the re-admitted Card, not the first one");
     let entry = plane.directory().get(&"cch_1".into()).cloned().expect("known");
     assert!(format!("{entry:?}").contains("mem_history"), "the new Tool is in the directory");
+}
+
+/// Section 8.22: a `ping` from the Connector is answered with a `pong` carrying its
+/// `request_id` (and answering its packet).
+#[tokio::test(start_paused = true)]
+async fn ping_rule_a_connectors_ping_gets_a_pong_with_its_request_id() {
+    let clock = ManualClock::new(1_000);
+    let (plane, _events, _transport, mut peers) = start(config(&clock)).await;
+    let mut peer = accept_hello(&mut peers).await;
+    plane.connected().await.expect("online");
+    let ping = Packet::with_payload("pkt_ping", Ping::default()).request_id("req_ping");
+    send(&peer, ping).await;
+    let pong = tokio::time::timeout(Duration::from_secs(5), support::next(&mut peer, "pong"))
+        .await
+        .expect("the ping is answered");
+    assert_eq!(pong.request_id.as_ref().map(|r| r.as_str()), Some("req_ping"));
+    assert_eq!(pong.reply_to.as_ref().map(|r| r.as_str()), Some("pkt_ping"));
+}
+
+/// Section 8.3: a channel opened but never signed in is not persisted, so a reconnect reopens
+/// only the remembered (signed-in) channels, never the unauthenticated one.
+#[tokio::test(start_paused = true)]
+async fn reconnect_rule_a_channel_opened_but_not_signed_in_is_not_reopened() {
+    let clock = ManualClock::new(1_000);
+    let (plane, _events, _transport, mut peers) = start(config(&clock)).await;
+    let mut peer = accept_hello(&mut peers).await;
+    plane.connected().await.expect("online");
+    // Two users (the Card's user_channel_mode is single): alice signs in, bob only opens.
+    for (owner, channel, status) in [
+        ("alice", "cch_signed", ConnectionStatus::Connected),
+        ("bob", "cch_created", ConnectionStatus::Created),
+    ] {
+        let opening = tokio::spawn({
+            let plane = plane.clone();
+            async move { plane.open_channel_for(owner, None).await }
+        });
+        MEM.answer_next_open(&mut peer, channel, status).await;
+        opening.await.expect("joins").expect("opened");
+    }
+    plane.remember_channel("cch_signed".into()).await;
+    // The connection drops; the client reconnects.
+    drop(peer);
+    let mut peer = accept_hello(&mut peers).await;
+    let mut reopened = Vec::new();
+    let quiet_until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(Some(value)) = tokio::time::timeout_at(quiet_until, peer.next_json()).await {
+        let sent = packet(&value);
+        if sent.type_str() == "channel.open" {
+            let channel = sent.connector_channel_id.clone().expect("a reopen names its channel");
+            MEM.answer_open(&peer, &sent, channel.as_str(), ConnectionStatus::Connected).await;
+            reopened.push(channel.to_string());
+        }
+    }
+    assert_eq!(reopened, ["cch_signed"], "only the remembered channel is reopened");
+}
+
+/// Accepts the next inbound chat message the application sees.
+async fn accept_next(events: &mut xagent_client_runtime::Events) {
+    let seen = next_event_matching(events, Duration::from_secs(5), |e| {
+        matches!(e, ClientEvent::ChatMessage(_))
+    })
+    .await;
+    let Some(ClientEvent::ChatMessage(message)) = seen else {
+        panic!("the message reaches the application: {seen:?}");
+    };
+    message.accept();
+}
+
+/// Architecture 3.4: a new `connector_id` is a rebuilt Connector runtime instance, whose old
+/// channels went with it. The client's state for them is replaced at once instead of carrying
+/// on: no Tool resolves on the old Descriptor, the old instance's pending assistant message is
+/// not sent to the new one, and a message id the old instance delivered is a new message.
+#[tokio::test(start_paused = true)]
+async fn replaced_rule_a_new_connector_id_replaces_outbox_idempotency_and_directory() {
+    let clock = ManualClock::new(1_000);
+    let (plane, mut events, _transport, mut peers) = start(config(&clock)).await;
+    let mut peer =
+        MEM.online_with_channel(&plane, &mut peers, "cch_1", ConnectionStatus::Connected).await;
+    plane.remember_channel("cch_1".into()).await;
+    let inbound = |channel: &str| {
+        json!({"schema": "xagent.connector.packet/v1", "packet_id": format!("pkt_in_{channel}"),
+            "type": "chat.message", "connector_channel_id": channel,
+            "payload": {"message_id": "msg_in", "text": "hi"}})
+    };
+    assert!(peer.send_json(inbound("cch_1")).await);
+    accept_next(&mut events).await;
+    let ack = support::next(&mut peer, "chat.message.ack").await;
+    assert_eq!(
+        ack.payload::<ChatMessageAck>().map(|a| a.status.to_string()).as_deref(),
+        Some("accepted")
+    );
+    plane
+        .send_chat_message(&"cch_1".into(), ChatMessage::text("msg_out", "reply"))
+        .await
+        .expect("queued");
+    support::next(&mut peer, "chat.message").await;
+    assert!(plane.directory().resolve("alice", None, MEM.tool).is_ok());
+
+    // The connection drops; the Connector comes back as another runtime instance.
+    drop(peer);
+    let (mut peer, _) = support::accept_hello_as(&mut peers, "conn_2").await;
+    let reopen = support::next(&mut peer, "channel.open").await;
+    let stale = plane.directory().resolve("alice", None, MEM.tool);
+    assert_eq!(stale.map_err(|e| e.code.to_string()), Err("connection_not_found".into()));
+    // It does not know cch_1: a new id, and the new instance's Descriptor.
+    let mut fresh = MEM.descriptor("cch_9", ConnectionStatus::Connected);
+    fresh.connection.connector_id = "conn_2".into();
+    let ack = ChannelOpenAck::new("cch_9".into(), fresh);
+    send(&peer, Packet::with_payload("pkt_reopen", ack).answering(&reopen).channel("cch_9")).await;
+    let quiet_until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(Some(value)) = tokio::time::timeout_at(quiet_until, peer.next_json()).await {
+        let sent = packet(&value);
+        assert_ne!(
+            sent.type_str(),
+            "chat.message",
+            "the old instance's message was sent: {sent:?}"
+        );
+    }
+    assert_eq!(
+        plane.directory().resolve("alice", None, MEM.tool).map(|c| c.to_string()),
+        Ok("cch_9".to_owned())
+    );
+    // The new instance's first message reuses an id the old one delivered: accepted.
+    assert!(peer.send_json(inbound("cch_9")).await);
+    accept_next(&mut events).await;
+    let ack = support::next(&mut peer, "chat.message.ack").await;
+    assert_eq!(
+        ack.payload::<ChatMessageAck>().map(|a| a.status.to_string()).as_deref(),
+        Some("accepted")
+    );
 }

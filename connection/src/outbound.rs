@@ -76,11 +76,6 @@ impl Outbound {
         let _ = self.tx.send(Outgoing::Packet(packet.time(self.now()))).await;
     }
 
-    /// Queues raw text, past every check.
-    pub async fn raw(&self, text: String) -> Result<(), SendError> {
-        self.tx.send(Outgoing::Raw(text)).await.map_err(|_| SendError::Closed)
-    }
-
     /// Queues a close frame; the writer stops after it.
     pub async fn close(&self, code: u16, reason: impl Into<String>) {
         let _ = self.tx.send(Outgoing::Close(code, reason.into())).await;
@@ -227,7 +222,7 @@ mod tests {
             Err::<(), _>("the peer is gone")
         }));
         let (tx, rx) = mpsc::channel(4);
-        tx.send(crate::writer::Outgoing::Raw("{}".into())).await.expect("queued");
+        tx.send(crate::writer::Outgoing::Packet(ping("req_gone"))).await.expect("queued");
         tx.send(crate::writer::Outgoing::Close(1000, "bye".into())).await.expect("queued");
         drop(tx);
         let (session, _unused_sink, _written) = established();

@@ -19,8 +19,6 @@ pub enum Outgoing {
     Packet(Packet),
     /// A packet whose write (or refusal) is reported once the frame was flushed.
     Tracked(Packet, oneshot::Sender<Result<(), SendError>>),
-    /// Raw text, past every check (conformance probes that need malformed input).
-    Raw(String),
     /// A close frame; the writer stops after it.
     Close(u16, String),
 }
@@ -135,7 +133,6 @@ pub async fn write_loop<Si>(
                         }
                     }
                 }
-                Outgoing::Raw(text) => (Some(text), None),
                 Outgoing::Close(code, reason) => {
                     let flushed = sink.flush().await.is_ok();
                     report(&mut tracked, flushed);

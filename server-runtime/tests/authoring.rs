@@ -164,6 +164,80 @@ async fn a_connector_with_no_auth_flows_serves_tools() {
     server.stop().await;
 }
 
+/// The served Card, as xAgent fetches it.
+async fn served_card(server: &support::Custom) -> Value {
+    let url = format!("http://{}/connector-card.json", server.addr);
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+/// Protocol 4.1 and 10: a Skill a Tool names with `ToolSpec::related_skill` is served in that
+/// Tool's `related_skill_ids`, and only there.
+#[tokio::test]
+async fn rule_card_tool_related_skill_reaches_the_served_card() {
+    let connector = base()
+        .tool(
+            ToolSpec::new("authoring_reply", "Reply\n\nReplies on the channel.")
+                .related_skill("connector-im-authoring-replies"),
+            |_, a: Text| async { Ok(a) },
+        )
+        .build()
+        .unwrap();
+    let server = support::serve_custom(connector, RuntimeConfig::default(), None).await;
+    let card = served_card(&server).await;
+    let tools = card["tools"].as_array().unwrap();
+    let reply = tools.iter().find(|t| t["tool_id"] == "authoring_reply").unwrap();
+    assert_eq!(reply["related_skill_ids"], json!(["connector-im-authoring-replies"]), "{reply}");
+    let echo = tools.iter().find(|t| t["tool_id"] == "authoring_echo").unwrap();
+    assert!(echo.get("related_skill_ids").is_none_or(|r| r == &json!([])), "{echo}");
+    server.stop().await;
+}
+
+/// Protocol 10: every Tool of the served Card is callable, each by its own handler (the Card's
+/// `tools[]` is made from the registered handlers, not declared beside them).
+#[tokio::test]
+async fn rule_card_tool_callable_every_served_tool_runs_its_own_handler() {
+    let state = Arc::new(AtomicUsize::new(0));
+    let connector = Connector::builder(CARD, "Authoring", "4.5.6")
+        .target(TargetDeclaration::new(TargetType::Im, "authoring", "Authoring"))
+        .profile(PROFILE_IM_V2)
+        .on_message(|_, _| async {})
+        .tool(ToolSpec::new("authoring_one", "One"), |_, _: Text| async {
+            Ok(json!({ "ran": "authoring_one" }))
+        })
+        .tool(ToolSpec::new("authoring_two", "Two").read_only(), |_, _: Text| async {
+            Ok(json!({ "ran": "authoring_two" }))
+        })
+        .tool_with(
+            &state,
+            ToolSpec::new("authoring_three", "Three"),
+            |calls, _, _: Text| async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok(json!({ "ran": "authoring_three" }))
+            },
+        )
+        .build()
+        .unwrap();
+    let server = support::serve_custom(connector, RuntimeConfig::default(), None).await;
+    let card = served_card(&server).await;
+    let ids: Vec<String> = card["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tool_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    let mut client = server.client().await;
+    let (channel, _) = open(&mut client).await;
+    for id in &ids {
+        let reply = invoke(&mut client, &channel, id).await;
+        assert!(reply.error.is_none(), "{id}: {reply:?}");
+        assert_eq!(payload_json(&reply)["result"]["ran"], id.as_str(), "{id}: {reply:?}");
+    }
+    assert_eq!(state.load(Ordering::SeqCst), 1);
+    client.close().await;
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn an_internal_error_reaches_xagent_without_its_cause() {
     let connector = base()

@@ -358,6 +358,53 @@ async fn rule_target_type_follows_the_enabled_profiles_for_an_im_and_device_card
     let _ = lane.stop.send(());
 }
 
+/// Section 8.1: the Descriptor lists only Profiles enabled for the current connection. A
+/// device channel of a Card declaring both `im` and `device`, reopened by an xAgent that
+/// announced only IM, is refused (`connector_channel_unavailable`) rather than described with
+/// the Card's device Profile; it stays closed there, so its device Tools cannot be called.
+#[tokio::test]
+async fn rule_descriptor_lists_only_profiles_the_connection_negotiated() {
+    let lab = Lab::default();
+    let connector = builder(&lab, "device.mixed")
+        .target(TargetDeclaration::new(TargetType::Im, "lab", "Lab chat"))
+        .profile(PROFILE_IM_V1)
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let lane = serve(connector, dir.path(), &clock).await;
+    let mut c = client(&lane.base, "device.mixed", &[PROFILE_DEVICE_V1]).await;
+    let (channel, bound) = open_and_bind(&mut c, "dev-1").await;
+    assert_eq!(bound["connection_descriptor"]["connection"]["target_type"], "device", "{bound}");
+    c.close().await;
+
+    let mut c = client(&lane.base, "device.mixed", &[PROFILE_IM_V1]).await;
+    let open = c.request(ChannelOpen::default(), Some(&channel));
+    let refused = c.call(open).await;
+    assert_eq!(code(&refused), Some(ErrorCode::ConnectorChannelUnavailable), "{refused:?}");
+    assert_ne!(refused.type_str(), "channel.open.ack", "{refused:?}");
+    let get = c.request(DescriptorGet::default(), Some(&channel));
+    assert_eq!(code(&c.call(get).await), Some(ErrorCode::ChannelNotOpen));
+    let set = invoke(&mut c, &channel, "lab_set", json!({"level": 2}), "call-im-only").await;
+    assert_eq!(code(&set), Some(ErrorCode::ChannelNotOpen), "{set:?}");
+    assert!(lab.actions.lock().unwrap().is_empty(), "a device Tool ran");
+    // A new channel on that connection is an IM one, with the IM Profile only.
+    let open = c.request(ChannelOpen::default(), None);
+    let ack = payload_json(&c.call(open).await);
+    let connection = &ack["connection_descriptor"]["connection"];
+    assert_eq!(connection["target_type"], "im", "{ack}");
+    assert_eq!(connection["profiles"], json!([PROFILE_IM_V1]), "{ack}");
+    c.close().await;
+
+    // Where the device Profile is negotiated the channel reopens as before.
+    let mut c = client(&lane.base, "device.mixed", &[PROFILE_DEVICE_V1, PROFILE_IM_V1]).await;
+    let open = c.request(ChannelOpen::default(), Some(&channel));
+    let ack = payload_json(&c.call(open).await);
+    assert_eq!(ack["connection_descriptor"]["connection"]["profiles"], json!([PROFILE_DEVICE_V1]));
+    c.close().await;
+    let _ = lane.stop.send(());
+}
+
 #[derive(Deserialize, JsonSchema)]
 struct ExecArgs {
     /// Any shell command: refused at build unless the operator opts out.

@@ -143,6 +143,41 @@ async fn activity_is_tracked_and_cleared_by_the_final_message() {
     h.stop().await;
 }
 
+/// IM v2: a refused `chat.activity` is answered on its own and touches nothing else. Sent
+/// right before and after a `chat.message` (and after its retransmission), the message is
+/// accepted once, its retransmission is a duplicate, and the target gets it exactly once.
+#[tokio::test]
+async fn rule_a_refused_activity_beside_a_chat_message_leaves_it_accepted_once() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    let mut bad = ChatActivity::thinking();
+    bad.tool_name = Some("web_search".into());
+    for (activities, want) in [(2, AckStatus::Accepted), (1, AckStatus::Duplicate)] {
+        if activities == 2 {
+            let id = c.id("pkt");
+            c.send(&Packet::with_payload(id, bad.clone()).channel(channel.clone())).await;
+        }
+        let msg = message_packet(&mut c, &channel, ChatMessage::text("beside_1", "hello"));
+        c.send(&msg).await;
+        let id = c.id("pkt");
+        c.send(&Packet::with_payload(id, bad.clone()).channel(channel.clone())).await;
+        let (mut refused, mut ack) = (0, None);
+        while refused < activities || ack.is_none() {
+            let next = c.next_packet().await;
+            if has_error(&next, &ErrorCode::InvalidPacket) {
+                refused += 1;
+            } else if next.type_str() == "chat.message.ack" {
+                ack = next.payload::<ChatMessageAck>().map(|a| a.status.clone());
+            } else {
+                panic!("unexpected {next:?}");
+            }
+        }
+        assert_eq!(ack, Some(want));
+    }
+    assert_eq!(h.echo.log().delivered.len(), 1, "the target got the message once");
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn inbound_messages_reach_xagent_and_leave_the_outbox_on_accept() {
     let h = support::start_default().await;

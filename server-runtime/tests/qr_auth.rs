@@ -201,6 +201,44 @@ async fn rule_auth_cancel_ends_a_pending_qr_session_and_the_channel_returns_to_c
     h.stop().await;
 }
 
+/// Section 8.11: `auth.cancel` ends only a sign-in attempt. One that already completed is
+/// `ignored`, answered with the current Descriptor; a new attempt on the signed-in channel is
+/// `canceled` and the channel keeps its sign-in.
+#[tokio::test]
+async fn rule_auth_cancel_after_completion_is_ignored_and_never_signs_a_channel_out() {
+    let phone = Phone::default();
+    let h = support::serve_custom(qr_connector(&phone), RuntimeConfig::default(), None).await;
+    let mut c = h.client().await;
+    c.hello(None).await;
+    let (channel, _) = c.open_channel(None).await;
+    let start = c.request(AuthStart::new(QR_FLOW), Some(&channel));
+    let first = payload_json(&c.call(start).await)["auth_session_id"].as_str().unwrap().to_owned();
+    phone.scan(&first, h.clock.now_millis());
+    h.clock.advance(CONFIRM_AFTER);
+    let done = payload_json(&poll(&mut c, &channel, &first, false).await);
+    assert_eq!(done["status"], "authenticated");
+
+    // Completed: ignored, with the current Descriptor; the provider is not asked to cancel.
+    let cancel = c.request(AuthCancel::new(first.as_str()), Some(&channel));
+    let ignored = payload_json(&c.call(cancel).await);
+    assert_eq!(ignored["status"], "ignored", "{ignored}");
+    assert_eq!(ignored["auth_status"], "authenticated", "{ignored}");
+    assert_eq!(ignored["connection_descriptor"]["connection"]["status"], "connected");
+    assert!(phone.canceled.lock().unwrap().is_empty(), "nothing was left to cancel");
+
+    // A second attempt on the signed-in channel, canceled: the sign-in stays.
+    let start = c.request(AuthStart::new(QR_FLOW), Some(&channel));
+    let second = payload_json(&c.call(start).await)["auth_session_id"].as_str().unwrap().to_owned();
+    let cancel = c.request(AuthCancel::new(second.as_str()), Some(&channel));
+    let canceled = payload_json(&c.call(cancel).await);
+    assert_eq!(canceled["status"], "canceled", "{canceled}");
+    assert_eq!(canceled["auth_status"], "authenticated", "{canceled}");
+    assert_eq!(*phone.canceled.lock().unwrap(), vec![second]);
+    assert!(h.server.handle().binding(&channel).is_some(), "the binding is kept");
+    assert_eq!(status_of(&h, &channel), "connected");
+    h.stop().await;
+}
+
 fn status_of(h: &support::Custom, channel: &ConnectorChannelId) -> String {
     let descriptor = h.server.handle().descriptor(channel).unwrap();
     let value = serde_json::to_value(&descriptor).unwrap();

@@ -96,8 +96,9 @@ pub enum ClientEvent {
     /// The connection state changed.
     State(ConnectionState),
     /// The Connector returned a different `connector_id` than before: its runtime state was
-    /// rebuilt, and this client replaced its view of it (pending requests failed, channels
-    /// reopened).
+    /// rebuilt, and this client replaced its view of it (pending requests failed; the old
+    /// instance's Descriptors, pending assistant messages, completed message ids and streams
+    /// dropped, in memory and in the store; the remembered channels reopened).
     ConnectorReplaced {
         /// The earlier id.
         previous: ConnectorId,

@@ -89,12 +89,6 @@ impl DataPlane {
         send_on(&self.shared, packet).await
     }
 
-    /// Sends raw text, past the session (for conformance probes that need malformed input).
-    pub async fn send_raw(&self, text: String) -> Result<(), ClientError> {
-        let link = self.shared.link().ok_or(ClientError::NotConnected)?;
-        link.raw(text).await.map_err(|_| ClientError::NotConnected)
-    }
-
     /// Opens a channel (`existing` restores a persisted one) and returns its ack. The channel
     /// is not remembered until [`DataPlane::remember_channel`] is called (xAgent persists a
     /// channel only after authentication succeeded).

@@ -123,8 +123,11 @@ async fn run_connection(
     };
     let connector_id = hello_ack.connector_id.clone();
     let known = known_connector.replace(connector_id.clone());
-    super::reopen::store_connector_id(shared, known.as_ref(), &connector_id).await;
-    let replaced = known.filter(|previous| previous != &connector_id);
+    let replaced = known.clone().filter(|previous| previous != &connector_id);
+    match &replaced {
+        Some(_) => super::reopen::replace_instance(shared, &connector_id).await,
+        None => super::reopen::store_connector_id(shared, known.as_ref(), &connector_id).await,
+    }
     match replaced {
         Some(previous) => {
             shared.set_state(ConnectionState::Replaced {

@@ -115,6 +115,36 @@ pub(crate) async fn known_connector_id(shared: &Shared) -> Option<ConnectorId> {
 }
 
 /// Stores the `connector_id` of an accepted `hello.ack` when it is not the one already known.
+/// The Connector answered hello with `current`, not the `connector_id` this client knew: the
+/// old runtime instance is gone with its channels. Its state here is replaced at once, under
+/// the IM lock and before any channel is reopened: the directory's Descriptors, and the
+/// delivery state of every channel this client knows ([`crate::im_state::ImState`]), dropped
+/// in the store in one batch with the new `connector_id`. The remembered channels and their
+/// owners stay: they are reopened by their ids, as before.
+pub(crate) async fn replace_instance(shared: &Arc<Shared>, current: &ConnectorId) {
+    let ticket = {
+        let mut im = shared.im.lock().await;
+        let channels: Vec<ConnectorChannelId> = {
+            let remembered = lock(&shared.channels);
+            let mut directory = lock(&shared.directory);
+            directory.forget_descriptors();
+            let known: std::collections::BTreeSet<ConnectorChannelId> = remembered
+                .iter()
+                .flat_map(|(persisted, open)| [persisted.clone(), open.clone()])
+                .chain(directory.entries().iter().map(|e| e.connector_channel_id.clone()))
+                .collect();
+            known.into_iter().collect()
+        };
+        im.on_instance_replaced(&channels, vec![XagentWrite::ConnectorId(current.clone())])
+    };
+    if let Err(error) = ticket.await {
+        shared.commit_failed(
+            "a replaced Connector instance's state and its new connector_id",
+            &error,
+        );
+    }
+}
+
 pub(crate) async fn store_connector_id(
     shared: &Arc<Shared>,
     previous: Option<&ConnectorId>,

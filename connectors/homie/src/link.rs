@@ -46,6 +46,9 @@ pub const DEFAULT_MAX_SNAPSHOT_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_AVAILABILITY_DEBOUNCE: Duration = Duration::from_secs(2);
 /// Default time a `$state lost` must go without live traffic before it counts.
 pub const DEFAULT_LOST_GRACE: Duration = Duration::from_secs(5);
+/// Default time a device's description must go without a new attribute before a device that
+/// was not online counts as described (the broker's retained burst has no end marker).
+pub const DEFAULT_DESCRIPTION_QUIET: Duration = Duration::from_millis(500);
 /// Most sets and snapshots waiting at once on one link.
 pub const MAX_WAITING: usize = 256;
 /// Longest pause between reconnection attempts.
@@ -170,6 +173,11 @@ pub struct LinkConfig {
     /// How long a `$state lost` must go without live traffic from the device before the
     /// device counts as offline.
     pub lost_grace: Duration,
+    /// How long a device's description must go without a new attribute (`$settable`, `$format`,
+    /// ...) before a device that was not online counts as online: a description is complete
+    /// once every property has `$datatype`, but the rest of the broker's retained burst may
+    /// still be arriving, and a bind pins what it sees.
+    pub description_quiet: Duration,
 }
 
 impl Default for LinkConfig {
@@ -183,6 +191,7 @@ impl Default for LinkConfig {
             max_snapshot_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
             availability_debounce: DEFAULT_AVAILABILITY_DEBOUNCE,
             lost_grace: DEFAULT_LOST_GRACE,
+            description_quiet: DEFAULT_DESCRIPTION_QUIET,
         }
     }
 }
@@ -238,6 +247,8 @@ struct Counters {
 
 struct Watched {
     tree: DeviceTree,
+    /// When the latest description attribute arrived (since the watch or the reconnect).
+    described_at: Option<Instant>,
     availability: Availability,
     presence: Presence<Availability>,
     watchers: usize,
@@ -279,18 +290,23 @@ impl std::fmt::Debug for HomieLink {
     }
 }
 
+/// A device's availability at `now`. `quiet` says whether its description went without a new
+/// attribute for [`LinkConfig::description_quiet`]: a complete description makes a device that
+/// was not online `Online` only then, so what a bind pins is the whole retained burst.
 fn availability(
     connected: bool,
     tree: &DeviceTree,
     presence: &Presence<Availability>,
     previous: &Availability,
     now: Instant,
+    quiet: bool,
 ) -> Availability {
     if !connected {
         return Availability::Offline("the MQTT broker is unreachable".into());
     }
     let described = || match tree.description() {
-        Ok(_) => Availability::Online,
+        Ok(_) if quiet || *previous == Availability::Online => Availability::Online,
+        Ok(_) => Availability::Unknown("the device's description is still arriving".into()),
         Err(e) => Availability::Unknown(e.to_string()),
     };
     match tree.state() {
@@ -323,25 +339,8 @@ impl HomieLink {
         // in CONNECT, so the broker drops larger messages for this client.
         options.set_max_packet_size(Some(config.max_packet_bytes()));
         let (client, eventloop) = AsyncClient::new(options, 256);
-        let (events, _) = broadcast::channel(256);
-        let (changed, _) = watch::channel(0);
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let inner = Arc::new(Inner {
-            client,
-            config,
-            state: Mutex::new(State {
-                connected: false,
-                devices: BTreeMap::new(),
-                sets: PendingSets::new(),
-                set_waiters: HashMap::new(),
-                snapshots: HashMap::new(),
-                oversize_logged: None,
-            }),
-            events,
-            changed,
-            counters: Counters::default(),
-            shutdown,
-        });
+        let inner = Arc::new(Inner::new(client, config, shutdown));
         tokio::spawn(tick(Arc::clone(&inner), shutdown_rx.clone()));
         let task = tokio::spawn(run(Arc::clone(&inner), eventloop, shutdown_rx));
         (Self { inner }, task)
@@ -388,6 +387,7 @@ impl HomieLink {
             let (grace, debounce) = (config.lost_grace, config.availability_debounce);
             let w = st.devices.entry(device.to_owned()).or_insert_with(|| Watched {
                 tree: DeviceTree::new(),
+                described_at: None,
                 availability: if connected {
                     Availability::Unknown("waiting for the device's retained topics".into())
                 } else {
@@ -668,16 +668,45 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl Inner {
+    /// A link's shared part, not connected yet, without its tasks (started by
+    /// [`HomieLink::start`]).
+    fn new(client: AsyncClient, config: LinkConfig, shutdown: watch::Sender<bool>) -> Self {
+        let (events, _) = broadcast::channel(256);
+        let (changed, _) = watch::channel(0);
+        Inner {
+            client,
+            config,
+            state: Mutex::new(State {
+                connected: false,
+                devices: BTreeMap::new(),
+                sets: PendingSets::new(),
+                set_waiters: HashMap::new(),
+                snapshots: HashMap::new(),
+                oversize_logged: None,
+            }),
+            events,
+            changed,
+            counters: Counters::default(),
+            shutdown,
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Recomputes a device's availability at `now`; fails waiting calls when the device can no
     /// longer answer them, and returns the report due (debounced), if any.
-    fn refresh(st: &mut State, device: &str, now: Instant) -> (bool, Option<DeviceEvent>) {
+    fn refresh(
+        st: &mut State,
+        device: &str,
+        now: Instant,
+        description_quiet: Duration,
+    ) -> (bool, Option<DeviceEvent>) {
         let connected = st.connected;
         let Some(w) = st.devices.get_mut(device) else { return (false, None) };
-        let current = availability(connected, &w.tree, &w.presence, &w.availability, now);
+        let quiet = w.described_at.is_none_or(|at| now >= at + description_quiet);
+        let current = availability(connected, &w.tree, &w.presence, &w.availability, now, quiet);
         let changed = current != w.availability;
         w.availability = current.clone();
         let report = match &current {
@@ -722,7 +751,7 @@ impl Inner {
             let mut st = self.state();
             let ids: Vec<String> = st.devices.keys().cloned().collect();
             for id in &ids {
-                let (changed, e) = Self::refresh(&mut st, id, now);
+                let (changed, e) = Self::refresh(&mut st, id, now, self.config.description_quiet);
                 any |= changed;
                 events.extend(e);
             }
@@ -741,9 +770,10 @@ impl Inner {
             for id in &ids {
                 if let Some(w) = st.devices.get_mut(id) {
                     w.tree.clear();
+                    w.described_at = None;
                     w.presence.reset();
                 }
-                let (changed, e) = Self::refresh(&mut st, id, now);
+                let (changed, e) = Self::refresh(&mut st, id, now, self.config.description_quiet);
                 any |= changed;
                 events.extend(e);
             }
@@ -763,14 +793,18 @@ impl Inner {
                 Ingested::Nothing => (false, None),
                 Ingested::State(state) => {
                     w.presence.on_state(state == Some(DeviceState::Lost), now);
-                    Self::refresh(&mut st, device, now)
+                    Self::refresh(&mut st, device, now, self.config.description_quiet)
                 }
-                Ingested::Description => Self::refresh(&mut st, device, now),
+                Ingested::Description => {
+                    w.described_at = Some(now);
+                    Self::refresh(&mut st, device, now, self.config.description_quiet)
+                }
                 Ingested::Value { node, property, payload } => {
                     if !retained {
                         w.presence.on_live_traffic();
                     }
-                    let refreshed = Self::refresh(&mut st, device, now);
+                    let refreshed =
+                        Self::refresh(&mut st, device, now, self.config.description_quiet);
                     for id in st.sets.on_value(device, &node, &property, &payload) {
                         if let Some(tx) = st.set_waiters.remove(&id) {
                             let _ = tx.send(Ok(payload.clone()));
@@ -785,7 +819,7 @@ impl Inner {
                     if let Some(tx) = st.snapshots.remove(&(device.to_owned(), node, token)) {
                         let _ = tx.send(bytes);
                     }
-                    Self::refresh(&mut st, device, now)
+                    Self::refresh(&mut st, device, now, self.config.description_quiet)
                 }
             }
         };
@@ -916,33 +950,90 @@ mod tests {
         }
     }
 
+    /// The broker's retained burst has no end marker: a description complete once every
+    /// property has `$datatype` may still be followed by `$settable`. A device that was not
+    /// online becomes online (and can be pinned by a bind) only once its description went
+    /// quiet, so the pin holds the whole burst. On tokio's paused clock, ticks driven by hand.
+    #[tokio::test(start_paused = true)]
+    async fn rule_a_bind_pins_the_description_only_once_the_retained_burst_went_quiet() {
+        let config = LinkConfig::default();
+        let quiet = config.description_quiet;
+        // Never polled: the link's tasks are not started, the test plays the broker.
+        let (client, _eventloop) = AsyncClient::new(MqttOptions::new("t", "127.0.0.1", 1), 16);
+        let (shutdown, _) = watch::channel(false);
+        let link = HomieLink { inner: Arc::new(Inner::new(client, config, shutdown)) };
+        link.inner.on_connection(true);
+        link.watch("dev").unwrap();
+        let publish = |topic: &str, payload: &str| {
+            link.inner.on_publish(&format!("homie/dev/{topic}"), payload.as_bytes(), true);
+        };
+        let tick = || link.inner.on_tick(Instant::now());
+        for (topic, payload) in [
+            ("$homie", "4.0.0"),
+            ("$state", "ready"),
+            ("$nodes", "n"),
+            ("n/$properties", "p"),
+            ("n/p/$datatype", "integer"),
+        ] {
+            publish(topic, payload);
+        }
+        tick();
+        assert!(link.inner.state().devices["dev"].tree.description().is_ok(), "complete");
+        assert!(matches!(link.availability("dev"), Availability::Unknown(_)));
+        assert!(link.pin("dev").is_err(), "nothing is pinned while the burst may go on");
+        // Later in the burst: `$settable` restarts the quiet window.
+        tokio::time::advance(quiet / 2).await;
+        publish("n/p/$settable", "true");
+        tokio::time::advance(quiet / 2 + Duration::from_millis(1)).await;
+        tick();
+        assert!(matches!(link.availability("dev"), Availability::Unknown(_)));
+        tokio::time::advance(quiet / 2).await;
+        tick();
+        assert_eq!(link.availability("dev"), Availability::Online);
+        let pinned = link.pin("dev").unwrap();
+        assert!(pinned.node("n").unwrap().properties[0].settable, "{pinned:?}");
+        // Once online, a later attribute does not take the device offline for a window.
+        publish("n/p/$unit", "W");
+        tick();
+        assert_eq!(link.availability("dev"), Availability::Online);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn availability_needs_the_broker_a_ready_state_and_a_full_description() {
         let now = Instant::now();
         let p = Presence::new(DEFAULT_LOST_GRACE, DEFAULT_AVAILABILITY_DEBOUNCE);
         let unknown = Availability::Unknown("start".into());
         let mut t = DeviceTree::new();
-        assert!(matches!(availability(true, &t, &p, &unknown, now), Availability::Unknown(_)));
+        assert!(matches!(
+            availability(true, &t, &p, &unknown, now, true),
+            Availability::Unknown(_)
+        ));
         for (topic, payload) in [("$homie", "4.0.0"), ("$state", "ready"), ("$nodes", "n")] {
             let levels: Vec<&str> = topic.split('/').collect();
             t.ingest(&levels, payload.as_bytes());
         }
         assert!(
-            matches!(availability(true, &t, &p, &unknown, now), Availability::Unknown(_)),
+            matches!(availability(true, &t, &p, &unknown, now, true), Availability::Unknown(_)),
             "n/$properties missing"
         );
         t.ingest(&["n", "$properties"], b"p");
         t.ingest(&["n", "p", "$datatype"], b"integer");
-        assert_eq!(availability(true, &t, &p, &unknown, now), Availability::Online);
-        assert!(matches!(availability(false, &t, &p, &unknown, now), Availability::Offline(_)));
+        assert_eq!(availability(true, &t, &p, &unknown, now, true), Availability::Online);
+        assert!(matches!(
+            availability(false, &t, &p, &unknown, now, true),
+            Availability::Offline(_)
+        ));
         // `lost` counts once it held for the grace period without live traffic.
         let mut p = p;
         t.ingest(&["$state"], b"lost");
         p.on_state(true, now);
-        assert_eq!(availability(true, &t, &p, &Availability::Online, now), Availability::Online);
+        assert_eq!(
+            availability(true, &t, &p, &Availability::Online, now, true),
+            Availability::Online
+        );
         let later = now + DEFAULT_LOST_GRACE;
         assert!(matches!(
-            availability(true, &t, &p, &Availability::Online, later),
+            availability(true, &t, &p, &Availability::Online, later, true),
             Availability::Offline(_)
         ));
     }

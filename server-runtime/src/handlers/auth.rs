@@ -199,7 +199,7 @@ impl Conn {
                     };
                     self.shared.def.auth.bound(ctx, BoundReason::SignedIn).await;
                 }
-                let descriptor = self.shared.descriptor_for(&record, &self.profiles());
+                let descriptor = self.shared.descriptor_for(&record, &self.profiles())?;
                 return Ok(AuthProgress::new(AuthStatus::Authenticated)
                     .for_session(channel.clone(), flow_id.clone(), auth_session_id.clone())
                     .with_descriptor(descriptor));
@@ -260,8 +260,10 @@ impl Conn {
                 auth_session_id.clone(),
             );
             if session.status == AuthStatus::Authenticated {
-                progress =
-                    progress.with_descriptor(self.shared.descriptor_for(&record, &self.profiles()));
+                match self.shared.descriptor_for(&record, &self.profiles()) {
+                    Ok(descriptor) => progress = progress.with_descriptor(descriptor),
+                    Err(error) => return self.reply_error(packet, error).await,
+                }
             }
             return self.reply(packet, AuthStatusAck(progress)).await;
         }
@@ -290,7 +292,10 @@ impl Conn {
                 let mut ack = AuthCancelAck::new(CancelStatus::Ignored);
                 ack.auth_status = Some(AuthStatus::Authenticated);
                 ack.connection_descriptor =
-                    Some(self.shared.descriptor_for(&record, &self.profiles()));
+                    match self.shared.descriptor_for(&record, &self.profiles()) {
+                        Ok(descriptor) => Some(descriptor),
+                        Err(error) => return self.reply_error(packet, error).await,
+                    };
                 ack.message = Some("already authenticated".into());
                 ack
             }
@@ -388,7 +393,9 @@ impl Conn {
             tracing::error!(%error, "could not persist a sign-out");
         }
         tracing::info!(channel = %record.id, "channel signed out");
-        let descriptor = self.shared.descriptor_for(&record, &self.profiles());
-        self.reply(packet, xagent_protocol_types::AuthLogoutAck::new(Some(descriptor))).await;
+        // Signed out, the channel takes a target type this connection negotiated: a
+        // Descriptor is always there, `None` only should that ever fail.
+        let descriptor = self.shared.descriptor_for(&record, &self.profiles()).ok();
+        self.reply(packet, xagent_protocol_types::AuthLogoutAck::new(descriptor)).await;
     }
 }

@@ -56,7 +56,12 @@ impl Conn {
                 )));
             }
             let (record, created) = match (known, current) {
-                (Some(record), _) => (ChannelRecord::clone(record), None),
+                // A known channel opens only where its Profile was negotiated (a device
+                // channel reopened by an xAgent that announced only IM does not).
+                (Some(record), _) => match self.shared.channel_profiles(record, &profiles) {
+                    Ok(_) => (ChannelRecord::clone(record), None),
+                    Err(error) => break 'open Some(Err(error)),
+                },
                 (None, Some(connector_id)) => {
                     let record = ChannelRecord {
                         id: ids::channel_id(),
@@ -111,7 +116,21 @@ impl Conn {
                 ChannelContext { channel: channel.clone(), binding, handle: self.shared.handle() };
             self.shared.def.auth.bound(ctx, BoundReason::Opened).await;
         }
-        let descriptor = self.shared.descriptor_for(&record, &profiles);
+        let descriptor = match self.shared.descriptor_for(&record, &profiles) {
+            Ok(descriptor) => descriptor,
+            // The record changed since the check above (another replica's sign-in): the
+            // channel stays closed on this connection.
+            Err(error) => {
+                {
+                    let mut state = self.shared.state();
+                    if state.route(&channel).is_some_and(|r| r.socket == self.socket) {
+                        state.clear_route(&channel);
+                    }
+                }
+                let answer = Packet::error(ids::packet_id(), error).answering(packet);
+                return self.send(answer).await;
+            }
+        };
         let ack = Packet::with_payload(
             ids::packet_id(),
             ChannelOpenAck::new(channel.clone(), descriptor),
@@ -168,10 +187,10 @@ impl Conn {
 
     pub(crate) async fn on_descriptor_get(&self, packet: &Packet) {
         match self.record(packet) {
-            Ok(record) => {
-                let descriptor = self.shared.descriptor_for(&record, &self.profiles());
-                self.reply(packet, DescriptorGetAck::new(descriptor)).await;
-            }
+            Ok(record) => match self.shared.descriptor_for(&record, &self.profiles()) {
+                Ok(descriptor) => self.reply(packet, DescriptorGetAck::new(descriptor)).await,
+                Err(error) => self.reply_error(packet, error).await,
+            },
             Err(error) => self.reply_error(packet, error).await,
         }
     }

@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use xagent_protocol_types::{
     AuthSessionId, AuthStatus, Clock, Connection, ConnectionDescriptor, ConnectionStatus,
     ConnectorChannelId, ConnectorId, DescriptorPush, DescriptorTool, FlowId, Packet,
-    PermissionState, ProfileId, Secret, TargetType, ToolId, ToolStatus,
+    PermissionState, ProfileId, Secret, TargetType, ToolId, ToolStatus, WireError,
 };
 
 use crate::config::RuntimeConfig;
@@ -294,35 +294,41 @@ impl Shared {
             .unwrap_or(TargetType::Im)
     }
 
-    /// The Profiles a channel of `target_type` enables out of the negotiated `offered` ones:
-    /// those allowed for its target type. When none of them is (the xAgent did not negotiate
-    /// this channel's Profile), the Card's own Profiles for that target type, so the Descriptor
-    /// still describes one target type.
-    fn channel_profiles(&self, target_type: &TargetType, offered: &[ProfileId]) -> Vec<ProfileId> {
-        let enabled = xagent_profile_device::profiles_for_target_type(target_type, offered);
+    /// The target type of a channel and the Profiles it enables on a connection that
+    /// negotiated `offered` (the Card's Profiles stand in when `offered` is empty: the author's
+    /// view of a channel that is not routed). The enabled Profiles are the negotiated ones its
+    /// target type allows and never any other: when the connection negotiated none of them (an
+    /// xAgent that announced only IM reopening a device channel), the channel has no Descriptor
+    /// on that connection and is `connector_channel_unavailable` there.
+    pub(crate) fn channel_profiles(
+        &self,
+        record: &ChannelRecord,
+        offered: &[ProfileId],
+    ) -> Result<(TargetType, Vec<ProfileId>), WireError> {
+        let offered = if offered.is_empty() { &self.def.card.supports.profiles } else { offered };
+        let target_type = self.channel_target_type(record, offered);
+        let enabled = xagent_profile_device::profiles_for_target_type(&target_type, offered);
         if enabled.is_empty() {
-            xagent_profile_device::profiles_for_target_type(
-                target_type,
-                &self.def.card.supports.profiles,
-            )
-        } else {
-            enabled
+            return Err(WireError::connector_channel_unavailable(format!(
+                "this is a {target_type} channel and the connection negotiated no Profile for \
+                 {target_type}; reconnect announcing one in supported_profiles"
+            )));
         }
+        Ok((target_type, enabled))
     }
 
-    /// The Descriptor of a channel as seen with `profiles` enabled.
+    /// The Descriptor of a channel as seen with `profiles` enabled (see
+    /// [`Shared::channel_profiles`] for when there is none).
     pub(crate) fn descriptor_for(
         &self,
         record: &ChannelRecord,
         profiles: &[ProfileId],
-    ) -> ConnectionDescriptor {
+    ) -> Result<ConnectionDescriptor, WireError> {
         let target = record
             .binding
             .as_ref()
             .map_or_else(|| self.def.unbound_target.clone(), |b| b.target.clone());
-        let offered = if profiles.is_empty() { &self.def.card.supports.profiles } else { profiles };
-        let target_type = self.channel_target_type(record, offered);
-        let profiles = self.channel_profiles(&target_type, offered);
+        let (target_type, profiles) = self.channel_profiles(record, profiles)?;
         let connection = Connection::new(
             self.def.card.connector_card_id.clone(),
             record.connector_id.clone(),
@@ -363,7 +369,7 @@ impl Shared {
                 ToolView::Available => DescriptorTool::available(tool.tool_id.clone()),
             })
             .collect();
-        ConnectionDescriptor::new(connection, target).with_tools(tools)
+        Ok(ConnectionDescriptor::new(connection, target).with_tools(tools))
     }
 
     /// How a Card Tool shows in a channel's Descriptor: the one rule behind
@@ -451,7 +457,7 @@ impl Shared {
         let state = self.state();
         let record = state.channels.get(channel)?;
         let profiles = state.route(channel).map(|r| r.link.profiles.clone()).unwrap_or_default();
-        Some(self.descriptor_for(record, &profiles))
+        self.descriptor_for(record, &profiles).ok()
     }
 
     /// Sends a packet on the channel's route, if it has one. Returns false when not routed.
