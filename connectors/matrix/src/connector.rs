@@ -1243,7 +1243,7 @@ pub struct MessageSendArgs {
 /// Arguments of `matrix_file_send`.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct FileSendArgs {
-    /// The file to post (uploaded to this channel with POST /files/uploads first).
+    /// The file to post: one from this conversation (xAgent hands it to the Connector).
     #[schemars(extend("x-xagent-upload-ref" = true))]
     pub file_ref: String,
     /// Optional caption posted with the file.
@@ -1298,7 +1298,7 @@ async fn file_send(
         if e.code == ErrorCode::FileNotFound {
             ToolError::new(
                 ErrorCode::FileNotFound,
-                "no such file_ref on this channel; upload the file with POST /files/uploads first",
+                "no such file on this channel (unknown or expired); post a file from this conversation",
             )
         } else {
             tool_error(e)
@@ -1346,7 +1346,7 @@ fn build(app: &Arc<App>) -> Result<Connector, xagent_server_runtime::DefinitionE
             app,
             ToolSpec::new(
                 TOOL_FILE_SEND,
-                "Post a file to the Matrix room\nPost a file in the room bound to the current channel (encrypted in encrypted rooms); file_ref comes from POST /files/uploads on this channel.",
+                "Post a file to the Matrix room\nPost a file from this conversation in the room bound to the current channel (encrypted in encrypted rooms), with an optional caption.",
             ),
             file_send,
         )

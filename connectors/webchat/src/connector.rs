@@ -555,7 +555,7 @@ async fn file_send(
     let (record, _file) = ctx.handle.open_file(&ctx.channel, &file_ref).await.map_err(|_| {
         ToolError::new(
             ErrorCode::FileNotFound,
-            "no such file_ref on this channel; upload the file with POST /files/uploads first",
+            "no such file on this channel (unknown or expired); send a file from this conversation",
         )
     })?;
     let entry = ChatEntry {
@@ -616,7 +616,7 @@ pub(crate) fn build(app: Arc<App>) -> Result<Connector, WebchatError> {
             &app,
             ToolSpec::new(
                 TOOL_FILE_SEND,
-                "Send a file to the web chat\nShow a file in the chat room bound to the current channel; file_ref comes from POST /files/uploads on this channel.",
+                "Send a file to the web chat\nShow a file from this conversation in the chat room bound to the current channel, with optional text.",
             ),
             file_send,
         )
