@@ -104,5 +104,8 @@ pub use session::{
     Accepted, ChannelOwner, ChannelOwnership, Established, OpenChannel, PendingMessage,
     PendingRequest, RejectAction, Rejection, Session,
 };
-pub use tool_schema::{CHANNEL_ARGUMENT_DESCRIPTION, ToolSchemaError, with_connector_channel_id};
+pub use tool_schema::{
+    CHANNEL_ARGUMENT_DESCRIPTION, ToolSchemaError, argument_name_in, find_properties,
+    squash_argument_name, with_connector_channel_id,
+};
 pub use version::{AdmissionWindow, ProtocolVersion, VersionError};
