@@ -13,7 +13,15 @@
 //!   plus, for a `chat.message`, the typed IM check (`validate_chat_message`) both runtimes
 //!   apply before handing a message on.
 //!
-//! Judged without a sender, the report must be valid exactly when it is valid for both senders.
+//! Judged without a sender, the report must be valid exactly when it is valid for both senders,
+//! and `xagent_packet_is_valid` with `XAGENT_SENDER_UNKNOWN` gives that verdict too (what its
+//! doc promises).
+//!
+//! Cards (issue 38): every Card fixture and a mutation per Card rule of the IM Profiles go
+//! through `xagent-connector check card` (the binary and `check_text`), the C ABI
+//! (`xagent_validate_card`) and xAgent's admission (`check_card`), which all give the same
+//! verdict and rule ids. (The Connector's build runs the same `validate_card` on the Card it
+//! generates: `server-runtime/tests/rules_agreement.rs`.)
 
 #[path = "../../protocol-validate/tests/support/corpus.rs"]
 mod corpus;
@@ -29,8 +37,8 @@ use xagent_protocol_validate::{
 };
 use xagent_server_runtime::InboundJudge;
 use xagent_validate_ffi::{
-    XAGENT_SENDER_CONNECTOR, XAGENT_SENDER_UNKNOWN, XAGENT_SENDER_XAGENT, packet_is_valid_from,
-    packet_report_from,
+    XAGENT_SENDER_CONNECTOR, XAGENT_SENDER_UNKNOWN, XAGENT_SENDER_XAGENT, card_report,
+    packet_is_valid_from, packet_report_from,
 };
 
 struct Judges {
@@ -145,7 +153,7 @@ fn assert_judges_agree(name: &str, text: &str, sender: Side) -> bool {
             Some((xagent_profile_im::validate_chat_message(&message, sender), true))
         }
         PacketBody::MessagePush(push) => {
-            Some((xagent_profile_im::validate_message_push(&push), false))
+            Some((xagent_profile_im::validate_message_push_for(&push, &judges.typed_facts), false))
         }
         _ => None,
     });
@@ -177,6 +185,12 @@ fn assert_no_sender_agrees(name: &str, text: &str, from_connector: bool, from_xa
         XAGENT_SENDER_UNKNOWN,
     );
     assert_eq!(ffi, report.to_json(), "{name}: the C ABI without a sender");
+    let hot = packet_is_valid_from(
+        text.as_bytes(),
+        Some(judges.card_text.as_bytes()),
+        XAGENT_SENDER_UNKNOWN,
+    );
+    assert_eq!(hot, Some(report.valid), "{name}: xagent_packet_is_valid without a sender");
 }
 
 fn judge_everywhere(name: &str, value: &Value) {
@@ -194,6 +208,106 @@ fn every_judge_agrees_on_every_packet_fixture() {
     }
     for (name, value) in corpus::bases().iter().enumerate() {
         judge_everywhere(&format!("base {name}"), value);
+    }
+}
+
+/// Every Card fixture of the workspace (the directories the Go package's goldens read).
+fn card_fixtures() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for dir in [
+        "protocol-validate/tests/fixtures",
+        "protocol-types/tests/fixtures/examples",
+        "validate-ffi/tests/data",
+        "cli/tests/fixtures",
+    ] {
+        let Ok(entries) = std::fs::read_dir(corpus::root().join(dir)) else { continue };
+        let mut paths: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for path in paths {
+            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            let Ok(value) = serde_json::from_str::<Value>(&text) else { continue };
+            if value.get("schema").and_then(Value::as_str) == Some("xagent.connector/v1") {
+                out.push((path.display().to_string(), value));
+            }
+        }
+    }
+    out
+}
+
+/// Mutations of the reference Card, one per Card rule of the IM Profiles (issue 38).
+fn card_mutations() -> Vec<(&'static str, Value)> {
+    let base = corpus::read(&corpus::card_path());
+    let mut both = base.clone();
+    both["supports"]["profiles"] = serde_json::json!(["xagent.im.v1", "xagent.im.v2"]);
+    let mut target = base.clone();
+    target["tools"][0]["input_schema"]["properties"]["contact_id"] =
+        serde_json::json!({"type": "string"});
+    let mut nested = base;
+    nested["tools"][0]["input_schema"]["properties"]["to"] = serde_json::json!({
+        "type": "object", "properties": {"chatId": {"type": "string"}}
+    });
+    vec![
+        ("card.im_profiles_exclusive", both),
+        ("card.im_tool_target_argument", target),
+        ("card.im_tool_target_argument", nested),
+    ]
+}
+
+/// Every Card judge on one Card: the library form of `check card`, the C ABI and admission.
+#[track_caller]
+fn assert_card_judges_agree(name: &str, card: &Value) -> Report {
+    let text = card.to_string();
+    let cli = xagent_protocol_validate::check_text(DocumentKind::Card, &text, None);
+    assert_eq!(card_report(text.as_bytes()), cli.to_json(), "{name}: the C ABI");
+    // Admission fetches the Skill too: give it the primary Skill the Card's Tools relate.
+    let primary = card
+        .get("connector_card_id")
+        .and_then(Value::as_str)
+        .map(xagent_protocol_types::primary_skill_name);
+    let skill = match primary {
+        Some(name) => {
+            xagent_client_runtime::SkillDocument::Present(format!("---\nname: {name}\n---\n"))
+        }
+        None => xagent_client_runtime::SkillDocument::Absent,
+    };
+    let admitted =
+        xagent_client_runtime::check_card(card, &skill, &AdmissionWindow::default(), None);
+    assert_eq!(admitted.is_ok(), cli.valid, "{name}: admission {admitted:?} vs {cli:?}");
+    if let Err(refusal) = &admitted {
+        for rule in rule_ids(&cli) {
+            assert!(refusal.contains(&format!("[{rule}]")), "{name}: admission omits {rule}");
+        }
+    }
+    cli
+}
+
+#[test]
+fn every_card_judge_agrees_on_every_card_fixture_and_mutation() {
+    let fixtures = card_fixtures();
+    assert!(fixtures.len() >= 6, "found only {} Card fixtures", fixtures.len());
+    for (name, card) in &fixtures {
+        assert_card_judges_agree(name, card);
+    }
+    for (rule, card) in card_mutations() {
+        let report = assert_card_judges_agree(rule, &card);
+        assert!(report.has(rule) && !report.valid, "{rule}: {report:?}");
+    }
+}
+
+/// The binary on the Card fixtures: the same report as its library function.
+#[test]
+fn check_card_binary_agrees_with_its_library_function_on_every_card_fixture() {
+    for (name, card) in card_fixtures() {
+        let output = Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+            .args(["check", "card", "--format", "json"])
+            .arg(&name)
+            .output()
+            .expect("runs");
+        let report: Report = serde_json::from_slice(&output.stdout).expect("a JSON report");
+        let library =
+            xagent_protocol_validate::check_text(DocumentKind::Card, &card.to_string(), None);
+        assert_eq!(report, library, "{name}");
+        assert_eq!(output.status.code(), Some(if library.valid { 0 } else { 1 }), "{name}");
     }
 }
 

@@ -1,5 +1,5 @@
 //! Admission: decide whether a Connector may be integrated. Fetch and check the Card, fetch the
-//! Skill and check its name, probe `/health` against the Card, and admit only within the
+//! Skill and check it with every Skill rule the Connector's build applies, probe `/health` against the Card, and admit only within the
 //! configured protocol version window.
 
 use serde_json::Value;
@@ -27,7 +27,9 @@ pub fn skill_name(markdown: &str) -> Option<SkillId> {
 }
 
 /// Checks a fetched Card document and Skill and returns the typed Card. Used at admission and
-/// again whenever health says the Card changed.
+/// again whenever health says the Card changed. The Skill is checked with the validator the
+/// Connector's build and `xagent-connector check skill` use (`skill.secret_leak`,
+/// `skill.related_skill_ids`, ...), and must carry exactly the primary Skill name.
 pub fn check_card(
     card_json: &Value,
     skill: &SkillDocument,
@@ -50,15 +52,28 @@ pub fn check_card(
             card.connector_card_id
         ));
     }
-    if let SkillDocument::Present(markdown) = skill {
-        let expected = card.primary_skill_name();
-        match skill_name(markdown) {
-            Some(name) if name == expected => {}
-            Some(name) => {
-                return Err(format!("the Skill is named {name}, expected {expected}"));
+    // The Skill rules the Connector's build applies (`xagent-connector check skill`): its name,
+    // no secret in it, and the Card's `related_skill_ids` naming it (or, when none is served,
+    // naming nothing).
+    let facts = xagent_protocol_validate::CardFacts::from_value(card_json);
+    let validator = xagent_protocol_validate::Validator::default();
+    let report = match skill {
+        SkillDocument::Present(markdown) => {
+            let expected = card.primary_skill_name();
+            match skill_name(markdown) {
+                Some(name) if name == expected => {}
+                Some(name) => {
+                    return Err(format!("the Skill is named {name}, expected {expected}"));
+                }
+                None => return Err("the Skill has no front matter name".into()),
             }
-            None => return Err("the Skill has no front matter name".into()),
+            validator.skill(markdown, &facts)
         }
+        SkillDocument::Absent => validator.absent_skill(&facts),
+    };
+    let errors: Vec<String> = report.errors().map(ToString::to_string).collect();
+    if !errors.is_empty() {
+        return Err(format!("the Skill breaks the protocol: {}", errors.join("; ")));
     }
     Ok(card)
 }
@@ -113,6 +128,51 @@ mod tests {
         let refused = check_card(&old, &SkillDocument::Absent, &AdmissionWindow::default(), None)
             .expect_err("a version outside the window is not admitted");
         assert!(refused.contains("card.protocol_version") || refused.contains("2.0"), "{refused}");
+    }
+
+    fn card_with_related_skill() -> Value {
+        serde_json::json!({
+            "schema": "xagent.connector/v1",
+            "protocol_version": "3.0",
+            "build": {"build_time": "2607241200"},
+            "connector_card_id": "im.x",
+            "connector": {"name": "X", "version": "1.0.0"},
+            "supports": {"target_types": ["im"], "profiles": ["xagent.im.v2"]},
+            "tools": [{
+                "tool_id": "x_send",
+                "profile": "xagent.im.v2",
+                "related_skill_ids": ["connector-im-x"],
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"connector_channel_id": {"type": "string"}},
+                    "required": ["connector_channel_id"]
+                }
+            }]
+        })
+    }
+
+    /// Issue 38: admission checked only the Skill's name, although the build refuses a Skill
+    /// holding a secret. It now applies the same validator.
+    #[test]
+    fn rule_skill_secret_leak_admission_refuses_what_the_build_refuses() {
+        let card = card_with_related_skill();
+        let window = AdmissionWindow::default();
+        let clean = "---\nname: connector-im-x\n---\nUse x_send.\n";
+        check_card(&card, &SkillDocument::Present(clean.into()), &window, None)
+            .expect("a clean Skill is admitted");
+        let leaky =
+            "---\nname: connector-im-x\n---\nUse token ghp_abcdefghijklmnopqrstuvwxyz0123456789\n";
+        let refused = check_card(&card, &SkillDocument::Present(leaky.into()), &window, None)
+            .expect_err("a Skill with a secret is not admitted");
+        assert!(refused.contains("skill.secret_leak"), "{refused}");
+    }
+
+    #[test]
+    fn rule_skill_related_skill_ids_admission_needs_the_related_skill_served() {
+        let card = card_with_related_skill();
+        let refused = check_card(&card, &SkillDocument::Absent, &AdmissionWindow::default(), None)
+            .expect_err("a Tool relating a Skill that is not served is not admitted");
+        assert!(refused.contains("skill.related_skill_ids"), "{refused}");
     }
 
     #[test]

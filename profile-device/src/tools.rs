@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 use xagent_protocol_types::ToolId;
-use xagent_protocol_validate::with_connector_channel_id;
+use xagent_protocol_validate::{argument_name_in, find_properties, with_connector_channel_id};
 
 use crate::DeviceError;
 
@@ -44,60 +44,27 @@ pub const FORBIDDEN_PARAMETER_NAMES: &[&str] = &[
     "secret",
 ];
 
-fn squash(name: &str) -> String {
-    name.chars().filter(|c| *c != '_' && *c != '-').flat_map(char::to_lowercase).collect()
-}
-
 /// True when `name` is one of the [`FORBIDDEN_PARAMETER_NAMES`] (ignoring case, `_` and `-`).
 pub fn is_device_fact_name(name: &str) -> bool {
-    let name = squash(name);
-    FORBIDDEN_PARAMETER_NAMES.iter().any(|f| squash(f) == name)
+    argument_name_in(name, FORBIDDEN_PARAMETER_NAMES)
 }
 
 /// Refuses an input schema (as published in the Card) that lets the model supply a device
 /// fact: any property at any depth (`properties`, `items`, `anyOf`/`oneOf`/`allOf`, `$defs`)
 /// named like one of the [`FORBIDDEN_PARAMETER_NAMES`]. Used at build time for Tools whose
-/// schema is generated from a type rather than declared with [`ParamRule`]s.
+/// schema is generated from a type rather than declared with [`ParamRule`]s. The walk is the
+/// validator's ([`find_properties`]), the one the IM Tool argument rule uses too.
 pub fn check_input_schema(
     tool_id: &ToolId,
     schema: &Map<String, Value>,
 ) -> Result<(), DeviceError> {
-    fn walk(tool_id: &ToolId, schema: &Map<String, Value>, path: &str) -> Result<(), DeviceError> {
-        if let Some(Value::Object(props)) = schema.get("properties") {
-            for (name, sub) in props {
-                if is_device_fact_name(name) {
-                    return Err(DeviceError::InvalidDeclaration(format!(
-                        "{tool_id}: parameter {path}/{name} would let the model supply a device fact \
-                         (serial, address, account); the channel binding decides the device"
-                    )));
-                }
-                if let Value::Object(sub) = sub {
-                    walk(tool_id, sub, &format!("{path}/{name}"))?;
-                }
-            }
-        }
-        for key in ["items", "additionalProperties"] {
-            if let Some(Value::Object(sub)) = schema.get(key) {
-                walk(tool_id, sub, path)?;
-            }
-        }
-        for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
-            if let Some(Value::Array(subs)) = schema.get(key) {
-                for sub in subs.iter().filter_map(Value::as_object) {
-                    walk(tool_id, sub, path)?;
-                }
-            }
-        }
-        for key in ["$defs", "definitions"] {
-            if let Some(Value::Object(defs)) = schema.get(key) {
-                for sub in defs.values().filter_map(Value::as_object) {
-                    walk(tool_id, sub, path)?;
-                }
-            }
-        }
-        Ok(())
+    match find_properties(schema, is_device_fact_name).into_iter().next() {
+        None => Ok(()),
+        Some((path, _)) => Err(DeviceError::InvalidDeclaration(format!(
+            "{tool_id}: parameter {path} would let the model supply a device fact \
+             (serial, address, account); the channel binding decides the device"
+        ))),
     }
-    walk(tool_id, schema, "")
 }
 
 /// What a Tool does to the device.

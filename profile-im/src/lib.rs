@@ -14,6 +14,7 @@
 //! | [`DeltaAssembler`] | Connector | deltas never append twice; gaps and conflicting replays are `sequence_conflict` |
 //! | [`ActivityTracker`] | Connector | snapshots replace each other, are cleared in time, degrade per target |
 //! | [`MessagePushBuilder`] | Connector (v1) | a `message.push` with the standard fields and layout |
+//! | [`ReplyRefKey`] | Connector | an opaque `reply_ref`, valid only for its channel and reply Tool, that shows the model no target id |
 //! | [`validate_chat_message`], [`validate_activity`], [`ChatMessageBuilder`] | both | payload rules before anything is sent |
 //!
 //! ```
@@ -97,6 +98,7 @@ mod fifo;
 mod idempotency;
 mod outbox;
 mod payload;
+mod reply_ref;
 pub mod store;
 mod v1;
 
@@ -106,6 +108,7 @@ pub use error::*;
 pub use idempotency::*;
 pub use outbox::*;
 pub use payload::*;
+pub use reply_ref::*;
 pub use store::{
     AttemptUpdate, CompletedRecord, DeferredStore, IdempotencyStore, IdempotencyWrite, MemoryStore,
     NoStore, OutboxStore, OutboxWrite, PendingRecord, coalesce_outbox_writes,

@@ -10,7 +10,7 @@
 //! [`crate::ReceiverIdempotency`] and [`Fingerprint::of_message_push`]).
 
 use xagent_protocol_types::{MessageId, MessagePush, PushFile, ReplyHint, SkillHint};
-use xagent_protocol_validate::im;
+use xagent_protocol_validate::{CardFacts, im};
 
 use crate::payload::first_error;
 use crate::{Fingerprint, PayloadError};
@@ -22,12 +22,25 @@ pub const EVENT_MESSAGE_RECEIVED: &str = "im.message.received";
 
 /// Checks a `message.push` against the IM v1 rules: the Must fields are present, `profile` is
 /// `xagent.im.v1`, every file has a non-empty unique `file_ref` and a download URL, at most one
-/// target-Session reference is set, and no internal identity or byte field is present.
+/// target-Session reference is set, and no internal identity or byte field is present. What the
+/// push cites of the Card needs the Card: [`validate_message_push_for`].
 pub fn validate_message_push(push: &MessagePush) -> Result<(), PayloadError> {
+    push_error(push, None)
+}
+
+/// [`validate_message_push`] and, against the Card's facts, `message_push.card_reference`:
+/// `reply.tool_id` and `skill.tool_ids` are Card Tools, `skill.name` is the Card's Skill, and
+/// the Skill names and Tool ids its `activation_message` cites are the Card's (IM v1 §6). The
+/// check `xagent-connector check packet --card` applies to the same push.
+pub fn validate_message_push_for(push: &MessagePush, card: &CardFacts) -> Result<(), PayloadError> {
+    push_error(push, Some(card))
+}
+
+fn push_error(push: &MessagePush, card: Option<&CardFacts>) -> Result<(), PayloadError> {
     // Every rule is the shared one (`im.file_url` is a warning: a file without any URL is
     // allowed, as `xagent-connector check` says).
     first_error(
-        |visit| im::check_typed_push(push, visit),
+        |visit| im::check_typed_push(push, card, visit),
         |i| push.files.get(i).map(|f| f.file_ref.to_string()).unwrap_or_default(),
     )
     .map_err(|error| match error {

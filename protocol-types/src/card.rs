@@ -121,6 +121,9 @@ impl ConnectorCard {
     }
 }
 
+/// What every Connector Skill name starts with (protocol 4.2).
+pub const SKILL_NAME_PREFIX: &str = "connector-";
+
 /// The primary Skill name for a card id (`im.wechat` -> `connector-im-wechat`).
 pub fn primary_skill_name(connector_card_id: &str) -> SkillId {
     let normalised: String = connector_card_id
@@ -130,7 +133,7 @@ pub fn primary_skill_name(connector_card_id: &str) -> SkillId {
             other => other.to_ascii_lowercase(),
         })
         .collect();
-    SkillId::new(format!("connector-{normalised}"))
+    SkillId::new(format!("{SKILL_NAME_PREFIX}{normalised}"))
 }
 
 /// Build stamp injected at compile time; `/health` must echo it exactly.

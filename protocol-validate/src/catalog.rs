@@ -146,6 +146,12 @@ pub fn profile(id: &str) -> Option<&'static ProfileSpec> {
     CATALOG.iter().find(|spec| spec.id == id)
 }
 
+/// True for the IM Profiles (`xagent.im.v1`, `xagent.im.v2`): a Card declares at most one
+/// of them, and their Tools are IM Tools.
+pub fn is_im_profile(id: &str) -> bool {
+    id == PROFILE_IM_V1 || id == PROFILE_IM_V2
+}
+
 /// The Profile that owns a packet type, if any.
 pub fn owning_profile(packet_type: &str) -> Option<&'static ProfileSpec> {
     CATALOG.iter().find(|spec| spec.packet(packet_type).is_some())

@@ -33,10 +33,11 @@ use xagent_protocol_types::{
 
 use crate::report::{Rule, Severity};
 use crate::rules::{
-    CHAT_ACK_REJECTED, CHAT_ACK_STATUS, CHAT_ACTIVITY_STATUS, CHAT_ACTIVITY_TOOL_NAME,
-    CHAT_DELTA_FILES, CHAT_DELTA_SEQUENCE, CHAT_DELTA_TEXT, CHAT_MESSAGE_CONTENT,
-    CHAT_MESSAGE_DOWNLOAD_URL, IM_DOWNLOAD_URL_SCHEME, IM_FILE_BYTES, IM_FILE_REF, IM_FILE_TYPE,
-    IM_FILE_URL, IM_V1_FORBIDDEN_FIELD, IM_V2_FORBIDDEN_FIELD, IM_V2_MESSAGE_ID,
+    CHAT_ACK_REJECTED, CHAT_ACK_STATUS, CHAT_ACTIVITY_CONTENT, CHAT_ACTIVITY_STATUS,
+    CHAT_ACTIVITY_TOOL_NAME, CHAT_DELTA_FILES, CHAT_DELTA_SEQUENCE, CHAT_DELTA_TEXT,
+    CHAT_MESSAGE_CONTENT, CHAT_MESSAGE_DOWNLOAD_URL, IM_DOWNLOAD_URL_SCHEME, IM_FILE_BYTES,
+    IM_FILE_REF, IM_FILE_TYPE, IM_FILE_URL, IM_V1_FORBIDDEN_FIELD, IM_V2_FORBIDDEN_FIELD,
+    IM_V2_MESSAGE_ID,
 };
 
 /// xAgent-internal identities no IM payload may carry.
@@ -46,6 +47,99 @@ pub const FORBIDDEN_IDENTITY_FIELDS: &[&str] =
 /// Field names that would carry file bytes or local paths, refused in messages and file items.
 /// Files travel only as a `file_ref` through the Transfer Plane.
 pub const FORBIDDEN_BYTE_FIELDS: &[&str] = xagent_protocol_types::FORBIDDEN_FILE_BYTE_FIELDS;
+
+/// Argument names of IM Tools that would let the model pick where a message goes or hand the
+/// Connector a platform credential (IM v1 §4, §6): conversation, room and contact ids, user
+/// and sender ids, phone numbers, bot and context tokens. The channel's binding decides the
+/// target; a reply to one message takes an opaque `reply_ref`. Compared without case, `_` and
+/// `-` ([`crate::argument_name_in`]), so `chatId` and `CHAT-ID` are refused as `chat_id` is.
+pub const FORBIDDEN_TOOL_ARGUMENTS: &[&str] = &[
+    "chat",
+    "chat_id",
+    "chat_ids",
+    "conversation",
+    "conversation_id",
+    "room",
+    "room_id",
+    "thread_id",
+    "group_id",
+    "channel_id",
+    "contact",
+    "contact_id",
+    "contact_name",
+    "contacts",
+    "recipient",
+    "recipient_id",
+    "recipients",
+    "receiver",
+    "receiver_id",
+    "to",
+    "to_user",
+    "to_user_id",
+    "target",
+    "target_id",
+    "peer",
+    "peer_id",
+    "user",
+    "user_id",
+    "open_id",
+    "union_id",
+    "sender_id",
+    "phone",
+    "phone_number",
+    "bot_token",
+    "token",
+    "access_token",
+    "context_token",
+    "api_key",
+    "app_secret",
+    "secret",
+    "password",
+];
+
+/// True when an IM Tool argument named `name` would be a send target or a platform credential
+/// ([`FORBIDDEN_TOOL_ARGUMENTS`]).
+pub fn is_forbidden_tool_argument(name: &str) -> bool {
+    crate::argument_name_in(name, FORBIDDEN_TOOL_ARGUMENTS)
+}
+
+/// Fields no `chat.activity` may carry (IM v2 §8): the model's reasoning, a Tool call's
+/// arguments or result, error details. (Identities and byte fields have their own rules.)
+pub const FORBIDDEN_ACTIVITY_FIELDS: &[&str] = &[
+    "reasoning",
+    "reasoning_content",
+    "thought",
+    "thoughts",
+    "arguments",
+    "args",
+    "input",
+    "result",
+    "results",
+    "output",
+    "error",
+    "error_message",
+    "errors",
+    "stack",
+    "url",
+];
+
+/// True when a `chat.activity` field named `key` would leak reasoning, a Tool call's
+/// arguments or result, or error details ([`FORBIDDEN_ACTIVITY_FIELDS`]).
+pub fn is_forbidden_activity_field(key: &str) -> bool {
+    FORBIDDEN_ACTIVITY_FIELDS.contains(&key)
+}
+
+/// True when an activity's `tool_name` is a path or a URL rather than a name: it contains a
+/// slash or a backslash, or starts with a drive letter (`C:`) or a URL scheme such as `https:`,
+/// `file:` or `data:`. (`server:tool`-style names with another prefix pass.)
+pub fn tool_name_is_path_or_url(name: &str) -> bool {
+    const URL_SCHEMES: &[&str] =
+        &["http", "https", "file", "data", "ftp", "ftps", "mailto", "javascript", "ws", "wss"];
+    name.contains(['/', '\\'])
+        || scheme_of(name).is_some_and(|scheme| {
+            scheme.len() == 1 || URL_SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme))
+        })
+}
 
 /// True when `key` names an xAgent-internal identity.
 pub fn is_forbidden_identity_field(key: &str) -> bool {
@@ -94,6 +188,9 @@ pub enum Place<'a> {
     Field(&'a str),
     /// A field of the file item at this index of `payload.files`.
     File(usize, &'a str),
+    /// A member of an object field of the payload (`reply.tool_id`), or with an index, an
+    /// item of an array member (`skill.tool_ids[2]`).
+    Member(&'a str, &'a str, Option<usize>),
 }
 
 impl Place<'_> {
@@ -104,6 +201,13 @@ impl Place<'_> {
             Self::Field(key) => crate::report::child("/payload", key),
             Self::File(i, key) => {
                 crate::report::child(&crate::report::index("/payload/files", *i), key)
+            }
+            Self::Member(field, member, item) => {
+                let path = crate::report::child(&crate::report::child("/payload", field), member);
+                match item {
+                    Some(i) => crate::report::index(&path, *i),
+                    None => path,
+                }
             }
         }
     }
@@ -120,7 +224,7 @@ impl Place<'_> {
     pub fn key(&self) -> Option<&str> {
         match self {
             Self::Payload => None,
-            Self::Field(key) | Self::File(_, key) => Some(key),
+            Self::Field(key) | Self::File(_, key) | Self::Member(_, key, _) => Some(key),
         }
     }
 }
@@ -568,15 +672,27 @@ pub fn check_typed_ack(ack: &ChatMessageAck, visit: &mut Visit<'_>) -> ControlFl
     )
 }
 
-/// The `chat.activity` rules (IM v2 §8): the identity and byte rules, `chat_activity.status`
-/// and `chat_activity.tool_name` (required for `tool`, 1 to 256 bytes; forbidden otherwise).
+/// The `chat.activity` rules (IM v2 §8): the identity and byte rules, `chat_activity.status`,
+/// `chat_activity.tool_name` (required for `tool`, 1 to 256 bytes; forbidden otherwise) and
+/// `chat_activity.content` (no reasoning, Tool arguments or results, or error details among
+/// the fields, [`FORBIDDEN_ACTIVITY_FIELDS`]; no path or URL as `tool_name`).
 pub fn check_activity<'k>(
     status: Field<'_>,
     tool_name: Field<'_>,
     extra_keys: impl Iterator<Item = &'k str>,
     visit: &mut Visit<'_>,
 ) -> ControlFlow<()> {
-    check_keys(extra_keys, Profile::V2, true, None, visit)?;
+    for key in extra_keys {
+        check_keys(std::iter::once(key), Profile::V2, true, None, visit)?;
+        if is_forbidden_activity_field(key) {
+            report(
+                visit,
+                &CHAT_ACTIVITY_CONTENT,
+                Place::Field(key),
+                "an activity is a redacted state: no reasoning, Tool arguments or results, or error details",
+            )?;
+        }
+    }
     let status = match status {
         Field::Text(s) => Some(ActivityStatus::parse(s)),
         _ => None,
@@ -609,6 +725,16 @@ pub fn check_activity<'k>(
             "tool_name is allowed only with status tool",
         )?,
     }
+    if let Field::Text(name) = tool_name
+        && tool_name_is_path_or_url(name)
+    {
+        report(
+            visit,
+            &CHAT_ACTIVITY_CONTENT,
+            Place::Field("tool_name"),
+            "tool_name names the Tool; a path or URL does not belong in an activity",
+        )?;
+    }
     ControlFlow::Continue(())
 }
 
@@ -622,14 +748,120 @@ pub fn check_typed_activity(activity: &ChatActivity, visit: &mut Visit<'_>) -> C
     )
 }
 
-/// The `message.push` rules (IM v1 §5, §9, §10; protocol 8.21): the Must fields
+/// What a `message.push` cites of its Card (IM v1 §6): the reply Tool, the Skill and the Skill's
+/// Tools, and the Connector's guidance text. Read from the payload by [`check_push`].
+#[derive(Clone, Copy, Debug)]
+pub struct PushCitations<'a, T> {
+    /// `reply.tool_id`.
+    pub reply_tool_id: Field<'a>,
+    /// `skill.name`.
+    pub skill_name: Field<'a>,
+    /// `skill.tool_ids[]`.
+    pub skill_tool_ids: T,
+    /// `activation_message`: written by the Connector for the Agent, so a Skill name or Tool id
+    /// in it is a citation. (`text` quotes the user's words and is not read.)
+    pub activation_message: Field<'a>,
+}
+
+/// The words of a Connector-written text that cite a Skill (they start with `connector-`) or a
+/// Tool of the Card's Tool namespace (they start with the part before the first `_` of a Card
+/// Tool id, plus `_`, as `wechat_` for `wechat_message_send`): each as `(word, is_skill)`.
+fn cited_words<'t>(
+    text: &'t str,
+    tool_ids: &'t [String],
+) -> impl Iterator<Item = (&'t str, bool)> + 't {
+    let word_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    text.split(move |c: char| !word_char(c)).map(|w| w.trim_end_matches(['.', '-'])).filter_map(
+        move |word| {
+            if word.starts_with(xagent_protocol_types::SKILL_NAME_PREFIX)
+                && word.len() > xagent_protocol_types::SKILL_NAME_PREFIX.len()
+            {
+                return Some((word, true));
+            }
+            let namespace = |id: &String| {
+                id.split_once('_').is_some_and(|(head, _)| {
+                    !head.is_empty() && word.strip_prefix(head).is_some_and(|r| r.starts_with('_'))
+                })
+            };
+            tool_ids.iter().any(namespace).then_some((word, false))
+        },
+    )
+}
+
+/// `message_push.card_reference` over what a push cites, against the Card's facts: the reply
+/// Tool and the Skill's Tools are Card Tools, the Skill name is one the Card declares (its
+/// primary Skill or a `related_skill_ids` entry), and every Skill name or Tool id the
+/// `activation_message` cites (see [`PushCitations::activation_message`]) is too.
+pub fn check_push_citations<'a, T: Iterator<Item = Field<'a>>>(
+    citations: PushCitations<'a, T>,
+    card: &crate::CardFacts,
+    visit: &mut Visit<'_>,
+) -> ControlFlow<()> {
+    use crate::rules::MESSAGE_PUSH_CARD_REFERENCE;
+    let is_tool = |id: &str| card.tool_ids.iter().any(|t| t == id);
+    // A Skill the Card declares: its primary Skill, or one a Tool relates.
+    let is_skill = |name: &str| {
+        card.card_id.as_deref().is_none_or(|id| {
+            xagent_protocol_types::primary_skill_name(id).as_str() == name
+                || card.related_skill_ids.iter().any(|r| r == name)
+        })
+    };
+    if let Field::Text(tool) = citations.reply_tool_id
+        && !is_tool(tool)
+    {
+        report(
+            visit,
+            &MESSAGE_PUSH_CARD_REFERENCE,
+            Place::Member("reply", "tool_id", None),
+            "reply.tool_id must be a Tool the Card declares",
+        )?;
+    }
+    if let Field::Text(name) = citations.skill_name
+        && !is_skill(name)
+    {
+        report(
+            visit,
+            &MESSAGE_PUSH_CARD_REFERENCE,
+            Place::Member("skill", "name", None),
+            "skill.name must be the Card's primary Skill or one its Tools relate",
+        )?;
+    }
+    for (i, tool) in citations.skill_tool_ids.enumerate() {
+        if !matches!(tool, Field::Text(t) if is_tool(t)) {
+            report(
+                visit,
+                &MESSAGE_PUSH_CARD_REFERENCE,
+                Place::Member("skill", "tool_ids", Some(i)),
+                "skill.tool_ids must name Tools the Card declares",
+            )?;
+        }
+    }
+    if let Field::Text(text) = citations.activation_message {
+        for (word, skill) in cited_words(text, &card.tool_ids) {
+            if (skill && !is_skill(word)) || (!skill && !is_tool(word)) {
+                report(
+                    visit,
+                    &MESSAGE_PUSH_CARD_REFERENCE,
+                    Place::Field("activation_message"),
+                    "the guidance cites a Skill or Tool the Card does not declare; cite the Card's names exactly",
+                )?;
+            }
+        }
+    }
+    ControlFlow::Continue(())
+}
+
+/// The `message.push` rules (IM v1 §5, §6, §9, §10; protocol 8.21): the Must fields
 /// (`message_push.required_field`), `message_push.profile`, the Should fields (warnings),
-/// at most one target Session reference, then the identity and byte rules and the v1 file
-/// rules. `get` reads a payload field by name.
-pub fn check_push<'a, F: FileItem, K: Iterator<Item = &'a str>>(
+/// at most one target Session reference, then the identity and byte rules, the v1 file rules
+/// and, given the Card, what the push cites of it ([`check_push_citations`]). `get` reads a
+/// payload field by name.
+pub fn check_push<'a, F: FileItem, K: Iterator<Item = &'a str>, T: Iterator<Item = Field<'a>>>(
     get: impl Fn(&str) -> Field<'a>,
     files: Option<&'a [F]>,
     extra_keys: K,
+    citations: PushCitations<'a, T>,
+    card: Option<&crate::CardFacts>,
     visit: &mut Visit<'_>,
 ) -> ControlFlow<()> {
     use crate::rules::{
@@ -701,14 +933,21 @@ pub fn check_push<'a, F: FileItem, K: Iterator<Item = &'a str>>(
         )?;
     }
     check_keys(extra_keys, Profile::V1, true, None, visit)?;
-    match files {
-        Some(files) => check_files(files, Profile::V1, None, visit),
+    if let Some(files) = files {
+        check_files(files, Profile::V1, None, visit)?;
+    }
+    match card {
+        Some(card) => check_push_citations(citations, card, visit),
         None => ControlFlow::Continue(()),
     }
 }
 
-/// `message.push` rules on the typed push.
-pub fn check_typed_push(push: &MessagePush, visit: &mut Visit<'_>) -> ControlFlow<()> {
+/// `message.push` rules on the typed push, against the Card's facts when given.
+pub fn check_typed_push(
+    push: &MessagePush,
+    card: Option<&crate::CardFacts>,
+    visit: &mut Visit<'_>,
+) -> ControlFlow<()> {
     let get = |key: &str| -> Field<'_> {
         fn text(v: &Option<String>) -> Field<'_> {
             Field::opt(v.as_deref())
@@ -737,7 +976,28 @@ pub fn check_typed_push(push: &MessagePush, visit: &mut Visit<'_>) -> ControlFlo
             other => Field::of(push.extra.get(other)),
         }
     };
-    check_push(get, Some(&push.files), push.extra.keys().map(String::as_str), visit)
+    let citations = PushCitations {
+        reply_tool_id: Field::opt(
+            push.reply.as_ref().and_then(|r| r.tool_id.as_ref()).map(|t| t.as_str()),
+        ),
+        skill_name: Field::opt(
+            push.skill.as_ref().and_then(|s| s.name.as_ref()).map(|n| n.as_str()),
+        ),
+        skill_tool_ids: push
+            .skill
+            .iter()
+            .flat_map(|s| s.tool_ids.iter())
+            .map(|t| Field::Text(t.as_str())),
+        activation_message: Field::opt(push.activation_message.as_deref()),
+    };
+    check_push(
+        get,
+        Some(&push.files),
+        push.extra.keys().map(String::as_str),
+        citations,
+        card,
+        visit,
+    )
 }
 
 /// True when `visit`-style walking of `walk` finds no error: the verdict alone, stopping at

@@ -72,6 +72,24 @@
 //!   `xagent-profile-im` all call its rule functions. xAgent-internal identities are refused in
 //!   file items too (a file item is part of the payload), and a file item's `url` obeys the
 //!   `download_url` rule wherever it appears.
+//! - IM Tools (`card.im_tool_target_argument`) are the Tools whose `profile` is an IM Profile,
+//!   and Tools without a `profile` in a Card whose only target type is `im`. Their argument
+//!   names are compared with [`im::FORBIDDEN_TOOL_ARGUMENTS`] ignoring case, `_` and `-`, at
+//!   every depth of the schema (the walk [`find_properties`] the device rule uses too).
+//! - `card.im_profiles_exclusive` holds for every Card, not only built-in ones: a Connector is
+//!   legacy (IM v1) or current (IM v2); xAgent's hello may still list both.
+//! - What a `message.push` cites (`message_push.card_reference`) is judged only with a Card:
+//!   `reply.tool_id` and `skill.tool_ids` must be Card Tools, `skill.name` the primary Skill or
+//!   a `related_skill_ids` entry. In text, only `activation_message` is read (`text` quotes the
+//!   user): a word starting with `connector-` is a Skill name, and a word in a Card Tool's
+//!   namespace (the part of its id before the first `_`, plus `_`) is a Tool id.
+//! - `related_skill_ids` name the Skill served at `/skill.md` exactly
+//!   (`skill.related_skill_ids`): the protocol gives a `-<purpose>` Skill no endpoint, so a Tool
+//!   cannot point xAgent at one. The check runs when the Skill checked carries the primary name
+//!   (the served one), and [`Validator::absent_skill`] when none is served.
+//! - `chat_activity.content`: the activity fields refused are [`im::FORBIDDEN_ACTIVITY_FIELDS`];
+//!   a `tool_name` with a slash or backslash, a drive letter or a URL scheme is a path or URL
+//!   (a `server:tool` name passes).
 //! - Direction: a packet judged without a sender ([`PacketContext::sender`] `None`) is judged as
 //!   sent by the one side that sends its type; a type both sides send is judged for both, and a
 //!   violation that holds for one sender only names it ([`Violation::sender`]).
@@ -104,5 +122,8 @@ pub use session::{
     Accepted, ChannelOwner, ChannelOwnership, Established, OpenChannel, PendingMessage,
     PendingRequest, RejectAction, Rejection, Session,
 };
-pub use tool_schema::{CHANNEL_ARGUMENT_DESCRIPTION, ToolSchemaError, with_connector_channel_id};
+pub use tool_schema::{
+    CHANNEL_ARGUMENT_DESCRIPTION, ToolSchemaError, argument_name_in, find_properties,
+    squash_argument_name, with_connector_channel_id,
+};
 pub use version::{AdmissionWindow, ProtocolVersion, VersionError};

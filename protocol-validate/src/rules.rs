@@ -40,6 +40,7 @@ rules! {
     CARD_PROFILES = "card.profiles", Error, "protocol 4.1", "`supports.profiles` must be a non-empty array of unique, non-empty strings.";
     CARD_PROFILE_UNKNOWN = "card.profile_unknown", Warning, "protocol 11", "A declared Profile should be a standard one the catalog knows.";
     CARD_PROFILE_TARGET_TYPE = "card.profile_target_type", Error, "protocol 4.1; notes (Profiles)", "A declared Profile's target types must intersect `supports.target_types`.";
+    CARD_IM_PROFILES_EXCLUSIVE = "card.im_profiles_exclusive", Error, "IM v1 §3, §5", "A Card declares one IM Profile: `xagent.im.v1` or `xagent.im.v2`, not both.";
     CARD_USER_CHANNEL_MODE = "card.user_channel_mode", Error, "protocol 4.1", "`supports.user_channel_mode` is `single` or `multiple`.";
     CARD_TARGET_DECLARATION = "card.target_declaration", Warning, "protocol 4.1", "`supports.targets[]` should declare `target_type`, `provider` and `label`.";
     CARD_TOOL_ID = "card.tool_id", Error, "protocol 4.1", "`tools[].tool_id` is required and non-empty.";
@@ -51,6 +52,7 @@ rules! {
     CARD_TOOL_CHANNEL_REQUIRED = "card.tool_channel_required", Error, "protocol 4.1, 10", "`input_schema.required` must contain `connector_channel_id`.";
     CARD_TOOL_CARD_ID_ARGUMENT = "card.tool_card_id_argument", Error, "protocol 4.1, 10.1", "A Tool schema must not declare a `connector_card_id` argument.";
     CARD_TOOL_RELATED_SKILL = "card.tool_related_skill", Error, "protocol 4.2; notes (Profiles)", "`related_skill_ids` entries are the primary Skill name or it plus `-<purpose>`.";
+    CARD_IM_TOOL_TARGET_ARGUMENT = "card.im_tool_target_argument", Error, "IM v1 §4, §6", "An IM Tool lets the model fill no send target, contact id or platform token (`chat_id`, `contact_id`, `bot_token`, ...): the channel routes.";
     CARD_AUTH_FLOW_REQUIRED = "card.auth_flow_required", Error, "protocol 4.1 (auth_flows table)", "`auth_flows[]` need `id`, `target_type`, `type` and `title`.";
     CARD_AUTH_FLOW_ID_UNIQUE = "card.auth_flow_id_unique", Error, "protocol 4.1, 8.7", "`auth_flows[].id`s are unique within the Card: `auth.start` names a flow by its id.";
     CARD_AUTH_FLOW_TYPE = "card.auth_flow_type", Warning, "protocol 4.1; notes", "`auth_flows[].type` should be `qr_login` or `form`.";
@@ -92,6 +94,7 @@ rules! {
     SKILL_NAME_FORMAT = "skill.name_format", Error, "protocol 4.2", "A Skill name is lowercase hyphen-case: `a-z`, `0-9` and single inner hyphens.";
     SKILL_NAME_CARD = "skill.name_card", Error, "protocol 4.2; notes (Profiles)", "A Skill name is `connector-<card id>` or that plus `-<purpose>`.";
     SKILL_SECRET_LEAK = "skill.secret_leak", Error, "protocol 4.2", "A Skill must not contain a secret, key, token or one-time material.";
+    SKILL_RELATED_SKILL_IDS = "skill.related_skill_ids", Error, "protocol 4.2", "The Card's `related_skill_ids` name the Skill the Connector serves, exactly; a Connector serving none lists none.";
 
     HEALTH_STATUS = "health.status", Error, "protocol 4.3", "`status` is a required string.";
     HEALTH_CARD_ID = "health.card_id", Error, "protocol 4.3", "A returned `connector_card_id` must equal the Card's.";
@@ -144,6 +147,7 @@ rules! {
     MESSAGE_PUSH_RECOMMENDED_FIELD = "message_push.recommended_field", Warning, "IM v1 §5", "`message.push` should have the Should fields of the IM v1 table.";
     MESSAGE_PUSH_PROFILE = "message_push.profile", Error, "IM v1 §5", "`payload.profile` is `xagent.im.v1`.";
     MESSAGE_PUSH_TARGET_SESSION = "message_push.target_session", Error, "protocol 8.21", "At most one of `target_session_ref`, `session_ref`, `target_session_id`.";
+    MESSAGE_PUSH_CARD_REFERENCE = "message_push.card_reference", Error, "IM v1 §6; protocol 4.2", "Tool ids and Skill names a push cites (`reply.tool_id`, `skill`, its `activation_message`) are the Card's.";
     IM_FILE_REF = "im.file_ref", Error, "IM v1 §9; IM v2 §5", "Each file item has a `file_ref`, unique within a `chat.message`.";
     IM_FILE_TYPE = "im.file_type", Error, "IM v2 §5", "`files[].type` is `image`, `video`, `audio` or `file`.";
     IM_FILE_URL = "im.file_url", Warning, "IM v1 §9", "`message.push` file items should give `download_url` or `url`.";
@@ -162,6 +166,7 @@ rules! {
     CHAT_ACK_REJECTED = "chat_ack.rejected", Error, "IM v2 §7", "A `rejected` ack gives a stable `code` and a Boolean `retryable`.";
     CHAT_ACTIVITY_STATUS = "chat_activity.status", Error, "IM v2 §8", "`status` is `thinking`, `tool` or `idle`.";
     CHAT_ACTIVITY_TOOL_NAME = "chat_activity.tool_name", Error, "IM v2 §8", "`tool_name` is required for `tool` (max 256 bytes) and forbidden otherwise.";
+    CHAT_ACTIVITY_CONTENT = "chat_activity.content", Error, "IM v2 §8", "An activity carries no reasoning, Tool arguments or results, or error details, and its `tool_name` is no path or URL.";
 }
 
 /// The rule with this id.

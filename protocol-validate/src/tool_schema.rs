@@ -43,6 +43,70 @@ impl ToolSchemaError {
     }
 }
 
+/// A parameter name as the argument-name rules compare it: lowercase, without `_` and `-`, so
+/// `chatId`, `chat-id` and `CHAT_ID` all read `chatid`.
+pub fn squash_argument_name(name: &str) -> String {
+    name.chars().filter(|c| *c != '_' && *c != '-').flat_map(char::to_lowercase).collect()
+}
+
+/// True when `name` is one of `names`, compared with [`squash_argument_name`].
+pub fn argument_name_in(name: &str, names: &[&str]) -> bool {
+    let name = squash_argument_name(name);
+    names.iter().any(|n| squash_argument_name(n) == name)
+}
+
+/// Every property of a Tool input schema, at any depth the model can fill (`properties`,
+/// `items`, `additionalProperties`, `anyOf`/`oneOf`/`allOf`, `prefixItems`, `$defs` and
+/// `definitions`), whose name `forbidden` accepts: as `(path, name)`, `path` being the
+/// `/`-joined property names that lead to it (`/reply/chat_id`). The one walk of the rules that
+/// keep a kind of fact out of model-filled arguments (IM send targets here, device facts in
+/// `xagent-profile-device`).
+pub fn find_properties(
+    schema: &Map<String, Value>,
+    forbidden: impl Fn(&str) -> bool,
+) -> Vec<(String, String)> {
+    fn walk(
+        schema: &Map<String, Value>,
+        path: &str,
+        forbidden: &dyn Fn(&str) -> bool,
+        out: &mut Vec<(String, String)>,
+    ) {
+        if let Some(Value::Object(props)) = schema.get("properties") {
+            for (name, sub) in props {
+                let here = format!("{path}/{name}");
+                if forbidden(name) {
+                    out.push((here.clone(), name.clone()));
+                }
+                if let Value::Object(sub) = sub {
+                    walk(sub, &here, forbidden, out);
+                }
+            }
+        }
+        for key in ["items", "additionalProperties"] {
+            if let Some(Value::Object(sub)) = schema.get(key) {
+                walk(sub, path, forbidden, out);
+            }
+        }
+        for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+            if let Some(Value::Array(subs)) = schema.get(key) {
+                for sub in subs.iter().filter_map(Value::as_object) {
+                    walk(sub, path, forbidden, out);
+                }
+            }
+        }
+        for key in ["$defs", "definitions"] {
+            if let Some(Value::Object(defs)) = schema.get(key) {
+                for sub in defs.values().filter_map(Value::as_object) {
+                    walk(sub, path, forbidden, out);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(schema, "", &forbidden, &mut out);
+    out
+}
+
 /// Returns a copy of `schema` with `connector_channel_id` added to `properties` (type string)
 /// and to `required` (first). The input is not modified.
 ///

@@ -40,6 +40,8 @@ pub struct CardFacts {
     pub tool_ids: Vec<String>,
     /// `auth_flows[].id`.
     pub flow_ids: Vec<String>,
+    /// Every `tools[].related_skill_ids` entry, each once, in Card order.
+    pub related_skill_ids: Vec<String>,
 }
 
 impl CardFacts {
@@ -71,6 +73,15 @@ impl CardFacts {
             target_types: list(card.pointer("/supports/target_types")),
             tool_ids: ids(card.get("tools"), "tool_id"),
             flow_ids: ids(card.get("auth_flows"), "id"),
+            related_skill_ids: unique(
+                card.get("tools")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|tool| tool.get("related_skill_ids").and_then(Value::as_array))
+                    .flatten()
+                    .filter_map(Value::as_str),
+            ),
         }
     }
 
@@ -90,8 +101,22 @@ impl CardFacts {
                 .collect(),
             tool_ids: card.tools.iter().map(|t| t.tool_id.as_str().to_owned()).collect(),
             flow_ids: card.auth_flows.iter().map(|f| f.id.as_str().to_owned()).collect(),
+            related_skill_ids: unique(
+                card.tools.iter().flat_map(|t| t.related_skill_ids.iter()).map(|s| s.as_str()),
+            ),
         }
     }
+}
+
+/// The names, each once, in first-seen order.
+fn unique<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for name in names {
+        if !out.iter().any(|n| n == name) {
+            out.push(name.to_owned());
+        }
+    }
+    out
 }
 
 /// What a Descriptor is checked against.
@@ -387,7 +412,7 @@ impl Validator {
                 self.targets(&mut sink, supports);
             }
         }
-        self.card_tools(&mut sink, root, card_id, &profiles);
+        self.card_tools(&mut sink, root, card_id, &profiles, &target_types);
         self.auth_flows(&mut sink, root, &target_types);
         if let Some(level) = card.pointer("/security/trust_level")
             && !level.as_str().is_some_and(|l| TrustLevel::parse(l).is_known())
@@ -480,6 +505,15 @@ impl Validator {
                 continue;
             }
             out.push(id);
+            if catalog::is_im_profile(id)
+                && out.iter().any(|o| *o != id && catalog::is_im_profile(o))
+            {
+                sink.push(
+                    &CARD_IM_PROFILES_EXCLUSIVE,
+                    p.clone(),
+                    "declare one IM Profile: xagent.im.v2 for a current Connector, xagent.im.v1 for a legacy one, not both",
+                );
+            }
             match catalog::profile(id) {
                 None => sink.push(
                     &CARD_PROFILE_UNKNOWN,
@@ -545,6 +579,7 @@ impl Validator {
         root: &Map<String, Value>,
         card_id: Option<&str>,
         profiles: &[&str],
+        target_types: &[&str],
     ) {
         let Some(tools) = root.get("tools") else { return };
         let Some(items) = tools.as_array() else {
@@ -584,6 +619,27 @@ impl Validator {
                 }
             }
             self.input_schema(sink, tool.get("input_schema"), &child(&p, "input_schema"));
+            let im_tool = match tool.get("profile").and_then(Value::as_str) {
+                Some(profile) => catalog::is_im_profile(profile),
+                None => !target_types.is_empty() && target_types.iter().all(|t| *t == "im"),
+            };
+            if im_tool && let Some(schema) = obj(tool.get("input_schema")) {
+                for (at, name) in
+                    crate::tool_schema::find_properties(schema, im::is_forbidden_tool_argument)
+                {
+                    let pointer =
+                        at.split('/').skip(1).fold(child(&p, "input_schema"), |path, part| {
+                            child(&child(&path, "properties"), part)
+                        });
+                    sink.push(
+                        &CARD_IM_TOOL_TARGET_ARGUMENT,
+                        pointer,
+                        format!(
+                            "argument {name:?} would let the model choose where the message goes or pass a platform credential; the channel routes the message (use an opaque reply_ref to answer one message)"
+                        ),
+                    );
+                }
+            }
             if let (Some(card_id), Some(related)) = (card_id, tool.get("related_skill_ids")) {
                 let list = related.as_array().map(Vec::as_slice).unwrap_or_default();
                 if !related.is_array() {
@@ -1009,6 +1065,12 @@ impl Validator {
                         format!("the Skill name must be {primary} or {primary}-<purpose>"),
                     );
                 }
+                // The Skill a Connector serves is its primary one: the Card's Tools can point
+                // at no other (protocol 4.2 has no endpoint for a `-<purpose>` Skill).
+                if card.card_id.as_deref().is_some_and(|id| primary_skill_name(id) == name.as_str())
+                {
+                    related_skills(&mut sink, card, Some(&name));
+                }
             }
         }
         for leak in self.scanner.scan_text(skill) {
@@ -1019,6 +1081,15 @@ impl Validator {
                 format!("the Skill contains {}; remove it", leak.kind),
             );
         }
+        sink.finish()
+    }
+
+    /// What the Card's `related_skill_ids` say when the Connector serves no Skill (`/skill.md`
+    /// answers 204 or 404): each one names a Skill that cannot be fetched
+    /// (`skill.related_skill_ids`). The served case is part of [`Validator::skill`].
+    pub fn absent_skill(&self, card: &CardFacts) -> Report {
+        let mut sink = Sink::default();
+        related_skills(&mut sink, card, None);
         sink.finish()
     }
 
@@ -1412,7 +1483,7 @@ impl Validator {
                     );
                 }
             }
-            "message.push" => message_push(sink, body),
+            "message.push" => message_push(sink, body, context.card),
             "chat.message" => chat_message(sink, body, context.sender),
             "chat.message.delta" => walk(sink, |visit| {
                 im::check_delta(
@@ -1486,6 +1557,26 @@ fn status(sink: &mut Sink, body: &Map<String, Value>, allowed: &[&str]) {
     }
 }
 
+/// `skill.related_skill_ids`: every `related_skill_ids` entry of the Card is the name of the
+/// Skill the Connector serves (`served`), exactly; with none served, there is nothing to name.
+fn related_skills(sink: &mut Sink, card: &CardFacts, served: Option<&str>) {
+    for related in &card.related_skill_ids {
+        if Some(related.as_str()) == served {
+            continue;
+        }
+        let message = match served {
+            Some(name) => format!(
+                "a Card Tool relates Skill {related:?}, but the Connector serves {name:?}; name the served Skill exactly"
+            ),
+            None => format!(
+                "a Card Tool relates Skill {related:?}, but the Connector serves no Skill; serve it at /skill.md or drop the reference"
+            ),
+        };
+        let path = if served.is_some() { "/front_matter/name" } else { "" };
+        sink.push(&SKILL_RELATED_SKILL_IDS, path, message);
+    }
+}
+
 /// Records a break of one of the shared IM rules ([`im`]) as a violation with its pointer; a
 /// break that holds for one sender only names it.
 fn push_break(sink: &mut Sink, b: im::Break<'_>) -> ControlFlow<()> {
@@ -1511,10 +1602,28 @@ fn keys(body: &Map<String, Value>) -> impl Iterator<Item = &str> {
     body.keys().map(String::as_str)
 }
 
-fn message_push(sink: &mut Sink, body: &Map<String, Value>) {
+fn message_push(sink: &mut Sink, body: &Map<String, Value>, card: Option<&CardFacts>) {
     let files = body.get("files").and_then(Value::as_array).map(Vec::as_slice);
+    let member = |field: &str, key: &str| body.get(field).and_then(|f| f.get(key));
+    let citations = im::PushCitations {
+        reply_tool_id: im::Field::of(member("reply", "tool_id")),
+        skill_name: im::Field::of(member("skill", "name")),
+        skill_tool_ids: member("skill", "tool_ids")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|t| im::Field::of(Some(t))),
+        activation_message: im::Field::of(body.get("activation_message")),
+    };
     walk(sink, |visit| {
-        im::check_push(|key| im::Field::of(body.get(key)), files, keys(body), visit)
+        im::check_push(
+            |key| im::Field::of(body.get(key)),
+            files,
+            keys(body),
+            citations,
+            card,
+            visit,
+        )
     });
 }
 

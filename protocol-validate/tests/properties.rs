@@ -179,6 +179,13 @@ const CARD_MUTATIONS: &[Mutation] = &[
     ("card.auth_field_default_secret", |c| {
         c["auth_flows"][1]["fields"][0]["default_value"] = json!("hunter2")
     }),
+    ("card.im_profiles_exclusive", |c| {
+        c["supports"]["profiles"] = json!(["xagent.im.v1", "xagent.im.v2"])
+    }),
+    ("card.im_tool_target_argument", |c| {
+        c["tools"][0]["profile"] = json!("xagent.im.v2");
+        c["tools"][0]["input_schema"]["properties"]["chat_id"] = json!({"type": "string"})
+    }),
     ("card.trust_level", |c| c["security"]["trust_level"] = json!("high")),
     ("card.server_base_url", |c| c["server_base_url"] = json!("https://c.example")),
     ("card.secret_leak", |c| {

@@ -130,7 +130,7 @@ fn message_push() -> Value {
 
 fn v1_card() -> CardFacts {
     let mut value = card();
-    value["supports"]["profiles"] = json!(["xagent.im.v1", "xagent.im.v2"]);
+    value["supports"]["profiles"] = json!(["xagent.im.v1"]);
     CardFacts::from_value(&value)
 }
 
@@ -173,12 +173,49 @@ fn reference_examples_have_no_errors() {
     assert!(validate_base_url("https://connector.example/prefix").violations.is_empty());
 }
 
+/// Issue 38: every rule id has a negative test here, named after it (`.` -> `_`), which is a
+/// `#[test]` and names the rule id in its body (where it asserts the violation); a helper
+/// function of the same name does not count.
 #[test]
 fn every_rule_has_a_negative_test_named_after_it() {
     let source = include_str!("rules.rs");
     for rule in ALL {
-        let name = format!("fn {}()", rule.id.replace('.', "_"));
-        assert!(source.contains(&name), "no negative test `{name}` for {}", rule.id);
+        let name = rule.id.replace('.', "_");
+        let head = format!("#[test]\nfn {name}() {{\n");
+        let Some(start) = source.find(&head) else {
+            panic!("no negative test `{name}` for {}", rule.id);
+        };
+        let body = &source[start + head.len()..];
+        let body = &body[..body.find("\n}\n").unwrap_or(body.len())];
+        assert!(
+            body.contains(&format!("\"{}\"", rule.id)) && body.contains("assert"),
+            "the test `{name}` does not assert a violation of {}",
+            rule.id
+        );
+    }
+}
+
+/// Issue 38: `RULES.md` has one row per rule id of the code, with its text reference, and no
+/// row for an id the code no longer has.
+#[test]
+fn every_rule_has_an_entry_with_its_text_reference_in_rules_md() {
+    let doc = include_str!("../RULES.md");
+    let rows: Vec<(String, String)> = doc
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let id = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((id.to_owned(), (*cells.get(3)?).to_owned()))
+        })
+        .collect();
+    for rule in ALL {
+        let entries: Vec<&(String, String)> = rows.iter().filter(|(id, _)| id == rule.id).collect();
+        assert_eq!(entries.len(), 1, "RULES.md must list {} once", rule.id);
+        assert_eq!(entries[0].1, rule.section, "RULES.md gives {} another reference", rule.id);
+        assert!(!rule.section.is_empty(), "{} has no text reference", rule.id);
+    }
+    for (id, _) in &rows {
+        assert!(ALL.iter().any(|r| r.id == id), "RULES.md lists {id}, which no rule has");
     }
 }
 
@@ -464,6 +501,69 @@ fn card_tool_related_skill() {
         card_with(|c| c["tools"][0]["related_skill_ids"] = json!(["connector-im-wechat-file"]))
             .valid
     );
+}
+
+#[test]
+fn card_im_profiles_exclusive() {
+    let report = card_with(|c| {
+        c["supports"]["profiles"] = json!(["xagent.im.v2", "xagent.im.v1"]);
+    });
+    assert_rule(&report, "card.im_profiles_exclusive", "/supports/profiles/1");
+    assert_eq!(report.errors().filter(|v| v.rule == "card.im_profiles_exclusive").count(), 1);
+    // Either IM Profile alone, or with a Profile of another target type, is fine.
+    for profiles in [json!(["xagent.im.v1"]), json!(["xagent.im.v2", "xagent.device.v1"])] {
+        let report = card_with(|c| {
+            c["supports"]["target_types"] = json!(["im", "device"]);
+            c["supports"]["profiles"] = profiles.clone();
+            c["tools"][0].as_object_mut().unwrap().remove("profile");
+        });
+        assert!(!report.has("card.im_profiles_exclusive"), "{profiles}: {report:?}");
+    }
+}
+
+#[test]
+fn card_im_tool_target_argument() {
+    let report = card_with(|c| {
+        c["tools"][0]["input_schema"]["properties"]["chat_id"] = json!({"type": "string"})
+    });
+    assert_rule(
+        &report,
+        "card.im_tool_target_argument",
+        "/tools/0/input_schema/properties/chat_id",
+    );
+    // Any spelling, at any depth the model fills; contact ids and bot tokens too.
+    let report = card_with(|c| {
+        c["tools"][0]["input_schema"]["properties"]["to"] = json!({
+            "type": "object",
+            "properties": {"contactId": {"type": "string"}, "Bot-Token": {"type": "string"}}
+        })
+    });
+    for path in [
+        "/tools/0/input_schema/properties/to",
+        "/tools/0/input_schema/properties/to/properties/contactId",
+        "/tools/0/input_schema/properties/to/properties/Bot-Token",
+    ] {
+        assert_rule(&report, "card.im_tool_target_argument", path);
+    }
+    // A Tool without a profile in an IM-only Card is an IM Tool; a device Tool is not one.
+    let report = card_with(|c| {
+        c["tools"][0].as_object_mut().unwrap().remove("profile");
+        c["tools"][0]["input_schema"]["properties"]["room_id"] = json!({"type": "string"});
+    });
+    assert_rule(
+        &report,
+        "card.im_tool_target_argument",
+        "/tools/0/input_schema/properties/room_id",
+    );
+    let report = card_with(|c| {
+        c["supports"]["target_types"] = json!(["device"]);
+        c["supports"]["profiles"] = json!(["xagent.device.v1"]);
+        c["tools"][0]["profile"] = json!("xagent.device.v1");
+        c["tools"][0]["input_schema"]["properties"]["chat_id"] = json!({"type": "string"});
+    });
+    assert!(!report.has("card.im_tool_target_argument"), "{report:?}");
+    // The reference Tool's own arguments (`text`) and the reserved channel argument pass.
+    assert!(!validate_card(&card()).has("card.im_tool_target_argument"));
 }
 
 #[test]
@@ -832,6 +932,28 @@ fn skill_secret_leak() {
     let report = validate_skill(&text, &facts());
     assert_rule(&report, "skill.secret_leak", "/line/11");
     assert!(!report.violations.iter().any(|v| v.message.contains("sk-abc")));
+}
+
+#[test]
+fn skill_related_skill_ids() {
+    // The reference Card's Tool relates the primary Skill, which its SKILL.md is.
+    assert!(!validate_skill(&skill_text(), &facts()).has("skill.related_skill_ids"));
+    // A Tool relating a Skill other than the served one (a typo, or an unserved purpose Skill).
+    let mut value = card();
+    value["tools"][0]["related_skill_ids"] = json!(["connector-im-wechat-files"]);
+    let other = CardFacts::from_value(&value);
+    assert!(validate_card(&value).valid, "the prefix check alone accepts it");
+    assert_rule(
+        &validate_skill(&skill_text(), &other),
+        "skill.related_skill_ids",
+        "/front_matter/name",
+    );
+    // A Connector serving no Skill: any related Skill is a dangling reference.
+    let report = Validator::default().absent_skill(&facts());
+    assert_rule(&report, "skill.related_skill_ids", "");
+    let mut unrelated = card();
+    unrelated["tools"][0].as_object_mut().unwrap().remove("related_skill_ids");
+    assert!(Validator::default().absent_skill(&CardFacts::from_value(&unrelated)).valid);
 }
 
 // ---------------------------------------------------------------- health
@@ -1250,6 +1372,51 @@ fn message_push_target_session() {
 }
 
 #[test]
+fn message_push_card_reference() {
+    type Change = fn(&mut Value);
+    let cases: [(&str, Change, &str); 5] = [
+        (
+            "reply Tool",
+            |p| p["reply"]["tool_id"] = json!("wechat_message_reply"),
+            "/payload/reply/tool_id",
+        ),
+        ("Skill", |p| p["skill"]["name"] = json!("connector-im-telegram"), "/payload/skill/name"),
+        (
+            "Skill Tools",
+            |p| p["skill"]["tool_ids"] = json!(["wechat_message_send", "wechat_file_send"]),
+            "/payload/skill/tool_ids/1",
+        ),
+        (
+            "guidance Tool",
+            |p| p["activation_message"] = json!("Answer with wechat_message_reply."),
+            "/payload/activation_message",
+        ),
+        (
+            "guidance Skill",
+            |p| p["activation_message"] = json!("Follow connector-im-wechat-replies."),
+            "/payload/activation_message",
+        ),
+    ];
+    for (what, change, path) in cases {
+        let mut value = message_push();
+        change(&mut value["payload"]);
+        let report = v1_packet(&value);
+        assert_rule(&report, "message_push.card_reference", path);
+        // Without a Card there is nothing to cite against.
+        let alone = validate_packet(&value, PacketContext::default());
+        assert!(!alone.has("message_push.card_reference"), "{what}: {alone:?}");
+    }
+    // Citing what the Card declares passes; the user's own words are not citations.
+    let mut value = message_push();
+    value["payload"]["activation_message"] =
+        json!("Reply with wechat_message_send; see connector-im-wechat.");
+    value["payload"]["skill"]["tool_ids"] = json!(["wechat_message_send"]);
+    value["payload"]["raw_text"] = json!("try wechat_hack and connector-evil");
+    let report = v1_packet(&value);
+    assert!(!report.has("message_push.card_reference"), "{report:?}");
+}
+
+#[test]
 fn im_file_ref() {
     let mut value = fixture("chat_message.json");
     let file = value["payload"]["files"][0].clone();
@@ -1419,4 +1586,29 @@ fn chat_activity_tool_name() {
     let mut missing = fixture("chat_activity.json");
     missing["payload"].as_object_mut().unwrap().remove("tool_name");
     assert_rule(&packet(&missing), "chat_activity.tool_name", "/payload/tool_name");
+}
+
+#[test]
+fn chat_activity_content() {
+    for key in ["reasoning", "arguments", "error", "result"] {
+        let mut value = fixture("chat_activity.json");
+        value["payload"][key] = json!("details");
+        assert_rule(&packet(&value), "chat_activity.content", &format!("/payload/{key}"));
+    }
+    for name in [
+        "/usr/local/bin/search",
+        "C:\\tools\\search.exe",
+        "https://tools.example/search",
+        "file:search",
+        "tools/search",
+    ] {
+        let mut value = fixture("chat_activity.json");
+        value["payload"]["tool_name"] = json!(name);
+        assert_rule(&packet(&value), "chat_activity.content", "/payload/tool_name");
+    }
+    for name in ["web_search", "mcp.github.create_issue", "github:create_issue"] {
+        let mut value = fixture("chat_activity.json");
+        value["payload"]["tool_name"] = json!(name);
+        assert!(packet(&value).valid, "{name}");
+    }
 }

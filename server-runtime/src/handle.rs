@@ -57,6 +57,8 @@ pub struct Broadcast {
 pub(crate) trait HandleOps: Send + Sync + 'static {
     /// The Card's `connector_card_id` (for `Debug`).
     fn card_id(&self) -> &ConnectorCardId;
+    /// The Card (what a push may cite).
+    fn card(&self) -> &xagent_protocol_types::ConnectorCard;
     /// The registered `connector_id`.
     fn connector_id(&self) -> Option<ConnectorId>;
     /// True while a socket that completed hello is connected.
@@ -439,12 +441,18 @@ impl ConnectorHandle {
 
     /// Hands an inbound target message to xAgent as an IM v1 `message.push` (build it with
     /// `profile-im`'s v1 builder). The successful socket write is its delivery boundary.
-    /// Refused (`ProfileNotDeclared`) when the Card does not declare `xagent.im.v1`.
+    /// Refused (`ProfileNotDeclared`) when the Card does not declare `xagent.im.v1`, and
+    /// refused (`invalid_packet`, `message_push.card_reference`) when it cites a reply Tool,
+    /// a Skill or, in its `activation_message`, a Tool id or Skill name the Card does not
+    /// declare: xAgent's judge refuses such a push, so it is never queued.
     pub async fn push_message(
         &self,
         channel: &ConnectorChannelId,
         push: MessagePush,
     ) -> Result<(), HandleError> {
+        let facts = xagent_protocol_validate::CardFacts::from_card(self.0.card());
+        xagent_profile_im::validate_message_push_for(&push, &facts)
+            .map_err(xagent_profile_im::OutboxError::from)?;
         let payload = OutboundPayload::from(push);
         Arc::clone(&self.0)
             .enqueue_message(PROFILE_IM_V1, channel.clone(), payload, Vec::new())

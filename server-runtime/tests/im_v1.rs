@@ -119,6 +119,21 @@ async fn rule_im_v1_message_push_reaches_xagent_valid_and_the_write_is_the_deliv
         other => panic!("expected the outbox's payload refusal, got {other:?}"),
     }
     assert!(handle.pending_messages(&channel).is_empty());
+
+    // Issue 38: a push citing a reply Tool the Card does not declare is refused on the
+    // Connector's side too (xAgent's judge would refuse it: message_push.card_reference).
+    let mut hint = xagent_protocol_types::ReplyHint::default();
+    hint.tool_id = Some("legacy_message_reply".into());
+    let uncited =
+        MessagePushBuilder::new("legacychat", "lm_4", "user_4711", "text").reply(hint).build();
+    let uncited = uncited.expect("without the Card the push is well formed");
+    match handle.push_message(&channel, uncited).await {
+        Err(HandleError::Outbox(xagent_profile_im::OutboxError::Payload(error))) => {
+            assert_eq!(error.rule(), "message_push.card_reference", "{error}")
+        }
+        other => panic!("expected message_push.card_reference, got {other:?}"),
+    }
+    assert!(handle.pending_messages(&channel).is_empty());
     h.stop().await;
 }
 

@@ -186,3 +186,87 @@ fn rule_card_auth_flow_id_unique_the_builder_refuses_what_check_refuses() {
     let checked = validate_card(&card);
     assert!(rules(&checked).iter().any(|r| r == "card.auth_flow_id_unique"), "{checked:?}");
 }
+
+/// The arguments of a send Tool that lets the model pick the chat: what IM v1 §4 forbids.
+#[derive(Deserialize, JsonSchema)]
+struct SendToChat {
+    /// The text to send.
+    text: String,
+    /// The chat to send it to.
+    chat_id: String,
+}
+
+/// Issue 38: the Connector's build refuses a Card the validator refuses under the new IM Card
+/// rules, naming the same rule (the build runs `validate_card` on the Card it generates).
+#[test]
+fn rule_card_im_tool_target_argument_and_im_profiles_exclusive_the_builder_refuses_what_check_refuses()
+ {
+    let send = || ToolSpec::new("rules_send", "Send\n\nSends a text.");
+    let handler = |_: ToolContext, args: SendToChat| async move {
+        Ok::<_, ToolError>(format!("{} {}", args.text.len(), args.chat_id.len()))
+    };
+    let builds = [
+        (
+            "card.im_tool_target_argument",
+            Connector::builder("im.rules", "Rules", "1.0.0")
+                .target(TargetDeclaration::new(TargetType::Im, "rules", "Rules"))
+                .profile(PROFILE_IM_V2)
+                .on_message(|_, _| async {})
+                .tool(send(), handler)
+                .build(),
+        ),
+        (
+            "card.im_profiles_exclusive",
+            Connector::builder("im.rules", "Rules", "1.0.0")
+                .target(TargetDeclaration::new(TargetType::Im, "rules", "Rules"))
+                .profile(PROFILE_IM_V2)
+                .profile(xagent_protocol_types::PROFILE_IM_V1)
+                .on_message(|_, _| async {})
+                .build(),
+        ),
+    ];
+    for (rule, built) in builds {
+        match built {
+            Err(DefinitionError::CardViolations(violations)) => {
+                assert!(violations.iter().any(|v| v.rule == rule), "{rule}: {violations:?}")
+            }
+            Err(other) => panic!("{rule}: refused for another reason: {other}"),
+            Ok(_) => panic!("{rule}: the builder accepted the Card"),
+        }
+    }
+}
+
+/// Issue 38: a Tool relating the primary Skill of a Connector that serves none is refused by
+/// the build, as xAgent's admission refuses it.
+#[test]
+fn rule_skill_related_skill_ids_the_builder_refuses_a_related_skill_it_does_not_serve() {
+    let tool =
+        || ToolSpec::new("rules_ping", "Ping\n\nAnswers.").related_skill("connector-im-rules");
+    let handler = |_: ToolContext, _: NoArgs| async { Ok::<_, ToolError>(true) };
+    let built = Connector::builder("im.rules", "Rules", "1.0.0")
+        .target(TargetDeclaration::new(TargetType::Im, "rules", "Rules"))
+        .profile(PROFILE_IM_V2)
+        .on_message(|_, _| async {})
+        .tool(tool(), handler)
+        .build();
+    match built {
+        Err(DefinitionError::SkillViolations(violations)) => assert!(
+            violations.iter().any(|v| v.rule == "skill.related_skill_ids"),
+            "{violations:?}"
+        ),
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("the builder accepted a Tool relating a Skill it does not serve"),
+    }
+    let served = Connector::builder("im.rules", "Rules", "1.0.0")
+        .target(TargetDeclaration::new(TargetType::Im, "rules", "Rules"))
+        .profile(PROFILE_IM_V2)
+        .on_message(|_, _| async {})
+        .tool(tool(), handler)
+        .skill("---\nname: connector-im-rules\n---\nUse rules_ping.\n")
+        .build();
+    assert!(served.is_ok(), "serving the related Skill is enough");
+}
+
+/// No arguments.
+#[derive(Deserialize, JsonSchema)]
+struct NoArgs {}

@@ -401,13 +401,17 @@ pub unsafe extern "C" fn xagent_packet_validator_free(validator: *mut XagentPack
     drop(unsafe { Box::from_raw(validator) });
 }
 
-/// The hot-path verdict on one data-plane packet (UTF-8 JSON bytes): 1 when it breaks no
-/// error rule, 0 when it does (or when the library failed internally). The same verdict as the
-/// `valid` field of `xagent_validate_packet`'s report, without building a report: the packet is
-/// decoded once into typed form and checked there. `sender` is `XAGENT_SENDER_UNKNOWN`,
-/// `XAGENT_SENDER_XAGENT` or `XAGENT_SENDER_CONNECTOR` (any other value counts as unknown).
-/// A NULL `validator` means a validator with no Card. Ask `xagent_validate_packet` for the
-/// report when a packet is refused.
+/// The hot-path verdict on one data-plane packet (UTF-8 JSON bytes) sent by `sender`: 1 when it
+/// breaks no error rule, 0 when it does, when `json` is NULL, or when the library failed
+/// internally. The verdict is the `valid` field of the report `xagent_validate_packet_from`
+/// gives the same bytes, the same `sender` and the Card the validator was made with: the packet
+/// is decoded once into typed form and checked there, and only a packet the typed form cannot
+/// settle (a control packet, an explicit `null`) goes through the report form. `sender` is
+/// `XAGENT_SENDER_UNKNOWN`, `XAGENT_SENDER_XAGENT` or `XAGENT_SENDER_CONNECTOR` (any other
+/// value counts as unknown); with `XAGENT_SENDER_UNKNOWN` the verdict is also that of
+/// `xagent_validate_packet` (a type one side sends judged as sent by it, a type both sides send
+/// judged for both). A NULL `validator` means a validator with no Card. Ask
+/// `xagent_validate_packet_from` with the same sender for the report when a packet is refused.
 ///
 /// # Safety
 /// `validator` must be NULL or a live pointer from `xagent_packet_validator_new`; `json` must
@@ -454,6 +458,19 @@ pub fn packet_report_from(json: &[u8], card: Option<&[u8]>, sender: i32) -> Stri
     let report = unsafe {
         xagent_validate_packet_from(json.as_ptr(), json.len(), card_ptr, card_len, sender)
     };
+    // SAFETY: the library returns a NUL-terminated string, never NULL.
+    let text = unsafe { std::ffi::CStr::from_ptr(report) }.to_string_lossy().into_owned();
+    // SAFETY: `report` came from the library and is released once.
+    unsafe { xagent_validate_free(report) };
+    text
+}
+
+/// The report `xagent_validate_card` returns for `json`, for Rust callers: the C function
+/// itself, called with a pointer to the slice, its string copied and released. What the
+/// all-judges test compares with `xagent-connector check card` and xAgent's admission.
+pub fn card_report(json: &[u8]) -> String {
+    // SAFETY: the pointer and length describe the borrowed slice, valid for the call.
+    let report = unsafe { xagent_validate_card(json.as_ptr(), json.len()) };
     // SAFETY: the library returns a NUL-terminated string, never NULL.
     let text = unsafe { std::ffi::CStr::from_ptr(report) }.to_string_lossy().into_owned();
     // SAFETY: `report` came from the library and is released once.

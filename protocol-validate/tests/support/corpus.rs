@@ -162,6 +162,7 @@ pub const KEYS: &[&str] = &[
     "created_at",
     "result",
     "message",
+    "reasoning",
 ];
 
 /// Applies one mutation at a place chosen by `at` (envelope, payload, or first file item).

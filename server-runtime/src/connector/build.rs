@@ -71,9 +71,7 @@ impl ConnectorBuilder {
             None => DescriptorTarget::new(card.connector_card_id.to_string(), "not bound"),
         };
         let card_value = check_card(&card)?;
-        if let Some(skill) = &self.skill {
-            check_skill(skill, &card_value)?;
-        }
+        check_skill(self.skill.as_deref(), &card_value)?;
         check_device_arguments(&card, &self.device_tools, &self.unconstrained)?;
         let device = match (self.device, self.device_tools.is_empty()) {
             (None, true) => None,
@@ -150,10 +148,16 @@ fn check_card(card: &ConnectorCard) -> Result<serde_json::Value, DefinitionError
 }
 
 /// Runs the protocol's Skill validator (the one `xagent-connector check skill` and xAgent's
-/// admission use) on the primary Skill: errors refuse the definition, warnings are logged.
-fn check_skill(skill: &str, card: &serde_json::Value) -> Result<(), DefinitionError> {
+/// admission use) on the primary Skill, or, when the Connector serves none, the check that no
+/// Tool relates a Skill (`skill.related_skill_ids`): errors refuse the definition, warnings are
+/// logged.
+fn check_skill(skill: Option<&str>, card: &serde_json::Value) -> Result<(), DefinitionError> {
     let facts = xagent_protocol_validate::CardFacts::from_value(card);
-    let report = xagent_protocol_validate::validate_skill(skill, &facts);
+    let validator = xagent_protocol_validate::Validator::default();
+    let report = match skill {
+        Some(skill) => validator.skill(skill, &facts),
+        None => validator.absent_skill(&facts),
+    };
     for warning in report.warnings() {
         tracing::warn!(rule = %warning.rule, path = %warning.path, "Skill: {}", warning.message);
     }

@@ -147,6 +147,10 @@ impl HandleOps for Shared {
         &self.def.card.connector_card_id
     }
 
+    fn card(&self) -> &xagent_protocol_types::ConnectorCard {
+        &self.def.card
+    }
+
     fn connector_id(&self) -> Option<ConnectorId> {
         self.state().connector_id.clone()
     }
