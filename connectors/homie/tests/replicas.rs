@@ -40,8 +40,9 @@ impl Replica {
         let mut options = HomieOptions::new(broker.mqtt_url(), pairing, state.path());
         options.api_key = Some(Secret::new(KEY));
         options.database_url = Some(url.clone());
-        options.link =
-            LinkConfig { set_timeout: Duration::from_millis(2_000), ..LinkConfig::default() };
+        // Generous waits: the machine may be busy, and the rule is about the order, not speed.
+        options.link = LinkConfig { set_timeout: Duration::from_secs(5), ..LinkConfig::default() };
+        options.bind_timeout = Duration::from_secs(10);
         let homie = Homie::open(options).await.expect("a replica starts on the shared database");
         let serving =
             Serving::spawn(bind_local(None).await.expect("binds"), |listener, stop| async move {
