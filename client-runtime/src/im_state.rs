@@ -167,14 +167,17 @@ impl ImState {
     /// and every channel of the old one unregistered with it (architecture 3.4), so what this
     /// client kept for `channels` as delivery state ends here: the outbox's pending messages
     /// (discarded, never sent to the new instance), the receiver's completed ids (a message
-    /// id the new instance uses again is a new message), the streams in progress. Submitted
-    /// as one batch with `extra` (the new `connector_id`): a restart finds either the old state
-    /// and the old id or neither. Call it under the IM lock.
+    /// id the new instance uses again is a new message), the streams in progress, and the
+    /// record of this client's uploads (the new instance knows none of those `file_ref`s; kept
+    /// in memory only, it goes at once). Submitted as one batch with `extra` (the new
+    /// `connector_id`): a restart finds either the old state and the old id or neither. Call
+    /// it under the IM lock.
     pub(crate) fn on_instance_replaced(
         &mut self,
         channels: &[ConnectorChannelId],
         extra: Vec<XagentWrite>,
     ) -> CommitTicket {
+        self.uploads.clear();
         let mut writes = Vec::with_capacity(channels.len() + extra.len());
         for channel in channels {
             let stored = self.persisted(channel);

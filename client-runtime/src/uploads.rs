@@ -98,6 +98,11 @@ impl UploadLedger {
         Ok(())
     }
 
+    /// Forgets every upload: the Connector instance they were made on is gone.
+    pub(crate) fn clear(&mut self) {
+        self.uploads.clear();
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.uploads.len()

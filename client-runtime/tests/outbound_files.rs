@@ -128,3 +128,39 @@ async fn outbound_file_rule_an_expired_file_ref_is_refused() {
     plane.close().await;
     server.stop().await;
 }
+
+/// Architecture 3.4: a new `connector_id` is a rebuilt Connector instance that knows none of
+/// the old one's files, so the record of what this client uploaded goes with the rest of the
+/// old instance's state: an old `file_ref` is refused as not uploaded, on the channel as it
+/// came back, and a file uploaded there again is taken.
+#[tokio::test]
+async fn outbound_file_rule_a_new_connector_id_forgets_the_old_instances_uploads() {
+    let (server, _clock, plane, mut events) = setup("outbound-replaced-a").await;
+    let addr = server.addr;
+    let channel = support::signed_in_channel(&plane).await;
+    let old = plane.upload_message_file(&channel, report()).await.expect("uploaded");
+    server.stop().await;
+
+    // Same address, empty state: another runtime instance.
+    let server =
+        EchoServer::start(&temp_state_dir("outbound-replaced-b"), API_KEY, Some(addr)).await;
+    let server = server.expect("starts again");
+    let reopened =
+        xagent_client_runtime::next_event_matching(&mut events, Duration::from_secs(15), |e| {
+            matches!(e, ClientEvent::ChannelReopened { .. })
+        })
+        .await;
+    let Some(ClientEvent::ChannelReopened { current, .. }) = reopened else {
+        panic!("the channel reopens: {reopened:?}")
+    };
+    support::authenticate(&plane, &current).await;
+    let stale = ChatMessage::with_files("out_stale", None, vec![old]);
+    let refused = outbound(plane.send_chat_message(&current, stale).await);
+    assert!(matches!(refused, OutboundFileError::NotUploaded { .. }), "{refused}");
+    assert!(!plane.is_pending(&current, &"out_stale".into()).await, "nothing was queued");
+    let again = plane.upload_message_file(&current, report()).await.expect("uploaded again");
+    let message = ChatMessage::with_files("out_again", None, vec![again]);
+    plane.send_chat_message(&current, message).await.expect("queued");
+    plane.close().await;
+    server.stop().await;
+}

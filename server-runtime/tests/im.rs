@@ -321,6 +321,43 @@ async fn files_up_and_down_through_the_transfer_plane() {
     h.stop().await;
 }
 
+/// A message redelivered after its first `download_url`s expired carries freshly signed ones:
+/// the Connector signs a message's file links on every transmission, not once when the author
+/// registered the file (the file itself lives far longer than one link).
+#[tokio::test]
+async fn rule_redelivered_messages_carry_freshly_signed_download_urls() {
+    let h = support::start_default().await;
+    let (mut c, channel) = signed_in(&h).await;
+    let handle = h.server.handle();
+    let http = reqwest::Client::new();
+    let file =
+        handle.register_file(&channel, "cat.png", Some("image/png"), b"\x89PNGdata").await.unwrap();
+    let message = ChatMessage::with_files("in_resign", Some("a picture".into()), vec![file]);
+    handle.send_message(&channel, message).await.unwrap();
+    let (first, _) = c.wait_for("chat.message").await;
+    let first_url = first.payload::<ChatMessage>().unwrap().files[0].download_url.clone().unwrap();
+    assert_eq!(http.get(h.http(&first_url)).send().await.unwrap().status(), 200);
+
+    // Unacknowledged, past the link's lifetime: the first link no longer works.
+    let lifetime = xagent_file_transfer::DEFAULT_URL_LIFETIME.as_millis() as u64;
+    h.clock.advance(lifetime + 60_000);
+    let stale = http.get(h.http(&first_url)).send().await.unwrap().status();
+    assert!(!stale.is_success(), "the first link expired: {stale}");
+    // The channel reopens: the unfinished message comes again, with a link that works.
+    let close = c.request(xagent_protocol_types::ChannelClose::default(), Some(&channel));
+    c.call(close).await;
+    c.open_channel(Some(&channel)).await;
+    let (again, _) = c.wait_for("chat.message").await;
+    let body: &ChatMessage = again.payload().unwrap();
+    assert_eq!(body.message_id.as_str(), "in_resign");
+    let fresh_url = body.files[0].download_url.clone().unwrap();
+    assert_ne!(fresh_url, first_url, "signed again for this transmission");
+    let got = http.get(h.http(&fresh_url)).send().await.unwrap();
+    assert_eq!(got.status(), 200, "the redelivered link works");
+    assert_eq!(got.bytes().await.unwrap().as_ref(), b"\x89PNGdata");
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn rule_outbox_refuses_a_pending_message_id_reused_with_other_content() {
     let h = support::start_default().await;

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use xagent_protocol_types::{
-    AckStatus, ChatMessage, ChatMessageAck, ConnectorChannelId, ManualClock, MessageId, Packet,
-    Secret,
+    AckStatus, ChatMessage, ChatMessageAck, ConnectionStatus, ConnectorChannelId, ManualClock,
+    MessageId, Packet, Secret,
 };
 use xagent_server_runtime::{
     ClusterStorage, ConnectorServer, DATA_PLANE_LEASE, DatabaseUrl, PostgresStorage, RuntimeConfig,
@@ -218,6 +218,32 @@ async fn a_message_written_on_one_replica_reaches_xagent_once_through_the_other(
     assert_eq!(pong.type_str(), "pong");
     assert!(a.server.handle().pending_messages(&channel).is_empty(), "A keeps nothing of it");
     let _ = AckStatus::Accepted;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A Descriptor change made on a replica that does not hold xAgent's socket reaches xAgent:
+/// the holder hears of the channel's new row and pushes `connection.descriptor.push` with it.
+#[tokio::test]
+async fn rule_a_descriptor_change_on_another_replica_is_pushed_by_the_socket_holder() {
+    let (_url, a, b, mut xagent, channel) = signed_in_on_b().await;
+    let on_a = a.server.handle();
+    assert!(!on_a.is_routed(&channel), "xAgent's socket is on B");
+    on_a.set_status(&channel, ConnectionStatus::Degraded).await.expect("A changes the channel");
+    let pushed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let (push, _) = xagent.wait_for("connection.descriptor.push").await;
+            assert_eq!(push.connector_channel_id.as_ref(), Some(&channel));
+            let pushed = xagent_testkit::payload_json(&push)["connection_descriptor"].clone();
+            if pushed["connection"]["status"] == "degraded" {
+                return pushed;
+            }
+        }
+    })
+    .await
+    .expect("B pushes the Descriptor A changed");
+    let held = serde_json::to_value(b.server.handle().descriptor(&channel)).unwrap();
+    assert_eq!(pushed, held, "the pushed Descriptor is the one B now holds");
     a.stop().await;
     b.stop().await;
 }

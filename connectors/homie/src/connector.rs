@@ -21,6 +21,7 @@ use xagent_server_runtime::{
 };
 
 use crate::HomieError;
+use crate::handover::{HANDOVER_LIMIT, HandedOver, Handovers};
 use crate::link::{Availability, HomieLink, LinkConfig, MqttUrl};
 use crate::model::check_id;
 use crate::pairing::PairingCodes;
@@ -149,6 +150,8 @@ struct App {
     link: HomieLink,
     pairing: Arc<Mutex<PairingCodes>>,
     bind_timeout: Duration,
+    /// Binds' broker watches until their channel's own watch runs here (crate::handover).
+    handovers: Arc<Mutex<Handovers>>,
 }
 
 /// The key of a device's broker watch among the runtime's shared consumers: the first channel
@@ -160,6 +163,11 @@ fn watch_key(device: &str) -> String {
 
 fn device_of(binding: &Binding) -> Option<String> {
     binding.secret(DEVICE_SECRET).map(|s| s.expose().to_owned())
+}
+
+/// The hand-over bookkeeping (a poisoned lock is taken as it is: its counts stay whole).
+fn lock(handovers: &Mutex<Handovers>) -> std::sync::MutexGuard<'_, Handovers> {
+    handovers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn tool_error(e: &HomieError) -> ToolError {
@@ -197,6 +205,7 @@ impl App {
     ) -> Result<(), HomieError> {
         let refused = std::sync::Arc::new(std::sync::Mutex::new(None));
         let (link, name, seen) = (self.link.clone(), device.to_owned(), refused.clone());
+        let handovers = Arc::clone(&self.handovers);
         handle.attach_data_plane_consumer(&watch_key(device), channel, move || {
             if let Err(e) = link.watch(&name) {
                 tracing::warn!(device = %name, "could not follow the device: {e}");
@@ -204,8 +213,16 @@ impl App {
                     *seen = Some(e);
                 }
             }
-            let (link, name) = (link.clone(), name.clone());
-            Box::new(move || link.unwatch(&name))
+            // The binds' watches waiting for this one end now: it follows the device on.
+            let taken_over = lock(&handovers).started(&name);
+            for _ in 0..taken_over {
+                link.unwatch(&name);
+            }
+            let (link, name, handovers) = (link.clone(), name.clone(), Arc::clone(&handovers));
+            Box::new(move || {
+                lock(&handovers).stopped(&name);
+                link.unwatch(&name);
+            })
         });
         let refused = refused.lock().ok().and_then(|mut seen| seen.take());
         refused.map_or(Ok(()), Err)
@@ -213,6 +230,31 @@ impl App {
 
     fn unwatch(&self, handle: &ConnectorHandle, channel: &ConnectorChannelId, device: &str) {
         handle.detach_consumer(&watch_key(device), channel);
+        let waiting = lock(&self.handovers).unbound(device);
+        for _ in 0..waiting {
+            self.link.unwatch(device);
+        }
+    }
+
+    /// Hands the watch a bind took for its wait over to the channel's own watch: let go now
+    /// when that one runs here, else when it starts (or the binding ends, or after
+    /// [`HANDOVER_LIMIT`]), so the device is followed without a gap (crate::handover).
+    fn hand_over(&self, device: &str) {
+        let handed = lock(&self.handovers).hand_over(device);
+        match handed {
+            HandedOver::ReleaseNow => self.link.unwatch(device),
+            HandedOver::Waiting(token) => {
+                let (link, handovers, device) =
+                    (self.link.clone(), Arc::clone(&self.handovers), device.to_owned());
+                tokio::spawn(async move {
+                    tokio::time::sleep(HANDOVER_LIMIT).await;
+                    if lock(&handovers).give_up(&device, token) {
+                        tracing::info!(%device, "the channel's device watch did not start here; the bind's ends");
+                        link.unwatch(&device);
+                    }
+                });
+            }
+        }
     }
 
     async fn bind(&self, ctx: AuthContext, form: BindForm) -> Result<AuthStep, AuthError> {
@@ -246,9 +288,10 @@ impl App {
                 let name = pinned.name.clone();
                 let display = if name.trim().is_empty() { device.clone() } else { name };
                 // The channel's own watch (joined when it already follows the device), then
-                // the one taken for the wait is let go: the subscription stays up throughout.
+                // the one taken for the wait is handed over to it: the subscription stays up
+                // throughout, also on replicas where the channel's starts a moment later.
                 let _ = self.watch(&ctx.handle, &ctx.channel, &device);
-                self.link.unwatch(&device);
+                self.hand_over(&device);
                 let target = DescriptorTarget::new(PROVIDER, display).with_label("Homie device");
                 Ok(AuthStep::Authenticated(
                     Binding::new(target)
@@ -478,6 +521,7 @@ impl Homie {
             link: link.clone(),
             pairing: Arc::new(Mutex::new(options.pairing)),
             bind_timeout: options.bind_timeout,
+            handovers: Arc::default(),
         };
         let connector = build(&app, options.device)?;
         let follow_app = app.clone();

@@ -57,6 +57,7 @@
 
 pub mod connector;
 pub mod error;
+mod handover;
 pub mod link;
 pub mod model;
 pub mod pairing;
