@@ -9,7 +9,9 @@ mod support;
 
 use std::process::Stdio;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
 use xagent_connector_homie::testing::Mosquitto;
 use xagent_testkit::postgres::TestPostgres;
 use xagent_testkit::{line_containing, temp_state_dir, terminate};
@@ -84,23 +86,10 @@ async fn webchat_starts_restarts_and_stops_quietly_on_postgresql() {
     }
 }
 
-async fn read_all(stream: impl AsyncRead + Unpin) -> String {
-    let mut lines = BufReader::new(stream).lines();
-    let mut all = String::new();
-    while let Ok(Some(line)) = lines.next_line().await {
-        all.push_str(&line);
-        all.push('\n');
-    }
-    all
-}
-
-/// Runs device.homie on `state` until it listens, then stops it; returns its log.
-async fn homie_day(broker: &Mosquitto, state: &std::path::Path) -> String {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
-        .args(["homie", "--listen", "127.0.0.1:0", "--mqtt-url", &broker.url()])
-        .args(["--pairing-code", "quiet-device=quiet-code-1234"])
-        .arg("--state-dir")
-        .arg(state)
+/// Runs a server subcommand until it prints `listening`, lets it work for `settle`, stops it
+/// with SIGTERM (a clean exit) and returns its log, at the default level.
+async fn day(mut command: tokio::process::Command, listening: &str, settle: Duration) -> String {
+    let mut child = command
         .env("XAGENT_CONNECTOR_API_KEY", API_KEY)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
@@ -109,13 +98,29 @@ async fn homie_day(broker: &Mosquitto, state: &std::path::Path) -> String {
         .kill_on_drop(true)
         .spawn()
         .expect("starts");
-    let log = tokio::spawn(read_all(child.stderr.take().expect("stderr")));
+    let log = tokio::spawn(support::read_all(child.stderr.take().expect("stderr")));
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    line_containing(&mut stdout, "device.homie listening on").await;
+    line_containing(&mut stdout, listening).await;
     tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+    tokio::time::sleep(settle).await;
     let status = terminate(&mut child).await;
     assert_eq!(status.code(), Some(0), "a clean stop: {status:?}");
     log.await.unwrap_or_default()
+}
+
+fn xagent_connector(subcommand: &str, state: &std::path::Path) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"));
+    command.args([subcommand, "--listen", "127.0.0.1:0", "--state-dir"]).arg(state);
+    command
+}
+
+/// Runs device.homie on `state` until it listens, then stops it; returns its log.
+async fn homie_day(broker: &Mosquitto, state: &std::path::Path) -> String {
+    let mut homie = xagent_connector("homie", state);
+    homie
+        .args(["--mqtt-url", &broker.url()])
+        .args(["--pairing-code", "quiet-device=quiet-code-1234"]);
+    day(homie, "device.homie listening on", Duration::ZERO).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -133,30 +138,13 @@ async fn matrix_day(
     bot: &xagent_testkit::synapse::TestUser,
     state: &std::path::Path,
 ) -> String {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
-        .arg("matrix")
-        .args(["--listen", "127.0.0.1:0", "--homeserver", &synapse.url(), "--user", &bot.user_id])
-        .arg("--state-dir")
-        .arg(state)
-        .env("XAGENT_CONNECTOR_API_KEY", API_KEY)
+    let mut matrix = xagent_connector("matrix", state);
+    matrix
+        .args(["--homeserver", &synapse.url(), "--user", &bot.user_id])
         .env("XAGENT_MATRIX_PASSWORD", &bot.password)
-        .env_remove("XAGENT_MATRIX_ACCESS_TOKEN")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starts");
-    let log = tokio::spawn(read_all(child.stderr.take().expect("stderr")));
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    line_containing(&mut stdout, "im.matrix listening on").await;
-    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+        .env_remove("XAGENT_MATRIX_ACCESS_TOKEN");
     // The first sync and the crypto set-up run after the listening line.
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    let status = terminate(&mut child).await;
-    assert_eq!(status.code(), Some(0), "a clean stop: {status:?}");
-    log.await.unwrap_or_default()
+    day(matrix, "im.matrix listening on", Duration::from_secs(3)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -69,7 +69,8 @@ pub async fn webchat_addr<R: AsyncRead + Unpin + Send + 'static>(
     addr
 }
 
-async fn read_all(stream: impl AsyncRead + Unpin) -> String {
+/// Every line of `stream` until it ends.
+pub async fn read_all(stream: impl AsyncRead + Unpin) -> String {
     let mut lines = BufReader::new(stream).lines();
     let mut all = String::new();
     while let Ok(Some(line)) = lines.next_line().await {
