@@ -133,8 +133,8 @@ pub use sign_in::{
     DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,
 };
 pub use store::{
-    CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, MemoryXagentStore,
-    RememberedChannel, SqliteXagentStore, XagentStore, XagentWrite,
+    AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState,
+    MemoryXagentStore, RememberedChannel, SqliteXagentStore, XagentStore, XagentWrite,
 };
 #[cfg(feature = "postgres")]
 pub use store::{POSTGRES_COMPONENT, PostgresXagentStore};
