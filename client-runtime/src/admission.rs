@@ -156,10 +156,7 @@ pub async fn admit_durably(
             let Some(stored) = store.load_admission().await? else {
                 return Err(error);
             };
-            let skill = match &stored.skill {
-                Some(text) => SkillDocument::Present(text.clone()),
-                None => SkillDocument::Absent,
-            };
+            let skill = SkillDocument::from(stored.skill.clone());
             let card =
                 check_card(&stored.card, &skill, window, expected_card_id).map_err(|refused| {
                     ClientError::NotAdmissible(format!("the stored Card snapshot: {refused}"))

@@ -6,12 +6,13 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::routing::get;
 use xagent_client_runtime::{
-    BaseUrl, ClientError, ControlPlane, DurableAdmission, SqliteXagentStore, XagentStore,
-    admit_durably,
+    BaseUrl, ClientConfig, ClientError, ControlPlane, DataPlane, DurableAdmission, HealthStatus,
+    SqliteXagentStore, XagentStore, admit_durably,
 };
 use xagent_protocol_types::{ConnectorCard, HealthResponse, Secret};
 use xagent_protocol_validate::AdmissionWindow;
@@ -160,5 +161,59 @@ async fn durable_state_rule_a_changed_card_replaces_the_snapshot_only_after_it_p
     assert_eq!(
         (restarted.card().connector.version.as_str(), restarted.skill()),
         ("2.0.0", Some(clean.as_str()))
+    );
+}
+
+/// Polls the store until it holds `version` (a re-admission's write lands just after the Card
+/// reaches the data plane).
+async fn stored_becomes(store: &dyn XagentStore, version: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stored_version(store).await.as_deref() != Some(version) {
+        assert!(tokio::time::Instant::now() < deadline, "the store never held version {version}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn durable_state_rule_the_health_monitor_stores_a_readmitted_card_and_never_a_refused_one() {
+    let dir = temp_state_dir("durable-monitor");
+    let served: Documents = Arc::new(Mutex::new((card("1.0.0"), SKILL.to_owned())));
+    let base = serve(served.clone()).await;
+    let store: Arc<dyn XagentStore> = Arc::new(reopen(&dir));
+    let admitted = admit(base.clone(), store.as_ref()).await.expect("admitted");
+    let config = ClientConfig::for_card(base, admitted.card())
+        .with_api_key(Secret::new("k"))
+        .with_store(store.clone());
+    let (plane, _events) = DataPlane::connect(config).await.expect("starts");
+    let monitor = plane.monitor_health(Duration::from_millis(50)).expect("monitors");
+
+    // Version 2 passes re-admission: the data plane and the store both have it.
+    let clean = format!("{SKILL}Version 2.\n");
+    *documents(&served) = (card("2.0.0"), clean.clone());
+    let mut refreshed = monitor.refreshed();
+    tokio::time::timeout(Duration::from_secs(10), refreshed.changed())
+        .await
+        .expect("refetched within 10 s")
+        .expect("the monitor runs");
+    assert_eq!(plane.card().map(|c| c.connector.version.clone()).as_deref(), Some("2.0.0"));
+    stored_becomes(store.as_ref(), "2.0.0").await;
+
+    // Version 3 with a leaking Skill is refused: the monitor reports it, the store keeps 2.
+    let leaky = format!("{SKILL}token ghp_abcdefghijklmnopqrstuvwxyz0123456789\n");
+    *documents(&served) = (card("3.0.0"), leaky);
+    let mut status = monitor.subscribe();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        status.wait_for(|s| {
+            matches!(s, HealthStatus::Offline { reason, .. } if reason.contains("skill.secret_leak"))
+        }),
+    )
+    .await
+    .expect("refused within 10 s")
+    .expect("the monitor runs");
+    let stored = reopen(&dir).load_admission().await.expect("loads").expect("stored");
+    assert_eq!(
+        (stored.card["connector"]["version"].as_str(), stored.skill.as_deref()),
+        (Some("2.0.0"), Some(clean.as_str()))
     );
 }
