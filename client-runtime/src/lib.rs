@@ -63,7 +63,7 @@
 //!
 //! | Modules | What |
 //! |---|---|
-//! | `health`, `admission` | the health monitor; Card, Skill and version admission |
+//! | `health`, `admission` | the health monitor; Card, Skill and version admission, and `admit_durably` (the stored Card snapshot and Skill cache served while the Connector is unreachable) |
 //! | `http`, `transport` | the control and transfer planes; the frame transports |
 //! | `directory`, `channel_mode`, `backoff` | the channel directory and its `user_channel_mode` hold; reconnect delays |
 //! | `error` | `ClientError` |
