@@ -162,10 +162,11 @@ fn report(dir: &Path, url: &DatabaseUrl, moved: &Moved) {
     }
     if let Some(c) = &moved.xagent {
         println!(
-            "  xAgent side ({XAGENT_DATABASE_FILE}): {} channels, connector_id {}, {} outbox \
-             messages, {} receiver records",
+            "  xAgent side ({XAGENT_DATABASE_FILE}): {} channels, connector_id {}, Card snapshot \
+             and Skill cache {}, {} outbox messages, {} receiver records",
             c.channels,
             if c.connector_id { "moved" } else { "none stored" },
+            if c.admission { "moved" } else { "none stored" },
             c.outbox,
             c.completed
         );
@@ -223,6 +224,7 @@ fn unbounded_files() -> StoreConfig {
 struct XagentCounts {
     channels: usize,
     connector_id: bool,
+    admission: bool,
     outbox: usize,
     completed: usize,
 }
@@ -243,6 +245,10 @@ async fn xagent_export(dir: &Path) -> Result<(Vec<XagentWrite>, XagentCounts), M
     if let Some(id) = store.load_connector_id().await.map_err(|e| nothing(&e))? {
         writes.push(XagentWrite::ConnectorId(id));
         counts.connector_id = true;
+    }
+    if let Some(snapshot) = store.load_admission().await.map_err(|e| nothing(&e))? {
+        writes.push(XagentWrite::Admission(snapshot));
+        counts.admission = true;
     }
     for record in store.load_pending().await.map_err(|e| nothing(&e))? {
         writes.push(XagentWrite::Outbox(OutboxWrite::Save(record)));
@@ -296,6 +302,7 @@ async fn migrate(dir: &Path, url: &DatabaseUrl, card: Option<&str>) -> Result<Mo
         Some(target) => {
             !target.load_channels().await.map_err(|e| refused(&e))?.is_empty()
                 || target.load_connector_id().await.map_err(|e| refused(&e))?.is_some()
+                || target.load_admission().await.map_err(|e| refused(&e))?.is_some()
                 || !target.load_pending().await.map_err(|e| refused(&e))?.is_empty()
         }
         None => false,

@@ -150,7 +150,9 @@ async fn a_sqlite_state_directory_moves_into_postgres_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_xagent_side_state_moves_under_its_card() {
-    use xagent_client_runtime::{PostgresXagentStore, SqliteXagentStore, XagentStore, XagentWrite};
+    use xagent_client_runtime::{
+        AdmissionSnapshot, PostgresXagentStore, SqliteXagentStore, XagentStore, XagentWrite,
+    };
     use xagent_profile_im::{CompletedRecord, Fingerprint, IdempotencyWrite};
     use xagent_protocol_types::ConnectorId;
 
@@ -174,6 +176,10 @@ async fn an_xagent_side_state_moves_under_its_card() {
         fingerprint: Fingerprint::from_hex("00ff"),
         completed_at: 1_790_000_000_100,
     };
+    let admitted = AdmissionSnapshot {
+        card: json!({"connector_card_id": "im.example", "connector": {"version": "1.0.0"}}),
+        skill: Some("---\nname: connector-im-example\n---\n".into()),
+    };
     {
         let sqlite = SqliteXagentStore::open(&state).expect("the xAgent-side store");
         sqlite
@@ -182,6 +188,7 @@ async fn an_xagent_side_state_moves_under_its_card() {
                 vec![
                     XagentWrite::SaveChannel { channel: channel.clone(), owner: Some("u1".into()) },
                     XagentWrite::ConnectorId(ConnectorId::new("cid_1")),
+                    XagentWrite::Admission(admitted.clone()),
                     XagentWrite::Outbox(OutboxWrite::Save(pending.clone())),
                     XagentWrite::Idempotency(IdempotencyWrite::Save(completed.clone())),
                 ],
@@ -217,6 +224,7 @@ async fn an_xagent_side_state_moves_under_its_card() {
     assert_eq!(channels[0].channel, channel);
     assert_eq!(channels[0].owner.as_deref(), Some("u1"));
     assert_eq!(target.load_connector_id().await.expect("id"), Some(ConnectorId::new("cid_1")));
+    assert_eq!(target.load_admission().await.expect("snapshot"), Some(admitted));
     assert_eq!(target.load_pending().await.expect("outbox"), vec![pending]);
     let found = target.lookup_completed(&channel, &completed.message_id).await.expect("lookup");
     assert_eq!(found, Some(completed));

@@ -6,6 +6,7 @@ use serde_json::Value;
 use xagent_protocol_types::{ConnectorCard, HealthResponse, SkillId};
 use xagent_protocol_validate::AdmissionWindow;
 
+use crate::store::{AdmissionSnapshot, XagentStore, XagentWrite};
 use crate::{ClientError, ControlPlane, SkillDocument};
 
 /// An admitted Connector: its Card, its primary Skill (if any) and the health it reported.
@@ -84,6 +85,98 @@ pub async fn admit(
     window: &AdmissionWindow,
     expected_card_id: Option<&str>,
 ) -> Result<Admitted, ClientError> {
+    admit_documents(control, window, expected_card_id).await.map(|(admitted, _)| admitted)
+}
+
+/// Where the Card and Skill a start runs with came from ([`admit_durably`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum DurableAdmission {
+    /// The Connector answered and was admitted; its Card and Skill replaced the stored ones.
+    Fresh(Box<Admitted>),
+    /// The Connector did not answer; the stored Card snapshot and Skill cache passed admission
+    /// again and are served until it answers.
+    Stored {
+        /// The stored Card, checked again with today's rules and window.
+        card: Box<ConnectorCard>,
+        /// The stored Skill.
+        skill: Option<String>,
+        /// Why the Connector could not be reached.
+        unreachable: String,
+    },
+}
+
+impl DurableAdmission {
+    /// The admitted Card.
+    pub fn card(&self) -> &ConnectorCard {
+        match self {
+            Self::Fresh(admitted) => &admitted.card,
+            Self::Stored { card, .. } => card,
+        }
+    }
+
+    /// The admitted Skill's Markdown, if the Connector serves one.
+    pub fn skill(&self) -> Option<&str> {
+        match self {
+            Self::Fresh(admitted) => admitted.skill.as_deref(),
+            Self::Stored { skill, .. } => skill.as_deref(),
+        }
+    }
+}
+
+/// True when `error` says the Connector did not answer (no HTTP response, or a gateway's 5xx),
+/// as opposed to an answer that was refused.
+fn unreachable(error: &ClientError) -> bool {
+    match error {
+        ClientError::Transport { .. } => true,
+        ClientError::Http { status, .. } => *status >= 500,
+        _ => false,
+    }
+}
+
+/// Admission with the durable Card snapshot and Skill cache (architecture 5.1 and 10): the
+/// Connector is admitted as [`admit`] does and, only once that passed, its Card document and
+/// Skill replace the stored ones in one write. When the Connector cannot be reached, the stored
+/// snapshot is checked again ([`check_card`], so a raised admission floor still applies) and
+/// served. A Connector that answers with a Card or Skill admission refuses gets the refusal,
+/// and the stored snapshot stays as it was.
+pub async fn admit_durably(
+    control: &ControlPlane,
+    window: &AdmissionWindow,
+    expected_card_id: Option<&str>,
+    store: &dyn XagentStore,
+) -> Result<DurableAdmission, ClientError> {
+    match admit_documents(control, window, expected_card_id).await {
+        Ok((admitted, card_json)) => {
+            let snapshot = AdmissionSnapshot { card: card_json, skill: admitted.skill.clone() };
+            store.commit(None, vec![XagentWrite::Admission(snapshot)]).await?;
+            Ok(DurableAdmission::Fresh(Box::new(admitted)))
+        }
+        Err(error) if unreachable(&error) => {
+            let Some(stored) = store.load_admission().await? else {
+                return Err(error);
+            };
+            let skill = SkillDocument::from(stored.skill.clone());
+            let card =
+                check_card(&stored.card, &skill, window, expected_card_id).map_err(|refused| {
+                    ClientError::NotAdmissible(format!("the stored Card snapshot: {refused}"))
+                })?;
+            Ok(DurableAdmission::Stored {
+                card: Box::new(card),
+                skill: stored.skill,
+                unreachable: error.to_string(),
+            })
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// [`admit`], also returning the Card document as fetched (what the snapshot stores).
+async fn admit_documents(
+    control: &ControlPlane,
+    window: &AdmissionWindow,
+    expected_card_id: Option<&str>,
+) -> Result<(Admitted, Value), ClientError> {
     let card_json = control.card_json().await?;
     let skill = control.skill().await?;
     let card = check_card(&card_json, &skill, window, expected_card_id)
@@ -106,7 +199,7 @@ pub async fn admit(
         SkillDocument::Present(text) => Some(text),
         SkillDocument::Absent => None,
     };
-    Ok(Admitted { card, skill, health })
+    Ok((Admitted { card, skill, health }, card_json))
 }
 
 #[cfg(test)]

@@ -39,6 +39,23 @@ pub enum SkillDocument {
     Absent,
 }
 
+impl SkillDocument {
+    /// The Markdown, `None` when the Connector serves no Skill.
+    pub fn markdown(&self) -> Option<&str> {
+        match self {
+            Self::Present(text) => Some(text),
+            Self::Absent => None,
+        }
+    }
+}
+
+impl From<Option<String>> for SkillDocument {
+    /// A stored Skill (`None`: the Connector served none).
+    fn from(markdown: Option<String>) -> Self {
+        markdown.map_or(Self::Absent, Self::Present)
+    }
+}
+
 /// The control and transfer planes' client: bounded connect and request times.
 fn http_client(tls: &crate::TlsTrust) -> reqwest::Client {
     let builder = reqwest::Client::builder()

@@ -63,7 +63,7 @@
 //!
 //! | Modules | What |
 //! |---|---|
-//! | `health`, `admission` | the health monitor; Card, Skill and version admission |
+//! | `health`, `admission` | the health monitor; Card, Skill and version admission, and `admit_durably` (the stored Card snapshot and Skill cache served while the Connector is unreachable) |
 //! | `http`, `transport` | the control and transfer planes; the frame transports |
 //! | `directory`, `channel_mode`, `backoff` | the channel directory and its `user_channel_mode` hold; reconnect delays |
 //! | `error` | `ClientError` |
@@ -133,8 +133,8 @@ pub use sign_in::{
     DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,
 };
 pub use store::{
-    CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, MemoryXagentStore,
-    RememberedChannel, SqliteXagentStore, XagentStore, XagentWrite,
+    AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState,
+    MemoryXagentStore, RememberedChannel, SqliteXagentStore, XagentStore, XagentWrite,
 };
 #[cfg(feature = "postgres")]
 pub use store::{POSTGRES_COMPONENT, PostgresXagentStore};

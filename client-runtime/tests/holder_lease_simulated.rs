@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use support::{accept_hello_as, answer_open, config, next_of, send, start};
 use xagent_client_runtime::{
-    ClientEvent, CommitTicket, ConnectionState, Fence, HolderLease, LeaseRequest, LeaseState,
-    MemoryXagentStore, RememberedChannel, XagentStore, XagentWrite, next_event_matching,
+    AdmissionSnapshot, ClientEvent, CommitTicket, ConnectionState, Fence, HolderLease,
+    LeaseRequest, LeaseState, MemoryXagentStore, RememberedChannel, XagentStore, XagentWrite,
+    next_event_matching,
 };
 use xagent_profile_im::{CompletedRecord, PendingRecord, StoreError};
 use xagent_protocol_types::{
@@ -111,6 +112,9 @@ impl XagentStore for CutOff {
     }
     async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError> {
         self.inner.load_connector_id().await
+    }
+    async fn load_admission(&self) -> Result<Option<AdmissionSnapshot>, StoreError> {
+        self.inner.load_admission().await
     }
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
         self.inner.load_pending().await

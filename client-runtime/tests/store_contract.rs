@@ -7,7 +7,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use xagent_client_runtime::{
-    CommitError, Fence, LeaseRequest, LeaseState, RememberedChannel, XagentStore, XagentWrite,
+    AdmissionSnapshot, CommitError, Fence, LeaseRequest, LeaseState, RememberedChannel,
+    XagentStore, XagentWrite,
 };
 use xagent_profile_im::{
     CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord,
@@ -124,6 +125,61 @@ async fn the_connector_id_survives_a_restart(backend: Backend) {
     drop(store);
     let store = backend.open().await;
     assert_eq!(store.load_connector_id().await.expect("loads"), Some(ConnectorId::new("conn_2")));
+}
+
+fn card_snapshot(version: &str, skill: Option<&str>) -> AdmissionSnapshot {
+    AdmissionSnapshot {
+        card: serde_json::json!({
+            "connector_card_id": CARD,
+            "connector": {"name": "Contract", "version": version},
+            "x_kept": {"unknown": [1, 2]}
+        }),
+        skill: skill.map(str::to_owned),
+    }
+}
+
+fn admission(version: &str, skill: Option<&str>) -> XagentWrite {
+    XagentWrite::Admission(card_snapshot(version, skill))
+}
+
+/// Architecture 10 (the Card snapshot and the Skill cache are durable): absent on a fresh
+/// store, then the last one stored, unknown Card fields and the Skill text kept, also after a
+/// restart; a Connector without a Skill is stored as such.
+async fn the_card_snapshot_and_skill_cache_survive_a_restart(backend: Backend) {
+    let store = backend.open().await;
+    assert_eq!(store.load_admission().await.expect("loads"), None, "a fresh store has none");
+    commit(&store, vec![admission("1.0.0", Some("---\nname: connector-im-contract\n---\n"))]).await;
+    commit(&store, vec![admission("1.1.0", Some("---\nname: connector-im-contract\n---\nv2"))])
+        .await;
+    drop(store);
+    let store = backend.open().await;
+    let expected = card_snapshot("1.1.0", Some("---\nname: connector-im-contract\n---\nv2"));
+    assert_eq!(store.load_admission().await.expect("loads"), Some(expected));
+    commit(&store, vec![admission("1.2.0", None)]).await;
+    let stored = store.load_admission().await.expect("loads").expect("stored");
+    assert_eq!((stored.card["connector"]["version"].as_str(), stored.skill), (Some("1.2.0"), None));
+}
+
+/// The snapshot is replaced only by a batch that commits: a batch carrying a new snapshot and
+/// a refused write leaves the previous Card and Skill in place, together.
+async fn a_refused_batch_keeps_the_previous_card_snapshot(backend: Backend) {
+    let store = backend.open().await;
+    commit(&store, vec![admission("1.0.0", Some("old"))]).await;
+    let refused = store
+        .commit(
+            None,
+            vec![
+                admission("2.0.0", Some("new")),
+                XagentWrite::RenameChannel { from: id("cch_unknown"), to: id("cch_other") },
+            ],
+        )
+        .await;
+    assert!(refused.is_err(), "a rename of an unknown channel is refused");
+    let stored = store.load_admission().await.expect("loads").expect("still stored");
+    assert_eq!(
+        (stored.card["connector"]["version"].as_str(), stored.skill.as_deref()),
+        (Some("1.0.0"), Some("old"))
+    );
 }
 
 /// A batch is applied in order; a batch with a refused write leaves none of its writes.
@@ -337,6 +393,14 @@ macro_rules! contract_suite {
         #[tokio::test]
         async fn the_connector_id_survives_a_restart() {
             super::the_connector_id_survives_a_restart($backend).await;
+        }
+        #[tokio::test]
+        async fn the_card_snapshot_and_skill_cache_survive_a_restart() {
+            super::the_card_snapshot_and_skill_cache_survive_a_restart($backend).await;
+        }
+        #[tokio::test]
+        async fn a_refused_batch_keeps_the_previous_card_snapshot() {
+            super::a_refused_batch_keeps_the_previous_card_snapshot($backend).await;
         }
         #[tokio::test]
         async fn a_batch_is_applied_in_order_and_all_or_none() {

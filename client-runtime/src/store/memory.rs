@@ -11,8 +11,8 @@ use xagent_profile_im::{
 use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 
 use super::{
-    CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, RememberedChannel, XagentStore,
-    XagentWrite, check_rename, lease_state, ready,
+    AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState,
+    RememberedChannel, XagentStore, XagentWrite, check_rename, lease_state, ready,
 };
 
 /// The store of a client without durable state: the same rules as the SQLite store, kept in
@@ -27,6 +27,7 @@ pub struct MemoryXagentStore {
 struct MemoryState {
     channels: Vec<RememberedChannel>,
     connector_id: Option<ConnectorId>,
+    admission: Option<AdmissionSnapshot>,
     im: MemoryStore,
     /// Card -> (holder, fencing number, expires at).
     leases: HashMap<String, (String, u64, u64)>,
@@ -81,6 +82,7 @@ impl MemoryState {
                 }
             }
             XagentWrite::ConnectorId(id) => self.connector_id = Some(id.clone()),
+            XagentWrite::Admission(snapshot) => self.admission = Some(snapshot.clone()),
             XagentWrite::Outbox(write) => self.im.apply_outbox(write)?,
             XagentWrite::Idempotency(write) => self.im.apply_idempotency(write)?,
         }
@@ -92,6 +94,7 @@ impl MemoryState {
         Ok(Snapshot {
             channels: self.channels.clone(),
             connector_id: self.connector_id.clone(),
+            admission: self.admission.clone(),
             pending: self.im.load_pending()?,
             completed: self.im.load_completed()?,
         })
@@ -100,6 +103,7 @@ impl MemoryState {
     fn restore(&mut self, snapshot: Snapshot) -> Result<(), StoreError> {
         self.channels = snapshot.channels;
         self.connector_id = snapshot.connector_id;
+        self.admission = snapshot.admission;
         let im = MemoryStore::new();
         let mut writer = im.clone();
         for record in &snapshot.pending {
@@ -116,6 +120,7 @@ impl MemoryState {
 struct Snapshot {
     channels: Vec<RememberedChannel>,
     connector_id: Option<ConnectorId>,
+    admission: Option<AdmissionSnapshot>,
     pending: Vec<PendingRecord>,
     completed: Vec<CompletedRecord>,
 }
@@ -150,6 +155,10 @@ impl XagentStore for MemoryXagentStore {
 
     async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError> {
         Ok(self.state().connector_id.clone())
+    }
+
+    async fn load_admission(&self) -> Result<Option<AdmissionSnapshot>, StoreError> {
+        Ok(self.state().admission.clone())
     }
 
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {

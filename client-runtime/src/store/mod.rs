@@ -1,7 +1,8 @@
 //! Durable xAgent-side state behind one async trait, with an embedded SQLite default:
 //! remembered channels and their owners, the `connector_id` of the last hello, the receiver
-//! idempotency set of inbound messages, the outbox of assistant messages, and the holder lease
-//! of a Connector Card when several xAgent processes share one database.
+//! idempotency set of inbound messages, the outbox of assistant messages, the Card snapshot and
+//! Skill cache of the last admission ([`AdmissionSnapshot`]), and the holder lease of a
+//! Connector Card when several xAgent processes share one database.
 //!
 //! Reads are `async fn`. Every write goes through [`XagentStore::commit`]: a batch of
 //! [`XagentWrite`]s applied in submission order in one transaction (all or none), whose
@@ -63,11 +64,42 @@ pub enum XagentWrite {
     },
     /// Stores the `connector_id` of an accepted `hello.ack`.
     ConnectorId(ConnectorId),
+    /// Replaces the Card snapshot and the Skill cache, both at once, with what an admission
+    /// just accepted (never written for a Card or Skill that was refused).
+    Admission(AdmissionSnapshot),
     /// One write to the outbox's records.
     Outbox(OutboxWrite),
     /// One write to the receiver's idempotency records.
     Idempotency(IdempotencyWrite),
 }
+
+/// The Card document and the Skill xAgent last admitted a Connector with: the Card snapshot and
+/// the Skill cache it keeps across restarts. Stored as one value, so the two are replaced
+/// together or not at all.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AdmissionSnapshot {
+    /// The Card document as fetched (unknown fields kept), so a restart checks it again with
+    /// the rules and admission window of that day.
+    pub card: serde_json::Value,
+    /// The primary Skill's Markdown, `None` when the Connector serves none.
+    pub skill: Option<String>,
+}
+
+impl AdmissionSnapshot {
+    /// The stored form (one text value in the backend's key-value table).
+    pub(crate) fn encode(&self) -> Result<String, StoreError> {
+        serde_json::to_string(self).map_err(|e| StoreError::from_source("save_admission", e))
+    }
+
+    /// Reads the stored form back.
+    pub(crate) fn decode(text: &str) -> Result<Self, StoreError> {
+        serde_json::from_str(text).map_err(|e| StoreError::from_source("load_admission", e))
+    }
+}
+
+/// The key-value key (SQLite `xagent_meta`, PostgreSQL `xagent_client_meta`) of the
+/// [`AdmissionSnapshot`].
+pub(crate) const META_ADMISSION: &str = "admission";
 
 /// The holder lease a batch was written under: the database applies the batch only while the
 /// lease row of `card` still names `holder` with this fencing `number`.
@@ -132,6 +164,8 @@ pub trait XagentStore: Send + Sync + 'static {
     async fn load_channels(&self) -> Result<Vec<RememberedChannel>, StoreError>;
     /// The `connector_id` of the last accepted `hello.ack`, if one was stored.
     async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError>;
+    /// The Card snapshot and Skill cache of the last admission, if one was stored.
+    async fn load_admission(&self) -> Result<Option<AdmissionSnapshot>, StoreError>;
     /// Every pending outbox record, in any order (the outbox sorts them by `seq`).
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError>;
     /// The receiver's record of one `(channel, message_id)`, if stored (a point read).

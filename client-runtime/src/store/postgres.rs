@@ -21,8 +21,9 @@ use xagent_storage_postgres::{
 };
 
 use super::{
-    CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, RememberedChannel, Submitted,
-    XagentStore, XagentWrite, check_rename, lease_state, rename_onto_messages, to_i64, to_u64,
+    AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, META_ADMISSION,
+    RememberedChannel, Submitted, XagentStore, XagentWrite, check_rename, lease_state,
+    rename_onto_messages, to_i64, to_u64,
 };
 
 mod schema;
@@ -234,6 +235,18 @@ async fn apply_write(
                 "INSERT INTO xagent_client_meta (scope, key, value) VALUES ($1, $2, $3)
                  ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
                 &[&scope, &META_CONNECTOR_ID, &id.as_str()],
+            )
+            .await?;
+        }
+        XagentWrite::Admission(snapshot) => {
+            let value =
+                snapshot.encode().map_err(|e| PgError::apply("save_admission", e.to_string()))?;
+            exec(
+                tx,
+                "save_admission",
+                "INSERT INTO xagent_client_meta (scope, key, value) VALUES ($1, $2, $3)
+                 ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
+                &[&scope, &META_ADMISSION, &value],
             )
             .await?;
         }
@@ -487,6 +500,18 @@ impl XagentStore for PostgresXagentStore {
             )
             .await?;
         Ok(rows.first().map(|row| ConnectorId::new(row.get::<_, String>(0))))
+    }
+
+    async fn load_admission(&self) -> Result<Option<AdmissionSnapshot>, StoreError> {
+        let scope: &str = &self.scope;
+        let rows = self
+            .query(
+                "load_admission",
+                "SELECT value FROM xagent_client_meta WHERE scope = $1 AND key = $2",
+                &[&scope, &META_ADMISSION],
+            )
+            .await?;
+        rows.first().map(|row| AdmissionSnapshot::decode(&row.get::<_, String>(0))).transpose()
     }
 
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {

@@ -19,9 +19,9 @@ use xagent_profile_im::{CompletedRecord, PendingRecord, StoreError};
 use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 
 use super::{
-    CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, RememberedChannel, Submitted,
-    XagentStore, XagentWrite, check_rename, lease_state, ready, rename_onto_messages, to_i64,
-    to_u64,
+    AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, META_ADMISSION,
+    RememberedChannel, Submitted, XagentStore, XagentWrite, check_rename, lease_state, ready,
+    rename_onto_messages, to_i64, to_u64,
 };
 
 const DATABASE_FILE: &str = "xagent.sqlite3";
@@ -205,6 +205,12 @@ fn apply(conn: &Connection, write: &XagentWrite) -> Result<(), StoreError> {
              ON CONFLICT(key) DO UPDATE SET value = excluded.value",
             params![META_CONNECTOR_ID, id.as_str()],
         ),
+        XagentWrite::Admission(snapshot) => exec(
+            "save_admission",
+            "INSERT INTO xagent_meta (key, value) VALUES (?1, ?2)
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            params![META_ADMISSION, snapshot.encode()?],
+        ),
         XagentWrite::Outbox(write) => {
             xagent_im_sqlite::write_outbox(conn, write).map_err(err("write the outbox"))
         }
@@ -273,6 +279,15 @@ impl XagentStore for SqliteXagentStore {
                 .optional()
                 .map(|id| id.map(ConnectorId::new))
         })
+    }
+
+    async fn load_admission(&self) -> Result<Option<AdmissionSnapshot>, StoreError> {
+        let stored = self.read("load_admission", |conn| {
+            conn.prepare_cached("SELECT value FROM xagent_meta WHERE key = ?1")?
+                .query_row(params![META_ADMISSION], |row| row.get::<_, String>(0))
+                .optional()
+        })?;
+        stored.as_deref().map(AdmissionSnapshot::decode).transpose()
     }
 
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
