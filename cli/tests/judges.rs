@@ -22,6 +22,10 @@
 //! (`xagent_validate_card`) and xAgent's admission (`check_card`), which all give the same
 //! verdict and rule ids. (The Connector's build runs the same `validate_card` on the Card it
 //! generates: `server-runtime/tests/rules_agreement.rs`.)
+//!
+//! Skills (issue 34, item 7): each Skill fixture of the C ABI's data goes through `check skill`
+//! (the binary and `check_text`), the C ABI (`xagent_validate_skill`) and admission, with the
+//! same verdict and rule ids; the Card mutations include the texts the model reads.
 
 #[path = "../../protocol-validate/tests/support/corpus.rs"]
 mod corpus;
@@ -38,7 +42,7 @@ use xagent_protocol_validate::{
 use xagent_server_runtime::InboundJudge;
 use xagent_validate_ffi::{
     XAGENT_SENDER_CONNECTOR, XAGENT_SENDER_UNKNOWN, XAGENT_SENDER_XAGENT, card_report,
-    packet_is_valid_from, packet_report_from,
+    packet_is_valid_from, packet_report_from, skill_report,
 };
 
 struct Judges {
@@ -242,11 +246,19 @@ fn card_mutations() -> Vec<(&'static str, Value)> {
     let mut target = base.clone();
     target["tools"][0]["input_schema"]["properties"]["contact_id"] =
         serde_json::json!({"type": "string"});
-    let mut nested = base;
+    let mut nested = base.clone();
     nested["tools"][0]["input_schema"]["properties"]["to"] = serde_json::json!({
         "type": "object", "properties": {"chatId": {"type": "string"}}
     });
+    let mut wire = base.clone();
+    wire["tools"][0]["description"] =
+        serde_json::json!("Sends a text. For a file, POST /files/uploads first.");
+    let mut wire_schema = base;
+    wire_schema["tools"][0]["input_schema"]["properties"]["text"]["description"] =
+        serde_json::json!("The text of the chat.message to send.");
     vec![
+        ("card.tool_wire_reference", wire),
+        ("card.tool_wire_reference", wire_schema),
         ("card.im_profiles_exclusive", both),
         ("card.im_tool_target_argument", target),
         ("card.im_tool_target_argument", nested),
@@ -292,6 +304,53 @@ fn every_card_judge_agrees_on_every_card_fixture_and_mutation() {
         let report = assert_card_judges_agree(rule, &card);
         assert!(report.has(rule) && !report.valid, "{rule}: {report:?}");
     }
+}
+
+/// Issue 34 item 7: every Skill judge on each Skill fixture of the C ABI's data (its `SKILL.md`
+/// and `SKILL-wire-reference.md`, which names the Transfer Plane and a packet) against that
+/// Card: `xagent-connector check skill` (the binary and `check_text`), the C ABI
+/// (`xagent_validate_skill`) and xAgent's admission (`check_card` with the served Skill) give
+/// the same verdict and rule ids. (The Connector's build: `server-runtime/tests/rules_agreement.rs`.)
+#[test]
+fn every_skill_judge_agrees_on_every_skill_fixture() {
+    let dir = corpus::root().join("validate-ffi/tests/data");
+    let card_path = dir.join("card.json");
+    let card_text = std::fs::read_to_string(&card_path).expect("the C ABI's Card");
+    let card: Value = serde_json::from_str(&card_text).expect("a JSON Card");
+    let facts = CardFacts::from_value(&card);
+    let mut refused = 0;
+    for name in ["SKILL.md", "SKILL-wire-reference.md"] {
+        let path = dir.join(name);
+        let skill = std::fs::read_to_string(&path).expect("a Skill fixture");
+        let cli = xagent_protocol_validate::check_text(DocumentKind::Skill, &skill, Some(&facts));
+        assert_eq!(
+            skill_report(skill.as_bytes(), card_text.as_bytes()),
+            cli.to_json(),
+            "{name}: the C ABI"
+        );
+        let output = Command::new(env!("CARGO_BIN_EXE_xagent-connector"))
+            .args(["check", "skill", "--format", "json", "--card"])
+            .arg(&card_path)
+            .arg(&path)
+            .output()
+            .expect("runs");
+        let report: Report = serde_json::from_slice(&output.stdout).expect("a JSON report");
+        assert_eq!(report, cli, "{name}: the binary");
+        let admitted = xagent_client_runtime::check_card(
+            &card,
+            &xagent_client_runtime::SkillDocument::Present(skill.clone()),
+            &AdmissionWindow::default(),
+            None,
+        );
+        assert_eq!(admitted.is_ok(), cli.valid, "{name}: admission {admitted:?} vs {cli:?}");
+        if let Err(refusal) = &admitted {
+            refused += 1;
+            for rule in rule_ids(&cli) {
+                assert!(refusal.contains(&format!("[{rule}]")), "{name}: admission omits {rule}");
+            }
+        }
+    }
+    assert_eq!(refused, 1, "SKILL-wire-reference.md is refused, SKILL.md admitted");
 }
 
 /// The binary on the Card fixtures: the same report as its library function.

@@ -99,6 +99,7 @@
 pub mod catalog;
 mod fast;
 pub mod im;
+pub mod model_text;
 mod report;
 pub mod rules;
 pub mod secrets;

@@ -52,6 +52,7 @@ rules! {
     CARD_TOOL_CHANNEL_REQUIRED = "card.tool_channel_required", Error, "protocol 4.1, 10", "`input_schema.required` must contain `connector_channel_id`.";
     CARD_TOOL_CARD_ID_ARGUMENT = "card.tool_card_id_argument", Error, "protocol 4.1, 10.1", "A Tool schema must not declare a `connector_card_id` argument.";
     CARD_TOOL_RELATED_SKILL = "card.tool_related_skill", Error, "protocol 4.2; notes (Profiles)", "`related_skill_ids` entries are the primary Skill name or it plus `-<purpose>`.";
+    CARD_TOOL_WIRE_REFERENCE = "card.tool_wire_reference", Error, "protocol 5, 10; notes (Upload-reference arguments)", "A Tool's `title`, `description` and the descriptions in its `input_schema` send the model to no Transfer Plane endpoint (`/files/uploads`, `/files/refs`, `POST /files`) and name no wire packet (`tool.invoke`, `chat.message`, ...).";
     CARD_IM_TOOL_TARGET_ARGUMENT = "card.im_tool_target_argument", Error, "IM v1 §4, §6", "An IM Tool lets the model fill no send target, contact id or platform token (`chat_id`, `contact_id`, `bot_token`, ...): the channel routes.";
     CARD_AUTH_FLOW_REQUIRED = "card.auth_flow_required", Error, "protocol 4.1 (auth_flows table)", "`auth_flows[]` need `id`, `target_type`, `type` and `title`.";
     CARD_AUTH_FLOW_ID_UNIQUE = "card.auth_flow_id_unique", Error, "protocol 4.1, 8.7", "`auth_flows[].id`s are unique within the Card: `auth.start` names a flow by its id.";
@@ -94,6 +95,7 @@ rules! {
     SKILL_NAME_FORMAT = "skill.name_format", Error, "protocol 4.2", "A Skill name is lowercase hyphen-case: `a-z`, `0-9` and single inner hyphens.";
     SKILL_NAME_CARD = "skill.name_card", Error, "protocol 4.2; notes (Profiles)", "A Skill name is `connector-<card id>` or that plus `-<purpose>`.";
     SKILL_SECRET_LEAK = "skill.secret_leak", Error, "protocol 4.2", "A Skill must not contain a secret, key, token or one-time material.";
+    SKILL_WIRE_REFERENCE = "skill.wire_reference", Error, "protocol 4.2, 5; notes (Upload-reference arguments)", "A Skill sends the agent to no Transfer Plane endpoint (`/files/uploads`, `/files/refs`, `POST /files`) and names no wire packet (`tool.invoke`, `chat.message`, ...): the agent acts through Tools.";
     SKILL_RELATED_SKILL_IDS = "skill.related_skill_ids", Error, "protocol 4.2", "The Card's `related_skill_ids` name the Skill the Connector serves, exactly; a Connector serving none lists none.";
 
     HEALTH_STATUS = "health.status", Error, "protocol 4.3", "`status` is a required string.";

@@ -13,6 +13,7 @@ use xagent_protocol_types::{
 
 use crate::catalog;
 use crate::im;
+use crate::model_text;
 use crate::report::{Report, Rule, Severity, Sink, child, index};
 use crate::rules::*;
 use crate::secrets::SecretScanner;
@@ -619,6 +620,7 @@ impl Validator {
                 }
             }
             self.input_schema(sink, tool.get("input_schema"), &child(&p, "input_schema"));
+            tool_texts(sink, tool, &p);
             let im_tool = match tool.get("profile").and_then(Value::as_str) {
                 Some(profile) => catalog::is_im_profile(profile),
                 None => !target_types.is_empty() && target_types.iter().all(|t| *t == "im"),
@@ -1072,6 +1074,16 @@ impl Validator {
                     related_skills(&mut sink, card, Some(&name));
                 }
             }
+        }
+        for found in model_text::wire_mentions(skill) {
+            sink.push(
+                &SKILL_WIRE_REFERENCE,
+                format!("/line/{}", found.line),
+                format!(
+                    "the Skill names {}; the agent acts through the Connector's Tools (a file argument takes a file from the conversation), so name the Tool instead",
+                    found.mention
+                ),
+            );
         }
         for leak in self.scanner.scan_text(skill) {
             let line = leak.location.split(':').next().unwrap_or("0").to_owned();
@@ -1544,6 +1556,53 @@ impl Validator {
                 "connection_descriptor must be a Connection Descriptor object",
             ),
         }
+    }
+}
+
+/// `card.tool_wire_reference`: the texts of one Tool the model reads (its `title` and
+/// `description`, and every `title` and `description` string inside its `input_schema`), each
+/// scanned by [`model_text::wire_mentions`].
+fn tool_texts(sink: &mut Sink, tool: &Map<String, Value>, path: &str) {
+    fn scan(sink: &mut Sink, text: &str, path: &str) {
+        for found in model_text::wire_mentions(text) {
+            sink.push(
+                &CARD_TOOL_WIRE_REFERENCE,
+                path,
+                format!(
+                    "the model reads this text and it names {}; describe what the Tool does for the user (a file argument is a file from the conversation), not the wire",
+                    found.mention
+                ),
+            );
+        }
+    }
+    fn walk(sink: &mut Sink, value: &Value, path: &str) {
+        match value {
+            Value::Object(map) => {
+                for (key, sub) in map {
+                    let here = child(path, key);
+                    match sub {
+                        Value::String(text) if key == "description" || key == "title" => {
+                            scan(sink, text, &here)
+                        }
+                        _ => walk(sink, sub, &here),
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(sink, item, &index(path, i));
+                }
+            }
+            _ => {}
+        }
+    }
+    for key in ["title", "description"] {
+        if let Some(text) = tool.get(key).and_then(Value::as_str) {
+            scan(sink, text, &child(path, key));
+        }
+    }
+    if let Some(schema) = tool.get("input_schema") {
+        walk(sink, schema, &child(path, "input_schema"));
     }
 }
 

@@ -522,6 +522,38 @@ fn card_im_profiles_exclusive() {
 }
 
 #[test]
+fn card_tool_wire_reference() {
+    let report = card_with(|c| {
+        c["tools"][0]["description"] =
+            json!("Sends a file. Upload it with POST /files/uploads first.")
+    });
+    assert_rule(&report, "card.tool_wire_reference", "/tools/0/description");
+    let report = card_with(|c| c["tools"][0]["title"] = json!("Answer the tool.invoke"));
+    assert_rule(&report, "card.tool_wire_reference", "/tools/0/title");
+    // The descriptions inside the input schema, at any depth, the model reads too.
+    let report = card_with(|c| {
+        c["tools"][0]["input_schema"]["properties"]["file"] = json!({
+            "type": "object",
+            "description": "The file_ref /files/uploads returned",
+            "properties": {"kind": {"type": "string", "description": "the type of a chat.message file"}}
+        })
+    });
+    for path in [
+        "/tools/0/input_schema/properties/file/description",
+        "/tools/0/input_schema/properties/file/properties/kind/description",
+    ] {
+        assert_rule(&report, "card.tool_wire_reference", path);
+    }
+    // A property named `description`, bare words and the Tool's own dotted id are fine.
+    let report = card_with(|c| {
+        c["tools"][0]["description"] = json!("Sends a message with a file from the conversation.");
+        c["tools"][0]["input_schema"]["properties"]["description"] =
+            json!({"type": "string", "description": "What the message says; see im.wechat.send."});
+    });
+    assert!(!report.has("card.tool_wire_reference"), "{report:?}");
+}
+
+#[test]
 fn card_im_tool_target_argument() {
     let report = card_with(|c| {
         c["tools"][0]["input_schema"]["properties"]["chat_id"] = json!({"type": "string"})
@@ -932,6 +964,31 @@ fn skill_secret_leak() {
     let report = validate_skill(&text, &facts());
     assert_rule(&report, "skill.secret_leak", "/line/11");
     assert!(!report.violations.iter().any(|v| v.message.contains("sk-abc")));
+}
+
+#[test]
+fn skill_wire_reference() {
+    let lines = skill_text().lines().count();
+    for (extra, named) in [
+        ("Upload the file with POST /files/uploads, then pass its file_ref.", "/files/uploads"),
+        ("Download it from /files/refs/{file_ref}.", "/files/refs"),
+        ("Call PUT /files first.", "put /files"),
+        ("Wait for the tool.invoke.ack.", "tool.invoke.ack"),
+        ("Answer with a chat.message.", "chat.message"),
+        ("Send Connector.Hello yourself.", "connector.hello"),
+    ] {
+        let text = format!("{}\n{extra}\n", skill_text());
+        let report = validate_skill(&text, &facts());
+        assert_rule(&report, "skill.wire_reference", &format!("/line/{}", lines + 2));
+        assert!(report.violations.iter().any(|v| v.message.contains(named)), "{extra}: {report:?}");
+    }
+    // Words, the Tools' own dotted ids and other paths are what a Skill is made of.
+    let text = format!(
+        "{}\nSend a message or a file from the conversation; ping the user on an error.\n\
+         Use im.wechat.send_file; save under /files of the user; see tool.invoked_at.\n",
+        skill_text()
+    );
+    assert!(!validate_skill(&text, &facts()).has("skill.wire_reference"));
 }
 
 #[test]

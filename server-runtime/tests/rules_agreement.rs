@@ -270,3 +270,67 @@ fn rule_skill_related_skill_ids_the_builder_refuses_a_related_skill_it_does_not_
 /// No arguments.
 #[derive(Deserialize, JsonSchema)]
 struct NoArgs {}
+
+/// The arguments of a file-send Tool whose field text sends the model to the Transfer Plane.
+#[derive(Deserialize, JsonSchema)]
+struct SendUploaded {
+    /// The file_ref that POST /files/uploads returned.
+    file: String,
+}
+
+/// Issue 34 item 7: the build refuses a Tool description or a Skill that sends the model to the
+/// Transfer Plane or names a wire packet, with the rule `check` names, and accepts the same
+/// texts written as what the Tool does.
+#[test]
+fn rule_card_tool_wire_reference_and_skill_wire_reference_the_builder_refuses_what_check_refuses() {
+    let builder = || {
+        Connector::builder("im.rules", "Rules", "1.0.0")
+            .target(TargetDeclaration::new(TargetType::Im, "rules", "Rules"))
+            .profile(PROFILE_IM_V2)
+            .on_message(|_, _| async {})
+    };
+    let ping = |_: ToolContext, _: NoArgs| async { Ok::<_, ToolError>(true) };
+    let send = |_: ToolContext, args: SendUploaded| async move { Ok::<_, ToolError>(args.file) };
+    let builds = [
+        (
+            "card.tool_wire_reference",
+            builder()
+                .tool(ToolSpec::new("rules_ping", "Ping\n\nAnswers the tool.invoke it gets."), ping)
+                .build(),
+        ),
+        (
+            "card.tool_wire_reference",
+            builder().tool(ToolSpec::new("rules_send", "Send\n\nSends a file."), send).build(),
+        ),
+        (
+            "skill.wire_reference",
+            builder()
+                .skill("---\nname: connector-im-rules\n---\nReply with a chat.message.\n")
+                .build(),
+        ),
+        (
+            "skill.wire_reference",
+            builder()
+                .skill("---\nname: connector-im-rules\n---\nFirst POST /files/uploads.\n")
+                .build(),
+        ),
+    ];
+    for (rule, built) in builds {
+        let violations = match built {
+            Err(DefinitionError::CardViolations(v) | DefinitionError::SkillViolations(v)) => v,
+            Err(other) => panic!("{rule}: refused for another reason: {other}"),
+            Ok(_) => panic!("{rule}: the builder accepted the text"),
+        };
+        assert!(violations.iter().any(|v| v.rule == rule), "{rule}: {violations:?}");
+    }
+    let skill = "---\nname: connector-im-rules\n---\nReply with a message; attach a file from the conversation.\n";
+    assert!(
+        validate_skill(skill, &CardFacts::from_value(&json!({"connector_card_id": "im.rules"})))
+            .valid
+    );
+    let built = builder()
+        .tool(ToolSpec::new("rules_ping", "Ping\n\nAnswers a message."), ping)
+        .skill(skill)
+        .build();
+    assert!(built.is_ok(), "plain texts are accepted");
+}

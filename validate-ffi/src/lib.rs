@@ -478,6 +478,20 @@ pub fn card_report(json: &[u8]) -> String {
     text
 }
 
+/// The report `xagent_validate_skill` returns for `skill` against `card`, for Rust callers: the
+/// C function itself, called with pointers to the slices, its string copied and released. What
+/// the all-judges test compares with `xagent-connector check skill` and xAgent's admission.
+pub fn skill_report(skill: &[u8], card: &[u8]) -> String {
+    // SAFETY: each pointer and length describe a borrowed slice, valid for the call.
+    let report =
+        unsafe { xagent_validate_skill(skill.as_ptr(), skill.len(), card.as_ptr(), card.len()) };
+    // SAFETY: the library returns a NUL-terminated string, never NULL.
+    let text = unsafe { std::ffi::CStr::from_ptr(report) }.to_string_lossy().into_owned();
+    // SAFETY: `report` came from the library and is released once.
+    unsafe { xagent_validate_free(report) };
+    text
+}
+
 /// The verdict `xagent_packet_is_valid` gives `json` sent by `sender`, on a validator made by
 /// `xagent_packet_validator_new` with `card` (or none), for Rust callers; `None` when the
 /// library refused the Card.

@@ -110,7 +110,7 @@ pub fn cases(work: &Path) -> Vec<Case> {
         paths.sort();
         for path in paths {
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
-            if name == "SKILL.md" {
+            if name.starts_with("SKILL") && name.ends_with(".md") {
                 out.push(Case { kind: "skill", document: path, card: Some(card.clone()) });
                 continue;
             }
