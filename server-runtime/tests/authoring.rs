@@ -174,10 +174,12 @@ async fn served_card(server: &support::Custom) -> Value {
 /// Tool's `related_skill_ids`, and only there.
 #[tokio::test]
 async fn rule_card_tool_related_skill_reaches_the_served_card() {
+    // A related Skill must be one the Connector serves (skill.related_skill_ids).
     let connector = base()
+        .skill("---\nname: connector-im-authoring\n---\nUse authoring_reply to reply.\n")
         .tool(
             ToolSpec::new("authoring_reply", "Reply\n\nReplies on the channel.")
-                .related_skill("connector-im-authoring-replies"),
+                .related_skill("connector-im-authoring"),
             |_, a: Text| async { Ok(a) },
         )
         .build()
@@ -186,7 +188,7 @@ async fn rule_card_tool_related_skill_reaches_the_served_card() {
     let card = served_card(&server).await;
     let tools = card["tools"].as_array().unwrap();
     let reply = tools.iter().find(|t| t["tool_id"] == "authoring_reply").unwrap();
-    assert_eq!(reply["related_skill_ids"], json!(["connector-im-authoring-replies"]), "{reply}");
+    assert_eq!(reply["related_skill_ids"], json!(["connector-im-authoring"]), "{reply}");
     let echo = tools.iter().find(|t| t["tool_id"] == "authoring_echo").unwrap();
     assert!(echo.get("related_skill_ids").is_none_or(|r| r == &json!([])), "{echo}");
     server.stop().await;
