@@ -10,9 +10,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use xagent_profile_im::{
-    CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord, StoreError,
-};
+use xagent_profile_im::{CompletedRecord, Fingerprint, PendingRecord, StoreError};
 use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 use xagent_storage_postgres::deadpool_postgres::Transaction;
 use xagent_storage_postgres::tokio_postgres::Row;
@@ -27,7 +25,9 @@ use super::{
 };
 
 mod schema;
+mod writes;
 use schema::MIGRATIONS;
+use writes::{idempotency, outbox};
 
 /// The component name of this backend's schema in `xagent_schema`.
 pub const POSTGRES_COMPONENT: &str = "client-runtime";
@@ -114,6 +114,14 @@ impl PostgresXagentStore {
             .map_err(|e| StoreError::from_source(operation, self.pool.error(operation, &e)))
     }
 
+    /// This scope's value of a meta `key`, if any.
+    async fn meta(&self, operation: &'static str, key: &str) -> Result<Option<String>, StoreError> {
+        let scope: &str = &self.scope;
+        let sql = "SELECT value FROM xagent_client_meta WHERE scope = $1 AND key = $2";
+        let rows = self.query(operation, sql, &[&scope, &key]).await?;
+        Ok(rows.first().map(|row| row.get::<_, String>(0)))
+    }
+
     /// One lease statement and the row after it, in one transaction (the row is locked
     /// by the statement, so the answer is what the statement left).
     async fn lease_statement(
@@ -187,20 +195,6 @@ async fn exec(
     tx.execute(sql, params).await.map_err(|e| sql_error(context, &e))
 }
 
-/// Deletes the row of one message of `scope` from `table` (the pending or the completed
-/// messages, both keyed by scope, channel and message id).
-async fn delete_message(
-    tx: &Transaction<'_>,
-    context: &str,
-    table: &'static str,
-    scope: &str,
-    channel: &ConnectorChannelId,
-    message_id: &MessageId,
-) -> Result<u64, PgError> {
-    let sql = format!("DELETE FROM {table} WHERE scope = $1 AND channel = $2 AND message_id = $3");
-    exec(tx, context, &sql, &[&scope, &channel.as_str(), &message_id.as_str()]).await
-}
-
 async fn apply_write(
     tx: &Transaction<'_>,
     scope: &str,
@@ -229,26 +223,12 @@ async fn apply_write(
         }
         XagentWrite::RenameChannel { from, to } => rename(tx, scope, from, to).await?,
         XagentWrite::ConnectorId(id) => {
-            exec(
-                tx,
-                "save_connector_id",
-                "INSERT INTO xagent_client_meta (scope, key, value) VALUES ($1, $2, $3)
-                 ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
-                &[&scope, &META_CONNECTOR_ID, &id.as_str()],
-            )
-            .await?;
+            save_meta(tx, scope, "save_connector_id", META_CONNECTOR_ID, id.as_str()).await?;
         }
         XagentWrite::Admission(snapshot) => {
             let value =
                 snapshot.encode().map_err(|e| PgError::apply("save_admission", e.to_string()))?;
-            exec(
-                tx,
-                "save_admission",
-                "INSERT INTO xagent_client_meta (scope, key, value) VALUES ($1, $2, $3)
-                 ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value",
-                &[&scope, &META_ADMISSION, &value],
-            )
-            .await?;
+            save_meta(tx, scope, "save_admission", META_ADMISSION, &value).await?;
         }
         XagentWrite::Outbox(write) => outbox(tx, scope, write).await?,
         XagentWrite::Idempotency(write) => idempotency(tx, scope, write).await?,
@@ -256,129 +236,17 @@ async fn apply_write(
     Ok(())
 }
 
-async fn outbox(tx: &Transaction<'_>, scope: &str, write: &OutboxWrite) -> Result<(), PgError> {
-    match write {
-        OutboxWrite::Save(r) => {
-            exec(
-                tx,
-                "save_pending",
-                "INSERT INTO xagent_client_pending (scope, channel, message_id, seq, payload,
-                   attempts, first_responsibility_at, expires_at, next_attempt_at, last_error)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-                 ON CONFLICT (scope, channel, message_id) DO UPDATE SET seq = excluded.seq,
-                   payload = excluded.payload, attempts = excluded.attempts,
-                   first_responsibility_at = excluded.first_responsibility_at,
-                   expires_at = excluded.expires_at, next_attempt_at = excluded.next_attempt_at,
-                   last_error = excluded.last_error",
-                &[
-                    &scope,
-                    &r.channel.as_str(),
-                    &r.message_id.as_str(),
-                    &to_i64(r.seq),
-                    &r.payload,
-                    &i64::from(r.attempts),
-                    &to_i64(r.first_responsibility_at),
-                    &to_i64(r.expires_at),
-                    &to_i64(r.next_attempt_at),
-                    &r.last_error,
-                ],
-            )
-            .await?;
-        }
-        OutboxWrite::Delete(channel, message_id) => {
-            delete_message(
-                tx,
-                "delete_pending",
-                "xagent_client_pending",
-                scope,
-                channel,
-                message_id,
-            )
-            .await?;
-        }
-        OutboxWrite::Attempt(a) => {
-            exec(
-                tx,
-                "save_attempt",
-                "UPDATE xagent_client_pending
-                 SET attempts = $4, next_attempt_at = $5, last_error = $6
-                 WHERE scope = $1 AND channel = $2 AND message_id = $3",
-                &[
-                    &scope,
-                    &a.channel.as_str(),
-                    &a.message_id.as_str(),
-                    &i64::from(a.attempts),
-                    &to_i64(a.next_attempt_at),
-                    &a.last_error,
-                ],
-            )
-            .await?;
-        }
-    }
-    Ok(())
-}
-
-async fn idempotency(
+/// Sets this scope's meta `key` to `value`.
+async fn save_meta(
     tx: &Transaction<'_>,
     scope: &str,
-    write: &IdempotencyWrite,
+    operation: &'static str,
+    key: &str,
+    value: &str,
 ) -> Result<(), PgError> {
-    match write {
-        IdempotencyWrite::Save(r) => {
-            exec(
-                tx,
-                "save_completed",
-                "INSERT INTO xagent_client_completed
-                   (scope, channel, message_id, fingerprint, completed_at)
-                 VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (scope, channel, message_id) DO UPDATE
-                   SET fingerprint = excluded.fingerprint, completed_at = excluded.completed_at",
-                &[
-                    &scope,
-                    &r.channel.as_str(),
-                    &r.message_id.as_str(),
-                    &r.fingerprint.as_str(),
-                    &to_i64(r.completed_at),
-                ],
-            )
-            .await?;
-        }
-        IdempotencyWrite::Delete(channel, message_id) => {
-            delete_message(
-                tx,
-                "delete_completed",
-                "xagent_client_completed",
-                scope,
-                channel,
-                message_id,
-            )
-            .await?;
-        }
-        IdempotencyWrite::Trim { channel, keep } => {
-            let keep = i64::try_from(*keep).unwrap_or(i64::MAX);
-            exec(
-                tx,
-                "trim_completed",
-                "DELETE FROM xagent_client_completed
-                 WHERE scope = $1 AND channel = $2 AND message_id NOT IN (
-                   SELECT message_id FROM xagent_client_completed
-                   WHERE scope = $1 AND channel = $2
-                   ORDER BY completed_at DESC, message_id DESC LIMIT $3)",
-                &[&scope, &channel.as_str(), &keep],
-            )
-            .await?;
-        }
-        IdempotencyWrite::Expire { before } => {
-            exec(
-                tx,
-                "expire_completed",
-                "DELETE FROM xagent_client_completed WHERE scope = $1 AND completed_at < $2",
-                &[&scope, &to_i64(*before)],
-            )
-            .await?;
-        }
-    }
-    Ok(())
+    let sql = "INSERT INTO xagent_client_meta (scope, key, value) VALUES ($1, $2, $3)
+               ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value";
+    exec(tx, operation, sql, &[&scope, &key, &value]).await.map(drop)
 }
 
 /// The channel row, its pending messages and its completed ids move together (the
@@ -491,27 +359,12 @@ impl XagentStore for PostgresXagentStore {
     }
 
     async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StoreError> {
-        let scope: &str = &self.scope;
-        let rows = self
-            .query(
-                "load_connector_id",
-                "SELECT value FROM xagent_client_meta WHERE scope = $1 AND key = $2",
-                &[&scope, &META_CONNECTOR_ID],
-            )
-            .await?;
-        Ok(rows.first().map(|row| ConnectorId::new(row.get::<_, String>(0))))
+        Ok(self.meta("load_connector_id", META_CONNECTOR_ID).await?.map(ConnectorId::new))
     }
 
     async fn load_admission(&self) -> Result<Option<AdmissionSnapshot>, StoreError> {
-        let scope: &str = &self.scope;
-        let rows = self
-            .query(
-                "load_admission",
-                "SELECT value FROM xagent_client_meta WHERE scope = $1 AND key = $2",
-                &[&scope, &META_ADMISSION],
-            )
-            .await?;
-        rows.first().map(|row| AdmissionSnapshot::decode(&row.get::<_, String>(0))).transpose()
+        let value = self.meta("load_admission", META_ADMISSION).await?;
+        value.as_deref().map(AdmissionSnapshot::decode).transpose()
     }
 
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
