@@ -1,6 +1,6 @@
 //! Admission: decide whether a Connector may be integrated. Fetch and check the Card, fetch the
-//! Skill and check it with every Skill rule the Connector's build applies, probe `/health` against the Card, and admit only within the
-//! configured protocol version window.
+//! Skill and check it with every Skill rule the Connector's build applies, probe `/health`
+//! against the Card, and admit only within the configured protocol version window.
 
 use serde_json::Value;
 use xagent_protocol_types::{ConnectorCard, HealthResponse, SkillId};

@@ -138,7 +138,7 @@ pub enum ClientError {
 impl ClientError {
     /// A request or connection to `endpoint` that failed before an answer: [`Self::Tls`] when
     /// the handshake refused the certificate, else [`Self::Transport`] with every cause.
-    pub(crate) fn unreachable(endpoint: &str, error: &(dyn std::error::Error + 'static)) -> Self {
+    pub(crate) fn transport(endpoint: &str, error: &(dyn std::error::Error + 'static)) -> Self {
         match crate::TlsProblem::find(error) {
             Some(problem) => Self::Tls { endpoint: endpoint.to_owned(), problem },
             None => Self::Transport {

@@ -120,7 +120,7 @@ impl ControlPlane {
         endpoint: &str,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ClientError> {
-        request.send().await.map_err(|e| ClientError::unreachable(endpoint, &e.without_url()))
+        request.send().await.map_err(|e| ClientError::transport(endpoint, &e.without_url()))
     }
 
     async fn expect_success(

@@ -89,7 +89,7 @@ impl WsTransport {
                     status: response.status().as_u16(),
                 }
             }
-            other => ClientError::unreachable(&url, &other),
+            other => ClientError::transport(&url, &other),
         })?;
         let echoed = response.headers().get("Sec-WebSocket-Protocol").and_then(|v| v.to_str().ok());
         if echoed != Some(SUBPROTOCOL) {
