@@ -8,11 +8,10 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use xagent_profile_im::{
     Admission, Delivery, DeltaAction, EnqueueOutcome, IdempotencyWrite, OutboxStats,
-    validate_chat_message,
 };
 use xagent_protocol_types::{
     ChatActivity, ChatFile, ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId,
-    ErrorCode, MessageId, Packet, PacketBody, PacketId, Payload, Side, UploadResponse,
+    ErrorCode, MessageId, Packet, PacketBody, PacketId, Payload, UploadResponse,
 };
 
 use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, lock, send_on};
@@ -122,18 +121,8 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, mut packet: Packet) {
         PacketBody::ChatMessage(message) => *message,
         _ => return,
     };
+    // The IM payload rules ran once, in the connection core's judgement of the packet.
     let now = shared.now();
-    // Profile payload rules before anything else: a malformed message is refused for good.
-    if let Err(error) = validate_chat_message(&message, Side::Connector) {
-        let ack = ChatMessageAck::rejected(
-            message.message_id.clone(),
-            error.code(),
-            error.to_string(),
-            false,
-        );
-        send_ack(shared, &packet, ack).await;
-        return;
-    }
     let Some(admission) = admit(shared, &channel, &message, now).await else {
         // Standing by: the holder answers the redelivery.
         return;
@@ -322,19 +311,6 @@ async fn admit(
     Some(Ok(im.receiver.begin_chat_with_stored(&persisted, message, stored, now)))
 }
 
-/// Answers a `chat.message` the validator refused (`problems`: its rule ids and places) with a
-/// `rejected` ack, not retryable: the same message would be refused again (IM v2 §7).
-pub(crate) async fn refuse_chat_message(shared: &Shared, packet: &Packet, problems: &str) {
-    let Some(message) = packet.payload::<ChatMessage>() else { return };
-    let ack = ChatMessageAck::rejected(
-        message.message_id.clone(),
-        ErrorCode::InvalidPacket,
-        format!("the message breaks the protocol: {problems}"),
-        false,
-    );
-    send_ack(shared, packet, ack).await;
-}
-
 async fn send_ack(shared: &Shared, message: &Packet, ack: ChatMessageAck) {
     let packet = Packet::with_payload(ids::mint("pkt_"), ack).answering(message);
     if let Err(error) = send_on(shared, &packet).await {
@@ -428,7 +404,7 @@ impl DataPlane {
             let outcome = im
                 .outbox
                 .enqueue(&persisted, message, now)
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                ?;
             im.deltas.on_final(&persisted, &message_id);
             (outcome, im.flush(Vec::new()))
         };

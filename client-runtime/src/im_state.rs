@@ -99,7 +99,7 @@ impl ImState {
         let mut config = OutboxConfig::new(Side::Xagent);
         config.write_mode = WriteMode::Deferred;
         let outbox = Outbox::open(config, DeferredStore::with_pending(records), now)
-            .map_err(|e| ClientError::Protocol(format!("the outbox could not be loaded: {e}")))?;
+?;
         let receiver = ReceiverIdempotency::deferred(IdempotencyConfig::default());
         Ok(Self {
             outbox,
@@ -250,6 +250,6 @@ impl ImState {
         // queue cannot be taken either.
         self.outbox
             .on_channel_renamed(from, to)
-            .map_err(|e| ClientError::Protocol(format!("the outbox could not rename: {e}")))
+            .map_err(ClientError::from)
     }
 }
