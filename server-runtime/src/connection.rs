@@ -107,7 +107,7 @@ where
         sink,
         rx,
         Arc::clone(&proto),
-        WriterOptions::new(shared.config.max_packet_bytes),
+        sent_metrics(WriterOptions::new(shared.config.max_packet_bytes)),
     ));
     let mut conn = Conn {
         shared: Arc::clone(&shared),
@@ -161,13 +161,18 @@ where
     tracing::debug!(socket, "data plane connection closed");
 }
 
+/// The writer counts every packet it writes, once (a withheld packet is not counted).
+fn sent_metrics(mut options: WriterOptions) -> WriterOptions {
+    options.tap = Some(Arc::new(|packet: &Packet, _: &str| crate::metrics::metrics().sent(packet)));
+    options
+}
+
 impl Conn {
     /// Queues a packet for the socket's writer, waiting for room when the queue is full.
     /// Queued at once when there is room; only a packet that has to wait is boxed, so the
     /// future every request task awaits here stays small.
     pub(crate) fn send(&self, packet: Packet) -> impl Future<Output = ()> + Send + '_ {
         let packet = packet.time(self.shared.now());
-        crate::metrics::metrics().sent(&packet);
         let waiting = match self.tx.try_reserve() {
             Ok(place) => {
                 place.send(Outgoing::Packet(packet));

@@ -158,7 +158,9 @@ fn writer_options(shared: &Shared) -> WriterOptions {
     options.judge = Some(Arc::new(SendRules::new(Side::Xagent, Arc::clone(&shared.admission))));
     options.tap = shared.config.tap.clone().map(|tap| {
         let see: xagent_connection::WriteTap =
-            Arc::new(move |text: &str| tap.see(TapDirection::Sent, text));
+            Arc::new(move |_: &xagent_protocol_types::Packet, text: &str| {
+                tap.see(TapDirection::Sent, text)
+            });
         see
     });
     options
