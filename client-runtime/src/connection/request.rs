@@ -18,7 +18,9 @@ pub(crate) async fn request_on(
 ) -> Result<Packet, ClientError> {
     let expected = match body.packet_type().spec().map(|s| s.role) {
         Some(Role::Request { ack }) => ack,
-        _ => return Err(ClientError::InvalidInput(format!("{} is not a request", body.type_str()))),
+        _ => {
+            return Err(ClientError::InvalidInput(format!("{} is not a request", body.type_str())));
+        }
     };
     let request_id = RequestId::new(ids::mint("req_"));
     let packet =
