@@ -56,7 +56,7 @@
 //! | `http` | the control plane, the `/ws` upgrade, the system API key layer, the author's routes ([`ConnectorServer::router`]) |
 //! | `server` | [`ServerBuilder`], [`ConnectorServer`]: loading state, `serve` with the author's routes and tasks, `serve_from_env` |
 //! | `handlers` | `hello`, `channel`, `auth`, `tool`: short request handlers (methods of the connection) over the state and the author's code |
-//! | `connection` | one connection's loop over any frame stream/sink: decode, sequencing (`protocol-validate`'s `Session`), bounded writes, dispatch, the detach guard |
+//! | `connection` | one connection on the core's driver (which decodes, judges and refuses packets) over any frame stream/sink: bounded writes, dispatch of judged packets, the detach guard |
 //!
 //! **Middle: the shared state, the Profile wiring and the author's code.** `state::Shared`
 //! holds the definition (`connector`, with the author's code from `author`), the IM state
