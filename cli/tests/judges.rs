@@ -6,12 +6,14 @@
 //!   library function `check_text_from` on the mutations);
 //! - the C ABI (`xagent_validate_packet_from` for the report, `xagent_packet_is_valid` for the
 //!   hot-path verdict);
-//! - `server-runtime` on receive (`InboundJudge`, what its connection loop calls);
+//! - the connection core's packet rules (`xagent_connection::Rules`), what both runtimes' read
+//!   loops apply on receive (the server's with xAgent as sender, the client's with the
+//!   Connector) and the xAgent writer applies on send;
 //! - `client-runtime` on receive and on send: `Validator::check_decoded` on the decoded packet
-//!   with the Connector (receive) or xAgent (send) as sender, the entry point its receive path
-//!   calls, and which the xAgent send path of the connection core calls with sender = xAgent;
-//!   plus, for a `chat.message`, the typed IM check (`validate_chat_message`) both runtimes
-//!   apply before handing a message on.
+//!   with the Connector (receive) or xAgent (send) as sender, the entry point the core's rules
+//!   call;
+//!   plus, for a `chat.message`, the typed IM check (`validate_chat_message`) the IM builders
+//!   apply before sending.
 //!
 //! Judged without a sender, the report must be valid exactly when it is valid for both senders,
 //! and `xagent_packet_is_valid` with `XAGENT_SENDER_UNKNOWN` gives that verdict too (what its
@@ -35,11 +37,11 @@ use std::sync::OnceLock;
 
 use proptest::prelude::*;
 use serde_json::Value;
+use xagent_connection::Rules;
 use xagent_protocol_types::{ConnectorCard, Packet, PacketBody, Side};
 use xagent_protocol_validate::{
     AdmissionWindow, CardFacts, DocumentKind, PacketContext, Report, Validator, check_text_from,
 };
-use xagent_server_runtime::InboundJudge;
 use xagent_validate_ffi::{
     XAGENT_SENDER_CONNECTOR, XAGENT_SENDER_UNKNOWN, XAGENT_SENDER_XAGENT, card_report,
     packet_is_valid_from, packet_report_from, skill_report,
@@ -49,7 +51,7 @@ struct Judges {
     card_text: String,
     facts: CardFacts,
     typed_facts: CardFacts,
-    server: InboundJudge,
+    server: Rules,
     validator: Validator,
 }
 
@@ -61,7 +63,7 @@ fn judges() -> &'static Judges {
         Judges {
             facts: corpus::card(),
             typed_facts: CardFacts::from_card(&card),
-            server: InboundJudge::new(&card, AdmissionWindow::default()),
+            server: Rules::new(Side::Xagent, AdmissionWindow::default()),
             validator: Validator::new().with_window(AdmissionWindow::default()),
             card_text,
         }
@@ -118,7 +120,8 @@ fn assert_judges_agree(name: &str, text: &str, sender: Side) -> bool {
     let mut runtimes: Vec<(&str, Result<(), Report>)> = Vec::new();
     match sender {
         Side::Xagent => {
-            runtimes.push(("server-runtime on receive", judges.server.judge(text).map(drop)));
+            let server = judges.server.judge(text, Some(&judges.typed_facts));
+            runtimes.push(("server-runtime on receive (the core's rules)", server.map(drop)));
             runtimes.push((
                 "client-runtime on send",
                 runtime_verdict(text, &judges.typed_facts, Side::Xagent),
@@ -138,9 +141,9 @@ fn assert_judges_agree(name: &str, text: &str, sender: Side) -> bool {
         }
     }
 
-    // The typed IM checks the runtimes apply to a chat.message (both) and a message.push (the
-    // Connector's outbox): they refuse exactly when check reports an IM payload rule, and
-    // name one of those rules.
+    // The typed IM checks the senders apply to a chat.message (the IM builders) and a
+    // message.push (the Connector's outbox): they refuse exactly when check reports an IM
+    // payload rule, and name one of those rules. (On receive, the core's rules alone judge.)
     let im_rules: Vec<&String> = expected
         .iter()
         .filter(|r| {

@@ -65,9 +65,24 @@ pub enum ClientError {
     /// The peer answered with an error.
     #[error("the Connector answered with an error: {0}")]
     Remote(WireError),
-    /// A packet from the peer could not be understood.
+    /// A packet from the peer could not be understood (a protocol violation of the peer's;
+    /// local failures have their own variants).
     #[error("the Connector sent an invalid packet: {0}")]
     Protocol(String),
+    /// A local argument or setting is not valid (a URL, a header value, a MIME type, a packet
+    /// type that is not a request); nothing was sent.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A packet could not be encoded as JSON; nothing was sent.
+    #[error("the packet could not be encoded: {0}")]
+    Encode(String),
+    /// The outbox refused a message or a change (its capacity, a reused `message_id`, its
+    /// store).
+    #[error(transparent)]
+    Outbox(#[from] xagent_profile_im::OutboxError),
+    /// A task of this client stopped unexpectedly (it panicked or was cancelled).
+    #[error("{0}")]
+    Internal(String),
     /// The client was shut down.
     #[error("the client is closed")]
     Closed,
@@ -166,7 +181,11 @@ impl ClientError {
                 error.code.clone()
             }
             Self::TooLarge { .. } => ErrorCode::PayloadTooLarge,
-            Self::Store(_) | Self::Commit(_) => ErrorCode::InternalError,
+            Self::Store(_) | Self::Commit(_) | Self::Encode(_) | Self::Internal(_) => {
+                ErrorCode::InternalError
+            }
+            Self::InvalidInput(_) => ErrorCode::InvalidArguments,
+            Self::Outbox(error) => error.code(),
             Self::Delta(error) => error.code(),
             Self::StreamClosed { .. } => ErrorCode::SequenceConflict,
             Self::OutboundFile(error) => error.code(),

@@ -205,7 +205,7 @@ impl ControlPlane {
         let part = reqwest::multipart::Part::bytes(bytes)
             .file_name(filename.to_owned())
             .mime_str(mime_type)
-            .map_err(|e| ClientError::Protocol(format!("bad MIME type {mime_type:?}: {e}")))?;
+            .map_err(|e| ClientError::InvalidInput(format!("bad MIME type {mime_type:?}: {e}")))?;
         let form = reqwest::multipart::Form::new().part("file", part);
         let request = self
             .authorized(self.http.post(&endpoint))

@@ -6,21 +6,15 @@
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
-use xagent_profile_im::{
-    Admission, Delivery, DeltaAction, EnqueueOutcome, IdempotencyWrite, OutboxStats,
-    validate_chat_message,
-};
+use xagent_profile_im::{Admission, Delivery, DeltaAction, IdempotencyWrite};
 use xagent_protocol_types::{
-    ChatActivity, ChatFile, ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId,
-    ErrorCode, MessageId, Packet, PacketBody, PacketId, Payload, Side, UploadResponse,
+    ChatMessage, ChatMessageAck, ChatMessageDelta, ConnectorChannelId, ErrorCode, Packet,
+    PacketBody, PacketId,
 };
 
 use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, lock, send_on};
 use crate::im_state::ImState;
-use crate::store::CommitError;
-use crate::stream::MessageStream;
-use crate::uploads::message_file;
-use crate::{ClientError, DataPlane, DownloadError, FileContent, ids, loggable_url};
+use crate::{ClientError, DownloadError, ids, loggable_url};
 
 /// Sends every outbox delivery that is due. Safe to call at any time. The IM lock is not held
 /// while packets are written: deliveries are marked sent first (their attempt counts committed
@@ -122,18 +116,8 @@ pub(crate) async fn on_chat_message(shared: &Arc<Shared>, mut packet: Packet) {
         PacketBody::ChatMessage(message) => *message,
         _ => return,
     };
+    // The IM payload rules ran once, in the connection core's judgement of the packet.
     let now = shared.now();
-    // Profile payload rules before anything else: a malformed message is refused for good.
-    if let Err(error) = validate_chat_message(&message, Side::Connector) {
-        let ack = ChatMessageAck::rejected(
-            message.message_id.clone(),
-            error.code(),
-            error.to_string(),
-            false,
-        );
-        send_ack(shared, &packet, ack).await;
-        return;
-    }
     let Some(admission) = admit(shared, &channel, &message, now).await else {
         // Standing by: the holder answers the redelivery.
         return;
@@ -322,19 +306,6 @@ async fn admit(
     Some(Ok(im.receiver.begin_chat_with_stored(&persisted, message, stored, now)))
 }
 
-/// Answers a `chat.message` the validator refused (`problems`: its rule ids and places) with a
-/// `rejected` ack, not retryable: the same message would be refused again (IM v2 §7).
-pub(crate) async fn refuse_chat_message(shared: &Shared, packet: &Packet, problems: &str) {
-    let Some(message) = packet.payload::<ChatMessage>() else { return };
-    let ack = ChatMessageAck::rejected(
-        message.message_id.clone(),
-        ErrorCode::InvalidPacket,
-        format!("the message breaks the protocol: {problems}"),
-        false,
-    );
-    send_ack(shared, packet, ack).await;
-}
-
 async fn send_ack(shared: &Shared, message: &Packet, ack: ChatMessageAck) {
     let packet = Packet::with_payload(ids::mint("pkt_"), ack).answering(message);
     if let Err(error) = send_on(shared, &packet).await {
@@ -383,7 +354,7 @@ pub(crate) async fn on_chat_message_ack(shared: &Arc<Shared>, packet: Packet) {
 /// any delta after the message's final. `Ok(true)` when it was recorded as a new delta (to be
 /// withdrawn if its write fails). A `sequence` of 0 is left to the payload rules the writer
 /// runs on every packet, which refuse it naming their rule.
-fn judge_delta(
+pub(crate) fn judge_delta(
     im: &mut ImState,
     channel: &ConnectorChannelId,
     delta: &ChatMessageDelta,
@@ -401,171 +372,5 @@ fn judge_delta(
         Ok(DeltaAction::Replay) => Ok(false),
         Ok(_) => Ok(true),
         Err(error) => Err(ClientError::Delta(error)),
-    }
-}
-
-impl DataPlane {
-    /// Queues a complete assistant message for a channel. It stays pending until the Connector
-    /// acks `accepted` or `duplicate`, and is redelivered with the same `message_id` after
-    /// timeouts, disconnects and retryable rejections, until it expires. Every file must be
-    /// one [`DataPlane::upload_message_file`] uploaded on this channel and not yet expired
-    /// ([`crate::OutboundFileError`] otherwise, nothing queued). The message closes its delta
-    /// stream: later deltas of the same `message_id` are refused.
-    pub async fn send_chat_message(
-        &self,
-        channel: &ConnectorChannelId,
-        message: ChatMessage,
-    ) -> Result<EnqueueOutcome, ClientError> {
-        let (outcome, ticket) = {
-            let now = self.shared().now();
-            let mut im = self.shared().im.lock().await;
-            if !im.may_act() {
-                return Err(CommitError::NotHolder.into());
-            }
-            im.uploads.check(channel, &message.files, now)?;
-            let persisted = im.persisted(channel);
-            let message_id = message.message_id.clone();
-            let outcome = im
-                .outbox
-                .enqueue(&persisted, message, now)
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
-            im.deltas.on_final(&persisted, &message_id);
-            (outcome, im.flush(Vec::new()))
-        };
-        // Reported done only once its record is stored.
-        if let Err(error) = ticket.await {
-            self.shared().commit_failed("an enqueued message", &error);
-            return Err(error.into());
-        }
-        pump(self.shared()).await;
-        Ok(outcome)
-    }
-
-    /// Starts streaming an assistant message on `channel`: the runtime numbers its deltas from
-    /// 1 ([`MessageStream::delta`]) and its final message closes it
-    /// ([`MessageStream::finish`]).
-    pub fn stream_message(
-        &self,
-        channel: &ConnectorChannelId,
-        message_id: impl Into<MessageId>,
-    ) -> MessageStream {
-        MessageStream::new(self.clone(), channel.clone(), message_id.into())
-    }
-
-    /// Sends a text delta of an assistant message (no ack; the final message completes it).
-    /// Its `sequence` must be the message's next one (1 for the first) or an identical repeat
-    /// of one already sent: anything else is refused here with the Connector's own verdict and
-    /// not sent (0: [`ClientError::Invalid`] from the payload rules; a gap or a changed
-    /// repeat: [`ClientError::Delta`]; after the final: [`ClientError::StreamClosed`]).
-    /// [`DataPlane::stream_message`] numbers the deltas itself.
-    pub async fn send_delta(
-        &self,
-        channel: &ConnectorChannelId,
-        delta: ChatMessageDelta,
-    ) -> Result<(), ClientError> {
-        let recorded = {
-            let now = self.shared().now();
-            let mut im = self.shared().im.lock().await;
-            judge_delta(&mut im, channel, &delta, now)?
-        };
-        self.write_delta(channel, delta, recorded).await
-    }
-
-    /// Numbers and records the next delta of a streamed message.
-    pub(crate) async fn next_delta(
-        &self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-        text: String,
-    ) -> Result<ChatMessageDelta, ClientError> {
-        let now = self.shared().now();
-        let mut im = self.shared().im.lock().await;
-        let persisted = im.persisted(channel);
-        let Some(sequence) = im.deltas.next_sequence(&persisted, message_id) else {
-            return Err(ClientError::StreamClosed {
-                channel: channel.clone(),
-                message_id: message_id.clone(),
-            });
-        };
-        let delta = ChatMessageDelta::new(message_id.clone(), sequence, text);
-        judge_delta(&mut im, channel, &delta, now)?;
-        Ok(delta)
-    }
-
-    /// Writes a judged delta. When the write fails (refused by the writer's rules, withheld,
-    /// not connected) the Connector never saw it: a delta `recorded` as new is withdrawn, so
-    /// its number is used again rather than leaving a gap.
-    pub(crate) async fn write_delta(
-        &self,
-        channel: &ConnectorChannelId,
-        delta: ChatMessageDelta,
-        recorded: bool,
-    ) -> Result<(), ClientError> {
-        let (message_id, sequence) = (delta.message_id.clone(), delta.sequence);
-        let written = self.send_push(channel, delta).await;
-        if written.is_err() && recorded {
-            let mut im = self.shared().im.lock().await;
-            let persisted = im.persisted(channel);
-            im.deltas.withdraw(&persisted, &message_id, sequence);
-        }
-        written
-    }
-
-    /// Uploads a file for an assistant message on `channel` (`POST /files/uploads` with that
-    /// channel) and returns the file item to put in the message's `files`. The client
-    /// remembers the `file_ref` for this channel until the Connector's `expires_at`, which
-    /// [`DataPlane::send_chat_message`] checks.
-    pub async fn upload_message_file(
-        &self,
-        channel: &ConnectorChannelId,
-        file: FileContent,
-    ) -> Result<ChatFile, ClientError> {
-        let mime_type = file.mime_type.clone();
-        let answer = self.upload_on(channel, file).await?;
-        Ok(message_file(&answer, &mime_type))
-    }
-
-    /// The one upload path (message files and Tool upload references): uploads on `channel`
-    /// and records the answer.
-    pub(crate) async fn upload_on(
-        &self,
-        channel: &ConnectorChannelId,
-        file: FileContent,
-    ) -> Result<UploadResponse, ClientError> {
-        let answer =
-            self.control().upload(channel, &file.filename, &file.mime_type, file.bytes).await?;
-        let now = self.shared().now();
-        self.shared().im.lock().await.uploads.record(channel, &answer, now);
-        Ok(answer)
-    }
-
-    /// Sends an activity snapshot (no ack, not persisted).
-    pub async fn send_activity(
-        &self,
-        channel: &ConnectorChannelId,
-        activity: ChatActivity,
-    ) -> Result<(), ClientError> {
-        self.send_push(channel, activity).await
-    }
-
-    async fn send_push<P: Payload>(
-        &self,
-        channel: &ConnectorChannelId,
-        payload: P,
-    ) -> Result<(), ClientError> {
-        let packet = Packet::with_payload(ids::mint("pkt_"), payload).channel(channel.clone());
-        self.send(&packet).await
-    }
-
-    /// Whether an assistant message is still pending.
-    pub async fn is_pending(&self, channel: &ConnectorChannelId, message_id: &MessageId) -> bool {
-        let im = self.shared().im.lock().await;
-        let persisted = im.persisted(channel);
-        im.outbox.is_pending(&persisted, message_id)
-    }
-
-    /// Outbox counters (attempts, expirations, evictions, last error).
-    pub async fn outbox_stats(&self) -> OutboxStats {
-        self.shared().im.lock().await.outbox.stats()
     }
 }

@@ -98,8 +98,7 @@ impl ImState {
     ) -> Result<Self, ClientError> {
         let mut config = OutboxConfig::new(Side::Xagent);
         config.write_mode = WriteMode::Deferred;
-        let outbox = Outbox::open(config, DeferredStore::with_pending(records), now)
-            .map_err(|e| ClientError::Protocol(format!("the outbox could not be loaded: {e}")))?;
+        let outbox = Outbox::open(config, DeferredStore::with_pending(records), now)?;
         let receiver = ReceiverIdempotency::deferred(IdempotencyConfig::default());
         Ok(Self {
             outbox,
@@ -248,8 +247,6 @@ impl ImState {
         self.receiver.on_channel_renamed(from, to);
         // The store took the rename, which it refuses when `to` has messages: the in-memory
         // queue cannot be taken either.
-        self.outbox
-            .on_channel_renamed(from, to)
-            .map_err(|e| ClientError::Protocol(format!("the outbox could not rename: {e}")))
+        self.outbox.on_channel_renamed(from, to).map_err(ClientError::from)
     }
 }

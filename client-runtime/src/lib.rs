@@ -46,9 +46,10 @@
 //!
 //! | Modules | What |
 //! |---|---|
+//! | `data_plane` | the public methods of `DataPlane` that the features add (IM, settling acks, the admitted Card) |
 //! | `im`, `invoke` | IM v2 in both directions; Tool calls, uploads and built-in Tools |
 //! | `stream` | an assistant message streamed as deltas numbered by the runtime |
-//! | `sign_in`, `acks`, `readmit` | the sign-in driver (`auth.start`, then `auth.status` until the flow ends); the settling ack of a sent message; the admitted Card and the health monitor wired to it |
+//! | `sign_in` | the sign-in driver (`auth.start`, then `auth.status` until the flow ends) |
 //! | `tools` | the Tool projection the model sees |
 //!
 //! **Data plane state**: below the features that use it.
@@ -73,12 +74,12 @@
 //! | `secret_file` | a secret (API key, password, bearer token) read from an operator's file: the checks every such file gets |
 //! | `tls` | which certificate authorities the xAgent side trusts over TLS: the system's roots and an operator's added CAs, one config for every plane |
 
-mod acks;
 mod admission;
 mod backoff;
 mod base_url;
 mod channel_mode;
 mod connection;
+mod data_plane;
 mod directory;
 mod download;
 mod driver;
@@ -92,7 +93,6 @@ mod im_state;
 mod invoke;
 mod lease;
 mod model_args;
-mod readmit;
 mod secret_file;
 mod settled;
 mod sign_in;

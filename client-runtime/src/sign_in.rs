@@ -88,7 +88,7 @@ impl SignIn {
         match self.task.take() {
             None => Ok(self.progress()),
             Some(task) => task.await.map_err(|e| {
-                ClientError::Protocol(format!("the sign-in driver stopped unexpectedly: {e}"))
+                ClientError::Internal(format!("the sign-in driver stopped unexpectedly: {e}"))
             })?,
         }
     }

@@ -59,14 +59,14 @@ impl WsTransport {
         let mut request = url
             .as_str()
             .into_client_request()
-            .map_err(|e| ClientError::Protocol(format!("bad WebSocket URL: {e}")))?;
+            .map_err(|e| ClientError::InvalidInput(format!("bad WebSocket URL: {e}")))?;
         request
             .headers_mut()
             .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(SUBPROTOCOL));
         if let Some(key) = &self.api_key {
             let value =
                 HeaderValue::from_str(&format!("Bearer {}", key.expose())).map_err(|_| {
-                    ClientError::Protocol("the API key is not a valid header value".into())
+                    ClientError::InvalidInput("the API key is not a valid header value".into())
                 })?;
             request.headers_mut().insert("Authorization", value);
         }

@@ -17,23 +17,19 @@ pub enum Frame {
     Close(Option<(u16, String)>),
 }
 
-/// A failure reading a frame.
-#[derive(Clone, Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct FrameError {
-    /// True when the frame exceeded the size limit (answered with close 1009).
-    pub too_large: bool,
-    /// True when a text frame was not valid UTF-8 (answered with close 1007).
-    pub invalid_utf8: bool,
-    /// What happened.
-    pub message: String,
-}
-
-impl FrameError {
-    /// A read failure that is neither oversized nor invalid UTF-8 (the socket broke).
-    pub fn other(message: impl Into<String>) -> Self {
-        Self { too_large: false, invalid_utf8: false, message: message.into() }
-    }
+/// A failure reading a frame, typed by the adapter that read it (each WebSocket library maps
+/// its own errors), so the driver never reads an error's text.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The frame exceeded the size limit (answered with close 1009).
+    #[error("the frame is larger than the size limit")]
+    TooLarge,
+    /// A text frame was not valid UTF-8 (answered with close 1007).
+    #[error("a text frame was not UTF-8")]
+    InvalidUtf8,
+    /// Reading failed otherwise (the socket broke).
+    #[error("{0}")]
+    Read(String),
 }
 
 /// WebSocket close code: normal closure.

@@ -5,11 +5,12 @@
 //! `xagent-client-runtime` on the xAgent side). No WebSocket library is in here: a connection
 //! is a `Stream`/`Sink` of [`Frame`]s, so it runs over axum, tungstenite or in-memory channels.
 //!
-//! - [`Driver`]: the read loop, generic over the frame stream and over the side
-//!   ([`Endpoint`]: [`ConnectorEnd`], [`XagentEnd`]); the frame rules (size limit with close
-//!   1009, invalid UTF-8 with close 1007); [`judge_received`] gives both sides one verdict on a
-//!   decoded packet (a Profile not in effect is dropped, then `protocol-validate`'s `Session`
-//!   decides).
+//! - [`Driver`]: the read loop, generic over the frame stream; the frame rules (size limit
+//!   with close 1009, invalid UTF-8 with close 1007, typed [`FrameError`]s); [`judge_received`]
+//!   gives both sides one verdict on a decoded packet, in one order (a Profile not in effect is
+//!   dropped, then `protocol-validate`'s `Session` decides, then the packet [`Rules`] over the
+//!   admitted Card's facts), and [`refusal`] answers a refused packet by its role; the side's
+//!   [`PacketHandler`] receives only judged, typed packets.
 //! - [`write_loop`] and [`Outbound`]: one bounded writer per connection; every packet passes the
 //!   optional [`OutboundJudge`], `Session::on_sent` and the outbound size rule
 //!   ([`within_limit`]) before a byte leaves; packets are stamped with the injected clock.
@@ -19,7 +20,7 @@
 //!   version window; every connection reads it when it starts.
 //!
 //! ```
-//! use xagent_connection::{Admission, XagentEnd, Endpoint};
+//! use xagent_connection::{Admission, Rules};
 //! use xagent_protocol_types::Side;
 //! use xagent_protocol_validate::AdmissionWindow;
 //!
@@ -27,24 +28,26 @@
 //!     Admission::from_parts("im.example".into(), vec!["xagent.im.v2".into()], None, AdmissionWindow::default());
 //! let hello = admission.current().hello(None);
 //! assert_eq!(hello.supported_profiles.as_deref().map(<[_]>::len), Some(1));
-//! assert_eq!(XagentEnd::REMOTE, Side::Connector);
+//! let rules = Rules::new(Side::Connector, admission.window());
+//! assert!(rules.judge("{}", None).is_err(), "not a packet");
 //! ```
 
 mod admission;
 mod driver;
 mod frame;
+mod judge;
 mod outbound;
 mod writer;
 
 pub use admission::{Admission, Admitted};
 pub use driver::{
-    ConnectorEnd, Driver, Ended, Endpoint, Flow, FrameHandler, Received, XagentEnd, judge_received,
-    profile_not_in_effect,
+    Driver, Ended, Flow, PacketHandler, Received, judge_received, profile_not_in_effect,
 };
 pub use frame::{
     CLOSE_GOING_AWAY, CLOSE_INVALID_DATA, CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TOO_BIG, Frame,
     FrameError,
 };
+pub use judge::{Refusal, Rules, SendRules, broken_rules, error_ack, refusal};
 pub use outbound::{Outbound, RequestError, Requests};
 pub use writer::{
     OutboundJudge, OutboundRefusal, Outgoing, SendError, WriteTap, WriterOptions, encode_outgoing,

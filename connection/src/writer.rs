@@ -67,8 +67,9 @@ pub trait OutboundJudge: Send + Sync + 'static {
     fn judge(&self, packet: &Packet, text: &str) -> Result<(), OutboundRefusal>;
 }
 
-/// Sees the text of every frame written (tools that print the traffic).
-pub type WriteTap = Arc<dyn Fn(&str) + Send + Sync>;
+/// Sees every packet the writer writes, with its text, once (metrics of sent packets, tools
+/// that print the traffic).
+pub type WriteTap = Arc<dyn Fn(&Packet, &str) + Send + Sync>;
 
 /// How a writer treats what it writes.
 #[derive(Clone)]
@@ -77,7 +78,7 @@ pub struct WriterOptions {
     pub max_packet_bytes: usize,
     /// Runs before the session sees a packet; `None` on the Connector side.
     pub judge: Option<Arc<dyn OutboundJudge>>,
-    /// Sees every written text frame.
+    /// Sees every packet written.
     pub tap: Option<WriteTap>,
 }
 
@@ -121,12 +122,12 @@ pub async fn write_loop<Si>(
         while let Some(item) = next.take() {
             let (text, done) = match item {
                 Outgoing::Packet(packet) => match encode_outgoing(&session, &packet, &options) {
-                    Ok(text) => (Some(text), None),
+                    Ok(text) => (Some(tapped(&options, &packet, text)), None),
                     Err(_) => (None, None),
                 },
                 Outgoing::Tracked(packet, done) => {
                     match encode_outgoing(&session, &packet, &options) {
-                        Ok(text) => (Some(text), Some(done)),
+                        Ok(text) => (Some(tapped(&options, &packet, text)), Some(done)),
                         Err(error) => {
                             let _ = done.send(Err(error));
                             (None, None)
@@ -145,9 +146,6 @@ pub async fn write_loop<Si>(
                 }
             };
             if let Some(text) = text {
-                if let Some(tap) = &options.tap {
-                    tap(&text);
-                }
                 if sink.feed(Frame::Text(text)).await.is_err() {
                     ok = false;
                     if let Some(done) = done {
@@ -170,6 +168,14 @@ pub async fn write_loop<Si>(
         }
     }
     let _ = sink.close().await;
+}
+
+/// `text` after the tap saw it with its packet.
+fn tapped(options: &WriterOptions, packet: &Packet, text: String) -> String {
+    if let Some(tap) = &options.tap {
+        tap(packet, &text);
+    }
+    text
 }
 
 fn report(tracked: &mut Vec<oneshot::Sender<Result<(), SendError>>>, flushed: bool) {

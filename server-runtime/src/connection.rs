@@ -1,9 +1,8 @@
 //! The Connector side's half of a data-plane connection, run by the connection core
 //! (`xagent-connection`): its [`Driver`] reads the generic stream of [`Frame`]s (axum's
-//! WebSocket in production, in-memory channels in tests) and applies the frame rules, its
-//! writer applies `Session::on_sent` and the outbound size rule, and [`judge_received`] decides
-//! each packet (a Profile not in effect dropped, then `protocol-validate`'s [`Session`]); this
-//! module runs what it accepts.
+//! WebSocket in production, in-memory channels in tests), applies the frame rules, decodes and
+//! judges each packet and answers what it refuses; its writer applies `Session::on_sent` and
+//! the outbound size rule. This module runs the packets the core accepted.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -11,19 +10,13 @@ use std::sync::{Arc, Mutex};
 use futures_util::{Sink, Stream};
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
-use xagent_connection::{
-    ConnectorEnd, Driver, Ended, Flow, FrameHandler, Received, WriterOptions, judge_received,
-    write_loop,
-};
+use xagent_connection::{Driver, Ended, Flow, PacketHandler, WriterOptions, write_loop};
 use xagent_protocol_types::{
-    ConnectorChannelId, Packet, PacketBody, Payload, Pong, ProfileId, Side, WireError,
+    ConnectorChannelId, Packet, PacketBody, Payload, Pong, ProfileId, RequestId, Side, WireError,
 };
-use xagent_protocol_validate::{
-    Accepted, ChannelOwner, Negotiated, RejectAction, Rejection, Session,
-};
+use xagent_protocol_validate::{Accepted, ChannelOwner, Negotiated, Session};
 
 use crate::ids;
-use crate::judge::Refusal;
 use crate::state::{Outgoing, Shared};
 
 pub use xagent_connection::{
@@ -42,8 +35,6 @@ pub(crate) struct Conn {
     /// What the hello negotiated, shared with the request tasks (a clone per task is one
     /// reference count, not a copy of the Profile lists).
     pub(crate) negotiated: Option<Arc<Negotiated>>,
-    /// The rules judgement of received packets (one per connection: the Card's facts).
-    pub(crate) judge: Arc<crate::judge::InboundJudge>,
 }
 
 /// Detaches a connection from the state when dropped: its routes are removed and, when it was
@@ -116,22 +107,21 @@ where
         sink,
         rx,
         Arc::clone(&proto),
-        WriterOptions::new(shared.config.max_packet_bytes),
+        sent_metrics(WriterOptions::new(shared.config.max_packet_bytes)),
     ));
     let mut conn = Conn {
         shared: Arc::clone(&shared),
         socket,
         tx,
-        proto,
+        proto: Arc::clone(&proto),
         tasks: TaskTracker::new(),
         in_flight: Arc::new(tokio::sync::Semaphore::new(
             shared.config.max_in_flight_requests.max(1),
         )),
         negotiated: None,
-        judge: Arc::new(crate::judge::InboundJudge::from_admission(&shared.admission)),
     };
     tracing::debug!(socket, "data plane connection opened");
-    let driver = Driver::<ConnectorEnd>::new(shared.config.max_packet_bytes);
+    let driver = Driver::new(&proto, &shared.admission, shared.config.max_packet_bytes);
     let stopped = async {
         tokio::select! {
             () = shared.shutdown.cancelled() => {}
@@ -171,12 +161,10 @@ where
     tracing::debug!(socket, "data plane connection closed");
 }
 
-/// The ack of `request` carrying `error` (the ack type from the one request-to-ack table of
-/// `protocol-types`; `error` for a packet that has none).
-pub(crate) fn error_ack(request: &Packet, error: WireError) -> Packet {
-    tracing::debug!(packet_type = request.type_str(), code = %error.code, "request failed");
-    let body = PacketBody::empty_ack_for(&request.body).unwrap_or(PacketBody::Error(None));
-    Packet::new(ids::packet_id(), body).with_error(error).answering(request)
+/// The writer counts every packet it writes, once (a withheld packet is not counted).
+fn sent_metrics(mut options: WriterOptions) -> WriterOptions {
+    options.tap = Some(Arc::new(|packet: &Packet, _: &str| crate::metrics::metrics().sent(packet)));
+    options
 }
 
 impl Conn {
@@ -185,7 +173,6 @@ impl Conn {
     /// future every request task awaits here stays small.
     pub(crate) fn send(&self, packet: Packet) -> impl Future<Output = ()> + Send + '_ {
         let packet = packet.time(self.shared.now());
-        crate::metrics::metrics().sent(&packet);
         let waiting = match self.tx.try_reserve() {
             Ok(place) => {
                 place.send(Outgoing::Packet(packet));
@@ -208,58 +195,8 @@ impl Conn {
     }
 
     pub(crate) async fn reply_error(&self, request: &Packet, error: WireError) {
-        self.send(error_ack(request, error)).await;
-    }
-
-    /// One text frame within the size limit (the driver closed on a larger one).
-    async fn on_text(&mut self, text: String) -> Flow {
-        let packet = match Packet::decode_str(&text) {
-            Ok(packet) => {
-                crate::metrics::metrics().received(&packet);
-                packet
-            }
-            Err(error) => {
-                let rejection = Rejection::from_decode(&error);
-                self.send(rejection.error_packet_for(ids::packet_id(), &error.ids)).await;
-                return Flow::Continue;
-            }
-        };
-        // One hold of the sequencing lock per packet: the core drops a packet of a Profile
-        // not in effect (not negotiated, or not enabled on its channel) without an answer,
-        // then the session decides. The rules every judge applies (`check packet --sender
-        // xagent`, the C ABI) run on what the session accepted, so a refusal is answered as a
-        // paired ack; the hello was judged by the session's hello rules, which answer it.
-        match judge_received(&self.proto, &packet, |_| None) {
-            Received::Accepted(accepted) => {
-                let hello = matches!(packet.body, PacketBody::ConnectorHello(_));
-                if !hello && let Err(report) = self.judge.judge_decoded(&packet, &text) {
-                    match crate::judge::refusal(&packet, &report) {
-                        Some(Refusal::Send(answer)) => self.send(answer).await,
-                        Some(Refusal::ErrorAck(error)) => self.reply_error(&packet, error).await,
-                        None => {}
-                    }
-                    return Flow::Continue;
-                }
-                drop(text);
-                self.dispatch(packet, accepted).await;
-                Flow::Continue
-            }
-            Received::NotInEffect { .. } | Received::Invalid(_) => Flow::Continue,
-            Received::Refused(rejection) => {
-                tracing::debug!(packet_type = packet.type_str(), code = %rejection.error.code, "packet refused");
-                match rejection.action {
-                    RejectAction::Ignore => Flow::Continue,
-                    RejectAction::ReplyAndClose => {
-                        self.send(rejection.error_packet(ids::packet_id(), &packet)).await;
-                        Flow::Close(CLOSE_POLICY, rejection.error.message().to_owned())
-                    }
-                    _ => {
-                        self.send(rejection.error_packet(ids::packet_id(), &packet)).await;
-                        Flow::Continue
-                    }
-                }
-            }
-        }
+        tracing::debug!(packet_type = request.type_str(), code = %error.code, "request failed");
+        self.send(xagent_connection::error_ack(request, error)).await;
     }
 
     async fn dispatch(&mut self, packet: Packet, accepted: Accepted) {
@@ -344,7 +281,6 @@ impl Conn {
             tasks: self.tasks.clone(),
             in_flight: Arc::clone(&self.in_flight),
             negotiated: self.negotiated.clone(),
-            judge: Arc::clone(&self.judge),
         }
     }
 
@@ -353,9 +289,26 @@ impl Conn {
     }
 }
 
-impl FrameHandler for Conn {
-    fn on_text(&mut self, text: String) -> impl Future<Output = Flow> + Send {
-        Conn::on_text(self, text)
+impl PacketHandler for Conn {
+    async fn on_packet(&mut self, packet: Packet, accepted: Accepted) -> Flow {
+        self.dispatch(packet, accepted).await;
+        Flow::Continue
+    }
+
+    fn send(&mut self, packet: Packet) -> impl Future<Output = ()> + Send {
+        Conn::send(self, packet)
+    }
+
+    fn fail_pending(&mut self, request_id: &RequestId, error: WireError) {
+        // The Connector side waits on no request of its own on the data plane (a pushed
+        // `chat.message` is redelivered by the outbox until a valid ack comes).
+        tracing::debug!(%request_id, code = %error.code, "a refused answer from xAgent");
+    }
+
+    fn saw(&mut self, _text: &str, packet: Option<&Packet>) {
+        if let Some(packet) = packet {
+            crate::metrics::metrics().received(packet);
+        }
     }
 
     async fn on_binary(&mut self) -> Flow {

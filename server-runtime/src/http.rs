@@ -290,15 +290,19 @@ fn from_message(message: Result<Message, axum::Error>) -> Result<Frame, FrameErr
         Ok(Message::Close(frame)) => {
             Ok(Frame::Close(frame.map(|f| (f.code, f.reason.as_str().to_owned()))))
         }
-        Err(error) => {
-            let message = error.to_string();
-            let lower = message.to_ascii_lowercase();
-            let too_large = lower.contains("too long")
-                || lower.contains("too big")
-                || lower.contains("space limit");
-            let invalid_utf8 = lower.contains("utf-8") || lower.contains("utf8");
-            Err(FrameError { too_large, invalid_utf8, message })
-        }
+        Err(error) => Err(frame_error(error)),
+    }
+}
+
+/// The typed frame error of a failed read: axum's WebSocket error wraps tungstenite's, whose
+/// kind says whether the frame was too large or not UTF-8.
+fn frame_error(error: axum::Error) -> FrameError {
+    use tokio_tungstenite::tungstenite::Error as Ws;
+    let error = error.into_inner();
+    match error.downcast_ref::<Ws>() {
+        Some(Ws::Capacity(_)) => FrameError::TooLarge,
+        Some(Ws::Utf8(_)) => FrameError::InvalidUtf8,
+        _ => FrameError::Read(error.to_string()),
     }
 }
 

@@ -56,7 +56,7 @@
 //! | `http` | the control plane, the `/ws` upgrade, the system API key layer, the author's routes ([`ConnectorServer::router`]) |
 //! | `server` | [`ServerBuilder`], [`ConnectorServer`]: loading state, `serve` with the author's routes and tasks, `serve_from_env` |
 //! | `handlers` | `hello`, `channel`, `auth`, `tool`: short request handlers (methods of the connection) over the state and the author's code |
-//! | `connection` | one connection's loop over any frame stream/sink: decode, sequencing (`protocol-validate`'s `Session`), bounded writes, dispatch, the detach guard |
+//! | `connection` | one connection on the core's driver (which decodes, judges and refuses packets) over any frame stream/sink: bounded writes, dispatch of judged packets, the detach guard |
 //!
 //! **Middle: the shared state, the Profile wiring and the author's code.** `state::Shared`
 //! holds the definition (`connector`, with the author's code from `author`), the IM state
@@ -82,7 +82,6 @@
 //! | module | holds |
 //! |---|---|
 //! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
-//! | `judge` | [`InboundJudge`]: the validator's rules on every received packet, and the answer to a refused one |
 //! | `error` | errors with the one map to wire codes and HTTP statuses |
 //! | `storage` | the [`Storage`] trait, SQLite and its group commit, PostgreSQL (feature `postgres`), `author` (the [`AuthorStore`] of a Connector's own records) |
 //! | `binding` | [`Binding`], what is kept for a signed-in channel |
@@ -160,7 +159,6 @@ mod handlers;
 mod http;
 mod ids;
 mod im;
-mod judge;
 mod lanes;
 mod listen;
 mod logging;
@@ -191,7 +189,6 @@ pub use error::{DefinitionError, HandleError, ServerError, http_status};
 pub use files::FilesConfig;
 pub use handle::{Broadcast, ConnectorHandle, StartFn, StopFn};
 pub use http::{METRICS_PATH, READY, READYZ_PATH, error_response};
-pub use judge::InboundJudge;
 pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
 pub use logging::{
     DEFAULT_LOG_FILTER, ENV_LOG_FORMAT, LogFormat, init_logging, log_filter, log_layer, logger,

@@ -1,8 +1,8 @@
 //! The data plane's state and handle, below the IM and Tool layers that use them: how to reach
 //! a Connector (`config`), what the application observes (`events`), an inbound message and
 //! its verdict (`inbound`), the state a data plane shares (`shared`), the [`DataPlane`] handle
-//! (`plane`), the one request/ack path on the connection core (`request`) and the packet rules
-//! of both directions (`rules`). The driver that runs a connection (reader, reconnect loop,
+//! (`plane`) and the one request/ack path on the connection core (`request`); the packet rules
+//! of both directions are the core's. The driver that runs a connection (reader, reconnect loop,
 //! dispatch to the IM and Tool layers) is `crate::driver`, above them.
 //!
 //! Nothing but `connector.hello` leaves before `connector.hello.ack`, and nothing
@@ -14,7 +14,6 @@ mod events;
 mod inbound;
 mod plane;
 mod request;
-mod rules;
 mod shared;
 
 pub use config::{ClientConfig, PacketTap, TapDirection};
@@ -22,5 +21,4 @@ pub use events::{ClientEvent, ConnectionState, EventSource, Events, next_event_m
 pub use inbound::{InboundMessage, Verdict};
 pub use plane::DataPlane;
 pub(crate) use request::{request_on, request_typed, send_on, send_quietly};
-pub(crate) use rules::{SendRules, packet_problems};
 pub(crate) use shared::{Shared, emit, fail_pending, lock};

@@ -18,7 +18,9 @@ pub(crate) async fn request_on(
 ) -> Result<Packet, ClientError> {
     let expected = match body.packet_type().spec().map(|s| s.role) {
         Some(Role::Request { ack }) => ack,
-        _ => return Err(ClientError::Protocol(format!("{} is not a request", body.type_str()))),
+        _ => {
+            return Err(ClientError::InvalidInput(format!("{} is not a request", body.type_str())));
+        }
     };
     let request_id = RequestId::new(ids::mint("req_"));
     let packet =
@@ -80,7 +82,7 @@ pub(crate) fn sent_error(error: SendError) -> ClientError {
             ClientError::Invalid { rules: refusal.rules, message: refusal.message }
         }
         SendError::TooLarge { bytes, limit } => ClientError::TooLarge { bytes, limit },
-        SendError::Encode(reason) => ClientError::Protocol(reason),
+        SendError::Encode(reason) => ClientError::Encode(reason),
         _ => ClientError::NotConnected,
     }
 }

@@ -44,7 +44,6 @@ pub(crate) struct Shared {
     pub(crate) downloading: Arc<tokio::sync::Semaphore>,
     /// Inbound messages with files downloading or waiting to (past that: `channel_busy`).
     pub(crate) waiting: Arc<tokio::sync::Semaphore>,
-    pub(crate) validator: xagent_protocol_validate::Validator,
     /// Acks that ended an assistant message's delivery, for [`crate::DataPlane::settled_ack`].
     pub(crate) settled: crate::settled::SettledAcks,
     /// Woken when the store refused a batch for a stale fence: the lease keeper closes the data

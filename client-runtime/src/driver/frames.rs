@@ -1,57 +1,63 @@
-//! The reader of one connection (on the connection core's [`Driver`]), the judging of what
-//! the Connector sent, and the dispatch of accepted packets.
+//! The xAgent side's half of a connection on the connection core's [`Driver`] (which decodes,
+//! judges and answers refused packets), and the dispatch of the packets it accepted.
 
 use std::sync::{Arc, Mutex as StdMutex};
 
-use xagent_connection::{
-    CLOSE_POLICY, Driver, Ended, Flow, FrameError, FrameHandler, Received, XagentEnd,
-    judge_received,
-};
-use xagent_protocol_types::{Packet, PacketBody, Pong, Role, Side, WireError};
-use xagent_protocol_validate::{Accepted, RejectAction, Session};
+use xagent_connection::{Driver, Ended, Flow, FrameError, PacketHandler};
+use xagent_protocol_types::{Packet, PacketBody, Pong, RequestId, WireError};
+use xagent_protocol_validate::{Accepted, Session};
 
-use super::hello::check_hello_ack;
-use crate::connection::{
-    ClientEvent, Shared, TapDirection, emit, lock, packet_problems, send_quietly,
-};
+use crate::connection::{ClientEvent, Shared, TapDirection, emit, lock, send_quietly};
 use crate::transport::FrameStream;
 use crate::{ClientError, ids};
 
 impl From<ClientError> for FrameError {
     fn from(error: ClientError) -> Self {
-        FrameError::other(error.to_string())
+        FrameError::Read(error.to_string())
     }
 }
 
-/// The xAgent side's half of a connection: what the core's driver hands each text frame to.
+/// The xAgent side's half of a connection: what the core's driver hands judged packets to.
 struct Reader {
     shared: Arc<Shared>,
-    session: Arc<StdMutex<Session>>,
 }
 
-impl FrameHandler for Reader {
-    async fn on_text(&mut self, text: String) -> Flow {
-        match on_text(&self.shared, &self.session, &text).await {
-            Some(reason) => Flow::Close(CLOSE_POLICY, reason),
-            None => Flow::Continue,
-        }
+impl PacketHandler for Reader {
+    async fn on_packet(&mut self, packet: Packet, accepted: Accepted) -> Flow {
+        dispatch(&self.shared, packet, accepted).await;
+        Flow::Continue
+    }
+
+    async fn send(&mut self, packet: Packet) {
+        send_quietly(&self.shared, packet).await;
+    }
+
+    fn fail_pending(&mut self, request_id: &RequestId, error: WireError) {
+        tracing::warn!(%request_id, code = %error.code, "the Connector's answer was refused");
+        self.shared.pending.resolve(request_id, Err(ClientError::Refused(error)));
     }
 
     async fn on_binary(&mut self) -> Flow {
         tracing::warn!("ignoring a binary frame from the Connector");
         Flow::Continue
     }
+
+    fn saw(&mut self, text: &str, _packet: Option<&Packet>) {
+        if let Some(tap) = &self.shared.config.tap {
+            tap.see(TapDirection::Received, text);
+        }
+    }
 }
 
-/// The reader: every frame through the core's driver (size limit, UTF-8), every packet through
-/// the session, then to its handler. Returns why it ended.
+/// The reader: every frame through the core's driver (frame rules, session, packet rules),
+/// every accepted packet to its handler. Returns why it ended.
 pub(super) async fn read_loop(
     shared: Arc<Shared>,
     session: Arc<StdMutex<Session>>,
     mut stream: FrameStream,
 ) -> String {
-    let driver = Driver::<XagentEnd>::new(shared.config.max_frame_bytes);
-    let mut reader = Reader { shared: Arc::clone(&shared), session };
+    let driver = Driver::new(&session, &shared.admission, shared.config.max_frame_bytes);
+    let mut reader = Reader { shared: Arc::clone(&shared) };
     match driver.run(&mut stream, &mut reader, std::future::pending()).await {
         Ended::PeerClosed(None) => "the Connector closed the socket".to_owned(),
         Ended::PeerClosed(Some((code, reason))) => {
@@ -66,106 +72,6 @@ pub(super) async fn read_loop(
             reason
         }
     }
-}
-
-/// Handles one text frame (within the size limit); `Some(reason)` closes the connection.
-async fn on_text(shared: &Arc<Shared>, session: &StdMutex<Session>, text: &str) -> Option<String> {
-    if let Some(tap) = &shared.config.tap {
-        tap.see(TapDirection::Received, text);
-    }
-    let packet = match Packet::decode_str(text) {
-        Ok(packet) => packet,
-        Err(error) => {
-            tracing::warn!(error = %error, "invalid packet from the Connector");
-            let rejection = xagent_protocol_validate::Rejection::from_decode(&error);
-            // A malformed answer to a pending request fails that request now.
-            if let Some(request_id) = &error.ids.request_id {
-                shared.pending.resolve(request_id, Err(ClientError::Protocol(error.to_string())));
-            }
-            send_quietly(shared, rejection.error_packet_for(ids::mint("pkt_"), &error.ids)).await;
-            return None;
-        }
-    };
-    // The core's verdict, the same as the Connector side's: a packet of a Profile not in
-    // effect is dropped without an answer; then nothing the validator rejects is accepted (a
-    // `chat.message` it refuses is answered with a `rejected` ack once the session has paired
-    // it, as the Profile says); then the session decides.
-    let is_message = matches!(packet.body, PacketBody::ChatMessage(_));
-    let mut refused_message = None;
-    let verdict = judge_received(session, &packet, |packet| {
-        let problems = packet_problems(shared, packet, text, Side::Connector);
-        if is_message {
-            refused_message = problems;
-            return None;
-        }
-        problems
-    });
-    let accepted = match verdict {
-        Received::Accepted(accepted) => accepted,
-        Received::NotInEffect { .. } => return None,
-        Received::Invalid(problems) => {
-            on_invalid(shared, session, &packet, &problems).await;
-            return None;
-        }
-        Received::Refused(rejection) => {
-            tracing::debug!(packet_type = packet.type_str(), code = %rejection.error.code, "packet refused");
-            // A refused hello.ack is reported with the validator's rule ids where it has them.
-            let error = match &packet.body {
-                PacketBody::ConnectorHelloAck(_) => check_hello_ack(shared, &packet)
-                    .err()
-                    .unwrap_or_else(|| ClientError::Refused(rejection.error.clone())),
-                _ => ClientError::Refused(rejection.error.clone()),
-            };
-            let reason = error.to_string();
-            if let Some(request_id) = &packet.request_id {
-                shared.pending.resolve(request_id, Err(error));
-            }
-            return match rejection.action {
-                RejectAction::Ignore => None,
-                RejectAction::ReplyAndClose => {
-                    send_quietly(shared, rejection.error_packet(ids::mint("pkt_"), &packet)).await;
-                    Some(reason)
-                }
-                _ => {
-                    send_quietly(shared, rejection.error_packet(ids::mint("pkt_"), &packet)).await;
-                    None
-                }
-            };
-        }
-    };
-    if let Some(problems) = refused_message {
-        tracing::warn!(%problems, "chat.message breaks the protocol");
-        crate::im::refuse_chat_message(shared, &packet, &problems).await;
-        return None;
-    }
-    dispatch(shared, packet, accepted).await;
-    None
-}
-
-/// A packet from the Connector that breaks the protocol: an answer fails its request; a pushed
-/// Descriptor is dropped; anything else is answered with `invalid_packet`.
-async fn on_invalid(shared: &Shared, session: &StdMutex<Session>, packet: &Packet, problems: &str) {
-    tracing::warn!(packet_type = packet.type_str(), %problems, "packet breaks the protocol");
-    let error = WireError::invalid_packet(format!("the packet breaks the protocol: {problems}"));
-    let role = packet.packet_type().spec().map(|s| s.role);
-    let answering = matches!(role, Some(Role::Ack { .. }) | Some(Role::Error))
-        || matches!(packet.body, PacketBody::Error(_));
-    if answering {
-        if let Some(request_id) = &packet.request_id
-            && shared.pending.is_pending(request_id)
-        {
-            lock(session).forget_request(Side::Xagent, request_id);
-            shared.pending.resolve(request_id, Err(ClientError::Refused(error)));
-        }
-        return;
-    }
-    // A pushed Descriptor that breaks the rules is dropped without an answer (as the
-    // session does for one of another channel); everything else gets `invalid_packet`.
-    if matches!(packet.body, PacketBody::DescriptorPush(_)) {
-        return;
-    }
-    let reply = Packet::error(ids::mint("pkt_"), error).answering(packet);
-    send_quietly(shared, reply).await;
 }
 
 async fn dispatch(shared: &Arc<Shared>, packet: Packet, accepted: Accepted) {

@@ -4,15 +4,14 @@
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use xagent_connection::{CLOSE_POLICY, Outbound, WriterOptions};
+use xagent_connection::{CLOSE_POLICY, Outbound, SendRules, WriterOptions};
 use xagent_protocol_types::{ConnectorId, Payload, Side};
 
 use super::frames::read_loop;
-use super::hello::check_hello_ack;
+use super::hello::hello_ack;
 use crate::ClientError;
 use crate::connection::{
-    ClientEvent, ConnectionState, SendRules, Shared, TapDirection, emit, fail_pending, lock,
-    request_on,
+    ClientEvent, ConnectionState, Shared, TapDirection, emit, fail_pending, lock, request_on,
 };
 use crate::transport::Transport;
 
@@ -111,7 +110,7 @@ async fn run_connection(
             });
         }
     };
-    let hello_ack = match hello_answer.and_then(|packet| check_hello_ack(shared, &packet)) {
+    let hello_ack = match hello_answer.and_then(hello_ack) {
         Ok(ack) => ack,
         Err(error) => {
             if let Some(link) = shared.link() {
@@ -156,13 +155,12 @@ async fn run_connection(
 /// Connector's receive rules, with the admitted Card), and the tap.
 fn writer_options(shared: &Shared) -> WriterOptions {
     let mut options = WriterOptions::new(shared.config.max_packet_bytes);
-    options.judge = Some(Arc::new(SendRules {
-        validator: shared.validator.clone(),
-        admission: Arc::clone(&shared.admission),
-    }));
+    options.judge = Some(Arc::new(SendRules::new(Side::Xagent, Arc::clone(&shared.admission))));
     options.tap = shared.config.tap.clone().map(|tap| {
         let see: xagent_connection::WriteTap =
-            Arc::new(move |text: &str| tap.see(TapDirection::Sent, text));
+            Arc::new(move |_: &xagent_protocol_types::Packet, text: &str| {
+                tap.see(TapDirection::Sent, text)
+            });
         see
     });
     options

@@ -98,7 +98,6 @@ impl DataPlane {
             channels.insert(remembered.channel.clone(), remembered.channel.clone());
             directory.remember(remembered.channel, remembered.owner);
         }
-        let config_window = config.window;
         let download_slots = config.download.max_concurrent.max(1);
         let shared = Arc::new(Shared {
             im: Mutex::new(im),
@@ -118,7 +117,6 @@ impl DataPlane {
             waiting: Arc::new(tokio::sync::Semaphore::new(
                 download_slots + crate::download::MAX_WAITING_DOWNLOADS,
             )),
-            validator: xagent_protocol_validate::Validator::new().with_window(config_window),
             settled: crate::settled::SettledAcks::default(),
             fenced: tokio::sync::Notify::new(),
         });

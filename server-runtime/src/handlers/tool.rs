@@ -18,11 +18,12 @@ use tokio::sync::watch;
 use crate::author::call::{BoxFut, call_tool};
 use crate::author::tool::RegisteredTool;
 use crate::author::{Binding, ToolContext};
-use crate::connection::{Conn, error_ack};
+use crate::connection::Conn;
 use crate::ids;
 use crate::storage::WriteOp;
 use crate::storage::author::Staged;
 use crate::tool_calls::{CallKey, Plan, Running, ToolOutcome, call_key};
+use xagent_connection::error_ack;
 
 /// A call that passed every check, ready to run.
 struct Admitted<'a> {

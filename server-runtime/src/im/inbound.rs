@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use xagent_profile_im::{AckOutcome, Admission, DeltaAction, FinalAction, validate_chat_message};
+use xagent_profile_im::{AckOutcome, Admission, DeltaAction, FinalAction};
 use xagent_protocol_types::{
-    ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, Packet, PacketBody, Side, WireError,
+    ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, Packet, PacketBody, WireError,
 };
 
 use super::{ImHost, ImState};
@@ -156,10 +156,8 @@ impl ImState {
         channel: &ConnectorChannelId,
         message: &ChatMessage,
     ) -> ChatMessageAck {
+        // The IM payload rules ran once, in the connection core's judgement of the packet.
         let id = message.message_id.clone();
-        if let Err(error) = validate_chat_message(message, Side::Xagent) {
-            return ChatMessageAck::rejected(id, error.code(), error.to_string(), false);
-        }
         let (Some(ctx), Some(im)) = (shared.channel_context(channel), shared.im_target()) else {
             return ChatMessageAck::rejected(
                 id,

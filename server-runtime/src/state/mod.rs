@@ -464,10 +464,7 @@ impl Shared {
     pub(crate) async fn send_on_route(&self, channel: &ConnectorChannelId, packet: Packet) -> bool {
         let tx = self.state().route(channel).map(|r| r.link.tx.clone());
         match tx {
-            Some(tx) => {
-                crate::metrics::metrics().sent(&packet);
-                tx.send(Outgoing::Packet(packet)).await.is_ok()
-            }
+            Some(tx) => tx.send(Outgoing::Packet(packet)).await.is_ok(),
             None => false,
         }
     }
@@ -484,8 +481,6 @@ impl Shared {
         let tx = self.state().route(channel).map(|r| r.link.tx.clone());
         let Some(tx) = tx else { return TryQueue::NotRouted };
         let (done, written) = tokio::sync::oneshot::channel();
-        let counted = crate::metrics::metrics();
-        counted.sent(&packet);
         match tx.try_send(Outgoing::Tracked(packet, done)) {
             Ok(()) => TryQueue::Queued(written),
             Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => TryQueue::Full,
