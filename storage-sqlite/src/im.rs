@@ -1,27 +1,24 @@
-//! # xagent-im-sqlite
-//!
 //! The SQLite form of `profile-im`'s two stores, written once for both ends of the wire: the
 //! Connector's runtime (which sends these writes through its group commit) and xAgent's
-//! client runtime (which runs them on its own connection). It holds the two tables, the four
-//! writes and the two loads; opening the database, its pragmas, transactions and error
-//! wrapping stay with each runtime.
+//! client runtime. It holds the two tables (the migrations of [`COMPONENT`]), the writes and
+//! the loads; transactions and error wrapping stay with each caller.
 //!
 //! ```
-//! use rusqlite::Connection;
 //! use xagent_profile_im::{CompletedRecord, Fingerprint, IdempotencyWrite};
 //! use xagent_protocol_types::{ConnectorChannelId, MessageId};
+//! use xagent_storage_sqlite::{im, migrate, rusqlite::Connection};
 //!
-//! let conn = Connection::open_in_memory()?;
-//! conn.execute_batch(xagent_im_sqlite::SCHEMA)?;
+//! let mut conn = Connection::open_in_memory()?;
+//! migrate(&mut conn, im::COMPONENT, im::MIGRATIONS)?;
 //! let record = CompletedRecord {
 //!     channel: ConnectorChannelId::new("cch_1"),
 //!     message_id: MessageId::new("m_1"),
 //!     fingerprint: Fingerprint::from_hex("00"),
 //!     completed_at: 7,
 //! };
-//! xagent_im_sqlite::write_idempotency(&conn, &IdempotencyWrite::Save(record.clone()))?;
-//! assert_eq!(xagent_im_sqlite::load_completed(&conn)?, vec![record]);
-//! # Ok::<(), rusqlite::Error>(())
+//! im::write_idempotency(&conn, &IdempotencyWrite::Save(record.clone()))?;
+//! assert_eq!(im::load_completed(&conn)?, vec![record]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use rusqlite::{Connection, params};
@@ -30,10 +27,20 @@ use xagent_profile_im::{
 };
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
-/// The outbox's pending messages and the receiver's completed ids (created when missing).
-/// `im_completed` is read by its primary key (the receiver's point lookup on a cache miss) and
-/// pruned by age through the `completed_at` index.
-pub const SCHEMA: &str = "
+use crate::migrate::Migration;
+use crate::{to_i64, to_u64};
+
+/// The component name of the IM tables in `xagent_schema`.
+pub const COMPONENT: &str = "im";
+
+/// The IM tables' migrations, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration::new(1, SCHEMA)];
+
+/// Version 1: the outbox's pending messages and the receiver's completed ids (created when
+/// missing, so databases made before versioning take it as they are). `im_completed` is read
+/// by its primary key (the receiver's point lookup on a cache miss) and pruned by age through
+/// the `completed_at` index.
+const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS im_pending (
   channel TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
   attempts INTEGER NOT NULL, first_responsibility_at INTEGER NOT NULL,
@@ -44,17 +51,6 @@ CREATE TABLE IF NOT EXISTS im_completed (
   completed_at INTEGER NOT NULL, PRIMARY KEY (channel, message_id));
 CREATE INDEX IF NOT EXISTS im_completed_age ON im_completed (completed_at);
 ";
-
-/// Times and counters are `u64` in the records and `INTEGER` (i64) in SQLite; a value past
-/// `i64::MAX` is stored as `i64::MAX`.
-fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-/// A negative stored value (never written by this crate) reads as 0.
-fn to_u64(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
-}
 
 fn exec(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute(params).map(|_| ())
