@@ -328,9 +328,9 @@ pub async fn connect_unpooled(
         .map_err(|e| url.connect_error(&e))?;
     let scrub = url.clone();
     let messages = futures_util::stream::poll_fn(move |cx| {
-        connection.poll_message(cx).map(|message| {
-            message.map(|m| m.map_err(|e| scrub.error("the connection", &e)))
-        })
+        connection
+            .poll_message(cx)
+            .map(|message| message.map(|m| m.map_err(|e| scrub.error("the connection", &e))))
     });
     Ok((client, Connection { messages: Box::pin(messages) }))
 }

@@ -57,7 +57,11 @@ pub struct GroupCommitConfig {
 
 impl Default for GroupCommitConfig {
     fn default() -> Self {
-        Self { max_wait: Duration::from_millis(1), max_batch: 1024, abort_before_commit_of_group: None }
+        Self {
+            max_wait: Duration::from_millis(1),
+            max_batch: 1024,
+            abort_before_commit_of_group: None,
+        }
     }
 }
 
@@ -261,7 +265,8 @@ fn apply_alone<B: Batch>(conn: &Connection, batch: &B) -> Result<(), B::Error> {
     if batch.single_statement() {
         return batch.apply(conn);
     }
-    let savepoint = |sql| run_cached(conn, sql).map_err(|e| B::failed("keep a batch apart", &e.to_string()));
+    let savepoint =
+        |sql| run_cached(conn, sql).map_err(|e| B::failed("keep a batch apart", &e.to_string()));
     savepoint("SAVEPOINT batch")?;
     match batch.apply(conn) {
         Ok(()) => savepoint("RELEASE batch"),
@@ -312,7 +317,11 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         {
             let _busy = lock(&conn);
-            for batch in [vec!["INSERT INTO t VALUES (1)"], vec!["INSERT INTO t VALUES (2)", "NOT SQL"], vec!["INSERT INTO t VALUES (3)"]] {
+            for batch in [
+                vec!["INSERT INTO t VALUES (1)"],
+                vec!["INSERT INTO t VALUES (2)", "NOT SQL"],
+                vec!["INSERT INTO t VALUES (3)"],
+            ] {
                 let tx = tx.clone();
                 group.submit_with(Sql(batch), move |result| {
                     let _ = tx.send(result.is_ok());

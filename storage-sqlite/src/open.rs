@@ -126,7 +126,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_database_is_private_in_wal_mode_with_full_sync() -> Result<(), Box<dyn std::error::Error>> {
+    fn the_database_is_private_in_wal_mode_with_full_sync() -> Result<(), Box<dyn std::error::Error>>
+    {
         let root = tempfile::tempdir()?;
         let dir = root.path().join("state");
         let path = private_database(&dir, "db.sqlite3")?;
