@@ -94,19 +94,6 @@ pub fn update_attempt(conn: &Connection, a: &AttemptUpdate) -> rusqlite::Result<
     )
 }
 
-/// Deletes one pending message; a missing one is not an error.
-pub fn delete_pending(
-    conn: &Connection,
-    channel: &ConnectorChannelId,
-    message_id: &MessageId,
-) -> rusqlite::Result<()> {
-    exec(
-        conn,
-        "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
-        params![channel.as_str(), message_id.as_str()],
-    )
-}
-
 /// Inserts or replaces one completed id.
 pub fn save_completed(conn: &Connection, r: &CompletedRecord) -> rusqlite::Result<()> {
     exec(
@@ -119,19 +106,6 @@ pub fn save_completed(conn: &Connection, r: &CompletedRecord) -> rusqlite::Resul
             r.fingerprint.as_str(),
             to_i64(r.completed_at)
         ],
-    )
-}
-
-/// Deletes one completed id; a missing one is not an error.
-pub fn delete_completed(
-    conn: &Connection,
-    channel: &ConnectorChannelId,
-    message_id: &MessageId,
-) -> rusqlite::Result<()> {
-    exec(
-        conn,
-        "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
-        params![channel.as_str(), message_id.as_str()],
     )
 }
 
@@ -177,6 +151,15 @@ pub fn lookup_completed(
     .optional()
 }
 
+/// Whether `channel` has pending or completed rows.
+pub fn has_messages(conn: &Connection, channel: &ConnectorChannelId) -> rusqlite::Result<bool> {
+    conn.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM im_pending WHERE channel = ?1)
+         OR EXISTS (SELECT 1 FROM im_completed WHERE channel = ?1)",
+    )?
+    .query_row(params![channel.as_str()], |row| row.get(0))
+}
+
 /// Moves every pending and completed row of channel `from` to `to` (the Connector re-keyed
 /// it). Run it inside the transaction that renames the rest of the channel's state. Refused
 /// with a constraint error, changing nothing, when `to` already has rows of its own (two
@@ -189,13 +172,7 @@ pub fn rename_channel(
     if from == to {
         return Ok(());
     }
-    let taken: bool = conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM im_pending WHERE channel = ?1)
-             OR EXISTS (SELECT 1 FROM im_completed WHERE channel = ?1)",
-        )?
-        .query_row(params![to.as_str()], |row| row.get(0))?;
-    if taken {
+    if has_messages(conn, to)? {
         return Err(rusqlite::Error::SqliteFailure(
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT),
             Some(format!("channel {to} already has stored messages; {from} cannot take its id")),
@@ -210,7 +187,12 @@ pub fn rename_channel(
 pub fn write_outbox(conn: &Connection, write: &OutboxWrite) -> rusqlite::Result<()> {
     match write {
         OutboxWrite::Save(record) => save_pending(conn, record),
-        OutboxWrite::Delete(channel, message_id) => delete_pending(conn, channel, message_id),
+        // A missing message is not an error.
+        OutboxWrite::Delete(channel, message_id) => exec(
+            conn,
+            "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
+            params![channel.as_str(), message_id.as_str()],
+        ),
         OutboxWrite::Attempt(update) => update_attempt(conn, update),
     }
 }
@@ -219,9 +201,11 @@ pub fn write_outbox(conn: &Connection, write: &OutboxWrite) -> rusqlite::Result<
 pub fn write_idempotency(conn: &Connection, write: &IdempotencyWrite) -> rusqlite::Result<()> {
     match write {
         IdempotencyWrite::Save(record) => save_completed(conn, record),
-        IdempotencyWrite::Delete(channel, message_id) => {
-            delete_completed(conn, channel, message_id)
-        }
+        IdempotencyWrite::Delete(channel, message_id) => exec(
+            conn,
+            "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
+            params![channel.as_str(), message_id.as_str()],
+        ),
         IdempotencyWrite::Trim { channel, keep } => trim_completed(conn, channel, *keep),
         IdempotencyWrite::Expire { before } => expire_completed(conn, *before),
     }

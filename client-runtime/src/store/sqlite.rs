@@ -238,14 +238,7 @@ fn rename(
     if from == to {
         return Ok(());
     }
-    let taken: bool = conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM im_pending WHERE channel = ?1)
-             OR EXISTS (SELECT 1 FROM im_completed WHERE channel = ?1)",
-        )
-        .and_then(|mut stmt| stmt.query_row(params![to.as_str()], |row| row.get(0)))
-        .map_err(err("rename_channel"))?;
-    if taken {
+    if im::has_messages(conn, to).map_err(err("rename_channel"))? {
         return Err(rename_onto_messages(to));
     }
     conn.execute("UPDATE channels SET id = ?1 WHERE id = ?2", params![to.as_str(), from.as_str()])
