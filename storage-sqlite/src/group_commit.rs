@@ -50,9 +50,9 @@ pub struct GroupCommitConfig {
     pub max_wait: Duration,
     /// Most callers' batches in one transaction. Default 1,024.
     pub max_batch: usize,
-    /// Fault injection for crash tests: abort the process after executing this many groups'
-    /// statements, before their `COMMIT` (1 = the first group). `None` in production.
-    pub abort_before_commit_of_group: Option<u64>,
+    /// Fault injection for crash tests: abort the process after executing this many
+    /// transactions' statements, before their `COMMIT` (1 = the first). `None` in production.
+    pub crash_before_commit_of_batch: Option<u64>,
 }
 
 impl Default for GroupCommitConfig {
@@ -60,7 +60,7 @@ impl Default for GroupCommitConfig {
         Self {
             max_wait: Duration::from_millis(1),
             max_batch: 1024,
-            abort_before_commit_of_group: None,
+            crash_before_commit_of_batch: None,
         }
     }
 }
@@ -212,7 +212,7 @@ fn writer<B: Batch>(
         let group = next_group(rx, first, last, &config);
         last = group.len();
         groups += 1;
-        let abort = config.abort_before_commit_of_group == Some(groups);
+        let abort = config.crash_before_commit_of_batch == Some(groups);
         let begun = Instant::now();
         let results = commit_group(&lock(conn), &group, abort);
         B::committed(group.len(), begun.elapsed());

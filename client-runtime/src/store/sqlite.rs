@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
-use xagent_storage_sqlite::{GroupCommit, GroupCommitConfig};
 use xagent_profile_im::{CompletedRecord, PendingRecord, StoreError};
 use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
+use xagent_storage_sqlite::{GroupCommit, GroupCommitConfig};
 use xagent_storage_sqlite::{Migration, Synchronous, im};
 
 use super::{
@@ -217,8 +217,9 @@ fn apply(conn: &Connection, write: &XagentWrite) -> Result<(), StoreError> {
         XagentWrite::Outbox(write) => {
             im::write_outbox(conn, write).map_err(err("write the outbox"))
         }
-        XagentWrite::Idempotency(write) => im::write_idempotency(conn, write)
-            .map_err(err("write the idempotency set")),
+        XagentWrite::Idempotency(write) => {
+            im::write_idempotency(conn, write).map_err(err("write the idempotency set"))
+        }
     }
 }
 
@@ -296,9 +297,7 @@ impl XagentStore for SqliteXagentStore {
         message_id: &MessageId,
     ) -> Result<Option<CompletedRecord>, StoreError> {
         let (channel, message_id) = (channel.clone(), message_id.clone());
-        self.read("lookup_completed", move |conn| {
-            im::lookup_completed(conn, &channel, &message_id)
-        })
+        self.read("lookup_completed", move |conn| im::lookup_completed(conn, &channel, &message_id))
     }
 
     fn commit(&self, fence: Option<Fence>, writes: Vec<XagentWrite>) -> CommitTicket {
@@ -450,6 +449,9 @@ mod tests {
         assert_eq!(channel_ids(&store).await, ["cch_1", "cch_3"]);
         let stats = store.writer.0.stats();
         assert_eq!(stats.jobs, 3);
-        assert!(stats.transactions <= 2, "the batches queued behind the first share one: {stats:?}");
+        assert!(
+            stats.transactions <= 2,
+            "the batches queued behind the first share one: {stats:?}"
+        );
     }
 }

@@ -6,26 +6,16 @@
 //! The promise does not weaken with batching: a caller hears `Ok` only after the `COMMIT` of
 //! the transaction holding its write returned, so anything the runtime acknowledges on the
 //! strength of that `Ok` (a `tool.invoke` result, an enqueued message, an `accepted` ack) is
-//! on disk. A crash between batching and commit acknowledges nothing of that batch (see the
-//! test `crash_between_batching_and_commit_acknowledges_nothing`).
-//!
-//! How long a batch waits: the writer never waits while only one caller is writing (one write
-//! in flight pays no extra latency). When the previous transaction carried several callers'
-//! writes, it waits up to [`GroupCommitConfig::max_wait`] for about as many to arrive before it
-//! commits, so concurrent callers share one `fsync`.
-//!
-//! Durability: [`Synchronous::Full`] (the default) makes SQLite sync the WAL on every commit,
-//! so a committed write survives an operating-system crash or power loss;
-//! [`Synchronous::Normal`] survives a killed process but may lose the last commits on an OS
-//! crash, and is the documented setting for those who choose speed over that.
+//! on disk (see the test `crash_between_batching_and_commit_acknowledges_nothing`). Batching
+//! bounds: [`GroupCommitConfig`]; durability: [`Synchronous`].
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::Connection;
-pub use xagent_storage_sqlite::{GroupCommitStats, Synchronous};
 use xagent_storage_sqlite::{Batch, Migration, im};
+pub use xagent_storage_sqlite::{GroupCommitConfig, GroupCommitStats, Synchronous};
 
 use super::StorageError;
 use super::write_op::{WriteOp, execute};
@@ -58,8 +48,8 @@ pub(crate) fn open_connection(
     path: &Path,
     synchronous: Synchronous,
 ) -> Result<Connection, StorageError> {
-    let mut conn = xagent_storage_sqlite::open(path, synchronous)
-        .map_err(|e| StorageError::new("open", e))?;
+    let mut conn =
+        xagent_storage_sqlite::open(path, synchronous).map_err(|e| StorageError::new("open", e))?;
     create_schema(&mut conn)?;
     Ok(conn)
 }
@@ -73,31 +63,6 @@ pub(crate) fn create_schema(conn: &mut Connection) -> Result<(), StorageError> {
     migrate(conn, COMPONENT, MIGRATIONS)?;
     migrate(conn, im::COMPONENT, im::MIGRATIONS)?;
     Ok(())
-}
-
-/// Batching bounds of the writer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GroupCommitConfig {
-    /// Longest time a batch waits for more writes before it commits (only when the previous
-    /// transaction showed concurrent writers). Default 1 ms.
-    pub max_wait: Duration,
-    /// Most callers' writes in one transaction. Default 1,024.
-    pub max_batch: usize,
-    /// Test hook: abort the process after executing this many batches' statements, before
-    /// their `COMMIT` (1 = the first batch).
-    #[cfg(test)]
-    pub(crate) crash_before_commit_of_batch: Option<u64>,
-}
-
-impl Default for GroupCommitConfig {
-    fn default() -> Self {
-        Self {
-            max_wait: Duration::from_millis(1),
-            max_batch: 1024,
-            #[cfg(test)]
-            crash_before_commit_of_batch: None,
-        }
-    }
 }
 
 /// The waiting side of one submission: resolves once the transaction holding the write has
@@ -137,7 +102,10 @@ impl Batch for Ops {
     type Error = StorageError;
 
     fn apply(&self, conn: &Connection) -> Result<(), StorageError> {
-        self.0.iter().try_for_each(|op| execute(conn, op)).map_err(|e| StorageError::new("write", e))
+        self.0
+            .iter()
+            .try_for_each(|op| execute(conn, op))
+            .map_err(|e| StorageError::new("write", e))
     }
 
     fn writes(&self) -> usize {
@@ -169,15 +137,7 @@ impl GroupCommit {
         conn: Arc<Mutex<Connection>>,
         config: GroupCommitConfig,
     ) -> Result<Self, StorageError> {
-        let bounds = xagent_storage_sqlite::GroupCommitConfig {
-            max_wait: config.max_wait,
-            max_batch: config.max_batch,
-            #[cfg(test)]
-            abort_before_commit_of_group: config.crash_before_commit_of_batch,
-            #[cfg(not(test))]
-            abort_before_commit_of_group: None,
-        };
-        xagent_storage_sqlite::GroupCommit::start(conn, bounds)
+        xagent_storage_sqlite::GroupCommit::start(conn, config)
             .map(Self)
             .map_err(|e| StorageError::new("start the storage writer", e))
     }
