@@ -165,10 +165,11 @@ impl<B: Batch> GroupCommit<B> {
     }
 }
 
+/// Dropping the writer commits what is queued and waits for the thread (share it behind an
+/// `Arc` so the last owner stops it).
 impl<B: Batch> Drop for GroupCommit<B> {
     fn drop(&mut self) {
-        // The writer finishes what is queued and exits when the queue closes.
-        drop(lock(&self.queue).take());
+        self.shutdown();
     }
 }
 

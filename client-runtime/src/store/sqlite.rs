@@ -67,22 +67,12 @@ impl xagent_storage_sqlite::Batch for Batch {
     }
 }
 
-/// Stops the writer thread (after it committed what is queued) when the last clone goes.
-#[derive(Debug)]
-struct Writer(GroupCommit<Batch>);
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        self.0.shutdown();
-    }
-}
-
 /// The default store: one SQLite file (WAL, synchronous commits) under a state directory
 /// readable only by its owner. Clones share one connection and one writer thread.
 #[derive(Clone, Debug)]
 pub struct SqliteXagentStore {
     conn: Arc<Mutex<Connection>>,
-    writer: Arc<Writer>,
+    writer: Arc<GroupCommit<Batch>>,
     path: Option<PathBuf>,
 }
 
@@ -116,7 +106,7 @@ impl SqliteXagentStore {
         let conn = Arc::new(Mutex::new(conn));
         let writer = GroupCommit::start(conn.clone(), GroupCommitConfig::default())
             .map_err(|e| StoreError::from_source("start the store's writer", e))?;
-        Ok(Self { conn, writer: Arc::new(Writer(writer)), path })
+        Ok(Self { conn, writer: Arc::new(writer), path })
     }
 
     /// The database file, if not in memory.
@@ -305,7 +295,7 @@ impl XagentStore for SqliteXagentStore {
             return ready(Ok(()));
         }
         let (answer, ticket) = Submitted::pair();
-        self.writer.0.submit_with(Batch { fence, writes }, move |result| answer.answer(result));
+        self.writer.submit_with(Batch { fence, writes }, move |result| answer.answer(result));
         ticket
     }
 
@@ -447,7 +437,7 @@ mod tests {
         assert!(refused.await.is_err());
         third.await.expect("third commits");
         assert_eq!(channel_ids(&store).await, ["cch_1", "cch_3"]);
-        let stats = store.writer.0.stats();
+        let stats = store.writer.stats();
         assert_eq!(stats.jobs, 3);
         assert!(
             stats.transactions <= 2,

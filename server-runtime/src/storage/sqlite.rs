@@ -22,18 +22,9 @@ use super::{ChannelRecord, Storage, StorageError, ToolCallRecord};
 #[derive(Clone)]
 pub struct SqliteStorage {
     conn: Arc<Mutex<Connection>>,
-    writer: Arc<Writer>,
+    writer: Arc<GroupCommit>,
     path: Option<PathBuf>,
     synchronous: Synchronous,
-}
-
-/// Stops the writer thread (after it committed what is queued) when the last clone goes.
-struct Writer(GroupCommit);
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        self.0.shutdown();
-    }
 }
 
 impl std::fmt::Debug for SqliteStorage {
@@ -89,7 +80,7 @@ impl SqliteStorage {
         let group = GroupCommit::start(Arc::new(Mutex::new(writer)), options.group_commit)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(reader)),
-            writer: Arc::new(Writer(group)),
+            writer: Arc::new(group),
             path: Some(path),
             synchronous: options.synchronous,
         })
@@ -105,7 +96,7 @@ impl SqliteStorage {
         let group = GroupCommit::start(conn.clone(), GroupCommitConfig::default())?;
         Ok(Self {
             conn,
-            writer: Arc::new(Writer(group)),
+            writer: Arc::new(group),
             path: None,
             synchronous: Synchronous::default(),
         })
@@ -129,7 +120,7 @@ impl SqliteStorage {
 
     /// Counters of the group-commit writer (transactions, writes), for tests and benchmarks.
     pub fn group_commit_stats(&self) -> super::GroupCommitStats {
-        self.writer.0.stats()
+        self.writer.stats()
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -346,7 +337,7 @@ impl Storage for SqliteStorage {
     }
 
     fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {
-        self.writer.0.submit(writes)
+        self.writer.submit(writes)
     }
 }
 
