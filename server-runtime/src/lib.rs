@@ -209,7 +209,7 @@ pub use storage::{
     DATABASE_FILE, ExportCounts, GroupCommit, GroupCommitConfig, GroupCommitStats, LeaseState,
     MAX_BROADCAST_MESSAGE_BYTES, MAX_BROADCAST_TOPIC_BYTES, MAX_NOTIFY_BYTES, MAX_STORED_KEY_BYTES,
     MAX_STORED_VALUE_BYTES, SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous,
-    ToolCallRecord, WriteOp, private_database_files,
+    ToolCallRecord, WriteOp,
 };
 #[cfg(feature = "postgres")]
 pub use storage::{PostgresOptions, PostgresStorage};

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use crate::url::DatabaseUrl;
-
 /// Something the PostgreSQL plumbing could not do. Cloneable, so one failed transaction can
 /// answer every caller whose writes it carried.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -143,18 +141,19 @@ impl PgError {
         Self::Apply { context: context.into(), message: message.into() }
     }
 
-    /// Maps a driver error met while doing `context` (`"load channels"`, ...). Messages are
-    /// scrubbed of `url`'s secrets when it is given.
-    pub fn from_driver(
+    /// Maps a driver error met while doing `context` (`"load channels"`, ...), for statements,
+    /// whose errors never hold the URL ([`crate::DatabaseUrl::error`] scrubs its secrets).
+    pub fn from_driver(context: impl Into<String>, err: &tokio_postgres::Error) -> Self {
+        Self::from_driver_scrubbed(context, err, |text| text)
+    }
+
+    /// [`PgError::from_driver`] with every message passed through `scrub` first.
+    pub(crate) fn from_driver_scrubbed(
         context: impl Into<String>,
         err: &tokio_postgres::Error,
-        url: Option<&DatabaseUrl>,
+        scrub: impl Fn(String) -> String,
     ) -> Self {
         let context = context.into();
-        let scrub = |text: String| match url {
-            Some(url) => url.scrub(&text),
-            None => text,
-        };
         if let Some(db) = err.as_db_error() {
             if db.code().code() == QUERY_CANCELED {
                 return Self::StatementTimeout { context };
@@ -166,15 +165,6 @@ impl PgError {
             };
         }
         Self::ConnectionLost { context, detail: scrub(chain(err)) }
-    }
-
-    /// Maps a failure to open a connection to `url`, scrubbed of its secrets.
-    pub(crate) fn connect(url: &DatabaseUrl, err: &tokio_postgres::Error) -> Self {
-        Self::Connect {
-            target: url.target(),
-            detail: url.scrub(&chain(err)),
-            code: err.as_db_error().map(|db| db.code().code().to_owned()),
-        }
     }
 
     /// The SQLSTATE of a statement PostgreSQL refused, if that is what this is.
@@ -236,6 +226,6 @@ pub trait PgResultExt<T> {
 
 impl<T> PgResultExt<T> for Result<T, tokio_postgres::Error> {
     fn pg(self, context: &str) -> Result<T, PgError> {
-        self.map_err(|e| PgError::from_driver(context, &e, None))
+        self.map_err(|e| PgError::from_driver(context, &e))
     }
 }

@@ -93,7 +93,7 @@ pub async fn execute_in_order(
     .await;
     let mut counts = Vec::with_capacity(results.len());
     for result in results.into_iter().flatten() {
-        counts.push(result.map_err(|e| PgError::from_driver(context, &e, None))?);
+        counts.push(result.map_err(|e| PgError::from_driver(context, &e))?);
     }
     Ok(counts)
 }

@@ -7,6 +7,8 @@
 //! - [`DatabaseUrl`]: the connection URL as a secret (printed with its password as `***`),
 //! - [`connect`]: a bounded [`Pool`] (deadpool-postgres over tokio-postgres) with connect,
 //!   wait and statement timeouts ([`PoolOptions`]), and [`connect_unpooled`] for `LISTEN`,
+//! - [`Listener`]: a `LISTEN` loop that reconnects with backoff and announces each
+//!   resubscription ([`ListenEvent::Resync`]),
 //! - [`migrate`]: versioned schema [`Migration`]s applied in one transaction under an
 //!   advisory lock, refusing a database newer than the binary ([`PgError::SchemaTooNew`]),
 //! - [`PgError`]: typed errors whose messages say what to do and never hold the password,
@@ -36,6 +38,7 @@
 
 mod error;
 mod group_commit;
+mod listen;
 mod migrate;
 mod pool;
 mod url;
@@ -44,6 +47,7 @@ pub use error::{PgError, PgResultExt};
 pub use group_commit::{
     ApplyWrites, GroupCommit, GroupCommitConfig, GroupCommitStats, PgCommitTicket, execute_in_order,
 };
+pub use listen::{ListenEvent, Listener};
 pub use migrate::{MIGRATION_LOCK, Migration, MigrationOutcome, migrate};
 pub use pool::{Connection, Pool, PoolOptions, connect, connect_unpooled};
 pub use url::{DatabaseUrl, Tls};

@@ -325,12 +325,12 @@ pub async fn connect_unpooled(
         .session_config(url)
         .connect(tls_connector(url)?)
         .await
-        .map_err(|e| PgError::connect(url, &e))?;
+        .map_err(|e| url.connect_error(&e))?;
     let scrub = url.clone();
     let messages = futures_util::stream::poll_fn(move |cx| {
-        connection.poll_message(cx).map(|message| {
-            message.map(|m| m.map_err(|e| PgError::from_driver("the connection", &e, Some(&scrub))))
-        })
+        connection
+            .poll_message(cx)
+            .map(|message| message.map(|m| m.map_err(|e| scrub.error("the connection", &e))))
     });
     Ok((client, Connection { messages: Box::pin(messages) }))
 }
@@ -352,7 +352,7 @@ impl Pool {
                 ),
                 code: None,
             },
-            PoolError::Backend(e) => PgError::connect(&self.url, &e),
+            PoolError::Backend(e) => self.url.connect_error(&e),
             PoolError::Closed => PgError::PoolClosed,
             other => PgError::Connect {
                 target: self.url.target(),
@@ -364,7 +364,7 @@ impl Pool {
 
     /// Maps a driver error met while doing `context`, scrubbed of this pool's URL secrets.
     pub fn error(&self, context: impl Into<String>, err: &tokio_postgres::Error) -> PgError {
-        PgError::from_driver(context, err, Some(&self.url))
+        self.url.error(context, err)
     }
 
     /// The database URL (a secret: print it redacted).

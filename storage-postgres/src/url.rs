@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use tokio_postgres::config::{Host, SslMode};
 
-use crate::error::PgError;
+use crate::error::{PgError, chain};
 
 /// What a password is replaced with in every printed form of a URL.
 const MASK: &str = "***";
@@ -156,6 +156,22 @@ impl DatabaseUrl {
             secrets.push(String::from_utf8_lossy(password).into_owned());
         }
         scrub_with(text, &secrets)
+    }
+}
+
+impl DatabaseUrl {
+    /// Maps a driver error met while doing `context`, scrubbed of this URL's secrets.
+    pub fn error(&self, context: impl Into<String>, err: &tokio_postgres::Error) -> PgError {
+        PgError::from_driver_scrubbed(context, err, |text| self.scrub(&text))
+    }
+
+    /// Maps a failure to open a connection to this URL, scrubbed of its secrets.
+    pub(crate) fn connect_error(&self, err: &tokio_postgres::Error) -> PgError {
+        PgError::Connect {
+            target: self.target(),
+            detail: self.scrub(&chain(err)),
+            code: err.as_db_error().map(|db| db.code().code().to_owned()),
+        }
     }
 }
 

@@ -8,8 +8,8 @@ use futures_util::FutureExt;
 use tokio::sync::Notify;
 use xagent_storage_postgres::deadpool_postgres::Transaction;
 use xagent_storage_postgres::{
-    ApplyWrites, DatabaseUrl, GroupCommit, GroupCommitConfig, Migration, PgError, PgResultExt,
-    Pool, PoolOptions, connect, migrate,
+    ApplyWrites, DatabaseUrl, GroupCommit, GroupCommitConfig, ListenEvent, Listener, Migration,
+    PgError, PgResultExt, Pool, PoolOptions, connect, migrate,
 };
 use xagent_testkit::postgres::TestPostgres;
 
@@ -429,4 +429,41 @@ async fn an_unpooled_connection_receives_notifications() {
     client.execute("SELECT pg_notify('outbox_wake', 'channel-7')", &[]).await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("in time");
     assert_eq!(got, Some(("outbox_wake".to_owned(), "channel-7".to_owned())));
+}
+
+#[tokio::test]
+async fn the_listener_hears_notifications_and_resyncs_after_its_connection_is_killed() {
+    let url = TestPostgres::shared().await.fresh_database().await;
+    let pool = connect(&url, PoolOptions::default()).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let listener =
+        Listener::start(url.clone(), PoolOptions::default(), "notes_test", move |event| {
+            let _ = tx.send(match event {
+                ListenEvent::Notification(payload) => payload.to_owned(),
+                _ => "resync".to_owned(),
+            });
+        })
+        .unwrap();
+    let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>| {
+        tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.unwrap().unwrap()
+    };
+    assert_eq!(next(&mut rx).await, "resync", "subscribing is announced");
+    let client = pool.get().await.unwrap();
+    client.execute("SELECT pg_notify('notes_test', 'hello')", &[]).await.unwrap();
+    assert_eq!(next(&mut rx).await, "hello");
+    // The listening connection dies: the listener reconnects and announces the gap.
+    client
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND query = 'LISTEN notes_test'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(next(&mut rx).await, "resync", "a reconnection is announced");
+    client.execute("SELECT pg_notify('notes_test', 'again')", &[]).await.unwrap();
+    assert_eq!(next(&mut rx).await, "again");
+    drop(listener);
+    let refused = Listener::start(url, PoolOptions::default(), "Bad-Name", |_| {});
+    assert!(matches!(refused, Err(PgError::InvalidOptions { .. })));
 }

@@ -241,13 +241,4 @@ pub(crate) fn lease_state(
     }
 }
 
-/// Times and counters are `u64` in the records and signed 64-bit integers in the databases; a
-/// value past `i64::MAX` is stored as `i64::MAX`.
-pub(crate) fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-/// A negative stored value (never written by this crate) reads as 0.
-pub(crate) fn to_u64(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
-}
+pub(crate) use xagent_storage_sqlite::{to_i64, to_u64};

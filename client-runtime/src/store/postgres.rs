@@ -157,7 +157,7 @@ struct Apply {
 }
 
 fn sql_error(context: &str, e: &xagent_storage_postgres::tokio_postgres::Error) -> PgError {
-    PgError::from_driver(context.to_owned(), e, None)
+    PgError::from_driver(context.to_owned(), e)
 }
 
 #[async_trait]

@@ -1,12 +1,9 @@
 //! The default store: SQLite, one file under the state directory, with group commit.
 //!
-//! Group commit without a writer thread: a batch joins a queue, and whoever takes the
-//! connection next applies every batch queued at that moment in one transaction (one `fsync`
-//! under `synchronous=FULL` for the group), each batch inside its own savepoint: a batch that
-//! fails is rolled back alone and its ticket fails; the others commit. A caller that waited
-//! for the connection finds its batch committed by the one before it, or commits the group
-//! itself, so the ticket is resolved when [`XagentStore::commit`] returns (an embedded
-//! database call is short; the calls stay on the caller's thread, as before). Several
+//! Writes go through `xagent-storage-sqlite`'s group commit: one writer thread applies every
+//! batch queued at that moment in one transaction (one `fsync` under `synchronous=FULL` for
+//! the group), each batch inside its own savepoint: a batch that fails is rolled back alone
+//! and its ticket fails; the others commit. Reads share the writer's connection. Several
 //! processes may share the file (WAL); the holder lease and the fence check run inside
 //! `BEGIN IMMEDIATE` transactions, so a takeover and a fenced batch never interleave.
 
@@ -17,6 +14,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 use xagent_profile_im::{CompletedRecord, PendingRecord, StoreError};
 use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
+use xagent_storage_sqlite::{GroupCommit, GroupCommitConfig};
+use xagent_storage_sqlite::{Migration, Synchronous, im};
 
 use super::{
     AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, META_ADMISSION,
@@ -26,7 +25,14 @@ use super::{
 
 const DATABASE_FILE: &str = "xagent.sqlite3";
 
-const SCHEMA: &str = "
+/// The component name of the store's own tables in `xagent_schema`.
+const COMPONENT: &str = "client-runtime";
+
+/// The store's own tables (step 1 creates them when missing, so a database made before
+/// versioning takes it as it is); the IM tables are `xagent-storage-sqlite`'s.
+const MIGRATIONS: &[Migration] = &[Migration::new(1, SCHEMA_1)];
+
+const SCHEMA_1: &str = "
 CREATE TABLE IF NOT EXISTS channels (
   id TEXT PRIMARY KEY, owner TEXT);
 CREATE TABLE IF NOT EXISTS xagent_meta (
@@ -39,14 +45,34 @@ CREATE TABLE IF NOT EXISTS xagent_lease (
 /// The `xagent_meta` key of the last accepted `connector_id`.
 const META_CONNECTOR_ID: &str = "connector_id";
 
-type Job = (Option<Fence>, Vec<XagentWrite>, Submitted);
+/// One submitted batch: the fence it is written under and its writes.
+struct Batch {
+    fence: Option<Fence>,
+    writes: Vec<XagentWrite>,
+}
+
+impl xagent_storage_sqlite::Batch for Batch {
+    type Error = CommitError;
+
+    fn apply(&self, conn: &Connection) -> Result<(), CommitError> {
+        apply_batch(conn, self.fence.as_ref(), &self.writes)
+    }
+
+    fn writes(&self) -> usize {
+        self.writes.len()
+    }
+
+    fn failed(operation: &'static str, reason: &str) -> CommitError {
+        StoreError::new(operation, reason.to_owned()).into()
+    }
+}
 
 /// The default store: one SQLite file (WAL, synchronous commits) under a state directory
 /// readable only by its owner. Clones share one connection and one writer thread.
 #[derive(Clone, Debug)]
 pub struct SqliteXagentStore {
     conn: Arc<Mutex<Connection>>,
-    queue: Arc<Mutex<Vec<Job>>>,
+    writer: Arc<GroupCommit<Batch>>,
     path: Option<PathBuf>,
 }
 
@@ -58,31 +84,29 @@ impl SqliteXagentStore {
     /// Opens (creating if needed) `<state_dir>/xagent.sqlite3`. Every commit is synced: an
     /// acknowledged message is on disk before its ack leaves.
     pub fn open(state_dir: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let dir = state_dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::from_source("create state dir", e))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| StoreError::from_source("restrict state dir", e))?;
-        }
-        let path = dir.join(DATABASE_FILE);
-        let conn = Connection::open(&path).map_err(err("open"))?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(err("enable WAL"))?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(err("set synchronous"))?;
+        let path = xagent_storage_sqlite::private_database(state_dir.as_ref(), DATABASE_FILE)
+            .map_err(|e| StoreError::from_source("create state dir", e))?;
+        let conn = xagent_storage_sqlite::open(&path, Synchronous::Full)
+            .map_err(|e| StoreError::from_source("open", e))?;
         Self::init(conn, Some(path))
     }
 
     /// An in-memory database (tests).
     pub fn in_memory() -> Result<Self, StoreError> {
-        Self::init(Connection::open_in_memory().map_err(err("open"))?, None)
+        let conn = xagent_storage_sqlite::open_in_memory()
+            .map_err(|e| StoreError::from_source("open", e))?;
+        Self::init(conn, None)
     }
 
-    fn init(conn: Connection, path: Option<PathBuf>) -> Result<Self, StoreError> {
-        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(err("set busy timeout"))?;
-        conn.execute_batch(SCHEMA).map_err(err("create schema"))?;
-        conn.execute_batch(xagent_im_sqlite::SCHEMA).map_err(err("create schema"))?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)), queue: Arc::new(Mutex::new(Vec::new())), path })
+    fn init(mut conn: Connection, path: Option<PathBuf>) -> Result<Self, StoreError> {
+        for (component, steps) in [(COMPONENT, MIGRATIONS), (im::COMPONENT, im::MIGRATIONS)] {
+            xagent_storage_sqlite::migrate(&mut conn, component, steps)
+                .map_err(|e| StoreError::from_source("migrate the schema", e))?;
+        }
+        let conn = Arc::new(Mutex::new(conn));
+        let writer = GroupCommit::start(conn.clone(), GroupCommitConfig::default())
+            .map_err(|e| StoreError::from_source("start the store's writer", e))?;
+        Ok(Self { conn, writer: Arc::new(writer), path })
     }
 
     /// The database file, if not in memory.
@@ -119,37 +143,6 @@ impl SqliteXagentStore {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// One transaction for the group, one savepoint per batch. When the final commit fails,
-/// every batch fails.
-fn commit_group(conn: &mut Connection, group: &[Job]) -> Vec<Result<(), CommitError>> {
-    let fail_all = |error: rusqlite::Error| {
-        let error = StoreError::from_source("commit", error);
-        group.iter().map(|_| Err(CommitError::Store(error.clone()))).collect()
-    };
-    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(error) => return fail_all(error),
-    };
-    let mut results = Vec::with_capacity(group.len());
-    for (fence, writes, _) in group {
-        let result = match tx.savepoint() {
-            Ok(savepoint) => match apply_batch(&savepoint, fence.as_ref(), writes) {
-                Ok(()) => {
-                    savepoint.commit().map_err(|e| StoreError::from_source("commit", e).into())
-                }
-                // Dropping the savepoint rolls the batch back.
-                Err(error) => Err(error),
-            },
-            Err(error) => Err(StoreError::from_source("commit", error).into()),
-        };
-        results.push(result);
-    }
-    match tx.commit() {
-        Ok(()) => results,
-        Err(error) => fail_all(error),
-    }
 }
 
 /// The fence check (a condition on the lease row, in this transaction), then every write.
@@ -212,10 +205,11 @@ fn apply(conn: &Connection, write: &XagentWrite) -> Result<(), StoreError> {
             params![META_ADMISSION, snapshot.encode()?],
         ),
         XagentWrite::Outbox(write) => {
-            xagent_im_sqlite::write_outbox(conn, write).map_err(err("write the outbox"))
+            im::write_outbox(conn, write).map_err(err("write the outbox"))
         }
-        XagentWrite::Idempotency(write) => xagent_im_sqlite::write_idempotency(conn, write)
-            .map_err(err("write the idempotency set")),
+        XagentWrite::Idempotency(write) => {
+            im::write_idempotency(conn, write).map_err(err("write the idempotency set"))
+        }
     }
 }
 
@@ -235,19 +229,12 @@ fn rename(
     if from == to {
         return Ok(());
     }
-    let taken: bool = conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM im_pending WHERE channel = ?1)
-             OR EXISTS (SELECT 1 FROM im_completed WHERE channel = ?1)",
-        )
-        .and_then(|mut stmt| stmt.query_row(params![to.as_str()], |row| row.get(0)))
-        .map_err(err("rename_channel"))?;
-    if taken {
+    if im::has_messages(conn, to).map_err(err("rename_channel"))? {
         return Err(rename_onto_messages(to));
     }
     conn.execute("UPDATE channels SET id = ?1 WHERE id = ?2", params![to.as_str(), from.as_str()])
         .map_err(err("rename_channel"))?;
-    xagent_im_sqlite::rename_channel(conn, from, to).map_err(err("rename_channel"))
+    im::rename_channel(conn, from, to).map_err(err("rename_channel"))
 }
 
 /// The lease row of a card: (holder, fencing number, expires at).
@@ -291,7 +278,7 @@ impl XagentStore for SqliteXagentStore {
     }
 
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
-        self.read("load_pending", |conn| xagent_im_sqlite::load_pending(conn))
+        self.read("load_pending", |conn| im::load_pending(conn))
     }
 
     async fn lookup_completed(
@@ -300,9 +287,7 @@ impl XagentStore for SqliteXagentStore {
         message_id: &MessageId,
     ) -> Result<Option<CompletedRecord>, StoreError> {
         let (channel, message_id) = (channel.clone(), message_id.clone());
-        self.read("lookup_completed", move |conn| {
-            xagent_im_sqlite::lookup_completed(conn, &channel, &message_id)
-        })
+        self.read("lookup_completed", move |conn| im::lookup_completed(conn, &channel, &message_id))
     }
 
     fn commit(&self, fence: Option<Fence>, writes: Vec<XagentWrite>) -> CommitTicket {
@@ -310,17 +295,7 @@ impl XagentStore for SqliteXagentStore {
             return ready(Ok(()));
         }
         let (answer, ticket) = Submitted::pair();
-        lock(&self.queue).push((fence, writes, answer));
-        let mut conn = lock(&self.conn);
-        // Every batch queued by now, this one included unless the holder of the connection
-        // before took it.
-        let group = std::mem::take(&mut *lock(&self.queue));
-        if !group.is_empty() {
-            let results = commit_group(&mut conn, &group);
-            for ((_, _, answer), result) in group.into_iter().zip(results) {
-                answer.answer(result);
-            }
-        }
+        self.writer.submit_with(Batch { fence, writes }, move |result| answer.answer(result));
         ticket
     }
 
@@ -445,26 +420,28 @@ mod tests {
         assert_eq!(channel_ids(&store).await, ["cch_1", "cch_3"], "the refused batch left nothing");
     }
 
-    #[test]
-    fn durable_state_rule_batches_queued_while_the_connection_is_busy_commit_as_one_group() {
+    #[tokio::test]
+    async fn durable_state_rule_batches_queued_while_the_connection_is_busy_commit_together() {
         let store = SqliteXagentStore::in_memory().expect("opens");
-        // Two batches queued while another caller holds the connection, one of them refused:
-        // the next commit takes both with its own, and only the refused one fails.
-        let (first, first_ticket) = Submitted::pair();
-        let (refused, refused_ticket) = Submitted::pair();
-        {
-            let mut queue = lock(&store.queue);
-            queue.push((None, vec![channel("cch_1")], first));
-            queue.push((None, refused_batch(), refused));
-        }
-        let own = store.commit(None, vec![channel("cch_3")]);
-        assert!(lock(&store.queue).is_empty(), "the group took every queued batch");
-        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-        runtime.block_on(async {
-            first_ticket.await.expect("first commits");
-            assert!(refused_ticket.await.is_err());
-            own.await.expect("own commits");
-            assert_eq!(channel_ids(&store).await, ["cch_1", "cch_3"]);
-        });
+        // Three batches queued while a reader holds the connection, the middle one refused:
+        // the writer commits the others and fails only the refused one.
+        let (first, refused, third) = {
+            let _busy = lock(&store.conn);
+            (
+                store.commit(None, vec![channel("cch_1")]),
+                store.commit(None, refused_batch()),
+                store.commit(None, vec![channel("cch_3")]),
+            )
+        };
+        first.await.expect("first commits");
+        assert!(refused.await.is_err());
+        third.await.expect("third commits");
+        assert_eq!(channel_ids(&store).await, ["cch_1", "cch_3"]);
+        let stats = store.writer.stats();
+        assert_eq!(stats.jobs, 3);
+        assert!(
+            stats.transactions <= 2,
+            "the batches queued behind the first share one: {stats:?}"
+        );
     }
 }

@@ -17,7 +17,7 @@
 mod postgres;
 mod sqlite;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -42,18 +42,13 @@ pub enum InboxError {
     /// The SQLite database failed.
     #[error("the bridge's inbox database failed: {0}; check the state directory")]
     Database(#[from] rusqlite::Error),
+    /// The SQLite inbox could not be opened (its files made private, its tables migrated).
+    #[error("the bridge's inbox cannot be opened: {0}")]
+    Open(#[from] xagent_storage_sqlite::SqliteError),
     /// The PostgreSQL database failed (the message says what to do; it never holds the
     /// password).
     #[error("the bridge's inbox in PostgreSQL failed: {0}")]
     Postgres(#[from] PgError),
-    /// The state directory could not be prepared.
-    #[error("the state directory {path} cannot be used: {reason}")]
-    StateDir {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
     /// A file's bytes could not be written or read.
     #[error("the file {id} could not be kept: {reason}; check the state directory's disk")]
     File {
@@ -180,19 +175,6 @@ impl std::fmt::Debug for Inbox {
         };
         debug.field("max_file_bytes", &self.max_file_bytes).finish()
     }
-}
-
-/// Creates `dir` (and parents) readable only by its owner.
-pub(crate) fn private_dir(dir: &Path) -> Result<(), InboxError> {
-    let failed =
-        |e: std::io::Error| InboxError::StateDir { path: dir.to_path_buf(), reason: e.to_string() };
-    std::fs::create_dir_all(dir).map_err(failed)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(failed)?;
-    }
-    Ok(())
 }
 
 /// Calls the same method on whichever backend the inbox has.
@@ -382,16 +364,7 @@ impl Inbox {
     }
 }
 
-/// Times are `u64` here and signed 64-bit integers in the databases; a value past `i64::MAX`
-/// is stored as `i64::MAX`.
-fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-/// A negative stored value (never written by this crate) reads as 0.
-fn to_u64(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
-}
+use xagent_storage_sqlite::{to_i64, to_u64};
 
 /// A limit as a SQL `LIMIT`.
 fn limit_i64(limit: usize) -> i64 {

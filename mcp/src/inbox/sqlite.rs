@@ -10,10 +10,18 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
     FILES_DIR, InboxError, NewMessage, SQLITE_FILE, Stored, StoredFile, StoredMessage,
-    decode_files, encode_files, limit_i64, private_dir, to_i64, to_u64,
+    decode_files, encode_files, limit_i64, to_i64, to_u64,
 };
+use xagent_storage_sqlite::{Migration, Synchronous};
 
-/// The schema every version creates (an older inbox has these tables already).
+/// The component name of the inbox's tables in `xagent_schema`.
+const COMPONENT: &str = "mcp-inbox";
+
+/// Version 1: the tables (an older inbox has them already), and the `meta` table of older
+/// versions goes: it kept the Connector's `connector_id`, which the runtime's own store keeps
+/// (one home per fact).
+const MIGRATIONS: &[Migration] = &[Migration::new(1, SCHEMA)];
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS messages (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -34,15 +42,8 @@ CREATE TABLE IF NOT EXISTS files (
     mime_type TEXT NOT NULL,
     byte_size INTEGER NOT NULL
 );
+DROP TABLE IF EXISTS meta;
 ";
-
-/// Version 1: the `meta` table of older versions goes. It kept the Connector's
-/// `connector_id`, which the runtime's own store keeps (one home per fact).
-const SCHEMA_VERSION: i64 = 1;
-const UPGRADE_TO_1: &str = "DROP TABLE IF EXISTS meta;";
-
-/// How long a statement waits for another connection's write to finish.
-const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 const MESSAGE_COLUMNS: &str =
     "seq, channel, message_id, text, files, created_at, received_at, taken";
@@ -54,28 +55,13 @@ pub(super) struct SqliteInbox {
 
 impl SqliteInbox {
     pub(super) fn open(state_dir: &Path) -> Result<Self, InboxError> {
-        private_dir(state_dir)?;
+        let path = xagent_storage_sqlite::private_database(state_dir, SQLITE_FILE)?;
         let files_dir = state_dir.join(FILES_DIR);
-        private_dir(&files_dir)?;
-        let path = state_dir.join(SQLITE_FILE);
-        let db = Connection::open(&path)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| InboxError::StateDir { path: path.clone(), reason: e.to_string() })?;
-        }
-        // FULL: a row is on disk when the statement returns, before the ack goes out.
-        db.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")?;
-        // Another process on the same file (a second bridge on one machine) waits its turn.
-        db.busy_timeout(BUSY_TIMEOUT)?;
-        db.execute_batch(SCHEMA)?;
-        let version: i64 = db.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-        if version < SCHEMA_VERSION {
-            db.execute_batch(&format!(
-                "BEGIN; {UPGRADE_TO_1} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-            ))?;
-        }
+        xagent_storage_sqlite::private_dir(&files_dir)?;
+        // FULL: a row is on disk when the statement returns, before the ack goes out; another
+        // process on the same file (a second bridge on one machine) waits its turn.
+        let mut db = xagent_storage_sqlite::open(&path, Synchronous::Full)?;
+        xagent_storage_sqlite::migrate(&mut db, COMPONENT, MIGRATIONS)?;
         Ok(Self { db: Mutex::new(db), files_dir })
     }
 

@@ -35,9 +35,7 @@ pub use cluster::{
 pub use group::{CommitTicket, GroupCommit, GroupCommitConfig, GroupCommitStats, Synchronous};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStorage};
-pub use sqlite::{
-    DATABASE_FILE, ExportCounts, SqliteOptions, SqliteStorage, private_database_files,
-};
+pub use sqlite::{DATABASE_FILE, ExportCounts, SqliteOptions, SqliteStorage};
 #[cfg(test)]
 pub(crate) use write_op::prefix_upper_bound as write_op_prefix_upper_bound;
 pub use write_op::{MAX_NOTIFY_BYTES, MAX_STORED_KEY_BYTES, MAX_STORED_VALUE_BYTES, WriteOp};

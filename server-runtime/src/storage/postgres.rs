@@ -89,7 +89,7 @@ impl PostgresStorage {
             .await
             .map_err(|e| StorageError::new("migrate the PostgreSQL schema", e))?;
         let writer = writer::Writer::start(pool.clone(), options.group_commit);
-        let cluster = Arc::new(cluster::PgCluster::start(pool.clone(), url.clone(), options.pool));
+        let cluster = Arc::new(cluster::PgCluster::start(pool.clone(), url.clone(), options.pool)?);
         Ok(Self { pool, writer: Arc::new(writer), url: url.clone(), cluster })
     }
 

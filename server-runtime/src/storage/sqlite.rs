@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rusqlite::{Connection, OptionalExtension, params};
 use xagent_profile_im::{CompletedRecord, PendingRecord};
 use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
+use xagent_storage_sqlite::im;
 
 use super::group::{self, CommitTicket, GroupCommit, GroupCommitConfig, Synchronous};
 use super::write_op::{
@@ -21,18 +22,9 @@ use super::{ChannelRecord, Storage, StorageError, ToolCallRecord};
 #[derive(Clone)]
 pub struct SqliteStorage {
     conn: Arc<Mutex<Connection>>,
-    writer: Arc<Writer>,
+    writer: Arc<GroupCommit>,
     path: Option<PathBuf>,
     synchronous: Synchronous,
-}
-
-/// Stops the writer thread (after it committed what is queued) when the last clone goes.
-struct Writer(GroupCommit);
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        self.0.shutdown();
-    }
 }
 
 impl std::fmt::Debug for SqliteStorage {
@@ -64,41 +56,6 @@ pub(crate) const READER_CACHE_KIB: i64 = 512;
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "connector.sqlite3";
 
-/// Creates `dir` 0700 and the SQLite `database` 0600 before SQLite opens it, and tightens both
-/// (and the WAL files) when an earlier version left them readable by others (M6). Public so a
-/// Connector keeping its own database (im.webchat) gets the same protection from one place.
-pub fn private_database_files(dir: &Path, database: &Path) -> std::io::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-        builder.mode(0o700);
-        builder.create(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(database)?;
-        for suffix in ["", "-wal", "-shm"] {
-            let mut name = database.as_os_str().to_owned();
-            name.push(suffix);
-            let path = std::path::PathBuf::from(name);
-            if path.exists() {
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-            }
-        }
-        Ok(())
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = database;
-        builder.create(dir)
-    }
-}
-
 impl SqliteStorage {
     /// Opens (creating if needed) `<state_dir>/connector.sqlite3` in WAL mode with
     /// `synchronous=FULL` and group commit. The directory is made 0700 and the database 0600
@@ -113,9 +70,8 @@ impl SqliteStorage {
         state_dir: impl AsRef<Path>,
         options: SqliteOptions,
     ) -> Result<Self, StorageError> {
-        let dir = state_dir.as_ref();
-        let path = dir.join(DATABASE_FILE);
-        private_database_files(dir, &path).map_err(|e| StorageError::new("create state dir", e))?;
+        let path = xagent_storage_sqlite::private_database(state_dir.as_ref(), DATABASE_FILE)
+            .map_err(|e| StorageError::new("create state dir", e))?;
         let reader = group::open_connection(&path, options.synchronous)?;
         reader
             .pragma_update(None, "cache_size", -READER_CACHE_KIB)
@@ -124,7 +80,7 @@ impl SqliteStorage {
         let group = GroupCommit::start(Arc::new(Mutex::new(writer)), options.group_commit)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(reader)),
-            writer: Arc::new(Writer(group)),
+            writer: Arc::new(group),
             path: Some(path),
             synchronous: options.synchronous,
         })
@@ -133,13 +89,14 @@ impl SqliteStorage {
     /// An in-memory database (tests, ephemeral connectors). Its writer shares the one
     /// connection.
     pub fn in_memory() -> Result<Self, StorageError> {
-        let conn = Connection::open_in_memory().map_err(|e| StorageError::new("open", e))?;
-        group::create_schema(&conn).map_err(|e| StorageError::new("create schema", e))?;
+        let mut conn =
+            xagent_storage_sqlite::open_in_memory().map_err(|e| StorageError::new("open", e))?;
+        group::create_schema(&mut conn)?;
         let conn = Arc::new(Mutex::new(conn));
         let group = GroupCommit::start(conn.clone(), GroupCommitConfig::default())?;
         Ok(Self {
             conn,
-            writer: Arc::new(Writer(group)),
+            writer: Arc::new(group),
             path: None,
             synchronous: Synchronous::default(),
         })
@@ -163,7 +120,7 @@ impl SqliteStorage {
 
     /// Counters of the group-commit writer (transactions, writes), for tests and benchmarks.
     pub fn group_commit_stats(&self) -> super::GroupCommitStats {
-        self.writer.0.stats()
+        self.writer.stats()
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -279,7 +236,7 @@ impl Storage for SqliteStorage {
 
     async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError> {
         self.read("load outbox", |conn| {
-            xagent_im_sqlite::load_pending(conn).map_err(|e| StorageError::new("load outbox", e))
+            im::load_pending(conn).map_err(|e| StorageError::new("load outbox", e))
         })
         .await
     }
@@ -293,7 +250,7 @@ impl Storage for SqliteStorage {
     ) -> Result<Option<CompletedRecord>, StorageError> {
         let (channel, message_id) = (channel.clone(), message_id.clone());
         self.read("look up a received message", move |conn| {
-            xagent_im_sqlite::lookup_completed(conn, &channel, &message_id)
+            im::lookup_completed(conn, &channel, &message_id)
                 .map_err(|e| StorageError::new("look up a received message", e))
         })
         .await
@@ -380,7 +337,7 @@ impl Storage for SqliteStorage {
     }
 
     fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {
-        self.writer.0.submit(writes)
+        self.writer.submit(writes)
     }
 }
 

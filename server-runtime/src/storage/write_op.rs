@@ -236,15 +236,7 @@ pub(crate) fn binding_from_json(text: &str) -> Result<Binding, StorageError> {
     Ok(binding)
 }
 
-/// Unix ms as a stored integer (saturating).
-pub(crate) fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-/// A stored integer as Unix ms (negative reads as 0).
-pub(crate) fn to_u64(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
-}
+pub(crate) use xagent_storage_sqlite::{to_i64, to_u64};
 
 impl std::fmt::Debug for WriteOp {
     /// Names the operation and its keys, never a stored value (bindings hold secrets).
@@ -404,8 +396,8 @@ pub(crate) fn execute(conn: &Connection, op: &WriteOp) -> rusqlite::Result<()> {
         conn.prepare_cached(sql)?.execute(p).map(|_| ())
     };
     match op {
-        WriteOp::Outbox(write) => xagent_im_sqlite::write_outbox(conn, write),
-        WriteOp::Idempotency(write) => xagent_im_sqlite::write_idempotency(conn, write),
+        WriteOp::Outbox(write) => xagent_storage_sqlite::im::write_outbox(conn, write),
+        WriteOp::Idempotency(write) => xagent_storage_sqlite::im::write_idempotency(conn, write),
         WriteOp::ToolCall { channel, key, fingerprint, result, error, completed_at } => {
             let (code, message) = match error {
                 Some((code, message)) => (Some(code.as_str()), Some(message.as_str())),

@@ -1,6 +1,8 @@
 //! Tests of the group commit: batching, durability, savepoint isolation, crash recovery.
 
 use super::*;
+use std::sync::mpsc;
+use std::time::Instant;
 use xagent_profile_im::{
     CompletedRecord, Fingerprint, IdempotencyWrite, OutboxWrite, PendingRecord,
 };
@@ -277,7 +279,7 @@ fn an_attempt_update_after_its_insert_in_one_batch_lands_and_survives_a_reopen()
     group.write_blocking(vec![WriteOp::Outbox(OutboxWrite::Attempt(missing))]).unwrap();
     group.shutdown();
     let conn = open_connection(&dir.join("db.sqlite3"), Synchronous::Full).unwrap();
-    let rows = xagent_im_sqlite::load_pending(&conn).unwrap();
+    let rows = xagent_storage_sqlite::im::load_pending(&conn).unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].attempts, 3);
     assert_eq!(rows[0].next_attempt_at, 77);

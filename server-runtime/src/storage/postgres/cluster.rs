@@ -1,23 +1,18 @@
 //! [`Cluster`] on PostgreSQL: leases are rows of `server_leases` changed by single statements
 //! (the fencing number rises with every take-over), wake-ups are `NOTIFY xagent_server`
-//! payloads, heard by one `LISTEN` connection per process outside the pool, re-opened with
-//! backoff when it breaks (and every reconnection is announced as [`ClusterEvent::Resync`],
-//! since what was sent meanwhile is lost).
+//! payloads, heard by one `xagent-storage-postgres` [`Listener`] per process (every
+//! resubscription is announced as [`ClusterEvent::Resync`], since what was sent meanwhile is
+//! lost).
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio::sync::broadcast;
-use tokio_postgres::AsyncMessage;
-use tokio_util::sync::CancellationToken;
-use xagent_storage_postgres::{DatabaseUrl, Pool, PoolOptions};
+use xagent_storage_postgres::{DatabaseUrl, ListenEvent, Listener, Pool, PoolOptions};
 
 use super::super::cluster::{Cluster, ClusterEvent, DATA_PLANE_LEASE, LeaseState, Notice};
 use super::super::write_op::{to_i64, to_u64};
+use super::schema::NOTIFY_CHANNEL;
 use super::{StorageError, get};
-
-/// The notification channel every replica of the database listens on.
-const CHANNEL: &str = "xagent_server";
 
 /// How long a health check may take before the replica counts as unable to reach its
 /// database.
@@ -30,23 +25,31 @@ pub(crate) struct PgCluster {
     pool: Pool,
     replica: String,
     events: broadcast::Sender<ClusterEvent>,
-    stop: CancellationToken,
-}
-
-impl Drop for PgCluster {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+    /// Hears the other replicas while this lives.
+    _listener: Listener,
 }
 
 impl PgCluster {
     /// Names this replica and starts its listener (inside a tokio runtime).
-    pub(crate) fn start(pool: Pool, url: DatabaseUrl, options: PoolOptions) -> Self {
+    pub(crate) fn start(
+        pool: Pool,
+        url: DatabaseUrl,
+        options: PoolOptions,
+    ) -> Result<Self, StorageError> {
         let replica = format!("replica-{:016x}", rand::random::<u64>());
         let (events, _) = broadcast::channel(EVENT_BUFFER);
-        let stop = CancellationToken::new();
-        tokio::spawn(listen(url, options, replica.clone(), events.clone(), stop.clone()));
-        Self { pool, replica, events, stop }
+        let (sender, me) = (events.clone(), replica.clone());
+        let listener = Listener::start(url, options, NOTIFY_CHANNEL, move |event| {
+            let event = match event {
+                ListenEvent::Notification(payload) => Notice::read(payload, &me),
+                _ => Some(ClusterEvent::Resync),
+            };
+            if let Some(event) = event {
+                let _ = sender.send(event);
+            }
+        })
+        .map_err(|e| StorageError::new("listen for the other replicas", e))?;
+        Ok(Self { pool, replica, events, _listener: listener })
     }
 
     fn error(&self, operation: &'static str, e: &tokio_postgres::Error) -> StorageError {
@@ -67,64 +70,6 @@ impl PgCluster {
                 Err(StorageError::new(OP, format!("no answer within {} s", PING_TIMEOUT.as_secs())))
             }
         }
-    }
-}
-
-/// Listens until `stop`, reconnecting with backoff (100 ms doubling to 5 s).
-async fn listen(
-    url: DatabaseUrl,
-    options: PoolOptions,
-    replica: String,
-    events: broadcast::Sender<ClusterEvent>,
-    stop: CancellationToken,
-) {
-    let mut delay = Duration::from_millis(100);
-    loop {
-        match xagent_storage_postgres::connect_unpooled(&url, &options).await {
-            Ok((client, mut connection)) => {
-                let command = format!("LISTEN {CHANNEL}");
-                let subscribe = client.batch_execute(&command);
-                tokio::pin!(subscribe);
-                let mut listening = false;
-                loop {
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        outcome = &mut subscribe, if !listening => match outcome {
-                            Ok(()) => {
-                                listening = true;
-                                delay = Duration::from_millis(100);
-                                let _ = events.send(ClusterEvent::Resync);
-                            }
-                            Err(error) => {
-                                tracing::warn!(error = %StorageError::new("listen for replicas", error), "could not listen for the other replicas; retrying");
-                                break;
-                            }
-                        },
-                        message = connection.next() => match message {
-                            Some(Ok(AsyncMessage::Notification(note))) => {
-                                if let Some(event) = Notice::read(note.payload(), &replica) {
-                                    let _ = events.send(event);
-                                }
-                            }
-                            Some(Ok(_)) => {}
-                            Some(Err(error)) => {
-                                tracing::warn!(%error, "the connection listening for the other replicas broke; reconnecting");
-                                break;
-                            }
-                            None => break,
-                        },
-                    }
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, "could not connect to listen for the other replicas; retrying");
-            }
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
 
@@ -166,7 +111,7 @@ impl Cluster for PgCluster {
         if name == DATA_PLANE_LEASE {
             // Heard by every replica when this commits: the previous holder stops at once.
             let notice = serde_json::json!({ "r": self.replica, "k": "lease", "f": fence });
-            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &notice.to_string()])
+            tx.execute("SELECT pg_notify($1, $2)", &[&NOTIFY_CHANNEL, &notice.to_string()])
                 .await
                 .map_err(|e| self.error(OP, &e))?;
         }

@@ -13,6 +13,10 @@ use xagent_storage_postgres::Migration;
 /// The component name of the runtime's tables in `xagent_schema`.
 pub(crate) const COMPONENT: &str = "server-runtime";
 
+/// The notification channel every replica of the database listens on (its wake-ups and
+/// lease take-overs are `NOTIFY`ed there).
+pub(crate) const NOTIFY_CHANNEL: &str = "xagent_server";
+
 /// Every migration, in order; the last one's version is what this binary knows.
 pub(crate) const MIGRATIONS: &[Migration] = &[
     // 1: meta, channels, tool calls, the IM outbox and receiver idempotency.

@@ -218,7 +218,7 @@ const AUTHOR_DELETE_PREFIX: &str = "DELETE FROM server_author_records
 /// the row lock orders it against a take-over (schema migration 3).
 const FENCE: &str = "SELECT server_check_fence($1)";
 /// The wake-up, delivered to listening replicas when the transaction commits.
-const NOTIFY: &str = "SELECT pg_notify('xagent_server', $1)";
+const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
 /// The statement that carries `op`.
 fn sql_of(op: &WriteOp) -> &'static str {
@@ -331,7 +331,7 @@ fn params_of(op: &WriteOp) -> Vec<Param> {
             Box::new(super::super::write_op::prefix_upper_bound(prefix.as_bytes())),
         ],
         WriteOp::Fence(fence) => vec![int(*fence)],
-        WriteOp::Notify(payload) => vec![text(payload)],
+        WriteOp::Notify(payload) => vec![text(super::schema::NOTIFY_CHANNEL), text(payload)],
     }
 }
 

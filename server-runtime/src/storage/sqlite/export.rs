@@ -97,7 +97,7 @@ impl SqliteStorage {
                 counts.tool_calls += 1;
             }
 
-            for record in xagent_im_sqlite::load_pending(conn).map_err(failed)? {
+            for record in xagent_storage_sqlite::im::load_pending(conn).map_err(failed)? {
                 writes.push(WriteOp::Outbox(OutboxWrite::Save(record)));
                 counts.outbox += 1;
             }

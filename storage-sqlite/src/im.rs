@@ -1,27 +1,24 @@
-//! # xagent-im-sqlite
-//!
 //! The SQLite form of `profile-im`'s two stores, written once for both ends of the wire: the
 //! Connector's runtime (which sends these writes through its group commit) and xAgent's
-//! client runtime (which runs them on its own connection). It holds the two tables, the four
-//! writes and the two loads; opening the database, its pragmas, transactions and error
-//! wrapping stay with each runtime.
+//! client runtime. It holds the two tables (the migrations of [`COMPONENT`]), the writes and
+//! the loads; transactions and error wrapping stay with each caller.
 //!
 //! ```
-//! use rusqlite::Connection;
 //! use xagent_profile_im::{CompletedRecord, Fingerprint, IdempotencyWrite};
 //! use xagent_protocol_types::{ConnectorChannelId, MessageId};
+//! use xagent_storage_sqlite::{im, migrate, rusqlite::Connection};
 //!
-//! let conn = Connection::open_in_memory()?;
-//! conn.execute_batch(xagent_im_sqlite::SCHEMA)?;
+//! let mut conn = Connection::open_in_memory()?;
+//! migrate(&mut conn, im::COMPONENT, im::MIGRATIONS)?;
 //! let record = CompletedRecord {
 //!     channel: ConnectorChannelId::new("cch_1"),
 //!     message_id: MessageId::new("m_1"),
 //!     fingerprint: Fingerprint::from_hex("00"),
 //!     completed_at: 7,
 //! };
-//! xagent_im_sqlite::write_idempotency(&conn, &IdempotencyWrite::Save(record.clone()))?;
-//! assert_eq!(xagent_im_sqlite::load_completed(&conn)?, vec![record]);
-//! # Ok::<(), rusqlite::Error>(())
+//! im::write_idempotency(&conn, &IdempotencyWrite::Save(record.clone()))?;
+//! assert_eq!(im::load_completed(&conn)?, vec![record]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use rusqlite::{Connection, params};
@@ -30,10 +27,20 @@ use xagent_profile_im::{
 };
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
-/// The outbox's pending messages and the receiver's completed ids (created when missing).
-/// `im_completed` is read by its primary key (the receiver's point lookup on a cache miss) and
-/// pruned by age through the `completed_at` index.
-pub const SCHEMA: &str = "
+use crate::migrate::Migration;
+use crate::{to_i64, to_u64};
+
+/// The component name of the IM tables in `xagent_schema`.
+pub const COMPONENT: &str = "im";
+
+/// The IM tables' migrations, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration::new(1, SCHEMA)];
+
+/// Version 1: the outbox's pending messages and the receiver's completed ids (created when
+/// missing, so databases made before versioning take it as they are). `im_completed` is read
+/// by its primary key (the receiver's point lookup on a cache miss) and pruned by age through
+/// the `completed_at` index.
+const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS im_pending (
   channel TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL, payload TEXT NOT NULL,
   attempts INTEGER NOT NULL, first_responsibility_at INTEGER NOT NULL,
@@ -44,17 +51,6 @@ CREATE TABLE IF NOT EXISTS im_completed (
   completed_at INTEGER NOT NULL, PRIMARY KEY (channel, message_id));
 CREATE INDEX IF NOT EXISTS im_completed_age ON im_completed (completed_at);
 ";
-
-/// Times and counters are `u64` in the records and `INTEGER` (i64) in SQLite; a value past
-/// `i64::MAX` is stored as `i64::MAX`.
-fn to_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-/// A negative stored value (never written by this crate) reads as 0.
-fn to_u64(value: i64) -> u64 {
-    u64::try_from(value).unwrap_or(0)
-}
 
 fn exec(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute(params).map(|_| ())
@@ -98,19 +94,6 @@ pub fn update_attempt(conn: &Connection, a: &AttemptUpdate) -> rusqlite::Result<
     )
 }
 
-/// Deletes one pending message; a missing one is not an error.
-pub fn delete_pending(
-    conn: &Connection,
-    channel: &ConnectorChannelId,
-    message_id: &MessageId,
-) -> rusqlite::Result<()> {
-    exec(
-        conn,
-        "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
-        params![channel.as_str(), message_id.as_str()],
-    )
-}
-
 /// Inserts or replaces one completed id.
 pub fn save_completed(conn: &Connection, r: &CompletedRecord) -> rusqlite::Result<()> {
     exec(
@@ -123,19 +106,6 @@ pub fn save_completed(conn: &Connection, r: &CompletedRecord) -> rusqlite::Resul
             r.fingerprint.as_str(),
             to_i64(r.completed_at)
         ],
-    )
-}
-
-/// Deletes one completed id; a missing one is not an error.
-pub fn delete_completed(
-    conn: &Connection,
-    channel: &ConnectorChannelId,
-    message_id: &MessageId,
-) -> rusqlite::Result<()> {
-    exec(
-        conn,
-        "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
-        params![channel.as_str(), message_id.as_str()],
     )
 }
 
@@ -181,6 +151,15 @@ pub fn lookup_completed(
     .optional()
 }
 
+/// Whether `channel` has pending or completed rows.
+pub fn has_messages(conn: &Connection, channel: &ConnectorChannelId) -> rusqlite::Result<bool> {
+    conn.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM im_pending WHERE channel = ?1)
+         OR EXISTS (SELECT 1 FROM im_completed WHERE channel = ?1)",
+    )?
+    .query_row(params![channel.as_str()], |row| row.get(0))
+}
+
 /// Moves every pending and completed row of channel `from` to `to` (the Connector re-keyed
 /// it). Run it inside the transaction that renames the rest of the channel's state. Refused
 /// with a constraint error, changing nothing, when `to` already has rows of its own (two
@@ -193,13 +172,7 @@ pub fn rename_channel(
     if from == to {
         return Ok(());
     }
-    let taken: bool = conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM im_pending WHERE channel = ?1)
-             OR EXISTS (SELECT 1 FROM im_completed WHERE channel = ?1)",
-        )?
-        .query_row(params![to.as_str()], |row| row.get(0))?;
-    if taken {
+    if has_messages(conn, to)? {
         return Err(rusqlite::Error::SqliteFailure(
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT),
             Some(format!("channel {to} already has stored messages; {from} cannot take its id")),
@@ -214,7 +187,12 @@ pub fn rename_channel(
 pub fn write_outbox(conn: &Connection, write: &OutboxWrite) -> rusqlite::Result<()> {
     match write {
         OutboxWrite::Save(record) => save_pending(conn, record),
-        OutboxWrite::Delete(channel, message_id) => delete_pending(conn, channel, message_id),
+        // A missing message is not an error.
+        OutboxWrite::Delete(channel, message_id) => exec(
+            conn,
+            "DELETE FROM im_pending WHERE channel = ?1 AND message_id = ?2",
+            params![channel.as_str(), message_id.as_str()],
+        ),
         OutboxWrite::Attempt(update) => update_attempt(conn, update),
     }
 }
@@ -223,9 +201,11 @@ pub fn write_outbox(conn: &Connection, write: &OutboxWrite) -> rusqlite::Result<
 pub fn write_idempotency(conn: &Connection, write: &IdempotencyWrite) -> rusqlite::Result<()> {
     match write {
         IdempotencyWrite::Save(record) => save_completed(conn, record),
-        IdempotencyWrite::Delete(channel, message_id) => {
-            delete_completed(conn, channel, message_id)
-        }
+        IdempotencyWrite::Delete(channel, message_id) => exec(
+            conn,
+            "DELETE FROM im_completed WHERE channel = ?1 AND message_id = ?2",
+            params![channel.as_str(), message_id.as_str()],
+        ),
         IdempotencyWrite::Trim { channel, keep } => trim_completed(conn, channel, *keep),
         IdempotencyWrite::Expire { before } => expire_completed(conn, *before),
     }

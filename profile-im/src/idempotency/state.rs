@@ -1,23 +1,5 @@
-//! The receiver's idempotency set: which `message_id`s of a channel have already been
-//! processed, so a redelivery returns `duplicate` without a second side effect and a reused id
-//! with different content is refused with `message_conflict`.
-//!
-//! Two-phase: [`ReceiverIdempotency::begin`] admits a message and hands out a [`Ticket`]; the
-//! caller performs the target-side effect (post to the IM, hand to the Brain) and only then
-//! calls [`ReceiverIdempotency::complete`], which records the id durably and returns the
-//! `accepted` ack. A failed effect is reported with [`ReceiverIdempotency::abandon`], which
-//! records nothing, so a retryable redelivery is processed again.
-//!
-//! Memory: the store ([`IdempotencyStore`]) is the authority for completed ids. In memory are
-//! only the admissions in progress (few), the completions whose write is not committed yet
-//! (a redelivery must find them before the store does), and a small cache of recent ids
-//! ([`IdempotencyConfig::cache_capacity`], over all channels). An id the cache does not hold
-//! is looked up in the store (an indexed point read in the SQLite stores). The bounds are
-//! applied in the store: every `capacity_per_channel / 16` completions of a channel add a
-//! [`IdempotencyWrite::Trim`] to the channel's newest `capacity_per_channel` ids (so a channel
-//! holds at most 1/16 more between trims), and [`ReceiverIdempotency::prune`] adds an
-//! [`IdempotencyWrite::Expire`] of the ids past `max_age_ms` at most once per
-//! `expire_interval_ms`. Memory therefore stays flat however many messages arrive.
+//! The receiver's state and admission: tickets, the recent cache, and how a message id is
+//! admitted, found completed or refused while in progress.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -29,68 +11,19 @@ use xagent_protocol_types::{
 };
 
 use crate::fifo::FifoMap;
-use crate::store::{CompletedRecord, IdempotencyStore, IdempotencyWrite, MemoryStore};
+use crate::store::{CompletedRecord, IdempotencyStore, MemoryStore};
 use crate::{Fingerprint, IdempotencyError};
 
-/// Default number of completed ids kept per channel (in the store).
-pub const DEFAULT_IDEMPOTENCY_CAPACITY: usize = 10_000;
-/// Default age after which a completed id is forgotten: 24 h, well beyond a sender's 1 h TTL
-/// plus backoff, so every redelivery a conforming sender can make is still recognised.
-pub const DEFAULT_IDEMPOTENCY_MAX_AGE_MS: u64 = 24 * 60 * 60 * 1000;
-/// Default time after which an admitted but never completed message is forgotten.
-pub const DEFAULT_IN_PROGRESS_TIMEOUT_MS: u64 = 10 * 60 * 1000;
-/// Default number of recently completed ids cached in memory, over all channels.
-pub const DEFAULT_IDEMPOTENCY_CACHE: usize = 4_096;
-/// Default interval between two age expiries in the store.
-pub const DEFAULT_IDEMPOTENCY_EXPIRE_INTERVAL_MS: u64 = 60 * 1000;
-
-/// Bounds of the idempotency set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IdempotencyConfig {
-    /// Completed ids kept per channel in the store; the oldest are deleted first (by a trim
-    /// every `capacity_per_channel / 16` completions of the channel, so up to 1/16 more are
-    /// kept in between).
-    pub capacity_per_channel: usize,
-    /// Age after which a completed id is forgotten (no longer answered `duplicate`, and
-    /// deleted from the store by the next expiry).
-    pub max_age_ms: u64,
-    /// Age after which an unfinished admission is forgotten (the caller crashed or lost it).
-    pub in_progress_timeout_ms: u64,
-    /// Recently completed ids held in memory over all channels (about 200 bytes each), so a
-    /// prompt redelivery is answered without reading the store. 0 reads the store every time.
-    pub cache_capacity: usize,
-    /// Least time between two age expiries in the store ([`ReceiverIdempotency::prune`]).
-    pub expire_interval_ms: u64,
-}
-
-impl Default for IdempotencyConfig {
-    /// 10,000 ids per channel, 24 h, 10 min, 4,096 cached ids, expiry once a minute.
-    fn default() -> Self {
-        Self {
-            capacity_per_channel: DEFAULT_IDEMPOTENCY_CAPACITY,
-            max_age_ms: DEFAULT_IDEMPOTENCY_MAX_AGE_MS,
-            in_progress_timeout_ms: DEFAULT_IN_PROGRESS_TIMEOUT_MS,
-            cache_capacity: DEFAULT_IDEMPOTENCY_CACHE,
-            expire_interval_ms: DEFAULT_IDEMPOTENCY_EXPIRE_INTERVAL_MS,
-        }
-    }
-}
-
-impl IdempotencyConfig {
-    /// Completions of a channel between two capacity trims in the store.
-    fn trim_every(&self) -> usize {
-        (self.capacity_per_channel / 16).max(1)
-    }
-}
+use super::config::*;
 
 /// Permission to perform the side effect of one admitted message. Give it back to
 /// [`ReceiverIdempotency::complete`] or [`ReceiverIdempotency::abandon`].
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "complete or abandon the ticket, otherwise the message stays in progress"]
 pub struct Ticket {
-    channel: ConnectorChannelId,
-    message_id: MessageId,
-    fingerprint: Fingerprint,
+    pub(super) channel: ConnectorChannelId,
+    pub(super) message_id: MessageId,
+    pub(super) fingerprint: Fingerprint,
 }
 
 impl Ticket {
@@ -123,10 +56,10 @@ pub enum Admission {
 /// fingerprint that is not 64 lowercase hex digits (only a foreign store would hold one) is
 /// kept as the SHA-256 of its text, so equal strings stay equal. The stored form is unchanged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Digest([u8; 32]);
+pub(super) struct Digest(pub(super) [u8; 32]);
 
 impl Digest {
-    fn of(fingerprint: &Fingerprint) -> Self {
+    pub(super) fn of(fingerprint: &Fingerprint) -> Self {
         let hex = fingerprint.as_str();
         let mut bytes = [0u8; 32];
         let lowercase = hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
@@ -137,18 +70,18 @@ impl Digest {
     }
 }
 
-type Key = (ConnectorChannelId, MessageId);
+pub(super) type Key = (ConnectorChannelId, MessageId);
 
 /// One channel's admissions in progress, and its completions since the last trim.
 #[derive(Debug, Default)]
-struct ChannelState {
-    in_progress: HashMap<MessageId, (Digest, u64)>,
-    since_trim: usize,
+pub(super) struct ChannelState {
+    pub(super) in_progress: HashMap<MessageId, (Digest, u64)>,
+    pub(super) since_trim: usize,
 }
 
 /// The recently completed ids, oldest first out; one allocation per id shared by the map
 /// and the order.
-type RecentCache = FifoMap<Arc<Key>, (Digest, u64)>;
+pub(super) type RecentCache = FifoMap<Arc<Key>, (Digest, u64)>;
 
 /// Counters of the idempotency set.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -169,31 +102,31 @@ pub struct IdempotencyStats {
     pub store_lookups: u64,
     /// Ids dropped from the recent cache (still in the store).
     pub cache_evictions: u64,
-    /// Capacity trims handed to the store ([`IdempotencyWrite::Trim`]).
+    /// Capacity trims handed to the store ([`IdempotencyWrite::Trim`](crate::IdempotencyWrite::Trim)).
     pub capacity_trims: u64,
-    /// Age expiries handed to the store ([`IdempotencyWrite::Expire`]).
+    /// Age expiries handed to the store ([`IdempotencyWrite::Expire`](crate::IdempotencyWrite::Expire)).
     pub age_expiries: u64,
 }
 
 /// The receiver-side idempotency set, persisted through an [`IdempotencyStore`].
 #[derive(Debug)]
 pub struct ReceiverIdempotency<S: IdempotencyStore = MemoryStore> {
-    config: IdempotencyConfig,
-    store: S,
-    channels: BTreeMap<ConnectorChannelId, ChannelState>,
+    pub(super) config: IdempotencyConfig,
+    pub(super) store: S,
+    pub(super) channels: BTreeMap<ConnectorChannelId, ChannelState>,
     /// Completed, written (or handed out to be written), not yet reported committed: held
     /// until [`ReceiverIdempotency::committed`], because the store may not show them yet.
-    uncommitted: HashMap<Key, (Digest, u64)>,
-    recent: RecentCache,
+    pub(super) uncommitted: HashMap<Key, (Digest, u64)>,
+    pub(super) recent: RecentCache,
     /// Admissions in progress when their channel was renamed: the ticket still names the old
     /// id, its completion is recorded under the new one.
-    moved_tickets: HashMap<Key, ConnectorChannelId>,
-    last_expiry: Option<u64>,
-    stats: IdempotencyStats,
+    pub(super) moved_tickets: HashMap<Key, ConnectorChannelId>,
+    pub(super) last_expiry: Option<u64>,
+    pub(super) stats: IdempotencyStats,
 }
 
 /// Where [`ReceiverIdempotency`] gets a stored record it does not hold in memory.
-enum Lookup {
+pub(super) enum Lookup {
     /// Ask the synchronous store.
     Store,
     /// The caller fetched it (async backends).
@@ -202,7 +135,7 @@ enum Lookup {
 
 /// What `begin_with_stored` answers if the impossible happens (a failed lookup that was never
 /// made): a retryable refusal rather than a panic.
-fn unreachable_admission(message_id: &MessageId) -> Admission {
+pub(super) fn unreachable_admission(message_id: &MessageId) -> Admission {
     Admission::InProgress(ChatMessageAck::rejected(
         message_id.clone(),
         ErrorCode::ChannelBusy,
@@ -229,7 +162,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         Ok(set)
     }
 
-    fn with_store(config: IdempotencyConfig, store: S) -> Self {
+    pub(super) fn with_store(config: IdempotencyConfig, store: S) -> Self {
         Self {
             config,
             store,
@@ -308,7 +241,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         }
     }
 
-    fn admit(
+    pub(super) fn admit(
         &mut self,
         channel: &ConnectorChannelId,
         message_id: &MessageId,
@@ -355,7 +288,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
     /// The digest of a completed id: from the uncommitted completions, the recent cache or
     /// the store (whose answer is then cached). With `now`, an id past the age bound counts
     /// as unknown.
-    fn completed_digest(
+    pub(super) fn completed_digest(
         &mut self,
         channel: &ConnectorChannelId,
         message_id: &MessageId,
@@ -396,207 +329,7 @@ impl<S: IdempotencyStore> ReceiverIdempotency<S> {
         Ok(Some(digest))
     }
 
-    /// The side effect is done: records the id in the store (one batch, with a capacity trim
-    /// when one is due) and returns the `accepted` ack. If the store fails the id is still
-    /// remembered in memory (the effect happened, a repeat in this process must stay a
-    /// duplicate) and the error is returned for the caller to log; the caller should still
-    /// send `accepted`.
-    pub fn complete(
-        &mut self,
-        ticket: Ticket,
-        now: u64,
-    ) -> Result<ChatMessageAck, IdempotencyError> {
-        let (channel, message_id) = (ticket.channel.clone(), ticket.message_id.clone());
-        let (ack, writes) = self.complete_deferred(ticket, now);
-        self.store.apply(&writes)?;
-        self.committed(&channel, &message_id);
-        Ok(ack)
-    }
-
-    /// [`ReceiverIdempotency::complete`] without touching the store: returns the ack and the
-    /// writes that record it. The caller commits the writes (grouped with other work) and
-    /// sends the ack only after that commit succeeded, so a crash never leaves an `accepted`
-    /// ack whose id the restarted receiver does not know. Until the caller reports the
-    /// commit with [`ReceiverIdempotency::committed`] the id is held in memory (a redelivery
-    /// meanwhile is a `duplicate`, though the store does not show the id yet); after a failed
-    /// commit, do not report it: the id then stays in memory for the life of the process.
-    pub fn complete_deferred(
-        &mut self,
-        ticket: Ticket,
-        now: u64,
-    ) -> (ChatMessageAck, Vec<IdempotencyWrite>) {
-        let Ticket { channel, message_id, fingerprint } = ticket;
-        let channel = self.ticket_channel(channel, &message_id);
-        let digest = Digest::of(&fingerprint);
-        let mut writes = vec![IdempotencyWrite::Save(CompletedRecord {
-            channel: channel.clone(),
-            message_id: message_id.clone(),
-            fingerprint,
-            completed_at: now,
-        })];
-        let trim_every = self.config.trim_every();
-        let state = self.channels.entry(channel.clone()).or_default();
-        state.in_progress.remove(&message_id);
-        state.since_trim += 1;
-        if state.since_trim >= trim_every {
-            state.since_trim = 0;
-            self.stats.capacity_trims += 1;
-            writes.push(IdempotencyWrite::Trim {
-                channel: channel.clone(),
-                keep: self.config.capacity_per_channel.max(1),
-            });
-        }
-        self.stats.completed += 1;
-        self.uncommitted.insert((channel, message_id.clone()), (digest, now));
-        (ChatMessageAck::accepted(message_id), writes)
-    }
-
-    /// The writes of [`ReceiverIdempotency::complete_deferred`] for this id are committed:
-    /// the store answers for it now, so it moves to the bounded recent cache.
-    pub fn committed(&mut self, channel: &ConnectorChannelId, message_id: &MessageId) {
-        let key = (channel.clone(), message_id.clone());
-        if let Some(value) = self.uncommitted.remove(&key) {
-            self.stats.cache_evictions +=
-                self.recent.insert(Arc::new(key), value, self.config.cache_capacity) as u64;
-        }
-    }
-
-    /// The side effect failed: nothing is recorded and the `rejected` ack is returned. Use
-    /// `retryable: true` for temporary failures (rate limit, network, busy) and `false` for
-    /// deterministic ones (invalid payload, permission denied, target refused).
-    pub fn abandon(
-        &mut self,
-        ticket: Ticket,
-        code: ErrorCode,
-        message: impl Into<String>,
-        retryable: bool,
-    ) -> ChatMessageAck {
-        let channel = self.ticket_channel(ticket.channel, &ticket.message_id);
-        if let Some(state) = self.channels.get_mut(&channel) {
-            state.in_progress.remove(&ticket.message_id);
-        }
-        ChatMessageAck::rejected(ticket.message_id, code, message, retryable)
-    }
-
-    /// True when the id is completed on the channel: held in memory or stored (regardless of
-    /// age until the store's next expiry).
-    pub fn is_completed(
-        &mut self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<bool, IdempotencyError> {
-        Ok(self.completed_digest(channel, message_id, None, Lookup::Store)?.is_some())
-    }
-
-    /// Forgets stale admissions on every channel and, at most once per
-    /// `expire_interval_ms`, deletes the ids past the age bound from the store.
-    pub fn prune(&mut self, now: u64) -> Result<(), IdempotencyError> {
-        let writes = self.prune_deferred(now);
-        self.store.apply(&writes)?;
-        Ok(())
-    }
-
-    /// [`ReceiverIdempotency::prune`] without touching the store: returns the expiry write
-    /// (if one is due) for the caller to commit with other work.
-    pub fn prune_deferred(&mut self, now: u64) -> Vec<IdempotencyWrite> {
-        let timeout = self.config.in_progress_timeout_ms;
-        self.channels.retain(|_, state| {
-            state.in_progress.retain(|_, (_, at)| now.saturating_sub(*at) < timeout);
-            !state.in_progress.is_empty() || state.since_trim > 0
-        });
-        let channels = &self.channels;
-        self.moved_tickets.retain(|(_, message_id), to| {
-            channels.get(to).is_some_and(|state| state.in_progress.contains_key(message_id))
-        });
-        let due = self
-            .last_expiry
-            .is_none_or(|at| now.saturating_sub(at) >= self.config.expire_interval_ms);
-        if !due {
-            return Vec::new();
-        }
-        self.last_expiry = Some(now);
-        self.stats.age_expiries += 1;
-        vec![IdempotencyWrite::Expire { before: now.saturating_sub(self.config.max_age_ms) }]
-    }
-
-    /// The Connector re-keyed the channel (a new `connector_channel_id` on reopen): its
-    /// admissions and remembered ids move to `to`, in memory only. The caller renames the
-    /// stored rows first, in one transaction with the rest of the channel's state.
-    pub fn on_channel_renamed(&mut self, from: &ConnectorChannelId, to: &ConnectorChannelId) {
-        if from == to {
-            return;
-        }
-        if let Some(state) = self.channels.remove(from) {
-            for message_id in state.in_progress.keys() {
-                self.moved_tickets.insert((from.clone(), message_id.clone()), to.clone());
-            }
-            for target in self.moved_tickets.values_mut().filter(|c| *c == from) {
-                *target = to.clone();
-            }
-            let target = self.channels.entry(to.clone()).or_default();
-            target.in_progress.extend(state.in_progress);
-            target.since_trim += state.since_trim;
-        }
-        let moved: Vec<Key> =
-            self.uncommitted.keys().filter(|key| &key.0 == from).cloned().collect();
-        for key in moved {
-            if let Some(value) = self.uncommitted.remove(&key) {
-                self.uncommitted.insert((to.clone(), key.1), value);
-            }
-        }
-        self.recent.rekey(|key| (&key.0 == from).then(|| Arc::new((to.clone(), key.1.clone()))));
-    }
-
-    /// The channel a ticket's outcome belongs to: its own, or the one its channel was renamed
-    /// to while it was in progress.
-    fn ticket_channel(
-        &mut self,
-        channel: ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> ConnectorChannelId {
-        if self.moved_tickets.is_empty() {
-            return channel;
-        }
-        let key = (channel, message_id.clone());
-        match self.moved_tickets.remove(&key) {
-            Some(moved) => moved,
-            None => key.0,
-        }
-    }
-
-    /// The channel was permanently deleted and the caller deletes its stored ids (with the
-    /// channel's other rows): forget it in memory only.
-    pub fn forget_channel(&mut self, channel: &ConnectorChannelId) {
-        self.channels.remove(channel);
-        self.uncommitted.retain(|key, _| &key.0 != channel);
-        self.recent.retain(|key| &key.0 != channel);
-    }
-
-    /// The channel was permanently deleted: forget all its state, in memory and in the store.
-    pub fn remove_channel(&mut self, channel: &ConnectorChannelId) -> Result<(), IdempotencyError> {
-        self.channels.remove(channel);
-        self.uncommitted.retain(|key, _| &key.0 != channel);
-        self.recent.retain(|key| &key.0 != channel);
-        self.store.apply(&[IdempotencyWrite::Trim { channel: channel.clone(), keep: 0 }])?;
-        Ok(())
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> IdempotencyStats {
-        IdempotencyStats {
-            remembered: self.recent.len() + self.uncommitted.len(),
-            uncommitted: self.uncommitted.len(),
-            in_progress: self.channels.values().map(|c| c.in_progress.len()).sum(),
-            ..self.stats.clone()
-        }
-    }
-
-    /// The bounds in force.
-    pub fn config(&self) -> &IdempotencyConfig {
-        &self.config
-    }
-
-    fn expire_admissions(&mut self, channel: &ConnectorChannelId, now: u64) {
+    pub(super) fn expire_admissions(&mut self, channel: &ConnectorChannelId, now: u64) {
         let timeout = self.config.in_progress_timeout_ms;
         if let Some(state) = self.channels.get_mut(channel) {
             state.in_progress.retain(|_, (_, at)| now.saturating_sub(*at) < timeout);
