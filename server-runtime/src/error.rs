@@ -69,11 +69,6 @@ pub enum DefinitionError {
     /// The Card declares an IM Profile but no IM target was given.
     #[error("the Card declares {0} but no ImTarget was registered; call .im_target(...)")]
     MissingImTarget(String),
-    /// The Card declares auth flows but no code handles some of them.
-    #[error(
-        "auth flow {0:?} is declared but nothing handles it; declare flows with .form_flow(..), .qr_flow(..) or .auth_flow_with(..)"
-    )]
-    MissingAuthProvider(String),
     /// A device declaration breaks a Device Profile rule (e.g. a Tool argument lets the model
     /// supply a device fact).
     #[error("device declaration: {0}")]

@@ -174,9 +174,9 @@ mod throttle;
 mod tool_calls;
 
 pub use author::{
-    AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding, BoundReason,
+    AuthContext, AuthError, AuthPrompt, AuthStep, AuthValues, Binding, BoundReason,
     ChannelContext, DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, FlowHandler,
-    FlowSpec, ImTarget, NoAuth, ToolContext, ToolError, ToolSpec,
+    FlowSpec, ImTarget, ToolContext, ToolError, ToolSpec,
 };
 pub use author::{
     DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,

@@ -181,13 +181,15 @@ fn note_connector(counts: &Counts) -> Connector {
         .target(TargetDeclaration::new(TargetType::Im, "echo", "Echo"))
         .profile(PROFILE_IM_V2)
         .im_target(support::AcceptAll)
-        .auth_flow(AuthFlow::form(
-            ECHO_FLOW,
-            TargetType::Im,
-            "Sign in",
-            vec![AuthField::password("token", "Token").required()],
-        ))
-        .auth(support::InstantAuth)
+        .auth_flow_with(
+            AuthFlow::form(
+                ECHO_FLOW,
+                TargetType::Im,
+                "Sign in",
+                vec![AuthField::password("token", "Token").required()],
+            ),
+            support::InstantAuth,
+        )
         .tool::<NoteArgs, _, _, _>(
             ToolSpec::new("note_add", concat!("Add a note", "\n", "Keeps a note.")),
             move |ctx: ToolContext, args: NoteArgs| {
