@@ -39,7 +39,7 @@ use xagent_protocol_types::{ConnectorCard, Packet, PacketBody, Side};
 use xagent_protocol_validate::{
     AdmissionWindow, CardFacts, DocumentKind, PacketContext, Report, Validator, check_text_from,
 };
-use xagent_server_runtime::InboundJudge;
+use xagent_server_runtime::ops::InboundJudge;
 use xagent_validate_ffi::{
     XAGENT_SENDER_CONNECTOR, XAGENT_SENDER_UNKNOWN, XAGENT_SENDER_XAGENT, card_report,
     packet_is_valid_from, packet_report_from, skill_report,

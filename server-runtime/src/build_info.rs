@@ -68,8 +68,8 @@ pub fn runtime_build_info() -> BuildInfo {
 #[macro_export]
 macro_rules! build_info {
     () => {{
-        let fallback = $crate::runtime_build_info();
-        let mut info = $crate::BuildInfo::new(
+        let fallback = $crate::ops::runtime_build_info();
+        let mut info = $crate::ops::BuildInfo::new(
             option_env!("XAGENT_BUILD_TIME").map(str::to_owned).unwrap_or(fallback.build_time),
         )
         .with_version(env!("CARGO_PKG_VERSION"));

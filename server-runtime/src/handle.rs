@@ -147,7 +147,7 @@ pub(crate) trait HandleOps: Send + Sync + 'static {
         profile: &'static str,
         channel: ConnectorChannelId,
         payload: OutboundPayload,
-        extra: Vec<crate::WriteOp>,
+        extra: Vec<crate::storage::WriteOp>,
     ) -> BoxFuture<'static, Result<(), HandleError>>;
     /// The IM outbox's facts, when the Card declares an IM Profile.
     fn outbox_events(&self) -> Option<tokio::sync::broadcast::Receiver<OutboxEvent>>;
@@ -385,8 +385,8 @@ impl ConnectorHandle {
     }
 
     /// Tells every replica of this Connector (this one included) that something happened, as
-    /// a short hint: `topic` at most [`crate::MAX_BROADCAST_TOPIC_BYTES`], `message` at most
-    /// [`crate::MAX_BROADCAST_MESSAGE_BYTES`]. Delivered at most once to each replica's
+    /// a short hint: `topic` at most [`crate::storage::MAX_BROADCAST_TOPIC_BYTES`], `message` at most
+    /// [`crate::storage::MAX_BROADCAST_MESSAGE_BYTES`]. Delivered at most once to each replica's
     /// subscribers, and lost for a replica that is restarting: send what changed as a pointer
     /// into durable state (the author store), never as the state itself. On a storage only one
     /// process uses, only this process hears it.

@@ -101,7 +101,7 @@ impl ServerBuilder {
             Ok(text) => text.parse().map_err(|e: String| {
                 ServerError::Config(format!("{}: {e}", crate::logging::ENV_LOG_FORMAT))
             })?,
-            Err(_) => crate::LogFormat::Text,
+            Err(_) => crate::logging::LogFormat::Text,
         };
         crate::logging::init_logging(crate::logging::DEFAULT_LOG_FILTER, format);
         let server = self.from_env()?.build().await?;
@@ -149,7 +149,7 @@ impl ServerBuilder {
     /// runtime's state and the Transfer Plane's files are in PostgreSQL.
     ///
     /// The directory belongs to this process from here on: a second process given the same
-    /// directory is refused ([`crate::StateLockError::InUse`], naming this one's pid).
+    /// directory is refused ([`crate::ops::StateLockError::InUse`], naming this one's pid).
     pub fn state_dir(mut self, dir: impl AsRef<std::path::Path>) -> Result<Self, ServerError> {
         self.state_lock = None;
         self.state_lock = Some(crate::state_lock::StateDirLock::acquire(dir.as_ref())?);

@@ -271,7 +271,7 @@ pub enum Place {
     Sqlite(tempfile::TempDir),
     /// A fresh database of testkit's PostgreSQL.
     #[cfg(feature = "postgres")]
-    Postgres(Box<xagent_server_runtime::DatabaseUrl>),
+    Postgres(Box<xagent_server_runtime::ops::DatabaseUrl>),
 }
 
 impl Place {
@@ -288,14 +288,14 @@ impl Place {
     }
 
     /// Opens (or reopens) the backend over this place.
-    pub async fn open(&self) -> Arc<dyn xagent_server_runtime::Storage> {
+    pub async fn open(&self) -> Arc<dyn xagent_server_runtime::storage::Storage> {
         match self {
-            Self::Sqlite(dir) => {
-                Arc::new(xagent_server_runtime::SqliteStorage::open(dir.path()).expect("opens"))
-            }
+            Self::Sqlite(dir) => Arc::new(
+                xagent_server_runtime::storage::SqliteStorage::open(dir.path()).expect("opens"),
+            ),
             #[cfg(feature = "postgres")]
             Self::Postgres(url) => Arc::new(
-                xagent_server_runtime::PostgresStorage::connect(url, Default::default())
+                xagent_server_runtime::storage::PostgresStorage::connect(url, Default::default())
                     .await
                     .expect("connects"),
             ),
