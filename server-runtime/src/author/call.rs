@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use serde_json::{Map, Value};
 use xagent_profile_im::{ActivityAction, ActivityCapability};
-use xagent_protocol_types::{ChatMessage, ErrorCode, FlowId};
+use xagent_protocol_types::{ChatMessage, ErrorCode, FlowId, WireError};
 
 use super::auth::{AuthError, AuthStep, BoundReason, FlowHandler};
 use super::context::{AuthContext, AuthValues, ChannelContext, ToolContext};
@@ -242,15 +242,20 @@ impl ImCode {
     }
 }
 
-/// Runs a registered Tool; a panic becomes `internal_error` with a generic message.
+/// Runs a registered Tool; a panic becomes `internal_error` with a generic message. The
+/// author's [`ToolError`] becomes the wire error here, once: the registry, the stored record
+/// and the ack carry that [`WireError`] unchanged.
 pub(crate) async fn call_tool(
     tool: &RegisteredTool,
     ctx: ToolContext,
     arguments: Map<String, Value>,
-) -> Result<Value, ToolError> {
-    contain("tool", (tool.call)(ctx, arguments)).await.unwrap_or_else(|_| {
-        Err(ToolError::new(ErrorCode::InternalError, crate::error::INTERNAL_MESSAGE))
-    })
+) -> Result<Value, WireError> {
+    match contain("tool", (tool.call)(ctx, arguments)).await {
+        Ok(outcome) => outcome.map_err(ToolError::into_wire),
+        Err(Panicked) => {
+            Err(WireError::new(ErrorCode::InternalError, crate::error::INTERNAL_MESSAGE))
+        }
+    }
 }
 
 /// Object-safe face of [`super::device::DeviceTarget`].
