@@ -25,9 +25,9 @@ use xagent_protocol_types::{ConnectorChannelId, ConnectorId};
 mod wakeups;
 
 use super::Shared;
-use wakeups::drain_outbox_wakeups;
 use crate::handle::Broadcast;
 use crate::storage::{Cluster, ClusterEvent, ClusterStorage, DATA_PLANE_LEASE, StorageError};
+use wakeups::drain_outbox_wakeups;
 
 /// How long one renewal keeps the data-plane lease: a replica that cannot renew for this long
 /// closes its sockets (xAgent reconnects, through the load balancer, to another replica).
