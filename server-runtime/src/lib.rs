@@ -41,6 +41,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The crate root holds the author's API; what an operator or an embedding binary uses
+//! (logging, listener limits, environment names, the state lock) is under [`ops`], the
+//! storage backends and cluster types under [`storage`].
+//!
 //! ## Modules and which way they depend
 //!
 //! Three layers, and inside each layer rows listed top first. A module imports only modules
