@@ -1,11 +1,15 @@
 //! Stamps the build time (YYMMDDHHMM, UTC) and, when available, the git revision and tag into
 //! the crate, so `BuildStamp::runtime()` and the `/health` default need no runtime lookup.
 
+#[path = "src/build_info/stamp.rs"]
+mod stamp;
+
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/build_info/stamp.rs");
     println!("cargo:rerun-if-env-changed=XAGENT_BUILD_TIME");
     println!("cargo:rerun-if-env-changed=XAGENT_GIT_REV");
     println!("cargo:rerun-if-env-changed=XAGENT_GIT_TAG");
@@ -32,21 +36,8 @@ fn git(args: &[&str]) -> Option<String> {
     (!text.is_empty()).then_some(text)
 }
 
-/// Now as YYMMDDHHMM in UTC, computed from the Unix time (no date crate needed).
+/// Now as YYMMDDHHMM in UTC (the runtime's own stamp function).
 fn now_stamp() -> String {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (hour, minute) = (rem / 3600, (rem % 3600) / 60);
-    // Civil-from-days (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{:02}{:02}{:02}{:02}{:02}", year % 100, month, day, hour, minute)
+    stamp::stamp(secs)
 }

@@ -72,7 +72,7 @@ pub(crate) struct Summary {
 
 pub(crate) fn backup(state_dir: &Path, out: &Path) -> Result<Summary, String> {
     let on_sqlite = state_dir.join("connector.sqlite3").is_file();
-    if !on_sqlite && !state_dir.join(xagent_server_runtime::LOCK_FILE).is_file() {
+    if !on_sqlite && !state_dir.join(xagent_server_runtime::ops::LOCK_FILE).is_file() {
         return Err(format!(
             "refused: {} holds neither connector.sqlite3 nor a Connector's lock: not a Connector's state directory",
             state_dir.display()
@@ -162,7 +162,7 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String
         let companion = [".sqlite3-wal", ".sqlite3-shm", ".sqlite3-journal"]
             .iter()
             .any(|suffix| name.ends_with(suffix));
-        let lock = dir == root && name == xagent_server_runtime::LOCK_FILE;
+        let lock = dir == root && name == xagent_server_runtime::ops::LOCK_FILE;
         if companion || lock {
             continue;
         }

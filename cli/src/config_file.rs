@@ -39,15 +39,15 @@ pub(crate) struct LogArgs {
     /// Log lines as `text` (the default) or `json`: one object a line with the packet type,
     /// request_id and connector_channel_id of the packet being handled, for a log collector.
     #[arg(long = "log-format", value_name = "FORMAT", default_value = "text",
-          env = xagent_server_runtime::ENV_LOG_FORMAT,
-          value_parser = |text: &str| text.parse::<xagent_server_runtime::LogFormat>())]
-    pub(crate) format: xagent_server_runtime::LogFormat,
+          env = xagent_server_runtime::ops::ENV_LOG_FORMAT,
+          value_parser = |text: &str| text.parse::<xagent_server_runtime::ops::LogFormat>())]
+    pub(crate) format: xagent_server_runtime::ops::LogFormat,
 }
 
 impl LogArgs {
     /// Installs the logger on stderr: `RUST_LOG` when set, else `default_filter`.
     pub(crate) fn init(&self, default_filter: &str) {
-        xagent_server_runtime::init_logging(default_filter, self.format);
+        xagent_server_runtime::ops::init_logging(default_filter, self.format);
     }
 }
 

@@ -187,7 +187,7 @@ pub fn run_command(args: DemoArgs) -> ExitCode {
                 println!("  Check the Connector (in a room of its own):");
                 println!("    {} conformance --base-url {local_url} --api-key {api_key_shown} --flow {ROOM_FLOW} --input room_name=conformance --input access_code={conformance_code} --input owner_code=owner-{conformance_code}", crate::self_command());
             }) => result,
-            () = xagent_server_runtime::stop_signal() => Ok(()),
+            () = xagent_server_runtime::ops::stop_signal() => Ok(()),
         };
         let _ = stop_tx.send(());
         let _ = server.await;

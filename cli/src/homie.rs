@@ -192,7 +192,7 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
         if let Err(message) = args.listener.start_metrics(homie.server()).await {
             return crate::usage("homie", message);
         }
-        let stop = xagent_server_runtime::stop_signal();
+        let stop = xagent_server_runtime::ops::stop_signal();
         println!("device.homie listening on {local_url} (Base URL for xAgent; broker {mqtt})");
         match homie.serve(listener, stop).await {
             Ok(()) => ExitCode::SUCCESS,

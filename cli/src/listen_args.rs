@@ -2,7 +2,7 @@
 //! `ConnectorServer::serve` (`webchat`, `homie`): one definition, one set of names.
 
 use clap::Args;
-use xagent_server_runtime::{IpNet, ServeLimits, parse_trusted_proxy};
+use xagent_server_runtime::ops::{IpNet, ServeLimits, parse_trusted_proxy};
 
 /// Connection limits of the HTTP listener (SECURITY.md, "The listener").
 #[derive(Debug, Clone, Args)]

@@ -156,7 +156,7 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
         if let Err(message) = args.listener.start_metrics(matrix.server()).await {
             return usage(message);
         }
-        let stop = xagent_server_runtime::stop_signal();
+        let stop = xagent_server_runtime::ops::stop_signal();
         println!(
             "im.matrix listening on {local_url} (Base URL for xAgent; bot {} on {})",
             args.user, args.homeserver

@@ -153,13 +153,13 @@ pub fn run_command(args: McpArgs) -> ExitCode {
         let served = match http {
             None => tokio::select! {
                 served = xagent_mcp::serve_stdio(link) => served,
-                () = xagent_server_runtime::stop_signal() => Ok(()),
+                () = xagent_server_runtime::ops::stop_signal() => Ok(()),
             },
             Some((addr, auth)) => {
                 let shutdown = tokio_util::sync::CancellationToken::new();
                 let stop = shutdown.clone();
                 tokio::spawn(async move {
-                    xagent_server_runtime::stop_signal().await;
+                    xagent_server_runtime::ops::stop_signal().await;
                     stop.cancel();
                 });
                 xagent_mcp::serve_http(link, addr, auth, shutdown, |bound| {

@@ -23,9 +23,9 @@ use xagent_file_transfer::backend::{FileBackend, PostgresBackend};
 use xagent_file_transfer::{FileStore, StoreConfig, UrlSigner};
 use xagent_profile_im::{IdempotencyWrite, OutboxWrite};
 use xagent_protocol_types::{Secret, SystemClock};
-use xagent_server_runtime::{
-    DATABASE_FILE, DatabaseUrl, ExportCounts, PostgresOptions, PostgresStorage, SqliteStorage,
-    WriteOp,
+use xagent_server_runtime::ops::DatabaseUrl;
+use xagent_server_runtime::storage::{
+    DATABASE_FILE, ExportCounts, PostgresOptions, PostgresStorage, SqliteStorage, WriteOp,
 };
 
 use crate::EXIT_USAGE;

@@ -178,7 +178,7 @@ pub(crate) async fn bind(listen: &str) -> std::io::Result<(tokio::net::TcpListen
 /// Logs text to stderr (colour codes only at a terminal); `RUST_LOG` overrides the default
 /// level.
 pub(crate) fn init_logs(default: &str) {
-    xagent_server_runtime::init_logging(default, xagent_server_runtime::LogFormat::Text);
+    xagent_server_runtime::ops::init_logging(default, xagent_server_runtime::ops::LogFormat::Text);
 }
 
 /// The API key from `--api-key-file`, else from the variable or `--api-key`.
@@ -232,7 +232,7 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         if let Err(message) = args.listener.start_metrics(webchat.server()).await {
             return crate::usage("webchat", message);
         }
-        let stop = xagent_server_runtime::stop_signal();
+        let stop = xagent_server_runtime::ops::stop_signal();
         println!("im.webchat listening on {local_url} (Base URL for xAgent; chat page at {public_url}/chat/)");
         match webchat.serve(listener, stop).await {
             Ok(()) => ExitCode::SUCCESS,

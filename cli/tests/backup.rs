@@ -96,7 +96,7 @@ fn a_postgresql_replicas_directory_backs_up_its_files_and_points_to_pg_dump() {
     let dir = tempfile::tempdir().expect("dir");
     let state = dir.path().join("state");
     std::fs::create_dir(&state).expect("state dir");
-    std::fs::write(state.join(xagent_server_runtime::LOCK_FILE), b"").expect("lock");
+    std::fs::write(state.join(xagent_server_runtime::ops::LOCK_FILE), b"").expect("lock");
 
     let only_lock = backup(&state, &dir.path().join("lock-only.tar"));
     assert_eq!(only_lock.status.code(), Some(2));
@@ -118,5 +118,5 @@ fn a_postgresql_replicas_directory_backs_up_its_files_and_points_to_pg_dump() {
     let listing = Command::new("tar").arg("-tf").arg(&archive).output().expect("tar runs");
     let names = String::from_utf8_lossy(&listing.stdout);
     assert!(names.contains("matrix/matrix-sdk-crypto.sqlite3"), "{names}");
-    assert!(!names.lines().any(|n| n.ends_with(xagent_server_runtime::LOCK_FILE)), "{names}");
+    assert!(!names.lines().any(|n| n.ends_with(xagent_server_runtime::ops::LOCK_FILE)), "{names}");
 }

@@ -10,7 +10,9 @@ use tokio::io::AsyncReadExt;
 use xagent_file_transfer::{FileStore, NewFile, StoreConfig, UrlSigner};
 use xagent_profile_im::{OutboxWrite, PendingRecord};
 use xagent_protocol_types::{ConnectorChannelId, MessageId, Secret, SystemClock, ToolInvokeAck};
-use xagent_server_runtime::{PostgresOptions, PostgresStorage, SqliteStorage, Storage, WriteOp};
+use xagent_server_runtime::storage::{
+    PostgresOptions, PostgresStorage, SqliteStorage, Storage, WriteOp,
+};
 use xagent_storage_postgres::DatabaseUrl;
 use xagent_testkit::postgres::TestPostgres;
 
@@ -55,7 +57,7 @@ async fn a_sqlite_state_directory_moves_into_postgres_whole() {
         .expect("tool call");
     plane.close().await;
     running.stop().await;
-    assert!(state.join(xagent_server_runtime::DATABASE_FILE).is_file(), "state in SQLite");
+    assert!(state.join(xagent_server_runtime::storage::DATABASE_FILE).is_file(), "state in SQLite");
 
     // An outbox message still owed to xAgent and a stored file, in the same directory.
     let pending = PendingRecord {

@@ -34,7 +34,7 @@ async fn webchat_keeps_the_runtime_state_in_postgres_across_a_restart() {
     assert!(log.contains(&url.to_string()), "the log names the database, redacted:\n{log}");
     assert!(!log.contains("hunter2-pg"), "the password never appears in the log:\n{log}");
     assert!(
-        !state.join(xagent_server_runtime::DATABASE_FILE).exists(),
+        !state.join(xagent_server_runtime::storage::DATABASE_FILE).exists(),
         "the runtime's state is not in SQLite"
     );
 

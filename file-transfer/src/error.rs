@@ -81,19 +81,15 @@ impl TransferError {
         }
     }
 
-    /// The HTTP status this error is answered with.
+    /// The HTTP status this error is answered with: its code's status
+    /// ([`ErrorCode::http_status`]), refined where the Transfer Plane knows more: a full store
+    /// is 507 (Insufficient Storage, not a passing overload) and a range outside the file 416.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::ChannelRequired | Self::InvalidUpload(_) => StatusCode::BAD_REQUEST,
-            Self::UnknownChannel | Self::FileNotFound(_) => StatusCode::NOT_FOUND,
-            Self::Forbidden(_) => StatusCode::FORBIDDEN,
-            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::CapacityExceeded => StatusCode::INSUFFICIENT_STORAGE,
             Self::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
-            Self::WeakSecret { .. } | Self::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            #[cfg(feature = "postgres")]
-            Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            other => StatusCode::from_u16(other.code().http_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         }
     }
 

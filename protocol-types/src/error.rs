@@ -81,6 +81,31 @@ open_enum! {
     }
 }
 
+impl ErrorCode {
+    /// The HTTP status of an error response carrying this code: the workspace's one map from
+    /// a wire code to a status (as a number, so this crate stays free of HTTP types). An HTTP
+    /// plane may refine it only where its own error knows more than the code, and says so
+    /// where it does: the Transfer Plane answers a full store with 507 and a range outside the
+    /// file with 416; im.webchat a full store with 507, a rate limit with 429 and a used or
+    /// expired pairing link with 410.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Self::InvalidPacket | Self::InvalidArguments | Self::ConnectorChannelIdRequired => 400,
+            Self::Unauthorized => 401,
+            Self::Forbidden | Self::PermissionDenied => 403,
+            Self::ConnectionNotFound
+            | Self::FileNotFound
+            | Self::ToolNotFound
+            | Self::AuthSessionNotFound => 404,
+            Self::ConnectionNotAuthenticated => 409,
+            Self::PayloadTooLarge => 413,
+            Self::UnsupportedPacket => 501,
+            Self::CapacityExceeded | Self::ShuttingDown => 503,
+            _ => 500,
+        }
+    }
+}
+
 /// The `error` object of a packet: `{code, message}`. The message is for developers and logs and
 /// must never contain a secret.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -26,7 +26,6 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::post;
-use xagent_server_runtime::http_status;
 use xagent_server_runtime::prelude::*;
 
 /// The largest webhook body taken.
@@ -58,12 +57,6 @@ fn valid_name(text: &str, max: usize) -> bool {
         && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// Equal in time whatever the first differing byte (the secret is not guessed byte by byte).
-fn same_secret(given: &[u8], expected: &[u8]) -> bool {
-    given.len() == expected.len()
-        && given.iter().zip(expected).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
-}
-
 async fn receive(
     State(hook): State<Arc<Hook>>,
     Path(inbox): Path<String>,
@@ -73,9 +66,9 @@ async fn receive(
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or_default();
-    if !same_secret(presented.as_bytes(), hook.secret.as_bytes()) {
+    if !constant_time_eq(presented.as_bytes(), hook.secret.as_bytes()) {
         return (StatusCode::UNAUTHORIZED, "wrong or missing webhook secret".into());
     }
     let event: Event = match serde_json::from_slice(&body) {
@@ -105,7 +98,10 @@ async fn receive(
         ChatMessage::text(format!("wh_{}", event.id), format!("{}: {}", event.from, event.text));
     match handle.send_message(&channel, message).await {
         Ok(()) => (StatusCode::ACCEPTED, "queued for the agent".into()),
-        Err(e) => (http_status(&e.code()), e.to_string()),
+        Err(e) => {
+            let status = StatusCode::from_u16(e.code().http_status());
+            (status.unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), e.to_string())
+        }
     }
 }
 

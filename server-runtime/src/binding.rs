@@ -25,7 +25,7 @@ impl Binding {
     }
 
     /// The binding with the target type of the flow it came from (the runtime sets it at
-    /// sign-in; a [`crate::Storage`] sets it when it restores a binding).
+    /// sign-in; a [`crate::storage::Storage`] sets it when it restores a binding).
     #[must_use]
     pub fn with_target_type(mut self, target_type: TargetType) -> Self {
         self.target_type = Some(target_type);

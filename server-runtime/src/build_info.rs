@@ -9,23 +9,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use xagent_protocol_types::BuildInfo;
 
-/// `secs` since the Unix epoch as `YYMMDDHHMM` in UTC.
-pub(crate) fn stamp(secs: u64) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    let (hour, minute) = (rem / 3600, (rem % 3600) / 60);
-    // Civil-from-days (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{:02}{:02}{:02}{:02}{:02}", year % 100, month, day, hour, minute)
-}
+mod stamp;
+
+pub(crate) use stamp::stamp;
 
 /// The build time of the running executable (its modification time), `YYMMDDHHMM` UTC.
 pub fn executable_build_time() -> Option<String> {
@@ -68,8 +54,8 @@ pub fn runtime_build_info() -> BuildInfo {
 #[macro_export]
 macro_rules! build_info {
     () => {{
-        let fallback = $crate::runtime_build_info();
-        let mut info = $crate::BuildInfo::new(
+        let fallback = $crate::ops::runtime_build_info();
+        let mut info = $crate::ops::BuildInfo::new(
             option_env!("XAGENT_BUILD_TIME").map(str::to_owned).unwrap_or(fallback.build_time),
         )
         .with_version(env!("CARGO_PKG_VERSION"));

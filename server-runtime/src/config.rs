@@ -49,7 +49,7 @@ pub struct RuntimeConfig {
     pub shutdown_grace: Duration,
     /// Limits of the HTTP listener [`crate::ConnectorServer::serve`] runs: header-read and idle
     /// timeouts, the connection cap (defaults 10 s, 60 s, 1,024), the per-address caps and
-    /// rates, the data plane's reserved slots and the trusted proxies ([`crate::ServeLimits`]).
+    /// rates, the data plane's reserved slots and the trusted proxies ([`crate::ops::ServeLimits`]).
     pub listener: crate::listen::ServeLimits,
     /// Channels one data-plane socket may have open (default 4,096); `channel.open` beyond it
     /// is refused with `capacity_exceeded`.

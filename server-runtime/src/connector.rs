@@ -20,8 +20,8 @@ use crate::author::call::DeviceCode;
 use crate::author::call::{AuthCode, BoundHook, DynFlow, FormFlow, ImCode, UnboundHook};
 use crate::author::tool::{RegisteredTool, register};
 use crate::author::{
-    AuthContext, AuthError, AuthProvider, AuthStep, Binding, BoundReason, ChannelContext,
-    FlowHandler, FlowSpec, ImTarget, ToolContext, ToolError, ToolSpec,
+    AuthContext, AuthError, AuthStep, Binding, BoundReason, ChannelContext, FlowHandler, FlowSpec,
+    ImTarget, ToolContext, ToolError, ToolSpec,
 };
 use crate::author::{DeviceConfig, DeviceTarget, RiskLevel, ToolCategory};
 use crate::error::DefinitionError;
@@ -231,22 +231,6 @@ impl ConnectorBuilder {
             self.errors.push(DefinitionError::DuplicateFlow(id.to_string()));
         }
         self.flows.push(flow);
-        self
-    }
-
-    /// Declares an auth flow whose steps run in the [`AuthProvider`] given to
-    /// [`ConnectorBuilder::auth`] (the older, several-flows-in-one API).
-    #[must_use]
-    pub fn auth_flow(mut self, flow: AuthFlow) -> Self {
-        self.flows.push(PendingFlow::Declared(Box::new(flow)));
-        self
-    }
-
-    /// Sets the code behind flows declared with [`ConnectorBuilder::auth_flow`], plus its
-    /// logout, unregister and restore steps.
-    #[must_use]
-    pub fn auth(mut self, provider: impl AuthProvider) -> Self {
-        self.auth.provider = Some(Arc::new(provider));
         self
     }
 

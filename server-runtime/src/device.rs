@@ -23,10 +23,9 @@ use tokio::sync::oneshot;
 use xagent_profile_device::{
     BindingEvent, BindingState, Correction, DeviceConfig, DeviceError, DeviceGate, DeviceTool, OpId,
 };
-use xagent_protocol_types::{ConnectorChannelId, DescriptorTool, ErrorCode, ToolId};
+use xagent_protocol_types::{ConnectorChannelId, DescriptorTool, ToolId, WireError};
 
 use crate::author::DeviceStatus;
-use crate::author::ToolError;
 use crate::author::call::DeviceCode;
 use crate::storage::ChannelRecord;
 use crate::tool_calls::ToolOutcome;
@@ -133,8 +132,8 @@ pub(crate) struct DeviceRuntime {
     inner: Mutex<Inner>,
 }
 
-fn wire(e: &DeviceError) -> (ErrorCode, String) {
-    (e.code(), e.to_string())
+fn wire(e: &DeviceError) -> WireError {
+    WireError::new(e.code(), e.to_string())
 }
 
 fn millis(ms: u64) -> Duration {
@@ -190,7 +189,7 @@ impl DeviceRuntime {
         arguments: &Map<String, Value>,
         now: u64,
         turn: Turn<'_>,
-        call: impl Future<Output = Result<Value, ToolError>>,
+        call: impl Future<Output = Result<Value, WireError>>,
     ) -> (ToolOutcome, bool) {
         // The gate admits calls in the order they arrived on the channel.
         turn.wait().await;
@@ -223,7 +222,7 @@ impl DeviceRuntime {
             .await
         {
             Ok(Ok(value)) => checked_result(channel, tool_id, value),
-            Ok(Err(error)) => Err((error.code, error.message)),
+            Ok(Err(error)) => Err(error),
             Err(_) => Err(wire(&DeviceError::CommandTimeout(config.executor.command_timeout_ms))),
         };
         let mut inner = self.lock();

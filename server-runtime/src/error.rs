@@ -4,10 +4,9 @@
 //! - [`ServerError`]: the server could not start or serve.
 //! - [`HandleError`]: an author's [`crate::ConnectorHandle`] call failed.
 //!
-//! [`HandleError::code`] is the only map from a runtime error to a wire code, [`http_status`]
-//! the only map from a wire code to the HTTP status of an error response.
+//! [`HandleError::code`] is the only map from a runtime error to a wire code; the HTTP status
+//! of an error response comes from the code ([`ErrorCode::http_status`]).
 
-use axum::http::StatusCode;
 use xagent_file_transfer::TransferError;
 use xagent_profile_device::DeviceError;
 use xagent_profile_im::OutboxError;
@@ -69,11 +68,6 @@ pub enum DefinitionError {
     /// The Card declares an IM Profile but no IM target was given.
     #[error("the Card declares {0} but no ImTarget was registered; call .im_target(...)")]
     MissingImTarget(String),
-    /// The Card declares auth flows but no code handles some of them.
-    #[error(
-        "auth flow {0:?} is declared but nothing handles it; declare flows with .form_flow(..), .qr_flow(..) or .auth_flow_with(..)"
-    )]
-    MissingAuthProvider(String),
     /// A device declaration breaks a Device Profile rule (e.g. a Tool argument lets the model
     /// supply a device fact).
     #[error("device declaration: {0}")]
@@ -215,25 +209,6 @@ impl HandleError {
     }
 }
 
-/// The HTTP status of an error response carrying `code`: the one map from a wire code to a
-/// status for the runtime's HTTP answers.
-pub fn http_status(code: &ErrorCode) -> StatusCode {
-    match code {
-        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
-        ErrorCode::Forbidden | ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
-        ErrorCode::ConnectionNotFound | ErrorCode::FileNotFound | ErrorCode::ToolNotFound => {
-            StatusCode::NOT_FOUND
-        }
-        ErrorCode::InvalidPacket
-        | ErrorCode::InvalidArguments
-        | ErrorCode::ConnectorChannelIdRequired => StatusCode::BAD_REQUEST,
-        ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        ErrorCode::CapacityExceeded | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-        ErrorCode::UnsupportedPacket => StatusCode::NOT_IMPLEMENTED,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,7 +242,7 @@ mod tests {
             ErrorCode::FileNotFound
         );
         assert_eq!(HandleError::FileOwnership.code(), ErrorCode::Forbidden);
-        assert_eq!(http_status(&ErrorCode::FileNotFound), StatusCode::NOT_FOUND);
+        assert_eq!(ErrorCode::FileNotFound.http_status(), 404);
     }
 
     #[test]

@@ -136,7 +136,7 @@ impl ConnectorServer {
         let local = listener.local_addr()?;
         let server = self.clone();
         tokio::spawn(async move {
-            if let Err(error) = server.serve_metrics(listener, crate::stop_signal()).await {
+            if let Err(error) = server.serve_metrics(listener, crate::listen::stop_signal()).await {
                 tracing::error!(%error, "the metrics listener stopped");
             }
         });
@@ -152,7 +152,7 @@ impl ConnectorServer {
         crate::listen::serve(
             listener,
             self.metrics_router(),
-            crate::ServeLimits::default(),
+            crate::listen::ServeLimits::default(),
             shutdown,
         )
         .await?;

@@ -41,6 +41,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The crate root holds the author's API; what an operator or an embedding binary uses
+//! (logging, listener limits, environment names, the state lock) is under [`ops`], the
+//! storage backends and cluster types under [`storage`].
+//!
 //! ## Modules and which way they depend
 //!
 //! Three layers, and inside each layer rows listed top first. A module imports only modules
@@ -83,15 +87,15 @@
 //! |---|---|
 //! | `tool_calls` | the repeated-call registry of `tool.invoke` (sans-I/O) |
 //! | `error` | errors with the one map to wire codes and HTTP statuses |
-//! | `storage` | the [`Storage`] trait, SQLite and its group commit, PostgreSQL (feature `postgres`), `author` (the [`AuthorStore`] of a Connector's own records) |
+//! | `storage` | the [`storage::Storage`] trait, SQLite and its group commit, PostgreSQL (feature `postgres`), `author` (the [`AuthorStore`] of a Connector's own records) |
 //! | `binding` | [`Binding`], what is kept for a signed-in channel |
 //! | `config` | [`RuntimeConfig`], the tunables |
-//! | `listen` | the accept loop with its connection limits ([`ServeLimits`]; `admission`: per-address caps and rates, the data plane's reserved slots, eviction), the stop signal |
+//! | `listen` | the accept loop with its connection limits ([`ops::ServeLimits`]; `admission`: per-address caps and rates, the data plane's reserved slots, eviction), the stop signal |
 //! | `lanes`, `ids`, `build_info` | per-key ordered task lanes; id minting (through `protocol-types`); build stamps |
 //! | `receiver`, `throttle` | for an author's receiver of target events: [`Backoff`], [`LinkHealth`] (failures to `degraded`/`offline`); [`EditThrottle`] (paced in-place edits of a streamed message) |
-//! | `logging` | [`LogFormat`], [`init_logging`], [`log_filter`]: text or JSON lines, the packet span each inbound packet is handled in |
+//! | `logging` | [`ops::LogFormat`], [`ops::init_logging`], [`ops::log_filter`]: text or JSON lines, the packet span each inbound packet is handled in |
 //! | `metrics` | the Prometheus series (process-wide counters and histograms, bounded labels only), [`AuthorGauge`] |
-//! | `state_lock` | [`StateDirLock`]: one process per state directory (an advisory lock naming the holder's pid) |
+//! | `state_lock` | [`ops::StateDirLock`]: one process per state directory (an advisory lock naming the holder's pid) |
 //!
 //! Decisions where the protocol texts are silent (also in the item docs):
 //! - One runtime instance (`connector_id`) at a time. A hello with an unknown or expired
@@ -167,60 +171,62 @@ mod receiver;
 mod server;
 mod state;
 mod state_lock;
-mod storage;
+pub mod storage;
 mod throttle;
 mod tool_calls;
 
 pub use author::{
-    AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding, BoundReason,
-    ChannelContext, DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, FlowHandler,
-    FlowSpec, ImTarget, NoAuth, ToolContext, ToolError, ToolSpec,
+    AuthContext, AuthError, AuthPrompt, AuthStep, AuthValues, Binding, BoundReason, ChannelContext,
+    DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, FlowHandler, FlowSpec, ImTarget,
+    ToolContext, ToolError, ToolSpec,
 };
 pub use author::{
     DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
 };
-pub use build_info::{executable_build_time, runtime_build_info};
 pub use config::RuntimeConfig;
-pub use connection::{
-    CLOSE_GOING_AWAY, CLOSE_INVALID_DATA, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError,
-};
 pub use connector::{Connector, ConnectorBuilder};
-pub use error::{DefinitionError, HandleError, ServerError, http_status};
+pub use error::{DefinitionError, HandleError, ServerError};
 pub use files::FilesConfig;
 pub use handle::{Broadcast, ConnectorHandle, StartFn, StopFn};
-pub use http::{METRICS_PATH, READY, READYZ_PATH, error_response};
-pub use listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
-pub use logging::{
-    DEFAULT_LOG_FILTER, ENV_LOG_FORMAT, LogFormat, init_logging, log_filter, log_layer, logger,
-};
-pub use metrics::{AuthorGauge, METRICS_CONTENT_TYPE};
+pub use http::error_response;
+pub use metrics::AuthorGauge;
 pub use receiver::{Backoff, LinkHealth, MAX_RETRY_AFTER};
-pub use server::{
-    ConnectorServer, DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_METRICS_LISTEN, ENV_STATE_DIR,
-    ServerBuilder,
-};
-pub use state_lock::{LOCK_FILE, StateDirLock, StateLockError};
+pub use server::{ConnectorServer, ServerBuilder};
 pub use storage::author::{
-    AuthorRecord, AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, MAX_AUTHOR_KEY_BYTES,
-    MAX_AUTHOR_NAMESPACE_BYTES, MAX_AUTHOR_SCAN_LIMIT, MAX_AUTHOR_VALUE_BYTES,
+    AuthorStore, AuthorStoreError, AuthorWrite, MAX_AUTHOR_KEY_BYTES, MAX_AUTHOR_NAMESPACE_BYTES,
+    MAX_AUTHOR_SCAN_LIMIT, MAX_AUTHOR_VALUE_BYTES,
 };
-pub use storage::{
-    ChannelRecord, Cluster, ClusterEvent, ClusterStorage, CommitTicket, DATA_PLANE_LEASE,
-    DATABASE_FILE, ExportCounts, GroupCommit, GroupCommitConfig, GroupCommitStats, LeaseState,
-    MAX_BROADCAST_MESSAGE_BYTES, MAX_BROADCAST_TOPIC_BYTES, MAX_NOTIFY_BYTES, MAX_STORED_KEY_BYTES,
-    MAX_STORED_VALUE_BYTES, SqliteOptions, SqliteStorage, Storage, StorageError, Synchronous,
-    ToolCallRecord, WriteOp,
-};
-#[cfg(feature = "postgres")]
-pub use storage::{PostgresOptions, PostgresStorage};
+pub use storage::{AuthorRecord, AuthorScan};
 pub use throttle::{EditThrottle, Offer};
 pub use tokio_util::sync::CancellationToken;
 pub use xagent_profile_im::{ActivityAction, ActivityCapability};
-pub use xagent_protocol_types::BuildInfo;
-/// The PostgreSQL plumbing's URL (a secret: Display and Debug redact the password), pool
-/// options and error, re-exported for [`ServerBuilder::database_url`] (feature `postgres`).
-#[cfg(feature = "postgres")]
-pub use xagent_storage_postgres::{DatabaseUrl, PgError, PoolOptions};
+
+/// What an operator (or a binary embedding the runtime) uses around a Connector: logging,
+/// the listener and its limits, the metrics and readiness paths, the environment variables
+/// `serve_from_env` reads, the state directory's lock, build stamps, the frame-level
+/// connection surface, and the PostgreSQL URL (feature `postgres`). Storage and cluster
+/// types are under [`storage`].
+pub mod ops {
+    pub use crate::build_info::{executable_build_time, runtime_build_info};
+    pub use crate::connection::{
+        CLOSE_GOING_AWAY, CLOSE_INVALID_DATA, CLOSE_POLICY, CLOSE_TOO_BIG, Frame, FrameError,
+    };
+    pub use crate::http::{METRICS_PATH, READY, READYZ_PATH};
+    pub use crate::listen::{IpNet, ServeLimits, parse_trusted_proxy, peer_ip, stop_signal};
+    pub use crate::logging::{
+        DEFAULT_LOG_FILTER, ENV_LOG_FORMAT, LogFormat, init_logging, log_filter, log_layer, logger,
+    };
+    pub use crate::metrics::METRICS_CONTENT_TYPE;
+    pub use crate::server::{
+        DEFAULT_LISTEN, ENV_API_KEY, ENV_LISTEN, ENV_METRICS_LISTEN, ENV_STATE_DIR,
+    };
+    pub use crate::state_lock::{LOCK_FILE, StateDirLock, StateLockError};
+    pub use xagent_protocol_types::BuildInfo;
+    /// The PostgreSQL plumbing's URL (a secret: Display and Debug redact the password), pool
+    /// options and error, for [`crate::ServerBuilder::database_url`] (feature `postgres`).
+    #[cfg(feature = "postgres")]
+    pub use xagent_storage_postgres::{DatabaseUrl, PgError, PoolOptions};
+}
 
 /// Everything a Connector author needs, in one import: the builder and server, the author
 /// traits and contexts, the common protocol types, and the derive macros for typed
@@ -237,6 +243,6 @@ pub mod prelude {
     pub use xagent_protocol_types::{
         ChatMessage, ConnectionStatus, ConnectorChannelId, DescriptorTarget, ErrorCode,
         PROFILE_DEVICE_V1, PROFILE_IM_V1, PROFILE_IM_V2, Secret, Security, TargetDeclaration,
-        TargetType, TrustLevel,
+        TargetType, TrustLevel, bearer_token, constant_time_eq,
     };
 }

@@ -8,28 +8,26 @@
 //! seconds could hold a descriptor forever, and one address could take every slot (F1).
 
 mod admission;
+mod socket;
 
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
-use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use admission::{Admission, Ticket};
+use socket::{DoneOnDrop, IdleTimeout};
 
 pub use ipnet::IpNet;
 
@@ -347,162 +345,6 @@ async fn handle(
             .insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
     }
     Ok(response.map(|inner| axum::body::Body::new(DoneOnDrop { inner, ticket: Some(ticket) })))
-}
-
-/// A response body that tells the connection's ticket when it is finished (sent or dropped).
-struct DoneOnDrop {
-    inner: axum::body::Body,
-    ticket: Option<Arc<Ticket>>,
-}
-
-impl DoneOnDrop {
-    fn finish(&mut self) {
-        if let Some(ticket) = self.ticket.take() {
-            ticket.done();
-        }
-    }
-}
-
-impl Drop for DoneOnDrop {
-    fn drop(&mut self) {
-        self.finish();
-    }
-}
-
-impl hyper::body::Body for DoneOnDrop {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) {
-            self.finish();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// A socket that fails with `TimedOut` after `timeout` without a byte read or written,
-/// unless `exempt` was set (an upgraded WebSocket). It holds the connection's slot until it
-/// is dropped.
-struct IdleTimeout<S> {
-    inner: S,
-    timeout: Duration,
-    deadline: Pin<Box<Sleep>>,
-    exempt: Arc<AtomicBool>,
-    _slot: Arc<Ticket>,
-}
-
-impl<S> IdleTimeout<S> {
-    fn new(inner: S, timeout: Duration, exempt: Arc<AtomicBool>, slot: Arc<Ticket>) -> Self {
-        let deadline = Box::pin(tokio::time::sleep(timeout));
-        Self { inner, timeout, deadline, exempt, _slot: slot }
-    }
-
-    fn progressed(&mut self) {
-        // An upgraded WebSocket is never cut for idling: no clock read or timer reset per
-        // read and write on the data plane.
-        if self.exempt.load(Ordering::Relaxed) {
-            return;
-        }
-        let next = Instant::now() + self.timeout;
-        self.deadline.as_mut().reset(next);
-    }
-
-    /// Called when the socket has nothing to do: an error once the deadline passed.
-    fn check_idle(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        if self.exempt.load(Ordering::Relaxed) {
-            return Poll::Pending;
-        }
-        match self.deadline.as_mut().poll(cx) {
-            Poll::Ready(()) => {
-                Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, "connection idle too long"))
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for IdleTimeout<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        match Pin::new(&mut self.inner).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    self.progressed();
-                }
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
-            Poll::Pending => self.check_idle(cx).map(Err),
-        }
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(written)) => {
-                if written > 0 {
-                    self.progressed();
-                }
-                Poll::Ready(Ok(written))
-            }
-            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
-            Poll::Pending => self.check_idle(cx).map(Err),
-        }
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match Pin::new(&mut self.inner).poll_flush(cx) {
-            Poll::Pending => self.check_idle(cx).map(Err),
-            ready => ready,
-        }
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(written)) => {
-                if written > 0 {
-                    self.progressed();
-                }
-                Poll::Ready(Ok(written))
-            }
-            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
-            Poll::Pending => self.check_idle(cx).map(Err),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
 }
 
 /// Completes on Ctrl-C or SIGTERM (what service managers and `docker stop` send): pass it as

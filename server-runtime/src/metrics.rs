@@ -80,6 +80,13 @@ pub(crate) fn metrics() -> &'static Metrics {
     METRICS.get_or_init(Metrics::new)
 }
 
+/// Registers each `name, help => series` (a clone of the series: they share their values).
+macro_rules! register {
+    ($registry:ident; $($name:literal, $help:literal => $series:expr;)+) => {
+        $($registry.register($name, $help, $series.clone());)+
+    };
+}
+
 impl Metrics {
     fn new() -> Self {
         let mut registry = Registry::with_prefix(PREFIX);
@@ -98,49 +105,28 @@ impl Metrics {
             channels: Family::default(),
             author: Mutex::new(Vec::new()),
         };
-        registry.register(
-            "data_plane_connections",
-            "Data-plane sockets that completed connector.hello",
-            m.connections.clone(),
-        );
-        registry.register("packets_received", "Packets received, by type", m.packets_in.clone());
-        registry.register("packets_sent", "Packets sent, by type", m.packets_out.clone());
-        registry.register(
-            "errors_sent",
-            "Error answers sent (error packets and acks carrying an error), by code",
-            m.errors.clone(),
-        );
-        registry.register(
-            "tool_calls",
-            "tool.invoke calls answered, by Tool and outcome (ok or the error code)",
-            m.tool_calls.clone(),
-        );
-        registry.register(
-            "tool_call_seconds",
-            "Time from a tool.invoke to its answer, by Tool",
-            m.tool_seconds.clone(),
-        );
-        registry.register(
-            "outbox_depth",
-            "IM messages the outbox holds for xAgent (pending or in flight)",
-            m.outbox_depth.clone(),
-        );
-        registry.register(
-            "outbox_delivery_seconds",
-            "Time from taking an IM message to its delivery to xAgent",
-            m.delivery_seconds.clone(),
-        );
-        registry.register(
+        // Name, help, series: each registered under the runtime's prefix.
+        register! { registry;
+            "data_plane_connections", "Data-plane sockets that completed connector.hello"
+                => m.connections;
+            "packets_received", "Packets received, by type" => m.packets_in;
+            "packets_sent", "Packets sent, by type" => m.packets_out;
+            "errors_sent", "Error answers sent (error packets and acks carrying an error), by code"
+                => m.errors;
+            "tool_calls", "tool.invoke calls answered, by Tool and outcome (ok or the error code)"
+                => m.tool_calls;
+            "tool_call_seconds", "Time from a tool.invoke to its answer, by Tool" => m.tool_seconds;
+            "outbox_depth", "IM messages the outbox holds for xAgent (pending or in flight)"
+                => m.outbox_depth;
+            "outbox_delivery_seconds", "Time from taking an IM message to its delivery to xAgent"
+                => m.delivery_seconds;
             "storage_commit_batch_size",
-            "Writers' jobs committed together in one group-commit transaction",
-            m.commit_batch.clone(),
-        );
-        registry.register(
-            "storage_commit_seconds",
-            "Duration of one group-commit transaction",
-            m.commit_seconds.clone(),
-        );
-        registry.register("channels", "Known channels, by status", m.channels.clone());
+                "Writers' jobs committed together in one group-commit transaction"
+                => m.commit_batch;
+            "storage_commit_seconds", "Duration of one group-commit transaction"
+                => m.commit_seconds;
+            "channels", "Known channels, by status" => m.channels;
+        }
         *m.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = registry;
         m
     }

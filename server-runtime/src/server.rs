@@ -5,17 +5,17 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use xagent_protocol_types::{Clock, Secret, SystemClock};
 
 use crate::author::call::BoxFut;
-use crate::author::{BoundReason, ChannelContext};
 use crate::config::RuntimeConfig;
 use crate::connector::Connector;
-use crate::error::{DefinitionError, ServerError};
+use crate::error::ServerError;
 use crate::handle::ConnectorHandle;
-use crate::state::{Shared, State};
+use crate::state::Shared;
 use crate::storage::{SqliteStorage, Storage};
+
+mod build;
 
 /// Builder of a [`ConnectorServer`].
 pub struct ServerBuilder {
@@ -101,7 +101,7 @@ impl ServerBuilder {
             Ok(text) => text.parse().map_err(|e: String| {
                 ServerError::Config(format!("{}: {e}", crate::logging::ENV_LOG_FORMAT))
             })?,
-            Err(_) => crate::LogFormat::Text,
+            Err(_) => crate::logging::LogFormat::Text,
         };
         crate::logging::init_logging(crate::logging::DEFAULT_LOG_FILTER, format);
         let server = self.from_env()?.build().await?;
@@ -149,7 +149,7 @@ impl ServerBuilder {
     /// runtime's state and the Transfer Plane's files are in PostgreSQL.
     ///
     /// The directory belongs to this process from here on: a second process given the same
-    /// directory is refused ([`crate::StateLockError::InUse`], naming this one's pid).
+    /// directory is refused ([`crate::ops::StateLockError::InUse`], naming this one's pid).
     pub fn state_dir(mut self, dir: impl AsRef<std::path::Path>) -> Result<Self, ServerError> {
         self.state_lock = None;
         self.state_lock = Some(crate::state_lock::StateDirLock::acquire(dir.as_ref())?);
@@ -207,158 +207,6 @@ impl ServerBuilder {
     pub fn api_key(mut self, key: Secret) -> Self {
         self.api_key = Some(key);
         self
-    }
-
-    /// Loads persisted state and starts the runtime (restored signed-in channels get the
-    /// author's `restore`; the lease of restored channels starts now).
-    pub async fn build(self) -> Result<ConnectorServer, ServerError> {
-        let key_required =
-            self.connector.card.security.as_ref().is_some_and(|s| s.api_key_required == Some(true));
-        if key_required && self.api_key.is_none() {
-            return Err(DefinitionError::ApiKeyMissing.into());
-        }
-        #[cfg(feature = "postgres")]
-        let connected: Option<Arc<dyn Storage>> = match &self.database {
-            Some((url, options)) => {
-                let storage =
-                    crate::storage::PostgresStorage::connect(url, options.clone()).await?;
-                // The URL's Display redacts the password.
-                tracing::info!(database = %url, "runtime state in PostgreSQL");
-                Some(Arc::new(storage))
-            }
-            None => None,
-        };
-        #[cfg(not(feature = "postgres"))]
-        let connected: Option<Arc<dyn Storage>> = None;
-        let uses_database = self.uses_database();
-        let storage = match connected.or(self.storage) {
-            Some(storage) => storage,
-            None => Arc::new(SqliteStorage::in_memory()?),
-        };
-        // A database several replicas share: the runtime's writes carry its fence and wake
-        // the other replicas.
-        let (storage, cluster): (Arc<dyn Storage>, _) = match storage.cluster() {
-            Some(cluster) => {
-                let fenced =
-                    Arc::new(crate::storage::ClusterStorage::new(storage, cluster.replica()));
-                tracing::info!(
-                    replica = cluster.replica(),
-                    "serving as a replica on a shared database"
-                );
-                let runtime = crate::state::ClusterRuntime::new(cluster, Arc::clone(&fenced));
-                (fenced, Some(runtime))
-            }
-            None => (storage, None),
-        };
-        let connector_id = storage.load_connector_id().await?;
-        let channels = storage.load_channels().await?;
-        let now = self.clock.now_millis();
-        let mut state = State::default();
-        state.connector_id = connector_id;
-        if state.connector_id.is_some() || !channels.is_empty() {
-            // Nobody holds the restored runtime yet: the lease runs from startup.
-            state.offline_since = Some(now);
-        }
-        for record in channels {
-            state.insert_channel(record);
-        }
-        let im = crate::im::ImState::new(
-            &self.connector,
-            storage.as_ref(),
-            &self.clock,
-            self.config.outbox_window,
-            cluster.is_some(),
-        )
-        .await?;
-        // On PostgreSQL the Transfer Plane needs no directory: its files are in the database.
-        let files_config = self.files.or_else(|| match self.state_dir {
-            Some(dir) => Some(crate::files::FilesConfig::new(dir.join("files"))),
-            None if uses_database => Some(crate::files::FilesConfig::new("")),
-            None => None,
-        });
-        let files_upload_limit = files_config.as_ref().map_or(0, |f| f.max_upload_bytes);
-        #[cfg(feature = "postgres")]
-        let files_database = self.database.as_ref().map(|(url, _)| url);
-        #[cfg(not(feature = "postgres"))]
-        let files_database: Option<std::convert::Infallible> = None;
-        let files = match (&files_config, files_database) {
-            (Some(config), None) => Some(
-                crate::files::open_store(
-                    config,
-                    &self.config.url_path(),
-                    storage.as_ref(),
-                    Arc::clone(&self.clock),
-                )
-                .await?,
-            ),
-            #[cfg(feature = "postgres")]
-            (Some(config), Some(url)) => Some(
-                crate::files::open_database_store(
-                    config,
-                    url,
-                    &self.config.url_path(),
-                    Arc::clone(&self.clock),
-                )
-                .await?,
-            ),
-            #[cfg(not(feature = "postgres"))]
-            (Some(_), Some(never)) => match never {},
-            (None, _) => None,
-        };
-        let mut connector = self.connector;
-        let device = match connector.device.take() {
-            Some(def) => {
-                Some(crate::device::DeviceRuntime::new(def).map_err(DefinitionError::from)?)
-            }
-            None => None,
-        };
-        let admission =
-            xagent_connection::Admission::for_card(connector.card.clone(), self.config.admission);
-        let shared = Arc::new(Shared {
-            admission,
-            def: connector,
-            device,
-            config: self.config,
-            storage,
-            clock: self.clock,
-            api_key: self.api_key,
-            state: Mutex::new(state),
-            shutdown: CancellationToken::new(),
-            tasks: TaskTracker::new(),
-            im,
-            tool_calls: Default::default(),
-            files,
-            files_upload_limit,
-            cluster,
-            broadcasts: tokio::sync::broadcast::channel(1024).0,
-            _state_lock: self.state_lock,
-            accepting: std::sync::atomic::AtomicBool::new(false),
-        });
-        let restored: Vec<ChannelContext> = shared
-            .state()
-            .channels
-            .values()
-            .filter_map(|r| {
-                r.binding.clone().map(|binding| ChannelContext {
-                    channel: r.id.clone(),
-                    binding,
-                    handle: shared.handle(),
-                })
-            })
-            .collect();
-        // Restored device bindings are not connected until their device answers; on
-        // replicas only the data plane's holder asks the devices (when it takes it).
-        shared.restore_devices(shared.cluster.is_none());
-        for ctx in restored {
-            shared.def.auth.bound(ctx, BoundReason::Restored).await;
-        }
-        let handle = shared.handle();
-        let extra = self
-            .routes
-            .into_iter()
-            .fold(axum::Router::new(), |router, routes| router.merge(routes(handle.clone())));
-        let tasks = Arc::new(Mutex::new(self.tasks));
-        Ok(ConnectorServer { shared, extra, tasks })
     }
 }
 

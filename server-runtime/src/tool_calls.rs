@@ -17,12 +17,12 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 use tokio::sync::watch;
-use xagent_protocol_types::{ConnectorChannelId, ErrorCode};
+use xagent_protocol_types::{ConnectorChannelId, ErrorCode, WireError};
 
 use crate::storage::ToolCallRecord;
 
-/// A Tool call's outcome as kept and replayed.
-pub(crate) type ToolOutcome = Result<Value, (ErrorCode, String)>;
+/// A Tool call's outcome as kept, replayed and acked: the author's error is the wire error.
+pub(crate) type ToolOutcome = Result<Value, WireError>;
 
 type Key = (ConnectorChannelId, String);
 /// Keyed by the peer's `tool_call_id`: the seeded foldhash (a peer cannot predict the seed),
@@ -75,7 +75,7 @@ impl Running<'_> {
             return Some(Err(conflict()));
         }
         Some(match record.error {
-            Some((code, message)) => Err((ErrorCode::parse(&code), message)),
+            Some((code, message)) => Err(WireError::new(ErrorCode::parse(&code), message)),
             None => Ok(record.result.unwrap_or(Value::Null)),
         })
     }
@@ -85,7 +85,7 @@ impl Running<'_> {
         ToolCallRecord {
             fingerprint: self.fingerprint.clone(),
             result: outcome.as_ref().ok().cloned(),
-            error: outcome.as_ref().err().map(|(c, m)| (c.to_string(), m.clone())),
+            error: outcome.as_ref().err().map(|e| (e.code.to_string(), e.message().to_owned())),
             completed_at: now,
         }
     }
@@ -108,11 +108,7 @@ impl Drop for Running<'_> {
             return;
         }
         if self.done.borrow().is_none() {
-            let unfinished = Err((
-                ErrorCode::InternalError,
-                "the first call of this tool_call_id did not finish; call again".to_owned(),
-            ));
-            let _ = self.done.send(Some(unfinished));
+            let _ = self.done.send(Some(Err(unfinished())));
         }
         self.calls.lock().remove(&self.key);
     }
@@ -177,10 +173,18 @@ impl ToolCalls {
 }
 
 /// The answer to a reuse of a key with other arguments.
-pub(crate) fn conflict() -> (ErrorCode, String) {
-    (
+pub(crate) fn conflict() -> WireError {
+    WireError::new(
         ErrorCode::IdempotencyConflict,
-        "this tool_call_id was already used with different arguments; use a new call id".to_owned(),
+        "this tool_call_id was already used with different arguments; use a new call id",
+    )
+}
+
+/// The answer to repeats of a call whose first run ended without an outcome.
+pub(crate) fn unfinished() -> WireError {
+    WireError::new(
+        ErrorCode::InternalError,
+        "the first call of this tool_call_id did not finish; call again",
     )
 }
 
@@ -218,7 +222,7 @@ mod tests {
         };
         assert!(matches!(judge("fp", 10), Some(Ok(_))), "replayed within the window");
         assert!(
-            matches!(judge("other", 10), Some(Err((ErrorCode::IdempotencyConflict, _)))),
+            matches!(judge("other", 10), Some(Err(e)) if e.code == ErrorCode::IdempotencyConflict),
             "other arguments within the window conflict"
         );
         assert!(judge("fp", 11).is_none(), "past the window it runs again");
@@ -271,7 +275,7 @@ mod tests {
             panic!("a concurrent repeat must wait");
         };
         drop(running);
-        assert!(matches!(rx.borrow().as_ref(), Some(Err((ErrorCode::InternalError, _)))));
+        assert!(matches!(rx.borrow().as_ref(), Some(Err(e)) if e.code == ErrorCode::InternalError));
         assert!(matches!(calls.begin(key), Plan::Run(_)));
     }
 

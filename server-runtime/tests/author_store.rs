@@ -15,9 +15,10 @@ use xagent_protocol_types::{
     AuthField, AuthFlow, ConnectorChannelId, ErrorCode, PROFILE_IM_V2, Packet, TargetDeclaration,
     TargetType, ToolInvoke, ToolInvokeContext,
 };
+use xagent_server_runtime::storage::{ToolCallRecord, WriteOp};
 use xagent_server_runtime::{
     AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, Connector, MAX_AUTHOR_KEY_BYTES,
-    MAX_AUTHOR_VALUE_BYTES, ToolCallRecord, ToolContext, ToolError, ToolSpec, WriteOp,
+    MAX_AUTHOR_VALUE_BYTES, ToolContext, ToolError, ToolSpec,
 };
 use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW, WsClient, has_error, payload_json};
 
@@ -181,13 +182,15 @@ fn note_connector(counts: &Counts) -> Connector {
         .target(TargetDeclaration::new(TargetType::Im, "echo", "Echo"))
         .profile(PROFILE_IM_V2)
         .im_target(support::AcceptAll)
-        .auth_flow(AuthFlow::form(
-            ECHO_FLOW,
-            TargetType::Im,
-            "Sign in",
-            vec![AuthField::password("token", "Token").required()],
-        ))
-        .auth(support::InstantAuth)
+        .auth_flow_with(
+            AuthFlow::form(
+                ECHO_FLOW,
+                TargetType::Im,
+                "Sign in",
+                vec![AuthField::password("token", "Token").required()],
+            ),
+            support::InstantAuth,
+        )
         .tool::<NoteArgs, _, _, _>(
             ToolSpec::new("note_add", concat!("Add a note", "\n", "Keeps a note.")),
             move |ctx: ToolContext, args: NoteArgs| {
@@ -275,7 +278,8 @@ async fn a_failing_commit_acknowledges_neither_the_call_nor_its_staged_write() {
     let served = serve(dir.path(), &counts).await;
     // A real refusal by the database: a trigger aborts any insert into the refused namespace.
     let db =
-        rusqlite::Connection::open(dir.path().join(xagent_server_runtime::DATABASE_FILE)).unwrap();
+        rusqlite::Connection::open(dir.path().join(xagent_server_runtime::storage::DATABASE_FILE))
+            .unwrap();
     db.execute_batch(&format!(
         "CREATE TRIGGER refuse BEFORE INSERT ON author_records WHEN NEW.namespace = '{REFUSED}'
          BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"

@@ -117,13 +117,6 @@ fn an_author_connector_reports_its_own_version_and_a_ten_digit_build_time() {
     assert!(build.build_time.chars().all(|c| c.is_ascii_digit()));
 }
 
-#[test]
-fn a_declared_flow_without_code_is_refused_at_build() {
-    let flow = xagent_protocol_types::AuthFlow::qr_login("orphan", TargetType::Im, "Orphan");
-    let result = base().auth_flow(flow).build();
-    assert!(matches!(result, Err(DefinitionError::MissingAuthProvider(id)) if id == "orphan"));
-}
-
 #[tokio::test]
 async fn a_card_requiring_an_api_key_is_refused_without_one() {
     let connector = base().security(Security::new(TrustLevel::Local, true)).build().unwrap();

@@ -11,7 +11,8 @@ use xagent_protocol_types::{
     AuthLogout, ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorGet, ErrorCode,
     ManualClock,
 };
-use xagent_server_runtime::{ChannelRecord, RuntimeConfig, SqliteStorage, Storage};
+use xagent_server_runtime::RuntimeConfig;
+use xagent_server_runtime::storage::{ChannelRecord, SqliteStorage, Storage};
 use xagent_testkit::{has_error, is_error_packet, payload_json};
 
 #[tokio::test]

@@ -10,14 +10,14 @@ use xagent_protocol_types::{
 };
 use xagent_protocol_validate::validate_card;
 use xagent_server_runtime::{
-    AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, Connector, ConnectorBuilder,
-    DefinitionError, ToolContext, ToolSpec,
+    AuthContext, AuthError, AuthStep, AuthValues, Connector, ConnectorBuilder, DefinitionError,
+    FlowHandler, ToolContext, ToolSpec,
 };
 use xagent_testkit::echo_connector;
 
 struct Refuse;
 
-impl AuthProvider for Refuse {
+impl FlowHandler for Refuse {
     async fn start(&self, _ctx: AuthContext, _input: AuthValues) -> Result<AuthStep, AuthError> {
         Ok(AuthStep::Failed("no".into()))
     }
@@ -47,8 +47,7 @@ fn violated_rules(result: Result<Connector, DefinitionError>) -> Vec<String> {
 #[test]
 fn rule_card_auth_form_fields_a_form_flow_without_fields_is_refused_at_build() {
     let result = base()
-        .auth_flow(AuthFlow::form("empty_form", TargetType::Im, "Sign in", vec![]))
-        .auth(Refuse)
+        .auth_flow_with(AuthFlow::form("empty_form", TargetType::Im, "Sign in", vec![]), Refuse)
         .build();
     let rules = violated_rules(result);
     assert_eq!(rules, vec!["card.auth_form_fields".to_owned()]);
@@ -58,8 +57,7 @@ fn rule_card_auth_form_fields_a_form_flow_without_fields_is_refused_at_build() {
 fn rule_card_auth_field_name_unique_duplicate_form_fields_are_refused_at_build() {
     let fields = vec![AuthField::text("user", "User"), AuthField::text("user", "User again")];
     let result = base()
-        .auth_flow(AuthFlow::form("dup", TargetType::Im, "Sign in", fields))
-        .auth(Refuse)
+        .auth_flow_with(AuthFlow::form("dup", TargetType::Im, "Sign in", fields), Refuse)
         .build();
     assert!(violated_rules(result).contains(&"card.auth_field_name_unique".to_owned()));
 }
@@ -137,8 +135,7 @@ fn valid_definitions_build_and_their_cards_have_no_error_violation() {
     let report = validate_card(&card);
     assert!(report.valid, "{:?}", report.violations);
     let qr = base()
-        .auth_flow(AuthFlow::qr_login("qr", TargetType::Im, "Scan"))
-        .auth(Refuse)
+        .auth_flow_with(AuthFlow::qr_login("qr", TargetType::Im, "Scan"), Refuse)
         .build()
         .unwrap();
     assert!(validate_card(&serde_json::to_value(qr.card()).unwrap()).valid);

@@ -10,7 +10,8 @@ use std::net::SocketAddr;
 
 use support::{API_KEY, START};
 use xagent_protocol_types::{FileRef, ManualClock, Secret};
-use xagent_server_runtime::{ConnectorServer, DatabaseUrl};
+use xagent_server_runtime::ConnectorServer;
+use xagent_server_runtime::ops::DatabaseUrl;
 use xagent_testkit::echo_connector;
 use xagent_testkit::postgres::TestPostgres;
 

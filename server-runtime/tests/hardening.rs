@@ -13,7 +13,8 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ErrorCode, ManualClock, Packet, ToolInvoke, ToolInvokeContext,
 };
-use xagent_server_runtime::{CLOSE_INVALID_DATA, HandleError, RuntimeConfig};
+use xagent_server_runtime::ops::CLOSE_INVALID_DATA;
+use xagent_server_runtime::{HandleError, RuntimeConfig};
 use xagent_testkit::{Received, has_error, is_error_packet};
 
 #[tokio::test]

@@ -512,7 +512,8 @@ async fn concurrent_sends_each_return_only_once_their_record_is_durable() {
     for send in futures_util::future::join_all(sends).await {
         send.expect("joins").expect("queued");
     }
-    let db = rusqlite::Connection::open(h.dir.join(xagent_server_runtime::DATABASE_FILE)).unwrap();
+    let db = rusqlite::Connection::open(h.dir.join(xagent_server_runtime::storage::DATABASE_FILE))
+        .unwrap();
     let mut ids: Vec<String> = db
         .prepare("SELECT message_id FROM im_pending")
         .unwrap()
@@ -537,7 +538,8 @@ async fn a_message_sent_with_author_writes_commits_them_with_its_outbox_record_o
     let message = ChatMessage::text("with_1", "stored with its record");
     handle.send_message_with(&channel, message, vec![note("with_1").unwrap()]).await.unwrap();
     // Answered: the note and the outbox record are both in the file.
-    let db = rusqlite::Connection::open(h.dir.join(xagent_server_runtime::DATABASE_FILE)).unwrap();
+    let db = rusqlite::Connection::open(h.dir.join(xagent_server_runtime::storage::DATABASE_FILE))
+        .unwrap();
     let pending: i64 = db
         .query_row("SELECT COUNT(*) FROM im_pending WHERE message_id = 'with_1'", [], |r| r.get(0))
         .unwrap();

@@ -22,13 +22,15 @@ fn legacy_connector() -> Connector {
     Connector::builder(CARD_ID, "Legacy IM", "1.0.0")
         .target(TargetDeclaration::new(TargetType::Im, "legacychat", "Legacy chat"))
         .profile(PROFILE_IM_V1)
-        .auth_flow(xagent_protocol_types::AuthFlow::form(
-            ECHO_FLOW,
-            TargetType::Im,
-            "Sign in",
-            vec![xagent_protocol_types::AuthField::password("token", "Token").required()],
-        ))
-        .auth(support::InstantAuth)
+        .auth_flow_with(
+            xagent_protocol_types::AuthFlow::form(
+                ECHO_FLOW,
+                TargetType::Im,
+                "Sign in",
+                vec![xagent_protocol_types::AuthField::password("token", "Token").required()],
+            ),
+            support::InstantAuth,
+        )
         .build()
         .unwrap()
 }

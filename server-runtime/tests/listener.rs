@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use xagent_protocol_types::ManualClock;
-use xagent_server_runtime::{RuntimeConfig, ServeLimits};
+use xagent_server_runtime::RuntimeConfig;
+use xagent_server_runtime::ops::ServeLimits;
 use xagent_testkit::WsClient;
 
 use support::{API_KEY, START, start, temp_dir};
@@ -152,7 +153,7 @@ async fn a_websocket_keeps_its_connection_slot_until_it_closes() {
 async fn a_trusted_proxy_is_exempt_from_the_per_address_limits() {
     let proxy = Ipv4Addr::new(127, 0, 0, 3);
     let trusted = limits(64, 4).with_trusted_proxies(vec![
-        xagent_server_runtime::parse_trusted_proxy("127.0.0.3").unwrap(),
+        xagent_server_runtime::ops::parse_trusted_proxy("127.0.0.3").unwrap(),
     ]);
     let config = RuntimeConfig::default().with_listener(trusted);
     let harness = start(temp_dir("listener-proxy"), ManualClock::new(START), config).await;

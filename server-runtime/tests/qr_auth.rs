@@ -1,6 +1,6 @@
 //! A QR login polled through `auth.status`: pending -> (expired code) qr_refresh_required ->
 //! `refresh: true` issues a new code -> scanned -> authenticated, driven by a test
-//! AuthProvider on the injected ManualClock (no sleeping). Also `auth.cancel` of a pending
+//! FlowHandler on the injected ManualClock (no sleeping). Also `auth.cancel` of a pending
 //! session and the lease expiry cancelling open auth sessions.
 
 mod support;
@@ -14,7 +14,7 @@ use xagent_protocol_types::{
     DescriptorTarget, ErrorCode, PROFILE_IM_V2, Packet, TargetDeclaration, TargetType,
 };
 use xagent_server_runtime::{
-    AuthContext, AuthError, AuthPrompt, AuthProvider, AuthStep, AuthValues, Binding, Connector,
+    AuthContext, AuthError, AuthPrompt, AuthStep, AuthValues, Binding, Connector, FlowHandler,
     RuntimeConfig,
 };
 use xagent_testkit::{ECHO_CARD_ID, WsClient, has_error, payload_json};
@@ -56,7 +56,7 @@ impl Phone {
     }
 }
 
-impl AuthProvider for Phone {
+impl FlowHandler for Phone {
     async fn start(&self, ctx: AuthContext, _input: AuthValues) -> Result<AuthStep, AuthError> {
         let now = ctx.handle.now_millis();
         let session = QrSession { code: 1, expires_at: now + CODE_TTL, scanned_at: None };
@@ -102,8 +102,10 @@ fn qr_connector(phone: &Phone) -> Connector {
         .target(TargetDeclaration::new(TargetType::Im, "qrchat", "QR chat"))
         .profile(PROFILE_IM_V2)
         .im_target(support::AcceptAll)
-        .auth_flow(AuthFlow::qr_login(QR_FLOW, TargetType::Im, "Scan to sign in"))
-        .auth(phone.clone())
+        .auth_flow_with(
+            AuthFlow::qr_login(QR_FLOW, TargetType::Im, "Scan to sign in"),
+            phone.clone(),
+        )
         .build()
         .unwrap()
 }

@@ -13,10 +13,11 @@ use xagent_protocol_types::{
     AckStatus, ChatMessage, ChatMessageAck, ConnectionStatus, ConnectorChannelId, ManualClock,
     MessageId, Packet, Secret,
 };
-use xagent_server_runtime::{
-    ClusterStorage, ConnectorServer, DATA_PLANE_LEASE, DatabaseUrl, PostgresStorage, RuntimeConfig,
-    Storage, ToolCallRecord,
+use xagent_server_runtime::ops::DatabaseUrl;
+use xagent_server_runtime::storage::{
+    ClusterStorage, DATA_PLANE_LEASE, PostgresStorage, Storage, ToolCallRecord,
 };
+use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
 use xagent_testkit::postgres::TestPostgres;
 use xagent_testkit::{Received, Serving, WsClient, echo_connector};
 
@@ -325,7 +326,7 @@ async fn an_author_broadcast_reaches_every_replica() {
     assert!(heard.message.starts_with("news "));
     let own = on_a.recv().await.expect("A hears its own");
     assert_eq!(own.topic, "room");
-    let too_long = "x".repeat(xagent_server_runtime::MAX_BROADCAST_MESSAGE_BYTES + 1);
+    let too_long = "x".repeat(xagent_server_runtime::storage::MAX_BROADCAST_MESSAGE_BYTES + 1);
     let refused = a.server.handle().broadcast("room", &too_long).await;
     assert_eq!(
         refused.expect_err("too long").code(),

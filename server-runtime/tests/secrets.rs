@@ -36,13 +36,13 @@ async fn rule_no_secret_in_logs_card_skill_descriptors_acks_or_payloads() {
     let json_writer = capture.clone();
     let subscriber = tracing_subscriber::registry()
         .with(tracing_subscriber::filter::LevelFilter::TRACE)
-        .with(xagent_server_runtime::log_layer(
-            xagent_server_runtime::LogFormat::Text,
+        .with(xagent_server_runtime::ops::log_layer(
+            xagent_server_runtime::ops::LogFormat::Text,
             move || writer.clone(),
             false,
         ))
-        .with(xagent_server_runtime::log_layer(
-            xagent_server_runtime::LogFormat::Json,
+        .with(xagent_server_runtime::ops::log_layer(
+            xagent_server_runtime::ops::LogFormat::Json,
             move || json_writer.clone(),
             false,
         ));

@@ -15,8 +15,9 @@ use xagent_protocol_types::{
     ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget, DescriptorTool, MessageId,
     Secret, ToolId, ToolStatus,
 };
-use xagent_server_runtime::{
-    Binding, ChannelRecord, MAX_STORED_KEY_BYTES, Storage, ToolCallRecord, WriteOp,
+use xagent_server_runtime::Binding;
+use xagent_server_runtime::storage::{
+    ChannelRecord, MAX_STORED_KEY_BYTES, Storage, ToolCallRecord, WriteOp,
 };
 
 fn ch(id: &str) -> ConnectorChannelId {
@@ -477,9 +478,8 @@ support::contract!(
 mod postgres_only {
     use std::time::Duration;
 
-    use xagent_server_runtime::{
-        DatabaseUrl, PgError, PoolOptions, PostgresOptions, PostgresStorage,
-    };
+    use xagent_server_runtime::ops::{DatabaseUrl, PgError, PoolOptions};
+    use xagent_server_runtime::storage::{PostgresOptions, PostgresStorage};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_database_with_a_newer_schema_is_refused_with_schema_too_new() {

@@ -43,7 +43,7 @@ use xagent_client_runtime::{BaseUrl, ClientConfig, ClientEvent, DataPlane};
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStartAck, ChatMessage, ConnectorChannelId, MessageId, Secret,
 };
-use xagent_server_runtime::{SqliteOptions, SqliteStorage, Synchronous};
+use xagent_server_runtime::storage::{SqliteOptions, SqliteStorage, Synchronous};
 use xagent_testkit::ECHO_FLOW;
 
 use crate::bench_support::{
@@ -66,7 +66,7 @@ pub fn run(args: &[String]) -> Result<std::process::ExitCode> {
     let window: usize = flags
         .value("--window")?
         .unwrap_or(xagent_server_runtime::RuntimeConfig::default().outbox_window);
-    let mut group_commit = xagent_server_runtime::GroupCommitConfig::default();
+    let mut group_commit = xagent_server_runtime::storage::GroupCommitConfig::default();
     if let Some(us) = flags.value::<u64>("--max-wait-us")? {
         group_commit.max_wait = Duration::from_micros(us);
     }
@@ -189,7 +189,7 @@ fn run_postgres(flags: &Flags) -> Result<std::process::ExitCode> {
     let window: usize = flags
         .value("--window")?
         .unwrap_or(xagent_server_runtime::RuntimeConfig::default().outbox_window);
-    let mut group_commit = xagent_server_runtime::GroupCommitConfig::default();
+    let mut group_commit = xagent_server_runtime::storage::GroupCommitConfig::default();
     if let Some(us) = flags.value::<u64>("--max-wait-us")? {
         group_commit.max_wait = Duration::from_micros(us);
     }

@@ -15,10 +15,12 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use xagent_protocol_types::{Packet, Secret};
-use xagent_server_runtime::{
-    ConnectorServer, DatabaseUrl, GroupCommitStats, PoolOptions, PostgresOptions, PostgresStorage,
-    RuntimeConfig, SqliteOptions, SqliteStorage, Storage, Synchronous,
+use xagent_server_runtime::ops::{DatabaseUrl, PoolOptions};
+use xagent_server_runtime::storage::{
+    GroupCommitStats, PostgresOptions, PostgresStorage, SqliteOptions, SqliteStorage, Storage,
+    Synchronous,
 };
+use xagent_server_runtime::{ConnectorServer, RuntimeConfig};
 use xagent_testkit::{EchoState, echo_connector};
 
 /// The system API key every harness Connector runs with (loopback only, never a real secret).
@@ -385,7 +387,7 @@ impl BenchStorage {
     /// The runtime's storage on `url` with the default pool and these group-commit bounds.
     pub async fn postgres(
         url: &DatabaseUrl,
-        group_commit: xagent_server_runtime::GroupCommitConfig,
+        group_commit: xagent_server_runtime::storage::GroupCommitConfig,
     ) -> Result<Self> {
         let options = PostgresOptions::default().with_group_commit(group_commit);
         let storage = PostgresStorage::connect(url, options)

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::json;
 use xagent_protocol_types::Packet;
-use xagent_server_runtime::Synchronous;
+use xagent_server_runtime::storage::Synchronous;
 
 use crate::bench_support::{API_KEY, Flags, PacketSocket, machine, median, print_table, temp_dir};
 

@@ -37,7 +37,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use xagent_protocol_types::Packet;
-use xagent_server_runtime::{DEFAULT_LOG_FILTER, LogFormat, logger};
+use xagent_server_runtime::ops::{DEFAULT_LOG_FILTER, LogFormat, logger};
 
 use crate::bench_support::{
     API_KEY, Flags, PacketSocket, ServerSide, bench_database, machine, median, print_table,

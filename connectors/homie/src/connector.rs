@@ -14,10 +14,11 @@ use xagent_protocol_types::{
     ConnectorChannelId, DescriptorTarget, ErrorCode, FileType, PROFILE_DEVICE_V1, Secret, Security,
     TargetDeclaration, TargetType, TrustLevel,
 };
+use xagent_server_runtime::ops::ServeLimits;
 use xagent_server_runtime::{
     AuthContext, AuthError, AuthStep, Binding, ChannelContext, Connector, ConnectorHandle,
     ConnectorServer, DeviceConfig, DeviceStatus, DeviceTarget, FlowSpec, RiskLevel, RuntimeConfig,
-    ServeLimits, ServerError, ToolCategory, ToolContext, ToolError, ToolSpec,
+    ServerError, ToolCategory, ToolContext, ToolError, ToolSpec,
 };
 
 use crate::HomieError;
@@ -124,7 +125,7 @@ pub struct HomieOptions {
     /// The runtime's state in this PostgreSQL database instead of SQLite in the state
     /// directory (feature `postgres`); the files stay in the state directory.
     #[cfg(feature = "postgres")]
-    pub database_url: Option<xagent_server_runtime::DatabaseUrl>,
+    pub database_url: Option<xagent_server_runtime::ops::DatabaseUrl>,
 }
 
 impl HomieOptions {

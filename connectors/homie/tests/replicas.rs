@@ -16,7 +16,7 @@ use xagent_protocol_types::{
     AuthInput, AuthStart, ChannelOpen, ConnectorChannelId, ConnectorHello, PROFILE_DEVICE_V1,
     Packet, Secret, ToolInvoke, ToolInvokeContext,
 };
-use xagent_server_runtime::DatabaseUrl;
+use xagent_server_runtime::ops::DatabaseUrl;
 use xagent_testkit::postgres::TestPostgres;
 use xagent_testkit::{Serving, WsClient, bind_local, payload_json};
 

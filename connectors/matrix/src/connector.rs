@@ -117,7 +117,7 @@ pub struct MatrixOptions {
     pub offline_after: Duration,
     /// The runtime's state in this PostgreSQL database (feature `postgres`).
     #[cfg(feature = "postgres")]
-    pub database_url: Option<xagent_server_runtime::DatabaseUrl>,
+    pub database_url: Option<xagent_server_runtime::ops::DatabaseUrl>,
 }
 
 impl MatrixOptions {

@@ -2,7 +2,8 @@
 
 use axum::http::StatusCode;
 use xagent_protocol_types::ErrorCode;
-use xagent_server_runtime::{DefinitionError, HandleError, ServerError, StorageError};
+use xagent_server_runtime::storage::StorageError;
+use xagent_server_runtime::{DefinitionError, HandleError, ServerError};
 
 use crate::pairing::PairingError;
 
@@ -83,22 +84,16 @@ impl WebchatError {
         }
     }
 
-    /// The HTTP status of the chat API for this error.
+    /// The HTTP status of the chat API for this error: its code's status
+    /// ([`ErrorCode::http_status`]), refined where the chat knows more: a used or expired
+    /// pairing link is 410 (Gone), a full store 507 and a rate limit 429 (with `Retry-After`).
     pub fn http_status(&self) -> StatusCode {
         match self {
-            Self::Storage(_)
-            | Self::Runtime(_)
-            | Self::Qr(_)
-            | Self::Server(_)
-            | Self::Definition(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            Self::InvalidInput(_) | Self::QrData(_) | Self::Form(_) => StatusCode::BAD_REQUEST,
-            Self::Forbidden => StatusCode::FORBIDDEN,
-            Self::NoAgent => StatusCode::CONFLICT,
             Self::Pairing(_) => StatusCode::GONE,
-            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::StoreFull(_) => StatusCode::INSUFFICIENT_STORAGE,
             Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            other => StatusCode::from_u16(other.code().http_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         }
     }
 }

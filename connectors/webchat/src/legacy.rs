@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags, params};
-use xagent_server_runtime::{AuthorStore, AuthorWrite, StorageError};
+use xagent_server_runtime::storage::StorageError;
+use xagent_server_runtime::{AuthorStore, AuthorWrite};
 
 use crate::error::WebchatError;
 use crate::messages::Messages;
@@ -292,7 +293,7 @@ mod tests {
     use std::sync::Arc;
 
     use xagent_protocol_types::ConnectorChannelId;
-    use xagent_server_runtime::SqliteStorage;
+    use xagent_server_runtime::storage::SqliteStorage;
 
     use super::*;
     use crate::store::{Store, hash_token};

@@ -140,7 +140,7 @@ pub struct WebchatOptions {
     /// The runtime's state in this PostgreSQL database instead of SQLite (feature
     /// `postgres`): the Connector's own records and the files go there too.
     #[cfg(feature = "postgres")]
-    pub database_url: Option<xagent_server_runtime::DatabaseUrl>,
+    pub database_url: Option<xagent_server_runtime::ops::DatabaseUrl>,
 }
 
 impl std::fmt::Debug for WebchatOptions {
@@ -172,7 +172,7 @@ impl WebchatOptions {
     /// Keeps the runtime's state in this PostgreSQL database (feature `postgres`).
     #[cfg(feature = "postgres")]
     #[must_use]
-    pub fn with_database_url(mut self, url: xagent_server_runtime::DatabaseUrl) -> Self {
+    pub fn with_database_url(mut self, url: xagent_server_runtime::ops::DatabaseUrl) -> Self {
         self.database_url = Some(url);
         self
     }
@@ -312,7 +312,7 @@ impl Webchat {
         client_id: &str,
     ) -> Result<(), WebchatError> {
         let outbound = serde_json::to_string(message).map_err(|e| {
-            xagent_server_runtime::StorageError::new("encoding an outbound message", e)
+            xagent_server_runtime::storage::StorageError::new("encoding an outbound message", e)
         })?;
         let entry = ChatEntry {
             message_id: message.message_id.to_string(),

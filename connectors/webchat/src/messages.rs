@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use xagent_server_runtime::{AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, StorageError};
+use xagent_server_runtime::storage::StorageError;
+use xagent_server_runtime::{AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite};
 
 use crate::error::WebchatError;
 use crate::store::{ChatEntry, EntryStatus, HISTORY_LIMIT, Inserted};
@@ -489,7 +490,7 @@ impl Messages {
 mod tests {
     use std::sync::Arc;
 
-    use xagent_server_runtime::SqliteStorage;
+    use xagent_server_runtime::storage::SqliteStorage;
 
     use super::*;
     use crate::store::Author;

@@ -22,7 +22,8 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 use xagent_protocol_types::{AuthSessionId, ConnectorChannelId};
-use xagent_server_runtime::{AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, StorageError};
+use xagent_server_runtime::storage::StorageError;
+use xagent_server_runtime::{AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite};
 
 use crate::error::WebchatError;
 use crate::store::{SESSION_PRUNE_BATCH, hash_token, random_hex};
@@ -384,7 +385,7 @@ fn room_name(hash: &str) -> String {
 mod tests {
     use std::sync::Arc;
 
-    use xagent_server_runtime::SqliteStorage;
+    use xagent_server_runtime::storage::SqliteStorage;
 
     use super::*;
 

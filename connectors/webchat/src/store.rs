@@ -31,7 +31,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use xagent_protocol_types::ConnectorChannelId;
-use xagent_server_runtime::{AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite, StorageError};
+use xagent_server_runtime::storage::StorageError;
+use xagent_server_runtime::{AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite};
 
 use crate::error::WebchatError;
 use crate::rate::CellRate;
@@ -458,7 +459,7 @@ impl Store {
     /// A store over a fresh in-memory SQLite storage (tests).
     #[cfg(test)]
     pub fn in_memory() -> Result<Self, WebchatError> {
-        let storage = xagent_server_runtime::SqliteStorage::in_memory()
+        let storage = xagent_server_runtime::storage::SqliteStorage::in_memory()
             .map_err(|e| StorageError::new("an in-memory storage", e))?;
         Ok(Self::new(AuthorStore::new(std::sync::Arc::new(storage))))
     }

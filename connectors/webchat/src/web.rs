@@ -44,7 +44,8 @@ use tokio::sync::Semaphore;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use xagent_protocol_types::{ChatMessage, ConnectorChannelId, FileRef};
-use xagent_server_runtime::{ConnectorHandle, HandleError, StorageError};
+use xagent_server_runtime::storage::StorageError;
+use xagent_server_runtime::{ConnectorHandle, HandleError};
 
 use crate::connector::App;
 use crate::error::WebchatError;
@@ -336,7 +337,7 @@ async fn join(
     Json(body): Json<JoinBody>,
 ) -> Result<Response, WebchatError> {
     let now = web.now();
-    let peer: Option<IpAddr> = xagent_server_runtime::peer_ip(&extensions);
+    let peer: Option<IpAddr> = xagent_server_runtime::ops::peer_ip(&extensions);
     take_join(&web, peer, now)?;
     if let Err(error) = check_join_code(&web, &room_id, peer, &body.access_code, now).await {
         // A wrong or refused code starts no session: the join throttle counts it instead.
@@ -524,7 +525,7 @@ async fn events(
 ) -> Result<impl axum::response::IntoResponse, WebchatError> {
     let token = visitor(&web, &room_id, &headers).await?;
     // Counted per address too (F6), so one address never holds a room's streams.
-    let address = xagent_server_runtime::peer_ip(&extensions).map(guard::addr_key);
+    let address = xagent_server_runtime::ops::peer_ip(&extensions).map(guard::addr_key);
     let caps = stream_caps(&web.limits);
     let opened = web.app.hub.open_stream(&room_id, &hash_token(&token), address, caps);
     let place = opened.map_err(|limit| {

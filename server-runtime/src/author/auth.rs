@@ -1,6 +1,5 @@
-//! Auth flows: what a step reports, its errors, a flow declared together with its handler
-//! ([`FlowHandler`], typed form flows whose fields come from a struct), and the older
-//! several-flows-in-one [`AuthProvider`].
+//! Auth flows: what a step reports, its errors, and a flow declared together with its handler
+//! ([`FlowHandler`], typed form flows whose fields come from a struct).
 
 use std::future::Future;
 
@@ -8,7 +7,7 @@ use schemars::JsonSchema;
 use serde_json::{Map, Value};
 use xagent_protocol_types::{AuthField, AuthFlow, ErrorCode, FlowId, TargetType};
 
-use super::context::{AuthContext, AuthValues, Binding, ChannelContext};
+use super::context::{AuthContext, AuthValues, Binding};
 
 /// What a QR or other interactive flow shows the user while it waits.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -215,67 +214,4 @@ pub enum BoundReason {
     Restored,
     /// A Connector without auth flows bound the channel when it was opened.
     Opened,
-}
-
-/// Several auth flows behind one type, dispatched on `ctx.flow_id` (the older API; prefer a
-/// [`FlowHandler`] per flow or a typed form flow). Every step is a native `async fn`; default
-/// methods answer "unsupported" or do nothing.
-pub trait AuthProvider: Send + Sync + 'static {
-    /// Starts `ctx.flow_id` with the form values (all secrets). A form flow usually returns
-    /// `Authenticated` or `Failed` at once; a QR flow returns `Pending` with a prompt.
-    fn start(
-        &self,
-        ctx: AuthContext,
-        input: AuthValues,
-    ) -> impl Future<Output = Result<AuthStep, AuthError>> + Send;
-
-    /// Polls a pending session, or refreshes its material when `refresh` is true.
-    fn status(
-        &self,
-        ctx: AuthContext,
-        refresh: bool,
-    ) -> impl Future<Output = Result<AuthStep, AuthError>> + Send {
-        let _ = (ctx, refresh);
-        async { Err(AuthError::unsupported("auth.status")) }
-    }
-
-    /// Cancels a pending session (never touches an existing binding).
-    fn cancel(&self, ctx: AuthContext) -> impl Future<Output = ()> + Send {
-        let _ = ctx;
-        async {}
-    }
-
-    /// Signs the channel out of the target system (clears tokens there). The runtime then
-    /// forgets the binding and the channel returns to `created`.
-    fn logout(&self, ctx: ChannelContext) -> impl Future<Output = Result<(), AuthError>> + Send {
-        let _ = ctx;
-        async { Ok(()) }
-    }
-
-    /// The channel is being unregistered (lease expiry, or a restored channel nobody claimed):
-    /// run the provider-specific sign-out cleanup. Defaults to [`AuthProvider::logout`].
-    fn unregister(&self, ctx: ChannelContext) -> impl Future<Output = ()> + Send {
-        async move {
-            if let Err(error) = self.logout(ctx).await {
-                tracing::warn!(code = %error.code, "sign-out cleanup during unregister failed");
-            }
-        }
-    }
-
-    /// A signed-in channel was restored from storage at startup: re-attach target consumers
-    /// (runs before [`crate::ConnectorBuilder::on_bound`]).
-    fn restore(&self, ctx: ChannelContext) -> impl Future<Output = ()> + Send {
-        let _ = ctx;
-        async {}
-    }
-}
-
-/// An [`AuthProvider`] for Connectors without auth flows.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoAuth;
-
-impl AuthProvider for NoAuth {
-    async fn start(&self, _ctx: AuthContext, _input: AuthValues) -> Result<AuthStep, AuthError> {
-        Err(AuthError::unsupported("auth.start"))
-    }
 }

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use serde_json::{Map, Value};
 use xagent_profile_im::{ActivityAction, ActivityCapability};
-use xagent_protocol_types::{ChatMessage, ErrorCode, FlowId};
+use xagent_protocol_types::{ChatMessage, ErrorCode, FlowId, WireError};
 
-use super::auth::{AuthError, AuthProvider, AuthStep, BoundReason, FlowHandler};
+use super::auth::{AuthError, AuthStep, BoundReason, FlowHandler};
 use super::context::{AuthContext, AuthValues, ChannelContext, ToolContext};
 use super::im::{DeliveryError, DeltaUpdate, FinalDelivery, ImTarget};
 use super::tool::{RegisteredTool, ToolError};
@@ -100,42 +100,6 @@ where
     }
 }
 
-/// Object-safe face of [`AuthProvider`].
-pub(crate) trait DynProvider: Send + Sync {
-    fn start(&self, ctx: AuthContext, input: AuthValues)
-    -> BoxFut<'_, Result<AuthStep, AuthError>>;
-    fn status(&self, ctx: AuthContext, refresh: bool) -> BoxFut<'_, Result<AuthStep, AuthError>>;
-    fn cancel(&self, ctx: AuthContext) -> BoxFut<'_, ()>;
-    fn logout(&self, ctx: ChannelContext) -> BoxFut<'_, Result<(), AuthError>>;
-    fn unregister(&self, ctx: ChannelContext) -> BoxFut<'_, ()>;
-    fn restore(&self, ctx: ChannelContext) -> BoxFut<'_, ()>;
-}
-
-impl<A: AuthProvider> DynProvider for A {
-    fn start(
-        &self,
-        ctx: AuthContext,
-        input: AuthValues,
-    ) -> BoxFut<'_, Result<AuthStep, AuthError>> {
-        Box::pin(AuthProvider::start(self, ctx, input))
-    }
-    fn status(&self, ctx: AuthContext, refresh: bool) -> BoxFut<'_, Result<AuthStep, AuthError>> {
-        Box::pin(AuthProvider::status(self, ctx, refresh))
-    }
-    fn cancel(&self, ctx: AuthContext) -> BoxFut<'_, ()> {
-        Box::pin(AuthProvider::cancel(self, ctx))
-    }
-    fn logout(&self, ctx: ChannelContext) -> BoxFut<'_, Result<(), AuthError>> {
-        Box::pin(AuthProvider::logout(self, ctx))
-    }
-    fn unregister(&self, ctx: ChannelContext) -> BoxFut<'_, ()> {
-        Box::pin(AuthProvider::unregister(self, ctx))
-    }
-    fn restore(&self, ctx: ChannelContext) -> BoxFut<'_, ()> {
-        Box::pin(AuthProvider::restore(self, ctx))
-    }
-}
-
 /// The `on_bound` hook.
 pub(crate) type BoundHook =
     dyn Fn(ChannelContext, BoundReason) -> BoxFut<'static, ()> + Send + Sync;
@@ -143,12 +107,10 @@ pub(crate) type BoundHook =
 pub(crate) type UnboundHook =
     dyn Fn(ChannelContext) -> BoxFut<'static, Result<(), AuthError>> + Send + Sync;
 
-/// Every piece of auth code of a Connector: per-flow handlers, an optional multi-flow
-/// provider (flows without their own handler), and the bound/unbound hooks.
+/// Every piece of auth code of a Connector: per-flow handlers and the bound/unbound hooks.
 #[derive(Default)]
 pub(crate) struct AuthCode {
     pub(crate) flows: HashMap<FlowId, Arc<dyn DynFlow>>,
-    pub(crate) provider: Option<Arc<dyn DynProvider>>,
     pub(crate) on_bound: Option<Arc<BoundHook>>,
     pub(crate) on_unbound: Option<Arc<UnboundHook>>,
 }
@@ -160,12 +122,10 @@ impl AuthCode {
         ctx: AuthContext,
         input: AuthValues,
     ) -> Result<AuthStep, AuthError> {
-        let call = match (self.flows.get(&ctx.flow_id), &self.provider) {
-            (Some(flow), _) => flow.start(ctx, input),
-            (None, Some(provider)) => provider.start(ctx, input),
-            (None, None) => return Err(AuthError::unsupported("auth.start")),
+        let Some(flow) = self.flows.get(&ctx.flow_id) else {
+            return Err(AuthError::unsupported("auth.start"));
         };
-        contain("auth start", call).await.unwrap_or_else(|_| Err(panicked_auth()))
+        contain("auth start", flow.start(ctx, input)).await.unwrap_or_else(|_| Err(panicked_auth()))
     }
 
     /// `auth.status` of a pending session.
@@ -174,53 +134,36 @@ impl AuthCode {
         ctx: AuthContext,
         refresh: bool,
     ) -> Result<AuthStep, AuthError> {
-        let call = match (self.flows.get(&ctx.flow_id), &self.provider) {
-            (Some(flow), _) => flow.status(ctx, refresh),
-            (None, Some(provider)) => provider.status(ctx, refresh),
-            (None, None) => return Err(AuthError::unsupported("auth.status")),
+        let Some(flow) = self.flows.get(&ctx.flow_id) else {
+            return Err(AuthError::unsupported("auth.status"));
         };
+        let call = flow.status(ctx, refresh);
         contain("auth status", call).await.unwrap_or_else(|_| Err(panicked_auth()))
     }
 
     /// Cancels a pending session (a panic is logged and ignored).
     pub(crate) async fn cancel(&self, ctx: AuthContext) {
-        let call = match (self.flows.get(&ctx.flow_id), &self.provider) {
-            (Some(flow), _) => flow.cancel(ctx),
-            (None, Some(provider)) => provider.cancel(ctx),
-            (None, None) => return,
-        };
-        let _ = contain("auth cancel", call).await;
+        if let Some(flow) = self.flows.get(&ctx.flow_id) {
+            let _ = contain("auth cancel", flow.cancel(ctx)).await;
+        }
     }
 
     /// `auth.logout`: the author's sign-out in the target system.
     pub(crate) async fn logout(&self, ctx: ChannelContext) -> Result<(), AuthError> {
-        let call = match (&self.on_unbound, &self.provider) {
-            (Some(hook), _) => hook(ctx),
-            (None, Some(provider)) => provider.logout(ctx),
-            (None, None) => return Ok(()),
-        };
-        contain("logout", call).await.unwrap_or_else(|_| Err(panicked_auth()))
+        let Some(hook) = &self.on_unbound else { return Ok(()) };
+        contain("logout", hook(ctx)).await.unwrap_or_else(|_| Err(panicked_auth()))
     }
 
     /// Unregistration (lease expiry): sign-out cleanup; failures are logged.
     pub(crate) async fn unregister(&self, ctx: ChannelContext) {
-        let result = match (&self.on_unbound, &self.provider) {
-            (Some(hook), _) => contain("unregister", hook(ctx)).await,
-            (None, Some(provider)) => contain("unregister", provider.unregister(ctx)).await.map(Ok),
-            (None, None) => return,
-        };
-        if let Ok(Err(error)) = result {
+        let Some(hook) = &self.on_unbound else { return };
+        if let Ok(Err(error)) = contain("unregister", hook(ctx)).await {
             tracing::warn!(code = %error.code, "sign-out cleanup during unregister failed");
         }
     }
 
     /// A channel is bound (signed in, restored, or opened without auth flows).
     pub(crate) async fn bound(&self, ctx: ChannelContext, reason: BoundReason) {
-        if reason == BoundReason::Restored
-            && let Some(provider) = &self.provider
-        {
-            let _ = contain("restore", provider.restore(ctx.clone())).await;
-        }
         if let Some(hook) = &self.on_bound {
             let _ = contain("on_bound", hook(ctx, reason)).await;
         }
@@ -299,15 +242,20 @@ impl ImCode {
     }
 }
 
-/// Runs a registered Tool; a panic becomes `internal_error` with a generic message.
+/// Runs a registered Tool; a panic becomes `internal_error` with a generic message. The
+/// author's [`ToolError`] becomes the wire error here, once: the registry, the stored record
+/// and the ack carry that [`WireError`] unchanged.
 pub(crate) async fn call_tool(
     tool: &RegisteredTool,
     ctx: ToolContext,
     arguments: Map<String, Value>,
-) -> Result<Value, ToolError> {
-    contain("tool", (tool.call)(ctx, arguments)).await.unwrap_or_else(|_| {
-        Err(ToolError::new(ErrorCode::InternalError, crate::error::INTERNAL_MESSAGE))
-    })
+) -> Result<Value, WireError> {
+    match contain("tool", (tool.call)(ctx, arguments)).await {
+        Ok(outcome) => outcome.map_err(ToolError::into_wire),
+        Err(Panicked) => {
+            Err(WireError::new(ErrorCode::InternalError, crate::error::INTERNAL_MESSAGE))
+        }
+    }
 }
 
 /// Object-safe face of [`super::device::DeviceTarget`].

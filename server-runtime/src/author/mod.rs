@@ -3,7 +3,7 @@
 //! - `context`: bindings, form values held as secrets, the contexts of auth steps, hooks and
 //!   Tool calls (each carrying the [`crate::ConnectorHandle`]).
 //! - `auth`: auth steps and errors, [`FlowHandler`] (a flow declared with its code), typed form
-//!   flows, [`BoundReason`] for the `on_bound` hook, the older [`AuthProvider`].
+//!   flows, [`BoundReason`] for the `on_bound` hook.
 //! - `tool`: [`ToolSpec`], [`ToolError`], typed Tool registration.
 //! - `im`: [`ImTarget`] and delivery errors.
 //! - `call` (crate-private): the one place the runtime calls author code; every call is
@@ -19,9 +19,7 @@ pub(crate) mod device;
 pub(crate) mod im;
 pub(crate) mod tool;
 
-pub use auth::{
-    AuthError, AuthPrompt, AuthProvider, AuthStep, BoundReason, FlowHandler, FlowSpec, NoAuth,
-};
+pub use auth::{AuthError, AuthPrompt, AuthStep, BoundReason, FlowHandler, FlowSpec};
 pub use context::{AuthContext, AuthValues, Binding, ChannelContext, ToolContext};
 pub use device::{
     DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
-use xagent_protocol_types::{CardTool, ErrorCode, ProfileId, SkillId};
+use xagent_protocol_types::{CardTool, ErrorCode, ProfileId, SkillId, WireError};
 
 use super::context::ToolContext;
 use crate::error::DefinitionError;
@@ -113,6 +113,11 @@ impl ToolError {
         tracing::error!(%cause, "tool failed internally");
         Self::new(ErrorCode::InternalError, crate::error::INTERNAL_MESSAGE)
     }
+
+    /// The wire error of the ack (made once, where the runtime calls the Tool).
+    pub(crate) fn into_wire(self) -> WireError {
+        WireError::new(self.code, self.message)
+    }
 }
 
 /// A registered Tool's callable: validated arguments in, JSON result or error out.
@@ -139,7 +144,7 @@ impl RegisteredTool {
     pub(crate) fn admit_arguments(
         &self,
         mut arguments: Map<String, Value>,
-    ) -> Result<Map<String, Value>, (ErrorCode, String)> {
+    ) -> Result<Map<String, Value>, WireError> {
         arguments.remove(xagent_protocol_types::CHANNEL_ARGUMENT);
         let arguments = Value::Object(arguments);
         if !self.validator.is_valid(&arguments) {
@@ -154,7 +159,7 @@ impl RegisteredTool {
                 .collect();
             let message =
                 format!("the arguments do not match the input schema: {}", problems.join("; "));
-            return Err((ErrorCode::InvalidArguments, message));
+            return Err(WireError::new(ErrorCode::InvalidArguments, message));
         }
         match arguments {
             Value::Object(arguments) => Ok(arguments),

@@ -56,12 +56,6 @@ impl ConnectorBuilder {
         if let (Some(profile), None) = (im_profile, &self.im) {
             return Err(DefinitionError::MissingImTarget(profile.to_string()));
         }
-        if self.auth.provider.is_none()
-            && let Some(flow) =
-                card.auth_flows.iter().find(|f| !self.auth.flows.contains_key(&f.id))
-        {
-            return Err(DefinitionError::MissingAuthProvider(flow.id.to_string()));
-        }
         let unbound_target = match self.targets.first() {
             Some(target) => DescriptorTarget::new(
                 target.provider.clone(),

@@ -59,14 +59,14 @@ impl Conn {
         } else {
             "unknown"
         };
-        let counted = outcome.as_ref().map(|_| ()).map_err(|(code, _)| code);
+        let counted = outcome.as_ref().map(|_| ()).map_err(|error| &error.code);
         crate::metrics::metrics().tool_call(tool_label, counted, begun.elapsed());
         let ack = match outcome {
             Ok(result) => {
                 Packet::with_payload(ids::packet_id(), ToolInvokeAck::new(tool_id, result))
                     .answering(&packet)
             }
-            Err((code, message)) => error_ack(&packet, WireError::new(code, message)),
+            Err(error) => error_ack(&packet, error),
         };
         self.send(ack).await;
     }
@@ -80,37 +80,34 @@ impl Conn {
         packet: &Packet,
         tool_id: &ToolId,
         arguments: Map<String, Value>,
-    ) -> Result<Admitted<'_>, (ErrorCode, String)> {
+    ) -> Result<Admitted<'_>, WireError> {
         let shared = &*self.shared;
-        let wire = |e: WireError| (e.code.clone(), e.message().to_owned());
         let Some(tool) = shared.def.tools.get(tool_id) else {
             let message =
                 format!("tool {:?} is not declared in the Connector Card", tool_id.as_str());
-            return Err((ErrorCode::ToolNotFound, message));
+            return Err(WireError::new(ErrorCode::ToolNotFound, message));
         };
         // Asked once per call (the device Tool set is fixed; no lock).
         let device_tool = shared.device.as_ref().is_some_and(|d| d.covers(tool_id));
         // One look at the channel under the state lock; only the binding is copied out.
-        let (channel, binding) = self
-            .with_record(packet, |record| {
-                let Some(binding) = record.binding.clone() else {
-                    return Err(WireError::connection_not_authenticated(
-                        "sign in to the target system before calling tools",
-                    ));
-                };
-                // A device Tool's availability follows its device: the device gate answers with
-                // the precise code (`device_offline`, `permission_denied`) instead.
-                // Not even a device Tool is offered on a channel of another target type.
-                let offered = !device_tool || shared.tool_fits_channel(record, tool_id);
-                if !offered || (!device_tool && !shared.is_tool_available(record, tool_id)) {
-                    return Err(WireError::connector_channel_unavailable(format!(
-                        "tool {:?} is not available on this channel now",
-                        tool_id.as_str()
-                    )));
-                }
-                Ok((record.id.clone(), binding))
-            })
-            .map_err(wire)?;
+        let (channel, binding) = self.with_record(packet, |record| {
+            let Some(binding) = record.binding.clone() else {
+                return Err(WireError::connection_not_authenticated(
+                    "sign in to the target system before calling tools",
+                ));
+            };
+            // A device Tool's availability follows its device: the device gate answers with
+            // the precise code (`device_offline`, `permission_denied`) instead.
+            // Not even a device Tool is offered on a channel of another target type.
+            let offered = !device_tool || shared.tool_fits_channel(record, tool_id);
+            if !offered || (!device_tool && !shared.is_tool_available(record, tool_id)) {
+                return Err(WireError::connector_channel_unavailable(format!(
+                    "tool {:?} is not available on this channel now",
+                    tool_id.as_str()
+                )));
+            }
+            Ok((record.id.clone(), binding))
+        })?;
         let arguments = tool.admit_arguments(arguments)?;
         let invoke = packet.payload::<ToolInvoke>();
         let key = call_key(
@@ -173,7 +170,7 @@ impl Conn {
                     let media_checked =
                         shared.device.is_some().then(|| (channel.clone(), tool_id.clone()));
                     Box::pin(async move {
-                        let outcome = call.await.map_err(|error| (error.code, error.message));
+                        let outcome = call.await;
                         let outcome = match (outcome, media_checked) {
                             (Ok(value), Some((channel, tool_id))) => {
                                 crate::device::checked_result(&channel, &tool_id, value)
@@ -201,9 +198,9 @@ impl Conn {
                 Ok(stored) => stored,
                 Err(error) => {
                     tracing::error!(%error, "could not read a stored tool call");
-                    let outcome = Err((
+                    let outcome = Err(WireError::new(
                         ErrorCode::InternalError,
-                        "could not check this tool_call_id; call again".to_owned(),
+                        "could not check this tool_call_id; call again",
                     ));
                     running.finish(&outcome);
                     return outcome;
@@ -244,9 +241,9 @@ impl Conn {
                 Err(error) if staged_any => {
                     // Nothing staged happened: the call must not be answered as done.
                     tracing::error!(%error, "could not store a tool call's writes");
-                    outcome = Err((
+                    outcome = Err(WireError::new(
                         ErrorCode::InternalError,
-                        "could not store this call's result; call again".to_owned(),
+                        "could not store this call's result; call again",
                     ));
                 }
                 Err(error) => tracing::error!(%error, "could not store a tool result"),
@@ -283,10 +280,7 @@ struct Run<'a> {
 async fn wait_for_first(mut rx: watch::Receiver<Option<ToolOutcome>>) -> ToolOutcome {
     match rx.wait_for(Option::is_some).await.map(|v| v.clone()) {
         Ok(Some(outcome)) => outcome,
-        _ => Err((
-            ErrorCode::InternalError,
-            "the first call of this tool_call_id did not finish; call again".into(),
-        )),
+        _ => Err(crate::tool_calls::unfinished()),
     }
 }
 

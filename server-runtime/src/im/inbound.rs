@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use xagent_profile_im::{AckOutcome, Admission, DeltaAction, FinalAction};
+use xagent_profile_im::{
+    AckOutcome, ActivityAction, Admission, DeltaAction, FinalAction,
+};
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, Packet, PacketBody, WireError,
 };
@@ -223,5 +225,21 @@ impl ImState {
                 self.inner().receiver.abandon(ticket, error.code, error.message, error.retryable)
             }
         }
+    }
+
+    /// Shows an activity action on the target (a `Noop` shows nothing).
+    pub(super) async fn show<H: ImHost>(
+        &self,
+        shared: &Arc<H>,
+        channel: &ConnectorChannelId,
+        action: ActivityAction,
+    ) {
+        if action == ActivityAction::Noop {
+            return;
+        }
+        let (Some(ctx), Some(im)) = (shared.channel_context(channel), shared.im_target()) else {
+            return;
+        };
+        im.activity(ctx, action).await;
     }
 }

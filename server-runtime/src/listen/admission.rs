@@ -574,6 +574,17 @@ mod tests {
         assert_eq!(admission.open(), (0, 0));
     }
 
+    /// `n` connections from 192.0.2.1.. each busy with a request.
+    fn busy_tickets(admission: &Arc<Admission>, now: Instant, n: u8) -> Vec<Ticket> {
+        (1..=n)
+            .map(|n| {
+                let ticket = admission.admit(ip(&format!("192.0.2.{n}")), now).unwrap();
+                ticket.busy();
+                ticket
+            })
+            .collect()
+    }
+
     #[test]
     fn a_data_plane_upgrade_moves_into_the_reserved_slots_and_is_never_evicted() {
         let now = Instant::now();
@@ -584,13 +595,7 @@ mod tests {
         assert_eq!(admission.open(), (0, 1));
         // The shared slots fill with busy requests; the next one finds nobody waiting and
         // nothing free: refused. The data plane is untouched.
-        let busy: Vec<_> = (1..=3)
-            .map(|n| {
-                let t = admission.admit(ip(&format!("192.0.2.{n}")), now).unwrap();
-                t.busy();
-                t
-            })
-            .collect();
+        let busy = busy_tickets(&admission, now, 3);
         assert_eq!(admission.admit(ip("192.0.2.5"), now).err(), Some(Refusal::Full));
         assert!(!xagent.evict.is_cancelled());
         drop(busy);
@@ -602,13 +607,7 @@ mod tests {
     fn a_new_connection_gets_a_reserved_slot_on_probation_when_nobody_waits() {
         let now = Instant::now();
         let admission = Admission::new(limits(4, 10, 100, 100, 1), now);
-        let busy: Vec<_> = (1..=3)
-            .map(|n| {
-                let t = admission.admit(ip(&format!("192.0.2.{n}")), now).unwrap();
-                t.busy();
-                t
-            })
-            .collect();
+        let busy = busy_tickets(&admission, now, 3);
         let newcomer = admission.admit(ip("192.0.2.9"), now).unwrap();
         assert!(newcomer.on_probation());
         newcomer.busy();

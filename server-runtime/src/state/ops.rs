@@ -300,7 +300,7 @@ impl HandleOps for Shared {
         profile: &'static str,
         channel: ConnectorChannelId,
         payload: OutboundPayload,
-        extra: Vec<crate::WriteOp>,
+        extra: Vec<crate::storage::WriteOp>,
     ) -> BoxFuture<'static, Result<(), HandleError>> {
         async move {
             let im = self.im_state(profile)?;

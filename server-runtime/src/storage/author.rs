@@ -5,7 +5,7 @@
 //! Records are namespaced key/value pairs: a namespace is a short name the author chooses
 //! (`webchat.messages`), a key is UTF-8 text compared as bytes (so a scan is in byte order on
 //! every backend), a value is bytes (or JSON text through the `_json` helpers). Writes are
-//! [`AuthorWrite`]s, checked when built and committed through [`crate::Storage::commit`]; on a
+//! [`AuthorWrite`]s, checked when built and committed through [`crate::storage::Storage::commit`]; on a
 //! Tool call, [`crate::ToolContext::stage`] adds them to the transaction of the call's
 //! tool-call record instead, so the ack, the record and the writes are one commit.
 

@@ -97,7 +97,7 @@ pub enum WriteOp {
     },
     /// Fails the submission unless the data-plane lease still carries this fencing number
     /// (a replica whose lease was taken over can no longer commit). Put first by
-    /// [`crate::ClusterStorage`]; a single-process backend has one holder and checks nothing.
+    /// [`crate::storage::ClusterStorage`]; a single-process backend has one holder and checks nothing.
     Fence(u64),
     /// Wakes the replicas sharing the database with this text once the transaction commits
     /// (PostgreSQL `NOTIFY`); nothing on a single-process backend.

@@ -107,15 +107,15 @@ use xagent_protocol_types::{
     TargetType,
 };
 use xagent_server_runtime::{
-    AuthContext, AuthError, AuthProvider, AuthStep, AuthValues, Binding, ChannelContext, Connector,
-    ConnectorBuilder, DeliveryError, FinalDelivery, ImTarget, ToolContext,
+    AuthContext, AuthError, AuthStep, AuthValues, Binding, ChannelContext, Connector,
+    ConnectorBuilder, DeliveryError, FinalDelivery, FlowHandler, ImTarget, ToolContext,
 };
 use xagent_testkit::{ECHO_CARD_ID, ECHO_FLOW};
 
 /// Signs in at once with the echo form flow's `token` field (so `WsClient::sign_in` works).
 pub struct InstantAuth;
 
-impl AuthProvider for InstantAuth {
+impl FlowHandler for InstantAuth {
     async fn start(&self, _ctx: AuthContext, input: AuthValues) -> Result<AuthStep, AuthError> {
         let token = input.get("token").map(|t| t.expose().to_owned()).unwrap_or_default();
         Ok(AuthStep::Authenticated(
@@ -181,13 +181,15 @@ pub fn gated_connector(gate: &Gate) -> ConnectorBuilder {
         .target(TargetDeclaration::new(TargetType::Im, "echo", "Echo"))
         .profile(PROFILE_IM_V2)
         .im_target(AcceptAll)
-        .auth_flow(AuthFlow::form(
-            ECHO_FLOW,
-            TargetType::Im,
-            "Sign in",
-            vec![AuthField::password("token", "Token").required()],
-        ))
-        .auth(InstantAuth)
+        .auth_flow_with(
+            AuthFlow::form(
+                ECHO_FLOW,
+                TargetType::Im,
+                "Sign in",
+                vec![AuthField::password("token", "Token").required()],
+            ),
+            InstantAuth,
+        )
         .tool::<GateArgs, _, _, _>(
             ToolSpec::new(
                 "slow_work",
@@ -269,7 +271,7 @@ pub enum Place {
     Sqlite(tempfile::TempDir),
     /// A fresh database of testkit's PostgreSQL.
     #[cfg(feature = "postgres")]
-    Postgres(Box<xagent_server_runtime::DatabaseUrl>),
+    Postgres(Box<xagent_server_runtime::ops::DatabaseUrl>),
 }
 
 impl Place {
@@ -286,14 +288,14 @@ impl Place {
     }
 
     /// Opens (or reopens) the backend over this place.
-    pub async fn open(&self) -> Arc<dyn xagent_server_runtime::Storage> {
+    pub async fn open(&self) -> Arc<dyn xagent_server_runtime::storage::Storage> {
         match self {
-            Self::Sqlite(dir) => {
-                Arc::new(xagent_server_runtime::SqliteStorage::open(dir.path()).expect("opens"))
-            }
+            Self::Sqlite(dir) => Arc::new(
+                xagent_server_runtime::storage::SqliteStorage::open(dir.path()).expect("opens"),
+            ),
             #[cfg(feature = "postgres")]
             Self::Postgres(url) => Arc::new(
-                xagent_server_runtime::PostgresStorage::connect(url, Default::default())
+                xagent_server_runtime::storage::PostgresStorage::connect(url, Default::default())
                     .await
                     .expect("connects"),
             ),

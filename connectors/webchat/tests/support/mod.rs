@@ -54,7 +54,7 @@ pub async fn start_with_limits(dir: &PathBuf, limits: VisitorLimits) -> Server {
 #[cfg(feature = "postgres")]
 pub async fn start_on_database(
     dir: &PathBuf,
-    url: xagent_server_runtime::DatabaseUrl,
+    url: xagent_server_runtime::ops::DatabaseUrl,
     limits: VisitorLimits,
 ) -> Server {
     start_on_database_with_clock(dir, url, limits, Arc::new(SystemClock)).await
@@ -64,7 +64,7 @@ pub async fn start_on_database(
 #[cfg(feature = "postgres")]
 pub async fn start_on_database_with_clock(
     dir: &PathBuf,
-    url: xagent_server_runtime::DatabaseUrl,
+    url: xagent_server_runtime::ops::DatabaseUrl,
     limits: VisitorLimits,
     clock: Arc<dyn Clock>,
 ) -> Server {
@@ -92,7 +92,7 @@ impl Crashable {
     /// Starts the replica (its own two-thread runtime) with the system clock.
     pub async fn start(
         dir: &std::path::Path,
-        url: xagent_server_runtime::DatabaseUrl,
+        url: xagent_server_runtime::ops::DatabaseUrl,
     ) -> Crashable {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
