@@ -122,23 +122,6 @@ pub(super) fn is_build_time(text: &str) -> bool {
     (1..=12).contains(&two(2)) && (1..=31).contains(&two(4)) && two(6) < 24 && two(8) < 60
 }
 
-/// Drops quoted text from a parser message, which could quote a secret.
-pub(super) fn redact_quotes(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut inside = false;
-    for c in message.chars() {
-        if c == '"' || c == '`' {
-            if !inside {
-                out.push_str("\"…\"");
-            }
-            inside = !inside;
-        } else if !inside {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -256,7 +256,11 @@ impl Validator {
         if after == before && no_error_yet {
             // Everything specific passed: let the typed model find what the rules do not name.
             if let Err(e) = <Packet as serde::Deserialize>::deserialize(packet) {
-                sink.push(&PACKET_PAYLOAD_INVALID, "/payload", redact_quotes(&e.to_string()));
+                sink.push(
+                    &PACKET_PAYLOAD_INVALID,
+                    "/payload",
+                    xagent_protocol_types::redact_quoted(&e.to_string()),
+                );
             }
         }
         // auth.start legitimately carries the user's form input: leave it out of the scan.
