@@ -12,7 +12,7 @@ use super::validator::Validator;
 use crate::catalog;
 use crate::facts::*;
 use crate::im;
-use crate::report::{Report, Severity, Sink, child};
+use crate::report::{Report, Rule, Severity, Sink, child};
 use crate::rules::*;
 
 impl Validator {
@@ -38,16 +38,7 @@ impl Validator {
         card: Option<&CardFacts>,
     ) {
         let Some(root) = payload.as_object() else { return };
-        if let Some(id) = require_str(sink, &HELLO_CARD_ID, root, "connector_card_id", base)
-            && let Some(card_id) = card.and_then(|c| c.card_id.as_deref())
-            && id != card_id
-        {
-            sink.push(
-                &HELLO_CARD_ID,
-                child(base, "connector_card_id"),
-                format!("connector_card_id must be {card_id:?}"),
-            );
-        }
+        card_id_is_the_cards(sink, &HELLO_CARD_ID, root, base, card);
         let version = root.get("protocol_version");
         if version.is_some_and(|v| !v.is_string())
             || self.window.admit_hello(version.and_then(Value::as_str)).is_err()
@@ -91,16 +82,7 @@ impl Validator {
         card: Option<&CardFacts>,
     ) {
         let Some(root) = payload.as_object() else { return };
-        if let Some(id) = require_str(sink, &HELLO_ACK_CARD_ID, root, "connector_card_id", base)
-            && let Some(card_id) = card.and_then(|c| c.card_id.as_deref())
-            && id != card_id
-        {
-            sink.push(
-                &HELLO_ACK_CARD_ID,
-                child(base, "connector_card_id"),
-                format!("connector_card_id must be {card_id:?}"),
-            );
-        }
+        card_id_is_the_cards(sink, &HELLO_ACK_CARD_ID, root, base, card);
         require_str(sink, &HELLO_ACK_CONNECTOR_ID, root, "connector_id", base);
         let version = root.get("protocol_version").and_then(Value::as_str);
         let in_window = self.window.admit(version).is_ok();
@@ -468,4 +450,25 @@ pub(super) fn chat_message(sink: &mut Sink, body: &Map<String, Value>, sender: O
         extra_keys: keys(body),
     };
     walk(sink, |visit| im::check_chat_message(message, sender, visit));
+}
+
+/// `connector_card_id` of a hello or hello.ack at `base`: a non-empty string, and the Card's
+/// id when a Card is known (`rule` is the packet's own rule).
+fn card_id_is_the_cards(
+    sink: &mut Sink,
+    rule: &Rule,
+    root: &Map<String, Value>,
+    base: &str,
+    card: Option<&CardFacts>,
+) {
+    if let Some(id) = require_str(sink, rule, root, "connector_card_id", base)
+        && let Some(card_id) = card.and_then(|c| c.card_id.as_deref())
+        && id != card_id
+    {
+        sink.push(
+            rule,
+            child(base, "connector_card_id"),
+            format!("connector_card_id must be {card_id:?}"),
+        );
+    }
 }
