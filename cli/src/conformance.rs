@@ -19,12 +19,9 @@ pub struct ConformanceArgs {
     /// The system API key (also read from XAGENT_CONNECTOR_API_KEY).
     #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// An authentication flow id from the Card, to run the authenticated checks.
-    #[arg(long)]
-    flow: Option<String>,
-    /// A form input of the flow, as name=value (repeatable).
-    #[arg(long = "input", value_name = "NAME=VALUE", requires = "flow")]
-    inputs: Vec<String>,
+    /// The sign-in (--flow, --input).
+    #[command(flatten)]
+    sign_in: crate::common_args::FlowArgs,
     /// Seconds to wait for each answer.
     #[arg(long, default_value_t = 5)]
     timeout: u64,
@@ -61,7 +58,7 @@ pub fn run_command(args: ConformanceArgs) -> ExitCode {
         Ok(base) => base,
         Err(error) => return crate::usage("conformance", error),
     };
-    let inputs = match crate::parse_inputs(&args.inputs) {
+    let inputs = match args.sign_in.inputs() {
         Ok(inputs) => inputs,
         Err(message) => return crate::usage("conformance", message),
     };
@@ -79,7 +76,7 @@ pub fn run_command(args: ConformanceArgs) -> ExitCode {
     options.show_link = Some(|link| eprintln!("sign in: open or scan {link}"));
     options.show_prompt = Some(|message| eprintln!("sign in: {message}"));
     options.api_key = args.api_key.filter(|k| !k.is_empty()).map(Secret::new);
-    options.flow = args.flow.map(Into::into);
+    options.flow = args.sign_in.flow.map(Into::into);
     options.inputs = inputs;
     options.timeout = Duration::from_secs(args.timeout.max(1));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -16,8 +16,6 @@ use xagent_connector_homie::pairing::PairingCodes;
 use xagent_connector_homie::{Homie, HomieOptions};
 use xagent_protocol_types::Secret;
 
-use crate::webchat::bind;
-
 /// The variable holding the broker password.
 pub(crate) const MQTT_PASSWORD_ENV: &str = "XAGENT_HOMIE_MQTT_PASSWORD";
 /// The variable holding pairing codes (`DEVICE_ID=CODE`, separated by newlines or `;`).
@@ -26,31 +24,11 @@ pub(crate) const PAIRING_CODES_ENV: &str = "XAGENT_HOMIE_PAIRING_CODES";
 /// Options of `homie`.
 #[derive(Debug, Args)]
 pub struct HomieArgs {
-    /// Address to listen on (host:port).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    listen: String,
-    /// Settings from a TOML file (--config).
-    #[command(flatten)]
-    config: crate::config_file::ConfigArgs,
-    /// The log format (--log-format).
-    #[command(flatten)]
-    log: crate::config_file::LogArgs,
-    /// The system API key xAgent must present. Prefer XAGENT_CONNECTOR_API_KEY or
-    /// --api-key-file: a key given as --api-key is visible to every local user in `ps`.
-    #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// Read the system API key from this file (first line; keep the file mode 0600). Takes
-    /// precedence over XAGENT_CONNECTOR_API_KEY and --api-key.
-    #[arg(long, value_name = "PATH")]
-    api_key_file: Option<PathBuf>,
     /// Directory for the database and the snapshot files (created if missing, readable only by
     /// its owner). With --database-url both are in PostgreSQL and this directory keeps only the
     /// lock that keeps a second process off.
     #[arg(long)]
     state_dir: PathBuf,
-    /// The runtime's state in PostgreSQL (--database-url).
-    #[command(flatten)]
-    database: crate::database_args::DatabaseArgs,
     /// The MQTT broker, mqtt://[USER@]HOST:PORT (plain TCP). A password in the URL is refused:
     /// give it with --mqtt-password-file or XAGENT_HOMIE_MQTT_PASSWORD.
     #[arg(long)]
@@ -66,9 +44,6 @@ pub struct HomieArgs {
     /// A file of pairing codes: one DEVICE_ID=CODE per line, '#' comments.
     #[arg(long, value_name = "FILE")]
     pairing_file: Option<PathBuf>,
-    /// The listener's connection limits.
-    #[command(flatten)]
-    listener: crate::listen_args::ListenArgs,
     /// How long a device's availability must have been reported before a new change is
     /// pushed to xAgent (changes in between are coalesced into one push), milliseconds.
     #[arg(long, value_name = "MS", default_value_t = duration_ms(xagent_connector_homie::link::DEFAULT_AVAILABILITY_DEBOUNCE))]
@@ -77,6 +52,9 @@ pub struct HomieArgs {
     /// device counts as offline, milliseconds.
     #[arg(long, value_name = "MS", default_value_t = duration_ms(xagent_connector_homie::link::DEFAULT_LOST_GRACE))]
     lost_grace_ms: u64,
+    /// The flags of every server subcommand.
+    #[command(flatten)]
+    server: crate::common_args::ServerArgs,
 }
 
 fn duration_ms(d: Duration) -> u64 {
@@ -140,16 +118,8 @@ fn pairing(args: &HomieArgs) -> Result<PairingCodes, String> {
 
 /// Runs the Connector.
 pub fn run_command(args: HomieArgs) -> ExitCode {
-    let api_key = match crate::secrets::api_key(
-        args.api_key_file.as_deref(),
-        args.api_key.as_deref(),
-        "homie",
-    ) {
-        Ok(key) => key,
-        Err(message) => return usage(message),
-    };
-    let limits = match args.listener.limits() {
-        Ok(limits) => limits,
+    let (api_key, limits) = match args.server.key_and_limits("homie") {
+        Ok(started) => started,
         Err(message) => return usage(message),
     };
     let mqtt = match mqtt_url(&args) {
@@ -165,23 +135,22 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
             "xagent-connector homie: no pairing codes given; nobody can bind a device until you add --pairing-file or {PAIRING_CODES_ENV}"
         );
     }
-    args.log.init("info,tower_http=warn");
-    args.config.announce();
+    args.server.start_logs("info,tower_http=warn");
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return usage(format!("cannot start the async runtime: {error}")),
     };
     runtime.block_on(async move {
-        let (listener, local_url) = match bind(&args.listen).await {
+        let (listener, local_url) = match args.server.bind().await {
             Ok(bound) => bound,
-            Err(error) => return usage(format!("cannot listen on {}: {error}", args.listen)),
+            Err(message) => return usage(message),
         };
         let mut options = HomieOptions::new(mqtt.clone(), pairing, &args.state_dir);
         options.api_key = Some(Secret::new(api_key));
         options.link.availability_debounce = Duration::from_millis(args.availability_debounce_ms);
         options.link.lost_grace = Duration::from_millis(args.lost_grace_ms);
         options.listener = limits;
-        options.database_url = args.database.database_url.clone();
+        options.database_url = args.server.database.database_url.clone();
         let homie = match Homie::open(options).await {
             Ok(homie) => homie,
             Err(error) => {
@@ -189,7 +158,7 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        if let Err(message) = args.listener.start_metrics(homie.server()).await {
+        if let Err(message) = args.server.listener.start_metrics(homie.server()).await {
             return crate::usage("homie", message);
         }
         let stop = xagent_server_runtime::ops::stop_signal();

@@ -23,6 +23,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod backup;
 mod check;
+mod common_args;
 mod config_file;
 mod conformance;
 mod database_args;

@@ -14,8 +14,6 @@ use clap::Args;
 use xagent_connector_matrix::{Credentials, Matrix, MatrixOptions};
 use xagent_protocol_types::Secret;
 
-use crate::webchat::bind;
-
 /// The variable holding the bot's password.
 pub(crate) const PASSWORD_ENV: &str = "XAGENT_MATRIX_PASSWORD";
 /// The variable holding the bot's access token.
@@ -24,32 +22,12 @@ pub(crate) const ACCESS_TOKEN_ENV: &str = "XAGENT_MATRIX_ACCESS_TOKEN";
 /// Options of `matrix`.
 #[derive(Debug, Args)]
 pub struct MatrixArgs {
-    /// Address to listen on (host:port).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    listen: String,
-    /// Settings from a TOML file (--config).
-    #[command(flatten)]
-    config: crate::config_file::ConfigArgs,
-    /// The log format (--log-format).
-    #[command(flatten)]
-    log: crate::config_file::LogArgs,
-    /// The system API key xAgent must present. Prefer XAGENT_CONNECTOR_API_KEY or
-    /// --api-key-file: a key given as --api-key is visible to every local user in `ps`.
-    #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// Read the system API key from this file (first line; keep the file mode 0600).
-    #[arg(long, value_name = "PATH")]
-    api_key_file: Option<PathBuf>,
     /// Directory for the database, the files, and the bot's session and crypto store
     /// (created if missing, readable only by its owner). With --database-url the database and
     /// the files are in PostgreSQL and this directory keeps the bot's stores and the lock.
     /// Keep it: it holds the bot's keys.
     #[arg(long)]
     state_dir: PathBuf,
-    /// The runtime's state in PostgreSQL (--database-url); the bot's stores stay in
-    /// --state-dir.
-    #[command(flatten)]
-    database: crate::database_args::DatabaseArgs,
     /// The homeserver's client API, e.g. https://matrix.example.org.
     #[arg(long, value_name = "URL")]
     homeserver: String,
@@ -57,9 +35,6 @@ pub struct MatrixArgs {
     /// XAGENT_MATRIX_PASSWORD or its access token from XAGENT_MATRIX_ACCESS_TOKEN.
     #[arg(long, value_name = "@USER:SERVER")]
     user: String,
-    /// The listener's connection limits.
-    #[command(flatten)]
-    listener: crate::listen_args::ListenArgs,
     /// The least time between two edits of a streamed reply, milliseconds (the homeserver
     /// rate-limits messages; edits count).
     #[arg(long, value_name = "MS", default_value_t = 1_000)]
@@ -76,6 +51,10 @@ pub struct MatrixArgs {
     /// How long the homeserver may be unreachable before channels show offline, seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     offline_after_secs: u64,
+    /// The flags of every server subcommand; with --database-url the bot's stores stay in
+    /// --state-dir.
+    #[command(flatten)]
+    server: crate::common_args::ServerArgs,
 }
 
 fn usage(message: impl std::fmt::Display) -> ExitCode {
@@ -97,16 +76,8 @@ fn credentials() -> Result<Credentials, String> {
 
 /// Runs the Connector.
 pub fn run_command(args: MatrixArgs) -> ExitCode {
-    let api_key = match crate::secrets::api_key(
-        args.api_key_file.as_deref(),
-        args.api_key.as_deref(),
-        "matrix",
-    ) {
-        Ok(key) => key,
-        Err(message) => return usage(message),
-    };
-    let limits = match args.listener.limits() {
-        Ok(limits) => limits,
+    let (api_key, limits) = match args.server.key_and_limits("matrix") {
+        Ok(started) => started,
         Err(message) => return usage(message),
     };
     let credentials = match credentials() {
@@ -121,20 +92,19 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
     // account data a new account does not have), and hands each failure to its caller, where
     // the Connector reports what matters; a new device's first key query warns that the
     // device "might have been deleted" before its keys are uploaded.
-    args.log.init(
+    args.server.start_logs(
         "info,tower_http=warn,matrix_sdk=warn,matrix_sdk_crypto=warn,matrix_sdk_base=warn,\
          matrix_sdk_crypto::backups=error,matrix_sdk::http_client=off,\
          matrix_sdk_crypto::identities::manager=error",
     );
-    args.config.announce();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return usage(format!("cannot start the async runtime: {error}")),
     };
     runtime.block_on(async move {
-        let (listener, local_url) = match bind(&args.listen).await {
+        let (listener, local_url) = match args.server.bind().await {
             Ok(bound) => bound,
-            Err(error) => return usage(format!("cannot listen on {}: {error}", args.listen)),
+            Err(message) => return usage(message),
         };
         let mut options =
             MatrixOptions::new(&args.homeserver, &args.user, credentials, &args.state_dir);
@@ -145,7 +115,7 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
         options.max_unbound_rooms = args.max_unbound_rooms;
         options.room_messages_per_minute = args.room_messages_per_minute;
         options.offline_after = Duration::from_secs(args.offline_after_secs);
-        options.database_url = args.database.database_url.clone();
+        options.database_url = args.server.database.database_url.clone();
         let matrix = match Matrix::open(options).await {
             Ok(matrix) => matrix,
             Err(error) => {
@@ -153,7 +123,7 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        if let Err(message) = args.listener.start_metrics(matrix.server()).await {
+        if let Err(message) = args.server.listener.start_metrics(matrix.server()).await {
             return usage(message);
         }
         let stop = xagent_server_runtime::ops::stop_signal();

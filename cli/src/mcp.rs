@@ -33,12 +33,9 @@ pub struct McpArgs {
     /// other users of the machine).
     #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// The sign-in flow to run when the channel is not signed in yet.
-    #[arg(long)]
-    flow: Option<String>,
-    /// A form input of the flow, as name=value (repeatable).
-    #[arg(long = "input", value_name = "NAME=VALUE", requires = "flow")]
-    inputs: Vec<String>,
+    /// The sign-in to run when the channel is not signed in yet (--flow, --input).
+    #[command(flatten)]
+    sign_in: crate::common_args::FlowArgs,
     /// Directory for the inbox, downloaded files and the remembered channel (created
     /// readable only by you; with a database, only the HTTP token); default: ~/.local/state/xagent-connector/mcp/<host-port>.
     #[arg(long)]
@@ -93,7 +90,7 @@ fn default_state_dir(base_url: &str) -> PathBuf {
 pub fn run_command(args: McpArgs) -> ExitCode {
     args.log.init("info");
     args.config.announce();
-    let inputs = match crate::parse_inputs(&args.inputs) {
+    let inputs = match args.sign_in.inputs() {
         Ok(inputs) => inputs,
         Err(message) => return crate::usage("mcp", message),
     };
@@ -125,7 +122,7 @@ pub fn run_command(args: McpArgs) -> ExitCode {
         link: LinkConfig {
             base_url: args.base_url,
             api_key: args.api_key.filter(|k| !k.is_empty()).map(Secret::new),
-            flow: args.flow,
+            flow: args.sign_in.flow,
             inputs,
             allowed,
             health_interval: std::time::Duration::from_secs(30),

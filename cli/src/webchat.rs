@@ -10,29 +10,9 @@ use xagent_connector_webchat::{GuessPolicy, VisitorLimits, Webchat, WebchatOptio
 use xagent_protocol_types::Secret;
 use xagent_server_runtime::RuntimeConfig;
 
-use crate::EXIT_USAGE;
-
 /// Options of `webchat`.
 #[derive(Debug, Args)]
 pub struct WebchatArgs {
-    /// Address to listen on (host:port).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    listen: String,
-    /// Settings from a TOML file (--config).
-    #[command(flatten)]
-    config: crate::config_file::ConfigArgs,
-    /// The log format (--log-format).
-    #[command(flatten)]
-    log: crate::config_file::LogArgs,
-    /// The system API key xAgent must present. Prefer the environment variable
-    /// XAGENT_CONNECTOR_API_KEY or --api-key-file: a key given as --api-key is visible to every
-    /// local user in the process list.
-    #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// Read the system API key from this file (first line; keep the file mode 0600). Takes
-    /// precedence over XAGENT_CONNECTOR_API_KEY and --api-key.
-    #[arg(long, value_name = "PATH")]
-    api_key_file: Option<PathBuf>,
     /// Directory for the database (rooms, visitors, history, channels) and the Transfer Plane's
     /// files (created if missing, readable only by its owner). With --database-url all of that
     /// is in PostgreSQL and this directory keeps only the lock that keeps a second process off.
@@ -42,12 +22,6 @@ pub struct WebchatArgs {
     /// http://<listen address>.
     #[arg(long)]
     public_url: Option<String>,
-    /// The listener's connection limits.
-    #[command(flatten)]
-    listener: crate::listen_args::ListenArgs,
-    /// The runtime's state in PostgreSQL (--database-url).
-    #[command(flatten)]
-    database: crate::database_args::DatabaseArgs,
     /// Wrong access codes one room takes at once from all visitors' addresses together (F5);
     /// then it refuses joins until the budget refills. One address alone never reaches it.
     #[arg(long, value_name = "N", default_value_t = JOIN.room_burst)]
@@ -62,6 +36,9 @@ pub struct WebchatArgs {
     /// The room's sign-in budget refills by one wrong code per this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = SIGN_IN.room_interval_millis / 1_000)]
     sign_in_room_interval_secs: u64,
+    /// The flags of every server subcommand.
+    #[command(flatten)]
+    server: crate::common_args::ServerArgs,
     /// What one visitor address or room may take (streams, joins, uploads).
     #[command(flatten)]
     caps: CapArgs,
@@ -181,23 +158,13 @@ pub(crate) fn init_logs(default: &str) {
     xagent_server_runtime::ops::init_logging(default, xagent_server_runtime::ops::LogFormat::Text);
 }
 
-/// The API key from `--api-key-file`, else from the variable or `--api-key`.
-fn api_key(args: &WebchatArgs) -> Result<String, String> {
-    crate::secrets::api_key(args.api_key_file.as_deref(), args.api_key.as_deref(), "webchat")
-}
-
 /// Runs the Connector.
 pub fn run_command(args: WebchatArgs) -> ExitCode {
-    let api_key = match api_key(&args) {
-        Ok(key) => key,
+    let (api_key, limits) = match args.server.key_and_limits("webchat") {
+        Ok(started) => started,
         Err(message) => return crate::usage("webchat", message),
     };
-    let limits = match args.listener.limits() {
-        Ok(limits) => limits,
-        Err(message) => return crate::usage("webchat", message),
-    };
-    args.log.init("info,tower_http=warn");
-    args.config.announce();
+    args.server.start_logs("info,tower_http=warn");
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -205,12 +172,9 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let (listener, local_url) = match bind(&args.listen).await {
+        let (listener, local_url) = match args.server.bind().await {
             Ok(bound) => bound,
-            Err(error) => {
-                eprintln!("xagent-connector webchat: cannot listen on {}: {error}", args.listen);
-                return ExitCode::from(EXIT_USAGE);
-            }
+            Err(message) => return crate::usage("webchat", message),
         };
         let (visitor_limits, sign_in_limits) = guess_limits(&args);
         let public_url = args.public_url.unwrap_or_else(|| local_url.clone());
@@ -219,7 +183,7 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
             .with_config(RuntimeConfig::default().with_listener(limits))
             .with_visitor_limits(visitor_limits)
             .with_sign_in_limits(sign_in_limits);
-        if let Some(url) = args.database.database_url.clone() {
+        if let Some(url) = args.server.database.database_url.clone() {
             options = options.with_database_url(url);
         }
         let webchat = match Webchat::open(options).await {
@@ -229,7 +193,7 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        if let Err(message) = args.listener.start_metrics(webchat.server()).await {
+        if let Err(message) = args.server.listener.start_metrics(webchat.server()).await {
             return crate::usage("webchat", message);
         }
         let stop = xagent_server_runtime::ops::stop_signal();

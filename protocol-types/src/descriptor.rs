@@ -205,18 +205,11 @@ impl DescriptorTarget {
         }
     }
 
-    /// Sets the label.
-    #[must_use]
-    pub fn with_label(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
-    }
-
-    /// Sets the redacted account hint.
-    #[must_use]
-    pub fn with_account_hint(mut self, hint: impl Into<String>) -> Self {
-        self.account_hint = Some(hint.into());
-        self
+    setters! {
+        /// Sets the label.
+        with_label(label: into String);
+        /// Sets the redacted account hint.
+        with_account_hint(account_hint: into String);
     }
 }
 
@@ -257,18 +250,11 @@ impl DescriptorTool {
         Self::new(tool_id, ToolStatus::Available).with_permission(PermissionState::Granted)
     }
 
-    /// Sets the permission state.
-    #[must_use]
-    pub fn with_permission(mut self, state: PermissionState) -> Self {
-        self.target_permission_state = Some(state);
-        self
-    }
-
-    /// Sets the reason.
-    #[must_use]
-    pub fn with_reason(mut self, reason: impl Into<String>) -> Self {
-        self.reason = Some(reason.into());
-        self
+    setters! {
+        /// Sets the permission state.
+        with_permission(target_permission_state: PermissionState);
+        /// Sets the reason.
+        with_reason(reason: into String);
     }
 }
 

@@ -8,7 +8,8 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::{
-    ConnectorChannelId, ErrorCode, PacketBody, PacketId, PacketType, Payload, RequestId, WireError,
+    ConnectorChannelId, DecodeError, DecodeErrorKind, EnvelopeIds, PacketBody, PacketId,
+    PacketType, Payload, RequestId, WireError,
 };
 
 /// One data-plane packet: the envelope fields and a typed body.
@@ -55,25 +56,13 @@ impl Packet {
         Self { error: Some(error), ..Self::new(packet_id, PacketBody::Error(None)) }
     }
 
-    /// Sets `request_id`.
-    #[must_use]
-    pub fn request_id(mut self, request_id: impl Into<RequestId>) -> Self {
-        self.request_id = Some(request_id.into());
-        self
-    }
-
-    /// Sets `reply_to`.
-    #[must_use]
-    pub fn reply_to(mut self, packet_id: impl Into<PacketId>) -> Self {
-        self.reply_to = Some(packet_id.into());
-        self
-    }
-
-    /// Sets `connector_channel_id`.
-    #[must_use]
-    pub fn channel(mut self, channel: impl Into<ConnectorChannelId>) -> Self {
-        self.connector_channel_id = Some(channel.into());
-        self
+    setters! {
+        /// Sets `request_id`.
+        request_id(request_id: into RequestId);
+        /// Sets `reply_to`.
+        reply_to(reply_to: into PacketId);
+        /// Sets `connector_channel_id`.
+        channel(connector_channel_id: into ConnectorChannelId);
     }
 
     /// Sets `connector_channel_id` when one is given.
@@ -83,18 +72,11 @@ impl Packet {
         self
     }
 
-    /// Sets `time`.
-    #[must_use]
-    pub fn time(mut self, millis: u64) -> Self {
-        self.time = Some(millis);
-        self
-    }
-
-    /// Sets `error`.
-    #[must_use]
-    pub fn with_error(mut self, error: WireError) -> Self {
-        self.error = Some(error);
-        self
+    setters! {
+        /// Sets `time`.
+        time(time: u64);
+        /// Sets `error`.
+        with_error(error: WireError);
     }
 
     /// Makes this packet answer `request`: same `request_id`, `reply_to` = its `packet_id`, and
@@ -363,21 +345,29 @@ fn finish<S: PayloadSource>(parts: EnvelopeParts<S>) -> Result<Packet, DecodeErr
     }
 }
 
+/// The envelope fields of `$envelope` (a `RawEnvelope` or an [`Envelope`], which name them
+/// alike) as a packet whose body is decoded next.
+macro_rules! packet_head {
+    ($envelope:ident) => {
+        Packet {
+            packet_id: $envelope.packet_id,
+            request_id: $envelope.request_id,
+            reply_to: $envelope.reply_to,
+            connector_channel_id: $envelope.connector_channel_id,
+            time: $envelope.time,
+            error: $envelope.error,
+            body: PacketBody::Error(None),
+        }
+    };
+}
+
 impl<'a> RawEnvelope<'a> {
     fn into_packet(self) -> Result<Packet, DecodeError> {
         let payload = self.payload.filter(|raw| raw.get().trim() != "null");
         finish(EnvelopeParts {
             schema_ok: self.schema == crate::PACKET_SCHEMA,
             schema: self.schema.into_owned(),
-            packet: Packet {
-                packet_id: self.packet_id,
-                request_id: self.request_id,
-                reply_to: self.reply_to,
-                connector_channel_id: self.connector_channel_id,
-                time: self.time,
-                error: self.error,
-                body: PacketBody::Error(None),
-            },
+            packet: packet_head!(self),
             packet_type: self.packet_type.into_owned(),
             payload,
         })
@@ -392,161 +382,17 @@ impl Envelope {
         finish(EnvelopeParts {
             schema_ok: self.schema == crate::PACKET_SCHEMA,
             schema: self.schema,
-            packet: Packet {
-                packet_id: self.packet_id,
-                request_id: self.request_id,
-                reply_to: self.reply_to,
-                connector_channel_id: self.connector_channel_id,
-                time: self.time,
-                error: self.error,
-                body: PacketBody::Error(None),
-            },
+            packet: packet_head!(self),
             packet_type: self.packet_type,
             payload,
         })
     }
 }
 
-/// The envelope ids that could be read from a packet, even a broken one, so that an error
-/// reply can still echo `request_id` and the channel.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct EnvelopeIds {
-    /// `packet_id`, if it was a string.
-    pub packet_id: Option<PacketId>,
-    /// `request_id`, if it was a string.
-    pub request_id: Option<RequestId>,
-    /// `connector_channel_id`, if it was a string.
-    pub connector_channel_id: Option<ConnectorChannelId>,
-    /// `type`, if it was a string.
-    pub packet_type: Option<String>,
-}
-
-impl EnvelopeIds {
-    fn salvage(bytes: &[u8]) -> Self {
-        serde_json::from_slice::<Value>(bytes)
-            .map(|value| Self::from_value(&value))
-            .unwrap_or_default()
-    }
-
-    fn from_value(value: &Value) -> Self {
-        let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
-        Self {
-            packet_id: text("packet_id").map(PacketId::from),
-            request_id: text("request_id").map(RequestId::from),
-            connector_channel_id: text("connector_channel_id").map(ConnectorChannelId::from),
-            packet_type: text("type"),
-        }
-    }
-}
-
-/// Why a packet could not be decoded. Every case maps to `invalid_packet`.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct DecodeError {
-    /// What went wrong.
-    pub kind: DecodeErrorKind,
-    /// The envelope ids that could be salvaged.
-    pub ids: Box<EnvelopeIds>,
-}
-
-/// The cases of [`DecodeError`].
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum DecodeErrorKind {
-    /// Not JSON, not an object, or an envelope field of the wrong type or missing.
-    Envelope(serde_json::Error),
-    /// `schema` is not `xagent.connector.packet/v1`.
-    WrongSchema(String),
-    /// A required envelope string is empty.
-    EmptyField(&'static str),
-    /// `payload` is present but not an object.
-    PayloadNotObject,
-    /// The type needs a payload and there is none.
-    MissingPayload(String),
-    /// The payload does not match its type.
-    InvalidPayload {
-        /// The packet type.
-        packet_type: String,
-        /// The parse error.
-        source: serde_json::Error,
-    },
-}
-
-impl DecodeError {
-    fn envelope(source: serde_json::Error, ids: EnvelopeIds) -> Self {
-        Self { kind: DecodeErrorKind::Envelope(source), ids: Box::new(ids) }
-    }
-
-    /// The wire code to answer with: always `invalid_packet`.
-    pub fn code(&self) -> ErrorCode {
-        ErrorCode::InvalidPacket
-    }
-
-    /// The wire error to answer with.
-    pub fn to_wire(&self) -> WireError {
-        WireError::new(self.code(), self.to_string())
-    }
-}
-
-impl std::fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.kind {
-            DecodeErrorKind::Envelope(source) => write!(
-                f,
-                "the packet is not a valid envelope ({}); send one JSON object with schema, packet_id and type",
-                redact_quoted(&source.to_string())
-            ),
-            DecodeErrorKind::WrongSchema(schema) => {
-                write!(f, "envelope schema is {schema:?}; it must be \"{}\"", crate::PACKET_SCHEMA)
-            }
-            DecodeErrorKind::EmptyField(field) => {
-                write!(f, "envelope field {field} must not be empty")
-            }
-            DecodeErrorKind::PayloadNotObject => f.write_str("payload must be a JSON object"),
-            DecodeErrorKind::MissingPayload(packet_type) => {
-                write!(f, "a {packet_type} packet needs a payload object")
-            }
-            DecodeErrorKind::InvalidPayload { packet_type, source } => {
-                write!(f, "invalid {packet_type} payload: {}", redact_quoted(&source.to_string()))
-            }
-        }
-    }
-}
-
-impl std::error::Error for DecodeError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.kind {
-            DecodeErrorKind::Envelope(source) => Some(source),
-            DecodeErrorKind::InvalidPayload { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
-
-/// Parser messages quote offending values, which could be secrets; keep the shape, drop the text.
-fn redact_quoted(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut inside = false;
-    for c in message.chars() {
-        if c == '"' {
-            if inside {
-                out.push_str("…\"");
-            } else {
-                out.push('"');
-            }
-            inside = !inside;
-        } else if !inside {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ChatMessage, ChatMessageAck, ToolInvoke, ToolInvokeAck};
+    use crate::{ChatMessage, ChatMessageAck, ErrorCode, ToolInvoke, ToolInvokeAck};
     use serde_json::json;
 
     #[test]

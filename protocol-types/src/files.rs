@@ -87,39 +87,17 @@ impl ChatFile {
         }
     }
 
-    /// Sets the file name.
-    #[must_use]
-    pub fn with_filename(mut self, name: impl Into<String>) -> Self {
-        self.filename = Some(name.into());
-        self
-    }
-
-    /// Sets the MIME type.
-    #[must_use]
-    pub fn with_mime_type(mut self, mime: impl Into<String>) -> Self {
-        self.mime_type = Some(mime.into());
-        self
-    }
-
-    /// Sets the size.
-    #[must_use]
-    pub fn with_byte_size(mut self, size: u64) -> Self {
-        self.byte_size = Some(size);
-        self
-    }
-
-    /// Sets the expiry.
-    #[must_use]
-    pub fn with_expires_at(mut self, at: u64) -> Self {
-        self.expires_at = Some(at);
-        self
-    }
-
-    /// Sets the download URL.
-    #[must_use]
-    pub fn with_download_url(mut self, url: impl Into<String>) -> Self {
-        self.download_url = Some(url.into());
-        self
+    setters! {
+        /// Sets the file name.
+        with_filename(filename: into String);
+        /// Sets the MIME type.
+        with_mime_type(mime_type: into String);
+        /// Sets the size.
+        with_byte_size(byte_size: u64);
+        /// Sets the expiry.
+        with_expires_at(expires_at: u64);
+        /// Sets the download URL.
+        with_download_url(download_url: into String);
     }
 }
 

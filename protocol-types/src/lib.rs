@@ -35,9 +35,11 @@
 #[macro_use]
 mod macros;
 
+mod auth_flow;
 mod card;
 mod clock;
 mod constants;
+mod decode;
 mod descriptor;
 mod enums;
 mod envelope;
@@ -49,12 +51,14 @@ mod packets;
 pub mod schema;
 mod secret;
 
+pub use auth_flow::*;
 pub use card::*;
 pub use clock::*;
 pub use constants::*;
+pub use decode::{DecodeError, DecodeErrorKind, EnvelopeIds, redact_quoted};
 pub use descriptor::*;
 pub use enums::*;
-pub use envelope::{DecodeError, DecodeErrorKind, Envelope, EnvelopeIds, Packet, PacketSchema};
+pub use envelope::{Envelope, Packet, PacketSchema};
 pub use error::*;
 pub use files::*;
 pub use http::*;

@@ -1,5 +1,23 @@
 //! Small declarative macros that keep the many string-valued wire types uniform.
 
+/// Implements `JsonSchema` for a type whose schema is one fixed JSON value; `inline = true`
+/// writes it in place, `false` gives it a named definition.
+macro_rules! fixed_schema {
+    ($name:ident, inline = $inline:literal, $($schema:tt)+) => {
+        impl schemars::JsonSchema for $name {
+            fn inline_schema() -> bool {
+                $inline
+            }
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($name).into()
+            }
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!($($schema)+)
+            }
+        }
+    };
+}
+
 /// Declares an opaque identifier newtype: transparent on the wire, a plain string in schemas.
 macro_rules! id_newtype {
     ($(#[$meta:meta])* $name:ident) => {
@@ -81,17 +99,7 @@ macro_rules! id_newtype {
             }
         }
 
-        impl schemars::JsonSchema for $name {
-            fn inline_schema() -> bool {
-                true
-            }
-            fn schema_name() -> std::borrow::Cow<'static, str> {
-                stringify!($name).into()
-            }
-            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-                schemars::json_schema!({ "type": "string" })
-            }
-        }
+        fixed_schema!($name, inline = true, { "type": "string" });
     };
 }
 
@@ -107,14 +115,7 @@ macro_rules! open_enum {
     ) => {
         open_enum!(@define [$(#[$meta])*] $name { $( [$(#[$vmeta])*] $variant = $wire ),+ });
 
-        impl schemars::JsonSchema for $name {
-            fn schema_name() -> std::borrow::Cow<'static, str> {
-                stringify!($name).into()
-            }
-            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-                schemars::json_schema!({ "type": "string", "enum": [$($wire),+] })
-            }
-        }
+        fixed_schema!($name, inline = false, { "type": "string", "enum": [$($wire),+] });
     };
     (
         @open_set
@@ -125,17 +126,11 @@ macro_rules! open_enum {
     ) => {
         open_enum!(@define [$(#[$meta])*] $name { $( [$(#[$vmeta])*] $variant = $wire ),+ });
 
-        impl schemars::JsonSchema for $name {
-            fn inline_schema() -> bool {
-                true
-            }
-            fn schema_name() -> std::borrow::Cow<'static, str> {
-                stringify!($name).into()
-            }
-            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-                schemars::json_schema!({ "type": "string", "minLength": 1, "examples": [$($wire),+] })
-            }
-        }
+        fixed_schema!(
+            $name,
+            inline = true,
+            { "type": "string", "minLength": 1, "examples": [$($wire),+] }
+        );
     };
     (
         @define [$(#[$meta:meta])*] $name:ident {
@@ -254,16 +249,31 @@ macro_rules! const_str {
             }
         }
 
-        impl schemars::JsonSchema for $name {
-            fn inline_schema() -> bool {
-                true
-            }
-            fn schema_name() -> std::borrow::Cow<'static, str> {
-                stringify!($name).into()
-            }
-            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-                schemars::json_schema!({ "const": $value })
-            }
+        fixed_schema!($name, inline = true, { "const": $value });
+    };
+}
+
+/// Declares `#[must_use]` builder setters inside an `impl`, each storing `Some(value)` in an
+/// optional field: `with_name(field: into String);` takes `impl Into<String>`,
+/// `with_size(field: u64);` the type itself.
+macro_rules! setters {
+    () => {};
+    ($(#[$doc:meta])* $name:ident($field:ident: into $ty:ty); $($rest:tt)*) => {
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, value: impl Into<$ty>) -> Self {
+            self.$field = Some(value.into());
+            self
         }
+        setters!($($rest)*);
+    };
+    ($(#[$doc:meta])* $name:ident($field:ident: $ty:ty); $($rest:tt)*) => {
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$field = Some(value);
+            self
+        }
+        setters!($($rest)*);
     };
 }

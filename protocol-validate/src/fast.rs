@@ -27,10 +27,11 @@
 use xagent_protocol_types::{Packet, PacketBody, PacketType, Role, Routing};
 
 use crate::catalog;
+use crate::facts::PacketContext;
 use crate::im;
 use crate::report::Report;
 use crate::secrets::SecretScanner;
-use crate::validate::{PacketContext, Validator};
+use crate::validate::Validator;
 
 /// The outcome of [`Validator::check_packet`].
 pub type Checked = Result<Packet, Report>;
@@ -104,7 +105,7 @@ impl Validator {
         };
         // A packet type only one side sends is judged as sent by that side (as the report form).
         let context = PacketContext {
-            sender: context.sender.or(crate::validate::only_sender(spec.direction)),
+            sender: context.sender.or(crate::facts::only_sender(spec.direction)),
             ..context
         };
         // Envelope rules the typed decode does not already enforce.

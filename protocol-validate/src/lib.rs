@@ -41,6 +41,35 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! ## Modules and which way they depend
+//!
+//! Three layers, rows listed top first. A module imports only modules of its own row, of rows
+//! below it in its layer, and of the layers below; no two files import each other in a circle.
+//! `tests/module_layers.rs` reads the sources and this table and fails on an upward import or a
+//! cycle.
+//!
+//! **Top: the hot path** (nothing imports it).
+//!
+//! | module | holds |
+//! |---|---|
+//! | `fast` | [`Validator::check_packet`]: one typed decode, the rules on the typed packet, a scan for secrets |
+//!
+//! **Middle: the judges.**
+//!
+//! | module | holds |
+//! |---|---|
+//! | `validate` | the report form: Card, Descriptor, `SKILL.md`, `/health`, Base URL, hello and packets |
+//! | `im` | the one home of the IM payload rules, over small views of the typed and `Value` forms |
+//! | `session`, `secrets` | the data-plane sequencing machine; the secret-leak scanner |
+//!
+//! **Bottom: the facts and tables.**
+//!
+//! | module | holds |
+//! |---|---|
+//! | `rules` | every rule's id, severity, section and summary; the refusal code of a report |
+//! | `facts`, `catalog`, `version`, `tool_schema`, `model_text` | Card facts and check contexts; the Profile catalog; version admission; the Tool schema helper; wire mentions in model text |
+//! | `report` | violations and reports |
+//!
 //! ## Decisions where the texts are silent
 //!
 //! - The Connector side admits a hello whose version is at least the window minimum and has
@@ -97,6 +126,7 @@
 #![doc = include_str!("../RULES.md")]
 
 pub mod catalog;
+mod facts;
 mod fast;
 pub mod im;
 pub mod model_text;
@@ -108,14 +138,14 @@ mod tool_schema;
 mod validate;
 pub mod version;
 
+pub use facts::{CardFacts, DescriptorContext, PacketContext};
 pub use fast::Checked;
 pub use report::{Report, Rule, Severity, Violation, side_name};
 pub use secrets::{Leak, LeakKind, SecretScanner};
 pub use validate::{
-    CardFacts, DescriptorContext, DocumentKind, PacketContext, Validator, check_text,
-    check_text_from, is_valid_tool_id, parse_document, skill_front_matter_name,
-    skill_name_matches_card, validate_base_url, validate_card, validate_descriptor,
-    validate_health, validate_packet, validate_skill,
+    DocumentKind, Validator, check_text, check_text_from, is_valid_tool_id, parse_document,
+    skill_front_matter_name, skill_name_matches_card, validate_base_url, validate_card,
+    validate_descriptor, validate_health, validate_packet, validate_skill,
 };
 
 pub use catalog::{ChannelProfiles, Negotiated, Permission, ProfileSpec};

@@ -125,20 +125,6 @@ impl Report {
         self.valid = !self.violations.iter().any(|v| v.severity == Severity::Error);
     }
 
-    /// The wire error code a runtime answers a refused packet with: the most specific code
-    /// the protocol has for its first error (`tool_not_found` for an undeclared Tool,
-    /// `connector_channel_id_required` for a missing channel), else `invalid_packet`.
-    pub fn error_code(&self) -> xagent_protocol_types::ErrorCode {
-        use xagent_protocol_types::ErrorCode;
-        match self.errors().next().map(|v| v.rule.as_str()) {
-            Some(id) if id == crate::rules::TOOL_INVOKE_TOOL_ID.id => ErrorCode::ToolNotFound,
-            Some(id) if id == crate::rules::PACKET_CHANNEL_REQUIRED.id => {
-                ErrorCode::ConnectorChannelIdRequired
-            }
-            _ => ErrorCode::InvalidPacket,
-        }
-    }
-
     /// The report as compact JSON.
     pub fn to_json(&self) -> String {
         // A Report holds only strings, booleans and enums: serialising cannot fail.

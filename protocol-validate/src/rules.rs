@@ -5,7 +5,7 @@
 //! binding spec notes. The table in the crate documentation is generated from [`ALL`] (a test
 //! keeps them equal).
 
-use crate::report::{Rule, Severity};
+use crate::report::{Report, Rule, Severity};
 
 macro_rules! rules {
     ($( $name:ident = $id:literal, $sev:ident, $section:literal, $summary:literal; )+) => {
@@ -187,6 +187,22 @@ pub fn markdown_table() -> String {
         ));
     }
     out
+}
+
+// The refusal code is a fact of the rules table, so it lives beside it (the report module
+// stays below this one).
+impl Report {
+    /// The wire error code a runtime answers a refused packet with: the most specific code
+    /// the protocol has for its first error (`tool_not_found` for an undeclared Tool,
+    /// `connector_channel_id_required` for a missing channel), else `invalid_packet`.
+    pub fn error_code(&self) -> xagent_protocol_types::ErrorCode {
+        use xagent_protocol_types::ErrorCode;
+        match self.errors().next().map(|v| v.rule.as_str()) {
+            Some(id) if id == TOOL_INVOKE_TOOL_ID.id => ErrorCode::ToolNotFound,
+            Some(id) if id == PACKET_CHANNEL_REQUIRED.id => ErrorCode::ConnectorChannelIdRequired,
+            _ => ErrorCode::InvalidPacket,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -69,166 +69,22 @@ use std::ffi::{CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
 
-use serde_json::Value;
 use xagent_protocol_types::Side;
-use xagent_protocol_validate::rules::{DOCUMENT_NOT_JSON, DOCUMENT_NOT_OBJECT};
-use xagent_protocol_validate::{
-    CardFacts, DocumentKind, Report, Severity, Violation, check_text_from,
+use xagent_protocol_validate::{CardFacts, DocumentKind};
+
+mod plumbing;
+mod rust_api;
+
+use plumbing::{
+    Input, card_facts, guarded, optional_card, text_from, validate, validate_with_card,
 };
+pub use rust_api::{card_report, packet_is_valid_from, packet_report_from, skill_report};
 
 /// Version of this C ABI. It changes only when a function's signature or meaning changes.
 pub const XAGENT_VALIDATE_ABI_VERSION: u32 = 1;
 
 /// Rule id of the violation reported when the library itself failed (a caught panic).
 pub const FFI_INTERNAL_ERROR: &str = "ffi.internal_error";
-
-/// Where the document comes from, for messages.
-#[derive(Clone, Copy)]
-enum Input {
-    Document,
-    Card,
-}
-
-impl Input {
-    fn path(self) -> &'static str {
-        match self {
-            Self::Document => "",
-            Self::Card => "/card",
-        }
-    }
-
-    fn what(self) -> &'static str {
-        match self {
-            Self::Document => "the document",
-            Self::Card => "the reference Card",
-        }
-    }
-}
-
-/// Reads `len` bytes at `ptr` as UTF-8 text, or returns the report that says why it cannot.
-///
-/// # Safety
-/// `ptr` must be NULL or point to `len` readable bytes that stay valid for the call.
-unsafe fn text_from<'a>(ptr: *const u8, len: usize, input: Input) -> Result<&'a str, Report> {
-    let bytes: &[u8] = if ptr.is_null() {
-        if len != 0 {
-            return Err(not_json(
-                input,
-                format!("{} is a NULL pointer with length {len}", input.what()),
-            ));
-        }
-        &[]
-    } else {
-        if len > isize::MAX as usize {
-            return Err(not_json(
-                input,
-                format!("{} has an impossible length {len}", input.what()),
-            ));
-        }
-        // SAFETY: the caller guarantees `ptr` points to `len` readable bytes valid for the call;
-        // it is non-NULL, `u8` has no alignment requirement, and `len` fits in `isize`.
-        unsafe { std::slice::from_raw_parts(ptr, len) }
-    };
-    std::str::from_utf8(bytes).map_err(|error| {
-        not_json(
-            input,
-            format!(
-                "{} is not UTF-8 (invalid bytes at offset {}); JSON text must be UTF-8",
-                input.what(),
-                error.valid_up_to()
-            ),
-        )
-    })
-}
-
-fn not_json(input: Input, message: String) -> Report {
-    Report::new(vec![DOCUMENT_NOT_JSON.at(input.path(), message)])
-}
-
-/// The facts of a reference Card, or the report that says why it cannot be used.
-fn card_facts(text: &str) -> Result<CardFacts, Report> {
-    let value: Value = serde_json::from_str(text).map_err(|error| {
-        not_json(
-            Input::Card,
-            format!(
-                "the reference Card is not JSON (line {}, column {}); validate it with \
-                 xagent_validate_card first",
-                error.line(),
-                error.column()
-            ),
-        )
-    })?;
-    if !value.is_object() {
-        return Err(Report::new(vec![DOCUMENT_NOT_OBJECT.at(
-            Input::Card.path(),
-            "the reference Card is not a JSON object; validate it with xagent_validate_card first",
-        )]));
-    }
-    Ok(CardFacts::from_value(&value))
-}
-
-/// Validates one document of `kind`, with an optional reference Card, never panicking.
-///
-/// # Safety
-/// Each pointer must be NULL or point to its length in readable bytes valid for the call.
-unsafe fn validate(
-    kind: DocumentKind,
-    document: (*const u8, usize),
-    card: Option<(*const u8, usize)>,
-    sender: Option<Side>,
-) -> Report {
-    // SAFETY: forwarded from the caller's contract on `document`.
-    let text = match unsafe { text_from(document.0, document.1, Input::Document) } {
-        Ok(text) => text,
-        Err(report) => return report,
-    };
-    let facts = match card {
-        None => None,
-        Some((ptr, len)) => {
-            // SAFETY: forwarded from the caller's contract on `card`.
-            let card_text = match unsafe { text_from(ptr, len, Input::Card) } {
-                Ok(text) => text,
-                Err(report) => return report,
-            };
-            match card_facts(card_text) {
-                Ok(facts) => Some(facts),
-                Err(report) => return report,
-            }
-        }
-    };
-    check_text_from(kind, text, facts.as_ref(), sender)
-}
-
-fn internal_error() -> Report {
-    Report::new(vec![Violation {
-        rule: FFI_INTERNAL_ERROR.to_owned(),
-        severity: Severity::Error,
-        path: String::new(),
-        message: "the validator failed internally; please report this input to the toolkit's \
-                  maintainers"
-            .to_owned(),
-        sender: None,
-    }])
-}
-
-/// Runs `work` with panics caught and turns its report into an owned C string.
-fn guarded(work: impl FnOnce() -> Report) -> *mut c_char {
-    let report = catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|_| internal_error());
-    into_c_string(&report.to_json())
-}
-
-fn into_c_string(json: &str) -> *mut c_char {
-    // serde_json escapes U+0000, so a report never holds a NUL byte; the fallback is for safety.
-    let text = CString::new(json).unwrap_or_else(|_| {
-        CString::from(c"{\"valid\":false,\"violations\":[{\"rule\":\"ffi.internal_error\",\"severity\":\"error\",\"path\":\"\",\"message\":\"the report could not be encoded\"}]}")
-    });
-    text.into_raw()
-}
-
-/// Treats a NULL Card pointer as "no Card".
-fn optional_card(ptr: *const u8, len: usize) -> Option<(*const u8, usize)> {
-    if ptr.is_null() { None } else { Some((ptr, len)) }
-}
 
 /// Validates a Connector Card (`connector-card.json`).
 ///
@@ -258,9 +114,10 @@ pub unsafe extern "C" fn xagent_validate_descriptor(
     card: *const u8,
     card_len: usize,
 ) -> *mut c_char {
-    let card = optional_card(card, card_len);
     // SAFETY: the caller's contract on both pointers is this function's contract.
-    guarded(|| unsafe { validate(DocumentKind::Descriptor, (json, json_len), card, None) })
+    unsafe {
+        validate_with_card(DocumentKind::Descriptor, (json, json_len), (card, card_len), None)
+    }
 }
 
 /// Validates one data-plane packet, against a Card when `card` is not NULL.
@@ -278,9 +135,8 @@ pub unsafe extern "C" fn xagent_validate_packet(
     card: *const u8,
     card_len: usize,
 ) -> *mut c_char {
-    let card = optional_card(card, card_len);
     // SAFETY: the caller's contract on both pointers is this function's contract.
-    guarded(|| unsafe { validate(DocumentKind::Packet, (json, json_len), card, None) })
+    unsafe { validate_with_card(DocumentKind::Packet, (json, json_len), (card, card_len), None) }
 }
 
 /// Validates one data-plane packet sent by `sender`, against a Card when `card` is not NULL:
@@ -302,10 +158,9 @@ pub unsafe extern "C" fn xagent_validate_packet_from(
     card_len: usize,
     sender: i32,
 ) -> *mut c_char {
-    let card = optional_card(card, card_len);
     let sender = side_of(sender);
     // SAFETY: the caller's contract on both pointers is this function's contract.
-    guarded(|| unsafe { validate(DocumentKind::Packet, (json, json_len), card, sender) })
+    unsafe { validate_with_card(DocumentKind::Packet, (json, json_len), (card, card_len), sender) }
 }
 
 /// The side a C `sender` value names (`XAGENT_SENDER_*`); unknown values mean no sender.
@@ -448,67 +303,6 @@ pub unsafe extern "C" fn xagent_packet_is_valid(
     i32::from(verdict.unwrap_or(false))
 }
 
-/// The report `xagent_validate_packet_from` returns for `json` (against `card` when given) sent
-/// by `sender` (`XAGENT_SENDER_*`), for Rust callers: the C function itself, called with
-/// pointers to the slices, its string copied and released. What the all-judges test of the
-/// workspace compares with the other judges.
-pub fn packet_report_from(json: &[u8], card: Option<&[u8]>, sender: i32) -> String {
-    let (card_ptr, card_len) = card.map_or((std::ptr::null(), 0), |c| (c.as_ptr(), c.len()));
-    // SAFETY: the pointers and lengths describe the borrowed slices, valid for the call.
-    let report = unsafe {
-        xagent_validate_packet_from(json.as_ptr(), json.len(), card_ptr, card_len, sender)
-    };
-    // SAFETY: the library returns a NUL-terminated string, never NULL.
-    let text = unsafe { std::ffi::CStr::from_ptr(report) }.to_string_lossy().into_owned();
-    // SAFETY: `report` came from the library and is released once.
-    unsafe { xagent_validate_free(report) };
-    text
-}
-
-/// The report `xagent_validate_card` returns for `json`, for Rust callers: the C function
-/// itself, called with a pointer to the slice, its string copied and released. What the
-/// all-judges test compares with `xagent-connector check card` and xAgent's admission.
-pub fn card_report(json: &[u8]) -> String {
-    // SAFETY: the pointer and length describe the borrowed slice, valid for the call.
-    let report = unsafe { xagent_validate_card(json.as_ptr(), json.len()) };
-    // SAFETY: the library returns a NUL-terminated string, never NULL.
-    let text = unsafe { std::ffi::CStr::from_ptr(report) }.to_string_lossy().into_owned();
-    // SAFETY: `report` came from the library and is released once.
-    unsafe { xagent_validate_free(report) };
-    text
-}
-
-/// The report `xagent_validate_skill` returns for `skill` against `card`, for Rust callers: the
-/// C function itself, called with pointers to the slices, its string copied and released. What
-/// the all-judges test compares with `xagent-connector check skill` and xAgent's admission.
-pub fn skill_report(skill: &[u8], card: &[u8]) -> String {
-    // SAFETY: each pointer and length describe a borrowed slice, valid for the call.
-    let report =
-        unsafe { xagent_validate_skill(skill.as_ptr(), skill.len(), card.as_ptr(), card.len()) };
-    // SAFETY: the library returns a NUL-terminated string, never NULL.
-    let text = unsafe { std::ffi::CStr::from_ptr(report) }.to_string_lossy().into_owned();
-    // SAFETY: `report` came from the library and is released once.
-    unsafe { xagent_validate_free(report) };
-    text
-}
-
-/// The verdict `xagent_packet_is_valid` gives `json` sent by `sender`, on a validator made by
-/// `xagent_packet_validator_new` with `card` (or none), for Rust callers; `None` when the
-/// library refused the Card.
-pub fn packet_is_valid_from(json: &[u8], card: Option<&[u8]>, sender: i32) -> Option<bool> {
-    let (card_ptr, card_len) = card.map_or((std::ptr::null(), 0), |c| (c.as_ptr(), c.len()));
-    // SAFETY: the pointer and length describe the borrowed Card slice, valid for the call.
-    let validator = unsafe { xagent_packet_validator_new(card_ptr, card_len) };
-    if card.is_some() && validator.is_null() {
-        return None;
-    }
-    // SAFETY: `validator` is NULL or live; the pointer and length describe `json`.
-    let verdict = unsafe { xagent_packet_is_valid(validator, json.as_ptr(), json.len(), sender) };
-    // SAFETY: `validator` came from `xagent_packet_validator_new` (or is NULL) and is freed once.
-    unsafe { xagent_packet_validator_free(validator) };
-    Some(verdict == 1)
-}
-
 /// Releases a report returned by one of the `xagent_validate_*` functions. NULL is ignored.
 ///
 /// # Safety
@@ -544,6 +338,7 @@ fn version_json() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
     use std::ffi::CStr;
 
     fn call(f: impl FnOnce() -> *mut c_char) -> Value {

@@ -161,32 +161,15 @@ impl AuthProgress {
         self
     }
 
-    /// Sets the expiry.
-    #[must_use]
-    pub fn with_expires_at(mut self, at: u64) -> Self {
-        self.expires_at = Some(at);
-        self
-    }
-
-    /// Sets the polling interval.
-    #[must_use]
-    pub fn with_poll_interval_millis(mut self, millis: u64) -> Self {
-        self.poll_interval_millis = Some(millis);
-        self
-    }
-
-    /// Sets the message.
-    #[must_use]
-    pub fn with_message(mut self, message: impl Into<String>) -> Self {
-        self.message = Some(message.into());
-        self
-    }
-
-    /// Sets the Descriptor.
-    #[must_use]
-    pub fn with_descriptor(mut self, descriptor: ConnectionDescriptor) -> Self {
-        self.connection_descriptor = Some(descriptor);
-        self
+    setters! {
+        /// Sets the expiry.
+        with_expires_at(expires_at: u64);
+        /// Sets the polling interval.
+        with_poll_interval_millis(poll_interval_millis: u64);
+        /// Sets the message.
+        with_message(message: into String);
+        /// Sets the Descriptor.
+        with_descriptor(connection_descriptor: ConnectionDescriptor);
     }
 }
 

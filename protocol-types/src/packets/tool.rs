@@ -123,17 +123,10 @@ impl ToolProgressPush {
         }
     }
 
-    /// Sets the message.
-    #[must_use]
-    pub fn with_message(mut self, message: impl Into<String>) -> Self {
-        self.message = Some(message.into());
-        self
-    }
-
-    /// Sets the fraction done.
-    #[must_use]
-    pub fn with_progress(mut self, progress: f64) -> Self {
-        self.progress = Some(progress);
-        self
+    setters! {
+        /// Sets the message.
+        with_message(message: into String);
+        /// Sets the fraction done.
+        with_progress(progress: f64);
     }
 }
