@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use xagent_protocol_types::AuthInput;
-use xagent_server_runtime::ServeLimits;
+use xagent_server_runtime::ops::ServeLimits;
 
 use crate::config_file::{ConfigArgs, LogArgs};
 use crate::database_args::DatabaseArgs;
