@@ -103,12 +103,25 @@ mod tools;
 mod transport;
 mod upload_refs;
 mod uploads;
+mod xagent;
+
+/// The everyday names of an xAgent embedder, in one import:
+/// `use xagent_client_runtime::prelude::*;`.
+pub mod prelude {
+    pub use crate::xagent::{Running, Store, Xagent};
+    pub use crate::{
+        ClientError, ClientEvent, ConnectionState, DataPlane, DownloadPolicy, Events, FileContent,
+        FileSink, FileSource, HolderLease, InboundMessage, PacketTap, TapDirection, TlsTrust,
+        ToolCallOptions, ToolOutcome,
+    };
+    pub use xagent_protocol_types::{AuthInput, ConnectorChannelId, ErrorCode, ProfileId, Secret};
+}
 
 pub use admission::*;
 pub use backoff::Backoff;
 pub use base_url::{BaseUrl, BaseUrlError};
 pub use connection::{
-    ClientConfig, ClientEvent, ConnectionState, DataPlane, EventSource, Events, InboundMessage,
+    ClientConfig, ClientEvent, ConnectionState, DataPlane, Events, InboundMessage,
     PacketTap, TapDirection, Verdict, next_event_matching,
 };
 pub use directory::{ChannelDirectory, ChannelEntry, DescriptorRefused, SessionBinding};
@@ -144,6 +157,7 @@ pub use tools::{FunctionDeclaration, declaration, project_tools};
 pub use transport::{
     Frame, FrameSink, FrameStream, MemoryPeer, MemoryTransport, Transport, WsTransport,
 };
+pub use xagent::{Running, Store, Xagent};
 pub use upload_refs::{
     UPLOAD_REF_ANNOTATION, UploadRefProperty, model_input_schema, upload_ref_properties,
 };
