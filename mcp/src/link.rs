@@ -24,17 +24,13 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, watch};
-use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, DownloadPolicy,
-    Events, FunctionDeclaration, HealthMonitor, HolderLease, InboundMessage, PostgresXagentStore,
-    SignIn as Flow, SqliteXagentStore, TlsTrust, ToolCallOptions, admit, builtin_tools,
-};
+use xagent_client_runtime::prelude::*;
+use xagent_client_runtime::{FunctionDeclaration, HealthMonitor, SignIn as Flow, builtin_tools};
 use xagent_protocol_types::{
-    AckStatus, AuthInput, AuthProgress, AuthStatus, ChatMessageAck, ConnectorCard,
-    ConnectorChannelId, ErrorCode, MessageId, Secret, ToolProgressPush, WireError,
+    AckStatus, AuthProgress, AuthStatus, ChatMessageAck, ConnectorCard, MessageId,
+    PROFILE_DEVICE_V1, PROFILE_IM_V2, ToolProgressPush, WireError,
 };
-use xagent_protocol_validate::AdmissionWindow;
-use xagent_storage_postgres::{DatabaseUrl, PoolOptions};
+use xagent_storage_postgres::{DatabaseUrl, Pool, PoolOptions};
 
 use crate::bridge_files::BridgeFiles;
 use crate::files::{AllowedDirs, safe_filename};
@@ -49,6 +45,10 @@ pub const MAX_PENDING_MESSAGES: u64 = 10_000;
 
 /// How long a message stays in the inbox after it was handed to the agent (7 days).
 pub const KEEP_HANDED_MILLIS: u64 = 7 * 24 * 3600 * 1000;
+
+/// The Profiles the bridge handles (announced in hello): IM v2 messages into the inbox and
+/// out with `connector_message_send`, and the Tools of device Connectors.
+pub const BRIDGE_PROFILES: [&str; 2] = [PROFILE_IM_V2, PROFILE_DEVICE_V1];
 
 /// The xAgent user the bridge acts as: one bridge, one user, its channels.
 pub const OWNER: &str = "mcp-bridge";
@@ -150,7 +150,8 @@ pub struct Link {
     /// The Connector's primary Skill; replaced when the health monitor re-admits a changed
     /// Connector (the Card itself is the data plane's).
     skill: std::sync::RwLock<Option<String>>,
-    health: HealthMonitor,
+    /// Re-admits a changed Connector (always started by [`Link::start`]).
+    health: Option<HealthMonitor>,
     inbox: Arc<Inbox>,
     /// The persisted id of the bridge's channel.
     channel: Mutex<Option<ConnectorChannelId>>,
@@ -190,59 +191,60 @@ pub enum LinkError {
     Config(String),
 }
 
+/// One pool for the runtime's store and the inbox, in the database of
+/// [`LinkConfig::database_url`].
+async fn shared_pool(url: &DatabaseUrl, state_dir: &Path) -> Result<Pool, LinkError> {
+    tracing::info!(database = %url, "the runtime's state and the inbox are in PostgreSQL");
+    if state_dir.join(SQLITE_FILE).is_file() {
+        tracing::warn!(
+            state_dir = %state_dir.display(),
+            "the state directory holds an inbox of its own, which a bridge on PostgreSQL does not read: move it with xagent-connector migrate-state"
+        );
+    }
+    let options = PoolOptions::default().with_application_name("xagent-mcp");
+    let pool = xagent_storage_postgres::connect(url, options)
+        .await
+        .map_err(crate::inbox::InboxError::from)?;
+    Ok(pool)
+}
+
 impl Link {
     /// Admits the Connector, opens the runtime's durable store and the inbox (in `state_dir`,
     /// or in the database of [`LinkConfig::database_url`] under the admitted Card), connects,
     /// opens (or finds the remembered) channel and signs in. A QR flow continues in the
     /// background; its link is offered through [`Link::sign_in`].
     pub async fn start(config: LinkConfig, state_dir: &Path) -> Result<Arc<Self>, LinkError> {
-        let base = BaseUrl::parse(&config.base_url).map_err(ClientError::from)?;
-        let control = ControlPlane::new(base.clone(), config.api_key.clone()).with_tls(&config.tls);
-        let admitted = admit(&control, &AdmissionWindow::default(), None).await?;
-        let card = &admitted.card;
+        let mut xagent = Xagent::connect(config.base_url.as_str(), config.api_key.clone())
+            .profiles(BRIDGE_PROFILES)
+            .tls(config.tls.clone())
+            .download(config.download.clone())
+            .request_timeout(Duration::from_secs(30))
+            .health_every(config.health_interval);
+        let pool = match &config.database_url {
+            Some(url) => Some(shared_pool(url, state_dir).await?),
+            None => None,
+        };
+        xagent = match &pool {
+            Some(pool) => {
+                xagent.store(Store::Postgres(pool.clone())).holder_lease(HolderLease::random())
+            }
+            None => xagent.store(Store::Sqlite(state_dir.to_owned())),
+        };
+        let Running { plane, events, admission, health, .. } = xagent.start().await?;
+        let card = admission.card();
         tracing::info!(
             card = %card.connector_card_id,
             version = %card.connector.version,
             tools = card.tools.len(),
             "Connector admitted"
         );
-        let mut client = ClientConfig::for_card(base, card).with_tls(config.tls.clone());
         let max_file_bytes = config.download.max_bytes;
-        let inbox = match &config.database_url {
-            Some(url) => {
-                tracing::info!(database = %url, "the runtime's state and the inbox are in PostgreSQL");
-                if state_dir.join(SQLITE_FILE).is_file() {
-                    tracing::warn!(
-                        state_dir = %state_dir.display(),
-                        "the state directory holds an inbox of its own, which a bridge on PostgreSQL does not read: move it with xagent-connector migrate-state"
-                    );
-                }
-                // One pool for the runtime's store and the inbox.
-                let options = PoolOptions::default().with_application_name("xagent-mcp");
-                let pool = xagent_storage_postgres::connect(url, options)
-                    .await
-                    .map_err(crate::inbox::InboxError::from)?;
-                let scope = card.connector_card_id.as_str();
-                let store = PostgresXagentStore::open(pool.clone(), scope)
-                    .await
-                    .map_err(ClientError::Store)?;
-                client =
-                    client.with_store(Arc::new(store)).with_holder_lease(HolderLease::random());
-                Inbox::open_postgres(pool, scope, max_file_bytes).await?
+        let inbox = Arc::new(match pool {
+            Some(pool) => {
+                Inbox::open_postgres(pool, card.connector_card_id.as_str(), max_file_bytes).await?
             }
-            None => {
-                let store = SqliteXagentStore::open(state_dir).map_err(ClientError::Store)?;
-                client = client.with_store(Arc::new(store));
-                Inbox::open(state_dir, max_file_bytes)?
-            }
-        };
-        let inbox = Arc::new(inbox);
-        if let Some(key) = config.api_key.clone() {
-            client = client.with_api_key(key);
-        }
-        client.request_timeout = Duration::from_secs(30);
-        client.download = config.download.clone();
-        let (plane, events) = DataPlane::connect(client).await?;
+            None => Inbox::open(state_dir, max_file_bytes)?,
+        });
         let files = Arc::new(BridgeFiles { allowed: config.allowed.clone(), inbox: inbox.clone() });
         plane.set_file_source(files.clone());
         plane.set_file_sink(files);
@@ -258,10 +260,9 @@ impl Link {
         tracing::debug!(%connector_id, "holding the data plane");
         let (notices, _) = broadcast::channel(256);
         let (arrivals, _) = watch::channel(0);
-        let health = plane.monitor_health(config.health_interval)?;
         let link = Arc::new(Self {
             plane,
-            skill: std::sync::RwLock::new(admitted.skill),
+            skill: std::sync::RwLock::new(admission.skill().map(str::to_owned)),
             health,
             inbox,
             channel: Mutex::new(None),
@@ -293,15 +294,16 @@ impl Link {
     /// Follows the health monitor: when it re-admitted a changed Card (already in the data
     /// plane) and Skill, MCP clients hear that the Tools and the prompt changed.
     async fn run_health(self: Arc<Self>) {
-        let mut refreshed = self.health.refreshed();
-        let mut status = self.health.subscribe();
+        let Some(health) = &self.health else { return };
+        let mut refreshed = health.refreshed();
+        let mut status = health.subscribe();
         loop {
             tokio::select! {
                 changed = refreshed.changed() => {
                     if changed.is_err() {
                         return;
                     }
-                    let skill = self.health.refetched_skill().await;
+                    let skill = health.refetched_skill().await;
                     let version = self.card().map(|card| card.connector.version.clone());
                     tracing::info!(?version, "the Connector changed; its Card and Skill were re-admitted");
                     *self.skill.write().unwrap_or_else(std::sync::PoisonError::into_inner) = skill;
