@@ -14,8 +14,8 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::{Map, Value};
 
-use xagent_client_runtime::prelude::*;
 use xagent_client_runtime::BaseUrl;
+use xagent_client_runtime::prelude::*;
 use xagent_protocol_types::{ChatFile, PROFILE_DEVICE_V1, PROFILE_IM_V1, PROFILE_IM_V2};
 use xagent_storage_postgres::PoolOptions;
 
@@ -212,11 +212,7 @@ async fn wait_for_hello(plane: &DataPlane, color: bool) -> bool {
     connected.is_ok()
 }
 
-async fn session(
-    args: MockXagentArgs,
-    inputs: AuthInput,
-    download: DownloadPolicy,
-) -> ExitCode {
+async fn session(args: MockXagentArgs, inputs: AuthInput, download: DownloadPolicy) -> ExitCode {
     let color = std::io::stdout().is_terminal();
     let (plane, mut events) = match start(&args, download, color).await {
         Ok(started) => started,

@@ -35,7 +35,8 @@ async fn setup(name: &str) -> (EchoServer, ManualClock, DataPlane, Events) {
     let server = EchoServer::start(&temp_state_dir(name), API_KEY, None).await.expect("starts");
     // The client's clock starts at the server's time; tests move it on.
     let clock = ManualClock::new(SystemClock.now_millis());
-    let (plane, events) = DataPlane::connect(config(&server, &clock)).await.expect("the data plane starts");
+    let (plane, events) =
+        DataPlane::connect(config(&server, &clock)).await.expect("the data plane starts");
     plane.connected().await.expect("connected");
     (server, clock, plane, events)
 }
