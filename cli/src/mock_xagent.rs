@@ -146,8 +146,7 @@ async fn start(
         .profiles(profiles)
         .tls(tls)
         .download(download)
-        .tap(tap)
-        .file_sink(std::sync::Arc::new(CountFiles { color }));
+        .tap(tap);
     if let Some(url) = &args.database.database_url {
         let options = PoolOptions::default().with_application_name("xagent-mock-xagent");
         match xagent_storage_postgres::connect(url, options).await {
@@ -168,6 +167,7 @@ async fn start(
             return Err(ExitCode::FAILURE);
         }
     };
+    plane.set_file_sink(std::sync::Arc::new(CountFiles { color }));
     let card = admission.card();
     println!(
         "{} {} {} (protocol {}), {} tool(s), profiles {:?}",

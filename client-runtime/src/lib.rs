@@ -36,6 +36,12 @@
 //! each other in a circle (`tests/module_layers.rs` checks both, with the workspace's one
 //! checker in `xagent-testkit`).
 //!
+//! **Front door**: what an embedder starts.
+//!
+//! | Modules | What |
+//! |---|---|
+//! | `xagent` | [`Xagent`]: admission, the store for the admitted Card, the data plane, health |
+//!
 //! **Driver**: runs connections on the connection core.
 //!
 //! | Modules | What |

@@ -1,7 +1,7 @@
 //! The front door of the xAgent side: [`Xagent`] assembles what every embedder otherwise
 //! wires by hand, in one order: admission (or durable admission, with the stored Card
 //! snapshot), the store opened for the admitted Card, the client configuration, the data plane
-//! with its reconnect loop, the file hooks and the health monitor.
+//! with its reconnect loop and the health monitor.
 //!
 //! ```no_run
 //! use xagent_client_runtime::prelude::*;
@@ -31,7 +31,6 @@ use xagent_protocol_validate::AdmissionWindow;
 
 use crate::connection::{ClientConfig, DEFAULT_WRITE_QUEUE, DataPlane, Events, PacketTap};
 use crate::download::DownloadPolicy;
-use crate::files::{FileSink, FileSource};
 use crate::health::HealthMonitor;
 use crate::http::ControlPlane;
 use crate::lease::HolderLease;
@@ -55,18 +54,6 @@ pub enum Store {
     /// processes of one Card may share it; pair with [`Xagent::holder_lease`]).
     #[cfg(feature = "postgres")]
     Postgres(xagent_storage_postgres::Pool),
-}
-
-impl std::fmt::Debug for Store {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Memory => f.write_str("Memory"),
-            Self::Sqlite(dir) => f.debug_tuple("Sqlite").field(dir).finish(),
-            Self::Open(_) => f.write_str("Open"),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(_) => f.write_str("Postgres"),
-        }
-    }
 }
 
 impl Store {
@@ -114,7 +101,6 @@ pub struct Xagent {
     api_key: Option<Secret>,
     profiles: Vec<ProfileId>,
     expected_card: Option<String>,
-    window: AdmissionWindow,
     store: Store,
     lease: Option<HolderLease>,
     durable: bool,
@@ -124,8 +110,6 @@ pub struct Xagent {
     request_timeout: Option<Duration>,
     write_queue: usize,
     health_every: Option<Duration>,
-    source: Option<Arc<dyn FileSource>>,
-    sink: Option<Arc<dyn FileSink>>,
 }
 
 impl Xagent {
@@ -137,7 +121,6 @@ impl Xagent {
             api_key: api_key.into(),
             profiles: Vec::new(),
             expected_card: None,
-            window: AdmissionWindow::default(),
             store: Store::Memory,
             lease: None,
             durable: false,
@@ -147,8 +130,6 @@ impl Xagent {
             request_timeout: None,
             write_queue: DEFAULT_WRITE_QUEUE,
             health_every: None,
-            source: None,
-            sink: None,
         }
     }
 
@@ -161,12 +142,6 @@ impl Xagent {
     /// Admits only the Connector whose Card has this id.
     pub fn expect_card(mut self, card_id: impl Into<String>) -> Self {
         self.expected_card = Some(card_id.into());
-        self
-    }
-
-    /// The protocol versions admitted (default: this build's window).
-    pub fn window(mut self, window: AdmissionWindow) -> Self {
-        self.window = window;
         self
     }
 
@@ -227,29 +202,17 @@ impl Xagent {
         self
     }
 
-    /// Where the files of outbound messages and Tool uploads are read from.
-    pub fn file_source(mut self, source: Arc<dyn FileSource>) -> Self {
-        self.source = Some(source);
-        self
-    }
-
-    /// Where the files of inbound messages are saved.
-    pub fn file_sink(mut self, sink: Arc<dyn FileSink>) -> Self {
-        self.sink = Some(sink);
-        self
-    }
-
     /// Admits the Connector, opens the store, starts the data plane (hello, then reconnecting
     /// by itself) and the health monitor. Wait for hello with [`DataPlane::connected`].
     pub async fn start(self) -> Result<Running, ClientError> {
         let base = BaseUrl::parse(&self.base_url)?;
         let control = ControlPlane::new(base.clone(), self.api_key.clone()).with_tls(&self.tls);
-        let expected = self.expected_card.as_deref();
+        let (expected, window) = (self.expected_card.as_deref(), AdmissionWindow::default());
         let (admission, store) = if self.durable {
             let store = self.store.open(expected).await?;
-            (admit_durably(&control, &self.window, expected, store.as_ref()).await?, store)
+            (admit_durably(&control, &window, expected, store.as_ref()).await?, store)
         } else {
-            let admitted = admit(&control, &self.window, expected).await?;
+            let admitted = admit(&control, &window, expected).await?;
             let store = self.store.open(Some(admitted.card.connector_card_id.as_str())).await?;
             (DurableAdmission::Fresh(Box::new(admitted)), store)
         };
@@ -260,7 +223,6 @@ impl Xagent {
             .with_store(store);
         config.card = Some(card.clone());
         config.api_key = self.api_key;
-        config.window = self.window;
         config.lease = self.lease;
         config.tap = self.tap;
         config.write_queue = self.write_queue;
@@ -268,12 +230,6 @@ impl Xagent {
             config.request_timeout = timeout;
         }
         let (plane, events) = DataPlane::connect(config).await?;
-        if let Some(source) = self.source {
-            plane.set_file_source(source);
-        }
-        if let Some(sink) = self.sink {
-            plane.set_file_sink(sink);
-        }
         let health = self.health_every.map(|every| plane.monitor_health(every)).transpose()?;
         Ok(Running { plane, events, admission, health })
     }
