@@ -16,18 +16,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, FileContent, InboundMessage,
-    TlsTrust, admit,
-};
+use xagent_client_runtime::prelude::*;
+use xagent_client_runtime::{BaseUrl, ControlPlane};
 use xagent_connector_webchat::{
     CARD_ID, QR_FLOW, ROOM_FLOW, Webchat, WebchatOptions, room_id_from_name,
 };
 use xagent_protocol_types::{
-    AuthInput, AuthStart, AuthStatus, AuthStatusRequest, ChatActivity, ChatMessage,
-    ConnectionStatus, ConnectorChannelId, ErrorCode, Secret,
+    AuthStart, AuthStatus, AuthStatusRequest, ChatActivity, ChatMessage, ConnectionStatus,
+    PROFILE_IM_V2,
 };
-use xagent_protocol_validate::AdmissionWindow;
 
 use crate::EXIT_USAGE;
 use crate::webchat::{bind, init_logs};
@@ -221,15 +218,14 @@ impl StandIn {
     /// until the data plane stops.
     async fn run(self, ready: impl FnOnce()) -> Result<(), String> {
         // Admitted like any xAgent admits a Connector, then checked against its Card.
-        let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())))
-            .with_tls(&self.tls);
-        let admitted = admit(&control, &AdmissionWindow::default(), Some(CARD_ID))
-            .await
-            .map_err(|e| format!("the stand-in did not admit the Connector: {e}"))?;
-        let config = ClientConfig::for_card(self.base.clone(), &admitted.card)
-            .with_api_key(Secret::new(self.api_key.clone()))
-            .with_tls(self.tls.clone());
-        let (plane, mut events) = DataPlane::connect(config).await.map_err(|e| e.to_string())?;
+        let Running { plane, mut events, .. } =
+            Xagent::connect(self.base.as_str(), Secret::new(self.api_key.clone()))
+                .expect_card(CARD_ID)
+                .profiles([PROFILE_IM_V2])
+                .tls(self.tls.clone())
+                .start()
+                .await
+                .map_err(|e| format!("the stand-in did not admit the Connector: {e}"))?;
         tokio::time::timeout(Duration::from_secs(15), plane.connected())
             .await
             .map_err(|_| "the stand-in could not reach the Connector".to_owned())?
@@ -260,8 +256,7 @@ impl StandIn {
         reopen_paired(&plane, &self.state_dir).await;
         ready();
         tokio::spawn(offer_pairing(plane.clone(), self.state_dir.clone()));
-        let control = ControlPlane::new(self.base.clone(), Some(Secret::new(self.api_key.clone())))
-            .with_tls(&self.tls);
+        let control = plane.control();
         while let Some(event) = events.recv().await {
             match event {
                 ClientEvent::ChatMessage(inbound) => {

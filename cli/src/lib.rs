@@ -119,7 +119,7 @@ pub(crate) fn usage(command: &str, message: impl std::fmt::Display) -> ExitCode 
 /// the default (the Connector's own origin only) plus every `--allow-download-origin`.
 pub(crate) fn download_policy(
     origins: &[String],
-) -> Result<xagent_client_runtime::DownloadPolicy, xagent_client_runtime::OriginError> {
+) -> Result<xagent_client_runtime::DownloadPolicy, xagent_client_runtime::download::OriginError> {
     origins.iter().try_fold(xagent_client_runtime::DownloadPolicy::default(), |policy, origin| {
         policy.allow_origin(origin)
     })

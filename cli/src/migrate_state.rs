@@ -18,7 +18,9 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use xagent_client_runtime::{PostgresXagentStore, SqliteXagentStore, XagentStore, XagentWrite};
+use xagent_client_runtime::store::{
+    PostgresXagentStore, SqliteXagentStore, XagentStore, XagentWrite,
+};
 use xagent_file_transfer::backend::{FileBackend, PostgresBackend};
 use xagent_file_transfer::{FileStore, StoreConfig, UrlSigner};
 use xagent_profile_im::{IdempotencyWrite, OutboxWrite};

@@ -13,17 +13,11 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde_json::{Map, Value};
-use std::sync::Arc;
 
-use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ConnectionState, ControlPlane, DataPlane, DownloadPolicy,
-    FileSink, HolderLease, PacketTap, PostgresXagentStore, TapDirection, admit,
-};
-use xagent_client_runtime::{CHANNEL_ARGUMENT, fill_channel_argument};
-use xagent_protocol_types::{
-    AuthInput, AuthStart, AuthStartAck, ChatFile, ConnectorChannelId, ProfileId, Secret,
-};
-use xagent_protocol_validate::AdmissionWindow;
+use xagent_client_runtime::BaseUrl;
+use xagent_client_runtime::prelude::*;
+use xagent_protocol_types::{ChatFile, PROFILE_DEVICE_V1, PROFILE_IM_V1, PROFILE_IM_V2};
+use xagent_storage_postgres::PoolOptions;
 
 /// Options of `mock-xagent`.
 #[derive(Debug, Args)]
@@ -34,7 +28,8 @@ pub struct MockXagentArgs {
     /// The system API key (also read from XAGENT_CONNECTOR_API_KEY).
     #[arg(long, env = "XAGENT_CONNECTOR_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// Profiles to announce in hello (default: the Card's).
+    /// Profiles to announce in hello (default: every Profile the mock prints: IM v2, IM v1
+    /// and device v1; hello keeps the ones the Card supports).
     #[arg(long = "profile")]
     profiles: Vec<String>,
     /// An authentication flow to run on the channel.
@@ -84,10 +79,9 @@ const MOCK_USER: &str = "mock-user";
 
 /// Runs the mock until Ctrl-C.
 pub fn run_command(args: MockXagentArgs) -> ExitCode {
-    let base = match BaseUrl::parse(&args.base_url) {
-        Ok(base) => base,
-        Err(error) => return crate::usage("mock-xagent", error),
-    };
+    if let Err(error) = BaseUrl::parse(&args.base_url) {
+        return crate::usage("mock-xagent", error);
+    }
     let inputs = match crate::parse_inputs(&args.inputs) {
         Ok(inputs) => inputs,
         Err(message) => return crate::usage("mock-xagent", message),
@@ -107,7 +101,7 @@ pub fn run_command(args: MockXagentArgs) -> ExitCode {
     };
     runtime.block_on(async move {
         tokio::select! {
-            code = session(base, args, inputs, download) => code,
+            code = session(args, inputs, download) => code,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("interrupted");
                 ExitCode::SUCCESS
@@ -120,30 +114,61 @@ fn paint(color: bool, code: &str, text: &str) -> String {
     if color { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
 }
 
-async fn session(
-    base: BaseUrl,
-    args: MockXagentArgs,
-    inputs: AuthInput,
+/// Admits the Connector and starts the data plane (on the database when one is given), the
+/// tap printing every packet; the exit code once a failure is printed.
+async fn start(
+    args: &MockXagentArgs,
     download: DownloadPolicy,
-) -> ExitCode {
-    let color = std::io::stdout().is_terminal();
-    let api_key = args.api_key.filter(|k| !k.is_empty()).map(Secret::new);
-    let tls = match args.tls.trust() {
-        Ok(tls) => tls,
-        Err(message) => {
-            eprintln!("xagent-connector mock-xagent: {message}");
-            return ExitCode::from(crate::EXIT_USAGE);
-        }
+    color: bool,
+) -> Result<(DataPlane, Events), ExitCode> {
+    let tls = args.tls.trust().map_err(|message| {
+        eprintln!("xagent-connector mock-xagent: {message}");
+        ExitCode::from(crate::EXIT_USAGE)
+    })?;
+    let api_key = args.api_key.clone().filter(|k| !k.is_empty()).map(Secret::new);
+    let profiles = if args.profiles.is_empty() {
+        vec![PROFILE_IM_V2.to_owned(), PROFILE_IM_V1.to_owned(), PROFILE_DEVICE_V1.to_owned()]
+    } else {
+        args.profiles.clone()
     };
-    let control = ControlPlane::new(base.clone(), api_key.clone()).with_tls(&tls);
-    let admitted = match admit(&control, &AdmissionWindow::default(), None).await {
-        Ok(admitted) => admitted,
+    let report = args.report_json;
+    let tap = PacketTap::new(move |direction, text| {
+        if report {
+            return;
+        }
+        let arrow = match direction {
+            TapDirection::Sent => paint(color, "36", "xagent -> connector"),
+            TapDirection::Received => paint(color, "35", "connector -> xagent"),
+        };
+        println!("{arrow} {}", redact(text));
+    });
+    let mut xagent = Xagent::connect(args.base_url.clone(), api_key)
+        .profiles(profiles)
+        .tls(tls)
+        .download(download)
+        .tap(tap);
+    if let Some(url) = &args.database.database_url {
+        let options = PoolOptions::default().with_application_name("xagent-mock-xagent");
+        match xagent_storage_postgres::connect(url, options).await {
+            Ok(pool) => {
+                println!("{} state in {url}", paint(color, "1", "database"));
+                xagent = xagent.store(Store::Postgres(pool)).holder_lease(HolderLease::random());
+            }
+            Err(error) => {
+                eprintln!("the database could not be opened: {error}");
+                return Err(ExitCode::FAILURE);
+            }
+        }
+    }
+    let Running { plane, events, admission, .. } = match xagent.start().await {
+        Ok(running) => running,
         Err(error) => {
-            eprintln!("not admitted: {error}");
-            return ExitCode::FAILURE;
+            eprintln!("not admitted or not started: {error}");
+            return Err(ExitCode::FAILURE);
         }
     };
-    let card = admitted.card;
+    plane.set_file_sink(std::sync::Arc::new(CountFiles { color }));
+    let card = admission.card();
     println!(
         "{} {} {} (protocol {}), {} tool(s), profiles {:?}",
         paint(color, "1", "admitted"),
@@ -153,48 +178,12 @@ async fn session(
         card.tools.len(),
         card.supports.profiles.iter().map(|p| p.as_str()).collect::<Vec<_>>()
     );
-    let profiles: Vec<ProfileId> = if args.profiles.is_empty() {
-        card.supports.profiles.clone()
-    } else {
-        args.profiles.iter().map(|p| ProfileId::from(p.as_str())).collect()
-    };
-    let mut config = ClientConfig::for_card(base, &card).with_tls(tls);
-    config.supported_profiles = profiles;
-    config.api_key = api_key;
-    config.download = download;
-    let report = args.report_json;
-    config.tap = Some(PacketTap::new(move |direction, text| {
-        if report {
-            return;
-        }
-        let arrow = match direction {
-            TapDirection::Sent => paint(color, "36", "xagent -> connector"),
-            TapDirection::Received => paint(color, "35", "connector -> xagent"),
-        };
-        println!("{arrow} {}", redact(text));
-    }));
-    if let Some(url) = &args.database.database_url {
-        match PostgresXagentStore::connect(url, card.connector_card_id.as_str()).await {
-            Ok(store) => {
-                println!("{} state in {url}", paint(color, "1", "database"));
-                config =
-                    config.with_store(Arc::new(store)).with_holder_lease(HolderLease::random());
-            }
-            Err(error) => {
-                eprintln!("the database could not be opened: {error}");
-                return ExitCode::FAILURE;
-            }
-        }
-    }
-    let (plane, mut events) = match DataPlane::connect(config).await {
-        Ok(started) => started,
-        Err(error) => {
-            eprintln!("the data plane could not start: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    plane.set_file_sink(std::sync::Arc::new(CountFiles { color }));
-    // A mock sharing a database may wait for another to stop: say so while it waits.
+    Ok((plane, events))
+}
+
+/// Waits for hello, saying so while another mock holds the data plane; false when the data
+/// plane stopped first.
+async fn wait_for_hello(plane: &DataPlane, color: bool) -> bool {
     let mut states = plane.watch_state();
     let waiting = tokio::spawn(async move {
         let mut last = None;
@@ -219,6 +208,17 @@ async fn session(
     waiting.abort();
     if connected.is_err() {
         eprintln!("the data plane stopped before hello completed");
+    }
+    connected.is_ok()
+}
+
+async fn session(args: MockXagentArgs, inputs: AuthInput, download: DownloadPolicy) -> ExitCode {
+    let color = std::io::stdout().is_terminal();
+    let (plane, mut events) = match start(&args, download, color).await {
+        Ok(started) => started,
+        Err(code) => return code,
+    };
+    if !wait_for_hello(&plane, color).await {
         return ExitCode::FAILURE;
     }
     // A mock that took over from another one finds its channels in the database, reopened.
@@ -226,6 +226,7 @@ async fn session(
     if taken_over {
         println!("{} the remembered channels are reopened", paint(color, "1", "resumed"));
     }
+    let report = args.report_json;
     if report {
         print_report(serde_json::json!({"report": "online", "taken_over": taken_over}));
     }
@@ -235,21 +236,17 @@ async fn session(
             Ok(opened) => {
                 let channel = opened.connector_channel_id.clone();
                 if let Some(flow) = &args.flow {
-                    let mut start = AuthStart::new(flow.as_str());
-                    if !inputs.0.is_empty() {
-                        start = start.with_input(inputs.clone());
-                    }
-                    match plane.request::<AuthStart>(Some(&channel), start).await {
-                        Ok(AuthStartAck(progress)) => {
-                            println!("{} {}", paint(color, "1", "auth"), progress.status);
+                    match plane.sign_in(&channel, flow, inputs.clone()).await {
+                        Ok(signed) => {
+                            println!("{} {}", paint(color, "1", "auth"), signed.progress().status);
                         }
                         Err(error) => eprintln!("auth.start failed: {error}"),
                     }
                 }
                 plane.remember_channel(channel).await;
                 for (tool, arguments) in calls.iter().filter(|_| !report).cloned() {
-                    let arguments = as_a_model_would(&plane, &tool, arguments);
-                    match plane.invoke_tool(MOCK_USER, None, &tool, arguments).await {
+                    let options = as_a_model_would(None);
+                    match plane.invoke_tool_with(MOCK_USER, None, &tool, arguments, options).await {
                         Ok(outcome) => println!(
                             "{} {tool} on {}: {}",
                             paint(color, "1", "tool"),
@@ -341,12 +338,9 @@ async fn repeat(
         round += 1;
         for (index, (tool, arguments)) in calls.iter().enumerate() {
             let call = format!("{prefix}r{round}t{index}");
-            let arguments = as_a_model_would(&plane, tool, with_call_id(arguments, &call));
+            let arguments = with_call_id(arguments, &call);
             print_report(serde_json::json!({"report": "tool_start", "tool": tool, "call": call}));
-            let options = xagent_client_runtime::ToolCallOptions {
-                tool_call_id: Some(call.clone()),
-                ..Default::default()
-            };
+            let options = as_a_model_would(Some(call.clone()));
             let outcome = plane.invoke_tool_with(MOCK_USER, None, tool, arguments, options).await;
             let (ok, error) = match &outcome {
                 Ok(_) => (true, None),
@@ -380,21 +374,12 @@ fn with_call_id(arguments: &Map<String, Value>, call: &str) -> Map<String, Value
         .collect()
 }
 
-/// The arguments as a model following the Card's `input_schema` would send them: with the
-/// redundant `connector_channel_id` filled in (the channel section 10.1 resolves the call to)
-/// when `--args` left it out, so the mock also works against a Connector that requires it.
-/// Routing stays the runtime's: the envelope carries the resolved channel either way.
-fn as_a_model_would(
-    plane: &DataPlane,
-    tool: &str,
-    mut arguments: Map<String, Value>,
-) -> Map<String, Value> {
-    if !arguments.contains_key(CHANNEL_ARGUMENT)
-        && let Ok(channel) = plane.directory().resolve(MOCK_USER, None, tool)
-    {
-        fill_channel_argument(&mut arguments, &channel);
-    }
-    arguments
+/// Calls a Tool as a model following the Card's `input_schema` would: with the redundant
+/// `connector_channel_id` filled in (the channel section 10.1 resolves the call to) when
+/// `--args` left it out, so the mock also works against a Connector that requires it. Routing
+/// stays the runtime's: the envelope carries the resolved channel either way.
+fn as_a_model_would(tool_call_id: Option<String>) -> ToolCallOptions {
+    ToolCallOptions { tool_call_id, fill_channel_argument: true, ..ToolCallOptions::default() }
 }
 
 type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;

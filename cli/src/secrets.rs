@@ -3,16 +3,16 @@
 
 use std::path::Path;
 
-use xagent_client_runtime::readable_by_others;
+use xagent_client_runtime::secret_file::readable_by_others;
 
 /// Largest secret file read (a key, a password: one line).
 pub(crate) const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
 
-/// The first line of a secret file, trimmed ([`xagent_client_runtime::read_secret_file`]'s checks).
+/// The first line of a secret file, trimmed ([`xagent_client_runtime::secret_file::read_secret_file`]'s checks).
 /// Warns on stderr (as `command`) when the file is readable by group or others; refuses an
 /// empty or oversized file. `what` names the secret in messages (never its value).
 pub(crate) fn read_secret_file(path: &Path, what: &str, command: &str) -> Result<String, String> {
-    let read = xagent_client_runtime::read_secret_file(path, MAX_SECRET_FILE_BYTES)
+    let read = xagent_client_runtime::secret_file::read_secret_file(path, MAX_SECRET_FILE_BYTES)
         .map_err(|e| format!("the {what} file {} {e}", path.display()))?;
     if read.shared {
         warn_shared(path, command);

@@ -285,8 +285,12 @@ fn assert_card_judges_agree(name: &str, card: &Value) -> Report {
         }
         None => xagent_client_runtime::SkillDocument::Absent,
     };
-    let admitted =
-        xagent_client_runtime::check_card(card, &skill, &AdmissionWindow::default(), None);
+    let admitted = xagent_client_runtime::admission::check_card(
+        card,
+        &skill,
+        &AdmissionWindow::default(),
+        None,
+    );
     assert_eq!(admitted.is_ok(), cli.valid, "{name}: admission {admitted:?} vs {cli:?}");
     if let Err(refusal) = &admitted {
         for rule in rule_ids(&cli) {
@@ -339,7 +343,7 @@ fn every_skill_judge_agrees_on_every_skill_fixture() {
             .expect("runs");
         let report: Report = serde_json::from_slice(&output.stdout).expect("a JSON report");
         assert_eq!(report, cli, "{name}: the binary");
-        let admitted = xagent_client_runtime::check_card(
+        let admitted = xagent_client_runtime::admission::check_card(
             &card,
             &xagent_client_runtime::SkillDocument::Present(skill.clone()),
             &AdmissionWindow::default(),

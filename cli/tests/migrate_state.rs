@@ -152,7 +152,7 @@ async fn a_sqlite_state_directory_moves_into_postgres_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_xagent_side_state_moves_under_its_card() {
-    use xagent_client_runtime::{
+    use xagent_client_runtime::store::{
         AdmissionSnapshot, PostgresXagentStore, SqliteXagentStore, XagentStore, XagentWrite,
     };
     use xagent_profile_im::{CompletedRecord, Fingerprint, IdempotencyWrite};
@@ -253,7 +253,7 @@ async fn a_password_in_the_database_url_flag_is_warned_about() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_bridge_inbox_moves_under_its_card_with_its_file_bytes() {
-    use xagent_client_runtime::{SqliteXagentStore, XagentStore, XagentWrite};
+    use xagent_client_runtime::store::{SqliteXagentStore, XagentStore, XagentWrite};
     use xagent_mcp::inbox::{Inbox, NewMessage, StoredFile};
 
     let url = TestPostgres::shared().await.fresh_database().await;

@@ -10,12 +10,7 @@
 //! ```
 
 use serde_json::{Map, Value};
-use xagent_client_runtime::{
-    BaseUrl, CHANNEL_ARGUMENT, ClientConfig, ClientEvent, ControlPlane, DataPlane, Events,
-    ToolOutcome, admit, fill_channel_argument,
-};
-use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, Secret};
-use xagent_protocol_validate::AdmissionWindow;
+use xagent_client_runtime::prelude::*;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -54,32 +49,22 @@ pub fn parse(args: &[String]) -> Result<Args, Error> {
 /// Admits, connects, signs a channel in and calls the Tool once; returns the data plane, its
 /// events and the call's outcome.
 pub async fn sign_in_and_call(args: Args) -> Result<(DataPlane, Events, ToolOutcome), Error> {
-    let (base, key) = (BaseUrl::parse(&args.url)?, Secret::new(args.key.as_str()));
-
-    // Admission: Card, Skill and /health checked against each other and the version window.
-    let control = ControlPlane::new(base.clone(), Some(key.clone()));
-    let admitted = admit(&control, &AdmissionWindow::default(), None).await?;
-
-    // The data plane: hello, reconnect forever, every packet judged by the session.
-    let config = ClientConfig::for_card(base, &admitted.card).with_api_key(key);
-    let (plane, events) = DataPlane::connect(config).await?;
+    // Admission (Card, Skill and /health checked against each other and the version window),
+    // then the data plane: hello, reconnect forever, every packet judged by the session.
+    let Running { plane, events, .. } =
+        Xagent::connect(args.url, Secret::new(args.key)).profiles(["xagent.im.v2"]).start().await?;
     plane.connected().await?;
 
     // A channel for the user "alice", signed in with the flow's form fields.
     let channel = plane.open_channel_for("alice", None).await?.connector_channel_id;
-    let start = AuthStart::new(args.flow.as_str()).with_input(args.input);
-    let signed: AuthStartAck = plane.request(Some(&channel), start).await?;
-    println!("auth: {}", signed.0.status);
-    plane.remember_channel(channel).await;
+    let signed = plane.sign_in(&channel, &args.flow, args.input).await?;
+    println!("auth: {}", signed.progress().status);
 
     // A Card Tool as a model following its input_schema would call it: the schema asks for
-    // the channel the call runs on, so fill it in (the runtime routes by the envelope anyway).
-    let mut arguments = args.arguments;
-    if !arguments.contains_key(CHANNEL_ARGUMENT) {
-        let channel = plane.directory().resolve("alice", None, &args.tool)?;
-        fill_channel_argument(&mut arguments, &channel);
-    }
-    let outcome = plane.invoke_tool("alice", None, &args.tool, arguments).await?;
+    // the channel the call runs on, so the runtime fills it in (it routes by the envelope).
+    let options = ToolCallOptions { fill_channel_argument: true, ..ToolCallOptions::default() };
+    let outcome =
+        plane.invoke_tool_with("alice", None, &args.tool, args.arguments, options).await?;
     println!("{} on {}: {:?}", args.tool, outcome.channel, outcome.ack.result);
     Ok((plane, events, outcome))
 }

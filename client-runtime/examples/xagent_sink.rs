@@ -25,9 +25,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, DataPlane, InboundMessage, SqliteXagentStore, XagentStore,
-};
+use xagent_client_runtime::store::{SqliteXagentStore, XagentStore};
+use xagent_client_runtime::{BaseUrl, ClientConfig, ClientEvent, DataPlane, InboundMessage};
 use xagent_protocol_types::{AuthInput, AuthStart, AuthStartAck, Secret};
 
 struct Args {

@@ -371,7 +371,7 @@ fn classify(error: reqwest::Error) -> DownloadError {
         return DownloadError::Failed("timed out".into());
     }
     let error = error.without_url();
-    match crate::TlsProblem::find(&error) {
+    match crate::tls::TlsProblem::find(&error) {
         Some(problem) => DownloadError::Failed(format!("TLS failed: {problem}")),
         None => DownloadError::Failed(crate::tls::error_chain(&error)),
     }

@@ -2,7 +2,8 @@
 
 use xagent_protocol_types::{ConnectorChannelId, ErrorCode, FileRef, WireError};
 
-use crate::{BaseUrlError, DownloadError};
+use crate::BaseUrlError;
+use crate::download::DownloadError;
 
 /// What went wrong on the xAgent side.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +29,7 @@ pub enum ClientError {
         /// Which endpoint.
         endpoint: String,
         /// What was wrong with the certificate.
-        problem: crate::TlsProblem,
+        problem: crate::tls::TlsProblem,
     },
     /// The system API key was refused (401/403).
     #[error("{endpoint} refused the system API key (HTTP {status}); check the configured key")]
@@ -154,7 +155,7 @@ impl ClientError {
     /// A request or connection to `endpoint` that failed before an answer: [`Self::Tls`] when
     /// the handshake refused the certificate, else [`Self::Transport`] with every cause.
     pub(crate) fn transport(endpoint: &str, error: &(dyn std::error::Error + 'static)) -> Self {
-        match crate::TlsProblem::find(error) {
+        match crate::tls::TlsProblem::find(error) {
             Some(problem) => Self::Tls { endpoint: endpoint.to_owned(), problem },
             None => Self::Transport {
                 endpoint: endpoint.to_owned(),

@@ -6,7 +6,8 @@ use xagent_protocol_types::{
 };
 
 use crate::download::Downloader;
-use crate::{BaseUrl, ClientError, DownloadError, DownloadPolicy, Downloaded};
+use crate::download::{DownloadError, Downloaded};
+use crate::{BaseUrl, ClientError, DownloadPolicy};
 
 /// An HTTP client bound to one Connector's Base URL and system API key.
 #[derive(Clone)]

@@ -13,8 +13,9 @@ use xagent_protocol_types::{
 };
 
 use crate::connection::{ClientEvent, InboundMessage, Shared, Verdict, lock, send_on};
+use crate::download::{DownloadError, loggable_url};
 use crate::im_state::ImState;
-use crate::{ClientError, DownloadError, ids, loggable_url};
+use crate::{ClientError, ids};
 
 /// Sends every outbox delivery that is due. Safe to call at any time. The IM lock is not held
 /// while packets are written: deliveries are marked sent first (their attempt counts committed

@@ -85,11 +85,6 @@ impl ImState {
         Ok(state)
     }
 
-    /// An empty state (a store known to be empty).
-    pub(crate) fn empty(store: Arc<dyn XagentStore>, now: u64) -> Result<Self, ClientError> {
-        Self::with_records(store, Holding::Unfenced, Vec::new(), now)
-    }
-
     fn with_records(
         store: Arc<dyn XagentStore>,
         holding: Holding,

@@ -7,8 +7,8 @@
 //! and concurrent channel reopening, Tool projection, and IM v2 delivery in both directions
 //! through `xagent-profile-im` (assistant deltas numbered by the runtime, outbound files
 //! uploaded on and bound to their message's channel, `user_channel_mode` applied before
-//! `channel.open`). Durable state ([`SqliteXagentStore`], or [`MemoryXagentStore`] and, with the
-//! `postgres` feature, `PostgresXagentStore`, all behind the async [`XagentStore`]) keeps a
+//! `channel.open`). Durable state ([`store::SqliteXagentStore`], or [`store::MemoryXagentStore`] and, with
+//! the `postgres` feature, `PostgresXagentStore`, all behind the async [`store::XagentStore`]) keeps a
 //! channel the Connector re-keyed under its new id, with its outbox and idempotency entries, and
 //! the `connector_id`, so a restart loses nothing and recognises a rebuilt Connector; nothing is
 //! acknowledged before its write committed. Several xAgent processes sharing a store keep one
@@ -35,6 +35,12 @@
 //! Each module imports only modules of its own row or of rows below it, and no two files import
 //! each other in a circle (`tests/module_layers.rs` checks both, with the workspace's one
 //! checker in `xagent-testkit`).
+//!
+//! **Front door**: what an embedder starts.
+//!
+//! | Modules | What |
+//! |---|---|
+//! | `xagent` | [`Xagent`]: admission, the store for the admitted Card, the data plane, health |
 //!
 //! **Driver**: runs connections on the connection core.
 //!
@@ -74,76 +80,71 @@
 //! | `secret_file` | a secret (API key, password, bearer token) read from an operator's file: the checks every such file gets |
 //! | `tls` | which certificate authorities the xAgent side trusts over TLS: the system's roots and an operator's added CAs, one config for every plane |
 
-mod admission;
+pub mod admission;
 mod backoff;
 mod base_url;
 mod channel_mode;
 mod connection;
 mod data_plane;
 mod directory;
-mod download;
+pub mod download;
 mod driver;
 mod error;
 mod files;
-mod health;
+pub mod health;
 mod http;
 mod ids;
 mod im;
 mod im_state;
 mod invoke;
-mod lease;
+pub mod lease;
 mod model_args;
-mod secret_file;
+pub mod secret_file;
 mod settled;
-mod sign_in;
-mod store;
+pub mod sign_in;
+pub mod store;
 mod stream;
-mod tls;
+pub mod tls;
 mod tools;
-mod transport;
-mod upload_refs;
+pub mod transport;
+pub mod upload_refs;
 mod uploads;
+mod xagent;
 
-pub use admission::*;
+/// The everyday names of an xAgent embedder, in one import:
+/// `use xagent_client_runtime::prelude::*;`.
+pub mod prelude {
+    pub use crate::xagent::{Running, Store, Xagent};
+    pub use crate::{
+        ClientError, ClientEvent, ConnectionState, DataPlane, DownloadPolicy, Events, FileContent,
+        FileSink, FileSource, HolderLease, InboundMessage, PacketTap, TapDirection, TlsTrust,
+        ToolCallOptions, ToolOutcome,
+    };
+    pub use xagent_protocol_types::{AuthInput, ConnectorChannelId, ErrorCode, ProfileId, Secret};
+}
+
+pub use admission::{Admitted, DurableAdmission, admit, admit_durably};
 pub use backoff::Backoff;
 pub use base_url::{BaseUrl, BaseUrlError};
 pub use connection::{
-    ClientConfig, ClientEvent, ConnectionState, DataPlane, EventSource, Events, InboundMessage,
-    PacketTap, TapDirection, Verdict, next_event_matching,
+    ClientConfig, ClientEvent, ConnectionState, DEFAULT_WRITE_QUEUE, DataPlane, Events,
+    InboundMessage, PacketTap, TapDirection, Verdict, next_event_matching,
 };
 pub use directory::{ChannelDirectory, ChannelEntry, DescriptorRefused, SessionBinding};
-pub use download::{
-    DEFAULT_CONCURRENT_DOWNLOADS, DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_MAX_DOWNLOAD_BYTES,
-    DEFAULT_MAX_REDIRECTS, DownloadError, DownloadPolicy, Downloaded, MAX_WAITING_DOWNLOADS,
-    OriginError, is_public, loggable_url, parse_origin,
-};
+pub use download::DownloadPolicy;
 pub use driver::REOPEN_CONCURRENCY;
 pub use error::{ClientError, OutboundFileError, UserChannelLimit};
 pub use files::{FileContent, FileSink, FileSource};
-pub use health::*;
+pub use health::{HealthMonitor, HealthStatus};
 pub use http::{ControlPlane, SkillDocument};
 pub use invoke::{
     CHANNELS_LIST_TOOL, MESSAGE_SEND_TOOL, ToolCallOptions, ToolOutcome, builtin_tools,
 };
-pub use lease::{DEFAULT_LEASE_RENEW_EVERY, DEFAULT_LEASE_TTL, HolderLease};
+pub use lease::HolderLease;
 pub use model_args::{CHANNEL_ARGUMENT, fill_channel_argument};
-pub use secret_file::{SecretFile, SecretFileError, read_secret_file, readable_by_others};
 pub use settled::RECENT_SETTLED_ACKS;
-pub use sign_in::{
-    DEFAULT_POLL_MILLIS, MAX_POLL_FAILURES, MAX_POLL_MILLIS, MIN_POLL_MILLIS, SignIn, poll_interval,
-};
-pub use store::{
-    AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState,
-    MemoryXagentStore, RememberedChannel, SqliteXagentStore, XagentStore, XagentWrite,
-};
-#[cfg(feature = "postgres")]
-pub use store::{POSTGRES_COMPONENT, PostgresXagentStore};
+pub use sign_in::SignIn;
 pub use stream::MessageStream;
-pub use tls::{TlsError, TlsProblem, TlsTrust};
+pub use tls::TlsTrust;
 pub use tools::{FunctionDeclaration, declaration, project_tools};
-pub use transport::{
-    Frame, FrameSink, FrameStream, MemoryPeer, MemoryTransport, Transport, WsTransport,
-};
-pub use upload_refs::{
-    UPLOAD_REF_ANNOTATION, UploadRefProperty, model_input_schema, upload_ref_properties,
-};
+pub use xagent::{Running, Store, Xagent};

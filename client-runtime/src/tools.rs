@@ -32,7 +32,7 @@ pub fn project_tools(
 }
 
 /// The model-facing declaration of one Card Tool: upload-reference arguments are projected to
-/// a unified file reference ([`crate::model_input_schema`]).
+/// a unified file reference ([`crate::upload_refs::model_input_schema`]).
 pub fn declaration(tool: &CardTool) -> FunctionDeclaration {
     FunctionDeclaration {
         name: tool.tool_id.clone(),

@@ -11,8 +11,6 @@ use futures_util::future::BoxFuture;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use xagent_protocol_types::{SUBPROTOCOL, Secret};
 
 use crate::{BaseUrl, ClientError};
@@ -56,20 +54,9 @@ impl WsTransport {
 
     async fn open(&self) -> Result<(FrameSink, FrameStream), ClientError> {
         let url = self.base_url.ws_url();
-        let mut request = url
-            .as_str()
-            .into_client_request()
-            .map_err(|e| ClientError::InvalidInput(format!("bad WebSocket URL: {e}")))?;
-        request
-            .headers_mut()
-            .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(SUBPROTOCOL));
-        if let Some(key) = &self.api_key {
-            let value =
-                HeaderValue::from_str(&format!("Bearer {}", key.expose())).map_err(|_| {
-                    ClientError::InvalidInput("the API key is not a valid header value".into())
-                })?;
-            request.headers_mut().insert("Authorization", value);
-        }
+        let key = self.api_key.as_ref().map(Secret::expose);
+        let request = xagent_connection::upgrade_request(&url, key)
+            .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
         let ws_config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
             .max_message_size(Some(self.max_frame_bytes))
             .max_frame_size(Some(self.max_frame_bytes));

@@ -9,9 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use support::{API_KEY, echo_config, quick_backoff, signed_in_channel};
-use tokio::sync::mpsc::UnboundedReceiver;
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, admit, project_tools,
+    BaseUrl, ClientConfig, ClientEvent, ControlPlane, DataPlane, Events, admit, project_tools,
 };
 use xagent_protocol_types::{
     AckStatus, ChatActivity, ChatMessage, ChatMessageDelta, DescriptorTool, Secret, ToolStatus,
@@ -33,10 +32,7 @@ fn config(base: BaseUrl) -> ClientConfig {
     config
 }
 
-async fn next_event(
-    events: &mut UnboundedReceiver<ClientEvent>,
-    want: impl FnMut(&ClientEvent) -> bool,
-) -> ClientEvent {
+async fn next_event(events: &mut Events, want: impl FnMut(&ClientEvent) -> bool) -> ClientEvent {
     xagent_client_runtime::next_event_matching(events, Duration::from_secs(15), want)
         .await
         .expect("the awaited event arrived within 15 s")
@@ -103,7 +99,8 @@ async fn reconnects_after_restart_and_reopens_the_same_channel() {
     let dir = temp_state_dir("restart");
     let server = start(&dir, None).await;
     let addr = server.addr;
-    let (plane, mut events) = DataPlane::start(config(base(&server)));
+    let (plane, mut events) =
+        DataPlane::connect(config(base(&server))).await.expect("the data plane starts");
     let first_id = plane.connected().await.expect("connected");
     let channel = signed_in_channel(&plane).await;
     server.stop().await;
@@ -132,7 +129,8 @@ async fn reconnects_after_restart_and_reopens_the_same_channel() {
 async fn a_rebuilt_connector_gets_a_new_id_and_channels_reopen_under_new_ids() {
     let server = start(&temp_state_dir("rebuilt-a"), None).await;
     let addr = server.addr;
-    let (plane, mut events) = DataPlane::start(config(base(&server)));
+    let (plane, mut events) =
+        DataPlane::connect(config(base(&server))).await.expect("the data plane starts");
     let first_id = plane.connected().await.expect("connected");
     let channel = signed_in_channel(&plane).await;
     server.stop().await;
@@ -159,7 +157,8 @@ async fn tool_projection_follows_descriptor_pushes() {
     let server = start(&temp_state_dir("tools"), None).await;
     let control = ControlPlane::new(base(&server), Some(Secret::new(API_KEY)));
     let card = control.card().await.expect("card");
-    let (plane, mut events) = DataPlane::start(config(base(&server)));
+    let (plane, mut events) =
+        DataPlane::connect(config(base(&server))).await.expect("the data plane starts");
     plane.connected().await.expect("connected");
     let channel = signed_in_channel(&plane).await;
     let descriptor = server.server.handle().descriptor(&channel).expect("descriptor");
@@ -189,7 +188,8 @@ async fn tool_projection_follows_descriptor_pushes() {
 #[tokio::test]
 async fn im_v2_both_ways() {
     let server = start(&temp_state_dir("im"), None).await;
-    let (plane, mut events) = DataPlane::start(config(base(&server)));
+    let (plane, mut events) =
+        DataPlane::connect(config(base(&server))).await.expect("the data plane starts");
     plane.connected().await.expect("connected");
     let channel = signed_in_channel(&plane).await;
     let handle = server.server.handle();
@@ -229,7 +229,8 @@ async fn im_v2_both_ways() {
 async fn files_both_ways_through_the_transfer_plane() {
     let server = start(&temp_state_dir("files"), None).await;
     let control = ControlPlane::new(base(&server), Some(Secret::new(API_KEY)));
-    let (plane, mut events) = DataPlane::start(config(base(&server)));
+    let (plane, mut events) =
+        DataPlane::connect(config(base(&server))).await.expect("the data plane starts");
     plane.connected().await.expect("connected");
     let channel = signed_in_channel(&plane).await;
     let handle = server.server.handle();

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::{Played, accept_hello_with, config_for, packet, start};
-use xagent_client_runtime::{
-    ClientConfig, ClientError, ClientEvent, MemoryPeer, next_event_matching,
-};
+use xagent_client_runtime::transport::MemoryPeer;
+use xagent_client_runtime::{ClientConfig, ClientError, ClientEvent, next_event_matching};
 use xagent_protocol_types::{
     ChatActivity, ChatMessageDelta, ConnectionStatus, ManualClock, Packet, ToolInvoke,
 };

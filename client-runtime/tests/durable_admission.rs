@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::routing::get;
+use xagent_client_runtime::store::{SqliteXagentStore, XagentStore};
 use xagent_client_runtime::{
     BaseUrl, ClientConfig, ClientError, ControlPlane, DataPlane, DurableAdmission, HealthStatus,
-    SqliteXagentStore, XagentStore, admit_durably,
+    admit_durably,
 };
 use xagent_protocol_types::{ConnectorCard, HealthResponse, Secret};
 use xagent_protocol_validate::AdmissionWindow;

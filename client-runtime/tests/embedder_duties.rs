@@ -10,9 +10,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::{MEM, config_for, descriptor, next, packet, send};
 use tokio::sync::mpsc::Receiver;
-use xagent_client_runtime::{
-    ClientError, DataPlane, Events, MemoryPeer, MemoryTransport, ToolCallOptions,
-};
+use xagent_client_runtime::transport::{MemoryPeer, MemoryTransport};
+use xagent_client_runtime::{ClientError, DataPlane, Events, ToolCallOptions};
 use xagent_protocol_types::{
     AuthFlow, AuthInput, AuthProgress, AuthStartAck, AuthStatus, AuthStatusAck, ChatMessage,
     ChatMessageAck, Clock, ConnectionStatus, ConnectorCard, ConnectorChannelId, ErrorCode,

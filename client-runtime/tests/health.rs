@@ -216,9 +216,8 @@ async fn health_rule_a_build_that_still_differs_after_the_refetch_keeps_the_conn
 mod readmission {
     use super::*;
     use serde_json::{Value, json};
-    use xagent_client_runtime::{
-        ClientConfig, ClientEvent, DataPlane, MemoryPeer, MemoryTransport, next_event_matching,
-    };
+    use xagent_client_runtime::transport::{MemoryPeer, MemoryTransport};
+    use xagent_client_runtime::{ClientConfig, ClientEvent, DataPlane, next_event_matching};
     use xagent_protocol_types::{
         CardTool, ChannelOpenAck, Connection, ConnectionDescriptor, ConnectionStatus,
         ConnectorHelloAck, DescriptorTarget, DescriptorTool, Packet,

@@ -12,10 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::{API_KEY, echo_config, quick_backoff, signed_in_channel};
+use xagent_client_runtime::store::{
+    CommitError, LeaseRequest, LeaseState, PostgresXagentStore, XagentStore,
+};
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientError, ClientEvent, CommitError, ConnectionState, DataPlane,
-    Events, HolderLease, LeaseRequest, LeaseState, PostgresXagentStore, XagentStore,
-    next_event_matching,
+    BaseUrl, ClientConfig, ClientError, ClientEvent, ConnectionState, DataPlane, Events,
+    HolderLease, next_event_matching,
 };
 use xagent_protocol_types::{AckStatus, ChatMessage, MessageId};
 use xagent_storage_postgres::DatabaseUrl;

@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use support::{accept_hello_as, answer_open, config, next_of, send, start};
-use xagent_client_runtime::{
-    AdmissionSnapshot, ClientEvent, CommitTicket, ConnectionState, Fence, HolderLease,
-    LeaseRequest, LeaseState, MemoryXagentStore, RememberedChannel, XagentStore, XagentWrite,
-    next_event_matching,
+use xagent_client_runtime::store::{
+    AdmissionSnapshot, CommitTicket, Fence, LeaseRequest, LeaseState, MemoryXagentStore,
+    RememberedChannel, XagentStore, XagentWrite,
 };
+use xagent_client_runtime::{ClientEvent, ConnectionState, HolderLease, next_event_matching};
 use xagent_profile_im::{CompletedRecord, PendingRecord, StoreError};
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ConnectionStatus, ConnectorChannelId, ConnectorId, ManualClock,

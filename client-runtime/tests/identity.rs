@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::{accept_hello_as, answer_open, config, descriptor, next_of, packet, start};
+use xagent_client_runtime::store::{SqliteXagentStore, XagentStore, XagentWrite};
 use xagent_client_runtime::{
-    ClientEvent, ConnectionState, REOPEN_CONCURRENCY, SqliteXagentStore, XagentStore, XagentWrite,
-    next_event_matching,
+    ClientEvent, ConnectionState, REOPEN_CONCURRENCY, next_event_matching,
 };
 use xagent_protocol_types::{
     ChannelOpenAck, ChatMessage, ChatMessageAck, ConnectionStatus, ConnectorChannelId, ManualClock,
@@ -228,7 +228,8 @@ async fn reopen_rule_500_remembered_channels_are_reopened_concurrently_within_th
                         Packet::with_payload("pkt_open_ack", ack).answering(&open).channel(channel);
                     waiting.fetch_sub(1, Ordering::SeqCst);
                     let text = answer.to_value().expect("encodes").to_string();
-                    let _ = to_client.send(xagent_client_runtime::Frame::Text(text)).await;
+                    let _ =
+                        to_client.send(xagent_client_runtime::transport::Frame::Text(text)).await;
                 });
             }
             peer

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::{CARD, MEM, accept_hello, card, config, descriptor, packet, send, start};
+use xagent_client_runtime::store::SqliteXagentStore;
 use xagent_client_runtime::{
-    ClientError, ClientEvent, ConnectionState, SessionBinding, SqliteXagentStore,
-    next_event_matching,
+    ClientError, ClientEvent, ConnectionState, SessionBinding, next_event_matching,
 };
 use xagent_protocol_types::{
     CardTool, ChannelOpenAck, ChatMessage, ChatMessageAck, ConnectionStatus, ConnectorHelloAck,

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{API_KEY, echo_config, sign_in};
-use tokio::sync::mpsc::UnboundedReceiver;
 use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, FileContent,
+    BaseUrl, ClientConfig, ClientError, ClientEvent, ControlPlane, DataPlane, Events, FileContent,
     OutboundFileError,
 };
 use xagent_protocol_types::{
@@ -32,11 +31,12 @@ fn report() -> FileContent {
     }
 }
 
-async fn setup(name: &str) -> (EchoServer, ManualClock, DataPlane, UnboundedReceiver<ClientEvent>) {
+async fn setup(name: &str) -> (EchoServer, ManualClock, DataPlane, Events) {
     let server = EchoServer::start(&temp_state_dir(name), API_KEY, None).await.expect("starts");
     // The client's clock starts at the server's time; tests move it on.
     let clock = ManualClock::new(SystemClock.now_millis());
-    let (plane, events) = DataPlane::start(config(&server, &clock));
+    let (plane, events) =
+        DataPlane::connect(config(&server, &clock)).await.expect("the data plane starts");
     plane.connected().await.expect("connected");
     (server, clock, plane, events)
 }

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use xagent_client_runtime::{
+use xagent_client_runtime::store::{
     AdmissionSnapshot, CommitError, Fence, LeaseRequest, LeaseState, RememberedChannel,
     XagentStore, XagentWrite,
 };
@@ -427,7 +427,7 @@ macro_rules! contract_suite {
 
 mod memory {
     use super::*;
-    use xagent_client_runtime::MemoryXagentStore;
+    use xagent_client_runtime::store::MemoryXagentStore;
 
     /// A "restart" is another handle on the same memory.
     fn backend() -> Backend {
@@ -445,7 +445,7 @@ mod memory {
 
 mod sqlite {
     use super::*;
-    use xagent_client_runtime::SqliteXagentStore;
+    use xagent_client_runtime::store::SqliteXagentStore;
 
     /// A fresh state directory; every open is a new connection on its file.
     fn backend() -> Backend {
@@ -465,7 +465,7 @@ mod sqlite {
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
-    use xagent_client_runtime::PostgresXagentStore;
+    use xagent_client_runtime::store::PostgresXagentStore;
     use xagent_testkit::postgres::TestPostgres;
 
     /// A fresh database on testkit's server; every open is a new pool (a new process).

@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use xagent_client_runtime::{
-    BaseUrl, ClientError, ControlPlane, TlsProblem, TlsTrust, Transport, WsTransport,
-};
+use xagent_client_runtime::tls::TlsProblem;
+use xagent_client_runtime::transport::{Transport, WsTransport};
+use xagent_client_runtime::{BaseUrl, ClientError, ControlPlane, TlsTrust};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls").join(name)

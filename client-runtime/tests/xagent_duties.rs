@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use xagent_client_runtime::{
-    BaseUrl, ClientConfig, ClientError, DataPlane, Events, MemoryPeer, MemoryTransport,
-};
+use xagent_client_runtime::transport::{MemoryPeer, MemoryTransport};
+use xagent_client_runtime::{BaseUrl, ClientConfig, ClientError, DataPlane, Events};
 use xagent_protocol_types::{
     BuildInfo, CardTool, ChannelOpenAck, ChatMessage, Connection, ConnectionDescriptor,
     ConnectionStatus, ConnectorCard, ConnectorHelloAck, ConnectorInfo, DescriptorTarget,

@@ -4,9 +4,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
-use xagent_protocol_types::{Packet, SUBPROTOCOL, Secret};
+use xagent_protocol_types::{Packet, Secret};
 
 use xagent_client_runtime::BaseUrl;
 
@@ -59,22 +57,13 @@ pub enum Received {
 impl Probe {
     /// Attempts an upgrade to `/ws`.
     pub async fn connect(base: &BaseUrl, options: &ProbeOptions) -> Upgrade {
-        let mut request = match base.ws_url().into_client_request() {
+        let key = options.api_key.as_ref().map(Secret::expose);
+        let mut request = match xagent_connection::upgrade_request(&base.ws_url(), key) {
             Ok(request) => request,
             Err(error) => return Upgrade::Failed(error.to_string()),
         };
-        if options.subprotocol {
-            request
-                .headers_mut()
-                .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(SUBPROTOCOL));
-        }
-        if let Some(key) = &options.api_key {
-            match HeaderValue::from_str(&format!("Bearer {}", key.expose())) {
-                Ok(value) => {
-                    request.headers_mut().insert("Authorization", value);
-                }
-                Err(_) => return Upgrade::Failed("the API key is not a valid header value".into()),
-            }
+        if !options.subprotocol {
+            request.headers_mut().remove("Sec-WebSocket-Protocol");
         }
         let connect = tokio_tungstenite::connect_async_tls_with_config(
             request,

@@ -2,8 +2,9 @@
 //!
 //! The connection core of the **xAgent Connector Protocol 3.0**: what a data-plane connection
 //! is, written once and run by both sides (`xagent-server-runtime` on the Connector side,
-//! `xagent-client-runtime` on the xAgent side). No WebSocket library is in here: a connection
+//! `xagent-client-runtime` on the xAgent side). The loops use no WebSocket library: a connection
 //! is a `Stream`/`Sink` of [`Frame`]s, so it runs over axum, tungstenite or in-memory channels.
+//! The one WebSocket fact here is the client's upgrade request ([`upgrade_request`]).
 //!
 //! - [`Driver`]: the read loop, generic over the frame stream; the frame rules (size limit
 //!   with close 1009, invalid UTF-8 with close 1007, typed [`FrameError`]s); [`judge_received`]
@@ -37,6 +38,7 @@ mod driver;
 mod frame;
 mod judge;
 mod outbound;
+mod upgrade;
 mod writer;
 
 pub use admission::{Admission, Admitted};
@@ -49,6 +51,7 @@ pub use frame::{
 };
 pub use judge::{Refusal, Rules, SendRules, broken_rules, error_ack, refusal};
 pub use outbound::{Outbound, RequestError, Requests};
+pub use upgrade::{UpgradeRequestError, upgrade_request};
 pub use writer::{
     OutboundJudge, OutboundRefusal, Outgoing, SendError, WriteTap, WriterOptions, encode_outgoing,
     within_limit, write_loop,

@@ -15,7 +15,7 @@ use crate::inbox::Inbox;
 /// Largest inbound file the bridge keeps by default (32 MiB, the runtime's default download
 /// limit): the runtime stops reading a larger one and refuses it for good
 /// ([`xagent_client_runtime::DownloadPolicy`]; `LinkConfig::download` sets another).
-pub const MAX_DOWNLOAD_BYTES: u64 = xagent_client_runtime::DEFAULT_MAX_DOWNLOAD_BYTES;
+pub const MAX_DOWNLOAD_BYTES: u64 = xagent_client_runtime::download::DEFAULT_MAX_DOWNLOAD_BYTES;
 
 /// What the runtime calls to read a file the agent named: an inbox resource or a path under an
 /// allowed directory ([`AllowedDirs`]).

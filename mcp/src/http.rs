@@ -106,7 +106,7 @@ fn token_file_error(path: &Path, problem: impl Into<String>) -> HttpSetupError {
 /// [`MAX_TOKEN_FILE_BYTES`], its first line the token (at least [`MIN_TOKEN_CHARS`] printable
 /// characters).
 pub fn read_token_file(path: &Path) -> Result<Secret, HttpSetupError> {
-    let read = xagent_client_runtime::read_secret_file(path, MAX_TOKEN_FILE_BYTES)
+    let read = xagent_client_runtime::secret_file::read_secret_file(path, MAX_TOKEN_FILE_BYTES)
         .map_err(|e| token_file_error(path, e.to_string()))?;
     if read.shared {
         return Err(token_file_error(path, "is readable by other users; chmod 600 it"));

@@ -50,7 +50,7 @@
 //! | `inbox`, `files`, `projection`, `uris` | the inbox, file references, the MCP view of a Card Tool's schema, resource URIs |
 //!
 //! ```
-//! use xagent_client_runtime::model_input_schema;
+//! use xagent_client_runtime::upload_refs::model_input_schema;
 //! use xagent_mcp::projection::mcp_schema;
 //!
 //! let card_schema = serde_json::json!({

@@ -1,12 +1,12 @@
 //! What the MCP client sees of a Card Tool. The runtime's projection
-//! ([`xagent_client_runtime::model_input_schema`]) already shows each upload-reference argument
+//! ([`xagent_client_runtime::upload_refs::model_input_schema`]) already shows each upload-reference argument
 //! as a file reference; the bridge adds two MCP-specific touches: `connector_channel_id` is not
 //! shown (it selects nothing: the runtime resolves the channel by section 10.1, and the bridge
 //! fills the argument in for the Connector), and a file reference says which files this bridge
 //! can read (its file resources, or paths under `--allow-dir`).
 
 use serde_json::{Map, Value, json};
-use xagent_client_runtime::upload_ref_properties;
+use xagent_client_runtime::upload_refs::upload_ref_properties;
 
 /// The argument every Card Tool declares for the channel (the runtime's name for it).
 pub const CHANNEL_ARG: &str = xagent_client_runtime::CHANNEL_ARGUMENT;
@@ -73,7 +73,7 @@ pub fn message_wait_schema(max_seconds: u64) -> Map<String, Value> {
 mod tests {
     use super::*;
     use crate::files::FILE_URI_PREFIX;
-    use xagent_client_runtime::model_input_schema;
+    use xagent_client_runtime::upload_refs::model_input_schema;
 
     fn card_schema() -> Map<String, Value> {
         match json!({

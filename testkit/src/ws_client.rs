@@ -5,8 +5,6 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use xagent_protocol_types::{
     ConnectorChannelId, ErrorCode, PROFILE_IM_V2, Packet, PacketBody, Payload,
 };
@@ -34,16 +32,8 @@ pub enum Received {
 impl WsClient {
     /// Connects to `ws_url` offering the protocol subprotocol and, if given, the API key.
     pub async fn connect(ws_url: &str, api_key: Option<&str>) -> Result<Self, String> {
-        let mut request = ws_url.into_client_request().map_err(|e| e.to_string())?;
-        request.headers_mut().insert(
-            "Sec-WebSocket-Protocol",
-            HeaderValue::from_static(xagent_protocol_types::SUBPROTOCOL),
-        );
-        if let Some(key) = api_key {
-            let value =
-                HeaderValue::from_str(&format!("Bearer {key}")).map_err(|e| e.to_string())?;
-            request.headers_mut().insert("Authorization", value);
-        }
+        let request =
+            xagent_connection::upgrade_request(ws_url, api_key).map_err(|e| e.to_string())?;
         let (socket, _) =
             tokio_tungstenite::connect_async(request).await.map_err(|e| e.to_string())?;
         Ok(Self { socket, next: 0, timeout: Duration::from_secs(10) })

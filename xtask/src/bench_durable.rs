@@ -420,7 +420,7 @@ async fn outbox_delivery(
         BenchStorage::Sqlite(s) => EchoConnector::start_configured(dir, s, config).await?,
         BenchStorage::Postgres(s) => EchoConnector::start_configured(dir, *s, config).await?,
     };
-    let (plane, mut events) = DataPlane::start(client_config(connector.addr)?);
+    let (plane, mut events) = DataPlane::connect(client_config(connector.addr)?).await?;
     plane.connected().await?;
     let ids = signed_in_channels(&plane, channels).await?;
     let accepted = Arc::new(AtomicU64::new(0));

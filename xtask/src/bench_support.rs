@@ -11,8 +11,6 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use xagent_protocol_types::{Packet, Secret};
 use xagent_server_runtime::ops::{DatabaseUrl, PoolOptions};
@@ -467,16 +465,7 @@ pub struct PacketSocket {
 impl PacketSocket {
     /// Connects offering the protocol subprotocol and, if given, the API key.
     pub async fn connect(url: &str, api_key: Option<&str>) -> Result<Self> {
-        let mut request = url.into_client_request()?;
-        request.headers_mut().insert(
-            "Sec-WebSocket-Protocol",
-            HeaderValue::from_static(xagent_protocol_types::SUBPROTOCOL),
-        );
-        if let Some(key) = api_key {
-            request
-                .headers_mut()
-                .insert("Authorization", HeaderValue::from_str(&format!("Bearer {key}"))?);
-        }
+        let request = xagent_connection::upgrade_request(url, api_key)?;
         let (socket, _) = tokio_tungstenite::connect_async(request)
             .await
             .with_context(|| format!("connecting to {url}"))?;

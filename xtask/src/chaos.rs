@@ -889,7 +889,7 @@ async fn soak(bins: &Bins, sizes: &Sizes, rng: &mut Rng) -> Result<Value> {
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
     let config = client_config(addr)?;
     let control = ControlPlane::new(config.base_url.clone(), Some(Secret::new(API_KEY)));
-    let (plane, mut events) = DataPlane::start(config);
+    let (plane, mut events) = DataPlane::connect(config).await?;
     plane.connected().await?;
     let channels = signed_in_channels(&plane, sizes.soak_channels).await?;
     let errors = Arc::new(AtomicU64::new(0));

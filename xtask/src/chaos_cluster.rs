@@ -819,7 +819,7 @@ impl Agent {
             max_failures: None,
         };
         config.request_timeout = Duration::from_secs(TOOL_DEADLINE_MS / 1000);
-        let (plane, mut events) = DataPlane::start(config);
+        let (plane, mut events) = DataPlane::connect(config).await?;
         let inbound = Arc::new(Mutex::new(Vec::new()));
         let acked = Arc::new(Mutex::new(HashMap::new()));
         let (i2, a2) = (inbound.clone(), acked.clone());

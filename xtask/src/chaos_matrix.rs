@@ -165,7 +165,7 @@ async fn kill_scenario(bin: &Path, sizes: &Sizes, rng: &mut Rng) -> Result<Value
     config.backoff.initial = Duration::from_millis(50);
     config.backoff.max = Duration::from_millis(500);
     config.backoff.max_failures = None;
-    let (plane, mut events) = DataPlane::start(config);
+    let (plane, mut events) = DataPlane::connect(config).await?;
     plane.connected().await.map_err(|e| anyhow!("{e}"))?;
 
     // Pair an encrypted room.

@@ -108,7 +108,7 @@ pub async fn connect(addr: &str, api_key: &str) -> DataPlane {
         max_failures: Some(200),
     };
     config.request_timeout = Duration::from_secs(10);
-    let (plane, _events) = DataPlane::start(config);
+    let (plane, _events) = DataPlane::connect(config).await.expect("the data plane starts");
     tokio::time::timeout(Duration::from_secs(20), plane.connected())
         .await
         .expect("connects in time")

@@ -11,6 +11,9 @@ use xagent_protocol_validate::AdmissionWindow;
 use crate::store::XagentStore;
 use crate::{Backoff, BaseUrl, DownloadPolicy, HolderLease, TlsTrust};
 
+/// Packets a connection's writer holds before a sender waits ([`ClientConfig::write_queue`]).
+pub const DEFAULT_WRITE_QUEUE: usize = 256;
+
 /// How to reach and greet a Connector.
 #[derive(Clone)]
 pub struct ClientConfig {
@@ -40,6 +43,9 @@ pub struct ClientConfig {
     pub max_packet_bytes: usize,
     /// Events buffered for the application before the reader waits for it.
     pub event_capacity: usize,
+    /// Packets queued for the connection's writer before a sender waits for room (default
+    /// [`DEFAULT_WRITE_QUEUE`]).
+    pub write_queue: usize,
     /// Sees every text frame in both directions (for tools that print the traffic).
     pub tap: Option<PacketTap>,
     /// The clock every timestamp comes from (a `ManualClock` in tests).
@@ -109,7 +115,8 @@ impl std::fmt::Debug for PacketTap {
 
 impl ClientConfig {
     /// Defaults for a Connector: 10 s request timeout, default backoff, 1 MiB frames both ways, 1024
-    /// buffered events, the system clock, state in memory, the default [`DownloadPolicy`].
+    /// buffered events, 256 queued writes, the system clock, state in memory, the default
+    /// [`DownloadPolicy`].
     pub fn new(
         base_url: BaseUrl,
         connector_card_id: impl Into<ConnectorCardId>,
@@ -128,6 +135,7 @@ impl ClientConfig {
             max_frame_bytes: 1 << 20,
             max_packet_bytes: 1 << 20,
             event_capacity: 1024,
+            write_queue: DEFAULT_WRITE_QUEUE,
             tap: None,
             clock: Arc::new(SystemClock),
             store: None,

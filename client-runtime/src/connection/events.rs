@@ -170,37 +170,18 @@ pub enum ClientEvent {
 /// The application's end of the bounded event channel.
 pub type Events = mpsc::Receiver<ClientEvent>;
 
-/// Something events can be read from (the bounded [`Events`], or the unbounded relay
-/// [`crate::DataPlane::start`] returns).
-pub trait EventSource {
-    /// The next event; `None` once the client is gone.
-    fn next_event(&mut self) -> impl std::future::Future<Output = Option<ClientEvent>> + Send;
-}
-
-impl EventSource for mpsc::Receiver<ClientEvent> {
-    fn next_event(&mut self) -> impl std::future::Future<Output = Option<ClientEvent>> + Send {
-        self.recv()
-    }
-}
-
-impl EventSource for mpsc::UnboundedReceiver<ClientEvent> {
-    fn next_event(&mut self) -> impl std::future::Future<Output = Option<ClientEvent>> + Send {
-        self.recv()
-    }
-}
-
 /// Reads events until one satisfies `want`, skipping the others; `None` when `within` passes
 /// first or the client stopped. For callers that wait for one kind of event (a reconnect, an
-/// ack) on the stream [`crate::DataPlane::connect`] or [`crate::DataPlane::start`] returns.
-pub async fn next_event_matching<E: EventSource>(
-    events: &mut E,
+/// ack) on the stream [`crate::DataPlane::connect`] returns.
+pub async fn next_event_matching(
+    events: &mut Events,
     within: Duration,
     mut want: impl FnMut(&ClientEvent) -> bool,
 ) -> Option<ClientEvent> {
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match tokio::time::timeout(left, events.next_event()).await {
+        match tokio::time::timeout(left, events.recv()).await {
             Ok(Some(event)) if want(&event) => return Some(event),
             Ok(Some(_)) => continue,
             Ok(None) | Err(_) => return None,

@@ -16,8 +16,8 @@ mod plane;
 mod request;
 mod shared;
 
-pub use config::{ClientConfig, PacketTap, TapDirection};
-pub use events::{ClientEvent, ConnectionState, EventSource, Events, next_event_matching};
+pub use config::{ClientConfig, DEFAULT_WRITE_QUEUE, PacketTap, TapDirection};
+pub use events::{ClientEvent, ConnectionState, Events, next_event_matching};
 pub use inbound::{InboundMessage, Verdict};
 pub use plane::DataPlane;
 pub(crate) use request::{request_on, request_typed, send_on, send_quietly};

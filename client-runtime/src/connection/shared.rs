@@ -26,7 +26,7 @@ pub(crate) struct Shared {
     pub(crate) admission: Arc<Admission>,
     /// Where remembered channels and the `connector_id` live: the configured store, else one
     /// in memory.
-    pub(crate) store: Arc<dyn crate::XagentStore>,
+    pub(crate) store: Arc<dyn crate::store::XagentStore>,
     /// Remembered channels: the id the application remembered it by -> the id currently open.
     pub(crate) channels: StdMutex<BTreeMap<ConnectorChannelId, ConnectorChannelId>>,
     pub(crate) directory: StdMutex<ChannelDirectory>,

@@ -91,7 +91,7 @@ async fn run_connection(
         Arc::clone(&session),
         sink,
         writer_options(shared),
-        256,
+        config.write_queue.max(1),
         Arc::clone(&config.clock),
     );
     *lock(&shared.link) = Some(link);

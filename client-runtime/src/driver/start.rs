@@ -7,7 +7,7 @@ use tokio::sync::{Mutex, mpsc, watch};
 use xagent_connection::{Admission, Requests};
 
 use super::reconnect::supervise;
-use crate::connection::{ClientConfig, ClientEvent, ConnectionState, Events, Shared};
+use crate::connection::{ClientConfig, ConnectionState, Events, Shared};
 use crate::directory::ChannelDirectory;
 use crate::im_state::{Holding, ImState};
 use crate::store::{MemoryXagentStore, RememberedChannel, XagentStore};
@@ -44,33 +44,6 @@ impl DataPlane {
         let im = ImState::load(store.clone(), holding, now).await?;
         let remembered = store.load_channels().await.map_err(ClientError::Store)?;
         Ok(Self::assemble(config, store, im, remembered, transport))
-    }
-
-    /// Starts connecting with an in-memory store and returns the handle and an unbounded relay
-    /// of the bounded event stream (kept for callers written before [`DataPlane::connect`]).
-    pub fn start(config: ClientConfig) -> (Self, mpsc::UnboundedReceiver<ClientEvent>) {
-        let config = ClientConfig { store: None, lease: None, ..config };
-        let transport = WsTransport::new(
-            config.base_url.clone(),
-            config.api_key.clone(),
-            config.max_frame_bytes,
-        )
-        .with_tls(config.tls.clone());
-        let store: Arc<dyn XagentStore> = Arc::new(MemoryXagentStore::new());
-        let (plane, mut events) = match ImState::empty(store.clone(), config.clock.now_millis()) {
-            Ok(im) => Self::assemble(config, store, im, Vec::new(), transport),
-            // Unreachable: an empty outbox over a fresh memory store cannot fail to open.
-            Err(error) => unreachable!("an in-memory data plane cannot fail to start: {error}"),
-        };
-        let (relay, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Some(event) = events.recv().await {
-                if relay.send(event).is_err() {
-                    break;
-                }
-            }
-        });
-        (plane, receiver)
     }
 
     /// The shared state over loaded parts, the IM pump and the driver.

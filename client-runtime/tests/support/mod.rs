@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::mpsc::Receiver;
-use xagent_client_runtime::{
-    Backoff, BaseUrl, ClientConfig, DataPlane, Events, MemoryPeer, MemoryTransport,
-};
+use xagent_client_runtime::transport::{MemoryPeer, MemoryTransport};
+use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, DataPlane, Events};
 use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStartAck, AuthStatus, BuildInfo, CardTool, ChannelOpenAck,
     Connection, ConnectionDescriptor, ConnectionStatus, ConnectorCard, ConnectorChannelId,

@@ -26,7 +26,7 @@ impl Run {
             (Ok(SkillDocument::Absent), _) => skip("no primary Skill (204/404)"),
             (Ok(SkillDocument::Present(markdown)), Some(card)) => {
                 let expected = card.primary_skill_name();
-                match xagent_client_runtime::skill_name(&markdown) {
+                match xagent_client_runtime::admission::skill_name(&markdown) {
                     Some(name) if name == expected => pass(format!("name {name}")),
                     Some(name) => fail(format!("name {name}, expected {expected}")),
                     None => fail("no `name:` in the front matter"),

@@ -7,7 +7,7 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use xagent_client_runtime::{ClientEvent, DataPlane};
+use xagent_client_runtime::{ClientEvent, DataPlane, Events};
 
 use support::{
     Lobby, Server, Visitor, client_config, connect, next_event, open_room, start, temp_dir,
@@ -15,7 +15,7 @@ use support::{
 
 /// Accepts every message arriving within `window` (as xAgent would) and returns their ids.
 async fn accept_for(
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<ClientEvent>,
+    events: &mut Events,
     window: Duration,
 ) -> Vec<String> {
     let mut got = Vec::new();
@@ -73,7 +73,7 @@ async fn unacknowledged_visitor_messages_arrive_exactly_once_after_a_restart() {
     let server = restart(server, &dir).await;
 
     // xAgent comes back and reopens its channel.
-    let (plane, mut events) = DataPlane::start(client_config(server.base()));
+    let (plane, mut events) = DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
     plane.connected().await.expect("reconnects");
     let reopened = plane.open_channel(Some(&channel)).await.expect("reopen");
     assert_eq!(reopened.connector_channel_id, channel, "the channel survived the restart");
@@ -102,7 +102,7 @@ async fn unacknowledged_visitor_messages_arrive_exactly_once_after_a_restart() {
 
     // Another restart: acknowledged messages are never sent again.
     let server = restart(server, &dir).await;
-    let (plane, mut events) = DataPlane::start(client_config(server.base()));
+    let (plane, mut events) = DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
     plane.connected().await.expect("reconnects");
     plane.open_channel(Some(&channel)).await.expect("reopen");
     let again = accept_for(&mut events, Duration::from_millis(1500)).await;
@@ -170,7 +170,7 @@ async fn m4_a_message_stored_but_never_queued_is_delivered_on_retry_and_after_a_
         .expect("stored");
     legacy_orphan(&dir, "msg_web_orphan_3", "c-orphan-3");
     let server = restart(server, &dir).await;
-    let (plane, mut events) = DataPlane::start(client_config(server.base()));
+    let (plane, mut events) = DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
     plane.connected().await.expect("reconnects");
     plane.open_channel(Some(&channel)).await.expect("reopen");
     plane.remember_channel(channel.clone()).await;

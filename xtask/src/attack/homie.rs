@@ -147,7 +147,7 @@ impl HomieXagent {
         let base = BaseUrl::parse(&target.url("")).map_err(|e| anyhow!("{e}"))?;
         let config = ClientConfig::new(base, HOMIE_CARD, vec![PROFILE_DEVICE_V1.into()])
             .with_api_key(Secret::new(API_KEY));
-        let (plane, mut events) = DataPlane::start(config);
+        let (plane, mut events) = DataPlane::connect(config).await?;
         let pushes = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&pushes);
         tokio::spawn(async move {
@@ -595,7 +595,7 @@ async fn x2_scenario() -> Result<Outcome> {
         vec![PROFILE_DEVICE_V1.into()],
     )
     .with_api_key(Secret::new(API_KEY));
-    let (plane, _events) = DataPlane::start(config);
+    let (plane, _events) = DataPlane::connect(config).await?;
     tokio::time::timeout(Duration::from_secs(15), plane.connected())
         .await
         .context("xAgent could not connect to the lab")?

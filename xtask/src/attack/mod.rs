@@ -236,7 +236,7 @@ async fn xagent(target: &Target) -> Result<DataPlane> {
     let base = BaseUrl::parse(&target.url("")).map_err(|e| anyhow!("{e}"))?;
     let config = ClientConfig::new(base, CARD_ID, vec![PROFILE_IM_V2.into()])
         .with_api_key(Secret::new(API_KEY));
-    let (plane, mut events) = DataPlane::start(config);
+    let (plane, mut events) = DataPlane::connect(config).await?;
     let control = xagent_client_runtime::ControlPlane::new(
         BaseUrl::parse(&target.url("")).map_err(|e| anyhow!("{e}"))?,
         Some(Secret::new(API_KEY)),

@@ -80,7 +80,7 @@ async fn m5(bin: &Path, sizes: &Sizes) -> Result<Outcome> {
     let base = BaseUrl::parse(&target.url("")).map_err(|e| anyhow!("{e}"))?;
     let config = ClientConfig::new(base, CARD_ID, vec![PROFILE_IM_V2.into()])
         .with_api_key(Secret::new(API_KEY));
-    let (plane, mut events) = DataPlane::start(config);
+    let (plane, mut events) = DataPlane::connect(config).await?;
     tokio::time::timeout(Duration::from_secs(15), plane.connected())
         .await
         .context("xAgent could not reconnect")?

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use matrix_sdk::Room;
-use tokio::sync::mpsc::UnboundedReceiver;
-use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, ClientEvent, DataPlane};
+use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, ClientEvent, DataPlane, Events};
 use xagent_connector_matrix::connector::ROOM_FLOW;
 use xagent_connector_matrix::{CARD_ID, Credentials, Matrix, MatrixOptions};
 use xagent_protocol_types::{
@@ -97,8 +96,8 @@ pub fn client_config(base: BaseUrl) -> ClientConfig {
     config
 }
 
-pub async fn connect(server: &Server) -> (DataPlane, UnboundedReceiver<ClientEvent>) {
-    let (plane, events) = DataPlane::start(client_config(server.base()));
+pub async fn connect(server: &Server) -> (DataPlane, Events) {
+    let (plane, events) = DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
     tokio::time::timeout(Duration::from_secs(10), plane.connected())
         .await
         .expect("connects in time")
@@ -147,7 +146,7 @@ pub async fn pairing_result(
 }
 
 pub async fn next_event(
-    events: &mut UnboundedReceiver<ClientEvent>,
+    events: &mut Events,
     want: impl FnMut(&ClientEvent) -> bool,
 ) -> ClientEvent {
     xagent_client_runtime::next_event_matching(events, WAIT, want)
@@ -157,7 +156,7 @@ pub async fn next_event(
 
 /// The next inbound `chat.message` (accepted once read).
 pub async fn next_chat(
-    events: &mut UnboundedReceiver<ClientEvent>,
+    events: &mut Events,
 ) -> xagent_protocol_types::ChatMessage {
     match next_event(events, |e| matches!(e, ClientEvent::ChatMessage(_))).await {
         ClientEvent::ChatMessage(inbound) => {

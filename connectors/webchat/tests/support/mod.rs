@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::mpsc::UnboundedReceiver;
-use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, ClientEvent, DataPlane};
+use xagent_client_runtime::{Backoff, BaseUrl, ClientConfig, ClientEvent, DataPlane, Events};
 use xagent_connector_webchat::{
     CARD_ID, QR_FLOW, ROOM_FLOW, VisitorLimits, Webchat, WebchatOptions,
 };
@@ -187,8 +186,8 @@ pub fn client_config(base: BaseUrl) -> ClientConfig {
     config
 }
 
-pub async fn connect(server: &Server) -> (DataPlane, UnboundedReceiver<ClientEvent>) {
-    let (plane, events) = DataPlane::start(client_config(server.base()));
+pub async fn connect(server: &Server) -> (DataPlane, Events) {
+    let (plane, events) = DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
     tokio::time::timeout(Duration::from_secs(10), plane.connected())
         .await
         .expect("connects in time")
@@ -263,7 +262,7 @@ pub fn token_of(link: &str) -> String {
 }
 
 pub async fn next_event(
-    events: &mut UnboundedReceiver<ClientEvent>,
+    events: &mut Events,
     want: impl FnMut(&ClientEvent) -> bool,
 ) -> ClientEvent {
     xagent_client_runtime::next_event_matching(events, Duration::from_secs(15), want)
@@ -278,7 +277,7 @@ pub struct Lobby {
     pub dir: PathBuf,
     pub server: Server,
     pub plane: DataPlane,
-    pub events: UnboundedReceiver<ClientEvent>,
+    pub events: Events,
     pub channel: ConnectorChannelId,
     pub visitor: Visitor,
 }
