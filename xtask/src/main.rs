@@ -35,8 +35,6 @@ mod bench_support;
 mod bench_webchat;
 mod bench_ws;
 mod chaos;
-mod chaos_cluster;
-mod chaos_matrix;
 mod codegen;
 mod cpu_limit;
 mod fuzz;
