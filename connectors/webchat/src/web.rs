@@ -55,13 +55,8 @@ use crate::store::{
     Author, ChatEntry, EntryFile, EntryStatus, QuotaRefusal, RoomClaim, UploadReservation,
     hash_token, random_hex,
 };
-pub use admission::{JoinRate, UploadQuota};
-pub use guard::{JoinThrottle, VisitorLimits};
-
-/// Largest file a visitor can upload from the page (25 MiB, [`VisitorLimits::max_upload_bytes`]).
-pub const MAX_PAGE_UPLOAD_BYTES: usize = 25 * 1024 * 1024;
-/// Longest text a visitor can send ([`VisitorLimits::max_text_chars`]).
-pub const MAX_TEXT_CHARS: usize = 16_000;
+pub use admission::JoinRate;
+pub use guard::{JoinThrottle, MAX_PAGE_UPLOAD_BYTES, MAX_TEXT_CHARS, VisitorLimits};
 
 /// Name of the visitor session cookie.
 const SESSION_COOKIE: &str = "wcv";
