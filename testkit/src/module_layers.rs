@@ -429,11 +429,14 @@ pub struct ModuleGraph {
 }
 
 impl ModuleGraph {
-    /// Reads the crate whose sources are under `src` (`src/lib.rs` and every file below);
+    /// Reads the crate whose sources are under `src` (`src/lib.rs` or `src/main.rs` and every
+    /// file below but `src/bin/`);
     /// `name` is used in messages.
     pub fn read(src: &Path, name: &str) -> Self {
         let mut files = Vec::new();
         rust_files(src, &mut files);
+        // `src/bin/` holds other crates (binaries), not modules of this one.
+        files.retain(|file| !file.starts_with(src.join("bin")));
         files.sort();
         let mut sources: BTreeMap<ModPath, String> = BTreeMap::new();
         for file in &files {
