@@ -112,7 +112,7 @@ pub fn build_examples(root: &Path) -> Result<Bins> {
         root,
         &[
             "-p",
-            "xagent-server-runtime",
+            "xagent-testkit",
             "-p",
             "xagent-client-runtime",
             "--example",

@@ -1,6 +1,6 @@
 //! `cargo xtask chaos`: the reliability harness, bounded in time, loopback only.
 //!
-//! 1. **connector-kill**: the echo Connector (`server-runtime/examples/echo_connector.rs`, a
+//! 1. **connector-kill**: the echo Connector (`testkit/examples/echo_connector.rs`, a
 //!    separate process) feeds 10,000 inbound messages across 100 channels to an xAgent sink
 //!    (`client-runtime/examples/xagent_sink.rs`, another process on the client runtime's own
 //!    durable store, which fsyncs every accepted message's effect before accepting it and
