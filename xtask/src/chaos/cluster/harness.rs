@@ -2,7 +2,6 @@
 //! (webchat replicas, mock-xagents, the cluster behind HAProxy), xAgent's side in this process
 //! ([`Agent`]), a stop signal, CPU accounting, and small measures.
 
-use crate::bench_support::{cpu_ticks, cpu_ticks_with_children, machine_ticks};
 use crate::chaos::harness::free_port;
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Map, Value, json};
@@ -19,7 +18,6 @@ use xagent_protocol_types::{
     AuthInput, AuthStart, AuthStatus, Clock, ConnectorChannelId, PROFILE_IM_V2, Secret, SystemClock,
 };
 use xagent_testkit::haproxy::{Balance, HaproxyOptions, TestHaproxy};
-use xagent_testkit::postgres::TestPostgres;
 
 /// The system API key every replica and xAgent share.
 const KEY: &str = "sk-chaos-cluster-5e1b77a0";
@@ -412,89 +410,6 @@ impl Stop {
 
 // ---------------------------------------------------------------------------------------
 // 3. One replica against three
-
-/// The PostgreSQL server's main process, from the `postmaster.pid` in its data directory
-/// (`None` for a server elsewhere: its CPU is then not counted).
-pub(crate) async fn postmaster_pid(pg: &TestPostgres) -> Option<u32> {
-    let pool = xagent_storage_postgres::connect(pg.admin_url(), Default::default()).await.ok()?;
-    let client = pool.get().await.ok()?;
-    let row = client.query_one("SHOW data_directory", &[]).await.ok()?;
-    let dir: String = row.try_get(0).ok()?;
-    let pid = std::fs::read_to_string(Path::new(&dir).join("postmaster.pid")).ok()?;
-    pid.lines().next()?.trim().parse().ok()
-}
-
-/// CPU used during a throughput window, by part: the replicas, HAProxy, PostgreSQL, and this
-/// process (xAgent and the visitors), plus how busy the whole machine was.
-pub(crate) struct CpuMeter {
-    pub(crate) replicas: u64,
-    /// Each replica's, in the order of `Cluster::replicas`.
-    pub(crate) each: Vec<u64>,
-    pub(crate) haproxy: u64,
-    pub(crate) postgres: u64,
-    pub(crate) load: u64,
-    pub(crate) machine: (u64, u64),
-}
-
-impl CpuMeter {
-    pub(crate) fn sample(cluster: &Cluster, postmaster: Option<u32>) -> CpuMeter {
-        let each: Vec<u64> = cluster
-            .replicas
-            .iter()
-            .map(|r| {
-                r.child.as_ref().and_then(|c| c.id()).map_or(0, |pid| cpu_ticks(&pid.to_string()))
-            })
-            .collect();
-        let replicas = each.iter().sum();
-        let haproxy = [&cluster.agent_proxy, &cluster.page_proxy]
-            .iter()
-            .map(|p| cpu_ticks(&p.pid().to_string()))
-            .sum();
-        CpuMeter {
-            replicas,
-            each,
-            haproxy,
-            postgres: postmaster.map_or(0, cpu_ticks_with_children),
-            load: cpu_ticks("self"),
-            machine: machine_ticks(),
-        }
-    }
-
-    pub(crate) fn new(cluster: &Cluster, postmaster: Option<u32>) -> CpuMeter {
-        Self::sample(cluster, postmaster)
-    }
-
-    /// CPU milliseconds per message since [`CpuMeter::new`], by part.
-    pub(crate) fn per_message(
-        &self,
-        cluster: &Cluster,
-        postmaster: Option<u32>,
-        messages: u64,
-    ) -> Value {
-        let now = Self::sample(cluster, postmaster);
-        // A clock tick is 10 ms.
-        let ms = |after: u64, before: u64| {
-            let per = after.saturating_sub(before) as f64 * 10.0 / messages.max(1) as f64;
-            (per * 1000.0).round() / 1000.0
-        };
-        let (busy, total) = (
-            now.machine.0.saturating_sub(self.machine.0),
-            now.machine.1.saturating_sub(self.machine.1),
-        );
-        // The busiest first (the socket holder, which also delivers every message to xAgent).
-        let mut each: Vec<f64> =
-            now.each.iter().zip(&self.each).map(|(after, before)| ms(*after, *before)).collect();
-        each.sort_by(|a, b| b.total_cmp(a));
-        json!({
-            "replicas_ms": ms(now.replicas, self.replicas),
-            "each_replica_ms": each,
-            "haproxy_ms": ms(now.haproxy, self.haproxy),
-            "postgres_ms": ms(now.postgres, self.postgres),
-            "load_generator_ms": ms(now.load, self.load),
-            "machine_busy": if total > 0 { (busy as f64 / total as f64 * 100.0).round() / 100.0 } else { 0.0 },
-        })
-    }
-}
 
 /// A time of the summary table: `N ms`, or `none` when nothing was measured.
 pub(crate) fn ms(value: &Value) -> String {
