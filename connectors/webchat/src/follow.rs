@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 use xagent_server_runtime::ConnectorHandle;
 
-use crate::connector::App;
+use crate::app::App;
 use crate::live::{TOPIC, parse};
 
 /// Follows the other replicas' hints until the runtime stops.

@@ -50,13 +50,15 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | `connector` | the definition (Card, auth flows, Tools) and the shared `App` |
+//! | `connector` | the definition: the Card, the IM target, the registration of flows and Tools |
+//! | `flows`, `tools` | the auth flows binding a channel to a room; the Tools |
+//! | `app` | `App`, what every part of a replica shares |
 //! | `messages` | every room's conversation in the author store |
 //! | `pairing`, `hub` | the QR pairing flow; the pages' live state per room |
 //! | `live`, `qr` | the room news hint; QR codes |
 //! | `store` | rooms, sessions, uploads and limits in the author store |
 //! | `guess` | the one limiter on guessing a room's secrets |
-//! | `quota`, `rate` | the daily upload allowance; the burst-then-interval rule |
+//! | `quota`, `rate`, `names` | the daily upload allowance; the burst-then-interval rule; the Connector's names |
 //! | `error` | [`WebchatError`] |
 //! | `pairing_error` | [`PairingError`] |
 //!
@@ -102,14 +104,17 @@
 //!   window.
 //! - The Connector is served at the root of its origin (no Base URL path prefix).
 
+mod app;
 mod connector;
 mod error;
+mod flows;
 mod follow;
 mod guess;
 mod hub;
 mod legacy;
 mod live;
 mod messages;
+mod names;
 mod pairing;
 mod pairing_error;
 mod qr;
@@ -117,6 +122,7 @@ mod quota;
 mod rate;
 mod store;
 mod ticks;
+mod tools;
 mod web;
 
 use std::future::Future;
@@ -127,14 +133,11 @@ use std::time::Duration;
 use xagent_protocol_types::{Clock, ConnectorCard, Secret, SystemClock};
 use xagent_server_runtime::{CancellationToken, ConnectorHandle, ConnectorServer, RuntimeConfig};
 
-pub use connector::{
-    CARD_ID, FileSendArgs, MessageSendArgs, PROVIDER, QR_FLOW, ROOM_FLOW, SKILL, TOOL_FILE_SEND,
-    TOOL_MESSAGE_SEND,
-};
 pub use error::WebchatError;
 pub use guess::{GuessPolicy, Refused};
 pub use hub::{Activity, Draft, RoomEvent};
 pub use legacy::{LegacyImport, import_legacy_state, migrated_path};
+pub use names::{CARD_ID, PROVIDER, QR_FLOW, ROOM_FLOW, SKILL, TOOL_FILE_SEND, TOOL_MESSAGE_SEND};
 pub use pairing::PAIRING_LINK_TTL_MILLIS;
 pub use pairing_error::PairingError;
 pub use qr::{qr_data_url, qr_png};
@@ -144,9 +147,10 @@ pub use store::{
     Author, ChatEntry, EntryFile, EntryStatus, HISTORY_LIMIT, WEBCHAT_DATABASE_FILE,
     room_id_from_name,
 };
+pub use tools::{FileSendArgs, MessageSendArgs};
 pub use web::{MAX_PAGE_UPLOAD_BYTES, MAX_TEXT_CHARS, VisitorLimits};
 
-use connector::App;
+use app::App;
 use store::Store;
 
 /// How to run the Connector.

@@ -29,7 +29,7 @@ mod send;
 mod upload;
 mod visitor;
 
-use crate::connector::App;
+use crate::app::App;
 pub use admission::JoinRate;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};

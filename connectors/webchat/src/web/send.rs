@@ -3,7 +3,7 @@
 
 use super::guard::VisitorLimits;
 use super::visitor::{MAX_CLIENT_ID_BYTES, Web, visitor_write};
-use crate::connector::App;
+use crate::app::App;
 use crate::error::WebchatError;
 use crate::messages::Sent;
 use crate::store::{Author, ChatEntry, EntryStatus, random_hex};

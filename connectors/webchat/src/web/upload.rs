@@ -4,7 +4,7 @@
 use super::guard::VisitorLimits;
 use super::send::{check_client_id, check_text, relay, resubmit};
 use super::visitor::{MAX_CLIENT_ID_BYTES, Web, visitor, visitor_write};
-use crate::connector::App;
+use crate::app::App;
 use crate::error::WebchatError;
 use crate::store::{
     Author, ChatEntry, EntryFile, EntryStatus, QuotaRefusal, UploadReservation, random_hex,

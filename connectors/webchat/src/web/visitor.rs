@@ -4,7 +4,7 @@
 
 use super::admission::JoinRate;
 use super::guard::{JoinThrottle, VisitorLimits};
-use crate::connector::App;
+use crate::app::App;
 use crate::error::WebchatError;
 use crate::guess::Refused;
 use axum::Json;
