@@ -539,6 +539,23 @@ impl ModuleGraph {
     }
 }
 
+/// The whole check of a crate's `tests/module_layers.rs`: every `crate::` path resolves, no
+/// two files import each other in a circle, and nothing imports a module listed above it in
+/// the layer table. Panics with every finding.
+pub fn assert_layered(src: &Path, name: &str) {
+    let graph = ModuleGraph::read(src, name);
+    assert!(graph.unresolved().is_empty(), "unresolved paths:\n{}", graph.unresolved().join("\n"));
+    if let Some(cycle) = graph.cycle() {
+        panic!("{cycle}");
+    }
+    let violations = graph.layer_violations();
+    assert!(
+        violations.is_empty(),
+        "imports against the layer table of {name}:\n{}",
+        violations.join("\n")
+    );
+}
+
 /// A cycle in the graph, if any, as the list of its modules (first repeated at the end).
 fn find_cycle(edges: &BTreeMap<ModPath, BTreeSet<ModPath>>) -> Option<Vec<ModPath>> {
     #[derive(Clone, Copy, PartialEq)]
