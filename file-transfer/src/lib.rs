@@ -99,22 +99,50 @@
 //!   once the transaction that completes it commits, the capacity totals checked in the
 //!   database (they hold across replicas), an upload idle for
 //!   [`StoreConfig::upload_idle_timeout`] taken for a dead replica's and deleted.
+//!
+//! ## Modules and which way they depend
+//!
+//! Rows are listed top first: a module imports only its own row and rows below it, and no two
+//! files import each other in a circle (`tests/module_layers.rs` checks both).
+//!
+//! **The store and its HTTP face.**
+//!
+//! | module | holds |
+//! |---|---|
+//! | `http` | [`router`], [`TransferState`]: the upload and download handlers |
+//! | `store` | [`FileStore`]: the store's operations over a backend |
+//! | `pending` | [`NewFile`], [`PendingFile`]: a file being written, and what it shares with its store |
+//!
+//! **What the store stands on.**
+//!
+//! | module | holds |
+//! |---|---|
+//! | `backend` | [`FileBackend`] and its directory and PostgreSQL implementations |
+//! | `record` | [`FileRecord`], [`RegisteredFile`], [`CleanupReport`], [`StoreUsage`] |
+//! | `config` | [`StoreConfig`], its defaults, the backend's [`backend::Quota`] |
+//! | `signer`, `ids`, `media` | signed URLs, `file_ref` syntax, media types |
+//! | `error` | [`TransferError`] |
 
 pub mod backend;
+mod config;
 mod error;
 mod http;
 mod ids;
 pub mod media;
+mod pending;
+mod record;
 mod signer;
 mod store;
 
 pub use backend::{FileBackend, FileReader};
+pub use config::{
+    DEFAULT_CLEANUP_INTERVAL, DEFAULT_FILE_TTL, DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_FILES,
+    DEFAULT_MAX_TOTAL_BYTES, DEFAULT_UPLOAD_IDLE_TIMEOUT, StoreConfig,
+};
 pub use error::TransferError;
 pub use http::{ChannelDirectory, DEFAULT_MAX_UPLOAD_BYTES, TransferState, router};
 pub use ids::{FILE_REF_PREFIX, is_well_formed as is_well_formed_file_ref, new_file_ref};
+pub use pending::{NewFile, PendingFile};
+pub use record::{CleanupReport, FileRecord, RegisteredFile, StoreUsage};
 pub use signer::{DEFAULT_URL_LIFETIME, MIN_SECRET_BYTES, SignatureError, SignedUrl, UrlSigner};
-pub use store::{
-    CleanupReport, DEFAULT_CLEANUP_INTERVAL, DEFAULT_FILE_TTL, DEFAULT_MAX_FILE_BYTES,
-    DEFAULT_MAX_FILES, DEFAULT_MAX_TOTAL_BYTES, DEFAULT_UPLOAD_IDLE_TIMEOUT, FileRecord, FileStore,
-    NewFile, PendingFile, RegisteredFile, StoreConfig, StoreUsage,
-};
+pub use store::FileStore;

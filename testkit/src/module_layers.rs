@@ -429,11 +429,14 @@ pub struct ModuleGraph {
 }
 
 impl ModuleGraph {
-    /// Reads the crate whose sources are under `src` (`src/lib.rs` and every file below);
+    /// Reads the crate whose sources are under `src` (`src/lib.rs` or `src/main.rs` and every
+    /// file below but `src/bin/`);
     /// `name` is used in messages.
     pub fn read(src: &Path, name: &str) -> Self {
         let mut files = Vec::new();
         rust_files(src, &mut files);
+        // `src/bin/` holds other crates (binaries), not modules of this one.
+        files.retain(|file| !file.starts_with(src.join("bin")));
         files.sort();
         let mut sources: BTreeMap<ModPath, String> = BTreeMap::new();
         for file in &files {
@@ -534,6 +537,23 @@ impl ModuleGraph {
         }
         violations
     }
+}
+
+/// The whole check of a crate's `tests/module_layers.rs`: every `crate::` path resolves, no
+/// two files import each other in a circle, and nothing imports a module listed above it in
+/// the layer table. Panics with every finding.
+pub fn assert_layered(src: &Path, name: &str) {
+    let graph = ModuleGraph::read(src, name);
+    assert!(graph.unresolved().is_empty(), "unresolved paths:\n{}", graph.unresolved().join("\n"));
+    if let Some(cycle) = graph.cycle() {
+        panic!("{cycle}");
+    }
+    let violations = graph.layer_violations();
+    assert!(
+        violations.is_empty(),
+        "imports against the layer table of {name}:\n{}",
+        violations.join("\n")
+    );
 }
 
 /// A cycle in the graph, if any, as the list of its modules (first repeated at the end).

@@ -1,6 +1,6 @@
 //! `cargo xtask bench-scale`: resident memory per idle open channel, and restore time.
 //!
-//! The echo Connector runs as its own process (`server-runtime/examples/echo_connector.rs`),
+//! The echo Connector runs as its own process (`testkit/examples/echo_connector.rs`),
 //! so its resident memory (`/proc/<pid>/statm`) is its alone. One client socket says hello,
 //! then opens and signs in channels in pipelined batches up to each step (10,000 and 100,000;
 //! `--quick`: 1,000 and 5,000). After each step the Connector's RSS is read after a pause;
@@ -32,7 +32,7 @@ use xagent_protocol_types::{ChatMessage, MessageId, Packet};
 use crate::bench_support::{
     API_KEY, Flags, PacketSocket, machine, print_table, rss_of, temp_dir, warn_if_debug,
 };
-use crate::chaos::{
+use crate::chaos::harness::{
     build_examples, connector_pid, connector_wrap, free_port, spawn_connector, stop_connector,
 };
 

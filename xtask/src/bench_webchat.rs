@@ -39,7 +39,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
     let raw_period = Duration::from_secs(if flags.quick { 1 } else { 3 });
     let bin = crate::bench_support::xagent_connector(root)?;
     let dir = temp_dir("bench-webchat")?;
-    let port = crate::chaos::free_port()?;
+    let port = crate::chaos::harness::free_port()?;
     let mut child = spawn_webchat(&bin, &dir.join("state"), port)?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

@@ -19,6 +19,25 @@
 //! - `fuzz --seconds N [--target T]`: runs every cargo-fuzz target in `fuzz/` for N seconds.
 //! - `attack [--quick] [--json]`: every finding of the im.webchat attack run (issue 14) against
 //!   a freshly started `xagent-connector webchat`, loopback only; fails if any attack works.
+//!
+//! ## Modules and which way they depend
+//!
+//! Rows are listed top first: a module imports only its own row and rows below it, and no two
+//! files import each other in a circle (`tests/module_layers.rs` checks both).
+//!
+//! **Tasks.**
+//!
+//! | module | holds |
+//! |---|---|
+//! | `bench_scale`, `bench_webchat` | benchmarks that start the chaos harness's processes |
+//! | `attack`, `chaos`, `bench_isolation`, `bench_ws`, `bench_decode`, `codegen`, `fuzz` | one task each |
+//!
+//! **What the tasks share.**
+//!
+//! | module | holds |
+//! |---|---|
+//! | `bench_durable` | the durable benchmark and its signed-in channels and client settings |
+//! | `bench_support`, `cpu_limit` | flags, tables, processes, sockets and CPU measures; cgroup CPU quotas |
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,8 +54,6 @@ mod bench_support;
 mod bench_webchat;
 mod bench_ws;
 mod chaos;
-mod chaos_cluster;
-mod chaos_matrix;
 mod codegen;
 mod cpu_limit;
 mod fuzz;

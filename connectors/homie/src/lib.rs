@@ -54,6 +54,27 @@
 //! assert_eq!(set["confirmed"], true);
 //! # Ok(()) }
 //! ```
+//!
+//! ## Modules and which way they depend
+//!
+//! Rows are listed top first: a module imports only its own row and rows below it, and no two
+//! files import each other in a circle (`tests/module_layers.rs` checks both).
+//!
+//! **The Connector and its users.**
+//!
+//! | module | holds |
+//! |---|---|
+//! | `connector`, `sim`, `testing` | the Connector definition; simulated devices; the test broker |
+//! | `handover` | watches handed over between replicas |
+//!
+//! **The broker link and the device model.**
+//!
+//! | module | holds |
+//! |---|---|
+//! | `link` | the MQTT link to the broker: watches, sets and their confirmations |
+//! | `pin` | a device's pinned description and the snapshot extension |
+//! | `pairing`, `pending`, `tree` | pairing codes; sets awaiting confirmation; a device's tree |
+//! | `model`, `presence`, `error` | Homie's ids, datatypes and states; presence; [`HomieError`] |
 
 pub mod connector;
 pub mod error;

@@ -5,7 +5,7 @@ use xagent_protocol_types::ErrorCode;
 use xagent_server_runtime::storage::StorageError;
 use xagent_server_runtime::{DefinitionError, HandleError, ServerError};
 
-use crate::pairing::PairingError;
+use crate::pairing_error::PairingError;
 
 /// What can go wrong in the webchat Connector. Messages say what to do and never contain an
 /// access code or token.

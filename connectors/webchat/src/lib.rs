@@ -33,6 +33,35 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Modules and which way they depend
+//!
+//! Rows are listed top first: a module imports only its own row and rows below it, and no two
+//! files import each other in a circle (`tests/module_layers.rs` checks both).
+//!
+//! **The replica's tasks and the visitor side.**
+//!
+//! | module | holds |
+//! |---|---|
+//! | `ticks`, `follow` | background tasks: delivery states from the outbox and the sweep; other replicas' room news |
+//! | `web` | the page, its API and event streams, the visitor limits |
+//! | `legacy` | the move of an older version's database |
+//!
+//! **The Connector and the room state.**
+//!
+//! | module | holds |
+//! |---|---|
+//! | `connector` | the definition: the Card, the IM target, the registration of flows and Tools |
+//! | `flows`, `tools` | the auth flows binding a channel to a room; the Tools |
+//! | `app` | `App`, what every part of a replica shares |
+//! | `messages` | every room's conversation in the author store |
+//! | `pairing`, `hub` | the QR pairing flow; the pages' live state per room |
+//! | `live`, `qr` | the room news hint; QR codes |
+//! | `store` | rooms, sessions, uploads and limits in the author store |
+//! | `guess` | the one limiter on guessing a room's secrets |
+//! | `quota`, `rate`, `names` | the daily upload allowance; the burst-then-interval rule; the Connector's names |
+//! | `error` | [`WebchatError`] |
+//! | `pairing_error` | [`PairingError`] |
+//!
 //! ## Decisions where the protocol texts are silent
 //!
 //! - **One channel per room, one room per channel.** A room is served by one channel at a
@@ -75,18 +104,25 @@
 //!   window.
 //! - The Connector is served at the root of its origin (no Base URL path prefix).
 
+mod app;
 mod connector;
 mod error;
+mod flows;
+mod follow;
 mod guess;
 mod hub;
 mod legacy;
 mod live;
 mod messages;
+mod names;
 mod pairing;
+mod pairing_error;
 mod qr;
+mod quota;
 mod rate;
 mod store;
 mod ticks;
+mod tools;
 mod web;
 
 use std::future::Future;
@@ -97,24 +133,24 @@ use std::time::Duration;
 use xagent_protocol_types::{Clock, ConnectorCard, Secret, SystemClock};
 use xagent_server_runtime::{CancellationToken, ConnectorHandle, ConnectorServer, RuntimeConfig};
 
-pub use connector::{
-    CARD_ID, FileSendArgs, MessageSendArgs, PROVIDER, QR_FLOW, ROOM_FLOW, SKILL, TOOL_FILE_SEND,
-    TOOL_MESSAGE_SEND,
-};
 pub use error::WebchatError;
 pub use guess::{GuessPolicy, Refused};
 pub use hub::{Activity, Draft, RoomEvent};
 pub use legacy::{LegacyImport, import_legacy_state, migrated_path};
-pub use pairing::{PAIRING_LINK_TTL_MILLIS, PairingError};
+pub use names::{CARD_ID, PROVIDER, QR_FLOW, ROOM_FLOW, SKILL, TOOL_FILE_SEND, TOOL_MESSAGE_SEND};
+pub use pairing::PAIRING_LINK_TTL_MILLIS;
+pub use pairing_error::PairingError;
 pub use qr::{qr_data_url, qr_png};
+pub use quota::UploadQuota;
 pub use store::MIN_ACCESS_CODE_CHARS;
 pub use store::{
     Author, ChatEntry, EntryFile, EntryStatus, HISTORY_LIMIT, WEBCHAT_DATABASE_FILE,
     room_id_from_name,
 };
-pub use web::{MAX_PAGE_UPLOAD_BYTES, MAX_TEXT_CHARS, UploadQuota, VisitorLimits};
+pub use tools::{FileSendArgs, MessageSendArgs};
+pub use web::{MAX_PAGE_UPLOAD_BYTES, MAX_TEXT_CHARS, VisitorLimits};
 
-use connector::App;
+use app::App;
 use store::Store;
 
 /// How to run the Connector.
@@ -271,7 +307,7 @@ impl Webchat {
             .task(move |handle, shutdown| until(shutdown, ticks::sweep_stranded(sweep, handle)))
             .task(move |handle, shutdown| until(shutdown, watch_presence(presence, handle)))
             // Other replicas' room news reach this one's pages.
-            .task(move |handle, shutdown| until(shutdown, live::follow(follow, handle)));
+            .task(move |handle, shutdown| until(shutdown, follow::follow(follow, handle)));
         if let Some(key) = options.api_key.clone() {
             builder = builder.api_key(key);
         }

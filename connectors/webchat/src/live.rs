@@ -3,18 +3,11 @@
 //! tells every replica through the runtime's cluster broadcast ([`TOPIC`]), as a write in the
 //! very transaction that stores the change (so a replica dying right after its commit cannot
 //! leave the others' pages behind); each replica reads the change from the author store and
-//! pushes it to its pages. The broadcast carries a hint
+//! pushes it to its pages (`follow.rs`). The broadcast carries a hint
 //! only (`{origin} {room_id} {message_id}`, far below its 1 KiB): what a page shows always
 //! comes from the stored record, so a hint delivered twice shows the same message twice (the
 //! page upserts by `message_id`), and a page whose replica missed a hint gets the message in
 //! the snapshot of its next (re)connect, on any replica.
-
-use std::sync::Arc;
-
-use tokio::sync::broadcast::error::RecvError;
-use xagent_server_runtime::ConnectorHandle;
-
-use crate::connector::App;
 
 /// The broadcast topic of room news.
 pub(crate) const TOPIC: &str = "webchat.news";
@@ -33,35 +26,6 @@ pub(crate) fn parse(text: &str) -> Option<(&str, &str, &str)> {
         && !message.is_empty()
         && !message.contains(' '))
     .then_some((origin, room, message))
-}
-
-/// Follows the other replicas' hints until the runtime stops.
-pub(crate) async fn follow(app: Arc<App>, handle: ConnectorHandle) {
-    let mut hints = handle.subscribe_broadcast();
-    loop {
-        match hints.recv().await {
-            Ok(hint) if hint.topic == TOPIC => apply(&app, &hint.message).await,
-            Ok(_) => {}
-            Err(RecvError::Lagged(missed)) => {
-                tracing::warn!(missed, "room news were missed; pages catch up when they reconnect");
-            }
-            Err(RecvError::Closed) => return,
-        }
-    }
-}
-
-/// Pushes the message a hint names to this replica's pages of its room (read from the store).
-pub(crate) async fn apply(app: &App, text: &str) {
-    let Some((origin, room_id, message_id)) = parse(text) else { return };
-    if origin == app.origin || !app.hub.is_watched(room_id) {
-        return;
-    }
-    let Ok(messages) = app.messages() else { return };
-    match messages.entry_by_id(message_id).await {
-        Ok(Some((room, entry))) if room == room_id => app.hub.message(room_id, entry),
-        Ok(_) => {}
-        Err(error) => tracing::warn!(%error, "a room's news could not be read"),
-    }
 }
 
 #[cfg(test)]

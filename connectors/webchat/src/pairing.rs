@@ -26,6 +26,7 @@ use xagent_server_runtime::storage::StorageError;
 use xagent_server_runtime::{AuthorScan, AuthorStore, AuthorStoreError, AuthorWrite};
 
 use crate::error::WebchatError;
+use crate::pairing_error::PairingError;
 use crate::store::{SESSION_PRUNE_BATCH, hash_token, random_hex};
 
 /// How long a pairing link can be opened and confirmed (5 minutes).
@@ -106,20 +107,6 @@ pub struct PairingClaim {
     pub channel: ConnectorChannelId,
     /// A name for the new room that says nothing of the token.
     pub suggested_room_name: String,
-}
-
-/// Why a step on the page failed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PairingError {
-    /// No session has this link (never issued, replaced by a refresh, or already used).
-    #[error("this pairing link is not valid; ask for a new QR code")]
-    Unknown,
-    /// The link expired.
-    #[error("this pairing link has expired; ask for a new QR code")]
-    Expired,
-    /// The link was already confirmed (or is being confirmed in another window).
-    #[error("this pairing link was already used")]
-    Used,
 }
 
 /// The open pairings of every replica, in the author store.

@@ -941,7 +941,7 @@ impl Store {
         &self,
         room_id: &str,
         want: u64,
-        quota: &crate::web::UploadQuota,
+        quota: &crate::quota::UploadQuota,
         now: u64,
     ) -> Result<Result<UploadReservation, QuotaRefusal>, WebchatError> {
         let _turn = self.reserving.lock().await;
@@ -1055,7 +1055,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::web::UploadQuota;
+    use crate::quota::UploadQuota;
 
     #[test]
     fn room_ids_are_url_safe_slugs() {

@@ -24,7 +24,7 @@ use xagent_profile_im::{DEFAULT_TTL_MS, OutboxEvent};
 use xagent_protocol_types::{ChatMessage, ConnectorChannelId};
 use xagent_server_runtime::ConnectorHandle;
 
-use crate::connector::App;
+use crate::app::App;
 use crate::error::WebchatError;
 use crate::messages::StatusUpdate;
 use crate::store::EntryStatus;

@@ -24,7 +24,7 @@ use xagent_protocol_types::{ConnectorChannelId, FileRef};
 use super::{FileBackend, FileReader, Quota, UploadSink};
 use crate::TransferError;
 use crate::ids::is_well_formed;
-use crate::store::{CleanupReport, FileRecord, NOT_FOUND, StoreUsage};
+use crate::record::{CleanupReport, FileRecord, NOT_FOUND, StoreUsage};
 
 /// Largest sidecar read at startup; anything bigger is treated as corrupt.
 const MAX_SIDECAR_BYTES: u64 = 256 * 1024;

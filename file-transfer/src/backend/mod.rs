@@ -19,20 +19,12 @@ use tokio::io::{AsyncRead, ReadBuf};
 use xagent_protocol_types::{ConnectorChannelId, FileRef};
 
 use crate::TransferError;
-use crate::store::{CleanupReport, FileRecord, StoreUsage};
+pub use crate::config::Quota;
+use crate::record::{CleanupReport, FileRecord, StoreUsage};
 
 pub use dir::DirBackend;
 #[cfg(feature = "postgres")]
 pub use postgres::{COMPONENT as POSTGRES_COMPONENT, PostgresBackend};
-
-/// Capacity totals a backend enforces over every file it holds, finished and in progress.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Quota {
-    /// Total bytes of all files.
-    pub max_total_bytes: u64,
-    /// Number of files.
-    pub max_files: usize,
-}
 
 /// Persistence of a [`FileStore`](crate::FileStore): records, bytes, capacity and visibility.
 ///

@@ -22,7 +22,9 @@ use xagent_protocol_types::{
 };
 
 use crate::TransferError;
-use crate::store::{FileRecord, FileStore, Gather, NewFile, PendingFile};
+use crate::pending::{Gather, NewFile, PendingFile};
+use crate::record::FileRecord;
+use crate::store::FileStore;
 use range::RangeAnswer;
 
 /// Default largest upload: 100 MiB.

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use super::guard::{VisitorLimits, addr_key};
+use crate::quota::UploadQuota;
 use crate::rate::CellRate;
 
 /// How many addresses the join rate keeps before forgetting those whose burst is full again.
@@ -61,19 +62,6 @@ fn join_rate(limits: &VisitorLimits) -> Option<CellRate> {
         burst: limits.joins_per_address_burst.max(1),
         interval_millis: (60_000 / u64::from(limits.joins_per_address_per_minute)).max(1),
     })
-}
-
-/// The daily visitor upload allowance as the quota check uses it: one room's and everybody's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UploadQuota {
-    /// Bytes one room may upload per day.
-    pub room_bytes: u64,
-    /// Files one room may upload per day.
-    pub room_files: u64,
-    /// Bytes all visitors may upload per day.
-    pub all_bytes: u64,
-    /// Files all visitors may upload per day.
-    pub all_files: u64,
 }
 
 impl VisitorLimits {

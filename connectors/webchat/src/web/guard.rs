@@ -3,6 +3,11 @@
 
 use std::net::IpAddr;
 
+/// Largest file a visitor can upload from the page (25 MiB, [`VisitorLimits::max_upload_bytes`]).
+pub const MAX_PAGE_UPLOAD_BYTES: usize = 25 * 1024 * 1024;
+/// Longest text a visitor can send ([`VisitorLimits::max_text_chars`]).
+pub const MAX_TEXT_CHARS: usize = 16_000;
+
 use crate::guess::{GuessLimiter, GuessPolicy, Refused};
 
 /// Every limit the chat page's API enforces, with its default. SECURITY.md lists them.
@@ -84,9 +89,9 @@ impl VisitorLimits {
 impl Default for VisitorLimits {
     fn default() -> Self {
         Self {
-            max_text_chars: super::MAX_TEXT_CHARS,
+            max_text_chars: MAX_TEXT_CHARS,
             max_json_bytes: 64 * 1024,
-            max_upload_bytes: super::MAX_PAGE_UPLOAD_BYTES as u64,
+            max_upload_bytes: MAX_PAGE_UPLOAD_BYTES as u64,
             concurrent_uploads: 4,
             room_upload_bytes_per_day: 256 * 1024 * 1024,
             room_upload_files_per_day: 500,

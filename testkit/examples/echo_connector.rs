@@ -2,7 +2,7 @@
 //! scale benchmark: it can be killed with `kill -9` and restarted on the same state directory.
 //!
 //! ```text
-//! cargo run --release -p xagent-server-runtime --example echo_connector -- \
+//! cargo run --release -p xagent-testkit --example echo_connector -- \
 //!     --state-dir /tmp/echo --port 8080 [--api-key KEY] [--per-channel N] [--rate R] [--loop] \
 //!     [--max-channels N]
 //! ```

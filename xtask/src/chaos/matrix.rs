@@ -26,7 +26,7 @@ use xagent_protocol_types::{AuthStart, AuthStatus, AuthStatusRequest, PROFILE_IM
 use xagent_testkit::synapse::TestSynapse;
 
 use crate::bench_support::{Flags, print_table, temp_dir};
-use crate::chaos::Rng;
+use crate::chaos::harness::Rng;
 
 const KEY: &str = "sk-chaos-matrix-6e0b3a";
 
@@ -40,7 +40,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
     let mut flags = Flags::parse(args);
     flags.switch("--matrix");
     flags.only(&["--seed"])?;
-    let seed = crate::chaos::seed(&flags)?;
+    let seed = crate::chaos::harness::seed(&flags)?;
     let sizes = if flags.quick {
         Sizes { messages: 40, kills: 2 }
     } else {
@@ -54,7 +54,15 @@ pub fn run(root: &Path, args: &[String]) -> Result<std::process::ExitCode> {
         if outcome["pass"].as_bool() == Some(true) { vec![] } else { vec!["matrix-kill"] };
     let mut results = Map::new();
     results.insert("matrix-kill".into(), outcome);
-    crate::chaos::finish("chaos_matrix", results, seed, flags.quick, &failed, flags.json, print)
+    crate::chaos::harness::finish(
+        "chaos_matrix",
+        results,
+        seed,
+        flags.quick,
+        &failed,
+        flags.json,
+        print,
+    )
 }
 
 fn print(result: &Value) {
