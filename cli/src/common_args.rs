@@ -63,7 +63,7 @@ impl ServerArgs {
 
     /// Binds `--listen`: the listener and the URL a local browser reaches it at.
     pub(crate) async fn bind(&self) -> Result<(tokio::net::TcpListener, String), String> {
-        crate::webchat::bind(&self.listen)
+        bind(&self.listen)
             .await
             .map_err(|error| format!("cannot listen on {}: {error}", self.listen))
     }
@@ -86,4 +86,18 @@ impl FlowArgs {
     pub(crate) fn inputs(&self) -> Result<AuthInput, String> {
         crate::parse_inputs(&self.inputs)
     }
+}
+
+/// Binds `listen` and returns the listener and the URL a local browser reaches it at.
+pub(crate) async fn bind(listen: &str) -> std::io::Result<(tokio::net::TcpListener, String)> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let address = listener.local_addr()?;
+    let host = if address.ip().is_unspecified() {
+        "127.0.0.1".to_owned()
+    } else if address.is_ipv6() {
+        format!("[{}]", address.ip())
+    } else {
+        address.ip().to_string()
+    };
+    Ok((listener, format!("http://{host}:{}", address.port())))
 }

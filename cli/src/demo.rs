@@ -27,7 +27,8 @@ use xagent_protocol_types::{
 };
 
 use crate::EXIT_USAGE;
-use crate::webchat::{bind, init_logs};
+use crate::common_args::bind;
+use crate::webchat::init_logs;
 
 /// Options of `demo`.
 #[derive(Debug, Args)]

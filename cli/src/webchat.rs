@@ -138,20 +138,6 @@ impl CapArgs {
     }
 }
 
-/// Binds `listen` and returns the listener and the URL a local browser reaches it at.
-pub(crate) async fn bind(listen: &str) -> std::io::Result<(tokio::net::TcpListener, String)> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    let address = listener.local_addr()?;
-    let host = if address.ip().is_unspecified() {
-        "127.0.0.1".to_owned()
-    } else if address.is_ipv6() {
-        format!("[{}]", address.ip())
-    } else {
-        address.ip().to_string()
-    };
-    Ok((listener, format!("http://{host}:{}", address.port())))
-}
-
 /// Logs text to stderr (colour codes only at a terminal); `RUST_LOG` overrides the default
 /// level.
 pub(crate) fn init_logs(default: &str) {

@@ -295,7 +295,16 @@ impl XagentStore for SqliteXagentStore {
             return ready(Ok(()));
         }
         let (answer, ticket) = Submitted::pair();
-        self.writer.submit_with(Batch { fence, writes }, move |result| answer.answer(result));
+        let batch = Batch { fence, writes };
+        // Waiting for the disk is blocking work: inside a runtime it waits on the blocking pool,
+        // which also keeps a paused test clock from jumping ahead while the writer commits.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let writer = Arc::clone(&self.writer);
+                runtime.spawn_blocking(move || answer.answer(writer.write_blocking(batch)));
+            }
+            Err(_) => self.writer.submit_with(batch, move |result| answer.answer(result)),
+        }
         ticket
     }
 

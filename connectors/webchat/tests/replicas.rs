@@ -167,9 +167,7 @@ async fn a_page_on_one_replica_sees_the_agents_reply_and_a_visitors_message_made
 type Received = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
 
 /// Accepts every visitor message xAgent receives, counting them by id.
-fn accept_all(
-    mut events: xagent_client_runtime::Events,
-) -> Received {
+fn accept_all(mut events: xagent_client_runtime::Events) -> Received {
     let received = Received::default();
     let counts = received.clone();
     tokio::spawn(async move {
@@ -205,7 +203,9 @@ async fn visitor_messages_the_killed_socket_holder_delivered_end_delivered_on_th
     // xAgent's socket goes to B: A is out of the rotation until B is killed.
     lb.admin_command("disable server replicas/b0").await.expect("admin");
     let base = xagent_client_runtime::BaseUrl::parse(&lb.url()).expect("base");
-    let (plane, events) = xagent_client_runtime::DataPlane::connect(support::client_config(base)).await.expect("the data plane starts");
+    let (plane, events) = xagent_client_runtime::DataPlane::connect(support::client_config(base))
+        .await
+        .expect("the data plane starts");
     tokio::time::timeout(Duration::from_secs(10), plane.connected())
         .await
         .expect("connects in time")

@@ -14,10 +14,7 @@ use support::{
 };
 
 /// Accepts every message arriving within `window` (as xAgent would) and returns their ids.
-async fn accept_for(
-    events: &mut Events,
-    window: Duration,
-) -> Vec<String> {
+async fn accept_for(events: &mut Events, window: Duration) -> Vec<String> {
     let mut got = Vec::new();
     let deadline = tokio::time::Instant::now() + window;
     loop {
@@ -73,7 +70,8 @@ async fn unacknowledged_visitor_messages_arrive_exactly_once_after_a_restart() {
     let server = restart(server, &dir).await;
 
     // xAgent comes back and reopens its channel.
-    let (plane, mut events) = DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
+    let (plane, mut events) =
+        DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
     plane.connected().await.expect("reconnects");
     let reopened = plane.open_channel(Some(&channel)).await.expect("reopen");
     assert_eq!(reopened.connector_channel_id, channel, "the channel survived the restart");
@@ -102,7 +100,8 @@ async fn unacknowledged_visitor_messages_arrive_exactly_once_after_a_restart() {
 
     // Another restart: acknowledged messages are never sent again.
     let server = restart(server, &dir).await;
-    let (plane, mut events) = DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
+    let (plane, mut events) =
+        DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
     plane.connected().await.expect("reconnects");
     plane.open_channel(Some(&channel)).await.expect("reopen");
     let again = accept_for(&mut events, Duration::from_millis(1500)).await;
@@ -170,7 +169,8 @@ async fn m4_a_message_stored_but_never_queued_is_delivered_on_retry_and_after_a_
         .expect("stored");
     legacy_orphan(&dir, "msg_web_orphan_3", "c-orphan-3");
     let server = restart(server, &dir).await;
-    let (plane, mut events) = DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
+    let (plane, mut events) =
+        DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
     plane.connected().await.expect("reconnects");
     plane.open_channel(Some(&channel)).await.expect("reopen");
     plane.remember_channel(channel.clone()).await;

@@ -4,9 +4,7 @@
 
 use std::sync::Arc;
 
-use xagent_profile_im::{
-    AckOutcome, ActivityAction, Admission, DeltaAction, FinalAction,
-};
+use xagent_profile_im::{AckOutcome, ActivityAction, Admission, DeltaAction, FinalAction};
 use xagent_protocol_types::{
     ChatMessage, ChatMessageAck, ConnectorChannelId, ErrorCode, Packet, PacketBody, WireError,
 };

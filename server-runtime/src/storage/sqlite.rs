@@ -94,12 +94,7 @@ impl SqliteStorage {
         group::create_schema(&mut conn)?;
         let conn = Arc::new(Mutex::new(conn));
         let group = GroupCommit::start(conn.clone(), GroupCommitConfig::default())?;
-        Ok(Self {
-            conn,
-            writer: Arc::new(group),
-            path: None,
-            synchronous: Synchronous::default(),
-        })
+        Ok(Self { conn, writer: Arc::new(group), path: None, synchronous: Synchronous::default() })
     }
 
     /// The database file, if not in memory.

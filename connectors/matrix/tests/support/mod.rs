@@ -97,7 +97,8 @@ pub fn client_config(base: BaseUrl) -> ClientConfig {
 }
 
 pub async fn connect(server: &Server) -> (DataPlane, Events) {
-    let (plane, events) = DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
+    let (plane, events) =
+        DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
     tokio::time::timeout(Duration::from_secs(10), plane.connected())
         .await
         .expect("connects in time")
@@ -155,9 +156,7 @@ pub async fn next_event(
 }
 
 /// The next inbound `chat.message` (accepted once read).
-pub async fn next_chat(
-    events: &mut Events,
-) -> xagent_protocol_types::ChatMessage {
+pub async fn next_chat(events: &mut Events) -> xagent_protocol_types::ChatMessage {
     match next_event(events, |e| matches!(e, ClientEvent::ChatMessage(_))).await {
         ClientEvent::ChatMessage(inbound) => {
             let message = inbound.message.clone();

@@ -187,7 +187,8 @@ pub fn client_config(base: BaseUrl) -> ClientConfig {
 }
 
 pub async fn connect(server: &Server) -> (DataPlane, Events) {
-    let (plane, events) = DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
+    let (plane, events) =
+        DataPlane::connect(client_config(server.base())).await.expect("the data plane starts");
     tokio::time::timeout(Duration::from_secs(10), plane.connected())
         .await
         .expect("connects in time")
