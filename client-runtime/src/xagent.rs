@@ -42,6 +42,7 @@ use crate::{BaseUrl, ClientError, DurableAdmission, admit, admit_durably};
 /// the Card snapshot).
 #[derive(Clone, Default)]
 #[non_exhaustive]
+#[allow(clippy::large_enum_variant, reason = "built once per process and moved into start()")]
 pub enum Store {
     /// In memory: a restart forgets everything (the default).
     #[default]
