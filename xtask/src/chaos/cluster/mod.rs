@@ -34,7 +34,7 @@
 //! `--quick` is small (about 1,000 messages, 10 channels, one kill of each kind) for CI;
 //! `--only xagent|connector`, `--seed N`, `--json` as in `cargo xtask chaos`.
 //!
-//! Each scenario has its file ([`xagent_side`], [`connector_side`], [`throughput`]) over the
+//! Each scenario has its file ([`mod@xagent_side`], [`mod@connector_side`], [`mod@throughput`]) over the
 //! processes and clients of [`harness`] and the page bookkeeping of [`page`].
 
 mod connector_side;
