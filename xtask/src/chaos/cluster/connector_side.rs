@@ -4,7 +4,9 @@ use super::harness::{
     Agent, Cluster, Replica, Sizes, Stop, TOOL_DEADLINE_MS, TTL_MS, cluster_health_line, now_ms,
     percentiles, tokio_util_stop,
 };
-use super::page::{Call, Ledger, Page, Visitor, by_text, doubles, room_contents, watch_page};
+use super::page::{
+    Call, Ledger, Page, Visitor, by_text, doubled_and_late, doubles, room_contents, watch_page,
+};
 use crate::bench_support::temp_dir;
 use crate::chaos::harness::Rng;
 use anyhow::{Result, anyhow};
@@ -431,16 +433,8 @@ impl Rooms {
     fn tools(&self, calls: &[Call]) -> (usize, usize, usize) {
         let key = |c: &Call| (c.room, format!("tool {}", c.id));
         let lost = calls.iter().filter(|c| c.ok && !self.texts.contains_key(&key(c))).count();
-        let (mut doubled, mut late) = (0, 0);
-        for call in calls {
-            let Some(times) = self.texts.get(&key(call)) else { continue };
-            if times.len() > 1 {
-                doubled += 1;
-            }
-            if times.iter().any(|t| *t > call.started + TOOL_DEADLINE_MS) {
-                late += 1;
-            }
-        }
+        let (doubled, late) =
+            doubled_and_late(calls.iter().map(|c| (self.texts.get(&key(c)), c.started)));
         (lost, doubled, late)
     }
 }

@@ -1,9 +1,7 @@
 //! The **xagent-holder-kill** scenario (see the module above).
 
-use super::harness::{
-    Mock, Replica, Reports, Sizes, TOOL_DEADLINE_MS, TTL_MS, now_ms, percentiles, tokio_util_stop,
-};
-use super::page::{Page, Visitor, by_text, doubles, room_contents, watch_page};
+use super::harness::{Mock, Replica, Reports, Sizes, TTL_MS, now_ms, percentiles, tokio_util_stop};
+use super::page::{Page, Visitor, by_text, doubled_and_late, doubles, room_contents, watch_page};
 use crate::bench_support::temp_dir;
 use crate::chaos::harness::Rng;
 use anyhow::{Result, anyhow, bail};
@@ -272,16 +270,8 @@ impl Side<'_> {
             .collect();
         let lost_tools =
             tools_ok.iter().filter(|c| !shown.contains_key(&format!("tool {c}"))).count();
-        let (mut doubled_tools, mut late_tools) = (0, 0);
-        for (call, started_at) in &starts {
-            let Some(times) = shown.get(&format!("tool {call}")) else { continue };
-            if times.len() > 1 {
-                doubled_tools += 1;
-            }
-            if times.iter().any(|t| *t > started_at + TOOL_DEADLINE_MS) {
-                late_tools += 1;
-            }
-        }
+        let (doubled_tools, late_tools) =
+            doubled_and_late(starts.iter().map(|(c, at)| (shown.get(&format!("tool {c}")), *at)));
         let queued: Vec<String> = (self.lines("queued").iter())
             .filter_map(|(_, v)| v["message_id"].as_str().map(str::to_owned))
             .collect();
