@@ -2,7 +2,7 @@
 //! stream, and the bookkeeping that turns what pages and mocks saw into lost, doubled and
 //! missed counts.
 
-use super::harness::{Stop, access_code, now_ms};
+use super::harness::{Stop, TOOL_DEADLINE_MS, access_code, now_ms};
 use anyhow::{Context, Result, anyhow, bail};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -247,6 +247,19 @@ pub(crate) fn doubles(
         }
     }
     (doubled, redelivered)
+}
+
+/// Of Tool calls, each with the creation times of its entries in the room (if any) and its
+/// start: how many the room shows twice, and how many it shows after the call's deadline.
+pub(crate) fn doubled_and_late<'a>(
+    calls: impl Iterator<Item = (Option<&'a Vec<u64>>, u64)>,
+) -> (usize, usize) {
+    let shown: Vec<_> = calls.filter_map(|(times, started)| Some((times?, started))).collect();
+    let doubled = shown.iter().filter(|(times, _)| times.len() > 1).count();
+    let late = (shown.iter())
+        .filter(|(times, started)| times.iter().any(|t| *t > started + TOOL_DEADLINE_MS))
+        .count();
+    (doubled, late)
 }
 
 #[cfg(test)]
