@@ -136,14 +136,20 @@ impl<B: Batch> GroupCommit<B> {
         }
     }
 
-    /// Queues a batch and blocks the calling thread until it is committed (for synchronous
-    /// callers).
-    pub fn write_blocking(&self, batch: B) -> Result<(), B::Error> {
+    /// Queues a batch now, behind every batch queued before it, and returns the wait for its
+    /// answer (which may run on another thread, e.g. an async runtime's blocking pool).
+    pub fn submit(&self, batch: B) -> Committing<B> {
         let (tx, rx) = mpsc::sync_channel(1);
         self.submit_with(batch, move |result| {
             let _ = tx.send(result);
         });
-        rx.recv().unwrap_or_else(|_| Err(B::failed("group commit", STOPPED)))
+        Committing(rx)
+    }
+
+    /// Queues a batch and blocks the calling thread until it is committed (for synchronous
+    /// callers).
+    pub fn write_blocking(&self, batch: B) -> Result<(), B::Error> {
+        self.submit(batch).wait()
     }
 
     /// Counters so far.
@@ -162,6 +168,16 @@ impl<B: Batch> GroupCommit<B> {
         if let Some(thread) = lock(&self.thread).take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// A queued batch's answer, to wait for.
+pub struct Committing<B: Batch>(Receiver<Result<(), B::Error>>);
+
+impl<B: Batch> Committing<B> {
+    /// Blocks until the batch's transaction committed or failed.
+    pub fn wait(self) -> Result<(), B::Error> {
+        self.0.recv().unwrap_or_else(|_| Err(B::failed("group commit", STOPPED)))
     }
 }
 

@@ -34,7 +34,7 @@ mod migrate;
 mod open;
 
 pub use error::SqliteError;
-pub use group_commit::{Batch, GroupCommit, GroupCommitConfig, GroupCommitStats};
+pub use group_commit::{Batch, Committing, GroupCommit, GroupCommitConfig, GroupCommitStats};
 pub use migrate::{Migration, migrate};
 pub use open::{BUSY_TIMEOUT, Synchronous, open, open_in_memory, private_database, private_dir};
 

@@ -296,12 +296,13 @@ impl XagentStore for SqliteXagentStore {
         }
         let (answer, ticket) = Submitted::pair();
         let batch = Batch { fence, writes };
-        // Waiting for the disk is blocking work: inside a runtime it waits on the blocking pool,
-        // which also keeps a paused test clock from jumping ahead while the writer commits.
+        // The batch is queued now, so commits keep the order of the calls. Waiting for the disk
+        // is blocking work: inside a runtime it waits on the blocking pool, which also keeps a
+        // paused test clock from jumping ahead while the writer commits.
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                let writer = Arc::clone(&self.writer);
-                runtime.spawn_blocking(move || answer.answer(writer.write_blocking(batch)));
+                let committing = self.writer.submit(batch);
+                runtime.spawn_blocking(move || answer.answer(committing.wait()));
             }
             Err(_) => self.writer.submit_with(batch, move |result| answer.answer(result)),
         }
