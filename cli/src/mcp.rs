@@ -68,6 +68,12 @@ pub struct McpArgs {
     /// be downloaded from (repeatable); it must resolve to public addresses.
     #[arg(long = "allow-download-origin", value_name = "ORIGIN")]
     download_origins: Vec<String>,
+    /// A JSON file of MCP tool annotations by Tool name, over the ones the bridge derives
+    /// (e.g. {"webchat_message_send": {"destructiveHint": false}}; keys: title, readOnlyHint,
+    /// destructiveHint, idempotentHint, openWorldHint); a Tool the Connector does not have is
+    /// an error naming it.
+    #[arg(long, value_name = "FILE")]
+    tool_annotations: Option<PathBuf>,
 }
 
 fn default_state_dir(base_url: &str) -> PathBuf {
@@ -106,6 +112,13 @@ pub fn run_command(args: McpArgs) -> ExitCode {
         Ok(tls) => tls,
         Err(message) => return crate::usage("mcp", message),
     };
+    let tool_annotations = match &args.tool_annotations {
+        Some(path) => match xagent_mcp::annotations::AnnotationOverrides::load(path) {
+            Ok(overrides) => overrides,
+            Err(error) => return crate::usage("mcp", error),
+        },
+        None => xagent_mcp::annotations::AnnotationOverrides::default(),
+    };
     let state_dir = args.state_dir.unwrap_or_else(|| default_state_dir(&args.base_url));
     // Everything about the HTTP transport is checked before connecting to the Connector.
     let http = match args.http {
@@ -129,6 +142,7 @@ pub fn run_command(args: McpArgs) -> ExitCode {
             download,
             tls,
             database_url: args.database.database_url,
+            tool_annotations,
         },
         state_dir,
     };

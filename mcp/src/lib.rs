@@ -47,7 +47,7 @@
 //! | `http` | the HTTP transport's access control: the bearer token, its file, the loopback rule |
 //! | `link` | the one module that talks to the runtime: admission, the channel, sign-in, calls, events |
 //! | `bridge_files` | the runtime's file source and sink for the bridge |
-//! | `inbox`, `files`, `projection`, `uris` | the inbox, file references, the MCP view of a Card Tool's schema, resource URIs |
+//! | `inbox`, `files`, `projection`, `annotations`, `uris` | the inbox, file references, the MCP view of a Card Tool's schema and its annotations, resource URIs |
 //!
 //! ```
 //! use xagent_client_runtime::upload_refs::model_input_schema;
@@ -70,6 +70,7 @@
 //! assert!(shown["properties"]["file_ref"].get("x-xagent-upload-ref").is_none());
 //! ```
 
+pub mod annotations;
 mod bridge_files;
 pub mod files;
 pub mod http;

@@ -8,6 +8,13 @@
 use serde_json::{Map, Value, json};
 use xagent_client_runtime::upload_refs::upload_ref_properties;
 
+/// Built-in Tool (the runtime's): the bridge's channels.
+pub const TOOL_CHANNELS_LIST: &str = xagent_client_runtime::CHANNELS_LIST_TOOL;
+/// Built-in Tool (the runtime's): send a chat message on an explicit channel.
+pub const TOOL_MESSAGE_SEND: &str = xagent_client_runtime::MESSAGE_SEND_TOOL;
+/// Built-in Tool: wait for the next inbound message.
+pub const TOOL_MESSAGE_WAIT: &str = "connector_message_wait";
+
 /// The argument every Card Tool declares for the channel (the runtime's name for it).
 pub const CHANNEL_ARG: &str = xagent_client_runtime::CHANNEL_ARGUMENT;
 

@@ -13,7 +13,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use xagent_connector_webchat::{ROOM_FLOW, Webchat, WebchatOptions};
-use xagent_mcp::files::AllowedDirs;
 use xagent_mcp::{BridgeConfig, HttpAuth, LinkConfig};
 use xagent_protocol_types::{AuthInput, Secret};
 use xagent_testkit::{Serving, bind_local};
@@ -110,18 +109,13 @@ async fn http_transport_requires_the_bearer_token() {
     });
     let link = xagent_mcp::connect(BridgeConfig {
         link: LinkConfig {
-            base_url: base.clone(),
             api_key: Some(Secret::new(API_KEY)),
             flow: Some(ROOM_FLOW.into()),
             inputs: AuthInput::default()
                 .with("room_name", ROOM)
                 .with("access_code", ACCESS_CODE)
                 .with("owner_code", "owner-code-http-5678"),
-            allowed: AllowedDirs::default(),
-            health_interval: Duration::from_secs(30),
-            download: Default::default(),
-            tls: Default::default(),
-            database_url: None,
+            ..LinkConfig::new(base.clone())
         },
         state_dir: dir.path().join("bridge"),
     })

@@ -15,13 +15,13 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RoleClient, ServiceExt};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt};
 use serde_json::{Map, Value, json};
-use xagent_mcp::files::AllowedDirs;
+use xagent_mcp::annotations::AnnotationOverrides;
 use xagent_mcp::{BridgeConfig, LinkConfig, McpBridge};
 use xagent_protocol_types::{AuthInput, DescriptorTool, ToolStatus};
 use xagent_server_runtime::prelude::{
     AuthStep, Binding, ChatMessage, Connector, ConnectorServer, DescriptorTarget, Deserialize,
-    ErrorCode, FlowSpec, JsonSchema, PROFILE_IM_V2, Secret, TargetDeclaration, TargetType,
-    ToolContext, ToolError, ToolSpec,
+    ErrorCode, FlowSpec, JsonSchema, PROFILE_IM_V1, PROFILE_IM_V2, Secret, TargetDeclaration,
+    TargetType, ToolContext, ToolError, ToolSpec,
 };
 
 const API_KEY: &str = "sk-mcp-progress-test-7d1e";
@@ -97,9 +97,14 @@ fn versioned_connector(version: &str, report: bool) -> Connector {
 struct Client {
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
     prompts_changed: Arc<std::sync::atomic::AtomicUsize>,
+    tools_changed: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ClientHandler for Client {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.tools_changed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
     async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.prompts_changed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
@@ -132,8 +137,20 @@ struct Setup {
 
 /// `lifecycle`: the legacy `initialize` handshake, or the 2026-07-28 `server/discover`.
 async fn setup(lifecycle: ClientLifecycleMode) -> Setup {
+    match setup_with(lifecycle, connector(), AnnotationOverrides::default()).await {
+        Ok(setup) => setup,
+        Err(error) => panic!("the bridge connects: {error}"),
+    }
+}
+
+/// [`setup`] with a given Connector and the operator's tool annotations.
+async fn setup_with(
+    lifecycle: ClientLifecycleMode,
+    connector: Connector,
+    tool_annotations: AnnotationOverrides,
+) -> Result<Setup, xagent_mcp::LinkError> {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-    let server = ConnectorServer::builder(connector())
+    let server = ConnectorServer::builder(connector)
         .state_dir(dir.path().join("connector"))
         .unwrap_or_else(|e| panic!("state dir: {e}"))
         .api_key(Secret::new(API_KEY))
@@ -144,20 +161,15 @@ async fn setup(lifecycle: ClientLifecycleMode) -> Setup {
 
     let link = xagent_mcp::connect(BridgeConfig {
         link: LinkConfig {
-            base_url: format!("http://{addr}"),
             api_key: Some(Secret::new(API_KEY)),
             flow: Some(FLOW.into()),
             inputs: AuthInput::default().with("token", "t-123"),
-            allowed: AllowedDirs::default(),
-            health_interval: Duration::from_secs(30),
-            download: Default::default(),
-            tls: Default::default(),
-            database_url: None,
+            tool_annotations,
+            ..LinkConfig::new(format!("http://{addr}"))
         },
         state_dir: dir.path().join("bridge"),
     })
-    .await
-    .unwrap_or_else(|e| panic!("the bridge connects: {e}"));
+    .await?;
 
     let (server_io, client_io) = tokio::io::duplex(64 * 1024);
     let (server_read, server_write) = tokio::io::split(server_io);
@@ -175,7 +187,73 @@ async fn setup(lifecycle: ClientLifecycleMode) -> Setup {
         .await
         .unwrap_or_else(|e| panic!("the MCP client connects: {e}"));
 
-    Setup { _dir: dir, server, link, client, handler }
+    Ok(Setup { _dir: dir, server, link, client, handler })
+}
+
+#[tokio::test]
+async fn tools_list_carries_annotations_derived_from_the_card_and_overridden_by_the_operator() {
+    let overrides = AnnotationOverrides::parse(
+        r#"{"work_run": {"destructiveHint": false, "title": "Run a job now"},
+            "connector_message_wait": {"openWorldHint": false}}"#,
+    )
+    .unwrap_or_else(|e| panic!("parses: {e}"));
+    let setup =
+        setup_with(ClientLifecycleMode::Initialize, versioned_connector("1.0.0", true), overrides)
+            .await
+            .unwrap_or_else(|e| panic!("the bridge connects: {e}"));
+    let tools = setup.client.list_all_tools().await.unwrap_or_else(|e| panic!("tools/list: {e}"));
+    let annotations = |name: &str| {
+        let tool = tools.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("{name} listed"));
+        serde_json::to_value(tool.annotations.clone()).unwrap_or_default()
+    };
+    // Read-only in the Connector's code, so in the Card, so for the host.
+    assert_eq!(
+        annotations("work_report"),
+        json!({"title": "Report", "readOnlyHint": true, "destructiveHint": false, "idempotentHint": true, "openWorldHint": true})
+    );
+    // A Tool with side effects, with the operator's title and destructiveHint over the derived.
+    assert_eq!(
+        annotations("work_run"),
+        json!({"title": "Run a job now", "readOnlyHint": false, "destructiveHint": false, "idempotentHint": false, "openWorldHint": true})
+    );
+    assert_eq!(annotations("connector_message_wait")["readOnlyHint"], json!(true));
+    assert_eq!(annotations("connector_message_wait")["openWorldHint"], json!(false));
+    assert_eq!(annotations("connector_message_send")["readOnlyHint"], json!(false));
+    assert_eq!(annotations("connector_channels_list")["readOnlyHint"], json!(true));
+    setup.server.shutdown();
+}
+
+#[tokio::test]
+async fn a_legacy_im_v1_connector_is_refused_at_start_saying_its_messages_would_be_lost() {
+    let legacy = Connector::builder("im.legacy", "Legacy", "1.0.0")
+        .target(TargetDeclaration::new(TargetType::Im, "legacy", "Legacy chat"))
+        .profile(PROFILE_IM_V1)
+        .form_flow(FlowSpec::new(FLOW, "Token"), |_, form: TokenForm| async move {
+            let account = Binding::new(DescriptorTarget::new("legacy", "Legacy chat"));
+            Ok(AuthStep::Authenticated(account.with_secret("token", form.token)))
+        })
+        .on_message(|_, _message| async {})
+        .build()
+        .unwrap_or_else(|e| panic!("the legacy Connector is valid: {e}"));
+    let started = tokio::time::Instant::now();
+    let refused =
+        setup_with(ClientLifecycleMode::Initialize, legacy, AnnotationOverrides::default()).await;
+    let Err(error) = refused else {
+        panic!("a bridge that would lose every message does not start")
+    };
+    let text = error.to_string();
+    assert!(text.contains("xagent.im.v1") && text.contains("not handed to the agent"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(20), "refused at admission, not after a wait");
+}
+
+#[tokio::test]
+async fn tool_annotations_naming_a_tool_the_connector_lacks_stop_the_bridge_with_its_name() {
+    let overrides = AnnotationOverrides::parse(r#"{"work_rnu": {"readOnlyHint": true}}"#)
+        .unwrap_or_else(|e| panic!("parses: {e}"));
+    let refused = setup_with(ClientLifecycleMode::Initialize, connector(), overrides).await;
+    let Err(error) = refused else { panic!("a misspelt Tool name is refused") };
+    let text = error.to_string();
+    assert!(text.contains("work_rnu") && text.contains("work_run"), "{text}");
 }
 
 #[tokio::test]
@@ -314,31 +392,21 @@ async fn serve_at(
     (server, task)
 }
 
-#[tokio::test]
-async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-    let state = dir.path().join("connector");
-    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
-    let addr = free.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
-    drop(free);
-    let (server, task) = serve_at(versioned_connector("1.0.0", false), &state, addr).await;
+/// A bridge to the Connector at `addr` whose health monitor probes every 200 ms, and rmcp's
+/// client on it.
+async fn probing_bridge(
+    addr: std::net::SocketAddr,
+    dir: &std::path::Path,
+) -> (Arc<xagent_mcp::Link>, rmcp::service::RunningService<RoleClient, Client>, Client) {
     let link = xagent_mcp::connect(BridgeConfig {
         link: LinkConfig {
-            base_url: format!("http://{addr}"),
             api_key: Some(Secret::new(API_KEY)),
             flow: Some(FLOW.into()),
             inputs: AuthInput::default().with("token", "t-123"),
-            allowed: AllowedDirs::default(),
             health_interval: Duration::from_millis(200),
-            download: Default::default(),
-            tls: Default::default(),
-            database_url: None,
+            ..LinkConfig::new(format!("http://{addr}"))
         },
-        state_dir: dir.path().join("bridge"),
+        state_dir: dir.join("bridge"),
     })
     .await
     .unwrap_or_else(|e| panic!("the bridge connects: {e}"));
@@ -357,9 +425,79 @@ async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
         .serve_with_lifecycle((client_read, client_write), ClientLifecycleMode::Initialize)
         .await
         .unwrap_or_else(|e| panic!("the MCP client connects: {e}"));
-    let names = |tools: Vec<rmcp::model::Tool>| -> Vec<String> {
-        tools.into_iter().map(|t| t.name.to_string()).collect()
-    };
+    (link, client, handler)
+}
+
+fn names(tools: Vec<rmcp::model::Tool>) -> Vec<String> {
+    tools.into_iter().map(|t| t.name.to_string()).collect()
+}
+
+/// Polls `client`'s tools/list until `done` holds (at most 20 s).
+async fn tools_until(
+    client: &rmcp::service::RunningService<RoleClient, Client>,
+    what: &str,
+    done: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = names(client.list_all_tools().await.unwrap_or_default());
+        if done(&now) {
+            return now;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: still {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_offline_connectors_tools_are_withdrawn_and_come_back_when_it_answers_again() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let state = dir.path().join("connector");
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = free.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+    drop(free);
+    let (server, task) = serve_at(connector(), &state, addr).await;
+    let (link, client, handler) = probing_bridge(addr, dir.path()).await;
+    tools_until(&client, "listed at first", |now| now.contains(&"work_run".to_owned())).await;
+    let changed = || handler.tools_changed.load(std::sync::atomic::Ordering::SeqCst);
+    let before = changed();
+
+    server.shutdown();
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    let gone = tools_until(&client, "withdrawn while offline", |now| {
+        !now.contains(&"work_run".to_owned())
+    })
+    .await;
+    assert!(gone.contains(&"connector_message_wait".to_owned()), "the bridge's own Tools stay");
+    assert!(link.withdrawn().is_some());
+    assert!(changed() > before, "the client heard tools/list_changed");
+    let call =
+        CallToolRequestParams::new("work_run").with_arguments(arguments(json!({"steps": 1})));
+    let refused = client.call_tool(call).await.unwrap_or_else(|e| panic!("tools/call: {e}"));
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let code = refused.structured_content.as_ref().and_then(|c| c["error"]["code"].as_str());
+    assert_eq!(code, Some("connector_channel_unavailable"), "{refused:?}");
+
+    let (back, _task) = serve_at(connector(), &state, addr).await;
+    tools_until(&client, "back once it answers", |now| now.contains(&"work_run".to_owned())).await;
+    assert!(link.withdrawn().is_none());
+    let _ = client.cancel().await;
+    back.shutdown();
+}
+
+#[tokio::test]
+async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let state = dir.path().join("connector");
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = free.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+    drop(free);
+    let (server, task) = serve_at(versioned_connector("1.0.0", false), &state, addr).await;
+    let (link, client, handler) = probing_bridge(addr, dir.path()).await;
     let before = names(client.list_all_tools().await.unwrap_or_default());
     assert!(before.contains(&"work_run".to_owned()) && !before.contains(&"work_report".to_owned()));
     assert!(client.list_all_prompts().await.unwrap_or_default().is_empty(), "1.0.0 has no Skill");
@@ -387,15 +525,9 @@ async fn an_upgraded_connector_is_readmitted_and_its_new_tool_announced() {
     assert_eq!(prompts, ["connector-im-work"]);
     // The re-admitted Card is what the packet rules judge by: the refreshed Descriptor naming
     // the new Tool is accepted, and the Tool joins the list beside the old one.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let after = loop {
-        let after = names(client.list_all_tools().await.unwrap_or_default());
-        if after.contains(&"work_report".to_owned()) {
-            break after;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the new Tool never appeared: {after:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let after =
+        tools_until(&client, "the new Tool appears", |now| now.contains(&"work_report".to_owned()))
+            .await;
     assert!(after.contains(&"work_run".to_owned()), "{after:?}");
     let _ = client.cancel().await;
     upgraded.shutdown();

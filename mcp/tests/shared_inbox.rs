@@ -14,7 +14,6 @@ use base64::Engine;
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams, ResourceContents};
 use rmcp::service::{RoleClient, RunningService, ServiceExt};
 use serde_json::{Map, Value, json};
-use xagent_mcp::files::AllowedDirs;
 use xagent_mcp::{BridgeConfig, Link, LinkConfig, McpBridge};
 use xagent_profile_im::OutboxEvent;
 use xagent_protocol_types::{AuthInput, ChatFile, FileType};
@@ -74,15 +73,11 @@ fn bridge_config(
 ) -> BridgeConfig {
     BridgeConfig {
         link: LinkConfig {
-            base_url: format!("http://{addr}"),
             api_key: Some(Secret::new(API_KEY)),
             flow: Some(FLOW.into()),
             inputs: AuthInput::default().with("token", "t-shared"),
-            allowed: AllowedDirs::default(),
-            health_interval: Duration::from_secs(30),
-            download: Default::default(),
-            tls: Default::default(),
             database_url: Some(url.clone()),
+            ..LinkConfig::new(format!("http://{addr}"))
         },
         state_dir,
     }

@@ -10,7 +10,6 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService, ServiceExt};
 use serde_json::{Map, Value, json};
 use xagent_connector_webchat::{ROOM_FLOW, TOOL_MESSAGE_SEND, Webchat, WebchatOptions};
-use xagent_mcp::files::AllowedDirs;
 use xagent_mcp::{BridgeConfig, LinkConfig, McpBridge};
 use xagent_protocol_types::{AuthInput, Secret};
 use xagent_testkit::{Serving, bind_local};
@@ -42,18 +41,13 @@ async fn setup() -> Setup {
     });
     let link = xagent_mcp::connect(BridgeConfig {
         link: LinkConfig {
-            base_url: base.clone(),
             api_key: Some(Secret::new(API_KEY)),
             flow: Some(ROOM_FLOW.into()),
             inputs: AuthInput::default()
                 .with("room_name", ROOM)
                 .with("access_code", ACCESS_CODE)
                 .with("owner_code", "owner-5678-room"),
-            allowed: AllowedDirs::default(),
-            health_interval: Duration::from_secs(30),
-            download: Default::default(),
-            tls: Default::default(),
-            database_url: None,
+            ..LinkConfig::new(base.clone())
         },
         state_dir: dir.path().join("bridge"),
     })

@@ -354,7 +354,26 @@ impl CardTool {
         self.output_schema = Some(schema);
         self
     }
+
+    /// What the Card says of whether the Tool only reads ([`TOOL_READ_ONLY_KEY`]); `None` when
+    /// it says nothing (a Card of another toolkit), which a reader takes as "may change things".
+    pub fn read_only_hint(&self) -> Option<bool> {
+        self.extra.get(TOOL_READ_ONLY_KEY).and_then(Value::as_bool)
+    }
+
+    /// Marks the Tool as one that only reads (or not) with [`TOOL_READ_ONLY_KEY`].
+    #[must_use]
+    pub fn with_read_only_hint(mut self, read_only: bool) -> Self {
+        self.extra.insert(TOOL_READ_ONLY_KEY.into(), Value::Bool(read_only));
+        self
+    }
 }
+
+/// The member of a `tools[]` entry by which this toolkit's Connectors say a Tool only reads
+/// (no side effect in the target system). The 3.0 Card has no field for it and its schema lets
+/// a Tool carry more members; a peer that does not know it ignores it. MCP hosts need it to
+/// let an agent run a Tool unattended (the bridge's `readOnlyHint`).
+pub const TOOL_READ_ONLY_KEY: &str = "x-xagent-read-only";
 
 fn tool_input_schema_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({

@@ -15,6 +15,9 @@ impl Link {
     /// The Card Tools the bridge's user can call now, as the runtime projects them for a
     /// model (upload references shown as file references).
     pub fn model_tools(&self) -> Vec<FunctionDeclaration> {
+        if self.withdrawn().is_some() {
+            return Vec::new();
+        }
         self.plane.model_tools(OWNER)
     }
 
@@ -77,6 +80,14 @@ impl Link {
         arguments: Map<String, Value>,
         progress: Option<ProgressSink>,
     ) -> Result<Value, ToolFailure> {
+        if let Some(why) = self.withdrawn() {
+            return Err(ToolFailure::new(
+                ErrorCode::ConnectorChannelUnavailable,
+                format!(
+                    "the Connector's Tools are withdrawn: {why}; they come back when its /health answers again"
+                ),
+            ));
+        }
         if let Some(sink) = progress {
             lock(&self.progress).insert(tool_id.to_owned(), sink);
         }

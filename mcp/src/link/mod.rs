@@ -22,11 +22,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use rmcp::model::ToolAnnotations;
 use tokio::sync::{broadcast, mpsc, watch};
-use xagent_client_runtime::HealthMonitor;
 use xagent_client_runtime::prelude::*;
+use xagent_client_runtime::{HealthMonitor, HealthStatus};
 use xagent_protocol_types::{
-    AuthStatus, ConnectorCard, PROFILE_DEVICE_V1, PROFILE_IM_V2, ToolProgressPush, WireError,
+    AuthStatus, CardTool, ConnectorCard, PROFILE_DEVICE_V1, PROFILE_IM_V1, PROFILE_IM_V2,
+    ToolProgressPush, WireError,
 };
 use xagent_storage_postgres::{DatabaseUrl, Pool, PoolOptions};
 
@@ -34,6 +36,7 @@ mod calls;
 mod channel;
 mod inbound;
 
+use crate::annotations::{self, AnnotationOverrides};
 use crate::bridge_files::BridgeFiles;
 use crate::files::AllowedDirs;
 use crate::inbox::{Inbox, SQLITE_FILE};
@@ -126,6 +129,28 @@ pub struct LinkConfig {
     /// The bridge's inbox (messages and file bytes) is in the same database, under the Card,
     /// so the bridge that takes over finds every message the one before it accepted.
     pub database_url: Option<DatabaseUrl>,
+    /// The operator's MCP tool annotations, over the derived ones (`--tool-annotations`).
+    pub tool_annotations: AnnotationOverrides,
+}
+
+impl LinkConfig {
+    /// A bridge to `base_url` with no API key, no sign-in, no allowed directories, `/health`
+    /// every 30 s, downloads from the Connector's own origin, the system's trust store, state
+    /// in the state directory and no tool annotations of the operator's.
+    pub fn new(base_url: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            api_key: None,
+            flow: None,
+            inputs: AuthInput::default(),
+            allowed: AllowedDirs::default(),
+            health_interval: Duration::from_secs(30),
+            download: DownloadPolicy::default(),
+            tls: TlsTrust::default(),
+            database_url: None,
+            tool_annotations: AnnotationOverrides::default(),
+        }
+    }
 }
 
 /// The sign-in state of the bridge's channel, as the agent may see it.
@@ -164,6 +189,8 @@ pub struct Link {
     progress: Mutex<HashMap<String, ProgressSink>>,
     /// The Tool names last announced to MCP clients.
     announced: Mutex<Vec<String>>,
+    /// The operator's tool annotations.
+    annotations: AnnotationOverrides,
 }
 
 impl std::fmt::Debug for Link {
@@ -209,6 +236,28 @@ async fn shared_pool(url: &DatabaseUrl, state_dir: &Path) -> Result<Pool, LinkEr
     Ok(pool)
 }
 
+/// What the bridge cannot do for this Connector, said at start and in the instructions: a
+/// Connector that speaks only the legacy IM v1 pushes its messages with `message.push`, which
+/// has no ack, and the bridge (which announces IM v2 only) does not take them.
+pub fn unhandled_messages(card: &ConnectorCard) -> Option<String> {
+    let declares = |profile: &str| card.supports.profiles.iter().any(|p| p.as_str() == profile);
+    (declares(PROFILE_IM_V1) && !declares(PROFILE_IM_V2)).then(|| {
+        format!(
+            "the Connector {} speaks the legacy IM Profile {PROFILE_IM_V1} only: its inbound messages (message.push, which has no ack) are not handed to the agent, since this bridge takes IM messages with {PROFILE_IM_V2} only",
+            card.connector_card_id
+        )
+    })
+}
+
+/// The operator's annotations must name Tools there are: the Card's and the bridge's own.
+fn check_annotations(
+    overrides: &AnnotationOverrides,
+    card: &ConnectorCard,
+) -> Result<(), annotations::AnnotationsError> {
+    let card_tools = card.tools.iter().map(|tool| tool.tool_id.as_str());
+    overrides.check_tools(card_tools.chain(annotations::BRIDGE_TOOLS))
+}
+
 impl Link {
     /// Admits the Connector, opens the runtime's durable store and the inbox (in `state_dir`,
     /// or in the database of [`LinkConfig::database_url`] under the admitted Card), connects,
@@ -239,6 +288,19 @@ impl Link {
             tools = card.tools.len(),
             "Connector admitted"
         );
+        if let Some(limit) = unhandled_messages(card) {
+            let shared = BRIDGE_PROFILES
+                .iter()
+                .any(|ours| card.supports.profiles.iter().any(|p| p.as_str() == *ours));
+            if !shared {
+                return Err(LinkError::Config(format!(
+                    "{limit}; it declares no other Profile this bridge handles, so there is nothing to serve: use a Connector with {PROFILE_IM_V2}"
+                )));
+            }
+            tracing::warn!("{limit}");
+        }
+        check_annotations(&config.tool_annotations, card)
+            .map_err(|e| LinkError::Config(e.to_string()))?;
         let max_file_bytes = config.download.max_bytes;
         let inbox = Arc::new(match pool {
             Some(pool) => {
@@ -272,6 +334,7 @@ impl Link {
             arrivals,
             progress: Mutex::new(HashMap::new()),
             announced: Mutex::new(Vec::new()),
+            annotations: config.tool_annotations.clone(),
         });
         let (inbound_tx, inbound_rx) = mpsc::channel(64);
         tokio::spawn(Arc::clone(&link).run_events(events, inbound_tx));
@@ -285,6 +348,26 @@ impl Link {
     /// `None` only if the runtime lost it, which a bridge started by [`Link::start`] never does.
     pub fn card(&self) -> Option<Arc<ConnectorCard>> {
         self.plane.card()
+    }
+
+    /// The annotations MCP clients see on the Tool `name` (`card_tool` for a Connector Tool).
+    pub fn annotations(&self, name: &str, card_tool: Option<&CardTool>) -> ToolAnnotations {
+        let derived = match card_tool {
+            Some(tool) => annotations::connector_tool(tool),
+            None => annotations::bridge_tool(name),
+        };
+        self.annotations.apply(name, derived)
+    }
+
+    /// Why the Connector's Tools are withdrawn, when they are: the health monitor finds it
+    /// offline (unreachable, or changed into something this bridge cannot admit) or refusing
+    /// the API key.
+    pub fn withdrawn(&self) -> Option<String> {
+        match self.health.as_ref()?.status() {
+            HealthStatus::Offline { reason, .. } => Some(format!("it is offline ({reason})")),
+            HealthStatus::AuthenticationFailed => Some("it refuses the API key".to_owned()),
+            _ => None,
+        }
     }
 
     /// The Connector's primary Skill, if it has one.
@@ -316,15 +399,22 @@ impl Link {
                             tracing::warn!(%error, "could not refresh the channel's Descriptor");
                         }
                     }
+                    if let Some(card) = self.card()
+                        && let Err(error) = check_annotations(&self.annotations, &card)
+                    {
+                        tracing::warn!(%error, "the re-admitted Card no longer has every Tool the annotations file names");
+                    }
                     self.notify(Notice::PromptsChanged);
                     self.notify(Notice::ToolsChanged);
                 }
                 changed = status.changed() => {
-                    // The monitor logs each change itself; this only notices its end.
+                    // The monitor logs each change itself; here an offline or refusing
+                    // Connector's Tools leave the list, and come back with it.
                     if changed.is_err() {
                         return;
                     }
                     status.borrow_and_update();
+                    self.tools_maybe_changed();
                 }
             }
         }

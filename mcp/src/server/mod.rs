@@ -18,7 +18,7 @@ use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc};
-use xagent_protocol_types::ToolProgressPush;
+use xagent_protocol_types::{CardTool, ToolProgressPush};
 
 mod resources;
 
@@ -27,12 +27,7 @@ use crate::link::{Link, Notice, ToolFailure};
 use crate::projection::{mcp_schema, message_wait_schema};
 pub use crate::uris::{SIGN_IN_URI, channel_uri};
 
-/// Built-in Tool (the runtime's): the bridge's channels.
-pub const TOOL_CHANNELS_LIST: &str = xagent_client_runtime::CHANNELS_LIST_TOOL;
-/// Built-in Tool (the runtime's): send a chat message on an explicit channel.
-pub const TOOL_MESSAGE_SEND: &str = xagent_client_runtime::MESSAGE_SEND_TOOL;
-/// Built-in Tool: wait for the next inbound message.
-pub const TOOL_MESSAGE_WAIT: &str = "connector_message_wait";
+pub use crate::projection::{TOOL_CHANNELS_LIST, TOOL_MESSAGE_SEND, TOOL_MESSAGE_WAIT};
 /// Longest wait `connector_message_wait` accepts.
 pub const MAX_WAIT_SECONDS: u64 = 300;
 /// How many messages a channel resource shows.
@@ -109,6 +104,11 @@ impl McpBridge {
             card.connector_card_id,
             card.supports.target_types.first().map(|t| t.as_str()).unwrap_or("target"),
         );
+        if let Some(limit) = crate::link::unhandled_messages(&card) {
+            text.push_str("\n\nNote: ");
+            text.push_str(&limit);
+            text.push('.');
+        }
         if let Some(skill) = self.link.skill() {
             text.push_str("\n\nThe Connector's Skill:\n\n");
             text.push_str(&skill);
@@ -136,7 +136,10 @@ impl McpBridge {
                 if let Some(title) = card_tool.and_then(|t| t.title.clone()) {
                     mcp = mcp.with_title(title);
                 }
-                mcp
+                let name = declaration.name.as_str();
+                let card_tool =
+                    card_tool.cloned().unwrap_or_else(|| CardTool::new(name, Map::new()));
+                mcp.with_annotations(self.link.annotations(name, Some(&card_tool)))
             })
             .collect();
         for builtin in self.link.builtin_tools() {
@@ -145,17 +148,20 @@ impl McpBridge {
             } else {
                 builtin.description
             };
-            tools.push(Tool::new(
-                builtin.name.to_string(),
-                description,
-                Arc::new(builtin.parameters),
-            ));
+            let annotations = self.link.annotations(builtin.name.as_str(), None);
+            tools.push(
+                Tool::new(builtin.name.to_string(), description, Arc::new(builtin.parameters))
+                    .with_annotations(annotations),
+            );
         }
-        tools.push(Tool::new(
-            TOOL_MESSAGE_WAIT,
-            "Wait for the next inbound chat message and take it; each message is returned once. Returns {\"message\": null} when the timeout passes first.",
-            Arc::new(message_wait_schema(MAX_WAIT_SECONDS)),
-        ));
+        tools.push(
+            Tool::new(
+                TOOL_MESSAGE_WAIT,
+                "Wait for the next inbound chat message and take it; each message is returned once. Returns {\"message\": null} when the timeout passes first.",
+                Arc::new(message_wait_schema(MAX_WAIT_SECONDS)),
+            )
+            .with_annotations(self.link.annotations(TOOL_MESSAGE_WAIT, None)),
+        );
         tools
     }
 

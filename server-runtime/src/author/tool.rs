@@ -240,5 +240,8 @@ where
     for skill in spec.skills {
         card = card.with_related_skill(skill);
     }
+    if spec.read_only {
+        card = card.with_read_only_hint(true);
+    }
     Ok(RegisteredTool { card, validator, call, records_calls: !spec.read_only })
 }
