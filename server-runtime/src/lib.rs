@@ -183,6 +183,10 @@ pub use author::{
 pub use author::{
     DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
 };
+pub use author::{
+    FileSendArgs, FileSent, ImSender, MAX_CAPTION_CHARS, MAX_MESSAGE_CHARS, MessageSendArgs,
+    MessageSent, OpenedFile, SendStatus, im_tool_ids,
+};
 pub use config::RuntimeConfig;
 pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError};
