@@ -407,3 +407,4 @@ impl ConnectorBuilder {
 }
 
 mod build;
+mod im_tools;

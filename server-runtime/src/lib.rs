@@ -78,7 +78,7 @@
 //! | `files` | Transfer Plane wiring: the file store, its routes, re-signed download URLs |
 //! | `connector` | [`Connector`], [`ConnectorBuilder`]: the definition and its generated Card |
 //! | `device` | Device Profile wiring: one `profile-device` gate per Connector around device Tools (admission, per-channel serialisation, timeouts, result checks) and the binding states behind every device Tool's availability |
-//! | `author` | what an author writes (`tool`, `auth`, `im`, `device`, `context`) and `call`, the one place author code is called (panic-contained) |
+//! | `author` | what an author writes (`tool`, `auth`, `im`, `im_tools`: the shared IM send Tools over an [`ImSender`], `device`, `context`) and `call`, the one place author code is called (panic-contained) |
 //! | `handle` | [`ConnectorHandle`] over the `HandleOps` trait, [`StopFn`], [`DeviceStatus`] |
 //!
 //! **Bottom: plain parts** (import only each other, never a module above).
@@ -182,6 +182,10 @@ pub use author::{
 };
 pub use author::{
     DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
+};
+pub use author::{
+    FileSendArgs, FileSent, ImSender, MAX_CAPTION_CHARS, MAX_MESSAGE_CHARS, MessageSendArgs,
+    MessageSent, OpenedFile, SendStatus, im_tool_ids,
 };
 pub use config::RuntimeConfig;
 pub use connector::{Connector, ConnectorBuilder};

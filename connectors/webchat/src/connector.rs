@@ -5,11 +5,9 @@ use crate::app::{App, entry_files};
 use crate::error::WebchatError;
 use crate::flows::{PairingFlow, RoomForm, rebind, room_sign_in, unbind};
 use crate::hub::{Activity, Draft};
-use crate::names::{
-    CARD_ID, PROVIDER, QR_FLOW, ROOM_FLOW, SKILL, TOOL_FILE_SEND, TOOL_MESSAGE_SEND,
-};
+use crate::names::{CARD_ID, PROVIDER, QR_FLOW, ROOM_FLOW, SKILL};
 use crate::store::{Author, ChatEntry, EntryStatus};
-use crate::tools::{file_send, message_send};
+use crate::tools::WebchatSender;
 use std::sync::Arc;
 use xagent_profile_im::{ActivityAction, ActivityCapability};
 use xagent_protocol_types::{
@@ -18,7 +16,6 @@ use xagent_protocol_types::{
 };
 use xagent_server_runtime::{
     ChannelContext, Connector, DeliveryError, DeltaUpdate, FinalDelivery, FlowSpec, ImTarget,
-    ToolSpec,
 };
 
 struct WebchatTarget(Arc<App>);
@@ -105,22 +102,7 @@ pub(crate) fn build(app: Arc<App>) -> Result<Connector, WebchatError> {
         .on_bound(move |ctx, reason| rebind(Arc::clone(&rebind_app), ctx, reason))
         .im_target(WebchatTarget(Arc::clone(&app)))
         .skill(SKILL)
-        .tool_with(
-            &app,
-            ToolSpec::new(
-                TOOL_MESSAGE_SEND,
-                "Send a web chat message\nShow an extra text message in the chat room bound to the current channel. Your normal reply is delivered without this tool.",
-            ),
-            message_send,
-        )
-        .tool_with(
-            &app,
-            ToolSpec::new(
-                TOOL_FILE_SEND,
-                "Send a file to the web chat\nShow a file from this conversation in the chat room bound to the current channel, with optional text.",
-            ),
-            file_send,
-        )
+        .im_send_tools(PROVIDER, WebchatSender(Arc::clone(&app)))
         .build()?;
     Ok(connector)
 }

@@ -147,7 +147,6 @@ pub use store::{
     Author, ChatEntry, EntryFile, EntryStatus, HISTORY_LIMIT, WEBCHAT_DATABASE_FILE,
     room_id_from_name,
 };
-pub use tools::{FileSendArgs, MessageSendArgs};
 pub use web::{MAX_PAGE_UPLOAD_BYTES, MAX_TEXT_CHARS, VisitorLimits};
 
 use app::App;

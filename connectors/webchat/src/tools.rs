@@ -1,109 +1,102 @@
-//! The Tools: `webchat_message_send` and `webchat_file_send`, each shown once per call.
+//! The web chat half of the runtime's shared IM send Tools (`webchat_message_send`,
+//! `webchat_file_send`): how a text or a file is shown in the channel's room. The arguments,
+//! their checks, opening the file and the call's effect id are the runtime's
+//! ([`xagent_server_runtime::ImSender`]).
 
 use crate::app::{App, stage_agent_message};
 use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Room};
-use schemars::JsonSchema;
-use serde::Deserialize;
-use serde_json::{Value, json};
 use std::sync::Arc;
-use xagent_protocol_types::{ErrorCode, FileRef};
-use xagent_server_runtime::{ToolContext, ToolError};
+use xagent_server_runtime::{ImSender, OpenedFile, ToolContext, ToolError};
 
-/// Arguments of `webchat_message_send`.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct MessageSendArgs {
-    /// The text to show in the chat room, as the agent.
-    pub text: String,
+/// Shows the agent's Tool sends in the room bound to the channel.
+pub(crate) struct WebchatSender(pub(crate) Arc<App>);
+
+/// The room message id of a Tool send: the call's effect id, so a repeat of the same call
+/// (even after the runtime's idempotency window) shows one message.
+fn tool_message_id(effect_id: &str) -> String {
+    format!("msg_tool_{effect_id}")
 }
 
-/// Arguments of `webchat_file_send`.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct FileSendArgs {
-    /// The file to show in the chat room.
-    #[schemars(extend("x-xagent-upload-ref" = true))]
-    pub file_ref: String,
-    /// Optional text shown with the file.
-    #[serde(default)]
-    pub text: Option<String>,
-}
+impl WebchatSender {
+    async fn room(&self, ctx: &ToolContext) -> Result<Room, ToolError> {
+        self.0.room_of(&ctx.channel).await.ok_or_else(|| {
+            ToolError::permission_denied("this channel serves no chat room; sign in again")
+        })
+    }
 
-/// The message id of a Tool send: derived from the call, so a repeat of the same call (even
-/// after the runtime's idempotency window) shows one message.
-fn tool_message_id(ctx: &ToolContext) -> String {
-    use sha2::{Digest, Sha256};
-    let key = ctx
-        .tool_call_id
-        .as_ref()
-        .map(|id| id.to_string())
-        .or_else(|| ctx.request_id.as_ref().map(|id| id.to_string()));
-    match key {
-        Some(key) => {
-            let digest = Sha256::digest(format!("{}\n{}\n{key}", ctx.channel, ctx.tool_id));
-            format!("msg_tool_{}", hex::encode(&digest[..12]))
-        }
-        None => format!("msg_tool_{}", crate::store::random_hex(12)),
+    /// Stages the entry on the call (shown once the call's record committed).
+    async fn show(
+        &self,
+        ctx: &ToolContext,
+        room: &Room,
+        entry: ChatEntry,
+    ) -> Result<String, ToolError> {
+        let shown = stage_agent_message(&self.0, ctx, &room.room_id, entry)
+            .await
+            .map_err(ToolError::internal)?;
+        Ok(shown.message_id)
     }
 }
 
-async fn tool_room(app: &App, ctx: &ToolContext) -> Result<Room, ToolError> {
-    app.room_of(&ctx.channel).await.ok_or_else(|| {
-        ToolError::permission_denied("this channel serves no chat room; sign in again")
-    })
-}
+impl ImSender for WebchatSender {
+    const PLACE: &'static str = "web chat room";
 
-pub(crate) async fn message_send(
-    app: Arc<App>,
-    ctx: ToolContext,
-    args: MessageSendArgs,
-) -> Result<Value, ToolError> {
-    if args.text.trim().is_empty() {
-        return Err(ToolError::new(ErrorCode::InvalidArguments, "text must not be empty"));
+    async fn send_text(
+        &self,
+        ctx: &ToolContext,
+        effect_id: &str,
+        text: String,
+    ) -> Result<String, ToolError> {
+        let room = self.room(ctx).await?;
+        let entry = ChatEntry {
+            message_id: tool_message_id(effect_id),
+            author: Author::Assistant,
+            text: Some(text),
+            files: vec![],
+            status: EntryStatus::Shown,
+            error: None,
+            client_id: None,
+            created_at: ctx.handle.now_millis(),
+        };
+        self.show(ctx, &room, entry).await
     }
-    let room = tool_room(&app, &ctx).await?;
-    let entry = ChatEntry {
-        message_id: tool_message_id(&ctx),
-        author: Author::Assistant,
-        text: Some(args.text),
-        files: vec![],
-        status: EntryStatus::Shown,
-        error: None,
-        client_id: None,
-        created_at: ctx.handle.now_millis(),
-    };
-    let shown =
-        stage_agent_message(&app, &ctx, &room.room_id, entry).await.map_err(ToolError::internal)?;
-    Ok(json!({ "status": "sent", "message_id": shown.message_id, "room_id": room.room_id }))
+
+    async fn send_file(
+        &self,
+        ctx: &ToolContext,
+        effect_id: &str,
+        file: OpenedFile,
+        caption: Option<String>,
+    ) -> Result<String, ToolError> {
+        let room = self.room(ctx).await?;
+        // The page reads the file from the runtime's store by its ref; the bytes stay there.
+        let record = file.record;
+        let entry = ChatEntry {
+            message_id: tool_message_id(effect_id),
+            author: Author::Assistant,
+            text: caption,
+            files: vec![EntryFile {
+                file_ref: record.file_ref.to_string(),
+                filename: record.filename,
+                mime_type: Some(record.mime_type),
+                byte_size: Some(record.byte_size),
+            }],
+            status: EntryStatus::Shown,
+            error: None,
+            client_id: None,
+            created_at: ctx.handle.now_millis(),
+        };
+        self.show(ctx, &room, entry).await
+    }
 }
 
-pub(crate) async fn file_send(
-    app: Arc<App>,
-    ctx: ToolContext,
-    args: FileSendArgs,
-) -> Result<Value, ToolError> {
-    let room = tool_room(&app, &ctx).await?;
-    let file_ref = FileRef::new(args.file_ref.as_str());
-    let (record, _file) = ctx.handle.open_file(&ctx.channel, &file_ref).await.map_err(|_| {
-        ToolError::new(
-            ErrorCode::FileNotFound,
-            "no such file on this channel (unknown or expired); send a file from this conversation",
-        )
-    })?;
-    let entry = ChatEntry {
-        message_id: tool_message_id(&ctx),
-        author: Author::Assistant,
-        text: args.text.filter(|t| !t.trim().is_empty()),
-        files: vec![EntryFile {
-            file_ref: record.file_ref.to_string(),
-            filename: record.filename.clone(),
-            mime_type: Some(record.mime_type.clone()),
-            byte_size: Some(record.byte_size),
-        }],
-        status: EntryStatus::Shown,
-        error: None,
-        client_id: None,
-        created_at: ctx.handle.now_millis(),
-    };
-    let shown =
-        stage_agent_message(&app, &ctx, &room.room_id, entry).await.map_err(ToolError::internal)?;
-    Ok(json!({ "status": "sent", "message_id": shown.message_id, "file_ref": record.file_ref }))
+#[cfg(test)]
+mod tests {
+    use crate::names::{PROVIDER, TOOL_FILE_SEND, TOOL_MESSAGE_SEND};
+
+    #[test]
+    fn the_shared_tools_keep_the_published_tool_ids() {
+        let (message, file) = xagent_server_runtime::im_tool_ids(PROVIDER);
+        assert_eq!((message.as_str(), file.as_str()), (TOOL_MESSAGE_SEND, TOOL_FILE_SEND));
+    }
 }

@@ -124,6 +124,25 @@ impl ToolContext {
         self.handle.author_store()
     }
 
+    /// The stable id of this call's side effect (a posted message, a created record): the
+    /// same for every repeat of the call, different for another channel, Tool or call, so a
+    /// target that deduplicates by an id (a transaction id, a message id) acts once even when
+    /// a repeat arrives after the runtime's repeated-call record is gone.
+    ///
+    /// 32 lowercase hex digits: the first 16 bytes of SHA-256 over the channel, the Tool id
+    /// and the call's key as the runtime keys repeated calls (`call:<tool_call_id>`, else
+    /// `req:<request_id>`), newline-separated. A call with neither id cannot be told from
+    /// another, so it gets a fresh random id (a repeat of it is a new effect, as it is a new
+    /// call for the runtime).
+    pub fn effect_id(&self) -> String {
+        effect_id_of(
+            &self.channel,
+            &self.tool_id,
+            self.tool_call_id.as_ref().map(ToolCallId::as_str),
+            self.request_id.as_ref().map(RequestId::as_str),
+        )
+    }
+
     /// Sends a `tool.progress.push` for this call (never replaces the ack).
     pub async fn progress(&self, message: impl Into<String>, fraction: Option<f64>) {
         let mut push = ToolProgressPush::new(self.tool_id.clone()).with_message(message);
@@ -131,5 +150,68 @@ impl ToolContext {
             push = push.with_progress(fraction.clamp(0.0, 1.0));
         }
         self.handle.push_tool_progress(&self.channel, push).await;
+    }
+}
+
+/// [`ToolContext::effect_id`] from its parts.
+fn effect_id_of(
+    channel: &ConnectorChannelId,
+    tool_id: &ToolId,
+    tool_call_id: Option<&str>,
+    request_id: Option<&str>,
+) -> String {
+    use sha2::{Digest, Sha256};
+    if tool_call_id.is_none() && request_id.is_none() {
+        return hex::encode(rand::random::<[u8; 16]>());
+    }
+    let key = crate::tool_calls::call_key(tool_call_id, request_id, "");
+    let digest = Sha256::new()
+        .chain_update(channel.as_str())
+        .chain_update("\n")
+        .chain_update(tool_id.as_str())
+        .chain_update("\n")
+        .chain_update(key)
+        .finalize();
+    hex::encode(&digest[..16])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(channel: &str, tool: &str, call: Option<&str>, request: Option<&str>) -> String {
+        effect_id_of(&ConnectorChannelId::new(channel), &ToolId::new(tool), call, request)
+    }
+
+    #[test]
+    fn effect_id_is_the_same_for_a_repeat_of_one_call() {
+        let first = id("cch_a", "x_message_send", Some("call_1"), Some("req_1"));
+        // A repeat carries the same call id (its request id may differ).
+        assert_eq!(first, id("cch_a", "x_message_send", Some("call_1"), Some("req_9")));
+        assert_eq!(first.len(), 32);
+        assert!(first.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        let by_request = id("cch_a", "x_message_send", None, Some("req_1"));
+        assert_eq!(by_request, id("cch_a", "x_message_send", None, Some("req_1")));
+    }
+
+    #[test]
+    fn effect_id_differs_by_channel_tool_and_call() {
+        let base = id("cch_a", "x_message_send", Some("call_1"), None);
+        for other in [
+            id("cch_b", "x_message_send", Some("call_1"), None),
+            id("cch_a", "x_file_send", Some("call_1"), None),
+            id("cch_a", "x_message_send", Some("call_2"), None),
+            // A request id equal to another call's call id is another call.
+            id("cch_a", "x_message_send", None, Some("call_1")),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+
+    #[test]
+    fn effect_id_without_any_call_id_is_fresh_each_time() {
+        let (a, b) = (id("cch_a", "t", None, None), id("cch_a", "t", None, None));
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 32);
     }
 }

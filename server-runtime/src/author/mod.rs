@@ -6,6 +6,8 @@
 //!   flows, [`BoundReason`] for the `on_bound` hook.
 //! - `tool`: [`ToolSpec`], [`ToolError`], typed Tool registration.
 //! - `im`: [`ImTarget`] and delivery errors.
+//! - `im_tools`: the shared IM send Tools (typed arguments and results, checks, the file
+//!   opened by the runtime) over an author's [`ImSender`].
 //! - `call` (crate-private): the one place the runtime calls author code; every call is
 //!   panic-contained and made without a runtime lock held.
 //!
@@ -17,6 +19,7 @@ pub(crate) mod call;
 pub(crate) mod context;
 pub(crate) mod device;
 pub(crate) mod im;
+pub(crate) mod im_tools;
 pub(crate) mod tool;
 
 pub use auth::{AuthError, AuthPrompt, AuthStep, BoundReason, FlowHandler, FlowSpec};
@@ -25,4 +28,8 @@ pub use device::{
     DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
 };
 pub use im::{DeliveryError, DeliveryOutcome, DeltaUpdate, FinalDelivery, ImTarget};
+pub use im_tools::{
+    FileSendArgs, FileSent, ImSender, MAX_CAPTION_CHARS, MAX_MESSAGE_CHARS, MessageSendArgs,
+    MessageSent, OpenedFile, SendStatus, im_tool_ids,
+};
 pub use tool::{ToolError, ToolSpec};
