@@ -36,6 +36,8 @@ pub(crate) struct RoomRate {
     pub(crate) warned: bool,
 }
 
+/// What every part of the Connector shares: the bot's client, the rooms and their channels,
+/// pairing state, streamed replies, rates and the limits from the options.
 pub(crate) struct App {
     pub(crate) client: Client,
     pub(crate) bot: OwnedUserId,
@@ -49,7 +51,7 @@ pub(crate) struct App {
     pub(crate) rates: Mutex<HashMap<OwnedRoomId, RoomRate>>,
     pub(crate) utd: Mutex<Vec<(OwnedRoomId, OwnedEventId, u64)>>,
     /// Rooms the bot is in without a channel, since when (they are left after
-    /// [`UNBOUND_ROOM_TTL_MS`], so strangers' invites cannot fill the quota for good).
+    /// [`crate::sync::UNBOUND_ROOM_TTL_MS`], so strangers' invites cannot fill the quota for good).
     pub(crate) unbound_since: Mutex<HashMap<OwnedRoomId, u64>>,
     pub(crate) edit_interval: Duration,
     pub(crate) max_file_bytes: u64,

@@ -1,6 +1,7 @@
-//! The `im.matrix` Connector on the runtime: the Card (target `im`, IM Profile v2), the
-//! `matrix_room` pairing flow, the sync loop that turns room events into `chat.message`s, the
-//! IM target that posts, streams (edits in place) and shows typing, and the two Tools.
+//! The `im.matrix` Connector put together: its options, the Card with the `matrix_room` flow,
+//! the IM target and the two Tools, and [`Matrix`], which logs the bot in and runs the
+//! runtime with the sync loop. The parts live in the crate's private modules; the names
+//! other crates use are re-exported here.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

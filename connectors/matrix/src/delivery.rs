@@ -59,7 +59,7 @@ pub fn split_text(text: &str) -> Vec<&str> {
 
 /// A send failure as the IM Profile wants it: rate limits and network trouble retryable,
 /// a room the bot may not post in final.
-pub(crate) fn delivery_error(e: &matrix_sdk::Error) -> DeliveryError {
+fn delivery_error(e: &matrix_sdk::Error) -> DeliveryError {
     use matrix_sdk::ruma::api::error::ErrorKind;
     match e.client_api_error_kind() {
         Some(ErrorKind::TooLarge) => DeliveryError::permanent(
@@ -164,7 +164,7 @@ impl App {
     }
 
     /// Sends one throttled edit of a streamed reply (while holding the stream's send lock).
-    pub(crate) async fn edit_stream(&self, room: &Room, message_id: &str, text: String) {
+    async fn edit_stream(&self, room: &Room, message_id: &str, text: String) {
         let (event_id, sending) = {
             let streams = lock(&self.streams);
             let Some(stream) = streams.get(message_id) else { return };

@@ -14,7 +14,7 @@ use crate::names::{PAIRED_AT_SECRET, PROVIDER, ROOM_SECRET};
 use crate::pairing::Redeem;
 
 impl App {
-    pub(crate) fn prompt(
+    fn prompt(
         &self,
         session: &AuthSessionId,
         channel: &ConnectorChannelId,

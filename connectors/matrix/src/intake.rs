@@ -17,7 +17,7 @@ use crate::app::{App, RoomRate, lock, room_of};
 use crate::names::SEEN_NS;
 
 /// Messages of a room not signed in yet (pairing just done), held until it is.
-pub(crate) const MAX_HELD_PER_ROOM: usize = 50;
+const MAX_HELD_PER_ROOM: usize = 50;
 
 /// The message id of an inbound event: stable, so a redelivered event is a duplicate.
 pub fn message_id_of(event_id: &str) -> String {
@@ -32,6 +32,42 @@ pub fn refused_notice(code: ErrorCode) -> &'static str {
             "Your last message is too long for the agent to take. Please shorten it, or send the text as a file."
         }
         _ => "The agent could not take your last message right now. Please send it again later.",
+    }
+}
+
+/// A file posted in a room: where to fetch it and what its event says about it.
+struct Media {
+    source: MediaSource,
+    filename: String,
+    mime: Option<String>,
+    size: Option<u64>,
+    /// `image`, `file`, `audio` or `video`, for the notes about it.
+    kind: &'static str,
+}
+
+impl Media {
+    /// The file of an image, file, audio or video message; `None` for other kinds.
+    fn of(content: MessageType) -> Option<Self> {
+        // The four contents have the same fields but no common trait.
+        macro_rules! media {
+            ($c:expr, $kind:literal) => {{
+                let info = $c.info.as_deref();
+                Self {
+                    source: $c.source.clone(),
+                    filename: $c.filename().to_owned(),
+                    mime: info.and_then(|i| i.mimetype.clone()),
+                    size: info.and_then(|i| i.size).map(u64::from),
+                    kind: $kind,
+                }
+            }};
+        }
+        match content {
+            MessageType::Image(c) => Some(media!(c, "image")),
+            MessageType::File(c) => Some(media!(c, "file")),
+            MessageType::Audio(c) => Some(media!(c, "audio")),
+            MessageType::Video(c) => Some(media!(c, "video")),
+            _ => None,
+        }
     }
 }
 
@@ -92,16 +128,30 @@ impl App {
         };
         let seen = AuthorWrite::put(SEEN_NS, &message_id, created_at.to_string().into_bytes())
             .map_err(|e| e.to_string())?;
-        match handle.send_message_with(&channel, chat.clone(), vec![seen]).await {
+        self.hand_over(handle, &room, &channel, chat, seen).await
+    }
+
+    /// Queues a room's chat message for xAgent with its seen mark. A channel not signed in
+    /// yet holds it; a refusal of this one message tells the room; only a store failure is
+    /// an error (the batch comes again).
+    async fn hand_over(
+        &self,
+        handle: &ConnectorHandle,
+        room: &Room,
+        channel: &ConnectorChannelId,
+        chat: ChatMessage,
+        seen: AuthorWrite,
+    ) -> Result<(), String> {
+        match handle.send_message_with(channel, chat.clone(), vec![seen]).await {
             Ok(()) => {
-                tracing::debug!(event = %message.event_id, "im.matrix: queued for xAgent");
+                tracing::debug!(message = %chat.message_id, "im.matrix: queued for xAgent");
                 Ok(())
             }
             Err(e) if e.code() == ErrorCode::ConnectionNotAuthenticated => {
-                tracing::info!(event = %message.event_id, "im.matrix: held until the channel is signed in");
+                tracing::info!(message = %chat.message_id, "im.matrix: held until the channel is signed in");
                 // Paired a moment ago: held until the sign-in completes.
                 let mut held = lock(&self.held);
-                let list = held.entry(room_id.clone()).or_default();
+                let list = held.entry(room.room_id().to_owned()).or_default();
                 if list.len() < MAX_HELD_PER_ROOM {
                     list.push(chat);
                 }
@@ -139,7 +189,7 @@ impl App {
     }
 
     /// The per-room inbound rate: false (and one note in the room per minute) beyond it.
-    pub(crate) async fn admit(&self, handle: &ConnectorHandle, room: &Room) -> bool {
+    async fn admit(&self, handle: &ConnectorHandle, room: &Room) -> bool {
         let now = Self::now(handle);
         let warn = {
             let mut rates = lock(&self.rates);
@@ -162,9 +212,9 @@ impl App {
         false
     }
 
-    /// The `chat.message` for an event's content: text (with the sender's name), or a file
+    /// The chat message for an event's content: text (with the sender's name), or a file
     /// fetched from the media repository (decrypted in encrypted rooms).
-    pub(crate) async fn to_chat(
+    async fn to_chat(
         &self,
         handle: &ConnectorHandle,
         channel: &ConnectorChannelId,
@@ -174,100 +224,67 @@ impl App {
         content: MessageType,
     ) -> Option<ChatMessage> {
         let mark = if edited { " (edited)" } else { "" };
-        let (source, filename, mime, size, kind) = match content {
-            MessageType::Text(t) => {
-                return Some(ChatMessage::text(message_id, format!("{sender}{mark}: {}", t.body)));
+        let text = match &content {
+            MessageType::Text(t) => format!("{sender}{mark}: {}", t.body),
+            MessageType::Notice(t) => format!("{sender}{mark}: {}", t.body),
+            MessageType::Emote(t) => format!("* {sender}{mark} {}", t.body),
+            _ => {
+                let media = Media::of(content)?;
+                return Some(
+                    self.file_to_chat(handle, channel, message_id, sender, mark, media).await,
+                );
             }
-            MessageType::Notice(t) => {
-                return Some(ChatMessage::text(message_id, format!("{sender}{mark}: {}", t.body)));
-            }
-            MessageType::Emote(t) => {
-                return Some(ChatMessage::text(message_id, format!("* {sender}{mark} {}", t.body)));
-            }
-            MessageType::Image(c) => {
-                let info = c.info.as_deref();
-                (
-                    c.source.clone(),
-                    c.filename().to_owned(),
-                    info.and_then(|i| i.mimetype.clone()),
-                    info.and_then(|i| i.size),
-                    "image",
-                )
-            }
-            MessageType::File(c) => {
-                let info = c.info.as_deref();
-                (
-                    c.source.clone(),
-                    c.filename().to_owned(),
-                    info.and_then(|i| i.mimetype.clone()),
-                    info.and_then(|i| i.size),
-                    "file",
-                )
-            }
-            MessageType::Audio(c) => {
-                let info = c.info.as_deref();
-                (
-                    c.source.clone(),
-                    c.filename().to_owned(),
-                    info.and_then(|i| i.mimetype.clone()),
-                    info.and_then(|i| i.size),
-                    "audio",
-                )
-            }
-            MessageType::Video(c) => {
-                let info = c.info.as_deref();
-                (
-                    c.source.clone(),
-                    c.filename().to_owned(),
-                    info.and_then(|i| i.mimetype.clone()),
-                    info.and_then(|i| i.size),
-                    "video",
-                )
-            }
-            _ => return None,
         };
-        let too_big = |n: u64| n > self.max_file_bytes;
+        Some(ChatMessage::text(message_id, text))
+    }
+
+    /// The chat message for a posted file: the file kept on the channel, or a note saying why
+    /// the agent does not get it (too large, not fetched, not kept).
+    async fn file_to_chat(
+        &self,
+        handle: &ConnectorHandle,
+        channel: &ConnectorChannelId,
+        message_id: &str,
+        sender: &str,
+        mark: &str,
+        media: Media,
+    ) -> ChatMessage {
+        let Media { source, filename, mime, size, kind } = media;
         let note = |what: &str| {
             ChatMessage::text(
                 message_id,
                 format!("{sender} sent a {kind} ({filename}) that {what}."),
             )
         };
-        if size.is_some_and(|s| too_big(u64::from(s))) {
-            return Some(note(&format!(
-                "is larger than the {} bytes this Connector takes",
-                self.max_file_bytes
-            )));
+        let too_big =
+            format!("is larger than the {} bytes this Connector takes", self.max_file_bytes);
+        if size.is_some_and(|s| s > self.max_file_bytes) {
+            return note(&too_big);
         }
         let bytes = match self.download(source).await {
-            Ok(bytes) if too_big(bytes.len() as u64) => {
-                return Some(note(&format!(
-                    "is larger than the {} bytes this Connector takes",
-                    self.max_file_bytes
-                )));
-            }
+            Ok(bytes) if bytes.len() as u64 > self.max_file_bytes => return note(&too_big),
             Ok(bytes) => bytes,
             Err(e) => {
                 tracing::info!("im.matrix: a file could not be fetched: {e}");
-                return Some(note("could not be fetched from the homeserver"));
+                return note("could not be fetched from the homeserver");
             }
         };
         let mime = mime.or_else(|| mime_guess::from_path(&filename).first().map(|m| m.to_string()));
         match handle.register_file(channel, &filename, mime.as_deref(), &bytes).await {
-            Ok(file) => Some(ChatMessage::with_files(
+            Ok(file) => ChatMessage::with_files(
                 message_id,
                 Some(format!("{sender}{mark} sent {filename}")),
                 vec![file],
-            )),
+            ),
             Err(e) => {
                 tracing::warn!("im.matrix: a file could not be kept: {e}");
-                Some(note("could not be kept by the Connector"))
+                note("could not be kept by the Connector")
             }
         }
     }
 
-    /// Fetches (and decrypts) a file, within [`MatrixOptions::download_timeout`].
-    pub(crate) async fn download(&self, source: MediaSource) -> Result<Vec<u8>, String> {
+    /// Fetches (and decrypts) a file, within [`crate::MatrixOptions::download_timeout`].
+    async fn download(&self, source: MediaSource) -> Result<Vec<u8>, String> {
         let request = MediaRequestParameters { source, format: MediaFormat::File };
         let media = self.client.media();
         let fetch = media.get_media_content(&request, false);

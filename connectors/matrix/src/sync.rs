@@ -19,16 +19,16 @@ use crate::names::{PAIRED_AT_SECRET, SEEN_NS, SYNC_KEY, SYNC_NS, UTD_NS};
 /// How long the bot stays in a room nobody paired: 1 hour.
 pub const UNBOUND_ROOM_TTL_MS: u64 = 60 * 60 * 1000;
 /// Undecryptable events kept for another try at once (the oldest go first).
-pub(crate) const MAX_UNDECRYPTED: usize = 1_000;
+const MAX_UNDECRYPTED: usize = 1_000;
 /// Events fetched at most to fill one room's gap after a long absence.
-pub(crate) const MAX_GAP_EVENTS: usize = 1_000;
+const MAX_GAP_EVENTS: usize = 1_000;
 /// How long a sync long-polls.
-pub(crate) const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 /// Undecryptable events are tried again for this long (their key may come later).
-pub(crate) const UTD_RETRY_MS: u64 = 10 * 60 * 1000;
+const UTD_RETRY_MS: u64 = 10 * 60 * 1000;
 
 /// How long the homeserver asked to wait (a 429's `retry_after_ms`).
-pub(crate) fn retry_after(e: &matrix_sdk::Error) -> Option<Duration> {
+fn retry_after(e: &matrix_sdk::Error) -> Option<Duration> {
     use matrix_sdk::ruma::api::error::{ErrorKind, LimitExceededErrorData, RetryAfter};
     match e.client_api_error_kind() {
         Some(ErrorKind::LimitExceeded(LimitExceededErrorData {
@@ -46,7 +46,7 @@ pub(crate) fn retry_after(e: &matrix_sdk::Error) -> Option<Duration> {
 /// True for an event that is not readable yet: one the SDK could not decrypt, and one it
 /// did not even try (it still has the `m.room.encrypted` type, e.g. when the crypto machine
 /// was not ready): both wait for another try instead of being taken for a non-message.
-pub(crate) fn still_encrypted(event: &matrix_sdk::deserialized_responses::TimelineEvent) -> bool {
+fn still_encrypted(event: &matrix_sdk::deserialized_responses::TimelineEvent) -> bool {
     matches!(
         event.kind,
         matrix_sdk::deserialized_responses::TimelineEventKind::UnableToDecrypt { .. }
@@ -56,7 +56,7 @@ pub(crate) fn still_encrypted(event: &matrix_sdk::deserialized_responses::Timeli
 
 impl App {
     /// Sets every bound channel's status (the homeserver went away or came back).
-    pub(crate) async fn show_status(&self, handle: &ConnectorHandle, status: ConnectionStatus) {
+    async fn show_status(&self, handle: &ConnectorHandle, status: ConnectionStatus) {
         // A room the bot was removed from stays `degraded` whatever the homeserver does.
         let channels: Vec<ConnectorChannelId> = lock(&self.rooms)
             .iter()
@@ -79,8 +79,7 @@ impl App {
         handle: ConnectorHandle,
         shutdown: CancellationToken,
     ) {
-        let store = handle.author_store();
-        let mut token = match store.get(SYNC_NS, SYNC_KEY).await {
+        let mut token = match handle.author_store().get(SYNC_NS, SYNC_KEY).await {
             Ok(Some(bytes)) => String::from_utf8(bytes).ok(),
             _ => None,
         };
@@ -105,20 +104,8 @@ impl App {
                     match self.take(&handle, response.rooms).await {
                         Ok(()) => {
                             backoff.reset();
-                            let next = response.next_batch;
-                            let write =
-                                AuthorWrite::put(SYNC_NS, SYNC_KEY, next.clone().into_bytes());
-                            match write {
-                                Ok(write) => match store.commit(vec![write]).await {
-                                    Ok(()) => {
-                                        tracing::debug!(position = %next, "im.matrix: sync position stored");
-                                        token = Some(next)
-                                    }
-                                    Err(e) => {
-                                        tracing::warn!("im.matrix: sync position not stored: {e}")
-                                    }
-                                },
-                                Err(e) => tracing::warn!("im.matrix: sync position too long: {e}"),
+                            if self.store_position(&handle, &response.next_batch).await {
+                                token = Some(response.next_batch);
                             }
                             self.retry_undecrypted(&handle).await;
                             self.leave_idle_rooms(&handle).await;
@@ -148,8 +135,30 @@ impl App {
         }
     }
 
+    /// Stores the position after a batch was handed over; false when it was not stored (the
+    /// next sync starts from the older one, and the events it brings again are known).
+    async fn store_position(&self, handle: &ConnectorHandle, next: &str) -> bool {
+        let write = match AuthorWrite::put(SYNC_NS, SYNC_KEY, next.as_bytes().to_vec()) {
+            Ok(write) => write,
+            Err(e) => {
+                tracing::warn!("im.matrix: sync position too long: {e}");
+                return false;
+            }
+        };
+        match handle.author_store().commit(vec![write]).await {
+            Ok(()) => {
+                tracing::debug!(position = %next, "im.matrix: sync position stored");
+                true
+            }
+            Err(e) => {
+                tracing::warn!("im.matrix: sync position not stored: {e}");
+                false
+            }
+        }
+    }
+
     /// Handles one sync's room updates: invites, then every timeline event.
-    pub(crate) async fn take(
+    async fn take(
         &self,
         handle: &ConnectorHandle,
         rooms: matrix_sdk::sync::RoomUpdates,
@@ -188,7 +197,7 @@ impl App {
     }
 
     /// One event of a room's timeline: handled, or kept (durably) for another decryption try.
-    pub(crate) async fn timeline_event(
+    async fn timeline_event(
         &self,
         handle: &ConnectorHandle,
         room_id: &OwnedRoomId,
@@ -223,7 +232,7 @@ impl App {
 
     /// The events of a bound room between `prev_batch` and what was handed over already
     /// (oldest first): at most [`MAX_GAP_EVENTS`], and none from before the room was paired.
-    pub(crate) async fn gap(
+    async fn gap(
         &self,
         handle: &ConnectorHandle,
         room_id: &OwnedRoomId,
@@ -270,7 +279,7 @@ impl App {
     }
 
     /// Tries the held undecryptable events again (their room key may have arrived).
-    pub(crate) async fn retry_undecrypted(&self, handle: &ConnectorHandle) {
+    async fn retry_undecrypted(&self, handle: &ConnectorHandle) {
         let now = Self::now(handle);
         let waiting: Vec<_> = std::mem::take(&mut *lock(&self.utd));
         let mut still = Vec::new();
@@ -301,18 +310,14 @@ impl App {
         lock(&self.utd).extend(still);
     }
 
-    pub(crate) async fn forget_undecrypted(
-        &self,
-        handle: &ConnectorHandle,
-        event_id: &OwnedEventId,
-    ) {
+    async fn forget_undecrypted(&self, handle: &ConnectorHandle, event_id: &OwnedEventId) {
         if let Ok(write) = AuthorWrite::delete(UTD_NS, event_id.as_str()) {
             let _ = handle.author_store().commit(vec![write]).await;
         }
     }
 
     /// The undecryptable events a previous run kept.
-    pub(crate) async fn load_undecrypted(&self, handle: &ConnectorHandle) {
+    async fn load_undecrypted(&self, handle: &ConnectorHandle) {
         let scan = xagent_server_runtime::AuthorScan::prefix(
             "",
             xagent_server_runtime::MAX_AUTHOR_SCAN_LIMIT,
@@ -330,7 +335,7 @@ impl App {
     }
 
     /// Leaves the rooms that stayed without a channel for [`UNBOUND_ROOM_TTL_MS`].
-    pub(crate) async fn leave_idle_rooms(&self, handle: &ConnectorHandle) {
+    async fn leave_idle_rooms(&self, handle: &ConnectorHandle) {
         let now = Self::now(handle);
         let joined = self.client.joined_rooms();
         let idle: Vec<OwnedRoomId> = {
@@ -360,7 +365,7 @@ impl App {
     }
 
     /// Accepts an invite unless the bot already sits in too many rooms without a channel.
-    pub(crate) async fn invited(&self, room_id: &RoomId) {
+    async fn invited(&self, room_id: &RoomId) {
         let Some(room) = self.client.get_room(room_id) else { return };
         let bound = lock(&self.rooms).len();
         let joined = self.client.joined_rooms().len();
