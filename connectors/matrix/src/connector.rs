@@ -117,7 +117,32 @@ impl std::fmt::Debug for MatrixOptions {
     }
 }
 
-pub(crate) fn build(app: &Arc<App>) -> Result<Connector, xagent_server_runtime::DefinitionError> {
+/// The shared state of a new Connector: no room paired yet, the limits from `options`.
+fn new_app(client: Client, user: OwnedUserId, options: &MatrixOptions) -> App {
+    App {
+        client,
+        link: format!("https://matrix.to/#/{user}"),
+        bot: user,
+        pairing: Mutex::new(Pairing::new()),
+        prompts: Mutex::default(),
+        paired: Mutex::default(),
+        rooms: Mutex::default(),
+        held: Mutex::default(),
+        streams: Mutex::default(),
+        rates: Mutex::default(),
+        utd: Mutex::default(),
+        unbound_since: Mutex::default(),
+        edit_interval: options.edit_interval,
+        max_file_bytes: options.max_file_bytes,
+        download_timeout: options.download_timeout,
+        max_unbound_rooms: options.max_unbound_rooms,
+        room_messages_per_minute: options.room_messages_per_minute,
+        offline_after: options.offline_after,
+    }
+}
+
+/// The definition: Card, `matrix_room` flow, bound/unbound hooks, IM target, Skill and Tools.
+fn build(app: &Arc<App>) -> Result<Connector, xagent_server_runtime::DefinitionError> {
     let (bound_app, unbound_app) = (Arc::clone(app), Arc::clone(app));
     Connector::builder(CARD_ID, "Matrix", env!("CARGO_PKG_VERSION"))
         .description("Puts an xAgent agent in Matrix rooms, end-to-end encrypted ones too: room members chat with it in any Matrix client.")
@@ -191,26 +216,7 @@ impl Matrix {
         let client =
             bot::open(&options.homeserver, user.as_str(), &options.credentials, &options.state_dir)
                 .await?;
-        let app = Arc::new(App {
-            client: client.clone(),
-            link: format!("https://matrix.to/#/{user}"),
-            bot: user,
-            pairing: Mutex::new(Pairing::new()),
-            prompts: Mutex::default(),
-            paired: Mutex::default(),
-            rooms: Mutex::default(),
-            held: Mutex::default(),
-            streams: Mutex::default(),
-            rates: Mutex::default(),
-            utd: Mutex::default(),
-            unbound_since: Mutex::default(),
-            edit_interval: options.edit_interval,
-            max_file_bytes: options.max_file_bytes,
-            download_timeout: options.download_timeout,
-            max_unbound_rooms: options.max_unbound_rooms,
-            room_messages_per_minute: options.room_messages_per_minute,
-            offline_after: options.offline_after,
-        });
+        let app = Arc::new(new_app(client.clone(), user, &options));
         let connector = build(&app).map_err(ServerError::from)?;
         let mut builder = ConnectorServer::builder(connector);
         #[cfg(feature = "postgres")]
@@ -247,5 +253,84 @@ impl Matrix {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         self.server.serve(listener, shutdown).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xagent_protocol_types::Secret;
+
+    /// The definition as the runtime builds it: its Card and Skill went through the
+    /// protocol's validators (`card.tool_wire_reference`, `skill.wire_reference` among them).
+    async fn definition() -> Connector {
+        let homeserver = "http://127.0.0.1:9";
+        let client = Client::builder().homeserver_url(homeserver).build().await.expect("client");
+        let user = OwnedUserId::try_from("@bot:example.org").expect("user id");
+        let credentials = Credentials::Password(Secret::new("unused"));
+        let options = MatrixOptions::new(homeserver, user.as_str(), credentials, "unused");
+        build(&Arc::new(new_app(client, user, &options))).expect("the validators accept it")
+    }
+
+    #[tokio::test]
+    async fn the_tool_ids_and_argument_names_stay_what_callers_use() {
+        let connector = definition().await;
+        let tools: Vec<(String, Vec<String>)> = connector
+            .card()
+            .tools
+            .iter()
+            .map(|tool| {
+                let properties = tool.input_schema["properties"].as_object().expect("properties");
+                (tool.tool_id.to_string(), properties.keys().cloned().collect())
+            })
+            .collect();
+        // The runtime adds `connector_channel_id` to every Tool's arguments.
+        let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            tools,
+            [
+                (TOOL_MESSAGE_SEND.to_owned(), names(&["connector_channel_id", "text"])),
+                (TOOL_FILE_SEND.to_owned(), names(&["connector_channel_id", "file_ref", "text"])),
+            ]
+        );
+        assert_eq!(
+            (TOOL_MESSAGE_SEND, TOOL_FILE_SEND),
+            ("matrix_message_send", "matrix_file_send")
+        );
+    }
+
+    /// The texts the model reads, whitespace folded: the Skill, each Tool's title and
+    /// description, and its arguments' descriptions.
+    fn model_texts(connector: &Connector) -> Vec<String> {
+        let mut texts = vec![SKILL.to_owned()];
+        for tool in &connector.card().tools {
+            texts.extend(tool.title.clone());
+            texts.extend(tool.description.clone());
+            for property in tool.input_schema["properties"].as_object().into_iter().flatten() {
+                texts.extend(property.1["description"].as_str().map(str::to_owned));
+            }
+        }
+        texts.iter().map(|t| t.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+    }
+
+    /// Protocol section 5: the model hands over a file of the conversation and xAgent moves
+    /// its bytes, so the texts point to such a file and never ask the model to upload one
+    /// (the runtime's validators, run by `definition`, refuse Transfer Plane paths and packets).
+    #[tokio::test]
+    async fn the_file_texts_point_to_a_file_of_the_conversation_not_to_an_upload() {
+        let connector = definition().await;
+        let texts = model_texts(&connector);
+        for text in &texts {
+            assert!(!text.to_lowercase().contains("upload"), "{text}");
+        }
+        let file_ref = connector
+            .card()
+            .tools
+            .iter()
+            .find(|tool| tool.tool_id.as_str() == TOOL_FILE_SEND)
+            .map(|tool| &tool.input_schema["properties"]["file_ref"]["description"]);
+        let said = file_ref.and_then(|d| d.as_str()).expect("file_ref has a description");
+        assert!(said.contains("from this conversation"), "{said}");
+        assert!(texts[0].contains("`matrix_file_send` posts a file from this conversation"));
     }
 }
