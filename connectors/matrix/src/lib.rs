@@ -5,12 +5,20 @@
 //! operator creates; it talks to the homeserver through `matrix-sdk` (with its crypto and
 //! SQLite stores in the state directory) and to xAgent through `xagent-server-runtime`.
 //!
-//! | module | what it holds |
+//! ## Modules and which way they depend
+//!
+//! Rows are listed top first: a module imports only its own row and rows below it, and no two
+//! files import each other in a circle (`tests/module_layers.rs` checks both).
+//!
+//! | module | holds |
 //! |---|---|
-//! | [`pairing`] | one-time pairing codes that bind a room to a channel, with guessing limits (sans-I/O) |
-//! | [`bot`] | the bot's login, kept and reused across restarts |
-//! | [`connector`] | the Connector: Card, `matrix_room` flow, sync loop, IM target, Tools |
-//! | `testing` | a person on a Matrix client of their own, for tests (cargo feature `testing`) |
+//! | [`connector`], `testing` | the definition: options, Card, flow, IM target and Tools put together, [`Matrix`]; a person on a Matrix client of their own, for tests (cargo feature `testing`) |
+//! | `sync`, `tools` | the sync loop (gaps, undecryptable events, invites, idle rooms); the two send Tools |
+//! | `intake`, `delivery` | one room message to xAgent, messages held until sign-in; posting, streaming and typing in the room |
+//! | `flow` | the `matrix_room` pairing flow and the codes posted in rooms |
+//! | `app` | `App`, the state every part shares |
+//! | [`pairing`], [`bot`], `names` | one-time pairing codes with guessing limits (sans-I/O); the bot's login, kept across restarts; the Connector's names and keys |
+//! | [`error`] | [`MatrixError`] |
 //!
 //! ```no_run
 //! use xagent_connector_matrix::{Credentials, Matrix, MatrixOptions};
@@ -28,12 +36,19 @@
 //! # Ok(()) }
 //! ```
 
+mod app;
 pub mod bot;
 pub mod connector;
+mod delivery;
 pub mod error;
+mod flow;
+mod intake;
+mod names;
 pub mod pairing;
+mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod tools;
 
 pub use bot::Credentials;
 pub use connector::{CARD_ID, Matrix, MatrixOptions};
