@@ -14,7 +14,6 @@ use xagent_protocol_types::{
 };
 use xagent_server_runtime::{
     BoundReason, ChannelContext, Connector, ConnectorServer, FlowSpec, RuntimeConfig, ServerError,
-    ToolSpec,
 };
 
 use crate::MatrixError;
@@ -23,13 +22,12 @@ use crate::bot::{self, Credentials};
 use crate::delivery::MatrixTarget;
 use crate::flow::RoomFlow;
 use crate::pairing::Pairing;
-use crate::tools::{file_send, message_send};
+use crate::tools::MatrixSender;
 
 pub use crate::delivery::{MAX_EVENT_TEXT_BYTES, split_text};
 pub use crate::intake::{message_id_of, refused_notice};
 pub use crate::names::{CARD_ID, PROVIDER, ROOM_FLOW, SKILL, TOOL_FILE_SEND, TOOL_MESSAGE_SEND};
 pub use crate::sync::UNBOUND_ROOM_TTL_MS;
-pub use crate::tools::{FileSendArgs, MessageSendArgs};
 
 /// How long fetching one inbound file may take (by default; [`MatrixOptions::download_timeout`]).
 pub const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -169,22 +167,7 @@ fn build(app: &Arc<App>) -> Result<Connector, xagent_server_runtime::DefinitionE
         })
         .im_target(MatrixTarget(Arc::clone(app)))
         .skill(SKILL)
-        .tool_with(
-            app,
-            ToolSpec::new(
-                TOOL_MESSAGE_SEND,
-                "Post a Matrix message\nPost an extra text message in the Matrix room bound to the current channel. Your normal reply is delivered without this tool.",
-            ),
-            message_send,
-        )
-        .tool_with(
-            app,
-            ToolSpec::new(
-                TOOL_FILE_SEND,
-                "Post a file to the Matrix room\nPost a file from this conversation in the room bound to the current channel (encrypted in encrypted rooms), with an optional caption.",
-            ),
-            file_send,
-        )
+        .im_send_tools(PROVIDER, MatrixSender(Arc::clone(app)))
         .build()
 }
 

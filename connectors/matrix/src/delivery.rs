@@ -122,6 +122,12 @@ impl App {
         let (record, reader) = handle.open_file(channel, file_ref).await.map_err(|_| {
             DeliveryError::permanent(ErrorCode::FileNotFound, "no such file on this channel")
         })?;
+        self.check_postable(&record)?;
+        Ok((record, reader))
+    }
+
+    /// Refuses a file larger than this Connector posts.
+    pub(crate) fn check_postable(&self, record: &FileRecord) -> Result<(), DeliveryError> {
         if record.byte_size > self.max_file_bytes {
             return Err(DeliveryError::permanent(
                 ErrorCode::PayloadTooLarge,
@@ -131,7 +137,7 @@ impl App {
                 ),
             ));
         }
-        Ok((record, reader))
+        Ok(())
     }
 
     /// Posts an opened file (encrypted in encrypted rooms).
