@@ -79,7 +79,7 @@
 //! | `connector` | [`Connector`], [`ConnectorBuilder`]: the definition and its generated Card |
 //! | `device` | Device Profile wiring: one `profile-device` gate per Connector around device Tools (admission, per-channel serialisation, timeouts, result checks) and the binding states behind every device Tool's availability |
 //! | `author` | what an author writes (`tool`, `auth`, `im`, `device`, `context`) and `call`, the one place author code is called (panic-contained) |
-//! | `handle` | [`ConnectorHandle`] over the `HandleOps` trait, [`StopFn`], [`DeviceStatus`] |
+//! | `handle` | [`ConnectorHandle`] over the `HandleOps` trait, [`StopFn`], [`DeviceStatus`]; `consumers`, the shared-consumer registry the state keeps; `detached`, [`ConnectorHandle::detached`] for unit tests (an in-memory author store, no runtime) |
 //!
 //! **Bottom: plain parts** (import only each other, never a module above).
 //!
