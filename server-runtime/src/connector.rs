@@ -17,7 +17,7 @@ use xagent_protocol_types::{
 
 use crate::author::auth::form_fields;
 use crate::author::call::DeviceCode;
-use crate::author::call::{AuthCode, BoundHook, DynFlow, FormFlow, ImCode, UnboundHook};
+use crate::author::call::{AuthCode, BoundHook, DynFlow, FormFlow, ImCode, UnboundHook, WithState};
 use crate::author::tool::{RegisteredTool, register};
 use crate::author::{
     AuthContext, AuthError, AuthStep, Binding, BoundReason, ChannelContext, FlowHandler, FlowSpec,
@@ -79,6 +79,7 @@ impl Connector {
             device: None,
             device_tools: Vec::new(),
             unconstrained: Vec::new(),
+            state: (),
         }
     }
 
@@ -115,8 +116,10 @@ enum PendingFlow {
     Form(FlowSpec, Vec<xagent_protocol_types::AuthField>),
 }
 
-/// Builder of a [`Connector`].
-pub struct ConnectorBuilder {
+/// Builder of a [`Connector`]. `S` is the Connector's state, set with
+/// [`ConnectorBuilder::state`] (`()` without one): every handler registered after it gets the
+/// state in its context.
+pub struct ConnectorBuilder<S = ()> {
     card_id: String,
     info: ConnectorInfo,
     build: BuildInfo,
@@ -137,9 +140,11 @@ pub struct ConnectorBuilder {
     /// Device Tool arguments the operator explicitly allowed to stay unconstrained
     /// (Tool id, JSON pointer of the property).
     unconstrained: Vec<(ToolId, String)>,
+    /// Handed to every handler registered on this builder (a clone per call).
+    state: S,
 }
 
-impl ConnectorBuilder {
+impl<S: Clone + Send + Sync + 'static> ConnectorBuilder<S> {
     /// Sets the vendor.
     #[must_use]
     pub fn vendor(mut self, vendor: impl Into<String>) -> Self {
@@ -197,12 +202,13 @@ impl ConnectorBuilder {
     pub fn form_flow<Form, F, Fut>(mut self, spec: FlowSpec, handler: F) -> Self
     where
         Form: DeserializeOwned + JsonSchema + Send + 'static,
-        F: Fn(AuthContext, Form) -> Fut + Send + Sync + 'static,
+        F: Fn(AuthContext<S>, Form) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<AuthStep, AuthError>> + Send + 'static,
     {
         match form_fields::<Form>() {
             Ok(fields) => {
                 let code = FormFlow { handler, form: std::marker::PhantomData::<fn() -> Form> };
+                let code = self.bind(code);
                 self.add_flow(PendingFlow::Form(spec.clone(), fields), &spec.id, Arc::new(code))
             }
             Err(reason) => {
@@ -214,16 +220,23 @@ impl ConnectorBuilder {
 
     /// Declares a QR-login flow and its code in one place.
     #[must_use]
-    pub fn qr_flow(self, spec: FlowSpec, handler: impl FlowHandler) -> Self {
+    pub fn qr_flow(self, spec: FlowSpec, handler: impl FlowHandler<S>) -> Self {
         let id = spec.id.clone();
-        self.add_flow(PendingFlow::Qr(spec), &id, Arc::new(handler))
+        let code = self.bind(handler);
+        self.add_flow(PendingFlow::Qr(spec), &id, Arc::new(code))
     }
 
     /// Declares any auth flow (a Card entry written by hand) with its code.
     #[must_use]
-    pub fn auth_flow_with(self, flow: AuthFlow, handler: impl FlowHandler) -> Self {
+    pub fn auth_flow_with(self, flow: AuthFlow, handler: impl FlowHandler<S>) -> Self {
         let id = flow.id.clone();
-        self.add_flow(PendingFlow::Declared(Box::new(flow)), &id, Arc::new(handler))
+        let code = self.bind(handler);
+        self.add_flow(PendingFlow::Declared(Box::new(flow)), &id, Arc::new(code))
+    }
+
+    /// Author code with this builder's state bound to it.
+    fn bind<C>(&self, code: C) -> WithState<C, S> {
+        WithState { code, state: self.state.clone() }
     }
 
     fn add_flow(mut self, flow: PendingFlow, id: &FlowId, code: Arc<dyn DynFlow>) -> Self {
@@ -241,10 +254,13 @@ impl ConnectorBuilder {
     #[must_use]
     pub fn on_bound<F, Fut>(mut self, hook: F) -> Self
     where
-        F: Fn(ChannelContext, BoundReason) -> Fut + Send + Sync + 'static,
+        F: Fn(ChannelContext<S>, BoundReason) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let hook: Arc<BoundHook> = Arc::new(move |ctx, reason| Box::pin(hook(ctx, reason)));
+        let state = self.state.clone();
+        let hook: Arc<BoundHook> = Arc::new(move |ctx: ChannelContext, reason| {
+            Box::pin(hook(ctx.with_state(state.clone()), reason))
+        });
         self.auth.on_bound = Some(hook);
         self
     }
@@ -254,18 +270,20 @@ impl ConnectorBuilder {
     #[must_use]
     pub fn on_unbound<F, Fut>(mut self, hook: F) -> Self
     where
-        F: Fn(ChannelContext) -> Fut + Send + Sync + 'static,
+        F: Fn(ChannelContext<S>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), AuthError>> + Send + 'static,
     {
-        let hook: Arc<UnboundHook> = Arc::new(move |ctx| Box::pin(hook(ctx)));
+        let state = self.state.clone();
+        let hook: Arc<UnboundHook> =
+            Arc::new(move |ctx: ChannelContext| Box::pin(hook(ctx.with_state(state.clone()))));
         self.auth.on_unbound = Some(hook);
         self
     }
 
     /// Sets the IM target (required when an IM Profile is declared).
     #[must_use]
-    pub fn im_target(mut self, target: impl ImTarget) -> Self {
-        self.im = Some(ImCode(Arc::new(target)));
+    pub fn im_target(mut self, target: impl ImTarget<S>) -> Self {
+        self.im = Some(ImCode(Arc::new(self.bind(target))));
         self
     }
 
@@ -275,7 +293,7 @@ impl ConnectorBuilder {
     #[must_use]
     pub fn on_message<F, Fut>(self, deliver: F) -> Self
     where
-        F: Fn(ChannelContext, xagent_protocol_types::ChatMessage) -> Fut + Send + Sync + 'static,
+        F: Fn(ChannelContext<S>, xagent_protocol_types::ChatMessage) -> Fut + Send + Sync + 'static,
         Fut: Future + Send + 'static,
         Fut::Output: crate::author::im::DeliveryOutcome,
     {
@@ -285,8 +303,8 @@ impl ConnectorBuilder {
     /// Sets the device target (Device Profile v1) and the device policies (serialisation,
     /// timeouts, high-risk Tools, device sharing; see [`DeviceConfig`]).
     #[must_use]
-    pub fn device_target(mut self, target: impl DeviceTarget, config: DeviceConfig) -> Self {
-        self.device = Some((DeviceCode(Arc::new(target)), config));
+    pub fn device_target(mut self, target: impl DeviceTarget<S>, config: DeviceConfig) -> Self {
+        self.device = Some((DeviceCode(Arc::new(self.bind(target))), config));
         self
     }
 
@@ -307,14 +325,14 @@ impl ConnectorBuilder {
     where
         Args: DeserializeOwned + JsonSchema + Send + 'static,
         Out: Serialize + JsonSchema + Send + 'static,
-        F: Fn(ToolContext, Args) -> Fut + Send + Sync + 'static,
+        F: Fn(ToolContext<S>, Args) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Out, ToolError>> + Send + 'static,
     {
         let spec = if category == ToolCategory::Control { spec } else { spec.read_only() };
         // A device Tool belongs to the Device Profile unless its spec says otherwise (not to
         // the Card's first Profile, which may be an IM one on a Card declaring both).
         let spec = if spec.has_profile() { spec } else { spec.profile(PROFILE_DEVICE_V1) };
-        let registered = register(spec, handler);
+        let registered = register(spec, self.with_state(handler));
         if let Ok(tool) = &registered {
             self.device_tools.push((tool.card.tool_id.clone(), category, risk));
         }
@@ -368,26 +386,20 @@ impl ConnectorBuilder {
     where
         Args: DeserializeOwned + JsonSchema + Send + 'static,
         Out: Serialize + JsonSchema + Send + 'static,
-        F: Fn(ToolContext, Args) -> Fut + Send + Sync + 'static,
+        F: Fn(ToolContext<S>, Args) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Out, ToolError>> + Send + 'static,
     {
+        let handler = self.with_state(handler);
         self.add_tool(register(spec, handler))
     }
 
-    /// Registers a Tool whose handler takes the Connector's shared state first: `handler`
-    /// gets a clone of the `Arc` on every call, so a handler is a plain `async fn(Arc<S>,
-    /// ToolContext, Args)` instead of a closure capturing it.
-    #[must_use]
-    pub fn tool_with<S, Args, Out, F, Fut>(self, state: &Arc<S>, spec: ToolSpec, handler: F) -> Self
-    where
-        S: Send + Sync + 'static,
-        Args: DeserializeOwned + JsonSchema + Send + 'static,
-        Out: Serialize + JsonSchema + Send + 'static,
-        F: Fn(Arc<S>, ToolContext, Args) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Out, ToolError>> + Send + 'static,
-    {
-        let state = Arc::clone(state);
-        self.tool(spec, move |ctx, args| handler(Arc::clone(&state), ctx, args))
+    /// A Tool handler taking `ToolContext<S>` as one the runtime calls with `ToolContext`.
+    fn with_state<Args, Fut>(
+        &self,
+        handler: impl Fn(ToolContext<S>, Args) -> Fut + Send + Sync + 'static,
+    ) -> impl Fn(ToolContext, Args) -> Fut + Send + Sync + 'static {
+        let state = self.state.clone();
+        move |ctx: ToolContext, args| handler(ctx.with_state(state.clone()), args)
     }
 
     fn add_tool(mut self, registered: Result<RegisteredTool, DefinitionError>) -> Self {
@@ -408,3 +420,4 @@ impl ConnectorBuilder {
 
 mod build;
 mod im_tools;
+mod state;

@@ -185,6 +185,12 @@ pub enum HandleError {
     /// The Transfer Plane is not enabled (no state directory, no files configuration).
     #[error("the Transfer Plane is not enabled; give the server a state directory")]
     FilesDisabled,
+    /// The handle is detached ([`crate::ConnectorHandle::detached`], for unit tests): the
+    /// operation needs a running Connector connected to xAgent (`channel_not_open`).
+    #[error(
+        "{0} needs a running Connector connected to xAgent; this handle is detached (made for a test) and has no connection"
+    )]
+    Detached(&'static str),
     /// The file belongs to another channel (`forbidden`).
     #[error("the file belongs to another channel")]
     FileOwnership,
@@ -204,6 +210,7 @@ impl HandleError {
             Self::Outbox(error) => error.code(),
             Self::TooLarge { .. } | Self::BroadcastTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::FileOwnership => ErrorCode::Forbidden,
+            Self::Detached(_) => ErrorCode::ChannelNotOpen,
             Self::File(error) => error.code(),
         }
     }

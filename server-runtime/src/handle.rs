@@ -13,11 +13,15 @@ use futures_util::future::BoxFuture;
 use xagent_file_transfer::FileStore;
 use xagent_profile_im::{OutboundPayload, OutboxEvent};
 use xagent_protocol_types::{
-    ConnectionDescriptor, ConnectionStatus, ConnectorCardId, ConnectorChannelId, ConnectorId,
-    DescriptorTarget, DescriptorTool, MessageId, ToolId, ToolProgressPush,
+    ConnectionDescriptor, ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget,
+    DescriptorTool, MessageId, ToolId, ToolProgressPush,
 };
 
+pub(crate) mod consumers;
+mod detached;
 mod messages;
+
+pub(crate) use consumers::Consumers;
 
 use crate::binding::Binding;
 use crate::error::HandleError;
@@ -56,10 +60,8 @@ pub struct Broadcast {
 /// rules (argument checks, panic containment of a consumer start, file store calls) and
 /// leaves the state's data to this trait.
 pub(crate) trait HandleOps: Send + Sync + 'static {
-    /// The Card's `connector_card_id` (for `Debug`).
-    fn card_id(&self) -> &ConnectorCardId;
-    /// The Card (what a push may cite).
-    fn card(&self) -> &xagent_protocol_types::ConnectorCard;
+    /// The Card (what a push may cite); `None` on a detached handle.
+    fn card(&self) -> Option<&xagent_protocol_types::ConnectorCard>;
     /// The registered `connector_id`.
     fn connector_id(&self) -> Option<ConnectorId>;
     /// True while a socket that completed hello is connected.
@@ -154,8 +156,8 @@ pub(crate) trait HandleOps: Send + Sync + 'static {
     fn outbox_events(&self) -> Option<tokio::sync::broadcast::Receiver<OutboxEvent>>;
     /// Message ids still pending towards xAgent on a channel.
     fn pending_messages(&self, channel: &ConnectorChannelId) -> Vec<MessageId>;
-    /// The Transfer Plane's store, when enabled.
-    fn files(&self) -> Option<&FileStore>;
+    /// The Transfer Plane's store, or why there is none.
+    fn files(&self) -> Result<&FileStore, HandleError>;
     /// The author store over the runtime's storage.
     fn author_store(&self) -> crate::AuthorStore;
     /// Sends an author broadcast to every replica (this one included).
@@ -171,7 +173,8 @@ pub struct ConnectorHandle(Arc<dyn HandleOps>);
 
 impl std::fmt::Debug for ConnectorHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnectorHandle").field("card_id", self.0.card_id()).finish_non_exhaustive()
+        let card_id = self.0.card().map(|card| &card.connector_card_id);
+        f.debug_struct("ConnectorHandle").field("card_id", &card_id).finish_non_exhaustive()
     }
 }
 
@@ -392,6 +395,15 @@ impl ConnectorHandle {
     /// into durable state (the author store), never as the state itself. On a storage only one
     /// process uses, only this process hears it.
     pub async fn broadcast(&self, topic: &str, message: &str) -> Result<(), HandleError> {
+        use crate::storage::{MAX_BROADCAST_MESSAGE_BYTES, MAX_BROADCAST_TOPIC_BYTES};
+        for (what, text, limit) in [
+            ("topic", topic, MAX_BROADCAST_TOPIC_BYTES),
+            ("message", message, MAX_BROADCAST_MESSAGE_BYTES),
+        ] {
+            if text.len() > limit {
+                return Err(HandleError::BroadcastTooLarge { what, size: text.len(), limit });
+            }
+        }
         self.0.broadcast(topic, message).await
     }
 

@@ -79,7 +79,7 @@
 //! | `connector` | [`Connector`], [`ConnectorBuilder`]: the definition and its generated Card |
 //! | `device` | Device Profile wiring: one `profile-device` gate per Connector around device Tools (admission, per-channel serialisation, timeouts, result checks) and the binding states behind every device Tool's availability |
 //! | `author` | what an author writes (`tool`, `auth`, `im`, `im_tools`: the shared IM send Tools over an [`ImSender`], `device`, `context`) and `call`, the one place author code is called (panic-contained) |
-//! | `handle` | [`ConnectorHandle`] over the `HandleOps` trait, [`StopFn`], [`DeviceStatus`] |
+//! | `handle` | [`ConnectorHandle`] over the `HandleOps` trait, [`StopFn`], [`DeviceStatus`]; `consumers`, the shared-consumer registry the state keeps; `detached`, [`ConnectorHandle::detached`] for unit tests (an in-memory author store, no runtime) |
 //!
 //! **Bottom: plain parts** (import only each other, never a module above).
 //!
@@ -231,6 +231,12 @@ pub mod ops {
     #[cfg(feature = "postgres")]
     pub use xagent_storage_postgres::{DatabaseUrl, PgError, PoolOptions};
 }
+
+/// The Rust blocks of `docs/AUTHORING.md` compile and run as doctests (those marked `ignore`
+/// are fragments). Only under `cargo test --doc`: the guide is not part of the package.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/AUTHORING.md")]
+pub struct AuthoringGuide;
 
 /// Everything a Connector author needs, in one import: the builder and server, the author
 /// traits and contexts, the common protocol types, and the derive macros for typed

@@ -191,10 +191,11 @@ async fn rule_card_tool_related_skill_reaches_the_served_card() {
 /// `tools[]` is made from the registered handlers, not declared beside them).
 #[tokio::test]
 async fn rule_card_tool_callable_every_served_tool_runs_its_own_handler() {
-    let state = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
     let connector = Connector::builder(CARD, "Authoring", "4.5.6")
         .target(TargetDeclaration::new(TargetType::Im, "authoring", "Authoring"))
         .profile(PROFILE_IM_V2)
+        .state(Arc::clone(&calls))
         .on_message(|_, _| async {})
         .tool(ToolSpec::new("authoring_one", "One"), |_, _: Text| async {
             Ok(json!({ "ran": "authoring_one" }))
@@ -202,11 +203,10 @@ async fn rule_card_tool_callable_every_served_tool_runs_its_own_handler() {
         .tool(ToolSpec::new("authoring_two", "Two").read_only(), |_, _: Text| async {
             Ok(json!({ "ran": "authoring_two" }))
         })
-        .tool_with(
-            &state,
+        .tool(
             ToolSpec::new("authoring_three", "Three"),
-            |calls, _, _: Text| async move {
-                calls.fetch_add(1, Ordering::SeqCst);
+            |ctx: ToolContext<Arc<AtomicUsize>>, _: Text| async move {
+                ctx.state().fetch_add(1, Ordering::SeqCst);
                 Ok(json!({ "ran": "authoring_three" }))
             },
         )
@@ -228,7 +228,80 @@ async fn rule_card_tool_callable_every_served_tool_runs_its_own_handler() {
         assert!(reply.error.is_none(), "{id}: {reply:?}");
         assert_eq!(payload_json(&reply)["result"]["ran"], id.as_str(), "{id}: {reply:?}");
     }
-    assert_eq!(state.load(Ordering::SeqCst), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    client.close().await;
+    server.stop().await;
+}
+
+/// What each handler saw of the Connector's state.
+#[derive(Clone, Default)]
+struct Seen(Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+impl Seen {
+    fn saw(&self, what: &'static str) {
+        self.0.lock().unwrap().push(what);
+    }
+}
+
+struct SeenTarget;
+
+impl ImTarget<Seen> for SeenTarget {
+    async fn deliver(
+        &self,
+        ctx: ChannelContext<Seen>,
+        _message: ChatMessage,
+        _how: FinalDelivery,
+    ) -> Result<(), DeliveryError> {
+        ctx.state().saw("deliver");
+        Ok(())
+    }
+}
+
+async fn seen_sign_in(ctx: AuthContext<Seen>, form: TokenForm) -> Result<AuthStep, AuthError> {
+    ctx.state().saw("form flow");
+    let target = DescriptorTarget::new("authoring", "Authoring account");
+    Ok(AuthStep::Authenticated(Binding::new(target).with_secret("token", form.token)))
+}
+
+async fn seen_tool(ctx: ToolContext<Seen>, args: Text) -> Result<Text, ToolError> {
+    ctx.state().saw("tool");
+    Ok(args)
+}
+
+/// One state set with `.state(..)` reaches a form flow, the hooks, the IM target and a Tool,
+/// each a plain `async fn` (or a unit struct), with nothing cloned by the author.
+#[tokio::test]
+async fn the_connector_state_reaches_every_kind_of_handler() {
+    let seen = Seen::default();
+    let connector = Connector::builder(CARD, "Authoring", "4.5.6")
+        .target(TargetDeclaration::new(TargetType::Im, "authoring", "Authoring"))
+        .profile(PROFILE_IM_V2)
+        .state(seen.clone())
+        .form_flow(FlowSpec::new(FLOW, "Sign in"), seen_sign_in)
+        .on_bound(|ctx: ChannelContext<Seen>, _| async move { ctx.state().saw("on_bound") })
+        .on_unbound(|ctx: ChannelContext<Seen>| async move {
+            ctx.state().saw("on_unbound");
+            Ok(())
+        })
+        .im_target(SeenTarget)
+        .tool(ToolSpec::new("authoring_seen", "Seen"), seen_tool)
+        .build()
+        .unwrap();
+    let server = support::serve_custom(connector, RuntimeConfig::default(), None).await;
+    let mut client = server.client().await;
+    let (channel, _) = open(&mut client).await;
+    assert!(sign_in(&mut client, &channel).await.error.is_none());
+    let tool = invoke(&mut client, &channel, "authoring_seen").await;
+    assert!(tool.error.is_none(), "{tool:?}");
+    let packet = Packet::with_payload(client.id("pkt"), ChatMessage::text("m1", "hello"))
+        .channel(channel.clone());
+    client.send(&packet).await;
+    let (ack, _) = client.wait_for("chat.message.ack").await;
+    assert_eq!(payload_json(&ack)["status"], "accepted", "{ack:?}");
+    let logout = client.request(xagent_protocol_types::AuthLogout::default(), Some(&channel));
+    let reply = client.call(logout).await;
+    assert!(reply.error.is_none(), "{reply:?}");
+    assert_eq!(*seen.0.lock().unwrap(), ["form flow", "on_bound", "tool", "deliver", "on_unbound"],);
     client.close().await;
     server.stop().await;
 }

@@ -104,15 +104,11 @@ pub struct EchoForm {
     pub token: Secret,
 }
 
-async fn echo_sign_in(
-    state: EchoState,
-    ctx: AuthContext,
-    form: EchoForm,
-) -> Result<AuthStep, AuthError> {
+async fn echo_sign_in(ctx: AuthContext<EchoState>, form: EchoForm) -> Result<AuthStep, AuthError> {
     if form.token.matches(ECHO_BAD_TOKEN) {
         return Ok(AuthStep::Failed("the echo service refused the token".into()));
     }
-    state.log().tokens_used += 1;
+    ctx.state().log().tokens_used += 1;
     let hint =
         format!("echo {}***", ctx.channel.as_str().chars().skip(4).take(4).collect::<String>());
     let binding = Binding::new(
@@ -125,23 +121,24 @@ async fn echo_sign_in(
 }
 
 /// One shared poller for every bound channel (signed in or restored).
-async fn echo_bound(state: EchoState, ctx: ChannelContext, reason: BoundReason) {
-    let poller = state.clone();
+async fn echo_bound(ctx: ChannelContext<EchoState>, reason: BoundReason) {
+    let poller = ctx.state().clone();
     ctx.handle.attach_consumer("echo-poller", &ctx.channel, move || {
         poller.log().poller_starts += 1;
         Box::new(move || poller.log().poller_stops += 1)
     });
     if reason == BoundReason::Restored {
-        state.log().restored.push(ctx.channel);
+        ctx.state().log().restored.push(ctx.channel.clone());
     }
 }
 
-struct EchoTarget(EchoState);
+/// The echo target system: its log is the Connector's state.
+struct EchoTarget;
 
-impl ImTarget for EchoTarget {
+impl ImTarget<EchoState> for EchoTarget {
     async fn deliver(
         &self,
-        ctx: ChannelContext,
+        ctx: ChannelContext<EchoState>,
         message: ChatMessage,
         how: FinalDelivery,
     ) -> Result<(), DeliveryError> {
@@ -160,18 +157,18 @@ impl ImTarget for EchoTarget {
             }
             _ => {}
         }
-        let delay = self.0.log().delivery_delays.get(&ctx.channel).copied();
+        let delay = ctx.state().log().delivery_delays.get(&ctx.channel).copied();
         if let Some(delay) = delay {
             tokio::time::sleep(delay).await;
         }
-        self.0.log().delivered.push((ctx.channel, message, how));
+        ctx.state().log().delivered.push((ctx.channel.clone(), message, how));
         Ok(())
     }
 
     const ACTIVITY: ActivityCapability = ActivityCapability::CustomStatus;
 
-    async fn activity(&self, ctx: ChannelContext, action: ActivityAction) {
-        self.0.log().activities.push((ctx.channel, action));
+    async fn activity(&self, ctx: ChannelContext<EchoState>, action: ActivityAction) {
+        ctx.state().log().activities.push((ctx.channel.clone(), action));
     }
 }
 
@@ -192,58 +189,47 @@ pub const ECHO_SKILL: &str = "---\nname: connector-im-echo\ndescription: Reply t
 /// Builds the echo connector and the shared view of its target.
 pub fn echo_connector() -> (Connector, EchoState) {
     let state = EchoState::default();
-    let tool_state = state.clone();
     let connector = Connector::builder(ECHO_CARD_ID, "Echo Connector", "0.1.0")
         .description("Echoes IM messages; the test connector of xagent-server-runtime.")
         .vendor("xagent-connector-rs")
         .target(TargetDeclaration::new(TargetType::Im, "echo", "Echo"))
         .profile(PROFILE_IM_V2)
         .security(Security::new(TrustLevel::Local, true).with_data_class("message"))
-        .form_flow(FlowSpec::new(ECHO_FLOW, "Bind an Echo account"), {
-            let state = state.clone();
-            move |ctx, form: EchoForm| echo_sign_in(state.clone(), ctx, form)
+        // The log is also returned to the test, so the state is a clone of it.
+        .state(state.clone())
+        .form_flow(FlowSpec::new(ECHO_FLOW, "Bind an Echo account"), echo_sign_in)
+        .on_bound(echo_bound)
+        .on_unbound(|ctx: ChannelContext<EchoState>| {
+            ctx.state().log().signed_out.push(ctx.channel.clone());
+            async { Ok(()) }
         })
-        .on_bound({
-            let state = state.clone();
-            move |ctx, reason| echo_bound(state.clone(), ctx, reason)
-        })
-        .on_unbound({
-            let state = state.clone();
-            move |ctx: ChannelContext| {
-                state.log().signed_out.push(ctx.channel);
-                async { Ok(()) }
-            }
-        })
-        .im_target(EchoTarget(state.clone()))
+        .im_target(EchoTarget)
         .skill(ECHO_SKILL)
         .tool(
             ToolSpec::new(
                 "echo_send",
                 "Send an Echo message\nSend text to the Echo contact bound to the current channel.",
             ),
-            move |ctx: ToolContext, args: EchoSendArgs| {
-                let state = tool_state.clone();
-                async move {
-                    if args.text.is_empty() {
-                        return Err(ToolError::failed("text must not be empty"));
-                    }
-                    if ctx.binding.secret("token").is_none() {
-                        return Err(ToolError::permission_denied("the channel has no token"));
-                    }
-                    ctx.progress("sending", Some(0.5)).await;
-                    let n = {
-                        let mut log = state.log();
-                        log.sent.push((ctx.channel.clone(), args.text.clone()));
-                        log.sent.len()
-                    };
-                    Ok(json!({ "status": "sent", "message_id": format!("echo_{n}") }))
+            |ctx: ToolContext<EchoState>, args: EchoSendArgs| async move {
+                if args.text.is_empty() {
+                    return Err(ToolError::failed("text must not be empty"));
                 }
+                if ctx.binding.secret("token").is_none() {
+                    return Err(ToolError::permission_denied("the channel has no token"));
+                }
+                ctx.progress("sending", Some(0.5)).await;
+                let n = {
+                    let mut log = ctx.state().log();
+                    log.sent.push((ctx.channel.clone(), args.text.clone()));
+                    log.sent.len()
+                };
+                Ok(json!({ "status": "sent", "message_id": format!("echo_{n}") }))
             },
         )
         .tool(
             ToolSpec::new("echo_noop", "Do nothing\nReturns an empty object; for benchmarks.")
                 .read_only(),
-            |_ctx: ToolContext, _args: NoArgs| async { Ok(json!({})) },
+            |_ctx: ToolContext<EchoState>, _args: NoArgs| async { Ok(json!({})) },
         )
         .build();
     match connector {

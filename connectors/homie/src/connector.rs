@@ -175,14 +175,14 @@ fn tool_error(e: &HomieError) -> ToolError {
     ToolError::new(e.code(), e.to_string())
 }
 
-fn bound_device(ctx: &ToolContext) -> Result<String, ToolError> {
+fn bound_device(ctx: &ToolContext<App>) -> Result<String, ToolError> {
     device_of(&ctx.binding).ok_or_else(|| {
         ToolError::new(ErrorCode::ConnectionNotFound, "no device is bound to this channel")
     })
 }
 
 /// The bound device and the description the channel pinned when it bound it.
-fn bound(ctx: &ToolContext) -> Result<(String, Pinned), ToolError> {
+fn bound(ctx: &ToolContext<App>) -> Result<(String, Pinned), ToolError> {
     let device = bound_device(ctx)?;
     let pinned = ctx
         .binding
@@ -257,99 +257,111 @@ impl App {
             }
         }
     }
+}
 
-    async fn bind(&self, ctx: AuthContext, form: BindForm) -> Result<AuthStep, AuthError> {
-        let device = form.device_id.trim().to_owned();
-        if let Err(e) = check_id(&device) {
-            return Ok(AuthStep::Failed(e.to_string()));
+/// `homie_bind`: checks the pairing code, waits for the device, pins its description.
+async fn bind(ctx: AuthContext<App>, form: BindForm) -> Result<AuthStep, AuthError> {
+    let app = ctx.state();
+    let device = form.device_id.trim().to_owned();
+    if let Err(e) = check_id(&device) {
+        return Ok(AuthStep::Failed(e.to_string()));
+    }
+    let verdict = match app.pairing.lock() {
+        Ok(mut codes) => codes.verify(&device, &form.pairing_code, ctx.handle.now_millis()),
+        Err(_) => return Err(AuthError::internal("pairing codes lock poisoned")),
+    };
+    if let Err(e) = verdict {
+        tracing::info!(channel = %ctx.channel, "homie bind refused: {e}");
+        return Ok(AuthStep::Failed(e.to_string()));
+    }
+    if let Err(e) = app.link.watch(&device) {
+        return Ok(AuthStep::Failed(e.to_string()));
+    }
+    match app.link.wait_online(&device, app.bind_timeout).await {
+        Ok(()) => {
+            // What the device describes now is what this channel's calls are judged by
+            // until it binds again.
+            let pinned = match app.link.pin(&device).and_then(|p| Ok((p.to_text()?, p))) {
+                Ok(pinned) => pinned,
+                Err(e) => {
+                    app.link.unwatch(&device);
+                    return Ok(AuthStep::Failed(e.to_string()));
+                }
+            };
+            let (pinned_text, pinned) = pinned;
+            let name = pinned.name.clone();
+            let display = if name.trim().is_empty() { device.clone() } else { name };
+            // The channel's own watch (joined when it already follows the device), then
+            // the one taken for the wait is handed over to it: the subscription stays up
+            // throughout, also on replicas where the channel's starts a moment later.
+            let _ = app.watch(&ctx.handle, &ctx.channel, &device);
+            app.hand_over(&device);
+            let target = DescriptorTarget::new(PROVIDER, display).with_label("Homie device");
+            Ok(AuthStep::Authenticated(
+                Binding::new(target)
+                    .with_secret(DEVICE_SECRET, Secret::new(device))
+                    .with_secret(PINNED_SECRET, Secret::new(pinned_text)),
+            ))
         }
-        let verdict = match self.pairing.lock() {
-            Ok(mut codes) => codes.verify(&device, &form.pairing_code, ctx.handle.now_millis()),
-            Err(_) => return Err(AuthError::internal("pairing codes lock poisoned")),
-        };
-        if let Err(e) = verdict {
-            tracing::info!(channel = %ctx.channel, "homie bind refused: {e}");
-            return Ok(AuthStep::Failed(e.to_string()));
-        }
-        if let Err(e) = self.link.watch(&device) {
-            return Ok(AuthStep::Failed(e.to_string()));
-        }
-        match self.link.wait_online(&device, self.bind_timeout).await {
-            Ok(()) => {
-                // What the device describes now is what this channel's calls are judged by
-                // until it binds again.
-                let pinned = match self.link.pin(&device).and_then(|p| Ok((p.to_text()?, p))) {
-                    Ok(pinned) => pinned,
-                    Err(e) => {
-                        self.link.unwatch(&device);
-                        return Ok(AuthStep::Failed(e.to_string()));
-                    }
-                };
-                let (pinned_text, pinned) = pinned;
-                let name = pinned.name.clone();
-                let display = if name.trim().is_empty() { device.clone() } else { name };
-                // The channel's own watch (joined when it already follows the device), then
-                // the one taken for the wait is handed over to it: the subscription stays up
-                // throughout, also on replicas where the channel's starts a moment later.
-                let _ = self.watch(&ctx.handle, &ctx.channel, &device);
-                self.hand_over(&device);
-                let target = DescriptorTarget::new(PROVIDER, display).with_label("Homie device");
-                Ok(AuthStep::Authenticated(
-                    Binding::new(target)
-                        .with_secret(DEVICE_SECRET, Secret::new(device))
-                        .with_secret(PINNED_SECRET, Secret::new(pinned_text)),
-                ))
-            }
-            Err(e) => {
-                self.link.unwatch(&device);
-                Ok(AuthStep::Failed(format!(
-                    "the device did not answer: {e}; check it is switched on and connected to the broker"
-                )))
-            }
+        Err(e) => {
+            app.link.unwatch(&device);
+            Ok(AuthStep::Failed(format!(
+                "the device did not answer: {e}; check it is switched on and connected to the broker"
+            )))
         }
     }
 }
 
+/// Lets go of the device's watch when its binding ends.
+async fn unbind(ctx: ChannelContext<App>) -> Result<(), AuthError> {
+    if let Some(device) = device_of(&ctx.binding) {
+        ctx.state().unwatch(&ctx.handle, &ctx.channel, &device);
+    }
+    Ok(())
+}
+
 /// The device target: a restored binding is connected once the broker shows the device
 /// `ready` and fully described.
-struct HomieTarget(App);
+struct HomieTarget;
 
-impl DeviceTarget for HomieTarget {
+impl DeviceTarget<App> for HomieTarget {
     fn device_key(&self, binding: &Binding) -> Option<String> {
         device_of(binding)
     }
 
-    async fn check(&self, ctx: ChannelContext) -> DeviceStatus {
+    async fn check(&self, ctx: ChannelContext<App>) -> DeviceStatus {
         let Some(device) = device_of(&ctx.binding) else { return DeviceStatus::Offline };
-        if self.0.watch(&ctx.handle, &ctx.channel, &device).is_err() {
+        let app = ctx.state();
+        if app.watch(&ctx.handle, &ctx.channel, &device).is_err() {
             return DeviceStatus::Offline;
         }
-        match self.0.link.settle(&device, self.0.bind_timeout).await {
+        match app.link.settle(&device, app.bind_timeout).await {
             Availability::Online => DeviceStatus::Online,
             _ => DeviceStatus::Offline,
         }
     }
 }
 
-async fn describe(app: App, ctx: ToolContext, _args: DescribeArgs) -> Result<Value, ToolError> {
+async fn describe(ctx: ToolContext<App>, _args: DescribeArgs) -> Result<Value, ToolError> {
     let (device, pinned) = bound(&ctx)?;
-    app.link.describe(&device, &pinned).map_err(|e| tool_error(&e))
+    ctx.state().link.describe(&device, &pinned).map_err(|e| tool_error(&e))
 }
 
-async fn read(app: App, ctx: ToolContext, args: ReadArgs) -> Result<Value, ToolError> {
+async fn read(ctx: ToolContext<App>, args: ReadArgs) -> Result<Value, ToolError> {
     let (device, pinned) = bound(&ctx)?;
-    app.link.read(&device, &pinned, &args.node, &args.property).map_err(|e| tool_error(&e))
+    ctx.state().link.read(&device, &pinned, &args.node, &args.property).map_err(|e| tool_error(&e))
 }
 
-async fn set(app: App, ctx: ToolContext, args: SetArgs) -> Result<Value, ToolError> {
+async fn set(ctx: ToolContext<App>, args: SetArgs) -> Result<Value, ToolError> {
     let (device, pinned) = bound(&ctx)?;
-    app.link
+    ctx.state()
+        .link
         .set(&device, &pinned, &args.node, &args.property, &args.value)
         .await
         .map_err(|e| tool_error(&e))
 }
 
-async fn snapshot(app: App, ctx: ToolContext, args: SnapshotArgs) -> Result<Value, ToolError> {
+async fn snapshot(ctx: ToolContext<App>, args: SnapshotArgs) -> Result<Value, ToolError> {
     let (device, pinned) = bound(&ctx)?;
     let node = match args.node {
         Some(node) => node,
@@ -361,7 +373,7 @@ async fn snapshot(app: App, ctx: ToolContext, args: SnapshotArgs) -> Result<Valu
         }
     };
     let (bytes, mime) =
-        app.link.snapshot(&device, &pinned, &node).await.map_err(|e| tool_error(&e))?;
+        ctx.state().link.snapshot(&device, &pinned, &node).await.map_err(|e| tool_error(&e))?;
     let extension = snapshot_extension(&mime);
     let file = ctx
         .handle
@@ -428,36 +440,24 @@ async fn follow(
 }
 
 fn build(
-    app: &App,
+    app: App,
     config: DeviceConfig,
 ) -> Result<Connector, xagent_server_runtime::DefinitionError> {
-    let (a1, a2, a3, a4, a5, a6) =
-        (app.clone(), app.clone(), app.clone(), app.clone(), app.clone(), app.clone());
     Connector::builder(CARD_ID, "Homie devices", env!("CARGO_PKG_VERSION"))
         .description("Observe and control devices that follow the Homie MQTT convention v4.")
         .vendor("xagent-connector-rs")
         .target(TargetDeclaration::new(TargetType::Device, PROVIDER, "Homie device"))
         .profile(PROFILE_DEVICE_V1)
         .security(Security::new(TrustLevel::Local, true).with_data_class("device").with_data_class("file"))
+        .state(app)
         .form_flow(
             FlowSpec::new(BIND_FLOW, "Pair a Homie device").description(
                 "Enter the device id and the pairing code the device's operator gave you.",
             ),
-            move |ctx, form: BindForm| {
-                let app = a1.clone();
-                async move { app.bind(ctx, form).await }
-            },
+            bind,
         )
-        .on_unbound(move |ctx: ChannelContext| {
-            let app = a2.clone();
-            async move {
-                if let Some(device) = device_of(&ctx.binding) {
-                    app.unwatch(&ctx.handle, &ctx.channel, &device);
-                }
-                Ok(())
-            }
-        })
-        .device_target(HomieTarget(a3), config)
+        .on_unbound(unbind)
+        .device_target(HomieTarget, config)
         .skill(SKILL)
         .device_tool(
             ToolSpec::new(
@@ -466,7 +466,7 @@ fn build(
             ),
             ToolCategory::Observation,
             RiskLevel::Low,
-            move |ctx, args: DescribeArgs| describe(a4.clone(), ctx, args),
+            describe,
         )
         .device_tool(
             ToolSpec::new(
@@ -475,7 +475,7 @@ fn build(
             ),
             ToolCategory::Observation,
             RiskLevel::Low,
-            move |ctx, args: ReadArgs| read(a5.clone(), ctx, args),
+            read,
         )
         .device_tool(
             ToolSpec::new(
@@ -484,10 +484,7 @@ fn build(
             ),
             ToolCategory::Control,
             RiskLevel::Medium,
-            {
-                let app = app.clone();
-                move |ctx, args: SetArgs| set(app.clone(), ctx, args)
-            },
+            set,
         )
         .device_tool(
             ToolSpec::new(
@@ -496,7 +493,7 @@ fn build(
             ),
             ToolCategory::Media,
             RiskLevel::Low,
-            move |ctx, args: SnapshotArgs| snapshot(a6.clone(), ctx, args),
+            snapshot,
         )
         .build()
 }
@@ -524,8 +521,7 @@ impl Homie {
             bind_timeout: options.bind_timeout,
             handovers: Arc::default(),
         };
-        let connector = build(&app, options.device)?;
-        let follow_app = app.clone();
+        let connector = build(app.clone(), options.device)?;
         let mut builder = ConnectorServer::builder(connector);
         #[cfg(feature = "postgres")]
         if let Some(url) = options.database_url.clone() {
@@ -534,7 +530,7 @@ impl Homie {
         builder = builder
             .config(RuntimeConfig::default().with_listener(options.listener))
             .state_dir(&options.state_dir)?
-            .task(move |handle, shutdown| follow(follow_app, handle, shutdown));
+            .task(move |handle, shutdown| follow(app, handle, shutdown));
         if let Some(key) = options.api_key {
             builder = builder.api_key(key);
         }
@@ -563,3 +559,6 @@ impl Homie {
         result
     }
 }
+
+#[cfg(test)]
+mod tests;

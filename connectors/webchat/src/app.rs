@@ -146,11 +146,11 @@ impl App {
 /// they commit with the call's tool-call record (one transaction), and the page is shown the
 /// message once that committed. A repeat (same `message_id`) returns the stored one.
 pub(crate) async fn stage_agent_message(
-    app: &Arc<App>,
-    ctx: &ToolContext,
+    ctx: &ToolContext<Arc<App>>,
     room_id: &str,
     entry: ChatEntry,
 ) -> Result<ChatEntry, WebchatError> {
+    let app = ctx.state();
     match app.messages()?.prepare(room_id, &entry).await? {
         Prepared::Existing(existing) => Ok(existing),
         Prepared::New { entry, writes } => {

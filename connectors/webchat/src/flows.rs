@@ -34,15 +34,15 @@ pub struct RoomForm {
 /// `webchat_room`: creates the room, or signs the channel in to it (M9: moving a room another
 /// channel serves, or changing its access code, takes the room's owner code).
 pub(crate) async fn room_sign_in(
-    app: Arc<App>,
-    ctx: AuthContext,
+    ctx: AuthContext<Arc<App>>,
     form: RoomForm,
 ) -> Result<AuthStep, AuthError> {
+    let app = ctx.state();
     if form.access_code.expose().chars().count() < 4 {
         return Ok(AuthStep::Failed("the access code needs at least 4 characters".into()));
     }
     let owner = form.owner_code.as_ref().map(|o| o.expose()).filter(|o| !o.is_empty());
-    let claim = match checked_sign_in(&app, &ctx, &form, owner).await {
+    let claim = match checked_sign_in(app, &ctx, &form, owner).await {
         Ok(claim) => claim,
         Err(refused) => {
             let secs = refused.wait_millis().div_ceil(1_000).max(1);
@@ -94,7 +94,7 @@ pub(crate) async fn room_sign_in(
 /// happen under one lock of this process.
 async fn checked_sign_in(
     app: &App,
-    ctx: &AuthContext,
+    ctx: &AuthContext<Arc<App>>,
     form: &RoomForm,
     owner: Option<&str>,
 ) -> Result<Result<SignIn, WebchatError>, Refused> {
@@ -135,11 +135,15 @@ async fn checked_sign_in(
 }
 
 /// `webchat_qr_login`: a one-time pairing link shown as a QR code.
-pub(crate) struct PairingFlow(pub(crate) Arc<App>);
+pub(crate) struct PairingFlow;
 
-impl FlowHandler for PairingFlow {
-    async fn start(&self, ctx: AuthContext, _input: AuthValues) -> Result<AuthStep, AuthError> {
-        let app = &self.0;
+impl FlowHandler<Arc<App>> for PairingFlow {
+    async fn start(
+        &self,
+        ctx: AuthContext<Arc<App>>,
+        _input: AuthValues,
+    ) -> Result<AuthStep, AuthError> {
+        let app = ctx.state();
         let prompt = app
             .pairings()
             .map_err(AuthError::internal)?
@@ -149,8 +153,12 @@ impl FlowHandler for PairingFlow {
         Ok(AuthStep::Pending(app.prompt(&prompt, "open the link (or scan the code) and confirm")?))
     }
 
-    async fn status(&self, ctx: AuthContext, refresh: bool) -> Result<AuthStep, AuthError> {
-        let app = &self.0;
+    async fn status(
+        &self,
+        ctx: AuthContext<Arc<App>>,
+        refresh: bool,
+    ) -> Result<AuthStep, AuthError> {
+        let app = ctx.state();
         let now = ctx.handle.now_millis();
         let status = app
             .pairings()
@@ -183,8 +191,8 @@ impl FlowHandler for PairingFlow {
         }
     }
 
-    async fn cancel(&self, ctx: AuthContext) {
-        let cancelled = match self.0.pairings() {
+    async fn cancel(&self, ctx: AuthContext<Arc<App>>) {
+        let cancelled = match ctx.state().pairings() {
             Ok(pairings) => pairings.cancel(&ctx.auth_session_id).await,
             Err(error) => Err(error),
         };
@@ -195,7 +203,8 @@ impl FlowHandler for PairingFlow {
 }
 
 /// Sign-out (logout or unregistration): the room stays, without an agent.
-pub(crate) async fn unbind(app: Arc<App>, ctx: ChannelContext) -> Result<(), AuthError> {
+pub(crate) async fn unbind(ctx: ChannelContext<Arc<App>>) -> Result<(), AuthError> {
+    let app = ctx.state();
     if let Some(room) = app.room_of(&ctx.channel).await {
         app.hub.set_online(&room.room_id, false);
     }
@@ -205,7 +214,8 @@ pub(crate) async fn unbind(app: Arc<App>, ctx: ChannelContext) -> Result<(), Aut
 
 /// A restored channel: the room row still names it, nothing to re-attach (the page
 /// reconnects on its own). Re-bind when the row was lost (e.g. an older database).
-pub(crate) async fn rebind(app: Arc<App>, ctx: ChannelContext, reason: BoundReason) {
+pub(crate) async fn rebind(ctx: ChannelContext<Arc<App>>, reason: BoundReason) {
+    let app = ctx.state();
     if reason != BoundReason::Restored {
         return;
     }

@@ -8,8 +8,9 @@ use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Room};
 use std::sync::Arc;
 use xagent_server_runtime::{ImSender, OpenedFile, ToolContext, ToolError};
 
-/// Shows the agent's Tool sends in the room bound to the channel.
-pub(crate) struct WebchatSender(pub(crate) Arc<App>);
+/// Shows the agent's Tool sends in the room bound to the channel (the rooms are in the
+/// Connector's state).
+pub(crate) struct WebchatSender;
 
 /// The room message id of a Tool send: the call's effect id, so a repeat of the same call
 /// (even after the runtime's idempotency window) shows one message.
@@ -18,8 +19,8 @@ fn tool_message_id(effect_id: &str) -> String {
 }
 
 impl WebchatSender {
-    async fn room(&self, ctx: &ToolContext) -> Result<Room, ToolError> {
-        self.0.room_of(&ctx.channel).await.ok_or_else(|| {
+    async fn room(&self, ctx: &ToolContext<Arc<App>>) -> Result<Room, ToolError> {
+        ctx.state().room_of(&ctx.channel).await.ok_or_else(|| {
             ToolError::permission_denied("this channel serves no chat room; sign in again")
         })
     }
@@ -27,23 +28,22 @@ impl WebchatSender {
     /// Stages the entry on the call (shown once the call's record committed).
     async fn show(
         &self,
-        ctx: &ToolContext,
+        ctx: &ToolContext<Arc<App>>,
         room: &Room,
         entry: ChatEntry,
     ) -> Result<String, ToolError> {
-        let shown = stage_agent_message(&self.0, ctx, &room.room_id, entry)
-            .await
-            .map_err(ToolError::internal)?;
+        let shown =
+            stage_agent_message(ctx, &room.room_id, entry).await.map_err(ToolError::internal)?;
         Ok(shown.message_id)
     }
 }
 
-impl ImSender for WebchatSender {
+impl ImSender<Arc<App>> for WebchatSender {
     const PLACE: &'static str = "web chat room";
 
     async fn send_text(
         &self,
-        ctx: &ToolContext,
+        ctx: &ToolContext<Arc<App>>,
         effect_id: &str,
         text: String,
     ) -> Result<String, ToolError> {
@@ -63,7 +63,7 @@ impl ImSender for WebchatSender {
 
     async fn send_file(
         &self,
-        ctx: &ToolContext,
+        ctx: &ToolContext<Arc<App>>,
         effect_id: &str,
         file: OpenedFile,
         caption: Option<String>,

@@ -74,19 +74,22 @@ impl AuthError {
 /// The code behind one declared auth flow. Register it together with its declaration
 /// ([`crate::ConnectorBuilder::auth_flow_with`], [`crate::ConnectorBuilder::qr_flow`]), so
 /// a flow is declared and handled in one place. Default methods answer "unsupported".
-pub trait FlowHandler: Send + Sync + 'static {
+///
+/// `S` is the Connector's state ([`crate::ConnectorBuilder::state`]; `()` without one): the
+/// flow reads it with [`AuthContext::state`].
+pub trait FlowHandler<S = ()>: Send + Sync + 'static {
     /// Starts the flow with the form values (all secrets). A QR flow returns `Pending` with a
     /// prompt; a form flow usually `Authenticated` or `Failed`.
     fn start(
         &self,
-        ctx: AuthContext,
+        ctx: AuthContext<S>,
         input: AuthValues,
     ) -> impl Future<Output = Result<AuthStep, AuthError>> + Send;
 
     /// Polls a pending session, or refreshes its material when `refresh` is true.
     fn status(
         &self,
-        ctx: AuthContext,
+        ctx: AuthContext<S>,
         refresh: bool,
     ) -> impl Future<Output = Result<AuthStep, AuthError>> + Send {
         let _ = (ctx, refresh);
@@ -94,7 +97,7 @@ pub trait FlowHandler: Send + Sync + 'static {
     }
 
     /// Cancels a pending session (never touches an existing binding).
-    fn cancel(&self, ctx: AuthContext) -> impl Future<Output = ()> + Send {
+    fn cancel(&self, ctx: AuthContext<S>) -> impl Future<Output = ()> + Send {
         let _ = ctx;
         async {}
     }

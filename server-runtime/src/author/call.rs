@@ -56,19 +56,31 @@ pub(crate) trait DynFlow: Send + Sync {
     fn cancel(&self, ctx: AuthContext) -> BoxFut<'_, ()>;
 }
 
-impl<H: FlowHandler> DynFlow for H {
+/// Author code with the Connector's state bound to it: the runtime calls it with contexts
+/// without state, and each call gets a clone of the state (see
+/// [`crate::ConnectorBuilder::state`]).
+pub(crate) struct WithState<C, S> {
+    pub(crate) code: C,
+    pub(crate) state: S,
+}
+
+impl<H, S> DynFlow for WithState<H, S>
+where
+    H: FlowHandler<S>,
+    S: Clone + Send + Sync + 'static,
+{
     fn start(
         &self,
         ctx: AuthContext,
         input: AuthValues,
     ) -> BoxFut<'_, Result<AuthStep, AuthError>> {
-        Box::pin(FlowHandler::start(self, ctx, input))
+        Box::pin(self.code.start(ctx.with_state(self.state.clone()), input))
     }
     fn status(&self, ctx: AuthContext, refresh: bool) -> BoxFut<'_, Result<AuthStep, AuthError>> {
-        Box::pin(FlowHandler::status(self, ctx, refresh))
+        Box::pin(self.code.status(ctx.with_state(self.state.clone()), refresh))
     }
     fn cancel(&self, ctx: AuthContext) -> BoxFut<'_, ()> {
-        Box::pin(FlowHandler::cancel(self, ctx))
+        Box::pin(self.code.cancel(ctx.with_state(self.state.clone())))
     }
 }
 
@@ -78,13 +90,14 @@ pub(crate) struct FormFlow<Form, F> {
     pub(crate) form: std::marker::PhantomData<fn() -> Form>,
 }
 
-impl<Form, F, Fut> FlowHandler for FormFlow<Form, F>
+impl<S, Form, F, Fut> FlowHandler<S> for FormFlow<Form, F>
 where
+    S: Send + 'static,
     Form: serde::de::DeserializeOwned + Send + 'static,
-    F: Fn(AuthContext, Form) -> Fut + Send + Sync + 'static,
+    F: Fn(AuthContext<S>, Form) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<AuthStep, AuthError>> + Send + 'static,
 {
-    async fn start(&self, ctx: AuthContext, input: AuthValues) -> Result<AuthStep, AuthError> {
+    async fn start(&self, ctx: AuthContext<S>, input: AuthValues) -> Result<AuthStep, AuthError> {
         let object: Map<String, Value> = input
             .iter()
             .map(|(name, value)| (name.to_owned(), Value::String(value.expose().to_owned())))
@@ -184,7 +197,11 @@ pub(crate) trait DynIm: Send + Sync {
     fn activity(&self, ctx: ChannelContext, action: ActivityAction) -> BoxFut<'_, ()>;
 }
 
-impl<T: ImTarget> DynIm for T {
+impl<T, S> DynIm for WithState<T, S>
+where
+    T: ImTarget<S>,
+    S: Clone + Send + Sync + 'static,
+{
     fn streams_deltas(&self) -> bool {
         T::STREAMS_DELTAS
     }
@@ -194,16 +211,16 @@ impl<T: ImTarget> DynIm for T {
         message: ChatMessage,
         how: FinalDelivery,
     ) -> BoxFut<'_, Result<(), DeliveryError>> {
-        Box::pin(ImTarget::deliver(self, ctx, message, how))
+        Box::pin(self.code.deliver(ctx.with_state(self.state.clone()), message, how))
     }
     fn delta(&self, ctx: ChannelContext, update: DeltaUpdate) -> BoxFut<'_, Option<String>> {
-        Box::pin(ImTarget::delta(self, ctx, update))
+        Box::pin(self.code.delta(ctx.with_state(self.state.clone()), update))
     }
     fn activity_capability(&self) -> ActivityCapability {
         T::ACTIVITY
     }
     fn activity(&self, ctx: ChannelContext, action: ActivityAction) -> BoxFut<'_, ()> {
-        Box::pin(ImTarget::activity(self, ctx, action))
+        Box::pin(self.code.activity(ctx.with_state(self.state.clone()), action))
     }
 }
 
@@ -264,12 +281,16 @@ pub(crate) trait DynDevice: Send + Sync {
     fn check(&self, ctx: ChannelContext) -> BoxFut<'_, super::device::DeviceStatus>;
 }
 
-impl<T: super::device::DeviceTarget> DynDevice for T {
+impl<T, S> DynDevice for WithState<T, S>
+where
+    T: super::device::DeviceTarget<S>,
+    S: Clone + Send + Sync + 'static,
+{
     fn device_key(&self, binding: &super::context::Binding) -> Option<String> {
-        super::device::DeviceTarget::device_key(self, binding)
+        self.code.device_key(binding)
     }
     fn check(&self, ctx: ChannelContext) -> BoxFut<'_, super::device::DeviceStatus> {
-        Box::pin(super::device::DeviceTarget::check(self, ctx))
+        Box::pin(self.code.check(ctx.with_state(self.state.clone())))
     }
 }
 

@@ -10,6 +10,7 @@ use xagent_protocol_types::{
 };
 
 pub use crate::binding::Binding;
+use crate::error::HandleError;
 use crate::handle::ConnectorHandle;
 
 /// Form values of an `auth.start`, every one held as a [`Secret`] so none can be logged.
@@ -60,9 +61,10 @@ impl std::fmt::Debug for AuthValues {
     }
 }
 
-/// Where an auth step runs: the channel, the flow, the session, and the runtime handle.
-#[derive(Clone, Debug)]
-pub struct AuthContext {
+/// Where an auth step runs: the channel, the flow, the session, the runtime handle and the
+/// Connector's state (see [`crate::ConnectorBuilder::state`]; `()` without one).
+#[derive(Clone)]
+pub struct AuthContext<S = ()> {
     /// The channel being authenticated.
     pub channel: ConnectorChannelId,
     /// The flow from the Card.
@@ -71,22 +73,26 @@ pub struct AuthContext {
     pub auth_session_id: AuthSessionId,
     /// The runtime.
     pub handle: ConnectorHandle,
+    pub(crate) state: S,
 }
 
-/// A signed-in channel as seen by author code: its id, its binding, and the runtime handle.
-#[derive(Clone, Debug)]
-pub struct ChannelContext {
+/// A signed-in channel as seen by author code: its id, its binding, the runtime handle and
+/// the Connector's state (see [`crate::ConnectorBuilder::state`]; `()` without one).
+#[derive(Clone)]
+pub struct ChannelContext<S = ()> {
     /// The channel.
     pub channel: ConnectorChannelId,
     /// Its binding (target facts and private material).
     pub binding: Binding,
     /// The runtime.
     pub handle: ConnectorHandle,
+    pub(crate) state: S,
 }
 
-/// What a Tool handler gets besides its typed arguments.
-#[derive(Clone, Debug)]
-pub struct ToolContext {
+/// What a Tool handler gets besides its typed arguments, including the Connector's state
+/// (see [`crate::ConnectorBuilder::state`]; `()` without one).
+#[derive(Clone)]
+pub struct ToolContext<S = ()> {
     /// The channel (from the envelope; the model's argument copy is never used).
     pub channel: ConnectorChannelId,
     /// The Tool.
@@ -101,9 +107,95 @@ pub struct ToolContext {
     pub handle: ConnectorHandle,
     /// Author writes staged on this call (committed with its tool-call record).
     pub(crate) staged: crate::storage::author::Staged,
+    pub(crate) state: S,
 }
 
-impl ToolContext {
+/// The channel every `for_test` context is on.
+const TEST_CHANNEL: &str = "ch_test";
+
+impl<S> AuthContext<S> {
+    /// The Connector's state.
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// The same context with another state (how the builder hands its state to a handler).
+    pub(crate) fn with_state<T>(self, state: T) -> AuthContext<T> {
+        let Self { channel, flow_id, auth_session_id, handle, state: _ } = self;
+        AuthContext { channel, flow_id, auth_session_id, handle, state }
+    }
+
+    /// A context for calling an auth step in a unit test: channel `ch_test`, session
+    /// `as_test`, a [`ConnectorHandle::detached`] handle. The fields are public: change them
+    /// as the test needs.
+    pub fn for_test(flow_id: impl Into<FlowId>, state: S) -> Result<Self, HandleError> {
+        Ok(Self {
+            channel: ConnectorChannelId::new(TEST_CHANNEL),
+            flow_id: flow_id.into(),
+            auth_session_id: AuthSessionId::new("as_test"),
+            handle: ConnectorHandle::detached()?,
+            state,
+        })
+    }
+}
+
+impl<S> ChannelContext<S> {
+    /// The Connector's state.
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// The same context with another state (how the builder hands its state to a handler).
+    pub(crate) fn with_state<T>(self, state: T) -> ChannelContext<T> {
+        let Self { channel, binding, handle, state: _ } = self;
+        ChannelContext { channel, binding, handle, state }
+    }
+
+    /// A context for calling a hook or a delivery in a unit test: channel `ch_test` with
+    /// `binding`, a [`ConnectorHandle::detached`] handle. The fields are public: change them
+    /// as the test needs.
+    pub fn for_test(binding: Binding, state: S) -> Result<Self, HandleError> {
+        Ok(Self {
+            channel: ConnectorChannelId::new(TEST_CHANNEL),
+            binding,
+            handle: ConnectorHandle::detached()?,
+            state,
+        })
+    }
+}
+
+impl<S> ToolContext<S> {
+    /// The Connector's state.
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// The same context with another state (how the builder hands its state to a handler).
+    pub(crate) fn with_state<T>(self, state: T) -> ToolContext<T> {
+        let Self { channel, tool_id, request_id, tool_call_id, binding, handle, staged, state: _ } =
+            self;
+        ToolContext { channel, tool_id, request_id, tool_call_id, binding, handle, staged, state }
+    }
+
+    /// A context for calling a Tool handler in a unit test: channel `ch_test` with `binding`,
+    /// Tool `test_tool`, no request or call id, a [`ConnectorHandle::detached`] handle (its
+    /// author store is in memory; whatever needs xAgent answers
+    /// [`HandleError::Detached`]). Writes staged with [`ToolContext::stage`] are kept, not
+    /// committed: no runtime records the call. The fields are public: change them as the test
+    /// needs (share one detached handle between calls by setting `handle`).
+    pub fn for_test(binding: Binding, state: S) -> Result<Self, HandleError> {
+        Ok(Self {
+            channel: ConnectorChannelId::new(TEST_CHANNEL),
+            tool_id: ToolId::new("test_tool"),
+            request_id: None,
+            tool_call_id: None,
+            binding,
+            handle: ConnectorHandle::detached()?,
+            staged: crate::storage::author::Staged::default(),
+            state,
+        })
+    }
+
     /// Stages an author write on this call: it commits in the same transaction as the call's
     /// tool-call record (or alone, for a Tool that records no calls), and the Tool's answer
     /// goes out only after that commit. A repeat of the call finds both or neither; when the
@@ -150,6 +242,42 @@ impl ToolContext {
             push = push.with_progress(fraction.clamp(0.0, 1.0));
         }
         self.handle.push_tool_progress(&self.channel, push).await;
+    }
+}
+
+// `Debug` without the state, so a state need not be `Debug`.
+impl<S> std::fmt::Debug for AuthContext<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthContext")
+            .field("channel", &self.channel)
+            .field("flow_id", &self.flow_id)
+            .field("auth_session_id", &self.auth_session_id)
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> std::fmt::Debug for ChannelContext<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelContext")
+            .field("channel", &self.channel)
+            .field("binding", &self.binding)
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> std::fmt::Debug for ToolContext<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("channel", &self.channel)
+            .field("tool_id", &self.tool_id)
+            .field("request_id", &self.request_id)
+            .field("tool_call_id", &self.tool_call_id)
+            .field("binding", &self.binding)
+            .field("handle", &self.handle)
+            .field("staged", &self.staged)
+            .finish_non_exhaustive()
     }
 }
 

@@ -21,11 +21,14 @@ pub use crate::handle::DeviceStatus;
 /// unavailable until then. Later changes are reported with
 /// [`crate::ConnectorHandle::device_status`]; the runtime corrects the Descriptor and every
 /// device Tool's availability and pushes the Descriptor.
-pub trait DeviceTarget: Send + Sync + 'static {
+///
+/// `S` is the Connector's state ([`crate::ConnectorBuilder::state`]; `()` without one): the
+/// target reads it with [`ChannelContext::state`] in `check`.
+pub trait DeviceTarget<S = ()>: Send + Sync + 'static {
     /// The Connector's own key of the device a binding names (a serial, a Homie device id),
     /// used to keep a device bound to one channel at a time. Never shown to xAgent.
     fn device_key(&self, binding: &Binding) -> Option<String>;
 
     /// Checks that the bound device answers; called for every binding restored at startup.
-    fn check(&self, ctx: ChannelContext) -> impl Future<Output = DeviceStatus> + Send;
+    fn check(&self, ctx: ChannelContext<S>) -> impl Future<Output = DeviceStatus> + Send;
 }

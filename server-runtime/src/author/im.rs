@@ -70,7 +70,10 @@ pub enum FinalDelivery {
 
 /// The IM target of a Connector: where outbound messages go. Inbound messages are handed to
 /// the runtime through [`crate::ConnectorHandle`].
-pub trait ImTarget: Send + Sync + 'static {
+///
+/// `S` is the Connector's state ([`crate::ConnectorBuilder::state`]; `()` without one): the
+/// target reads it with [`ChannelContext::state`].
+pub trait ImTarget<S = ()>: Send + Sync + 'static {
     /// True when the target can edit a sent message, so deltas are shown as they stream;
     /// false (default) keeps deltas in the runtime and only the final message is delivered.
     const STREAMS_DELTAS: bool = false;
@@ -80,7 +83,7 @@ pub trait ImTarget: Send + Sync + 'static {
     /// when every side effect is done.
     fn deliver(
         &self,
-        ctx: ChannelContext,
+        ctx: ChannelContext<S>,
         message: ChatMessage,
         how: FinalDelivery,
     ) -> impl Future<Output = Result<(), DeliveryError>> + Send;
@@ -89,7 +92,7 @@ pub trait ImTarget: Send + Sync + 'static {
     /// message handle when `update.first` created one.
     fn delta(
         &self,
-        ctx: ChannelContext,
+        ctx: ChannelContext<S>,
         update: DeltaUpdate,
     ) -> impl Future<Output = Option<String>> + Send {
         let _ = (ctx, update);
@@ -104,7 +107,7 @@ pub trait ImTarget: Send + Sync + 'static {
     /// Failures must be swallowed: activity never affects message delivery. Default: nothing.
     fn activity(
         &self,
-        ctx: ChannelContext,
+        ctx: ChannelContext<S>,
         action: ActivityAction,
     ) -> impl Future<Output = ()> + Send {
         let _ = (ctx, action);
@@ -134,15 +137,16 @@ impl DeliveryOutcome for Result<(), DeliveryError> {
 /// [`crate::ConnectorBuilder::on_message`]): final messages only, typing-only activity.
 pub(crate) struct DeliverFn<F>(pub(crate) F);
 
-impl<F, Fut> ImTarget for DeliverFn<F>
+impl<S, F, Fut> ImTarget<S> for DeliverFn<F>
 where
-    F: Fn(ChannelContext, ChatMessage) -> Fut + Send + Sync + 'static,
+    S: Send + 'static,
+    F: Fn(ChannelContext<S>, ChatMessage) -> Fut + Send + Sync + 'static,
     Fut: Future + Send + 'static,
     Fut::Output: DeliveryOutcome,
 {
     async fn deliver(
         &self,
-        ctx: ChannelContext,
+        ctx: ChannelContext<S>,
         message: ChatMessage,
         _how: FinalDelivery,
     ) -> Result<(), DeliveryError> {

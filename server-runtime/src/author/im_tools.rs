@@ -88,14 +88,14 @@ pub struct OpenedFile {
 /// is bound. `effect_id` is [`ToolContext::effect_id`]: the same for every repeat of one call,
 /// so a target that deduplicates by an id (a transaction id, a message id) posts once. Each
 /// method returns the target's id of the posted message.
-pub trait ImSender: Send + Sync + 'static {
+pub trait ImSender<S = ()>: Send + Sync + 'static {
     /// What the agent posts into, for the Tools' texts (e.g. `web chat room`, `Matrix room`).
     const PLACE: &'static str = "conversation";
 
     /// Posts `text` (checked: not blank, at most [`MAX_MESSAGE_CHARS`]).
     fn send_text(
         &self,
-        ctx: &ToolContext,
+        ctx: &ToolContext<S>,
         effect_id: &str,
         text: String,
     ) -> impl Future<Output = Result<String, ToolError>> + Send;
@@ -104,7 +104,7 @@ pub trait ImSender: Send + Sync + 'static {
     /// [`MAX_CAPTION_CHARS`]).
     fn send_file(
         &self,
-        ctx: &ToolContext,
+        ctx: &ToolContext<S>,
         effect_id: &str,
         file: OpenedFile,
         caption: Option<String>,
@@ -149,9 +149,9 @@ fn too_long(text: &str, max: u32) -> bool {
 
 /// `<prefix>_message_send`: checks the text, then hands it to the sender with the call's
 /// effect id.
-pub(crate) async fn message_send<S: ImSender>(
+pub(crate) async fn message_send<St, S: ImSender<St>>(
     sender: &S,
-    ctx: ToolContext,
+    ctx: ToolContext<St>,
     args: MessageSendArgs,
 ) -> Result<MessageSent, ToolError> {
     if args.text.trim().is_empty() {
@@ -168,9 +168,9 @@ pub(crate) async fn message_send<S: ImSender>(
 
 /// `<prefix>_file_send`: checks the caption, opens the file through the runtime (only a file
 /// of this channel), then hands it to the sender with the call's effect id.
-pub(crate) async fn file_send<S: ImSender>(
+pub(crate) async fn file_send<St, S: ImSender<St>>(
     sender: &S,
-    ctx: ToolContext,
+    ctx: ToolContext<St>,
     args: FileSendArgs,
 ) -> Result<FileSent, ToolError> {
     let caption = args.text.filter(|text| !text.trim().is_empty());

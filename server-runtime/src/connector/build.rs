@@ -12,7 +12,7 @@ use xagent_protocol_types::{
 use super::{Connector, ConnectorBuilder, PendingFlow};
 use crate::error::DefinitionError;
 
-impl ConnectorBuilder {
+impl<S> ConnectorBuilder<S> {
     /// Checks and assembles the definition.
     pub fn build(mut self) -> Result<Connector, DefinitionError> {
         if let Some(error) = self.errors.drain(..).next() {

@@ -6,7 +6,7 @@ use super::ConnectorBuilder;
 use crate::author::ImSender;
 use crate::author::im_tools::{file_send, im_tool_specs, message_send};
 
-impl ConnectorBuilder {
+impl<St: Clone + Send + Sync + 'static> ConnectorBuilder<St> {
     /// Registers the two IM send Tools over `sender`: `<prefix>_message_send` (`text`) and
     /// `<prefix>_file_send` (`file_ref` of a file from the conversation, optional `text`),
     /// worded for [`ImSender::PLACE`]. The runtime checks the arguments, opens the file (an
@@ -14,7 +14,8 @@ impl ConnectorBuilder {
     /// [`crate::ToolContext::effect_id`] and returns a typed result (`status`, `message_id`,
     /// and `file_ref` for a file), so the Card carries both Tools' `output_schema`.
     #[must_use]
-    pub fn im_send_tools<S: ImSender>(self, prefix: &str, sender: S) -> Self {
+    /// The sender gets the Connector's state through its contexts ([`ImSender`]`<St>`).
+    pub fn im_send_tools<S: ImSender<St>>(self, prefix: &str, sender: S) -> Self {
         let (message_spec, file_spec) = im_tool_specs(prefix, S::PLACE);
         let sender = Arc::new(sender);
         let file_sender = Arc::clone(&sender);

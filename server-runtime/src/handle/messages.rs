@@ -57,7 +57,8 @@ impl ConnectorHandle {
         channel: &ConnectorChannelId,
         push: MessagePush,
     ) -> Result<(), HandleError> {
-        let facts = xagent_protocol_validate::CardFacts::from_card(self.0.card());
+        let card = self.0.card().ok_or(HandleError::Detached("push_message"))?;
+        let facts = xagent_protocol_validate::CardFacts::from_card(card);
         xagent_profile_im::validate_message_push_for(&push, &facts)
             .map_err(xagent_profile_im::OutboxError::from)?;
         let payload = OutboundPayload::from(push);
@@ -81,7 +82,7 @@ impl ConnectorHandle {
     // ---------------------------------------------------------------- files
 
     fn store(&self) -> Result<&FileStore, HandleError> {
-        self.0.files().ok_or(HandleError::FilesDisabled)
+        self.0.files()
     }
 
     /// Caches an inbound file from the target system for `channel` and returns the
@@ -94,6 +95,7 @@ impl ConnectorHandle {
         mime_type: Option<&str>,
         bytes: impl AsRef<[u8]>,
     ) -> Result<ChatFile, HandleError> {
+        let store = self.store()?;
         if !self.0.has_channel(channel) {
             return Err(HandleError::UnknownChannel(channel.clone()));
         }
@@ -101,7 +103,7 @@ impl ConnectorHandle {
         if let Some(mime) = mime_type {
             new_file = new_file.with_mime_type(mime);
         }
-        let stored = self.store()?.register_bytes(new_file, bytes).await?;
+        let stored = store.register_bytes(new_file, bytes).await?;
         Ok(stored.chat_file())
     }
 
@@ -122,6 +124,7 @@ impl ConnectorHandle {
         B: AsRef<[u8]>,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let store = self.store()?;
         if !self.0.has_channel(channel) {
             return Err(HandleError::UnknownChannel(channel.clone()));
         }
@@ -129,7 +132,7 @@ impl ConnectorHandle {
         if let Some(mime) = mime_type {
             new_file = new_file.with_mime_type(mime);
         }
-        let stored = self.store()?.register_stream(new_file, stream).await?;
+        let stored = store.register_stream(new_file, stream).await?;
         Ok(stored.chat_file())
     }
 

@@ -100,6 +100,7 @@ impl Conn {
             flow_id: flow.id.clone(),
             auth_session_id: auth_session_id.clone(),
             handle: self.shared.handle(),
+            state: (),
         };
         let step = self.shared.def.auth.start(ctx, values).await;
         match self.apply_step(&record.id, &flow.id, &auth_session_id, step).await {
@@ -196,6 +197,7 @@ impl Conn {
                         channel: channel.clone(),
                         binding,
                         handle: self.shared.handle(),
+                        state: (),
                     };
                     self.shared.def.auth.bound(ctx, BoundReason::SignedIn).await;
                 }
@@ -272,6 +274,7 @@ impl Conn {
             flow_id: session.flow_id.clone(),
             auth_session_id: auth_session_id.clone(),
             handle: self.shared.handle(),
+            state: (),
         };
         let step = self.shared.def.auth.status(ctx, refresh).await;
         match self.apply_step(&record.id, &session.flow_id, auth_session_id, step).await {
@@ -305,6 +308,7 @@ impl Conn {
                     flow_id: session.flow_id,
                     auth_session_id: auth_session_id.clone(),
                     handle: self.shared.handle(),
+                    state: (),
                 };
                 self.shared.def.auth.cancel(ctx).await;
                 {
@@ -333,6 +337,7 @@ impl Conn {
                 channel: record.id.clone(),
                 binding,
                 handle: self.shared.handle(),
+                state: (),
             };
             if let Err(error) = self.shared.def.auth.logout(ctx).await {
                 return self.reply_error(packet, WireError::new(error.code, error.message)).await;
@@ -361,6 +366,7 @@ impl Conn {
                 flow_id: session.flow_id,
                 auth_session_id,
                 handle: self.shared.handle(),
+                state: (),
             };
             self.shared.def.auth.cancel(ctx).await;
         }

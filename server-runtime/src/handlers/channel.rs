@@ -112,8 +112,12 @@ impl Conn {
             && self.shared.def.card.auth_flows.is_empty()
             && let Some(binding) = record.binding.clone()
         {
-            let ctx =
-                ChannelContext { channel: channel.clone(), binding, handle: self.shared.handle() };
+            let ctx = ChannelContext {
+                channel: channel.clone(),
+                binding,
+                handle: self.shared.handle(),
+                state: (),
+            };
             self.shared.def.auth.bound(ctx, BoundReason::Opened).await;
         }
         let descriptor = match self.shared.descriptor_for(&record, &profiles) {

@@ -145,6 +145,7 @@ impl Conn {
             binding,
             handle: self.shared.handle(),
             staged: Staged::default(),
+            state: (),
         };
         let staged = ctx.staged.clone();
         // One line a call only at debug: the metrics count calls by Tool and outcome, and a

@@ -176,6 +176,7 @@ async fn restore_bound(shared: &Arc<Shared>) {
                 channel: r.id.clone(),
                 binding,
                 handle: shared.handle(),
+                state: (),
             })
         })
         .collect();

@@ -243,8 +243,8 @@ impl Shared {
         let Some(cluster) = &self.cluster else { return };
         let wanted = self.state().consumers.wanted();
         let holds_data_plane = cluster.fence() != 0;
-        for super::consumers::Wanted { key, running, with_data_plane } in wanted {
-            let name = super::consumers::lease_name(&key);
+        for crate::handle::consumers::Wanted { key, running, with_data_plane } in wanted {
+            let name = crate::handle::consumers::lease_name(&key);
             let now = self.now();
             if with_data_plane && !holds_data_plane {
                 // It follows the data plane: stop it here and let the new holder have it now.
@@ -422,6 +422,7 @@ impl Shared {
                 channel: channel.clone(),
                 binding,
                 handle: self.handle(),
+                state: (),
             };
             self.def.auth.bound(ctx, crate::BoundReason::Restored).await;
         }

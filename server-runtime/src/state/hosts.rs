@@ -52,7 +52,7 @@ impl ImHost for Shared {
 
     fn channel_context(self: &Arc<Self>, channel: &ConnectorChannelId) -> Option<ChannelContext> {
         let binding = self.state().channels.get(channel)?.binding.clone()?;
-        Some(ChannelContext { channel: channel.clone(), binding, handle: self.handle() })
+        Some(ChannelContext { channel: channel.clone(), binding, handle: self.handle(), state: () })
     }
 
     fn try_queue_tracked(&self, channel: &ConnectorChannelId, packet: Packet) -> TryQueue {

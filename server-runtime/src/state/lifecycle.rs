@@ -35,12 +35,18 @@ impl Shared {
                     flow_id: session.flow_id,
                     auth_session_id,
                     handle: self.handle(),
+                    state: (),
                 };
                 self.def.auth.cancel(ctx).await;
             }
         }
         if let Some(binding) = record.binding {
-            let ctx = ChannelContext { channel: channel.clone(), binding, handle: self.handle() };
+            let ctx = ChannelContext {
+                channel: channel.clone(),
+                binding,
+                handle: self.handle(),
+                state: (),
+            };
             self.def.auth.unregister(ctx).await;
         }
         for stop in stops {
@@ -88,6 +94,7 @@ impl Shared {
                     channel: record.id.clone(),
                     binding,
                     handle: self.handle(),
+                    state: (),
                 });
             }
             restored
@@ -177,6 +184,7 @@ impl Shared {
                     flow_id: session.flow_id,
                     auth_session_id,
                     handle: self.handle(),
+                    state: (),
                 };
                 self.def.auth.cancel(ctx).await;
             }

@@ -3,21 +3,19 @@
 //! never held while author code runs or while a socket is written (every guard here is taken
 //! and dropped inside a synchronous block).
 //!
-//! - `consumers`: reference-counted shared target consumers.
 //! - `descriptor`: a channel's target type, Profiles and Descriptor, and which Tools it offers.
 //! - `lifecycle`: unregistering a channel, lease expiry and maintenance (`tick`).
 //! - `ops`: the author's [`crate::ConnectorHandle`] operations (`HandleOps`) on this state.
 //! - `hosts`: what the IM wiring and the Transfer Plane ask of this state.
 
 mod cluster;
-mod consumers;
 mod descriptor;
 mod hosts;
 mod lifecycle;
 mod ops;
 
+pub(crate) use crate::handle::Consumers;
 pub(crate) use cluster::{CLOSE_TRY_AGAIN_LATER, ClusterRuntime};
-pub(crate) use consumers::Consumers;
 
 use std::collections::{HashMap, HashSet};
 

@@ -9,8 +9,8 @@ use futures_util::future::BoxFuture;
 use xagent_file_transfer::FileStore;
 use xagent_profile_im::{OutboundPayload, OutboxEvent};
 use xagent_protocol_types::{
-    ConnectionDescriptor, ConnectionStatus, ConnectorCardId, ConnectorChannelId, ConnectorId,
-    DescriptorTarget, DescriptorTool, MessageId, Packet, ToolId, ToolProgressPush,
+    ConnectionDescriptor, ConnectionStatus, ConnectorChannelId, ConnectorId, DescriptorTarget,
+    DescriptorTool, MessageId, Packet, ToolId, ToolProgressPush,
 };
 
 use super::Shared;
@@ -45,18 +45,10 @@ impl Shared {
         Ok(())
     }
 
-    /// Checks the broadcast's sizes, hands it to this replica's subscribers and, on a shared
+    /// Hands the broadcast (its sizes checked by the handle) to this replica's subscribers and, on a shared
     /// database, to the others (a wake-up through the group commit, heard once it commits).
     async fn broadcast_now(&self, topic: String, message: String) -> Result<(), HandleError> {
-        use crate::storage::{MAX_BROADCAST_MESSAGE_BYTES, MAX_BROADCAST_TOPIC_BYTES, Notice};
-        for (what, text, limit) in [
-            ("topic", &topic, MAX_BROADCAST_TOPIC_BYTES),
-            ("message", &message, MAX_BROADCAST_MESSAGE_BYTES),
-        ] {
-            if text.len() > limit {
-                return Err(HandleError::BroadcastTooLarge { what, size: text.len(), limit });
-            }
-        }
+        use crate::storage::Notice;
         if let Some(cluster) = &self.cluster {
             let notice = Notice::broadcast(cluster.cluster.replica(), &topic, &message);
             self.storage.commit(vec![notice.into_write()]).committed().await?;
@@ -143,12 +135,8 @@ impl Shared {
 }
 
 impl HandleOps for Shared {
-    fn card_id(&self) -> &ConnectorCardId {
-        &self.def.card.connector_card_id
-    }
-
-    fn card(&self) -> &xagent_protocol_types::ConnectorCard {
-        &self.def.card
+    fn card(&self) -> Option<&xagent_protocol_types::ConnectorCard> {
+        Some(&self.def.card)
     }
 
     fn connector_id(&self) -> Option<ConnectorId> {
@@ -317,8 +305,8 @@ impl HandleOps for Shared {
         self.im.as_ref().map(|im| im.pending(channel)).unwrap_or_default()
     }
 
-    fn files(&self) -> Option<&FileStore> {
-        self.files.as_ref()
+    fn files(&self) -> Result<&FileStore, HandleError> {
+        self.files.as_ref().ok_or(HandleError::FilesDisabled)
     }
 
     fn broadcast(&self, topic: &str, message: &str) -> BoxFuture<'_, Result<(), HandleError>> {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use xagent_protocol_types::ConnectorChannelId;
 
-pub(crate) use crate::handle::{StartFn, StopFn};
+pub(crate) use super::{StartFn, StopFn};
 
 struct Entry {
     channels: HashSet<ConnectorChannelId>,
