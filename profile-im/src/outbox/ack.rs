@@ -8,7 +8,7 @@ use super::config::*;
 use super::state::*;
 use super::types::*;
 use crate::OutboxError;
-use crate::store::{OutboxStore, OutboxWrite};
+use crate::store::OutboxStore;
 
 impl<S: OutboxStore> Outbox<S> {
     /// A `chat.message.ack` arrived on `channel` with envelope `reply_to`.
@@ -62,12 +62,7 @@ impl<S: OutboxStore> Outbox<S> {
         let after_ms = now.saturating_sub(entry.rec.first_responsibility_at);
         match &ack.status {
             AckStatus::Accepted | AckStatus::Duplicate => {
-                persist(
-                    &mut self.store,
-                    &mut self.writes,
-                    self.config.write_mode,
-                    OutboxWrite::Delete(channel.clone(), ack.message_id.clone()),
-                )?;
+                self.sink.delete(&channel, &ack.message_id)?;
                 ch.queue.remove(index);
                 self.dirty.insert(channel.clone());
                 let by = if ack.status == AckStatus::Accepted {
@@ -100,12 +95,7 @@ impl<S: OutboxStore> Outbox<S> {
                     let outcome = self.retry(channel, index, reason, now)?;
                     return Ok(AckOutcome::Retry(outcome));
                 }
-                persist(
-                    &mut self.store,
-                    &mut self.writes,
-                    self.config.write_mode,
-                    OutboxWrite::Delete(channel.clone(), ack.message_id.clone()),
-                )?;
+                self.sink.delete(&channel, &ack.message_id)?;
                 ch.queue.remove(index);
                 self.dirty.insert(channel.clone());
                 count(&mut ch.counters, &mut self.totals, |c| {
