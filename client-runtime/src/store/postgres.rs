@@ -21,7 +21,7 @@ use xagent_storage_postgres::{
 use super::{
     AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, META_ADMISSION,
     RememberedChannel, Submitted, XagentStore, XagentWrite, check_rename, lease_state,
-    rename_onto_messages, to_i64, to_u64,
+    rename_onto_messages, taken_lease, to_i64, to_u64,
 };
 
 mod schema;
@@ -428,8 +428,7 @@ impl XagentStore for PostgresXagentStore {
                 card,
             )
             .await?;
-        row.map(|row| lease_state(&request.card, &request.holder, row, None))
-            .ok_or_else(|| StoreError::new("acquire_lease", "the lease row vanished while taken"))
+        taken_lease(request, row)
     }
 
     async fn renew_lease(

@@ -20,7 +20,7 @@ use xagent_storage_sqlite::{Migration, Synchronous, im};
 use super::{
     AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, META_ADMISSION,
     RememberedChannel, Submitted, XagentStore, XagentWrite, check_rename, lease_state, ready,
-    rename_onto_messages, to_i64, to_u64,
+    rename_onto_messages, taken_lease, to_i64, to_u64,
 };
 
 const DATABASE_FILE: &str = "xagent.sqlite3";
@@ -326,9 +326,9 @@ impl XagentStore for SqliteXagentStore {
             ])?;
             let row = lease_row(&tx, request.card.as_str())?;
             tx.commit()?;
-            Ok(row.map(|row| lease_state(&request.card, &request.holder, row, None)))
-        })?
-        .ok_or_else(|| StoreError::new("acquire_lease", "the lease row vanished while taken"))
+            Ok(row)
+        })
+        .and_then(|row| taken_lease(request, row))
     }
 
     async fn renew_lease(
