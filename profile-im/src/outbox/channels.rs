@@ -174,7 +174,7 @@ impl<S: OutboxStore> Outbox<S> {
         let Some(ch) = self.channels.get_mut(channel) else { return Ok(()) };
         while let Some(entry) = ch.queue.front() {
             let message_id = entry.rec.message_id.clone();
-            self.sink.delete(&channel, &message_id)?;
+            self.sink.delete(channel, &message_id)?;
             ch.queue.pop_front();
             self.totals.discarded += 1;
             self.log.push(OutboxEvent::Discarded {

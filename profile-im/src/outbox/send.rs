@@ -83,7 +83,7 @@ impl<S: OutboxStore> Outbox<S> {
                 return Err(OutboxError::CapacityExceeded { channel: channel.clone(), capacity });
             };
             let victim_id = ch.queue[index].rec.message_id.clone();
-            self.sink.delete(&channel, &victim_id)?;
+            self.sink.delete(channel, &victim_id)?;
             ch.queue.remove(index);
             let reason = format!("capacity_exceeded: evicted {victim_id}");
             count(&mut ch.counters, &mut self.totals, |c| {
@@ -287,19 +287,14 @@ impl<S: OutboxStore> Outbox<S> {
             return Err(not_sending());
         }
         if !entry.payload.expects_ack() {
-            self.sink.delete(&channel, &message_id)?;
-            let attempts = entry.rec.attempts;
-            let after_ms = now.saturating_sub(entry.rec.first_responsibility_at);
-            ch.queue.remove(index);
-            self.dirty.insert(channel.clone());
-            count(&mut ch.counters, &mut self.totals, |c| c.delivered += 1);
-            self.log.push(OutboxEvent::Delivered {
+            let event = OutboxEvent::Delivered {
                 channel: channel.clone(),
                 message_id: message_id.clone(),
                 by: DeliveredBy::Written,
-                attempts,
-                after_ms,
-            });
+                attempts: entry.rec.attempts,
+                after_ms: now.saturating_sub(entry.rec.first_responsibility_at),
+            };
+            self.end_entry(channel, index, |c| c.delivered += 1, event)?;
             return Ok(SentOutcome::DeliveredByWrite);
         }
         let ack_deadline = now.saturating_add(self.config.ack_timeout_ms);

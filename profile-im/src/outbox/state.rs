@@ -288,6 +288,25 @@ impl<S: OutboxStore> Outbox<S> {
         Ok(expired)
     }
 
+    /// Ends the channel's entry at `index` (the caller found it there): its record is deleted,
+    /// it leaves the queue, `tally` counts it and `event` is logged.
+    pub(super) fn end_entry(
+        &mut self,
+        channel: &ConnectorChannelId,
+        index: usize,
+        tally: impl Fn(&mut OutboxCounters),
+        event: OutboxEvent,
+    ) -> Result<(), OutboxError> {
+        let Some(ch) = self.channels.get_mut(channel) else { return Ok(()) };
+        let Some(entry) = ch.queue.get(index) else { return Ok(()) };
+        self.sink.delete(channel, &entry.rec.message_id)?;
+        ch.queue.remove(index);
+        self.dirty.insert(channel.clone());
+        count(&mut ch.counters, &mut self.totals, tally);
+        self.log.push(event);
+        Ok(())
+    }
+
     /// Expires the channel's message at `index` (the caller checked that it is waiting and
     /// past its TTL): removed, counted, reported.
     pub(super) fn expire_at(
@@ -305,19 +324,18 @@ impl<S: OutboxStore> Outbox<S> {
         let entry = &ch.queue[index];
         let (message_id, attempts, expires_at) =
             (entry.rec.message_id.clone(), entry.rec.attempts, entry.rec.expires_at);
-        self.sink.delete(&channel, &message_id)?;
-        ch.queue.remove(index);
-        count(&mut ch.counters, &mut self.totals, |c| {
-            c.expired += 1;
-            c.last_error = Some(format!("message_expired: {message_id}"));
-        });
-        self.log.push(OutboxEvent::Expired {
+        let reason = format!("message_expired: {message_id}");
+        let event = OutboxEvent::Expired {
             channel: channel.clone(),
             message_id: message_id.clone(),
             attempts,
             expires_at,
-        });
-        self.dirty.insert(channel.clone());
+        };
+        let tally = |c: &mut OutboxCounters| {
+            c.expired += 1;
+            c.last_error = Some(reason.clone());
+        };
+        self.end_entry(channel, index, tally, event)?;
         Ok(message_id)
     }
 }
