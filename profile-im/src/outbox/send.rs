@@ -83,17 +83,14 @@ impl<S: OutboxStore> Outbox<S> {
                 return Err(OutboxError::CapacityExceeded { channel: channel.clone(), capacity });
             };
             let victim_id = ch.queue[index].rec.message_id.clone();
-            self.sink.delete(channel, &victim_id)?;
-            ch.queue.remove(index);
             let reason = format!("capacity_exceeded: evicted {victim_id}");
-            count(&mut ch.counters, &mut self.totals, |c| {
+            let event =
+                OutboxEvent::Evicted { channel: channel.clone(), message_id: victim_id.clone() };
+            let tally = |c: &mut OutboxCounters| {
                 c.evicted += 1;
                 c.last_error = Some(reason.clone());
-            });
-            self.log.push(OutboxEvent::Evicted {
-                channel: channel.clone(),
-                message_id: victim_id.clone(),
-            });
+            };
+            self.end_entry(channel, index, tally, event)?;
             evicted = Some(victim_id);
         }
         let expires_at = now.saturating_add(self.config.ttl_ms);
@@ -114,6 +111,7 @@ impl<S: OutboxStore> Outbox<S> {
         self.sink.write(OutboxWrite::Save(rec.clone()))?;
         self.next_seq += 1;
         self.dirty.insert(channel.clone());
+        let ch = self.channels.entry(channel.clone()).or_default();
         ch.queue.push_back(Entry::waiting(rec, payload));
         Ok(EnqueueOutcome::Queued { expires_at, evicted })
     }
