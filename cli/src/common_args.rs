@@ -3,6 +3,7 @@
 //! for the sign-in of the xAgent-side ones (`conformance`, `mcp`).
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::Args;
 use xagent_protocol_types::AuthInput;
@@ -86,6 +87,26 @@ impl FlowArgs {
     pub(crate) fn inputs(&self) -> Result<AuthInput, String> {
         crate::parse_inputs(&self.inputs)
     }
+}
+
+/// Runs a server subcommand's async part on a new multi-threaded runtime; a runtime that
+/// cannot start is a usage error of `command`.
+pub(crate) fn block_on(command: &str, run: impl Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(run),
+        Err(error) => crate::usage(command, format!("cannot start the async runtime: {error}")),
+    }
+}
+
+/// A server subcommand that could not open or serve: says why and exits with 1.
+pub(crate) fn failed(command: &str, error: impl std::fmt::Display) -> ExitCode {
+    eprintln!("xagent-connector {command}: {error}");
+    ExitCode::FAILURE
+}
+
+/// How a server subcommand ends once serving stopped.
+pub(crate) fn served(command: &str, result: Result<(), impl std::fmt::Display>) -> ExitCode {
+    result.map_or_else(|error| failed(command, error), |()| ExitCode::SUCCESS)
 }
 
 /// Binds `listen` and returns the listener and the URL a local browser reaches it at.

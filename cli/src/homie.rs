@@ -136,11 +136,7 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
         );
     }
     args.server.start_logs("info,tower_http=warn");
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(error) => return usage(format!("cannot start the async runtime: {error}")),
-    };
-    runtime.block_on(async move {
+    crate::common_args::block_on("homie", async move {
         let (listener, local_url) = match args.server.bind().await {
             Ok(bound) => bound,
             Err(message) => return usage(message),
@@ -153,22 +149,13 @@ pub fn run_command(args: HomieArgs) -> ExitCode {
         options.database_url = args.server.database.database_url.clone();
         let homie = match Homie::open(options).await {
             Ok(homie) => homie,
-            Err(error) => {
-                eprintln!("xagent-connector homie: {error}");
-                return ExitCode::FAILURE;
-            }
+            Err(error) => return crate::common_args::failed("homie", error),
         };
         if let Err(message) = args.server.listener.start_metrics(homie.server()).await {
             return crate::usage("homie", message);
         }
-        let stop = xagent_server_runtime::ops::stop_signal();
         println!("device.homie listening on {local_url} (Base URL for xAgent; broker {mqtt})");
-        match homie.serve(listener, stop).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("xagent-connector homie: {error}");
-                ExitCode::FAILURE
-            }
-        }
+        let stop = xagent_server_runtime::ops::stop_signal();
+        crate::common_args::served("homie", homie.serve(listener, stop).await)
     })
 }

@@ -14,11 +14,6 @@ use clap::Args;
 use xagent_connector_matrix::{Credentials, Matrix, MatrixOptions};
 use xagent_protocol_types::Secret;
 
-/// The variable holding the bot's password.
-pub(crate) const PASSWORD_ENV: &str = "XAGENT_MATRIX_PASSWORD";
-/// The variable holding the bot's access token.
-pub(crate) const ACCESS_TOKEN_ENV: &str = "XAGENT_MATRIX_ACCESS_TOKEN";
-
 /// Options of `matrix`.
 #[derive(Debug, Args)]
 pub struct MatrixArgs {
@@ -63,6 +58,9 @@ fn usage(message: impl std::fmt::Display) -> ExitCode {
 
 /// The bot's credentials from the environment (never the command line).
 fn credentials() -> Result<Credentials, String> {
+    /// The variables holding the bot's password and its access token.
+    const PASSWORD_ENV: &str = "XAGENT_MATRIX_PASSWORD";
+    const ACCESS_TOKEN_ENV: &str = "XAGENT_MATRIX_ACCESS_TOKEN";
     let read = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     match (read(PASSWORD_ENV), read(ACCESS_TOKEN_ENV)) {
         (Some(_), Some(_)) => Err(format!("set {PASSWORD_ENV} or {ACCESS_TOKEN_ENV}, not both")),
@@ -97,11 +95,7 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
          matrix_sdk_crypto::backups=error,matrix_sdk::http_client=off,\
          matrix_sdk_crypto::identities::manager=error",
     );
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(error) => return usage(format!("cannot start the async runtime: {error}")),
-    };
-    runtime.block_on(async move {
+    crate::common_args::block_on("matrix", async move {
         let (listener, local_url) = match args.server.bind().await {
             Ok(bound) => bound,
             Err(message) => return usage(message),
@@ -118,25 +112,16 @@ pub fn run_command(args: MatrixArgs) -> ExitCode {
         options.database_url = args.server.database.database_url.clone();
         let matrix = match Matrix::open(options).await {
             Ok(matrix) => matrix,
-            Err(error) => {
-                eprintln!("xagent-connector matrix: {error}");
-                return ExitCode::FAILURE;
-            }
+            Err(error) => return crate::common_args::failed("matrix", error),
         };
         if let Err(message) = args.server.listener.start_metrics(matrix.server()).await {
             return usage(message);
         }
-        let stop = xagent_server_runtime::ops::stop_signal();
         println!(
             "im.matrix listening on {local_url} (Base URL for xAgent; bot {} on {})",
             args.user, args.homeserver
         );
-        match matrix.serve(listener, stop).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("xagent-connector matrix: {error}");
-                ExitCode::FAILURE
-            }
-        }
+        let stop = xagent_server_runtime::ops::stop_signal();
+        crate::common_args::served("matrix", matrix.serve(listener, stop).await)
     })
 }

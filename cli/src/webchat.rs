@@ -151,13 +151,7 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         Err(message) => return crate::usage("webchat", message),
     };
     args.server.start_logs("info,tower_http=warn");
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            return crate::usage("webchat", format!("cannot start the async runtime: {error}"));
-        }
-    };
-    runtime.block_on(async move {
+    crate::common_args::block_on("webchat", async move {
         let (listener, local_url) = match args.server.bind().await {
             Ok(bound) => bound,
             Err(message) => return crate::usage("webchat", message),
@@ -174,23 +168,16 @@ pub fn run_command(args: WebchatArgs) -> ExitCode {
         }
         let webchat = match Webchat::open(options).await {
             Ok(webchat) => webchat,
-            Err(error) => {
-                eprintln!("xagent-connector webchat: {error}");
-                return ExitCode::FAILURE;
-            }
+            Err(error) => return crate::common_args::failed("webchat", error),
         };
         if let Err(message) = args.server.listener.start_metrics(webchat.server()).await {
             return crate::usage("webchat", message);
         }
+        println!(
+            "im.webchat listening on {local_url} (Base URL for xAgent; chat page at {public_url}/chat/)"
+        );
         let stop = xagent_server_runtime::ops::stop_signal();
-        println!("im.webchat listening on {local_url} (Base URL for xAgent; chat page at {public_url}/chat/)");
-        match webchat.serve(listener, stop).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("xagent-connector webchat: {error}");
-                ExitCode::FAILURE
-            }
-        }
+        crate::common_args::served("webchat", webchat.serve(listener, stop).await)
     })
 }
 

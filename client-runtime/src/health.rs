@@ -225,6 +225,24 @@ pub struct HealthMonitor {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// Decides whether a refetched Card (its JSON and the skill document) is still admissible,
+/// giving the Card to use or why not.
+pub trait Readmit:
+    Fn(&serde_json::Value, &crate::SkillDocument) -> Result<ConnectorCard, String>
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<F> Readmit for F where
+    F: Fn(&serde_json::Value, &crate::SkillDocument) -> Result<ConnectorCard, String>
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 impl HealthMonitor {
     /// Starts probing. `card` is the admitted Card; it is replaced when a refetch admits a new
     /// one. `readmit` decides whether a refetched Card is still admissible.
@@ -235,10 +253,7 @@ impl HealthMonitor {
         readmit: F,
     ) -> Self
     where
-        F: Fn(&serde_json::Value, &crate::SkillDocument) -> Result<ConnectorCard, String>
-            + Send
-            + Sync
-            + 'static,
+        F: Readmit,
     {
         Self::start(control, card, interval, readmit, None)
     }
@@ -255,10 +270,7 @@ impl HealthMonitor {
         on_card: C,
     ) -> Self
     where
-        F: Fn(&serde_json::Value, &crate::SkillDocument) -> Result<ConnectorCard, String>
-            + Send
-            + Sync
-            + 'static,
+        F: Readmit,
         C: Fn(ConnectorCard) + Send + Sync + 'static,
     {
         Self::start(control, card, interval, readmit, Some(Box::new(on_card)))
@@ -272,10 +284,7 @@ impl HealthMonitor {
         on_card: Option<CardHook>,
     ) -> Self
     where
-        F: Fn(&serde_json::Value, &crate::SkillDocument) -> Result<ConnectorCard, String>
-            + Send
-            + Sync
-            + 'static,
+        F: Readmit,
     {
         let (sender, status) = watch::channel(HealthStatus::Unknown);
         let (refresh, refreshed) = watch::channel(0u64);

@@ -135,7 +135,7 @@ pub use download::DownloadPolicy;
 pub use driver::REOPEN_CONCURRENCY;
 pub use error::{ClientError, OutboundFileError, UserChannelLimit};
 pub use files::{FileContent, FileSink, FileSource};
-pub use health::{HealthMonitor, HealthStatus};
+pub use health::{HealthMonitor, HealthStatus, Readmit};
 pub use http::{ControlPlane, SkillDocument};
 pub use invoke::{
     CHANNELS_LIST_TOOL, MESSAGE_SEND_TOOL, ToolCallOptions, ToolOutcome, builtin_tools,

@@ -65,32 +65,30 @@ mod tests {
         .unwrap_or_default()
     }
 
+    /// An IM v2 Card without Tools yet.
+    fn card() -> ConnectorCard {
+        let supports = Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]);
+        ConnectorCard::new("im.x", BuildInfo::new("1"), ConnectorInfo::new("X", "1"), supports)
+    }
+
+    /// The Descriptor of channel `cch_1` of that Connector, in `status`, without Tools yet.
+    fn descriptor(status: ConnectionStatus) -> ConnectionDescriptor {
+        let im = vec!["xagent.im.v2".into()];
+        let connection = Connection::new("im.x", "conn_1", "cch_1", TargetType::Im, im, status);
+        ConnectionDescriptor::new(connection, DescriptorTarget::new("x", "X"))
+    }
+
     #[test]
     fn only_card_tools_available_in_the_descriptor_are_projected() {
-        let card = ConnectorCard::new(
-            "im.x",
-            BuildInfo::new("1"),
-            ConnectorInfo::new("X", "1"),
-            Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]),
-        )
-        .with_tool(CardTool::new("send", schema()).with_description("Send text"))
-        .with_tool(CardTool::new("file", schema()).with_title("Send a file"))
-        .with_tool(CardTool::new("later", schema()));
-        let descriptor = ConnectionDescriptor::new(
-            Connection::new(
-                "im.x",
-                "conn_1",
-                "cch_1",
-                TargetType::Im,
-                vec!["xagent.im.v2".into()],
-                ConnectionStatus::Connected,
-            ),
-            DescriptorTarget::new("x", "X"),
-        )
-        .with_tool(DescriptorTool::available("send"))
-        .with_tool(DescriptorTool::available("file"))
-        .with_tool(DescriptorTool::new("later", ToolStatus::Unavailable))
-        .with_tool(DescriptorTool::available("not_in_card"));
+        let card = card()
+            .with_tool(CardTool::new("send", schema()).with_description("Send text"))
+            .with_tool(CardTool::new("file", schema()).with_title("Send a file"))
+            .with_tool(CardTool::new("later", schema()));
+        let descriptor = descriptor(ConnectionStatus::Connected)
+            .with_tool(DescriptorTool::available("send"))
+            .with_tool(DescriptorTool::available("file"))
+            .with_tool(DescriptorTool::new("later", ToolStatus::Unavailable))
+            .with_tool(DescriptorTool::available("not_in_card"));
         let projected = project_tools(&card, &descriptor);
         let names: Vec<&str> = projected.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, vec!["send", "file"]);
@@ -103,13 +101,7 @@ mod tests {
     /// resolves, and refuses it with `connector_channel_unavailable` otherwise.
     #[test]
     fn availability_rule_projection_offers_a_tool_iff_invoke_accepts_it() {
-        let card = ConnectorCard::new(
-            "im.x",
-            BuildInfo::new("1"),
-            ConnectorInfo::new("X", "1"),
-            Supports::new(vec![TargetType::Im], vec!["xagent.im.v2".into()]),
-        )
-        .with_tool(CardTool::new("send", schema()));
+        let card = card().with_tool(CardTool::new("send", schema()));
         let statuses = ConnectionStatus::KNOWN.iter().map(|s| ConnectionStatus::parse(s));
         let tool_states: Vec<Option<ToolStatus>> = std::iter::once(None)
             .chain(ToolStatus::KNOWN.iter().map(|s| Some(ToolStatus::parse(s))))
@@ -121,17 +113,7 @@ mod tests {
         for status in statuses {
             for tool_state in &tool_states {
                 for permission in &permissions {
-                    let mut descriptor = ConnectionDescriptor::new(
-                        Connection::new(
-                            "im.x",
-                            "conn_1",
-                            "cch_1",
-                            TargetType::Im,
-                            vec!["xagent.im.v2".into()],
-                            status.clone(),
-                        ),
-                        DescriptorTarget::new("x", "X"),
-                    );
+                    let mut descriptor = descriptor(status.clone());
                     if let Some(tool_state) = tool_state {
                         let mut tool = DescriptorTool::new("send", tool_state.clone());
                         tool.target_permission_state = permission.clone();

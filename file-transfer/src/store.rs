@@ -136,15 +136,8 @@ impl FileStore {
                 .with_max_bytes(record.byte_size);
             let mut pending =
                 target.begin_as(record.file_ref.clone(), new_file, Some(record.clone())).await?;
-            let mut reader = self.shared.backend.read(&record, 0, record.byte_size).await?;
-            let mut buffer = vec![0u8; WRITE_CHUNK];
-            loop {
-                let read = reader.read(&mut buffer).await?;
-                if read == 0 {
-                    break;
-                }
-                pending.write(&buffer[..read]).await?;
-            }
+            let reader = self.shared.backend.read(&record, 0, record.byte_size).await?;
+            pour(reader, &mut pending).await?;
             pending.finish().await?;
             copied += 1;
         }
@@ -195,15 +188,7 @@ impl FileStore {
         R: AsyncRead,
     {
         let mut pending = self.begin(new_file).await?;
-        let mut reader = std::pin::pin!(reader);
-        let mut buffer = vec![0u8; WRITE_CHUNK];
-        loop {
-            let read = reader.read(&mut buffer).await?;
-            if read == 0 {
-                break;
-            }
-            pending.write(&buffer[..read]).await?;
-        }
+        pour(reader, &mut pending).await?;
         pending.finish().await
     }
 
@@ -299,6 +284,19 @@ impl FileStore {
                 }
             }
         })
+    }
+}
+
+/// Writes everything `reader` yields into `pending`, chunk by chunk.
+async fn pour(reader: impl AsyncRead, pending: &mut PendingFile) -> Result<(), TransferError> {
+    let mut reader = std::pin::pin!(reader);
+    let mut buffer = vec![0u8; WRITE_CHUNK];
+    loop {
+        let read = reader.read(&mut buffer).await?;
+        if read == 0 {
+            return Ok(());
+        }
+        pending.write(&buffer[..read]).await?;
     }
 }
 

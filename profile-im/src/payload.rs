@@ -5,7 +5,9 @@ use std::ops::ControlFlow;
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
-use xagent_protocol_types::{ActivityStatus, ChatActivity, ChatFile, ChatMessage, MessageId, Side};
+use xagent_protocol_types::{
+    ActivityStatus, ChatActivity, ChatFile, ChatMessage, MessageId, PushFile, Side,
+};
 
 use xagent_protocol_validate::{im, rules};
 
@@ -201,23 +203,25 @@ impl Fingerprint {
     /// `download_url` and `expires_at` are left out on purpose: a sender may re-sign a URL when
     /// it redelivers, which is the same message.
     pub fn of_chat_message(message: &ChatMessage) -> Self {
-        let files: Vec<Value> = message
-            .files
-            .iter()
-            .map(|f| {
-                serde_json::json!({
-                    "type": f.file_type.as_str(),
-                    "file_ref": f.file_ref.as_str(),
-                    "filename": f.filename,
-                    "mime_type": f.mime_type,
-                    "byte_size": f.byte_size,
-                })
-            })
-            .collect();
+        let files: Vec<Value> =
+            message.files.iter().map(|f| Self::file_facts(&PushFile::from(f.clone()))).collect();
         Self::of_value(&serde_json::json!({
             "text": message.text.as_deref().unwrap_or_default(),
             "files": files,
         }))
+    }
+}
+
+impl Fingerprint {
+    /// The facts of one file that a fingerprint covers (no URL, no expiry), v1 and v2 alike.
+    pub(crate) fn file_facts(f: &PushFile) -> Value {
+        serde_json::json!({
+            "type": f.file_type.as_ref().map(|t| t.as_str()),
+            "file_ref": f.file_ref.as_str(),
+            "filename": f.filename,
+            "mime_type": f.mime_type,
+            "byte_size": f.byte_size,
+        })
     }
 }
 

@@ -63,19 +63,7 @@ impl Fingerprint {
     /// `type`, `file_ref`, `filename`, `mime_type`, `byte_size` (URLs and expiry left out, as
     /// for v2).
     pub fn of_message_push(push: &MessagePush) -> Self {
-        let files: Vec<serde_json::Value> = push
-            .files
-            .iter()
-            .map(|f| {
-                serde_json::json!({
-                    "type": f.file_type.as_ref().map(|t| t.as_str()),
-                    "file_ref": f.file_ref.as_str(),
-                    "filename": f.filename,
-                    "mime_type": f.mime_type,
-                    "byte_size": f.byte_size,
-                })
-            })
-            .collect();
+        let files: Vec<serde_json::Value> = push.files.iter().map(Self::file_facts).collect();
         Self::of_value(&serde_json::json!({
             "raw_text": push.raw_text,
             "text": push.text.as_ref().or(push.content.as_ref()).or(push.message.as_ref()),

@@ -201,6 +201,16 @@ mod tests {
         }
     }
 
+    /// The first call of `key` runs; an identical second one waits for it.
+    fn run_and_wait<'a>(
+        calls: &'a ToolCalls,
+        key: CallKey<'_>,
+    ) -> (Running<'a>, watch::Receiver<Option<ToolOutcome>>) {
+        let Plan::Run(running) = calls.begin(key) else { panic!("first call must run") };
+        let Plan::Wait(rx) = calls.begin(key) else { panic!("a concurrent repeat must wait") };
+        (running, rx)
+    }
+
     #[test]
     fn the_call_key_is_the_tool_call_id_else_the_request_id_else_the_packet_id() {
         assert_eq!(call_key(Some("c1"), Some("r1"), "p1"), "call:c1");
@@ -235,8 +245,7 @@ mod tests {
         let calls = ToolCalls::default();
         let channel = ConnectorChannelId::new("cch_a");
         let key = CallKey { channel: &channel, key: "call:1", fingerprint: "fp" };
-        let Plan::Run(first) = calls.begin(key) else { panic!("first call claims the key") };
-        let Plan::Wait(rx) = calls.begin(key) else { panic!("the repeat waits") };
+        let (first, rx) = run_and_wait(&calls, key);
         let answer = first.judge_stored(Some(record("fp", 5)), 10, 6).expect("a replay");
         first.finish(&answer);
         assert!(matches!(rx.borrow().as_ref(), Some(Ok(v)) if v == &Value::from(1)));
@@ -247,12 +256,7 @@ mod tests {
         let calls = ToolCalls::default();
         let channel = ConnectorChannelId::new("cch_a");
         let key = CallKey { channel: &channel, key: "k", fingerprint: "fp" };
-        let Plan::Run(running) = calls.begin(key) else {
-            panic!("first call must run");
-        };
-        let Plan::Wait(rx) = calls.begin(key) else {
-            panic!("a concurrent repeat must wait");
-        };
+        let (running, rx) = run_and_wait(&calls, key);
         running.finish(&Ok(Value::from(7)));
         assert!(matches!(rx.borrow().as_ref(), Some(Ok(v)) if v == &Value::from(7)));
         // Without waiters the outcome is not kept; the key is free for the next call.
@@ -268,12 +272,7 @@ mod tests {
         let calls = ToolCalls::default();
         let channel = ConnectorChannelId::new("cch_a");
         let key = CallKey { channel: &channel, key: "k", fingerprint: "fp" };
-        let Plan::Run(running) = calls.begin(key) else {
-            panic!("first call must run");
-        };
-        let Plan::Wait(rx) = calls.begin(key) else {
-            panic!("a concurrent repeat must wait");
-        };
+        let (running, rx) = run_and_wait(&calls, key);
         drop(running);
         assert!(matches!(rx.borrow().as_ref(), Some(Err(e)) if e.code == ErrorCode::InternalError));
         assert!(matches!(calls.begin(key), Plan::Run(_)));

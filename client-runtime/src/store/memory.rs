@@ -12,7 +12,7 @@ use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 
 use super::{
     AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState,
-    RememberedChannel, XagentStore, XagentWrite, check_rename, lease_state, ready,
+    RememberedChannel, XagentStore, XagentWrite, check_rename, ready, renewed_lease, taken_lease,
 };
 
 /// The store of a client without durable state: the same rules as the SQLite store, kept in
@@ -213,7 +213,7 @@ impl XagentStore for MemoryXagentStore {
         if free {
             *row = (request.holder.clone(), row.1.saturating_add(1), request.expires_at());
         }
-        Ok(lease_state(&request.card, &request.holder, row.clone(), None))
+        taken_lease(request, Some(row.clone()))
     }
 
     async fn renew_lease(
@@ -223,13 +223,13 @@ impl XagentStore for MemoryXagentStore {
         ttl_ms: u64,
     ) -> Result<LeaseState, StoreError> {
         let mut state = self.state();
-        let Some(row) = state.leases.get_mut(fence.card.as_str()) else {
-            return Ok(LeaseState::Other { holder: String::new(), number: 0, expires_at: 0 });
-        };
-        if row.0 == fence.holder && row.1 == fence.number {
-            row.2 = now.saturating_add(ttl_ms);
-        }
-        Ok(lease_state(&fence.card, &fence.holder, row.clone(), Some(fence.number)))
+        let row = state.leases.get_mut(fence.card.as_str()).map(|row| {
+            if row.0 == fence.holder && row.1 == fence.number {
+                row.2 = now.saturating_add(ttl_ms);
+            }
+            row.clone()
+        });
+        Ok(renewed_lease(fence, row))
     }
 
     async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError> {

@@ -241,4 +241,23 @@ pub(crate) fn lease_state(
     }
 }
 
+/// What `acquire_lease` reports from the row it read back after taking the lease (the row is
+/// there: it was just written).
+pub(crate) fn taken_lease(
+    request: &LeaseRequest,
+    row: Option<(String, u64, u64)>,
+) -> Result<LeaseState, StoreError> {
+    row.map(|row| lease_state(&request.card, &request.holder, row, None))
+        .ok_or_else(|| StoreError::new("acquire_lease", "the lease row vanished while taken"))
+}
+
+/// What `renew_lease` reports from the row as it is after the renewal (no row: nobody holds
+/// the lease).
+pub(crate) fn renewed_lease(fence: &Fence, row: Option<(String, u64, u64)>) -> LeaseState {
+    match row {
+        Some(row) => lease_state(&fence.card, &fence.holder, row, Some(fence.number)),
+        None => LeaseState::Other { holder: String::new(), number: 0, expires_at: 0 },
+    }
+}
+
 pub(crate) use xagent_storage_sqlite::{to_i64, to_u64};

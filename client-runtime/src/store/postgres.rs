@@ -20,8 +20,8 @@ use xagent_storage_postgres::{
 
 use super::{
     AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, META_ADMISSION,
-    RememberedChannel, Submitted, XagentStore, XagentWrite, check_rename, lease_state,
-    rename_onto_messages, to_i64, to_u64,
+    RememberedChannel, Submitted, XagentStore, XagentWrite, check_rename, rename_onto_messages,
+    renewed_lease, taken_lease, to_i64, to_u64,
 };
 
 mod schema;
@@ -428,8 +428,7 @@ impl XagentStore for PostgresXagentStore {
                 card,
             )
             .await?;
-        row.map(|row| lease_state(&request.card, &request.holder, row, None))
-            .ok_or_else(|| StoreError::new("acquire_lease", "the lease row vanished while taken"))
+        taken_lease(request, row)
     }
 
     async fn renew_lease(
@@ -448,10 +447,7 @@ impl XagentStore for PostgresXagentStore {
                 card,
             )
             .await?;
-        Ok(match row {
-            Some(row) => lease_state(&fence.card, &fence.holder, row, Some(fence.number)),
-            None => LeaseState::Other { holder: String::new(), number: 0, expires_at: 0 },
-        })
+        Ok(renewed_lease(fence, row))
     }
 
     async fn release_lease(&self, fence: &Fence) -> Result<(), StoreError> {

@@ -19,8 +19,8 @@ use xagent_storage_sqlite::{Migration, Synchronous, im};
 
 use super::{
     AdmissionSnapshot, CommitError, CommitTicket, Fence, LeaseRequest, LeaseState, META_ADMISSION,
-    RememberedChannel, Submitted, XagentStore, XagentWrite, check_rename, lease_state, ready,
-    rename_onto_messages, to_i64, to_u64,
+    RememberedChannel, Submitted, XagentStore, XagentWrite, check_rename, ready,
+    rename_onto_messages, renewed_lease, taken_lease, to_i64, to_u64,
 };
 
 const DATABASE_FILE: &str = "xagent.sqlite3";
@@ -326,9 +326,9 @@ impl XagentStore for SqliteXagentStore {
             ])?;
             let row = lease_row(&tx, request.card.as_str())?;
             tx.commit()?;
-            Ok(row.map(|row| lease_state(&request.card, &request.holder, row, None)))
-        })?
-        .ok_or_else(|| StoreError::new("acquire_lease", "the lease row vanished while taken"))
+            Ok(row)
+        })
+        .and_then(|row| taken_lease(request, row))
     }
 
     async fn renew_lease(
@@ -351,10 +351,7 @@ impl XagentStore for SqliteXagentStore {
             ])?;
             let row = lease_row(&tx, fence.card.as_str())?;
             tx.commit()?;
-            Ok(match row {
-                Some(row) => lease_state(&fence.card, &fence.holder, row, Some(fence.number)),
-                None => LeaseState::Other { holder: String::new(), number: 0, expires_at: 0 },
-            })
+            Ok(renewed_lease(fence, row))
         })
     }
 

@@ -8,7 +8,7 @@ use super::config::*;
 use super::state::*;
 use super::types::*;
 use crate::OutboxError;
-use crate::store::{OutboxStore, OutboxWrite};
+use crate::store::OutboxStore;
 
 impl<S: OutboxStore> Outbox<S> {
     /// A `chat.message.ack` arrived on `channel` with envelope `reply_to`.
@@ -62,28 +62,20 @@ impl<S: OutboxStore> Outbox<S> {
         let after_ms = now.saturating_sub(entry.rec.first_responsibility_at);
         match &ack.status {
             AckStatus::Accepted | AckStatus::Duplicate => {
-                persist(
-                    &mut self.store,
-                    &mut self.writes,
-                    self.config.write_mode,
-                    OutboxWrite::Delete(channel.clone(), ack.message_id.clone()),
-                )?;
-                ch.queue.remove(index);
-                self.dirty.insert(channel.clone());
-                let by = if ack.status == AckStatus::Accepted {
-                    count(&mut ch.counters, &mut self.totals, |c| c.delivered += 1);
-                    DeliveredBy::Accepted
-                } else {
-                    count(&mut ch.counters, &mut self.totals, |c| c.duplicates += 1);
-                    DeliveredBy::Duplicate
-                };
-                self.log.push(OutboxEvent::Delivered {
+                let accepted = ack.status == AckStatus::Accepted;
+                let by = if accepted { DeliveredBy::Accepted } else { DeliveredBy::Duplicate };
+                let event = OutboxEvent::Delivered {
                     channel: channel.clone(),
                     message_id: ack.message_id.clone(),
                     by,
                     attempts,
                     after_ms,
-                });
+                };
+                let tally = |c: &mut OutboxCounters| match accepted {
+                    true => c.delivered += 1,
+                    false => c.duplicates += 1,
+                };
+                self.end_entry(channel, index, tally, event)?;
                 Ok(AckOutcome::Delivered { status: ack.status.clone() })
             }
             AckStatus::Rejected => {
@@ -100,24 +92,17 @@ impl<S: OutboxStore> Outbox<S> {
                     let outcome = self.retry(channel, index, reason, now)?;
                     return Ok(AckOutcome::Retry(outcome));
                 }
-                persist(
-                    &mut self.store,
-                    &mut self.writes,
-                    self.config.write_mode,
-                    OutboxWrite::Delete(channel.clone(), ack.message_id.clone()),
-                )?;
-                ch.queue.remove(index);
-                self.dirty.insert(channel.clone());
-                count(&mut ch.counters, &mut self.totals, |c| {
-                    c.failed += 1;
-                    c.last_error = Some(reason.clone());
-                });
-                self.log.push(OutboxEvent::Failed {
+                let event = OutboxEvent::Failed {
                     channel: channel.clone(),
                     message_id: ack.message_id.clone(),
                     code: code.clone(),
                     reason: reason.clone(),
-                });
+                };
+                let tally = |c: &mut OutboxCounters| {
+                    c.failed += 1;
+                    c.last_error = Some(reason.clone());
+                };
+                self.end_entry(channel, index, tally, event)?;
                 Ok(AckOutcome::Failed { code, reason })
             }
             _ => {

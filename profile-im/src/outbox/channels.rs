@@ -1,13 +1,13 @@
 //! Transport and channel events, expiry and maintenance, and what the outbox reports.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use xagent_protocol_types::{ConnectorChannelId, MessageId};
 
 use super::state::*;
 use super::types::*;
 use crate::OutboxError;
-use crate::store::{OutboxStore, OutboxWrite, PendingRecord};
+use crate::store::{OutboxStore, PendingRecord};
 
 impl<S: OutboxStore> Outbox<S> {
     /// The transport to the receiver dropped: every message in flight becomes pending again
@@ -64,13 +64,7 @@ impl<S: OutboxStore> Outbox<S> {
         let Some(ch) = self.channels.get_mut(channel) else { return Ok(()) };
         for entry in ch.queue.iter_mut() {
             if entry.state == State::Waiting && entry.rec.next_attempt_at > now {
-                persist_attempt(
-                    &mut self.store,
-                    &mut self.writes,
-                    self.config.write_mode,
-                    &mut entry.rec,
-                    |u| u.next_attempt_at = now,
-                )?;
+                self.sink.attempt(&mut entry.rec, |u| u.next_attempt_at = now)?;
             }
         }
         self.dirty.insert(channel.clone());
@@ -141,22 +135,11 @@ impl<S: OutboxStore> Outbox<S> {
             match OutboundPayload::from_json(&rec.payload) {
                 Ok(payload) if payload.message_id() == Some(&rec.message_id) => {
                     self.dirty.insert(rec.channel.clone());
-                    ch.queue.push_back(Entry {
-                        rec,
-                        payload,
-                        state: State::Waiting,
-                        packets: VecDeque::new(),
-                        early: Vec::new(),
-                    });
+                    ch.queue.push_back(Entry::waiting(rec, payload));
                     joined += 1;
                 }
                 _ => {
-                    persist(
-                        &mut self.store,
-                        &mut self.writes,
-                        self.config.write_mode,
-                        OutboxWrite::Delete(rec.channel.clone(), rec.message_id.clone()),
-                    )?;
+                    self.sink.delete(&rec.channel, &rec.message_id)?;
                     count(&mut ch.counters, &mut self.totals, |c| c.discarded += 1);
                     self.log.push(OutboxEvent::Discarded {
                         channel: rec.channel,
@@ -191,12 +174,7 @@ impl<S: OutboxStore> Outbox<S> {
         let Some(ch) = self.channels.get_mut(channel) else { return Ok(()) };
         while let Some(entry) = ch.queue.front() {
             let message_id = entry.rec.message_id.clone();
-            persist(
-                &mut self.store,
-                &mut self.writes,
-                self.config.write_mode,
-                OutboxWrite::Delete(channel.clone(), message_id.clone()),
-            )?;
+            self.sink.delete(channel, &message_id)?;
             ch.queue.pop_front();
             self.totals.discarded += 1;
             self.log.push(OutboxEvent::Discarded {

@@ -1,6 +1,6 @@
 //! Taking responsibility for messages and handing them out: enqueue, the ready set, sends.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 
 use xagent_protocol_types::{ConnectorChannelId, MessageId, PacketId};
 
@@ -83,22 +83,14 @@ impl<S: OutboxStore> Outbox<S> {
                 return Err(OutboxError::CapacityExceeded { channel: channel.clone(), capacity });
             };
             let victim_id = ch.queue[index].rec.message_id.clone();
-            persist(
-                &mut self.store,
-                &mut self.writes,
-                self.config.write_mode,
-                OutboxWrite::Delete(channel.clone(), victim_id.clone()),
-            )?;
-            ch.queue.remove(index);
             let reason = format!("capacity_exceeded: evicted {victim_id}");
-            count(&mut ch.counters, &mut self.totals, |c| {
+            let event =
+                OutboxEvent::Evicted { channel: channel.clone(), message_id: victim_id.clone() };
+            let tally = |c: &mut OutboxCounters| {
                 c.evicted += 1;
                 c.last_error = Some(reason.clone());
-            });
-            self.log.push(OutboxEvent::Evicted {
-                channel: channel.clone(),
-                message_id: victim_id.clone(),
-            });
+            };
+            self.end_entry(channel, index, tally, event)?;
             evicted = Some(victim_id);
         }
         let expires_at = now.saturating_add(self.config.ttl_ms);
@@ -116,21 +108,11 @@ impl<S: OutboxStore> Outbox<S> {
             next_attempt_at: now,
             last_error: None,
         };
-        persist(
-            &mut self.store,
-            &mut self.writes,
-            self.config.write_mode,
-            OutboxWrite::Save(rec.clone()),
-        )?;
+        self.sink.write(OutboxWrite::Save(rec.clone()))?;
         self.next_seq += 1;
         self.dirty.insert(channel.clone());
-        ch.queue.push_back(Entry {
-            rec,
-            payload,
-            state: State::Waiting,
-            packets: VecDeque::new(),
-            early: Vec::new(),
-        });
+        let ch = self.channels.entry(channel.clone()).or_default();
+        ch.queue.push_back(Entry::waiting(rec, payload));
         Ok(EnqueueOutcome::Queued { expires_at, evicted })
     }
 
@@ -157,11 +139,11 @@ impl<S: OutboxStore> Outbox<S> {
         let mut writes: Vec<OutboxWrite> = Vec::new();
         let mut timers = Vec::new();
         let collected = self.collect_due(&ids, now, window, &mut due, &mut writes, &mut timers);
-        let stored = collected.and_then(|()| match self.config.write_mode {
-            WriteMode::Through if !writes.is_empty() => Ok(self.store.apply(&writes)?),
+        let stored = collected.and_then(|()| match self.sink.mode {
+            WriteMode::Through if !writes.is_empty() => Ok(self.sink.store.apply(&writes)?),
             WriteMode::Through => Ok(()),
             WriteMode::Deferred => {
-                self.writes.append(&mut writes);
+                self.sink.writes.append(&mut writes);
                 Ok(())
             }
         });
@@ -256,13 +238,7 @@ impl<S: OutboxStore> Outbox<S> {
         }) else {
             return Ok(false);
         };
-        persist_attempt(
-            &mut self.store,
-            &mut self.writes,
-            self.config.write_mode,
-            &mut entry.rec,
-            |u| u.attempts = u.attempts.saturating_sub(1),
-        )?;
+        self.sink.attempt(&mut entry.rec, |u| u.attempts = u.attempts.saturating_sub(1))?;
         entry.state = State::Waiting;
         entry.early.clear();
         ch.counters.attempts = ch.counters.attempts.saturating_sub(1);
@@ -276,12 +252,12 @@ impl<S: OutboxStore> Outbox<S> {
     /// caller commits them (one transaction, ideally with other work) and must not
     /// acknowledge an enqueue before the commit holding its record succeeded.
     pub fn take_writes(&mut self) -> Vec<OutboxWrite> {
-        coalesce_outbox_writes(std::mem::take(&mut self.writes))
+        coalesce_outbox_writes(std::mem::take(&mut self.sink.writes))
     }
 
     /// True when writes wait for [`Outbox::take_writes`].
     pub fn has_writes(&self) -> bool {
-        !self.writes.is_empty()
+        !self.sink.writes.is_empty()
     }
 
     /// The packet carrying a [`Delivery`] was written with `packet_id`. A v2 message now waits
@@ -309,24 +285,14 @@ impl<S: OutboxStore> Outbox<S> {
             return Err(not_sending());
         }
         if !entry.payload.expects_ack() {
-            persist(
-                &mut self.store,
-                &mut self.writes,
-                self.config.write_mode,
-                OutboxWrite::Delete(channel.clone(), message_id.clone()),
-            )?;
-            let attempts = entry.rec.attempts;
-            let after_ms = now.saturating_sub(entry.rec.first_responsibility_at);
-            ch.queue.remove(index);
-            self.dirty.insert(channel.clone());
-            count(&mut ch.counters, &mut self.totals, |c| c.delivered += 1);
-            self.log.push(OutboxEvent::Delivered {
+            let event = OutboxEvent::Delivered {
                 channel: channel.clone(),
                 message_id: message_id.clone(),
                 by: DeliveredBy::Written,
-                attempts,
-                after_ms,
-            });
+                attempts: entry.rec.attempts,
+                after_ms: now.saturating_sub(entry.rec.first_responsibility_at),
+            };
+            self.end_entry(channel, index, |c| c.delivered += 1, event)?;
             return Ok(SentOutcome::DeliveredByWrite);
         }
         let ack_deadline = now.saturating_add(self.config.ack_timeout_ms);

@@ -30,6 +30,13 @@ pub(super) struct Entry {
     pub(super) early: Vec<(ChatMessageAck, PacketId)>,
 }
 
+impl Entry {
+    /// A message waiting for its first (or next) transmission.
+    pub(super) fn waiting(rec: PendingRecord, payload: OutboundPayload) -> Self {
+        Self { rec, payload, state: State::Waiting, packets: VecDeque::new(), early: Vec::new() }
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Channel {
     pub(super) queue: VecDeque<Entry>,
@@ -54,36 +61,51 @@ impl EventLog {
     }
 }
 
-/// Writes through to the store, or collects the write for [`Outbox::take_writes`].
-pub(super) fn persist<S: OutboxStore>(
-    store: &mut S,
-    writes: &mut Vec<OutboxWrite>,
-    mode: WriteMode,
-    write: OutboxWrite,
-) -> Result<(), StoreError> {
-    match mode {
-        WriteMode::Through => store.apply(std::slice::from_ref(&write)),
-        WriteMode::Deferred => {
-            writes.push(write);
-            Ok(())
-        }
-    }
+/// The outbox's store and how it is written: straight through, or collected for
+/// [`Outbox::take_writes`].
+#[derive(Debug)]
+pub(super) struct Sink<S> {
+    pub(super) store: S,
+    pub(super) mode: WriteMode,
+    /// Writes collected in [`WriteMode::Deferred`], in order.
+    pub(super) writes: Vec<OutboxWrite>,
 }
 
-/// Changes a record's attempt bookkeeping through `change`, stores that narrow write, and only
-/// then updates `record` (a failed write leaves it as it was); the payload is not copied.
-pub(super) fn persist_attempt<S: OutboxStore>(
-    store: &mut S,
-    writes: &mut Vec<OutboxWrite>,
-    mode: WriteMode,
-    record: &mut PendingRecord,
-    change: impl FnOnce(&mut AttemptUpdate),
-) -> Result<(), StoreError> {
-    let mut update = AttemptUpdate::of(record);
-    change(&mut update);
-    persist(store, writes, mode, OutboxWrite::Attempt(update.clone()))?;
-    update.apply_to(record);
-    Ok(())
+impl<S: OutboxStore> Sink<S> {
+    /// Writes through to the store, or collects the write.
+    pub(super) fn write(&mut self, write: OutboxWrite) -> Result<(), StoreError> {
+        match self.mode {
+            WriteMode::Through => self.store.apply(std::slice::from_ref(&write)),
+            WriteMode::Deferred => {
+                self.writes.push(write);
+                Ok(())
+            }
+        }
+    }
+
+    /// Deletes the channel's record of `message_id`.
+    pub(super) fn delete(
+        &mut self,
+        channel: &ConnectorChannelId,
+        message_id: &MessageId,
+    ) -> Result<(), StoreError> {
+        self.write(OutboxWrite::Delete(channel.clone(), message_id.clone()))
+    }
+
+    /// Changes a record's attempt bookkeeping through `change`, stores that narrow write, and
+    /// only then updates `record` (a failed write leaves it as it was); the payload is not
+    /// copied.
+    pub(super) fn attempt(
+        &mut self,
+        record: &mut PendingRecord,
+        change: impl FnOnce(&mut AttemptUpdate),
+    ) -> Result<(), StoreError> {
+        let mut update = AttemptUpdate::of(record);
+        change(&mut update);
+        self.write(OutboxWrite::Attempt(update.clone()))?;
+        update.apply_to(record);
+        Ok(())
+    }
 }
 
 pub(super) fn count(
@@ -99,14 +121,12 @@ pub(super) fn count(
 #[derive(Debug)]
 pub struct Outbox<S: OutboxStore = MemoryStore> {
     pub(super) config: OutboxConfig,
-    pub(super) store: S,
+    pub(super) sink: Sink<S>,
     pub(super) channels: BTreeMap<ConnectorChannelId, Channel>,
     pub(super) next_seq: u64,
     pub(super) totals: OutboxCounters,
     pub(super) log: EventLog,
     pub(super) last_cleanup_at: u64,
-    /// Writes collected in [`WriteMode::Deferred`], in order.
-    pub(super) writes: Vec<OutboxWrite>,
     /// Channels [`Outbox::next_ready`] has to look at: something happened to them (a message
     /// queued or ended, a reopen) since it last did.
     pub(super) dirty: BTreeSet<ConnectorChannelId>,
@@ -118,11 +138,18 @@ pub struct Outbox<S: OutboxStore = MemoryStore> {
 impl Outbox<MemoryStore> {
     /// An outbox over a fresh in-memory store.
     pub fn in_memory(config: OutboxConfig, now: u64) -> Self {
+        Self::empty(config, MemoryStore::new(), now, 1)
+    }
+}
+
+impl<S: OutboxStore> Outbox<S> {
+    /// An outbox over `store` with no channels yet, numbering messages from `next_seq`.
+    fn empty(config: OutboxConfig, store: S, now: u64, next_seq: u64) -> Self {
         Self {
             config,
-            store: MemoryStore::new(),
+            sink: Sink { store, mode: config.write_mode, writes: Vec::new() },
             channels: BTreeMap::new(),
-            next_seq: 1,
+            next_seq,
             totals: OutboxCounters::default(),
             log: EventLog {
                 events: VecDeque::new(),
@@ -130,14 +157,11 @@ impl Outbox<MemoryStore> {
                 dropped: 0,
             },
             last_cleanup_at: now,
-            writes: Vec::new(),
             dirty: BTreeSet::new(),
             timers: BTreeSet::new(),
         }
     }
-}
 
-impl<S: OutboxStore> Outbox<S> {
     /// Opens the outbox over a store, loading every pending record (restart). Loaded messages
     /// keep their `first_responsibility_at`, `expires_at`, attempt count and backoff; messages
     /// that were in flight become pending again (the receiver's idempotency turns a repeat into
@@ -146,46 +170,21 @@ impl<S: OutboxStore> Outbox<S> {
     pub fn open(config: OutboxConfig, mut store: S, now: u64) -> Result<Self, OutboxError> {
         let mut records = store.load_pending()?;
         records.sort_by_key(|r| r.seq);
-        let mut outbox = Self {
-            config,
-            store,
-            channels: BTreeMap::new(),
-            next_seq: records.last().map_or(1, |r| r.seq.saturating_add(1)),
-            totals: OutboxCounters::default(),
-            log: EventLog {
-                events: VecDeque::new(),
-                capacity: config.event_log_capacity,
-                dropped: 0,
-            },
-            last_cleanup_at: now,
-            writes: Vec::new(),
-            dirty: BTreeSet::new(),
-            timers: BTreeSet::new(),
-        };
+        let next_seq = records.last().map_or(1, |r| r.seq.saturating_add(1));
+        let mut outbox = Self::empty(config, store, now, next_seq);
         for rec in records {
             outbox.dirty.insert(rec.channel.clone());
             let ch = outbox.channels.entry(rec.channel.clone()).or_default();
             match OutboundPayload::from_json(&rec.payload) {
                 Ok(payload) if payload.message_id() == Some(&rec.message_id) => {
-                    ch.queue.push_back(Entry {
-                        rec,
-                        payload,
-                        state: State::Waiting,
-                        packets: VecDeque::new(),
-                        early: Vec::new(),
-                    });
+                    ch.queue.push_back(Entry::waiting(rec, payload));
                 }
                 other => {
                     let reason = match other {
                         Err(e) => format!("stored payload unreadable: {e}"),
                         Ok(_) => "stored payload has another message_id".to_owned(),
                     };
-                    persist(
-                        &mut outbox.store,
-                        &mut outbox.writes,
-                        outbox.config.write_mode,
-                        OutboxWrite::Delete(rec.channel.clone(), rec.message_id.clone()),
-                    )?;
+                    outbox.sink.delete(&rec.channel, &rec.message_id)?;
                     count(&mut ch.counters, &mut outbox.totals, |c| {
                         c.discarded += 1;
                         c.last_error = Some(reason.clone());
@@ -209,7 +208,7 @@ impl<S: OutboxStore> Outbox<S> {
 
     /// The store (e.g. to inspect it in tests).
     pub fn store(&self) -> &S {
-        &self.store
+        &self.sink.store
     }
 
     pub(super) fn fail_in_flight(
@@ -249,16 +248,10 @@ impl<S: OutboxStore> Outbox<S> {
             self.expire_channel(channel, now)?;
             return Ok(RetryOutcome::Expired);
         }
-        persist_attempt(
-            &mut self.store,
-            &mut self.writes,
-            self.config.write_mode,
-            &mut entry.rec,
-            |u| {
-                u.next_attempt_at = now.saturating_add(backoff.delay_ms(u.attempts));
-                u.last_error = Some(reason.clone());
-            },
-        )?;
+        self.sink.attempt(&mut entry.rec, |u| {
+            u.next_attempt_at = now.saturating_add(backoff.delay_ms(u.attempts));
+            u.last_error = Some(reason.clone());
+        })?;
         let next_attempt_at = entry.rec.next_attempt_at;
         entry.state = State::Waiting;
         entry.early.clear();
@@ -295,6 +288,25 @@ impl<S: OutboxStore> Outbox<S> {
         Ok(expired)
     }
 
+    /// Ends the channel's entry at `index` (the caller found it there): its record is deleted,
+    /// it leaves the queue, `tally` counts it and `event` is logged.
+    pub(super) fn end_entry(
+        &mut self,
+        channel: &ConnectorChannelId,
+        index: usize,
+        tally: impl Fn(&mut OutboxCounters),
+        event: OutboxEvent,
+    ) -> Result<(), OutboxError> {
+        let Some(ch) = self.channels.get_mut(channel) else { return Ok(()) };
+        let Some(entry) = ch.queue.get(index) else { return Ok(()) };
+        self.sink.delete(channel, &entry.rec.message_id)?;
+        ch.queue.remove(index);
+        self.dirty.insert(channel.clone());
+        count(&mut ch.counters, &mut self.totals, tally);
+        self.log.push(event);
+        Ok(())
+    }
+
     /// Expires the channel's message at `index` (the caller checked that it is waiting and
     /// past its TTL): removed, counted, reported.
     pub(super) fn expire_at(
@@ -312,24 +324,18 @@ impl<S: OutboxStore> Outbox<S> {
         let entry = &ch.queue[index];
         let (message_id, attempts, expires_at) =
             (entry.rec.message_id.clone(), entry.rec.attempts, entry.rec.expires_at);
-        persist(
-            &mut self.store,
-            &mut self.writes,
-            self.config.write_mode,
-            OutboxWrite::Delete(channel.clone(), message_id.clone()),
-        )?;
-        ch.queue.remove(index);
-        count(&mut ch.counters, &mut self.totals, |c| {
-            c.expired += 1;
-            c.last_error = Some(format!("message_expired: {message_id}"));
-        });
-        self.log.push(OutboxEvent::Expired {
+        let reason = format!("message_expired: {message_id}");
+        let event = OutboxEvent::Expired {
             channel: channel.clone(),
             message_id: message_id.clone(),
             attempts,
             expires_at,
-        });
-        self.dirty.insert(channel.clone());
+        };
+        let tally = |c: &mut OutboxCounters| {
+            c.expired += 1;
+            c.last_error = Some(reason.clone());
+        };
+        self.end_entry(channel, index, tally, event)?;
         Ok(message_id)
     }
 }

@@ -268,6 +268,7 @@ impl Validator {
     ) {
         let payload = Value::Object(body.clone());
         let descriptor_context = DescriptorContext { card: context.card, channel };
+        let field = |key: &str| im::Field::of(body.get(key));
         match packet_type {
             "connector.hello" => self.hello_at(sink, &payload, "/payload", context.card),
             "connector.hello.ack" => self.hello_ack_at(sink, &payload, "/payload", context.card),
@@ -361,31 +362,17 @@ impl Validator {
             "message.push" => message_push(sink, body, context.card),
             "chat.message" => chat_message(sink, body, context.sender),
             "chat.message.delta" => walk(sink, |visit| {
-                im::check_delta(
-                    im::Field::of(body.get("message_id")),
-                    body.get("sequence").and_then(Value::as_u64),
-                    body.get("text").is_some_and(Value::is_string),
-                    keys(body),
-                    visit,
-                )
+                let sequence = body.get("sequence").and_then(Value::as_u64);
+                let text = body.get("text").is_some_and(Value::is_string);
+                im::check_delta(field("message_id"), sequence, text, keys(body), visit)
             }),
             "chat.message.ack" => walk(sink, |visit| {
-                im::check_ack(
-                    im::Field::of(body.get("message_id")),
-                    im::Field::of(body.get("status")),
-                    im::Field::of(body.get("code")),
-                    body.get("retryable").is_some_and(Value::is_boolean),
-                    keys(body),
-                    visit,
-                )
+                let (id, status, code) = (field("message_id"), field("status"), field("code"));
+                let retryable = body.get("retryable").is_some_and(Value::is_boolean);
+                im::check_ack(id, status, code, retryable, keys(body), visit)
             }),
             "chat.activity" => walk(sink, |visit| {
-                im::check_activity(
-                    im::Field::of(body.get("status")),
-                    im::Field::of(body.get("tool_name")),
-                    keys(body),
-                    visit,
-                )
+                im::check_activity(field("status"), field("tool_name"), keys(body), visit)
             }),
             _ => {}
         }

@@ -416,18 +416,12 @@ impl Ticket {
     /// The connection became xAgent's authenticated data plane: never evicted again, and moved
     /// into a reserved slot when one is free (it keeps its shared slot otherwise).
     pub(crate) fn promote(&self) {
-        let reserved_cap = self
-            .admission
-            .limits
-            .reserved_data_plane_connections
-            .min(self.admission.limits.max_connections);
+        let limits = &self.admission.limits;
+        let reserved_cap = limits.reserved_data_plane_connections.min(limits.max_connections);
         let mut state = self.admission.lock();
+        self.mark_upgraded(&mut state);
         let state = &mut *state;
         let Some(conn) = state.conns.get_mut(&self.id) else { return };
-        conn.upgraded = true;
-        if let Some(order) = conn.waiting_since.take() {
-            state.waiting.remove(&order);
-        }
         match conn.budget {
             Budget::Probation => conn.budget = Budget::DataPlane,
             Budget::Shared if state.reserved < reserved_cap => {
@@ -441,8 +435,11 @@ impl Ticket {
 
     /// Another kind of upgrade (an author's WebSocket): never evicted, keeps its budget.
     pub(crate) fn upgraded(&self) {
-        let mut state = self.admission.lock();
-        let state = &mut *state;
+        self.mark_upgraded(&mut self.admission.lock());
+    }
+
+    /// Marks the connection upgraded (never evicted again) while the caller holds the lock.
+    fn mark_upgraded(&self, state: &mut State) {
         let Some(conn) = state.conns.get_mut(&self.id) else { return };
         conn.upgraded = true;
         if let Some(order) = conn.waiting_since.take() {
@@ -558,9 +555,7 @@ mod tests {
         let now = Instant::now();
         // 4 slots, 1 reserved: 3 shared.
         let admission = Admission::new(limits(4, 10, 100, 100, 1), now);
-        let first = admission.admit(ip("192.0.2.1"), now).unwrap();
-        let second = admission.admit(ip("192.0.2.2"), now).unwrap();
-        let third = admission.admit(ip("192.0.2.3"), now).unwrap();
+        let [first, second, third] = tickets(&admission, now, false);
         // The first is busy with a request (say, an event stream): never evicted.
         first.busy();
         let fourth = admission.admit(ip("192.0.2.4"), now).unwrap();
@@ -574,15 +569,19 @@ mod tests {
         assert_eq!(admission.open(), (0, 0));
     }
 
-    /// `n` connections from 192.0.2.1.. each busy with a request.
-    fn busy_tickets(admission: &Arc<Admission>, now: Instant, n: u8) -> Vec<Ticket> {
-        (1..=n)
-            .map(|n| {
-                let ticket = admission.admit(ip(&format!("192.0.2.{n}")), now).unwrap();
+    /// `N` connections from 192.0.2.1.., each busy with a request when `busy`.
+    fn tickets<const N: usize>(
+        admission: &Arc<Admission>,
+        now: Instant,
+        busy: bool,
+    ) -> [Ticket; N] {
+        std::array::from_fn(|i| {
+            let ticket = admission.admit(ip(&format!("192.0.2.{}", i + 1)), now).unwrap();
+            if busy {
                 ticket.busy();
-                ticket
-            })
-            .collect()
+            }
+            ticket
+        })
     }
 
     #[test]
@@ -595,7 +594,7 @@ mod tests {
         assert_eq!(admission.open(), (0, 1));
         // The shared slots fill with busy requests; the next one finds nobody waiting and
         // nothing free: refused. The data plane is untouched.
-        let busy = busy_tickets(&admission, now, 3);
+        let busy: [_; 3] = tickets(&admission, now, true);
         assert_eq!(admission.admit(ip("192.0.2.5"), now).err(), Some(Refusal::Full));
         assert!(!xagent.evict.is_cancelled());
         drop(busy);
@@ -607,7 +606,7 @@ mod tests {
     fn a_new_connection_gets_a_reserved_slot_on_probation_when_nobody_waits() {
         let now = Instant::now();
         let admission = Admission::new(limits(4, 10, 100, 100, 1), now);
-        let busy = busy_tickets(&admission, now, 3);
+        let busy: [_; 3] = tickets(&admission, now, true);
         let newcomer = admission.admit(ip("192.0.2.9"), now).unwrap();
         assert!(newcomer.on_probation());
         newcomer.busy();
@@ -622,10 +621,7 @@ mod tests {
     fn a_finished_request_makes_the_connection_evictable_again() {
         let now = Instant::now();
         let admission = Admission::new(limits(2, 10, 100, 100, 0), now);
-        let a = admission.admit(ip("192.0.2.1"), now).unwrap();
-        let b = admission.admit(ip("192.0.2.2"), now).unwrap();
-        a.busy();
-        b.busy();
+        let [a, b] = tickets(&admission, now, true);
         a.done();
         let _c = admission.admit(ip("192.0.2.3"), now).unwrap();
         assert!(a.evict.is_cancelled(), "the idle keep-alive made room");

@@ -10,7 +10,9 @@
 //! tool calls (one statement of its own, as on SQLite).
 
 mod cluster;
+mod rows;
 mod schema;
+mod storage;
 mod writer;
 
 use std::sync::Arc;
@@ -21,11 +23,15 @@ use xagent_profile_im::{CompletedRecord, Fingerprint, PendingRecord};
 use xagent_protocol_types::{ConnectorChannelId, ConnectorId, MessageId};
 use xagent_storage_postgres::{DatabaseUrl, Pool, PoolOptions};
 
+use rows::{
+    CHANNEL_COLUMNS, LOAD_CHANNELS, LOAD_PENDING, PENDING_COLUMNS, channel_of, get, pending_of,
+    text_of,
+};
 use schema::COMPONENT;
 
 use super::group::{CommitTicket, GroupCommitConfig, GroupCommitStats};
 use super::write_op::{
-    CONNECTOR_ID_KEY, ChannelRow, ToolCallRow, author_record, prefix_upper_bound, to_i64, to_u64,
+    CONNECTOR_ID_KEY, ToolCallRow, author_record, prefix_upper_bound, to_i64, to_u64,
 };
 use super::{ChannelRecord, Storage, StorageError, ToolCallRecord, WriteOp};
 
@@ -398,160 +404,6 @@ impl PostgresStorage {
                 })
             })
             .collect()
-    }
-}
-
-const LOAD_CHANNELS: &str = "load channels";
-const CHANNEL_COLUMNS: &str =
-    "SELECT id, connector_id, status, binding, tool_overrides, created_at FROM server_channels";
-const LOAD_PENDING: &str = "load pending messages";
-const PENDING_COLUMNS: &str = "SELECT channel, message_id, seq, payload, attempts,
-   first_responsibility_at, expires_at, next_attempt_at, last_error FROM server_im_pending";
-
-/// A channel row of [`CHANNEL_COLUMNS`].
-fn channel_of(row: &Row) -> Result<ChannelRecord, StorageError> {
-    const OP: &str = LOAD_CHANNELS;
-    ChannelRow {
-        id: get(row, 0, OP)?,
-        connector_id: get(row, 1, OP)?,
-        status: get(row, 2, OP)?,
-        binding: get(row, 3, OP)?,
-        tool_overrides: get(row, 4, OP)?,
-        created_at: get(row, 5, OP)?,
-    }
-    .decode()
-}
-
-/// An outbox row of [`PENDING_COLUMNS`].
-fn pending_of(row: &Row) -> Result<PendingRecord, StorageError> {
-    const OP: &str = LOAD_PENDING;
-    let attempts: i64 = get(row, 4, OP)?;
-    Ok(PendingRecord {
-        channel: ConnectorChannelId::new(get::<String>(row, 0, OP)?),
-        message_id: MessageId::new(get::<String>(row, 1, OP)?),
-        seq: to_u64(get(row, 2, OP)?),
-        payload: get(row, 3, OP)?,
-        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-        first_responsibility_at: to_u64(get(row, 5, OP)?),
-        expires_at: to_u64(get(row, 6, OP)?),
-        next_attempt_at: to_u64(get(row, 7, OP)?),
-        last_error: get::<Option<Vec<u8>>>(row, 8, OP)?.map(text_of),
-    })
-}
-
-/// A column of a row; a type mismatch (a schema this binary does not know) is an error.
-fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-    row: &'a Row,
-    index: usize,
-    operation: &'static str,
-) -> Result<T, StorageError> {
-    row.try_get(index).map_err(|e| StorageError::new(operation, e))
-}
-
-/// Free text stored as bytes; bytes that are not UTF-8 (never written by this crate) are
-/// shown with replacement characters rather than refused.
-fn text_of(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
-#[async_trait::async_trait]
-impl Storage for PostgresStorage {
-    async fn load_connector_id(&self) -> Result<Option<ConnectorId>, StorageError> {
-        PostgresStorage::load_connector_id(self).await
-    }
-
-    async fn load_channels(&self) -> Result<Vec<ChannelRecord>, StorageError> {
-        PostgresStorage::load_channels(self).await
-    }
-
-    async fn load_channel(
-        &self,
-        id: &ConnectorChannelId,
-    ) -> Result<Option<ChannelRecord>, StorageError> {
-        PostgresStorage::load_channel(self, id).await
-    }
-
-    async fn load_tool_call(
-        &self,
-        channel: &ConnectorChannelId,
-        key: &str,
-    ) -> Result<Option<ToolCallRecord>, StorageError> {
-        PostgresStorage::load_tool_call(self, channel, key).await
-    }
-
-    async fn load_meta(&self, key: &str) -> Result<Option<String>, StorageError> {
-        PostgresStorage::load_meta(self, key).await
-    }
-
-    async fn load_pending(&self) -> Result<Vec<PendingRecord>, StorageError> {
-        PostgresStorage::load_pending(self).await
-    }
-
-    async fn load_pending_of(
-        &self,
-        channel: &ConnectorChannelId,
-    ) -> Result<Vec<PendingRecord>, StorageError> {
-        PostgresStorage::load_pending_of(self, channel).await
-    }
-
-    async fn load_pending_ids(
-        &self,
-        channel: &ConnectorChannelId,
-        ids: &[MessageId],
-    ) -> Result<Vec<PendingRecord>, StorageError> {
-        PostgresStorage::load_pending_ids(self, channel, ids).await
-    }
-
-    async fn lookup_completed(
-        &self,
-        channel: &ConnectorChannelId,
-        message_id: &MessageId,
-    ) -> Result<Option<CompletedRecord>, StorageError> {
-        PostgresStorage::lookup_completed(self, channel, message_id).await
-    }
-
-    async fn prune_tool_calls(&self, before: u64) -> Result<usize, StorageError> {
-        PostgresStorage::prune_tool_calls(self, before).await
-    }
-
-    async fn author_get(
-        &self,
-        namespace: &str,
-        key: &str,
-    ) -> Result<Option<Vec<u8>>, StorageError> {
-        PostgresStorage::author_get(self, namespace, key).await
-    }
-
-    async fn author_get_many(
-        &self,
-        namespace: &str,
-        keys: &[String],
-    ) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
-        PostgresStorage::author_get_many(self, namespace, keys).await
-    }
-
-    async fn author_scan(
-        &self,
-        namespace: &str,
-        scan: &crate::AuthorScan,
-    ) -> Result<Vec<crate::AuthorRecord>, StorageError> {
-        PostgresStorage::author_scan(self, namespace, scan).await
-    }
-
-    async fn author_count(&self, namespace: &str, prefix: &str) -> Result<u64, StorageError> {
-        PostgresStorage::author_count(self, namespace, prefix).await
-    }
-
-    fn commit(&self, writes: Vec<WriteOp>) -> CommitTicket {
-        PostgresStorage::commit(self, writes)
-    }
-
-    fn cluster(&self) -> Option<Arc<dyn super::Cluster>> {
-        Some(Arc::clone(&self.cluster) as Arc<dyn super::Cluster>)
-    }
-
-    async fn ping(&self) -> Result<(), StorageError> {
-        self.cluster.ping_pool().await
     }
 }
 
