@@ -78,7 +78,7 @@
 //! | `files` | Transfer Plane wiring: the file store, its routes, re-signed download URLs |
 //! | `connector` | [`Connector`], [`ConnectorBuilder`]: the definition and its generated Card |
 //! | `device` | Device Profile wiring: one `profile-device` gate per Connector around device Tools (admission, per-channel serialisation, timeouts, result checks) and the binding states behind every device Tool's availability |
-//! | `author` | what an author writes (`tool`, `auth`, `im`, `im_tools`: the shared IM send Tools over an [`ImSender`], `device`, `context`) and `call`, the one place author code is called (panic-contained) |
+//! | `author` | what an author writes (`tool`, `auth`, `im`, `im_tools`: the shared IM send Tools over an [`im_tools::ImSender`], `device`, `context`) and `call`, the one place author code is called (panic-contained) |
 //! | `handle` | [`ConnectorHandle`] over the `HandleOps` trait, [`StopFn`], [`DeviceStatus`]; `consumers`, the shared-consumer registry the state keeps; `detached`, [`ConnectorHandle::detached`] for unit tests (an in-memory author store, no runtime) |
 //!
 //! **Bottom: plain parts** (import only each other, never a module above).
@@ -183,10 +183,14 @@ pub use author::{
 pub use author::{
     DeviceConfig, DeviceStatus, DeviceTarget, HighRiskPolicy, RiskLevel, ToolCategory,
 };
-pub use author::{
-    FileSendArgs, FileSent, ImSender, MAX_CAPTION_CHARS, MAX_MESSAGE_CHARS, MessageSendArgs,
-    MessageSent, OpenedFile, SendStatus, im_tool_ids,
-};
+/// The shared IM send Tools of [`ConnectorBuilder::im_send_tools`]: the [`im_tools::ImSender`]
+/// a Connector implements, and the Tools' typed arguments and results.
+pub mod im_tools {
+    pub use crate::author::{
+        FileSendArgs, FileSent, ImSender, MAX_CAPTION_CHARS, MAX_MESSAGE_CHARS, MessageSendArgs,
+        MessageSent, OpenedFile, SendStatus, im_tool_ids,
+    };
+}
 pub use config::RuntimeConfig;
 pub use connector::{Connector, ConnectorBuilder};
 pub use error::{DefinitionError, HandleError, ServerError};
@@ -236,7 +240,7 @@ pub mod ops {
 /// are fragments). Only under `cargo test --doc`: the guide is not part of the package.
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/AUTHORING.md")]
-pub struct AuthoringGuide;
+struct AuthoringGuide;
 
 /// Everything a Connector author needs, in one import: the builder and server, the author
 /// traits and contexts, the common protocol types, and the derive macros for typed

@@ -12,8 +12,8 @@ use xagent_protocol_types::{
     ConnectorChannelId, ConnectorHello, ErrorCode, PROFILE_IM_V2, Packet, ToolInvoke,
     ToolInvokeContext,
 };
+use xagent_server_runtime::im_tools::{ImSender, OpenedFile};
 use xagent_server_runtime::prelude::*;
-use xagent_server_runtime::{ImSender, OpenedFile};
 use xagent_testkit::{WsClient, payload_json};
 
 const CARD: &str = "im.memo";

@@ -1,12 +1,13 @@
 //! The Matrix half of the runtime's shared IM send Tools (`matrix_message_send`,
 //! `matrix_file_send`): how a text or a file is posted in the channel's room. The arguments,
 //! their checks, opening the file and the call's effect id are the runtime's
-//! ([`xagent_server_runtime::ImSender`]).
+//! ([`xagent_server_runtime::im_tools::ImSender`]).
 
 use std::sync::Arc;
 
 use xagent_protocol_types::ErrorCode;
-use xagent_server_runtime::{ImSender, OpenedFile, ToolContext, ToolError};
+use xagent_server_runtime::im_tools::{ImSender, OpenedFile};
+use xagent_server_runtime::{ToolContext, ToolError};
 
 use crate::app::App;
 use crate::delivery::txn_id;

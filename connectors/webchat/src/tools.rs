@@ -1,12 +1,13 @@
 //! The web chat half of the runtime's shared IM send Tools (`webchat_message_send`,
 //! `webchat_file_send`): how a text or a file is shown in the channel's room. The arguments,
 //! their checks, opening the file and the call's effect id are the runtime's
-//! ([`xagent_server_runtime::ImSender`]).
+//! ([`xagent_server_runtime::im_tools::ImSender`]).
 
 use crate::app::{App, stage_agent_message};
 use crate::store::{Author, ChatEntry, EntryFile, EntryStatus, Room};
 use std::sync::Arc;
-use xagent_server_runtime::{ImSender, OpenedFile, ToolContext, ToolError};
+use xagent_server_runtime::im_tools::{ImSender, OpenedFile};
+use xagent_server_runtime::{ToolContext, ToolError};
 
 /// Shows the agent's Tool sends in the room bound to the channel (the rooms are in the
 /// Connector's state).
@@ -96,7 +97,7 @@ mod tests {
 
     #[test]
     fn the_shared_tools_keep_the_published_tool_ids() {
-        let (message, file) = xagent_server_runtime::im_tool_ids(PROVIDER);
+        let (message, file) = xagent_server_runtime::im_tools::im_tool_ids(PROVIDER);
         assert_eq!((message.as_str(), file.as_str()), (TOOL_MESSAGE_SEND, TOOL_FILE_SEND));
     }
 }

@@ -12,9 +12,9 @@ impl<St: Clone + Send + Sync + 'static> ConnectorBuilder<St> {
     /// worded for [`ImSender::PLACE`]. The runtime checks the arguments, opens the file (an
     /// unknown, expired or foreign `file_ref` is `file_not_found`), derives the call's
     /// [`crate::ToolContext::effect_id`] and returns a typed result (`status`, `message_id`,
-    /// and `file_ref` for a file), so the Card carries both Tools' `output_schema`.
+    /// and `file_ref` for a file), so the Card carries both Tools' `output_schema`. The sender
+    /// gets the Connector's state through its contexts ([`ImSender`]`<St>`).
     #[must_use]
-    /// The sender gets the Connector's state through its contexts ([`ImSender`]`<St>`).
     pub fn im_send_tools<S: ImSender<St>>(self, prefix: &str, sender: S) -> Self {
         let (message_spec, file_spec) = im_tool_specs(prefix, S::PLACE);
         let sender = Arc::new(sender);
