@@ -236,12 +236,6 @@ pub mod ops {
     pub use xagent_storage_postgres::{DatabaseUrl, PgError, PoolOptions};
 }
 
-/// The Rust blocks of `docs/AUTHORING.md` compile and run as doctests (those marked `ignore`
-/// are fragments). Only under `cargo test --doc`: the guide is not part of the package.
-#[cfg(doctest)]
-#[doc = include_str!("../../docs/AUTHORING.md")]
-struct AuthoringGuide;
-
 /// Everything a Connector author needs, in one import: the builder and server, the author
 /// traits and contexts, the common protocol types, and the derive macros for typed
 /// arguments, results and forms.

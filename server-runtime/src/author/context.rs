@@ -183,6 +183,8 @@ impl<S> ToolContext<S> {
     /// [`HandleError::Detached`]). Writes staged with [`ToolContext::stage`] are kept, not
     /// committed: no runtime records the call. The fields are public: change them as the test
     /// needs (share one detached handle between calls by setting `handle`).
+    ///
+    #[doc = include_str!("for_test.md")]
     pub fn for_test(binding: Binding, state: S) -> Result<Self, HandleError> {
         Ok(Self {
             channel: ConnectorChannelId::new(TEST_CHANNEL),
