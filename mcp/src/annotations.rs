@@ -142,10 +142,11 @@ pub const BRIDGE_TOOLS: [&str; 3] = [TOOL_CHANNELS_LIST, TOOL_MESSAGE_SEND, TOOL
 
 /// What the Card says of a Connector Tool. A Tool the Card does not mark read-only may change
 /// the target system, and each MCP call is a new action (a new call id).
-pub fn connector_tool(tool: &CardTool) -> ToolAnnotations {
-    let read_only = tool.read_only_hint() == Some(true);
-    let annotations =
-        ToolAnnotations::from_raw(tool.title.clone(), Some(read_only), None, None, Some(true));
+/// (`None`: a Tool the Card does not list, which says nothing either.)
+pub fn connector_tool(tool: Option<&CardTool>) -> ToolAnnotations {
+    let read_only = tool.and_then(CardTool::read_only_hint) == Some(true);
+    let title = tool.and_then(|tool| tool.title.clone());
+    let annotations = ToolAnnotations::from_raw(title, Some(read_only), None, None, Some(true));
     if read_only {
         annotations.destructive(false).idempotent(true)
     } else {
@@ -176,7 +177,7 @@ mod tests {
     #[test]
     fn a_read_only_card_tool_is_read_only_idempotent_and_not_destructive() {
         let tool = CardTool::new("look", Map::new()).with_read_only_hint(true).with_title("Look");
-        let got = connector_tool(&tool);
+        let got = connector_tool(Some(&tool));
         assert_eq!(got.read_only_hint, Some(true));
         assert_eq!(got.destructive_hint, Some(false));
         assert_eq!(got.idempotent_hint, Some(true));
@@ -185,7 +186,7 @@ mod tests {
 
     #[test]
     fn a_card_tool_not_marked_may_change_things_and_is_not_idempotent() {
-        let got = connector_tool(&CardTool::new("send", Map::new()));
+        let got = connector_tool(Some(&CardTool::new("send", Map::new())));
         assert_eq!(got.read_only_hint, Some(false));
         assert_eq!(got.destructive_hint, Some(true));
         assert_eq!(got.idempotent_hint, Some(false));
@@ -205,7 +206,7 @@ mod tests {
         let overrides =
             AnnotationOverrides::parse(r#"{"send": {"destructiveHint": false, "title": "Send"}}"#)
                 .unwrap();
-        let got = overrides.apply("send", connector_tool(&CardTool::new("send", Map::new())));
+        let got = overrides.apply("send", connector_tool(Some(&CardTool::new("send", Map::new()))));
         assert_eq!(got.destructive_hint, Some(false));
         assert_eq!(got.title.as_deref(), Some("Send"));
         assert_eq!(got.read_only_hint, Some(false), "kept");

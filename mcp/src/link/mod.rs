@@ -27,8 +27,8 @@ use tokio::sync::{broadcast, mpsc, watch};
 use xagent_client_runtime::prelude::*;
 use xagent_client_runtime::{HealthMonitor, HealthStatus};
 use xagent_protocol_types::{
-    AuthStatus, CardTool, ConnectorCard, PROFILE_DEVICE_V1, PROFILE_IM_V1, PROFILE_IM_V2,
-    ToolProgressPush, WireError,
+    AuthStatus, ConnectorCard, PROFILE_DEVICE_V1, PROFILE_IM_V1, PROFILE_IM_V2, ToolProgressPush,
+    WireError,
 };
 use xagent_storage_postgres::{DatabaseUrl, Pool, PoolOptions};
 
@@ -350,12 +350,9 @@ impl Link {
         self.plane.card()
     }
 
-    /// The annotations MCP clients see on the Tool `name` (`card_tool` for a Connector Tool).
-    pub fn annotations(&self, name: &str, card_tool: Option<&CardTool>) -> ToolAnnotations {
-        let derived = match card_tool {
-            Some(tool) => annotations::connector_tool(tool),
-            None => annotations::bridge_tool(name),
-        };
+    /// The annotations MCP clients see on the Tool `name`: `derived` (from
+    /// [`annotations::connector_tool`] or [`annotations::bridge_tool`]) with the operator's over it.
+    pub fn annotations(&self, name: &str, derived: ToolAnnotations) -> ToolAnnotations {
         self.annotations.apply(name, derived)
     }
 

@@ -18,10 +18,11 @@ use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc};
-use xagent_protocol_types::{CardTool, ToolProgressPush};
+use xagent_protocol_types::ToolProgressPush;
 
 mod resources;
 
+use crate::annotations;
 use crate::files::FILE_URI_PREFIX;
 use crate::link::{Link, Notice, ToolFailure};
 use crate::projection::{mcp_schema, message_wait_schema};
@@ -136,10 +137,8 @@ impl McpBridge {
                 if let Some(title) = card_tool.and_then(|t| t.title.clone()) {
                     mcp = mcp.with_title(title);
                 }
-                let name = declaration.name.as_str();
-                let card_tool =
-                    card_tool.cloned().unwrap_or_else(|| CardTool::new(name, Map::new()));
-                mcp.with_annotations(self.link.annotations(name, Some(&card_tool)))
+                let derived = annotations::connector_tool(card_tool);
+                mcp.with_annotations(self.link.annotations(declaration.name.as_str(), derived))
             })
             .collect();
         for builtin in self.link.builtin_tools() {
@@ -148,7 +147,8 @@ impl McpBridge {
             } else {
                 builtin.description
             };
-            let annotations = self.link.annotations(builtin.name.as_str(), None);
+            let name = builtin.name.as_str();
+            let annotations = self.link.annotations(name, annotations::bridge_tool(name));
             tools.push(
                 Tool::new(builtin.name.to_string(), description, Arc::new(builtin.parameters))
                     .with_annotations(annotations),
@@ -160,7 +160,9 @@ impl McpBridge {
                 "Wait for the next inbound chat message and take it; each message is returned once. Returns {\"message\": null} when the timeout passes first.",
                 Arc::new(message_wait_schema(MAX_WAIT_SECONDS)),
             )
-            .with_annotations(self.link.annotations(TOOL_MESSAGE_WAIT, None)),
+            .with_annotations(
+                self.link.annotations(TOOL_MESSAGE_WAIT, annotations::bridge_tool(TOOL_MESSAGE_WAIT)),
+            ),
         );
         tools
     }
